@@ -1,0 +1,98 @@
+"""Command line: parse arguments, call the library, print results, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from opsctl import __version__
+from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from opsctl.specfile import read_spec
+
+    loaded = read_spec(args.file)
+    nodes = loaded.layout.nodes
+    print(f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', {len(nodes)} nodes")
+    for node in nodes:
+        shard = f" shard {node.shard}" if node.shard else ""
+        print(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
+    return EXIT_OK
+
+
+def _render(args: argparse.Namespace) -> int:
+    from opsctl.render.files import write_rendered
+    from opsctl.specfile import read_spec
+
+    loaded = read_spec(args.file)
+    written = write_rendered(loaded, Path(args.output), show_secrets=args.show_secrets, stdout=args.output == "-")
+    for line in written:
+        print(line)
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from opsctl.spec.schema import spec_schema
+
+    print(json.dumps(spec_schema(), indent=2))
+    return EXIT_OK
+
+
+def _add_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opsctl", description="Declarative Redis and Valkey fleets.")
+    parser.add_argument("--version", action="version", version=f"opsctl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a spec and show the derived nodes")
+    _add_file(p)
+    p.set_defaults(handler=_validate)
+
+    p = sub.add_parser("render", help="render hardened config files for every node")
+    _add_file(p)
+    p.add_argument("-o", "--output", required=True, help="directory to write into ('-' prints, masked)")
+    p.add_argument("--show-secrets", action="store_true", help="print real secrets instead of ***")
+    p.set_defaults(handler=_render)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the spec")
+    p.set_defaults(handler=_schema)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
+    """Commands defined in their own modules register themselves here."""
+    from opsctl import commands
+
+    return commands.REGISTRARS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except OpsctlError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

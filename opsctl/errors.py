@@ -1,0 +1,73 @@
+"""One error family for the whole tool: every error says what, the detail, and how to fix it.
+
+Library code raises these; only the CLI prints them and maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CHANGES = 2
+EXIT_REFUSED = 3
+EXIT_FINDINGS = 4
+
+
+class OpsctlError(Exception):
+    """Base class: a summary line, optional detail lines, and a hint."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, summary: str, detail: str = "", hint: str = "") -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.detail = detail
+        self.hint = hint
+
+    def render(self) -> str:
+        lines = [f"error: {self.summary}"]
+        if self.detail:
+            lines.extend(f"  {line}" for line in self.detail.splitlines())
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One problem in a spec file: where (file:line, field path), what, and how to fix it."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+    hint: str = ""
+
+    def render(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class SpecError(OpsctlError):
+    """A spec with one or more problems; all are reported at once."""
+
+    def __init__(self, problems: list[SpecProblem]) -> None:
+        count = len(problems)
+        file = problems[0].file if problems else "spec"
+        super().__init__(f"{file}: {count} problem{'s' if count != 1 else ''} in the spec")
+        self.problems = problems
+
+    def render(self) -> str:
+        return "\n".join([f"error: {self.summary}", *(p.render() for p in self.problems)])
+
+
+class RefusedError(OpsctlError):
+    """A safety check refused the operation; nothing was changed."""
+
+    exit_code = EXIT_REFUSED
+
+
+class ConvergenceError(OpsctlError):
+    """Nodes did not come to agree in time; names the node that disagrees."""

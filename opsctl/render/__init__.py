@@ -1,0 +1,87 @@
+"""Render per-node files (redis.conf, sentinel.conf, users.acl) from a loaded spec. Pure: text in, text out."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import jinja2
+
+from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
+from opsctl.resources import data_dir
+from opsctl.secrets import MASK, Secret
+from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+__all__ = ["NodePaths", "RenderedNode", "render_node", "render_sections"]
+
+ADMIN_ACL_RULES = "~* &* +@all"
+
+
+@dataclass(frozen=True)
+class RenderedNode:
+    """The files one node needs: file name -> text. Secrets are real only when rendered with reveal."""
+
+    node: Node
+    files: dict[str, str]
+    sections: tuple[Section, ...]
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _shown(secret: Secret, reveal: bool) -> str:
+    return secret.reveal() if reveal else MASK
+
+
+def render_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool, daemonize: bool = True,
+                    master: tuple[str, int] | None = None) -> tuple[Section, ...]:
+    password = _shown(loaded.credentials.password, reveal)
+    if node.is_sentinel:
+        if master is None:
+            first = loaded.layout.node(loaded.layout.shards[0].master)
+            master = (first.address, first.port)
+        return sentinel_sections(loaded, node, paths, master, password, daemonize)
+    return server_sections(loaded, node, paths, password, daemonize)
+
+
+def render_node(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool = False, daemonize: bool = True,
+                master: tuple[str, int] | None = None) -> RenderedNode:
+    """All files of one node. master: the address sentinels monitor (default: the spec's first master)."""
+    spec = loaded.spec
+    sections = render_sections(loaded, node, paths, reveal, daemonize, master)
+    context = {"node": node, "sections": sections, "spec_name": spec.name, "source": loaded.file,
+               "flavor": spec.server.flavor, "version": spec.server.version,
+               "master_name": sentinel_master_name(spec)}
+    env = _environment()
+    if node.is_sentinel:
+        return RenderedNode(node, {"sentinel.conf": env.get_template("sentinel.conf.j2").render(context)}, sections)
+    files = {"redis.conf": env.get_template("redis.conf.j2").render(context)}
+    if spec.auth.mode == "acl":
+        files["users.acl"] = render_acl(loaded, reveal)
+    return RenderedNode(node, files, sections)
+
+
+def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
+    spec = loaded.spec
+    denied = " ".join(f"-{c.lower()}" for c in spec.hardening.disabled_commands)
+    users = [{"name": spec.auth.admin_user, "secret": loaded.credentials.password, "rules": ADMIN_ACL_RULES}]
+    users += [{"name": name, "secret": secret, "rules": user.rules}
+              for (name, secret), user in zip(loaded.credentials.users, spec.auth.users, strict=True)]
+    context = {"spec_name": spec.name, "users": [
+        {"name": u["name"], "rules": f"{u['rules']} {denied}".strip(),
+         "hash": _password_hash(u["secret"]) if reveal else MASK} for u in users]}
+    return _environment().get_template("users.acl.j2").render(context)
+
+
+def _password_hash(secret: object) -> str:
+    assert isinstance(secret, Secret)
+    return hashlib.sha256(secret.reveal().encode()).hexdigest()

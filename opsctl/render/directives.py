@@ -1,0 +1,165 @@
+"""The directives each node runs with, by section, for its flavor and version. Pure data from a spec.
+
+The same list feeds the rendered file and the comparison with a live node's CONFIG GET.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opsctl.spec.checks import LAZYFREE, config_text
+from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import Spec
+from opsctl.versions import has_directive, parse_version
+
+Directive = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a node's files live on its host."""
+
+    dir: str
+    conf: str
+    acl: str
+    log: str
+    pid: str
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    directives: tuple[Directive, ...]
+
+
+def quoted(value: str) -> str:
+    """A value as a double-quoted config token, so secrets with quotes or backslashes parse as written."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
+    version = parse_version(spec.server.version)
+    return tuple(d for d in directives if has_directive(spec.server.flavor, version, d[0]))
+
+
+def network(spec: Spec, node: Node) -> list[Directive]:
+    return [("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"),
+            ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
+
+
+def process(node: Node, paths: NodePaths, daemonize: bool) -> list[Directive]:
+    return [("daemonize", _yes(daemonize)), ("pidfile", paths.pid), ("logfile", paths.log),
+            ("loglevel", "notice"), ("dir", paths.dir)]
+
+
+def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Directive]:
+    spec = loaded.spec
+    lines: list[Directive]
+    if spec.auth.mode == "password":
+        lines = [("requirepass", quoted(password)), ("masterauth", quoted(password))]
+    else:
+        lines = [("aclfile", paths.acl), ("masteruser", spec.auth.admin_user), ("masterauth", quoted(password))]
+    lines += [("enable-protected-configs", "no"), ("enable-debug-command", "no"),
+              ("enable-module-command", "no"), ("hide-user-data-from-log", "yes")]
+    return lines
+
+
+def renames(spec: Spec) -> list[Directive]:
+    """rename-command lines: disabled commands (password mode) to "", renamed ones to their new name."""
+    lines: list[Directive] = []
+    if spec.auth.mode == "password":
+        lines += [("rename-command", f'{c.upper()} ""') for c in spec.hardening.disabled_commands]
+    lines += [("rename-command", f"{c.upper()} {new}") for c, new in sorted(spec.hardening.renamed_commands.items())]
+    return lines
+
+
+def persistence(spec: Spec) -> list[Directive]:
+    aof = spec.persistence.aof
+    lines = [("appendonly", _yes(aof != "off"))]
+    if aof != "off":
+        lines += [("appendfsync", aof), ("appendfilename", '"appendonly.aof"'), ("aof-use-rdb-preamble", "yes")]
+    lines += [("save", " ".join(spec.persistence.rdb) if spec.persistence.rdb else '""'),
+              ("dbfilename", "dump.rdb"), ("stop-writes-on-bgsave-error", "yes")]
+    return lines
+
+
+def memory(spec: Spec) -> list[Directive]:
+    lines = [("maxmemory", spec.memory.maxmemory), ("maxmemory-policy", spec.memory.policy)]
+    return lines + [(name, _yes(spec.lazyfree)) for name in LAZYFREE]
+
+
+def replication(spec: Spec) -> list[Directive]:
+    return [("repl-backlog-size", "64mb"), ("repl-diskless-sync", "yes"), ("replica-read-only", "yes"),
+            ("replica-serve-stale-data", "yes")]
+
+
+def cluster(spec: Spec) -> list[Directive]:
+    topo = spec.cluster_or_default()
+    return [("cluster-enabled", "yes"), ("cluster-config-file", "nodes.conf"),
+            ("cluster-node-timeout", str(topo.node_timeout_ms)),
+            ("cluster-require-full-coverage", _yes(topo.require_full_coverage)),
+            ("cluster-allow-replica-migration", "no"),
+            ("cluster-replica-validity-factor", str(topo.replica_validity_factor)),
+            ("cluster-allow-reads-when-down", _yes(topo.allow_reads_when_down))]
+
+
+def monitoring() -> list[Directive]:
+    return [("slowlog-log-slower-than", "10000"), ("slowlog-max-len", "1024"),
+            ("latency-monitor-threshold", "100")]
+
+
+def extra(spec: Spec, node: Node) -> list[Directive]:
+    merged = {**spec.config, **dict(node.config)}
+    return [(name, config_text(value)) for name, value in sorted(merged.items())]
+
+
+def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: str,
+                    daemonize: bool) -> tuple[Section, ...]:
+    spec = loaded.spec
+    sections = [
+        Section("network", supported(spec, network(spec, node))),
+        Section("process", supported(spec, process(node, paths, daemonize))),
+        Section("security", supported(spec, security(loaded, paths, password))),
+        Section("dangerous commands", tuple(renames(spec))),
+        Section("persistence", supported(spec, persistence(spec))),
+        Section("memory", supported(spec, memory(spec))),
+        Section("replication", supported(spec, replication(spec))),
+        Section("slow queries and latency", supported(spec, monitoring())),
+    ]
+    if spec.topology == "cluster":
+        sections.append(Section("cluster", supported(spec, cluster(spec))))
+    if extra(spec, node):
+        sections.append(Section("extra (spec config)", tuple(extra(spec, node))))
+    return tuple(sections)
+
+
+def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: tuple[str, int],
+                      password: str, daemonize: bool) -> tuple[Section, ...]:
+    spec = loaded.spec
+    topo = spec.sentinel_or_default()
+    name = sentinel_master_name(spec)
+    monitor: list[Directive] = [
+        ("sentinel monitor", f"{name} {master[0]} {master[1]} {sentinel_quorum(spec)}"),
+        ("sentinel down-after-milliseconds", f"{name} {topo.down_after_ms}"),
+        ("sentinel failover-timeout", f"{name} {topo.failover_timeout_ms}"),
+        ("sentinel parallel-syncs", f"{name} {topo.parallel_syncs}"),
+        ("sentinel auth-pass", f"{name} {quoted(password)}"),
+    ]
+    if spec.auth.mode == "acl":
+        monitor.append(("sentinel auth-user", f"{name} {spec.auth.admin_user}"))
+    monitor += [("sentinel rename-command", f"{name} {c.upper()} {new}")
+                for c, new in sorted(spec.hardening.renamed_commands.items())]
+    own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
+    return (
+        Section("network", (("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"))),
+        Section("process", (("daemonize", _yes(daemonize)), ("pidfile", paths.pid), ("logfile", paths.log),
+                            ("dir", paths.dir))),
+        Section("security", (*own, ("sentinel deny-scripts-reconfig", "yes"),
+                             ("sentinel resolve-hostnames", "no"))),
+        Section("monitored master", tuple(monitor)),
+    )

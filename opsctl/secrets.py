@@ -1,0 +1,58 @@
+"""Secrets are a type: they print as *** everywhere and are revealed only where a file or an AUTH needs them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+MASK = "***"
+
+
+class Secret:
+    """A secret value. str(), repr() and format() give ***; reveal() gives the value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret({MASK})"
+
+    def __str__(self) -> str:
+        return MASK
+
+    def __format__(self, spec: str) -> str:
+        return MASK
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> object:
+        raise TypeError("a Secret cannot be pickled")
+
+
+EnvLookup = Mapping[str, str]
+FileReader = Callable[[Path], str]
+
+
+def read_secret_file(path: Path) -> str:
+    return path.read_text(encoding="utf-8").rstrip("\r\n")
+
+
+def environment() -> EnvLookup:
+    return os.environ
+
+
+def mask_text(text: str, secrets: list[Secret]) -> str:
+    """Replace every revealed secret value in text by ***, longest first."""
+    for value in sorted((s.reveal() for s in secrets if s.reveal()), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text

@@ -1,0 +1,312 @@
+"""Checks that span fields: references between sections, placement, ports, hardening, secrets.
+
+Each check yields (field path, message, hint); the loader turns them into SpecProblems with lines.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable, Iterator
+
+from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
+from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
+from opsctl.versions import SUPPORTED, is_supported, parse_version, version_text
+
+Finding = tuple[tuple[str | int, ...], str, str]
+SecretResolver = Callable[[SecretRef], str | None]
+
+DEFAULT_PORTS = {6379, 26379}
+PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
+COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
+                         "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
+                         "SENTINEL", "WAIT", "DEBUG", "OBJECT", "SLOWLOG", "ACL", "COMMAND"}
+NOT_DISABLABLE = COMMANDS_OPSCTL_NEEDS - {"DEBUG"}
+COMMAND_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_|-]*$")
+RENAMED_NAME = re.compile(r"^[A-Za-z0-9_]{4,64}$")
+DIRECTIVE_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+
+# Directives opsctl derives from spec fields: set them there, not under config.
+MANAGED_DIRECTIVES = {
+    "port": "cluster.base_port / standalone.port / replication.base_port / nodes.<name>.port",
+    "bind": "hosts[].bind",
+    "requirepass": "auth.password", "masterauth": "auth.password", "masteruser": "auth.admin_user",
+    "aclfile": "auth.mode: acl", "user": "auth.users",
+    "rename-command": "hardening.renamed_commands / hardening.disabled_commands",
+    "appendonly": "persistence.aof", "appendfsync": "persistence.aof", "save": "persistence.rdb",
+    "maxmemory": "memory.maxmemory", "maxmemory-policy": "memory.policy",
+    "cluster-enabled": "topology", "cluster-config-file": "topology",
+    "cluster-node-timeout": "cluster.node_timeout_ms",
+    "cluster-require-full-coverage": "cluster.require_full_coverage",
+    "cluster-replica-validity-factor": "cluster.replica_validity_factor",
+    "cluster-allow-reads-when-down": "cluster.allow_reads_when_down",
+    "replicaof": "replication.master", "slaveof": "replication.master",
+    "dir": "the provider's state directory", "pidfile": "the provider", "logfile": "the provider",
+    "daemonize": "the provider", "include": "nothing: one rendered file per node",
+}
+LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
+            "lazyfree-lazy-user-del", "replica-lazy-flush")
+# Directive -> the values that undo hardening (allowed only with hardening.allow_unsafe).
+UNSAFE_VALUES: dict[str, set[str]] = {
+    "protected-mode": {"no"},
+    "enable-protected-configs": {"yes", "local"},
+    "enable-debug-command": {"yes", "local"},
+    "enable-module-command": {"yes", "local"},
+    "cluster-allow-replica-migration": {"yes"},
+    "loadmodule": {"*"},
+    **{name: {"no"} for name in LAZYFREE},
+}
+
+
+def config_text(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def check_spec(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
+    yield from _check_version(spec)
+    yield from _check_sections(spec)
+    yield from _check_hosts(spec)
+    yield from _check_references(spec)
+    yield from _check_placement(spec)
+    yield from _check_commands(spec)
+    yield from _check_memory(spec)
+    yield from _check_rdb(spec)
+    yield from _check_config(spec.config, ("config",), spec.hardening.allow_unsafe)
+    yield from _check_overrides(spec)
+    yield from _check_secrets(spec, resolve)
+    nodes = layout(spec)
+    yield from _check_ports(spec, nodes)
+
+
+def _check_version(spec: Spec) -> Iterator[Finding]:
+    flavor, version = spec.server.flavor, parse_version(spec.server.version)
+    if not is_supported(flavor, version):
+        known = ", ".join(version_text(v) for v in SUPPORTED[flavor])
+        yield (("server", "version"), f"{flavor} {spec.server.version} is not a supported version",
+               f"use one of: {known}")
+
+
+def _check_sections(spec: Spec) -> Iterator[Finding]:
+    wanted = {"cluster": {"cluster"}, "standalone": {"standalone"}, "replication": {"replication"},
+              "sentinel": {"replication", "sentinel"}}[spec.topology]
+    for section in TOPOLOGIES:
+        if getattr(spec, section) is not None and section not in wanted:
+            yield ((section,), f"section given but topology is {spec.topology}",
+                   f"remove '{section}:' or set topology: {section}")
+
+
+def _check_hosts(spec: Spec) -> Iterator[Finding]:
+    seen_names: dict[str, int] = {}
+    seen_addresses: dict[str, int] = {}
+    for i, host in enumerate(spec.hosts):
+        if host.name in seen_names:
+            yield (("hosts", i, "name"), f"host name '{host.name}' is used twice (also hosts[{seen_names[host.name]}])",
+                   "give every host its own name")
+        seen_names.setdefault(host.name, i)
+        if host.address in seen_addresses:
+            yield (("hosts", i, "address"),
+                   f"address {host.address} is used twice (also hosts[{seen_addresses[host.address]}])",
+                   "one entry per machine; anti-affinity needs distinct hosts")
+        seen_addresses.setdefault(host.address, i)
+        yield from _check_address(spec, i, host.address, ("hosts", i, "address"))
+        for j, address in enumerate(host.bind or []):
+            yield from _check_address(spec, i, address, ("hosts", i, "bind", j))
+
+
+def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, ...]) -> Iterator[Finding]:
+    if address in PUBLIC_BINDS:
+        if not spec.hardening.allow_public_bind:
+            yield (path, f"'{address}' listens on every interface",
+                   "bind the host's own LAN address, or set hardening.allow_public_bind: true")
+        return
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        if spec.provider == "local":
+            yield (path, f"'{address}' is not an IP address", "the local provider needs loopback addresses like 127.0.0.2")
+        return
+    if spec.provider == "local" and not ip.is_loopback:
+        yield (path, f"{address} is not a loopback address, but provider is local",
+               "use 127.0.0.1, 127.0.0.2, ... for local processes, or provider: ansible for real hosts")
+
+
+def _check_references(spec: Spec) -> Iterator[Finding]:
+    names = [h.name for h in spec.hosts]
+
+    def unknown(path: tuple[str | int, ...], name: str) -> Finding:
+        return (path, f"unknown host '{name}'", f"{suggest(name, names)}hosts are: {', '.join(names)}")
+
+    if spec.standalone and spec.standalone.host and spec.standalone.host not in names:
+        yield unknown(("standalone", "host"), spec.standalone.host)
+    if spec.replication:
+        if spec.replication.master and spec.replication.master not in names:
+            yield unknown(("replication", "master"), spec.replication.master)
+        for i, name in enumerate(spec.replication.replicas or []):
+            if name not in names:
+                yield unknown(("replication", "replicas", i), name)
+    if spec.sentinel:
+        for i, name in enumerate(spec.sentinel.hosts or []):
+            if name not in names:
+                yield unknown(("sentinel", "hosts", i), name)
+
+
+def _check_placement(spec: Spec) -> Iterator[Finding]:
+    if spec.topology == "cluster":
+        topo = spec.cluster_or_default()
+        if len(spec.hosts) < topo.replicas_per_master + 1:
+            yield (("hosts",), f"{len(spec.hosts)} host(s) cannot keep each of {topo.replicas_per_master} "
+                   "replica(s) per master off its master's host and off each other's",
+                   f"add hosts (at least {topo.replicas_per_master + 1}) or lower cluster.replicas_per_master")
+        return
+    if spec.topology in ("replication", "sentinel"):
+        yield from _check_replication_placement(spec)
+    if spec.topology == "sentinel":
+        yield from _check_sentinel_placement(spec)
+
+
+def _check_replication_placement(spec: Spec) -> Iterator[Finding]:
+    master, replicas = replication_hosts(spec)
+    if not replicas:
+        yield (("hosts",), "replication needs at least one replica on a host other than the master's",
+               "add a host, or list replication.replicas")
+    declared = spec.replication.replicas if spec.replication and spec.replication.replicas else []
+    seen: set[str] = set()
+    for i, name in enumerate(declared):
+        if name == master.name:
+            yield (("replication", "replicas", i), f"replica on the master's host '{name}'",
+                   "a replica must live on another host than its master")
+        elif name in seen:
+            yield (("replication", "replicas", i), f"host '{name}' is listed twice", "one replica per host")
+        seen.add(name)
+
+
+def _check_sentinel_placement(spec: Spec) -> Iterator[Finding]:
+    hosts = sentinel_hosts(spec)
+    declared = spec.sentinel.hosts if spec.sentinel and spec.sentinel.hosts else []
+    if len(set(declared)) != len(declared):
+        yield (("sentinel", "hosts"), "a host is listed twice", "run each sentinel on its own host")
+    if len(hosts) < 3:
+        yield (("sentinel", "hosts"), f"{len(hosts)} sentinel host(s): a failover needs a majority of at least 3",
+               "list three or more distinct hosts (an odd number)")
+    quorum = spec.sentinel.quorum if spec.sentinel else None
+    if quorum is not None and quorum > len(hosts):
+        yield (("sentinel", "quorum"), f"quorum {quorum} is more than the {len(hosts)} sentinel(s)",
+               f"use at most {len(hosts)}; a majority ({len(hosts) // 2 + 1}) is usual")
+
+
+def _check_commands(spec: Spec) -> Iterator[Finding]:
+    hardening = spec.hardening
+    for i, command in enumerate(hardening.disabled_commands):
+        path = ("hardening", "disabled_commands", i)
+        if not COMMAND_NAME.match(command):
+            yield (path, f"'{command}' is not a command name", "use names like FLUSHALL")
+        elif command.upper() in NOT_DISABLABLE:
+            yield (path, f"opsctl needs {command.upper()} to manage the server",
+                   f"rename it instead: hardening.renamed_commands: {{{command.upper()}: <secret name>}}")
+    disabled = {c.upper() for c in hardening.disabled_commands}
+    new_names: set[str] = set()
+    for command, new_name in hardening.renamed_commands.items():
+        path = ("hardening", "renamed_commands", command)
+        if not COMMAND_NAME.match(command):
+            yield (path, f"'{command}' is not a command name", "use names like CONFIG")
+        elif command.upper() in disabled:
+            yield (path, f"{command} is both disabled and renamed", "keep it in one of the two lists")
+        if not RENAMED_NAME.match(new_name):
+            yield (path, f"new name '{new_name}' must be 4 to 64 letters, digits or _",
+                   "to disable a command list it under hardening.disabled_commands")
+        elif new_name.upper() in new_names:
+            yield (path, f"new name '{new_name}' is used twice", "give every renamed command its own name")
+        new_names.add(new_name.upper())
+
+
+def _check_memory(spec: Spec) -> Iterator[Finding]:
+    if spec.memory.policy not in POLICIES:
+        yield (("memory", "policy"), f"unknown maxmemory policy '{spec.memory.policy}'",
+               f"{suggest(spec.memory.policy, POLICIES)}use one of: {', '.join(POLICIES)}")
+    if spec.memory.maxmemory.rstrip("bkmg") in ("0", ""):
+        yield (("memory", "maxmemory"), "0 means no limit: the server swaps or dies when memory runs out",
+               "set an explicit size such as 256mb")
+
+
+def _check_rdb(spec: Spec) -> Iterator[Finding]:
+    for i, rule in enumerate(spec.persistence.rdb):
+        parts = rule.split()
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            yield (("persistence", "rdb", i), f"'{rule}' is not '<seconds> <changes>'",
+                   "write it like \"900 1\"; use rdb: [] to turn snapshots off")
+
+
+def _check_config(config: dict[str, str | int | bool], path: tuple[str | int, ...],
+                  allow_unsafe: bool) -> Iterator[Finding]:
+    for directive, value in config.items():
+        at = (*path, directive)
+        if not DIRECTIVE_NAME.match(directive):
+            yield (at, f"'{directive}' is not a directive name", "use lowercase names like hz or maxclients")
+        elif directive in MANAGED_DIRECTIVES:
+            yield (at, f"{directive} is managed by opsctl", f"set it through {MANAGED_DIRECTIVES[directive]}")
+        elif directive in UNSAFE_VALUES and not allow_unsafe:
+            bad = UNSAFE_VALUES[directive]
+            if "*" in bad or config_text(value).lower() in bad:
+                yield (at, f"{directive} {config_text(value)} undoes hardening",
+                       "remove it, or set hardening.allow_unsafe: true if you really mean it")
+
+
+def _check_overrides(spec: Spec) -> Iterator[Finding]:
+    names = [n.name for n in layout(spec).nodes]
+    for name, override in spec.nodes.items():
+        if name not in names:
+            yield (("nodes", name), f"no node named '{name}'",
+                   f"{suggest(name, names)}nodes are: {', '.join(names)}")
+        yield from _check_config(override.config, ("nodes", name, "config"), spec.hardening.allow_unsafe)
+
+
+def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
+    refs: list[tuple[tuple[str | int, ...], SecretRef]] = [(("auth", "password"), spec.auth.password)]
+    refs += [(("auth", "users", i, "password"), u.password) for i, u in enumerate(spec.auth.users)]
+    if spec.auth.users and spec.auth.mode != "acl":
+        yield (("auth", "users"), "users need auth.mode: acl", "set auth.mode: acl or remove auth.users")
+    for path, ref in refs:
+        value = resolve(ref)
+        if value is None:
+            how = f"export {ref.env}=..." if ref.env else f"create {ref.file} (mode 0600) holding the secret"
+            yield (path, f"secret not found: {ref.describe()} is not set", how)
+        elif len(value) < 12 or any(c.isspace() for c in value):
+            yield (path, f"secret from {ref.describe()} is too weak (under 12 characters or has spaces)",
+                   "use a random secret: openssl rand -hex 24")
+
+
+def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
+    taken: dict[tuple[str, int], str] = {}
+    cluster = spec.topology == "cluster"
+    for node in nodes.nodes:
+        path = _port_path(spec, node.name, node.is_sentinel)
+        if node.port in DEFAULT_PORTS and not spec.hardening.allow_default_port:
+            yield (path, f"{node.name} would listen on the default port {node.port}",
+                   "pick another port (scanners try the default first) or set hardening.allow_default_port: true")
+        ports = [node.port, node.port + 10000] if cluster and not node.is_sentinel else [node.port]
+        for port in ports:
+            if port > 65535:
+                yield (path, f"{node.name}'s cluster bus port {port} is above 65535", "use a port below 55536")
+                continue
+            other = taken.get((node.address, port))
+            if other:
+                yield (path, f"{node.name} and {other} both use {node.address}:{port}",
+                       "change a base port, or nodes.<name>.port")
+            taken.setdefault((node.address, port), node.name)
+
+
+def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
+    if name in spec.nodes and spec.nodes[name].port:
+        return ("nodes", name, "port")
+    if sentinel:
+        return ("sentinel", "port")
+    section = {"cluster": "cluster", "standalone": "standalone"}.get(spec.topology, "replication")
+    return (section, "port" if section == "standalone" else "base_port")

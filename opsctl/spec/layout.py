@@ -1,0 +1,173 @@
+"""Placement is computed, not typed: derive every node (name, host, port, role, shard) from a spec.
+
+Masters spread across hosts round-robin; replica r of shard s sits r hosts further on, so a replica is
+never on its master's host and no two members of a shard share a host. Names are stable: shard s owns
+names <name>-k for k in ((s-1)*(R+1), s*(R+1)], so adding shards appends names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opsctl.spec.model import Host, Spec
+
+Role = Literal["master", "replica", "sentinel"]
+
+SENTINEL_PREFIX = "sentinel"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    host: str
+    address: str
+    port: int
+    role: Role
+    shard: int | None = None
+    bind: tuple[str, ...] = ()
+    config: tuple[tuple[str, str | int | bool], ...] = ()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.role == "sentinel"
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    master: str
+    replicas: tuple[str, ...]
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return (self.master, *self.replicas)
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: tuple[Node, ...]
+    shards: tuple[Shard, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def servers(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if not n.is_sentinel)
+
+    @property
+    def sentinels(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.is_sentinel)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def find(self, ref: str) -> Node | None:
+        """A node by name or address:port."""
+        return next((n for n in self.nodes if ref in (n.name, n.endpoint)), None)
+
+    def shard_of(self, name: str) -> Shard | None:
+        return next((s for s in self.shards if name in s.members), None)
+
+
+def host_bind(host: Host) -> tuple[str, ...]:
+    return tuple(host.bind) if host.bind else (host.address,)
+
+
+def _node(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int | None) -> Node:
+    override = spec.nodes.get(name)
+    return Node(
+        name=name,
+        host=host.name,
+        address=host.address,
+        port=override.port if override and override.port else port,
+        role=role,
+        shard=shard,
+        bind=host_bind(host),
+        config=tuple(sorted(override.config.items())) if override else (),
+    )
+
+
+def _hosts_by_name(spec: Spec) -> dict[str, Host]:
+    return {h.name: h for h in spec.hosts}
+
+
+def cluster_layout(spec: Spec, masters: int | None = None) -> Layout:
+    topo = spec.cluster_or_default()
+    shard_count = topo.masters if masters is None else masters
+    per_shard = topo.replicas_per_master + 1
+    nodes: list[Node] = []
+    shards: list[Shard] = []
+    for s in range(shard_count):
+        members: list[str] = []
+        for r in range(per_shard):
+            k = s * per_shard + r + 1
+            host = spec.hosts[(s + r) % len(spec.hosts)]
+            name = f"{spec.name}-{k}"
+            nodes.append(_node(spec, name, host, topo.base_port + k - 1, "master" if r == 0 else "replica", s + 1))
+            members.append(name)
+        shards.append(Shard(s + 1, members[0], tuple(members[1:])))
+    return Layout(tuple(nodes), tuple(shards))
+
+
+def standalone_layout(spec: Spec) -> Layout:
+    topo = spec.standalone_or_default()
+    hosts = _hosts_by_name(spec)
+    host = hosts.get(topo.host or spec.hosts[0].name, spec.hosts[0])
+    node = _node(spec, f"{spec.name}-1", host, topo.port, "master", 1)
+    return Layout((node,), (Shard(1, node.name, ()),))
+
+
+def replication_hosts(spec: Spec) -> tuple[Host, list[Host]]:
+    """The master host and replica hosts: by default the first host, then every other host."""
+    topo = spec.replication_or_default()
+    hosts = _hosts_by_name(spec)
+    master = hosts.get(topo.master or spec.hosts[0].name, spec.hosts[0])
+    if topo.replicas is None:
+        return master, [h for h in spec.hosts if h.name != master.name]
+    return master, [hosts[name] for name in topo.replicas if name in hosts]
+
+
+def sentinel_hosts(spec: Spec) -> list[Host]:
+    topo = spec.sentinel_or_default()
+    hosts = _hosts_by_name(spec)
+    if topo.hosts is None:
+        return list(spec.hosts)
+    return [hosts[name] for name in topo.hosts if name in hosts]
+
+
+def replication_layout(spec: Spec) -> Layout:
+    base = spec.replication_or_default().base_port
+    master_host, replica_hosts = replication_hosts(spec)
+    nodes = [_node(spec, f"{spec.name}-1", master_host, base, "master", 1)]
+    for i, host in enumerate(replica_hosts, start=1):
+        nodes.append(_node(spec, f"{spec.name}-{i + 1}", host, base + i, "replica", 1))
+    if spec.topology == "sentinel":
+        port = spec.sentinel_or_default().port
+        for i, host in enumerate(sentinel_hosts(spec), start=1):
+            nodes.append(_node(spec, f"{spec.name}-{SENTINEL_PREFIX}-{i}", host, port, "sentinel", None))
+    shard = Shard(1, nodes[0].name, tuple(n.name for n in nodes[1:] if n.role == "replica"))
+    return Layout(tuple(nodes), (shard,))
+
+
+def layout(spec: Spec) -> Layout:
+    if spec.topology == "cluster":
+        return cluster_layout(spec)
+    if spec.topology == "standalone":
+        return standalone_layout(spec)
+    return replication_layout(spec)
+
+
+def sentinel_master_name(spec: Spec) -> str:
+    return spec.sentinel_or_default().master_name or spec.name
+
+
+def sentinel_quorum(spec: Spec) -> int:
+    topo = spec.sentinel_or_default()
+    return topo.quorum or len(sentinel_hosts(spec)) // 2 + 1

@@ -1,0 +1,187 @@
+"""Turn spec text into a validated Spec, or one SpecError listing every problem with file:line."""
+
+from __future__ import annotations
+
+import copy
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from opsctl.errors import SpecError, SpecProblem
+from opsctl.secrets import Secret
+from opsctl.spec.checks import SecretResolver, check_spec, suggest
+from opsctl.spec.layout import Layout, layout
+from opsctl.spec.model import SecretRef, Spec
+from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
+
+FIELD_HINTS: dict[str, str] = {
+    "name": "lowercase letters, digits and '-', 1 to 40 characters, e.g. orders",
+    "version": "major.minor in quotes, e.g. version: \"9.1\"",
+    "maxmemory": "a size such as 256mb, 2gb or 1048576",
+}
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The resolved secrets of a spec: the admin password and each ACL user's."""
+
+    password: Secret
+    users: tuple[tuple[str, Secret], ...] = ()
+
+    def all(self) -> list[Secret]:
+        return [self.password, *(s for _, s in self.users)]
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    file: str
+    spec: Spec
+    layout: Layout
+    credentials: Credentials
+
+
+def load_spec(text: str, file: str, resolve: SecretResolver) -> LoadedSpec:
+    doc, problems = load_positioned(text, file)
+    if doc is None:
+        raise SpecError(problems)
+    if not isinstance(doc.data, dict):
+        raise SpecError([*problems, SpecProblem(file, 1, "", "the spec must be a mapping of fields",
+                                                "start from an example in examples/")])
+    spec, errors = _validate(doc.data)
+    problems += [_problem(doc, err) for err in errors]
+    if spec is not None:
+        broken = [_clean_loc(err["loc"]) for err in errors]
+        problems += [SpecProblem(file, doc.line_of(path), field_path(path), msg, hint)
+                     for path, msg, hint in check_spec(spec, resolve)
+                     if not any(path[: len(b)] == b for b in broken)]
+    if problems or spec is None or errors:
+        raise SpecError(_dedupe(problems))
+    return LoadedSpec(file, spec, layout(spec), _credentials(spec, resolve))
+
+
+def _validate(data: dict[str, Any]) -> tuple[Spec | None, list[Any]]:
+    """Validate; on errors also try once more without the broken fields, so cross-field checks still run."""
+    try:
+        return Spec.model_validate(data), []
+    except ValidationError as exc:
+        errors = exc.errors()
+    pruned = copy.deepcopy(data)
+    for err in errors:
+        _prune(pruned, _clean_loc(err["loc"]))
+    try:
+        return Spec.model_validate(pruned), errors
+    except ValidationError:
+        return None, errors
+
+
+def _prune(data: Any, path: Path_) -> None:
+    for part in path[:-1]:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        else:
+            return
+    if path and isinstance(data, dict):
+        data.pop(path[-1], None)
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> Path_:
+    return tuple(p for p in loc if not _is_internal(p))
+
+
+def _credentials(spec: Spec, resolve: SecretResolver) -> Credentials:
+    def secret(ref: SecretRef) -> Secret:
+        return Secret(resolve(ref) or "")
+
+    users = tuple((u.name, secret(u.password)) for u in spec.auth.users)
+    return Credentials(secret(spec.auth.password), users)
+
+
+def make_resolver(env: typing.Mapping[str, str], read_file: Callable[[str], str | None]) -> SecretResolver:
+    def resolve(ref: SecretRef) -> str | None:
+        if ref.env is not None:
+            return env.get(ref.env) or None
+        return read_file(ref.file) if ref.file else None
+
+    return resolve
+
+
+def _dedupe(problems: list[SpecProblem]) -> list[SpecProblem]:
+    seen: set[SpecProblem] = set()
+    return [p for p in problems if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
+
+
+def _problem(doc: PositionedDocument, err: Any) -> SpecProblem:
+    path = _clean_loc(err["loc"])
+    message, hint = _message(err, path)
+    return SpecProblem(doc.file, doc.line_of(path), field_path(path), message, hint)
+
+
+def _is_internal(part: object) -> bool:
+    """pydantic adds validator names such as 'function-after[...]' to locations."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "bool"))
+
+
+def _message(err: Any, path: Path_) -> tuple[str, str]:
+    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
+    leaf = str(path[-1]) if path else ""
+    if kind == "extra_forbidden":
+        allowed = _allowed_fields(path[:-1])
+        return "unknown field", f"{suggest(leaf, allowed)}allowed here: {', '.join(allowed)}"
+    if kind == "missing":
+        return "is required", f"add '{leaf}:'"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {value!r}", ""
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be a whole number, got {value!r}", "write the number without quotes"
+    if kind == "string_type":
+        return f"must be a string, got {value!r}", FIELD_HINTS.get(leaf, "quote the value")
+    if kind == "bool_type":
+        return f"must be true or false, got {value!r}", ""
+    if kind in ("list_type", "tuple_type"):
+        return f"must be a list, got {value!r}", "write it as [a, b] or as '- a' lines"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping of fields, got {value!r}", "write it as 'field: value' lines"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}, got {value!r}", ""
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}, got {value!r}", ""
+    if kind == "too_short":
+        return f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}", ""
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} is not valid", FIELD_HINTS.get(leaf, "")
+    if kind == "value_error":
+        return str(err["msg"]).removeprefix("Value error, "), ""
+    return str(err["msg"]), ""
+
+
+def _allowed_fields(path: Path_) -> list[str]:
+    """The field names of the model at path (walks Spec's annotations; list indexes are skipped)."""
+    model: type[BaseModel] = Spec
+    for part in path:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(str(part))
+        inner = _model_in(info.annotation) if info else None
+        if inner is None:
+            if "nodes" in path and model is Spec:
+                from opsctl.spec.model import NodeOverride
+                model = NodeOverride
+                continue
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,159 @@
+"""The topology spec as frozen, validated data. Field names are part of the user contract."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Size = Annotated[str, StringConstraints(pattern=r"^[0-9]+(b|k|kb|m|mb|g|gb)?$", to_lower=True)]
+
+TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
+POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
+            "volatile-random", "allkeys-random", "volatile-ttl", "noeviction")
+
+
+def _config_value(value: object) -> str | int | bool:
+    if isinstance(value, (str, int, bool)) and not isinstance(value, float):
+        return value
+    raise ValueError("must be a string, a number or true/false")
+
+
+ConfigValue = Annotated[object, AfterValidator(_config_value)]
+ConfigMap = dict[str, ConfigValue]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class SecretRef(Strict):
+    """Where a secret lives: an environment variable or a file. Never the value itself."""
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env or file")
+        return self
+
+    def describe(self) -> str:
+        return f"environment variable {self.env}" if self.env else f"file {self.file}"
+
+
+class Server(Strict):
+    flavor: Literal["valkey", "redis"] = "valkey"
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+$")] = "9.1"
+    binary: str | None = None
+
+
+class Host(Strict):
+    name: Name
+    address: str
+    bind: list[str] | None = None
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_port: Port = 22
+    bastion: str | None = None
+
+
+class NodeOverride(Strict):
+    port: Port | None = None
+    config: ConfigMap = Field(default_factory=dict)
+
+
+class ClusterTopology(Strict):
+    masters: Annotated[int, Field(ge=3, le=500)] = 3
+    replicas_per_master: Annotated[int, Field(ge=0, le=5)] = 1
+    base_port: Port = 7101
+    node_timeout_ms: Annotated[int, Field(ge=500, le=600000)] = 5000
+    require_full_coverage: bool = True
+    replica_validity_factor: Annotated[int, Field(ge=1, le=100)] = 10
+    allow_reads_when_down: bool = False
+
+
+class StandaloneTopology(Strict):
+    host: str | None = None
+    port: Port = 7001
+
+
+class ReplicationTopology(Strict):
+    master: str | None = None
+    replicas: list[str] | None = None
+    base_port: Port = 7201
+
+
+class SentinelTopology(Strict):
+    hosts: list[str] | None = None
+    port: Port = 27001
+    quorum: Annotated[int, Field(ge=1)] | None = None
+    master_name: Name | None = None
+    down_after_ms: Annotated[int, Field(ge=100)] = 5000
+    failover_timeout_ms: Annotated[int, Field(ge=1000)] = 60000
+    parallel_syncs: Annotated[int, Field(ge=1)] = 1
+
+
+class AclUser(Strict):
+    name: Name
+    password: SecretRef
+    rules: str = "~* &* +@all -@dangerous"
+
+
+class Auth(Strict):
+    mode: Literal["password", "acl"] = "password"
+    password: SecretRef
+    admin_user: Name = "opsctl"
+    users: list[AclUser] = Field(default_factory=list)
+
+
+class Hardening(Strict):
+    disabled_commands: list[str] = Field(default_factory=lambda: ["FLUSHALL", "FLUSHDB", "KEYS"])
+    renamed_commands: dict[str, str] = Field(default_factory=dict)
+    allow_default_port: bool = False
+    allow_public_bind: bool = False
+    allow_unsafe: bool = False
+
+
+class Persistence(Strict):
+    aof: Literal["always", "everysec", "no", "off"] = "everysec"
+    rdb: list[str] = Field(default_factory=lambda: ["900 1", "300 10", "60 10000"])
+
+
+class Memory(Strict):
+    maxmemory: Size = "256mb"
+    policy: str = "volatile-lru"
+
+
+class Spec(Strict):
+    name: Name
+    topology: Literal["standalone", "replication", "sentinel", "cluster"]
+    server: Server = Field(default_factory=Server)
+    provider: Literal["local", "ansible"] = "local"
+    hosts: Annotated[list[Host], Field(min_length=1)]
+    cluster: ClusterTopology | None = None
+    standalone: StandaloneTopology | None = None
+    replication: ReplicationTopology | None = None
+    sentinel: SentinelTopology | None = None
+    auth: Auth
+    hardening: Hardening = Field(default_factory=Hardening)
+    persistence: Persistence = Field(default_factory=Persistence)
+    memory: Memory = Field(default_factory=Memory)
+    lazyfree: bool = True
+    config: ConfigMap = Field(default_factory=dict)
+    nodes: dict[str, NodeOverride] = Field(default_factory=dict)
+
+    def cluster_or_default(self) -> ClusterTopology:
+        return self.cluster or ClusterTopology()
+
+    def standalone_or_default(self) -> StandaloneTopology:
+        return self.standalone or StandaloneTopology()
+
+    def replication_or_default(self) -> ReplicationTopology:
+        return self.replication or ReplicationTopology()
+
+    def sentinel_or_default(self) -> SentinelTopology:
+        return self.sentinel or SentinelTopology()

@@ -1,0 +1,67 @@
+"""What changes by server flavor and version, in one place: supported versions, directives, capabilities.
+
+A directive or capability maps each flavor to the first version that has it (None: never).
+"""
+
+from __future__ import annotations
+
+Version = tuple[int, int]
+
+SUPPORTED: dict[str, tuple[Version, ...]] = {
+    "redis": ((6, 2), (7, 0), (7, 2), (7, 4), (8, 0), (8, 2), (8, 4)),
+    "valkey": ((7, 2), (8, 0), (8, 1), (9, 0), (9, 1)),
+}
+
+TESTED: dict[str, Version] = {"redis": (7, 0), "valkey": (9, 1)}
+
+# Directives absent from some supported versions. Anything not listed exists in every supported version.
+DIRECTIVE_SINCE: dict[str, dict[str, Version | None]] = {
+    "enable-protected-configs": {"redis": (7, 0), "valkey": (7, 2)},
+    "enable-debug-command": {"redis": (7, 0), "valkey": (7, 2)},
+    "enable-module-command": {"redis": (7, 0), "valkey": (7, 2)},
+    "latency-tracking": {"redis": (7, 0), "valkey": (7, 2)},
+    "hide-user-data-from-log": {"redis": (7, 4), "valkey": (8, 0)},
+    "cluster-announce-human-nodename": {"redis": (7, 2), "valkey": (7, 2)},
+    "locale-collate": {"redis": (7, 2), "valkey": (7, 2)},
+    "cluster-slot-stats-enabled": {"redis": None, "valkey": (8, 0)},
+    "availability-zone": {"redis": None, "valkey": (8, 0)},
+    "extended-redis-compatibility": {"redis": None, "valkey": (8, 0)},
+}
+
+CAPABILITY_SINCE: dict[str, dict[str, Version | None]] = {
+    # FAILOVER command on a master (coordinated replication failover)
+    "failover_command": {"redis": (6, 2), "valkey": (7, 2)},
+    # CLUSTER MIGRATESLOTS (Valkey) / CLUSTER MIGRATION IMPORT (Redis): server-side slot moves
+    "atomic_slot_migration": {"redis": (8, 4), "valkey": (9, 0)},
+    "cluster_shards": {"redis": (7, 0), "valkey": (7, 2)},
+}
+
+
+def parse_version(text: str) -> Version:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_text(version: Version) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def is_supported(flavor: str, version: Version) -> bool:
+    return version in SUPPORTED.get(flavor, ())
+
+
+def _since(table: dict[str, dict[str, Version | None]], key: str, flavor: str, version: Version) -> bool:
+    if key not in table:
+        return True
+    first = table[key].get(flavor)
+    return first is not None and version >= first
+
+
+def has_directive(flavor: str, version: Version, directive: str) -> bool:
+    return _since(DIRECTIVE_SINCE, directive, flavor, version)
+
+
+def has_capability(flavor: str, version: Version, capability: str) -> bool:
+    if capability not in CAPABILITY_SINCE:
+        raise KeyError(f"unknown capability {capability}")
+    return _since(CAPABILITY_SINCE, capability, flavor, version)
