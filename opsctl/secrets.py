@@ -35,7 +35,7 @@ class Secret:
     def __hash__(self) -> int:
         return hash(self._value)
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> str:
         raise TypeError("a Secret cannot be pickled")
 
 

@@ -131,7 +131,8 @@ def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, 
         ip = ipaddress.ip_address(address)
     except ValueError:
         if spec.provider == "local":
-            yield (path, f"'{address}' is not an IP address", "the local provider needs loopback addresses like 127.0.0.2")
+            yield (path, f"'{address}' is not an IP address",
+                   "the local provider needs loopback addresses like 127.0.0.2")
         return
     if spec.provider == "local" and not ip.is_loopback:
         yield (path, f"{address} is not a loopback address, but provider is local",
@@ -205,7 +206,7 @@ def _check_sentinel_placement(spec: Spec) -> Iterator[Finding]:
 def _check_commands(spec: Spec) -> Iterator[Finding]:
     hardening = spec.hardening
     for i, command in enumerate(hardening.disabled_commands):
-        path = ("hardening", "disabled_commands", i)
+        path: tuple[str | int, ...] = ("hardening", "disabled_commands", i)
         if not COMMAND_NAME.match(command):
             yield (path, f"'{command}' is not a command name", "use names like FLUSHALL")
         elif command.upper() in NOT_DISABLABLE:

@@ -79,12 +79,10 @@ def _validate(data: dict[str, Any]) -> tuple[Spec | None, list[Any]]:
 
 def _prune(data: Any, path: Path_) -> None:
     for part in path[:-1]:
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
-            data = data[part]
-        else:
+        inside_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
+        if not (inside_list or (isinstance(data, dict) and part in data)):
             return
+        data = data[part]
     if path and isinstance(data, dict):
         data.pop(path[-1], None)
 

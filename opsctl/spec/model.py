@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -21,7 +21,7 @@ def _config_value(value: object) -> str | int | bool:
     raise ValueError("must be a string, a number or true/false")
 
 
-ConfigValue = Annotated[object, AfterValidator(_config_value)]
+ConfigValue = Annotated[str | int | bool, PlainValidator(_config_value)]
 ConfigMap = dict[str, ConfigValue]
 
 

@@ -1,0 +1,41 @@
+# The two commands the README promises: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SPEC ?= examples/cluster.yaml
+export ORDERS_REDIS_PASSWORD ?= demo-only-$(shell whoami)-change-me-0123456789
+
+.PHONY: venv demo demo-down test test-fast lint typecheck bench clean system-deps
+
+$(BIN)/opsctl: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/opsctl
+
+demo: venv
+	$(BIN)/opsctl apply -f $(SPEC) --auto-approve
+	$(BIN)/opsctl status -f $(SPEC)
+
+demo-down: venv
+	$(BIN)/opsctl destroy -f $(SPEC) --auto-approve --purge
+
+system-deps:
+	./scripts/system-deps.sh
+
+test: venv system-deps
+	$(BIN)/ruff check opsctl tests bench
+	$(BIN)/mypy opsctl
+	$(BIN)/pytest -n 2 --dist loadfile tests
+
+test-fast: venv
+	$(BIN)/pytest -n 2 --dist loadfile -m "not remote" tests
+
+lint: venv
+	$(BIN)/ruff check opsctl tests bench
+	$(BIN)/mypy opsctl
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,98 @@
+"""Admin connections to nodes: authenticated, with the spec's renamed commands, short timeouts.
+
+Everything that talks to a Redis node goes through here, so auth and command renames live in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from opsctl.errors import OpsctlError
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+DEFAULT_TIMEOUT = 5.0
+
+
+class Admin:
+    """One node's admin connection. `call` sends a command under its renamed name if the spec renames it."""
+
+    def __init__(self, loaded: LoadedSpec, address: str, port: int, name: str = "",
+                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False) -> None:
+        self.loaded = loaded
+        self.address = address
+        self.port = port
+        self.name = name or f"{address}:{port}"
+        self.sentinel = sentinel
+        spec = loaded.spec
+        acl = spec.auth.mode == "acl" and not sentinel
+        self.client = redis.Redis(
+            host=address, port=port,
+            username=spec.auth.admin_user if acl else None,
+            password=loaded.credentials.password.reveal(),
+            socket_timeout=timeout, socket_connect_timeout=timeout,
+            decode_responses=True, lib_name=None, lib_version=None,
+        )
+        self._renames = {k.upper(): v for k, v in spec.hardening.renamed_commands.items()}
+
+    @classmethod
+    def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT) -> Admin:
+        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def command(self, name: str) -> str:
+        return self._renames.get(name.upper(), name.upper())
+
+    def call(self, name: str, *args: Any) -> Any:
+        return self.client.execute_command(self.command(name), *args)
+
+    def config_get(self, pattern: str = "*") -> dict[str, str]:
+        reply = self.call("CONFIG", "GET", pattern)
+        if isinstance(reply, dict):
+            return {str(k): str(v) for k, v in reply.items()}
+        return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def config_set(self, directive: str, value: str) -> None:
+        self.call("CONFIG", "SET", directive, value)
+
+    def raw(self, name: str, *args: Any) -> Any:
+        """A command's reply without redis-py's response parsing (INFO and CLUSTER NODES stay text)."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command(self.command(name), *args)
+            return conn.read_response()
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def info(self, section: str = "all") -> str:
+        """INFO as text; the pure parser is opsctl.observe.parse_info."""
+        return str(self.raw("INFO", section))
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def unreachable(admin: Admin, exc: Exception) -> OpsctlError:
+    return OpsctlError(f"cannot reach {admin.name} at {admin.endpoint}", str(exc),
+                       "is it running? `opsctl status -f SPEC` shows every node")

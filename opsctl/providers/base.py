@@ -1,0 +1,49 @@
+"""The provider contract shared by the local (processes) and Ansible (SSH hosts) providers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opsctl.render import NodePaths
+from opsctl.spec.layout import Node
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """What the provider knows about a node's process, without talking Redis to it."""
+
+    node: str
+    running: bool
+    pid: int | None = None
+    detail: str = ""
+
+
+class Provider(Protocol):
+    """Everything the executor needs from where servers run.
+
+    Files are written with mode 0600. start() returns once the process is alive and its port accepts
+    TCP connections, and raises OpsctlError (naming node, host and the log's last lines) otherwise.
+    """
+
+    daemonize: bool
+
+    def paths(self, node: Node) -> NodePaths: ...
+
+    def write_files(self, node: Node, files: dict[str, str]) -> None: ...
+
+    def read_file(self, node: Node, name: str) -> str | None: ...
+
+    def start(self, node: Node) -> None: ...
+
+    def stop(self, node: Node, timeout: float = 30.0) -> None: ...
+
+    def process_state(self, node: Node) -> ProcessState: ...
+
+    def purge(self, node: Node) -> None: ...
+
+    def load_record(self, node: Node) -> dict[str, Any]: ...
+
+    def save_record(self, node: Node, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...

