@@ -34,6 +34,8 @@ CAPABILITY_SINCE: dict[str, dict[str, Version | None]] = {
     # CLUSTER MIGRATESLOTS (Valkey) / CLUSTER MIGRATION IMPORT (Redis): server-side slot moves
     "atomic_slot_migration": {"redis": (8, 4), "valkey": (9, 0)},
     "cluster_shards": {"redis": (7, 0), "valkey": (7, 2)},
+    # `save 900 1 300 10` on one line (before Redis 7.0 only `save <seconds> <changes>` lines count)
+    "multi_arg_save": {"redis": (7, 0), "valkey": (7, 2)},
 }
 
 

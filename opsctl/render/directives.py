@@ -11,9 +11,12 @@ from opsctl.spec.checks import LAZYFREE, config_text
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Spec
-from opsctl.versions import has_directive, parse_version
+from opsctl.versions import has_capability, has_directive, parse_version
 
 Directive = tuple[str, str]
+
+# Directives whose value is a secret: never shown, compared only against the resolved credentials.
+SECRET_DIRECTIVES = frozenset({"requirepass", "masterauth"})
 
 
 @dataclass(frozen=True)
@@ -70,10 +73,12 @@ def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Direct
 
 
 def renames(spec: Spec) -> list[Directive]:
-    """rename-command lines: disabled commands (password mode) to "", renamed ones to their new name."""
-    lines: list[Directive] = []
-    if spec.auth.mode == "password":
-        lines += [("rename-command", f'{c.upper()} ""') for c in spec.hardening.disabled_commands]
+    """rename-command lines: disabled commands to "", renamed ones to their new name.
+
+    Disabled commands go in ACL mode too: ACL rules alone can be undone by any user allowed ACL SETUSER
+    (the admin has +@all), a removed command cannot. ACL rules keep naming them (rules use original names).
+    """
+    lines: list[Directive] = [("rename-command", f'{c.upper()} ""') for c in spec.hardening.disabled_commands]
     lines += [("rename-command", f"{c.upper()} {new}") for c, new in sorted(spec.hardening.renamed_commands.items())]
     return lines
 
@@ -83,9 +88,19 @@ def persistence(spec: Spec) -> list[Directive]:
     lines = [("appendonly", _yes(aof != "off"))]
     if aof != "off":
         lines += [("appendfsync", aof), ("appendfilename", '"appendonly.aof"'), ("aof-use-rdb-preamble", "yes")]
-    lines += [("save", " ".join(spec.persistence.rdb) if spec.persistence.rdb else '""'),
-              ("dbfilename", "dump.rdb"), ("stop-writes-on-bgsave-error", "yes")]
+    lines += _save(spec)
+    lines += [("dbfilename", "dump.rdb"), ("stop-writes-on-bgsave-error", "yes")]
     return lines
+
+
+def _save(spec: Spec) -> list[Directive]:
+    """One `save` line with every rule where the server takes it; one line per rule on Redis 6.2."""
+    rules = spec.persistence.rdb
+    if not rules:
+        return [("save", '""')]
+    if has_capability(spec.server.flavor, parse_version(spec.server.version), "multi_arg_save"):
+        return [("save", " ".join(rules))]
+    return [("save", rule) for rule in rules]
 
 
 def memory(spec: Spec) -> list[Directive]:
@@ -98,9 +113,10 @@ def replication(spec: Spec) -> list[Directive]:
             ("replica-serve-stale-data", "yes")]
 
 
-def cluster(spec: Spec) -> list[Directive]:
+def cluster(spec: Spec, node: Node) -> list[Directive]:
     topo = spec.cluster_or_default()
     return [("cluster-enabled", "yes"), ("cluster-config-file", "nodes.conf"),
+            ("cluster-announce-ip", node.address),
             ("cluster-node-timeout", str(topo.node_timeout_ms)),
             ("cluster-require-full-coverage", _yes(topo.require_full_coverage)),
             ("cluster-allow-replica-migration", "no"),
@@ -132,7 +148,7 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
         Section("slow queries and latency", supported(spec, monitoring())),
     ]
     if spec.topology == "cluster":
-        sections.append(Section("cluster", supported(spec, cluster(spec))))
+        sections.append(Section("cluster", supported(spec, cluster(spec, node))))
     if extra(spec, node):
         sections.append(Section("extra (spec config)", tuple(extra(spec, node))))
     return tuple(sections)

@@ -73,9 +73,10 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 def check_spec(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
     yield from _check_version(spec)
     yield from _check_sections(spec)
-    yield from _check_hosts(spec)
-    yield from _check_references(spec)
-    yield from _check_placement(spec)
+    host_findings = [*_check_hosts(spec), *_check_references(spec)]
+    yield from host_findings
+    if not any(path[-1] == "name" or path[0] != "hosts" for path, _, _ in host_findings):
+        yield from _check_placement(spec)  # placement over misnamed or unknown hosts only echoes those
     yield from _check_commands(spec)
     yield from _check_memory(spec)
     yield from _check_rdb(spec)
@@ -192,10 +193,11 @@ def _check_replication_placement(spec: Spec) -> Iterator[Finding]:
 def _check_sentinel_placement(spec: Spec) -> Iterator[Finding]:
     hosts = sentinel_hosts(spec)
     declared = spec.sentinel.hosts if spec.sentinel and spec.sentinel.hosts else []
+    path: tuple[str | int, ...] = ("sentinel", "hosts") if declared else ("hosts",)
     if len(set(declared)) != len(declared):
-        yield (("sentinel", "hosts"), "a host is listed twice", "run each sentinel on its own host")
+        yield (path, "a host is listed twice", "run each sentinel on its own host")
     if len(hosts) < 3:
-        yield (("sentinel", "hosts"), f"{len(hosts)} sentinel host(s): a failover needs a majority of at least 3",
+        yield (path, f"{len(hosts)} sentinel host(s): a failover needs a majority of at least 3",
                "list three or more distinct hosts (an odd number)")
     quorum = spec.sentinel.quorum if spec.sentinel else None
     if quorum is not None and quorum > len(hosts):
@@ -277,31 +279,55 @@ def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
     for path, ref in refs:
         value = resolve(ref)
         if value is None:
-            how = f"export {ref.env}=..." if ref.env else f"create {ref.file} (mode 0600) holding the secret"
-            yield (path, f"secret not found: {ref.describe()} is not set", how)
+            if ref.env:
+                yield (path, f"secret not found: environment variable {ref.env} is not set or empty",
+                       f"export {ref.env}=... (a random secret: openssl rand -hex 24)")
+            else:
+                yield (path, f"secret not found: file {ref.file} is missing, unreadable or empty",
+                       f"create {ref.file} (relative paths start at the spec's folder), mode 0600, "
+                       "holding only the secret")
         elif len(value) < 12 or any(c.isspace() for c in value):
             yield (path, f"secret from {ref.describe()} is too weak (under 12 characters or has spaces)",
                    "use a random secret: openssl rand -hex 24")
 
 
 def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
+    """Default ports, ports above 65535 and clashes; findings on one field are grouped into one problem."""
     taken: dict[tuple[str, int], str] = {}
+    default: dict[tuple[str | int, ...], list[str]] = {}
+    too_high: dict[tuple[str | int, ...], list[tuple[str, int, bool]]] = {}
     cluster = spec.topology == "cluster"
     for node in nodes.nodes:
         path = _port_path(spec, node.name, node.is_sentinel)
         if node.port in DEFAULT_PORTS and not spec.hardening.allow_default_port:
-            yield (path, f"{node.name} would listen on the default port {node.port}",
-                   "pick another port (scanners try the default first) or set hardening.allow_default_port: true")
+            default.setdefault(path, []).append(node.name)
         ports = [node.port, node.port + 10000] if cluster and not node.is_sentinel else [node.port]
         for port in ports:
             if port > 65535:
-                yield (path, f"{node.name}'s cluster bus port {port} is above 65535", "use a port below 55536")
+                too_high.setdefault(path, []).append((node.name, port, port != node.port))
                 continue
             other = taken.get((node.address, port))
             if other:
                 yield (path, f"{node.name} and {other} both use {node.address}:{port}",
                        "change a base port, or nodes.<name>.port")
             taken.setdefault((node.address, port), node.name)
+    for path, names in default.items():
+        yield (path, f"{_names(names)} would listen on the default port {nodes.node(names[0]).port}",
+               "pick another port (scanners try the default first) or set hardening.allow_default_port: true")
+    for path, high in too_high.items():
+        yield _too_high(path, high)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _too_high(path: tuple[str | int, ...], high: list[tuple[str, int, bool]]) -> Finding:
+    name, port, bus = high[0]
+    what = f"{name}'s cluster bus port {port} (port + 10000)" if bus else f"{name}'s port {port}"
+    more = f" (and {len(high) - 1} more)" if len(high) > 1 else ""
+    limit = "a cluster node's port + 10000 must stay at or below 65535" if bus else "ports end at 65535"
+    return (path, f"{what} is above 65535{more}", f"lower it: {limit}")
 
 
 def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ FIELD_HINTS: dict[str, str] = {
     "name": "lowercase letters, digits and '-', 1 to 40 characters, e.g. orders",
     "version": "major.minor in quotes, e.g. version: \"9.1\"",
     "maxmemory": "a size such as 256mb, 2gb or 1048576",
+    "auth:missing": "add auth: {password: {env: REDIS_PASSWORD}}; the secret itself stays out of the spec",
+    "hosts": "list the machines, e.g. - {name: h1, address: 127.0.0.2}",
+    "aof": "everysec (fsync once a second) is the usual choice; off turns the AOF off",
 }
 
 
@@ -48,9 +52,9 @@ def load_spec(text: str, file: str, resolve: SecretResolver) -> LoadedSpec:
     if doc is None:
         raise SpecError(problems)
     if not isinstance(doc.data, dict):
-        raise SpecError([*problems, SpecProblem(file, 1, "", "the spec must be a mapping of fields",
-                                                "start from an example in examples/")])
+        raise SpecError([*problems, _not_a_mapping(file, doc.data)])
     spec, errors = _validate(doc.data)
+    errors = _without_typo_echoes(errors)
     problems += [_problem(doc, err) for err in errors]
     if spec is not None:
         broken = [_clean_loc(err["loc"]) for err in errors]
@@ -58,8 +62,27 @@ def load_spec(text: str, file: str, resolve: SecretResolver) -> LoadedSpec:
                      for path, msg, hint in check_spec(spec, resolve)
                      if not any(path[: len(b)] == b for b in broken)]
     if problems or spec is None or errors:
-        raise SpecError(_dedupe(problems))
+        raise SpecError(sorted(_dedupe(problems), key=lambda p: p.line or 0))
     return LoadedSpec(file, spec, layout(spec), _credentials(spec, resolve))
+
+
+def _not_a_mapping(file: str, data: object) -> SpecProblem:
+    hint = "a spec is a mapping of fields (name, topology, hosts, auth, ...): see examples/ or `opsctl schema`"
+    if data is None:
+        return SpecProblem(file, 1, "", "the spec is empty", hint)
+    kind = "a list" if isinstance(data, list) else f"a single value ({data!r})"
+    return SpecProblem(file, 1, "", f"the spec must be a mapping of fields, not {kind}", hint)
+
+
+def _without_typo_echoes(errors: list[Any]) -> list[Any]:
+    """Drop 'field is required' when an unknown sibling field is its likely misspelling (one problem, not two)."""
+    typos: set[Path_] = set()
+    for err in errors:
+        path = _clean_loc(err["loc"])
+        if err["type"] == "extra_forbidden" and path:
+            for close in difflib.get_close_matches(str(path[-1]), _allowed_fields(path[:-1]), n=1):
+                typos.add((*path[:-1], close))
+    return [e for e in errors if not (e["type"] == "missing" and _clean_loc(e["loc"]) in typos)]
 
 
 def _validate(data: dict[str, Any]) -> tuple[Spec | None, list[Any]]:
@@ -131,15 +154,15 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
         allowed = _allowed_fields(path[:-1])
         return "unknown field", f"{suggest(leaf, allowed)}allowed here: {', '.join(allowed)}"
     if kind == "missing":
-        return "is required", f"add '{leaf}:'"
+        return "is required", FIELD_HINTS.get(f"{leaf}:missing", f"add '{leaf}:'")
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {value!r}", ""
+        return f"must be one of {ctx.get('expected')}, got {value!r}", FIELD_HINTS.get(leaf, "")
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be a whole number, got {value!r}", "write the number without quotes"
     if kind == "string_type":
         return f"must be a string, got {value!r}", FIELD_HINTS.get(leaf, "quote the value")
     if kind == "bool_type":
-        return f"must be true or false, got {value!r}", ""
+        return f"must be true or false, got {value!r}", "write true or false without quotes"
     if kind in ("list_type", "tuple_type"):
         return f"must be a list, got {value!r}", "write it as [a, b] or as '- a' lines"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
@@ -149,7 +172,8 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
     if kind == "less_than_equal":
         return f"must be at most {ctx.get('le')}, got {value!r}", ""
     if kind == "too_short":
-        return f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}", ""
+        return (f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}",
+                FIELD_HINTS.get(leaf, ""))
     if kind == "string_pattern_mismatch":
         return f"{value!r} is not valid", FIELD_HINTS.get(leaf, "")
     if kind == "value_error":
@@ -158,21 +182,24 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
 
 
 def _allowed_fields(path: Path_) -> list[str]:
-    """The field names of the model at path (walks Spec's annotations; list indexes are skipped)."""
+    """The field names of the model at path (walks Spec's annotations; list indexes and mapping keys skipped)."""
     model: type[BaseModel] = Spec
+    keyed = False
     for part in path:
-        if isinstance(part, int):
+        if isinstance(part, int) or keyed:
+            keyed = False
             continue
         info = model.model_fields.get(str(part))
         inner = _model_in(info.annotation) if info else None
-        if inner is None:
-            if "nodes" in path and model is Spec:
-                from opsctl.spec.model import NodeOverride
-                model = NodeOverride
-                continue
+        if info is None or inner is None:
             return []
+        keyed = _is_mapping(info.annotation)
         model = inner
     return list(model.model_fields)
+
+
+def _is_mapping(annotation: object) -> bool:
+    return typing.get_origin(annotation) is dict or any(_is_mapping(a) for a in typing.get_args(annotation))
 
 
 def _model_in(annotation: object) -> type[BaseModel] | None:

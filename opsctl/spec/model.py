@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Size = Annotated[str, StringConstraints(pattern=r"^[0-9]+(b|k|kb|m|mb|g|gb)?$", to_lower=True)]
+
+
+def _size_text(value: object) -> object:
+    """A size may be written as a plain byte count (maxmemory: 1048576)."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+SIZE_PATTERN = r"^[0-9]+([bB]|[kKmMgG][bB]?)?$"
+Size = Annotated[str, BeforeValidator(_size_text, json_schema_input_type=Annotated[
+                     str, StringConstraints(pattern=SIZE_PATTERN)] | Annotated[int, Field(ge=0)]),
+                 StringConstraints(pattern=r"^[0-9]+(b|k|kb|m|mb|g|gb)?$", to_lower=True)]
 
 TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
 POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
@@ -18,7 +28,7 @@ POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
 def _config_value(value: object) -> str | int | bool:
     if isinstance(value, (str, int, bool)) and not isinstance(value, float):
         return value
-    raise ValueError("must be a string, a number or true/false")
+    raise ValueError(f"must be a string, a whole number or true/false, got {value!r} (quote other values)")
 
 
 ConfigValue = Annotated[str | int | bool, PlainValidator(_config_value)]

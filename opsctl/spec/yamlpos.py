@@ -43,11 +43,7 @@ def load_positioned(text: str, file: str) -> tuple[PositionedDocument | None, li
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        problem = exc.problem or "not valid YAML"
-        return None, [SpecProblem(file, line, "", f"not valid YAML: {problem}",
-                                  "check indentation, colons and quoting near that line")]
+        return None, [_syntax_problem(file, exc)]
     except yaml.YAMLError as exc:
         return None, [SpecProblem(file, None, "", f"not valid YAML: {exc}", "check the file's syntax")]
     doc = PositionedDocument(file, data)
@@ -55,6 +51,33 @@ def load_positioned(text: str, file: str) -> tuple[PositionedDocument | None, li
     if root is not None:
         _walk(root, (), doc, problems)
     return doc, problems
+
+
+# PyYAML names tokens the way its parser sees them; say what a person wrote instead.
+_TOKENS = {"'?'": "a new key", "'-'": "a list item ('-')", "'<scalar>'": "a plain value",
+           "'<stream end>'": "the end of the file", "<block end>": "the end of the indented block",
+           "'<block mapping start>'": "an indented mapping", "':'": "':'"}
+
+_CONSTRUCTS = {"a flow sequence": "[...] list", "a flow mapping": "{...} mapping",
+               "a block collection": "indented list", "a block mapping": "indented mapping",
+               "a quoted scalar": "quoted string", "a block scalar": "multi-line string"}
+
+
+def _syntax_problem(file: str, exc: yaml.MarkedYAMLError) -> SpecProblem:
+    """One problem for a YAML syntax error: the line of the problem, in words, and where the construct began."""
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark else None
+    problem = exc.problem or "syntax error"
+    for token, words in _TOKENS.items():
+        problem = problem.replace(token, words)
+    hint = "check indentation, colons and quoting near that line"
+    if exc.context and exc.context_mark and exc.context_mark.line + 1 != line:
+        construct = exc.context.removeprefix("while parsing ").removeprefix("while scanning ")
+        construct = _CONSTRUCTS.get(construct, construct)
+        hint = f"in the {construct} that starts on line {exc.context_mark.line + 1}: {hint}"
+    if "\\t" in problem:
+        hint = "YAML indents with spaces, not tabs"
+    return SpecProblem(file, line, "", f"not valid YAML: {problem}", hint)
 
 
 def _walk(node: yaml.Node, path: Path_, doc: PositionedDocument, problems: list[SpecProblem]) -> None:
