@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from opsctl import __version__
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.secrets import MaskingStream
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -82,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    streams = sys.stdout, sys.stderr
+    if not getattr(args, "show_secrets", False):
+        sys.stdout = MaskingStream(sys.stdout)
+        sys.stderr = MaskingStream(sys.stderr)
     try:
         return handler(args)
     except OpsctlError as exc:
@@ -92,6 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_ERROR
+    except Exception as exc:  # a bug: say so plainly; the traceback only on request
+        if os.environ.get("OPSCTL_DEBUG"):
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc}\n  hint: rerun with OPSCTL_DEBUG=1 for the "
+              "traceback and report it", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TextIO
 
 MASK = "***"
 
@@ -49,6 +50,33 @@ def read_secret_file(path: Path) -> str:
 
 def environment() -> EnvLookup:
     return os.environ
+
+
+_KNOWN: list[Secret] = []
+
+
+def remember(secret: Secret) -> None:
+    """Register a resolved secret so the CLI's output filter masks it wherever it would appear."""
+    if secret.reveal() and secret not in _KNOWN:
+        _KNOWN.append(secret)
+
+
+def known_secrets() -> list[Secret]:
+    return list(_KNOWN)
+
+
+class MaskingStream:
+    """Wraps stdout/stderr: any registered secret written through it comes out as ***."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(mask_text(text, _KNOWN))
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def mask_text(text: str, secrets: list[Secret]) -> str:

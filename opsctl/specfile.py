@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
-from opsctl.secrets import read_secret_file
+from opsctl.secrets import read_secret_file, remember
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 
 
@@ -27,4 +27,7 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedS
         except OSError:
             return None
 
-    return load_spec(text, str(spec_path), make_resolver(os.environ if env is None else env, read_file))
+    loaded = load_spec(text, str(spec_path), make_resolver(os.environ if env is None else env, read_file))
+    for secret in loaded.credentials.all():
+        remember(secret)
+    return loaded

@@ -1,0 +1,1 @@
+"""Native cluster operations (no redis-cli): primitives and cluster creation."""

@@ -1,0 +1,179 @@
+"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin.
+
+form_cluster pipelines each node's setup into one round trip, MEETs, then polls every few ms (never 1 s sleeps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from opsctl.admin import Admin
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.observe.cluster_state import even_slot_ranges, span
+from opsctl.observe.collect import Command, Observer, Pending, raw_pipeline, wait_converged, wait_for
+from opsctl.observe.parse import parse_info
+from opsctl.spec.layout import Layout, Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.versions import parse_version
+
+SlotRange = tuple[int, int]
+
+
+def myid(admin: Admin) -> str:
+    return str(admin.call("CLUSTER", "MYID"))
+
+
+def meet(admin: Admin, address: str, port: int) -> None:
+    admin.call("CLUSTER", "MEET", address, port)
+
+
+def slot_args(ranges: Iterable[SlotRange], has_range: bool = True) -> Command:
+    """ADDSLOTSRANGE s e ... (>= 7.0) or ADDSLOTS s s+1 ... : one command either way."""
+    if has_range:
+        return ("CLUSTER", "ADDSLOTSRANGE", *(x for r in ranges for x in r))
+    return ("CLUSTER", "ADDSLOTS", *(s for start, end in ranges for s in range(start, end + 1)))
+
+
+def has_addslotsrange(loaded: LoadedSpec) -> bool:
+    spec = loaded.spec.server
+    return spec.flavor == "valkey" or parse_version(spec.version) >= (7, 0)
+
+
+def assign_slots(admin: Admin, ranges: Sequence[SlotRange]) -> None:
+    command = slot_args(ranges, has_addslotsrange(admin.loaded))
+    admin.call(*command)
+
+
+def set_config_epoch(admin: Admin, epoch: int) -> None:
+    admin.call("CLUSTER", "SET-CONFIG-EPOCH", epoch)
+
+
+def replicate(admin: Admin, master_id: str) -> None:
+    admin.call("CLUSTER", "REPLICATE", master_id)
+
+
+def forget(admin: Admin, node_id: str) -> None:
+    admin.call("CLUSTER", "FORGET", node_id)
+
+
+def _checked(admin: Admin, commands: Sequence[Command], doing: str) -> list[Any]:
+    """raw_pipeline that turns the first error reply into an OpsctlError naming the node."""
+    replies = raw_pipeline(admin, commands)
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            words = " ".join(str(c) for c in cmd[:2])
+            raise OpsctlError(f"{doing} failed on {admin.name} ({admin.endpoint})", f"{words}: {reply}",
+                              "the node's log says more; `opsctl cluster check -f SPEC` shows the state")
+    return replies
+
+
+def _fresh_id(admin: Admin) -> str:
+    """The node's id, after checking it is a fresh, empty cluster node (knows only itself, no slots, no keys)."""
+    cid, info, keys = _checked(admin, [("CLUSTER", "MYID"), ("CLUSTER", "INFO"), ("DBSIZE",)], "inspection")
+    state = parse_info(str(info))
+    if state.get("cluster_known_nodes") != "1" or state.get("cluster_slots_assigned") != "0" or int(keys):
+        raise RefusedError(f"{admin.name} ({admin.endpoint}) is not a fresh empty cluster node",
+                           f"knows {state.get('cluster_known_nodes')} nodes, "
+                           f"{state.get('cluster_slots_assigned')} slots assigned, {keys} keys",
+                           "form_cluster only creates new clusters; use the planner to change an existing one")
+    return str(cid)
+
+
+def setup_commands(epoch: int, ranges: Sequence[SlotRange], has_range: bool) -> list[Command]:
+    """One node's setup in one round trip: its config epoch, and its slots if it is a master. Pure."""
+    cmds: list[Command] = [("CLUSTER", "SET-CONFIG-EPOCH", epoch)]
+    return cmds + ([slot_args(ranges, has_range)] if ranges else [])
+
+
+def meet_commands(targets: Sequence[Node]) -> list[Command]:
+    return [("CLUSTER", "MEET", n.address, n.port) for n in targets]
+
+
+def meet_targets(servers: Sequence[Node], index: int, mesh: bool) -> list[Node]:
+    """Whom node `index` MEETs. Star: everyone but the first meets the first. Mesh: each meets all later ones."""
+    if mesh:
+        return list(servers[index + 1:])
+    return [servers[0]] if index > 0 else []
+
+
+def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
+    """Each shard's master gets one even, contiguous range, in shard order. Pure."""
+    ranges = even_slot_ranges(len(layout.shards))
+    return {shard.master: [ranges[i]] for i, shard in enumerate(layout.shards)}
+
+
+def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> dict[str, Any]:
+    futures = {n.name: pool.submit(fn, n) for n in nodes}
+    return {name: f.result() for name, f in futures.items()}
+
+
+def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
+    wanted = set(ids.values())
+    for name, obs in observer.observe(info_section="server").items():
+        if obs.cluster_nodes is None:
+            return Pending(f"{name}: no cluster view ({obs.error})")
+        known = {line.id for line in obs.cluster_nodes if not line.flags & {"handshake", "noaddr"}}
+        if known != wanted:
+            return Pending(f"{name} knows {len(known & wanted)} of {len(wanted)} nodes")
+    return True
+
+
+SYNC_DELAY = "repl-diskless-sync-delay"
+
+
+def announce(observer: Observer, servers: Sequence[Node]) -> None:
+    """Every node MEETs every other one again. Harmless for known nodes (the extra handshake is dropped), but
+    the receiver reads the sender's header at once: its slots and role, instead of at the next scheduled ping
+    up to cluster-node-timeout/2 later."""
+    def send(node: Node) -> None:
+        _checked(observer.admins[node.name], meet_commands([n for n in servers if n != node]), "CLUSTER MEET")
+
+    _parallel(observer.pool, send, servers)
+
+
+def _attach_replicas(observer: Observer, layout: Layout, ids: dict[str, str], timeout: float) -> None:
+    """CLUSTER REPLICATE every replica, with the masters' diskless sync delay at 0 meanwhile (then restored)."""
+    masters = [observer.admins[s.master] for s in layout.shards if s.replicas]
+    saved = {a.name: a.config_get(SYNC_DELAY).get(SYNC_DELAY, "5") for a in masters}
+    try:
+        for admin in masters:
+            admin.config_set(SYNC_DELAY, "0")
+        for shard in layout.shards:
+            for replica in shard.replicas:
+                replicate(observer.admins[replica], ids[shard.master])
+        announce(observer, list(layout.servers))
+        wait_converged(observer, timeout)
+    finally:
+        for admin in masters:
+            admin.config_set(SYNC_DELAY, saved[admin.name])
+
+
+def form_cluster(loaded: LoadedSpec, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
+    """Create a cluster from fresh empty nodes: distinct epochs, even slots per shard master, MEET, wait until
+    all know each other, REPLICATE each replica to its shard's master, wait until converged."""
+    deadline = time.monotonic() + timeout
+    servers = list(layout.servers)
+    slots = slot_plan(layout)
+    has_range = has_addslotsrange(loaded)
+    with Observer(loaded, servers, timeout=min(5.0, timeout)) as observer:
+        ids = _parallel(observer.pool, lambda n: _fresh_id(observer.admins[n.name]), servers)
+
+        def setup(node: Node) -> None:
+            cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
+            _checked(observer.admins[node.name], cmds, "cluster setup")
+
+        def introduce(node: Node) -> None:
+            if targets := meet_targets(servers, servers.index(node), mesh):
+                _checked(observer.admins[node.name], meet_commands(targets), "CLUSTER MEET")
+
+        _parallel(observer.pool, setup, servers)  # every epoch is set before any node meets another
+        _parallel(observer.pool, introduce, servers)
+        wait_for(lambda: _all_known(observer, ids), deadline - time.monotonic(),
+                 f"all {len(servers)} nodes to know each other")
+        _attach_replicas(observer, layout, ids, max(0.1, deadline - time.monotonic()))
+
+
+def describe_slots(ranges: Iterable[SlotRange]) -> str:
+    return ", ".join(span(s, e) for s, e in ranges)

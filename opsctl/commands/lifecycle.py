@@ -1,0 +1,161 @@
+"""plan, apply, status, destroy: the main job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from opsctl.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
+from opsctl.plan.steps import Plan, plan_from_dict
+from opsctl.report import node_status, plan_text, status_table
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from opsctl.runtime import make_runtime
+    from opsctl.specfile import read_spec
+
+    return make_runtime(read_spec(args.file), getattr(args, "state_dir", None))
+
+
+def _printer(args: argparse.Namespace) -> Any:
+    json_mode = getattr(args, "output", "text") == "json"
+
+    def emit(event: dict[str, Any]) -> None:
+        if json_mode:
+            print(json.dumps(event), file=sys.stderr, flush=True)
+        elif event["event"] == "step-start":
+            print(f"[{event['index']}/{event['total']}] {event['step']} ...", file=sys.stderr, flush=True)
+        elif event["event"] == "step-done":
+            print(f"[{event['index']}] done in {event['seconds']:.2f}s", file=sys.stderr, flush=True)
+
+    return emit
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from opsctl.runtime import compute_plan
+
+    rt = _load(args)
+    plan, _ = compute_plan(rt)
+    if args.out:
+        Path(args.out).write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+    print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
+    return EXIT_OK if plan.empty else EXIT_CHANGES
+
+
+def _saved_plan(path: str, current: Plan) -> Plan:
+    try:
+        saved = plan_from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError) as exc:
+        raise OpsctlError(f"cannot read plan file {path}", str(exc), "make it with opsctl plan --out FILE") from None
+    if saved.spec_digest != current.spec_digest:
+        raise RefusedError("the spec changed since the plan was made", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
+    if saved.fingerprint != current.fingerprint:
+        raise RefusedError("the live topology changed since the plan was made", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
+    return saved
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    if args.auto_approve:
+        return
+    if not sys.stdin.isatty():
+        raise OpsctlError("refusing to change anything without confirmation",
+                          "standard input is not a terminal", "pass --auto-approve in pipelines")
+    answer = input(f"{question} Only 'yes' is accepted: ")
+    if answer.strip() != "yes":
+        raise RefusedError("cancelled, nothing changed")
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from opsctl.executor import execute
+    from opsctl.runtime import compute_plan
+    from opsctl.statelock import state_lock
+
+    rt = _load(args)
+    with state_lock(rt.state_dir):
+        plan, _ = compute_plan(rt)
+        if args.plan:
+            plan = _saved_plan(args.plan, plan)
+        print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
+        if not plan.empty:
+            _confirm(args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?")
+            timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime)
+            total = sum(t for _, t in timings)
+            print(f"Applied {len(plan.steps)} step(s) in {total:.2f}s.", file=sys.stderr)
+        _print_status(rt, args.output)
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rt = _load(args)
+    healthy = _print_status(rt, args.output)
+    return EXIT_OK if healthy else 1
+
+
+def _print_status(rt: Any, output: str) -> bool:
+    from opsctl.runtime import gather_facts
+    from opsctl.status import health_line
+
+    facts = gather_facts(rt, with_config=False)
+    rows = node_status(rt.loaded.layout, facts)
+    healthy, line = health_line(rt.loaded, facts)
+    if output == "json":
+        print(json.dumps({"spec": rt.loaded.spec.name, "topology": rt.loaded.spec.topology, "healthy": healthy,
+                          "health": line, "nodes": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        print(status_table(rows))
+        print(line)
+    return healthy
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    from opsctl.statelock import state_lock
+
+    rt = _load(args)
+    layout = rt.loaded.layout
+    order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
+             *[n for n in layout.servers if n.role == "master"]]
+    what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
+    _confirm(args, f"This will {what} of '{rt.loaded.spec.name}'.")
+    with state_lock(rt.state_dir):
+        for node in order:
+            rt.provider.stop(node)
+            if args.purge:
+                rt.provider.purge(node)
+            print(f"stopped {node.name}{' and purged its data' if args.purge else ''}")
+    return EXIT_OK
+
+
+def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
+    parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    parser.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
+    if output:
+        parser.add_argument("--output", choices=("text", "json"), default="text")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("plan", help="show what apply would change (exit 0 none, 2 changes, 1 error)")
+    _common(p)
+    p.add_argument("--out", help="save the plan as JSON for apply --plan")
+    p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser("apply", help="make the running topology match the spec")
+    _common(p)
+    p.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
+    p.add_argument("--allow-downtime", action="store_true", help="allow restarting masters in place")
+    p.set_defaults(handler=cmd_apply)
+
+    p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
+    _common(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
+    _common(p, output=False)
+    p.add_argument("--auto-approve", action="store_true")
+    p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
+    p.set_defaults(handler=cmd_destroy)

@@ -1,0 +1,227 @@
+"""Run a plan's steps through the provider and admin connections; after each mutation, look again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.cluster.ops import form_cluster, meet, myid, replicate
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.observe.collect import wait_cluster_converged, wait_for
+from opsctl.plan.desired import single_valued, unquote
+from opsctl.plan.steps import (
+    ConfigSet,
+    FormCluster,
+    JoinCluster,
+    Plan,
+    Replicate,
+    RestartNode,
+    SentinelMonitor,
+    StartNode,
+    Step,
+    StopNode,
+    WaitConverged,
+    WriteConfig,
+)
+from opsctl.render import render_node
+from opsctl.runtime import Runtime, gather_facts, master_endpoint
+from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.waits import wait_replication, wait_sentinels
+
+Event = dict[str, Any]
+EventSink = Callable[[Event], None]
+START_TIMEOUT = 60.0
+
+
+@dataclass
+class Execution:
+    rt: Runtime
+    emit: EventSink
+    allow_downtime: bool = False
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+
+def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False) -> list[tuple[str, float]]:
+    """Run every step in order; stop at the first failure with an error naming the step."""
+    _refuse_downtime(plan, allow_downtime)
+    run = Execution(rt, emit, allow_downtime)
+    for index, step in enumerate(plan.steps, start=1):
+        emit({"event": "step-start", "index": index, "total": len(plan.steps), "step": step.title()})
+        started = time.monotonic()
+        try:
+            HANDLERS[type(step)](run, step)
+        except OpsctlError as exc:
+            emit({"event": "step-failed", "index": index, "step": step.title(), "error": exc.summary})
+            exc.summary = f"step {index}/{len(plan.steps)} ({step.title()}) failed: {exc.summary}"
+            raise
+        except redis.RedisError as exc:
+            emit({"event": "step-failed", "index": index, "step": step.title(), "error": str(exc)})
+            raise OpsctlError(f"step {index}/{len(plan.steps)} ({step.title()}) failed", str(exc),
+                              "look at the node's log; apply again resumes from the live state") from None
+        elapsed = time.monotonic() - started
+        run.timings.append((step.title(), elapsed))
+        emit({"event": "step-done", "index": index, "step": step.title(), "seconds": round(elapsed, 3)})
+    return run.timings
+
+
+def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:
+    masters = [s.node for s in plan.steps if isinstance(s, RestartNode) and s.needs_downtime]
+    if masters and not allow_downtime:
+        raise RefusedError(f"the plan restarts master(s) {', '.join(masters)}, which stops their writes",
+                           "fail the master over first (opsctl failover), so it restarts as a replica",
+                           "or pass --allow-downtime to accept the write outage")
+
+
+def _node(run: Execution, step: Step) -> Node:
+    return run.rt.node(step.node)
+
+
+def _files(run: Execution, node: Node) -> dict[str, str]:
+    rt = run.rt
+    master = master_endpoint(rt, gather_facts(rt, with_config=False)) if node.is_sentinel else None
+    rendered = render_node(rt.loaded, node, rt.provider.paths(node), reveal=True,
+                           daemonize=rt.provider.daemonize, master=master)
+    files = dict(rendered.files)
+    role_line = _replicaof_line(run, node)
+    if role_line:
+        files["redis.conf"] += role_line
+    return files
+
+
+def _replicaof_line(run: Execution, node: Node) -> str:
+    """Keep a running replica a replica across restarts (replication/sentinel; clusters keep roles in nodes.conf)."""
+    if node.is_sentinel or run.rt.loaded.spec.topology not in ("replication", "sentinel"):
+        return ""
+    if not run.rt.provider.process_state(node).running:
+        return ""
+    try:
+        with run.rt.admin(node, timeout=2.0) as admin:
+            role = admin.client.execute_command("ROLE")
+    except redis.RedisError:
+        return ""
+    if role and role[0] == "slave":
+        return f"\n# current role, kept by opsctl\nreplicaof {role[1]} {role[2]}\n"
+    return ""
+
+
+def write_config(run: Execution, step: Step) -> None:
+    assert isinstance(step, WriteConfig)
+    node = _node(run, step)
+    run.rt.provider.write_files(node, _files(run, node))
+    masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
+                         daemonize=run.rt.provider.daemonize)
+    directives = [list(d) for s in masked.sections for d in s.directives]
+    run.rt.provider.save_record(node, {"digest": step.digest, "directives": directives, "applied": time.time()})
+
+
+def start_node(run: Execution, step: Step) -> None:
+    node = _node(run, step)
+    run.rt.provider.start(node)
+    wait_answering(run, node)
+
+
+def wait_answering(run: Execution, node: Node, timeout: float = START_TIMEOUT) -> None:
+    with run.rt.admin(node, timeout=2.0) as admin:
+        def answers() -> bool | None:
+            try:
+                return True if admin.client.ping() else None
+            except redis.BusyLoadingError:
+                return None
+            except redis.AuthenticationError as exc:
+                raise OpsctlError(f"{node.name} refuses the spec's password", str(exc),
+                                  "the node runs with another password; check auth.password") from None
+            except redis.RedisError:
+                return None
+
+        wait_for(answers, timeout, f"{node.name} at {node.endpoint} to answer PING")
+
+
+def stop_node(run: Execution, step: Step) -> None:
+    run.rt.provider.stop(_node(run, step))
+
+
+def restart_node(run: Execution, step: Step) -> None:
+    node = _node(run, step)
+    run.rt.provider.stop(node)
+    run.rt.provider.start(node)
+    wait_answering(run, node)
+
+
+def config_set(run: Execution, step: Step) -> None:
+    assert isinstance(step, ConfigSet)
+    node = _node(run, step)
+    real = single_valued([d for s in render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=True,
+                                                 daemonize=run.rt.provider.daemonize).sections
+                          for d in s.directives])
+    with run.rt.admin(node) as admin:
+        admin.config_set(step.directive, unquote(real[step.directive]))
+
+
+def form(run: Execution, step: Step) -> None:
+    assert isinstance(step, FormCluster)
+    form_cluster(run.rt.loaded, run.rt.loaded.layout)
+
+
+def join_cluster(run: Execution, step: Step) -> None:
+    assert isinstance(step, JoinCluster)
+    node, via = _node(run, step), run.rt.node(step.via)
+    with run.rt.admin(node) as admin:
+        meet(admin, via.address, via.port)
+
+
+def do_replicate(run: Execution, step: Step) -> None:
+    assert isinstance(step, Replicate)
+    node, master = _node(run, step), run.rt.node(step.master)
+    with run.rt.admin(node) as admin, run.rt.admin(master) as master_admin:
+        if run.rt.loaded.spec.topology == "cluster":
+            master_id = myid(master_admin)
+            wait_for(lambda: True if _knows(admin, master_id) else None, 30.0,
+                     f"{node.name} to learn about {master.name} through gossip")
+            replicate(admin, master_id)
+        else:
+            admin.call("REPLICAOF", master.address, str(master.port))
+            admin.call("CONFIG", "REWRITE")
+
+
+def _knows(admin: Admin, node_id: str) -> bool:
+    return node_id in str(admin.raw("CLUSTER", "NODES"))
+
+
+def sentinel_monitor(run: Execution, step: Step) -> None:
+    assert isinstance(step, SentinelMonitor)
+    spec = run.rt.loaded.spec
+    node, master = _node(run, step), run.rt.node(step.master)
+    name = sentinel_master_name(spec)
+    topo = spec.sentinel_or_default()
+    with run.rt.admin(node) as admin:
+        admin.call("SENTINEL", "MONITOR", name, master.address, str(master.port), str(sentinel_quorum(spec)))
+        settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
+                    "down-after-milliseconds": str(topo.down_after_ms),
+                    "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
+        if spec.auth.mode == "acl":
+            settings["auth-user"] = spec.auth.admin_user
+        for key, value in settings.items():
+            admin.call("SENTINEL", "SET", name, key, value)
+
+
+def wait_converged(run: Execution, step: Step) -> None:
+    loaded = run.rt.loaded
+    topology = loaded.spec.topology
+    if topology == "cluster":
+        wait_cluster_converged(loaded, list(loaded.layout.servers), timeout=60.0)
+    elif topology in ("replication", "sentinel"):
+        wait_replication(run.rt, timeout=60.0)
+    if topology == "sentinel":
+        wait_sentinels(run.rt, timeout=60.0)
+
+
+HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
+    WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
+    ConfigSet: config_set, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
+    SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
+}

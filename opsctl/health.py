@@ -1,0 +1,58 @@
+"""Pure health checks of replication and sentinel topologies from observed facts (None = healthy)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.planner import current_master
+from opsctl.spec.layout import Layout
+
+MAX_LAG_BYTES = 1024 * 1024
+
+
+def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:
+    shard = layout.shards[0]
+    master = current_master(shard, layout, facts)
+    target = layout.node(master)
+    master_role = facts[master].role
+    if master_role is None or master_role.kind != "master":
+        return f"{master} is not answering as master"
+    for name in shard.members:
+        if name == master:
+            continue
+        role = facts[name].role
+        if role is None:
+            return f"{name} does not answer ({facts[name].error or 'not running'})"
+        if role.kind != "replica" or role.master != (target.address, target.port):
+            return f"{name} is a {role.kind}, not a replica of {master} ({target.endpoint})"
+        if role.link != "connected":
+            return f"{name}'s link to {master} is {role.link}"
+        if master_role.offset - role.offset > MAX_LAG_BYTES:
+            return f"{name} lags {master_role.offset - role.offset} bytes behind {master}"
+    return None
+
+
+def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name: str) -> str | None:
+    """Every sentinel sees the same master, status ok, all replicas and all other sentinels."""
+    sentinels = layout.sentinels
+    replicas = len(layout.shards[0].replicas)
+    masters: set[tuple[str, int]] = set()
+    for node in sentinels:
+        f = facts[node.name]
+        line = dict(part.split("=", 1) for part in f.info.get("master0", "").split(",") if "=" in part)
+        if not f.reachable:
+            return f"{node.name} does not answer ({f.error or 'not running'})"
+        if line.get("name") != master_name:
+            return f"{node.name} does not monitor '{master_name}'"
+        if line.get("status") != "ok":
+            return f"{node.name} sees master status {line.get('status')}"
+        if int(line.get("slaves", "0")) != replicas:
+            return f"{node.name} sees {line.get('slaves')} replicas, expected {replicas}"
+        if int(line.get("sentinels", "0")) != len(sentinels):
+            return f"{node.name} sees {line.get('sentinels')} sentinels, expected {len(sentinels)}"
+        address, port = line["address"].rsplit(":", 1)
+        masters.add((address, int(port)))
+    if len(masters) > 1:
+        return f"sentinels disagree about the master: {sorted(masters)}"
+    return None

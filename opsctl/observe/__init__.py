@@ -1,0 +1,20 @@
+"""Observe live nodes: pure parsers (parse, cluster_state) and the thin I/O shell (collect).
+
+Only the pure parts are re-exported here, so importing the package pulls in no network code.
+"""
+
+from opsctl.observe.cluster_state import Disagreement, cluster_problems, even_slot_ranges
+from opsctl.observe.parse import (
+    IMMUTABLE,
+    PROTECTED,
+    ClusterNodeLine,
+    RoleInfo,
+    config_equal,
+    parse_cluster_nodes,
+    parse_info,
+    parse_role,
+    to_bytes,
+)
+
+__all__ = ["IMMUTABLE", "PROTECTED", "ClusterNodeLine", "Disagreement", "RoleInfo", "cluster_problems",
+           "config_equal", "even_slot_ranges", "parse_cluster_nodes", "parse_info", "parse_role", "to_bytes"]

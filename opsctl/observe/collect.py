@@ -1,0 +1,211 @@
+"""Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
+
+The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.errors import ConvergenceError
+from opsctl.observe.cluster_state import Disagreement, cluster_problems
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
+from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+T = TypeVar("T")
+Command = tuple[Any, ...]
+
+
+@dataclass
+class NodeObservation:
+    """What one node said. info holds INFO merged with CLUSTER INFO (cluster_state, ...) for cluster nodes."""
+
+    node: Node
+    reachable: bool
+    error: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+    role: RoleInfo | None = None
+    cluster_nodes: list[ClusterNodeLine] | None = None
+    config: dict[str, str] | None = None
+    sentinel_masters: list[dict[str, str]] | None = None
+    sentinel_replicas: list[dict[str, str]] | None = None
+    sentinel_sentinels: list[dict[str, str]] | None = None
+
+
+def raw_pipeline(admin: Admin, commands: Sequence[Command]) -> list[Any]:
+    """Send commands (renamed as the spec says) in one round trip; replies unparsed, errors as exceptions."""
+    pool = admin.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in commands]))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
+    info: Command = ("INFO", info_section) if info_section else ("INFO",)
+    if node.is_sentinel:
+        name = sentinel_master_name(loaded.spec)
+        return [info, ("ROLE",), ("SENTINEL", "MASTERS"), ("SENTINEL", "REPLICAS", name),
+                ("SENTINEL", "SENTINELS", name)]
+    cmds: list[Command] = [info, ("ROLE",)]
+    if loaded.spec.topology == "cluster":
+        cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
+    if with_config:
+        cmds.append(("CONFIG", "GET", "*"))
+    return cmds
+
+
+def _ok(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _fill(obs: NodeObservation, commands: list[Command], replies: list[Any]) -> None:
+    """Parse replies into obs. A failing command (e.g. cluster support disabled) leaves its field empty."""
+    errors: list[str] = []
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            errors.append(f"{' '.join(str(c) for c in cmd[:2])}: {reply}")
+            continue
+        key = " ".join(str(c) for c in cmd[:2]).upper()
+        if key.startswith("INFO") or key == "CLUSTER INFO":
+            obs.info.update(parse_info(str(reply)))
+        elif key == "ROLE":
+            obs.role = parse_role(reply)
+        elif key == "CLUSTER NODES":
+            obs.cluster_nodes = parse_cluster_nodes(str(reply))
+        elif key == "CONFIG GET":
+            obs.config = parse_pairs(reply)
+        elif key == "SENTINEL MASTERS":
+            obs.sentinel_masters = [parse_pairs(m) for m in reply]
+        elif key == "SENTINEL REPLICAS":
+            obs.sentinel_replicas = [parse_pairs(m) for m in reply]
+        elif key == "SENTINEL SENTINELS":
+            obs.sentinel_sentinels = [parse_pairs(m) for m in reply]
+    obs.error = "; ".join(errors)
+
+
+class Observer:
+    """Keeps one admin connection per node and a thread pool, so repeated observations (polling) are cheap."""
+
+    def __init__(self, loaded: LoadedSpec, nodes: Iterable[Node], timeout: float = 2.0) -> None:
+        self.loaded = loaded
+        self.nodes = list(nodes)
+        self.admins = {n.name: Admin.for_node(loaded, n, timeout) for n in self.nodes}
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes))))
+
+    def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
+        commands = _commands(self.loaded, node, with_config, info_section)
+        try:
+            replies = raw_pipeline(self.admins[node.name], commands)
+        except (redis.RedisError, OSError) as exc:
+            return NodeObservation(node, False, f"{type(exc).__name__}: {exc}")
+        obs = NodeObservation(node, True)
+        try:
+            _fill(obs, commands, replies)
+        except (ValueError, IndexError, TypeError) as exc:
+            obs.error = f"unexpected reply: {exc}"
+        return obs
+
+    def observe(self, with_config: bool = False, info_section: str | None = None) -> dict[str, NodeObservation]:
+        futures = {n.name: self.pool.submit(self.observe_one, n, with_config, info_section) for n in self.nodes}
+        return {name: future.result() for name, future in futures.items()}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for admin in self.admins.values():
+            admin.close()
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def observe(loaded: LoadedSpec, nodes: Iterable[Node], with_config: bool = False,
+            timeout: float = 2.0) -> dict[str, NodeObservation]:
+    """Every node in parallel, one round trip each. Never raises for a node that does not answer."""
+    with Observer(loaded, nodes, timeout) as observer:
+        return observer.observe(with_config)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A check's "not yet", with the reason shown if waiting times out."""
+
+    reason: str
+
+
+def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str, interval: float = 0.005,
+             last_reason: Callable[[], str] | None = None) -> T:
+    """Poll check() every `interval` s until it returns a result (anything but None or Pending).
+
+    The ConvergenceError on timeout names `what` and the last reason: a returned Pending's, else last_reason().
+    """
+    deadline = time.monotonic() + timeout
+    reason = ""
+    while True:
+        result = check()
+        if isinstance(result, Pending):
+            reason = result.reason
+        elif result is not None:
+            return result
+        elif last_reason is not None:
+            reason = last_reason()
+        if time.monotonic() >= deadline:
+            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", reason or "no reason given",
+                                   "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
+        time.sleep(interval)
+
+
+def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:
+    """cluster_problems over the nodes that answered, plus one line per node that did not."""
+    out = [Disagreement(name, f"unreachable: {o.error}") for name, o in observations.items() if not o.reachable]
+    out += [Disagreement(name, f"has no cluster view: {o.error}") for name, o in observations.items()
+            if o.reachable and o.cluster_nodes is None]
+    views = {n: o.cluster_nodes for n, o in observations.items() if o.cluster_nodes is not None}
+    infos = {n: o.info for n, o in observations.items() if o.cluster_nodes is not None}
+    return out + cluster_problems(views, infos)
+
+
+def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
+    lines = [p.render() for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"... and {len(problems) - limit} more")
+    return "\n".join(lines)
+
+
+def wait_converged(observer: Observer, timeout: float) -> None:
+    """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how."""
+    def check() -> bool | Pending:
+        problems = observed_problems(observer.observe(info_section="replication"))
+        return Pending(describe(problems)) if problems else True
+
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge")
+
+
+def wait_cluster_converged(loaded: LoadedSpec, nodes: Iterable[Node], timeout: float = 30.0) -> None:
+    """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked)."""
+    with Observer(loaded, nodes, timeout=min(2.0, timeout)) as observer:
+        wait_converged(observer, timeout)

@@ -1,0 +1,323 @@
+"""Pure parsers of server replies (INFO, CLUSTER NODES, ROLE, CONFIG GET) and config value comparison.
+
+No I/O here: opsctl.observe.collect fetches the replies, these functions turn them into data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# --- INFO ---------------------------------------------------------------------------------------
+
+
+def parse_info(text: str) -> dict[str, str]:
+    """INFO (or CLUSTER INFO) text as flat key -> value. Keyspace lines ('db0:keys=1,...') keep raw values."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        key, value = line.split(":", 1)
+        out[key] = value
+    return out
+
+
+def parse_pairs(reply: Sequence[Any] | Mapping[Any, Any]) -> dict[str, str]:
+    """A flat [k1, v1, k2, v2, ...] reply (RESP2) or a map (RESP3) as a dict of strings."""
+    if isinstance(reply, Mapping):
+        return {str(k): str(v) for k, v in reply.items()}
+    return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+
+
+# --- CLUSTER NODES --------------------------------------------------------------------------------
+
+SLOTS = 16384
+FAILING_FLAGS = frozenset({"fail", "fail?"})
+
+
+@dataclass(frozen=True)
+class ClusterNodeLine:
+    """One line of CLUSTER NODES: a node as the observing node sees it."""
+
+    id: str
+    address: str
+    port: int
+    bus_port: int
+    flags: frozenset[str]
+    master_id: str | None
+    config_epoch: int
+    link_state: str
+    slots: tuple[tuple[int, int], ...] = ()
+    migrating: dict[int, str] = field(default_factory=dict)
+    importing: dict[int, str] = field(default_factory=dict)
+    hostname: str = ""
+
+    @property
+    def is_myself(self) -> bool:
+        return "myself" in self.flags
+
+    @property
+    def is_master(self) -> bool:
+        return "master" in self.flags
+
+    @property
+    def is_failing(self) -> bool:
+        """fail or pfail (shown as 'fail?')."""
+        return bool(self.flags & FAILING_FLAGS)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def slot_count(self) -> int:
+        return sum(end - start + 1 for start, end in self.slots)
+
+
+def _split_address(text: str) -> tuple[str, int, int, str]:
+    """'ip:port@cport[,hostname[,aux...]]' -> (ip, port, bus port, hostname); ip is '' when unknown."""
+    main, _, rest = text.partition(",")
+    hostname = rest.split(",", 1)[0] if rest and "=" not in rest.split(",", 1)[0] else ""
+    hostport, _, bus = main.partition("@")
+    address, _, port = hostport.rpartition(":")
+    return address.strip("[]"), int(port or 0), int(bus or 0), hostname
+
+
+def _parse_slot(token: str, slots: list[tuple[int, int]], migrating: dict[int, str],
+                importing: dict[int, str]) -> None:
+    if token.startswith("["):
+        body = token.strip("[]")
+        if "->-" in body:
+            slot, target = body.split("->-", 1)
+            migrating[int(slot)] = target
+        elif "-<-" in body:
+            slot, source = body.split("-<-", 1)
+            importing[int(slot)] = source
+        return
+    start, _, end = token.partition("-")
+    slots.append((int(start), int(end or start)))
+
+
+def parse_cluster_node_line(line: str) -> ClusterNodeLine:
+    parts = line.split()
+    if len(parts) < 8:
+        raise ValueError(f"not a CLUSTER NODES line: {line!r}")
+    address, port, bus, hostname = _split_address(parts[1])
+    slots: list[tuple[int, int]] = []
+    migrating: dict[int, str] = {}
+    importing: dict[int, str] = {}
+    for token in parts[8:]:
+        _parse_slot(token, slots, migrating, importing)
+    return ClusterNodeLine(
+        id=parts[0], address=address, port=port, bus_port=bus,
+        flags=frozenset(f for f in parts[2].split(",") if f and f != "noflags"),
+        master_id=None if parts[3] == "-" else parts[3], config_epoch=int(parts[6]), link_state=parts[7],
+        slots=tuple(slots), migrating=migrating, importing=importing, hostname=hostname)
+
+
+def parse_cluster_nodes(text: str) -> list[ClusterNodeLine]:
+    """CLUSTER NODES text, one ClusterNodeLine per non-empty line."""
+    return [parse_cluster_node_line(line) for line in text.splitlines() if line.strip()]
+
+
+def myself(view: Sequence[ClusterNodeLine]) -> ClusterNodeLine | None:
+    return next((line for line in view if line.is_myself), None)
+
+
+# --- ROLE ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoleInfo:
+    """A ROLE reply. kind: master | replica | sentinel. For a sentinel, `monitors` names its masters."""
+
+    kind: str
+    offset: int = 0
+    master: tuple[str, int] | None = None
+    link: str | None = None
+    replicas: tuple[tuple[str, int, int], ...] = ()
+    monitors: tuple[str, ...] = ()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_role(reply: Sequence[Any]) -> RoleInfo:
+    """ROLE as redis-py returns it: ['master', off, [[ip, port, off], ...]] | ['slave', ip, port, state, off]
+    | ['sentinel', [names]]."""
+    kind = _text(reply[0])
+    if kind == "master":
+        replicas = tuple((_text(r[0]), int(r[1]), int(r[2])) for r in reply[2])
+        return RoleInfo("master", int(reply[1]), replicas=replicas)
+    if kind in ("slave", "replica"):
+        return RoleInfo("replica", int(reply[4]), (_text(reply[1]), int(reply[2])), _text(reply[3]))
+    if kind == "sentinel":
+        return RoleInfo("sentinel", monitors=tuple(_text(n) for n in reply[1]))
+    raise ValueError(f"unknown ROLE reply {kind!r}")
+
+
+# --- config values --------------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^(-?\d+)(b|k|kb|m|mb|g|gb)?$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
+
+
+def to_bytes(size: str) -> int:
+    """A Redis memory size as bytes: k=1000, kb=1024, m=1000², mb=1024², g, gb (case-insensitive)."""
+    match = _SIZE_RE.match(size.strip())
+    if not match:
+        raise ValueError(f"not a size: {size!r}")
+    return int(match[1]) * _UNITS[(match[2] or "").lower()]
+
+
+def _is_size(value: str) -> bool:
+    return bool(_SIZE_RE.match(value.strip()))
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a"}
+
+
+def _read_quoted(text: str, i: int, quote: str) -> tuple[str, int]:
+    """The body of a quoted token starting after the opening quote at i; returns (body, index after close)."""
+    out: list[str] = []
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if quote == '"' and nxt == "x" and re.match(r"[0-9a-fA-F]{2}", text[i + 2:i + 4]):
+                out.append(chr(int(text[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            if quote == "'" and nxt != "'":
+                out.append(ch)
+                i += 1
+                continue
+            out.append(_ESCAPES.get(nxt, nxt) if quote == '"' else nxt)
+            i += 2
+            continue
+        if ch == quote:
+            return "".join(out), i + 1
+        out.append(ch)
+        i += 1
+    raise ValueError(f"unbalanced quotes in {text!r}")
+
+
+def split_args(text: str) -> list[str]:
+    """Split a config line value the way the server does (sdssplitargs): quotes and escapes."""
+    tokens: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        if text[i] in "\"'":
+            token, i = _read_quoted(text, i + 1, text[i])
+        else:
+            j = i
+            while j < len(text) and not text[j].isspace():
+                j += 1
+            token, i = text[i:j], j
+        tokens.append(token)
+    return tokens
+
+
+# Lines of a rendered file that are not configs: CONFIG GET never reports them, CONFIG SET cannot set them.
+NOT_CONFIG = frozenset({"rename-command", "user", "include", "loadmodule"})
+
+# Found by CONFIG SET <name> <current value> on Valkey 9.1 and Redis 7.0 (enable-protected-configs no):
+# both answered "can't set immutable config" (union of both; see IMMUTABLE_BY_FLAVOR for the split).
+_IMMUTABLE_BOTH = frozenset({
+    "aclfile", "always-show-logo", "aof_rewrite_cpulist", "appenddirname", "appendfilename", "bgsave_cpulist",
+    "bio_cpulist", "cluster-config-file", "cluster-enabled", "cluster-port", "daemonize", "databases",
+    "disable-thp", "enable-debug-command", "enable-module-command", "enable-protected-configs", "logfile",
+    "pidfile", "rdbchecksum", "replicaof", "server_cpulist", "set-proc-title", "slaveof", "socket-mark-id",
+    "supervised", "syslog-enabled", "syslog-facility", "syslog-ident", "tcp-backlog", "unixsocket",
+    "unixsocketperm",
+})
+IMMUTABLE_BY_FLAVOR: dict[str, frozenset[str]] = {
+    "valkey": _IMMUTABLE_BOTH | {"aof-rewrite-cpulist", "bgsave-cpulist", "bio-cpulist", "cluster-databases",
+                                 "hash-seed", "mptcp", "rdma-completion-vector", "rdma-rx-size", "repl-mptcp",
+                                 "server-cpulist", "unixsocketgroup"},
+    "redis": _IMMUTABLE_BOTH | {"io-threads", "io-threads-do-reads"},
+}
+IMMUTABLE: frozenset[str] = IMMUTABLE_BY_FLAVOR["valkey"] | IMMUTABLE_BY_FLAVOR["redis"]
+# "can't set protected config" on both while enable-protected-configs is no.
+PROTECTED: frozenset[str] = frozenset({"dir", "dbfilename"})
+
+
+def is_config_directive(directive: str) -> bool:
+    """False for rename-command, user, include, loadmodule and sentinel lines: never in CONFIG GET/SET."""
+    name = directive.strip().lower()
+    return name not in NOT_CONFIG and not name.startswith("sentinel ")
+
+
+def live_settable(directive: str, flavor: str | None = None) -> bool:
+    """Whether CONFIG SET can change the directive on a running node (hardened: protected configs blocked)."""
+    name = directive.strip().lower()
+    immutable = IMMUTABLE_BY_FLAVOR.get(flavor, IMMUTABLE) if flavor else IMMUTABLE
+    return is_config_directive(name) and name not in immutable and name not in PROTECTED
+
+
+_ENUMS = frozenset({"maxmemory-policy", "appendfsync", "loglevel", "supervised", "repl-diskless-load",
+                    "sanitize-dump-payload", "propagation-error-behavior", "shutdown-on-sigterm",
+                    "shutdown-on-sigint", "enable-protected-configs", "enable-debug-command",
+                    "enable-module-command", "latency-tracking-info-percentiles", "oom-score-adj",
+                    "cluster-preferred-endpoint-type"})
+_SETS = frozenset({"bind"})
+_PATHS = frozenset({"dir", "logfile", "pidfile", "aclfile", "unixsocket"})
+
+
+def _save_pairs(tokens: list[str]) -> list[tuple[int, int]]:
+    if not tokens or tokens == [""]:
+        return []
+    return sorted((int(tokens[i]), int(tokens[i + 1])) for i in range(0, len(tokens) - 1, 2))
+
+
+def _obuf_classes(tokens: list[str]) -> dict[str, tuple[int, int, int]]:
+    alias = {"slave": "replica"}
+    return {alias.get(tokens[i].lower(), tokens[i].lower()):
+            (to_bytes(tokens[i + 1]), to_bytes(tokens[i + 2]), int(tokens[i + 3]))
+            for i in range(0, len(tokens) - 3, 4)}
+
+
+def _token_equal(directive: str, desired: str, live: str) -> bool:
+    if desired == live:
+        return True
+    if desired.lower() in ("yes", "no") or directive in _ENUMS:
+        return desired.lower() == live.lower()
+    if directive in _PATHS:
+        return desired.rstrip("/") == live.rstrip("/")
+    if _is_size(desired) and _is_size(live):
+        return to_bytes(desired) == to_bytes(live)
+    return False
+
+
+def config_equal(directive: str, desired: str, live: str) -> bool:
+    """Whether a rendered directive value (as in the config file, maybe quoted) means the live CONFIG GET value.
+
+    Raises ValueError for lines that are not configs (rename-command, user, sentinel ...).
+    """
+    name = directive.strip().lower()
+    if not is_config_directive(name):
+        raise ValueError(f"{directive} is not a config CONFIG GET reports")
+    tokens = split_args(desired)
+    live_tokens = live.split()
+    if name == "save":
+        return _save_pairs(tokens) == _save_pairs(live_tokens)
+    if name == "client-output-buffer-limit":
+        have = _obuf_classes(live_tokens)
+        return all(have.get(k) == v for k, v in _obuf_classes(tokens).items())
+    if name in _SETS:
+        return sorted(tokens) == sorted(live_tokens)
+    if name == "notify-keyspace-events":
+        return set("".join(tokens)) == set(live)
+    if len(tokens) == 1:
+        return _token_equal(name, tokens[0], live)
+    if not tokens:
+        return live == ""
+    return len(tokens) == len(live_tokens) and all(
+        _token_equal(name, a, b) for a, b in zip(tokens, live_tokens, strict=True))

@@ -1,0 +1,50 @@
+"""What every node should run with: rendered (masked) files and directives, and their digest. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from opsctl.plan.steps import digest
+from opsctl.render import NodePaths, render_node
+from opsctl.render.directives import Directive
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+# Lines that are not CONFIG SET-able directives: changing them needs a restart.
+NOT_CONFIG_DIRECTIVES = frozenset({"rename-command", "daemonize", "pidfile", "logfile", "dir", "cluster-enabled",
+                                   "cluster-config-file", "aclfile", "appendfilename", "dbfilename"})
+
+
+@dataclass(frozen=True)
+class DesiredNode:
+    node: Node
+    directives: tuple[Directive, ...]
+    digest: str
+
+
+def desired_node(loaded: LoadedSpec, node: Node, paths: NodePaths, daemonize: bool,
+                 master: tuple[str, int] | None = None) -> DesiredNode:
+    rendered = render_node(loaded, node, paths, reveal=False, daemonize=daemonize, master=master)
+    directives = tuple(d for section in rendered.sections for d in section.directives)
+    return DesiredNode(node, directives, digest(rendered.files))
+
+
+def desired_nodes(loaded: LoadedSpec, paths_of: Callable[[Node], NodePaths], daemonize: bool,
+                  master: tuple[str, int] | None = None) -> dict[str, DesiredNode]:
+    return {n.name: desired_node(loaded, n, paths_of(n), daemonize, master) for n in loaded.layout.nodes}
+
+
+def single_valued(directives: tuple[Directive, ...] | list[Directive]) -> dict[str, str]:
+    """Directives that appear once, by name (rename-command and sentinel lines repeat)."""
+    counts: dict[str, int] = {}
+    for name, _ in directives:
+        counts[name] = counts.get(name, 0) + 1
+    return {name: value for name, value in directives if counts[name] == 1}
+
+
+def unquote(value: str) -> str:
+    """Inverse of opsctl.render.directives.quoted for CONFIG SET, which takes the raw value."""
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return value

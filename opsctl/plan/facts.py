@@ -1,0 +1,71 @@
+"""What the shell observed, as plain data for the planner: process, last applied record, live replies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.plan.steps import digest
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    running: bool
+    process_detail: str = ""
+    record: Mapping[str, Any] = field(default_factory=dict)
+    reachable: bool = False
+    error: str = ""
+    info: Mapping[str, str] = field(default_factory=dict)
+    role: RoleInfo | None = None
+    cluster_nodes: tuple[ClusterNodeLine, ...] | None = None
+    config: Mapping[str, str] | None = None
+
+    @property
+    def recorded_digest(self) -> str | None:
+        value = self.record.get("digest")
+        return str(value) if value else None
+
+    @property
+    def recorded_directives(self) -> list[tuple[str, str]]:
+        return [(str(k), str(v)) for k, v in self.record.get("directives", [])]
+
+    @property
+    def keys(self) -> int:
+        """Keys in db0 (0 when unknown)."""
+        raw = self.info.get("db0", "")
+        for part in raw.split(","):
+            if part.startswith("keys="):
+                return int(part[5:])
+        return 0
+
+    @property
+    def myself(self) -> ClusterNodeLine | None:
+        return next((n for n in self.cluster_nodes or () if n.is_myself), None)
+
+    @property
+    def sentinel_master(self) -> tuple[str, str, int] | None:
+        """(name, address, port) of the master a sentinel monitors, from INFO's master0 line."""
+        raw = self.info.get("master0", "")
+        fields_ = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
+        if "name" not in fields_ or ":" not in fields_.get("address", ""):
+            return None
+        address, port = fields_["address"].rsplit(":", 1)
+        return fields_["name"], address, int(port)
+
+
+def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
+    """A digest of what the plan depends on; offsets, memory and timings are left out on purpose."""
+    summary = {}
+    for name, f in sorted(facts.items()):
+        me = f.myself
+        summary[name] = {
+            "running": f.running, "digest": f.recorded_digest, "reachable": f.reachable,
+            "role": f.role.kind if f.role else None, "master": f.role.master if f.role else None,
+            "id": me.id if me else None, "slots": me.slots if me else None,
+            "known": sorted(n.id for n in f.cluster_nodes or ()),
+            "config": dict(sorted((f.config or {}).items())),
+        }
+    return digest(summary)

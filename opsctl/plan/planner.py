@@ -1,0 +1,224 @@
+"""(spec, observed facts) -> Plan. Pure: no I/O, every step with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.errors import RefusedError
+from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal
+from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
+from opsctl.plan.facts import NodeFacts, fingerprint
+from opsctl.plan.steps import (
+    ConfigSet,
+    FormCluster,
+    JoinCluster,
+    Plan,
+    Replicate,
+    RestartNode,
+    SentinelMonitor,
+    StartNode,
+    Step,
+    WaitConverged,
+    WriteConfig,
+)
+from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+Facts = Mapping[str, NodeFacts]
+STRUCTURAL = (StartNode, RestartNode, FormCluster, JoinCluster, Replicate, SentinelMonitor)
+
+
+def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:
+    layout = loaded.layout
+    steps: list[Step] = []
+    for node in _restart_order(layout, facts):
+        steps += server_steps(node, desired[node.name], facts[node.name], _is_master_now(node, layout, facts))
+    topology = loaded.spec.topology
+    if topology == "cluster":
+        steps += cluster_steps(layout, facts)
+    elif topology in ("replication", "sentinel"):
+        steps += replication_steps(layout, facts)
+    if topology == "sentinel":
+        steps += sentinel_steps(loaded, desired, facts)
+    if any(isinstance(s, STRUCTURAL) for s in steps):
+        steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
+    notes = () if steps else (_why_nothing(loaded, facts),)
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
+
+
+def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:
+    count = len(facts)
+    return (f"nothing to do: all {count} nodes run, their configs match the spec, "
+            f"and the {loaded.spec.topology} topology is formed (roles inside a shard are not drift)")
+
+
+def _restart_order(layout: Layout, facts: Facts) -> list[Node]:
+    """Servers with replicas first, so a restart never takes a master down before its replicas are back."""
+    servers = list(layout.servers)
+    return sorted(servers, key=lambda n: 1 if _is_master_now(n, layout, facts) else 0)
+
+
+def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
+    role = facts[node.name].role
+    if role is None:
+        return node.role == "master"
+    return role.kind == "master" and (layout.shard_of(node.name) is None or bool(role.replicas) or
+                                      _has_slots(facts[node.name]))
+
+
+def _has_slots(f: NodeFacts) -> bool:
+    me = f.myself
+    return bool(me and me.slots)
+
+
+def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -> list[Step]:
+    if not f.running:
+        steps: list[Step] = []
+        if f.recorded_digest != want.digest:
+            new = f.recorded_digest is None
+            steps.append(WriteConfig(node.name, "new node" if new else "rendered config changed", want.digest))
+        reason = "new node" if f.recorded_digest is None else f"process is not running ({f.process_detail or 'died'})"
+        return [*steps, StartNode(node.name, reason)]
+    return config_steps(node, want, f, is_master)
+
+
+def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -> list[Step]:
+    """A running node: write the file if the rendering changed, then CONFIG SET or restart per directive."""
+    steps: list[Step] = []
+    live_changes: list[Step] = []
+    restart_for: list[str] = []
+    wanted = single_valued(want.directives)
+    recorded = single_valued(f.recorded_directives)
+    for name, value in wanted.items():
+        live = (f.config or {}).get(name)
+        changed_in_spec = f.recorded_digest is not None and recorded.get(name) != value
+        drifted = live is not None and not config_equal(name, value, live)
+        if not (changed_in_spec or drifted):
+            continue
+        if name in NOT_CONFIG_DIRECTIVES or name in IMMUTABLE or name in PROTECTED or live is None:
+            restart_for.append(name)
+        else:
+            why = f"spec changed {name}" if changed_in_spec else f"live {name} is {live!r}, spec says {value}"
+            live_changes.append(ConfigSet(node.name, why, name, value))
+    if _repeated(want.directives) != _repeated(f.recorded_directives) and f.recorded_digest is not None:
+        restart_for.append("rename-command")
+    if f.recorded_digest != want.digest:
+        steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
+                                 "no record of the applied config", want.digest))
+    steps += live_changes
+    if restart_for:
+        steps.append(RestartNode(node.name, f"{', '.join(sorted(set(restart_for)))} cannot change at runtime",
+                                 needs_downtime=is_master))
+    return steps
+
+
+def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, str]]:
+    single = single_valued(list(directives))
+    return sorted(d for d in directives if d[0] not in single)
+
+
+def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
+    """The shard's master now: the one with replicas or slots, else the declared one. Roles move; that is fine."""
+    masters = [m for m in shard.members if (r := facts[m].role) and r.kind == "master"]
+    active = [m for m in masters if facts[m].role.replicas or _has_slots(facts[m])]  # type: ignore[union-attr]
+    if len(active) > 1:
+        raise RefusedError(f"shard {shard.index} has {len(active)} masters serving data: {', '.join(active)}",
+                           "making one a replica would drop its writes",
+                           "decide which one holds the data you want, stop the other, then apply again")
+    if active:
+        return active[0]
+    with_keys = [m for m in masters if facts[m].keys > 0]
+    if shard.master in masters or not with_keys:
+        return shard.master
+    return max(with_keys, key=lambda m: facts[m].keys)
+
+
+def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
+    shard = layout.shards[0]
+    master = current_master(shard, layout, facts)
+    if sentinel_view := sentinel_agreed_master(layout, facts):
+        master = sentinel_view
+    target = layout.node(master)
+    steps: list[Step] = []
+    for name in shard.members:
+        if name == master:
+            continue
+        role = facts[name].role
+        if role and role.kind == "replica" and role.master == (target.address, target.port):
+            continue
+        if role and role.kind == "master" and facts[name].keys > 0 and facts[name].running:
+            raise RefusedError(f"{name} is a master holding {facts[name].keys} keys, but {master} is the master",
+                               "turning it into a replica would delete its data",
+                               f"check which node has the data; stop {name} and purge it to re-seed it")
+        steps.append(Replicate(name, f"should replicate {master}", master))
+    return steps
+
+
+def sentinel_agreed_master(layout: Layout, facts: Facts) -> str | None:
+    """The master the sentinels agree on, if they agree and it is one of our nodes."""
+    seen = {f.sentinel_master[1:] for n in layout.sentinels if (f := facts[n.name]).sentinel_master}
+    if len(seen) != 1:
+        return None
+    address, port = next(iter(seen))
+    node = layout.find(f"{address}:{port}")
+    return node.name if node and not node.is_sentinel else None
+
+
+def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
+    """Sentinels start from a rendered file once; after that Sentinel owns its file (it rewrites it)."""
+    layout = loaded.layout
+    master = sentinel_agreed_master(layout, facts) or current_master(layout.shards[0], layout, facts)
+    name = sentinel_master_name(loaded.spec)
+    steps: list[Step] = []
+    for node in layout.sentinels:
+        f = facts[node.name]
+        if not f.running:
+            if f.recorded_digest is None:
+                steps.append(WriteConfig(node.name, "new sentinel", desired[node.name].digest))
+            steps.append(StartNode(node.name, "new sentinel" if f.recorded_digest is None
+                                   else f"process is not running ({f.process_detail or 'died'})"))
+        elif not f.sentinel_master or f.sentinel_master[0] != name:
+            steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
+    return steps
+
+
+def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
+    members = [n.name for n in layout.servers]
+    if all(_unclustered(facts[m]) for m in members):
+        first = layout.shards[0].master
+        return [FormCluster(first, "no node belongs to a cluster yet", tuple(members))]
+    via = next((m for m in members if not _unclustered(facts[m])), members[0])
+    steps: list[Step] = []
+    for m in members:
+        if _restarting(facts[m]):
+            continue
+        if _unclustered(facts[m]) or not _knows_cluster(facts[m], facts[via]):
+            steps.append(JoinCluster(m, "not part of the cluster", via))
+    for shard in layout.shards:
+        master = current_master(shard, layout, facts)
+        master_me = facts[master].myself
+        master_id = master_me.id if master_me else None
+        for name in shard.members:
+            me = facts[name].myself
+            linked = me is not None and master_id is not None and me.master_id == master_id
+            if name == master or linked or _has_slots(facts[name]) or _restarting(facts[name]):
+                continue
+            steps.append(Replicate(name, f"should replicate {master} (shard {shard.index})", master))
+    return steps
+
+
+def _restarting(f: NodeFacts) -> bool:
+    """A known node whose process is down: it comes back with its nodes.conf, so it rejoins by itself."""
+    return not f.running and f.recorded_digest is not None
+
+
+def _unclustered(f: NodeFacts) -> bool:
+    """A node that is new or alone: not running yet, or knows only itself and has no slots."""
+    if not f.running or f.cluster_nodes is None:
+        return True
+    return len(f.cluster_nodes) <= 1 and not _has_slots(f)
+
+
+def _knows_cluster(f: NodeFacts, via: NodeFacts) -> bool:
+    me = via.myself
+    return me is None or any(n.id == me.id for n in f.cluster_nodes or ())

@@ -1,0 +1,140 @@
+"""The steps a plan is made of. Frozen and serialisable; each carries a human reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from opsctl.errors import OpsctlError
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: ClassVar[str] = "step"
+    node: str
+    reason: str
+
+    def title(self) -> str:
+        return f"{self.kind} {self.node}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class WriteConfig(Step):
+    kind: ClassVar[str] = "write-config"
+    digest: str = ""
+
+
+@dataclass(frozen=True)
+class StartNode(Step):
+    kind: ClassVar[str] = "start"
+
+
+@dataclass(frozen=True)
+class StopNode(Step):
+    kind: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class RestartNode(Step):
+    kind: ClassVar[str] = "restart"
+    needs_downtime: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigSet(Step):
+    kind: ClassVar[str] = "config-set"
+    directive: str = ""
+    value: str = ""
+
+    def title(self) -> str:
+        return f"{self.kind} {self.node} {self.directive} {self.value}"
+
+
+@dataclass(frozen=True)
+class FormCluster(Step):
+    """Create a cluster from empty nodes: epochs, slots to the masters, meet, replicate. node = first master."""
+
+    kind: ClassVar[str] = "form-cluster"
+    members: tuple[str, ...] = ()
+
+    def title(self) -> str:
+        return f"{self.kind} of {len(self.members)} nodes ({', '.join(self.members)})"
+
+
+@dataclass(frozen=True)
+class JoinCluster(Step):
+    kind: ClassVar[str] = "join-cluster"
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class Replicate(Step):
+    """Make node a replica of master (CLUSTER REPLICATE in a cluster, REPLICAOF otherwise)."""
+
+    kind: ClassVar[str] = "replicate"
+    master: str = ""
+
+    def title(self) -> str:
+        return f"{self.kind} {self.node} -> {self.master}"
+
+
+@dataclass(frozen=True)
+class SentinelMonitor(Step):
+    kind: ClassVar[str] = "sentinel-monitor"
+    master: str = ""
+
+
+@dataclass(frozen=True)
+class WaitConverged(Step):
+    kind: ClassVar[str] = "wait-converged"
+
+
+STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
+    WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
+    SentinelMonitor, WaitConverged)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec_name: str
+    spec_digest: str
+    fingerprint: str
+    steps: tuple[Step, ...] = ()
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": 1, "spec": self.spec_name, "spec_digest": self.spec_digest,
+                "fingerprint": self.fingerprint, "steps": [s.to_dict() for s in self.steps],
+                "notes": list(self.notes), "warnings": list(self.warnings)}
+
+
+def step_from_dict(data: dict[str, Any]) -> Step:
+    cls = STEP_TYPES.get(str(data.get("kind")))
+    if cls is None:
+        raise OpsctlError(f"unknown step kind {data.get('kind')!r} in plan file", hint="make the plan again")
+    names = {f.name for f in fields(cls)}
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    return cls(**values)
+
+
+def plan_from_dict(data: dict[str, Any]) -> Plan:
+    if data.get("format") != 1:
+        raise OpsctlError("not an opsctl plan file (format 1)", hint="make it with opsctl plan --out FILE")
+    return Plan(str(data["spec"]), str(data["spec_digest"]), str(data["fingerprint"]),
+                tuple(step_from_dict(s) for s in data["steps"]), tuple(data.get("notes", ())),
+                tuple(data.get("warnings", ())))
+
+
+def digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

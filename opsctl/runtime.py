@@ -1,0 +1,100 @@
+"""The I/O shell around the planner: pick the provider, gather facts, compute desired state and the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.admin import Admin
+from opsctl.observe.collect import NodeObservation, observe
+from opsctl.plan.desired import DesiredNode, desired_nodes
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.planner import current_master, make_plan, sentinel_agreed_master
+from opsctl.plan.steps import Plan, digest
+from opsctl.providers.base import Provider
+from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.secrets import MASK, Secret
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.versions import parse_version
+
+
+@dataclass
+class Runtime:
+    loaded: LoadedSpec
+    provider: Provider
+    state_dir: Path
+
+    def admin(self, node: Node, timeout: float = 5.0) -> Admin:
+        return Admin.for_node(self.loaded, node, timeout)
+
+    def node(self, name: str) -> Node:
+        return self.loaded.layout.node(name)
+
+
+def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit).resolve()
+    return (Path(loaded.file).resolve().parent / ".opsctl" / loaded.spec.name).resolve()
+
+
+def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
+    directory = state_dir_for(loaded, state_dir)
+    spec = loaded.spec
+    if spec.provider == "ansible":
+        from opsctl.providers.ansible import AnsibleProvider
+
+        return Runtime(loaded, AnsibleProvider(loaded, directory), directory)
+    from opsctl.binaries import find_server
+    from opsctl.providers.local import LocalProvider
+
+    binary = find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary)
+    return Runtime(loaded, LocalProvider(loaded, directory, binary), directory)
+
+
+def spec_digest(loaded: LoadedSpec) -> str:
+    return digest(loaded.spec.model_dump(mode="json"))
+
+
+def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
+    nodes = rt.loaded.layout.nodes
+    states = {n.name: rt.provider.process_state(n) for n in nodes}
+    running = [n for n in nodes if states[n.name].running]
+    seen = observe(rt.loaded, running, with_config=with_config) if running else {}
+    password = rt.loaded.credentials.password
+    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
+                           seen.get(n.name), password) for n in nodes}
+
+
+def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
+           seen: NodeObservation | None, password: Secret) -> NodeFacts:
+    if seen is None:
+        return NodeFacts(node.name, running, detail, record)
+    return NodeFacts(node.name, running, detail, record, seen.reachable, seen.error, seen.info, seen.role,
+                     tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None,
+                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, password))
+
+
+def without_secrets(config: dict[str, str], password: Secret) -> dict[str, str]:
+    """Live secret values become a verdict ("***" when they match the spec), so no secret reaches a plan."""
+    return {k: (v if k not in SECRET_DIRECTIVES else MASK if v == password.reveal() else "(differs from the spec)")
+            for k, v in config.items()}
+
+
+def master_endpoint(rt: Runtime, facts: dict[str, NodeFacts]) -> tuple[str, int] | None:
+    """Where sentinels should look: the master the sentinels agree on, else the shard's current master."""
+    layout = rt.loaded.layout
+    if rt.loaded.spec.topology != "sentinel":
+        return None
+    name = sentinel_agreed_master(layout, facts) or current_master(layout.shards[0], layout, facts)
+    node = layout.node(name)
+    return node.address, node.port
+
+
+def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, DesiredNode]:
+    return desired_nodes(rt.loaded, rt.provider.paths, rt.provider.daemonize, master_endpoint(rt, facts))
+
+
+def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
+    facts = gather_facts(rt)
+    return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts

@@ -1,0 +1,38 @@
+"""The topology's health in one line, from observed facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.health import replication_problem, sentinel_problem
+from opsctl.observe.cluster_state import cluster_problems
+from opsctl.plan.facts import NodeFacts
+from opsctl.spec.layout import sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+
+def health_line(loaded: LoadedSpec, facts: Mapping[str, NodeFacts]) -> tuple[bool, str]:
+    layout = loaded.layout
+    down = [n.name for n in layout.nodes if not facts[n.name].reachable]
+    topology = loaded.spec.topology
+    if down:
+        return False, f"{topology} degraded: {len(down)} node(s) down: {', '.join(down)}"
+    if topology == "cluster":
+        views = {n.name: list(facts[n.name].cluster_nodes or []) for n in layout.servers}
+        infos = {n.name: facts[n.name].info for n in layout.servers}
+        problems = cluster_problems(views, infos)
+        if problems:
+            return False, f"cluster degraded: {problems[0].node}: {problems[0].what}" + (
+                f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        masters = sum(1 for n in layout.servers if (r := facts[n.name].role) and r.kind == "master")
+        return True, (f"cluster ok: 16384/16384 slots, {masters} masters, "
+                      f"{len(layout.servers) - masters} replicas, all nodes agree")
+    if topology in ("replication", "sentinel"):
+        problem = replication_problem(layout, facts)
+        if problem is None and topology == "sentinel":
+            problem = sentinel_problem(layout, facts, sentinel_master_name(loaded.spec))
+        if problem:
+            return False, f"{topology} degraded: {problem}"
+        extra = f", {len(layout.sentinels)} sentinels agree" if topology == "sentinel" else ""
+        return True, f"{topology} ok: 1 master, {len(layout.shards[0].replicas)} replicas linked{extra}"
+    return True, "standalone ok"

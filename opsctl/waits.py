@@ -1,0 +1,45 @@
+"""Wait (polling every few ms) until a replication or sentinel topology is healthy; errors name the laggard."""
+
+from __future__ import annotations
+
+from opsctl.health import replication_problem, sentinel_problem
+from opsctl.observe.collect import wait_for
+from opsctl.runtime import Runtime, gather_facts
+from opsctl.spec.layout import sentinel_master_name
+
+
+def wait_replication(rt: Runtime, timeout: float) -> None:
+    last = [""]
+
+    def healthy() -> bool | None:
+        problem = replication_problem(rt.loaded.layout, gather_facts(rt, with_config=False))
+        last[0] = problem or ""
+        return None if problem else True
+
+    wait_for(healthy, timeout, "replicas to link to the master", last_reason=lambda: last[0])
+
+
+def wait_sentinels(rt: Runtime, timeout: float) -> None:
+    name = sentinel_master_name(rt.loaded.spec)
+    last = [""]
+
+    def agreed() -> bool | None:
+        problem = sentinel_problem(rt.loaded.layout, gather_facts(rt, with_config=False), name)
+        if problem is None:
+            problem = _ckquorum_problem(rt, name)
+        last[0] = problem or ""
+        return None if problem else True
+
+    wait_for(agreed, timeout, "sentinels to agree on the master", last_reason=lambda: last[0])
+
+
+def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
+    import redis
+
+    for node in rt.loaded.layout.sentinels:
+        try:
+            with rt.admin(node, timeout=2.0) as admin:
+                admin.call("SENTINEL", "CKQUORUM", name)
+        except redis.RedisError as exc:
+            return f"{node.name}: SENTINEL CKQUORUM {name}: {exc}"
+    return None

@@ -1,0 +1,189 @@
+"""The planner is pure: synthetic facts in, steps out."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.errors import RefusedError
+from opsctl.observe.cluster_state import even_slot_ranges
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.plan.desired import DesiredNode, desired_nodes
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.planner import make_plan
+from opsctl.plan.steps import (
+    ConfigSet,
+    FormCluster,
+    Replicate,
+    RestartNode,
+    StartNode,
+    WaitConverged,
+    WriteConfig,
+    plan_from_dict,
+)
+from opsctl.render.files import default_paths
+from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
+from tests.support import PASSWORD, make_spec
+import yaml
+
+
+def loaded_spec(topology: str, **sections) -> LoadedSpec:
+    return load_dict(make_spec(topology, **sections))
+
+
+def load_dict(spec: dict) -> LoadedSpec:
+    return load_spec(yaml.safe_dump(spec), "t.yaml", make_resolver({"OPSCTL_TEST_PASSWORD": PASSWORD}, lambda _: None))
+
+
+def desired(loaded: LoadedSpec) -> dict[str, DesiredNode]:
+    return desired_nodes(loaded, lambda n: default_paths("/var/lib/opsctl/t", n), daemonize=True)
+
+
+def fresh_facts(loaded: LoadedSpec) -> dict[str, NodeFacts]:
+    return {n.name: NodeFacts(n.name, running=False) for n in loaded.layout.nodes}
+
+
+def recorded(want: DesiredNode) -> dict[str, object]:
+    return {"digest": want.digest, "directives": [list(d) for d in want.directives]}
+
+
+def live_config(want: DesiredNode) -> dict[str, str]:
+    return {"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "appendonly": "yes"}
+
+
+def formed_cluster(loaded: LoadedSpec, swap_shard: int | None = None) -> dict[str, NodeFacts]:
+    """Facts of a healthy cluster; swap_shard's replica has been failed over to master."""
+    layout = loaded.layout
+    want = desired(loaded)
+    ranges = even_slot_ranges(len(layout.shards))
+    ids = {n.name: f"{i:040x}" for i, n in enumerate(layout.servers, start=1)}
+    masters = {s.index: (s.replicas[0] if s.index == swap_shard else s.master) for s in layout.shards}
+    lines = []
+    for shard in layout.shards:
+        for name in shard.members:
+            node = layout.node(name)
+            is_master = name == masters[shard.index]
+            lines.append(ClusterNodeLine(
+                ids[name], node.address, node.port, node.port + 10000,
+                frozenset({"master" if is_master else "slave"}),
+                None if is_master else ids[masters[shard.index]], shard.index, "connected",
+                (ranges[shard.index - 1],) if is_master else ()))
+    facts = {}
+    for shard in layout.shards:
+        master = layout.node(masters[shard.index])
+        for name in shard.members:
+            view = tuple(
+                ClusterNodeLine(line.id, line.address, line.port, line.bus_port,
+                                line.flags | ({"myself"} if line.id == ids[name] else set()), line.master_id,
+                                line.config_epoch, line.link_state, line.slots)
+                for line in lines)
+            if name == masters[shard.index]:
+                others = tuple((layout.node(r).address, layout.node(r).port, 100)
+                               for r in shard.members if r != name)
+                role = RoleInfo("master", 100, replicas=others)
+            else:
+                role = RoleInfo("replica", 100, (master.address, master.port), "connected")
+            facts[name] = NodeFacts(name, True, record=recorded(want[name]), reachable=True,
+                                    info={"cluster_state": "ok"}, role=role, cluster_nodes=view,
+                                    config=live_config(want[name]))
+    return facts
+
+
+def kinds(plan) -> list[str]:
+    return [s.kind for s in plan.steps]
+
+
+def test_fresh_cluster_is_written_started_and_formed() -> None:
+    loaded = loaded_spec("cluster")
+    plan = make_plan(loaded, desired(loaded), fresh_facts(loaded), "d")
+    assert kinds(plan) == ["write-config", "start"] * 6 + ["form-cluster", "wait-converged"]
+    form = next(s for s in plan.steps if isinstance(s, FormCluster))
+    assert len(form.members) == 6
+
+
+def test_healthy_cluster_has_an_empty_plan_that_says_why() -> None:
+    loaded = loaded_spec("cluster")
+    plan = make_plan(loaded, desired(loaded), formed_cluster(loaded), "d")
+    assert plan.empty
+    assert "nothing to do" in plan.notes[0]
+
+
+def test_after_a_failover_the_plan_stays_empty() -> None:
+    loaded = loaded_spec("cluster")
+    plan = make_plan(loaded, desired(loaded), formed_cluster(loaded, swap_shard=2), "d")
+    assert plan.empty, plan.steps
+
+
+def test_a_dead_process_is_started_again() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.shards[0].replicas[0]
+    facts[name] = NodeFacts(name, False, "pidfile names dead pid 42", facts[name].record)
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert [type(s) for s in plan.steps] == [StartNode, WaitConverged]
+    assert "dead pid 42" in plan.steps[0].reason
+
+
+def test_live_drift_of_a_settable_directive_is_a_config_set() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.shards[0].master
+    f = facts[name]
+    facts[name] = NodeFacts(name, True, record=f.record, reachable=True, info=f.info, role=f.role,
+                            cluster_nodes=f.cluster_nodes, config={**f.config, "maxmemory": "1000"})
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert [type(s) for s in plan.steps] == [ConfigSet]
+    assert plan.steps[0].directive == "maxmemory" and plan.steps[0].value == "64mb"
+
+
+def test_a_spec_change_of_a_settable_directive_writes_the_file_and_sets_it_live() -> None:
+    spec = make_spec("cluster")
+    before = load_dict(spec)
+    after = load_dict({**spec, "memory": {**spec["memory"], "maxmemory": "96mb"}})
+    facts = formed_cluster(before)
+    facts = {k: NodeFacts(k, True, record=recorded(desired(before)[k]) | {"digest": "old"}, reachable=True,
+                          info=v.info, role=v.role, cluster_nodes=v.cluster_nodes, config=v.config)
+             for k, v in facts.items()}
+    plan = make_plan(after, desired(after), facts, "d")
+    assert kinds(plan) == ["write-config", "config-set"] * 6
+
+
+def test_a_rename_change_restarts_replicas_first_and_masters_need_downtime() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    changed = {k: NodeFacts(k, True, record={"digest": "old", "directives": [
+        d for d in v.record["directives"] if d[0] != "rename-command"]}, reachable=True, info=v.info,
+        role=v.role, cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
+    plan = make_plan(loaded, desired(loaded), changed, "d")
+    restarts = [s for s in plan.steps if isinstance(s, RestartNode)]
+    assert [r.needs_downtime for r in restarts] == [False] * 3 + [True] * 3
+    assert all(isinstance(s, (WriteConfig, RestartNode, WaitConverged)) for s in plan.steps)
+
+
+def test_fresh_replication_starts_all_then_points_replicas_at_the_master() -> None:
+    loaded = loaded_spec("replication")
+    plan = make_plan(loaded, desired(loaded), fresh_facts(loaded), "d")
+    replicate = [s for s in plan.steps if isinstance(s, Replicate)]
+    assert [(s.node, s.master) for s in replicate] == [(n, loaded.layout.shards[0].master)
+                                                       for n in loaded.layout.shards[0].replicas]
+
+
+def test_a_second_master_holding_data_is_refused_not_overwritten() -> None:
+    loaded = loaded_spec("replication")
+    shard = loaded.layout.shards[0]
+    want = desired(loaded)
+    master, other = shard.master, shard.replicas[0]
+    facts = fresh_facts(loaded)
+    for name in (master, other):
+        facts[name] = NodeFacts(name, True, record=recorded(want[name]), reachable=True,
+                                info={"db0": "keys=10,expires=0"}, role=RoleInfo("master", 5),
+                                config=live_config(want[name]))
+    with pytest.raises(RefusedError, match="holding 10 keys"):
+        make_plan(loaded, want, facts, "d")
+
+
+def test_plan_round_trips_through_json() -> None:
+    loaded = loaded_spec("sentinel")
+    plan = make_plan(loaded, desired(loaded), fresh_facts(loaded), "d")
+    again = plan_from_dict(plan.to_dict())
+    assert again == plan
+    assert PASSWORD not in str(plan.to_dict())
