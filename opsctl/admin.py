@@ -33,7 +33,7 @@ class Admin:
             username=spec.auth.admin_user if acl else None,
             password=loaded.credentials.password.reveal(),
             socket_timeout=timeout, socket_connect_timeout=timeout,
-            decode_responses=True, lib_name=None, lib_version=None,
+            decode_responses=True,
         )
         self._renames = {k.upper(): v for k, v in spec.hardening.renamed_commands.items()}
 

@@ -7,6 +7,8 @@ from opsctl.observe.collect import wait_for
 from opsctl.runtime import Runtime, gather_facts
 from opsctl.spec.layout import sentinel_master_name
 
+POLL = 0.05  # each poll observes every node: 50 ms keeps that cheap and still far below redis-cli's 1 s steps
+
 
 def wait_replication(rt: Runtime, timeout: float) -> None:
     last = [""]
@@ -16,7 +18,7 @@ def wait_replication(rt: Runtime, timeout: float) -> None:
         last[0] = problem or ""
         return None if problem else True
 
-    wait_for(healthy, timeout, "replicas to link to the master", last_reason=lambda: last[0])
+    wait_for(healthy, timeout, "replicas to link to the master", interval=POLL, last_reason=lambda: last[0])
 
 
 def wait_sentinels(rt: Runtime, timeout: float) -> None:
@@ -30,7 +32,7 @@ def wait_sentinels(rt: Runtime, timeout: float) -> None:
         last[0] = problem or ""
         return None if problem else True
 
-    wait_for(agreed, timeout, "sentinels to agree on the master", last_reason=lambda: last[0])
+    wait_for(agreed, timeout, "sentinels to agree on the master", interval=POLL, last_reason=lambda: last[0])
 
 
 def _ckquorum_problem(rt: Runtime, name: str) -> str | None:

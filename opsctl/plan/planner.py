@@ -136,13 +136,14 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
 def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
     shard = layout.shards[0]
     master = current_master(shard, layout, facts)
-    if sentinel_view := sentinel_agreed_master(layout, facts):
+    sentinel_view = sentinel_agreed_master(layout, facts)
+    if sentinel_view:
         master = sentinel_view
     target = layout.node(master)
     steps: list[Step] = []
     for name in shard.members:
-        if name == master:
-            continue
+        if name == master or (sentinel_view and facts[name].recorded_digest is not None):
+            continue  # once sentinels agree on a master, roles of known nodes are Sentinel's to set
         role = facts[name].role
         if role and role.kind == "replica" and role.master == (target.address, target.port):
             continue

@@ -51,7 +51,9 @@ def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
 
 
 def network(spec: Spec, node: Node) -> list[Directive]:
-    return [("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"),
+    """replica-announce-ip: masters and sentinels otherwise see the connection's source address."""
+    return [("bind", " ".join(node.bind)), ("port", str(node.port)), ("replica-announce-ip", node.address),
+            ("protected-mode", "yes"),
             ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
 
 
@@ -108,8 +110,19 @@ def memory(spec: Spec) -> list[Directive]:
     return lines + [(name, _yes(spec.lazyfree)) for name in LAZYFREE]
 
 
+def replicas_per_shard(spec: Spec) -> int:
+    if spec.topology == "cluster":
+        return spec.cluster_or_default().replicas_per_master
+    if spec.topology == "standalone":
+        return 0
+    replicas = spec.replication_or_default().replicas
+    return len(replicas) if replicas is not None else len(spec.hosts) - 1
+
+
 def replication(spec: Spec) -> list[Directive]:
-    return [("repl-backlog-size", "64mb"), ("repl-diskless-sync", "yes"), ("replica-read-only", "yes"),
+    """Diskless sync starts as soon as every expected replica is connected, not after the 5 s delay."""
+    return [("repl-backlog-size", "64mb"), ("repl-diskless-sync", "yes"),
+            ("repl-diskless-sync-max-replicas", str(replicas_per_shard(spec))), ("replica-read-only", "yes"),
             ("replica-serve-stale-data", "yes")]
 
 
@@ -172,7 +185,8 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
                 for c, new in sorted(spec.hardening.renamed_commands.items())]
     own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
     return (
-        Section("network", (("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"))),
+        Section("network", (("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"),
+                            ("sentinel announce-ip", node.address), ("sentinel announce-port", str(node.port)))),
         Section("process", (("daemonize", _yes(daemonize)), ("pidfile", paths.pid), ("logfile", paths.log),
                             ("dir", paths.dir))),
         Section("security", (*own, ("sentinel deny-scripts-reconfig", "yes"),

@@ -1,0 +1,44 @@
+"""Test helpers that drive the real CLI against real servers: apply, plan, status, destroy."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsctl.cli import main
+from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
+from tests.support import make_spec, server_binary, write_spec
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, Any]:
+    code, out, err = run(capsys, "plan", "-f", str(spec), "--output", "json")
+    assert code in (0, 2), err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+@contextmanager
+def deployed(tmp_path: Path, capsys: pytest.CaptureFixture[str], topology: str, flavor: str,
+             **sections: Any) -> Iterator[tuple[Path, LoadedSpec]]:
+    """Apply a fresh spec; always destroy and purge afterwards, even when the test fails."""
+    server_binary(flavor)
+    spec_path = write_spec(tmp_path, make_spec(topology, flavor, **sections))
+    try:
+        code, out, err = run(capsys, "apply", "-f", str(spec_path), "--auto-approve")
+        assert code == 0, err + out
+        yield spec_path, read_spec(spec_path)
+    finally:
+        main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"])
+        capsys.readouterr()

@@ -1,0 +1,143 @@
+"""opsctl apply/plan/status/destroy on the local provider, every topology, Valkey 9.1 and Redis 7.0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+from opsctl.admin import Admin
+from opsctl.cli import main
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import PASSWORD, cluster_check, make_spec, write_spec
+
+pytestmark = pytest.mark.integration
+FLAVORS = ["valkey", "redis"]
+TOPOLOGIES = ["standalone", "replication", "sentinel", "cluster"]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_apply_converges_and_a_second_apply_changes_nothing(tmp_path, capsys, topology, flavor) -> None:
+    with deployed(tmp_path, capsys, topology, flavor) as (spec, loaded):
+        code, out, err = run(capsys, "status", "-f", str(spec), "--output", "json")
+        status = json.loads(out)
+        assert code == 0 and status["healthy"], status["health"]
+        assert all(n["state"] == "up" for n in status["nodes"])
+        plan = plan_json(capsys, spec)
+        assert plan["steps"] == [] and "nothing to do" in plan["notes"][0]
+        code, out, _ = run(capsys, "plan", "-f", str(spec))
+        assert code == 0 and "no changes" in out
+        if topology == "cluster":
+            check = cluster_check(loaded.layout.servers[0].endpoint)
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert "All 16384 slots covered" in check.stdout
+        for node in loaded.layout.servers:
+            with Admin.for_node(loaded, node) as admin:
+                assert admin.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_killed_node_is_restarted_by_the_next_apply(tmp_path, capsys, flavor) -> None:
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
+        victim = loaded.layout.shards[1].replicas[0]
+        pidfile = Path(tmp_path / ".opsctl" / loaded.spec.name / victim / "server.pid")
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        plan = plan_json(capsys, spec)
+        assert [(s["kind"], s["node"]) for s in plan["steps"]][0] == ("start", victim)
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err
+        assert plan_json(capsys, spec)["steps"] == []
+        assert cluster_check(loaded.layout.servers[0].endpoint).returncode == 0
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_live_settable_change_is_applied_without_restart(tmp_path, capsys, flavor) -> None:
+    with deployed(tmp_path, capsys, "replication", flavor) as (spec, loaded):
+        pids = {n.name: _pid(tmp_path, loaded.spec.name, n.name) for n in loaded.layout.servers}
+        data = make_spec("replication")  # only for its shape; edit the deployed spec in place
+        text = spec.read_text().replace("maxmemory: 64mb", "maxmemory: 96mb")
+        assert text != spec.read_text() and data
+        spec.write_text(text)
+        plan = plan_json(capsys, spec)
+        assert {s["kind"] for s in plan["steps"]} == {"write-config", "config-set"}
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err
+        for node in loaded.layout.servers:
+            assert _pid(tmp_path, loaded.spec.name, node.name) == pids[node.name]
+            with Admin.for_node(loaded, node) as admin:
+                assert admin.config_get("maxmemory")["maxmemory"] == str(96 * 1024 * 1024)
+            conf = (tmp_path / ".opsctl" / loaded.spec.name / node.name / "redis.conf").read_text()
+            assert "maxmemory 96mb" in conf
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def _pid(tmp_path: Path, name: str, node: str) -> int:
+    return int((tmp_path / ".opsctl" / name / node / "server.pid").read_text())
+
+
+def test_a_bad_spec_changes_nothing(tmp_path, capsys) -> None:
+    spec = make_spec("cluster")
+    spec["memory"]["policy"] = "volatile-lr"
+    path = write_spec(tmp_path, spec)
+    code, _, err = run(capsys, "apply", "-f", str(path), "--auto-approve")
+    assert code == 1
+    assert "did you mean 'volatile-lru'" in err and "Traceback" not in err
+    assert not (tmp_path / ".opsctl").exists()
+
+
+def test_a_wrong_secret_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch) -> None:
+    path = write_spec(tmp_path, make_spec("standalone"))
+    monkeypatch.delenv("OPSCTL_TEST_PASSWORD")
+    code, _, err = run(capsys, "apply", "-f", str(path), "--auto-approve")
+    assert code == 1 and "secret not found" in err
+    assert not (tmp_path / ".opsctl").exists()
+
+
+def test_apply_without_a_terminal_needs_auto_approve(tmp_path, capsys, monkeypatch) -> None:
+    path = write_spec(tmp_path, make_spec("standalone"))
+    monkeypatch.setattr("sys.stdin", open(os.devnull))
+    code, _, err = run(capsys, "apply", "-f", str(path))
+    assert code == 1 and "--auto-approve" in err
+    main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
+
+
+def test_a_saved_plan_is_refused_once_the_live_state_moved(tmp_path, capsys) -> None:
+    path = write_spec(tmp_path, make_spec("standalone"))
+    saved = tmp_path / "plan.json"
+    try:
+        code, _, _ = run(capsys, "plan", "-f", str(path), "--out", str(saved))
+        assert code == 2
+        code, _, err = run(capsys, "apply", "-f", str(path), "--auto-approve", "--plan", str(saved))
+        assert code == 0, err
+        code, _, err = run(capsys, "apply", "-f", str(path), "--auto-approve", "--plan", str(saved))
+        assert code == 3 and "changed since the plan was made" in err
+    finally:
+        main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
+
+
+def test_no_secret_in_plan_status_or_state(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "sentinel", "valkey") as (spec, _):
+        outputs = [run(capsys, cmd, "-f", str(spec), "--output", "json")[1] for cmd in ("plan", "status")]
+        records = [p.read_text() for p in (tmp_path / ".opsctl").rglob("opsctl-node.json")]
+        for text in outputs + records:
+            assert PASSWORD not in text
+
+
+def test_destroy_keeps_data_unless_purged(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        node = loaded.layout.servers[0]
+        with Admin.for_node(loaded, node) as admin:
+            admin.client.set("orders:1", "kept")
+        assert run(capsys, "destroy", "-f", str(spec), "--auto-approve")[0] == 0
+        assert run(capsys, "apply", "-f", str(spec), "--auto-approve")[0] == 0
+        with Admin.for_node(loaded, node) as admin:
+            assert admin.client.get("orders:1") == "kept"
+        with pytest.raises(redis.ConnectionError):
+            main(["destroy", "-f", str(spec), "--auto-approve"])
+            capsys.readouterr()
+            Admin.for_node(loaded, node, timeout=0.5).client.ping()
