@@ -24,7 +24,7 @@ TOPOLOGIES = ["standalone", "replication", "sentinel", "cluster"]
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_apply_converges_and_a_second_apply_changes_nothing(tmp_path, capsys, topology, flavor) -> None:
     with deployed(tmp_path, capsys, topology, flavor) as (spec, loaded):
-        code, out, err = run(capsys, "status", "-f", str(spec), "--output", "json")
+        code, out, _err = run(capsys, "status", "-f", str(spec), "--output", "json")
         status = json.loads(out)
         assert code == 0 and status["healthy"], status["health"]
         assert all(n["state"] == "up" for n in status["nodes"])
@@ -48,7 +48,7 @@ def test_a_killed_node_is_restarted_by_the_next_apply(tmp_path, capsys, flavor) 
         pidfile = Path(tmp_path / ".opsctl" / loaded.spec.name / victim / "server.pid")
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
         plan = plan_json(capsys, spec)
-        assert [(s["kind"], s["node"]) for s in plan["steps"]][0] == ("start", victim)
+        assert next((s["kind"], s["node"]) for s in plan["steps"]) == ("start", victim)
         code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, err
         assert plan_json(capsys, spec)["steps"] == []
@@ -100,7 +100,7 @@ def test_a_wrong_secret_is_refused_before_anything_starts(tmp_path, capsys, monk
 
 def test_apply_without_a_terminal_needs_auto_approve(tmp_path, capsys, monkeypatch) -> None:
     path = write_spec(tmp_path, make_spec("standalone"))
-    monkeypatch.setattr("sys.stdin", open(os.devnull))
+    monkeypatch.setattr("sys.stdin", open(os.devnull))  # noqa: SIM115
     code, _, err = run(capsys, "apply", "-f", str(path))
     assert code == 1 and "--auto-approve" in err
     main(["destroy", "-f", str(path), "--auto-approve", "--purge"])

@@ -1,0 +1,112 @@
+"""A concurrent writer that records every acknowledged write: the referee for data-moving operations.
+
+It writes `w:<n>` = `<n>` (and a few keys with hash tags) as fast as the client allows, remembers each
+write the server acknowledged and when, retries on errors (MOVED/ASK are handled by the cluster client),
+and afterwards checks that every acknowledged key still holds its value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from opsctl.spec.load import LoadedSpec
+from tests.support import PASSWORD
+
+
+def cluster_client(loaded: LoadedSpec) -> RedisCluster:
+    nodes = [ClusterNode(n.address, n.port) for n in loaded.layout.servers]
+    return RedisCluster(startup_nodes=nodes, password=PASSWORD, decode_responses=True,
+                        socket_timeout=2.0, cluster_error_retry_attempts=10)
+
+
+@dataclass
+class Writer:
+    """Run with `with Writer(make_client) as w:`; `w.verify()` afterwards."""
+
+    make_client: Callable[[], Any]
+    prefix: str = "w"
+    pause: float = 0.0
+    acked: dict[str, str] = field(default_factory=dict)
+    ack_times: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Writer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def wait_for_writes(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _run(self) -> None:
+        client = self.make_client()
+        n = 0
+        while not self._stop.is_set():
+            key = f"{self.prefix}:{n}" if n % 10 else f"{self.prefix}:{{tag{n % 7}}}:{n}"
+            try:
+                client.set(key, str(n))
+            except (redis.RedisError, OSError) as exc:
+                self.errors.append(f"{time.monotonic():.3f} {type(exc).__name__}: {exc}")
+                time.sleep(0.01)
+                with contextlib.suppress(redis.RedisError, OSError):
+                    client = self.make_client()
+                continue
+            self.acked[key] = str(n)
+            self.ack_times.append(time.monotonic())
+            n += 1
+            if self.pause:
+                time.sleep(self.pause)
+
+    @property
+    def max_gap_ms(self) -> float:
+        times = self.ack_times
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0) * 1000
+
+    def verify(self, client: Any) -> list[str]:
+        """Acknowledged keys that are missing or changed (empty = nothing lost)."""
+        lost = []
+        keys = list(self.acked)
+        for i in range(0, len(keys), 500):
+            batch = keys[i:i + 500]
+            pipe = client.pipeline()
+            for key in batch:
+                pipe.get(key)
+            for key, value in zip(batch, pipe.execute(), strict=True):
+                if value != self.acked[key]:
+                    lost.append(f"{key}: expected {self.acked[key]!r}, got {value!r}")
+        return lost
+
+
+def dataset_checksum(client: RedisCluster, match: str = "*") -> tuple[int, str]:
+    """Count and order-independent checksum of every key and string value in the cluster (SCAN on masters)."""
+    digest = 0
+    count = 0
+    for node in client.get_primaries():
+        conn = client.get_redis_connection(node)
+        for key in conn.scan_iter(match=match, count=1000):
+            value = conn.get(key)
+            digest ^= int.from_bytes(hashlib.sha256(f"{key}={value}".encode()).digest()[:8], "big")
+            count += 1
+    return count, f"{digest:016x}"
