@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
@@ -20,7 +22,7 @@ class Admin:
     """One node's admin connection. `call` sends a command under its renamed name if the spec renames it."""
 
     def __init__(self, loaded: LoadedSpec, address: str, port: int, name: str = "",
-                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False, decode: bool = True) -> None:
         self.loaded = loaded
         self.address = address
         self.port = port
@@ -33,13 +35,15 @@ class Admin:
             username=spec.auth.admin_user if acl else None,
             password=loaded.credentials.password.reveal(),
             socket_timeout=timeout, socket_connect_timeout=timeout,
-            decode_responses=True,
+            decode_responses=decode,
+            retry=Retry(NoBackoff(), 0),  # a refused connection is an answer: no 3 s of silent retries
         )
         self._renames = {k.upper(): v for k, v in spec.hardening.renamed_commands.items()}
 
     @classmethod
-    def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT) -> Admin:
-        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel)
+    def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT, decode: bool = True) -> Admin:
+        """decode=False keeps replies as bytes (key names are binary-safe that way)."""
+        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel, decode=decode)
 
     @property
     def endpoint(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,26 +48,66 @@ class Execution:
 
 
 def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False) -> list[tuple[str, float]]:
-    """Run every step in order; stop at the first failure with an error naming the step."""
+    """Run every step in order (node-local write/start steps of different nodes in parallel waves);
+    stop at the first failure with an error naming the step."""
     _refuse_downtime(plan, allow_downtime)
     run = Execution(rt, emit, allow_downtime)
-    for index, step in enumerate(plan.steps, start=1):
-        emit({"event": "step-start", "index": index, "total": len(plan.steps), "step": step.title()})
-        started = time.monotonic()
-        try:
-            HANDLERS[type(step)](run, step)
-        except OpsctlError as exc:
-            emit({"event": "step-failed", "index": index, "step": step.title(), "error": exc.summary})
-            exc.summary = f"step {index}/{len(plan.steps)} ({step.title()}) failed: {exc.summary}"
-            raise
-        except redis.RedisError as exc:
-            emit({"event": "step-failed", "index": index, "step": step.title(), "error": str(exc)})
-            raise OpsctlError(f"step {index}/{len(plan.steps)} ({step.title()}) failed", str(exc),
-                              "look at the node's log; apply again resumes from the live state") from None
-        elapsed = time.monotonic() - started
-        run.timings.append((step.title(), elapsed))
-        emit({"event": "step-done", "index": index, "step": step.title(), "seconds": round(elapsed, 3)})
+    numbered = list(enumerate(plan.steps, start=1))
+    for wave in waves(numbered):
+        if len(wave) == 1:
+            for index, step in wave[0]:
+                _run_step(run, index, len(plan.steps), step)
+            continue
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(wave))) as pool:
+            futures = [pool.submit(_run_chain, run, chain, len(plan.steps)) for chain in wave]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
     return run.timings
+
+
+PARALLEL_NODES = 16
+NODE_LOCAL = (WriteConfig, StartNode)
+
+
+def waves(numbered: list[tuple[int, Step]]) -> list[list[list[tuple[int, Step]]]]:
+    """Split steps into waves; a wave of node-local steps holds one chain per node, run side by side."""
+    result: list[list[list[tuple[int, Step]]]] = []
+    chains: dict[str, list[tuple[int, Step]]] = {}
+    for index, step in numbered:
+        if isinstance(step, NODE_LOCAL):
+            chains.setdefault(step.node, []).append((index, step))
+            continue
+        if chains:
+            result.append(list(chains.values()))
+            chains = {}
+        result.append([[(index, step)]])
+    if chains:
+        result.append(list(chains.values()))
+    return result
+
+
+def _run_chain(run: Execution, chain: list[tuple[int, Step]], total: int) -> None:
+    for index, step in chain:
+        _run_step(run, index, total, step)
+
+
+def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
+    run.emit({"event": "step-start", "index": index, "total": total, "step": step.title()})
+    started = time.monotonic()
+    try:
+        HANDLERS[type(step)](run, step)
+    except OpsctlError as exc:
+        run.emit({"event": "step-failed", "index": index, "step": step.title(), "error": exc.summary})
+        exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
+        raise
+    except redis.RedisError as exc:
+        run.emit({"event": "step-failed", "index": index, "step": step.title(), "error": str(exc)})
+        raise OpsctlError(f"step {index}/{total} ({step.title()}) failed", str(exc),
+                          "look at the node's log; apply again resumes from the live state") from None
+    elapsed = time.monotonic() - started
+    run.timings.append((step.title(), elapsed))
+    run.emit({"event": "step-done", "index": index, "step": step.title(), "seconds": round(elapsed, 3)})
 
 
 def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:

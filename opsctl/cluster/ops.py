@@ -11,7 +11,7 @@ from typing import Any
 
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.observe.cluster_state import even_slot_ranges, span
+from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.collect import Command, Observer, Pending, raw_pipeline, wait_converged, wait_for
 from opsctl.observe.parse import parse_info
 from opsctl.spec.layout import Layout, Node
@@ -174,6 +174,3 @@ def form_cluster(loaded: LoadedSpec, layout: Layout, timeout: float = 30.0, mesh
                  f"all {len(servers)} nodes to know each other")
         _attach_replicas(observer, layout, ids, max(0.1, deadline - time.monotonic()))
 
-
-def describe_slots(ranges: Iterable[SlotRange]) -> str:
-    return ", ".join(span(s, e) for s, e in ranges)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from opsctl.admin import Admin
 from opsctl.errors import ConvergenceError
@@ -105,13 +107,20 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: list[Any]) -> 
     obs.error = "; ".join(errors)
 
 
+def _fail_fast(admin: Admin) -> Admin:
+    """No client-side retries: redis-py retries a refused connect 3 times with backoff (3.4 s per down node
+    here); observers poll anyway, so one attempt per observation is right."""
+    admin.client.set_retry(Retry(NoBackoff(), 0))
+    return admin
+
+
 class Observer:
     """Keeps one admin connection per node and a thread pool, so repeated observations (polling) are cheap."""
 
     def __init__(self, loaded: LoadedSpec, nodes: Iterable[Node], timeout: float = 2.0) -> None:
         self.loaded = loaded
         self.nodes = list(nodes)
-        self.admins = {n.name: Admin.for_node(loaded, n, timeout) for n in self.nodes}
+        self.admins = {n.name: _fail_fast(Admin.for_node(loaded, n, timeout)) for n in self.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes))))
 
     def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:

@@ -1,0 +1,70 @@
+"""form_cluster on real Valkey 9.1 and Redis 7.0, judged by redis-cli --cluster check; observe() with a node down;
+`opsctl cluster check` exit codes and output."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from opsctl.cli import main
+from opsctl.cluster.ops import form_cluster, meet_targets, setup_commands, slot_args, slot_plan
+from opsctl.errors import ConvergenceError, RefusedError
+from opsctl.observe.collect import observe, wait_cluster_converged
+from opsctl.specfile import read_spec
+from tests.fixtures.servers import launch, servers  # noqa: F401  (fixture)
+from tests.support import cluster_check, make_spec, write_spec
+
+
+def test_slot_commands_are_single_round_trips():
+    assert slot_args([(0, 5460), (5461, 5461)]) == ("CLUSTER", "ADDSLOTSRANGE", 0, 5460, 5461, 5461)
+    assert slot_args([(0, 2)], has_range=False) == ("CLUSTER", "ADDSLOTS", 0, 1, 2)
+    assert setup_commands(3, [], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3)]
+
+
+def test_meet_targets_and_slot_plan(tmp_path):
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))
+    servers_ = list(loaded.layout.servers)
+    assert [len(meet_targets(servers_, i, mesh=True)) for i in range(6)] == [5, 4, 3, 2, 1, 0]
+    assert [len(meet_targets(servers_, i, mesh=False)) for i in range(6)] == [0, 1, 1, 1, 1, 1]
+    plan = slot_plan(loaded.layout)
+    assert [plan[s.master] for s in loaded.layout.shards] == [[(0, 5461)], [(5462, 10922)], [(10923, 16383)]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_form_check_and_observe_with_a_node_down(flavor, tmp_path, servers, capsys):  # noqa: F811
+    spec_file = write_spec(tmp_path, make_spec("cluster", flavor))
+    loaded = read_spec(spec_file)
+    group = launch(servers, loaded, tmp_path)
+    started = time.monotonic()
+    form_cluster(loaded, loaded.layout)
+    formed = time.monotonic() - started
+    referee = cluster_check(loaded.layout.servers[0].endpoint)
+    assert referee.returncode == 0, referee.stdout + referee.stderr
+    assert formed < 10, formed
+
+    assert main(["cluster", "check", "-f", str(spec_file)]) == 0
+    out = capsys.readouterr().out
+    assert "coverage: 16384/16384" in out and "open slots: none" in out and "cluster ok" in out
+    assert main(["cluster", "check", "-f", str(spec_file), "--output", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["healthy"] and report["agreeing"] == 6 and len(report["shards"]) == 3
+
+    with pytest.raises(RefusedError, match="not a fresh empty cluster node"):
+        form_cluster(loaded, loaded.layout)
+
+    victim = loaded.layout.servers[-1]
+    group.stop(victim)
+    seen = observe(loaded, loaded.layout.servers, timeout=1.0)
+    assert not seen[victim.name].reachable and seen[victim.name].error
+    others = [o for name, o in seen.items() if name != victim.name]
+    assert all(o.reachable and o.cluster_nodes and o.role for o in others)
+    assert all(o.info.get("cluster_state") for o in others)
+
+    with pytest.raises(ConvergenceError) as caught:
+        wait_cluster_converged(loaded, loaded.layout.servers, timeout=0.2)
+    assert f"{victim.name}: unreachable" in caught.value.detail
+    assert main(["cluster", "check", "-f", str(spec_file)]) == 1
+    assert f"{victim.name}: unreachable" in capsys.readouterr().out
