@@ -141,3 +141,21 @@ def test_destroy_keeps_data_unless_purged(tmp_path, capsys) -> None:
             main(["destroy", "-f", str(spec), "--auto-approve"])
             capsys.readouterr()
             Admin.for_node(loaded, node, timeout=0.5).client.ping()
+
+
+def test_a_change_that_needs_a_restart_refuses_masters_without_allow_downtime(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "standalone", "redis") as (spec, loaded):
+        spec.write_text(spec.read_text().replace("OPS_CONFIG_T3ST", "OPS_CONFIG_N3W1"))
+        plan = plan_json(capsys, spec)
+        assert [s["kind"] for s in plan["steps"]] == ["write-config", "restart"]
+        assert plan["steps"][1]["needs_downtime"] and "rename-command" in plan["steps"][1]["reason"]
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and "--allow-downtime" in err
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve", "--allow-downtime")
+        assert code == 0, err
+        node = loaded.layout.servers[0]
+        client = redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True)
+        assert client.execute_command("OPS_CONFIG_N3W1", "GET", "port")
+        with pytest.raises(redis.ResponseError):
+            client.execute_command("OPS_CONFIG_T3ST", "GET", "port")
+        assert plan_json(capsys, spec)["steps"] == []

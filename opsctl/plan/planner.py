@@ -40,7 +40,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps += replication_steps(layout, facts)
     if topology == "sentinel":
         steps += sentinel_steps(loaded, desired, facts)
-    if any(isinstance(s, STRUCTURAL) for s in steps):
+    if topology != "standalone" and any(isinstance(s, STRUCTURAL) for s in steps):
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
