@@ -59,11 +59,11 @@ def _restart_order(layout: Layout, facts: Facts) -> list[Node]:
 
 
 def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
-    role = facts[node.name].role
-    if role is None:
+    """Serves writes now: a master outside a cluster, or a cluster master that owns slots."""
+    f = facts[node.name]
+    if f.role is None:
         return node.role == "master"
-    return role.kind == "master" and (layout.shard_of(node.name) is None or bool(role.replicas) or
-                                      _has_slots(facts[node.name]))
+    return f.role.kind == "master" and (f.cluster_nodes is None or _has_slots(f))
 
 
 def _has_slots(f: NodeFacts) -> bool:
