@@ -1,0 +1,51 @@
+"""`opsctl inventory -f SPEC`: write a standard Ansible inventory (and optionally the node files) for the spec."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from opsctl.errors import EXIT_OK
+
+
+def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None) -> list[str]:
+    from opsctl.remote.inventory import build_inventory, inventory_text, remote_paths
+    from opsctl.remote.ssh import known_hosts_path
+    from opsctl.render import render_node
+    from opsctl.render.files import write_private
+    from opsctl.specfile import read_spec
+
+    loaded = read_spec(spec_file)
+    name = loaded.spec.name
+    files_dir = (output / f"{name}.files").resolve()
+    inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
+    target = output / f"{name}.yml"
+    output.mkdir(parents=True, exist_ok=True)
+    target.write_text(inventory_text(inventory, loaded.file))
+    lines = [f"wrote {target}"]
+    if with_files:
+        for node in loaded.layout.nodes:
+            rendered = render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True, daemonize=True)
+            for file_name, text in rendered.files.items():
+                write_private(files_dir / node.name / file_name, text)
+        lines.append(f"wrote node files (mode 0600, they hold the password) under {files_dir}")
+    lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
+    return lines
+
+
+def _inventory(args: argparse.Namespace) -> int:
+    for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts):
+        print(line)
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("-o", "--output", default="inventories", help="directory to write into (default: inventories)")
+    p.add_argument("--with-files", action="store_true",
+                   help="also render the node files the playbooks copy (0600, real secrets) beside the inventory")
+    p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
+                                         "or ~/.ssh/known_hosts)")
+    p.set_defaults(handler=_inventory)
+

@@ -1,0 +1,217 @@
+"""The Ansible provider: nodes on SSH hosts, deployed by playbooks/deploy.yml through ansible-runner.
+
+Files written with write_files()/save_record() are staged and land in one deploy.yml run (files, service
+user, directories, server install, units), at the latest before the next start/read/stop/close. start, stop,
+process_state, read_file and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which
+wraps systemd where it runs. Node files travel as 0600 files in the private ansible data dir under the
+state dir, removed right after the run; they are never in extra vars, the environment or a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.providers.base import ProcessState
+from opsctl.remote import ssh
+from opsctl.remote.inventory import build_inventory, remote_paths, remote_root
+from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
+from opsctl.render import NodePaths, render_node
+from opsctl.render.files import write_private
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+RECORD = "opsctl-node.json"
+FileMap = dict[str, dict[str, str]]
+
+
+def plain_name(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise OpsctlError(f"refusing file name {name!r}", hint="node files are plain names such as redis.conf")
+    return name
+
+
+def parse_control(stdout: str) -> tuple[str, int | None]:
+    """`opsctl-node` output: its first word (started|running|stopped|absent|failed) and the pid if any."""
+    words = stdout.split()
+    word = words[0].rstrip(":") if words else ""
+    pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    return word, pid
+
+
+class AnsibleProvider:
+    """Servers on SSH hosts. Paths: /var/lib/opsctl/<spec>/<node>."""
+
+    daemonize = True
+
+    def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
+                 on_event: EventSink | None = None) -> None:
+        self.loaded = loaded
+        self.state_dir = Path(state_dir).resolve()
+        self.known_hosts = ssh.known_hosts_path(known_hosts)
+        self.on_event = on_event
+        self._pending: FileMap = {}
+        self._clients: dict[str, paramiko.SSHClient] = {}
+        self.last_result: PlaybookResult | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.state_dir / "ansible"
+
+    def paths(self, node: Node) -> NodePaths:
+        return remote_paths(self.loaded.spec, node)
+
+    # --- playbooks -----------------------------------------------------------------------------------------
+
+    def rendered(self, nodes: list[Node] | None = None) -> FileMap:
+        """Every node's files with real secrets, for deploy()."""
+        chosen = list(self.loaded.layout.nodes) if nodes is None else nodes
+        return {n.name: render_node(self.loaded, n, self.paths(n), reveal=True, daemonize=True).files
+                for n in chosen}
+
+    def deploy(self, files: FileMap | None = None, start: bool = True) -> PlaybookResult:
+        """One deploy.yml run for these nodes' files (default: all nodes, freshly rendered)."""
+        chosen = self.rendered() if files is None else files
+        staging = private_dir(self.data_dir) / "files"
+        try:
+            for node, named in chosen.items():
+                for name, text in named.items():
+                    write_private(staging / node / plain_name(name), text)
+            inventory = build_inventory(self.loaded, str(staging), self.known_hosts,
+                                        only={node: sorted(named) for node, named in chosen.items()})
+            self.last_result = run_playbook("deploy.yml", self.data_dir, inventory, {"opsctl_start": start},
+                                            self.on_event)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return self.last_result
+
+    def playbook(self, name: str, extravars: dict[str, Any] | None = None) -> PlaybookResult:
+        """restart.yml or destroy.yml over every node of the spec."""
+        inventory = build_inventory(self.loaded, str(self.data_dir / "files"), self.known_hosts)
+        self.last_result = run_playbook(name, self.data_dir, inventory, extravars, self.on_event)
+        return self.last_result
+
+    def flush(self) -> PlaybookResult | None:
+        if not self._pending:
+            return None
+        pending, self._pending = self._pending, {}
+        return self.deploy(pending, start=False)
+
+    # --- the Provider contract -----------------------------------------------------------------------------
+
+    def write_files(self, node: Node, files: dict[str, str]) -> None:
+        staged = self._pending.setdefault(node.name, {})
+        staged.update({plain_name(name): text for name, text in files.items()})
+
+    def save_record(self, node: Node, record: dict[str, Any]) -> None:
+        self.write_files(node, {RECORD: json.dumps(record, indent=2, sort_keys=True) + "\n"})
+
+    def read_file(self, node: Node, name: str) -> str | None:
+        self.flush()
+        path = f"{self.paths(node).dir}/{plain_name(name)}"
+        try:
+            return ssh.read_file(self._client(node), path)
+        except (OSError, paramiko.SSHException) as exc:
+            raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
+
+    def load_record(self, node: Node) -> dict[str, Any]:
+        text = self.read_file(node, RECORD)
+        if text is None:
+            return {}
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise OpsctlError(f"{node.name}: {RECORD} on host {node.host} is not a JSON object",
+                              hint="delete the file; the next `opsctl apply` writes it again")
+        return record
+
+    def start(self, node: Node) -> None:
+        self.flush()
+        result = self._control(node, "start")
+        word, _pid = parse_control(result.stdout)
+        if result.status != 0 or word not in ("started", "running"):
+            raise OpsctlError(f"cannot start {node.name} on host {node.host}",
+                              (result.stdout + result.stderr).strip()[-2000:],
+                              "the node's log is at " + self.paths(node).log)
+
+    def stop(self, node: Node, timeout: float = 30.0) -> None:
+        self.flush()
+        result = self._control(node, "stop", timeout + 10)
+        if result.status != 0:
+            raise OpsctlError(f"cannot stop {node.name} on host {node.host}", (result.stdout + result.stderr).strip())
+
+    def process_state(self, node: Node) -> ProcessState:
+        result = self._control(node, "status")
+        word, pid = parse_control(result.stdout)
+        if result.status == 0 and word == "running":
+            return ProcessState(node.name, True, pid, f"running as pid {pid} on host {node.host}")
+        if result.status == 0:
+            return ProcessState(node.name, False, None, f"{word or 'stopped'} on host {node.host}")
+        return ProcessState(node.name, False, None, f"not deployed on host {node.host}")
+
+    def purge(self, node: Node) -> None:
+        state = self.process_state(node)
+        if state.running:
+            raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
+                               f"{node.host}:{self.paths(node).dir}", "stop the node first")
+        self._pending.pop(node.name, None)
+        env_file = f"{remote_root(self.loaded.spec)}/nodes/{node.name}.env"
+        result = self._run(node, f"rm -rf -- {shlex.quote(self.paths(node).dir)} {shlex.quote(env_file)}")
+        if result.status != 0:
+            raise OpsctlError(f"cannot delete the folder of {node.name} on host {node.host}", result.stderr.strip())
+
+    def close(self) -> None:
+        """Land staged files, then drop SSH connections. Servers outlive the provider on purpose."""
+        try:
+            self.flush()
+        finally:
+            for client in self._clients.values():
+                ssh.close(client)
+            self._clients.clear()
+
+    # --- SSH -----------------------------------------------------------------------------------------------
+
+    def _target(self, node: Node) -> ssh.SshTarget:
+        host = next(h for h in self.loaded.spec.hosts if h.name == node.host)
+        return ssh.target_for(self.loaded.spec, host)
+
+    def _client(self, node: Node) -> paramiko.SSHClient:
+        client = self._clients.get(node.host)
+        transport = client.get_transport() if client else None
+        if client is None or transport is None or not transport.is_active():
+            client = ssh.connect(self._target(node), self.known_hosts)
+            self._clients[node.host] = client
+        return client
+
+    def _run(self, node: Node, command: str, timeout: float = 60.0) -> ssh.CommandResult:
+        try:
+            return ssh.run(self._client(node), command, timeout)
+        except (OSError, paramiko.SSHException) as exc:
+            raise ssh.ssh_error(self._target(node), exc, "run a command on") from None
+
+    def _control(self, node: Node, action: str, timeout: float = 60.0) -> ssh.CommandResult:
+        script = f"{remote_root(self.loaded.spec)}/bin/opsctl-node"
+        return self._run(node, f"{shlex.quote(script)} {action} {shlex.quote(node.name)}", timeout)
+
+    def tunnel(self, node: Node) -> ssh.Tunnel:
+        """127.0.0.1:<tunnel.local_port> reaches the node's port as its host sees it (close() when done)."""
+        return ssh.Tunnel(self._client(node), node.address, node.port)
+
+    def host_facts(self, node: Node) -> dict[str, str]:
+        """A few facts about the node's host (kernel, cpus, memory, init system), over SSH."""
+        command = ("echo kernel=$(uname -sr); echo cpus=$(nproc); "
+                   "echo mem_kb=$(awk '/MemTotal/{print $2}' /proc/meminfo); "
+                   "if [ -d /run/systemd/system ]; then echo init=systemd; else echo init=other; fi")
+        return parse_facts(self._run(node, command).stdout)
+
+
+def parse_facts(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)

@@ -1,0 +1,1 @@
+"""Remote hosts: SSH (paramiko), Ansible inventories and ansible-runner playbook runs."""

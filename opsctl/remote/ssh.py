@@ -1,0 +1,225 @@
+"""SSH to hosts with paramiko: connect (known hosts checked, optional bastion), run, put/read files, tunnels.
+
+Host keys are checked against a known_hosts file; an unknown host is refused unless the caller explicitly
+asks for trust-on-first-use (auto_add=True). A bastion is reached first and the host through a
+`direct-tcpip` channel on it. `Tunnel` forwards a local port to a Redis node's address:port as seen from
+the host, for admin traffic when the node's port is reachable only over SSH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import select
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from opsctl.errors import OpsctlError
+from opsctl.remote.inventory import parse_bastion
+from opsctl.spec.model import Host, Spec
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to log in. bastion: the jump host, reached first."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    key: str | None = None
+    bastion: SshTarget | None = None
+
+    def describe(self) -> str:
+        via = f" via {self.bastion.describe()}" if self.bastion else ""
+        return f"{self.name} ({self.user}@{self.address}:{self.port}){via}"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    status: int
+    stdout: str
+    stderr: str
+
+
+# --- pure partners -----------------------------------------------------------------------------------------
+
+
+def target_for(spec: Spec, host: Host) -> SshTarget:
+    """The SSH target of a spec host. bastion names another host of the spec or is `[user@]address[:port]`."""
+    user = host.ssh_user or "root"
+    bastion = None
+    if host.bastion:
+        named = next((h for h in spec.hosts if h.name == host.bastion), None)
+        if named is not None:
+            bastion = target_for(spec, named)
+        else:
+            login, address, port = parse_bastion(host.bastion, user)
+            bastion = SshTarget(f"bastion {address}", address, port, login, host.ssh_key)
+    return SshTarget(host.name, host.address, host.ssh_port, user, host.ssh_key, bastion)
+
+
+def known_hosts_path(explicit: str | None = None) -> str:
+    """The known_hosts file: explicit, else $OPSCTL_SSH_KNOWN_HOSTS, else ~/.ssh/known_hosts."""
+    chosen = explicit or os.environ.get("OPSCTL_SSH_KNOWN_HOSTS") or DEFAULT_KNOWN_HOSTS
+    return os.path.expanduser(chosen)
+
+
+def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") -> OpsctlError:
+    hints = {
+        paramiko.BadHostKeyException: "the host key changed: verify the host, then update known_hosts",
+        paramiko.AuthenticationException: "check ssh_user and ssh_key for this host (is the key authorized?)",
+        paramiko.SSHException: "add the host key to known_hosts (ssh-keyscan, verified) or set "
+                               "OPSCTL_SSH_KNOWN_HOSTS to the right file",
+    }
+    hint = next((h for cls, h in hints.items() if isinstance(exc, cls)),
+                "is the host up and sshd listening on ssh_port? check address, bastion and firewalls")
+    return OpsctlError(f"cannot {doing} host {target.describe()}", f"{type(exc).__name__}: {exc}", hint)
+
+
+# --- I/O -----------------------------------------------------------------------------------------------------
+
+
+def connect(target: SshTarget, known_hosts: str, auto_add: bool = False,
+            timeout: float = CONNECT_TIMEOUT) -> paramiko.SSHClient:
+    """A logged-in client. Raises OpsctlError naming the host when it cannot connect or authenticate."""
+    sock: paramiko.Channel | None = None
+    jump: paramiko.SSHClient | None = None
+    if target.bastion is not None:
+        jump = connect(target.bastion, known_hosts, auto_add, timeout)
+        try:
+            transport = jump.get_transport()
+            assert transport is not None
+            sock = transport.open_channel("direct-tcpip", (target.address, target.port), ("127.0.0.1", 0),
+                                          timeout=timeout)
+        except (paramiko.SSHException, OSError) as exc:
+            jump.close()
+            raise ssh_error(target, exc, "reach (through the bastion)") from None
+    client = _client(known_hosts, auto_add)
+    try:
+        client.connect(target.address, target.port, username=target.user, key_filename=target.key,
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock,
+                       allow_agent=target.key is None, look_for_keys=target.key is None)
+    except (paramiko.SSHException, OSError) as exc:
+        client.close()
+        if jump:
+            jump.close()
+        raise ssh_error(target, exc) from None
+    if jump is not None:
+        client._opsctl_jump = jump  # type: ignore[attr-defined]  # keep the bastion alive with the client
+    return client
+
+
+def _client(known_hosts: str, auto_add: bool) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    if Path(known_hosts).is_file():
+        client.load_host_keys(known_hosts)
+    policy = paramiko.AutoAddPolicy() if auto_add else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    return client
+
+
+def close(client: paramiko.SSHClient) -> None:
+    client.close()
+    jump = getattr(client, "_opsctl_jump", None)
+    if isinstance(jump, paramiko.SSHClient):
+        jump.close()
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0) -> CommandResult:
+    """Run a command (never with a secret in it: the host's process list shows it)."""
+    _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode("utf-8", "replace")
+    err = stderr.read().decode("utf-8", "replace")
+    return CommandResult(stdout.channel.recv_exit_status(), out, err)
+
+
+def put_file(client: paramiko.SSHClient, path: str, text: str, mode: int = 0o600) -> None:
+    """Create or replace path with mode from the first byte on (written beside it, then renamed)."""
+    with client.open_sftp() as sftp:
+        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+        with sftp.open(tmp, "w") as handle:
+            handle.chmod(mode)
+            handle.write(text.encode("utf-8"))
+        sftp.posix_rename(tmp, path)
+
+
+def read_file(client: paramiko.SSHClient, path: str) -> str | None:
+    with client.open_sftp() as sftp:
+        try:
+            with sftp.open(path, "r") as handle:
+                return bytes(handle.read()).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
+
+
+class Tunnel:
+    """Forward 127.0.0.1:<local_port> to remote_address:remote_port as the SSH host sees it."""
+
+    def __init__(self, client: paramiko.SSHClient, remote_address: str, remote_port: int) -> None:
+        transport = client.get_transport()
+        assert transport is not None
+        self.transport = transport
+        self.remote = (remote_address, remote_port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.local_port: int = self.server.getsockname()[1]
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name=f"tunnel-{remote_port}", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self.server.accept()
+            except OSError:
+                return
+            try:
+                channel = self.transport.open_channel("direct-tcpip", self.remote, peer)
+            except (paramiko.SSHException, OSError):
+                conn.close()
+                continue
+            threading.Thread(target=pump, args=(conn, channel, self._closed), daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        self._thread.join(timeout=2)
+
+    def __enter__(self) -> Tunnel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _copy(data: bytes, send: Callable[[bytes], object]) -> bool:
+    if data:
+        send(data)
+    return bool(data)
+
+
+def pump(conn: socket.socket, channel: paramiko.Channel, closed: threading.Event) -> None:
+    """Copy bytes both ways until either side closes."""
+    try:
+        while not closed.is_set():
+            readable, _, _ = select.select([conn.fileno(), channel.fileno()], [], [], 0.2)
+            if conn.fileno() in readable and not _copy(conn.recv(65536), channel.sendall):
+                return
+            if channel.fileno() in readable and not _copy(channel.recv(65536), conn.sendall):
+                return
+    except OSError:
+        return
+    finally:
+        channel.close()
+        conn.close()

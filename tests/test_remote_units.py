@@ -1,0 +1,108 @@
+"""The pure parts of the remote side: inventory, event summaries, control-script output, bastions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from opsctl.cli import main
+from opsctl.providers.ansible import parse_control, parse_facts
+from opsctl.remote.inventory import build_inventory, parse_bastion, remote_paths
+from opsctl.remote.runner import child_env, failure_error, summarize
+from opsctl.specfile import read_spec
+from tests.support import PASSWORD, make_spec, write_spec
+
+
+def remote(tmp_path: Path, topology: str = "cluster", **extra):
+    spec = make_spec(topology, **extra)
+    spec["provider"] = "ansible"
+    for i, host in enumerate(spec["hosts"]):
+        host.update(ssh_user="ops", ssh_key="/keys/id", ssh_port=2200 + i)
+    spec["hosts"][2]["bastion"] = "h1"
+    return read_spec(write_spec(tmp_path, spec))
+
+
+def test_inventory_groups_and_host_vars(tmp_path):
+    loaded = remote(tmp_path)
+    inv = build_inventory(loaded, "/files", "/kh")
+    top = inv["all"]["children"][f"opsctl_{loaded.spec.name}"]
+    assert set(top["children"]) == {"cluster", "masters", "replicas"}
+    assert top["vars"]["opsctl_root"] == f"/var/lib/opsctl/{loaded.spec.name}"
+    h1, h3 = inv["all"]["hosts"]["h1"], inv["all"]["hosts"]["h3"]
+    assert h1["ansible_port"] == 2200 and h1["ansible_user"] == "ops"
+    assert "UserKnownHostsFile=/kh" in h1["ansible_ssh_common_args"]
+    assert "ProxyCommand=" in h3["ansible_ssh_common_args"] and "ops@" in h3["ansible_ssh_common_args"]
+    nodes = [n for h in inv["all"]["hosts"].values() for n in h["opsctl_nodes"]]
+    assert len(nodes) == 6 and all(n["files"] == ["redis.conf"] for n in nodes)
+    assert PASSWORD not in yaml.safe_dump(inv)
+
+
+def test_inventory_only_and_sentinel_files(tmp_path):
+    loaded = remote(tmp_path, "sentinel")
+    first = loaded.layout.nodes[0]
+    inv = build_inventory(loaded, "/f", "/kh", only={first.name: ["opsctl-node.json"]})
+    assert list(inv["all"]["hosts"]) == [first.host]
+    assert inv["all"]["hosts"][first.host]["opsctl_nodes"][0]["files"] == ["opsctl-node.json"]
+    sentinel = loaded.layout.sentinels[0]
+    assert remote_paths(loaded.spec, sentinel).conf.endswith(f"/{sentinel.name}/sentinel.conf")
+
+
+def test_inventory_command_writes_files_0600(tmp_path):
+    path = write_spec(tmp_path, {**make_spec("standalone"), "provider": "ansible"})
+    assert main(["inventory", "-f", str(path), "-o", str(tmp_path / "inv"), "--with-files"]) == 0
+    name = yaml.safe_load(path.read_text())["name"]
+    text = (tmp_path / "inv" / f"{name}.yml").read_text()
+    assert PASSWORD not in text
+    conf = tmp_path / "inv" / f"{name}.files" / f"{name}-1" / "redis.conf"
+    assert conf.stat().st_mode & 0o777 == 0o600 and PASSWORD in conf.read_text()
+
+
+def test_summarize_counts_and_failures():
+    events = [
+        {"event": "runner_on_ok", "event_data": {"host": "h1", "task": "A", "res": {"changed": True}}},
+        {"event": "runner_on_ok", "event_data": {"host": "h2", "task": "A", "res": {"changed": False}}},
+        {"event": "runner_on_failed", "event_data": {"host": "h2", "task": "Write", "res": {"censored": "x"}}},
+        {"event": "runner_on_unreachable", "event_data": {"host": "h3", "task": "B", "res": {"msg": "no route"}}},
+    ]
+    result = summarize("deploy.yml", 2, events)
+    assert (result.changed, result.ok, result.changed_tasks) == (1, 2, ("h1: A",))
+    error = failure_error(result)
+    assert "h2" in error.summary and "Write" in error.summary
+    assert "no_log" in error.detail and "h3: task 'B': unreachable: no route" in error.detail
+
+
+def test_child_env_drops_the_callers_environment(tmp_path):
+    env = child_env({"PATH": "/bin", "HOME": "/root", "SECRET_PW": PASSWORD}, tmp_path, "/tmp/cp")
+    assert "SECRET_PW" not in env and env["HOME"] == "/root" and env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+
+
+def test_parsers():
+    assert parse_control("started 42\n") == ("started", 42)
+    assert parse_control("failed: x did not start") == ("failed", None)
+    assert parse_control("") == ("", None)
+    assert parse_bastion("jump@10.0.0.1:2222", "root") == ("jump", "10.0.0.1", 2222)
+    assert parse_bastion("[::1]:23", "u") == ("u", "::1", 23)
+    assert parse_bastion("bastion.example", "u") == ("u", "bastion.example", 22)
+    assert parse_facts("kernel=Linux 6\ncpus=2\n") == {"kernel": "Linux 6", "cpus": "2"}
+
+
+def test_playbooks_pass_syntax_check_and_lint():
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.support import missing
+
+    bindir = Path(sys.executable).parent
+    playbooks = Path(__file__).resolve().parent.parent / "playbooks"
+    names = ["deploy.yml", "restart.yml", "destroy.yml"]
+    check = subprocess.run([str(bindir / "ansible-playbook"), "--syntax-check", "-i", "localhost,", *names],
+                           cwd=playbooks, capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    lint = shutil.which("ansible-lint", path=str(bindir))
+    if not lint:
+        missing("ansible-lint (pip install ansible-lint)")
+    result = subprocess.run([str(lint), "--offline", "--nocolor", str(playbooks)], capture_output=True, text=True,
+                            check=False, cwd=playbooks.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
