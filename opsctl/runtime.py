@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.admin import Admin
+from opsctl.errors import OpsctlError
 from opsctl.observe.collect import NodeObservation, observe
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
@@ -97,4 +98,24 @@ def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, Desired
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     facts = gather_facts(rt)
+    refuse_silent_nodes(facts)
     return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts
+
+
+AUTH_WORDS = ("WRONGPASS", "NOAUTH", "invalid password", "invalid username-password", "Authentication")
+
+
+def refuse_silent_nodes(facts: dict[str, NodeFacts]) -> None:
+    """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
+    silent = [f for f in facts.values() if f.running and not f.reachable]
+    if not silent:
+        return
+    auth = [f.name for f in silent if any(word.lower() in f.error.lower() for word in AUTH_WORDS)]
+    detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
+    if auth:
+        raise OpsctlError(f"{', '.join(auth)} refuse the spec's password", detail,
+                          "the nodes run with another password: fix auth.password (or its env/file), "
+                          "or rotate the password on the nodes first")
+    raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
+                      "look at their logs (a LOADING node answers once its data is loaded); "
+                      "`opsctl status` shows every node")

@@ -159,3 +159,13 @@ def test_a_change_that_needs_a_restart_refuses_masters_without_allow_downtime(tm
         with pytest.raises(redis.ResponseError):
             client.execute_command("OPS_CONFIG_T3ST", "GET", "port")
         assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_a_wrong_password_is_a_clear_error_and_changes_nothing(tmp_path, capsys, monkeypatch) -> None:
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, _):
+        monkeypatch.setenv("OPSCTL_TEST_PASSWORD", "another-password-0123456789")
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 1 and "refuse the spec's password" in err
+        assert "another-password-0123456789" not in err and "Traceback" not in err
+        monkeypatch.setenv("OPSCTL_TEST_PASSWORD", PASSWORD)
+        assert plan_json(capsys, spec)["steps"] == []
