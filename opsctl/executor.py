@@ -16,10 +16,13 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.collect import wait_cluster_converged, wait_for
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.steps import (
+    CloseSlots,
     ConfigSet,
     FormCluster,
     JoinCluster,
+    MoveSlots,
     Plan,
+    RemoveNode,
     Replicate,
     RestartNode,
     SentinelMonitor,
@@ -55,14 +58,9 @@ def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = Fal
     numbered = list(enumerate(plan.steps, start=1))
     for wave in waves(numbered):
         if len(wave) == 1:
-            for index, step in wave[0]:
-                _run_step(run, index, len(plan.steps), step)
-            continue
-        with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(wave))) as pool:
-            futures = [pool.submit(_run_chain, run, chain, len(plan.steps)) for chain in wave]
-            errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]  # type: ignore[misc]
+            _run_chain(run, wave[0], len(plan.steps))
+        else:
+            _run_wave(run, wave, len(plan.steps))
     return run.timings
 
 
@@ -85,6 +83,21 @@ def waves(numbered: list[tuple[int, Step]]) -> list[list[list[tuple[int, Step]]]
     if chains:
         result.append(list(chains.values()))
     return result
+
+
+def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int) -> None:
+    """All config writes first (a staging provider ships them in one go), then the starts side by side."""
+    writes = [s for chain in wave for s in chain if isinstance(s[1], WriteConfig)]
+    starts = [[s for s in chain if not isinstance(s[1], WriteConfig)] for chain in wave]
+    _run_chain(run, writes, total)
+    if not run.rt.provider.parallel_starts:
+        _run_chain(run, [s for chain in starts for s in chain], total)
+        return
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(starts))) as pool:
+        futures = [pool.submit(_run_chain, run, chain, total) for chain in starts]
+    errors = [exc for f in futures if (exc := f.exception()) is not None]
+    if errors:
+        raise errors[0]
 
 
 def _run_chain(run: Execution, chain: list[tuple[int, Step]], total: int) -> None:
@@ -261,8 +274,30 @@ def wait_converged(run: Execution, step: Step) -> None:
         wait_sentinels(run.rt, timeout=60.0)
 
 
+def move_slots(run: Execution, step: Step) -> None:
+    from opsctl.slots import handlers
+
+    assert isinstance(step, MoveSlots)
+    handlers.move_slots(run.rt, step, run.emit)
+
+
+def close_slots(run: Execution, step: Step) -> None:
+    from opsctl.slots import handlers
+
+    assert isinstance(step, CloseSlots)
+    handlers.close_slots(run.rt, step, run.emit)
+
+
+def remove_node(run: Execution, step: Step) -> None:
+    from opsctl.slots import handlers
+
+    assert isinstance(step, RemoveNode)
+    handlers.remove_node(run.rt, step, run.emit)
+
+
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
     ConfigSet: config_set, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
+    MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,
 }

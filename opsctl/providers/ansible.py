@@ -49,6 +49,7 @@ class AnsibleProvider:
     """Servers on SSH hosts. Paths: /var/lib/opsctl/<spec>/<node>."""
 
     daemonize = True
+    parallel_starts = False  # files are staged and shipped by one playbook run
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
                  on_event: EventSink | None = None) -> None:

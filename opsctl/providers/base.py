@@ -27,6 +27,7 @@ class Provider(Protocol):
     """
 
     daemonize: bool
+    parallel_starts: bool  # may start() run for several nodes at once from threads?
 
     def paths(self, node: Node) -> NodePaths: ...
 

@@ -159,6 +159,7 @@ class LocalProvider:
     """Servers as daemonized processes on this machine (Linux: identities are checked through /proc)."""
 
     daemonize = True
+    parallel_starts = True
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary,
                  start_timeout: float = 30.0) -> None:
