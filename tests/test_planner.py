@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from opsctl.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
@@ -23,7 +24,6 @@ from opsctl.plan.steps import (
 from opsctl.render.files import default_paths
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD, make_spec
-import yaml
 
 
 def loaded_spec(topology: str, **sections) -> LoadedSpec:
