@@ -68,3 +68,35 @@ def has_capability(flavor: str, version: Version, capability: str) -> bool:
     if capability not in CAPABILITY_SINCE:
         raise KeyError(f"unknown capability {capability}")
     return _since(CAPABILITY_SINCE, capability, flavor, version)
+
+
+# RDB format each server version writes. A replica loads its master's RDB during a full sync, so a rolling
+# change (replicas first, then a failover onto them) needs every new version to read the old one's RDB.
+RDB_VERSION: dict[str, dict[Version, int]] = {
+    "redis": {(6, 2): 9, (7, 0): 10, (7, 2): 11, (7, 4): 12, (8, 0): 12, (8, 2): 12, (8, 4): 12},
+    "valkey": {(7, 2): 11, (8, 0): 11, (8, 1): 11, (9, 0): 80, (9, 1): 80},
+}
+# The newest RDB version each server version can load. Valkey reads Redis RDBs up to 7.2's (11);
+# Redis never reads Valkey's 80.
+RDB_READS: dict[str, dict[Version, int]] = {
+    "redis": {(6, 2): 9, (7, 0): 10, (7, 2): 11, (7, 4): 12, (8, 0): 12, (8, 2): 12, (8, 4): 12},
+    "valkey": {(7, 2): 11, (8, 0): 11, (8, 1): 11, (9, 0): 80, (9, 1): 80},
+}
+
+
+def server_text(flavor: str, version: Version) -> str:
+    return f"{flavor} {version_text(version)}"
+
+
+def rolling_change_problem(old: tuple[str, Version], new: tuple[str, Version]) -> str | None:
+    """Why a rolling change from old to new cannot keep replication going, or None when it can."""
+    if old == new:
+        return None
+    written = RDB_VERSION.get(old[0], {}).get(old[1])
+    readable = RDB_READS.get(new[0], {}).get(new[1])
+    if written is None or readable is None:
+        return f"no known replication path from {server_text(*old)} to {server_text(*new)}"
+    if written > readable:
+        return (f"{server_text(*new)} cannot load the RDB format {written} that {server_text(*old)} writes, "
+                "so its replicas could not sync from the old masters during the rollout")
+    return None
