@@ -76,12 +76,15 @@ RDB_VERSION: dict[str, dict[Version, int]] = {
     "redis": {(6, 2): 9, (7, 0): 10, (7, 2): 11, (7, 4): 12, (8, 0): 12, (8, 2): 12, (8, 4): 12},
     "valkey": {(7, 2): 11, (8, 0): 11, (8, 1): 11, (9, 0): 80, (9, 1): 80},
 }
-# The newest RDB version each server version can load. Valkey reads Redis RDBs up to 7.2's (11);
-# Redis never reads Valkey's 80.
-RDB_READS: dict[str, dict[Version, int]] = {
-    "redis": {(6, 2): 9, (7, 0): 10, (7, 2): 11, (7, 4): 12, (8, 0): 12, (8, 2): 12, (8, 4): 12},
-    "valkey": {(7, 2): 11, (8, 0): 11, (8, 1): 11, (9, 0): 80, (9, 1): 80},
-}
+# Which RDB versions each server version can load: its own and older, except that Valkey's numbers jump
+# to 80 (9.0) and Valkey never reads Redis 7.4+'s 12, while Redis never reads Valkey's 80.
+def reads_rdb(flavor: str, version: Version, rdb: int) -> bool:
+    own = RDB_VERSION.get(flavor, {}).get(version)
+    if own is None:
+        return False
+    if flavor == "valkey":
+        return rdb <= 11 or rdb == own
+    return rdb <= own
 
 
 def server_text(flavor: str, version: Version) -> str:
@@ -93,10 +96,9 @@ def rolling_change_problem(old: tuple[str, Version], new: tuple[str, Version]) -
     if old == new:
         return None
     written = RDB_VERSION.get(old[0], {}).get(old[1])
-    readable = RDB_READS.get(new[0], {}).get(new[1])
-    if written is None or readable is None:
+    if written is None or new[1] not in RDB_VERSION.get(new[0], {}):
         return f"no known replication path from {server_text(*old)} to {server_text(*new)}"
-    if written > readable:
+    if not reads_rdb(new[0], new[1], written):
         return (f"{server_text(*new)} cannot load the RDB format {written} that {server_text(*old)} writes, "
                 "so its replicas could not sync from the old masters during the rollout")
     return None
