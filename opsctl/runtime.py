@@ -63,8 +63,24 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     running = [n for n in nodes if states[n.name].running]
     seen = observe(rt.loaded, running, with_config=with_config) if running else {}
     password = rt.loaded.credentials.password
-    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
-                           seen.get(n.name), password) for n in nodes}
+    facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
+                            seen.get(n.name), password) for n in nodes}
+    return {**facts, **_retired_facts(rt, facts, with_config)}
+
+
+def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) -> dict[str, NodeFacts]:
+    """Nodes a larger spec had that the cluster still knows (scale-in): observed so the plan drains them."""
+    if rt.loaded.spec.topology != "cluster":
+        return {}
+    from opsctl.slots.scale import retired_nodes
+
+    extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
+    states = {n.name: rt.provider.process_state(n) for n in extra}
+    running = [n for n in extra if states[n.name].running]
+    seen = observe(rt.loaded, running, with_config=with_config) if running else {}
+    password = rt.loaded.credentials.password
+    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name), password)
+            for n in extra}
 
 
 def _facts(node: Node, running: bool, detail: str, record: dict[str, object],

@@ -1,36 +1,128 @@
-"""`opsctl cluster check -f SPEC`: coverage, open slots, agreement; names the node that disagrees."""
+"""`opsctl cluster check|reshard|rebalance|fix -f SPEC`: inspect a cluster and move its slots."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from opsctl.commands import REGISTRARS
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from opsctl.cluster.check import report_text, summarize
-    from opsctl.observe.collect import observe
+def _cluster_spec(path: str) -> Any:
     from opsctl.specfile import read_spec
 
-    loaded = read_spec(args.file)
+    loaded = read_spec(path)
     if loaded.spec.topology != "cluster":
         raise OpsctlError(f"{loaded.file} describes a {loaded.spec.topology} topology, not a cluster",
                           hint="use `opsctl status -f SPEC` for other topologies")
+    return loaded
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from opsctl.cluster.check import report_text, summarize
+    from opsctl.observe.collect import observe
+
+    loaded = _cluster_spec(args.file)
     report = summarize(observe(loaded, loaded.layout.servers, timeout=args.timeout))
     print(json.dumps(report.to_dict(), indent=2) if args.output == "json" else report_text(report))
     return EXIT_OK if report.healthy else EXIT_ERROR
 
 
+def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
+    """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
+    from opsctl.runtime import state_dir_for
+    from opsctl.slots.cli import outcome_json, outcome_text, printer
+    from opsctl.slots.fix import close_open
+    from opsctl.slots.run import MoveOptions
+    from opsctl.statelock import state_lock
+
+    loaded = _cluster_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    emit = printer(args.output == "json")
+    options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
+    with state_lock(state_dir):
+        if resume and not getattr(args, "dry_run", False):
+            close_open(loaded, state_dir, emit)
+        outcome = operation(loaded, state_dir, emit, options)
+    print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))
+    return EXIT_OK
+
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from opsctl.slots.run import reshard
+
+    return _slot_op(args, lambda loaded, state_dir, emit, options: reshard(
+        loaded, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
+
+
+def _weights(pairs: list[str]) -> dict[str, float]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.rpartition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            name = ""
+        if not sep or not name:
+            raise OpsctlError(f"bad --weight {pair!r}", hint="use --weight NODE=W, e.g. --weight orders-1=2")
+    return out
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    from opsctl.slots.run import rebalance
+
+    weights = _weights(args.weight)
+    return _slot_op(args, lambda loaded, state_dir, emit, options: rebalance(
+        loaded, state_dir, weights, args.threshold, emit, options, args.dry_run))
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    from opsctl.slots.fix import fix
+
+    return _slot_op(args, lambda loaded, state_dir, emit, options: fix(
+        loaded, state_dir, emit, args.reassign_unreachable), resume=False)
+
+
+def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help="where local state and the slot journal live")
+    p.add_argument("--output", choices=("text", "json"), default="text", help="json: JSON events on stderr")
+    p.add_argument("--max-keys-per-sec", type=float, default=None, help="throttle key-by-key moves")
+    p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    group = sub.add_parser("cluster", help="inspect a cluster's live state")
+    group = sub.add_parser("cluster", help="inspect a cluster's live state and move its slots")
     commands = group.add_subparsers(dest="cluster_command", required=True, metavar="SUBCOMMAND")
     p = commands.add_parser("check", help="slot coverage, open slots, agreement (exit 1 on problems)")
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each node")
     p.set_defaults(handler=cmd_check)
+
+    p = commands.add_parser("reshard", help="move N slots from one master to another")
+    _slot_args(p)
+    p.add_argument("--from", dest="source", required=True, help="source master: node name or address:port")
+    p.add_argument("--to", dest="target", required=True, help="target master: node name or address:port")
+    p.add_argument("--slots", type=int, required=True, help="how many slots to move")
+    p.set_defaults(handler=cmd_reshard)
+
+    p = commands.add_parser("rebalance", help="move the fewest slots that reach a weighted balance")
+    _slot_args(p)
+    p.add_argument("--weight", action="append", default=[], metavar="NODE=W", help="relative share (default 1)")
+    p.add_argument("--threshold", type=float, default=2.0, metavar="PCT",
+                   help="leave masters within PCT%% of their share alone (default 2)")
+    p.set_defaults(handler=cmd_rebalance)
+
+    p = commands.add_parser("fix", help="close open slots (journaled ones exactly), cover uncovered slots")
+    _slot_args(p, dry_run=False)
+    p.add_argument("--reassign-unreachable", action="store_true",
+                   help="give the slots of an unreachable master to others (its data is LOST)")
+    p.set_defaults(handler=cmd_fix)
 
 
 REGISTRARS.append(register)

@@ -9,10 +9,13 @@ from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.steps import (
+    CloseSlots,
     ConfigSet,
     FormCluster,
     JoinCluster,
+    MoveSlots,
     Plan,
+    RemoveNode,
     Replicate,
     RestartNode,
     SentinelMonitor,
@@ -21,11 +24,13 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.slots.planning import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
 Facts = Mapping[str, NodeFacts]
-STRUCTURAL = (StartNode, RestartNode, FormCluster, JoinCluster, Replicate, SentinelMonitor)
+STRUCTURAL = (StartNode, RestartNode, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots, CloseSlots,
+              RemoveNode)
 
 
 def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:
@@ -205,7 +210,8 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
             if name == master or linked or _has_slots(facts[name]) or _restarting(facts[name]):
                 continue
             steps.append(Replicate(name, f"should replicate {master} (shard {shard.index})", master))
-    return steps
+    masters = [current_master(shard, layout, facts) for shard in layout.shards]
+    return steps + slot_steps(layout, facts, masters)
 
 
 def _restarting(f: NodeFacts) -> bool:

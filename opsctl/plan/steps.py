@@ -94,9 +94,43 @@ class WaitConverged(Step):
     kind: ClassVar[str] = "wait-converged"
 
 
+@dataclass(frozen=True)
+class MoveSlots(Step):
+    """Move slots (ranges as text, e.g. "0-99,200") from node (a master) to target, with estimates."""
+
+    kind: ClassVar[str] = "move-slots"
+    target: str = ""
+    slots: str = ""
+    slot_count: int = 0
+    est_keys: int = 0
+    est_bytes: int = 0
+
+    def title(self) -> str:
+        return f"{self.kind} {self.slot_count} slots {self.node} -> {self.target} (~{self.est_keys} keys)"
+
+
+@dataclass(frozen=True)
+class CloseSlots(Step):
+    """Close open slots: those a killed run journaled exactly as journaled, then any other open slot."""
+
+    kind: ClassVar[str] = "close-slots"
+    slots: str = ""
+
+    def title(self) -> str:
+        return f"{self.kind} {self.slots}"
+
+
+@dataclass(frozen=True)
+class RemoveNode(Step):
+    """Forget a node the spec no longer has on every other node, then stop it (purge: delete its data too)."""
+
+    kind: ClassVar[str] = "remove-node"
+    purge: bool = False
+
+
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged)}
+    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,111 @@
+"""bench/reshard: the same keys moved between the same two masters by opsctl and by `redis-cli --cluster reshard`
+(default pipeline and --cluster-pipeline 1000), in one run, as keys/s and ratios.
+
+    .venv/bin/python bench/reshard.py [valkey|redis] [--keys 500000]
+
+All of master A's slots (5462) move A -> B, then back B -> A, alternating tools, so every tool moves the same
+keys between the same nodes. Goals: Redis 7.0 opsctl >= 2x redis-cli pipeline 1000; Valkey 9.1 >= 10x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+from redis.cluster import key_slot
+
+from opsctl.admin import Admin
+from opsctl.cli import main as opsctl_main
+from opsctl.specfile import read_spec
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary
+
+OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+
+
+def load(admin: Admin, keys: int, slots: range) -> int:
+    """Write `keys` 100-byte strings whose slots fall in `slots`, straight to the owning master."""
+    written, i = 0, 0
+    pipe = admin.client.pipeline(transaction=False)
+    while written < keys:
+        key = f"bench:{i}"
+        i += 1
+        if key_slot(key.encode()) in slots:
+            pipe.set(key, "x" * 100)
+            written += 1
+            if written % 10000 == 0:
+                pipe.execute()
+    pipe.execute()
+    return written
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    elapsed = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:5]} failed ({done.returncode}): {done.stderr[-800:]}{done.stdout[-400:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
+    parser.add_argument("--keys", type=int, default=500_000)
+    args = parser.parse_args()
+    os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    server_binary(args.flavor)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = make_spec("cluster", args.flavor, cluster={"replicas_per_master": 0},
+                         memory={"maxmemory": "2gb", "policy": "noeviction"})
+        path = Path(tmp) / "topology.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        if opsctl_main(["apply", "-f", str(path), "--auto-approve"]) != 0:
+            return 1
+        try:
+            return run(path, args.flavor, args.keys)
+        finally:
+            opsctl_main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
+
+
+def run(path: Path, flavor: str, keys: int) -> int:
+    loaded = read_spec(path)
+    a, b = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
+    with Admin.for_node(loaded, a) as admin_a, Admin.for_node(loaded, b) as admin_b:
+        ids = {a.name: admin_a.call("CLUSTER", "MYID"), b.name: admin_b.call("CLUSTER", "MYID")}
+        slots = 5462
+        written = load(admin_a, keys, range(0, slots))
+    env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
+    cli = [redis_cli(), "--cluster", "reshard", a.endpoint, "--cluster-slots", str(slots), "--cluster-yes"]
+    opsctl = [*OPSCTL, "cluster", "reshard", "-f", str(path), "--slots", str(slots)]
+    runs: list[tuple[str, list[str]]] = [
+        ("opsctl", [*opsctl, "--from", a.name, "--to", b.name]),
+        ("redis-cli (default pipeline 10)", [*cli, "--cluster-from", ids[b.name], "--cluster-to", ids[a.name]]),
+        ("opsctl", [*opsctl, "--from", a.name, "--to", b.name]),
+        ("redis-cli --cluster-pipeline 1000", [*cli, "--cluster-from", ids[b.name], "--cluster-to", ids[a.name],
+                                               "--cluster-pipeline", "1000"]),
+    ]
+    if flavor == "valkey":
+        runs.append(("opsctl --key-by-key", [*opsctl, "--from", a.name, "--to", b.name, "--key-by-key"]))
+    rates: dict[str, list[float]] = {}
+    for label, argv in runs:
+        seconds = timed(argv, env)
+        rates.setdefault(label, []).append(written / seconds)
+        print(f"{label:<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
+    best = {label: max(r) for label, r in rates.items()}
+    print(f"\n{flavor} {loaded.spec.server.version}, {written} keys of 100 bytes, {slots} slots, A <-> B")
+    for label in best:
+        if label.startswith("redis-cli"):
+            print(f"  opsctl / {label}: {best['opsctl'] / best[label]:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""How keys travel in MIGRATE batches: sized by bytes, big keys alone with a longer timeout. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_BATCH_BYTES = 4 * 1024 * 1024  # MIGRATE blocks the source for the whole batch: keep it short
+MAX_BATCH_KEYS = 1000
+BIG_KEY_BYTES = 8 * 1024 * 1024
+BASE_TIMEOUT_MS = 10_000
+SLOW_LINK_BYTES_PER_MS = 10_000  # assume at least ~10 MB/s between nodes when giving big keys more time
+
+
+@dataclass(frozen=True)
+class Batch:
+    keys: tuple[bytes, ...]
+    size: int
+    timeout_ms: int
+    big: bool = False
+
+
+def timeout_ms(size: int) -> int:
+    return BASE_TIMEOUT_MS + size // SLOW_LINK_BYTES_PER_MS
+
+
+def batches(keys: Sequence[bytes], sizes: Sequence[int | None], max_bytes: int = MAX_BATCH_BYTES,
+            max_keys: int = MAX_BATCH_KEYS, big_bytes: int = BIG_KEY_BYTES) -> list[Batch]:
+    """Split one slot's keys into MIGRATE batches of at most max_bytes / max_keys; a big key travels alone.
+
+    sizes: MEMORY USAGE per key (None: the key vanished meanwhile, counted as 0).
+    """
+    out: list[Batch] = []
+    current: list[bytes] = []
+    current_size = 0
+    for key, raw in zip(keys, sizes, strict=True):
+        size = int(raw or 0)
+        if size >= big_bytes:
+            out.append(Batch((key,), size, timeout_ms(size), big=True))
+            continue
+        if current and (current_size + size > max_bytes or len(current) >= max_keys):
+            out.append(Batch(tuple(current), current_size, timeout_ms(current_size)))
+            current, current_size = [], 0
+        current.append(key)
+        current_size += size
+    if current:
+        out.append(Batch(tuple(current), current_size, timeout_ms(current_size)))
+    return out
+
+
+def rate_delay(done: int, elapsed: float, max_per_sec: float | None) -> float:
+    """Seconds to wait so that `done` keys in `elapsed` seconds stay under max_per_sec (0: go on)."""
+    if not max_per_sec or max_per_sec <= 0:
+        return 0.0
+    return max(0.0, done / max_per_sec - elapsed)

@@ -1,0 +1,64 @@
+"""What the executor runs for MoveSlots, CloseSlots and RemoveNode steps (the engines live beside)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opsctl.cluster.ops import forget
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode
+from opsctl.runtime import Runtime
+from opsctl.slots.balance import Move
+from opsctl.slots.fix import close_in_session
+from opsctl.slots.journal import Journal
+from opsctl.slots.ranges import parse, to_ranges
+from opsctl.slots.run import MoveOptions, open_session, run_moves
+from opsctl.slots.scale import find_node
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
+    """Move what the source still owns of the step's slots (slots already at the target are done: idempotent)."""
+    with open_session(rt.loaded) as session:
+        owned = set(session.owned().get(step.node, ()))
+        wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
+        left = [s for s in wanted if s in owned]
+        if not left:
+            emit({"event": "slots-skip", "step": step.title(), "why": "already moved"})
+            return
+        run_moves(session, [Move(step.node, step.target, to_ranges(left))], Journal(rt.state_dir), emit,
+                  MoveOptions())
+
+
+def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
+    with open_session(rt.loaded) as session:
+        for line in close_in_session(session, Journal(rt.state_dir), emit):
+            emit({"event": "slots-closed", "what": line})
+
+
+def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
+    node = find_node(rt.loaded, step.node)
+    if node is None:
+        raise OpsctlError(f"cannot find node {step.node}", hint="plan again")
+    with open_session(rt.loaded) as session:
+        peer = session.peers.get(node.name)
+        if peer is not None:
+            me = session.me(node.name)
+            if me is not None and me.slots:
+                raise RefusedError(f"{node.name} still serves slots", "removing it would lose them",
+                                   "apply again: the plan drains it first")
+            others = [p for p in session.peers.values() if p.name != node.name]
+            session.parallel(lambda p: _forget(p.admin, peer.id), others)
+    rt.provider.stop(node)
+    if step.purge:
+        rt.provider.purge(node)
+
+
+def _forget(admin: Any, node_id: str) -> None:
+    try:
+        forget(admin, node_id)
+    except Exception as exc:  # an unknown id is already forgotten
+        if "Unknown node" not in str(exc):
+            raise

@@ -1,0 +1,161 @@
+"""Key-by-key slot migration, for servers without atomic migration. I/O shell around opsctl.slots.batching.
+
+Per wave of slots, every control step is one pipelined round trip per node (not 5 + masters round trips per
+slot): IMPORTING on the target, MIGRATING on the source, GETKEYSINSLOT for all slots, MEMORY USAGE for all
+keys, the MIGRATE batches, then SETSLOT NODE on the target, the source, and every other master in parallel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.observe.collect import Command
+from opsctl.slots.batching import Batch, batches, rate_delay, timeout_ms
+from opsctl.slots.journal import Journal
+from opsctl.slots.progress import Progress
+from opsctl.slots.session import Emit, Peer, Session, checked, pipe
+
+WAVE_SLOTS = 512
+FETCH_KEYS = 1000
+MAX_FAILED_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class Options:
+    max_keys_per_sec: float | None = None
+    wave_slots: int = WAVE_SLOTS
+    fetch_keys: int = FETCH_KEYS
+
+
+def auth_args(session: Session) -> tuple[str, ...]:
+    """MIGRATE's credentials for the target (a command argument on an authenticated link, never argv)."""
+    spec = session.loaded.spec
+    password = session.loaded.credentials.password.reveal()
+    if spec.auth.mode == "acl":
+        return ("AUTH2", spec.auth.admin_user, password)
+    return ("AUTH", password)
+
+
+class KeyMover:
+    """Moves slots from source to target key by key; every slot it opens is journaled first."""
+
+    def __init__(self, session: Session, source: Peer, target: Peer, journal: Journal, progress: Progress,
+                 emit: Emit, options: Options) -> None:
+        self.session, self.source, self.target = session, source, target
+        self.journal, self.progress, self.emit, self.options = journal, progress, emit, options
+        self.others = [p for p in session.masters() if p.name not in (source.name, target.name)]
+        self.auth = auth_args(session)
+        self.started = time.monotonic()
+        self.moved = 0
+
+    def move(self, slots: Sequence[int]) -> None:
+        step = self.options.wave_slots
+        for i in range(0, len(slots), step):
+            wave = list(slots[i:i + step])
+            self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
+            self.open(wave)
+            self.drain(wave)
+            self.close(wave)
+            self.journal.closed(wave)
+            self.progress.add(slots=len(wave))
+
+    def open(self, wave: Sequence[int]) -> None:
+        checked(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
+                "SETSLOT IMPORTING")
+        checked(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
+                "SETSLOT MIGRATING")
+
+    def close(self, wave: Sequence[int]) -> None:
+        """The new owner first (target, then source), then every other master, in parallel."""
+        commands: list[Command] = [("CLUSTER", "SETSLOT", s, "NODE", self.target.id) for s in wave]
+        checked(self.target, commands, "SETSLOT NODE")
+        checked(self.source, commands, "SETSLOT NODE")
+        self.session.parallel(lambda p: checked(p, commands, "SETSLOT NODE"), self.others)
+
+    def drain(self, wave: Sequence[int]) -> None:
+        pending = list(wave)
+        failed_rounds = 0
+        while pending:
+            replies = checked(self.source, [("CLUSTER", "GETKEYSINSLOT", s, self.options.fetch_keys)
+                                            for s in pending], "GETKEYSINSLOT")
+            work = {s: list(r) for s, r in zip(pending, replies, strict=True) if r}
+            if not work:
+                return
+            failed_rounds = failed_rounds + 1 if not self.migrate(work) else 0
+            if failed_rounds >= MAX_FAILED_ROUNDS:
+                raise OpsctlError(f"MIGRATE from {self.source.name} to {self.target.name} keeps failing",
+                                  self.last_error, "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
+                                  "finishes the open slots once the cause is gone")
+            pending = list(work)
+
+    last_error = ""
+
+    def migrate(self, work: dict[int, list[bytes]]) -> bool:
+        """One round: size every key, send all MIGRATE batches pipelined. False if any batch failed."""
+        keys = [k for ks in work.values() for k in ks]
+        sizes = pipe(self.source, [("MEMORY", "USAGE", k) for k in keys])
+        plan: list[tuple[int, Batch]] = []
+        at = 0
+        for slot, slot_keys in work.items():
+            sized = [None if isinstance(v, Exception) else v for v in sizes[at:at + len(slot_keys)]]
+            at += len(slot_keys)
+            plan += [(slot, b) for b in batches(slot_keys, sized)]
+        for slot, batch in plan:
+            if batch.big:
+                self.emit({"event": "big-key", "slot": slot, "key": batch.keys[0].decode(errors="replace"),
+                           "bytes": batch.size, "timeout_ms": batch.timeout_ms})
+        replies = pipe(self.source, [self.command(b) for _, b in plan])
+        ok = True
+        for (slot, batch), reply in zip(plan, replies, strict=True):
+            if isinstance(reply, Exception):
+                ok = self.failed(slot, batch, reply) and ok
+            else:
+                self.moved += len(batch.keys)
+                self.progress.add(keys=len(batch.keys), size=batch.size)
+        self.throttle()
+        return ok
+
+    def command(self, batch: Batch, replace: bool = False) -> Command:
+        target = self.target.node
+        extra = ("REPLACE",) if replace else ()
+        return ("MIGRATE", target.address, target.port, "", 0, batch.timeout_ms, *extra, *self.auth,
+                "KEYS", *batch.keys)
+
+    def failed(self, slot: int, batch: Batch, error: Exception) -> bool:
+        self.last_error = f"slot {slot}: {error}"
+        if "BUSYKEY" not in str(error):
+            self.emit({"event": "migrate-retry", "slot": slot, "keys": len(batch.keys), "error": str(error)})
+            return False
+        for key in batch.keys:
+            self.busy(slot, key)
+        return True
+
+    def busy(self, slot: int, key: bytes) -> None:
+        """The target already has the key (e.g. a MIGRATE that timed out but arrived): REPLACE only if equal."""
+        single = Batch((key,), 0, timeout_ms(0))
+        reply = pipe(self.source, [self.command(single)])[0]
+        if not isinstance(reply, Exception):
+            self.progress.add(keys=1)
+            return
+        if "BUSYKEY" not in str(reply):
+            raise OpsctlError(f"MIGRATE of one key of slot {slot} failed", str(reply))
+        mine = pipe(self.source, [("DUMP", key)])[0]
+        theirs = pipe(self.target, [("ASKING",), ("DUMP", key)])[1]
+        label = key.decode(errors="replace")
+        if mine is not None and mine != theirs:
+            raise RefusedError(f"key {label!r} of slot {slot} exists on {self.source.name} and on "
+                               f"{self.target.name} with different values",
+                               "replacing either copy would lose data; the slot stays open (journaled)",
+                               "compare both copies, delete the wrong one, then run `opsctl cluster fix -f SPEC`")
+        self.emit({"event": "busy-key-equal", "slot": slot, "key": label})
+        checked(self.source, [self.command(single, replace=True)], "MIGRATE REPLACE")
+        self.progress.add(keys=1)
+
+    def throttle(self) -> None:
+        delay = rate_delay(self.moved, time.monotonic() - self.started, self.options.max_keys_per_sec)
+        if delay > 0:
+            time.sleep(delay)
+

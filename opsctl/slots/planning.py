@@ -1,0 +1,72 @@
+"""The slot part of a plan (pure): close what a killed run left open, balance slots into new shards, drain and
+remove nodes the spec no longer has. Every step says why, with estimated keys and bytes per move."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, Step
+from opsctl.slots.balance import balance_moves, estimate
+from opsctl.slots.ranges import count, expand, text, to_ranges
+from opsctl.spec.layout import Layout
+
+Facts = Mapping[str, NodeFacts]
+
+
+def open_slots(facts: Facts) -> list[int]:
+    return sorted({s for f in facts.values() if (me := f.myself) for s in (*me.migrating, *me.importing)})
+
+
+def owned_slots(names: Sequence[str], facts: Facts) -> dict[str, list[int]]:
+    return {n: expand(me.slots) if (me := facts[n].myself) and me.is_master else [] for n in names if n in facts}
+
+
+def retired(layout: Layout, facts: Facts) -> list[str]:
+    """Nodes observed that the layout does not have: replicas first (they go before their masters)."""
+    names = [n for n in facts if layout.find(n) is None]
+    return sorted(names, key=lambda n: (bool((me := facts[n].myself) and me.is_master), n))
+
+
+def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[Step]:
+    """masters: each shard's current master. Retired nodes are the facts' names outside the layout."""
+    first = masters[0]
+    stale = open_slots(facts)
+    if stale:
+        return [CloseSlots(first, f"slots {text(to_ranges(stale))} are open (a slot move was interrupted): "
+                                  "finish them, journaled ones exactly as the journal says", text(to_ranges(stale)))]
+    gone = retired(layout, facts)
+    steps: list[Step] = [*move_steps(facts, masters, [n for n in gone if _is_master(facts[n])])]
+    for name in gone:
+        if facts[name].running:
+            steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): forget it on every "
+                                          "node, then stop it (its data folder is kept)"))
+    return steps
+
+
+def _is_master(f: NodeFacts) -> bool:
+    me = f.myself
+    return me is not None and me.is_master
+
+
+def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str]) -> list[MoveSlots]:
+    owned = owned_slots([*masters, *draining], facts)
+    for m in masters:
+        owned.setdefault(m, [])
+    if not any(owned.values()):
+        return []
+    empty = [m for m in masters if not owned[m]]
+    loaded = [d for d in draining if owned.get(d)]
+    if not empty and not loaded:
+        return []
+    moves = balance_moves(owned, dict.fromkeys(masters, 1.0))
+    steps = []
+    for move in moves:
+        source = facts[move.source]
+        keys, size = estimate(source.keys, int(source.info.get("used_memory_dataset", 0) or 0),
+                              len(owned[move.source]), move.slot_count)
+        why = (f"{move.target} is a new, empty shard master" if move.target in empty
+               else f"{move.source} leaves the cluster" if move.source in draining else "balance")
+        steps.append(MoveSlots(move.source, f"{why}: {move.slot_count} slots, ~{keys} keys, ~{size} bytes",
+                               move.target, text(move.slots), count(move.slots), keys, size))
+    return steps

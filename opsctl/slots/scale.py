@@ -1,0 +1,37 @@
+"""Nodes that run but are no longer in the spec (after `cluster.masters` went down). Pure.
+
+Names are stable (shard s owns <name>-k for k in ((s-1)*(R+1), s*(R+1)]), so a bigger layout of the same
+spec names every node a larger spec had: retired nodes are found by endpoint in what the cluster reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opsctl.observe.parse import ClusterNodeLine
+from opsctl.spec.layout import Layout, Node, cluster_layout
+from opsctl.spec.load import LoadedSpec
+
+MAX_EXTRA_SHARDS = 64
+
+
+def wider_layout(loaded: LoadedSpec, extra_shards: int = MAX_EXTRA_SHARDS) -> Layout:
+    masters = loaded.spec.cluster_or_default().masters
+    return cluster_layout(loaded.spec, masters=masters + extra_shards)
+
+
+def find_node(loaded: LoadedSpec, ref: str) -> Node | None:
+    """A server by name or address:port, in the spec's layout or among the nodes a larger spec would have."""
+    node = loaded.layout.find(ref)
+    if node is not None or loaded.spec.topology != "cluster":
+        return node
+    return wider_layout(loaded).find(ref)
+
+
+def retired_nodes(loaded: LoadedSpec, views: Iterable[Iterable[ClusterNodeLine]]) -> list[Node]:
+    """Servers the running cluster knows that the spec's layout no longer has (in layout order)."""
+    current = {n.endpoint for n in loaded.layout.servers}
+    seen = {line.endpoint for view in views for line in view if line.endpoint not in current}
+    if not seen:
+        return []
+    return [n for n in wider_layout(loaded).servers if n.endpoint in seen]

@@ -1,0 +1,117 @@
+"""Connections to every master taking part in a slot operation, their ids, slots and versions. I/O shell."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from opsctl.admin import Admin
+from opsctl.errors import OpsctlError
+from opsctl.observe.collect import Command, NodeObservation, Observer, raw_pipeline
+from opsctl.observe.parse import ClusterNodeLine, myself
+from opsctl.slots.ranges import expand
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.versions import Version, has_capability, parse_version
+
+T = TypeVar("T")
+Event = dict[str, Any]
+Emit = Callable[[Event], None]
+ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
+
+
+@dataclass
+class Peer:
+    node: Node
+    admin: Admin  # bytes replies: key names are binary
+    id: str
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
+    """One round trip; error replies come back as exception objects."""
+    return raw_pipeline(peer.admin, commands) if commands else []
+
+
+def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
+    replies = pipe(peer, commands)
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            words = " ".join(str(c) for c in cmd[:4])
+            raise OpsctlError(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
+                              "`opsctl cluster fix -f SPEC` closes what this run opened")
+    return replies
+
+
+def node_version(info: dict[str, str]) -> tuple[str, Version] | None:
+    """(flavor, version) a node reports in INFO server."""
+    if "valkey_version" in info:
+        return "valkey", parse_version(info["valkey_version"])
+    if "redis_version" in info:
+        return "redis", parse_version(info["redis_version"])
+    return None
+
+
+class Session:
+    """Engine connections (bytes) plus an Observer for looking again after each mutation."""
+
+    def __init__(self, loaded: LoadedSpec, nodes: Iterable[Node]) -> None:
+        self.loaded = loaded
+        self.nodes = list(nodes)
+        self.observer = Observer(loaded, self.nodes, timeout=5.0)
+        self.pool = ThreadPoolExecutor(max_workers=max(4, min(32, len(self.nodes))))
+        self.seen: dict[str, NodeObservation] = {}
+        self.peers: dict[str, Peer] = {}
+        self.refresh()
+
+    def refresh(self) -> dict[str, NodeObservation]:
+        self.seen = self.observer.observe()
+        for name, obs in self.seen.items():
+            me = myself(obs.cluster_nodes or [])
+            if me is not None and (name not in self.peers or self.peers[name].id != me.id):
+                node = next(n for n in self.nodes if n.name == name)
+                self.peers[name] = Peer(node, Admin.for_node(self.loaded, node, ENGINE_TIMEOUT, decode=False), me.id)
+        return self.seen
+
+    def me(self, name: str) -> ClusterNodeLine | None:
+        obs = self.seen.get(name)
+        return myself(obs.cluster_nodes or []) if obs else None
+
+    def masters(self) -> list[Peer]:
+        return [p for name, p in self.peers.items() if (me := self.me(name)) is not None and me.is_master]
+
+    def owned(self) -> dict[str, list[int]]:
+        """Each reachable master's slots, as it sees them itself."""
+        return {p.name: expand(me.slots if (me := self.me(p.name)) else ()) for p in self.masters()}
+
+    def peer(self, name: str) -> Peer:
+        if name not in self.peers:
+            raise OpsctlError(f"{name} is not a reachable cluster node", self.seen[name].error if name in self.seen
+                              else "", "`opsctl cluster check -f SPEC` shows the state")
+        return self.peers[name]
+
+    def atomic(self) -> bool:
+        """Whether every reachable server supports atomic slot migration."""
+        versions = [node_version(o.info) for o in self.seen.values() if o.reachable]
+        return bool(versions) and all(v is not None and has_capability(v[0], v[1], "atomic_slot_migration")
+                                      for v in versions)
+
+    def parallel(self, fn: Callable[[Peer], T], peers: Sequence[Peer]) -> list[T]:
+        return [f.result() for f in [self.pool.submit(fn, p) for p in peers]]
+
+    def close(self) -> None:
+        self.observer.close()
+        self.pool.shutdown(wait=True)
+        for peer in self.peers.values():
+            peer.admin.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
