@@ -1,0 +1,140 @@
+"""bench/failover: client-observed write gap and total time of `opsctl failover` against a bare
+`CLUSTER FAILOVER` sent by hand and polled (ROLE every 2 ms), same cluster, same cluster-aware writer.
+
+    .venv/bin/python bench/failover.py [valkey|redis] [--trials N]
+
+Trials alternate opsctl / bare and rotate over the 3 shards; between trials the bench waits (polling) out the
+servers' cool-downs for both methods alike. Goal: opsctl adds <= 50 ms to the write gap and finishes, checks
+included, within 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from opsctl.admin import Admin
+from opsctl.cli import main as opsctl
+from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+from tests.writer import Writer, cluster_client
+
+NODE_TIMEOUT_MS = 500
+RETRY_S = 2 * max(2.0, 2 * NODE_TIMEOUT_MS / 1000) + 0.2  # the candidate's election cool-down, with margin
+
+
+@dataclass
+class Results:
+    gaps: dict[str, list[float]] = field(default_factory=lambda: {"opsctl": [], "bare": []})
+    totals: dict[str, list[float]] = field(default_factory=lambda: {"opsctl": [], "bare": []})
+    runbook_ms: list[float] = field(default_factory=list)
+    lost: int = 0
+
+
+def roles(loaded: LoadedSpec, shard: int) -> tuple[str, str]:
+    """(master, replica) of the shard now."""
+    members = loaded.layout.shards[shard - 1].members
+    kinds = {}
+    for name in members:
+        with Admin.for_node(loaded, loaded.layout.node(name), timeout=2.0) as admin:
+            kinds[name] = admin.client.execute_command("ROLE")[0]
+    master = next(n for n, k in kinds.items() if k == "master")
+    return master, next(n for n in members if n != master)
+
+
+def bare(loaded: LoadedSpec, replica: str) -> None:
+    """What an engineer does by hand: CLUSTER FAILOVER on the replica, then poll ROLE until it is master."""
+    with Admin.for_node(loaded, loaded.layout.node(replica)) as admin:
+        admin.call("CLUSTER", "FAILOVER")
+        while admin.client.execute_command("ROLE")[0] != "master":
+            time.sleep(0.002)
+
+
+def with_opsctl(spec: Path, shard: int, report: Path) -> float:
+    code = opsctl(["failover", "-f", str(spec), "--shard", str(shard), "--yes", "--report", str(report)])
+    if code != 0:
+        raise SystemExit(f"opsctl failover failed with exit code {code}")
+    return float(json.loads(report.read_text())["phases_ms"]["total"])
+
+
+def converged(spec: Path) -> None:
+    deadline = time.monotonic() + 30
+    while opsctl(["cluster", "check", "-f", str(spec)]) != 0:
+        if time.monotonic() > deadline:
+            raise SystemExit("the cluster did not converge")
+        time.sleep(0.05)
+
+
+def trial(loaded: LoadedSpec, spec: Path, method: str, shard: int, work: Path, results: Results) -> str:
+    _, replica = roles(loaded, shard)
+    with Writer(lambda: cluster_client(loaded)) as writer:
+        writer.wait_for_writes(300)
+        started = time.monotonic()
+        if method == "bare":
+            bare(loaded, replica)
+        else:
+            results.runbook_ms.append(with_opsctl(spec, shard, work / f"r{len(results.runbook_ms)}.json"))
+        results.totals[method].append((time.monotonic() - started) * 1000)
+        writer.wait_for_writes(len(writer.acked) + 300)
+    results.gaps[method].append(writer.max_gap_ms)
+    results.lost += len(writer.verify(cluster_client(loaded)))
+    return replica
+
+
+def run(loaded: LoadedSpec, spec: Path, trials: int, work: Path) -> Results:
+    results = Results()
+    promoted_at: dict[str, float] = {}
+    for i in range(trials * 2):
+        method, shard = ("opsctl", "bare")[i % 2], i // 2 % 3 + 1
+        _, replica = roles(loaded, shard)
+        while time.monotonic() - promoted_at.get(replica, 0.0) < RETRY_S:
+            time.sleep(0.05)  # waiting out the servers' cool-down, polled
+        converged(spec)
+        promoted = trial(loaded, spec, method, shard, work, results)
+        promoted_at[promoted] = time.monotonic()
+    converged(spec)
+    return results
+
+
+def summary(results: Results) -> None:
+    gap = {m: statistics.median(v) for m, v in results.gaps.items()}
+    worst = {m: max(v) for m, v in results.gaps.items()}
+    for m in ("bare", "opsctl"):
+        print(f"{m:>7}: write gap median {gap[m]:.0f} ms (max {worst[m]:.0f} ms), "
+              f"time median {statistics.median(results.totals[m]):.0f} ms (max {max(results.totals[m]):.0f} ms)")
+    print(f"opsctl runbook (pre-checks, failover, post-checks, report): median "
+          f"{statistics.median(results.runbook_ms):.0f} ms, max {max(results.runbook_ms):.0f} ms (goal <= 2000 ms)")
+    print(f"write gap: opsctl - bare = {gap['opsctl'] - gap['bare']:+.0f} ms (goal <= +50 ms), "
+          f"ratio {gap['opsctl'] / gap['bare']:.2f}x; acknowledged writes lost: {results.lost}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
+    parser.add_argument("--trials", type=int, default=6, help="failovers per method")
+    args = parser.parse_args()
+    os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        spec = write_spec(work, make_spec("cluster", args.flavor, cluster={"node_timeout_ms": NODE_TIMEOUT_MS}))
+        if opsctl(["apply", "-f", str(spec), "--auto-approve"]) != 0:
+            return 1
+        try:
+            summary(run(read_spec(spec), spec, args.trials, work))
+        finally:
+            opsctl(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

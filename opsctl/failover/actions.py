@@ -1,0 +1,197 @@
+"""The failover commands per topology, each polled (every few ms) until the replica is a master.
+
+cluster:     CLUSTER FAILOVER [FORCE|TAKEOVER] on the replica (answers OK before anything happens).
+sentinel:    pause writes on the master, wait until every replica has the master's offset, SENTINEL FAILOVER,
+             then turn the old master into a replica of the new one right away (see docs/runbooks/failover.md).
+replication: FAILOVER TO on the master where the server has it, else pause writes, wait for the offset,
+             REPLICAOF NO ONE; then re-point the others and CONFIG REWRITE every changed node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.errors import OpsctlError
+from opsctl.failover.checks import Target
+from opsctl.observe.collect import Pending, wait_for
+from opsctl.spec.layout import sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+from opsctl.versions import has_capability, parse_version
+
+if TYPE_CHECKING:
+    from opsctl.failover.runbook import Session
+
+POLL = 0.002
+GRACEFUL_LIMIT = 6.0  # the server gives up a manual failover after 5 s (CLUSTER_MF_TIMEOUT)
+
+__all__ = ["describe", "has_failover_command", "perform"]
+
+
+def has_failover_command(loaded: LoadedSpec) -> bool:
+    server = loaded.spec.server
+    return has_capability(server.flavor, parse_version(server.version), "failover_command")
+
+
+def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list[str]:
+    """What a real run would do, for --dry-run."""
+    layout = loaded.layout
+    replica = target.replica or "the replica Sentinel picks"
+    if modes[0] == "sentinel":
+        return [f"CLIENT PAUSE WRITE on {target.master}; wait until every replica has its offset",
+                f"SENTINEL FAILOVER {sentinel_master_name(loaded.spec)}; poll ROLE until {replica} is master",
+                f"REPLICAOF <new master> + CONFIG REWRITE on {target.master}; CLIENT UNPAUSE",
+                "post-checks: writes, roles, links, every sentinel reports the new master"]
+    endpoint = layout.node(target.replica).endpoint if target.replica else "?"
+    if modes[0] == "failover-command":
+        return [f"FAILOVER TO {endpoint} on {target.master} (pauses writes, waits for the replica)",
+                f"REPLICAOF {endpoint} + CONFIG REWRITE on the other replicas; CONFIG REWRITE on both",
+                "post-checks: writes, roles, links"]
+    if modes[0] == "manual":
+        return [f"CLIENT PAUSE WRITE on {target.master}; wait until {replica} has its offset",
+                f"REPLICAOF NO ONE on {replica}; REPLICAOF {endpoint} on the others; CONFIG REWRITE each; UNPAUSE",
+                "post-checks: writes, roles, links"]
+    return [*(f"CLUSTER FAILOVER{'' if m == 'graceful' else ' ' + m.upper()} on {replica}; poll ROLE"
+              for m in modes), "post-checks: writes, roles, links, cluster_state ok on every node, all agree"]
+
+
+def perform(session: Session, target: Target, mode: str, timeout: float) -> str:
+    """Run one mode; return the new master's name. ConvergenceError when it did not complete in time."""
+    if mode == "sentinel":
+        return _sentinel(session, target, timeout)
+    assert target.replica is not None
+    if mode == "failover-command":
+        return _failover_command(session, target, timeout)
+    if mode == "manual":
+        return _manual(session, target, timeout)
+    admin = session.admin(target.replica)
+    admin.call("CLUSTER", "FAILOVER", *(() if mode == "graceful" else (mode.upper(),)))
+    limit = min(timeout, GRACEFUL_LIMIT) if mode == "graceful" else timeout
+    wait_for(lambda: _is_master(admin), limit, f"{target.replica} to become master", POLL)
+    return target.replica
+
+
+def _role(admin: Admin) -> list[Any] | None:
+    try:
+        return list(admin.client.execute_command("ROLE"))
+    except (redis.RedisError, OSError):
+        return None
+
+
+def _is_master(admin: Admin) -> bool | Pending:
+    role = _role(admin)
+    return True if role and role[0] == "master" else Pending(f"{admin.name} is {role[0] if role else 'silent'}")
+
+
+def _caught_up(session: Session, master: str, replicas: list[str]) -> bool | Pending:
+    """Every replica has processed the master's whole stream (their own ROLE, not the 1 s old ACK)."""
+    role = _role(session.admin(master))
+    if not role:
+        return Pending(f"{master} does not answer ROLE")
+    behind = []
+    for name in replicas:
+        r = _role(session.admin(name))
+        if not r or int(r[4]) < int(role[1]):
+            behind.append(f"{name} at {r[4] if r else '?'} of {role[1]}")
+    return Pending("; ".join(behind)) if behind else True
+
+
+def _pause(admin: Admin, timeout: float) -> None:
+    admin.call("CLIENT", "PAUSE", int(timeout * 1000), "WRITE")
+
+
+def _unpause(admin: Admin) -> None:
+    with contextlib.suppress(redis.RedisError, OSError):  # else the pause expires by itself
+        admin.call("CLIENT", "UNPAUSE")
+
+
+def _replicate(admin: Admin, master: Admin | None) -> None:
+    if master is None:
+        admin.call("REPLICAOF", "NO", "ONE")
+    else:
+        admin.call("REPLICAOF", master.address, str(master.port))
+    admin.call("CONFIG", "REWRITE")
+
+
+def _sentinel(session: Session, target: Target, timeout: float) -> str:
+    loaded = session.loaded
+    shard = loaded.layout.shards[target.shard - 1]
+    replicas = [n for n in shard.members if n != target.master]
+    old = session.admin(target.master)
+    _pause(old, timeout + 2)
+    try:
+        wait_for(lambda: _caught_up(session, target.master, replicas), timeout, "replicas to catch up", POLL)
+        _ask_sentinels(session, sentinel_master_name(loaded.spec))
+        new = wait_for(lambda: _promoted(session, replicas), timeout, "Sentinel to promote a replica", POLL)
+        _replicate(old, session.admin(new))
+    finally:
+        _unpause(old)
+    return new
+
+
+def _ask_sentinels(session: Session, name: str) -> None:
+    errors = []
+    for node in session.loaded.layout.sentinels:
+        try:
+            session.admin(node.name).call("SENTINEL", "FAILOVER", name)
+            return
+        except (redis.RedisError, OSError) as exc:
+            errors.append(f"{node.name}: {exc}")
+    raise OpsctlError("no sentinel accepted SENTINEL FAILOVER", "\n".join(errors),
+                      "INPROG: a failover is running, wait for it; NOGOODSLAVE: no replica is eligible")
+
+
+def _promoted(session: Session, replicas: list[str]) -> str | Pending:
+    for name in replicas:
+        role = _role(session.admin(name))
+        if role and role[0] == "master":
+            return name
+    return Pending("no replica reports ROLE master yet")
+
+
+def _failover_command(session: Session, target: Target, timeout: float) -> str:
+    assert target.replica is not None
+    new = session.admin(target.replica)
+    old = session.admin(target.master)
+    old.call("FAILOVER", "TO", new.address, str(new.port), "TIMEOUT", str(int(timeout * 1000)))
+
+    def done() -> bool | Pending:
+        state = str(old.info("replication")).split("master_failover_state:", 1)[-1].split()[0]
+        promoted = _is_master(new)
+        if state == "no-failover" and promoted is not True:
+            raise OpsctlError(f"FAILOVER on {target.master} ended without promoting {target.replica}",
+                              "the master resumed writes; the replica did not catch up within the timeout",
+                              "look at the master's log; raise --timeout if the replica lags")
+        return True if state == "no-failover" else Pending(f"{target.master} failover state {state}")
+
+    wait_for(done, timeout + 2, f"{target.replica} to take over", POLL)
+    for admin in (new, old):
+        admin.call("CONFIG", "REWRITE")
+    _repoint_others(session, target, new)
+    return target.replica
+
+
+def _manual(session: Session, target: Target, timeout: float) -> str:
+    assert target.replica is not None
+    new = session.admin(target.replica)
+    old = session.admin(target.master)
+    _pause(old, timeout + 2)
+    try:
+        wait_for(lambda: _caught_up(session, target.master, [target.replica or ""]), timeout,
+                 f"{target.replica} to catch up", POLL)
+        _replicate(new, None)
+        _replicate(old, new)
+    finally:
+        _unpause(old)
+    _repoint_others(session, target, new)
+    return target.replica
+
+
+def _repoint_others(session: Session, target: Target, new: Admin) -> None:
+    shard = session.loaded.layout.shards[target.shard - 1]
+    for name in shard.members:
+        if name not in (target.master, target.replica):
+            _replicate(session.admin(name), new)

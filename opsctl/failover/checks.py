@@ -1,0 +1,341 @@
+"""Pure failover logic: which replica to promote, and pre/post-checks from observed facts.
+
+Every check is a Check(name, passed, value, threshold, hint): the value is what was measured, so a report
+says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failover.runbook observes and acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.health import MAX_LAG_BYTES
+from opsctl.observe.cluster_state import cluster_problems
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.planner import current_master, sentinel_agreed_master
+from opsctl.spec.layout import Layout, Shard
+from opsctl.spec.load import LoadedSpec
+
+Facts = Mapping[str, NodeFacts]
+MODES = ("graceful", "force", "takeover")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    value: str
+    threshold: str = ""
+    hint: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        limit = f" (want {self.threshold})" if self.threshold else ""
+        return f"[{'pass' if self.passed else 'FAIL'}] {self.name}: {self.value}{limit}"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_lag_bytes: int = MAX_LAG_BYTES
+    max_lag_seconds: int = 3
+    cooldown_s: float = 10.0  # voters: no second vote about the same master within 2 x cluster-node-timeout
+    retry_s: float = 20.0  # the candidate: no new election within 2 x max(2 s, 2 x cluster-node-timeout)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The failover: shard, its master now, and the replica to promote (None: Sentinel chooses)."""
+
+    shard: int
+    master: str
+    replica: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PastFailover:
+    """A finished failover from an earlier report: when (epoch s) and which master it replaced."""
+
+    finished: float
+    old_master: str
+    new_master: str
+
+
+def thresholds_for(loaded: LoadedSpec, max_lag_bytes: int = MAX_LAG_BYTES, max_lag_seconds: int = 3) -> Thresholds:
+    timeout = loaded.spec.cluster_or_default().node_timeout_ms / 1000
+    return Thresholds(max_lag_bytes, max_lag_seconds, 2 * timeout, 2 * max(2.0, 2 * timeout))
+
+
+# --- whom to promote -----------------------------------------------------------------------------
+
+
+def shard_master(loaded: LoadedSpec, shard: Shard, facts: Facts) -> str:
+    layout = loaded.layout
+    if loaded.spec.topology == "sentinel":
+        return sentinel_agreed_master(layout, facts) or current_master(shard, layout, facts)
+    return current_master(shard, layout, facts)
+
+
+def replica_lag(layout: Layout, facts: Facts, master: str, replica: str) -> tuple[int | None, int | None]:
+    """(bytes, seconds) the replica is behind, from the master's INFO replication (None: master does not list it)."""
+    node = layout.node(replica)
+    info = facts[master].info
+    for key, value in info.items():
+        if not key.startswith("slave") or not key[5:].isdigit():
+            continue
+        fields = dict(p.split("=", 1) for p in value.split(",") if "=" in p)
+        if fields.get("ip") == node.address and fields.get("port") == str(node.port):
+            offset = int(info.get("master_repl_offset", "0"))
+            return max(0, offset - int(fields.get("offset", "0"))), int(fields.get("lag", "0"))
+    return None, None
+
+
+def linked_to(layout: Layout, facts: Facts, replica: str, master: str) -> bool:
+    role = facts[replica].role
+    m = layout.node(master)
+    return bool(facts[replica].reachable and role and role.kind == "replica"
+                and role.master == (m.address, m.port) and role.link == "connected")
+
+
+def choose_replica(layout: Layout, shard: Shard, master: str, facts: Facts) -> str | None:
+    """The healthiest, least-lagging linked replica of master, preferring one on another host."""
+    host = layout.node(master).host
+    ranked = []
+    for name in shard.members:
+        if name == master or not linked_to(layout, facts, name, master):
+            continue
+        lag_bytes, lag_s = replica_lag(layout, facts, master, name)
+        ranked.append((layout.node(name).host == host, lag_bytes is None, lag_bytes or 0, lag_s or 0, name))
+    return min(ranked)[-1] if ranked else None
+
+
+def _shard_by_number(layout: Layout, number: int) -> Shard:
+    shard = next((s for s in layout.shards if s.index == number), None)
+    if shard is None:
+        raise OpsctlError(f"there is no shard {number}", f"the spec has shards 1..{len(layout.shards)}",
+                          "`opsctl status -f SPEC` shows the shards")
+    return shard
+
+
+def _server(layout: Layout, ref: str) -> tuple[str, Shard]:
+    node = layout.find(ref)
+    shard = layout.shard_of(node.name) if node else None
+    if node is None or shard is None:
+        raise OpsctlError(f"no server node named {ref}", "give a node name or address:port of a server",
+                          "`opsctl validate -f SPEC` lists the nodes")
+    return node.name, shard
+
+
+def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, master: str | None = None,
+                   to: str | None = None) -> Target:
+    """Exactly one of shard, master (a node now master) or to (the replica to promote)."""
+    layout = loaded.layout
+    sentinel = loaded.spec.topology == "sentinel"
+    if to is not None:
+        if sentinel:
+            raise OpsctlError("Sentinel chooses the replica it promotes; --to is not supported for sentinel",
+                              "Sentinel ranks replicas by replica-priority, then replication offset",
+                              "set replica-priority under nodes.<name>.config, apply, then failover --shard 1")
+        name, found = _server(layout, to)
+        now = shard_master(loaded, found, facts)
+        if name == now:
+            raise RefusedError(f"{name} is already the master of shard {found.index}", hint="nothing to do")
+        return Target(found.index, now, name)
+    if master is not None:
+        name, found = _server(layout, master)
+        now = shard_master(loaded, found, facts)
+        if name != now:
+            raise RefusedError(f"{name} is not a master now; shard {found.index}'s master is {now}",
+                               hint=f"use --master {now}, or --to to pick the replica")
+    else:
+        found = _shard_by_number(layout, shard or 1)
+        now = shard_master(loaded, found, facts)
+    return Target(found.index, now, None if sentinel else choose_replica(layout, found, now, facts))
+
+
+# --- pre-checks ---------------------------------------------------------------------------------
+
+
+def link_check(layout: Layout, facts: Facts, replica: str | None, master: str) -> Check:
+    if replica is None:
+        return Check("target-linked", False, f"no linked replica of {master}", "a replica with link up",
+                     "start or repair the replicas (opsctl status, opsctl apply) first")
+    f = facts[replica]
+    role = f.role
+    if not f.reachable or role is None:
+        value = f"{replica} does not answer ({f.error or 'not running'})"
+    elif role.kind != "replica":
+        value = f"{replica} is a {role.kind}"
+    else:
+        value = f"{replica} replicates {role.master[0]}:{role.master[1]}, link {role.link}" if role.master \
+            else f"{replica} has no master"
+    return Check("target-linked", linked_to(layout, facts, replica, master), value,
+                 f"replica of {master} ({layout.node(master).endpoint}), link connected",
+                 "wait for the link (opsctl status shows it) or pick another replica with --to")
+
+
+def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, limits: Thresholds) -> Check:
+    threshold = f"<= {limits.max_lag_bytes} B and <= {limits.max_lag_seconds} s"
+    lag_bytes, lag_s = replica_lag(layout, facts, master, replica) if replica else (None, None)
+    if lag_bytes is None or lag_s is None:
+        return Check("replication-lag", False, f"{master} does not list {replica} as a replica", threshold,
+                     "the master must see the replica before it can hand over")
+    ok = lag_bytes <= limits.max_lag_bytes and lag_s <= limits.max_lag_seconds
+    return Check("replication-lag", ok, f"{lag_bytes} B, last ack {lag_s} s ago", threshold,
+                 "wait until the replica catches up; a big write burst or a slow link makes it lag")
+
+
+def _masters_with_slots(facts: Facts, layout: Layout) -> tuple[int, int]:
+    shards = len(layout.shards)
+    answering = 0
+    for shard in layout.shards:
+        if any(facts[m].reachable and (me := facts[m].myself) and me.is_master and me.slots for m in shard.members):
+            answering += 1
+    return answering, shards
+
+
+def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds,
+                      history: Sequence[PastFailover], now: float) -> list[Check]:
+    layout = loaded.layout
+    answering, shards = _masters_with_slots(facts, layout)
+    open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
+                         for s in (*me.migrating, *me.importing)})
+    return [
+        link_check(layout, facts, target.replica, target.master),
+        lag_check(layout, facts, target.replica, target.master, limits),
+        Check("masters-reachable", answering > shards // 2, f"{answering}/{shards} masters answer",
+              f"> {shards // 2}", "a failover needs a majority of masters to vote; bring the masters back first"),
+        Check("no-open-slots", not open_slots, ", ".join(open_slots[:5]) or "none", "none",
+              "finish or roll back the slot migration (opsctl plan shows it) before failing over"),
+        agreement_check(facts, layout),
+        cooldown_check(target, history, now, limits),
+    ]
+
+
+def agreement_check(facts: Facts, layout: Layout) -> Check:
+    views = {n.name: list(facts[n.name].cluster_nodes or []) for n in layout.servers if facts[n.name].reachable}
+    infos = {n: facts[n].info for n in views}
+    problems = [p for p in cluster_problems(views, infos) if "is open:" not in p.what]
+    down = [n.name for n in layout.servers if not facts[n.name].reachable]
+    value = "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
+    return Check("cluster-agrees", not problems and not down, value or f"all {len(views)} nodes agree",
+                 "every node answers, cluster_state ok, one slot map, roles agree",
+                 "opsctl cluster check -f SPEC names the node that disagrees; wait for gossip or repair it")
+
+
+def cooldown_check(target: Target, history: Sequence[PastFailover], now: float, limits: Thresholds) -> Check:
+    """Two server rules, from opsctl's own reports (automatic failovers are not in them):
+
+    - voters refuse a second vote about the same master within 2 x node timeout (voted_time);
+    - a replica that won an election keeps that election's state for 2 x max(2 s, 2 x node timeout): Redis 7.0
+      then "wins" again at once with the old, lower epoch and is demoted back a moment later (seen here).
+    """
+    threshold = (f"{target.master} not replaced for {limits.cooldown_s:g} s, {target.replica} not promoted "
+                 f"for {limits.retry_s:g} s")
+    waits = [(limits.cooldown_s - (now - p.finished), f"{target.master} was replaced {now - p.finished:.2f} s ago")
+             for p in history if p.old_master == target.master and now - p.finished < limits.cooldown_s]
+    waits += [(limits.retry_s - (now - p.finished), f"{target.replica} was promoted {now - p.finished:.2f} s ago")
+              for p in history if p.new_master == target.replica and now - p.finished < limits.retry_s]
+    if not waits:
+        return Check("cool-down", True, "no recent failover of these nodes", threshold)
+    wait, why = max(waits)
+    return Check("cool-down", False, why, threshold,
+                 f"wait {wait:.1f} s more: the election would be refused or undone")
+
+
+def replication_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds) -> list[Check]:
+    layout = loaded.layout
+    m = facts[target.master]
+    checks = [Check("master-reachable", m.reachable and bool(m.role and m.role.kind == "master"),
+                    f"{target.master} {'answers as master' if m.reachable else 'does not answer'}",
+                    "the master answers", "use a forced promotion only when the master is gone for good")]
+    shard = layout.shards[target.shard - 1]
+    replicas = [target.replica] if target.replica else [n for n in shard.members if n != target.master]
+    for name in replicas:
+        checks += [_named(link_check(layout, facts, name, target.master), name),
+                   _named(lag_check(layout, facts, name, target.master, limits), name)]
+    return checks
+
+
+def _named(check: Check, node: str | None) -> Check:
+    return Check(f"{check.name}({node})", check.passed, check.value, check.threshold, check.hint)
+
+
+def sentinel_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds,
+                       quorum: Mapping[str, str]) -> list[Check]:
+    ok = [n for n, reply in quorum.items() if reply.startswith("OK")]
+    bad = [f"{n}: {reply}" for n, reply in quorum.items() if not reply.startswith("OK")]
+    agreed = sentinel_agreed_master(loaded.layout, facts)
+    return [*replication_prechecks(loaded, facts, target, limits),
+            Check("sentinel-quorum", not bad and bool(ok), f"{len(ok)}/{len(quorum)} sentinels: CKQUORUM OK"
+                  + (f"; {'; '.join(bad)}" if bad else ""), "every sentinel OK",
+                  "start the missing sentinels (opsctl apply) so a majority can authorise the failover"),
+            Check("sentinels-agree", agreed == target.master, f"sentinels see {agreed or 'different masters'}",
+                  target.master, "wait until the sentinels agree (opsctl status) before a manual failover")]
+
+
+# --- post-checks --------------------------------------------------------------------------------
+
+
+def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: str, wrote: str) -> list[Check]:
+    """After the failover: new master serves writes, old master (and every other member) replicates it."""
+    layout = loaded.layout
+    new = facts[new_master]
+    checks = [Check("new-master-writes", wrote == "OK" and bool(new.role and new.role.kind == "master"),
+                    f"{new_master} is a {new.role.kind if new.role else 'node not answering'}; probe write: {wrote}",
+                    "master, write acknowledged", "look at the node's log; opsctl status shows the roles")]
+    shard = layout.shard_of(new_master)
+    for name in shard.members if shard else ():
+        if name != new_master:
+            label = "old-master-replica" if name == old_master else f"replica-repointed({name})"
+            checks.append(Check(label, linked_to(layout, facts, name, new_master), _role_text(facts[name]),
+                                f"replica of {new_master}, link connected",
+                                "it follows the new master within seconds; if not, opsctl apply re-points it"))
+    if loaded.spec.topology == "cluster":
+        checks.append(agreement_check(facts, layout))
+    if loaded.spec.topology == "sentinel":
+        agreed = sentinel_agreed_master(layout, facts)
+        checks.append(Check("sentinels-agree", agreed == new_master, f"sentinels see {agreed or 'different masters'}",
+                            new_master, "sentinels learn the new master from each other within a second or two"))
+    return checks
+
+
+def _role_text(f: NodeFacts) -> str:
+    role = f.role
+    if not f.reachable or role is None:
+        return f"does not answer ({f.error or 'not running'})"
+    if role.kind == "replica" and role.master:
+        return f"replica of {role.master[0]}:{role.master[1]}, link {role.link}"
+    return role.kind
+
+
+def failed(checks: Sequence[Check]) -> list[Check]:
+    return [c for c in checks if not c.passed]
+
+
+def new_master_of(loaded: LoadedSpec, facts: Facts, shard: int) -> str | None:
+    """The master of the shard now, or None while the shard has none or two."""
+    try:
+        return shard_master(loaded, loaded.layout.shards[shard - 1], facts)
+    except RefusedError:
+        return None
+
+
+def probe_key(slots: Sequence[tuple[int, int]]) -> str:
+    """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write."""
+    from opsctl.audit.resp import key_slot
+
+    if not slots:
+        return "opsctl:failover:probe"
+    for n in range(1_000_000):
+        key = f"opsctl:failover:{{{n}}}"
+        slot = key_slot(key.encode())
+        if any(start <= slot <= end for start, end in slots):
+            return key
+    raise ValueError("no probe key found")  # unreachable: every slot is hit long before

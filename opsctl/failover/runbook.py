@@ -1,0 +1,288 @@
+"""The failover runbook, I/O shell: observe once in parallel, pre-check, fail over, poll, post-check, report.
+
+The judging is pure (opsctl.failover.checks); the topology-specific commands live in opsctl.failover.actions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.failover import actions
+from opsctl.failover.checks import (
+    Check,
+    PastFailover,
+    Target,
+    cluster_prechecks,
+    failed,
+    postchecks,
+    probe_key,
+    replication_prechecks,
+    resolve_target,
+    sentinel_prechecks,
+    thresholds_for,
+)
+from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, past_failover, report_text, topology
+from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.steps import digest
+from opsctl.spec.layout import sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+Say = Callable[[str], None]
+ESCALATION = ("graceful", "force", "takeover")
+POLL = 0.003
+
+
+@dataclass(frozen=True)
+class Options:
+    shard: int | None = None
+    master: str | None = None
+    to: str | None = None
+    mode: str = "graceful"
+    escalate: bool = False
+    dry_run: bool = False
+    force_checks: bool = False
+    yes: bool = False
+    max_lag_bytes: int = 1024 * 1024
+    max_lag_seconds: int = 3
+    timeout: float = 10.0
+    report: str | None = None
+    failover_command: bool = True  # replication: use FAILOVER where the server has it
+
+
+def to_facts(observations: dict[str, NodeObservation]) -> dict[str, NodeFacts]:
+    return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
+                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None)
+            for name, o in observations.items()}
+
+
+class Session:
+    """Open connections to every node for the whole run: each observation is one parallel round trip."""
+
+    def __init__(self, loaded: LoadedSpec) -> None:
+        self.loaded = loaded
+        self.observer = Observer(loaded, loaded.layout.nodes, timeout=1.0)
+
+    def facts(self) -> dict[str, NodeFacts]:
+        return to_facts(self.observer.observe())
+
+    def admin(self, name: str) -> Admin:
+        return self.observer.admins[name]
+
+    def quorum(self) -> dict[str, str]:
+        name = sentinel_master_name(self.loaded.spec)
+        futures = {n.name: self.observer.pool.submit(_ckquorum, self.admin(n.name), name)
+                   for n in self.loaded.layout.sentinels}
+        return {n: f.result() for n, f in futures.items()}
+
+    def close(self) -> None:
+        self.observer.close()
+
+
+def _ckquorum(admin: Admin, name: str) -> str:
+    try:
+        return str(admin.call("SENTINEL", "CKQUORUM", name))
+    except (redis.RedisError, OSError) as exc:
+        return f"error: {exc}"
+
+
+def load_history(state_dir: Path) -> list[PastFailover]:
+    out: list[PastFailover] = []
+    for path in sorted((state_dir / REPORT_DIR).glob("*-succeeded.json"))[-50:]:
+        with contextlib.suppress(OSError, ValueError):
+            past = past_failover(json.loads(path.read_text()))
+            if past:
+                out.append(past)
+    return out
+
+
+def write_report(report: FailoverReport, state_dir: Path, extra: str | None) -> list[Path]:
+    paths = [Path(extra)] if extra else []
+    if not report.dry_run:
+        directory = state_dir / REPORT_DIR
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths.insert(0, directory / report.file_name())
+    for path in paths:
+        path.write_text(report.json())
+    return paths
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def run_failover(loaded: LoadedSpec, state_dir: Path, opts: Options, say: Say) -> FailoverReport:
+    """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure."""
+    report = FailoverReport(loaded.spec.name, loaded.spec.topology, _who(), time.time(), opts.mode, opts.dry_run,
+                            spec_file=str(loaded.file), spec_digest=digest(loaded.spec.model_dump(mode="json")))
+    started = time.monotonic()
+    session = Session(loaded)
+    try:
+        _run(session, state_dir, opts, report, say)
+    except OpsctlError as exc:
+        if report.outcome == "pending":
+            report.outcome = "refused" if isinstance(exc, RefusedError) else "failed"
+        report.error = exc.summary
+        raise
+    finally:
+        session.close()
+        report.phases["total"] = time.monotonic() - started
+        for path in write_report(report, state_dir, opts.report):
+            say(f"report: {path}")
+    return report
+
+
+def _phase(report: FailoverReport, name: str, started: float) -> float:
+    now = time.monotonic()
+    report.phases[name] = now - started
+    return now
+
+
+def _run(session: Session, state_dir: Path, opts: Options, report: FailoverReport, say: Say) -> None:
+    loaded = session.loaded
+    t = time.monotonic()
+    facts = session.facts()
+    report.before = topology(facts)
+    target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to)
+    report.target = target
+    checks = _prechecks(session, facts, target, opts, state_dir)
+    report.prechecks = checks
+    t = _phase(report, "prechecks", t)
+    say(f"pre-checks for shard {target.shard}: {target.master} -> {target.replica or 'chosen by Sentinel'}")
+    for check in checks:
+        say(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else ""))
+    _gate(report, checks, opts, say)
+    modes = _modes(loaded, opts)
+    if opts.dry_run:
+        report.outcome = "dry-run"
+        for step in actions.describe(loaded, target, modes):
+            say(f"  would: {step}")
+        return
+    new_master = _failover(session, target, modes, report, say, opts.timeout)
+    t = _phase(report, "failover", t)
+    report.postchecks, after = _wait_postchecks(session, target.master, new_master, opts.timeout)
+    report.after = topology(after)
+    _phase(report, "postchecks", t)
+    report.new_master = new_master
+    for check in report.postchecks:
+        say(f"  {check.line()}")
+    if failed(report.postchecks):
+        report.outcome = "failed"
+        raise OpsctlError(f"the failover to {new_master} happened but post-checks failed",
+                          "\n".join(c.line() for c in failed(report.postchecks)),
+                          "read the report; `opsctl status -f SPEC` shows the roles now")
+    report.outcome = "succeeded"
+
+
+def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, opts: Options,
+               state_dir: Path) -> list[Check]:
+    loaded = session.loaded
+    limits = thresholds_for(loaded, opts.max_lag_bytes, opts.max_lag_seconds)
+    topo = loaded.spec.topology
+    if topo == "cluster":
+        return cluster_prechecks(loaded, facts, target, limits, load_history(state_dir), time.time())
+    if topo == "sentinel":
+        return sentinel_prechecks(loaded, facts, target, limits, session.quorum())
+    if topo == "replication":
+        return replication_prechecks(loaded, facts, target, limits)
+    raise OpsctlError("a standalone topology has no replica to fail over to",
+                      hint="use a replication, sentinel or cluster topology")
+
+
+def _gate(report: FailoverReport, checks: list[Check], opts: Options, say: Say) -> None:
+    bad = failed(checks)
+    if bad and not opts.force_checks:
+        raise RefusedError(f"{len(bad)} pre-check(s) failed; nothing was changed",
+                           "\n".join(f"{c.line()}\n  hint: {c.hint}" for c in bad),
+                           "fix what the checks name, or pass --force-checks if you accept the risk")
+    if bad:
+        report.warnings.append(f"--force-checks: went on despite {', '.join(c.name for c in bad)}")
+        say(f"warning: {report.warnings[-1]}")
+
+
+def _modes(loaded: LoadedSpec, opts: Options) -> tuple[str, ...]:
+    if loaded.spec.topology != "cluster":
+        return ("sentinel",) if loaded.spec.topology == "sentinel" else (
+            "failover-command" if opts.failover_command and actions.has_failover_command(loaded) else "manual",)
+    modes = ESCALATION[ESCALATION.index(opts.mode):] if opts.escalate else (opts.mode,)
+    if set(modes) - {"graceful"} and not opts.yes and not opts.dry_run:
+        raise RefusedError(f"mode {' -> '.join(modes)} can lose acknowledged writes",
+                           "force does not wait for the replica to catch up; takeover skips the vote as well",
+                           "pass --yes to accept that, or use the default graceful mode")
+    return modes
+
+
+def _failover(session: Session, target: Target, modes: tuple[str, ...], report: FailoverReport, say: Say,
+              timeout: float) -> str:
+    last = ""
+    for mode in modes:
+        reason = "requested" if not last else f"previous mode did not complete: {last}"
+        attempt = Attempt(mode, reason)
+        report.attempts.append(attempt)
+        if mode in ("force", "takeover"):
+            warning = f"{mode} failover can lose acknowledged writes"
+            report.warnings.append(warning)
+            say(f"warning: {warning}")
+        started = time.monotonic()
+        try:
+            new_master = actions.perform(session, target, mode, timeout)
+        except ConvergenceError as exc:
+            attempt.outcome, attempt.seconds = f"timed out: {exc.detail}", time.monotonic() - started
+            last = f"{mode} timed out after {timeout:g}s ({exc.detail})"
+            say(f"{mode}: {attempt.outcome}")
+            continue
+        attempt.outcome, attempt.seconds = "promoted", time.monotonic() - started
+        say(f"{mode}: {new_master} promoted in {attempt.seconds * 1000:.0f} ms")
+        return new_master
+    raise OpsctlError(f"the failover of shard {target.shard} did not complete", last,
+                      "read the report; the nodes' logs say why the election failed")
+
+
+def _wait_postchecks(session: Session, old: str, new: str, timeout: float) -> tuple[list[Check], dict[str, NodeFacts]]:
+    loaded = session.loaded
+    wrote = ["not tried"]
+    last: list[tuple[list[Check], dict[str, NodeFacts]]] = []
+
+    def done() -> bool | Pending:
+        facts = session.facts()
+        if wrote[0] != "OK":
+            wrote[0] = _probe_write(session, new, facts)
+        checks = postchecks(loaded, facts, old, new, wrote[0])
+        last[:] = [(checks, facts)]
+        bad = failed(checks)
+        return Pending("; ".join(c.line() for c in bad)) if bad else True
+
+    with contextlib.suppress(ConvergenceError):
+        wait_for(done, timeout, "post-checks to pass", interval=POLL)
+    return last[0] if last else ([], {})
+
+
+def _probe_write(session: Session, name: str, facts: dict[str, NodeFacts]) -> str:
+    me = facts[name].myself
+    key = probe_key(me.slots if me else ())
+    try:
+        admin = session.admin(name)
+        admin.client.set(key, str(time.time()), px=10_000)
+        admin.client.delete(key)
+    except (redis.RedisError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "OK"
+
+
+__all__ = ["Options", "Session", "report_text", "run_failover"]

@@ -1,0 +1,299 @@
+"""The failover runbook's pure core: target choice, pre/post-checks, cool-down, report. No servers."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsctl.audit.resp import key_slot
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.failover.checks import (
+    PastFailover,
+    Target,
+    Thresholds,
+    choose_replica,
+    cluster_prechecks,
+    cooldown_check,
+    failed,
+    lag_check,
+    postchecks,
+    probe_key,
+    replication_prechecks,
+    resolve_target,
+    sentinel_prechecks,
+    thresholds_for,
+)
+from opsctl.failover.report import Attempt, FailoverReport, past_failover, report_text, topology
+from opsctl.failover.runbook import Options, _modes
+from opsctl.observe.cluster_state import even_slot_ranges
+from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
+from opsctl.plan.facts import NodeFacts
+from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
+from tests.support import PASSWORD, make_spec, write_spec
+
+OFFSET = 100_000
+
+
+def spec(tmp_path: Path, topology: str, **sections: Any) -> LoadedSpec:
+    return read_spec(write_spec(tmp_path, make_spec(topology, **sections)))
+
+
+def _node_id(loaded: LoadedSpec, name: str) -> str:
+    return f"{[n.name for n in loaded.layout.nodes].index(name) + 1:040x}"
+
+
+def _cluster_view(loaded: LoadedSpec, me: str, masters: Mapping[int, str], open_slot: str | None) -> str:
+    ranges = even_slot_ranges(len(loaded.layout.shards))
+    lines = []
+    for node in loaded.layout.servers:
+        shard = loaded.layout.shard_of(node.name)
+        assert shard is not None
+        master = masters.get(shard.index, shard.master)
+        flags = ("myself," if node.name == me else "") + ("master" if node.name == master else "slave")
+        of = "-" if node.name == master else _node_id(loaded, master)
+        slots = f" {ranges[shard.index - 1][0]}-{ranges[shard.index - 1][1]}" if node.name == master else ""
+        if node.name == master and node.name == open_slot == me:
+            slots += f" [{ranges[shard.index - 1][0]}->-{_node_id(loaded, loaded.layout.nodes[0].name)}]"
+        lines.append(f"{_node_id(loaded, node.name)} {node.address}:{node.port}@{node.port + 10000} {flags} {of} "
+                     f"0 0 {shard.index if node.name == master else 0} connected{slots}")
+    return "\n".join(lines)
+
+
+def facts_for(loaded: LoadedSpec, masters: Mapping[int, str] | None = None, lag: Mapping[str, int] | None = None,
+              down: Iterable[str] = (), link_down: Iterable[str] = (), open_slot: str | None = None,
+              sentinel_master: str | None = None) -> dict[str, NodeFacts]:
+    """Observed facts of a healthy topology; masters: shard -> node that is master now."""
+    masters, lag, down, link_down = dict(masters or {}), dict(lag or {}), set(down), set(link_down)
+    cluster = loaded.spec.topology == "cluster"
+    out: dict[str, NodeFacts] = {}
+    for shard in loaded.layout.shards:
+        master = masters.get(shard.index, shard.master)
+        m = loaded.layout.node(master)
+        replicas = [loaded.layout.node(n) for n in shard.members if n != master]
+        info = {"role": "master", "master_repl_offset": str(OFFSET), "cluster_state": "ok"} if cluster else \
+            {"role": "master", "master_repl_offset": str(OFFSET)}
+        for i, r in enumerate(replicas):
+            info[f"slave{i}"] = f"ip={r.address},port={r.port},state=online,offset={OFFSET - lag.get(r.name, 0)},lag=0"
+        role = RoleInfo("master", OFFSET, replicas=tuple((r.address, r.port, OFFSET - lag.get(r.name, 0))
+                                                            for r in replicas))
+        out[master] = _fact(loaded, master, role, info, masters, open_slot, cluster)
+        for r in replicas:
+            link = "connect" if r.name in link_down else "connected"
+            rinfo = {"role": "slave", "master_link_status": "down" if r.name in link_down else "up"}
+            if cluster:
+                rinfo["cluster_state"] = "ok"
+            rrole = RoleInfo("replica", OFFSET - lag.get(r.name, 0), (m.address, m.port), link)
+            out[r.name] = _fact(loaded, r.name, rrole, rinfo, masters, open_slot, cluster)
+    for s in loaded.layout.sentinels:
+        target = loaded.layout.node(sentinel_master or loaded.layout.shards[0].master)
+        line = f"name={loaded.spec.name},status=ok,address={target.address}:{target.port},slaves=2,sentinels=3"
+        out[s.name] = NodeFacts(s.name, True, reachable=True, info={"master0": line}, role=RoleInfo("sentinel"))
+    return {n: (NodeFacts(n, False, error="Connection refused") if n in down else f) for n, f in out.items()}
+
+
+def _fact(loaded: LoadedSpec, name: str, role: RoleInfo, info: dict[str, str], masters: Mapping[int, str],
+          open_slot: str | None, cluster: bool) -> NodeFacts:
+    nodes = tuple(parse_cluster_nodes(_cluster_view(loaded, name, masters, open_slot))) if cluster else None
+    return NodeFacts(name, True, reachable=True, info=info, role=role, cluster_nodes=nodes)
+
+
+# --- target choice --------------------------------------------------------------------------------
+
+
+def test_the_least_lagging_linked_replica_is_chosen(tmp_path):
+    loaded = spec(tmp_path, "replication")
+    first, second = loaded.layout.shards[0].replicas
+    shard = loaded.layout.shards[0]
+    assert choose_replica(loaded.layout, shard, shard.master, facts_for(loaded, lag={first: 500})) == second
+    assert choose_replica(loaded.layout, shard, shard.master, facts_for(loaded, link_down=[second])) == first
+    assert choose_replica(loaded.layout, shard, shard.master, facts_for(loaded, down=[first, second])) is None
+
+
+def test_targets_by_shard_master_and_replica(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    facts = facts_for(loaded)
+    s2 = loaded.layout.shards[1]
+    assert resolve_target(loaded, facts, shard=2) == Target(2, s2.master, s2.replicas[0])
+    assert resolve_target(loaded, facts, master=s2.master) == Target(2, s2.master, s2.replicas[0])
+    node = loaded.layout.node(s2.replicas[0])
+    assert resolve_target(loaded, facts, to=node.endpoint) == Target(2, s2.master, s2.replicas[0])
+    with pytest.raises(RefusedError, match="not a master now"):
+        resolve_target(loaded, facts, master=s2.replicas[0])
+    with pytest.raises(RefusedError, match="already the master"):
+        resolve_target(loaded, facts, to=s2.master)
+    with pytest.raises(OpsctlError, match="no server node named"):
+        resolve_target(loaded, facts, to="nope")
+    with pytest.raises(OpsctlError, match="no shard 9"):
+        resolve_target(loaded, facts, shard=9)
+
+
+def test_roles_that_moved_are_followed(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    s1 = loaded.layout.shards[0]
+    facts = facts_for(loaded, masters={1: s1.replicas[0]})
+    assert resolve_target(loaded, facts, shard=1) == Target(1, s1.replicas[0], s1.master)
+
+
+def test_sentinel_chooses_the_replica_itself(tmp_path):
+    loaded = spec(tmp_path, "sentinel")
+    facts = facts_for(loaded)
+    assert resolve_target(loaded, facts, shard=1).replica is None
+    with pytest.raises(OpsctlError, match="Sentinel chooses"):
+        resolve_target(loaded, facts, to=loaded.layout.shards[0].replicas[0])
+
+
+# --- pre-checks -----------------------------------------------------------------------------------
+
+
+def test_a_healthy_cluster_passes_every_precheck(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    facts = facts_for(loaded)
+    target = resolve_target(loaded, facts, shard=1)
+    checks = cluster_prechecks(loaded, facts, target, Thresholds(), [], 1000.0)
+    assert failed(checks) == []
+    assert [c.name for c in checks] == ["target-linked", "replication-lag", "masters-reachable", "no-open-slots",
+                                        "cluster-agrees", "cool-down"]
+    assert checks[2].value == "3/3 masters answer"
+
+
+def test_lag_fails_with_the_measured_value(tmp_path):
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    replica = shard.replicas[0]
+    check = lag_check(loaded.layout, facts_for(loaded, lag={replica: 2_000_000}), replica, shard.master,
+                      Thresholds(max_lag_bytes=1_000_000))
+    assert not check.passed and check.value.startswith("2000000 B") and "1000000" in check.threshold
+
+
+@pytest.mark.parametrize(("problem", "failing"), [
+    ("replica-down", {"target-linked", "cluster-agrees"}),
+    ("link-down", {"target-linked", "cluster-agrees"}),
+    ("open-slot", {"no-open-slots"}),
+    ("masters-down", {"masters-reachable", "cluster-agrees"}),
+])
+def test_cluster_prechecks_name_what_is_wrong(tmp_path, problem, failing):
+    loaded = spec(tmp_path, "cluster")
+    s1, s2, s3 = loaded.layout.shards
+    cases: dict[str, dict[str, Any]] = {
+        "replica-down": {"down": [s1.replicas[0]]}, "link-down": {"link_down": [s1.replicas[0]]},
+        "open-slot": {"open_slot": s2.master}, "masters-down": {"down": [s2.master, s3.master]},
+    }
+    facts = facts_for(loaded, **cases[problem])
+    checks = cluster_prechecks(loaded, facts, Target(1, s1.master, s1.replicas[0]), Thresholds(), [], 0.0)
+    assert {c.name for c in failed(checks)} == failing
+    assert all(c.hint for c in failed(checks))
+
+
+def test_cool_down_covers_the_voters_and_the_candidate(tmp_path):
+    loaded = spec(tmp_path, "cluster", cluster={"node_timeout_ms": 500})
+    limits = thresholds_for(loaded)
+    assert (limits.cooldown_s, limits.retry_s) == (1.0, 4.0)
+    target = Target(1, "a", "b")
+    assert cooldown_check(target, [], 100.0, limits).passed
+    voters = [PastFailover(99.5, old_master="a", new_master="b")]
+    assert not cooldown_check(Target(1, "a", "c"), voters, 100.0, limits).passed
+    assert cooldown_check(Target(1, "a", "c"), voters, 100.6, limits).passed
+    promoted = [PastFailover(97.0, old_master="b", new_master="b")]
+    check = cooldown_check(target, promoted, 100.0, limits)
+    assert not check.passed and "promoted 3.00 s ago" in check.value and "wait 1.0 s" in check.hint
+    assert cooldown_check(target, promoted, 101.1, limits).passed
+
+
+def test_replication_and_sentinel_prechecks(tmp_path):
+    loaded = spec(tmp_path, "sentinel")
+    facts = facts_for(loaded)
+    target = resolve_target(loaded, facts, shard=1)
+    ok = {s.name: "OK 3 usable Sentinels. Quorum and failover authorization can be reached"
+          for s in loaded.layout.sentinels}
+    assert failed(sentinel_prechecks(loaded, facts, target, Thresholds(), ok)) == []
+    broken = {**ok, loaded.layout.sentinels[0].name: "error: Connection refused"}
+    assert [c.name for c in failed(sentinel_prechecks(loaded, facts, target, Thresholds(), broken))] == [
+        "sentinel-quorum"]
+    lagging = facts_for(loaded, lag={loaded.layout.shards[0].replicas[1]: 5_000_000})
+    bad = failed(replication_prechecks(loaded, lagging, target, Thresholds()))
+    assert [c.name for c in bad] == [f"replication-lag({loaded.layout.shards[0].replicas[1]})"]
+
+
+# --- post-checks ----------------------------------------------------------------------------------
+
+
+def test_postchecks_after_a_cluster_failover(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    s1 = loaded.layout.shards[0]
+    after = facts_for(loaded, masters={1: s1.replicas[0]})
+    assert failed(postchecks(loaded, after, s1.master, s1.replicas[0], "OK")) == []
+    not_yet = facts_for(loaded)
+    names = {c.name for c in failed(postchecks(loaded, not_yet, s1.master, s1.replicas[0], "OK"))}
+    assert names == {"new-master-writes", "old-master-replica"}
+
+
+def test_postchecks_after_a_sentinel_failover_want_every_sentinel_to_agree(tmp_path):
+    loaded = spec(tmp_path, "sentinel")
+    shard = loaded.layout.shards[0]
+    new = shard.replicas[1]
+    moved = facts_for(loaded, masters={1: new})
+    assert [c.name for c in failed(postchecks(loaded, moved, shard.master, new, "OK"))] == ["sentinels-agree"]
+    agreed = facts_for(loaded, masters={1: new}, sentinel_master=new)
+    checks = postchecks(loaded, agreed, shard.master, new, "OK")
+    assert failed(checks) == [] and f"replica-repointed({shard.replicas[0]})" in {c.name for c in checks}
+
+
+def test_the_probe_key_lands_in_the_new_masters_slots():
+    for ranges in ([(0, 5460)], [(5461, 10922)], [(16383, 16383)]):
+        slot = key_slot(probe_key(ranges).encode())
+        assert any(a <= slot <= b for a, b in ranges)
+
+
+# --- modes and the report -------------------------------------------------------------------------
+
+
+def test_force_and_escalation_need_consent(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    assert _modes(loaded, Options(mode="graceful")) == ("graceful",)
+    with pytest.raises(RefusedError, match="can lose acknowledged writes"):
+        _modes(loaded, Options(mode="force"))
+    with pytest.raises(RefusedError):
+        _modes(loaded, Options(escalate=True))
+    assert _modes(loaded, Options(escalate=True, yes=True)) == ("graceful", "force", "takeover")
+    assert _modes(loaded, Options(mode="takeover", dry_run=True)) == ("takeover",)
+
+
+def test_replication_uses_the_failover_command_where_the_server_has_it(tmp_path):
+    loaded = spec(tmp_path, "replication")
+    assert _modes(loaded, Options()) == ("failover-command",)
+    assert _modes(loaded, Options(failover_command=False)) == ("manual",)
+    assert _modes(spec(tmp_path, "sentinel"), Options()) == ("sentinel",)
+
+
+def test_the_report_round_trips_for_the_cool_down_and_holds_no_secret(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    s1 = loaded.layout.shards[0]
+    facts = facts_for(loaded)
+    report = FailoverReport(loaded.spec.name, "cluster", "me@host", 1000.0, "graceful", False,
+                            Target(1, s1.master, s1.replicas[0]), new_master=s1.replicas[0], outcome="succeeded")
+    report.prechecks = cluster_prechecks(loaded, facts, report.target, Thresholds(), [], 0.0)  # type: ignore[arg-type]
+    report.attempts.append(Attempt("graceful", "requested", "promoted", 0.05))
+    report.phases = {"prechecks": 0.01, "failover": 0.05, "total": 0.5}
+    report.before = topology(facts)
+    data = json.loads(report.json())
+    assert data["phases_ms"]["total"] == 500.0 and data["before"][s1.master]["role"] == "master"
+    assert past_failover(data) == PastFailover(1000.5, s1.master, s1.replicas[0])
+    assert past_failover({**data, "outcome": "refused"}) is None
+    assert PASSWORD not in report.json()
+    text = report_text(report)
+    assert "[pass] target-linked" in text and "outcome: succeeded" in text
+    assert report.file_name() == "1000.000-shard1-succeeded.json"
+
+
+def test_the_core_imports_no_io():
+    for module in ("checks", "report"):
+        tree = ast.parse((Path(__file__).parents[1] / "opsctl" / "failover" / f"{module}.py").read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not names & {"redis", "socket", "subprocess", "paramiko", "ansible_runner"}, module
