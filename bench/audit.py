@@ -1,0 +1,101 @@
+"""bench/audit: keys scanned per second by `opsctl audit bigkeys` vs `redis-cli --bigkeys` and `--memkeys`
+on the same 1M-key node in the same run, with the p99 latency of a concurrent client during each.
+
+    .venv/bin/python bench/audit.py [valkey|redis] [--keys N]
+
+Goal: opsctl >= 3x --memkeys while the concurrent client's p99 stays within 2x of its idle value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support import PASSWORD, PASSWORD_ENV, redis_cli
+from tests.test_audit_fixtures import LatencyProbe, fill_strings, planted_commands, run_commands, standalone
+
+OPSCTL = str(Path(sys.executable).parent / "opsctl")
+
+
+def timed(argv: list[str], env: dict[str, str], probe_at: tuple[str, int],
+          work: Path) -> tuple[float, dict[str, float], str]:
+    probe = LatencyProbe(probe_at[0], probe_at[1], work)
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    finally:
+        latency = probe.stop()
+    elapsed = time.monotonic() - started
+    if done.returncode not in (0, 4):
+        raise RuntimeError(f"{argv[0]} failed ({done.returncode}): {done.stderr[-500:]}")
+    return elapsed, latency, done.stdout
+
+
+def idle_latency(address: str, port: int, work: Path, seconds: float = 3.0) -> dict[str, float]:
+    probe = LatencyProbe(address, port, work)
+    time.sleep(seconds)  # measuring an idle period, not synchronising
+    return probe.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        with standalone(work, args.flavor, memory={"maxmemory": "2gb", "policy": "allkeys-lru"}) as fleet:
+            return run(fleet, args.keys, work, args.rounds)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def run(fleet: object, keys: int, work: Path, rounds: int) -> int:
+    admin = fleet.admin()  # type: ignore[attr-defined]
+    node = fleet.loaded.layout.servers[0]  # type: ignore[attr-defined]
+    t = time.monotonic()
+    fill_strings(admin, keys - 15_000)
+    run_commands(admin.client.pipeline(transaction=False), planted_commands(int(time.time())))
+    dbsize = admin.client.dbsize()
+    flavor = fleet.loaded.spec.server.flavor  # type: ignore[attr-defined]
+    print(f"{flavor}: {dbsize} keys loaded in {time.monotonic() - t:.1f} s; {rounds} interleaved rounds, medians")
+    env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
+    at = (node.address, node.port)
+    cli = [redis_cli(), "-h", node.address, "-p", str(node.port)]
+    tools = {"redis-cli --bigkeys": [*cli, "--bigkeys"], "redis-cli --memkeys": [*cli, "--memkeys"],
+             "opsctl audit bigkeys": [OPSCTL, "audit", "-f", str(fleet.spec_file), "bigkeys",  # type: ignore[attr-defined]
+                                      "--allow-masters", "--output", "json"]}
+    rates: dict[str, list[float]] = {name: [] for name in tools}
+    p99s: dict[str, list[float]] = {name: [] for name in [*tools, "idle"]}
+    for _ in range(rounds):
+        p99s["idle"].append(idle_latency(node.address, node.port, work)["p99_ms"])
+        for name, argv in tools.items():
+            elapsed, latency, _ = timed(argv, env, at, work)
+            rates[name].append(dbsize / elapsed)
+            p99s[name].append(latency["p99_ms"])
+    idle = _median(p99s["idle"])
+    print(f"idle client p99 {idle:.3f} ms (per round: {', '.join(f'{v:.3f}' for v in p99s['idle'])})")
+    for name in tools:
+        p99 = _median(p99s[name])
+        print(f"{name:22} {_median(rates[name]):9.0f} keys/s; client p99 {p99:.3f} ms ({p99 / idle:.2f}x idle)"
+              f"  [rounds: {', '.join(f'{r:.0f}' for r in rates[name])} keys/s]")
+    ours = _median(rates["opsctl audit bigkeys"])
+    print(f"ratio opsctl/--memkeys {ours / _median(rates['redis-cli --memkeys']):.2f}x, "
+          f"opsctl/--bigkeys {ours / _median(rates['redis-cli --bigkeys']):.2f}x "
+          f"(wall clock per process, opsctl's interpreter start and node discovery included)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

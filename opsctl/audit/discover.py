@@ -1,0 +1,86 @@
+"""Which node is a replica of which, from ROLE; which node to scan per shard. Parsers and choice are pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.audit.findings import Finding, finding
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    node: Node
+    role: str  # master | replica | down
+    master: str | None = None  # the master's endpoint, for a replica
+    linked: bool = False
+    error: str = ""
+
+    @property
+    def shard_key(self) -> str:
+        return self.node.endpoint if self.role == "master" else (self.master or self.node.endpoint)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_role(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
+    """ROLE -> (master|replica, master endpoint, link up)."""
+    kind = _s(reply[0])
+    if kind == "master":
+        return "master", None, True
+    if kind in ("slave", "replica"):
+        return "replica", f"{_s(reply[1])}:{_s(reply[2])}", _s(reply[3]) == "connected"
+    return kind, None, False
+
+
+def live_node(loaded: LoadedSpec, node: Node) -> LiveNode:
+    try:
+        with Admin.for_node(loaded, node, timeout=3.0) as admin:
+            role, master, linked = parse_role(admin.call("ROLE"))
+    except (redis.RedisError, OSError) as exc:
+        return LiveNode(node, "down", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return LiveNode(node, role, master, linked)
+
+
+def discover(loaded: LoadedSpec) -> list[LiveNode]:
+    return [live_node(loaded, node) for node in loaded.layout.servers]
+
+
+def shards(live: Sequence[LiveNode]) -> dict[str, list[LiveNode]]:
+    """master endpoint -> [master, its replicas], from what the nodes say (not from the spec)."""
+    out: dict[str, list[LiveNode]] = {}
+    for ln in sorted(live, key=lambda n: n.role != "master"):
+        if ln.role != "down":
+            out.setdefault(ln.shard_key, []).append(ln)
+    return out
+
+
+def unreachable(live: Sequence[LiveNode]) -> list[Finding]:
+    return [finding("reachable", "critical", ln.node.name, f"{ln.node.endpoint} does not answer: {ln.error}",
+                    "start it (`opsctl apply -f SPEC`) or check the host") for ln in live if ln.role == "down"]
+
+
+def scan_targets(live: Sequence[LiveNode], allow_masters: bool) -> tuple[list[LiveNode], list[Finding]]:
+    """A linked replica per shard; the master only with allow_masters."""
+    targets, problems = [], []
+    for members in shards(live).values():
+        replica = next((m for m in members if m.role == "replica" and m.linked), None)
+        master = members[0] if members[0].role == "master" else None
+        if replica:
+            targets.append(replica)
+        elif master and allow_masters:
+            targets.append(master)
+        else:
+            who = master or members[0]
+            problems.append(finding("scan-target", "medium", who.node.name, "shard has no linked replica to scan; "
+                                    "not scanned", "pass --allow-masters to scan the master (throttle it with "
+                                    "--max-ops-per-sec), or add a replica"))
+    return sorted(targets, key=lambda t: t.node.name), problems

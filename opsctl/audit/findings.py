@@ -1,0 +1,100 @@
+"""Findings and the rules they cite. Pure data: every finding names its rule, the source rule, the node and a fix.
+
+Sources: /work/shared/seeds/ (Chinese originals, cited as seeds/NNN plus the section heading) and the digest
+redis-practices.md for the hardened baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "low", "medium", "high", "critical")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    source: str
+
+
+_RULES = (
+    Rule("auth", "clients must authenticate",
+         "seeds/001 命令及安全配置: 非默认端口,设置密码; seeds/000 三(4) 设置合理的密码"),
+    Rule("default-user", "the ACL default user is off", "digest: hardened configuration (ACL mode: user default off)"),
+    Rule("dangerous-command", "KEYS/FLUSHALL/FLUSHDB are not callable, CONFIG/DEBUG renamed",
+         "seeds/000 二(2) 【推荐】禁用命令: 禁止线上使用 keys、flushall、flushdb, 通过 rename 机制禁掉"),
+    Rule("protected-mode", "protected-mode yes", "seeds/001 命令及安全配置; digest: hardened configuration"),
+    Rule("bind", "bind the host's own LAN addresses only", "seeds/001 命令及安全配置: bind绑定局域网网卡"),
+    Rule("persistence", "AOF everysec plus RDB snapshots",
+         "seeds/001 持久化配置: 为了安全性使用AOF(1s刷盘), RDB定期备份"),
+    Rule("maxmemory", "an explicit maxmemory and the spec's eviction policy",
+         "seeds/000 三(5) 选好maxmemory-policy; seeds/002 如何选择: 不设置最大内存会和磁盘频繁交换(swap)"),
+    Rule("lazyfree", "lazyfree-lazy-* yes", "seeds/004 5 被动删除: lazyfree-lazy-expire/eviction/server-del; "
+         "seeds/002 bigkey 的危害 3 过期删除"),
+    Rule("protected-configs", "enable-protected-configs/debug/module-command no",
+         "digest: hardened configuration (blocks CONFIG SET dir attacks, seeds/001 命令及安全配置)"),
+    Rule("config-drift", "the running node matches the spec", "digest: rendered, then verified on the running node"),
+    Rule("bigkey-string", "strings stay under 10 KB",
+         "seeds/000 一.2(1) 【强制】拒绝 bigkey: string 类型控制在 10KB 以内"),
+    Rule("bigkey-collection", "collections stay under 5000 elements",
+         "seeds/000 一.2(1) 【强制】拒绝 bigkey: hash、list、set、zset 元素个数不要超过 5000"),
+    Rule("memory-skew", "shards hold similar amounts of memory", "seeds/004 3 redis 大 key 带来的影响: 内存空间不均匀"),
+    Rule("hotkey", "no single key takes most of the traffic",
+         "seeds/000 四(3) 热点key寻找; seeds/002 LRU 算法 和 LFU 算法"),
+    Rule("key-namespace", "business:table:id names",
+         "seeds/000 一.1(1) 【强制】业务名为前缀, 用冒号分隔; seeds/003 以冒号分开"),
+    Rule("key-special-chars", "no spaces, newlines, quotes or escape characters",
+         "seeds/000 一.1(3) 【强制】不要包含特殊字符"),
+    Rule("key-case-style", "one case style per namespace", "seeds/003 建议风格一致: 做到项目级别的风格统一"),
+    Rule("key-length", "short but readable names", "seeds/000 一.1(2) 【建议】简洁性; seeds/003 长度约束"),
+    Rule("ttl-missing", "keys carry a TTL", "seeds/000 一.2(3) 【推荐】控制key的生命周期, redis不是垃圾桶"),
+    Rule("ttl-clustered", "expiries are spread out", "seeds/000 一.2(3) 打散过期时间, 防止集中过期"),
+    Rule("slowlog", "no slow commands",
+         "seeds/001 慢查询: 单线程任务, 慢查询会影响其他命令; seeds/000 二(1) O(N)命令关注N的数量"),
+    Rule("fragmentation", "memory fragmentation stays low", "seeds/001 内存配置: MEMORY STATS"),
+    Rule("memory-headroom", "used memory stays below maxmemory", "seeds/002 如何选择: maxmemory-policy and maxmemory"),
+    Rule("clients", "connected clients stay below maxclients", "seeds/000 三(2) 使用带有连接池的数据库, 有效控制连接"),
+    Rule("reachable", "every node of the spec answers", "digest: opsctl audit checks every running node"),
+    Rule("scan-target", "big-key scans run on replicas", "digest: Big keys: detect on replicas, never with KEYS"),
+)
+RULES: dict[str, Rule] = {rule.id: rule for rule in _RULES}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    node: str
+    message: str
+    fix: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        return RULES[self.rule].source
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "title": RULES[self.rule].title, "source": self.source}
+
+
+def finding(rule: str, severity: str, node: str, message: str, fix: str, **data: Any) -> Finding:
+    if rule not in RULES or severity not in SEVERITIES:
+        raise ValueError(f"unknown rule {rule!r} or severity {severity!r}")
+    return Finding(rule, severity, node, message, fix, dict(data))
+
+
+def at_or_above(findings: Iterable[Finding], severity: str) -> list[Finding]:
+    floor = severity_rank(severity)
+    return [f for f in findings if severity_rank(f.severity) >= floor]
+
+
+def ordered(findings: Iterable[Finding]) -> list[Finding]:
+    """Worst first, then by rule and node, so reports are stable."""
+    return sorted(findings, key=lambda f: (-severity_rank(f.severity), f.rule, f.node, f.message))

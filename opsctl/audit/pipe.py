@@ -1,0 +1,85 @@
+"""A raw RESP pipe over an Admin-authenticated connection, and a throttle. The only I/O the scan needs.
+
+Commands go out as pre-packed bytes and replies come back through opsctl.audit.resp, which parses a whole
+buffer at once; redis-py's per-reply path is too slow for a million keys a few seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+
+from opsctl.admin import Admin
+from opsctl.audit.resp import Arg, Reply, encode, parse_many
+from opsctl.errors import OpsctlError
+
+READ_SIZE = 1 << 20
+
+
+def throttle_delay(started: float, spent: int, rate: float | None, now: float) -> float:
+    """Seconds to wait so that `spent` operations since `started` stay within `rate` per second."""
+    if not rate:
+        return 0.0
+    return max(0.0, started + spent / rate - now)
+
+
+@dataclass
+class Throttle:
+    rate: float | None
+    started: float = field(default_factory=time.monotonic)
+    spent: int = 0
+
+    def spend(self, ops: int) -> None:
+        self.spent += ops
+        delay = throttle_delay(self.started, self.spent, self.rate, time.monotonic())
+        if delay > 0:
+            time.sleep(delay)
+
+
+class RawPipe:
+    """One dedicated connection (auth done by redis-py), then bytes out and parsed replies in."""
+
+    def __init__(self, admin: Admin, timeout: float = 30.0) -> None:
+        self.admin = admin
+        self._conn = admin.client.connection_pool.make_connection()
+        self._conn.connect()
+        sock = getattr(self._conn, "_sock", None)
+        if not isinstance(sock, socket.socket):
+            raise OpsctlError(f"no socket to {admin.name}", hint="is the node reachable?")
+        sock.settimeout(timeout)
+        self._sock = sock
+        self._buf = b""
+
+    def name(self, command: str) -> bytes:
+        """A command under the spec's rename, as bytes."""
+        return self.admin.command(command).encode()
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def read(self, count: int) -> list[Reply]:
+        out: list[Reply] = []
+        while len(out) < count:
+            replies, used = parse_many(self._buf, count - len(out))
+            out += replies
+            self._buf = self._buf[used:]
+            if len(out) < count:
+                chunk = self._sock.recv(READ_SIZE)
+                if not chunk:
+                    raise OpsctlError(f"{self.admin.name} closed the connection mid-scan")
+                self._buf += chunk
+        return out
+
+    def call(self, command: str, *args: Arg) -> Reply:
+        self.send(encode([self.name(command), *args]))
+        return self.read(1)[0]
+
+    def close(self) -> None:
+        self._conn.disconnect()
+
+    def __enter__(self) -> RawPipe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
