@@ -13,11 +13,12 @@ import redis
 from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.observe.collect import wait_cluster_converged, wait_for
+from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.steps import (
     CloseSlots,
     ConfigSet,
+    Failover,
     FormCluster,
     JoinCluster,
     MoveSlots,
@@ -35,11 +36,12 @@ from opsctl.plan.steps import (
 from opsctl.render import render_node
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
-from opsctl.waits import wait_replication, wait_sentinels
+from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
 START_TIMEOUT = 60.0
+RESTART_TIMEOUT = 60.0
 
 
 @dataclass
@@ -50,12 +52,17 @@ class Execution:
     timings: list[tuple[str, float]] = field(default_factory=list)
 
 
-def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False) -> list[tuple[str, float]]:
+def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False,
+            parallel_shards: int = 1) -> list[tuple[str, float]]:
     """Run every step in order (node-local write/start steps of different nodes in parallel waves);
-    stop at the first failure with an error naming the step."""
+    stop at the first failure with an error naming the step. parallel_shards > 1 rolls that many shards
+    at once through a plan of restarts and failovers."""
     _refuse_downtime(plan, allow_downtime)
     run = Execution(rt, emit, allow_downtime)
     numbered = list(enumerate(plan.steps, start=1))
+    if parallel_shards > 1 and all(isinstance(s, (RestartNode, Failover, WaitConverged)) for s in plan.steps):
+        _run_shards_in_parallel(run, numbered, parallel_shards)
+        return run.timings
     for wave in waves(numbered):
         if len(wave) == 1:
             _run_chain(run, wave[0], len(plan.steps))
@@ -83,6 +90,21 @@ def waves(numbered: list[tuple[int, Step]]) -> list[list[list[tuple[int, Step]]]
     if chains:
         result.append(list(chains.values()))
     return result
+
+
+def _run_shards_in_parallel(run: Execution, numbered: list[tuple[int, Step]], width: int) -> None:
+    """Shard groups side by side (each group in order), then whatever belongs to no shard."""
+    groups: dict[int, list[tuple[int, Step]]] = {}
+    for index, step in numbered:
+        groups.setdefault(getattr(step, "shard", 0), []).append((index, step))
+    rest = groups.pop(0, [])
+    total = len(numbered)
+    with ThreadPoolExecutor(max_workers=width) as pool:
+        futures = [pool.submit(_run_chain, run, chain, total) for chain in groups.values()]
+    errors = [exc for f in futures if (exc := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+    _run_chain(run, rest, total)
 
 
 def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int) -> None:
@@ -200,10 +222,34 @@ def stop_node(run: Execution, step: Step) -> None:
 
 
 def restart_node(run: Execution, step: Step) -> None:
+    """Stop, start, and wait until the node is back in its place (a replica linked and caught up)."""
     node = _node(run, step)
     run.rt.provider.stop(node)
     run.rt.provider.start(node)
     wait_answering(run, node)
+    wait_back_in_place(run.rt, node, timeout=RESTART_TIMEOUT)
+
+
+def fail_over(run: Execution, step: Step) -> None:
+    """The failover runbook (graceful): retried as a dry run until its pre-checks pass, so a replica that was
+    restarted a moment ago has time to catch up; a refusal after that stops the rollout."""
+    from opsctl.failover.runbook import Options, run_failover
+
+    assert isinstance(step, Failover)
+    rt = run.rt
+
+    def say(text: str) -> None:
+        run.emit({"event": "log", "step": step.title(), "text": text})
+
+    def checks_pass() -> bool | Pending:
+        try:
+            run_failover(rt.loaded, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
+        except RefusedError as exc:
+            return Pending(f"{exc.summary} {exc.detail}".strip())
+        return True
+
+    wait_for(checks_pass, RESTART_TIMEOUT, f"the failover pre-checks of shard {step.shard} to pass", interval=0.05)
+    run_failover(rt.loaded, rt.state_dir, Options(master=step.node), say)
 
 
 def config_set(run: Execution, step: Step) -> None:
@@ -297,6 +343,7 @@ def remove_node(run: Execution, step: Step) -> None:
 
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
+    Failover: fail_over,
     ConfigSet: config_set, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,

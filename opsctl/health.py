@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import current_master
-from opsctl.spec.layout import Layout
+from opsctl.spec.layout import Layout, Node
+from opsctl.spec.load import LoadedSpec
 
 MAX_LAG_BYTES = 1024 * 1024
 
@@ -55,4 +56,27 @@ def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name
         masters.add((address, int(port)))
     if len(masters) > 1:
         return f"sentinels disagree about the master: {sorted(masters)}"
+    return None
+
+
+def node_problem(loaded: LoadedSpec, facts: Mapping[str, NodeFacts], node: Node) -> str | None:
+    """Is this one node healthy in its place? A replica must be linked to a master and caught up."""
+    f = facts[node.name]
+    if not f.reachable:
+        return f"{node.name} does not answer ({f.error or 'not running'})"
+    if node.is_sentinel:
+        return None if f.sentinel_master else f"{node.name} does not monitor a master yet"
+    role = f.role
+    if role is None:
+        return f"{node.name} has no role yet"
+    if loaded.spec.topology == "cluster" and f.info.get("cluster_state") != "ok":
+        return f"{node.name} reports cluster_state:{f.info.get('cluster_state')}"
+    if role.kind != "replica":
+        return None
+    if role.link != "connected" or role.master is None:
+        return f"{node.name}'s link to its master is {role.link}"
+    upstream = loaded.layout.find(f"{role.master[0]}:{role.master[1]}")
+    master_role = facts[upstream.name].role if upstream else None
+    if master_role and master_role.offset - role.offset > MAX_LAG_BYTES:
+        return f"{node.name} lags {master_role.offset - role.offset} bytes behind its master"
     return None

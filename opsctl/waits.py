@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from opsctl.health import replication_problem, sentinel_problem
+from opsctl.health import node_problem, replication_problem, sentinel_problem
 from opsctl.observe.collect import wait_for
 from opsctl.runtime import Runtime, gather_facts
-from opsctl.spec.layout import sentinel_master_name
+from opsctl.spec.layout import Node, sentinel_master_name
 
 POLL = 0.05  # each poll observes every node: 50 ms keeps that cheap and still far below redis-cli's 1 s steps
 
@@ -45,3 +45,17 @@ def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
         except redis.RedisError as exc:
             return f"{node.name}: SENTINEL CKQUORUM {name}: {exc}"
     return None
+
+
+def wait_back_in_place(rt: Runtime, node: Node, timeout: float) -> None:
+    """After a restart: a replica linked to its master and caught up; a cluster node agreeing with the rest."""
+    last = [""]
+
+    def back() -> bool | None:
+        facts = gather_facts(rt, with_config=False)
+        problem = node_problem(rt.loaded, facts, node)
+        last[0] = problem or ""
+        return None if problem else True
+
+    wait_for(back, timeout, f"{node.name} to be back in place after its restart", interval=POLL,
+             last_reason=lambda: last[0])

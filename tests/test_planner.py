@@ -147,16 +147,47 @@ def test_a_spec_change_of_a_settable_directive_writes_the_file_and_sets_it_live(
     assert kinds(plan) == ["write-config", "config-set"] * 6
 
 
-def test_a_rename_change_restarts_replicas_first_and_masters_need_downtime() -> None:
+def test_a_rename_change_rolls_shard_by_shard_with_a_failover_before_each_master_restart() -> None:
     loaded = loaded_spec("cluster")
     facts = formed_cluster(loaded)
     changed = {k: NodeFacts(k, True, record={"digest": "old", "directives": [
         d for d in v.record["directives"] if d[0] != "rename-command"]}, reachable=True, info=v.info,
         role=v.role, cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
     plan = make_plan(loaded, desired(loaded), changed, "d")
-    restarts = [s for s in plan.steps if isinstance(s, RestartNode)]
-    assert [r.needs_downtime for r in restarts] == [False] * 3 + [True] * 3
-    assert all(isinstance(s, (WriteConfig, RestartNode, WaitConverged)) for s in plan.steps)
+    rolling = [(s.kind, s.node) for s in plan.steps if not isinstance(s, WriteConfig)]
+    expected = []
+    for shard in loaded.layout.shards:
+        expected += [("restart", shard.replicas[0]), ("failover", shard.master), ("restart", shard.master)]
+    assert rolling == [*expected, ("wait-converged", loaded.layout.nodes[0].name)]
+    assert not any(getattr(s, "needs_downtime", False) for s in plan.steps)
+
+
+def test_a_master_without_a_replica_still_needs_downtime() -> None:
+    loaded = loaded_spec("cluster", cluster={"replicas_per_master": 0})
+    facts = formed_cluster(loaded)
+    changed = {k: NodeFacts(k, True, record={"digest": "old", "directives": [
+        d for d in v.record["directives"] if d[0] != "rename-command"]}, reachable=True, info=v.info,
+        role=v.role, cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
+    restarts = [s for s in make_plan(loaded, desired(loaded), changed, "d").steps if isinstance(s, RestartNode)]
+    assert restarts and all(r.needs_downtime for r in restarts)
+
+
+def test_a_server_upgrade_rolls_and_a_downgrade_is_refused() -> None:
+    loaded = loaded_spec("cluster")  # valkey 9.1
+    facts = formed_cluster(loaded)
+    old = {k: NodeFacts(k, True, record=v.record, reachable=True,
+                        info={**v.info, "redis_version": "7.0.15"}, role=v.role,
+                        cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
+    plan = make_plan(loaded, desired(loaded), old, "d")
+    reasons = {s.reason for s in plan.steps if isinstance(s, RestartNode)}
+    assert reasons == {"server redis 7.0 -> valkey 9.1"}
+    down = load_dict({**make_spec("cluster"), "server": {"flavor": "redis", "version": "7.0"}})
+    newer = {k: NodeFacts(k, True, record=v.record, reachable=True,
+                          info={**v.info, "server_name": "valkey", "valkey_version": "9.1.2"}, role=v.role,
+                          cluster_nodes=v.cluster_nodes, config=v.config) for k, v in formed_cluster(down).items()}
+    with pytest.raises(RefusedError, match="from valkey 9.1 to redis 7.0") as refused:
+        make_plan(down, desired(down), newer, "d")
+    assert "cannot load the RDB format 80" in refused.value.detail
 
 
 def test_fresh_replication_starts_all_then_points_replicas_at_the_master() -> None:

@@ -42,6 +42,16 @@ class NodeFacts:
         return 0
 
     @property
+    def server(self) -> tuple[str, tuple[int, int]] | None:
+        """(flavor, (major, minor)) the running process reports in INFO, None when unknown."""
+        flavor = "valkey" if self.info.get("server_name") == "valkey" or "valkey_version" in self.info else "redis"
+        text = self.info.get("valkey_version") if flavor == "valkey" else self.info.get("redis_version")
+        if not text:
+            return None
+        major, minor = text.split(".")[:2]
+        return flavor, (int(major), int(minor))
+
+    @property
     def myself(self) -> ClusterNodeLine | None:
         return next((n for n in self.cluster_nodes or () if n.is_myself), None)
 

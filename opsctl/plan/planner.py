@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from opsctl.errors import RefusedError
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal
@@ -11,6 +11,7 @@ from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.steps import (
     CloseSlots,
     ConfigSet,
+    Failover,
     FormCluster,
     JoinCluster,
     MoveSlots,
@@ -27,17 +28,20 @@ from opsctl.plan.steps import (
 from opsctl.slots.planning import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
+from opsctl.versions import Version, parse_version, rolling_change_problem, server_text
 
 Facts = Mapping[str, NodeFacts]
-STRUCTURAL = (StartNode, RestartNode, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots, CloseSlots,
+STRUCTURAL = (StartNode, RestartNode, Failover, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots, CloseSlots,
               RemoveNode)
 
 
 def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:
     layout = loaded.layout
+    server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
+    refuse_unsafe_server_change(facts, server)
     steps: list[Step] = []
-    for node in _restart_order(layout, facts):
-        steps += server_steps(node, desired[node.name], facts[node.name], _is_master_now(node, layout, facts))
+    for shard in layout.shards:
+        steps += shard_steps(layout, shard, desired, facts, server)
     topology = loaded.spec.topology
     if topology == "cluster":
         steps += cluster_steps(layout, facts)
@@ -57,10 +61,69 @@ def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:
             f"and the {loaded.spec.topology} topology is formed (roles inside a shard are not drift)")
 
 
-def _restart_order(layout: Layout, facts: Facts) -> list[Node]:
-    """Servers with replicas first, so a restart never takes a master down before its replicas are back."""
-    servers = list(layout.servers)
-    return sorted(servers, key=lambda n: 1 if _is_master_now(n, layout, facts) else 0)
+def refuse_unsafe_server_change(facts: Facts, server: tuple[str, Version]) -> None:
+    """A server change that would break replication mid-rollout is refused before anything is touched."""
+    for f in facts.values():
+        running = f.server if f.reachable else None
+        if running is None:
+            continue
+        problem = rolling_change_problem(running, server)
+        if problem:
+            raise RefusedError(f"cannot change {f.name} from {server_text(*running)} to {server_text(*server)}",
+                               problem, "keep the current server version, or migrate the data to a new topology")
+
+
+NodeSteps = Callable[[Node, bool], list[Step]]
+
+
+def shard_steps(layout: Layout, shard: Shard, desired: Mapping[str, DesiredNode], facts: Facts,
+                server: tuple[str, Version]) -> list[Step]:
+    def steps_of(node: Node, is_master: bool) -> list[Step]:
+        return server_steps(node, desired[node.name], facts[node.name], is_master, server)
+
+    return rolling(layout, shard, facts, steps_of)
+
+
+def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps) -> list[Step]:
+    """One shard: replicas first, then the master; a master that must restart is failed over first."""
+    members = [layout.node(name) for name in shard.members]
+    masters = [n for n in members if _is_master_now(n, layout, facts)]
+    ordered = [n for n in members if n not in masters] + masters
+    steps: list[Step] = []
+    for node in ordered:
+        steps += _fail_over_before_restart(steps_of(node, node in masters), shard, facts, node.name)
+    return steps
+
+
+def restart_plan(loaded: LoadedSpec, facts: Facts, selected: set[str], spec_digest: str) -> Plan:
+    """`opsctl restart`: the selected nodes, shard by shard, replicas first, masters after a failover."""
+    layout = loaded.layout
+
+    def steps_of(node: Node, is_master: bool) -> list[Step]:
+        return [RestartNode(node.name, "restart requested", needs_downtime=is_master)] \
+            if node.name in selected else []
+
+    steps: list[Step] = []
+    for shard in layout.shards:
+        steps += rolling(layout, shard, facts, steps_of)
+    steps += [RestartNode(n.name, "restart requested") for n in layout.sentinels if n.name in selected]
+    if steps and loaded.spec.topology != "standalone":
+        steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps))
+
+
+def _fail_over_before_restart(steps: list[Step], shard: Shard, facts: Facts, name: str) -> list[Step]:
+    live_replicas = [m for m in shard.members if m != name and (r := facts[m].role) and r.kind == "replica"]
+    result: list[Step] = []
+    for step in steps:
+        if isinstance(step, RestartNode) and step.needs_downtime and live_replicas:
+            result.append(Failover(name, f"{name} must restart; its writes move to an updated replica first",
+                                   shard.index))
+            step = RestartNode(name, step.reason, needs_downtime=False, shard=shard.index)
+        elif isinstance(step, RestartNode):
+            step = RestartNode(step.node, step.reason, step.needs_downtime, shard.index)
+        result.append(step)
+    return result
 
 
 def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
@@ -76,7 +139,8 @@ def _has_slots(f: NodeFacts) -> bool:
     return bool(me and me.slots)
 
 
-def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -> list[Step]:
+def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
+                 server: tuple[str, Version]) -> list[Step]:
     if not f.running:
         steps: list[Step] = []
         if f.recorded_digest != want.digest:
@@ -84,10 +148,11 @@ def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -
             steps.append(WriteConfig(node.name, "new node" if new else "rendered config changed", want.digest))
         reason = "new node" if f.recorded_digest is None else f"process is not running ({f.process_detail or 'died'})"
         return [*steps, StartNode(node.name, reason)]
-    return config_steps(node, want, f, is_master)
+    return config_steps(node, want, f, is_master, server)
 
 
-def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -> list[Step]:
+def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
+                 server: tuple[str, Version]) -> list[Step]:
     """A running node: write the file if the rendering changed, then CONFIG SET or restart per directive."""
     steps: list[Step] = []
     live_changes: list[Step] = []
@@ -107,13 +172,17 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool) -
             live_changes.append(ConfigSet(node.name, why, name, value))
     if _repeated(want.directives) != _repeated(f.recorded_directives) and f.recorded_digest is not None:
         restart_for.append("rename-command")
+    if f.server and f.server != server:
+        restart_for = [f"server {server_text(*f.server)} -> {server_text(*server)}"]
+        live_changes = [c for c in live_changes if not isinstance(c, ConfigSet)]
     if f.recorded_digest != want.digest:
         steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
                                  "no record of the applied config", want.digest))
     steps += live_changes
     if restart_for:
-        steps.append(RestartNode(node.name, f"{', '.join(sorted(set(restart_for)))} cannot change at runtime",
-                                 needs_downtime=is_master))
+        why = restart_for[0] if restart_for[0].startswith("server ") else \
+            f"{', '.join(sorted(set(restart_for)))} cannot change at runtime"
+        steps.append(RestartNode(node.name, why, needs_downtime=is_master))
     return steps
 
 
@@ -175,6 +244,7 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
     layout = loaded.layout
     master = sentinel_agreed_master(layout, facts) or current_master(layout.shards[0], layout, facts)
     name = sentinel_master_name(loaded.spec)
+    server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     steps: list[Step] = []
     for node in layout.sentinels:
         f = facts[node.name]
@@ -185,6 +255,8 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
                                    else f"process is not running ({f.process_detail or 'died'})"))
         elif not f.sentinel_master or f.sentinel_master[0] != name:
             steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
+        elif f.server and f.server != server:
+            steps.append(RestartNode(node.name, f"server {server_text(*f.server)} -> {server_text(*server)}"))
     return steps
 
 

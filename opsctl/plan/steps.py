@@ -43,6 +43,18 @@ class StopNode(Step):
 class RestartNode(Step):
     kind: ClassVar[str] = "restart"
     needs_downtime: bool = False
+    shard: int = 0
+
+
+@dataclass(frozen=True)
+class Failover(Step):
+    """Graceful failover of master `node` onto an already updated replica, through the failover runbook."""
+
+    kind: ClassVar[str] = "failover"
+    shard: int = 0
+
+    def title(self) -> str:
+        return f"{self.kind} shard {self.shard} away from {self.node}"
 
 
 @dataclass(frozen=True)
@@ -130,7 +142,7 @@ class RemoveNode(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode)}
+    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover)}
 
 
 @dataclass(frozen=True)
