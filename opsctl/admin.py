@@ -5,6 +5,9 @@ Everything that talks to a Redis node goes through here, so auth and command ren
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -16,13 +19,36 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 DEFAULT_TIMEOUT = 5.0
+Route = Callable[[Node], tuple[str, int]]
+_ROUTES: dict[int, Route] = {}
+_ROUTES_LOCK = threading.Lock()
+
+
+def route_admin(loaded: LoadedSpec, route: Route | None) -> None:
+    """Send admin traffic for loaded's nodes to route(node) -> (address, port), e.g. a local SSH tunnel,
+    instead of node.address:port (None removes the route). Lives as long as this LoadedSpec object."""
+    key = id(loaded)
+    with _ROUTES_LOCK:
+        if route is None:
+            _ROUTES.pop(key, None)
+            return
+        if key not in _ROUTES:
+            weakref.finalize(loaded, _ROUTES.pop, key, None)
+        _ROUTES[key] = route
+
+
+def _route_for(loaded: LoadedSpec) -> Route | None:
+    with _ROUTES_LOCK:
+        return _ROUTES.get(id(loaded))
 
 
 class Admin:
     """One node's admin connection. `call` sends a command under its renamed name if the spec renames it."""
 
     def __init__(self, loaded: LoadedSpec, address: str, port: int, name: str = "",
-                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False, decode: bool = True) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False, decode: bool = True,
+                 connect_to: tuple[str, int] | None = None) -> None:
+        """connect_to: where the TCP connection really goes (a tunnel); address:port stay the node's."""
         self.loaded = loaded
         self.address = address
         self.port = port
@@ -31,7 +57,7 @@ class Admin:
         spec = loaded.spec
         acl = spec.auth.mode == "acl" and not sentinel
         self.client = redis.Redis(
-            host=address, port=port,
+            host=connect_to[0] if connect_to else address, port=connect_to[1] if connect_to else port,
             username=spec.auth.admin_user if acl else None,
             password=loaded.credentials.password.reveal(),
             socket_timeout=timeout, socket_connect_timeout=timeout,
@@ -42,8 +68,11 @@ class Admin:
 
     @classmethod
     def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT, decode: bool = True) -> Admin:
-        """decode=False keeps replies as bytes (key names are binary-safe that way)."""
-        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel, decode=decode)
+        """decode=False keeps replies as bytes (key names are binary-safe that way). Goes through the route
+        registered with route_admin() for this spec, if any."""
+        route = _route_for(loaded)
+        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel, decode=decode,
+                   connect_to=route(node) if route else None)
 
     @property
     def endpoint(self) -> str:

@@ -1,13 +1,19 @@
-"""End to end over real SSH: three network-namespace hosts with their own sshd, provider: ansible.
+"""End to end over real SSH, through the CLI: three network-namespace hosts with their own sshd, provider: ansible.
 
-Deploys a 3-master/3-replica cluster and a Sentinel topology through ansible-runner, checks them with the
-referees (redis-cli --cluster check; PING with auth on every node), applies again with zero changed tasks,
-plants a canary password and greps every artifact for it, then destroys everything.
+`opsctl apply -f SPEC --auto-approve` deploys a 3-master/3-replica Valkey cluster (binary shipped by deploy.yml) and
+a Sentinel topology (Redis from the OS package, a canary password); the referees check them (redis-cli --cluster
+check, `opsctl status`, each sentinel's view); a second apply has an empty plan and runs no Ansible task that
+changes anything; `opsctl destroy --purge` leaves the hosts as they were. A replication topology whose ports are
+firewalled from this machine is driven entirely through SSH tunnels (hosts[].admin_via_ssh).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,14 +22,20 @@ from typing import Any
 import pytest
 
 from opsctl.admin import Admin
+from opsctl.cli import main
 from opsctl.errors import OpsctlError
-from opsctl.providers.ansible import AnsibleProvider
+from opsctl.providers.ansible import RECORD, AnsibleProvider
+from opsctl.remote.runner import PlaybookResult, parse_event, summarize
+from opsctl.spec.layout import sentinel_master_name
+from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from tests import netns
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, missing, server_binary, write_spec
+from tests.lifecycle import plan_json, run
+from tests.support import PASSWORD, cluster_check, make_spec, missing, server_binary, write_spec
 
 pytestmark = pytest.mark.remote
 CANARY = "canary-pw-7f3e9b1c5d2a4e60"
+CANARY_ENV = "OPSCTL_CANARY_PW"
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +43,22 @@ def lab() -> Iterator[netns.Lab]:
     why = netns.unavailable()
     if why:
         missing(why)
-    created = netns.up(3)
+    try:
+        created = netns.up(3)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        missing(f"a network-namespace lab ({exc})")
+        raise
     try:
         yield created
     finally:
         netns.down(created.id)
+
+
+@pytest.fixture
+def ssh_env(lab: netns.Lab, monkeypatch: pytest.MonkeyPatch) -> netns.Lab:
+    """The CLI checks host keys against the lab's known_hosts (as a user would set it)."""
+    monkeypatch.setenv("OPSCTL_SSH_KNOWN_HOSTS", lab.known_hosts)
+    return lab
 
 
 def remote_spec(lab: netns.Lab, topology: str, flavor: str, **extra: Any) -> dict[str, Any]:
@@ -49,101 +72,244 @@ def remote_spec(lab: netns.Lab, topology: str, flavor: str, **extra: Any) -> dic
     return spec
 
 
-def provider_for(tmp_path: Path, lab: netns.Lab, spec: dict[str, Any], env: dict[str, str] | None = None,
-                 events: list[dict[str, Any]] | None = None) -> AnsibleProvider:
-    loaded = read_spec(write_spec(tmp_path, spec), env)
-    sink = events.append if events is not None else None
-    return AnsibleProvider(loaded, tmp_path / "state", known_hosts=lab.known_hosts, on_event=sink)
+def state_dir(loaded: LoadedSpec) -> Path:
+    return Path(loaded.file).parent / ".opsctl" / loaded.spec.name
 
 
-def wait_ping(provider: AnsibleProvider, timeout: float = 20.0) -> None:
-    """Every node answers PING with auth (polled every few ms)."""
-    for node in provider.loaded.layout.nodes:
-        deadline = time.monotonic() + timeout
-        with Admin.for_node(provider.loaded, node, timeout=2.0) as admin:
-            while not admin.ping():
-                assert time.monotonic() < deadline, f"{node.name} does not answer PING at {node.endpoint}"
-                time.sleep(0.02)
+def ansible_runs(loaded: LoadedSpec) -> dict[str, PlaybookResult]:
+    """Every ansible-runner run under the state dir, summarized from its job_events artifacts."""
+    artifacts = state_dir(loaded) / "ansible" / "artifacts"
+    runs = {}
+    for folder in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
+        events = [e for f in sorted((folder / "job_events").glob("*.json"))
+                  if (e := parse_event(f.read_text())) is not None]
+        runs[folder.name] = summarize(folder.name, 0, events)
+    return runs
 
 
-def destroy(provider: AnsibleProvider) -> None:
-    provider.playbook("destroy.yml", {"opsctl_purge": True})
-    provider.close()
+def apply(capsys: pytest.CaptureFixture[str], spec: Path, *extra: str) -> tuple[str, str]:
+    code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve", *extra)
+    assert code == 0, err + out
+    return out, err
 
 
-def test_cluster_across_three_ssh_hosts(lab: netns.Lab, tmp_path: Path) -> None:
-    events: list[dict[str, Any]] = []
-    provider = provider_for(tmp_path, lab, remote_spec(lab, "cluster", "valkey"), events=events)
+def status(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, Any]:
+    code, out, err = run(capsys, "status", "-f", str(spec), "--output", "json")
+    result: dict[str, Any] = json.loads(out)
+    assert code == 0 and result["healthy"], (result["health"], err)
+    return result
+
+
+def assert_second_apply_changes_nothing(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec) -> None:
+    """Empty plan, and no Ansible task changed anything (no playbook had to run at all)."""
+    before = ansible_runs(loaded)
+    out, _ = apply(capsys, spec)
+    assert "no changes" in out, out
+    new = {k: v for k, v in ansible_runs(loaded).items() if k not in before}
+    assert sum(r.changed for r in new.values()) == 0, [r.changed_tasks for r in new.values()]
+    assert plan_json(capsys, spec)["steps"] == []
+
+
+def destroy_and_check_hosts(capsys: pytest.CaptureFixture[str], lab: netns.Lab, spec: Path,
+                            loaded: LoadedSpec) -> None:
+    code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
+    assert code == 0, err
+    assert out.count("purged") == len(loaded.layout.nodes)
+    root = f"/var/lib/opsctl/{loaded.spec.name}"
+    for host in lab.hosts:
+        assert lab.ssh(host, f"test -e {root}").returncode == 1, f"{root} is still on {host.name}"
+        assert lab.processes(host) == ["sshd"], lab.processes(host)
+
+
+@contextlib.contextmanager
+def cleanup(spec: Path) -> Iterator[None]:
+    """Whatever happens in the test, nothing of this spec keeps running on the lab."""
     try:
-        first = provider.deploy()
-        assert first.changed > 0
-        assert any(e.get("event") == "playbook_on_task_start" for e in events)  # progress from runner events
-        wait_ping(provider)
-        layout = provider.loaded.layout
-        assert {n.host for n in layout.nodes} == {"h1", "h2", "h3"}
-        assert all(provider.process_state(n).running for n in layout.nodes)
-        form_cluster = pytest.importorskip("opsctl.cluster.ops").form_cluster
-        form_cluster(provider.loaded, layout)
-        check = cluster_check(layout.nodes[0].endpoint)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+
+
+def test_cluster_through_opsctl_apply(ssh_env: netns.Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = ssh_env
+    spec = write_spec(tmp_path, remote_spec(lab, "cluster", "valkey"))
+    loaded = read_spec(spec)
+    assert {n.host for n in loaded.layout.nodes} == {"h1", "h2", "h3"}
+    with cleanup(spec):
+        apply(capsys, spec)
+        check = cluster_check(loaded.layout.servers[0].endpoint)
         assert check.returncode == 0, check.stdout + check.stderr
         assert "[OK] All 16384 slots covered" in check.stdout
-        again = provider.deploy()
-        assert again.changed == 0, again.changed_tasks
-        own = lab.ssh(lab.hosts[0], f"ls {provider.paths(layout.nodes[0]).dir}")
-        assert "redis.conf" in own.stdout
-        other = lab.ssh(lab.hosts[1], f"ls {provider.paths(layout.nodes[0]).dir}")
-        assert other.returncode != 0  # h2 cannot see h1's files: private mount namespaces
-    finally:
-        destroy(provider)
-    assert lab.ssh(lab.hosts[0], f"ls {provider.paths(layout.nodes[0]).dir}").returncode != 0
-    assert all(lab.processes(h) == ["sshd"] for h in lab.hosts), [lab.processes(h) for h in lab.hosts]
+        runs = ansible_runs(loaded)
+        assert [r.playbook.split("-")[0] for r in runs.values()] == ["deploy"]  # one run ships all six nodes
+        assert "cluster ok" in status(capsys, spec)["health"]
+        assert_second_apply_changes_nothing(capsys, spec, loaded)
+        redeploy_what_apply_wrote(lab, loaded)
+        destroy_and_check_hosts(capsys, lab, spec, loaded)
 
 
-def test_sentinel_with_os_package_and_canary(lab: netns.Lab, tmp_path: Path) -> None:
-    """Redis from the OS package; the password is a canary that must appear in no artifact, log or event."""
-    spec = remote_spec(lab, "sentinel", "redis")
-    spec["auth"] = {"mode": "password", "password": {"env": "OPSCTL_CANARY_PW"}}
-    events: list[dict[str, Any]] = []
-    provider = provider_for(tmp_path, lab, spec, {"OPSCTL_CANARY_PW": CANARY}, events)
+def redeploy_what_apply_wrote(lab: netns.Lab, loaded: LoadedSpec) -> None:
+    """deploy.yml over the hosts `opsctl apply` set up, with the very files it wrote: zero changed tasks."""
+    provider = AnsibleProvider(loaded, state_dir(loaded), known_hosts=lab.known_hosts)
     try:
-        provider.deploy()
-        sentinels = provider.loaded.layout.sentinels
-        assert len(sentinels) == 3
-        with Admin.for_node(provider.loaded, provider.loaded.layout.servers[0]) as admin:
-            deadline = time.monotonic() + 10
-            while not admin.ping():
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            node = provider.loaded.layout.servers[0]
-            assert admin.config_get("port")["port"] == str(node.port)  # authenticated with the canary
-        assert provider.deploy().changed == 0
-        for host in lab.hosts:  # server logs on the hosts
-            found = lab.ssh(host, f"grep -rl {CANARY} /var/lib/opsctl --include=*.log")
-            assert found.stdout == "", found.stdout
-        restarted = provider.playbook("restart.yml")
-        assert restarted.changed == 2 * len(provider.loaded.layout.nodes)  # a stop and a start per node
-        wait_ping(provider)
-        with provider.tunnel(sentinels[0]) as tunnel, Admin(provider.loaded, "127.0.0.1", tunnel.local_port,
-                                                            sentinel=True) as admin:
-            assert admin.ping()  # admin traffic through an SSH tunnel
+        files = {n.name: {name: provider.read_file(n, name) or "" for name in ("redis.conf", RECORD)}
+                 for n in loaded.layout.nodes}
+        result = provider.deploy(files, start=True)
+        assert result.changed == 0, result.changed_tasks
     finally:
-        destroy(provider)
+        provider.close()
+
+
+class ProcessWatch:
+    """Samples every process's argv and environment (this machine and the lab hosts) while it runs."""
+
+    def __init__(self, needle: str) -> None:
+        self.needle = needle.encode()
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            for proc in Path("/proc").glob("[0-9]*"):
+                for name in ("cmdline", "environ"):
+                    with contextlib.suppress(OSError):
+                        if self.needle in (proc / name).read_bytes():
+                            self.seen.append(f"{proc.name}/{name}: {(proc / 'comm').read_text().strip()}")
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_sentinel_through_opsctl_apply_leaks_no_secret(ssh_env: netns.Lab, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis from the OS package; the password is a canary that no artifact, log, event or argv may show."""
+    lab = ssh_env
+    data = remote_spec(lab, "sentinel", "redis")
+    data["auth"] = {"mode": "password", "password": {"env": CANARY_ENV}}
+    monkeypatch.setenv(CANARY_ENV, CANARY)
+    spec = write_spec(tmp_path, data)
+    loaded = read_spec(spec)
+    outputs: list[str] = []
+    with cleanup(spec):
+        with ProcessWatch(CANARY) as watch:
+            outputs += apply(capsys, spec, "--output", "json")  # step events go to stderr as JSON
+        assert watch.seen == [], watch.seen
+        health = status(capsys, spec)["health"]
+        assert "3 sentinels agree" in health, health
+        assert_sentinels_monitor_the_master(loaded)
+        assert_second_apply_changes_nothing(capsys, spec, loaded)
+        for host in lab.hosts:  # server logs, records and node settings on the hosts; processes there
+            found = lab.ssh(host, f"grep -rl {CANARY} /var/lib/opsctl --include=*.log --include=*.json "
+                                  "--include=*.env")
+            assert found.stdout == "", found.stdout
+        assert netns_processes_with(lab, CANARY) == []
+        destroy_and_check_hosts(capsys, lab, spec, loaded)
     leaks = subprocess.run(["grep", "-rl", CANARY, str(tmp_path)], capture_output=True, text=True, check=False)
-    assert leaks.stdout == "", f"canary found in {leaks.stdout}"
-    assert CANARY not in repr(events)
-    assert not (tmp_path / "state" / "ansible" / "files").exists()
+    assert leaks.stdout == "", f"canary found in {leaks.stdout}"  # state dir, runner artifacts and events
+    assert all(CANARY not in text for text in outputs)
+    assert not (state_dir(loaded) / "ansible" / "files").exists()
+
+
+def assert_sentinels_monitor_the_master(loaded: LoadedSpec) -> None:
+    master = loaded.layout.node(loaded.layout.shards[0].master)
+    name = sentinel_master_name(loaded.spec)
+    for sentinel in loaded.layout.sentinels:
+        with Admin.for_node(loaded, sentinel) as admin:
+            assert admin.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name) == [master.address, str(master.port)]
+            assert admin.call("SENTINEL", "CKQUORUM", name).startswith("OK")
+
+
+def netns_processes_with(lab: netns.Lab, needle: str) -> list[str]:
+    found = []
+    for host in lab.hosts:
+        for pid in netns._netns_pids(host.netns):
+            for name in ("cmdline", "environ"):
+                with contextlib.suppress(OSError):
+                    if needle.encode() in Path(f"/proc/{pid}/{name}").read_bytes():
+                        found.append(f"{host.name} pid {pid} {name}")
+    return found
+
+
+@contextlib.contextmanager
+def firewalled(lab: netns.Lab, first: int, last: int) -> Iterator[None]:
+    """Ports first..last on every lab host answer the other hosts (and SSH tunnels) but not this machine: replies
+    to the bridge address from those ports are prohibited by a routing rule in each host's namespace."""
+    rule = ["pref", "10", "to", lab.gateway, "ipproto", "tcp", "sport", f"{first}-{last}", "prohibit"]
+    for host in lab.hosts:
+        subprocess.run(["ip", "-n", host.netns, "rule", "add", *rule], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        for host in lab.hosts:
+            subprocess.run(["ip", "-n", host.netns, "rule", "del", *rule], check=False, capture_output=True)
+
+
+def reachable(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def test_admin_traffic_through_ssh_tunnels(ssh_env: netns.Lab, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Node ports closed to this machine: with admin_via_ssh every admin connection rides an SSH tunnel."""
+    lab = ssh_env
+    data = remote_spec(lab, "replication", "valkey")
+    for host in data["hosts"]:
+        host["admin_via_ssh"] = True
+    spec = write_spec(tmp_path, data)
+    loaded = read_spec(spec)
+    ports = [n.port for n in loaded.layout.nodes]
+    with firewalled(lab, min(ports), max(ports)), cleanup(spec):
+        apply(capsys, spec)
+        node = loaded.layout.servers[0]
+        assert not reachable(node.address, node.port)  # the firewall holds: only the tunnel gets through
+        assert "1 master, 2 replicas linked" in status(capsys, spec)["health"]
+        restart_by_hand(lab, loaded)
+        wait_healthy(capsys, spec)
+        assert_second_apply_changes_nothing(capsys, spec, loaded)
+        destroy_and_check_hosts(capsys, lab, spec, loaded)
+
+
+def restart_by_hand(lab: netns.Lab, loaded: LoadedSpec) -> None:
+    """playbooks/restart.yml (as an operator runs it) over what `opsctl apply` deployed: a stop and a start each."""
+    provider = AnsibleProvider(loaded, state_dir(loaded), known_hosts=lab.known_hosts)
+    try:
+        assert provider.playbook("restart.yml").changed == 2 * len(loaded.layout.nodes)
+    finally:
+        provider.close()
+
+
+def wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, out, _ = run(capsys, "status", "-f", str(spec), "--output", "json")
+        if code == 0:
+            return
+        assert time.monotonic() < deadline, json.loads(out)["health"]
+        time.sleep(0.05)
 
 
 def test_unreachable_host_names_host_and_task(lab: netns.Lab, tmp_path: Path) -> None:
     spec = remote_spec(lab, "standalone", "valkey")
     spec["hosts"][0]["ssh_key"] = str(tmp_path / "wrong_key")
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "wrong_key")], check=True)
-    provider = provider_for(tmp_path, lab, spec)
+    loaded = read_spec(write_spec(tmp_path, spec))
+    provider = AnsibleProvider(loaded, tmp_path / "state", known_hosts=lab.known_hosts)
     with pytest.raises(OpsctlError) as caught:
         provider.deploy()
     assert "h1" in caught.value.summary and "task" in caught.value.summary
     assert PASSWORD not in caught.value.render()
     with pytest.raises(OpsctlError) as ssh_caught:
-        provider.process_state(provider.loaded.layout.nodes[0])
+        provider.process_state(loaded.layout.nodes[0])
     assert "h1" in ssh_caught.value.summary
-    assert PASSWORD_ENV

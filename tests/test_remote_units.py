@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from opsctl.cli import main
@@ -106,3 +107,55 @@ def test_playbooks_pass_syntax_check_and_lint():
     result = subprocess.run([str(lint), "--offline", "--nocolor", str(playbooks)], capture_output=True, text=True,
                             check=False, cwd=playbooks.parent)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_control_and_purge_commands_run_in_a_real_shell(tmp_path):
+    """The commands AnsibleProvider sends over SSH, run here by sh against a fake host root."""
+    import subprocess
+
+    from opsctl.providers.ansible import control_command, purge_command
+
+    root = tmp_path / "spec root"
+    run = lambda command: subprocess.run(["sh", "-c", command], capture_output=True, text=True)  # noqa: E731
+    assert run(control_command(str(root), "status", "n-1")).stdout == "absent\n"  # never deployed
+    for node in ("n-1", "n-2"):
+        (root / node).mkdir(parents=True)
+        (root / node / "redis.conf").write_text("port 1\n")
+    (root / "nodes").mkdir()
+    (root / "bin").mkdir()
+    (root / "nodes" / "n-1.env").write_text("")
+    (root / "nodes" / "n-2.env").write_text("")
+    assert run(purge_command(str(root), str(root / "n-1"), "n-1", "opsctl-n-1")).returncode == 0
+    assert not (root / "n-1").exists() and (root / "n-2").exists() and (root / "bin").exists()
+    assert run(purge_command(str(root), str(root / "n-2"), "n-2", "opsctl-n-2")).returncode == 0
+    assert not root.exists()  # the last node of the spec on this host takes the spec folder with it
+
+
+def test_admin_via_ssh_routes_admin_connections_and_needs_the_ansible_provider(tmp_path):
+    import gc
+
+    from opsctl import admin as admin_module
+    from opsctl.admin import Admin, route_admin
+    from opsctl.errors import SpecError
+
+    loaded = remote(tmp_path, "standalone")
+    node = loaded.layout.nodes[0]
+    route_admin(loaded, lambda n: ("127.0.0.1", 4242))
+    admin = Admin.for_node(loaded, node)
+    kwargs = admin.client.connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"]) == ("127.0.0.1", 4242)
+    assert admin.endpoint == node.endpoint and admin.name == node.name  # errors still name the node
+    route_admin(loaded, None)
+    assert Admin.for_node(loaded, node).client.connection_pool.connection_kwargs["host"] == node.address
+    other = remote(tmp_path, "standalone")
+    route_admin(other, lambda n: ("127.0.0.1", 1))
+    key = id(other)
+    del other
+    gc.collect()
+    assert key not in admin_module._ROUTES  # a route lives as long as its spec object
+
+    spec = make_spec("standalone")
+    spec["hosts"][0]["admin_via_ssh"] = True
+    with pytest.raises(SpecError) as caught:
+        read_spec(write_spec(tmp_path, spec))
+    assert "admin_via_ssh needs provider: ansible" in caught.value.render()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,21 @@ def _load(args: argparse.Namespace) -> Any:
     return make_runtime(read_spec(args.file), getattr(args, "state_dir", None))
 
 
+@contextmanager
+def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
+    """The runtime, under the state lock if asked. Its provider is closed at the end, inside the lock (a
+    staging provider ships what it staged then, and drops its SSH connections)."""
+    from opsctl.statelock import state_lock
+
+    rt = _load(args)
+    lock: AbstractContextManager[Any] = state_lock(rt.state_dir) if locked else nullcontext()
+    with lock:
+        try:
+            yield rt
+        finally:
+            rt.provider.close()
+
+
 def _printer(args: argparse.Namespace) -> Any:
     json_mode = getattr(args, "output", "text") == "json"
 
@@ -28,6 +45,8 @@ def _printer(args: argparse.Namespace) -> Any:
             print(json.dumps(event), file=sys.stderr, flush=True)
         elif event["event"] == "step-start":
             print(f"[{event['index']}/{event['total']}] {event['step']} ...", file=sys.stderr, flush=True)
+        elif event["event"] == "log":
+            print(f"      {event['text']}", file=sys.stderr, flush=True)
         elif event["event"] == "step-done":
             print(f"[{event['index']}] done in {event['seconds']:.2f}s", file=sys.stderr, flush=True)
 
@@ -37,8 +56,8 @@ def _printer(args: argparse.Namespace) -> Any:
 def cmd_plan(args: argparse.Namespace) -> int:
     from opsctl.runtime import compute_plan
 
-    rt = _load(args)
-    plan, _ = compute_plan(rt)
+    with _runtime(args) as rt:
+        plan, _ = compute_plan(rt)
     if args.out:
         Path(args.out).write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
@@ -73,17 +92,17 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.executor import execute
     from opsctl.runtime import compute_plan
-    from opsctl.statelock import state_lock
 
-    rt = _load(args)
-    with state_lock(rt.state_dir):
+    with _runtime(args, locked=True) as rt:
         plan, _ = compute_plan(rt)
         if args.plan:
             plan = _saved_plan(args.plan, plan)
         print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
         if not plan.empty:
             _confirm(args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?")
-            timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime)
+            timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime,
+                              parallel_shards=args.parallel_shards,
+                              wait_timeout=args.wait_timeout)
             total = sum(t for _, t in timings)
             print(f"Applied {len(plan.steps)} step(s) in {total:.2f}s.", file=sys.stderr)
         _print_status(rt, args.output)
@@ -91,8 +110,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    rt = _load(args)
-    healthy = _print_status(rt, args.output)
+    with _runtime(args) as rt:
+        healthy = _print_status(rt, args.output)
     return EXIT_OK if healthy else 1
 
 
@@ -113,9 +132,14 @@ def _print_status(rt: Any, output: str) -> bool:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
+    with _runtime(args) as rt:
+        _destroy(rt, args)
+    return EXIT_OK
+
+
+def _destroy(rt: Any, args: argparse.Namespace) -> None:
     from opsctl.statelock import state_lock
 
-    rt = _load(args)
     layout = rt.loaded.layout
     order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
              *[n for n in layout.servers if n.role == "master"]]
@@ -127,7 +151,6 @@ def cmd_destroy(args: argparse.Namespace) -> int:
             if args.purge:
                 rt.provider.purge(node)
             print(f"stopped {node.name}{' and purged its data' if args.purge else ''}")
-    return EXIT_OK
 
 
 def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
@@ -147,7 +170,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(p)
     p.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
     p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
-    p.add_argument("--allow-downtime", action="store_true", help="allow restarting masters in place")
+    p.add_argument("--allow-downtime", action="store_true",
+                   help="allow restarting a master in place (one without a replica to fail over to)")
+    p.add_argument("--parallel-shards", type=int, default=1, metavar="N",
+                   help="roll restarts through N shards at once")
+    p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+                   help="how long a restarted node may take to be back in place, or a failover's checks to pass")
     p.set_defaults(handler=cmd_apply)
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")

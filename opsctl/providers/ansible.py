@@ -2,9 +2,11 @@
 
 Files written with write_files()/save_record() are staged and land in one deploy.yml run (files, service
 user, directories, server install, units), at the latest before the next start/read/stop/close. start, stop,
-process_state, read_file and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which
-wraps systemd where it runs. Node files travel as 0600 files in the private ansible data dir under the
-state dir, removed right after the run; they are never in extra vars, the environment or a command line.
+process_state and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which wraps
+systemd where it runs; read_file reads over SFTP, or answers from the staged files (read your own writes).
+Node files travel as 0600 files in the private ansible data dir under the state dir, removed right after
+the run; they are never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true`
+get their admin traffic (opsctl.admin.Admin.for_node) through a paramiko tunnel per node.
 """
 
 from __future__ import annotations
@@ -12,22 +14,26 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
+from opsctl.admin import route_admin
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.providers.base import ProcessState
 from opsctl.remote import ssh
-from opsctl.remote.inventory import build_inventory, remote_paths, remote_root
+from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
 from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
 from opsctl.render import NodePaths, render_node
 from opsctl.render.files import write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import Host
 
 RECORD = "opsctl-node.json"
+WRITTEN_ONCE = ("sentinel.conf",)  # deploy.yml never overwrites these: Sentinel rewrites its own file
 FileMap = dict[str, dict[str, str]]
 
 
@@ -59,7 +65,11 @@ class AnsibleProvider:
         self.on_event = on_event
         self._pending: FileMap = {}
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._tunnels: dict[str, ssh.Tunnel] = {}
+        self._lock = threading.Lock()
         self.last_result: PlaybookResult | None = None
+        if any(h.admin_via_ssh for h in loaded.spec.hosts):
+            route_admin(loaded, self.admin_endpoint)
 
     @property
     def data_dir(self) -> Path:
@@ -114,8 +124,13 @@ class AnsibleProvider:
         self.write_files(node, {RECORD: json.dumps(record, indent=2, sort_keys=True) + "\n"})
 
     def read_file(self, node: Node, name: str) -> str | None:
-        self.flush()
-        path = f"{self.paths(node).dir}/{plain_name(name)}"
+        """The file as the host will have it: a staged copy answers without a playbook run."""
+        staged = self._pending.get(node.name, {}).get(plain_name(name))
+        if staged is not None and name not in WRITTEN_ONCE:
+            return staged
+        if staged is not None:
+            self.flush()
+        path = f"{self.paths(node).dir}/{name}"
         try:
             return ssh.read_file(self._client(node), path)
         except (OSError, paramiko.SSHException) as exc:
@@ -139,9 +154,10 @@ class AnsibleProvider:
         result = self._control(node, "start")
         word, _pid = parse_control(result.stdout)
         if result.status != 0 or word not in ("started", "running"):
-            raise OpsctlError(f"cannot start {node.name} on host {node.host}",
-                              (result.stdout + result.stderr).strip()[-2000:],
-                              "the node's log is at " + self.paths(node).log)
+            detail = (result.stdout + result.stderr).strip()[-2000:]
+            hint = ("deploy it first: `opsctl apply` writes its files" if word == "absent"
+                    else "the node's log is at " + self.paths(node).log)
+            raise OpsctlError(f"cannot start {node.name} on host {node.host}", detail, hint)
 
     def stop(self, node: Node, timeout: float = 30.0) -> None:
         self.flush()
@@ -154,7 +170,7 @@ class AnsibleProvider:
         word, pid = parse_control(result.stdout)
         if result.status == 0 and word == "running":
             return ProcessState(node.name, True, pid, f"running as pid {pid} on host {node.host}")
-        if result.status == 0:
+        if result.status == 0 and word != "absent":
             return ProcessState(node.name, False, None, f"{word or 'stopped'} on host {node.host}")
         return ProcessState(node.name, False, None, f"not deployed on host {node.host}")
 
@@ -164,25 +180,33 @@ class AnsibleProvider:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                f"{node.host}:{self.paths(node).dir}", "stop the node first")
         self._pending.pop(node.name, None)
-        env_file = f"{remote_root(self.loaded.spec)}/nodes/{node.name}.env"
-        result = self._run(node, f"rm -rf -- {shlex.quote(self.paths(node).dir)} {shlex.quote(env_file)}")
+        result = self._run(node, purge_command(remote_root(self.loaded.spec), self.paths(node).dir, node.name,
+                                               unit_name(node)))
         if result.status != 0:
             raise OpsctlError(f"cannot delete the folder of {node.name} on host {node.host}", result.stderr.strip())
 
     def close(self) -> None:
-        """Land staged files, then drop SSH connections. Servers outlive the provider on purpose."""
+        """Land staged files, then drop tunnels, the admin route and SSH connections. Servers outlive the
+        provider on purpose."""
         try:
             self.flush()
         finally:
+            route_admin(self.loaded, None)
+            with self._lock:
+                for tunnel in self._tunnels.values():
+                    tunnel.close()
+                self._tunnels.clear()
             for client in self._clients.values():
                 ssh.close(client)
             self._clients.clear()
 
     # --- SSH -----------------------------------------------------------------------------------------------
 
+    def _host(self, node: Node) -> Host:
+        return next(h for h in self.loaded.spec.hosts if h.name == node.host)
+
     def _target(self, node: Node) -> ssh.SshTarget:
-        host = next(h for h in self.loaded.spec.hosts if h.name == node.host)
-        return ssh.target_for(self.loaded.spec, host)
+        return ssh.target_for(self.loaded.spec, self._host(node))
 
     def _client(self, node: Node) -> paramiko.SSHClient:
         client = self._clients.get(node.host)
@@ -199,12 +223,27 @@ class AnsibleProvider:
             raise ssh.ssh_error(self._target(node), exc, "run a command on") from None
 
     def _control(self, node: Node, action: str, timeout: float = 60.0) -> ssh.CommandResult:
-        script = f"{remote_root(self.loaded.spec)}/bin/opsctl-node"
-        return self._run(node, f"{shlex.quote(script)} {action} {shlex.quote(node.name)}", timeout)
+        return self._run(node, control_command(remote_root(self.loaded.spec), action, node.name), timeout)
 
     def tunnel(self, node: Node) -> ssh.Tunnel:
         """127.0.0.1:<tunnel.local_port> reaches the node's port as its host sees it (close() when done)."""
         return ssh.Tunnel(self._client(node), node.address, node.port)
+
+    def admin_endpoint(self, node: Node) -> tuple[str, int]:
+        """Where admin connections to node go: its address, or a tunnel (kept until close()) when its host
+        has admin_via_ssh. Registered with opsctl.admin.route_admin, so every Admin.for_node uses it."""
+        if not self._host(node).admin_via_ssh:
+            return node.address, node.port
+        with self._lock:
+            tunnel = self._tunnels.get(node.name)
+            if tunnel is None or not tunnel.active:
+                if tunnel is not None:
+                    tunnel.close()
+                try:
+                    tunnel = self._tunnels[node.name] = self.tunnel(node)
+                except (OSError, paramiko.SSHException) as exc:
+                    raise ssh.ssh_error(self._target(node), exc, "open an admin tunnel to") from None
+        return "127.0.0.1", tunnel.local_port
 
     def host_facts(self, node: Node) -> dict[str, str]:
         """A few facts about the node's host (kernel, cpus, memory, init system), over SSH."""
@@ -212,6 +251,25 @@ class AnsibleProvider:
                    "echo mem_kb=$(awk '/MemTotal/{print $2}' /proc/meminfo); "
                    "if [ -d /run/systemd/system ]; then echo init=systemd; else echo init=other; fi")
         return parse_facts(self._run(node, command).stdout)
+
+
+def control_command(root: str, action: str, node: str) -> str:
+    """bin/opsctl-node ACTION NODE; prints `absent` when the host has no opsctl files (never deployed or purged)."""
+    script = shlex.quote(f"{root}/bin/opsctl-node")
+    return f"if [ -x {script} ]; then exec {script} {action} {shlex.quote(node)}; else echo absent; fi"
+
+
+def purge_command(root: str, node_dir: str, node: str, unit: str) -> str:
+    """Delete a stopped node's folder, settings and unit; the spec folder too once no node is left there."""
+    q = shlex.quote
+    unit_file = q(f"/etc/systemd/system/{unit}.service")
+    return "; ".join([
+        f"rm -rf -- {q(node_dir)} {q(f'{root}/nodes/{node}.env')} || exit 1",
+        f"if [ -f {unit_file} ]; then systemctl disable {q(unit)} >/dev/null 2>&1; rm -f -- {unit_file}; "
+        "systemctl daemon-reload >/dev/null 2>&1; fi",
+        f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {q(root)}; fi",
+        "true",
+    ])
 
 
 def parse_facts(text: str) -> dict[str, str]:

@@ -189,6 +189,11 @@ class Tunnel:
                 continue
             threading.Thread(target=pump, args=(conn, channel, self._closed), daemon=True).start()
 
+    @property
+    def active(self) -> bool:
+        """Still forwarding: not closed, and its SSH connection is up."""
+        return not self._closed.is_set() and self.transport.is_active()
+
     def close(self) -> None:
         self._closed.set()
         with contextlib.suppress(OSError):

@@ -120,6 +120,9 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
         yield from _check_address(spec, i, host.address, ("hosts", i, "address"))
         for j, address in enumerate(host.bind or []):
             yield from _check_address(spec, i, address, ("hosts", i, "bind", j))
+        if host.admin_via_ssh and spec.provider != "ansible":
+            yield (("hosts", i, "admin_via_ssh"), "admin_via_ssh needs provider: ansible",
+                   "the local provider reaches its nodes directly; remove admin_via_ssh")
 
 
 def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, ...]) -> Iterator[Finding]:

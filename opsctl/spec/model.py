@@ -69,6 +69,9 @@ class Host(Strict):
     ssh_key: str | None = None
     ssh_port: Port = 22
     bastion: str | None = None
+    admin_via_ssh: bool = Field(default=False, description=(
+        "provider ansible: opsctl reaches this host's node ports through an SSH tunnel to the host "
+        "(for ports open only to the other hosts); see docs/remote.md"))
 
 
 class NodeOverride(Strict):

@@ -12,7 +12,10 @@ env_file="$root/nodes/$node.env"
 . "$env_file"
 
 pid_of() { [ -s "$OPSCTL_PID" ] && cat "$OPSCTL_PID" || true; }
-alive() { p=$(pid_of); [ -n "$p" ] && kill -0 "$p" 2>/dev/null; }
+# A zombie (exited, not yet reaped by its parent or init) counts as dead: kill -0 still succeeds on it.
+zombie() { [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" = Z ]; }
+running() { kill -0 "$1" 2>/dev/null && ! zombie "$1"; }
+alive() { p=$(pid_of); [ -n "$p" ] && running "$p"; }
 listening() { ss -Hltn "sport = :$OPSCTL_PORT" 2>/dev/null | grep -q .; }
 use_systemd() { [ -d /run/systemd/system ] && [ -f "/etc/systemd/system/$OPSCTL_UNIT.service" ]; }
 
@@ -52,7 +55,7 @@ stop() {
   echo "stopped $p"
 }
 
-not_alive() { ! kill -0 "$p" 2>/dev/null; }
+not_alive() { ! running "$p"; }
 
 case "$action" in
   start) start ;;
