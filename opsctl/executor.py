@@ -41,7 +41,6 @@ from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
 START_TIMEOUT = 60.0
-RESTART_TIMEOUT = 60.0
 
 
 @dataclass
@@ -49,16 +48,17 @@ class Execution:
     rt: Runtime
     emit: EventSink
     allow_downtime: bool = False
+    wait_timeout: float = 60.0
     timings: list[tuple[str, float]] = field(default_factory=list)
 
 
 def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False,
-            parallel_shards: int = 1) -> list[tuple[str, float]]:
+            parallel_shards: int = 1, wait_timeout: float = 60.0) -> list[tuple[str, float]]:
     """Run every step in order (node-local write/start steps of different nodes in parallel waves);
     stop at the first failure with an error naming the step. parallel_shards > 1 rolls that many shards
     at once through a plan of restarts and failovers."""
     _refuse_downtime(plan, allow_downtime)
-    run = Execution(rt, emit, allow_downtime)
+    run = Execution(rt, emit, allow_downtime, wait_timeout)
     numbered = list(enumerate(plan.steps, start=1))
     if parallel_shards > 1 and all(isinstance(s, (RestartNode, Failover, WaitConverged)) for s in plan.steps):
         _run_shards_in_parallel(run, numbered, parallel_shards)
@@ -227,7 +227,7 @@ def restart_node(run: Execution, step: Step) -> None:
     run.rt.provider.stop(node)
     run.rt.provider.start(node)
     wait_answering(run, node)
-    wait_back_in_place(run.rt, node, timeout=RESTART_TIMEOUT)
+    wait_back_in_place(run.rt, node, timeout=run.wait_timeout)
 
 
 def fail_over(run: Execution, step: Step) -> None:
@@ -248,7 +248,7 @@ def fail_over(run: Execution, step: Step) -> None:
             return Pending(f"{exc.summary} {exc.detail}".strip())
         return True
 
-    wait_for(checks_pass, RESTART_TIMEOUT, f"the failover pre-checks of shard {step.shard} to pass", interval=0.05)
+    wait_for(checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to pass", interval=0.05)
     run_failover(rt.loaded, rt.state_dir, Options(master=step.node), say)
 
 

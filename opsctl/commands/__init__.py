@@ -13,3 +13,7 @@ REGISTRARS: list[Registrar] = [lifecycle.register, inventory.register]
 
 from opsctl.commands import audit as _audit  # noqa: E402,F401  (registers `audit` and `bigkey`)
 from opsctl.commands import cluster as _cluster  # noqa: E402,F401  (registers `cluster check`)
+from opsctl.commands import failover as _failover  # noqa: E402,F401  (registers `failover`)
+from opsctl.commands import restart as _restart  # noqa: E402
+
+REGISTRARS.append(_restart.register)

@@ -29,7 +29,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
         if not plan.empty:
             _confirm(args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?")
             timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime,
-                              parallel_shards=args.parallel_shards)
+                              parallel_shards=args.parallel_shards,
+                              wait_timeout=args.wait_timeout)
             print(f"Restarted in {sum(t for _, t in timings):.2f}s.", file=sys.stderr)
         _print_status(rt, args.output)
     return EXIT_OK
@@ -40,6 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _common(p)
     p.add_argument("--nodes", help="comma-separated node names (default: every node)")
     p.add_argument("--parallel-shards", type=int, default=1, metavar="N", help="restart N shards at once")
+    p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+                   help="how long a restarted node may take to be back in place, or a failover's checks to pass")
     p.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
     p.add_argument("--allow-downtime", action="store_true", help="allow restarting a master that has no replica")
     p.set_defaults(handler=cmd_restart)
