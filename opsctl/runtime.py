@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,23 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
 
     binary = find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary)
     return Runtime(loaded, LocalProvider(loaded, directory, binary), directory)
+
+
+@contextmanager
+def admin_routes(loaded: LoadedSpec, state_dir: Path) -> Iterator[None]:
+    """For commands that talk to nodes without a Runtime (failover, cluster check/reshard/...): when hosts have
+    admin_via_ssh, an AnsibleProvider registers the SSH-tunnel route of Admin.for_node for the block, and
+    closes its tunnels and connections afterwards. Otherwise nothing."""
+    if loaded.spec.provider != "ansible" or not any(h.admin_via_ssh for h in loaded.spec.hosts):
+        yield
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        yield
+    finally:
+        provider.close()
 
 
 def spec_digest(loaded: LoadedSpec) -> str:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from opsctl.audit.bigdelete import choose_method, gc_name, parse_slot_owner
-from opsctl.audit.discover import LiveNode, parse_role, scan_targets
+from opsctl.audit.discover import LiveNode, role_summary, scan_targets
 from opsctl.audit.findings import RULES, at_or_above, finding
 from opsctl.audit.keynames import NameLint, case_style, prefix_of
 from opsctl.audit.keyspace import BigKeys, Expiries, HotKeys, Thresholds, shard_skew
@@ -160,8 +160,8 @@ def _live(name: str, role: str, master: str | None = None, linked: bool = True) 
 
 
 def test_roles_and_scan_targets() -> None:
-    assert parse_role(["master", 10, []]) == ("master", None, True)
-    assert parse_role(["slave", "127.0.0.1", 7001, "connected", 5]) == ("replica", "127.0.0.1:7001", True)
+    assert role_summary(["master", 10, []]) == ("master", None, True)
+    assert role_summary(["slave", "127.0.0.1", 7001, "connected", 5]) == ("replica", "127.0.0.1:7001", True)
     live = [_live("m1", "master"), _live("r1", "replica", "127.0.0.1:1"), _live("m2", "master")]
     targets, problems = scan_targets(live, allow_masters=False)
     assert [t.node.name for t in targets] == ["r1"] and [p.node for p in problems] == ["m2"]

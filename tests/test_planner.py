@@ -185,7 +185,7 @@ def test_a_server_upgrade_rolls_and_a_downgrade_is_refused() -> None:
     newer = {k: NodeFacts(k, True, record=v.record, reachable=True,
                           info={**v.info, "server_name": "valkey", "valkey_version": "9.1.2"}, role=v.role,
                           cluster_nodes=v.cluster_nodes, config=v.config) for k, v in formed_cluster(down).items()}
-    with pytest.raises(RefusedError, match="from valkey 9.1 to redis 7.0") as refused:
+    with pytest.raises(RefusedError, match=r"from valkey 9\.1 to redis 7\.0") as refused:
         make_plan(down, desired(down), newer, "d")
     assert "cannot load the RDB format 80" in refused.value.detail
 

@@ -10,6 +10,7 @@ import redis
 
 from opsctl.admin import Admin
 from opsctl.audit.findings import Finding, finding
+from opsctl.observe.parse import parse_role
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -31,20 +32,17 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def parse_role(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
-    """ROLE -> (master|replica, master endpoint, link up)."""
-    kind = _s(reply[0])
-    if kind == "master":
-        return "master", None, True
-    if kind in ("slave", "replica"):
-        return "replica", f"{_s(reply[1])}:{_s(reply[2])}", _s(reply[3]) == "connected"
-    return kind, None, False
+def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
+    """ROLE -> (master|replica|sentinel, master endpoint, link up)."""
+    role = parse_role(reply)
+    master = f"{role.master[0]}:{role.master[1]}" if role.master else None
+    return role.kind, master, role.kind == "master" or role.link == "connected"
 
 
 def live_node(loaded: LoadedSpec, node: Node) -> LiveNode:
     try:
         with Admin.for_node(loaded, node, timeout=3.0) as admin:
-            role, master, linked = parse_role(admin.call("ROLE"))
+            role, master, linked = role_summary(admin.call("ROLE"))
     except (redis.RedisError, OSError) as exc:
         return LiveNode(node, "down", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return LiveNode(node, role, master, linked)

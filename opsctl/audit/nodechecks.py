@@ -115,15 +115,6 @@ def auth_findings(node: str, anonymous_error: str | None, default_flags: Sequenc
     return out
 
 
-def info_fields(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and not line.startswith("#"):
-            out[name.strip()] = value.strip()
-    return out
-
-
 def _num(info: Mapping[str, str], name: str) -> float:
     try:
         return float(info.get(name, "0"))

@@ -11,6 +11,7 @@ import redis
 from opsctl.admin import Admin
 from opsctl.audit import nodechecks as nc
 from opsctl.audit.findings import Finding
+from opsctl.observe.parse import parse_info
 from opsctl.render.directives import Directive, NodePaths, server_sections
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -70,7 +71,7 @@ def config_findings(loaded: LoadedSpec, node: Node, admin: Admin) -> list[Findin
 
 
 def memory_facts(node: Node, admin: Admin) -> dict[str, Any]:
-    info = nc.info_fields(admin.info("all"))
+    info = parse_info(admin.info("all"))
     maxclients = int(admin.config_get("maxclients").get("maxclients", "0"))
     return nc.memory_row(node.name, info, maxclients)
 

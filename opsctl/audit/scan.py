@@ -16,9 +16,9 @@ from opsctl.admin import Admin
 from opsctl.audit.discover import LiveNode
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
-from opsctl.audit.nodechecks import info_fields
 from opsctl.audit.pipe import RawPipe, Throttle
 from opsctl.audit.resp import Reply, RespError, encode, encode_keyed
+from opsctl.observe.parse import parse_info
 from opsctl.spec.load import LoadedSpec
 
 Progress = Callable[[str, int, int], None]
@@ -226,7 +226,7 @@ def scan_node(loaded: LoadedSpec, target: LiveNode, wants: ScanWants, thresholds
         if wants.sizes:
             _describe_big(pipe, result)
         info = pipe.call("INFO", "memory")
-        fields = info_fields(info.decode() if isinstance(info, bytes) else "")
+        fields = parse_info(info.decode() if isinstance(info, bytes) else "")
         result.used_memory = int(fields.get("used_memory", "0"))
     result.seconds = time.monotonic() - started
     return result

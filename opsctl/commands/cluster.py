@@ -23,16 +23,18 @@ def _cluster_spec(path: str) -> Any:
 def cmd_check(args: argparse.Namespace) -> int:
     from opsctl.cluster.check import report_text, summarize
     from opsctl.observe.collect import observe
+    from opsctl.runtime import admin_routes, state_dir_for
 
     loaded = _cluster_spec(args.file)
-    report = summarize(observe(loaded, loaded.layout.servers, timeout=args.timeout))
+    with admin_routes(loaded, state_dir_for(loaded, None)):
+        report = summarize(observe(loaded, loaded.layout.servers, timeout=args.timeout))
     print(json.dumps(report.to_dict(), indent=2) if args.output == "json" else report_text(report))
     return EXIT_OK if report.healthy else EXIT_ERROR
 
 
 def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
-    from opsctl.runtime import state_dir_for
+    from opsctl.runtime import admin_routes, state_dir_for
     from opsctl.slots.cli import outcome_json, outcome_text, printer
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions
@@ -42,7 +44,7 @@ def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> i
     state_dir = state_dir_for(loaded, args.state_dir)
     emit = printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
-    with state_lock(state_dir):
+    with state_lock(state_dir), admin_routes(loaded, state_dir):
         if resume and not getattr(args, "dry_run", False):
             close_open(loaded, state_dir, emit)
         outcome = operation(loaded, state_dir, emit, options)

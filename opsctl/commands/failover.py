@@ -23,7 +23,7 @@ def _confirm(args: argparse.Namespace) -> None:
 def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.failover.report import report_text
     from opsctl.failover.runbook import Options, run_failover
-    from opsctl.runtime import state_dir_for
+    from opsctl.runtime import admin_routes, state_dir_for
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
 
@@ -39,7 +39,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr if json_mode else sys.stdout, flush=True)
 
-    with state_lock(state_dir):
+    with state_lock(state_dir), admin_routes(loaded, state_dir):
         report = run_failover(loaded, state_dir, opts, say)
     print(report.json() if json_mode else report_text(report).splitlines()[-1])
     return EXIT_OK

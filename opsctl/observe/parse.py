@@ -13,6 +13,15 @@ from typing import Any
 # --- INFO ---------------------------------------------------------------------------------------
 
 
+def server_of(info: Mapping[str, str]) -> tuple[str, tuple[int, int]] | None:
+    """(flavor, (major, minor)) a node reports in INFO server; Valkey also reports a redis_version."""
+    for flavor, key in (("valkey", "valkey_version"), ("redis", "redis_version")):
+        if info.get(key):
+            major, minor = info[key].split(".")[:2]
+            return flavor, (int(major), int(minor))
+    return None
+
+
 def parse_info(text: str) -> dict[str, str]:
     """INFO (or CLUSTER INFO) text as flat key -> value. Keyspace lines ('db0:keys=1,...') keep raw values."""
     out: dict[str, str] = {}

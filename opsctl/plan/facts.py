@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
 from opsctl.plan.steps import digest
 
 
@@ -44,12 +44,7 @@ class NodeFacts:
     @property
     def server(self) -> tuple[str, tuple[int, int]] | None:
         """(flavor, (major, minor)) the running process reports in INFO, None when unknown."""
-        flavor = "valkey" if self.info.get("server_name") == "valkey" or "valkey_version" in self.info else "redis"
-        text = self.info.get("valkey_version") if flavor == "valkey" else self.info.get("redis_version")
-        if not text:
-            return None
-        major, minor = text.split(".")[:2]
-        return flavor, (int(major), int(minor))
+        return server_of(self.info)
 
     @property
     def myself(self) -> ClusterNodeLine | None:

@@ -31,8 +31,8 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.versions import Version, parse_version, rolling_change_problem, server_text
 
 Facts = Mapping[str, NodeFacts]
-STRUCTURAL = (StartNode, RestartNode, Failover, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots, CloseSlots,
-              RemoveNode)
+STRUCTURAL = (StartNode, RestartNode, Failover, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots,
+              CloseSlots, RemoveNode)
 
 
 def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:

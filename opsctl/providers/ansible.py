@@ -22,7 +22,7 @@ import paramiko
 
 from opsctl.admin import route_admin
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.providers.base import ProcessState
+from opsctl.providers.base import ProcessState, parse_record
 from opsctl.remote import ssh
 from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
 from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
@@ -137,17 +137,7 @@ class AnsibleProvider:
             raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
 
     def load_record(self, node: Node) -> dict[str, Any]:
-        text = self.read_file(node, RECORD)
-        if text is None:
-            return {}
-        try:
-            record = json.loads(text)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            raise OpsctlError(f"{node.name}: {RECORD} on host {node.host} is not a JSON object",
-                              hint="delete the file; the next `opsctl apply` writes it again")
-        return record
+        return parse_record(self.read_file(node, RECORD), node.name, f"{RECORD} on host {node.host}")
 
     def start(self, node: Node) -> None:
         self.flush()

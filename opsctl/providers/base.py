@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opsctl.errors import OpsctlError
 from opsctl.render import NodePaths
 from opsctl.spec.layout import Node
 
@@ -48,3 +50,17 @@ class Provider(Protocol):
     def save_record(self, node: Node, record: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
+    """A node's record (what opsctl last applied) from its JSON text; {} when there is none yet."""
+    if text is None:
+        return {}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise OpsctlError(f"{node}: {where} is not a JSON object",
+                          hint="delete the file; the next `opsctl apply` writes it again")
+    return record

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from opsctl.binaries import ServerBinary
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.providers.base import ProcessState
+from opsctl.providers.base import ProcessState, parse_record
 from opsctl.render import NodePaths
 from opsctl.render.files import default_paths, write_private
 from opsctl.secrets import Secret, mask_text
@@ -199,17 +199,7 @@ class LocalProvider:
 
     def load_record(self, node: Node) -> dict[str, Any]:
         path = self.node_dir(node) / RECORD
-        text = read_text(path)
-        if text is None:
-            return {}
-        try:
-            record = json.loads(text)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
-            raise OpsctlError(f"{node.name}: {path} is not a JSON object",
-                              hint="delete the file; the next `opsctl apply` writes it again")
-        return record
+        return parse_record(read_text(path), node.name, str(path))
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
         write_private(self._folder(node) / RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -11,11 +11,11 @@ from typing import Any
 
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import Pending, wait_for
-from opsctl.observe.parse import parse_pairs
+from opsctl.observe.parse import parse_pairs, server_of
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import Ranges, count, to_ranges
-from opsctl.slots.session import Peer, checked, node_version, pipe
+from opsctl.slots.session import Peer, checked, pipe
 
 DONE = frozenset({"success", "completed"})
 FAILED = frozenset({"failed", "cancelled", "canceled"})
@@ -72,7 +72,7 @@ def cancel_command(flavor: str) -> tuple[Any, ...]:
 def atomic_move(source: Peer, target: Peer, slots: Sequence[int], journal: Journal, progress: Progress,
                 info: Mapping[str, str], est_keys: int = 0) -> None:
     """Start one server-side job for all the slots and wait for it; cancel it if we are interrupted."""
-    version = node_version(dict(info))
+    version = server_of(dict(info))
     flavor = version[0] if version else "valkey"
     ranges = to_ranges(slots)
     command, side = start_commands(flavor, target.id, ranges)

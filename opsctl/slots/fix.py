@@ -9,14 +9,14 @@ from pathlib import Path
 from opsctl.errors import RefusedError
 from opsctl.observe.cluster_state import slot_map, uncovered
 from opsctl.observe.collect import observe
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
 from opsctl.slots.run import Outcome, open_session, wait_stable
-from opsctl.slots.session import Emit, Peer, Session, checked, node_version, pipe
+from opsctl.slots.session import Emit, Peer, Session, checked, pipe
 from opsctl.spec.load import LoadedSpec
 
 
@@ -91,7 +91,7 @@ def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emi
     if entry.mode == "atomic":
         if entry.source in session.peers:
             info = session.seen[entry.source].info
-            version = node_version(dict(info))
+            version = server_of(dict(info))
             wait_idle(session.peers[entry.source], version[0] if version else "valkey")
         journal.closed(slots)
         return f"atomic move {entry.source} -> {entry.target} of {text(entry.slots)}: ended server-side"

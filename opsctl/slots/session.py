@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import Command, NodeObservation, Observer, raw_pipeline
-from opsctl.observe.parse import ClusterNodeLine, myself
+from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.versions import Version, has_capability, parse_version
+from opsctl.versions import has_capability
 
 T = TypeVar("T")
 Event = dict[str, Any]
@@ -46,15 +46,6 @@ def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
             raise OpsctlError(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
                               "`opsctl cluster fix -f SPEC` closes what this run opened")
     return replies
-
-
-def node_version(info: dict[str, str]) -> tuple[str, Version] | None:
-    """(flavor, version) a node reports in INFO server."""
-    if "valkey_version" in info:
-        return "valkey", parse_version(info["valkey_version"])
-    if "redis_version" in info:
-        return "redis", parse_version(info["redis_version"])
-    return None
 
 
 class Session:
@@ -97,7 +88,7 @@ class Session:
 
     def atomic(self) -> bool:
         """Whether every reachable server supports atomic slot migration."""
-        versions = [node_version(o.info) for o in self.seen.values() if o.reachable]
+        versions = [server_of(o.info) for o in self.seen.values() if o.reachable]
         return bool(versions) and all(v is not None and has_capability(v[0], v[1], "atomic_slot_migration")
                                       for v in versions)
 
