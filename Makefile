@@ -25,10 +25,13 @@ demo-down: venv
 system-deps:
 	./scripts/system-deps.sh
 
+# Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
 test: venv system-deps
-	$(BIN)/ruff check opsctl tests bench
-	$(BIN)/mypy opsctl
-	$(BIN)/pytest -n 2 --dist loadfile tests
+	@rc=0; \
+	$(BIN)/pytest -n 2 --dist loadfile tests || rc=1; \
+	$(BIN)/ruff check opsctl tests bench || rc=1; \
+	$(BIN)/mypy opsctl || rc=1; \
+	exit $$rc
 
 test-fast: venv
 	$(BIN)/pytest -n 2 --dist loadfile -m "not remote" tests
