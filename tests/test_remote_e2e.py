@@ -3,21 +3,25 @@
 `opsctl apply -f SPEC --auto-approve` deploys a 3-master/3-replica Valkey cluster (binary shipped by deploy.yml) and
 a Sentinel topology (Redis from the OS package, a canary password); the referees check them (redis-cli --cluster
 check, `opsctl status`, each sentinel's view); a second apply has an empty plan and runs no Ansible task that
-changes anything; `opsctl destroy --purge` leaves the hosts as they were. A replication topology whose ports are
-firewalled from this machine is driven entirely through SSH tunnels (hosts[].admin_via_ssh).
+changes anything; `opsctl destroy --purge` leaves the hosts as they were. The cluster and a replication topology
+have their ports firewalled from this machine, so all their admin traffic rides SSH tunnels (hosts[].admin_via_ssh):
+the cluster's `opsctl failover` and `opsctl cluster reshard` included. The cluster's referees (a cluster client,
+redis-cli --cluster check) run inside host h1's network namespace, where the ports are open as on any host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -32,10 +36,15 @@ from opsctl.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
 from tests.support import PASSWORD, cluster_check, make_spec, missing, server_binary, write_spec
+from tests.test_slots_reshard import preload
+from tests.writer import cluster_client, dataset_checksum
 
 pytestmark = pytest.mark.remote
 CANARY = "canary-pw-7f3e9b1c5d2a4e60"
 CANARY_ENV = "OPSCTL_CANARY_PW"
+CLONE_NEWNET = 0x40000000
+RESHARD_SLOTS = 200
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -132,21 +141,99 @@ def cleanup(spec: Path) -> Iterator[None]:
 
 
 def test_cluster_through_opsctl_apply(ssh_env: netns.Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ports firewalled from this machine: apply, failover, reshard, status, a second apply and destroy work only
+    because every admin connection rides an SSH tunnel; keys written before come through unchanged."""
     lab = ssh_env
-    spec = write_spec(tmp_path, remote_spec(lab, "cluster", "valkey"))
+    spec = write_spec(tmp_path, tunnelled(remote_spec(lab, "cluster", "valkey")))
     loaded = read_spec(spec)
     assert {n.host for n in loaded.layout.nodes} == {"h1", "h2", "h3"}
-    with cleanup(spec):
+    referee = lab.hosts[0]
+    with firewalled(lab, *port_range(loaded)), cleanup(spec):
         apply(capsys, spec)
-        check = cluster_check(loaded.layout.servers[0].endpoint)
-        assert check.returncode == 0, check.stdout + check.stderr
-        assert "[OK] All 16384 slots covered" in check.stdout
+        assert not any(reachable(n.address, n.port) for n in loaded.layout.servers)  # only tunnels get through
+        assert "[OK] All 16384 slots covered" in in_netns(referee, check_cluster, loaded)
         runs = ansible_runs(loaded)
         assert [r.playbook.split("-")[0] for r in runs.values()] == ["deploy"]  # one run ships all six nodes
         assert "cluster ok" in status(capsys, spec)["health"]
+        before = in_netns(referee, preload_and_checksum, loaded, 3000)
+        failover_then_reshard(capsys, spec, loaded)
+        assert in_netns(referee, checksum, loaded) == before
+        in_netns(referee, check_cluster, loaded)
         assert_second_apply_changes_nothing(capsys, spec, loaded)
         redeploy_what_apply_wrote(lab, loaded)
         destroy_and_check_hosts(capsys, lab, spec, loaded)
+
+
+def tunnelled(spec: dict[str, Any]) -> dict[str, Any]:
+    for host in spec["hosts"]:
+        host["admin_via_ssh"] = True
+    return spec
+
+
+def port_range(loaded: LoadedSpec) -> tuple[int, int]:
+    ports = [n.port for n in loaded.layout.nodes]
+    return min(ports), max(ports)
+
+
+def in_netns(host: netns.TestHost, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a thread that joined the host's network namespace (setns is per thread, and the processes it
+    starts inherit it): clients there reach the nodes as the other hosts do, past the firewall of `firewalled`."""
+    def joined() -> T:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open(f"/run/netns/{host.netns}") as handle:
+            if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {host.netns}")
+        return fn(*args)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the thread ends with the pool: nothing else joins the host
+        return pool.submit(joined).result()
+
+
+def check_cluster(loaded: LoadedSpec) -> str:
+    """redis-cli --cluster check: the referee nobody here wrote. Returns its report."""
+    check = cluster_check(loaded.layout.servers[0].endpoint)
+    assert check.returncode == 0 and "[ERR]" not in check.stdout, check.stdout + check.stderr
+    return check.stdout
+
+
+def preload_and_checksum(loaded: LoadedSpec, count: int) -> tuple[int, str]:
+    preload(loaded, count)
+    result = checksum(loaded)
+    assert result[0] == count, result
+    return result
+
+
+def checksum(loaded: LoadedSpec) -> tuple[int, str]:
+    client = cluster_client(loaded)
+    try:
+        return dataset_checksum(client, "pre:*")
+    finally:
+        client.close()
+
+
+def masters_and_slots(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, int]:
+    """`opsctl cluster check` (through the tunnels too): each master's name and slot count."""
+    code, out, err = run(capsys, "cluster", "check", "-f", str(spec), "--output", "json")
+    report = json.loads(out)
+    assert code == 0 and report["healthy"], report["problems"] or err
+    return {s["master"].split("(")[-1].rstrip(")"): s["slot_count"] for s in report["shards"]}  # "addr:port (name)"
+
+
+def failover_then_reshard(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec) -> None:
+    """A graceful failover of shard 1, then 200 slots from its new master to shard 2's master."""
+    shard1, shard2 = loaded.layout.shards[:2]
+    before = masters_and_slots(capsys, spec)
+    code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
+    assert code == 0, out + err
+    promoted = shard1.replicas[0]
+    after_failover = masters_and_slots(capsys, spec)
+    assert shard1.master not in after_failover and after_failover[promoted] == before[shard1.master], after_failover
+    code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", promoted, "--to", shard2.master,
+                         "--slots", str(RESHARD_SLOTS))
+    assert code == 0, out + err
+    after = masters_and_slots(capsys, spec)
+    assert after[promoted] == before[shard1.master] - RESHARD_SLOTS, after
+    assert after[shard2.master] == before[shard2.master] + RESHARD_SLOTS, after
 
 
 def redeploy_what_apply_wrote(lab: netns.Lab, loaded: LoadedSpec) -> None:
@@ -264,13 +351,9 @@ def test_admin_traffic_through_ssh_tunnels(ssh_env: netns.Lab, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Node ports closed to this machine: with admin_via_ssh every admin connection rides an SSH tunnel."""
     lab = ssh_env
-    data = remote_spec(lab, "replication", "valkey")
-    for host in data["hosts"]:
-        host["admin_via_ssh"] = True
-    spec = write_spec(tmp_path, data)
+    spec = write_spec(tmp_path, tunnelled(remote_spec(lab, "replication", "valkey")))
     loaded = read_spec(spec)
-    ports = [n.port for n in loaded.layout.nodes]
-    with firewalled(lab, min(ports), max(ports)), cleanup(spec):
+    with firewalled(lab, *port_range(loaded)), cleanup(spec):
         apply(capsys, spec)
         node = loaded.layout.servers[0]
         assert not reachable(node.address, node.port)  # the firewall holds: only the tunnel gets through
