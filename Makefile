@@ -5,15 +5,21 @@ BIN := $(VENV)/bin
 SPEC ?= examples/cluster.yaml
 export ORDERS_REDIS_PASSWORD ?= demo-only-$(shell whoami)-change-me-0123456789
 
-.PHONY: venv demo demo-down test test-fast lint typecheck bench clean system-deps
+.PHONY: venv dev demo demo-down test test-fast lint typecheck bench clean system-deps
 
 $(BIN)/opsctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(BIN)/opsctl
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 venv: $(BIN)/opsctl
+
+dev: $(VENV)/.dev
 
 demo: venv
 	$(BIN)/opsctl apply -f $(SPEC) --auto-approve
@@ -26,17 +32,17 @@ system-deps:
 	./scripts/system-deps.sh
 
 # Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
-test: venv system-deps
+test: dev system-deps
 	@rc=0; \
 	$(BIN)/pytest -n 2 --dist loadfile tests || rc=1; \
 	$(BIN)/ruff check opsctl tests bench || rc=1; \
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc
 
-test-fast: venv
+test-fast: dev
 	$(BIN)/pytest -n 2 --dist loadfile -m "not remote" tests
 
-lint: venv
+lint: dev
 	$(BIN)/ruff check opsctl tests bench
 	$(BIN)/mypy opsctl
 
