@@ -6,15 +6,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import Plan
 from opsctl.spec.layout import Layout
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 node`, `3 nodes`, `0 replicas`; many for irregular nouns."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
 def plan_text(plan: Plan) -> str:
     if plan.empty:
         return "\n".join(["Plan: no changes.", *(f"  {note}" for note in plan.notes)])
-    lines = [f"Plan: {len(plan.steps)} step(s) for '{plan.spec_name}':"]
+    lines = [f"Plan: {plural(len(plan.steps), 'step')} for '{plan.spec_name}':"]
     for i, step in enumerate(plan.steps, start=1):
         lines.append(f"  {i:>3}. {step.title()}")
         lines.append(f"       why: {step.reason}")
@@ -24,6 +30,9 @@ def plan_text(plan: Plan) -> str:
 
 @dataclass(frozen=True)
 class NodeStatus:
+    """One node's row. offset: its replication offset. lag: a replica's bytes behind its master (None when the
+    master is unknown or silent); a master's slowest replica's lag (None without replicas)."""
+
     name: str
     endpoint: str
     host: str
@@ -40,24 +49,44 @@ class NodeStatus:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @property
+    def lag_text(self) -> str:
+        """The LAG column: bytes, `?` for a replica whose lag is unknown, `-` where there is no lag."""
+        if self.lag is not None:
+            return str(self.lag)
+        return "?" if self.role == "replica" else "-"
+
 
 def node_status(layout: Layout, facts: Mapping[str, NodeFacts]) -> list[NodeStatus]:
     rows = []
     for node in layout.nodes:
         f = facts[node.name]
         role = f.role
-        master_offset = _master_offset(layout, facts, role.master) if role and role.master else None
         me = f.myself
         rows.append(NodeStatus(
             name=node.name, endpoint=node.endpoint, host=node.host,
             state="up" if f.reachable else ("running, not answering" if f.running else "down"),
             role=role.kind if role else "-",
             link=(role.link or "-") if role and role.kind == "replica" else "-",
-            offset=role.offset if role else None,
-            lag=(master_offset - role.offset) if role and master_offset is not None else None,
+            offset=role.offset if role and role.kind != "sentinel" else None,
+            lag=_lag(layout, facts, node.endpoint, role),
             memory=f"{f.info.get('used_memory_human', '-')}/{_maxmemory(f.info)}",
             keys=f.keys, slots=sum(b - a + 1 for a, b in me.slots) if me else 0, shard=node.shard))
     return rows
+
+
+def _lag(layout: Layout, facts: Mapping[str, NodeFacts], endpoint: str, role: RoleInfo | None) -> int | None:
+    """A replica: bytes behind its master, as the master's ROLE reports (one snapshot), else from the two offsets.
+    A master: its slowest replica's lag. Never negative (two nodes are not observed at the same instant)."""
+    if role is None or role.kind == "sentinel":
+        return None
+    if role.kind == "master":
+        return max((max(0, role.offset - acked) for _, _, acked in role.replicas), default=None)
+    master = _master_role(layout, facts, role.master) if role.master else None
+    if master is None:
+        return None
+    acked = next((off for address, port, off in master.replicas if f"{address}:{port}" == endpoint), None)
+    return max(0, master.offset - (acked if acked is not None else role.offset))
 
 
 def _maxmemory(info: Mapping[str, str]) -> str:
@@ -65,10 +94,11 @@ def _maxmemory(info: Mapping[str, str]) -> str:
     return "unlimited" if value in ("0B", "0") else value
 
 
-def _master_offset(layout: Layout, facts: Mapping[str, NodeFacts], master: tuple[str, int]) -> int | None:
+def _master_role(layout: Layout, facts: Mapping[str, NodeFacts], master: tuple[str, int]) -> RoleInfo | None:
     node = layout.find(f"{master[0]}:{master[1]}")
-    role = facts[node.name].role if node else None
-    return role.offset if role and role.kind == "master" else None
+    f = facts.get(node.name) if node else None
+    role = f.role if f and f.reachable else None
+    return role if role and role.kind == "master" else None
 
 
 def status_table(rows: list[NodeStatus]) -> str:
@@ -76,7 +106,6 @@ def status_table(rows: list[NodeStatus]) -> str:
              f"{'MEMORY':<16} {'KEYS':>8} {'SLOTS':>6}"
     lines = [header]
     for r in rows:
-        lag = "-" if r.lag is None else str(r.lag)
-        lines.append(f"{r.name:<22} {r.endpoint:<22} {r.state:<8} {r.role:<9} {r.link:<10} {lag:>8} "
+        lines.append(f"{r.name:<22} {r.endpoint:<22} {r.state:<8} {r.role:<9} {r.link:<10} {r.lag_text:>8} "
                      f"{r.memory:<16} {r.keys:>8} {r.slots:>6}")
     return "\n".join(lines)

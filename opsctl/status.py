@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from opsctl.health import replication_problem, sentinel_problem
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
+from opsctl.report import plural
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
@@ -25,14 +26,14 @@ def health_line(loaded: LoadedSpec, facts: Mapping[str, NodeFacts]) -> tuple[boo
             return False, f"cluster degraded: {problems[0].node}: {problems[0].what}" + (
                 f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         masters = sum(1 for n in layout.servers if (r := facts[n.name].role) and r.kind == "master")
-        return True, (f"cluster ok: 16384/16384 slots, {masters} masters, "
-                      f"{len(layout.servers) - masters} replicas, all nodes agree")
+        return True, (f"cluster ok: 16384/16384 slots, {plural(masters, 'master')}, "
+                      f"{plural(len(layout.servers) - masters, 'replica')}, all nodes agree")
     if topology in ("replication", "sentinel"):
         problem = replication_problem(layout, facts)
         if problem is None and topology == "sentinel":
             problem = sentinel_problem(layout, facts, sentinel_master_name(loaded.spec))
         if problem:
             return False, f"{topology} degraded: {problem}"
-        extra = f", {len(layout.sentinels)} sentinels agree" if topology == "sentinel" else ""
-        return True, f"{topology} ok: 1 master, {len(layout.shards[0].replicas)} replicas linked{extra}"
+        extra = f", {plural(len(layout.sentinels), 'sentinel')} agree" if topology == "sentinel" else ""
+        return True, f"{topology} ok: 1 master, {plural(len(layout.shards[0].replicas), 'replica')} linked{extra}"
     return True, "standalone ok"

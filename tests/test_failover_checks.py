@@ -297,3 +297,43 @@ def test_the_core_imports_no_io():
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not names & {"redis", "socket", "subprocess", "paramiko", "ansible_runner"}, module
+
+
+# --- nothing answers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", ["cluster", "replication"])
+def test_when_no_node_answers_the_checks_say_so(tmp_path, topology):
+    loaded = spec(tmp_path, topology)
+    s1 = loaded.layout.shards[0]
+    facts = facts_for(loaded, down=[n.name for n in loaded.layout.nodes])
+    target = resolve_target(loaded, facts, shard=1)
+    assert target == Target(1, s1.master, None, "no node answers: cannot choose a replica")
+    checks = (cluster_prechecks(loaded, facts, target, Thresholds(), [], 0.0) if topology == "cluster"
+              else replication_prechecks(loaded, facts, target, Thresholds()))
+    text = "\n".join(c.line() for c in checks)
+    assert "None" not in text and "Sentinel" not in text, text
+    values = {c.name: c.value for c in checks}
+    if topology == "cluster":
+        assert values["target-linked"] == "no node answers: cannot choose a replica"
+        assert values["replication-lag"] == "no replica to measure"
+        assert values["cluster-agrees"] == "no node answers" and values["masters-reachable"] == "0/3 masters answer"
+    else:
+        assert values[f"replication-lag({s1.replicas[0]})"] == f"{s1.master} does not answer: its replicas' lag " \
+                                                               "is unknown"
+    assert not any(c.passed for c in checks if c.name != "cool-down")
+    report = FailoverReport(loaded.spec.name, topology, "me@host", 0.0, "graceful", True, target, checks)
+    head = report_text(report).splitlines()[0]
+    assert head.endswith(f"master {s1.master} -> none (no node answers: cannot choose a replica)"), head
+
+
+def test_a_missing_replica_is_named_truthfully(tmp_path):
+    loaded = spec(tmp_path, "cluster")
+    s1 = loaded.layout.shards[0]
+    no_link = resolve_target(loaded, facts_for(loaded, link_down=s1.replicas), shard=1)
+    assert no_link.no_replica == f"no replica is linked to {s1.master}"
+    assert no_link.promotion() == f"{s1.master} -> none (no replica is linked to {s1.master})"
+    sentinel = spec(tmp_path, "sentinel")
+    assert resolve_target(sentinel, facts_for(sentinel), shard=1).promotion().endswith("-> chosen by Sentinel")
+    check = cooldown_check(no_link, [], 0.0, Thresholds())
+    assert check.passed and "None" not in check.threshold

@@ -15,6 +15,8 @@ from opsctl.audit.discover import discover
 from opsctl.audit.pipe import RawPipe, Throttle
 from opsctl.audit.resp import Arg, Reply, RespError, encode, hash_tag, key_slot
 from opsctl.errors import OpsctlError
+from opsctl.slots.scale import find_node
+from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 DEFAULT_CHUNK = 500  # seeds/000 二(4): about 500 elements per batch call
@@ -89,6 +91,23 @@ class DeleteResult:
     seconds: float
 
 
+def owner_node(loaded: LoadedSpec, nodes_text: str, key: bytes) -> Node:
+    """The node serving key's slot in CLUSTER NODES, as the spec's Node (or a retired one a larger spec had), so
+    Admin.for_node reaches it with the spec's auth and route (an SSH tunnel for admin_via_ssh hosts). Pure."""
+    slot = key_slot(key)
+    found = parse_slot_owner(nodes_text, slot)
+    if found is None:
+        raise OpsctlError(f"no master serves slot {slot}", hint="check `opsctl cluster check -f SPEC`")
+    endpoint = f"{found[0]}:{found[1]}"
+    node = find_node(loaded, endpoint)
+    if node is None:
+        raise OpsctlError(f"slot {slot} is served by {endpoint}, a node the spec does not describe",
+                          "opsctl reaches nodes only as the spec describes them (address, auth, SSH tunnel)",
+                          "add the node to the spec, or move its slots to a node of the spec (opsctl cluster "
+                          "reshard)")
+    return node
+
+
 def owner(loaded: LoadedSpec, key: bytes) -> Admin:
     live = [ln for ln in discover(loaded) if ln.role != "down"]
     masters = [ln for ln in live if ln.role == "master"]
@@ -98,13 +117,7 @@ def owner(loaded: LoadedSpec, key: bytes) -> Admin:
         return Admin.for_node(loaded, masters[0].node)
     with Admin.for_node(loaded, masters[0].node) as admin:
         text = admin.raw("CLUSTER", "NODES")
-    found = parse_slot_owner(text if isinstance(text, str) else text.decode(), key_slot(key))
-    if found is None:
-        raise OpsctlError(f"no master serves slot {key_slot(key)}", hint="check `redis-cli --cluster check`")
-    node = loaded.layout.find(f"{found[0]}:{found[1]}")
-    if node is not None:
-        return Admin.for_node(loaded, node)
-    return Admin(loaded, found[0], found[1])
+    return Admin.for_node(loaded, owner_node(loaded, text if isinstance(text, str) else text.decode(), key))
 
 
 def _size_of(pipe: RawPipe, kind: str, key: bytes) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opsctl.audit.findings import Finding, ordered
+from opsctl.report import plural
 
 FINDING_COLUMNS = ("severity", "rule", "node", "message")
 TABLE_ORDER = ("shards", "bigkeys", "ttl", "hotkeys", "slowlog", "memory")
@@ -47,7 +48,7 @@ def render_table(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
         rows = report.get("tables", {}).get(name)
         if rows:
             lines += ["", f"{name}:", text_table(rows)]
-    lines += ["", f"{len(findings)} finding(s)"]
+    lines += ["", plural(len(findings), "finding")]
     for f in ordered(findings):
         lines += _finding_lines(f)
     return "\n".join(lines) + "\n"
@@ -74,7 +75,7 @@ def render_html(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>",
              "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
              "padding:2px 6px;font-size:13px}</style></head><body>", f"<h1>{title}</h1>",
-             f"<h2>{len(findings)} finding(s)</h2>", _html_table(rows)]
+             f"<h2>{plural(len(findings), 'finding')}</h2>", _html_table(rows)]
     for name in TABLE_ORDER:
         table = report.get("tables", {}).get(name)
         if table:

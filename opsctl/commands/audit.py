@@ -7,37 +7,49 @@ import os
 import sys
 import threading
 import time
+from typing import TextIO
 
 from opsctl.commands import REGISTRARS
 from opsctl.errors import EXIT_FINDINGS, EXIT_OK
+from opsctl.report import plural
+from opsctl.slots.progress import TtyLine, gauge, human_seconds
 
+STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "all")
 
 
-class ProgressBar:
-    """Keys scanned per node on one stderr line, at most 10 times a second; only on a terminal."""
+def scan_line(done: int, total: int, nodes: int, elapsed: float) -> str:
+    """`[#####.....] 52000/100000 keys, 3 nodes  26000 keys/s  ETA 2s`; total is DBSIZE, an estimate. Pure."""
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = (total - done) / rate if rate > 0 and done < total else (0.0 if done >= total else None)
+    return (f"{gauge(done, total, 20)} {done}/{total} keys, {plural(nodes, 'node')}  {rate:.0f} keys/s  "
+            f"ETA {human_seconds(eta)}")
 
-    def __init__(self) -> None:
+
+class ProgressBar:
+    """Keys scanned on every node, rate and ETA, redrawn on one line of a terminal (at most 10 times a second)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.counts: dict[str, tuple[int, int]] = {}
-        self.last = 0.0
+        self.started = time.monotonic()
+        self.line = TtyLine(stream or sys.stderr)
         self.lock = threading.Lock()
+
+    def _text(self) -> str:
+        done = sum(d for d, _ in self.counts.values())
+        total = sum(t for _, t in self.counts.values())
+        return scan_line(done, total, len(self.counts), time.monotonic() - self.started)
 
     def __call__(self, node: str, done: int, total: int) -> None:
         with self.lock:
             self.counts[node] = (done, total)
-            now = time.monotonic()
-            if now - self.last < 0.1:
-                return
-            self.last = now
-            done_all = sum(d for d, _ in self.counts.values())
-            total_all = max(1, sum(t for _, t in self.counts.values()))
-            filled = min(30, int(30 * done_all / total_all))
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done_all}/{total_all} keys")
-            sys.stderr.flush()
+            self.line.show(self._text())
 
     def close(self) -> None:
-        if self.counts:
-            sys.stderr.write("\n")
+        """The final counts on a line of their own (nothing when no node was scanned)."""
+        with self.lock:
+            if self.counts:
+                self.line.done(self._text())
 
 
 def _check_name(text: str) -> str:
@@ -59,6 +71,7 @@ def _audit(args: argparse.Namespace) -> int:
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.report import render
     from opsctl.audit.run import AuditOptions, run_audit
+    from opsctl.runtime import admin_routes, state_dir_for
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
@@ -71,7 +84,8 @@ def _audit(args: argparse.Namespace) -> int:
                            args.batch, args.window)
     bar = ProgressBar() if sys.stderr.isatty() and args.output == "table" else None
     try:
-        report = run_audit(loaded, options, bar)
+        with admin_routes(loaded, state_dir_for(loaded, args.state_dir)):
+            report = run_audit(loaded, options, bar)
     finally:
         if bar:
             bar.close()
@@ -82,6 +96,7 @@ def _audit(args: argparse.Namespace) -> int:
 def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("audit", help="check running nodes against the hardened baseline and the key standard")
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
     p.add_argument("checks", nargs="*", type=_check_name, metavar="CHECK",
                    help=f"one or more of {', '.join(CHECK_CHOICES)} (default: all)")
     p.add_argument("--output", choices=("table", "json", "html"), default="table")
@@ -110,11 +125,13 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.audit.bigdelete import delete_big_key
+    from opsctl.runtime import admin_routes, state_dir_for
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
-    result = delete_big_key(loaded, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
-                            args.dry_run, args.max_ops_per_sec)
+    with admin_routes(loaded, state_dir_for(loaded, args.state_dir)):
+        result = delete_big_key(loaded, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
+                                args.dry_run, args.max_ops_per_sec)
     print(("would delete " if args.dry_run else "") + result.plan.describe())
     if not args.dry_run and result.plan.method != "missing":
         print(f"deleted: {result.removed} elements in {result.round_trips} round trips, {result.seconds:.2f} s")
@@ -126,6 +143,7 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actions = p.add_subparsers(dest="bigkey_action", required=True, metavar="ACTION")
     d = actions.add_parser("delete", help="delete a big key without blocking the server")
     d.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    d.add_argument("--state-dir", help=STATE_DIR_HELP)
     d.add_argument("key", metavar="KEY")
     d.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     d.add_argument("--chunked", action="store_true", help="rename and delete in chunks even when lazyfree is on")

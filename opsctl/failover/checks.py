@@ -48,14 +48,22 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Target:
-    """The failover: shard, its master now, and the replica to promote (None: Sentinel chooses)."""
+    """The failover: shard, its master now, and the replica to promote (None: Sentinel chooses, or, with
+    no_replica saying why, there is none to promote)."""
 
     shard: int
     master: str
     replica: str | None
+    no_replica: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def promotion(self) -> str:
+        """`m -> r`, `m -> chosen by Sentinel`, or `m -> none (why)`."""
+        if self.replica:
+            return f"{self.master} -> {self.replica}"
+        return f"{self.master} -> " + (f"none ({self.no_replica})" if self.no_replica else "chosen by Sentinel")
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,17 @@ def choose_replica(layout: Layout, shard: Shard, master: str, facts: Facts) -> s
     return min(ranked)[-1] if ranked else None
 
 
+def no_replica_reason(shard: Shard, master: str, facts: Facts) -> str:
+    """Why choose_replica found nobody, in words that are true whatever state the shard is in."""
+    if not any(facts[n].reachable for n in shard.members):
+        return "no node answers: cannot choose a replica"
+    if len(shard.members) < 2:
+        return "the shard has no replica"
+    if not facts[master].reachable:
+        return f"{master} does not answer and no replica is linked to it"
+    return f"no replica is linked to {master}"
+
+
 def _shard_by_number(layout: Layout, number: int) -> Shard:
     shard = next((s for s in layout.shards if s.index == number), None)
     if shard is None:
@@ -156,15 +175,18 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
     else:
         found = _shard_by_number(layout, shard or 1)
         now = shard_master(loaded, found, facts)
-    return Target(found.index, now, None if sentinel else choose_replica(layout, found, now, facts))
+    if sentinel:
+        return Target(found.index, now, None)
+    replica = choose_replica(layout, found, now, facts)
+    return Target(found.index, now, replica, "" if replica else no_replica_reason(found, now, facts))
 
 
 # --- pre-checks ---------------------------------------------------------------------------------
 
 
-def link_check(layout: Layout, facts: Facts, replica: str | None, master: str) -> Check:
+def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, why: str = "") -> Check:
     if replica is None:
-        return Check("target-linked", False, f"no linked replica of {master}", "a replica with link up",
+        return Check("target-linked", False, why or f"no replica is linked to {master}", "a replica with link up",
                      "start or repair the replicas (opsctl status, opsctl apply) first")
     f = facts[replica]
     role = f.role
@@ -182,7 +204,13 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str) -
 
 def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, limits: Thresholds) -> Check:
     threshold = f"<= {limits.max_lag_bytes} B and <= {limits.max_lag_seconds} s"
-    lag_bytes, lag_s = replica_lag(layout, facts, master, replica) if replica else (None, None)
+    if replica is None:
+        return Check("replication-lag", False, "no replica to measure", threshold,
+                     "a failover needs a replica linked to the master")
+    if not facts[master].reachable:
+        return Check("replication-lag", False, f"{master} does not answer: its replicas' lag is unknown", threshold,
+                     "the lag is measured on the master; with the master gone only a forced promotion is left")
+    lag_bytes, lag_s = replica_lag(layout, facts, master, replica)
     if lag_bytes is None or lag_s is None:
         return Check("replication-lag", False, f"{master} does not list {replica} as a replica", threshold,
                      "the master must see the replica before it can hand over")
@@ -206,12 +234,14 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
     answering, shards = _masters_with_slots(facts, layout)
     open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
                          for s in (*me.migrating, *me.importing)})
+    answering_nodes = sum(1 for n in layout.servers if facts[n.name].reachable)
     return [
-        link_check(layout, facts, target.replica, target.master),
+        link_check(layout, facts, target.replica, target.master, target.no_replica),
         lag_check(layout, facts, target.replica, target.master, limits),
         Check("masters-reachable", answering > shards // 2, f"{answering}/{shards} masters answer",
               f"> {shards // 2}", "a failover needs a majority of masters to vote; bring the masters back first"),
-        Check("no-open-slots", not open_slots, ", ".join(open_slots[:5]) or "none", "none",
+        Check("no-open-slots", not open_slots and answering_nodes > 0,
+              ", ".join(open_slots[:5]) or ("none" if answering_nodes else "unknown: no node answers"), "none",
               "finish or roll back the slot migration (opsctl plan shows it) before failing over"),
         agreement_check(facts, layout),
         cooldown_check(target, history, now, limits),
@@ -223,7 +253,8 @@ def agreement_check(facts: Facts, layout: Layout) -> Check:
     infos = {n: facts[n].info for n in views}
     problems = [p for p in cluster_problems(views, infos) if "is open:" not in p.what]
     down = [n.name for n in layout.servers if not facts[n.name].reachable]
-    value = "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
+    value = "no node answers" if not views else \
+        "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
     return Check("cluster-agrees", not problems and not down, value or f"all {len(views)} nodes agree",
                  "every node answers, cluster_state ok, one slot map, roles agree",
                  "opsctl cluster check -f SPEC names the node that disagrees; wait for gossip or repair it")
@@ -236,8 +267,8 @@ def cooldown_check(target: Target, history: Sequence[PastFailover], now: float, 
     - a replica that won an election keeps that election's state for 2 x max(2 s, 2 x node timeout): Redis 7.0
       then "wins" again at once with the old, lower epoch and is demoted back a moment later (seen here).
     """
-    threshold = (f"{target.master} not replaced for {limits.cooldown_s:g} s, {target.replica} not promoted "
-                 f"for {limits.retry_s:g} s")
+    threshold = f"{target.master} not replaced for {limits.cooldown_s:g} s" + (
+        f", {target.replica} not promoted for {limits.retry_s:g} s" if target.replica else "")
     waits = [(limits.cooldown_s - (now - p.finished), f"{target.master} was replaced {now - p.finished:.2f} s ago")
              for p in history if p.old_master == target.master and now - p.finished < limits.cooldown_s]
     waits += [(limits.retry_s - (now - p.finished), f"{target.replica} was promoted {now - p.finished:.2f} s ago")

@@ -99,7 +99,7 @@ def report_text(report: FailoverReport) -> str:
     t = report.target
     head = f"failover of '{report.spec}' ({report.topology}), mode {report.mode}"
     if t:
-        head += f": shard {t.shard}, master {t.master} -> {t.replica or 'chosen by Sentinel'}"
+        head += f": shard {t.shard}, master {t.promotion()}"
     lines = [head, "pre-checks:", *(f"  {c.line()}" for c in report.prechecks)]
     lines += [f"  warning: {w}" for w in report.warnings]
     for a in report.attempts:

@@ -164,7 +164,7 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     checks = _prechecks(session, facts, target, opts, state_dir)
     report.prechecks = checks
     t = _phase(report, "prechecks", t)
-    say(f"pre-checks for shard {target.shard}: {target.master} -> {target.replica or 'chosen by Sentinel'}")
+    say(f"pre-checks for shard {target.shard}: {target.promotion()}")
     for check in checks:
         say(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else ""))
     _gate(report, checks, opts, say)

@@ -1,0 +1,210 @@
+"""Text for people and the routes behind it: plurals, the status LAG column, progress lines on and off a
+terminal, and the audit/bigkey commands going through the spec's admin routes (SSH tunnels)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opsctl.admin import route_admin
+from opsctl.audit.bigdelete import delete_big_key, owner_node
+from opsctl.cli import main
+from opsctl.commands.audit import ProgressBar, scan_line
+from opsctl.errors import OpsctlError
+from opsctl.observe.parse import RoleInfo
+from opsctl.report import node_status, plural, status_table
+from opsctl.slots.cli import printer
+from opsctl.slots.progress import Progress, TtyLine, bar_line, done_fraction, human_seconds, redraw
+from opsctl.slots.scale import wider_layout
+from opsctl.spec.layout import Node
+from opsctl.specfile import read_spec
+from tests.support import make_spec, write_spec
+from tests.test_audit_fixtures import standalone
+from tests.test_failover_checks import facts_for, spec
+
+CONTROL = ("\r", "\x1b")
+
+
+# --- plurals --------------------------------------------------------------------------------------
+
+
+def test_plural_and_validate_say_one_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (plural(1, "node"), plural(0, "replica"), plural(3, "key"), plural(2, "index", "indexes")) == (
+        "1 node", "0 replicas", "3 keys", "2 indexes")
+    one = write_spec(tmp_path, make_spec("standalone", hosts=1))
+    assert main(["validate", "-f", str(one)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", 1 node")
+    assert main(["validate", "-f", str(write_spec(tmp_path, make_spec("cluster"), "c.yaml"))]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", 6 nodes")
+
+
+# --- status: LAG and offsets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology", ["standalone", "replication", "sentinel", "cluster"])
+def test_status_lag_column_in_every_topology(tmp_path: Path, topology: str) -> None:
+    loaded = spec(tmp_path, topology)
+    shard = loaded.layout.shards[0]
+    lagging = shard.replicas[-1] if shard.replicas else None
+    rows = {r.name: r for r in node_status(loaded.layout, facts_for(loaded, lag={lagging: 700} if lagging else {}))}
+    assert rows[shard.master].lag == (700 if lagging else None)  # a master: its slowest replica
+    for name in shard.replicas:
+        assert rows[name].lag == (700 if name == lagging else 0) and rows[name].offset is not None
+    for s in loaded.layout.sentinels:
+        assert (rows[s.name].lag, rows[s.name].offset, rows[s.name].lag_text) == (None, None, "-")
+    table = status_table(list(rows.values()))
+    assert "LAG" in table.splitlines()[0]
+    data = json.loads(json.dumps([r.as_dict() for r in rows.values()]))
+    assert all("offset" in d and "lag" in d for d in data)
+    if not lagging:
+        assert rows[shard.master].lag_text == "-" and rows[shard.master].offset == 100_000
+
+
+def test_status_lag_of_a_replica_with_an_unknown_or_silent_master(tmp_path: Path) -> None:
+    loaded = spec(tmp_path, "cluster")
+    shard = loaded.layout.shards[0]
+    replica = shard.replicas[0]
+    facts = facts_for(loaded)
+    facts[replica] = replace(facts[replica], role=RoleInfo("replica", 5, ("10.9.9.9", 7000), "connected"))
+    row = next(r for r in node_status(loaded.layout, facts) if r.name == replica)
+    assert (row.lag, row.lag_text, row.offset) == (None, "?", 5)
+    silent = facts_for(loaded, down=[shard.master])
+    row = next(r for r in node_status(loaded.layout, silent) if r.name == replica)
+    assert (row.lag, row.lag_text) == (None, "?")
+    ahead = facts_for(loaded)  # observed after more writes than its master was: never a negative lag
+    master = loaded.layout.node(shard.master)
+    master_role = ahead[shard.master].role
+    assert master_role is not None
+    ahead[shard.master] = replace(ahead[shard.master], role=replace(master_role, replicas=()))
+    ahead[replica] = replace(ahead[replica], role=RoleInfo("replica", 100_500, (master.address, master.port),
+                                                           "connected"))
+    row = next(r for r in node_status(loaded.layout, ahead) if r.name == replica)
+    assert row.lag == 0
+
+
+# --- progress lines -------------------------------------------------------------------------------
+
+
+def test_redraw_fits_the_terminal_and_erases_the_rest() -> None:
+    assert redraw("x" * 200, 80) == "\r" + "x" * 79 + "\x1b[K"
+    assert redraw("short", 80) == "\rshort\x1b[K"
+    assert [human_seconds(s) for s in (None, 3.4, 125, 4000)] == ["-", "3s", "2m05s", "1h06m"]
+    assert done_fraction(0, 100, 50, 200) == 0.25 and done_fraction(50, 100, 10, 200) == 0.5
+    assert done_fraction(10, 100, 900, 200) == 0.99 and done_fraction(100, 100, 10, 200) == 1.0
+    assert done_fraction(10, 100, 5, 0) == 0.1
+
+
+def test_tty_line_redraws_in_place_and_ends_clean() -> None:
+    stream = io.StringIO()
+    line = TtyLine(stream, interval=60)
+    line.show("one")
+    line.show("skipped: within the interval")
+    line.done("final")
+    assert stream.getvalue() == "\rone\x1b[K\rfinal\x1b[K\n"
+
+
+def test_audit_progress_bar_shows_rate_eta_and_the_final_count() -> None:
+    assert scan_line(50, 100, 3, 2.0) == "[##########..........] 50/100 keys, 3 nodes  25 keys/s  ETA 2s"
+    assert scan_line(50, 100, 1, 2.0).endswith(", 1 node  25 keys/s  ETA 2s")
+    assert scan_line(120, 100, 1, 1.0).endswith("ETA 0s") and scan_line(0, 10, 1, 0.0).endswith("ETA -")
+    stream = io.StringIO()
+    bar = ProgressBar(stream)
+    bar("a", 10, 100)
+    bar("b", 5, 50)  # throttled
+    bar("a", 100, 100)
+    bar("b", 50, 50)
+    bar.close()
+    text = stream.getvalue()
+    assert text.endswith("\n") and text.count("\n") == 1
+    assert text.rsplit("\r", 1)[1].startswith("[####################] 150/150 keys, 2 nodes")
+    quiet = io.StringIO()
+    ProgressBar(quiet).close()
+    assert quiet.getvalue() == ""
+
+
+def test_slot_events_without_a_terminal_have_no_bar_and_no_control_characters() -> None:
+    stream = io.StringIO()
+    emit = printer(False, stream)
+    progress = Progress(emit, 100, est_keys=1000)
+    emit({"event": "slots-start", "mode": "key-by-key", "moves": [{"slot_count": 100}]})
+    for _ in range(10):
+        progress.add(slots=10, keys=100, size=1000)
+    final = progress.finish()
+    text = stream.getvalue()
+    assert not any(c in text for c in CONTROL)
+    assert text.splitlines() == ["moving 100 slots (key-by-key)", bar_line(final)]
+    assert "ETA 0s" in text and "100/100 slots" in text
+
+
+# --- routes of audit and bigkey delete ------------------------------------------------------------
+
+
+def _nodes_text(*lines: tuple[str, str]) -> str:
+    return "\n".join(f"{i:040x} {ep}@1 {flags} - 0 0 1 connected {slots}" for i, (ep, flags, slots) in
+                     enumerate([(ep, "master", slots) for ep, slots in lines]))
+
+
+def test_the_owner_of_a_key_is_a_node_of_the_spec(tmp_path: Path) -> None:
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))
+    first, second = loaded.layout.servers[:2]
+    owner = owner_node(loaded, _nodes_text((first.endpoint, "0-100"), (second.endpoint, "101-16383")), b"k")
+    assert owner == second  # slot of "k" is 7629
+    # a node a larger spec had (scale-in leaves it serving slots until drained) is still reached as a Node
+    extra = next(n for n in wider_layout(loaded).servers if loaded.layout.find(n.endpoint) is None)
+    assert owner_node(loaded, _nodes_text((extra.endpoint, "0-16383")), b"k") == extra
+    with pytest.raises(OpsctlError, match="a node the spec does not describe"):
+        owner_node(loaded, _nodes_text(("10.1.2.3:7000", "0-16383")), b"k")
+    with pytest.raises(OpsctlError, match="no master serves slot"):
+        owner_node(loaded, _nodes_text((first.endpoint, "0-10")), b"k")
+
+
+@pytest.mark.integration
+def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import opsctl.runtime
+
+    entered: list[tuple[str, Path]] = []
+
+    @contextmanager
+    def recording(loaded: Any, state_dir: Path) -> Iterator[None]:
+        entered.append((loaded.spec.name, state_dir))
+        yield
+
+    monkeypatch.setattr(opsctl.runtime, "admin_routes", recording)
+    with standalone(tmp_path, "valkey") as fleet:
+        fleet.admin().client.rpush("big:list", *range(2000))
+        state = str(tmp_path / "state")
+        assert main(["audit", "-f", str(fleet.spec_file), "bigkeys", "--allow-masters", "--nice", "0",
+                     "--elements", "1000", "--state-dir", state]) == 4
+        out = capsys.readouterr()
+        assert "1 finding\n" in out.out and not any(c in out.out + out.err for c in CONTROL)
+        assert main(["bigkey", "delete", "-f", str(fleet.spec_file), "big:list", "--dry-run",
+                     "--state-dir", state]) == 0
+        assert entered == [(fleet.loaded.spec.name, Path(state).resolve())] * 2
+        routed: list[Node] = []
+
+        def route(node: Node) -> tuple[str, int]:
+            routed.append(node)
+            return node.address, node.port
+
+        route_admin(fleet.loaded, route)
+        try:
+            assert delete_big_key(fleet.loaded, b"big:list", chunked=True).removed == 2000
+        finally:
+            route_admin(fleet.loaded, None)
+        assert routed and {n.name for n in routed} == {fleet.loaded.layout.servers[0].name}
+
+
+def test_no_eta_before_five_percent_of_the_work() -> None:
+    progress = Progress(lambda event: None, 100, est_keys=1000)
+    progress.keys = 10
+    assert progress.event()["eta"] is None
+    progress.keys = 100
+    assert progress.event()["eta"] is not None
