@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from opsctl import __version__
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
@@ -17,11 +18,12 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from opsctl.report import plural
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
     nodes = loaded.layout.nodes
-    print(f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', {len(nodes)} nodes")
+    print(f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', {plural(len(nodes), 'node')}")
     for node in nodes:
         shard = f" shard {node.shard}" if node.shard else ""
         print(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
@@ -50,8 +52,16 @@ def _add_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 1 like every other bad input (argparse's 2 means "plan has changes" here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"error: {message}\n  hint: {self.prog} --help shows every option\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opsctl", description="Declarative Redis and Valkey fleets.")
+    parser: argparse.ArgumentParser = Parser(prog="opsctl", description="Declarative Redis and Valkey fleets.")
     parser.add_argument("--version", action="version", version=f"opsctl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -14,6 +14,7 @@ from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
+from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.steps import (
     CloseSlots,
@@ -27,6 +28,7 @@ from opsctl.plan.steps import (
     Replicate,
     RestartNode,
     SentinelMonitor,
+    SentinelSet,
     StartNode,
     Step,
     StopNode,
@@ -49,7 +51,11 @@ class Execution:
     emit: EventSink
     allow_downtime: bool = False
     wait_timeout: float = 60.0
+    plan: Plan | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
+
+    def restarts(self, node: str) -> bool:
+        return any(isinstance(s, RestartNode) and s.node == node for s in (self.plan.steps if self.plan else ()))
 
 
 def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False,
@@ -58,7 +64,7 @@ def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = Fal
     stop at the first failure with an error naming the step. parallel_shards > 1 rolls that many shards
     at once through a plan of restarts and failovers."""
     _refuse_downtime(plan, allow_downtime)
-    run = Execution(rt, emit, allow_downtime, wait_timeout)
+    run = Execution(rt, emit, allow_downtime, wait_timeout, plan)
     numbered = list(enumerate(plan.steps, start=1))
     if parallel_shards > 1 and all(isinstance(s, (RestartNode, Failover, WaitConverged)) for s in plan.steps):
         _run_shards_in_parallel(run, numbered, parallel_shards)
@@ -170,18 +176,20 @@ def _files(run: Execution, node: Node) -> dict[str, str]:
 
 
 def _replicaof_line(run: Execution, node: Node) -> str:
-    """Keep a running replica a replica across restarts (replication/sentinel; clusters keep roles in nodes.conf)."""
+    """Keep a running replica a replica across restarts (replication/sentinel; clusters keep roles in nodes.conf).
+    When the role cannot be read the file is not written: a replica restarting as a master is worse."""
     if node.is_sentinel or run.rt.loaded.spec.topology not in ("replication", "sentinel"):
         return ""
     if not run.rt.provider.process_state(node).running:
         return ""
     try:
-        with run.rt.admin(node, timeout=2.0) as admin:
-            role = admin.client.execute_command("ROLE")
-    except redis.RedisError:
-        return ""
-    if role and role[0] == "slave":
-        return f"\n# current role, kept by opsctl\nreplicaof {role[1]} {role[2]}\n"
+        with run.rt.admin(node, timeout=5.0) as admin:
+            role = parse_role(admin.call("ROLE"))
+    except redis.RedisError as exc:
+        raise OpsctlError(f"cannot read {node.name}'s role before writing its config", str(exc),
+                          "apply again when the node answers; its config file was left as it was") from None
+    if role.kind == "replica" and role.master:
+        return f"\n# current role, kept by opsctl\nreplicaof {role.master[0]} {role.master[1]}\n"
     return ""
 
 
@@ -192,7 +200,10 @@ def write_config(run: Execution, step: Step) -> None:
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize)
     directives = [list(d) for s in masked.sections for d in s.directives]
-    run.rt.provider.save_record(node, {"digest": step.digest, "directives": directives, "applied": time.time()})
+    record = {"digest": step.digest, "directives": directives, "applied": time.time()}
+    if run.restarts(node.name) and run.rt.provider.process_state(node).running:
+        record["pending_restart"] = True  # cleared by the restart; a later plan restarts it if this run dies
+    run.rt.provider.save_record(node, record)
 
 
 def start_node(run: Execution, step: Step) -> None:
@@ -228,6 +239,25 @@ def restart_node(run: Execution, step: Step) -> None:
     run.rt.provider.start(node)
     wait_answering(run, node)
     wait_back_in_place(run.rt, node, timeout=run.wait_timeout)
+    record = run.rt.provider.load_record(node)
+    if record.pop("pending_restart", None):
+        run.rt.provider.save_record(node, record)
+
+
+def sentinel_set(run: Execution, step: Step) -> None:
+    """SENTINEL SET each changed setting; then remember them as applied in the sentinel's record."""
+    assert isinstance(step, SentinelSet)
+    node = _node(run, step)
+    name = sentinel_master_name(run.rt.loaded.spec)
+    with run.rt.admin(node) as admin:
+        for key, value in step.settings:
+            admin.call("SENTINEL", "SET", name, *key.split(), value)
+    master = master_endpoint(run.rt, gather_facts(run.rt, with_config=False))
+    masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
+                         daemonize=run.rt.provider.daemonize, master=master)
+    record = run.rt.provider.load_record(node)
+    record["directives"] = [list(d) for s in masked.sections for d in s.directives]
+    run.rt.provider.save_record(node, record)
 
 
 def fail_over(run: Execution, step: Step) -> None:
@@ -289,7 +319,7 @@ def do_replicate(run: Execution, step: Step) -> None:
 
 
 def _knows(admin: Admin, node_id: str) -> bool:
-    return node_id in str(admin.raw("CLUSTER", "NODES"))
+    return any(line.id == node_id for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
 
 
 def sentinel_monitor(run: Execution, step: Step) -> None:
@@ -343,7 +373,7 @@ def remove_node(run: Execution, step: Step) -> None:
 
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
-    Failover: fail_over,
+    Failover: fail_over, SentinelSet: sentinel_set,
     ConfigSet: config_set, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,

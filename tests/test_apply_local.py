@@ -64,7 +64,7 @@ def test_a_live_settable_change_is_applied_without_restart(tmp_path, capsys, fla
         assert text != spec.read_text() and data
         spec.write_text(text)
         plan = plan_json(capsys, spec)
-        assert {s["kind"] for s in plan["steps"]} == {"write-config", "config-set"}
+        assert {s["kind"] for s in plan["steps"]} == {"write-config", "config-set", "wait-converged"}
         code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, err
         for node in loaded.layout.servers:

@@ -131,3 +131,10 @@ def test_uncovered_and_first_difference():
     b = slot_map(parse_cluster_nodes("x 1.1.1.1:1@2 myself,master - 0 0 1 connected 0-16383"))
     assert first_difference(a, b) == (100, 199, None, "x")
     assert first_difference(a, a) is None
+
+
+def test_open_slots_are_reported_as_ranges_per_peer() -> None:
+    from opsctl.observe.cluster_state import _runs
+
+    slots = {**{s: "b" for s in range(100, 612)}, 700: "b", 701: "c"}
+    assert _runs(slots) == [((100, 611), "b"), ((700, 700), "b"), ((701, 701), "c")]

@@ -13,12 +13,12 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import (
     ConfigSet,
+    Failover,
     FormCluster,
     Replicate,
     RestartNode,
     StartNode,
     WaitConverged,
-    WriteConfig,
     plan_from_dict,
 )
 from opsctl.render.files import default_paths
@@ -131,7 +131,7 @@ def test_live_drift_of_a_settable_directive_is_a_config_set() -> None:
     facts[name] = NodeFacts(name, True, record=f.record, reachable=True, info=f.info, role=f.role,
                             cluster_nodes=f.cluster_nodes, config={**f.config, "maxmemory": "1000"})
     plan = make_plan(loaded, desired(loaded), facts, "d")
-    assert [type(s) for s in plan.steps] == [ConfigSet]
+    assert [type(s) for s in plan.steps] == [ConfigSet, WaitConverged]
     assert plan.steps[0].directive == "maxmemory" and plan.steps[0].value == "64mb"
 
 
@@ -144,22 +144,67 @@ def test_a_spec_change_of_a_settable_directive_writes_the_file_and_sets_it_live(
                           info=v.info, role=v.role, cluster_nodes=v.cluster_nodes, config=v.config)
              for k, v in facts.items()}
     plan = make_plan(after, desired(after), facts, "d")
-    assert kinds(plan) == ["write-config", "config-set"] * 6
+    assert kinds(plan) == ["write-config", "config-set"] * 6 + ["wait-converged"]
 
 
-def test_a_rename_change_rolls_shard_by_shard_with_a_failover_before_each_master_restart() -> None:
+def with_record(facts: dict[str, NodeFacts], change) -> dict[str, NodeFacts]:
+    """The same facts, each node's record changed by change(directives) and marked as older."""
+    return {k: NodeFacts(k, True, record={**v.record, "digest": "old",
+                                          "directives": change([list(d) for d in v.record["directives"]])},
+                         reachable=True, info=v.info, role=v.role, cluster_nodes=v.cluster_nodes, config=v.config)
+            for k, v in facts.items()}
+
+
+def daemonized_differently(directives):
+    return [[k, "no" if k == "daemonize" else v] for k, v in directives]
+
+
+def test_a_restart_change_rolls_shard_by_shard_with_a_failover_before_each_master_restart() -> None:
     loaded = loaded_spec("cluster")
-    facts = formed_cluster(loaded)
-    changed = {k: NodeFacts(k, True, record={"digest": "old", "directives": [
-        d for d in v.record["directives"] if d[0] != "rename-command"]}, reachable=True, info=v.info,
-        role=v.role, cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
-    plan = make_plan(loaded, desired(loaded), changed, "d")
-    rolling = [(s.kind, s.node) for s in plan.steps if not isinstance(s, WriteConfig)]
+    plan = make_plan(loaded, desired(loaded), with_record(formed_cluster(loaded), daemonized_differently), "d")
+    rolling = [(s.kind, s.node) for s in plan.steps]
     expected = []
     for shard in loaded.layout.shards:
-        expected += [("restart", shard.replicas[0]), ("failover", shard.master), ("restart", shard.master)]
+        replica, master = shard.replicas[0], shard.master
+        expected += [("write-config", replica), ("restart", replica),
+                     ("failover", master), ("write-config", master), ("restart", master)]
     assert rolling == [*expected, ("wait-converged", loaded.layout.nodes[0].name)]
     assert not any(getattr(s, "needs_downtime", False) for s in plan.steps)
+
+
+def test_a_rename_change_restarts_every_node_in_place_and_needs_downtime_consent() -> None:
+    loaded = loaded_spec("cluster")
+    facts = with_record(formed_cluster(loaded), lambda ds: [d for d in ds if d[0] != "rename-command"])
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert not any(isinstance(s, Failover) for s in plan.steps)
+    restarts = [s for s in plan.steps if isinstance(s, RestartNode)]
+    assert len(restarts) == 6 and [r.needs_downtime for r in restarts] == [False, True] * 3
+
+
+def test_an_unfinished_restart_from_an_earlier_apply_is_planned_again() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.shards[0].replicas[0]
+    f = facts[name]
+    facts[name] = NodeFacts(name, True, record={**f.record, "pending_restart": True}, reachable=True, info=f.info,
+                            role=f.role, cluster_nodes=f.cluster_nodes, config=f.config)
+    steps = make_plan(loaded, desired(loaded), facts, "d").steps
+    assert next((s.kind, s.node) for s in steps) == ("restart", name)
+
+
+def test_a_master_without_persistence_is_not_restarted_over_replicas_that_hold_data() -> None:
+    loaded = loaded_spec("replication", persistence={"aof": "off", "rdb": []})
+    shard = loaded.layout.shards[0]
+    want = desired(loaded)
+    master = loaded.layout.node(shard.master)
+    facts = {shard.master: NodeFacts(shard.master, False, "died", recorded(want[shard.master]))}
+    for name in shard.replicas:
+        facts[name] = NodeFacts(name, True, record=recorded(want[name]), reachable=True,
+                                info={"db0": "keys=100,expires=0"},
+                                role=RoleInfo("replica", 50, (master.address, master.port), "connecting"),
+                                config=live_config(want[name]))
+    with pytest.raises(RefusedError, match="come back empty"):
+        make_plan(loaded, want, facts, "d")
 
 
 def test_a_master_without_a_replica_still_needs_downtime() -> None:
@@ -218,3 +263,9 @@ def test_plan_round_trips_through_json() -> None:
     again = plan_from_dict(plan.to_dict())
     assert again == plan
     assert PASSWORD not in str(plan.to_dict())
+
+
+def test_a_config_entry_that_overrides_a_rendered_directive_keeps_one_line() -> None:
+    loaded = loaded_spec("standalone", config={"tcp-backlog": 256, "hz": 20})
+    lines = [d for d in desired(loaded)[loaded.layout.nodes[0].name].directives if d[0] in ("tcp-backlog", "hz")]
+    assert lines == [("tcp-backlog", "256"), ("hz", "20")]

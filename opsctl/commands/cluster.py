@@ -97,6 +97,14 @@ def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
         p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
 
 
+def positive(text: str) -> int:
+    """argparse type: a whole number from 1 to 16384 (argparse turns the ValueError into a usage error)."""
+    value = int(text)
+    if not 1 <= value <= 16384:
+        raise ValueError(text)
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("cluster", help="inspect a cluster's live state and move its slots")
     commands = group.add_subparsers(dest="cluster_command", required=True, metavar="SUBCOMMAND")
@@ -110,7 +118,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _slot_args(p)
     p.add_argument("--from", dest="source", required=True, help="source master: node name or address:port")
     p.add_argument("--to", dest="target", required=True, help="target master: node name or address:port")
-    p.add_argument("--slots", type=int, required=True, help="how many slots to move")
+    p.add_argument("--slots", type=positive, required=True, help="how many slots to move (1..16384)")
     p.set_defaults(handler=cmd_reshard)
 
     p = commands.add_parser("rebalance", help="move the fewest slots that reach a weighted balance")

@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="cluster: if a mode times out, try the next (graceful -> force -> takeover); needs --yes")
     p.add_argument("--dry-run", action="store_true", help="print the pre-checks and the steps; change nothing")
     p.add_argument("--force-checks", action="store_true", help="go on although a pre-check failed")
-    p.add_argument("--yes", action="store_true", help="do not ask; consent to the risks of force/takeover")
+    p.add_argument("--yes", "--auto-approve", dest="yes", action="store_true",
+                   help="do not ask; consent to the risks of force/takeover")
     p.add_argument("--report", help="also write the JSON report here")
     p.add_argument("--max-lag-bytes", type=int, default=1024 * 1024, help="pre-check limit (default 1 MiB)")
     p.add_argument("--max-lag-seconds", type=int, default=3, help="pre-check limit on the last ack's age")

@@ -75,6 +75,9 @@ def _saved_plan(path: str, current: Plan) -> Plan:
     if saved.fingerprint != current.fingerprint:
         raise RefusedError("the live topology changed since the plan was made", f"plan: {path}",
                            "run opsctl plan --out again and review it")
+    if saved.steps != current.steps:
+        raise RefusedError("the saved plan's steps differ from what opsctl would do now", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
     return saved
 
 
@@ -105,7 +108,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
                               wait_timeout=args.wait_timeout)
             total = sum(t for _, t in timings)
             print(f"Applied {len(plan.steps)} step(s) in {total:.2f}s.", file=sys.stderr)
-        _print_status(rt, args.output)
+        healthy = _print_status(rt, args.output)
+    if not healthy:
+        raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
+                          hint="apply again once the node named above answers; `opsctl status` shows every node")
     return EXIT_OK
 
 

@@ -131,16 +131,31 @@ def _state_problems(infos: Mapping[str, Mapping[str, str]]) -> list[Disagreement
 
 
 def _open_slot_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: Names) -> list[Disagreement]:
+    """One line per run of consecutive open slots with the same peer, not one per slot."""
     out: list[Disagreement] = []
     for name, view in views.items():
         me = myself(view)
         if me is None:
             continue
-        for slot, target in sorted(me.migrating.items()):
-            out.append(Disagreement(name, f"slot {slot} is open: MIGRATING to {names.label(target)}"))
-        for slot, source in sorted(me.importing.items()):
-            out.append(Disagreement(name, f"slot {slot} is open: IMPORTING from {names.label(source)}"))
+        for (start, end), target in _runs(me.migrating):
+            out.append(Disagreement(name, f"{_slots(start, end)} is open: MIGRATING to {names.label(target)}"))
+        for (start, end), source in _runs(me.importing):
+            out.append(Disagreement(name, f"{_slots(start, end)} is open: IMPORTING from {names.label(source)}"))
     return out
+
+
+def _runs(open_slots: Mapping[int, str]) -> list[tuple[tuple[int, int], str]]:
+    runs: list[tuple[tuple[int, int], str]] = []
+    for slot, peer in sorted(open_slots.items()):
+        if runs and runs[-1][1] == peer and runs[-1][0][1] == slot - 1:
+            runs[-1] = ((runs[-1][0][0], slot), peer)
+        else:
+            runs.append(((slot, slot), peer))
+    return runs
+
+
+def _slots(start: int, end: int) -> str:
+    return f"slot {start}" if start == end else f"slot range {start}-{end}"
 
 
 def _reference(maps: Mapping[str, SlotMap]) -> tuple[str, SlotMap]:

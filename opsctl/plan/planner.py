@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.errors import RefusedError
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.steps import (
-    CloseSlots,
     ConfigSet,
     Failover,
     FormCluster,
     JoinCluster,
-    MoveSlots,
     Plan,
-    RemoveNode,
     Replicate,
     RestartNode,
     SentinelMonitor,
+    SentinelSet,
     StartNode,
     Step,
     WaitConverged,
@@ -31,25 +29,25 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.versions import Version, parse_version, rolling_change_problem, server_text
 
 Facts = Mapping[str, NodeFacts]
-STRUCTURAL = (StartNode, RestartNode, Failover, FormCluster, JoinCluster, Replicate, SentinelMonitor, MoveSlots,
-              CloseSlots, RemoveNode)
 
 
 def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:
     layout = loaded.layout
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     refuse_unsafe_server_change(facts, server)
+    refuse_empty_master_restart(loaded, facts)
+    together = renames_changed(layout, desired, facts)
     steps: list[Step] = []
     for shard in layout.shards:
-        steps += shard_steps(layout, shard, desired, facts, server)
+        steps += shard_steps(layout, shard, desired, facts, server, together)
     topology = loaded.spec.topology
     if topology == "cluster":
         steps += cluster_steps(layout, facts)
     elif topology in ("replication", "sentinel"):
         steps += replication_steps(layout, facts)
     if topology == "sentinel":
-        steps += sentinel_steps(loaded, desired, facts)
-    if topology != "standalone" and any(isinstance(s, STRUCTURAL) for s in steps):
+        steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts)
+    if topology != "standalone" and steps:
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
@@ -57,7 +55,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
 
 def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:
     count = len(facts)
-    return (f"nothing to do: all {count} nodes run, their configs match the spec, "
+    nodes = "the node runs, its config matches" if count == 1 else f"all {count} nodes run, their configs match"
+    return (f"nothing to do: {nodes} the spec, "
             f"and the {loaded.spec.topology} topology is formed (roles inside a shard are not drift)")
 
 
@@ -76,23 +75,56 @@ def refuse_unsafe_server_change(facts: Facts, server: tuple[str, Version]) -> No
 NodeSteps = Callable[[Node, bool], list[Step]]
 
 
+def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
+    """Without persistence a master restarts empty, and its replicas would copy the empty data set."""
+    persistence = loaded.spec.persistence
+    if persistence.aof != "off" or persistence.rdb:
+        return
+    for shard in loaded.layout.shards:
+        down = [m for m in shard.members if _restarting(facts[m])]
+        running = [m for m in shard.members if facts[m].running and facts[m].role]
+        took_over = any(facts[m].role.kind == "master" and facts[m].keys > 0 for m in running)  # type: ignore[union-attr]
+        holding = [m for m in running if facts[m].keys > 0]
+        if down and holding and not took_over:
+            raise RefusedError(
+                f"{', '.join(down)} is down and runs without persistence: started now it would come back "
+                f"empty as master, and {', '.join(holding)} would copy the empty data set",
+                "persistence is off (aof: off, rdb: []), so nothing on disk survives a restart",
+                f"promote a replica first (opsctl failover --shard {shard.index} --mode takeover --yes, or "
+                "wait for the cluster or Sentinel to do it), then apply again")
+
+
+def renames_changed(layout: Layout, desired: Mapping[str, DesiredNode], facts: Facts) -> bool:
+    """Did rename-command lines change for a running node? Then every node must switch names together."""
+    return any(facts[n.name].running and facts[n.name].recorded_digest is not None and
+               _repeated(desired[n.name].directives) != _repeated(facts[n.name].recorded_directives)
+               for n in layout.servers)
+
+
 def shard_steps(layout: Layout, shard: Shard, desired: Mapping[str, DesiredNode], facts: Facts,
-                server: tuple[str, Version]) -> list[Step]:
+                server: tuple[str, Version], together: bool = False) -> list[Step]:
     def steps_of(node: Node, is_master: bool) -> list[Step]:
         return server_steps(node, desired[node.name], facts[node.name], is_master, server)
 
-    return rolling(layout, shard, facts, steps_of)
+    return rolling(layout, shard, facts, steps_of, fail_over=not together)
 
 
-def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps) -> list[Step]:
-    """One shard: replicas first, then the master; a master that must restart is failed over first."""
+def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps, fail_over: bool = True) -> list[Step]:
+    """One shard: replicas first, then the master; a master that must restart is failed over first
+    (unless names change: clients and Sentinel use one name per command, so all nodes switch together)."""
     members = [layout.node(name) for name in shard.members]
     masters = [n for n in members if _is_master_now(n, layout, facts)]
     ordered = [n for n in members if n not in masters] + masters
     steps: list[Step] = []
     for node in ordered:
-        steps += _fail_over_before_restart(steps_of(node, node in masters), shard, facts, node.name)
+        node_steps = steps_of(node, node in masters)
+        steps += _fail_over_before_restart(node_steps, shard, facts, node.name) if fail_over else \
+            [_in_shard(s, shard.index) for s in node_steps]
     return steps
+
+
+def _in_shard(step: Step, shard: int) -> Step:
+    return RestartNode(step.node, step.reason, step.needs_downtime, shard) if isinstance(step, RestartNode) else step
 
 
 def restart_plan(loaded: LoadedSpec, facts: Facts, selected: set[str], spec_digest: str) -> Plan:
@@ -113,17 +145,16 @@ def restart_plan(loaded: LoadedSpec, facts: Facts, selected: set[str], spec_dige
 
 
 def _fail_over_before_restart(steps: list[Step], shard: Shard, facts: Facts, name: str) -> list[Step]:
+    """Insert a failover before a master's restart. Its new file is written after the failover, because the
+    failover's CONFIG REWRITE would otherwise write the old live values back into it."""
     live_replicas = [m for m in shard.members if m != name and (r := facts[m].role) and r.kind == "replica"]
-    result: list[Step] = []
-    for step in steps:
-        if isinstance(step, RestartNode) and step.needs_downtime and live_replicas:
-            result.append(Failover(name, f"{name} must restart; its writes move to an updated replica first",
-                                   shard.index))
-            step = RestartNode(name, step.reason, needs_downtime=False, shard=shard.index)
-        elif isinstance(step, RestartNode):
-            step = RestartNode(step.node, step.reason, step.needs_downtime, shard.index)
-        result.append(step)
-    return result
+    restart = next((s for s in steps if isinstance(s, RestartNode)), None)
+    if restart is None or not (restart.needs_downtime and live_replicas):
+        return [_in_shard(s, shard.index) for s in steps]
+    writes = [s for s in steps if isinstance(s, WriteConfig)]
+    others = [s for s in steps if not isinstance(s, (WriteConfig, RestartNode))]
+    failover = Failover(name, f"{name} must restart; its writes move to an updated replica first", shard.index)
+    return [*others, failover, *writes, RestartNode(name, restart.reason, needs_downtime=False, shard=shard.index)]
 
 
 def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
@@ -172,6 +203,8 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             live_changes.append(ConfigSet(node.name, why, name, value))
     if _repeated(want.directives) != _repeated(f.recorded_directives) and f.recorded_digest is not None:
         restart_for.append("rename-command")
+    if f.record.get("pending_restart"):
+        restart_for.append("a restart planned by an earlier apply that did not finish")
     if f.server and f.server != server:
         restart_for = [f"server {server_text(*f.server)} -> {server_text(*server)}"]
         live_changes = [c for c in live_changes if not isinstance(c, ConfigSet)]
@@ -202,7 +235,7 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
     if active:
         return active[0]
     with_keys = [m for m in masters if facts[m].keys > 0]
-    if shard.master in masters or not with_keys:
+    if not with_keys or shard.master in with_keys:
         return shard.master
     return max(with_keys, key=lambda m: facts[m].keys)
 
@@ -257,6 +290,40 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
             steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
         elif f.server and f.server != server:
             steps.append(RestartNode(node.name, f"server {server_text(*f.server)} -> {server_text(*server)}"))
+    return steps
+
+
+SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs")
+
+
+def sentinel_settings(directives: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """What SENTINEL SET can change, from a sentinel's rendered directives: quorum, timings, renames."""
+    settings: dict[str, str] = {}
+    for name, value in directives:
+        words = value.split()
+        if name == "sentinel monitor" and words:
+            settings["quorum"] = words[-1]
+        elif name.removeprefix("sentinel ") in SENTINEL_SETTINGS and len(words) == 2:
+            settings[name.removeprefix("sentinel ")] = words[1]
+        elif name == "sentinel rename-command" and len(words) == 3:
+            settings[f"rename-command {words[1]}"] = words[2]
+    return settings
+
+
+def sentinel_setting_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
+    """Spec changes reach running sentinels through SENTINEL SET, before any server restarts."""
+    steps: list[Step] = []
+    for node in loaded.layout.sentinels:
+        f = facts[node.name]
+        if not f.running or f.recorded_digest is None:
+            continue
+        want = sentinel_settings(desired[node.name].directives)
+        had = sentinel_settings(f.recorded_directives)
+        changed = {k: v for k, v in want.items() if had.get(k) != v}
+        changed |= {k: k.split()[1] for k in had if k.startswith("rename-command") and k not in want}
+        if changed:
+            steps.append(SentinelSet(node.name, f"spec changed {', '.join(sorted(changed))}",
+                                     tuple(sorted(changed.items()))))
     return steps
 
 

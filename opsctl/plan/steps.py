@@ -102,6 +102,17 @@ class SentinelMonitor(Step):
 
 
 @dataclass(frozen=True)
+class SentinelSet(Step):
+    """SENTINEL SET on a running sentinel: its file is Sentinel's own, so spec changes go in live."""
+
+    kind: ClassVar[str] = "sentinel-set"
+    settings: tuple[tuple[str, str], ...] = ()
+
+    def title(self) -> str:
+        return f"{self.kind} {self.node} " + ", ".join(f"{k} {v}" for k, v in self.settings)
+
+
+@dataclass(frozen=True)
 class WaitConverged(Step):
     kind: ClassVar[str] = "wait-converged"
 
@@ -142,7 +153,7 @@ class RemoveNode(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover)}
+    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet)}
 
 
 @dataclass(frozen=True)
@@ -169,8 +180,13 @@ def step_from_dict(data: dict[str, Any]) -> Step:
     if cls is None:
         raise OpsctlError(f"unknown step kind {data.get('kind')!r} in plan file", hint="make the plan again")
     names = {f.name for f in fields(cls)}
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    values: dict[str, Any] = {k: _tuples(v) for k, v in data.items() if k in names}
     return cls(**values)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back into the (nested) tuples the frozen steps hold."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def plan_from_dict(data: dict[str, Any]) -> Plan:

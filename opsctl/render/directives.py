@@ -163,9 +163,20 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
     ]
     if spec.topology == "cluster":
         sections.append(Section("cluster", supported(spec, cluster(spec, node))))
-    if extra(spec, node):
-        sections.append(Section("extra (spec config)", tuple(extra(spec, node))))
-    return tuple(sections)
+    return with_overrides(sections, extra(spec, node))
+
+
+def with_overrides(sections: list[Section], overrides: list[Directive]) -> tuple[Section, ...]:
+    """The spec's config: a directive opsctl already renders takes the new value in place (one line per
+    directive, so drift checks see it); the rest go into an extra section."""
+    values = dict(overrides)
+    rendered = {name for section in sections for name, _ in section.directives}
+    result = [Section(sec.title, tuple((name, values.get(name, value)) for name, value in sec.directives))
+              for sec in sections]
+    added = tuple((name, value) for name, value in overrides if name not in rendered)
+    if added:
+        result.append(Section("extra (spec config)", added))
+    return tuple(result)
 
 
 def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: tuple[str, int],
