@@ -31,7 +31,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from opsctl.render.files import write_rendered
+    from opsctl.nodefiles import write_rendered
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)

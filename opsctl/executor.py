@@ -314,8 +314,19 @@ def do_replicate(run: Execution, step: Step) -> None:
                      f"{node.name} to learn about {master.name} through gossip")
             replicate(admin, master_id)
         else:
+            _refuse_if_master_with_data(admin, node)
             admin.call("REPLICAOF", master.address, str(master.port))
             admin.call("CONFIG", "REWRITE")
+
+
+def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
+    """The step's precondition, checked again right before REPLICAOF: it would drop a master's data."""
+    role = parse_role(admin.call("ROLE"))
+    keys = int(admin.client.dbsize())
+    if role.kind == "master" and keys > 0:
+        raise RefusedError(f"{node.name} became a master holding {keys} keys since the plan was made",
+                           "REPLICAOF would replace its data with the master's",
+                           "check which node has the data you want, then plan again")
 
 
 def _knows(admin: Admin, node_id: str) -> bool:

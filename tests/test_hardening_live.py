@@ -22,9 +22,9 @@ import redis
 import yaml
 
 from opsctl.admin import Admin
+from opsctl.nodefiles import write_private
 from opsctl.observe.parse import config_equal, is_config_directive
 from opsctl.render import NodePaths, render_node
-from opsctl.render.files import write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD_ENV, make_spec, server_binary

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from opsctl.errors import RefusedError
+from opsctl.nodefiles import default_paths
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo
 from opsctl.plan.desired import DesiredNode, desired_nodes
@@ -21,7 +22,6 @@ from opsctl.plan.steps import (
     WaitConverged,
     plan_from_dict,
 )
-from opsctl.render.files import default_paths
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD, make_spec
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.nodefiles import default_paths
 from opsctl.observe.parse import split_args
 from opsctl.render import render_node
-from opsctl.render.files import default_paths
 from opsctl.secrets import MASK
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD, PASSWORD_ENV

@@ -9,10 +9,10 @@ from opsctl.errors import EXIT_OK
 
 
 def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None) -> list[str]:
+    from opsctl.nodefiles import write_private
     from opsctl.remote.inventory import build_inventory, inventory_text, remote_paths
     from opsctl.remote.ssh import known_hosts_path
     from opsctl.render import render_node
-    from opsctl.render.files import write_private
     from opsctl.specfile import read_spec
 
     loaded = read_spec(spec_file)

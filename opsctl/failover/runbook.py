@@ -34,6 +34,7 @@ from opsctl.failover.checks import (
     thresholds_for,
 )
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, past_failover, report_text, topology
+from opsctl.nodefiles import write_private
 from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import digest
@@ -115,7 +116,7 @@ def write_report(report: FailoverReport, state_dir: Path, extra: str | None) -> 
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths.insert(0, directory / report.file_name())
     for path in paths:
-        path.write_text(report.json())
+        write_private(path, report.json())
     return paths
 
 

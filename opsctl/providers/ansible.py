@@ -22,12 +22,12 @@ import paramiko
 
 from opsctl.admin import route_admin
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.nodefiles import write_private
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.remote import ssh
 from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
 from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
 from opsctl.render import NodePaths, render_node
-from opsctl.render.files import write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host

@@ -22,9 +22,9 @@ from typing import IO, Any
 
 from opsctl.binaries import ServerBinary
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.nodefiles import default_paths, write_private
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.render import NodePaths
-from opsctl.render.files import default_paths, write_private
 from opsctl.secrets import Secret, mask_text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

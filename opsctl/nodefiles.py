@@ -1,4 +1,4 @@
-"""Write rendered files for `opsctl render`: one folder per node, secrets only on disk with mode 0600."""
+"""Node files on disk: default per-node paths, private (0600) writes, and `opsctl render -o DIR`."""
 
 from __future__ import annotations
 
