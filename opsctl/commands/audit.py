@@ -9,7 +9,6 @@ import threading
 import time
 from typing import TextIO
 
-from opsctl.commands import REGISTRARS
 from opsctl.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.report import plural
 from opsctl.slots.progress import TtyLine, gauge, human_seconds
@@ -150,6 +149,3 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.add_argument("--chunk", type=int, default=500, help="elements per delete step (default 500)")
     d.add_argument("--max-ops-per-sec", type=float, default=None, help="commands per second")
     d.set_defaults(handler=_bigkey_delete)
-
-
-REGISTRARS.extend([register_audit, register_bigkey])

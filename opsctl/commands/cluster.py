@@ -6,7 +6,6 @@ import argparse
 import json
 from typing import Any
 
-from opsctl.commands import REGISTRARS
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 
 
@@ -133,6 +132,3 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reassign-unreachable", action="store_true",
                    help="give the slots of an unreachable master to others (its data is LOST)")
     p.set_defaults(handler=cmd_fix)
-
-
-REGISTRARS.append(register)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from opsctl.commands import REGISTRARS
 from opsctl.errors import EXIT_OK, OpsctlError, RefusedError
 
 
@@ -69,6 +68,3 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.set_defaults(handler=cmd_failover)
-
-
-REGISTRARS.append(register)
