@@ -87,7 +87,9 @@ def _ask_set(admin: Admin, source_id: str, slot: int, key: str, value: str | Non
 
 
 def test_busykey_equal_replaced_different_refused_then_fix_and_a_big_hash(tmp_path, capsys) -> None:
-    with deployed(tmp_path, capsys, "cluster", "redis") as (spec, loaded):
+    # EVAL disabled: keys are sized by MEMORY USAGE one by one (the fallback of the size script)
+    no_eval = {"disabled_commands": ["FLUSHALL", "FLUSHDB", "KEYS", "EVAL"]}
+    with deployed(tmp_path, capsys, "cluster", "redis", hardening=no_eval) as (spec, loaded):
         client = cluster_client(loaded)
         source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
         with Admin.for_node(loaded, source) as src, Admin.for_node(loaded, target) as tgt:

@@ -7,7 +7,7 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, step_from_dict
 from opsctl.slots.atomic import job_state, parse_migrations, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
-from opsctl.slots.batching import BIG_KEY_BYTES, batches, rate_delay
+from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_sizes, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
 from opsctl.slots.progress import bar_line
@@ -134,3 +134,19 @@ def test_planning_scale_out_in_and_open_slots_round_trip_json():
     open_ = {**facts, "t-1": _facts("t-1", "a" * 40, "0-8191", extra="[5->-" + "b" * 40 + "]")}
     steps = slot_steps(_layout(3), open_, ["t-1", "t-2", "t-3"])
     assert steps == [CloseSlots("t-1", steps[0].reason, "5")]
+
+
+def test_waves_double_from_a_small_first_one_and_cover_every_slot_once():
+    slots = list(range(100, 1100))
+    parts = waves(slots, 64, 512)
+    assert [len(p) for p in parts] == [64, 128, 256, 512, 40]
+    assert [s for p in parts for s in p] == slots
+    assert waves([], 64, 512) == [] and waves([7], 0, 0) == [[7]]
+
+
+def test_size_script_replies_parse_or_fall_back():
+    assert parse_sizes(b"184,-1,90", 3) == [184, None, 90]
+    assert parse_sizes(b"", 0) == []
+    assert parse_sizes(b"184,90", 3) is None  # not one size per key: size them one by one instead
+    assert parse_sizes(b"184,x", 2) is None
+    assert parse_sizes(Exception("TRYAGAIN"), 1) is None and parse_sizes(None, 1) is None

@@ -53,3 +53,31 @@ def rate_delay(done: int, elapsed: float, max_per_sec: float | None) -> float:
     if not max_per_sec or max_per_sec <= 0:
         return 0.0
     return max(0.0, done / max_per_sec - elapsed)
+
+
+def waves(slots: Sequence[int], first: int, most: int) -> list[list[int]]:
+    """Split slots into waves that double from `first` up to `most` slots: the first wave's keys cannot be
+    fetched ahead of time, so it is small; later waves are fetched while the one before moves."""
+    out: list[list[int]] = []
+    size, at = max(1, first), 0
+    while at < len(slots):
+        out.append(list(slots[at:at + size]))
+        at += size
+        size = min(max(1, most), size * 2)
+    return out
+
+
+def parse_sizes(reply: object, count: int) -> list[int | None] | None:
+    """The size script's reply ("184,-1,90"): one size per key, None for a key that vanished (-1).
+    None when the reply is not that (an error, or a server that cannot run the script). Pure."""
+    if not isinstance(reply, bytes | str):
+        return None
+    text = reply.decode() if isinstance(reply, bytes) else reply
+    parts = text.split(",") if text else []
+    if len(parts) != count:
+        return None
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        return None
+    return [None if v < 0 else v for v in values]

@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.collect import Command
-from opsctl.slots.batching import Batch, batches, rate_delay, timeout_ms
+from opsctl.slots.batching import Batch, batches, parse_sizes, rate_delay, timeout_ms, waves
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
-from opsctl.slots.session import Emit, Peer, Session, checked, pipe
+from opsctl.slots.session import Emit, Peer, Session, checked, pipe, stream
 
 WAVE_SLOTS = 512
+FIRST_WAVE = 64
 FETCH_KEYS = 1000
 MAX_FAILED_ROUNDS = 5
+# Sizes a slot's keys in one call (MEMORY USAGE per key, joined as text): one command and one short reply
+# instead of one each per key. Read-only, so it runs even when the source is at maxmemory.
+SIZE_SCRIPT = ("#!lua flags=no-writes\nlocal out = {}\nfor i, key in ipairs(KEYS) do\n"
+               "  out[i] = redis.call(ARGV[1], 'USAGE', key) or -1\nend\nreturn table.concat(out, ',')")
+Plan = list[tuple[int, Batch]]
 
 
 @dataclass(frozen=True)
 class Options:
     max_keys_per_sec: float | None = None
     wave_slots: int = WAVE_SLOTS
+    first_wave: int = FIRST_WAVE
     fetch_keys: int = FETCH_KEYS
 
 
@@ -52,15 +60,41 @@ class KeyMover:
         self.moved = 0
 
     def move(self, slots: Sequence[int]) -> None:
-        step = self.options.wave_slots
-        for i in range(0, len(slots), step):
-            wave = list(slots[i:i + step])
-            self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
-            self.open(wave)
-            self.drain(wave)
-            self.close(wave)
-            self.journal.closed(wave)
-            self.progress.add(slots=len(wave))
+        """Wave by wave, three things at once on separate connections: the next wave's keys are fetched and
+        sized ahead (`prepare`) and the previous wave is closed behind (`finish`) while this wave moves.
+        Keys fetched before their slot opened are only a head start: `drain`, after MIGRATING is set, fetches
+        again until the slot is empty, so keys written meanwhile move too. Each slot keeps its own order."""
+        parts = waves(slots, self.options.first_wave, self.options.wave_slots)
+        with ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as behind:
+            upcoming = ahead.submit(self.prepare, parts[0]) if parts else None
+            closing: Future[None] | None = None
+            for i, wave in enumerate(parts):
+                assert upcoming is not None
+                plan = upcoming.result()
+                self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
+                self.open(wave)
+                upcoming = ahead.submit(self.prepare, parts[i + 1]) if i + 1 < len(parts) else None
+                self.send(plan)
+                self.drain(wave)
+                if closing is not None:
+                    closing.result()
+                closing = behind.submit(self.finish, wave)
+            if closing is not None:
+                closing.result()
+
+    def finish(self, wave: Sequence[int]) -> None:
+        self.close(wave)
+        self.journal.closed(wave)
+        self.progress.add(slots=len(wave))
+
+    def prepare(self, wave: Sequence[int]) -> Plan:
+        """The wave's keys and their MIGRATE batches, read before the wave opens."""
+        return self.plan(self.fetch(wave))
+
+    def fetch(self, slots: Sequence[int]) -> dict[int, list[bytes]]:
+        replies = checked(self.source, [("CLUSTER", "GETKEYSINSLOT", s, self.options.fetch_keys) for s in slots],
+                          "GETKEYSINSLOT")
+        return {s: list(r) for s, r in zip(slots, replies, strict=True) if r}
 
     def open(self, wave: Sequence[int]) -> None:
         checked(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
@@ -76,15 +110,14 @@ class KeyMover:
         self.session.parallel(lambda p: checked(p, commands, "SETSLOT NODE"), self.others)
 
     def drain(self, wave: Sequence[int]) -> None:
+        """Fetch and move until every slot of the (open) wave is empty on the source."""
         pending = list(wave)
         failed_rounds = 0
         while pending:
-            replies = checked(self.source, [("CLUSTER", "GETKEYSINSLOT", s, self.options.fetch_keys)
-                                            for s in pending], "GETKEYSINSLOT")
-            work = {s: list(r) for s, r in zip(pending, replies, strict=True) if r}
+            work = self.fetch(pending)
             if not work:
                 return
-            failed_rounds = failed_rounds + 1 if not self.migrate(work) else 0
+            failed_rounds = failed_rounds + 1 if not self.send(self.plan(work)) else 0
             if failed_rounds >= MAX_FAILED_ROUNDS:
                 raise OpsctlError(f"MIGRATE from {self.source.name} to {self.target.name} keeps failing",
                                   self.last_error, "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
@@ -93,21 +126,32 @@ class KeyMover:
 
     last_error = ""
 
-    def migrate(self, work: dict[int, list[bytes]]) -> bool:
-        """One round: size every key, send all MIGRATE batches pipelined. False if any batch failed."""
-        keys = [k for ks in work.values() for k in ks]
-        sizes = pipe(self.source, [("MEMORY", "USAGE", k) for k in keys])
-        plan: list[tuple[int, Batch]] = []
+    def plan(self, work: dict[int, list[bytes]]) -> Plan:
+        sizes = self.sizes(work)
+        return [(slot, b) for slot, keys in work.items() for b in batches(keys, sizes[slot])]
+
+    def sizes(self, work: dict[int, list[bytes]]) -> dict[int, list[int | None]]:
+        """Bytes per key (None: vanished): one size script call per slot; MEMORY USAGE per key for the slots
+        where the script cannot run (no scripting, or keys missing from a slot that is already MIGRATING)."""
+        memory = self.source.admin.command("MEMORY")
+        replies = pipe(self.source, [("EVAL", SIZE_SCRIPT, len(keys), *keys, memory) for keys in work.values()])
+        out = {slot: parse_sizes(reply, len(keys))
+               for (slot, keys), reply in zip(work.items(), replies, strict=True)}
+        rest = [slot for slot, sized in out.items() if sized is None]
+        each = pipe(self.source, [("MEMORY", "USAGE", k) for slot in rest for k in work[slot]])
         at = 0
-        for slot, slot_keys in work.items():
-            sized = [None if isinstance(v, Exception) else v for v in sizes[at:at + len(slot_keys)]]
-            at += len(slot_keys)
-            plan += [(slot, b) for b in batches(slot_keys, sized)]
+        for slot in rest:
+            out[slot] = [None if isinstance(v, Exception) else v for v in each[at:at + len(work[slot])]]
+            at += len(work[slot])
+        return {slot: sized or [] for slot, sized in out.items()}
+
+    def send(self, plan: Plan) -> bool:
+        """Report big keys, then send every MIGRATE batch streamed on one connection. False if any failed."""
         for slot, batch in plan:
             if batch.big:
                 self.emit({"event": "big-key", "slot": slot, "key": batch.keys[0].decode(errors="replace"),
                            "bytes": batch.size, "timeout_ms": batch.timeout_ms})
-        replies = pipe(self.source, [self.command(b) for _, b in plan])
+        replies = stream(self.source, [self.command(b) for _, b in plan])
         ok = True
         for (slot, batch), reply in zip(plan, replies, strict=True):
             if isinstance(reply, Exception):

@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
+
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import Command, NodeObservation, Observer, raw_pipeline
@@ -19,6 +21,7 @@ from opsctl.versions import has_capability
 T = TypeVar("T")
 Event = dict[str, Any]
 Emit = Callable[[Event], None]
+STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
 ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
 
 
@@ -36,6 +39,32 @@ class Peer:
 def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
     """One round trip; error replies come back as exception objects."""
     return raw_pipeline(peer.admin, commands) if commands else []
+
+
+def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
+    """Like pipe (one connection, replies in order, errors as exception objects), but packed and sent in
+    chunks, so the server works on the first commands while the client still packs the rest."""
+    if len(commands) <= chunk:
+        return pipe(peer, commands)
+    admin = peer.admin
+    pool = admin.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        for at in range(0, len(commands), chunk):
+            part = commands[at:at + chunk]
+            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
