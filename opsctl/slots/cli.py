@@ -7,30 +7,39 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from opsctl.slots.progress import bar_line, human_bytes
+from opsctl.slots.progress import CLEAR_LINE, TtyLine, bar_line, human_bytes
 from opsctl.slots.run import Outcome
 
 Event = dict[str, Any]
 
 
 def printer(json_mode: bool, stream: TextIO | None = None) -> Callable[[Event], None]:
-    """JSON lines on stderr with --output json; on a terminal a redrawn bar; else one line per event kind."""
+    """JSON lines on stderr with --output json; on a terminal a bar redrawn in place (cut to the terminal's
+    width, cleared before any other message); else one line per event kind and no control characters."""
     out = stream or sys.stderr
-    tty = out.isatty()
+    line = TtyLine(out) if out.isatty() else None
+
+    def say(text: str) -> None:
+        if line:
+            out.write(CLEAR_LINE)
+        print(text, file=out, flush=True)
 
     def emit(event: Event) -> None:
         kind = event.get("event")
         if json_mode:
             print(json.dumps(event, default=str), file=out, flush=True)
         elif kind == "slots-progress":
-            if tty:
-                print("\r" + bar_line(event), end="", file=out, flush=True)
+            if line:
+                line.show(bar_line(event), force=True)
         elif kind == "slots-done":
-            print(("\r" if tty else "") + bar_line(event), file=out, flush=True)
+            if line:
+                line.done(bar_line(event))
+            else:
+                print(bar_line(event), file=out, flush=True)
         elif kind == "slots-start":
-            print(f"moving {sum(m['slot_count'] for m in event['moves'])} slots ({event['mode']})", file=out)
+            say(f"moving {sum(m['slot_count'] for m in event['moves'])} slots ({event['mode']})")
         elif kind in ("big-key", "busy-key-equal", "migrate-retry", "closed"):
-            print(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"), file=out)
+            say(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
 
     return emit
 

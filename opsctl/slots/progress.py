@@ -63,6 +63,9 @@ def done_fraction(slots_done: int, slots_total: int, keys: int, est_keys: int) -
     return max(by_slots, min(0.99, keys / est_keys))
 
 
+CLEAR_LINE = "\r\x1b[K"
+
+
 class TtyLine:
     """A status line redrawn in place on a terminal stream; `show` at most every `interval` s, `done` always."""
 
