@@ -23,8 +23,9 @@ pytestmark = pytest.mark.integration
 MAX_GAP_MS = 1000
 # Sentinel confirms a promotion only through INFO, polled every 1000 ms during a failover (hard-coded), and
 # answers GET-MASTER-ADDR-BY-NAME with the old master until then: clients that discover through Sentinel
-# cannot see a gap below ~1 s, whatever the runbook does. Measured ~1.9 s; the bound catches regressions.
-MAX_SENTINEL_GAP_MS = 2500
+# cannot see a gap below ~1 s, whatever the runbook does (and +switch-master waits for the other replicas
+# to be reconfigured too). The bound catches regressions.
+MAX_SENTINEL_GAP_MS = 4000  # measured 2.2 s on a quiet machine; room for a loaded CI box
 
 
 def sentinel_client(loaded: LoadedSpec) -> redis.Redis:
