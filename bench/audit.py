@@ -49,19 +49,20 @@ def main() -> int:
     parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--opsctl-args", default="", help="extra audit options, e.g. '--batch 100 --window 1'")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         with standalone(work, args.flavor, memory={"maxmemory": "2gb", "policy": "allkeys-lru"}) as fleet:
-            return run(fleet, args.keys, work, args.rounds)
+            return run(fleet, args.keys, work, args.rounds, args.opsctl_args.split())
 
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def run(fleet: object, keys: int, work: Path, rounds: int) -> int:
+def run(fleet: object, keys: int, work: Path, rounds: int, extra: list[str]) -> int:
     admin = fleet.admin()  # type: ignore[attr-defined]
     node = fleet.loaded.layout.servers[0]  # type: ignore[attr-defined]
     t = time.monotonic()
@@ -75,7 +76,7 @@ def run(fleet: object, keys: int, work: Path, rounds: int) -> int:
     cli = [redis_cli(), "-h", node.address, "-p", str(node.port)]
     tools = {"redis-cli --bigkeys": [*cli, "--bigkeys"], "redis-cli --memkeys": [*cli, "--memkeys"],
              "opsctl audit bigkeys": [OPSCTL, "audit", "-f", str(fleet.spec_file), "bigkeys",  # type: ignore[attr-defined]
-                                      "--allow-masters", "--output", "json"]}
+                                      "--allow-masters", "--output", "json", *extra]}
     rates: dict[str, list[float]] = {name: [] for name in tools}
     p99s: dict[str, list[float]] = {name: [] for name in [*tools, "idle"]}
     for _ in range(rounds):
