@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
-from opsctl.errors import OpsctlError, RefusedError
+from opsctl.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.collect import Command, Observer, Pending, raw_pipeline, wait_converged, wait_for
+from opsctl.observe.collect import Command, Observer, Pending, checked_pipeline, wait_converged, wait_for
 from opsctl.observe.parse import parse_info
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
@@ -59,14 +59,8 @@ def forget(admin: Admin, node_id: str) -> None:
 
 
 def _checked(admin: Admin, commands: Sequence[Command], doing: str) -> list[Any]:
-    """raw_pipeline that turns the first error reply into an OpsctlError naming the node."""
-    replies = raw_pipeline(admin, commands)
-    for cmd, reply in zip(commands, replies, strict=True):
-        if isinstance(reply, Exception):
-            words = " ".join(str(c) for c in cmd[:2])
-            raise OpsctlError(f"{doing} failed on {admin.name} ({admin.endpoint})", f"{words}: {reply}",
-                              "the node's log says more; `opsctl cluster check -f SPEC` shows the state")
-    return replies
+    return checked_pipeline(admin, commands, doing,
+                            "the node's log says more; `opsctl cluster check -f SPEC` shows the state")
 
 
 def _fresh_id(admin: Admin) -> str:

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from opsctl.admin import Admin
-from opsctl.errors import ConvergenceError
+from opsctl.errors import ConvergenceError, OpsctlError
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
 from opsctl.spec.layout import Node, sentinel_master_name
@@ -42,12 +42,17 @@ class NodeObservation:
     sentinel_sentinels: list[dict[str, str]] | None = None
 
 
-def raw_pipeline(admin: Admin, commands: Sequence[Command]) -> list[Any]:
-    """Send commands (renamed as the spec says) in one round trip; replies unparsed, errors as exceptions."""
+def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:
+    """Send commands (renamed as the spec says) on one connection; replies unparsed, in order, errors as
+    exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
+    commands while the client still packs the rest."""
     pool = admin.client.connection_pool
     conn = pool.get_connection()
+    step = chunk or max(1, len(commands))
     try:
-        conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in commands]))
+        for at in range(0, len(commands), step):
+            part = commands[at:at + step]
+            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
         replies: list[Any] = []
         for _ in commands:
             try:
@@ -60,6 +65,17 @@ def raw_pipeline(admin: Admin, commands: Sequence[Command]) -> list[Any]:
         raise
     finally:
         pool.release(conn)
+
+
+def checked_pipeline(admin: Admin, commands: Sequence[Command], doing: str, hint: str,
+                     replies: list[Any] | None = None) -> list[Any]:
+    """raw_pipeline whose first error reply becomes an OpsctlError naming the node and the command."""
+    replies = raw_pipeline(admin, commands) if replies is None else replies
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, Exception):
+            words = " ".join(str(c) for c in cmd[:4])
+            raise OpsctlError(f"{doing} failed on {admin.name} ({admin.endpoint})", f"{words}: {reply}", hint)
+    return replies
 
 
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:

@@ -7,11 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis
-
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
-from opsctl.observe.collect import Command, NodeObservation, Observer, raw_pipeline
+from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
@@ -42,39 +40,13 @@ def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
 
 
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
-    """Like pipe (one connection, replies in order, errors as exception objects), but packed and sent in
-    chunks, so the server works on the first commands while the client still packs the rest."""
-    if len(commands) <= chunk:
-        return pipe(peer, commands)
-    admin = peer.admin
-    pool = admin.client.connection_pool
-    conn = pool.get_connection()
-    try:
-        for at in range(0, len(commands), chunk):
-            part = commands[at:at + chunk]
-            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
+    """Like pipe, but packed and sent in chunks (see raw_pipeline)."""
+    return raw_pipeline(peer.admin, commands, chunk) if commands else []
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
-    replies = pipe(peer, commands)
-    for cmd, reply in zip(commands, replies, strict=True):
-        if isinstance(reply, Exception):
-            words = " ".join(str(c) for c in cmd[:4])
-            raise OpsctlError(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
-                              "`opsctl cluster fix -f SPEC` closes what this run opened")
-    return replies
+    return checked_pipeline(peer.admin, commands, doing, "`opsctl cluster fix -f SPEC` closes what this run opened",
+                            pipe(peer, commands))
 
 
 class Session:
