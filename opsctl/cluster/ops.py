@@ -114,9 +114,6 @@ def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
     return True
 
 
-SYNC_DELAY = "repl-diskless-sync-delay"
-
-
 def announce(observer: Observer, servers: Sequence[Node]) -> None:
     """Every node MEETs every other one again. Harmless for known nodes (the extra handshake is dropped), but
     the receiver reads the sender's header at once: its slots and role, instead of at the next scheduled ping
@@ -128,20 +125,13 @@ def announce(observer: Observer, servers: Sequence[Node]) -> None:
 
 
 def _attach_replicas(observer: Observer, layout: Layout, ids: dict[str, str], timeout: float) -> None:
-    """CLUSTER REPLICATE every replica, with the masters' diskless sync delay at 0 meanwhile (then restored)."""
-    masters = [observer.admins[s.master] for s in layout.shards if s.replicas]
-    saved = {a.name: a.config_get(SYNC_DELAY).get(SYNC_DELAY, "5") for a in masters}
-    try:
-        for admin in masters:
-            admin.config_set(SYNC_DELAY, "0")
-        for shard in layout.shards:
-            for replica in shard.replicas:
-                replicate(observer.admins[replica], ids[shard.master])
-        announce(observer, list(layout.servers))
-        wait_converged(observer, timeout)
-    finally:
-        for admin in masters:
-            admin.config_set(SYNC_DELAY, saved[admin.name])
+    """CLUSTER REPLICATE every replica. The rendered repl-diskless-sync-max-replicas starts each master's
+    sync as soon as its shard's replicas are connected, so no sync delay needs changing here."""
+    for shard in layout.shards:
+        for replica in shard.replicas:
+            replicate(observer.admins[replica], ids[shard.master])
+    announce(observer, list(layout.servers))
+    wait_converged(observer, timeout)
 
 
 def form_cluster(loaded: LoadedSpec, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
