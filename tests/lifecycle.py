@@ -35,10 +35,18 @@ def deployed(tmp_path: Path, capsys: pytest.CaptureFixture[str], topology: str, 
     """Apply a fresh spec; always destroy and purge afterwards, even when the test fails."""
     server_binary(flavor)
     spec_path = write_spec(tmp_path, make_spec(topology, flavor, **sections))
+    original = spec_path.read_text()
     try:
         code, out, err = run(capsys, "apply", "-f", str(spec_path), "--auto-approve")
         assert code == 0, err + out
         yield spec_path, read_spec(spec_path)
     finally:
-        main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"])
+        _destroy(spec_path, original)
         capsys.readouterr()
+
+
+def _destroy(spec_path: Path, original: str) -> None:
+    """Destroy with the spec as the test left it, or, when the test broke it, as it was deployed."""
+    if main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"]) != 0:
+        spec_path.write_text(original)
+        main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"])
