@@ -92,22 +92,38 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
         raise RefusedError("cancelled, nothing changed")
 
 
-def cmd_apply(args: argparse.Namespace) -> int:
+def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
+    """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
     from opsctl.executor import execute
+
+    print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
+    if plan.empty:
+        return
+    _confirm(args, question)
+    timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime,
+                      parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout)
+    print(f"{done} in {sum(t for _, t in timings):.2f}s.", file=sys.stderr)
+
+
+def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
+    """The options of every command that executes a plan which may restart or fail over nodes."""
+    parser.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
+    parser.add_argument("--parallel-shards", type=int, default=1, metavar="N",
+                        help="roll restarts through N shards at once")
+    parser.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+                        help="how long a restarted node may take to be back in place, or a failover's checks to pass")
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.runtime import compute_plan
 
     with _runtime(args, locked=True) as rt:
         plan, _ = compute_plan(rt)
         if args.plan:
             plan = _saved_plan(args.plan, plan)
-        print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
-        if not plan.empty:
-            _confirm(args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?")
-            timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime,
-                              parallel_shards=args.parallel_shards,
-                              wait_timeout=args.wait_timeout)
-            total = sum(t for _, t in timings)
-            print(f"Applied {len(plan.steps)} step(s) in {total:.2f}s.", file=sys.stderr)
+        run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                 f"Applied {len(plan.steps)} step(s)")
         healthy = _print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
@@ -174,14 +190,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("apply", help="make the running topology match the spec")
     _common(p)
-    p.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
     p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
-    p.add_argument("--allow-downtime", action="store_true",
-                   help="allow restarting a master in place (one without a replica to fail over to)")
-    p.add_argument("--parallel-shards", type=int, default=1, metavar="N",
-                   help="roll restarts through N shards at once")
-    p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
-                   help="how long a restarted node may take to be back in place, or a failover's checks to pass")
+    rollout_options(p, "allow restarting a master in place (one without a replica to fail over to)")
     p.set_defaults(handler=cmd_apply)
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
