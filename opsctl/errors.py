@@ -12,6 +12,15 @@ EXIT_ERROR = 1
 EXIT_CHANGES = 2
 EXIT_REFUSED = 3
 EXIT_FINDINGS = 4
+ECHO_LIMIT = 80
+
+
+def echo(value: object, limit: int = ECHO_LIMIT) -> str:
+    """A user-supplied value as an error message may quote it: repr, cut to limit characters (input is unbounded)."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 class OpsctlError(Exception):

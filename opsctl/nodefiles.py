@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from opsctl.render import NodePaths, render_node
+from opsctl.safefs import write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+
+__all__ = ["default_paths", "write_private", "write_rendered"]
 
 
 def default_paths(root: str, node: Node) -> NodePaths:
@@ -15,17 +17,6 @@ def default_paths(root: str, node: Node) -> NodePaths:
     conf = "sentinel.conf" if node.is_sentinel else "redis.conf"
     return NodePaths(dir=base, conf=f"{base}/{conf}", acl=f"{base}/users.acl", log=f"{base}/server.log",
                      pid=f"{base}/server.pid")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Create or replace path with mode 0600 from the first byte on."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 def write_rendered(loaded: LoadedSpec, output: Path, show_secrets: bool, stdout: bool) -> list[str]:
