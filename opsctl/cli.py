@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from opsctl import __version__
-from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.secrets import MaskingStream
 
 Handler = Callable[[argparse.Namespace], int]
@@ -57,7 +57,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"error: {message}\n  hint: {self.prog} --help shows every option\n")
+        self.exit(EXIT_ERROR, f"error: {clip(message)}\n  hint: {self.prog} --help shows every option\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

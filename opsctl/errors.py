@@ -13,6 +13,12 @@ EXIT_CHANGES = 2
 EXIT_REFUSED = 3
 EXIT_FINDINGS = 4
 ECHO_LIMIT = 80
+SUMMARY_LIMIT = 600
+
+
+def clip(text: str, limit: int = 4 * ECHO_LIMIT) -> str:
+    """A message that may embed user input, cut to limit characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def echo(value: object, limit: int = ECHO_LIMIT) -> str:
@@ -35,7 +41,7 @@ class OpsctlError(Exception):
         self.hint = hint
 
     def render(self) -> str:
-        lines = [f"error: {self.summary}"]
+        lines = [f"error: {clip(self.summary, SUMMARY_LIMIT)}"]
         if self.detail:
             lines.extend(f"  {line}" for line in self.detail.splitlines())
         if self.hint:

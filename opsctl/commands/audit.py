@@ -9,6 +9,7 @@ import threading
 import time
 from typing import TextIO
 
+from opsctl.argtypes import RATE, ranged
 from opsctl.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.report import plural
 from opsctl.slots.progress import TtyLine, gauge, human_seconds
@@ -104,21 +105,28 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                       help="scan keys on replicas only (default)")
     scan.add_argument("--allow-masters", dest="allow_masters", action="store_true",
                       help="scan the master of a shard that has no replica")
-    p.add_argument("--max-ops-per-sec", type=float, default=None, help="commands per second per scanned node")
+    p.add_argument("--max-ops-per-sec", type=RATE, default=None, help="commands per second per scanned node")
     p.add_argument("--fail-on", choices=("info", "low", "medium", "high", "critical"), default="low",
                    help="exit 4 when a finding is at or above this severity (default: low)")
-    p.add_argument("--count", type=int, default=1000, help="SCAN COUNT (default 1000)")
-    p.add_argument("--batch", type=int, default=250, help="keys per pipelined request (default 250)")
-    p.add_argument("--window", type=int, default=3, help="requests in flight per node (default 3)")
-    p.add_argument("--nice", type=int, default=10, help="lower opsctl's own CPU priority by N (default 10, 0 = off)")
-    p.add_argument("--string-bytes", type=int, default=10240, help="big string above this many bytes")
-    p.add_argument("--elements", type=int, default=5000, help="big collection above this many elements")
-    p.add_argument("--top", type=int, default=10, help="top-N keys per type and shard")
-    p.add_argument("--max-key-length", type=int, default=128)
-    p.add_argument("--expiry-cluster", type=int, default=1000, help="keys expiring in one second that count as "
+    p.add_argument("--count", type=ranged(int, 1, 1_000_000), default=1000, help="SCAN COUNT (default 1000)")
+    p.add_argument("--batch", type=ranged(int, 1, 100_000), default=250,
+                   help="keys per pipelined request (default 250)")
+    p.add_argument("--window", type=ranged(int, 1, 1000), default=3, help="requests in flight per node (default 3)")
+    p.add_argument("--nice", type=ranged(int, 0, 19), default=10,
+                   help="lower opsctl's own CPU priority by N (default 10, 0 = off)")
+    p.add_argument("--string-bytes", type=ranged(int, 1, 512 * 1024 * 1024), default=10240,
+                   help="big string above this many bytes")
+    p.add_argument("--elements", type=ranged(int, 1, 2**32), default=5000,
+                   help="big collection above this many elements")
+    p.add_argument("--top", type=ranged(int, 1, 10_000), default=10, help="top-N keys per type and shard")
+    p.add_argument("--max-key-length", type=ranged(int, 1, 512 * 1024 * 1024), default=128)
+    p.add_argument("--expiry-cluster", type=ranged(int, 1, 10**9), default=1000,
+                   help="keys expiring in one second that count as "
                    "clustered")
-    p.add_argument("--no-ttl-share", type=float, default=0.5, help="flag a prefix above this share without TTL")
-    p.add_argument("--no-ttl-min-keys", type=int, default=100, help="ignore prefixes with fewer keys")
+    p.add_argument("--no-ttl-share", type=ranged(float, 0.0, 1.0), default=0.5,
+                   help="flag a prefix above this share without TTL")
+    p.add_argument("--no-ttl-min-keys", type=ranged(int, 1, 10**12), default=100,
+                   help="ignore prefixes with fewer keys")
     p.set_defaults(handler=_audit)
 
 
@@ -146,6 +154,6 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.add_argument("key", metavar="KEY")
     d.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     d.add_argument("--chunked", action="store_true", help="rename and delete in chunks even when lazyfree is on")
-    d.add_argument("--chunk", type=int, default=500, help="elements per delete step (default 500)")
-    d.add_argument("--max-ops-per-sec", type=float, default=None, help="commands per second")
+    d.add_argument("--chunk", type=ranged(int, 1, 100_000), default=500, help="elements per delete step (default 500)")
+    d.add_argument("--max-ops-per-sec", type=RATE, default=None, help="commands per second")
     d.set_defaults(handler=_bigkey_delete)

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.argtypes import RATE, SLOTS, ranged
+from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 
 
 def _cluster_spec(path: str) -> Any:
@@ -58,17 +59,19 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         loaded, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
 
 
-def _weights(pairs: list[str]) -> dict[str, float]:
-    out = {}
-    for pair in pairs:
-        name, sep, value = pair.rpartition("=")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            name = ""
-        if not sep or not name:
-            raise OpsctlError(f"bad --weight {pair!r}", hint="use --weight NODE=W, e.g. --weight orders-1=2")
-    return out
+WEIGHT = ranged(float, 0.0, 1e6)
+
+
+def weight(pair: str) -> tuple[str, float]:
+    """argparse type of --weight NODE=W: a node name and a finite weight from 0 (drain it) to 1e6."""
+    name, sep, value = pair.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{echo(pair)} is not NODE=W (e.g. --weight orders-1=2)")
+    return name, WEIGHT(value)
+
+
+def _weights(pairs: list[tuple[str, float]]) -> dict[str, float]:
+    return dict(pairs)
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
@@ -90,18 +93,10 @@ def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("--state-dir", help="where local state and the slot journal live")
     p.add_argument("--output", choices=("text", "json"), default="text", help="json: JSON events on stderr")
-    p.add_argument("--max-keys-per-sec", type=float, default=None, help="throttle key-by-key moves")
+    p.add_argument("--max-keys-per-sec", type=RATE, default=None, help="throttle key-by-key moves")
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
     if dry_run:
         p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
-
-
-def positive(text: str) -> int:
-    """argparse type: a whole number from 1 to 16384 (argparse turns the ValueError into a usage error)."""
-    value = int(text)
-    if not 1 <= value <= 16384:
-        raise ValueError(text)
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,20 +105,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("check", help="slot coverage, open slots, agreement (exit 1 on problems)")
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for each node")
+    p.add_argument("--timeout", type=ranged(float, 0.1, 600.0), default=2.0, help="seconds to wait for each node")
     p.set_defaults(handler=cmd_check)
 
     p = commands.add_parser("reshard", help="move N slots from one master to another")
     _slot_args(p)
     p.add_argument("--from", dest="source", required=True, help="source master: node name or address:port")
     p.add_argument("--to", dest="target", required=True, help="target master: node name or address:port")
-    p.add_argument("--slots", type=positive, required=True, help="how many slots to move (1..16384)")
+    p.add_argument("--slots", type=SLOTS, required=True, help="how many slots to move (1..16384)")
     p.set_defaults(handler=cmd_reshard)
 
     p = commands.add_parser("rebalance", help="move the fewest slots that reach a weighted balance")
     _slot_args(p)
-    p.add_argument("--weight", action="append", default=[], metavar="NODE=W", help="relative share (default 1)")
-    p.add_argument("--threshold", type=float, default=2.0, metavar="PCT",
+    p.add_argument("--weight", type=weight, action="append", default=[], metavar="NODE=W",
+                   help="relative share (default 1)")
+    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=2.0, metavar="PCT",
                    help="leave masters within PCT%% of their share alone (default 2)")
     p.set_defaults(handler=cmd_rebalance)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from opsctl.argtypes import SECONDS, ranged
 from opsctl.errors import EXIT_OK, OpsctlError, RefusedError
 
 
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--shard", type=int, help="fail over this shard (1..N) to its best replica")
+    which.add_argument("--shard", type=ranged(int, 1, 16384), help="fail over this shard (1..N) to its best replica")
     which.add_argument("--master", help="fail over the shard whose master is this node (name or address:port)")
     which.add_argument("--to", help="promote this replica (name or address:port)")
     p.add_argument("--mode", choices=("graceful", "force", "takeover"), default="graceful",
@@ -61,9 +62,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--yes", "--auto-approve", dest="yes", action="store_true",
                    help="do not ask; consent to the risks of force/takeover")
     p.add_argument("--report", help="also write the JSON report here")
-    p.add_argument("--max-lag-bytes", type=int, default=1024 * 1024, help="pre-check limit (default 1 MiB)")
-    p.add_argument("--max-lag-seconds", type=int, default=3, help="pre-check limit on the last ack's age")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds each phase may take")
+    p.add_argument("--max-lag-bytes", type=ranged(int, 0, 2**50), default=1024 * 1024,
+                   help="pre-check limit (default 1 MiB)")
+    p.add_argument("--max-lag-seconds", type=ranged(int, 0, 86400), default=3,
+                   help="pre-check limit on the last ack's age")
+    p.add_argument("--timeout", type=SECONDS, default=10.0, help="seconds each phase may take")
     p.add_argument("--no-failover-command", action="store_true",
                    help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
     p.add_argument("--output", choices=("text", "json"), default="text")

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from opsctl.argtypes import SECONDS, ranged
 from opsctl.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
 from opsctl.plan.steps import Plan, plan_from_dict
 from opsctl.report import node_status, plan_text, status_table
@@ -109,9 +110,9 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
     """The options of every command that executes a plan which may restart or fail over nodes."""
     parser.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
     parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
-    parser.add_argument("--parallel-shards", type=int, default=1, metavar="N",
+    parser.add_argument("--parallel-shards", type=ranged(int, 1, 16384), default=1, metavar="N",
                         help="roll restarts through N shards at once")
-    parser.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--wait-timeout", type=SECONDS, default=60.0, metavar="S",
                         help="how long a restarted node may take to be back in place, or a failover's checks to pass")
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 
 from opsctl.commands.lifecycle import _common, _print_status, _runtime, rollout_options, run_plan
-from opsctl.errors import EXIT_OK, OpsctlError
+from opsctl.errors import EXIT_OK, OpsctlError, echo
+
+
+def node_names(text: str) -> frozenset[str]:
+    """argparse type of --nodes: comma-separated node names, none of them empty."""
+    names = [word.strip() for word in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{echo(text)} has an empty node name (give NAME[,NAME...])")
+    return frozenset(names)
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -14,7 +22,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
     with _runtime(args, locked=True) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]
-        selected = set(args.nodes.split(",")) if args.nodes else set(names)
+        selected = set(args.nodes) if args.nodes is not None else set(names)
         unknown = sorted(selected - set(names))
         if unknown:
             raise OpsctlError(f"no node named {', '.join(unknown)}", hint=f"nodes are: {', '.join(names)}")
@@ -29,6 +37,6 @@ def cmd_restart(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("restart", help="rolling restart: replicas first, masters after a graceful failover")
     _common(p)
-    p.add_argument("--nodes", help="comma-separated node names (default: every node)")
+    p.add_argument("--nodes", type=node_names, help="comma-separated node names (default: every node)")
     rollout_options(p, "allow restarting a master that has no replica")
     p.set_defaults(handler=cmd_restart)
