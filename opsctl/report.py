@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opsctl.observe.parse import RoleInfo
-from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import Plan
-from opsctl.spec.layout import Layout
+if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
+    from opsctl.observe.parse import RoleInfo
+    from opsctl.plan.facts import NodeFacts
+    from opsctl.plan.steps import Plan
+    from opsctl.spec.layout import Layout
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MASK = "***"
 
@@ -41,7 +43,7 @@ class Secret:
 
 
 EnvLookup = Mapping[str, str]
-FileReader = Callable[[Path], str]
+FileReader = Callable[["Path"], str]
 
 
 def read_secret_file(path: Path) -> str:

@@ -8,12 +8,13 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
 from opsctl.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
-from opsctl.plan.steps import Plan, plan_from_dict
-from opsctl.report import node_status, plan_text, status_table
+
+if TYPE_CHECKING:
+    from opsctl.plan.steps import Plan
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -55,6 +56,7 @@ def _printer(args: argparse.Namespace) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from opsctl.report import plan_text
     from opsctl.runtime import compute_plan
 
     with _runtime(args) as rt:
@@ -66,6 +68,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _saved_plan(path: str, current: Plan) -> Plan:
+    from opsctl.plan.steps import plan_from_dict
+
     try:
         saved = plan_from_dict(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError) as exc:
@@ -96,6 +100,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
     from opsctl.executor import execute
+    from opsctl.report import plan_text
 
     print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
     if plan.empty:
@@ -139,6 +144,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(rt: Any, output: str) -> bool:
+    from opsctl.report import node_status, status_table
     from opsctl.runtime import gather_facts
     from opsctl.status import health_line
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
 from opsctl.resources import data_dir
 from opsctl.secrets import MASK, Secret
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
+
+if TYPE_CHECKING:
+    import jinja2
 
 __all__ = ["NodePaths", "RenderedNode", "render_node", "render_sections"]
 
@@ -27,7 +30,11 @@ class RenderedNode:
     sections: tuple[Section, ...]
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """One environment per process, so each template compiles once (jinja2 is imported only to render)."""
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined,

@@ -1,0 +1,87 @@
+"""bench/cli: how long opsctl takes to start and answer, against the interpreter's own start and redis-cli.
+
+Prints the median wall time of several runs of each command, in one run:
+  limit   `python -c pass` with the same interpreter and site-packages (no tool can start faster);
+  peer    `redis-cli --version` for --version/--help, `redis-cli --cluster check` for plan/status;
+  opsctl  `opsctl --version`, `--help`, and `plan`/`status` of a running 6-node cluster.
+Goals: --version/--help <= 100 ms; plan/status of 6 nodes <= 400 ms.
+
+    .venv/bin/python bench/cli.py [--runs 9] [--flavor valkey]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec  # noqa: E402
+
+OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+GOALS = {"--version": 0.100, "--help": 0.100, "plan": 0.400, "status": 0.400}
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, PASSWORD_ENV: PASSWORD, "REDISCLI_AUTH": PASSWORD, "PYTHONPATH": str(ROOT)}
+
+
+def median_wall(argv: Sequence[str], runs: int, ok: tuple[int, ...] = (0,)) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run(argv, env=env(), capture_output=True, check=False)
+        times.append(time.perf_counter() - started)
+        if done.returncode not in ok:
+            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-400:]}")
+    return statistics.median(times)
+
+
+def row(name: str, opsctl: float, peer: float, limit: float) -> str:
+    goal = GOALS[name]
+    verdict = "met" if opsctl <= goal else "NOT met"
+    return (f"{name:<10} opsctl {opsctl * 1000:6.0f} ms  peer {peer * 1000:6.0f} ms  limit {limit * 1000:5.0f} ms  "
+            f"opsctl/peer {opsctl / peer:5.2f}x  opsctl-limit {(opsctl - limit) * 1000:5.0f} ms  "
+            f"goal {goal * 1000:.0f} ms {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--flavor", choices=("valkey", "redis"), default="valkey")
+    args = parser.parse_args()
+    limit = median_wall([sys.executable, "-c", "pass"], args.runs)
+    peer_start = median_wall(["redis-cli", "--version"], args.runs)
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min)  runs: {args.runs}, median")
+    for flag in ("--version", "--help"):
+        print(row(flag, median_wall([*OPSCTL, flag], args.runs), peer_start, limit))
+    with tempfile.TemporaryDirectory(prefix="opsctl-bench-cli-") as tmp:
+        spec = write_spec(Path(tmp), make_spec("cluster", args.flavor, cluster={"masters": 3,
+                                                                                "replicas_per_master": 1}))
+        subprocess.run([*OPSCTL, "apply", "-f", str(spec), "--auto-approve"], env=env(), check=True,
+                       capture_output=True)
+        try:
+            status = subprocess.run([*OPSCTL, "status", "-f", str(spec), "--output", "json"], env=env(),
+                                    check=True, capture_output=True, text=True).stdout
+            endpoint = status.split('"endpoint": "', 1)[1].split('"', 1)[0]
+            host, port = endpoint.rsplit(":", 1)
+            peer = median_wall(["redis-cli", "--cluster", "check", endpoint], args.runs)
+            for command in ("plan", "status"):
+                wall = median_wall([*OPSCTL, command, "-f", str(spec)], args.runs)
+                print(row(command, wall, peer, limit))
+            print(f"  (peer for plan/status: redis-cli --cluster check {host}:{port}, which reads every node)")
+        finally:
+            subprocess.run([*OPSCTL, "destroy", "-f", str(spec), "--auto-approve", "--purge"], env=env(),
+                           check=False, capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
