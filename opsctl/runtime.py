@@ -36,9 +36,21 @@ class Runtime:
 
 
 def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
+    """The state dir, checked before anything is done: the folders opsctl makes in it (`.opsctl/<name>`, or the
+    last part of --state-dir) must not be links, files, or owned by someone else. Never resolved through a link."""
+    from opsctl.safefs import check_state_path
+
     if explicit:
-        return Path(explicit).resolve()
-    return (Path(loaded.file).resolve().parent / ".opsctl" / loaded.spec.name).resolve()
+        typed = Path(explicit).absolute()
+        if not typed.name or typed.name in (".", ".."):
+            typed = typed.resolve()
+        path = typed.parent.resolve() / typed.name
+        check_state_path(path, below=path.parent)
+        return path
+    spec_folder = Path(loaded.file).resolve().parent
+    path = spec_folder / ".opsctl" / loaded.spec.name
+    check_state_path(path, below=spec_folder)
+    return path
 
 
 def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
+from opsctl.safefs import LINK_HINT, FileProblem, make_dir, open_dir, trusted_owners
 
 LOCK_NAME = ".lock"
 POLL_SECONDS = 0.01
@@ -55,12 +56,21 @@ def _acquire(fd: int, state_dir: Path, timeout: float) -> None:
         time.sleep(POLL_SECONDS)
 
 
+def _open_lock(state_dir: Path) -> int:
+    """The lock file, opened inside the state dir's own fd and never through a link (root truncates it)."""
+    with open_dir(state_dir, trusted_owners()) as folder:
+        try:
+            return os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        except OSError as exc:
+            raise FileProblem(state_dir / LOCK_NAME, f"cannot be opened: {exc.strerror}", LINK_HINT) from None
+
+
 @contextmanager
 def state_lock(state_dir: Path, timeout: float = 0) -> Iterator[None]:
     """Hold the topology's lock for the block; refuse (OpsctlError) when another run holds it past timeout."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    make_dir(state_dir, 0o700, trusted_owners())
+    fd = _open_lock(state_dir)
     try:
         _acquire(fd, state_dir, timeout)
         os.ftruncate(fd, 0)

@@ -306,3 +306,73 @@ def test_state_lock_across_processes(tmp_path: Path) -> None:
         holder.wait()
     with state_lock(tmp_path, timeout=5):  # the holder died: its lock died with it
         pass
+
+
+# --- never through a link, never a pidfile alone (issue 11 items 6, 7, 10) -----------------------------------
+
+def test_planted_links_in_the_state_dir_are_refused(tmp_path: Path) -> None:
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / node.name).symlink_to(victim)
+    for action in (lambda: provider.write_files(node, {"redis.conf": "port 1\n"}),
+                   lambda: provider.save_record(node, {"a": 1}), lambda: provider.load_record(node),
+                   lambda: provider.purge(node)):
+        with pytest.raises(OpsctlError, match="symbolic link"):
+            action()
+    assert list(victim.iterdir()) == [] and mode(victim) == 0o755  # never chmodded, never written
+    (tmp_path / "state" / node.name).unlink()
+    deploy(loaded, provider, node)
+    conf = Path(provider.paths(node).conf)
+    conf.unlink()
+    conf.symlink_to(victim / "target")
+    with pytest.raises(OpsctlError, match="symbolic link"):
+        deploy(loaded, provider, node)
+    assert not (victim / "target").exists()
+    conf.unlink()
+    (tmp_path / "state" / node.name / ".redis.conf.tmp").symlink_to(victim / "target")  # the old fixed temp name
+    deploy(loaded, provider, node)
+    assert not (victim / "target").exists() and conf.is_file() and not conf.is_symlink()
+
+
+def test_state_lock_never_truncates_through_a_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / ".lock").symlink_to(victim)
+    with pytest.raises(OpsctlError, match="lock"), state_lock(tmp_path / "st"):
+        pass
+    assert victim.read_text() == "precious"
+
+
+def test_probe_gets_the_scrubbed_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "redis-server"
+    fake.write_text(f"#!/bin/sh\nenv > {tmp_path}/env\necho 'Redis server v=7.0.15 sha=0'\n")
+    fake.chmod(0o700)
+    monkeypatch.setenv("OPSCTL_TEST_PASSWORD", "hunter2-secret")
+    assert probe(str(fake)).version_text == "7.0.15"
+    seen = (tmp_path / "env").read_text()
+    assert "hunter2-secret" not in seen and "OPSCTL_TEST_PASSWORD" not in seen
+
+
+@pytest.mark.integration
+def test_a_deleted_pidfile_never_makes_a_live_server_look_down(tmp_path: Path, started: Started) -> None:
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    pid = provider.process_state(node).pid
+    Path(provider.paths(node).pid).unlink()
+    state = provider.process_state(node)
+    assert state.running and state.pid == pid and "found through /proc" in state.detail
+    with pytest.raises(RefusedError, match=f"runs as pid {pid}"):
+        provider.purge(node)
+    assert Path(provider.paths(node).dir).is_dir()
+    started.start(provider, node)  # already running: found, not started twice
+    assert provider.process_state(node).pid == pid
+    provider.stop(node, timeout=5.0)
+    assert read_proc(pid) is None and not provider.process_state(node).running
+    provider.purge(node)
+    assert not Path(provider.paths(node).dir).exists()

@@ -2,7 +2,11 @@
 
 Each node owns `<state_dir>/<node>/` (mode 0700): its config (0600, the only place the password lives),
 users.acl, log, pidfile, data, and opsctl's record. A pid is trusted only after /proc says it is a
-Redis/Valkey server working in that node's folder and listening on its port: pids get reused.
+Redis/Valkey server working in that node's folder and listening on its port: pids get reused. A missing or
+stale pidfile is not taken as "down" either: /proc is searched for the node's server first.
+
+The state dir and node folders are never followed through a symbolic link and must belong to opsctl's user
+(or root); files are written through safefs (never through a link).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from opsctl.binaries import ServerBinary
+from opsctl.binaries import ServerBinary, server_environment
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.nodefiles import default_paths, write_private
+from opsctl.nodefiles import default_paths
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.render import NodePaths
-from opsctl.secrets import Secret, mask_text
+from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
+from opsctl.secrets import mask_text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.statelock import parse_pid
@@ -33,7 +38,6 @@ from opsctl.statelock import parse_pid
 STATE_FOLDER = ".opsctl"
 RECORD = "opsctl-node.json"
 SERVER_NAMES = ("redis-server", "valkey-server")
-KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 POLL_SECONDS = 0.005
 LOG_LINES = 10
 KILL_WAIT = 5.0
@@ -84,12 +88,6 @@ def tail(text: str, lines: int = LOG_LINES) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
-def server_environment(environ: dict[str, str], secrets: list[Secret]) -> dict[str, str]:
-    """The few variables a server needs, never one that carries a secret."""
-    values = [s.reveal() for s in secrets if s.reveal()]
-    return {k: v for k, v in environ.items() if k in KEPT_ENV and not any(s in v for s in values)}
-
-
 def start_command(binary: str, node: Node, conf: str) -> list[str]:
     return [binary, conf, "--sentinel"] if node.is_sentinel else [binary, conf]
 
@@ -116,10 +114,20 @@ def port_open(address: str, port: int) -> bool:
         return False
 
 
-def read_text(path: Path) -> str | None:
+RECORD_LIMIT = 1024 * 1024
+PIDFILE_LIMIT = 64
+READ_HINT = "the node's folder holds only what opsctl and the server wrote: remove the odd entry and run apply"
+
+
+def read_text(path: Path, limit: int = RECORD_LIMIT) -> str | None:
+    """A node file's text (None when missing); a link, a folder, a huge or unreadable file is a FileProblem."""
+    return read_bounded(path, READ_HINT, limit)
+
+
+def proc_cwd(pid: int) -> str | None:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
         return None
 
 
@@ -164,7 +172,7 @@ class LocalProvider:
     def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary,
                  start_timeout: float = 30.0) -> None:
         self.loaded = loaded
-        self.state_dir = Path(state_dir).resolve()
+        self.state_dir = Path(os.path.abspath(state_dir))  # never resolved: a link in it is refused, not followed
         self.binary = binary
         self.start_timeout = start_timeout
 
@@ -182,10 +190,17 @@ class LocalProvider:
     # --- files ---------------------------------------------------------------------------------------------
 
     def _folder(self, node: Node) -> Path:
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        owners = trusted_owners()
+        check_state_path(self.state_dir, owners=owners)
+        make_dir(self.state_dir, 0o700, owners)
         folder = self.node_dir(node)
-        folder.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)
+        make_dir(folder, 0o700, owners)
+        return folder
+
+    def _checked_node_dir(self, node: Node) -> Path:
+        """The node's folder, refused when it (or the state dir) is a link or someone else's."""
+        folder = self.node_dir(node)
+        check_state_path(folder, below=self.state_dir.parent)
         return folder
 
     def write_files(self, node: Node, files: dict[str, str]) -> None:
@@ -195,10 +210,10 @@ class LocalProvider:
             write_private(folder / name, files[name])
 
     def read_file(self, node: Node, name: str) -> str | None:
-        return read_text(self.node_dir(node) / plain_name(name))
+        return read_text(self._checked_node_dir(node) / plain_name(name))
 
     def load_record(self, node: Node) -> dict[str, Any]:
-        path = self.node_dir(node) / RECORD
+        path = self._checked_node_dir(node) / RECORD
         return parse_record(read_text(path), node.name, str(path))
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
@@ -209,8 +224,9 @@ class LocalProvider:
         if state.running:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                str(self.node_dir(node)), "stop the node first")
-        if self.node_dir(node).exists():
-            shutil.rmtree(self.node_dir(node))
+        folder = self._checked_node_dir(node)
+        if folder.exists():
+            shutil.rmtree(folder)
 
     def close(self) -> None:
         """Nothing to release: servers outlive the provider on purpose."""
@@ -222,8 +238,22 @@ class LocalProvider:
         return is_node_process(facts, self.binary.path, os.path.realpath(paths.dir), paths.conf, node.port)
 
     def process_state(self, node: Node) -> ProcessState:
-        pidfile = self.paths(node).pid
-        text = read_text(Path(pidfile))
+        """Running when the pidfile names this node's server, or when /proc shows one in the node's folder
+        (a deleted or stale pidfile never makes a live server look down)."""
+        state = self._pidfile_state(node)
+        if state.running:
+            return state
+        pid = self._find_daemon(node)
+        if pid is not None:
+            return ProcessState(node.name, True, pid, f"running as pid {pid} (found through /proc; {state.detail})")
+        return state
+
+    def _pidfile_state(self, node: Node) -> ProcessState:
+        pidfile = Path(self.paths(node).pid)
+        try:
+            text = read_text(pidfile, PIDFILE_LIMIT)
+        except FileProblem as problem:
+            return ProcessState(node.name, False, None, problem.summary)
         if text is None:
             return ProcessState(node.name, False, None, "not running (no pidfile)")
         pid = parse_pid(text)
@@ -246,14 +276,14 @@ class LocalProvider:
         if not Path(paths.conf).is_file():
             raise OpsctlError(f"cannot start {node.name}: no config at {paths.conf}",
                               hint="write the node's files first (`opsctl apply` does)")
-        Path(paths.pid).unlink(missing_ok=True)
+        self._drop_pidfile(node)
         with tempfile.TemporaryFile() as stderr:
             launch = Launch(self._spawn(node, paths, stderr), stderr, file_size(Path(paths.log)))
             self._wait_until_up(node, launch)
 
     def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
         """New session, no terminal, no inherited fds, a scrubbed environment, umask 077 for its files."""
-        env = server_environment(dict(os.environ), self.loaded.credentials.all())
+        env = server_environment(os.environ, self.loaded.credentials.all())
         try:
             return subprocess.Popen(start_command(self.binary.path, node, paths.conf), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=stderr, cwd=paths.dir, env=env,
@@ -265,7 +295,7 @@ class LocalProvider:
     def _wait_until_up(self, node: Node, launch: Launch | None) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
-            state = self.process_state(node)
+            state = self.process_state(node) if launch is None else self._pidfile_state(node)
             if state.running and port_open(node.address, node.port):
                 if launch is not None:
                     launch.process.poll()
@@ -291,9 +321,13 @@ class LocalProvider:
         return None
 
     def _find_daemon(self, node: Node) -> int | None:
-        """The forked server before it writes its pidfile: a /proc process of ours in the node's folder."""
+        """This node's server found through /proc (no pidfile needed): a server process in the node's folder
+        run with its config or on its port. Only processes working in that folder are inspected further."""
+        folder = os.path.realpath(self.paths(node).dir)
         for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and (facts := read_proc(int(entry.name))) and self._is_ours(node, facts):
+            if not entry.name.isdigit() or proc_cwd(int(entry.name)) != folder:
+                continue
+            if (facts := read_proc(int(entry.name))) and self._is_ours(node, facts):
                 return facts.pid
         return None
 
@@ -317,7 +351,11 @@ class LocalProvider:
         state = self.process_state(node)
         if state.running and state.pid is not None:
             self._terminate(node, state.pid, timeout)
-        Path(self.paths(node).pid).unlink(missing_ok=True)
+        self._drop_pidfile(node)
+
+    def _drop_pidfile(self, node: Node) -> None:
+        if self.node_dir(node).is_dir():
+            Path(self._checked_node_dir(node) / Path(self.paths(node).pid).name).unlink(missing_ok=True)
 
     def _terminate(self, node: Node, pid: int, timeout: float) -> None:
         try:
