@@ -32,8 +32,11 @@ def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from opsctl.nodefiles import write_rendered
+    from opsctl.safefs import FileProblem
     from opsctl.specfile import read_spec
 
+    if args.output != "-" and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise FileProblem(args.output, "is not a folder", "give -o a folder to write into (or '-' to print)")
     loaded = read_spec(args.file)
     written = write_rendered(loaded, Path(args.output), show_secrets=args.show_secrets, stdout=args.output == "-")
     for line in written:

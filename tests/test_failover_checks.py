@@ -28,7 +28,7 @@ from opsctl.failover.checks import (
     sentinel_prechecks,
     thresholds_for,
 )
-from opsctl.failover.report import Attempt, FailoverReport, past_failover, report_text, topology
+from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
@@ -283,8 +283,11 @@ def test_the_report_round_trips_for_the_cool_down_and_holds_no_secret(tmp_path):
     report.before = topology(facts)
     data = json.loads(report.json())
     assert data["phases_ms"]["total"] == 500.0 and data["before"][s1.master]["role"] == "master"
-    assert past_failover(data) == PastFailover(1000.5, s1.master, s1.replicas[0])
-    assert past_failover({**data, "outcome": "refused"}) is None
+    saved = tmp_path / "report.json"
+    saved.write_text(report.json())
+    assert read_past_failover(saved, now=2000.0) == PastFailover(1000.5, s1.master, s1.replicas[0])
+    saved.write_text(json.dumps({**data, "outcome": "refused"}))
+    assert read_past_failover(saved, now=2000.0) is None
     assert PASSWORD not in report.json()
     text = report_text(report)
     assert "[pass] target-linked" in text and "outcome: succeeded" in text

@@ -144,7 +144,7 @@ def test_paths_files_and_records(tmp_path: Path) -> None:
     assert provider.load_record(node) == {"config_hash": "abc", "n": 1}
     assert mode(folder / "opsctl-node.json") == 0o600
     (folder / "opsctl-node.json").write_text("[1]")
-    with pytest.raises(OpsctlError, match="not a JSON object"):
+    with pytest.raises(OpsctlError, match=r"opsctl-node\.json: expected an object, found list"):
         provider.load_record(node)
     provider.purge(node)
     assert not folder.exists()

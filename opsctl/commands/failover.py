@@ -24,9 +24,12 @@ def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.failover.report import report_text
     from opsctl.failover.runbook import Options, run_failover
     from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.safefs import check_writable_target
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
 
+    if args.report:
+        check_writable_target(args.report, "--report")  # before the failover, not after it succeeded
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
     _confirm(args)

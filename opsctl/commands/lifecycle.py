@@ -58,22 +58,19 @@ def _printer(args: argparse.Namespace) -> Any:
 def cmd_plan(args: argparse.Namespace) -> int:
     from opsctl.report import plan_text
     from opsctl.runtime import compute_plan
+    from opsctl.safefs import check_writable_target, write_private
 
+    if args.out:
+        check_writable_target(args.out, "--out")
     with _runtime(args) as rt:
         plan, _ = compute_plan(rt)
     if args.out:
-        Path(args.out).write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+        write_private(Path(args.out), json.dumps(plan.to_dict(), indent=2) + "\n")
     print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
     return EXIT_OK if plan.empty else EXIT_CHANGES
 
 
-def _saved_plan(path: str, current: Plan) -> Plan:
-    from opsctl.plan.steps import plan_from_dict
-
-    try:
-        saved = plan_from_dict(json.loads(Path(path).read_text()))
-    except (OSError, ValueError, KeyError) as exc:
-        raise OpsctlError(f"cannot read plan file {path}", str(exc), "make it with opsctl plan --out FILE") from None
+def _saved_plan(path: str, saved: Plan, current: Plan) -> Plan:
     if saved.spec_digest != current.spec_digest:
         raise RefusedError("the spec changed since the plan was made", f"plan: {path}",
                            "run opsctl plan --out again and review it")
@@ -122,12 +119,14 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    from opsctl.plan.saved import read_saved_plan
     from opsctl.runtime import compute_plan
 
+    saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
     with _runtime(args, locked=True) as rt:
         plan, _ = compute_plan(rt)
-        if args.plan:
-            plan = _saved_plan(args.plan, plan)
+        if saved is not None:
+            plan = _saved_plan(args.plan, saved, plan)
         run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
                  f"Applied {len(plan.steps)} step(s)")
         healthy = _print_status(rt, args.output)

@@ -7,14 +7,22 @@ roles, offsets, links and check values (observations are taken without CONFIG GE
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opsctl.failover.checks import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
+from opsctl.readback import Fields, load_json
+from opsctl.safefs import FileProblem
 
 REPORT_DIR = "failover"
+REPORT_LIMIT = 4 * 1024 * 1024
+CLOCK_SKEW_S = 60.0
+REPORT_HINT = ("a report opsctl wrote is never like this: move the file out of the state dir's failover/ folder "
+               "(the cool-down check reads every *-succeeded.json there)")
 
 
 @dataclass
@@ -86,13 +94,25 @@ def topology(facts: Mapping[str, NodeFacts]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def past_failover(data: Mapping[str, Any]) -> PastFailover | None:
-    """A succeeded failover from a saved report, for the cool-down check."""
-    target = data.get("target") or {}
-    if data.get("outcome") != "succeeded" or not target.get("master") or not data.get("new_master"):
+def read_past_failover(path: Path, now: float | None = None) -> PastFailover | None:
+    """A saved report read back for the cool-down check, every field it uses checked. A report dated in the
+    future is refused (it would block failovers until that date), naming the file and how to fix it."""
+    report = Fields(load_json(path, REPORT_HINT, REPORT_LIMIT, follow=False), path, REPORT_HINT)
+    outcome = report.get("outcome", str)
+    started = report.get("started", float)
+    total_ms = report.child("phases_ms", {}).get("total", float, 0.0)
+    target = report.child("target", {})
+    master = target.get("master", str, "")
+    new_master = report.get("new_master", str, "")
+    now = time.time() if now is None else now
+    if started <= 0 or started > now + CLOCK_SKEW_S:
+        raise FileProblem(path, f"started: {started:.0f} is {started - now:.0f} s in the future" if started > 0
+                          else f"started: {started:g} is not a time", REPORT_HINT + "; check this machine's clock")
+    if total_ms < 0:
+        raise report.problem("cannot be negative", "phases_ms.total")
+    if outcome != "succeeded" or not master or not new_master:
         return None
-    finished = float(data.get("started", 0)) + float(data.get("phases_ms", {}).get("total", 0)) / 1000
-    return PastFailover(finished, str(target["master"]), str(data["new_master"]))
+    return PastFailover(started + total_ms / 1000, master, new_master)
 
 
 def report_text(report: FailoverReport) -> str:

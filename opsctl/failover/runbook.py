@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import os
 import socket
 import time
@@ -33,11 +32,12 @@ from opsctl.failover.checks import (
     sentinel_prechecks,
     thresholds_for,
 )
-from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, past_failover, report_text, topology
+from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.nodefiles import write_private
 from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import digest
+from opsctl.safefs import check_state_path
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
@@ -101,11 +101,11 @@ def _ckquorum(admin: Admin, name: str) -> str:
 
 def load_history(state_dir: Path) -> list[PastFailover]:
     out: list[PastFailover] = []
+    check_state_path(state_dir / REPORT_DIR, below=state_dir.parent)
     for path in sorted((state_dir / REPORT_DIR).glob("*-succeeded.json"))[-50:]:
-        with contextlib.suppress(OSError, ValueError):
-            past = past_failover(json.loads(path.read_text()))
-            if past:
-                out.append(past)
+        past = read_past_failover(path)
+        if past:
+            out.append(past)
     return out
 
 

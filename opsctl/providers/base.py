@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from opsctl.errors import OpsctlError
+from opsctl.readback import Fields, parse_json
 from opsctl.render import NodePaths
 from opsctl.spec.layout import Node
 
@@ -52,15 +51,19 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
+RECORD_HINT = "delete the file; the next `opsctl apply` writes it again"
+
+
 def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
-    """A node's record (what opsctl last applied) from its JSON text; {} when there is none yet."""
+    """A node's record (what opsctl last applied) from its JSON text; {} when there is none yet.
+    Every field opsctl reads is checked (FileProblem naming the file and field); others are kept as they are."""
     if text is None:
         return {}
-    try:
-        record = json.loads(text)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict):
-        raise OpsctlError(f"{node}: {where} is not a JSON object",
-                          hint="delete the file; the next `opsctl apply` writes it again")
-    return record
+    record = Fields(parse_json(text, where, RECORD_HINT), where, RECORD_HINT)
+    record.get("digest", str, None)
+    record.get("applied", float, None)
+    record.get("pending_restart", bool, None)
+    for index, pair in enumerate(record.get("directives", list, [])):
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):
+            raise record.problem("expected [directive, value] pairs of strings", f"directives[{index}]")
+    return record.data
