@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
+from opsctl.render.tokens import checked, checked_arguments, word
 from opsctl.resources import data_dir
 from opsctl.secrets import MASK, Secret
+from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
@@ -42,6 +44,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=checked,
     )
 
 
@@ -65,7 +68,10 @@ def render_node(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool =
     """All files of one node. master: the address sentinels monitor (default: the spec's first master)."""
     spec = loaded.spec
     sections = render_sections(loaded, node, paths, reveal, daemonize, master)
-    context = {"node": node, "sections": sections, "spec_name": spec.name, "source": loaded.file,
+    for section in sections:
+        for name, value in section.directives:
+            checked_arguments(name, value)
+    context = {"node": node, "sections": sections, "spec_name": spec.name,
                "flavor": spec.server.flavor, "version": spec.server.version,
                "master_name": sentinel_master_name(spec)}
     env = _environment()
@@ -79,16 +85,19 @@ def render_node(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool =
 
 def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
     spec = loaded.spec
-    denied = " ".join(f"-{c.lower()}" for c in spec.hardening.disabled_commands)
-    users = [{"name": spec.auth.admin_user, "secret": loaded.credentials.password, "rules": ADMIN_ACL_RULES}]
-    users += [{"name": name, "secret": secret, "rules": user.rules}
+    denied = [f"-{c.lower()}" for c in spec.hardening.disabled_commands]
+    users: list[tuple[str, Secret, list[str]]] = [
+        (spec.auth.admin_user, loaded.credentials.password, ADMIN_ACL_RULES.split())]
+    users += [(name, secret, rule_tokens(user.rules))
               for (name, secret), user in zip(loaded.credentials.users, spec.auth.users, strict=True)]
-    context = {"spec_name": spec.name, "users": [
-        {"name": u["name"], "rules": f"{u['rules']} {denied}".strip(),
-         "hash": _password_hash(u["secret"]) if reveal else MASK} for u in users]}
-    return _environment().get_template("users.acl.j2").render(context)
+    lines = []
+    for name, secret, rules in users:
+        line = {"name": word(name), "rules": " ".join(word(rule) for rule in [*rules, *denied]),
+                "hash": _password_hash(secret) if reveal else MASK}
+        checked_arguments("user", f"{line['name']} {line['rules']}")
+        lines.append(line)
+    return _environment().get_template("users.acl.j2").render({"spec_name": spec.name, "users": lines})
 
 
-def _password_hash(secret: object) -> str:
-    assert isinstance(secret, Secret)
+def _password_hash(secret: Secret) -> str:
     return hashlib.sha256(secret.reveal().encode()).hexdigest()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opsctl.render.tokens import quoted, word
 from opsctl.spec.checks import LAZYFREE, config_text
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
@@ -36,11 +37,6 @@ class Section:
     directives: tuple[Directive, ...]
 
 
-def quoted(value: str) -> str:
-    """A value as a double-quoted config token, so secrets with quotes or backslashes parse as written."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -52,14 +48,18 @@ def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
 
 def network(spec: Spec, node: Node) -> list[Directive]:
     """replica-announce-ip: masters and sentinels otherwise see the connection's source address."""
-    return [("bind", " ".join(node.bind)), ("port", str(node.port)), ("replica-announce-ip", node.address),
+    return [("bind", _bind(node)), ("port", str(node.port)), ("replica-announce-ip", word(node.address)),
             ("protected-mode", "yes"),
             ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
 
 
+def _bind(node: Node) -> str:
+    return " ".join(word(address) for address in node.bind)
+
+
 def process(node: Node, paths: NodePaths, daemonize: bool) -> list[Directive]:
-    return [("daemonize", _yes(daemonize)), ("pidfile", paths.pid), ("logfile", paths.log),
-            ("loglevel", "notice"), ("dir", paths.dir)]
+    return [("daemonize", _yes(daemonize)), ("pidfile", word(paths.pid)), ("logfile", word(paths.log)),
+            ("loglevel", "notice"), ("dir", word(paths.dir))]
 
 
 def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Directive]:
@@ -68,7 +68,8 @@ def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Direct
     if spec.auth.mode == "password":
         lines = [("requirepass", quoted(password)), ("masterauth", quoted(password))]
     else:
-        lines = [("aclfile", paths.acl), ("masteruser", spec.auth.admin_user), ("masterauth", quoted(password))]
+        lines = [("aclfile", word(paths.acl)), ("masteruser", word(spec.auth.admin_user)),
+                 ("masterauth", quoted(password))]
     lines += [("enable-protected-configs", "no"), ("enable-debug-command", "no"),
               ("enable-module-command", "no"), ("hide-user-data-from-log", "yes")]
     return lines
@@ -80,8 +81,9 @@ def renames(spec: Spec) -> list[Directive]:
     Disabled commands go in ACL mode too: ACL rules alone can be undone by any user allowed ACL SETUSER
     (the admin has +@all), a removed command cannot. ACL rules keep naming them (rules use original names).
     """
-    lines: list[Directive] = [("rename-command", f'{c.upper()} ""') for c in spec.hardening.disabled_commands]
-    lines += [("rename-command", f"{c.upper()} {new}") for c, new in sorted(spec.hardening.renamed_commands.items())]
+    lines: list[Directive] = [("rename-command", f'{word(c.upper())} ""') for c in spec.hardening.disabled_commands]
+    lines += [("rename-command", f"{word(c.upper())} {word(new)}")
+              for c, new in sorted(spec.hardening.renamed_commands.items())]
     return lines
 
 
@@ -130,7 +132,7 @@ def replication(spec: Spec) -> list[Directive]:
 def cluster(spec: Spec, node: Node) -> list[Directive]:
     topo = spec.cluster_or_default()
     return [("cluster-enabled", "yes"), ("cluster-config-file", "nodes.conf"),
-            ("cluster-announce-ip", node.address),
+            ("cluster-announce-ip", word(node.address)),
             ("cluster-node-timeout", str(topo.node_timeout_ms)),
             ("cluster-require-full-coverage", _yes(topo.require_full_coverage)),
             ("cluster-allow-replica-migration", "no"),
@@ -145,7 +147,7 @@ def monitoring() -> list[Directive]:
 
 def extra(spec: Spec, node: Node) -> list[Directive]:
     merged = {**spec.config, **dict(node.config)}
-    return [(name, config_text(value)) for name, value in sorted(merged.items())]
+    return [(name, config_text(value) or '""') for name, value in sorted(merged.items())]
 
 
 def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: str,
@@ -185,22 +187,22 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
     topo = spec.sentinel_or_default()
     name = sentinel_master_name(spec)
     monitor: list[Directive] = [
-        ("sentinel monitor", f"{name} {master[0]} {master[1]} {sentinel_quorum(spec)}"),
+        ("sentinel monitor", f"{name} {word(master[0])} {master[1]} {sentinel_quorum(spec)}"),
         ("sentinel down-after-milliseconds", f"{name} {topo.down_after_ms}"),
         ("sentinel failover-timeout", f"{name} {topo.failover_timeout_ms}"),
         ("sentinel parallel-syncs", f"{name} {topo.parallel_syncs}"),
         ("sentinel auth-pass", f"{name} {quoted(password)}"),
     ]
     if spec.auth.mode == "acl":
-        monitor.append(("sentinel auth-user", f"{name} {spec.auth.admin_user}"))
-    monitor += [("sentinel rename-command", f"{name} {c.upper()} {new}")
+        monitor.append(("sentinel auth-user", f"{name} {word(spec.auth.admin_user)}"))
+    monitor += [("sentinel rename-command", f"{name} {word(c.upper())} {word(new)}")
                 for c, new in sorted(spec.hardening.renamed_commands.items())]
     own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
     return (
-        Section("network", (("bind", " ".join(node.bind)), ("port", str(node.port)), ("protected-mode", "yes"),
-                            ("sentinel announce-ip", node.address), ("sentinel announce-port", str(node.port)))),
-        Section("process", (("daemonize", _yes(daemonize)), ("pidfile", paths.pid), ("logfile", paths.log),
-                            ("dir", paths.dir))),
+        Section("network", (("bind", _bind(node)), ("port", str(node.port)), ("protected-mode", "yes"),
+                            ("sentinel announce-ip", word(node.address)), ("sentinel announce-port", str(node.port)))),
+        Section("process", (("daemonize", _yes(daemonize)), ("pidfile", word(paths.pid)),
+                            ("logfile", word(paths.log)), ("dir", word(paths.dir)))),
         Section("security", (*own, ("sentinel deny-scripts-reconfig", "yes"),
                              ("sentinel resolve-hostnames", "no"))),
         Section("monitored master", tuple(monitor)),

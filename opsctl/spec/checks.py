@@ -10,8 +10,10 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
+from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
+from opsctl.spec.text import echo, is_control
 from opsctl.versions import SUPPORTED, is_supported, parse_version, version_text
 
 Finding = tuple[tuple[str | int, ...], str, str]
@@ -82,6 +84,7 @@ def check_spec(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
     yield from _check_rdb(spec)
     yield from _check_config(spec.config, ("config",), spec.hardening.allow_unsafe)
     yield from _check_overrides(spec)
+    yield from _check_users(spec)
     yield from _check_secrets(spec, resolve)
     nodes = layout(spec)
     yield from _check_ports(spec, nodes)
@@ -128,14 +131,14 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
 def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, ...]) -> Iterator[Finding]:
     if address in PUBLIC_BINDS:
         if not spec.hardening.allow_public_bind:
-            yield (path, f"'{address}' listens on every interface",
+            yield (path, f"{echo(address)} listens on every interface",
                    "bind the host's own LAN address, or set hardening.allow_public_bind: true")
         return
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         if spec.provider == "local":
-            yield (path, f"'{address}' is not an IP address",
+            yield (path, f"{echo(address)} is not an IP address",
                    "the local provider needs loopback addresses like 127.0.0.2")
         return
     if spec.provider == "local" and not ip.is_loopback:
@@ -147,7 +150,7 @@ def _check_references(spec: Spec) -> Iterator[Finding]:
     names = [h.name for h in spec.hosts]
 
     def unknown(path: tuple[str | int, ...], name: str) -> Finding:
-        return (path, f"unknown host '{name}'", f"{suggest(name, names)}hosts are: {', '.join(names)}")
+        return (path, f"unknown host {echo(name)}", f"{suggest(name, names)}hosts are: {', '.join(names)}")
 
     if spec.standalone and spec.standalone.host and spec.standalone.host not in names:
         yield unknown(("standalone", "host"), spec.standalone.host)
@@ -213,7 +216,7 @@ def _check_commands(spec: Spec) -> Iterator[Finding]:
     for i, command in enumerate(hardening.disabled_commands):
         path: tuple[str | int, ...] = ("hardening", "disabled_commands", i)
         if not COMMAND_NAME.match(command):
-            yield (path, f"'{command}' is not a command name", "use names like FLUSHALL")
+            yield (path, f"{echo(command)} is not a command name", "use names like FLUSHALL")
         elif command.upper() in NOT_DISABLABLE:
             yield (path, f"opsctl needs {command.upper()} to manage the server",
                    f"rename it instead: hardening.renamed_commands: {{{command.upper()}: <secret name>}}")
@@ -222,20 +225,20 @@ def _check_commands(spec: Spec) -> Iterator[Finding]:
     for command, new_name in hardening.renamed_commands.items():
         path = ("hardening", "renamed_commands", command)
         if not COMMAND_NAME.match(command):
-            yield (path, f"'{command}' is not a command name", "use names like CONFIG")
+            yield (path, f"{echo(command)} is not a command name", "use names like CONFIG")
         elif command.upper() in disabled:
             yield (path, f"{command} is both disabled and renamed", "keep it in one of the two lists")
         if not RENAMED_NAME.match(new_name):
-            yield (path, f"new name '{new_name}' must be 4 to 64 letters, digits or _",
+            yield (path, f"new name {echo(new_name)} must be 4 to 64 letters, digits or _",
                    "to disable a command list it under hardening.disabled_commands")
         elif new_name.upper() in new_names:
-            yield (path, f"new name '{new_name}' is used twice", "give every renamed command its own name")
+            yield (path, f"new name {echo(new_name)} is used twice", "give every renamed command its own name")
         new_names.add(new_name.upper())
 
 
 def _check_memory(spec: Spec) -> Iterator[Finding]:
     if spec.memory.policy not in POLICIES:
-        yield (("memory", "policy"), f"unknown maxmemory policy '{spec.memory.policy}'",
+        yield (("memory", "policy"), f"unknown maxmemory policy {echo(spec.memory.policy)}",
                f"{suggest(spec.memory.policy, POLICIES)}use one of: {', '.join(POLICIES)}")
     if spec.memory.maxmemory.rstrip("bkmg") in ("0", ""):
         yield (("memory", "maxmemory"), "0 means no limit: the server swaps or dies when memory runs out",
@@ -246,7 +249,7 @@ def _check_rdb(spec: Spec) -> Iterator[Finding]:
     for i, rule in enumerate(spec.persistence.rdb):
         parts = rule.split()
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            yield (("persistence", "rdb", i), f"'{rule}' is not '<seconds> <changes>'",
+            yield (("persistence", "rdb", i), f"{echo(rule)} is not '<seconds> <changes>'",
                    "write it like \"900 1\"; use rdb: [] to turn snapshots off")
 
 
@@ -255,7 +258,7 @@ def _check_config(config: dict[str, str | int | bool], path: tuple[str | int, ..
     for directive, value in config.items():
         at = (*path, directive)
         if not DIRECTIVE_NAME.match(directive):
-            yield (at, f"'{directive}' is not a directive name", "use lowercase names like hz or maxclients")
+            yield (at, f"{echo(directive)} is not a directive name", "use lowercase names like hz or maxclients")
         elif directive in MANAGED_DIRECTIVES:
             yield (at, f"{directive} is managed by opsctl", f"set it through {MANAGED_DIRECTIVES[directive]}")
         elif directive in UNSAFE_VALUES and not allow_unsafe:
@@ -269,9 +272,27 @@ def _check_overrides(spec: Spec) -> Iterator[Finding]:
     names = [n.name for n in layout(spec).nodes]
     for name, override in spec.nodes.items():
         if name not in names:
-            yield (("nodes", name), f"no node named '{name}'",
+            yield (("nodes", name), f"no node named {echo(name)}",
                    f"{suggest(name, names)}nodes are: {', '.join(names)}")
         yield from _check_config(override.config, ("nodes", name, "config"), spec.hardening.allow_unsafe)
+
+
+def _check_users(spec: Spec) -> Iterator[Finding]:
+    admin = spec.auth.admin_user
+    if admin == "default":
+        yield (("auth", "admin_user"), "the admin user cannot be 'default' (opsctl turns that user off)",
+               "keep the default, opsctl, or pick another name")
+    seen: set[str] = set()
+    for i, user in enumerate(spec.auth.users):
+        if user.name in ("default", admin):
+            what = "opsctl turns the default user off" if user.name == "default" else "it is opsctl's own admin user"
+            yield (("auth", "users", i, "name"), f"user name '{user.name}' is reserved: {what}",
+                   "give the application user its own name")
+        elif user.name in seen:
+            yield (("auth", "users", i, "name"), f"user '{user.name}' is listed twice", "one entry per user")
+        seen.add(user.name)
+        for message, hint in check_rules(user.rules, spec.hardening.allow_unsafe):
+            yield (("auth", "users", i, "rules"), message, hint)
 
 
 def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
@@ -289,7 +310,7 @@ def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
                 yield (path, f"secret not found: file {ref.file} is missing, unreadable or empty",
                        f"create {ref.file} (relative paths start at the spec's folder), mode 0600, "
                        "holding only the secret")
-        elif len(value) < 12 or any(c.isspace() for c in value):
+        elif len(value) < 12 or any(c.isspace() or is_control(c) for c in value):
             yield (path, f"secret from {ref.describe()} is too weak (under 12 characters or has spaces)",
                    "use a random secret: openssl rand -hex 24")
 

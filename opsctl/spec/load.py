@@ -16,6 +16,7 @@ from opsctl.secrets import Secret
 from opsctl.spec.checks import SecretResolver, check_spec, suggest
 from opsctl.spec.layout import Layout, layout
 from opsctl.spec.model import SecretRef, Spec
+from opsctl.spec.text import echo
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
 FIELD_HINTS: dict[str, str] = {
@@ -70,7 +71,7 @@ def _not_a_mapping(file: str, data: object) -> SpecProblem:
     hint = "a spec is a mapping of fields (name, topology, hosts, auth, ...): see examples/ or `opsctl schema`"
     if data is None:
         return SpecProblem(file, 1, "", "the spec is empty", hint)
-    kind = "a list" if isinstance(data, list) else f"a single value ({data!r})"
+    kind = "a list" if isinstance(data, list) else f"a single value ({echo(data)})"
     return SpecProblem(file, 1, "", f"the spec must be a mapping of fields, not {kind}", hint)
 
 
@@ -156,26 +157,26 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
     if kind == "missing":
         return "is required", FIELD_HINTS.get(f"{leaf}:missing", f"add '{leaf}:'")
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {value!r}", FIELD_HINTS.get(leaf, "")
+        return f"must be one of {ctx.get('expected')}, got {echo(value)}", FIELD_HINTS.get(leaf, "")
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be a whole number, got {value!r}", "write the number without quotes"
+        return f"must be a whole number, got {echo(value)}", "write the number without quotes"
     if kind == "string_type":
-        return f"must be a string, got {value!r}", FIELD_HINTS.get(leaf, "quote the value")
+        return f"must be a string, got {echo(value)}", FIELD_HINTS.get(leaf, "quote the value")
     if kind == "bool_type":
-        return f"must be true or false, got {value!r}", "write true or false without quotes"
+        return f"must be true or false, got {echo(value)}", "write true or false without quotes"
     if kind in ("list_type", "tuple_type"):
-        return f"must be a list, got {value!r}", "write it as [a, b] or as '- a' lines"
+        return f"must be a list, got {echo(value)}", "write it as [a, b] or as '- a' lines"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping of fields, got {value!r}", "write it as 'field: value' lines"
+        return f"must be a mapping of fields, got {echo(value)}", "write it as 'field: value' lines"
     if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}, got {value!r}", ""
+        return f"must be at least {ctx.get('ge')}, got {echo(value)}", ""
     if kind == "less_than_equal":
-        return f"must be at most {ctx.get('le')}, got {value!r}", ""
+        return f"must be at most {ctx.get('le')}, got {echo(value)}", ""
     if kind == "too_short":
         return (f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}",
                 FIELD_HINTS.get(leaf, ""))
     if kind == "string_pattern_mismatch":
-        return f"{value!r} is not valid", FIELD_HINTS.get(leaf, "")
+        return f"{echo(value)} is not valid", FIELD_HINTS.get(leaf, "")
     if kind == "value_error":
         return str(err["msg"]).removeprefix("Value error, "), ""
     return str(err["msg"]), ""

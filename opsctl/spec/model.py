@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
 
+from opsctl.spec.text import echo
+
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
@@ -28,7 +30,7 @@ POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
 def _config_value(value: object) -> str | int | bool:
     if isinstance(value, (str, int, bool)) and not isinstance(value, float):
         return value
-    raise ValueError(f"must be a string, a whole number or true/false, got {value!r} (quote other values)")
+    raise ValueError(f"must be a string, a whole number or true/false, got {echo(value)} (quote other values)")
 
 
 ConfigValue = Annotated[str | int | bool, PlainValidator(_config_value)]

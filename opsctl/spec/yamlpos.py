@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from opsctl.errors import SpecProblem
+from opsctl.spec.text import control_chars, echo
 
 Path_ = tuple[str | int, ...]
 
@@ -33,24 +35,84 @@ def field_path(path: Path_) -> str:
     """('hosts', 0, 'name') -> 'hosts[0].name'."""
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        shown = part if isinstance(part, int) or _PLAIN_KEY.match(part) else echo(part)
+        text += f"[{shown}]" if isinstance(part, int) else (f".{shown}" if text else str(shown))
     return text
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.|@-]{1,60}$")
 
 
 def load_positioned(text: str, file: str) -> tuple[PositionedDocument | None, list[SpecProblem]]:
     """Parse text; on a syntax error return the problem with its line instead of raising."""
+    if len(text) > MAX_SPEC_CHARS:
+        return None, [SpecProblem(file, 1, "", f"the spec is {len(text)} characters, more than {MAX_SPEC_CHARS}",
+                                  "a topology spec is a few kilobytes: is this the right file?")]
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        alias_problem = _alias_problem(file, root) if root is not None else None
+        if alias_problem:
+            return None, [alias_problem]
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         return None, [_syntax_problem(file, exc)]
     except yaml.YAMLError as exc:
         return None, [SpecProblem(file, None, "", f"not valid YAML: {exc}", "check the file's syntax")]
+    except RecursionError:
+        return None, [SpecProblem(file, 1, "", "the YAML is nested too deeply",
+                                  "a topology spec nests a few levels: is this the right file?")]
     doc = PositionedDocument(file, data)
     problems: list[SpecProblem] = []
     if root is not None:
         _walk(root, (), doc, problems)
     return doc, problems
+
+
+MAX_SPEC_CHARS = 1024 * 1024
+# Values that aliases (*name) may add by repeating anchored parts; more is an alias bomb, not a topology.
+ALIAS_EXPANSION_LIMIT = 10_000
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _alias_problem(file: str, root: yaml.Node) -> SpecProblem | None:
+    """Count the nodes the document has once aliases are expanded, without expanding them (each distinct node
+    once, iteratively): an alias inside its own anchor, or aliases that multiply the document, are refused."""
+    cap = ALIAS_EXPANSION_LIMIT * 10
+    sizes: dict[int, int] = {}
+    expanding: set[int] = set()
+    repeated: list[yaml.Node] = []
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            sizes[key] = min(cap, 1 + sum(sizes[id(child)] for child in _children(node)))
+            expanding.discard(key)
+            continue
+        if key in sizes:
+            repeated.append(node)
+            continue
+        expanding.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in expanding:
+                return SpecProblem(file, child.start_mark.line + 1, "", "an alias refers to the anchor it is inside",
+                                   "a recursive alias never ends: write the value out instead")
+            stack.append((child, False))
+    distinct = len(sizes)
+    if sizes[id(root)] - distinct > ALIAS_EXPANSION_LIMIT:
+        biggest = max(repeated, key=lambda node: sizes[id(node)])
+        return SpecProblem(file, biggest.start_mark.line + 1, "",
+                           f"aliases expand the spec to more than {distinct + ALIAS_EXPANSION_LIMIT} values",
+                           f"aliases (*name) may add at most {ALIAS_EXPANSION_LIMIT} values: write them out")
+    return None
 
 
 # PyYAML names tokens the way its parser sees them; say what a person wrote instead.
@@ -82,6 +144,8 @@ def _syntax_problem(file: str, exc: yaml.MarkedYAMLError) -> SpecProblem:
 
 def _walk(node: yaml.Node, path: Path_, doc: PositionedDocument, problems: list[SpecProblem]) -> None:
     doc.lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.ScalarNode):
+        _check_control(str(node.value), node, path, doc, problems)
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
@@ -91,8 +155,20 @@ def _walk(node: yaml.Node, path: Path_, doc: PositionedDocument, problems: list[
                 problems.append(SpecProblem(doc.file, key_node.start_mark.line + 1, field_path(child),
                                             "appears twice", "remove one of the two entries"))
             seen.add(key)
+            _check_control(key, key_node, child, doc, problems)
             doc.lines[child] = key_node.start_mark.line + 1
             _walk(value_node, child, doc, problems)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _walk(item, (*path, index), doc, problems)
+
+
+def _check_control(text: str, node: yaml.Node, path: Path_, doc: PositionedDocument,
+                   problems: list[SpecProblem]) -> None:
+    """Every value and key of a spec is one line of plain text: a newline in a value would end a directive in
+    the rendered file and start another."""
+    bad = control_chars(text)
+    if bad:
+        problems.append(SpecProblem(doc.file, node.start_mark.line + 1, field_path(path),
+                                    f"holds control character(s) {', '.join(bad)}",
+                                    "write it on one line without newlines or tabs (a | or > block adds a newline)"))
