@@ -22,11 +22,14 @@ def clip(text: str, limit: int = 4 * ECHO_LIMIT) -> str:
 
 
 def echo(value: object, limit: int = ECHO_LIMIT) -> str:
-    """A user-supplied value as an error message may quote it: repr, cut to limit characters (input is unbounded)."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
+    """A user-supplied value as an error message may quote it: repr, cut to limit characters (input is unbounded).
+    Strings are quoted; other values (numbers, lists from a spec) show as Python writes them."""
+    if not isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 class OpsctlError(Exception):

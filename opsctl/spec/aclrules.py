@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from opsctl.errors import echo
 from opsctl.observe.parse import split_args
-from opsctl.spec.text import echo
 
 Problem = tuple[str, str]
 

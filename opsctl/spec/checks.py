@@ -10,10 +10,11 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
+from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
-from opsctl.spec.text import echo, is_control
+from opsctl.spec.text import is_control
 from opsctl.versions import SUPPORTED, is_supported, parse_version, version_text
 
 Finding = tuple[tuple[str | int, ...], str, str]

@@ -11,12 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from opsctl.errors import SpecError, SpecProblem
+from opsctl.errors import SpecError, SpecProblem, echo
 from opsctl.secrets import Secret
 from opsctl.spec.checks import SecretResolver, check_spec, suggest
 from opsctl.spec.layout import Layout, layout
 from opsctl.spec.model import SecretRef, Spec
-from opsctl.spec.text import echo
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
 FIELD_HINTS: dict[str, str] = {

@@ -1,10 +1,8 @@
-"""Text from the spec that reaches server files or error messages: control characters and echo length."""
+"""Text from the spec that reaches server files: control characters."""
 
 from __future__ import annotations
 
 import unicodedata
-
-ECHO_LIMIT = 60
 
 # Cc: C0/C1 controls (newline, carriage return, tab, NUL, ...); Zl/Zp: the Unicode line and paragraph
 # separators, which Python's splitlines() treats as line ends.
@@ -19,11 +17,3 @@ def control_chars(text: str) -> list[str]:
     """The distinct control characters in text, escaped for a message (e.g. ['\\n', '\\x00'])."""
     found = sorted({c for c in text if is_control(c)})
     return [repr(c)[1:-1] for c in found]
-
-
-def echo(value: object, limit: int = ECHO_LIMIT) -> str:
-    """value as a message shows it (repr: quotes, escapes), cut to limit characters."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from opsctl.errors import SpecProblem
-from opsctl.spec.text import control_chars, echo
+from opsctl.errors import SpecProblem, echo
+from opsctl.spec.text import control_chars
 
 Path_ = tuple[str | int, ...]
 
