@@ -6,13 +6,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
@@ -40,15 +40,13 @@ from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
 
-Event = dict[str, Any]
-EventSink = Callable[[Event], None]
 START_TIMEOUT = 60.0
 
 
 @dataclass
 class Execution:
     rt: Runtime
-    emit: EventSink
+    emit: Emit
     allow_downtime: bool = False
     wait_timeout: float = 60.0
     plan: Plan | None = None
@@ -58,7 +56,7 @@ class Execution:
         return any(isinstance(s, RestartNode) and s.node == node for s in (self.plan.steps if self.plan else ()))
 
 
-def execute(rt: Runtime, plan: Plan, emit: EventSink, allow_downtime: bool = False,
+def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
             parallel_shards: int = 1, wait_timeout: float = 60.0) -> list[tuple[str, float]]:
     """Run every step in order (node-local write/start steps of different nodes in parallel waves);
     stop at the first failure with an error naming the step. parallel_shards > 1 rolls that many shards
@@ -134,21 +132,21 @@ def _run_chain(run: Execution, chain: list[tuple[int, Step]], total: int) -> Non
 
 
 def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
-    run.emit({"event": "step-start", "index": index, "total": total, "step": step.title()})
+    run.emit(StepStart(index, total, step.title()))
     started = time.monotonic()
     try:
         HANDLERS[type(step)](run, step)
     except OpsctlError as exc:
-        run.emit({"event": "step-failed", "index": index, "step": step.title(), "error": exc.summary})
+        run.emit(StepFailed(index, step.title(), exc.summary))
         exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
         raise
     except redis.RedisError as exc:
-        run.emit({"event": "step-failed", "index": index, "step": step.title(), "error": str(exc)})
+        run.emit(StepFailed(index, step.title(), str(exc)))
         raise OpsctlError(f"step {index}/{total} ({step.title()}) failed", str(exc),
                           "look at the node's log; apply again resumes from the live state") from None
     elapsed = time.monotonic() - started
     run.timings.append((step.title(), elapsed))
-    run.emit({"event": "step-done", "index": index, "step": step.title(), "seconds": round(elapsed, 3)})
+    run.emit(StepDone(index, step.title(), round(elapsed, 3)))
 
 
 def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:
@@ -269,7 +267,7 @@ def fail_over(run: Execution, step: Step) -> None:
     rt = run.rt
 
     def say(text: str) -> None:
-        run.emit({"event": "log", "step": step.title(), "text": text})
+        run.emit(Log(step.title(), text))
 
     def checks_pass() -> bool | Pending:
         try:

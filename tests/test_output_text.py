@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -18,13 +18,31 @@ from opsctl.audit.bigdelete import delete_big_key, owner_node
 from opsctl.cli import main
 from opsctl.commands.audit import ProgressBar, scan_line
 from opsctl.errors import OpsctlError
+from opsctl.events import (
+    BigKey,
+    BusyKeyEqual,
+    Closed,
+    Event,
+    Log,
+    MigrateRetry,
+    Printer,
+    SlotsClosed,
+    SlotsDone,
+    SlotsProgress,
+    SlotsSkip,
+    SlotsStart,
+    StepDone,
+    StepFailed,
+    StepStart,
+    as_dict,
+)
 from opsctl.observe.parse import RoleInfo
 from opsctl.report import node_status, plural, status_table
-from opsctl.slots.cli import printer
-from opsctl.slots.progress import Progress, TtyLine, bar_line, done_fraction, human_seconds, redraw
+from opsctl.slots.progress import Progress, done_fraction
 from opsctl.slots.scale import wider_layout
 from opsctl.spec.layout import Node
 from opsctl.specfile import read_spec
+from opsctl.tty import TtyLine, human_seconds, redraw
 from tests.support import make_spec, write_spec
 from tests.test_audit_fixtures import standalone
 from tests.test_failover_checks import facts_for, spec
@@ -131,16 +149,64 @@ def test_audit_progress_bar_shows_rate_eta_and_the_final_count() -> None:
 
 def test_slot_events_without_a_terminal_have_no_bar_and_no_control_characters() -> None:
     stream = io.StringIO()
-    emit = printer(False, stream)
+    emit = Printer(False, stream)
     progress = Progress(emit, 100, est_keys=1000)
-    emit({"event": "slots-start", "mode": "key-by-key", "moves": [{"slot_count": 100}]})
+    emit(SlotsStart("key-by-key", 100, ({"slot_count": 100},)))
     for _ in range(10):
         progress.add(slots=10, keys=100, size=1000)
     final = progress.finish()
     text = stream.getvalue()
     assert not any(c in text for c in CONTROL)
-    assert text.splitlines() == ["moving 100 slots (key-by-key)", bar_line(final)]
+    assert text.splitlines() == ["moving 100 slots (key-by-key)", final.line()]
     assert "ETA 0s" in text and "100/100 slots" in text
+
+
+EVERY_KIND: list[Event] = [
+    StepStart(1, 3, "move slots"), Log("move slots", "waiting"), SlotsStart("atomic", 10, ()),
+    SlotsProgress(5, 10, 50, 5000, 25.0, 2.0, 2.0), BigKey(3, "k", 10 << 20, 9000), MigrateRetry(3, 10, "IOERR"),
+    BusyKeyEqual(3, "k"), Closed("a", "b", True, {"finish": "3"}), SlotsSkip("move slots", "already moved"),
+    SlotsClosed("journaled a -> b: finish 3"), SlotsDone(10, 10, 100, 10000, 50.0, 2.0, 0.0),
+    StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom")]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_every_event_has_a_text_form_and_a_json_form() -> None:
+    kinds = {type(e) for e in EVERY_KIND}
+    assert kinds == set(get_args(Event)) | {SlotsDone}
+    stream = io.StringIO()
+    emit = Printer(False, stream)
+    for event in EVERY_KIND:
+        emit(event)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == len(EVERY_KIND) - 1  # the progress bar is drawn on terminals only
+    assert "slots-skip: move slots: already moved" in lines and "slots-closed: journaled a -> b: finish 3" in lines
+    assert "closed: a -> b (journaled): finish 3" in lines
+    assert not any(c in stream.getvalue() for c in CONTROL)
+    json_stream = io.StringIO()
+    emit = Printer(True, json_stream)
+    for event in EVERY_KIND:
+        emit(event)
+    decoded = [json.loads(line) for line in json_stream.getvalue().splitlines()]
+    assert [d["event"] for d in decoded] == [e.kind for e in EVERY_KIND]
+    assert decoded[3] == {"event": "slots-progress", **as_dict(EVERY_KIND[3]), "eta": 2.0}
+    assert decoded[1] == {"event": "log", "step": "move slots", "text": "waiting"}
+
+
+def test_apply_steps_and_the_slot_bar_share_one_terminal_line_cleanly() -> None:
+    stream = Terminal()
+    emit = Printer(False, stream)
+    for event in EVERY_KIND:
+        emit(event)
+    text = stream.getvalue()
+    bar = SlotsProgress(5, 10, 50, 5000, 25.0, 2.0, 2.0).line()
+    assert "\r" + bar + "\x1b[K" in text
+    after_bar = text.split(bar, 1)[1]
+    assert after_bar.startswith("\x1b[K\r\x1b[Kbig-key: slot 3")  # the bar is erased before the next line
+    assert text.endswith("[2] failed\n")
 
 
 # --- routes of audit and bigkey delete ------------------------------------------------------------
@@ -205,6 +271,6 @@ def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatc
 def test_no_eta_before_five_percent_of_the_work() -> None:
     progress = Progress(lambda event: None, 100, est_keys=1000)
     progress.keys = 10
-    assert progress.event()["eta"] is None
+    assert progress.event().eta is None
     progress.keys = 100
-    assert progress.event()["eta"] is not None
+    assert progress.event().eta is not None

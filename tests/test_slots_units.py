@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from opsctl.events import SlotsProgress
 from opsctl.observe.parse import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, step_from_dict
@@ -10,7 +11,6 @@ from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_para
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_sizes, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
-from opsctl.slots.progress import bar_line
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
 from opsctl.spec.layout import Layout, Node, Shard
 
@@ -106,8 +106,7 @@ def test_atomic_job_parsing():
 
 
 def test_bar_line():
-    line = bar_line({"slots_done": 50, "slots_total": 100, "keys": 10, "bytes": 2048, "keys_per_sec": 5.0,
-                     "eta": 3.0}, width=10)
+    line = SlotsProgress(50, 100, 10, 2048, 5.0, 2.0, 3.0).line(width=10)
     assert line.startswith("[#####.....] 50/100 slots") and "2.0KiB" in line and "ETA 3s" in line
 
 

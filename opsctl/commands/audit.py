@@ -12,7 +12,7 @@ from typing import TextIO
 from opsctl.argtypes import RATE, ranged
 from opsctl.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.report import plural
-from opsctl.slots.progress import TtyLine, gauge, human_seconds
+from opsctl.tty import TtyLine, gauge, human_seconds
 
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "all")

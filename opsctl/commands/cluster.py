@@ -34,15 +34,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
+    from opsctl.events import Printer
     from opsctl.runtime import admin_routes, state_dir_for
-    from opsctl.slots.cli import outcome_json, outcome_text, printer
+    from opsctl.slots.cli import outcome_json, outcome_text
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions
     from opsctl.statelock import state_lock
 
     loaded = _cluster_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
-    emit = printer(args.output == "json")
+    emit = Printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
     with state_lock(state_dir), admin_routes(loaded, state_dir):
         if resume and not getattr(args, "dry_run", False):

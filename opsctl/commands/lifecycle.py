@@ -39,22 +39,6 @@ def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
             rt.provider.close()
 
 
-def _printer(args: argparse.Namespace) -> Any:
-    json_mode = getattr(args, "output", "text") == "json"
-
-    def emit(event: dict[str, Any]) -> None:
-        if json_mode:
-            print(json.dumps(event), file=sys.stderr, flush=True)
-        elif event["event"] == "step-start":
-            print(f"[{event['index']}/{event['total']}] {event['step']} ...", file=sys.stderr, flush=True)
-        elif event["event"] == "log":
-            print(f"      {event['text']}", file=sys.stderr, flush=True)
-        elif event["event"] == "step-done":
-            print(f"[{event['index']}] done in {event['seconds']:.2f}s", file=sys.stderr, flush=True)
-
-    return emit
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     from opsctl.report import plan_text
     from opsctl.runtime import compute_plan
@@ -96,6 +80,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
+    from opsctl.events import Printer
     from opsctl.executor import execute
     from opsctl.report import plan_text
 
@@ -103,7 +88,7 @@ def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done:
     if plan.empty:
         return
     _confirm(args, question)
-    timings = execute(rt, plan, _printer(args), allow_downtime=args.allow_downtime,
+    timings = execute(rt, plan, Printer(args.output == "json"), allow_downtime=args.allow_downtime,
                       parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout)
     print(f"{done} in {sum(t for _, t in timings):.2f}s.", file=sys.stderr)
 

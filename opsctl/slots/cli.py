@@ -1,47 +1,11 @@
-"""The slot subcommands' glue: event printers (JSON lines or a terminal progress bar) and result text."""
+"""The slot subcommands' result text (their events print through opsctl.events.Printer)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from typing import Any, TextIO
 
-from opsctl.slots.progress import CLEAR_LINE, TtyLine, bar_line, human_bytes
 from opsctl.slots.run import Outcome
-
-Event = dict[str, Any]
-
-
-def printer(json_mode: bool, stream: TextIO | None = None) -> Callable[[Event], None]:
-    """JSON lines on stderr with --output json; on a terminal a bar redrawn in place (cut to the terminal's
-    width, cleared before any other message); else one line per event kind and no control characters."""
-    out = stream or sys.stderr
-    line = TtyLine(out) if out.isatty() else None
-
-    def say(text: str) -> None:
-        if line:
-            out.write(CLEAR_LINE)
-        print(text, file=out, flush=True)
-
-    def emit(event: Event) -> None:
-        kind = event.get("event")
-        if json_mode:
-            print(json.dumps(event, default=str), file=out, flush=True)
-        elif kind == "slots-progress":
-            if line:
-                line.show(bar_line(event), force=True)
-        elif kind == "slots-done":
-            if line:
-                line.done(bar_line(event))
-            else:
-                print(bar_line(event), file=out, flush=True)
-        elif kind == "slots-start":
-            say(f"moving {sum(m['slot_count'] for m in event['moves'])} slots ({event['mode']})")
-        elif kind in ("big-key", "busy-key-equal", "migrate-retry", "closed"):
-            say(f"{kind}: " + ", ".join(f"{k}={v}" for k, v in event.items() if k != "event"))
-
-    return emit
+from opsctl.tty import human_bytes
 
 
 def outcome_text(outcome: Outcome) -> str:

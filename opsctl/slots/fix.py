@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opsctl.errors import RefusedError
+from opsctl.events import Closed, Emit
 from opsctl.observe.cluster_state import slot_map, uncovered
 from opsctl.observe.collect import observe
 from opsctl.observe.parse import ClusterNodeLine, server_of
@@ -16,7 +17,7 @@ from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
 from opsctl.slots.run import Outcome, open_session, wait_stable
-from opsctl.slots.session import Emit, Peer, Session, checked, pipe
+from opsctl.slots.session import Peer, Session, checked, pipe
 from opsctl.spec.load import LoadedSpec
 
 
@@ -110,8 +111,7 @@ def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emi
     journal.closed(slots)
     what = ", ".join(f"{k} {text(to_ranges(v))}" for k, v in sorted(groups.items()))
     origin = "journaled" if journaled else "not journaled (found open)"
-    emit({"event": "closed", "source": entry.source, "target": entry.target, "journaled": journaled,
-          "actions": {k: text(to_ranges(v)) for k, v in groups.items()}})
+    emit(Closed(entry.source, entry.target, journaled, {k: text(to_ranges(v)) for k, v in groups.items()}))
     return f"{origin} {entry.source} -> {entry.target}: {what}"
 
 

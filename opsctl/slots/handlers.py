@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from opsctl.cluster.ops import forget
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import Emit, SlotsClosed, SlotsSkip
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode
 from opsctl.runtime import Runtime
 from opsctl.slots.balance import Move
@@ -16,8 +16,6 @@ from opsctl.slots.ranges import parse, to_ranges
 from opsctl.slots.run import MoveOptions, open_session, run_moves
 from opsctl.slots.scale import find_node
 
-Emit = Callable[[dict[str, Any]], None]
-
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
     """Move what the source still owns of the step's slots (slots already at the target are done: idempotent)."""
@@ -26,7 +24,7 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
         wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
         left = [s for s in wanted if s in owned]
         if not left:
-            emit({"event": "slots-skip", "step": step.title(), "why": "already moved"})
+            emit(SlotsSkip(step.title(), "already moved"))
             return
         run_moves(session, [Move(step.node, step.target, to_ranges(left))], Journal(rt.state_dir), emit,
                   MoveOptions())
@@ -35,7 +33,7 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
 def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
     with open_session(rt.loaded) as session:
         for line in close_in_session(session, Journal(rt.state_dir), emit):
-            emit({"event": "slots-closed", "what": line})
+            emit(SlotsClosed(line))
 
 
 def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:

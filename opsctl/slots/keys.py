@@ -13,11 +13,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import BigKey, BusyKeyEqual, Emit, MigrateRetry
 from opsctl.observe.collect import Command
 from opsctl.slots.batching import Batch, batches, parse_sizes, rate_delay, timeout_ms, waves
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
-from opsctl.slots.session import Emit, Peer, Session, checked, pipe, stream
+from opsctl.slots.session import Peer, Session, checked, pipe, stream
 
 WAVE_SLOTS = 512
 FIRST_WAVE = 64
@@ -149,8 +150,7 @@ class KeyMover:
         """Report big keys, then send every MIGRATE batch streamed on one connection. False if any failed."""
         for slot, batch in plan:
             if batch.big:
-                self.emit({"event": "big-key", "slot": slot, "key": batch.keys[0].decode(errors="replace"),
-                           "bytes": batch.size, "timeout_ms": batch.timeout_ms})
+                self.emit(BigKey(slot, batch.keys[0].decode(errors="replace"), batch.size, batch.timeout_ms))
         replies = stream(self.source, [self.command(b) for _, b in plan])
         ok = True
         for (slot, batch), reply in zip(plan, replies, strict=True):
@@ -171,7 +171,7 @@ class KeyMover:
     def failed(self, slot: int, batch: Batch, error: Exception) -> bool:
         self.last_error = f"slot {slot}: {error}"
         if "BUSYKEY" not in str(error):
-            self.emit({"event": "migrate-retry", "slot": slot, "keys": len(batch.keys), "error": str(error)})
+            self.emit(MigrateRetry(slot, len(batch.keys), str(error)))
             return False
         for key in batch.keys:
             self.busy(slot, key)
@@ -194,7 +194,7 @@ class KeyMover:
                                f"{self.target.name} with different values",
                                "replacing either copy would lose data; the slot stays open (journaled)",
                                "compare both copies, delete the wrong one, then run `opsctl cluster fix -f SPEC`")
-        self.emit({"event": "busy-key-equal", "slot": slot, "key": label})
+        self.emit(BusyKeyEqual(slot, label))
         checked(self.source, [self.command(single, replace=True)], "MIGRATE REPLACE")
         self.progress.add(keys=1)
 

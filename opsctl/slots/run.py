@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import Emit, SlotsStart, as_dict
 from opsctl.observe.collect import observe, wait_converged
 from opsctl.slots.atomic import atomic_move
 from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
@@ -17,7 +18,7 @@ from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.scale import find_node, retired_nodes
-from opsctl.slots.session import Emit, Session
+from opsctl.slots.session import Session
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -81,7 +82,7 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
     atomic = session.atomic() and not options.key_by_key
     described = [describe_move(session, m) for m in moves]
     progress = Progress(emit, sum(m.slot_count for m in moves), sum(d["est_keys"] for d in described))
-    emit({"event": "slots-start", "mode": "atomic" if atomic else "key-by-key", "moves": described})
+    emit(SlotsStart("atomic" if atomic else "key-by-key", sum(m.slot_count for m in moves), tuple(described)))
     estimates = {(d["source"], d["target"]): d["est_keys"] for d in described}
     for group in split_for_parallel(moves):
         errors: list[BaseException] = []
@@ -97,7 +98,7 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
     journal.compact()
     session.refresh()
     wait_stable(session)
-    return {**progress.finish(), "mode": "atomic" if atomic else "key-by-key"}
+    return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
 
 
 def _guarded(errors: list[BaseException], fn: Any, *args: Any) -> None:

@@ -17,8 +17,6 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.versions import has_capability
 
 T = TypeVar("T")
-Event = dict[str, Any]
-Emit = Callable[[Event], None]
 STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
 ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
 

@@ -1,0 +1,213 @@
+"""What a running operation tells people: one typed event per kind, and one printer that shows them as text
+(a progress bar redrawn in place on a terminal) or as JSON lines. apply, restart and the `cluster` slot
+commands all report through these."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import ClassVar, TextIO
+
+from opsctl.tty import CLEAR_LINE, TtyLine, gauge, human_bytes, human_seconds
+
+
+@dataclass(frozen=True)
+class StepStart:
+    kind: ClassVar[str] = "step-start"
+    index: int
+    total: int
+    step: str
+
+    def line(self) -> str:
+        return f"[{self.index}/{self.total}] {self.step} ..."
+
+
+@dataclass(frozen=True)
+class StepDone:
+    kind: ClassVar[str] = "step-done"
+    index: int
+    step: str
+    seconds: float
+
+    def line(self) -> str:
+        return f"[{self.index}] done in {self.seconds:.2f}s"
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """The error itself is printed once, by the CLI, when the run stops."""
+
+    kind: ClassVar[str] = "step-failed"
+    index: int
+    step: str
+    error: str
+
+    def line(self) -> str:
+        return f"[{self.index}] failed"
+
+
+@dataclass(frozen=True)
+class Log:
+    kind: ClassVar[str] = "log"
+    step: str
+    text: str
+
+    def line(self) -> str:
+        return f"      {self.text}"
+
+
+@dataclass(frozen=True)
+class SlotsStart:
+    """moves: each move's source, target, slots, slot_count, est_keys and est_bytes."""
+
+    kind: ClassVar[str] = "slots-start"
+    mode: str
+    slot_count: int
+    moves: tuple[Mapping[str, str | int], ...]
+
+    def line(self) -> str:
+        return f"moving {self.slot_count} slots ({self.mode})"
+
+
+@dataclass(frozen=True)
+class SlotsProgress:
+    """Counters of a slot operation so far; eta in seconds, None while too early to say."""
+
+    kind: ClassVar[str] = "slots-progress"
+    slots_done: int
+    slots_total: int
+    keys: int
+    bytes: int
+    keys_per_sec: float
+    seconds: float
+    eta: float | None
+
+    def line(self, width: int = 24) -> str:
+        """`[#####.....] 120/4096 slots  53000 keys  12.0MiB  91000 keys/s  ETA 3s`."""
+        return (f"{gauge(self.slots_done, self.slots_total, width)} {self.slots_done}/{self.slots_total} slots  "
+                f"{self.keys} keys  {human_bytes(self.bytes)}  {self.keys_per_sec:.0f} keys/s  "
+                f"ETA {human_seconds(self.eta)}")
+
+
+@dataclass(frozen=True)
+class SlotsDone(SlotsProgress):
+    kind: ClassVar[str] = "slots-done"
+
+
+@dataclass(frozen=True)
+class BigKey:
+    kind: ClassVar[str] = "big-key"
+    slot: int
+    key: str
+    bytes: int
+    timeout_ms: int
+
+    def line(self) -> str:
+        return (f"big-key: slot {self.slot}, {self.key!r}, {human_bytes(self.bytes)}: moved alone, "
+                f"MIGRATE timeout {self.timeout_ms} ms")
+
+
+@dataclass(frozen=True)
+class MigrateRetry:
+    kind: ClassVar[str] = "migrate-retry"
+    slot: int
+    keys: int
+    error: str
+
+    def line(self) -> str:
+        return f"migrate-retry: slot {self.slot}, {self.keys} keys: {self.error}"
+
+
+@dataclass(frozen=True)
+class BusyKeyEqual:
+    kind: ClassVar[str] = "busy-key-equal"
+    slot: int
+    key: str
+
+    def line(self) -> str:
+        return f"busy-key-equal: slot {self.slot}, {self.key!r} was on the target already, equal: replaced"
+
+
+@dataclass(frozen=True)
+class Closed:
+    """Open slots closed: actions maps finish/assign/cancel to the slot ranges it applied to."""
+
+    kind: ClassVar[str] = "closed"
+    source: str
+    target: str
+    journaled: bool
+    actions: Mapping[str, str]
+
+    def line(self) -> str:
+        origin = "journaled" if self.journaled else "found open"
+        done = ", ".join(f"{action} {slots}" for action, slots in sorted(self.actions.items()))
+        return f"closed: {self.source} -> {self.target} ({origin}): {done}"
+
+
+@dataclass(frozen=True)
+class SlotsSkip:
+    kind: ClassVar[str] = "slots-skip"
+    step: str
+    why: str
+
+    def line(self) -> str:
+        return f"slots-skip: {self.step}: {self.why}"
+
+
+@dataclass(frozen=True)
+class SlotsClosed:
+    kind: ClassVar[str] = "slots-closed"
+    what: str
+
+    def line(self) -> str:
+        return f"slots-closed: {self.what}"
+
+
+Event = (StepStart | StepDone | StepFailed | Log | SlotsStart | SlotsProgress | BigKey | MigrateRetry
+         | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed)
+Emit = Callable[[Event], None]
+
+
+def as_dict(event: Event) -> dict[str, object]:
+    """The JSON form: {"event": kind, field: value, ...}."""
+    return {"event": event.kind, **dataclasses.asdict(event)}
+
+
+def ignore(event: Event) -> None:
+    """An Emit that shows nothing."""
+
+
+class Printer:
+    """Events on a stream (stderr by default): JSON lines, or text. On a terminal slot progress is one bar
+    redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
+    characters. Callable from several threads (parallel slot movers)."""
+
+    def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
+        self.json_mode = json_mode
+        self.stream = stream or sys.stderr
+        self.bar = TtyLine(self.stream) if not json_mode and self.stream.isatty() else None
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            if self.json_mode:
+                self._line(json.dumps(as_dict(event), default=str))
+            elif isinstance(event, SlotsDone):
+                if self.bar:
+                    self.bar.done(event.line())
+                else:
+                    self._line(event.line())
+            elif isinstance(event, SlotsProgress):
+                if self.bar:
+                    self.bar.show(event.line(), force=True)
+            else:
+                if self.bar:
+                    self.stream.write(CLEAR_LINE)
+                self._line(event.line())
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
