@@ -17,6 +17,7 @@ from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.steps import (
+    AclLoad,
     CloseSlots,
     ConfigSet,
     Failover,
@@ -44,6 +45,15 @@ START_TIMEOUT = 60.0
 
 
 @dataclass
+class Before:
+    """What a node had before this run touched it, to roll back a live change the server refused."""
+
+    files: dict[str, str | None]
+    record: dict[str, Any]
+    config: list[tuple[str, str]] = field(default_factory=list)  # (directive, value before CONFIG SET)
+
+
+@dataclass
 class Execution:
     rt: Runtime
     emit: Emit
@@ -51,6 +61,10 @@ class Execution:
     wait_timeout: float = 60.0
     plan: Plan | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
+    before: dict[str, Before] = field(default_factory=dict)  # per node: its files and record before this run
+
+    def undo_list(self, node: str) -> list[tuple[str, str]]:
+        return self.before.setdefault(node, Before({}, {})).config
 
     def restarts(self, node: str) -> bool:
         return any(isinstance(s, RestartNode) and s.node == node for s in (self.plan.steps if self.plan else ()))
@@ -194,7 +208,12 @@ def _replicaof_line(run: Execution, node: Node) -> str:
 def write_config(run: Execution, step: Step) -> None:
     assert isinstance(step, WriteConfig)
     node = _node(run, step)
-    run.rt.provider.write_files(node, _files(run, node))
+    files = _files(run, node)
+    if node.name not in run.before:
+        provider = run.rt.provider
+        run.before[node.name] = Before({name: provider.read_file(node, name) for name in files},
+                                       provider.load_record(node))
+    run.rt.provider.write_files(node, files)
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize)
     directives = [list(d) for s in masked.sections for d in s.directives]
@@ -281,13 +300,48 @@ def fail_over(run: Execution, step: Step) -> None:
 
 
 def config_set(run: Execution, step: Step) -> None:
+    """CONFIG SET the rendered value (or, for a directive the spec dropped, the step's default). A value the
+    server refuses rolls the node back: its earlier CONFIG SETs of this run, its files and its record."""
     assert isinstance(step, ConfigSet)
     node = _node(run, step)
     real = single_valued([d for s in render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=True,
                                                  daemonize=run.rt.provider.daemonize).sections
                           for d in s.directives])
+    value = unquote(real.get(step.directive, step.value))
     with run.rt.admin(node) as admin:
-        admin.config_set(step.directive, unquote(real[step.directive]))
+        old = admin.config_get(step.directive).get(step.directive)
+        try:
+            admin.config_set(step.directive, value)
+        except redis.ResponseError as exc:
+            undone = roll_back(run, node, admin)
+            raise OpsctlError(f"{node.name} refused CONFIG SET {step.directive}: {exc}",
+                              f"rolled back on {node.name}: {undone}",
+                              f"fix {step.directive} in the spec (a value {node.name}'s server accepts), "
+                              "then apply again") from None
+        if old is not None:
+            run.undo_list(node.name).append((step.directive, old))
+
+
+def roll_back(run: Execution, node: Node, admin: Admin) -> str:
+    """Undo this run's changes to one node: CONFIG SETs in reverse, then its files and record as they were."""
+    before = run.before.get(node.name)
+    if before is None:
+        return "nothing had changed"
+    done: list[str] = []
+    for directive, old in reversed(before.config):
+        admin.config_set(directive, old)
+        done.append(directive)
+    restore = {name: text for name, text in before.files.items() if text is not None}
+    if restore:
+        run.rt.provider.write_files(node, restore)
+        run.rt.provider.save_record(node, before.record)
+        done.append(", ".join(sorted(restore)))
+    return ", ".join(done) or "nothing had changed"
+
+
+def acl_load(run: Execution, step: Step) -> None:
+    with run.rt.admin(_node(run, step)) as admin:
+        admin.call("ACL", "LOAD")
 
 
 def form(run: Execution, step: Step) -> None:
@@ -383,7 +437,7 @@ def remove_node(run: Execution, step: Step) -> None:
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
     Failover: fail_over, SentinelSet: sentinel_set,
-    ConfigSet: config_set, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
+    ConfigSet: config_set, AclLoad: acl_load, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,
 }

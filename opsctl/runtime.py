@@ -8,17 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.admin import Admin
+from opsctl.drift import with_disk_facts
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import NodeObservation, observe
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.ondisk import secret_verdict
 from opsctl.plan.planner import current_master, make_plan, sentinel_agreed_master
 from opsctl.plan.steps import Plan, digest
 from opsctl.providers.base import Provider
 from opsctl.render.directives import SECRET_DIRECTIVES
-from opsctl.secrets import MASK, Secret
 from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
+from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.versions import parse_version
 
 
@@ -93,9 +94,10 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     states = {n.name: rt.provider.process_state(n) for n in nodes}
     running = [n for n in nodes if states[n.name].running]
     seen = observe(rt.loaded, running, with_config=with_config) if running else {}
-    password = rt.loaded.credentials.password
     facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
-                            seen.get(n.name), password) for n in nodes}
+                            seen.get(n.name), rt.loaded.credentials) for n in nodes}
+    if with_config:
+        facts = with_disk_facts(rt, facts)
     return {**facts, **_retired_facts(rt, facts, with_config)}
 
 
@@ -109,23 +111,23 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
     states = {n.name: rt.provider.process_state(n) for n in extra}
     running = [n for n in extra if states[n.name].running]
     seen = observe(rt.loaded, running, with_config=with_config) if running else {}
-    password = rt.loaded.credentials.password
-    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name), password)
+    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name),
+                           rt.loaded.credentials)
             for n in extra}
 
 
 def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
-           seen: NodeObservation | None, password: Secret) -> NodeFacts:
+           seen: NodeObservation | None, credentials: Credentials) -> NodeFacts:
     if seen is None:
         return NodeFacts(node.name, running, detail, record)
     return NodeFacts(node.name, running, detail, record, seen.reachable, seen.error, seen.info, seen.role,
                      tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None,
-                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, password))
+                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, credentials))
 
 
-def without_secrets(config: dict[str, str], password: Secret) -> dict[str, str]:
+def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:
     """Live secret values become a verdict ("***" when they match the spec), so no secret reaches a plan."""
-    return {k: (v if k not in SECRET_DIRECTIVES else MASK if v == password.reveal() else "(differs from the spec)")
+    return {k: (v if k not in SECRET_DIRECTIVES else secret_verdict(v, credentials.password, credentials.previous))
             for k, v in config.items()}
 
 

@@ -22,6 +22,9 @@ class NodeFacts:
     role: RoleInfo | None = None
     cluster_nodes: tuple[ClusterNodeLine, ...] | None = None
     config: Mapping[str, str] | None = None
+    on_disk: Mapping[str, str] | None = None  # the config file's values, secrets as verdicts (plan.ondisk)
+    acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
+    sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
 
     @property
     def recorded_digest(self) -> str | None:
@@ -72,5 +75,7 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
             "id": me.id if me else None, "slots": me.slots if me else None,
             "known": sorted(n.id for n in f.cluster_nodes or ()),
             "config": dict(sorted((f.config or {}).items())),
+            "on_disk": dict(sorted((f.on_disk or {}).items())), "acl_on_disk": f.acl_on_disk,
+            "sentinel": dict(sorted((f.sentinel_config or {}).items())),
         }
     return digest(summary)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.errors import RefusedError
-from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal
+from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import NodeFacts, fingerprint
+from opsctl.plan.ondisk import canonical
 from opsctl.plan.steps import (
+    AclLoad,
     ConfigSet,
     Failover,
     FormCluster,
@@ -23,6 +25,7 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.secrets import MASK
 from opsctl.slots.planning import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -174,17 +177,38 @@ def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
                  server: tuple[str, Version]) -> list[Step]:
     if not f.running:
         steps: list[Step] = []
-        if f.recorded_digest != want.digest:
+        stale = file_drift(want, f)
+        if f.recorded_digest != want.digest or stale:
             new = f.recorded_digest is None
-            steps.append(WriteConfig(node.name, "new node" if new else "rendered config changed", want.digest))
+            why = "new node" if new else stale[0] if stale and f.recorded_digest == want.digest else \
+                "rendered config changed"
+            steps.append(WriteConfig(node.name, why, want.digest))
         reason = "new node" if f.recorded_digest is None else f"process is not running ({f.process_detail or 'died'})"
         return [*steps, StartNode(node.name, reason)]
     return config_steps(node, want, f, is_master, server)
 
 
+def file_drift(want: DesiredNode, f: NodeFacts) -> list[str]:
+    """What the files on the node's disk say against the spec (edits or CONFIG REWRITE behind opsctl's back):
+    a restart would bring these back, so the file is written again."""
+    found: list[str] = []
+    if f.on_disk is not None:
+        for name, value in single_valued(want.directives).items():
+            if not is_config_directive(name):
+                continue
+            have = f.on_disk.get(canonical(name))
+            if have is None or not config_equal(name, value, have):
+                found.append(f"the file on disk has {name} {'(missing)' if have is None else repr(have)}, "
+                             f"spec says {value}")
+    if f.acl_on_disk is not None and f.acl_on_disk != MASK:
+        found.append("users.acl on disk differs from the spec")
+    return found
+
+
 def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
                  server: tuple[str, Version]) -> list[Step]:
-    """A running node: write the file if the rendering changed, then CONFIG SET or restart per directive."""
+    """A running node: write the file if the rendering changed or the file on disk drifted, then CONFIG SET
+    or restart per directive."""
     steps: list[Step] = []
     live_changes: list[Step] = []
     restart_for: list[str] = []
@@ -208,10 +232,15 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
     if f.server and f.server != server:
         restart_for = [f"server {server_text(*f.server)} -> {server_text(*server)}"]
         live_changes = [c for c in live_changes if not isinstance(c, ConfigSet)]
+    stale = file_drift(want, f)
     if f.recorded_digest != want.digest:
         steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
                                  "no record of the applied config", want.digest))
+    elif stale:
+        steps.append(WriteConfig(node.name, "; ".join(stale), want.digest))
     steps += live_changes
+    if f.acl_on_disk is not None and f.acl_on_disk != MASK and not restart_for:
+        steps.append(AclLoad(node.name, "users.acl on disk differs from the spec: load the rewritten file"))
     if restart_for:
         why = restart_for[0] if restart_for[0].startswith("server ") else \
             f"{', '.join(sorted(set(restart_for)))} cannot change at runtime"

@@ -68,6 +68,13 @@ class ConfigSet(Step):
 
 
 @dataclass(frozen=True)
+class AclLoad(Step):
+    """ACL LOAD: the node takes the users.acl just written (users and passwords change without a restart)."""
+
+    kind: ClassVar[str] = "acl-load"
+
+
+@dataclass(frozen=True)
 class FormCluster(Step):
     """Create a cluster from empty nodes: epochs, slots to the masters, meet, replicate. node = first master."""
 
@@ -153,7 +160,7 @@ class RemoveNode(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet)}
+    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad)}
 
 
 @dataclass(frozen=True)

@@ -299,6 +299,10 @@ def _check_users(spec: Spec) -> Iterator[Finding]:
 def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
     refs: list[tuple[tuple[str | int, ...], SecretRef]] = [(("auth", "password"), spec.auth.password)]
     refs += [(("auth", "users", i, "password"), u.password) for i, u in enumerate(spec.auth.users)]
+    if spec.auth.previous_password:
+        refs.append((("auth", "previous_password"), spec.auth.previous_password))
+    refs += [(("auth", "users", i, "previous_password"), u.previous_password)
+             for i, u in enumerate(spec.auth.users) if u.previous_password]
     if spec.auth.users and spec.auth.mode != "acl":
         yield (("auth", "users"), "users need auth.mode: acl", "set auth.mode: acl or remove auth.users")
     for path, ref in refs:

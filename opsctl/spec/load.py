@@ -34,9 +34,12 @@ class Credentials:
 
     password: Secret
     users: tuple[tuple[str, Secret], ...] = ()
+    previous: Secret | None = None  # auth.previous_password: still accepted while a rotation overlaps
+    users_previous: tuple[tuple[str, Secret], ...] = ()  # users[].previous_password, where given
 
     def all(self) -> list[Secret]:
-        return [self.password, *(s for _, s in self.users)]
+        return [self.password, *(s for _, s in self.users), *([self.previous] if self.previous else []),
+                *(s for _, s in self.users_previous)]
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,9 @@ def _credentials(spec: Spec, resolve: SecretResolver) -> Credentials:
         return Secret(resolve(ref) or "")
 
     users = tuple((u.name, secret(u.password)) for u in spec.auth.users)
-    return Credentials(secret(spec.auth.password), users)
+    previous = secret(spec.auth.previous_password) if spec.auth.previous_password else None
+    users_previous = tuple((u.name, secret(u.previous_password)) for u in spec.auth.users if u.previous_password)
+    return Credentials(secret(spec.auth.password), users, previous, users_previous)
 
 
 def make_resolver(env: typing.Mapping[str, str], read_file: Callable[[str], str | None]) -> SecretResolver:

@@ -115,12 +115,14 @@ class SentinelTopology(Strict):
 class AclUser(Strict):
     name: Name
     password: SecretRef
+    previous_password: SecretRef | None = None  # accepted too until removed: a rotation's overlap
     rules: str = "~* &* +@all -@dangerous"
 
 
 class Auth(Strict):
     mode: Literal["password", "acl"] = "password"
     password: SecretRef
+    previous_password: SecretRef | None = None  # set while rotating: the password the nodes run with now
     admin_user: Name = "opsctl"
     users: list[AclUser] = Field(default_factory=list)
 

@@ -1,0 +1,60 @@
+"""Facts about drift the planner needs beyond CONFIG GET: the files on each node's disk and a sentinel's
+live settings. I/O here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import redis
+
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.ondisk import DIFFERS, sentinel_file_values, server_file_values
+from opsctl.render import render_acl
+from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.secrets import MASK
+from opsctl.spec.layout import Node, sentinel_master_name
+
+if TYPE_CHECKING:
+    from opsctl.runtime import Runtime
+
+SENTINEL_LIVE = ("quorum", "down-after-milliseconds", "failover-timeout", "parallel-syncs")
+
+
+def with_disk_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
+    """Each known node's facts plus what its files say (and, for a running sentinel, its live settings)."""
+    result = dict(facts)
+    for node in rt.loaded.layout.nodes:
+        f = facts.get(node.name)
+        if f is None or f.recorded_digest is None:
+            continue  # never applied: there is nothing of ours on disk to compare
+        result[node.name] = sentinel_facts(rt, node, f) if node.is_sentinel else server_facts(rt, node, f)
+    return result
+
+
+def server_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
+    credentials = rt.loaded.credentials
+    text = rt.provider.read_file(node, "redis.conf")
+    on_disk = {} if text is None else server_file_values(text, SECRET_DIRECTIVES, credentials.password,
+                                                         credentials.previous)
+    acl: str | None = None
+    if rt.loaded.spec.auth.mode == "acl":
+        acl_text = rt.provider.read_file(node, "users.acl")
+        acl = MASK if acl_text == render_acl(rt.loaded, reveal=True) else DIFFERS
+    return dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl)
+
+
+def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
+    if not f.reachable:
+        return f
+    credentials = rt.loaded.credentials
+    text = rt.provider.read_file(node, "sentinel.conf") or ""
+    settings = sentinel_file_values(text, credentials.password, credentials.previous)
+    try:
+        with rt.admin(node) as admin:
+            reply = admin.call("SENTINEL", "MASTER", sentinel_master_name(rt.loaded.spec))
+    except redis.RedisError:
+        return dataclasses.replace(f, sentinel_config=settings)
+    pairs = dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else dict(reply)
+    settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
+    return dataclasses.replace(f, sentinel_config=settings)

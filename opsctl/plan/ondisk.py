@@ -1,0 +1,93 @@
+"""What a node's files say, in the shape the planner compares with the spec. Pure: text in, values out.
+
+Secrets never leave this module as values: a secret directive becomes a verdict (MASK when it is the spec's
+secret, PREVIOUS when it is the secret being rotated away from, DIFFERS otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from opsctl.observe.parse import split_args
+from opsctl.render.directives import Directive
+from opsctl.secrets import MASK, Secret
+
+DIFFERS = "(differs from the spec)"
+PREVIOUS = "(the previous password)"
+# Lines that repeat by design; their values are compared as a whole elsewhere (renames) or not at all.
+REPEATED = frozenset({"rename-command", "user", "include", "loadmodule", "sentinel known-replica",
+                      "sentinel known-sentinel", "sentinel rename-command"})
+# Names a server writes back under another name on CONFIG REWRITE (Valkey's primary*/commandlog-*).
+ALIASES = {"primaryauth": "masterauth", "primaryuser": "masteruser", "slaveof": "replicaof",
+           "commandlog-execution-slower-than": "slowlog-log-slower-than",
+           "commandlog-slow-execution-max-len": "slowlog-max-len"}
+
+
+def canonical(name: str) -> str:
+    """One name per directive, whatever alias a file uses (slave-* is replica-*, ziplist is listpack)."""
+    name = ALIASES.get(name, name)
+    return name.replace("slave", "replica").replace("ziplist", "listpack")
+
+
+def conf_lines(text: str) -> Iterator[Directive]:
+    """(name, value) per directive line of a redis.conf or sentinel.conf; sentinel lines keep two words."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.partition(" ")
+        name, value = name.lower(), value.strip()
+        if name == "sentinel":
+            sub, _, value = value.partition(" ")
+            name, value = f"sentinel {sub.lower()}", value.strip()
+        yield name, value
+
+
+def secret_verdict(value: str, secret: Secret, previous: Secret | None = None) -> str:
+    """A secret's value as something safe to show: whether it is the spec's secret, the previous one, or other."""
+    if value == secret.reveal():
+        return MASK
+    if previous is not None and previous.reveal() and value == previous.reveal():
+        return PREVIOUS
+    return DIFFERS
+
+
+def server_file_values(text: str, secret_names: frozenset[str], secret: Secret,
+                       previous: Secret | None = None) -> dict[str, str]:
+    """A server config file's values as CONFIG GET would print them (quotes resolved, save lines joined),
+    with secrets as verdicts, by canonical name. The last line of a directive wins, as in the server."""
+    values: dict[str, str] = {}
+    saves: list[str] = []
+    for alias, value in conf_lines(text):
+        name = canonical(alias)
+        if name in REPEATED or name.startswith("sentinel "):
+            continue
+        words = _words(value)
+        if name == "save":
+            saves = [] if words in ([], [""]) else [*saves, *words]
+            values[name] = " ".join(saves)
+        elif name in secret_names:
+            values[name] = secret_verdict(" ".join(words), secret, previous)
+        else:
+            values[name] = " ".join(words)
+    return values
+
+
+def sentinel_file_values(text: str, secret: Secret, previous: Secret | None = None) -> dict[str, str]:
+    """What a sentinel's own file says about its monitored master: auth-pass as a verdict, renames as keys
+    "rename-command X" (the shape of planner.sentinel_settings)."""
+    values: dict[str, str] = {}
+    for name, value in conf_lines(text):
+        words = _words(value)
+        if name == "sentinel auth-pass" and len(words) == 2:
+            values["auth-pass"] = secret_verdict(words[1], secret, previous)
+        elif name == "sentinel rename-command" and len(words) == 3:
+            values[f"rename-command {words[1]}"] = words[2]
+    return values
+
+
+def _words(value: str) -> list[str]:
+    try:
+        return split_args(value)
+    except ValueError:
+        return [value]

@@ -1,0 +1,107 @@
+"""Drift behind opsctl's back, live changes the server refuses, dropped config entries: real servers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+import yaml
+
+from opsctl.admin import Admin
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import PASSWORD
+
+pytestmark = pytest.mark.integration
+CONFIG = "OPS_CONFIG_T3ST"
+
+
+def _live(loaded, node, name: str) -> str:
+    with Admin.for_node(loaded, node) as admin:
+        return admin.config_get(name)[name]
+
+
+def _conf(tmp_path, loaded, node: str) -> str:
+    return (tmp_path / ".opsctl" / loaded.spec.name / node / "redis.conf").read_text()
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_drift_persisted_with_config_rewrite_is_fixed_in_the_file_too(tmp_path, capsys, flavor) -> None:
+    """Issue 14 case 5: CONFIG SET + CONFIG REWRITE behind opsctl's back; apply fixes live and file."""
+    with deployed(tmp_path, capsys, "standalone", flavor) as (spec, loaded):
+        node = loaded.layout.servers[0]
+        client = redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True)
+        client.execute_command(CONFIG, "SET", "maxmemory-policy", "allkeys-random")
+        client.execute_command(CONFIG, "REWRITE")
+        assert "allkeys-random" in _conf(tmp_path, loaded, node.name)
+        plan = plan_json(capsys, spec)
+        kinds = [s["kind"] for s in plan["steps"]]
+        assert kinds == ["write-config", "config-set"], plan
+        assert "file on disk has maxmemory-policy" in plan["steps"][0]["reason"]
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert "maxmemory-policy allkeys-lru" in _conf(tmp_path, loaded, node.name)
+        assert "allkeys-random" not in _conf(tmp_path, loaded, node.name)
+        assert _live(loaded, node, "maxmemory-policy") == "allkeys-lru"
+        assert plan_json(capsys, spec)["steps"] == []
+        # the file alone drifted (live is right): still a change, and the restart brings back the spec's value
+        conf = tmp_path / ".opsctl" / loaded.spec.name / node.name / "redis.conf"
+        conf.write_text(conf.read_text() + "\nmaxmemory-policy noeviction\n")
+        plan = plan_json(capsys, spec)
+        assert [s["kind"] for s in plan["steps"]] == ["write-config"], plan
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        code, out, err = run(capsys, "restart", "-f", str(spec), "--auto-approve", "--allow-downtime")
+        assert code == 0, err + out
+        assert _live(loaded, node, "maxmemory-policy") == "allkeys-lru"
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_a_value_the_server_refuses_rolls_the_node_back(tmp_path, capsys) -> None:
+    """Issue 11 item 4: the refused CONFIG SET leaves the old file, record and live values; a restart with the
+    original spec still works."""
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        original = spec.read_text()
+        before = {n.name: _conf(tmp_path, loaded, n.name) for n in loaded.layout.servers}
+        data = yaml.safe_load(original)
+        data["memory"]["maxmemory"] = "96mb"  # accepted, applied first on each node
+        data["config"] = {"hz": "banana"}  # refused by the server
+        spec.write_text(yaml.safe_dump(data))
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 1, out + err
+        first = loaded.layout.shards[0].replicas[0]
+        assert f"{first} refused CONFIG SET hz" in err and "hz" in err and "argument" in err.lower(), err
+        assert "rolled back" in err and "Traceback" not in err
+        for node in loaded.layout.servers:
+            assert _conf(tmp_path, loaded, node.name) == before[node.name]
+            with Admin.for_node(loaded, node) as admin:
+                assert admin.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
+        spec.write_text(original)
+        assert plan_json(capsys, spec)["steps"] == []
+        code, out, err = run(capsys, "restart", "-f", str(spec), "--auto-approve", "--allow-downtime")
+        assert code == 0, err + out
+        code, out, _ = run(capsys, "status", "-f", str(spec), "--output", "json")
+        assert code == 0 and json.loads(out)["healthy"]
+
+
+def test_a_changed_user_password_changes_the_plan_and_no_secret_shows(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 14 case 8: the plan digest covers masked files, so a new password looked like "no changes"."""
+    old, new = "app-old-pw-5e1d2c3b4a", "app-new-pw-9f8e7d6c5b"
+    monkeypatch.setenv("OPSCTL_TEST_APP_PW", old)
+    auth = {"mode": "acl", "password": {"env": "OPSCTL_TEST_PASSWORD"},
+            "users": [{"name": "app", "password": {"env": "OPSCTL_TEST_APP_PW"},
+                       "rules": "~app:* +@read +@write +ping"}]}
+    with deployed(tmp_path, capsys, "standalone", "valkey", auth=auth) as (spec, loaded):
+        node = loaded.layout.servers[0]
+        monkeypatch.setenv("OPSCTL_TEST_APP_PW", new)
+        code, out, err = run(capsys, "plan", "-f", str(spec), "--output", "json")
+        assert code == 2, out + err
+        assert old not in out + err and new not in out + err
+        assert [s["kind"] for s in json.loads(out)["steps"]] == ["write-config", "acl-load"]
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert old not in out + err and new not in out + err
+        assert redis.Redis(host=node.address, port=node.port, username="app", password=new).ping()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host=node.address, port=node.port, username="app", password=old).ping()
+        assert plan_json(capsys, spec)["steps"] == []

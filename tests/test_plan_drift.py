@@ -1,0 +1,58 @@
+"""Drift in files and secrets, planned from synthetic facts (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from opsctl.observe.parse import is_config_directive, split_args
+from opsctl.plan.desired import single_valued
+from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values
+from opsctl.plan.planner import make_plan
+from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.secrets import MASK, Secret
+from tests.test_planner import desired, formed_cluster, loaded_spec
+
+SECRET = Secret("the-spec-secret-123")
+
+
+def test_file_values_read_aliases_quotes_and_save_lines_and_hide_secrets() -> None:
+    text = ('# comment\nprimaryauth "the-spec-secret-123"\nrequirepass "old-one-4567890"\n'
+            'save 900 1\nsave 300 10\ncommandlog-execution-slower-than 10000\nslave-read-only yes\n'
+            'dir "/var/lib/x"\nrename-command KEYS ""\n')
+    values = server_file_values(text, SECRET_DIRECTIVES, SECRET, Secret("old-one-4567890"))
+    assert values == {"masterauth": MASK, "requirepass": PREVIOUS, "save": "900 1 300 10",
+                      "slowlog-log-slower-than": "10000", "replica-read-only": "yes", "dir": "/var/lib/x"}
+    assert server_file_values('requirepass "x"\nsave ""\n', SECRET_DIRECTIVES, SECRET) == \
+        {"requirepass": DIFFERS, "save": ""}
+
+
+def test_sentinel_file_values_give_auth_pass_as_a_verdict() -> None:
+    text = 'sentinel monitor m 127.0.0.1 7000 2\nsentinel auth-pass m wrong-one-123456\n' \
+           'sentinel rename-command m CONFIG OPS_C\n'
+    assert sentinel_file_values(text, SECRET) == {"auth-pass": DIFFERS, "rename-command CONFIG": "OPS_C"}
+
+
+def _with_disk(facts, name, **values):
+    want = dict(values)
+    return {**facts, name: dataclasses.replace(facts[name], on_disk=want)}
+
+
+def _disk_of(loaded, name):
+    want = desired(loaded)[name]
+    return {k: " ".join(split_args(v)) if k not in SECRET_DIRECTIVES else MASK
+            for k, v in single_valued(want.directives).items() if is_config_directive(k)}
+
+
+def test_a_file_that_matches_the_spec_changes_nothing_and_a_drifted_file_is_written_again() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.servers[0].name
+    clean = {n: dataclasses.replace(f, on_disk=_disk_of(loaded, n)) for n, f in facts.items()}
+    assert make_plan(loaded, desired(loaded), clean, "d").steps == ()
+    drifted = _with_disk(clean, name, **{**_disk_of(loaded, name), "maxmemory-policy": "allkeys-random"})
+    steps = make_plan(loaded, desired(loaded), drifted, "d").steps
+    assert [(s.kind, s.node) for s in steps][:1] == [("write-config", name)]
+    assert "file on disk has maxmemory-policy 'allkeys-random'" in steps[0].reason
+    secret = _with_disk(clean, name, **{**_disk_of(loaded, name), "masterauth": DIFFERS})
+    steps = make_plan(loaded, desired(loaded), secret, "d").steps
+    assert steps[0].kind == "write-config" and "masterauth '(differs from the spec)'" in steps[0].reason
