@@ -266,9 +266,10 @@ def sentinel_set(run: Execution, step: Step) -> None:
     assert isinstance(step, SentinelSet)
     node = _node(run, step)
     name = sentinel_master_name(run.rt.loaded.spec)
+    password = run.rt.loaded.credentials.password.reveal()
     with run.rt.admin(node) as admin:
         for key, value in step.settings:
-            admin.call("SENTINEL", "SET", name, *key.split(), value)
+            admin.call("SENTINEL", "SET", name, *key.split(), password if key == "auth-pass" else value)
     master = master_endpoint(run.rt, gather_facts(run.rt, with_config=False))
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize, master=master)

@@ -105,3 +105,27 @@ def test_a_changed_user_password_changes_the_plan_and_no_secret_shows(tmp_path, 
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host=node.address, port=node.port, username="app", password=old).ping()
         assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_sentinel_auth_pass_and_timing_drift_show_in_the_plan_and_apply_fixes_them(tmp_path, capsys) -> None:
+    """Issue 11: Sentinel auth-pass drift left the plan empty while status said degraded."""
+    with deployed(tmp_path, capsys, "sentinel", "valkey") as (spec, loaded):
+        first, second = loaded.layout.sentinels[:2]
+        name = loaded.spec.name
+        wrong = "wrong-pass-0123456789"
+        redis.Redis(host=first.address, port=first.port, password=PASSWORD).execute_command(
+            "SENTINEL", "SET", name, "auth-pass", wrong)
+        redis.Redis(host=second.address, port=second.port, password=PASSWORD).execute_command(
+            "SENTINEL", "SET", name, "down-after-milliseconds", "9999")
+        code, out, err = run(capsys, "plan", "-f", str(spec), "--output", "json")
+        assert code == 2 and wrong not in out + err
+        steps = {s["node"]: s for s in json.loads(out)["steps"] if s["kind"] == "sentinel-set"}
+        assert set(steps) == {first.name, second.name}, out
+        assert "auth-pass" in steps[first.name]["reason"] and "down-after" in steps[second.name]["reason"]
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert plan_json(capsys, spec)["steps"] == []
+        sentinel = redis.Redis(host=second.address, port=second.port, password=PASSWORD, decode_responses=True)
+        assert sentinel.execute_command("SENTINEL", "MASTER", name)["down-after-milliseconds"] == "1000"
+        conf = (tmp_path / ".opsctl" / name / first.name / "sentinel.conf").read_text()
+        assert wrong not in conf and PASSWORD in conf

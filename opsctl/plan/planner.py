@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.errors import RefusedError
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
-from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
+from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.ondisk import canonical
 from opsctl.plan.steps import (
@@ -322,25 +322,27 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
     return steps
 
 
-SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs")
+SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs", "auth-pass")
 
 
 def sentinel_settings(directives: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """What SENTINEL SET can change, from a sentinel's rendered directives: quorum, timings, renames."""
+    """What SENTINEL SET can change, from a sentinel's rendered directives: quorum, timings, auth-pass (masked),
+    renames."""
     settings: dict[str, str] = {}
     for name, value in directives:
         words = value.split()
         if name == "sentinel monitor" and words:
             settings["quorum"] = words[-1]
         elif name.removeprefix("sentinel ") in SENTINEL_SETTINGS and len(words) == 2:
-            settings[name.removeprefix("sentinel ")] = words[1]
+            settings[name.removeprefix("sentinel ")] = unquote(words[1])
         elif name == "sentinel rename-command" and len(words) == 3:
             settings[f"rename-command {words[1]}"] = words[2]
     return settings
 
 
 def sentinel_setting_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
-    """Spec changes reach running sentinels through SENTINEL SET, before any server restarts."""
+    """Spec changes and drift (live settings, auth-pass in the sentinel's file) reach running sentinels
+    through SENTINEL SET, before any server restarts."""
     steps: list[Step] = []
     for node in loaded.layout.sentinels:
         f = facts[node.name]
@@ -350,10 +352,22 @@ def sentinel_setting_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode
         had = sentinel_settings(f.recorded_directives)
         changed = {k: v for k, v in want.items() if had.get(k) != v}
         changed |= {k: k.split()[1] for k in had if k.startswith("rename-command") and k not in want}
+        reasons = [f"spec changed {', '.join(sorted(changed))}"] if changed else []
+        drifted = sentinel_drift(want, f.sentinel_config)
+        if drifted:
+            reasons.append(f"{', '.join(sorted(drifted))} on the sentinel differ from the spec")
+        changed |= drifted
         if changed:
-            steps.append(SentinelSet(node.name, f"spec changed {', '.join(sorted(changed))}",
-                                     tuple(sorted(changed.items()))))
+            steps.append(SentinelSet(node.name, "; ".join(reasons), tuple(sorted(changed.items()))))
     return steps
+
+
+def sentinel_drift(want: Mapping[str, str], seen: Mapping[str, str] | None) -> dict[str, str]:
+    """Settings whose observed value is not the spec's (auth-pass is observed as a verdict)."""
+    if seen is None:
+        return {}
+    return {k: v for k, v in want.items() if k in seen or k == "auth-pass"
+            if seen.get(k) != v and not (k == "auth-pass" and seen.get(k) == MASK)}
 
 
 def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
