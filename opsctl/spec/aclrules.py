@@ -7,7 +7,7 @@ remove it and never make a user passwordless.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from opsctl.errors import echo
 from opsctl.observe.parse import split_args
@@ -37,21 +37,22 @@ def rule_tokens(rules: str) -> list[str]:
         return rules.split()
 
 
-def check_rules(rules: str, allow_unsafe: bool) -> Iterator[Problem]:
+def check_rules(rules: str, allow_unsafe: bool, knows: Callable[[str], bool] = lambda _: True) -> Iterator[Problem]:
+    """knows(name): whether the server has the command (as 'get') or ACL category (as '@read')."""
     try:
         tokens = split_args(rules)
     except ValueError:
         yield "has unbalanced quotes", "quote a key pattern as \"~my key*\" or leave quotes out"
         return
     for token in tokens:
-        yield from _check_token(token.removeprefix("(").removesuffix(")"))
+        yield from _check_token(token.removeprefix("(").removesuffix(")"), knows)
     if not allow_unsafe and _grants_everything(tokens):
         yield ("gives every command on every key (an administrator, like opsctl's own user)",
                "grant what the application needs (e.g. ~app:* +@read +@write), subtract -@dangerous, "
                "or set hardening.allow_unsafe: true")
 
 
-def _check_token(token: str) -> Iterator[Problem]:
+def _check_token(token: str, knows: Callable[[str], bool]) -> Iterator[Problem]:
     lowered = token.lower()
     if lowered in _PASSWORD_RULES:
         yield (f"rule {token} is not allowed: {_PASSWORD_RULES[lowered]}",
@@ -63,6 +64,10 @@ def _check_token(token: str) -> Iterator[Problem]:
               or _COMMAND_RULE.match(token)):
         yield (f"{echo(token)} is not an ACL rule",
                "use key patterns (~app:*), channels (&*), commands and categories (+get, +@read, -@dangerous)")
+    elif _COMMAND_RULE.match(token) and not knows(token[1:].split("|")[0]):
+        kind = "ACL category" if token[1] == "@" else "command"
+        yield (f"{echo(token)}: unknown {kind} {echo(token[1:].split('|')[0])}",
+               "see ACL CAT and COMMAND LIST on the server for the names it knows")
 
 
 def _grants_everything(tokens: list[str]) -> bool:

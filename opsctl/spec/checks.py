@@ -10,12 +10,13 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
+from opsctl.command_table import command_names, is_category, is_command
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
 from opsctl.spec.text import is_control
-from opsctl.versions import SUPPORTED, is_supported, parse_version, version_text
+from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
 
 Finding = tuple[tuple[str | int, ...], str, str]
 SecretResolver = Callable[[SecretRef], str | None]
@@ -26,7 +27,7 @@ COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
                          "SENTINEL", "WAIT", "DEBUG", "OBJECT", "SLOWLOG", "ACL", "COMMAND"}
 NOT_DISABLABLE = COMMANDS_OPSCTL_NEEDS - {"DEBUG"}
-COMMAND_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_|-]*$")
+COMMAND_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 RENAMED_NAME = re.compile(r"^[A-Za-z0-9_]{4,64}$")
 DIRECTIVE_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -216,8 +217,9 @@ def _check_commands(spec: Spec) -> Iterator[Finding]:
     hardening = spec.hardening
     for i, command in enumerate(hardening.disabled_commands):
         path: tuple[str | int, ...] = ("hardening", "disabled_commands", i)
-        if not COMMAND_NAME.match(command):
-            yield (path, f"{echo(command)} is not a command name", "use names like FLUSHALL")
+        problem = _command_problem(spec, command, "FLUSHALL")
+        if problem:
+            yield (path, *problem)
         elif command.upper() in NOT_DISABLABLE:
             yield (path, f"opsctl needs {command.upper()} to manage the server",
                    f"rename it instead: hardening.renamed_commands: {{{command.upper()}: <secret name>}}")
@@ -225,16 +227,40 @@ def _check_commands(spec: Spec) -> Iterator[Finding]:
     new_names: set[str] = set()
     for command, new_name in hardening.renamed_commands.items():
         path = ("hardening", "renamed_commands", command)
-        if not COMMAND_NAME.match(command):
-            yield (path, f"{echo(command)} is not a command name", "use names like CONFIG")
+        problem = _command_problem(spec, command, "CONFIG")
+        if problem:
+            yield (path, *problem)
         elif command.upper() in disabled:
             yield (path, f"{command} is both disabled and renamed", "keep it in one of the two lists")
         if not RENAMED_NAME.match(new_name):
             yield (path, f"new name {echo(new_name)} must be 4 to 64 letters, digits or _",
                    "to disable a command list it under hardening.disabled_commands")
+        elif any(is_command(flavor, version, new_name) for flavor, version in _all_servers()):
+            yield (path, f"new name {echo(new_name)} is the name of an existing command",
+                   "pick a name no server command has, e.g. OPS_<COMMAND>_<random>")
         elif new_name.upper() in new_names:
             yield (path, f"new name {echo(new_name)} is used twice", "give every renamed command its own name")
         new_names.add(new_name.upper())
+
+
+def _all_servers() -> list[tuple[str, Version]]:
+    return [(flavor, version) for flavor, versions in SUPPORTED.items() for version in versions]
+
+
+def _command_problem(spec: Spec, command: str, example: str) -> tuple[str, str] | None:
+    """Why command cannot be disabled or renamed on the spec's server, or None."""
+    if "|" in command and COMMAND_NAME.match(command.replace("|", "")):
+        parent = command.split("|")[0].upper()
+        return (f"{echo(command)} is a subcommand: rename-command works on whole commands only",
+                f"disable or rename {parent}, or deny the subcommand in ACL rules (auth.mode: acl, -{command.lower()})")
+    if not COMMAND_NAME.match(command):
+        return f"{echo(command)} is not a command name", f"use names like {example}"
+    flavor, version = spec.server.flavor, parse_version(spec.server.version)
+    if not is_command(flavor, version, command):
+        known = sorted(n.upper() for n in command_names(flavor, version) if "|" not in n)
+        return (f"unknown command {echo(command)} for {flavor} {spec.server.version}",
+                f"{suggest(command.upper(), known)}see COMMAND LIST on the server")
+    return None
 
 
 def _check_memory(spec: Spec) -> Iterator[Finding]:
@@ -292,8 +318,19 @@ def _check_users(spec: Spec) -> Iterator[Finding]:
         elif user.name in seen:
             yield (("auth", "users", i, "name"), f"user '{user.name}' is listed twice", "one entry per user")
         seen.add(user.name)
-        for message, hint in check_rules(user.rules, spec.hardening.allow_unsafe):
+        for message, hint in check_rules(user.rules, spec.hardening.allow_unsafe, _server_knows(spec)):
             yield (("auth", "users", i, "rules"), message, hint)
+
+
+def _server_knows(spec: Spec) -> Callable[[str], bool]:
+    flavor, version = spec.server.flavor, parse_version(spec.server.version)
+
+    def knows(name: str) -> bool:
+        if name.startswith("@"):
+            return is_category(flavor, version, name[1:])
+        return is_command(flavor, version, name)
+
+    return knows
 
 
 def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
