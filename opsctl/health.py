@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsctl.connerr import auth_failed, is_auth_failure, not_answering
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import current_master
 from opsctl.spec.layout import Layout, Node
@@ -17,6 +18,8 @@ def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str |
     master = current_master(shard, layout, facts)
     target = layout.node(master)
     master_role = facts[master].role
+    if master_role is None and is_auth_failure(facts[master].error):
+        return auth_failed(master)
     if master_role is None or master_role.kind != "master":
         return f"{master} is not answering as master"
     for name in shard.members:
@@ -24,7 +27,7 @@ def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str |
             continue
         role = facts[name].role
         if role is None:
-            return f"{name} does not answer ({facts[name].error or 'not running'})"
+            return not_answering(name, facts[name].error)
         if role.kind != "replica" or role.master != (target.address, target.port):
             return f"{name} is a {role.kind}, not a replica of {master} ({target.endpoint})"
         if role.link != "connected":
@@ -43,7 +46,7 @@ def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name
         f = facts[node.name]
         line = dict(part.split("=", 1) for part in f.info.get("master0", "").split(",") if "=" in part)
         if not f.reachable:
-            return f"{node.name} does not answer ({f.error or 'not running'})"
+            return not_answering(node.name, f.error)
         if line.get("name") != master_name:
             return f"{node.name} does not monitor '{master_name}'"
         if line.get("status") != "ok":
@@ -63,7 +66,7 @@ def node_problem(loaded: LoadedSpec, facts: Mapping[str, NodeFacts], node: Node)
     """Is this one node healthy in its place? A replica must be linked to a master and caught up."""
     f = facts[node.name]
     if not f.reachable:
-        return f"{node.name} does not answer ({f.error or 'not running'})"
+        return not_answering(node.name, f.error)
     if node.is_sentinel:
         return None if f.sentinel_master else f"{node.name} does not monitor a master yet"
     role = f.role

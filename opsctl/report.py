@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opsctl.connerr import is_auth_failure
+
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
     from opsctl.observe.parse import RoleInfo
     from opsctl.plan.facts import NodeFacts
@@ -66,7 +68,8 @@ def node_status(layout: Layout, facts: Mapping[str, NodeFacts]) -> list[NodeStat
         me = f.myself
         rows.append(NodeStatus(
             name=node.name, endpoint=node.endpoint, host=node.host,
-            state="up" if f.reachable else ("running, not answering" if f.running else "down"),
+            state="up" if f.reachable else ("authentication failed" if is_auth_failure(f.error) else
+                                             "running, not answering" if f.running else "down"),
             role=role.kind if role else "-",
             link=(role.link or "-") if role and role.kind == "replica" else "-",
             offset=role.offset if role and role.kind != "sentinel" else None,

@@ -151,20 +151,17 @@ def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts
 
 
-AUTH_WORDS = ("WRONGPASS", "NOAUTH", "invalid password", "invalid username-password", "Authentication")
-
-
 def refuse_silent_nodes(facts: dict[str, NodeFacts]) -> None:
     """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
     silent = [f for f in facts.values() if f.running and not f.reachable]
     if not silent:
         return
-    auth = [f.name for f in silent if any(word.lower() in f.error.lower() for word in AUTH_WORDS)]
+    from opsctl.connerr import AUTH_HINT, is_auth_failure
+
+    auth = [f.name for f in silent if is_auth_failure(f.error)]
     detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
     if auth:
-        raise OpsctlError(f"{', '.join(auth)} refuse the spec's password", detail,
-                          "the nodes run with another password: fix auth.password (or its env/file), "
-                          "or rotate the password on the nodes first")
+        raise OpsctlError(f"authentication failed for {', '.join(auth)}", detail, AUTH_HINT)
     raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
                       "look at their logs (a LOADING node answers once its data is loaded); "
                       "`opsctl status` shows every node")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsctl.connerr import AUTH_HINT, is_auth_failure
 from opsctl.health import replication_problem, sentinel_problem
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
@@ -14,10 +15,14 @@ from opsctl.spec.load import LoadedSpec
 
 def health_line(loaded: LoadedSpec, facts: Mapping[str, NodeFacts]) -> tuple[bool, str]:
     layout = loaded.layout
-    down = [n.name for n in layout.nodes if not facts[n.name].reachable]
+    silent = [n.name for n in layout.nodes if not facts[n.name].reachable]
+    refused = [name for name in silent if is_auth_failure(facts[name].error)]
+    down = [name for name in silent if name not in refused]
     topology = loaded.spec.topology
-    if down:
-        return False, f"{topology} degraded: {len(down)} node(s) down: {', '.join(down)}"
+    if silent:
+        parts = [f"authentication failed for {', '.join(refused)}"] if refused else []
+        parts += [f"{len(down)} node(s) down: {', '.join(down)}"] if down else []
+        return False, f"{topology} degraded: {'; '.join(parts)}"
     if topology == "cluster":
         views = {n.name: list(facts[n.name].cluster_nodes or []) for n in layout.servers}
         infos = {n.name: facts[n.name].info for n in layout.servers}
@@ -37,3 +42,10 @@ def health_line(loaded: LoadedSpec, facts: Mapping[str, NodeFacts]) -> tuple[boo
         extra = f", {plural(len(layout.sentinels), 'sentinel')} agree" if topology == "sentinel" else ""
         return True, f"{topology} ok: 1 master, {plural(len(layout.shards[0].replicas), 'replica')} linked{extra}"
     return True, "standalone ok"
+
+
+def health_hint(facts: Mapping[str, NodeFacts]) -> str:
+    """How to fix what status found, for what has one fix (a refused password); else the general advice."""
+    if any(not f.reachable and is_auth_failure(f.error) for f in facts.values()):
+        return AUTH_HINT
+    return "`opsctl apply -f SPEC` starts what is down and re-links replicas; the node logs say why one stopped"

@@ -165,7 +165,10 @@ def test_a_wrong_password_is_a_clear_error_and_changes_nothing(tmp_path, capsys,
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, _):
         monkeypatch.setenv("OPSCTL_TEST_PASSWORD", "another-password-0123456789")
         code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-        assert code == 1 and "refuse the spec's password" in err
+        assert code == 1 and "authentication failed for" in err and "auth.password" in err
         assert "another-password-0123456789" not in err and "Traceback" not in err
+        code, out, err = run(capsys, "status", "-f", str(spec))  # issue 14 case 7: not "down", and not exit 0
+        assert code == 1 and "authentication failed for" in out and "down" not in out.splitlines()[-1]
+        assert "hint:" in err and "auth.password" in err
         monkeypatch.setenv("OPSCTL_TEST_PASSWORD", PASSWORD)
         assert plan_json(capsys, spec)["steps"] == []

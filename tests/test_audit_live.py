@@ -154,3 +154,14 @@ def test_scan_is_throttled(tmp_path: Path) -> None:
                                                     max_ops_per_sec=20_000))
         assert fast.stats["keys_scanned"] == slow.stats["keys_scanned"] == 3000
         assert slow.stats["scan_seconds"] >= 6000 / 20_000 * 0.9 > fast.stats["scan_seconds"]
+
+
+def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path) -> None:
+    from opsctl.audit.probe import anonymous_error
+
+    with standalone(tmp_path, "valkey") as fleet:
+        node = fleet.loaded.layout.servers[0]
+        begin = time.monotonic()
+        error = anonymous_error(node.address, node.port)
+        assert error and "auth" in error.lower()
+        assert time.monotonic() - begin < 0.5  # redis-py's default retried 3 times with up to 10 s of backoff

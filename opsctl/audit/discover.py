@@ -10,6 +10,7 @@ import redis
 
 from opsctl.admin import Admin
 from opsctl.audit.findings import Finding, finding
+from opsctl.connerr import AUTH_HINT, is_auth_failure, not_answering
 from opsctl.observe.parse import parse_role
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -62,8 +63,12 @@ def shards(live: Sequence[LiveNode]) -> dict[str, list[LiveNode]]:
 
 
 def unreachable(live: Sequence[LiveNode]) -> list[Finding]:
-    return [finding("reachable", "critical", ln.node.name, f"{ln.node.endpoint} does not answer: {ln.error}",
-                    "start it (`opsctl apply -f SPEC`) or check the host") for ln in live if ln.role == "down"]
+    out = []
+    for ln in (ln for ln in live if ln.role == "down"):
+        hint = AUTH_HINT if is_auth_failure(ln.error) else "start it (`opsctl apply -f SPEC`) or check the host"
+        out.append(finding("reachable", "critical", ln.node.name,
+                           f"{ln.node.endpoint}: {not_answering(ln.node.name, ln.error)}", hint))
+    return out
 
 
 def scan_targets(live: Sequence[LiveNode], allow_masters: bool) -> tuple[list[LiveNode], list[Finding]]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from opsctl.admin import Admin
 from opsctl.audit import nodechecks as nc
@@ -34,7 +36,10 @@ def _error_of(admin: Admin, *args: str) -> str | None:
 
 
 def anonymous_error(address: str, port: int) -> str | None:
-    client = redis.Redis(host=address, port=port, socket_timeout=3, socket_connect_timeout=3)
+    # No retries: redis-py retries a closed connection 3 times with up to 10 s backoff by default, and a node
+    # that refuses an anonymous client closes it on purpose (that refusal is the answer being audited).
+    client = redis.Redis(host=address, port=port, socket_timeout=3, socket_connect_timeout=3,
+                         retry=Retry(NoBackoff(), 0))
     try:
         client.ping()
     except redis.ResponseError as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
-from opsctl.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
+from opsctl.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 
 if TYPE_CHECKING:
     from opsctl.plan.steps import Plan
@@ -122,15 +122,16 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 only when the topology is healthy: a node down, a refused password or a cluster not ok is 1."""
     with _runtime(args) as rt:
         healthy = _print_status(rt, args.output)
-    return EXIT_OK if healthy else 1
+    return EXIT_OK if healthy else EXIT_ERROR
 
 
 def _print_status(rt: Any, output: str) -> bool:
     from opsctl.report import node_status, status_table
     from opsctl.runtime import gather_facts
-    from opsctl.status import health_line
+    from opsctl.status import health_hint, health_line
 
     facts = gather_facts(rt, with_config=False)
     rows = node_status(rt.loaded.layout, facts)
@@ -141,6 +142,8 @@ def _print_status(rt: Any, output: str) -> bool:
     else:
         print(status_table(rows))
         print(line)
+        if not healthy:
+            print(f"  hint: {health_hint(facts)}", file=sys.stderr)
     return healthy
 
 

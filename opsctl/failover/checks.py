@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from opsctl.connerr import is_auth_failure, not_answering
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
 from opsctl.observe.cluster_state import cluster_problems
@@ -191,7 +192,7 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, w
     f = facts[replica]
     role = f.role
     if not f.reachable or role is None:
-        value = f"{replica} does not answer ({f.error or 'not running'})"
+        value = not_answering(replica, f.error)
     elif role.kind != "replica":
         value = f"{replica} is a {role.kind}"
     else:
@@ -340,7 +341,7 @@ def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: st
 def _role_text(f: NodeFacts) -> str:
     role = f.role
     if not f.reachable or role is None:
-        return f"does not answer ({f.error or 'not running'})"
+        return "authentication failed" if is_auth_failure(f.error) else f"does not answer ({f.error or 'not running'})"
     if role.kind == "replica" and role.master:
         return f"replica of {role.master[0]}:{role.master[1]}, link {role.link}"
     return role.kind

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, SlotsStart, as_dict
 from opsctl.observe.collect import observe, wait_converged
@@ -56,6 +57,9 @@ def resolve(session: Session, ref: str) -> str:
         raise OpsctlError(f"no cluster node {ref!r}", "name a node of the spec or its address:port",
                           "`opsctl status -f SPEC` lists the nodes")
     me = session.me(node.name)
+    seen = session.seen.get(node.name)
+    if me is None and seen is not None and is_auth_failure(seen.error):
+        raise OpsctlError(auth_failed(node.name), seen.error, AUTH_HINT)
     if me is None or not me.is_master:
         raise RefusedError(f"{node.name} is not a reachable master", "only masters own slots",
                            "`opsctl cluster check -f SPEC` shows the roles")

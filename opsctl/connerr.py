@@ -1,0 +1,34 @@
+"""Why a node does not answer, said the same way by every command: a refused password first.
+
+Pure: works on the error text an observation kept (or on an exception), so no redis import is needed here.
+"""
+
+from __future__ import annotations
+
+AUTH_MARKERS = ("wrongpass", "noauth", "invalid password", "invalid username-password", "authentication",
+                "auth <password> called without any password")
+AUTH_HINT = ("the node runs with another password than the spec's: fix auth.password (its env variable or file), "
+             "or rotate the password on the nodes first")
+
+
+def error_text(error: object) -> str:
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return str(error or "")
+
+
+def is_auth_failure(error: object) -> bool:
+    """True when the node answered but refused opsctl's credentials (WRONGPASS, NOAUTH, AuthenticationError)."""
+    text = error_text(error).lower()
+    return any(marker in text for marker in AUTH_MARKERS)
+
+
+def auth_failed(node: str) -> str:
+    return f"authentication failed for {node}"
+
+
+def not_answering(node: str, error: object) -> str:
+    """`authentication failed for n1` or `n1 does not answer (<why>)`: one phrase for every command."""
+    if is_auth_failure(error):
+        return auth_failed(node)
+    return f"{node} does not answer ({error_text(error) or 'not running'})"
