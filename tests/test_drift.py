@@ -129,3 +129,23 @@ def test_sentinel_auth_pass_and_timing_drift_show_in_the_plan_and_apply_fixes_th
         assert sentinel.execute_command("SENTINEL", "MASTER", name)["down-after-milliseconds"] == "1000"
         conf = (tmp_path / ".opsctl" / name / first.name / "sentinel.conf").read_text()
         assert wrong not in conf and PASSWORD in conf
+
+
+def test_a_config_entry_removed_from_the_spec_goes_back_to_the_server_default(tmp_path, capsys) -> None:
+    """Issue 11: removing a `config:` entry never reset the live value."""
+    with deployed(tmp_path, capsys, "replication", "redis", config={"hz": 20, "maxmemory-samples": 7}) \
+            as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        del data["config"]
+        spec.write_text(yaml.safe_dump(data))
+        plan = plan_json(capsys, spec)
+        sets = {(s["node"], s["directive"], s["value"]) for s in plan["steps"] if s["kind"] == "config-set"}
+        assert sets == {(n.name, d, v) for n in loaded.layout.servers
+                        for d, v in (("hz", '"10"'), ("maxmemory-samples", '"5"'))}, plan
+        assert "restart" not in {s["kind"] for s in plan["steps"]}
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        for node in loaded.layout.servers:
+            assert (_live(loaded, node, "hz"), _live(loaded, node, "maxmemory-samples")) == ("10", "5")
+            assert "hz" not in _conf(tmp_path, loaded, node.name).split()
+        assert plan_json(capsys, spec)["steps"] == []

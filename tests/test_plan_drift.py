@@ -6,6 +6,7 @@ import dataclasses
 
 from opsctl.observe.parse import is_config_directive, split_args
 from opsctl.plan.desired import single_valued
+from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values
 from opsctl.plan.planner import make_plan
 from opsctl.render.directives import SECRET_DIRECTIVES
@@ -56,3 +57,19 @@ def test_a_file_that_matches_the_spec_changes_nothing_and_a_drifted_file_is_writ
     secret = _with_disk(clean, name, **{**_disk_of(loaded, name), "masterauth": DIFFERS})
     steps = make_plan(loaded, desired(loaded), secret, "d").steps
     assert steps[0].kind == "write-config" and "masterauth '(differs from the spec)'" in steps[0].reason
+
+
+def test_a_dropped_config_is_reset_live_or_by_a_restart_when_it_cannot_be() -> None:
+    loaded = loaded_spec("standalone")
+    want = desired(loaded)
+    name = loaded.layout.servers[0].name
+    extra = [["hz", "20"], ["io-threads", "4"], ["not-a-known-one", "x"]]
+    record = {"digest": "old", "directives": [list(d) for d in want[name].directives] + extra}
+    live = {"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "appendonly": "yes", "hz": "20",
+            "io-threads": "4", "not-a-known-one": "x"}
+    facts = {name: NodeFacts(name, True, record=record, reachable=True, config=live)}
+    steps = make_plan(loaded, want, facts, "d").steps
+    assert [(s.kind, getattr(s, "directive", "")) for s in steps] == \
+        [("write-config", ""), ("config-set", "hz"), ("restart", "")]
+    assert steps[1].value == '"10"' and "server default" in steps[1].reason
+    assert "io-threads (left the spec)" in steps[2].reason and "not-a-known-one (left the spec)" in steps[2].reason

@@ -9,6 +9,7 @@ from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_d
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.ondisk import canonical
+from opsctl.plan.server_defaults import SERVER_DEFAULTS
 from opsctl.plan.steps import (
     AclLoad,
     ConfigSet,
@@ -25,6 +26,7 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.render.directives import quoted
 from opsctl.secrets import MASK
 from opsctl.slots.planning import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
@@ -225,6 +227,11 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         else:
             why = f"spec changed {name}" if changed_in_spec else f"live {name} is {live!r}, spec says {value}"
             live_changes.append(ConfigSet(node.name, why, name, value))
+    for step_or_reason in dropped_config_steps(node, wanted, recorded, f, server[0]):
+        if isinstance(step_or_reason, str):
+            restart_for.append(step_or_reason)
+        else:
+            live_changes.append(step_or_reason)
     if _repeated(want.directives) != _repeated(f.recorded_directives) and f.recorded_digest is not None:
         restart_for.append("rename-command")
     if f.record.get("pending_restart"):
@@ -246,6 +253,27 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             f"{', '.join(sorted(set(restart_for)))} cannot change at runtime"
         steps.append(RestartNode(node.name, why, needs_downtime=is_master))
     return steps
+
+
+def dropped_config_steps(node: Node, wanted: Mapping[str, str], recorded: Mapping[str, str], f: NodeFacts,
+                         flavor: str) -> list[Step | str]:
+    """A config the last apply set and the spec no longer has goes back to the server's built-in default:
+    CONFIG SET where it can, else the directive's name as a reason to restart (the new file lacks it)."""
+    result: list[Step | str] = []
+    defaults = SERVER_DEFAULTS.get(flavor, {})
+    for name in sorted(set(recorded) - set(wanted)):
+        live = (f.config or {}).get(name)
+        if not is_config_directive(name) or live is None:
+            continue
+        default = defaults.get(name)
+        if default is not None and config_equal(name, quoted(default), live):
+            continue
+        if default is None or name in IMMUTABLE or name in PROTECTED or name in NOT_CONFIG_DIRECTIVES:
+            result.append(f"{name} (left the spec)")
+        else:
+            result.append(ConfigSet(node.name, f"{name} left the spec: back to the server default {default!r}",
+                                    name, quoted(default)))
+    return result
 
 
 def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, str]]:
