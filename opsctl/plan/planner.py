@@ -26,7 +26,7 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
-from opsctl.render.directives import quoted
+from opsctl.render.tokens import quoted
 from opsctl.secrets import MASK
 from opsctl.slots.planning import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
