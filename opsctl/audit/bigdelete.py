@@ -10,16 +10,28 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from redis.crc import key_slot
+
 from opsctl.admin import Admin
 from opsctl.audit.discover import discover
 from opsctl.audit.pipe import RawPipe, Throttle
-from opsctl.audit.resp import Arg, Reply, RespError, encode, hash_tag, key_slot
+from opsctl.audit.resp import Arg, Reply, RespError, encode
 from opsctl.errors import OpsctlError
 from opsctl.slots.scale import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 DEFAULT_CHUNK = 500  # seeds/000 二(4): about 500 elements per batch call
+
+
+def hash_tag(key: bytes) -> bytes:
+    """The part of the key that is hashed: the first {...} with at least one byte inside, else the whole key."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            return key[start + 1:end]
+    return key
 
 
 def gc_name(key: bytes, cluster: bool) -> bytes:

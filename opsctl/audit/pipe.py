@@ -1,7 +1,7 @@
 """A raw RESP pipe over an Admin-authenticated connection, and a throttle. The only I/O the scan needs.
 
-Commands go out as pre-packed bytes and replies come back through opsctl.audit.resp, which parses a whole
-buffer at once; redis-py's per-reply path is too slow for a million keys a few seconds.
+Commands go out as pre-packed bytes and replies come back through a hiredis reader fed whole reads; redis-py's
+per-reply path is too slow for a million keys a few seconds.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from opsctl.admin import Admin
-from opsctl.audit.resp import Arg, Reply, encode, parse_many
+from opsctl.audit.resp import Arg, Reply, encode, reader
 from opsctl.errors import OpsctlError
 
 READ_SIZE = 1 << 20
@@ -49,7 +49,7 @@ class RawPipe:
             raise OpsctlError(f"no socket to {admin.name}", hint="is the node reachable?")
         sock.settimeout(timeout)
         self._sock = sock
-        self._buf = b""
+        self._reader = reader()
 
     def name(self, command: str) -> bytes:
         """A command under the spec's rename, as bytes."""
@@ -60,15 +60,16 @@ class RawPipe:
 
     def read(self, count: int) -> list[Reply]:
         out: list[Reply] = []
+        gets = self._reader.gets
         while len(out) < count:
-            replies, used = parse_many(self._buf, count - len(out))
-            out += replies
-            self._buf = self._buf[used:]
-            if len(out) < count:
-                chunk = self._sock.recv(READ_SIZE)
-                if not chunk:
-                    raise OpsctlError(f"{self.admin.name} closed the connection mid-scan")
-                self._buf += chunk
+            reply = gets()
+            if reply is not False:
+                out.append(reply)
+                continue
+            chunk = self._sock.recv(READ_SIZE)
+            if not chunk:
+                raise OpsctlError(f"{self.admin.name} closed the connection mid-scan")
+            self._reader.feed(chunk)
         return out
 
     def call(self, command: str, *args: Arg) -> Reply:

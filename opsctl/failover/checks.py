@@ -6,7 +6,7 @@ says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failove
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -359,10 +359,9 @@ def new_master_of(loaded: LoadedSpec, facts: Facts, shard: int) -> str | None:
         return None
 
 
-def probe_key(slots: Sequence[tuple[int, int]]) -> str:
-    """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write."""
-    from opsctl.audit.resp import key_slot
-
+def probe_key(slots: Sequence[tuple[int, int]], key_slot: Callable[[bytes], int]) -> str:
+    """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write.
+    key_slot: the cluster's key hash (redis.crc.key_slot; passed in, the core imports no client library)."""
     if not slots:
         return "opsctl:failover:probe"
     for n in range(1_000_000):

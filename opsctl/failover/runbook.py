@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
@@ -276,7 +277,7 @@ def _wait_postchecks(session: Session, old: str, new: str, timeout: float) -> tu
 
 def _probe_write(session: Session, name: str, facts: dict[str, NodeFacts]) -> str:
     me = facts[name].myself
-    key = probe_key(me.slots if me else ())
+    key = probe_key(me.slots if me else (), key_slot)
     try:
         admin = session.admin(name)
         admin.client.set(key, str(time.time()), px=10_000)
