@@ -96,7 +96,8 @@ def run(fleet: object, keys: int, work: Path, rounds: int, extra: list[str]) -> 
     print(f"ratio opsctl/--memkeys {ours / _median(rates['redis-cli --memkeys']):.2f}x, "
           f"opsctl/--bigkeys {ours / _median(rates['redis-cli --bigkeys']):.2f}x "
           f"(wall clock per process, opsctl's interpreter start and node discovery included; goal >= 5x: "
-          f"{'met' if ours >= 5 * _median(rates['redis-cli --memkeys']) else 'NOT met'}); load {os.getloadavg()[0]:.1f}")
+          f"{'met' if ours >= 5 * _median(rates['redis-cli --memkeys']) else 'NOT met'}); "
+          f"load {os.getloadavg()[0]:.1f}")
     return 0
 
 
