@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opsctl.render import NodePaths, render_node
-from opsctl.safefs import write_private
+from opsctl.safefs import make_dir, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -20,10 +20,15 @@ def default_paths(root: str, node: Node) -> NodePaths:
 
 
 def write_rendered(loaded: LoadedSpec, output: Path, show_secrets: bool, stdout: bool) -> list[str]:
-    """Render every node. To a directory: real secrets, 0600 files. To stdout: masked unless show_secrets."""
+    """Render every node. To a directory: real secrets, 0600 files in 0700 folders (the output folder too when
+    opsctl creates it). To stdout: masked unless show_secrets."""
     lines: list[str] = []
     root = str(output.resolve()) if not stdout else "/var/lib/opsctl/" + loaded.spec.name
+    if not stdout and not output.exists():
+        make_dir(output)
     for node in loaded.layout.nodes:
+        if not stdout:
+            make_dir(output / node.name)
         rendered = render_node(loaded, node, default_paths(root, node), reveal=show_secrets or not stdout)
         for name, text in rendered.files.items():
             if stdout:

@@ -46,10 +46,6 @@ EnvLookup = Mapping[str, str]
 FileReader = Callable[["Path"], str]
 
 
-def read_secret_file(path: Path) -> str:
-    return path.read_text(encoding="utf-8").rstrip("\r\n")
-
-
 def environment() -> EnvLookup:
     return os.environ
 

@@ -3,31 +3,53 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
-from opsctl.secrets import read_secret_file, remember
+from opsctl.safefs import FileProblem, read_bounded
+from opsctl.secrets import remember
+from opsctl.spec.checks import SecretUnusable
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
+from opsctl.spec.yamlpos import MAX_SPEC_CHARS
+
+SPEC_LIMIT = MAX_SPEC_CHARS
+SECRET_FILE_LIMIT = 64 * 1024
 
 
-def read_spec(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedSpec:
+def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True) -> LoadedSpec:
+    """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved."""
     spec_path = Path(path)
-    try:
-        text = spec_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OpsctlError(f"cannot read spec file {spec_path}", str(exc)) from None
+    text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
+    if text is None:
+        raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f")
 
     def read_file(name: str) -> str | None:
         secret_path = Path(name) if Path(name).is_absolute() else spec_path.parent / name
-        try:
-            return read_secret_file(secret_path) or None
-        except OSError:
-            return None
+        return read_secret_file(secret_path)
 
-    loaded = load_spec(text, str(spec_path), make_resolver(os.environ if env is None else env, read_file))
+    resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
+    loaded = load_spec(text, str(spec_path), resolve)
     for secret in loaded.credentials.all():
         remember(secret)
     return loaded
+
+
+def read_secret_file(path: Path) -> str | None:
+    """The secret in a file (trailing newline dropped); None when missing or empty. Like ssh with a private key,
+    a file that group or others may read or write is refused, and so is anything but a small regular file."""
+    fix = f"keep the secret alone in a regular file of at most {SECRET_FILE_LIMIT} bytes, mode 0600"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecretUnusable(f"cannot be read: {exc.strerror}", fix) from None
+    if stat.S_ISREG(mode) and mode & 0o077:
+        raise SecretUnusable(f"is open to group or others (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {path}")
+    try:
+        text = read_bounded(path, fix, limit=SECRET_FILE_LIMIT, follow=True)
+    except FileProblem as exc:
+        raise SecretUnusable(exc.summary.removeprefix(f"{path}: "), fix) from None
+    return (text or "").rstrip("\r\n") or None

@@ -76,6 +76,8 @@ def test_render_to_a_directory_writes_private_files_with_real_secrets(
     assert len(files) == 3 * 2 + 3  # 3 servers: redis.conf + users.acl, 3 sentinels: sentinel.conf
     assert all(f"wrote {p}" in out for p in files)
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), "secrets on disk are 0600"
+    folders = [out_dir, *(p for p in out_dir.iterdir() if p.is_dir())]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in folders), "render folders are 0700"
     assert not list(out_dir.rglob(".*.tmp")), "no temporary files left"
     assert PASSWORD not in out, "the listing never shows a secret"
     for path in files:

@@ -6,6 +6,7 @@ Run with UPDATE_GOLDEN=1 to rewrite the .expected files (then read the diff: the
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,13 @@ def in_dir(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(UNSET, raising=False)
 
     return chdir
+
+
+@pytest.fixture(autouse=True)
+def private_secret_files() -> None:
+    """A checkout gives files mode 0644; secret files open to others are refused (tested below)."""
+    for secret in SPECS.glob("*/secrets/*"):
+        secret.chmod(0o600)
 
 
 def test_corpus_is_big_enough() -> None:
@@ -92,3 +100,84 @@ def test_secret_values_never_appear_in_problems(in_dir, capsys: pytest.CaptureFi
     weak = (SPECS / "bad" / "secrets" / "weak.txt").read_text().strip()
     assert "too weak" in err
     assert weak not in err
+
+
+MINIMAL = """name: shop
+topology: standalone
+hosts:
+  - {name: h1, address: 127.0.0.1}
+auth:
+  password: {file: secret.txt}
+"""
+
+
+def secret_spec(tmp_path: Path, mode: int = 0o600, secret: str = "s3cret-value-long-enough\n") -> Path:
+    (tmp_path / "secret.txt").write_text(secret)
+    (tmp_path / "secret.txt").chmod(mode)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(MINIMAL)
+    return spec
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
+def test_secret_file_open_to_others_is_refused(mode: int, tmp_path: Path, in_dir,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(tmp_path)
+    secret_spec(tmp_path, mode)
+    code, _, err = run_cli(["validate", "-f", "spec.yaml"], capsys)
+    assert code == 1
+    assert f"spec.yaml:6: auth.password: secret file secret.txt is open to group or others (mode {mode:04o})" in err
+    assert "hint: chmod 600 secret.txt" in err
+
+
+def test_private_secret_file_is_used(tmp_path: Path, in_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(tmp_path)
+    secret_spec(tmp_path, 0o600)
+    assert run_cli(["validate", "-f", "spec.yaml"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("source, what", [("/dev/zero", "is not a regular file"), ("big", "is too big"),
+                                          ("folder", "is a folder")])
+def test_unbounded_secret_files_are_refused_at_once(source: str, what: str, tmp_path: Path, in_dir,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(tmp_path)
+    (tmp_path / "big").write_bytes(b"x" * (1024 * 1024))
+    (tmp_path / "big").chmod(0o600)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "spec.yaml").write_text(MINIMAL.replace("secret.txt", source))
+    started = time.monotonic()
+    code, _, err = run_cli(["validate", "-f", "spec.yaml"], capsys)
+    assert time.monotonic() - started < 5, "a hang guard, not a benchmark"
+    assert code == 1 and f"spec.yaml:6: auth.password: secret file {source} {what}" in err, err
+
+
+@pytest.mark.parametrize("source, what", [("/dev/zero", "is not a regular file"), ("big.yaml", "is too big"),
+                                          (".", "is a folder")])
+def test_unbounded_spec_files_are_refused_at_once(source: str, what: str, tmp_path: Path, in_dir,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(tmp_path)
+    (tmp_path / "big.yaml").write_text(MINIMAL + "#" * (2 * 1024 * 1024) + "\n")
+    started = time.monotonic()
+    code, out, err = run_cli(["validate", "-f", source], capsys)
+    assert time.monotonic() - started < 5, "a hang guard, not a benchmark"
+    assert (code, out) == (1, "") and what in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec", ["alias-bomb.yaml", "alias-recursive.yaml"])
+def test_alias_bombs_end_at_once(spec: str, in_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(SPECS / "bad")
+    started = time.monotonic()
+    code, _, _ = run_cli(["validate", "-f", spec], capsys)
+    assert code == 1 and time.monotonic() - started < 5, "a hang guard, not a benchmark"
+
+
+def test_no_secrets_checks_everything_else(tmp_path: Path, in_dir, capsys: pytest.CaptureFixture[str]) -> None:
+    in_dir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(MINIMAL.replace("{file: secret.txt}", f"{{env: {UNSET}}}"))
+    code, out, err = run_cli(["validate", "--no-secrets", "-f", "spec.yaml"], capsys)
+    assert (code, err) == (0, "") and "(secrets not checked)" in out
+    assert run_cli(["validate", "-f", "spec.yaml"], capsys)[0] == 1, "without the flag the secret is required"
+    (tmp_path / "spec.yaml").write_text(MINIMAL.replace("{file: secret.txt}", f"{{env: {UNSET}}}") +
+                                        "memory: {policy: lru}\n")
+    code, _, err = run_cli(["validate", "--no-secrets", "-f", "spec.yaml"], capsys)
+    assert code == 1 and "unknown maxmemory policy 'lru'" in err and UNSET not in err

@@ -21,6 +21,15 @@ from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, ver
 Finding = tuple[tuple[str | int, ...], str, str]
 SecretResolver = Callable[[SecretRef], str | None]
 
+
+class SecretUnusable(ValueError):
+    """Raised by a resolver: the secret's source exists but must not be used (too big, open to others, ...)."""
+
+    def __init__(self, what: str, hint: str) -> None:
+        super().__init__(what)
+        self.what = what
+        self.hint = hint
+
 DEFAULT_PORTS = {6379, 26379}
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
@@ -74,7 +83,8 @@ def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"did you mean '{close[0]}'? " if close else ""
 
 
-def check_spec(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
+def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
+    """resolve None: secrets are not looked at (validate --no-secrets)."""
     yield from _check_version(spec)
     yield from _check_sections(spec)
     host_findings = [*_check_hosts(spec), *_check_references(spec)]
@@ -87,7 +97,8 @@ def check_spec(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
     yield from _check_config(spec.config, ("config",), spec.hardening.allow_unsafe)
     yield from _check_overrides(spec)
     yield from _check_users(spec)
-    yield from _check_secrets(spec, resolve)
+    if resolve is not None:
+        yield from _check_secrets(spec, resolve)
     nodes = layout(spec)
     yield from _check_ports(spec, nodes)
 
@@ -305,6 +316,8 @@ def _check_overrides(spec: Spec) -> Iterator[Finding]:
 
 
 def _check_users(spec: Spec) -> Iterator[Finding]:
+    if spec.auth.users and spec.auth.mode != "acl":
+        yield (("auth", "users"), "users need auth.mode: acl", "set auth.mode: acl or remove auth.users")
     admin = spec.auth.admin_user
     if admin == "default":
         yield (("auth", "admin_user"), "the admin user cannot be 'default' (opsctl turns that user off)",
@@ -340,10 +353,12 @@ def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
         refs.append((("auth", "previous_password"), spec.auth.previous_password))
     refs += [(("auth", "users", i, "previous_password"), u.previous_password)
              for i, u in enumerate(spec.auth.users) if u.previous_password]
-    if spec.auth.users and spec.auth.mode != "acl":
-        yield (("auth", "users"), "users need auth.mode: acl", "set auth.mode: acl or remove auth.users")
     for path, ref in refs:
-        value = resolve(ref)
+        try:
+            value = resolve(ref)
+        except SecretUnusable as exc:
+            yield (path, f"secret file {ref.file} {exc.what}", exc.hint)
+            continue
         if value is None:
             if ref.env:
                 yield (path, f"secret not found: environment variable {ref.env} is not set or empty",

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from opsctl.errors import SpecError, SpecProblem, echo
 from opsctl.secrets import Secret
-from opsctl.spec.checks import SecretResolver, check_spec, suggest
+from opsctl.spec.checks import SecretResolver, SecretUnusable, check_spec, suggest
 from opsctl.spec.layout import Layout, layout
 from opsctl.spec.model import SecretRef, Spec
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
@@ -50,7 +50,8 @@ class LoadedSpec:
     credentials: Credentials
 
 
-def load_spec(text: str, file: str, resolve: SecretResolver) -> LoadedSpec:
+def load_spec(text: str, file: str, resolve: SecretResolver | None) -> LoadedSpec:
+    """resolve None: secrets are not resolved nor checked, and the credentials are empty (validate --no-secrets)."""
     doc, problems = load_positioned(text, file)
     if doc is None:
         raise SpecError(problems)
@@ -117,9 +118,12 @@ def _clean_loc(loc: tuple[Any, ...]) -> Path_:
     return tuple(p for p in loc if not _is_internal(p))
 
 
-def _credentials(spec: Spec, resolve: SecretResolver) -> Credentials:
+def _credentials(spec: Spec, resolve: SecretResolver | None) -> Credentials:
     def secret(ref: SecretRef) -> Secret:
-        return Secret(resolve(ref) or "")
+        try:
+            return Secret((resolve(ref) if resolve else None) or "")
+        except SecretUnusable:
+            return Secret("")
 
     users = tuple((u.name, secret(u.password)) for u in spec.auth.users)
     previous = secret(spec.auth.previous_password) if spec.auth.previous_password else None
