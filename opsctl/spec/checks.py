@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from opsctl.command_table import command_names, is_category, is_command
+from opsctl.config_types import value_problem
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
@@ -94,7 +95,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     yield from _check_commands(spec)
     yield from _check_memory(spec)
     yield from _check_rdb(spec)
-    yield from _check_config(spec.config, ("config",), spec.hardening.allow_unsafe)
+    yield from _check_config(spec, spec.config, ("config",))
     yield from _check_overrides(spec)
     yield from _check_users(spec)
     if resolve is not None:
@@ -291,8 +292,10 @@ def _check_rdb(spec: Spec) -> Iterator[Finding]:
                    "write it like \"900 1\"; use rdb: [] to turn snapshots off")
 
 
-def _check_config(config: dict[str, str | int | bool], path: tuple[str | int, ...],
-                  allow_unsafe: bool) -> Iterator[Finding]:
+def _check_config(spec: Spec, config: dict[str, str | int | bool],
+                  path: tuple[str | int, ...]) -> Iterator[Finding]:
+    allow_unsafe = spec.hardening.allow_unsafe
+    flavor, version = spec.server.flavor, parse_version(spec.server.version)
     for directive, value in config.items():
         at = (*path, directive)
         if not DIRECTIVE_NAME.match(directive):
@@ -304,6 +307,11 @@ def _check_config(config: dict[str, str | int | bool], path: tuple[str | int, ..
             if "*" in bad or config_text(value).lower() in bad:
                 yield (at, f"{directive} {config_text(value)} undoes hardening",
                        "remove it, or set hardening.allow_unsafe: true if you really mean it")
+                continue
+        if DIRECTIVE_NAME.match(directive) and directive not in MANAGED_DIRECTIVES:
+            problem = value_problem(flavor, version, directive, config_text(value))
+            if problem:
+                yield (at, *problem)
 
 
 def _check_overrides(spec: Spec) -> Iterator[Finding]:
@@ -312,7 +320,7 @@ def _check_overrides(spec: Spec) -> Iterator[Finding]:
         if name not in names:
             yield (("nodes", name), f"no node named {echo(name)}",
                    f"{suggest(name, names)}nodes are: {', '.join(names)}")
-        yield from _check_config(override.config, ("nodes", name, "config"), spec.hardening.allow_unsafe)
+        yield from _check_config(spec, override.config, ("nodes", name, "config"))
 
 
 def _check_users(spec: Spec) -> Iterator[Finding]:
