@@ -14,6 +14,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -52,7 +53,7 @@ class Admin:
         self.loaded = loaded
         self.address = address
         self.port = port
-        self.name = name or f"{address}:{port}"
+        self.name = name or endpoint(address, port)
         self.sentinel = sentinel
         spec = loaded.spec
         acl = spec.auth.mode == "acl" and not sentinel
@@ -76,7 +77,7 @@ class Admin:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.address}:{self.port}"
+        return endpoint(self.address, self.port)
 
     def command(self, name: str) -> str:
         return self._renames.get(name.upper(), name.upper())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opsctl.connerr import is_auth_failure
+from opsctl.endpoints import same_endpoint
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
     from opsctl.observe.parse import RoleInfo
@@ -89,7 +90,7 @@ def _lag(layout: Layout, facts: Mapping[str, NodeFacts], endpoint: str, role: Ro
     master = _master_role(layout, facts, role.master) if role.master else None
     if master is None:
         return None
-    acked = next((off for address, port, off in master.replicas if f"{address}:{port}" == endpoint), None)
+    acked = next((off for address, port, off in master.replicas if same_endpoint(f"{address}:{port}", endpoint)), None)
     return max(0, master.offset - (acked if acked is not None else role.offset))
 
 

@@ -181,3 +181,23 @@ def test_no_secrets_checks_everything_else(tmp_path: Path, in_dir, capsys: pytes
                                         "memory: {policy: lru}\n")
     code, _, err = run_cli(["validate", "--no-secrets", "-f", "spec.yaml"], capsys)
     assert code == 1 and "unknown maxmemory policy 'lru'" in err and UNSET not in err
+
+
+def test_ipv6_endpoints_print_with_brackets_and_compare_canonically(tmp_path: Path, in_dir,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from opsctl.endpoints import canonical_address, endpoint, split_endpoint
+    from opsctl.specfile import read_spec
+
+    in_dir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(MINIMAL.replace("127.0.0.1", '"0:0:0:0:0:0:0:1"')
+                                        .replace("{file: secret.txt}", "{env: OPSCTL_TEST_PASSWORD}"))
+    code, out, err = run_cli(["validate", "-f", "spec.yaml"], capsys)
+    assert (code, err) == (0, "") and "[::1]:7001" in out
+    layout = read_spec(tmp_path / "spec.yaml").layout
+    assert layout.nodes[0].address == "::1" and layout.nodes[0].bind == ("::1",)
+    for ref in ("[::1]:7001", "::1:7001", "0:0:0:0:0:0:0:1:7001", "[0::1]:7001", "shop-1"):
+        assert layout.find(ref) is layout.nodes[0], ref
+    assert layout.find("::2:7001") is None and layout.find("[::1]:7002") is None
+    assert endpoint("127.0.0.1", 1) == "127.0.0.1:1" and endpoint("fe80::1", 2) == "[fe80::1]:2"
+    assert canonical_address("0:0:0:0:0:0:0:1") == "::1" and canonical_address("Host-A") == "host-a"
+    assert split_endpoint("nonsense") is None

@@ -16,6 +16,7 @@ from opsctl.admin import Admin
 from opsctl.audit.discover import discover
 from opsctl.audit.pipe import RawPipe, Throttle
 from opsctl.audit.resp import Arg, Reply, RespError, encode
+from opsctl.endpoints import endpoint as format_endpoint
 from opsctl.errors import OpsctlError
 from opsctl.slots.scale import find_node
 from opsctl.spec.layout import Node
@@ -110,7 +111,7 @@ def owner_node(loaded: LoadedSpec, nodes_text: str, key: bytes) -> Node:
     found = parse_slot_owner(nodes_text, slot)
     if found is None:
         raise OpsctlError(f"no master serves slot {slot}", hint="check `opsctl cluster check -f SPEC`")
-    endpoint = f"{found[0]}:{found[1]}"
+    endpoint = format_endpoint(*found)
     node = find_node(loaded, endpoint)
     if node is None:
         raise OpsctlError(f"slot {slot} is served by {endpoint}, a node the spec does not describe",

@@ -11,6 +11,7 @@ import redis
 from opsctl.admin import Admin
 from opsctl.audit.findings import Finding, finding
 from opsctl.connerr import AUTH_HINT, is_auth_failure, not_answering
+from opsctl.endpoints import endpoint
 from opsctl.observe.parse import parse_role
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -36,7 +37,7 @@ def _s(value: Any) -> str:
 def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
     """ROLE -> (master|replica|sentinel, master endpoint, link up)."""
     role = parse_role(reply)
-    master = f"{role.master[0]}:{role.master[1]}" if role.master else None
+    master = endpoint(*role.master) if role.master else None
     return role.kind, master, role.kind == "master" or role.link == "connected"
 
 

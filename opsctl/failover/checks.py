@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from opsctl.connerr import is_auth_failure, not_answering
+from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
 from opsctl.observe.cluster_state import cluster_problems
@@ -196,7 +197,7 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, w
     elif role.kind != "replica":
         value = f"{replica} is a {role.kind}"
     else:
-        value = f"{replica} replicates {role.master[0]}:{role.master[1]}, link {role.link}" if role.master \
+        value = f"{replica} replicates {endpoint(*role.master)}, link {role.link}" if role.master \
             else f"{replica} has no master"
     return Check("target-linked", linked_to(layout, facts, replica, master), value,
                  f"replica of {master} ({layout.node(master).endpoint}), link connected",
@@ -343,7 +344,7 @@ def _role_text(f: NodeFacts) -> str:
     if not f.reachable or role is None:
         return "authentication failed" if is_auth_failure(f.error) else f"does not answer ({f.error or 'not running'})"
     if role.kind == "replica" and role.master:
-        return f"replica of {role.master[0]}:{role.master[1]}, link {role.link}"
+        return f"replica of {endpoint(*role.master)}, link {role.link}"
     return role.kind
 
 

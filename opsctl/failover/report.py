@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.endpoints import endpoint
 from opsctl.failover.checks import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
 from opsctl.readback import Fields, load_json
@@ -86,7 +87,7 @@ def topology(facts: Mapping[str, NodeFacts]) -> dict[str, dict[str, Any]]:
         out[name] = {
             "reachable": f.reachable,
             "role": role.kind if role else None,
-            "master": f"{role.master[0]}:{role.master[1]}" if role and role.master else None,
+            "master": endpoint(*role.master) if role and role.master else None,
             "link": role.link if role else None,
             "offset": role.offset if role else None,
             "slots": me.slot_count if me else None,

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opsctl.endpoints import endpoint
+
 # --- INFO ---------------------------------------------------------------------------------------
 
 
@@ -79,7 +81,7 @@ class ClusterNodeLine:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.address}:{self.port}"
+        return endpoint(self.address, self.port)
 
     @property
     def slot_count(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 from opsctl.command_table import command_names, is_category, is_command
 from opsctl.config_types import value_problem
+from opsctl.endpoints import canonical_address, endpoint
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
@@ -129,11 +130,12 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
             yield (("hosts", i, "name"), f"host name '{host.name}' is used twice (also hosts[{seen_names[host.name]}])",
                    "give every host its own name")
         seen_names.setdefault(host.name, i)
-        if host.address in seen_addresses:
+        address = canonical_address(host.address)
+        if address in seen_addresses:
             yield (("hosts", i, "address"),
-                   f"address {host.address} is used twice (also hosts[{seen_addresses[host.address]}])",
+                   f"address {echo(host.address)} is used twice (also hosts[{seen_addresses[address]}])",
                    "one entry per machine; anti-affinity needs distinct hosts")
-        seen_addresses.setdefault(host.address, i)
+        seen_addresses.setdefault(address, i)
         yield from _check_address(spec, i, host.address, ("hosts", i, "address"))
         for j, address in enumerate(host.bind or []):
             yield from _check_address(spec, i, address, ("hosts", i, "bind", j))
@@ -143,7 +145,7 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
 
 
 def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, ...]) -> Iterator[Finding]:
-    if address in PUBLIC_BINDS:
+    if address in PUBLIC_BINDS or canonical_address(address) in PUBLIC_BINDS:
         if not spec.hardening.allow_public_bind:
             yield (path, f"{echo(address)} listens on every interface",
                    "bind the host's own LAN address, or set hardening.allow_public_bind: true")
@@ -397,7 +399,7 @@ def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                 continue
             other = taken.get((node.address, port))
             if other:
-                yield (path, f"{node.name} and {other} both use {node.address}:{port}",
+                yield (path, f"{node.name} and {other} both use {endpoint(node.address, port)}",
                        "change a base port, or nodes.<name>.port")
             taken.setdefault((node.address, port), node.name)
     for path, names in default.items():

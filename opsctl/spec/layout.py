@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from opsctl.endpoints import canonical_address, endpoint, split_endpoint
 from opsctl.spec.model import Host, Spec
 
 Role = Literal["master", "replica", "sentinel"]
@@ -30,7 +31,7 @@ class Node:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.address}:{self.port}"
+        return endpoint(self.address, self.port)
 
     @property
     def is_sentinel(self) -> bool:
@@ -69,15 +70,16 @@ class Layout:
         raise KeyError(name)
 
     def find(self, ref: str) -> Node | None:
-        """A node by name or address:port."""
-        return next((n for n in self.nodes if ref in (n.name, n.endpoint)), None)
+        """A node by name or address:port (IP addresses compared in canonical form, IPv6 with or without brackets)."""
+        wanted = split_endpoint(ref)
+        return next((n for n in self.nodes if ref == n.name or (wanted and wanted == (n.address, n.port))), None)
 
     def shard_of(self, name: str) -> Shard | None:
         return next((s for s in self.shards if name in s.members), None)
 
 
 def host_bind(host: Host) -> tuple[str, ...]:
-    return tuple(host.bind) if host.bind else (host.address,)
+    return tuple(canonical_address(a) for a in host.bind) if host.bind else (canonical_address(host.address),)
 
 
 def _node(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int | None) -> Node:
@@ -85,7 +87,7 @@ def _node(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int |
     return Node(
         name=name,
         host=host.name,
-        address=host.address,
+        address=canonical_address(host.address),
         port=override.port if override and override.port else port,
         role=role,
         shard=shard,
