@@ -22,6 +22,7 @@ from opsctl.plan.steps import (
     CloseSlots,
     ConfigSet,
     Failover,
+    FinishFailover,
     FormCluster,
     JoinCluster,
     MoveSlots,
@@ -301,6 +302,24 @@ def fail_over(run: Execution, step: Step) -> None:
     run_failover(rt.loaded, rt.state_dir, Options(master=step.node), say)
 
 
+def finish_failover(run: Execution, step: Step) -> None:
+    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
+    from opsctl.failover.fence import finish
+
+    admins: dict[str, Admin] = {}
+
+    def admin_of(node: Node) -> Admin:
+        if node.name not in admins:
+            admins[node.name] = run.rt.admin(node)
+        return admins[node.name]
+
+    try:
+        finish(run.rt.loaded, admin_of, lambda text: run.emit({"event": "log", "step": step.title(), "text": text}))
+    finally:
+        for admin in admins.values():
+            admin.close()
+
+
 def config_set(run: Execution, step: Step) -> None:
     """CONFIG SET the rendered value (or, for a directive the spec dropped, the step's default). A value the
     server refuses rolls the node back: its earlier CONFIG SETs of this run, its files and its record."""
@@ -438,7 +457,7 @@ def remove_node(run: Execution, step: Step) -> None:
 
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
-    Failover: fail_over, SentinelSet: sentinel_set,
+    Failover: fail_over, SentinelSet: sentinel_set, FinishFailover: finish_failover,
     ConfigSet: config_set, AclLoad: acl_load, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,

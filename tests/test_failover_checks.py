@@ -295,7 +295,7 @@ def test_the_report_round_trips_for_the_cool_down_and_holds_no_secret(tmp_path):
 
 
 def test_the_core_imports_no_io():
-    for module in ("checks", "report"):
+    for module in ("checks", "report", "fencing"):
         tree = ast.parse((Path(__file__).parents[1] / "opsctl" / "failover" / f"{module}.py").read_text())
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -340,3 +340,27 @@ def test_a_missing_replica_is_named_truthfully(tmp_path):
     assert resolve_target(sentinel, facts_for(sentinel), shard=1).promotion().endswith("-> chosen by Sentinel")
     check = cooldown_check(no_link, [], 0.0, Thresholds())
     assert check.passed and "None" not in check.threshold
+
+
+def test_a_killed_run_counts_for_the_cool_down_until_its_deadline(tmp_path):
+    data = {"outcome": "in-progress", "started": 1000.0, "timeout": 10.0,
+            "target": {"shard": 1, "master": "a", "replica": "b"}}
+    saved = tmp_path / "1000.000-shard1-in-progress.json"
+    saved.write_text(json.dumps(data))
+    past = read_past_failover(saved, now=1012.0)
+    assert past == PastFailover(1010.0, "a", "b", interrupted=True)
+    check = cooldown_check(Target(1, "a", "c"), [past], 1012.0, Thresholds(cooldown_s=4.0, retry_s=8.0))
+    assert not check.passed and "opsctl was killed" in check.value and "wait 2.0 s" in check.hint
+    saved.write_text(json.dumps({**data, "target": {"shard": 1, "master": "a", "replica": None}}))
+    assert read_past_failover(saved, now=1012.0) is None
+    saved.write_text(json.dumps({**data, "timeout": -5}))
+    with pytest.raises(OpsctlError, match="timeout"):
+        read_past_failover(saved, now=1012.0)
+
+
+def test_the_fence_is_seen_and_lifted_to_the_spec_values(tmp_path):
+    from opsctl.failover.fencing import FENCE, fenced, spec_values
+
+    loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
+    assert fenced({"min-replicas-to-write": FENCE}) and not fenced({"min-replicas-to-write": "0"}) and not fenced(None)
+    assert spec_values(loaded, loaded.layout.servers[0]) == {"min-replicas-to-write": "0", "min-replicas-max-lag": "10"}

@@ -133,7 +133,7 @@ def _print_status(rt: Any, output: str) -> bool:
     from opsctl.runtime import gather_facts
     from opsctl.status import health_hint, health_line
 
-    facts = gather_facts(rt, with_config=False)
+    facts = gather_facts(rt, with_config=rt.loaded.spec.topology in ("replication", "sentinel"))  # fences
     rows = node_status(rt.loaded.layout, facts)
     healthy, line = health_line(rt.loaded, facts)
     if output == "json":

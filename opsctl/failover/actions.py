@@ -10,13 +10,17 @@ replication: FAILOVER TO on the master where the server has it, else pause write
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
+from opsctl.failover import fence
 from opsctl.failover.checks import Target
+from opsctl.failover.fencing import spec_values
 from opsctl.observe.collect import Pending, wait_for
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
     from opsctl.failover.runbook import Session
 
 POLL = 0.002
+KILL_AT = "OPSCTL_FAILOVER_KILL_AT"
 GRACEFUL_LIMIT = 6.0  # the server gives up a manual failover after 5 s (CLUSTER_MF_TIMEOUT)
 
 __all__ = ["describe", "has_failover_command", "perform"]
@@ -41,9 +46,9 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
     layout = loaded.layout
     replica = target.replica or "the replica Sentinel picks"
     if modes[0] == "sentinel":
-        return [f"CLIENT PAUSE WRITE on {target.master}; wait until every replica has its offset",
+        return [f"CLIENT PAUSE WRITE and the write fence on {target.master}; wait until every replica has its offset",
                 f"SENTINEL FAILOVER {sentinel_master_name(loaded.spec)}; poll ROLE until {replica} is master",
-                f"REPLICAOF <new master> + CONFIG REWRITE on {target.master}; CLIENT UNPAUSE",
+                f"REPLICAOF <new master>, lift the fence, CONFIG REWRITE on {target.master}; CLIENT UNPAUSE",
                 "post-checks: writes, roles, links, every sentinel reports the new master"]
     endpoint = layout.node(target.replica).endpoint if target.replica else "?"
     if modes[0] == "failover-command":
@@ -51,8 +56,9 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
                 f"REPLICAOF {endpoint} + CONFIG REWRITE on the other replicas; CONFIG REWRITE on both",
                 "post-checks: writes, roles, links"]
     if modes[0] == "manual":
-        return [f"CLIENT PAUSE WRITE on {target.master}; wait until {replica} has its offset",
-                f"REPLICAOF NO ONE on {replica}; REPLICAOF {endpoint} on the others; CONFIG REWRITE each; UNPAUSE",
+        return [f"CLIENT PAUSE WRITE and the write fence on {target.master}; wait until {replica} has its offset",
+                f"REPLICAOF NO ONE on {replica}; REPLICAOF {endpoint} and lift the fence on {target.master}; "
+                "REPLICAOF on the others; CONFIG REWRITE each; UNPAUSE",
                 "post-checks: writes, roles, links"]
     return [*(f"CLUSTER FAILOVER{'' if m == 'graceful' else ' ' + m.upper()} on {replica}; poll ROLE"
               for m in modes), "post-checks: writes, roles, links, cluster_state ok on every node, all agree"]
@@ -69,6 +75,7 @@ def perform(session: Session, target: Target, mode: str, timeout: float) -> str:
         return _manual(session, target, timeout)
     admin = session.admin(target.replica)
     admin.call("CLUSTER", "FAILOVER", *(() if mode == "graceful" else (mode.upper(),)))
+    checkpoint("asked")
     limit = min(timeout, GRACEFUL_LIMIT) if mode == "graceful" else timeout
     wait_for(lambda: _is_master(admin), limit, f"{target.replica} to become master", POLL)
     return target.replica
@@ -117,31 +124,59 @@ def _replicate(admin: Admin, master: Admin | None) -> None:
 
 
 def _sentinel(session: Session, target: Target, timeout: float) -> str:
+    """Pause, fence, wait for the replicas, SENTINEL FAILOVER, demote the old master, lift its fence, unpause.
+
+    Once SENTINEL FAILOVER is sent the fence stays until the old master is a replica, whatever happens to
+    opsctl: a re-run (opsctl.failover.fence.finish) or Sentinel's own conversion completes it."""
     loaded = session.loaded
     shard = loaded.layout.shards[target.shard - 1]
     replicas = [n for n in shard.members if n != target.master]
     old = session.admin(target.master)
+    values = spec_values(loaded, loaded.layout.node(target.master))
+    asked = False  # once SENTINEL FAILOVER may have started, the fence stays until the old master is a replica
     _pause(old, timeout + 2)
     try:
+        fence.fence(old)
+        checkpoint("fenced")
         wait_for(lambda: _caught_up(session, target.master, replicas), timeout, "replicas to catch up", POLL)
-        _ask_sentinels(session, sentinel_master_name(loaded.spec))
+        try:
+            asked = _ask_sentinels(session, sentinel_master_name(loaded.spec))
+        except SentinelRefused as exc:
+            asked = exc.maybe_started
+            raise
+        checkpoint("asked")
         new = wait_for(lambda: _promoted(session, replicas), timeout, "Sentinel to promote a replica", POLL)
-        _replicate(old, session.admin(new))
+        checkpoint("promoted")
+        _demote(old, session.admin(new), values)
+        asked = False
     finally:
+        if not asked:
+            _lift(old, values)
         _unpause(old)
     return new
 
 
-def _ask_sentinels(session: Session, name: str) -> None:
+def _ask_sentinels(session: Session, name: str) -> bool:
+    """SENTINEL FAILOVER on the first sentinel that accepts it. When none does, raise; the exception's
+    `maybe_started` says whether a lost reply (not a refusal) leaves a failover possibly in flight."""
     errors = []
+    lost = False
     for node in session.loaded.layout.sentinels:
         try:
             session.admin(node.name).call("SENTINEL", "FAILOVER", name)
-            return
+            return True
         except (redis.RedisError, OSError) as exc:
+            lost = lost or not isinstance(exc, redis.ResponseError)
             errors.append(f"{node.name}: {exc}")
-    raise OpsctlError("no sentinel accepted SENTINEL FAILOVER", "\n".join(errors),
-                      "INPROG: a failover is running, wait for it; NOGOODSLAVE: no replica is eligible")
+    raise SentinelRefused("no sentinel accepted SENTINEL FAILOVER", "\n".join(errors),
+                          "INPROG: a failover is running, wait for it; NOGOODSLAVE: no replica is eligible",
+                          maybe_started=lost)
+
+
+class SentinelRefused(OpsctlError):
+    def __init__(self, summary: str, detail: str, hint: str, maybe_started: bool) -> None:
+        super().__init__(summary, detail, hint)
+        self.maybe_started = maybe_started
 
 
 def _promoted(session: Session, replicas: list[str]) -> str | Pending:
@@ -157,6 +192,7 @@ def _failover_command(session: Session, target: Target, timeout: float) -> str:
     new = session.admin(target.replica)
     old = session.admin(target.master)
     old.call("FAILOVER", "TO", new.address, str(new.port), "TIMEOUT", str(int(timeout * 1000)))
+    checkpoint("asked")
 
     def done() -> bool | Pending:
         state = str(old.info("replication")).split("master_failover_state:", 1)[-1].split()[0]
@@ -175,19 +211,47 @@ def _failover_command(session: Session, target: Target, timeout: float) -> str:
 
 
 def _manual(session: Session, target: Target, timeout: float) -> str:
+    """Pause, fence, wait for the replica, REPLICAOF NO ONE on it, demote the old master, lift, unpause."""
     assert target.replica is not None
+    loaded = session.loaded
     new = session.admin(target.replica)
     old = session.admin(target.master)
+    values = spec_values(loaded, loaded.layout.node(target.master))
+    promoted = False
     _pause(old, timeout + 2)
     try:
+        fence.fence(old)
+        checkpoint("fenced")
         wait_for(lambda: _caught_up(session, target.master, [target.replica or ""]), timeout,
                  f"{target.replica} to catch up", POLL)
+        promoted = True
         _replicate(new, None)
-        _replicate(old, new)
+        checkpoint("promoted")
+        _demote(old, new, values)
     finally:
+        if not promoted:
+            _lift(old, values)
         _unpause(old)
     _repoint_others(session, target, new)
     return target.replica
+
+
+def _demote(old: Admin, new: Admin, values: dict[str, str]) -> None:
+    """The fenced old master follows the new one; only then its fence goes (one CONFIG REWRITE saves both)."""
+    old.call("REPLICAOF", new.address, str(new.port))
+    fence.unfence(old, values)
+
+
+def _lift(old: Admin, values: dict[str, str]) -> None:
+    """Nothing was promoted: the old master takes writes again (when unreachable, a re-run lifts it)."""
+    with contextlib.suppress(redis.RedisError, OSError):
+        fence.unfence(old, values, rewrite=False)
+
+
+def checkpoint(name: str) -> None:
+    """Test hook: OPSCTL_FAILOVER_KILL_AT=name kills opsctl here (SIGKILL), as a crash at that moment would."""
+    if os.environ.get(KILL_AT) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _repoint_others(session: Session, target: Target, new: Admin) -> None:

@@ -75,6 +75,7 @@ class PastFailover:
     finished: float
     old_master: str
     new_master: str
+    interrupted: bool = False  # from the in-progress report of a killed run: finished is its deadline
 
 
 def thresholds_for(loaded: LoadedSpec, max_lag_bytes: int = MAX_LAG_BYTES, max_lag_seconds: int = 3) -> Thresholds:
@@ -271,15 +272,21 @@ def cooldown_check(target: Target, history: Sequence[PastFailover], now: float, 
     """
     threshold = f"{target.master} not replaced for {limits.cooldown_s:g} s" + (
         f", {target.replica} not promoted for {limits.retry_s:g} s" if target.replica else "")
-    waits = [(limits.cooldown_s - (now - p.finished), f"{target.master} was replaced {now - p.finished:.2f} s ago")
+    waits = [(limits.cooldown_s - (now - p.finished), f"{target.master} was replaced {_ago(p, now)}")
              for p in history if p.old_master == target.master and now - p.finished < limits.cooldown_s]
-    waits += [(limits.retry_s - (now - p.finished), f"{target.replica} was promoted {now - p.finished:.2f} s ago")
+    waits += [(limits.retry_s - (now - p.finished), f"{target.replica} was promoted {_ago(p, now)}")
               for p in history if p.new_master == target.replica and now - p.finished < limits.retry_s]
     if not waits:
         return Check("cool-down", True, "no recent failover of these nodes", threshold)
     wait, why = max(waits)
     return Check("cool-down", False, why, threshold,
                  f"wait {wait:.1f} s more: the election would be refused or undone")
+
+
+def _ago(past: PastFailover, now: float) -> str:
+    if past.interrupted:
+        return f"by a failover whose opsctl was killed (counted as done at its deadline, {past.finished - now:+.2f} s)"
+    return f"{now - past.finished:.2f} s ago"
 
 
 def replication_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds) -> list[Check]:

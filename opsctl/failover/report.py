@@ -23,7 +23,8 @@ REPORT_DIR = "failover"
 REPORT_LIMIT = 4 * 1024 * 1024
 CLOCK_SKEW_S = 60.0
 REPORT_HINT = ("a report opsctl wrote is never like this: move the file out of the state dir's failover/ folder "
-               "(the cool-down check reads every *-succeeded.json there)")
+               "(the cool-down check reads every *-succeeded.json and *-in-progress.json there)")
+MAX_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -52,17 +53,19 @@ class FailoverReport:
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
     after: dict[str, dict[str, Any]] = field(default_factory=dict)
     new_master: str | None = None
-    outcome: str = "pending"  # succeeded | refused | failed | dry-run
+    outcome: str = "pending"  # succeeded | refused | failed | dry-run | resumed | in-progress (until the end)
     error: str = ""
     warnings: list[str] = field(default_factory=list)
     spec_file: str = ""
     spec_digest: str = ""
+    timeout: float = 0.0  # seconds each phase may take: an in-progress report's failover ends by then
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "spec": self.spec, "spec_file": self.spec_file, "spec_digest": self.spec_digest,
             "topology": self.topology, "who": self.who, "started": self.started,
-            "mode": self.mode, "dry_run": self.dry_run, "target": self.target.as_dict() if self.target else None,
+            "mode": self.mode, "dry_run": self.dry_run, "timeout": self.timeout,
+            "target": self.target.as_dict() if self.target else None,
             "new_master": self.new_master, "outcome": self.outcome, "error": self.error, "warnings": self.warnings,
             "prechecks": [c.as_dict() for c in self.prechecks], "postchecks": [c.as_dict() for c in self.postchecks],
             "attempts": [a.__dict__ for a in self.attempts],
@@ -111,6 +114,12 @@ def read_past_failover(path: Path, now: float | None = None) -> PastFailover | N
                           else f"started: {started:g} is not a time", REPORT_HINT + "; check this machine's clock")
     if total_ms < 0:
         raise report.problem("cannot be negative", "phases_ms.total")
+    replica = target.get("replica", str, "") if outcome == "in-progress" else ""
+    if replica and master:  # a run killed mid-way: its failover may have completed until its deadline
+        timeout = report.get("timeout", float, 0.0)
+        if not 0 <= timeout <= MAX_TIMEOUT_S:
+            raise report.problem(f"must be 0..{MAX_TIMEOUT_S:g} seconds", "timeout")
+        return PastFailover(started + timeout, master, replica, interrupted=True)
     if outcome != "succeeded" or not master or not new_master:
         return None
     return PastFailover(started + total_ms / 1000, master, new_master)

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
-from opsctl.failover import actions
+from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
     Check,
     PastFailover,
@@ -102,8 +102,9 @@ def _ckquorum(admin: Admin, name: str) -> str:
 
 def load_history(state_dir: Path) -> list[PastFailover]:
     out: list[PastFailover] = []
-    check_state_path(state_dir / REPORT_DIR, below=state_dir.parent)
-    for path in sorted((state_dir / REPORT_DIR).glob("*-succeeded.json"))[-50:]:
+    directory = state_dir / REPORT_DIR
+    check_state_path(directory, below=state_dir.parent)
+    for path in sorted([*directory.glob("*-succeeded.json"), *directory.glob("*-in-progress.json")])[-50:]:
         past = read_past_failover(path)
         if past:
             out.append(past)
@@ -130,13 +131,16 @@ def _who() -> str:
 
 
 def run_failover(loaded: LoadedSpec, state_dir: Path, opts: Options, say: Say) -> FailoverReport:
-    """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure."""
+    """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure.
+    Before acting it leaves an in-progress report, so a run killed mid-way still counts for the cool-down."""
     report = FailoverReport(loaded.spec.name, loaded.spec.topology, _who(), time.time(), opts.mode, opts.dry_run,
-                            spec_file=str(loaded.file), spec_digest=digest(loaded.spec.model_dump(mode="json")))
+                            spec_file=str(loaded.file), spec_digest=digest(loaded.spec.model_dump(mode="json")),
+                            timeout=opts.timeout)
     started = time.monotonic()
     session = Session(loaded)
+    marker: list[Path] = []
     try:
-        _run(session, state_dir, opts, report, say)
+        _run(session, state_dir, opts, report, say, lambda: marker.extend(write_report(report, state_dir, None)))
     except OpsctlError as exc:
         if report.outcome == "pending":
             report.outcome = "refused" if isinstance(exc, RefusedError) else "failed"
@@ -147,6 +151,8 @@ def run_failover(loaded: LoadedSpec, state_dir: Path, opts: Options, say: Say) -
         report.phases["total"] = time.monotonic() - started
         for path in write_report(report, state_dir, opts.report):
             say(f"report: {path}")
+        for path in marker:
+            path.unlink(missing_ok=True)
     return report
 
 
@@ -156,9 +162,12 @@ def _phase(report: FailoverReport, name: str, started: float) -> float:
     return now
 
 
-def _run(session: Session, state_dir: Path, opts: Options, report: FailoverReport, say: Say) -> None:
+def _run(session: Session, state_dir: Path, opts: Options, report: FailoverReport, say: Say,
+         mark: Callable[[], None]) -> None:
     loaded = session.loaded
     t = time.monotonic()
+    if _finish_interrupted(session, opts, report, say):
+        return
     facts = session.facts()
     report.before = topology(facts)
     target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to)
@@ -176,6 +185,9 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
         for step in actions.describe(loaded, target, modes):
             say(f"  would: {step}")
         return
+    report.outcome = "in-progress"
+    mark()
+    report.outcome = "pending"
     new_master = _failover(session, target, modes, report, say, opts.timeout)
     t = _phase(report, "failover", t)
     report.postchecks, after = _wait_postchecks(session, target.master, new_master, opts.timeout)
@@ -190,6 +202,25 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
                           "\n".join(c.line() for c in failed(report.postchecks)),
                           "read the report; `opsctl status -f SPEC` shows the roles now")
     report.outcome = "succeeded"
+
+
+def _finish_interrupted(session: Session, opts: Options, report: FailoverReport, say: Say) -> bool:
+    """A fence left by a killed run: finish that failover first. True when it had promoted a replica (then this
+    run stops there: the failover asked for has happened; run again to fail over once more)."""
+    admin_of = lambda node: session.admin(node.name)  # noqa: E731
+    if opts.dry_run:
+        for node in fence.fenced_nodes(session.loaded, admin_of):
+            say(f"{node.name} is fenced by an interrupted failover: a real run finishes that failover first")
+        return False
+    done = fence.finish(session.loaded, admin_of, say)
+    switched = [f for f in done if f.master]
+    if not switched:
+        return False
+    report.outcome, report.new_master = "resumed", switched[0].master
+    report.warnings += [f"interrupted failover finished: {f.line()}" for f in done]
+    report.after = topology(session.facts())
+    say(f"not failing over again: {switched[0].master} is the master now; run the command again for another failover")
+    return True
 
 
 def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, opts: Options,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.errors import RefusedError
+from opsctl.failover.fencing import fenced
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
@@ -14,6 +15,7 @@ from opsctl.plan.steps import (
     AclLoad,
     ConfigSet,
     Failover,
+    FinishFailover,
     FormCluster,
     JoinCluster,
     Plan,
@@ -49,7 +51,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     if topology == "cluster":
         steps += cluster_steps(layout, facts)
     elif topology in ("replication", "sentinel"):
-        steps += replication_steps(layout, facts)
+        steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts)
     if topology == "sentinel":
         steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts)
     if topology != "standalone" and steps:
@@ -281,9 +283,18 @@ def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -
     return sorted(d for d in directives if d[0] not in single)
 
 
+def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
+    """Nodes fenced by an interrupted failover (opsctl.failover.fencing): finish that failover first."""
+    walls = [n.name for n in layout.servers if fenced(facts[n.name].config)]
+    return [FinishFailover(walls[0], f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
+                           "finish it")] if walls else []
+
+
 def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
-    """The shard's master now: the one with replicas or slots, else the declared one. Roles move; that is fine."""
+    """The shard's master now: the one with replicas or slots, else the declared one. Roles move; that is fine.
+    A master fenced by an interrupted failover is not it while another master exists."""
     masters = [m for m in shard.members if (r := facts[m].role) and r.kind == "master"]
+    masters = [m for m in masters if not fenced(facts[m].config)] or masters
     active = [m for m in masters if facts[m].role.replicas or _has_slots(facts[m])]  # type: ignore[union-attr]
     if len(active) > 1:
         raise RefusedError(f"shard {shard.index} has {len(active)} masters serving data: {', '.join(active)}",
@@ -308,6 +319,8 @@ def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
     for name in shard.members:
         if name == master or (sentinel_view and facts[name].recorded_digest is not None):
             continue  # once sentinels agree on a master, roles of known nodes are Sentinel's to set
+        if fenced(facts[name].config):
+            continue  # FinishFailover decides its role
         role = facts[name].role
         if role and role.kind == "replica" and role.master == (target.address, target.port):
             continue

@@ -120,6 +120,14 @@ class SentinelSet(Step):
 
 
 @dataclass(frozen=True)
+class FinishFailover(Step):
+    """A failover was interrupted (opsctl killed): its fenced old master (node) becomes a replica of the shard's
+    other master, or, when none was promoted, takes writes again. Decided from the live state when it runs."""
+
+    kind: ClassVar[str] = "finish-failover"
+
+
+@dataclass(frozen=True)
 class WaitConverged(Step):
     kind: ClassVar[str] = "wait-converged"
 
@@ -160,7 +168,8 @@ class RemoveNode(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad)}
+    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
+    FinishFailover)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,153 @@
+"""The write fence, I/O part: the old master refuses writes until it is a replica, even if opsctl dies.
+
+A Sentinel or plain-replication failover pauses the master's writes (CLIENT PAUSE WRITE) while a replica takes
+over. The pause is bounded, so a killed opsctl never leaves it behind, but when it lapses before the old master
+is a replica, the old master takes writes again that its demotion later throws away (two writable masters).
+So the failover first fences the old master: `min-replicas-to-write` far above any replica count makes it
+answer NOREPLICAS to every write, and that outlives opsctl. The fence is lifted (the spec's values restored)
+when the old master is a replica, or, if no replica was promoted, when the failover gives up.
+
+A re-run of `opsctl failover` or `opsctl apply` finds a fence (CONFIG GET) and finishes what was interrupted:
+a fenced master next to another master becomes its replica; a fenced replica or a fenced lone master gets the
+spec's values back (a lone master only once no Sentinel failover is in flight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
+from opsctl.observe.collect import Pending, wait_for
+from opsctl.observe.parse import parse_pairs, parse_role
+from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+Say = Callable[[str], None]
+
+__all__ = ["Finished", "fence", "fenced_nodes", "finish", "unfence"]
+
+
+def fence(admin: Admin) -> None:
+    """Refuse writes from now on. max-lag 0 would switch the check off, so it is kept at least 1."""
+    lag = admin.config_get(MAX_LAG).get(MAX_LAG, "10")
+    admin.call("CONFIG", "SET", TO_WRITE, FENCE, MAX_LAG, lag if lag != "0" else "10")
+
+
+def unfence(admin: Admin, values: Mapping[str, str], rewrite: bool = True) -> None:
+    """The spec's values back; CONFIG REWRITE, since Sentinel's own rewrite may have saved the fence."""
+    admin.call("CONFIG", "SET", *(v for pair in values.items() for v in pair))
+    if rewrite:
+        admin.call("CONFIG", "REWRITE")
+
+
+@dataclass(frozen=True)
+class Finished:
+    node: str
+    action: str  # demoted | lifted
+    master: str | None = None
+
+    def line(self) -> str:
+        if self.action == "demoted":
+            return f"{self.node}: fenced old master made a replica of {self.master}, fence lifted"
+        now = f"replica of {self.master}" if self.master else "no replica was promoted"
+        return f"{self.node}: write fence lifted ({now})"
+
+
+def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say, wait: float = 0.0) -> list[Finished]:
+    """Finish every interrupted failover of a replication or Sentinel topology, deciding from live state."""
+    if loaded.spec.topology not in ("replication", "sentinel"):
+        return []
+    servers = loaded.layout.servers
+    walls = fenced_nodes(loaded, admin_of)
+    if not walls:
+        return []
+    if loaded.spec.topology == "sentinel":
+        _wait_sentinel_failovers(loaded, admin_of, wait or loaded.spec.sentinel_or_default().failover_timeout_ms / 1000)
+    done = [_finish_one(loaded, node, admin_of, servers) for node in walls]
+    for item in done:
+        say(f"interrupted failover finished: {item.line()}")
+    return done
+
+
+def fenced_nodes(loaded: LoadedSpec, admin_of: Callable[[Node], Admin]) -> list[Node]:
+    if loaded.spec.topology not in ("replication", "sentinel"):
+        return []
+    return [n for n in loaded.layout.servers if fenced(_config(admin_of(n)))]
+
+
+def _config(admin: Admin) -> dict[str, str] | None:
+    try:
+        return admin.config_get(TO_WRITE)
+    except (redis.RedisError, OSError):
+        return None
+
+
+def _role_of(admin: Admin) -> tuple[str, tuple[str, int] | None] | None:
+    try:
+        role = parse_role(admin.call("ROLE"))
+    except (redis.RedisError, OSError):
+        return None
+    return role.kind, role.master
+
+
+def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin],
+                servers: Sequence[Node]) -> Finished:
+    admin = admin_of(node)
+    values = spec_values(loaded, node)
+    role = _role_of(admin)
+    if role is None:
+        raise OpsctlError(f"{node.name} is fenced by an interrupted failover but does not answer ROLE",
+                          hint="apply again when it answers")
+    if role[0] != "master":
+        unfence(admin, values)
+        endpoint = f"{role[1][0]}:{role[1][1]}" if role[1] else None
+        upstream = loaded.layout.find(endpoint) if endpoint else None
+        return Finished(node.name, "lifted", upstream.name if upstream else endpoint)
+    others = [n for n in servers if n.name != node.name and (r := _role_of(admin_of(n))) and r[0] == "master"
+              and not fenced(_config(admin_of(n)))]
+    if len(others) > 1:
+        raise RefusedError(f"{node.name} is fenced and {len(others)} other nodes are masters: "
+                           f"{', '.join(n.name for n in others)}",
+                           "opsctl cannot tell which one the interrupted failover promoted",
+                           "keep the master that holds the newest data, make the others its replicas by hand")
+    if not others:
+        unfence(admin, values)
+        return Finished(node.name, "lifted")
+    master = others[0]
+    admin.call("REPLICAOF", master.address, str(master.port))
+    unfence(admin, values)
+    if loaded.spec.topology == "replication":  # Sentinel re-points the others itself
+        _repoint_followers(node, master, admin_of, servers)
+    return Finished(node.name, "demoted", master.name)
+
+
+def _repoint_followers(old: Node, master: Node, admin_of: Callable[[Node], Admin], servers: Sequence[Node]) -> None:
+    for other in servers:
+        role = _role_of(admin_of(other)) if other not in (old, master) else None
+        if role and role[1] == (old.address, old.port):
+            admin_of(other).call("REPLICAOF", master.address, str(master.port))
+            admin_of(other).call("CONFIG", "REWRITE")
+
+
+def _wait_sentinel_failovers(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], timeout: float) -> None:
+    """A SENTINEL FAILOVER sent just before opsctl died may still promote: decide only once none is in flight."""
+    name = sentinel_master_name(loaded.spec)
+
+    def quiet() -> bool | Pending:
+        busy = []
+        for node in loaded.layout.sentinels:
+            try:
+                masters = [parse_pairs(m) for m in admin_of(node).call("SENTINEL", "MASTERS")]
+            except (redis.RedisError, OSError):
+                continue
+            flags = next((m.get("flags", "") for m in masters if m.get("name") == name), "")
+            if "failover_in_progress" in flags:
+                busy.append(node.name)
+        return Pending(f"failover in progress on {', '.join(busy)}") if busy else True
+
+    wait_for(quiet, timeout, "Sentinel's failover to finish", interval=0.05)

@@ -1,0 +1,34 @@
+"""The write fence, pure part: its value, how to see it in a CONFIG GET reply, what lifting it restores.
+
+An old master is fenced during a Sentinel or plain-replication failover: `min-replicas-to-write` far above any
+replica count makes it answer NOREPLICAS to every write, and that outlives opsctl (the I/O lives in
+opsctl.failover.fence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.plan.desired import single_valued
+from opsctl.render import render_sections
+from opsctl.render.directives import NodePaths
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+FENCE = "1000000"  # min-replicas-to-write no real shard reaches: every write gets NOREPLICAS
+TO_WRITE, MAX_LAG = "min-replicas-to-write", "min-replicas-max-lag"
+DEFAULTS = {TO_WRITE: "0", MAX_LAG: "10"}
+
+__all__ = ["FENCE", "MAX_LAG", "TO_WRITE", "fenced", "spec_values"]
+
+
+def fenced(config: Mapping[str, str] | None) -> bool:
+    """Does this CONFIG GET reply show the fence?"""
+    return (config or {}).get(TO_WRITE) == FENCE
+
+
+def spec_values(loaded: LoadedSpec, node: Node) -> dict[str, str]:
+    """min-replicas-to-write and -max-lag as the spec renders them (the server's defaults when it does not)."""
+    paths = NodePaths("-", "-", "-", "-", "-")
+    rendered = single_valued([d for s in render_sections(loaded, node, paths, reveal=False) for d in s.directives])
+    return {name: rendered.get(name, default) for name, default in DEFAULTS.items()}

@@ -1,0 +1,127 @@
+"""opsctl killed in the middle of a failover (SIGKILL at named points): never two writable masters, nothing
+acknowledged lost, and a re-run of `failover` or `apply` converges. The writer addresses the old master
+directly, as a client that has not noticed the switch would: the referee for two writable masters."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from opsctl.admin import Admin
+from opsctl.failover.actions import KILL_AT
+from opsctl.failover.fencing import FENCE
+from opsctl.observe.collect import wait_for
+from opsctl.spec.load import LoadedSpec
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import PASSWORD, cluster_check
+from tests.writer import Writer
+
+pytestmark = pytest.mark.integration
+
+
+def _opsctl(*argv: str, kill_at: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, KILL_AT: kill_at}
+    return subprocess.run([sys.executable, "-m", "opsctl.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def _client(loaded: LoadedSpec, name: str) -> redis.Redis:
+    node = loaded.layout.node(name)
+    return redis.Redis(host=node.address, port=node.port, password=PASSWORD, socket_timeout=2.0,
+                       decode_responses=True)
+
+
+def _roles(loaded: LoadedSpec) -> dict[str, str]:
+    return {n.name: _client(loaded, n.name).execute_command("ROLE")[0] for n in loaded.layout.servers}
+
+
+def _fenced(loaded: LoadedSpec) -> list[str]:
+    out = []
+    for node in loaded.layout.servers:
+        with Admin.for_node(loaded, node) as admin:
+            if admin.config_get("min-replicas-to-write")["min-replicas-to-write"] == FENCE:
+                out.append(node.name)
+    return out
+
+
+def _wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, out, _ = run(capsys, "status", "-f", str(spec))
+        if code == 0 or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
+
+
+def _killed_then_rerun(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec, point: str,
+                       failover: list[str], rerun: list[str]) -> tuple[str, Writer, subprocess.CompletedProcess[str]]:
+    old = next(n for n, r in _roles(loaded).items() if r == "master")
+    with Writer(lambda: _client(loaded, old)) as writer:
+        writer.wait_for_writes(200)
+        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", *failover, kill_at=point)
+        assert killed.returncode == -9, killed.stdout + killed.stderr
+        time.sleep(3.0)  # the pause (timeout + 2 s) has lapsed: an unfenced old master would take writes now
+        again = _opsctl(*rerun, "-f", str(spec), "--yes" if rerun[0] == "failover" else "--auto-approve")
+        writer.wait_for_writes(len(writer.acked) + 50, timeout=1.0)
+    return old, writer, again
+
+
+def _master(loaded: LoadedSpec) -> str:
+    masters = [n for n, r in _roles(loaded).items() if r == "master"]
+    assert len(masters) == 1, masters
+    return masters[0]
+
+
+@pytest.mark.parametrize(("point", "rerun"), [("fenced", "failover"), ("asked", "failover"),
+                                              ("promoted", "failover"), ("asked", "apply")])
+def test_sentinel_failover_killed_mid_way(tmp_path, capsys, point, rerun) -> None:
+    with deployed(tmp_path, capsys, "sentinel", "valkey") as (spec, loaded):
+        argv = ["failover", "--shard", "1"] if rerun == "failover" else ["apply"]
+        old, writer, again = _killed_then_rerun(capsys, spec, loaded, point, ["--shard", "1"], argv)
+        assert again.returncode == 0, again.stdout + again.stderr
+        if point != "fenced":
+            assert "interrupted failover finished" in again.stdout + again.stderr
+        new = _master(loaded)
+        assert new != old, again.stdout + again.stderr
+        assert writer.verify(_client(loaded, new)) == []
+        assert any("NOREPLICAS" in e for e in writer.errors) or point == "fenced"
+        assert _fenced(loaded) == []
+        assert "sentinel ok" in _wait_healthy(capsys, spec)
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_replication_failover_killed_after_the_promotion(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+        target = loaded.layout.shards[0].replicas[0]
+        _, writer, again = _killed_then_rerun(capsys, spec, loaded, "promoted",
+                                              ["--to", target, "--no-failover-command"],
+                                              ["failover", "--to", target, "--no-failover-command"])
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "interrupted failover finished" in again.stdout
+        assert _master(loaded) == target
+        assert writer.verify(_client(loaded, target)) == []
+        assert _fenced(loaded) == []
+        assert "replication ok" in _wait_healthy(capsys, spec)
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        shard = loaded.layout.shards[0]
+        old, replica = shard.master, shard.replicas[0]
+        killed = _opsctl("failover", "-f", str(spec), "--yes", "--shard", "1", kill_at="asked")
+        assert killed.returncode == -9, killed.stdout + killed.stderr
+        reports = list((tmp_path / ".opsctl" / loaded.spec.name / "failover").glob("*-in-progress.json"))
+        assert len(reports) == 1
+        wait_for(lambda: _roles(loaded)[replica] == "master" or None, 10, "the server to finish the failover")
+        code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--to", old)  # fail back
+        assert code == 0, out + err
+        code, out, err = run(capsys, "failover", "-f", str(spec), "--dry-run", "--to", replica)
+        assert code == 3 and "[FAIL] cool-down" in out and "opsctl was killed" in out, out + err
+        assert cluster_check(loaded.layout.servers[0].endpoint).returncode == 0
