@@ -314,7 +314,7 @@ def finish_failover(run: Execution, step: Step) -> None:
         return admins[node.name]
 
     try:
-        finish(run.rt.loaded, admin_of, lambda text: run.emit({"event": "log", "step": step.title(), "text": text}))
+        finish(run.rt.loaded, admin_of, lambda text: run.emit(Log(step.title(), text)))
     finally:
         for admin in admins.values():
             admin.close()
