@@ -110,7 +110,7 @@ def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None =
     The folder is opened without following a link, the temp file is new (O_EXCL|O_NOFOLLOW) and renamed over
     the target inside that folder: a link planted at the target or at a temp name only ever gets replaced."""
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _make_parents(path)
     data = text.encode("utf-8") if isinstance(text, str) else text
     with open_dir(path.parent) as folder:
         _refuse_odd_target(path, folder)
@@ -127,6 +127,15 @@ def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None =
             with suppress(OSError):
                 os.unlink(tmp, dir_fd=folder)
             raise
+
+
+def _make_parents(path: Path) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        where = next((p for p in [path.parent, *path.parent.parents] if p.exists() and not p.is_dir()), path.parent)
+        what = "is not a folder" if where.exists() else f"cannot be created: {exc.strerror}"
+        raise FileProblem(where, what, f"move it away, or write {path.name} somewhere else") from None
 
 
 def _refuse_odd_target(path: Path, folder: int) -> None:

@@ -76,3 +76,9 @@ def test_echo_cuts_long_input() -> None:
     assert echo("abc") == "'abc'"
     long = echo("x" * 10_000)
     assert len(long) < 120 and "10000 characters" in long
+
+
+def test_a_file_where_a_folder_should_be_is_named(tmp_path: Path) -> None:
+    (tmp_path / "failover").write_text("x")
+    with pytest.raises(FileProblem, match="failover: is not a folder"):
+        write_private(tmp_path / "failover" / "report.json", "{}")

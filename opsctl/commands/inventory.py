@@ -20,8 +20,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     files_dir = (output / f"{name}.files").resolve()
     inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
     target = output / f"{name}.yml"
-    output.mkdir(parents=True, exist_ok=True)
-    target.write_text(inventory_text(inventory, loaded.file))
+    write_private(target, inventory_text(inventory, loaded.file))  # never through a link
     lines = [f"wrote {target}"]
     if with_files:
         for node in loaded.layout.nodes:
