@@ -88,20 +88,24 @@ def open_dir(path: Path, owners: frozenset[int] | None = None) -> Iterator[int]:
 
 
 def make_dir(path: Path, mode: int = 0o700, owners: frozenset[int] | None = None,
-             chown: tuple[int, int] | None = None) -> None:
-    """Create the folder (and missing parents) if needed; refuse a link or a foreign folder; set its mode."""
+             chown: tuple[int, int] | None = None, enforce: bool = True) -> None:
+    """Create the folder (and missing parents) if needed; refuse a link or a foreign folder; set its mode
+    (on an existing folder only when enforce)."""
+    created = False
     try:
         os.lstat(path)
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         with suppress(FileExistsError):
             os.mkdir(path, mode)
+            created = True
     except OSError as exc:
         raise FileProblem(path, f"cannot be inspected: {exc.strerror}", "check its permissions") from None
     with open_dir(path, owners) as fd:
         if chown is not None:
             os.fchown(fd, *chown)
-        os.fchmod(fd, mode)
+        if created or enforce:
+            os.fchmod(fd, mode)
 
 
 def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None = None) -> None:

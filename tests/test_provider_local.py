@@ -376,3 +376,49 @@ def test_a_deleted_pidfile_never_makes_a_live_server_look_down(tmp_path: Path, s
     assert read_proc(pid) is None and not provider.process_state(node).running
     provider.purge(node)
     assert not Path(provider.paths(node).dir).exists()
+
+
+# --- never root (issue 11 item 14) ---------------------------------------------------------------------------
+
+def uid_of(pid: int) -> int:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Uid:"))
+    return int(line.split()[1])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="servers run as opsctl's own user when opsctl is not root")
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, started: Started, flavor: str) -> None:
+    import pwd
+
+    loaded, provider = setup(tmp_path, flavor)
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    pid = provider.process_state(node).pid
+    assert pid
+    user = pwd.getpwnam(loaded.spec.server.service_user)
+    assert loaded.spec.server.service_user == flavor and user.pw_uid != 0
+    assert uid_of(pid) == user.pw_uid
+    folder = Path(provider.paths(node).dir)
+    assert folder.stat().st_uid == user.pw_uid and Path(provider.paths(node).conf).stat().st_uid == user.pw_uid
+    assert mode(folder) == 0o700 and mode(provider.paths(node).conf) == 0o600 and mode(folder.parent) == 0o711
+    with Admin.for_node(loaded, node) as admin:
+        assert admin.ping()
+        admin.call("OPS_CONFIG_T3ST", "REWRITE")  # the server may rewrite its own config
+    provider.save_record(node, {"digest": "x"})
+    assert (folder / "opsctl-node.json").stat().st_uid == 0  # opsctl's record stays root's
+    assert provider.load_record(node) == {"digest": "x"}
+
+
+def test_a_server_user_that_cannot_reach_its_folder_is_refused_before_starting(tmp_path: Path) -> None:
+    from opsctl.providers.serveruser import ServerUser, check_reachable
+
+    closed = tmp_path / "closed"
+    (closed / "state").mkdir(parents=True)
+    closed.chmod(0o700)
+    nobody = ServerUser("nobody", 65534, 65534)
+    with pytest.raises(OpsctlError, match=r"cannot reach .*closed is closed to it") as caught:
+        check_reachable(nobody, closed / "state", "/bin/true")
+    assert "chmod o+x" in caught.value.hint
+    check_reachable(nobody, tmp_path, "/bin/true")

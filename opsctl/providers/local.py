@@ -7,6 +7,10 @@ stale pidfile is not taken as "down" either: /proc is searched for the node's se
 
 The state dir and node folders are never followed through a symbolic link and must belong to opsctl's user
 (or root); files are written through safefs (never through a link).
+
+When opsctl runs as root, servers run as an unprivileged user (serveruser: server.user, default the flavor's
+name): the state dir is opened to 0711 for it to pass through, each node folder and the files the server
+reads or rewrites belong to it; opsctl's record stays root's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from opsctl.binaries import ServerBinary, server_environment
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import default_paths
 from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.serveruser import ServerUser, check_reachable, ensure, lookup
 from opsctl.render import NodePaths
 from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
 from opsctl.secrets import mask_text
@@ -175,6 +180,7 @@ class LocalProvider:
         self.state_dir = Path(os.path.abspath(state_dir))  # never resolved: a link in it is refused, not followed
         self.binary = binary
         self.start_timeout = start_timeout
+        self._user: ServerUser | None = None
 
     @staticmethod
     def default_state_dir(spec_file: str | Path, name: str) -> Path:
@@ -189,25 +195,49 @@ class LocalProvider:
 
     # --- files ---------------------------------------------------------------------------------------------
 
+    def server_user(self) -> ServerUser | None:
+        """Who the servers run as: None (opsctl's own user) unless opsctl is root; created when missing."""
+        if os.geteuid() != 0:
+            return None
+        if self._user is None:
+            self._user = ensure(self.loaded.spec.server.service_user)
+        return self._user
+
+    def _owners(self) -> frozenset[int]:
+        """Who may own a node folder: opsctl's user, root, and the server user (looked up, never created)."""
+        user = lookup(self.loaded.spec.server.service_user) if os.geteuid() == 0 else None
+        return trusted_owners([user.uid] if user else [])
+
     def _folder(self, node: Node) -> Path:
-        owners = trusted_owners()
-        check_state_path(self.state_dir, owners=owners)
-        make_dir(self.state_dir, 0o700, owners)
+        user = self.server_user()
+        check_state_path(self.state_dir, owners=trusted_owners())
+        make_dir(self.state_dir, 0o711 if user else 0o700, trusted_owners())
         folder = self.node_dir(node)
-        make_dir(folder, 0o700, owners)
+        make_dir(folder, 0o700, self._owners(), chown=user.ids if user else None)
         return folder
 
     def _checked_node_dir(self, node: Node) -> Path:
         """The node's folder, refused when it (or the state dir) is a link or someone else's."""
         folder = self.node_dir(node)
-        check_state_path(folder, below=self.state_dir.parent)
+        check_state_path(folder, below=self.state_dir.parent, owners=self._owners())
         return folder
 
     def write_files(self, node: Node, files: dict[str, str]) -> None:
         names = [plain_name(name) for name in files]
         folder = self._folder(node)
+        user = self.server_user()
         for name in names:
-            write_private(folder / name, files[name])
+            write_private(folder / name, files[name], chown=user.ids if user else None)
+
+    def _hand_over(self, node: Node, user: ServerUser) -> None:
+        """Give the server user what it writes in its folder (data, logs, configs of an earlier root run);
+        opsctl's record stays root's. Links are changed themselves, never followed."""
+        folder = self._folder(node)
+        for root, dirs, names in os.walk(folder):
+            for name in [*dirs, *names]:
+                path = os.path.join(root, name)
+                if name != RECORD and os.lstat(path).st_uid != user.uid:
+                    os.chown(path, *user.ids, follow_symlinks=False)
 
     def read_file(self, node: Node, name: str) -> str | None:
         return read_text(self._checked_node_dir(node) / plain_name(name))
@@ -284,10 +314,16 @@ class LocalProvider:
     def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
         """New session, no terminal, no inherited fds, a scrubbed environment, umask 077 for its files."""
         env = server_environment(os.environ, self.loaded.credentials.all())
+        user = self.server_user()
+        if user is not None:
+            check_reachable(user, self.state_dir, self.binary.path)
+            self._hand_over(node, user)
         try:
             return subprocess.Popen(start_command(self.binary.path, node, paths.conf), stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=stderr, cwd=paths.dir, env=env,
-                                    start_new_session=True, close_fds=True, umask=0o077)
+                                    start_new_session=True, close_fds=True, umask=0o077,
+                                    user=user.uid if user else None, group=user.gid if user else None,
+                                    extra_groups=[] if user else None)
         except OSError as exc:
             raise OpsctlError(f"cannot run {self.binary.path} for {node.name}", str(exc),
                               "check server.binary and its permissions") from None

@@ -126,7 +126,7 @@ def group_vars(loaded: LoadedSpec, files_dir: str) -> dict[str, Any]:
     spec = loaded.spec
     values: dict[str, Any] = {
         "opsctl_spec": spec.name, "opsctl_root": remote_root(spec), "opsctl_flavor": spec.server.flavor,
-        "opsctl_service_user": spec.server.flavor, "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
+        "opsctl_service_user": spec.server.service_user, "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
         "opsctl_files_dir": files_dir, "ansible_python_interpreter": REMOTE_PYTHON,
     }
     if spec.server.binary:

@@ -61,6 +61,13 @@ class Server(Strict):
     flavor: Literal["valkey", "redis"] = "valkey"
     version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+$")] = "9.1"
     binary: str | None = None
+    user: Name | None = Field(default=None, description=(
+        "OS user the servers run as (never root): provider local uses it when opsctl runs as root, provider "
+        "ansible always; created when missing. Default: the flavor's name (valkey or redis)"))
+
+    @property
+    def service_user(self) -> str:
+        return self.user or self.flavor
 
 
 class Host(Strict):
