@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from opsctl.connerr import is_auth_failure, not_answering
+from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
@@ -210,6 +210,9 @@ def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, li
     if replica is None:
         return Check("replication-lag", False, "no replica to measure", threshold,
                      "a failover needs a replica linked to the master")
+    if not facts[master].reachable and is_auth_failure(facts[master].error):
+        return Check("replication-lag", False, f"{auth_failed(master)}: its replicas' lag is unknown", threshold,
+                     AUTH_HINT)
     if not facts[master].reachable:
         return Check("replication-lag", False, f"{master} does not answer: its replicas' lag is unknown", threshold,
                      "the lag is measured on the master; with the master gone only a forced promotion is left")

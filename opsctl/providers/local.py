@@ -43,6 +43,7 @@ from opsctl.statelock import parse_pid
 STATE_FOLDER = ".opsctl"
 RECORD = "opsctl-node.json"
 SERVER_NAMES = ("redis-server", "valkey-server")
+FLAVOR_USERS = ("valkey", "redis")  # server.user's defaults
 POLL_SECONDS = 0.005
 LOG_LINES = 10
 KILL_WAIT = 5.0
@@ -204,9 +205,12 @@ class LocalProvider:
         return self._user
 
     def _owners(self) -> frozenset[int]:
-        """Who may own a node folder: opsctl's user, root, and the server user (looked up, never created)."""
-        user = lookup(self.loaded.spec.server.service_user) if os.geteuid() == 0 else None
-        return trusted_owners([user.uid] if user else [])
+        """Who may own a node folder: opsctl's user, root, and the server user (looked up, never created), or
+        the other flavor's default user (a folder from before a flavor change; start hands it over)."""
+        if os.geteuid() != 0:
+            return trusted_owners()
+        names = {self.loaded.spec.server.service_user, *FLAVOR_USERS}
+        return trusted_owners(user.uid for name in names if (user := lookup(name)) is not None)
 
     def _folder(self, node: Node) -> Path:
         user = self.server_user()
