@@ -160,6 +160,8 @@ def check_writable_target(path: Path | str, what: str) -> None:
     if not target.name or target.name in (".", ".."):
         raise FileProblem(target, "is not a file name", hint)
     parent = target.parent
+    if parent.is_symlink():
+        raise FileProblem(parent, "is a symbolic link", LINK_HINT + f", or give {what} the real folder")
     if not parent.is_dir():
         raise FileProblem(target, f"its folder {parent} does not exist", hint)
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -12,6 +12,7 @@ import redis
 
 from opsctl.admin import Admin
 from opsctl.cli import main
+from opsctl.providers.local import read_proc
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check, make_spec, write_spec
 
@@ -172,3 +173,16 @@ def test_a_wrong_password_is_a_clear_error_and_changes_nothing(tmp_path, capsys,
         assert "hint:" in err and "auth.password" in err
         monkeypatch.setenv("OPSCTL_TEST_PASSWORD", PASSWORD)
         assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_a_deleted_pidfile_neither_hides_a_server_nor_lets_purge_delete_under_it(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        node = loaded.layout.servers[0]
+        folder = tmp_path / ".opsctl" / loaded.spec.name / node.name
+        pid = int((folder / "server.pid").read_text())
+        (folder / "server.pid").unlink()
+        code, out, err = run(capsys, "status", "-f", str(spec))
+        assert code == 0 and "standalone ok" in out, out + err
+        code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
+        assert code == 0, err
+        assert read_proc(pid) is None and not folder.exists()  # stopped first (gone or a zombie), then purged

@@ -224,6 +224,7 @@ def test_odd_state_dir_contents_name_the_path(spec_file: Path, make: Callable[[P
 @pytest.mark.parametrize("argv_of", [
     lambda spec, tmp: ["failover", "-f", spec, "--shard", "1", "--yes", "--report", f"{tmp}/no/such/dir/r.json"],
     lambda spec, tmp: ["failover", "-f", spec, "--shard", "1", "--yes", "--report", tmp],
+    lambda spec, tmp: ["failover", "-f", spec, "--shard", "1", "--yes", "--report", f"{tmp}/linked/r.json"],
     lambda spec, tmp: ["plan", "-f", spec, "--out", f"{tmp}/missing/plan.json"],
     lambda spec, tmp: ["plan", "-f", spec, "--out", tmp],
     lambda spec, tmp: ["status", "-f", spec, "--state-dir", f"{tmp}/topology.yaml"],
@@ -231,6 +232,7 @@ def test_odd_state_dir_contents_name_the_path(spec_file: Path, make: Callable[[P
 ])
 def test_output_and_state_paths_are_checked_first(spec_file: Path, argv_of: Callable[[str, str], list[str]],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (spec_file.parent / "linked").symlink_to(spec_file.parent)
     argv = argv_of(str(spec_file), str(spec_file.parent))
     code, err = run(argv, capsys)
     assert code == 1 and "error: " in err and "hint: " in err and "internal error" not in err, err
