@@ -47,6 +47,7 @@ FLAVOR_USERS = ("valkey", "redis")  # server.user's defaults
 POLL_SECONDS = 0.005
 LOG_LINES = 10
 KILL_WAIT = 5.0
+SCAN_REUSE_S = 1.0
 
 HINTS = (
     ("Address already in use", "port in use by another process: `ss -ltnp 'sport = :{port}'` shows which; "
@@ -182,6 +183,7 @@ class LocalProvider:
         self.binary = binary
         self.start_timeout = start_timeout
         self._user: ServerUser | None = None
+        self._scan: tuple[float, dict[str, list[int]]] | None = None
 
     @staticmethod
     def default_state_dir(spec_file: str | Path, name: str) -> Path:
@@ -254,7 +256,7 @@ class LocalProvider:
         write_private(self._folder(node) / RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     def purge(self, node: Node) -> None:
-        state = self.process_state(node)
+        state = self._state(node, fresh=True)
         if state.running:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                str(self.node_dir(node)), "stop the node first")
@@ -274,10 +276,14 @@ class LocalProvider:
     def process_state(self, node: Node) -> ProcessState:
         """Running when the pidfile names this node's server, or when /proc shows one in the node's folder
         (a deleted or stale pidfile never makes a live server look down)."""
+        return self._state(node, fresh=False)
+
+    def _state(self, node: Node, fresh: bool) -> ProcessState:
+        """process_state; fresh: from a new scan of /proc (before stopping, starting or deleting anything)."""
         state = self._pidfile_state(node)
         if state.running:
             return state
-        pid = self._find_daemon(node)
+        pid = self._find_daemon(node, fresh)
         if pid is not None:
             return ProcessState(node.name, True, pid, f"running as pid {pid} (found through /proc; {state.detail})")
         return state
@@ -304,7 +310,7 @@ class LocalProvider:
     def start(self, node: Node) -> None:
         """Launch the server (it daemonizes) and return once its pidfile names it and its port accepts."""
         paths = self.paths(node)
-        if self.process_state(node).running:
+        if self._state(node, fresh=True).running:
             self._wait_until_up(node, None)
             return
         if not Path(paths.conf).is_file():
@@ -360,16 +366,28 @@ class LocalProvider:
             return "the server exited during start-up"
         return None
 
-    def _find_daemon(self, node: Node) -> int | None:
+    def _find_daemon(self, node: Node, fresh: bool = True) -> int | None:
         """This node's server found through /proc (no pidfile needed): a server process in the node's folder
-        run with its config or on its port. Only processes working in that folder are inspected further."""
+        run with its config or on its port. Candidates come from one scan of /proc (reused for SCAN_REUSE_S
+        unless fresh: a topology of many stopped nodes costs one scan, not one per node); each candidate is
+        checked again now, so a reused scan can miss a server started since, never name a gone one."""
         folder = os.path.realpath(self.paths(node).dir)
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or proc_cwd(int(entry.name)) != folder:
-                continue
-            if (facts := read_proc(int(entry.name))) and self._is_ours(node, facts):
+        for pid in self._processes_in(fresh).get(folder, ()):
+            if (facts := read_proc(pid)) and self._is_ours(node, facts):
                 return facts.pid
         return None
+
+    def _processes_in(self, fresh: bool) -> dict[str, list[int]]:
+        """Working directory -> pids, for the processes working under the state dir."""
+        now = time.monotonic()
+        if fresh or self._scan is None or now - self._scan[0] > SCAN_REUSE_S:
+            found: dict[str, list[int]] = {}
+            below = os.path.realpath(self.state_dir) + os.sep
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit() and (cwd := proc_cwd(int(entry.name))) and cwd.startswith(below):
+                    found.setdefault(cwd, []).append(int(entry.name))
+            self._scan = (now, found)
+        return self._scan[1]
 
     def _start_error(self, node: Node, launch: Launch | None, reason: str) -> OpsctlError:
         paths = self.paths(node)
@@ -388,7 +406,7 @@ class LocalProvider:
 
     def stop(self, node: Node, timeout: float = 30.0) -> None:
         """SIGTERM this node's server (never a reused pid), SIGKILL after timeout; drop a stale pidfile."""
-        state = self.process_state(node)
+        state = self._state(node, fresh=True)
         if state.running and state.pid is not None:
             self._terminate(node, state.pid, timeout)
         self._drop_pidfile(node)
