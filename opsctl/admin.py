@@ -66,6 +66,9 @@ class Admin:
             retry=Retry(NoBackoff(), 0),  # a refused connection is an answer: no 3 s of silent retries
         )
         self._renames = {k.upper(): v for k, v in spec.hardening.renamed_commands.items()}
+        previous = loaded.credentials.previous
+        if previous is not None and previous.reveal():
+            with_fallback(self.client.connection_pool, previous.reveal())
 
     @classmethod
     def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT, decode: bool = True) -> Admin:
@@ -125,6 +128,30 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def with_fallback(pool: redis.ConnectionPool, previous: str) -> None:
+    """During a password rotation (auth.previous_password) a node may still run with the previous password:
+    each new connection tries the spec's password, then the previous one."""
+    base = pool.connection_class
+    if getattr(base, "opsctl_fallback", False):
+        return
+
+    class FallbackConnection(base):  # type: ignore[valid-type,misc]
+        opsctl_fallback = True
+
+        def on_connect_check_health(self, check_health: bool = True) -> None:
+            try:
+                super().on_connect_check_health(check_health)
+            except redis.AuthenticationError:
+                current = getattr(self, "password", None)
+                setattr(self, "password", previous)  # noqa: B010 (a dynamic base class: mypy cannot see it)
+                try:
+                    super().on_connect_check_health(check_health)
+                finally:
+                    setattr(self, "password", current)  # noqa: B010
+
+    pool.connection_class = FallbackConnection
 
 
 def unreachable(admin: Admin, exc: Exception) -> OpsctlError:

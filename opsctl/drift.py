@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import redis
 
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.ondisk import DIFFERS, sentinel_file_values, server_file_values
+from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
+from opsctl.plan.rotation import managed_users
 from opsctl.render import render_acl
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.secrets import MASK
@@ -41,7 +42,33 @@ def server_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
     if rt.loaded.spec.auth.mode == "acl":
         acl_text = rt.provider.read_file(node, "users.acl")
         acl = MASK if acl_text == render_acl(rt.loaded, reveal=True) else DIFFERS
-    return dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl)
+    return dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl, accepts=accepted_passwords(rt, node, f))
+
+
+def accepted_passwords(rt: Runtime, node: Node, f: NodeFacts) -> dict[str, tuple[str, ...]] | None:
+    """Which passwords each managed user accepts on the live node, as verdicts (ACL GETUSER)."""
+    if not f.reachable:
+        return None
+    result: dict[str, tuple[str, ...]] = {}
+    try:
+        with rt.admin(node) as admin:
+            for user, (secret, previous) in managed_users(rt.loaded, node).items():
+                reply = admin.call("ACL", "GETUSER", user)
+                result[user] = password_verdicts(_field(reply, "passwords"), secret, previous)
+    except redis.RedisError:
+        return None
+    return result
+
+
+def _field(reply: object, name: str) -> list[str]:
+    """A field of ACL GETUSER's reply, whether redis-py parsed it into a dict or left the flat list."""
+    if isinstance(reply, dict):
+        value = reply.get(name, [])
+    elif isinstance(reply, list):
+        value = dict(zip(reply[::2], reply[1::2], strict=False)).get(name, [])
+    else:
+        value = []
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
@@ -57,4 +84,4 @@ def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
         return dataclasses.replace(f, sentinel_config=settings)
     pairs = dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else dict(reply)
     settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
-    return dataclasses.replace(f, sentinel_config=settings)
+    return dataclasses.replace(f, sentinel_config=settings, accepts=accepted_passwords(rt, node, f))

@@ -32,6 +32,7 @@ from opsctl.plan.steps import (
     RestartNode,
     SentinelMonitor,
     SentinelSet,
+    SetPasswords,
     StartNode,
     Step,
     StopNode,
@@ -360,6 +361,26 @@ def roll_back(run: Execution, node: Node, admin: Admin) -> str:
     return ", ".join(done) or "nothing had changed"
 
 
+def set_passwords(run: Execution, step: Step) -> None:
+    """The node accepts the spec's password (and the previous one during the overlap). A server takes
+    requirepass and the extra password in one MULTI, so no client is ever refused in between."""
+    node = _node(run, step)
+    credentials = run.rt.loaded.credentials
+    new = credentials.password.reveal()
+    previous = credentials.previous.reveal() if credentials.previous else ""
+    extra = [f">{previous}"] if previous and previous != new else []
+    with run.rt.admin(node) as admin:
+        if node.is_sentinel:
+            admin.call("ACL", "SETUSER", "default", "resetpass", f">{new}", *extra)
+            admin.call("SENTINEL", "CONFIG", "SET", "sentinel-pass", new)
+            admin.call("SENTINEL", "FLUSHCONFIG")
+            return
+        pipe = admin.client.pipeline(transaction=True)
+        pipe.execute_command(admin.command("CONFIG"), "SET", "requirepass", new)  # the value CONFIG REWRITE keeps
+        pipe.execute_command(admin.command("ACL"), "SETUSER", "default", "resetpass", f">{new}", *extra)
+        pipe.execute()
+
+
 def acl_load(run: Execution, step: Step) -> None:
     with run.rt.admin(_node(run, step)) as admin:
         admin.call("ACL", "LOAD")
@@ -458,7 +479,8 @@ def remove_node(run: Execution, step: Step) -> None:
 HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
     Failover: fail_over, SentinelSet: sentinel_set, FinishFailover: finish_failover,
-    ConfigSet: config_set, AclLoad: acl_load, FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
+    ConfigSet: config_set, AclLoad: acl_load, SetPasswords: set_passwords,
+    FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,
 }

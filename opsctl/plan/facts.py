@@ -25,6 +25,7 @@ class NodeFacts:
     on_disk: Mapping[str, str] | None = None  # the config file's values, secrets as verdicts (plan.ondisk)
     acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
+    accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
 
     @property
     def recorded_digest(self) -> str | None:
@@ -77,5 +78,6 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
             "config": dict(sorted((f.config or {}).items())),
             "on_disk": dict(sorted((f.on_disk or {}).items())), "acl_on_disk": f.acl_on_disk,
             "sentinel": dict(sorted((f.sentinel_config or {}).items())),
+            "accepts": dict(sorted((f.accepts or {}).items())),
         }
     return digest(summary)

@@ -6,7 +6,8 @@ secret, PREVIOUS when it is the secret being rotated away from, DIFFERS otherwis
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator
 
 from opsctl.observe.parse import split_args
 from opsctl.render.directives import Directive
@@ -52,6 +53,22 @@ def secret_verdict(value: str, secret: Secret, previous: Secret | None = None) -
     return DIFFERS
 
 
+def password_verdicts(hashes: Iterable[str], secret: Secret, previous: Secret | None = None) -> tuple[str, ...]:
+    """The passwords a user accepts (ACL GETUSER's SHA-256 hashes) as sorted verdicts."""
+    def verdict(value: str) -> str:
+        if value == _sha256(secret):
+            return MASK
+        if previous is not None and previous.reveal() and value == _sha256(previous):
+            return PREVIOUS
+        return DIFFERS
+
+    return tuple(sorted({verdict(h) for h in hashes}))
+
+
+def _sha256(secret: Secret) -> str:
+    return hashlib.sha256(secret.reveal().encode()).hexdigest()
+
+
 def server_file_values(text: str, secret_names: frozenset[str], secret: Secret,
                        previous: Secret | None = None) -> dict[str, str]:
     """A server config file's values as CONFIG GET would print them (quotes resolved, save lines joined),
@@ -81,6 +98,8 @@ def sentinel_file_values(text: str, secret: Secret, previous: Secret | None = No
         words = _words(value)
         if name == "sentinel auth-pass" and len(words) == 2:
             values["auth-pass"] = secret_verdict(words[1], secret, previous)
+        elif name == "sentinel sentinel-pass" and len(words) == 1:
+            values["sentinel-pass"] = secret_verdict(words[0], secret, previous)
         elif name == "sentinel rename-command" and len(words) == 3:
             values[f"rename-command {words[1]}"] = words[2]
     return values

@@ -10,6 +10,7 @@ from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_d
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.ondisk import canonical
+from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
 from opsctl.plan.steps import (
     AclLoad,
@@ -54,6 +55,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts)
     if topology == "sentinel":
         steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts)
+    rotation = rotation_steps(loaded, desired, facts)
+    steps = rotation + after_rotation(rotation, steps)
     if topology != "standalone" and steps:
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     notes = () if steps else (_why_nothing(loaded, facts),)

@@ -75,6 +75,14 @@ class AclLoad(Step):
 
 
 @dataclass(frozen=True)
+class SetPasswords(Step):
+    """Make the node accept the spec's password (and the previous one while auth.previous_password is set):
+    requirepass + ACL SETUSER in one MULTI on a server, ACL SETUSER + sentinel-pass on a sentinel."""
+
+    kind: ClassVar[str] = "set-passwords"
+
+
+@dataclass(frozen=True)
 class FormCluster(Step):
     """Create a cluster from empty nodes: epochs, slots to the masters, meet, replicate. node = first master."""
 
@@ -169,7 +177,7 @@ class RemoveNode(Step):
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
-    FinishFailover)}
+    FinishFailover, SetPasswords)}
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,12 @@ def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
         (spec.auth.admin_user, loaded.credentials.password, ADMIN_ACL_RULES.split())]
     users += [(name, secret, rule_tokens(user.rules))
               for (name, secret), user in zip(loaded.credentials.users, spec.auth.users, strict=True)]
+    previous = {spec.auth.admin_user: loaded.credentials.previous, **dict(loaded.credentials.users_previous)}
     lines = []
     for name, secret, rules in users:
+        accepted = [secret, *[p for p in [previous.get(name)] if p is not None and p.reveal() and p != secret]]
         line = {"name": word(name), "rules": " ".join(word(rule) for rule in [*rules, *denied]),
-                "hash": _password_hash(secret) if reveal else MASK}
+                "hash": " #".join(_password_hash(s) if reveal else MASK for s in accepted)}
         checked_arguments("user", f"{line['name']} {line['rules']}")
         lines.append(line)
     return _environment().get_template("users.acl.j2").render({"spec_name": spec.name, "users": lines})

@@ -1,0 +1,86 @@
+"""Password rotation, planned first: every node accepts the spec's password (and, during the overlap, the
+previous one) before anything starts to use the new one (masterauth, Sentinel auth-pass). Pure.
+
+The overlap: with auth.previous_password (or users[].previous_password) set, nodes accept both passwords;
+removing it in a later apply drops the old one. ACL mode keeps both hashes in users.acl (ACL LOAD); password
+mode sets requirepass and adds the previous password to the default user in one MULTI (a restart during the
+overlap ends it for that node); sentinels take both through ACL SETUSER and the new sentinel-pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.plan.desired import DesiredNode
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.ondisk import DIFFERS, PREVIOUS
+from opsctl.plan.steps import AclLoad, ConfigSet, SetPasswords, Step, WriteConfig
+from opsctl.secrets import MASK, Secret
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+WORDS = {MASK: "the spec's password", PREVIOUS: "the previous password", DIFFERS: "another password"}
+
+
+def managed_users(loaded: LoadedSpec, node: Node) -> dict[str, tuple[Secret, Secret | None]]:
+    """The users whose passwords opsctl sets on a node: user -> (spec's secret, previous secret or None)."""
+    credentials = loaded.credentials
+    if node.is_sentinel or loaded.spec.auth.mode == "password":
+        return {"default": (credentials.password, credentials.previous)}
+    previous = dict(credentials.users_previous)
+    return {loaded.spec.auth.admin_user: (credentials.password, credentials.previous),
+            **{name: (secret, previous.get(name)) for name, secret in credentials.users}}
+
+
+def wanted_accepts(loaded: LoadedSpec, node: Node) -> dict[str, tuple[str, ...]]:
+    """Per managed user, the verdicts of the passwords it should accept: the spec's, plus the previous one."""
+    return {user: tuple(sorted({MASK} | ({PREVIOUS} if previous and previous.reveal() and previous != secret
+                                         else set())))
+            for user, (secret, previous) in managed_users(loaded, node).items()}
+
+
+def _describe(verdicts: tuple[str, ...]) -> str:
+    return " and ".join(WORDS.get(v, v) for v in verdicts) or "no password"
+
+
+def _mismatch(loaded: LoadedSpec, node: Node, f: NodeFacts) -> str | None:
+    if f.accepts is None:
+        return None
+    for user, want in wanted_accepts(loaded, node).items():
+        have = f.accepts.get(user, ())
+        if have != want:
+            return f"user {user} accepts {_describe(have)}, the spec wants {_describe(want)}"
+    return None
+
+
+def rotation_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Mapping[str, NodeFacts]) \
+        -> list[Step]:
+    steps: list[Step] = []
+    for node in loaded.layout.nodes:
+        f = facts.get(node.name)
+        if f is None or not f.running or not f.reachable:
+            continue
+        why = _mismatch(loaded, node, f)
+        if node.is_sentinel:
+            own = (f.sentinel_config or {}).get("sentinel-pass", MASK)
+            if own != MASK:
+                why = why or f"sentinel-pass is {WORDS.get(own, own)}"
+            if why:
+                steps.append(SetPasswords(node.name, why))
+        elif loaded.spec.auth.mode == "password":
+            live = (f.config or {}).get("requirepass", MASK)
+            if live != MASK and f.accepts is not None:
+                why = why or f"requirepass is {WORDS.get(live, live)}"
+            if why:
+                steps.append(SetPasswords(node.name, why))
+        elif why or (f.acl_on_disk is not None and f.acl_on_disk != MASK):
+            why = why or "users.acl on disk differs from the spec"
+            steps += [WriteConfig(node.name, why, desired[node.name].digest), AclLoad(node.name, why)]
+    return steps
+
+
+def after_rotation(first: list[Step], rest: list[Step]) -> list[Step]:
+    """The rest of a plan without what the rotation phase already does (requirepass, ACL LOAD)."""
+    rotated = {(type(s), s.node) for s in first if not isinstance(s, WriteConfig)}
+    return [s for s in rest if (type(s), s.node) not in rotated and not
+            (isinstance(s, ConfigSet) and s.directive == "requirepass" and (SetPasswords, s.node) in rotated)]
