@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from opsctl.observe.parse import is_config_directive, split_args
+import yaml
+
+from opsctl.observe.parse import RoleInfo, is_config_directive, split_args
 from opsctl.plan.desired import single_valued
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values
 from opsctl.plan.planner import make_plan
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.secrets import MASK, Secret
+from opsctl.spec.load import load_spec, make_resolver
+from tests.support import PASSWORD, make_spec
 from tests.test_planner import desired, formed_cluster, loaded_spec
 
 SECRET = Secret("the-spec-secret-123")
@@ -73,3 +77,33 @@ def test_a_dropped_config_is_reset_live_or_by_a_restart_when_it_cannot_be() -> N
         [("write-config", ""), ("config-set", "hz"), ("restart", "")]
     assert steps[1].value == '"10"' and "server default" in steps[1].reason
     assert "io-threads (left the spec)" in steps[2].reason and "not-a-known-one (left the spec)" in steps[2].reason
+
+
+def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_the_new_one() -> None:
+    from tests.test_planner import load_dict
+
+    data = make_spec("replication")
+    data["auth"] |= {"previous_password": {"env": "OPSCTL_TEST_OLD"}}
+
+
+    loaded = load_spec(yaml.safe_dump(data), "t.yaml",
+                       make_resolver({"OPSCTL_TEST_PASSWORD": PASSWORD, "OPSCTL_TEST_OLD": "old-password-123"},
+                                     lambda _: None))
+    assert load_dict  # the same loader shape as the planner tests
+    want = desired(loaded)
+    facts = {}
+    for node in loaded.layout.servers:
+        record = {"digest": want[node.name].digest, "directives": [list(d) for d in want[node.name].directives]}
+        config = {"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "appendonly": "yes",
+                  "requirepass": PREVIOUS, "masterauth": PREVIOUS}
+        role = RoleInfo("master", replicas=()) if node.role == "master" else \
+            RoleInfo("replica", master=(loaded.layout.servers[0].address, loaded.layout.servers[0].port))
+        facts[node.name] = NodeFacts(node.name, True, record=record, reachable=True, config=config, role=role,
+                                     accepts={"default": (PREVIOUS,)})
+    steps = make_plan(loaded, want, facts, "d").steps
+    kinds = [s.kind for s in steps]
+    servers = len(loaded.layout.servers)
+    assert kinds[:servers] == ["set-passwords"] * servers
+    assert kinds.count("config-set") == servers and all(
+        s.directive == "masterauth" for s in steps if s.kind == "config-set")
+    assert "previous password" in steps[0].reason

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS
-from opsctl.plan.steps import AclLoad, ConfigSet, SetPasswords, Step, WriteConfig
+from opsctl.plan.steps import AclLoad, ConfigSet, Failover, RestartNode, SetPasswords, Step, WriteConfig
 from opsctl.secrets import MASK, Secret
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -80,7 +80,10 @@ def rotation_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
 
 
 def after_rotation(first: list[Step], rest: list[Step]) -> list[Step]:
-    """The rest of a plan without what the rotation phase already does (requirepass, ACL LOAD)."""
-    rotated = {(type(s), s.node) for s in first if not isinstance(s, WriteConfig)}
-    return [s for s in rest if (type(s), s.node) not in rotated and not
-            (isinstance(s, ConfigSet) and s.directive == "requirepass" and (SetPasswords, s.node) in rotated)]
+    """The rest of a plan without what the rotation phase already did (requirepass, ACL LOAD, the file; the
+    file is written again only where a failover's CONFIG REWRITE or a restart follows)."""
+    rotated = {(type(s), s.node) for s in first}
+    restarting = {s.node for s in rest if isinstance(s, (RestartNode, Failover))}
+    return [s for s in rest if not (
+        ((type(s), s.node) in rotated and not (isinstance(s, WriteConfig) and s.node in restarting)) or
+        (isinstance(s, ConfigSet) and s.directive == "requirepass" and (SetPasswords, s.node) in rotated))]
