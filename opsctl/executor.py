@@ -17,6 +17,7 @@ from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
+from opsctl.plan.planner import start_master
 from opsctl.plan.steps import (
     AclLoad,
     CloseSlots,
@@ -196,7 +197,7 @@ def _replicaof_line(run: Execution, node: Node) -> str:
     if node.is_sentinel or run.rt.loaded.spec.topology not in ("replication", "sentinel"):
         return ""
     if not run.rt.provider.process_state(node).running:
-        return ""
+        return _follow_line(run, node)
     try:
         with run.rt.admin(node, timeout=5.0) as admin:
             role = parse_role(admin.call("ROLE"))
@@ -206,6 +207,20 @@ def _replicaof_line(run: Execution, node: Node) -> str:
     if role.kind == "replica" and role.master:
         return f"\n# current role, kept by opsctl\nreplicaof {role.master[0]} {role.master[1]}\n"
     return ""
+
+
+def _follow_line(run: Execution, node: Node) -> str:
+    """A stopped node starts as a replica of its shard's master now, if that is another node (planner.start_master,
+    from the live state when the file is written)."""
+    layout = run.rt.loaded.layout
+    shard = layout.shard_of(node.name)
+    if shard is None:
+        return ""
+    follow = start_master(layout, shard, gather_facts(run.rt, with_config=False))
+    if follow is None or follow == node.name:
+        return ""
+    master = layout.node(follow)
+    return f"\n# the shard's master when opsctl started this node\nreplicaof {master.address} {master.port}\n"
 
 
 def write_config(run: Execution, step: Step) -> None:

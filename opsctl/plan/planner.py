@@ -47,7 +47,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     together = renames_changed(layout, desired, facts)
     steps: list[Step] = []
     for shard in layout.shards:
-        steps += shard_steps(layout, shard, desired, facts, server, together)
+        steps += shard_steps(layout, shard, desired, facts, server, together, loaded.spec.topology)
     topology = loaded.spec.topology
     if topology == "cluster":
         steps += cluster_steps(layout, facts)
@@ -112,11 +112,41 @@ def renames_changed(layout: Layout, desired: Mapping[str, DesiredNode], facts: F
 
 
 def shard_steps(layout: Layout, shard: Shard, desired: Mapping[str, DesiredNode], facts: Facts,
-                server: tuple[str, Version], together: bool = False) -> list[Step]:
+                server: tuple[str, Version], together: bool = False, topology: str = "") -> list[Step]:
+    follow = start_master(layout, shard, facts) if topology in ("replication", "sentinel") else None
+
     def steps_of(node: Node, is_master: bool) -> list[Step]:
-        return server_steps(node, desired[node.name], facts[node.name], is_master, server)
+        steps = server_steps(node, desired[node.name], facts[node.name], is_master, server)
+        return _start_as_replica(layout, node, facts[node.name], follow, steps)
 
     return rolling(layout, shard, facts, steps_of, fail_over=not together)
+
+
+def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
+    """Whom a stopped node of a replication/Sentinel shard must follow when it starts: the master that runs now
+    (right after a promotion the sentinels may still name the dead one), else the one the sentinels agree on,
+    else None (no master runs: each file says what its node was). A node that starts as a master next to
+    another one takes writes that its conversion throws away later."""
+    running = [m for m in shard.members if facts[m].reachable and (r := facts[m].role) and r.kind == "master"]
+    agreed = sentinel_agreed_master(layout, facts)
+    if len(running) == 1:
+        return running[0]
+    if running:
+        return agreed if agreed in running else current_master(shard, layout, facts)
+    return agreed
+
+
+def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | None, steps: list[Step]) -> list[Step]:
+    """A stopped node whose shard has another master gets its file written with `replicaof` that master first
+    (the executor adds the line from the live state), unless its file already says so."""
+    if follow is None or follow == node.name or not any(isinstance(s, StartNode) for s in steps):
+        return steps
+    master = layout.node(follow)
+    if (f.on_disk or {}).get("replicaof", "").split() == [master.address, str(master.port)] or \
+            any(isinstance(s, WriteConfig) for s in steps):
+        return steps
+    why = f"starts as a replica of {follow}, the shard's master now (its file would start it as a master)"
+    return [WriteConfig(node.name, why, f.recorded_digest or ""), *steps]
 
 
 def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps, fail_over: bool = True) -> list[Step]:
