@@ -167,8 +167,33 @@ class SlotsClosed:
         return f"slots-closed: {self.what}"
 
 
+@dataclass(frozen=True)
+class EndpointDown:
+    """A node a slot move goes from (source) or to (target) does not answer, or is flagged failing."""
+
+    kind: ClassVar[str] = "endpoint-down"
+    role: str
+    node: str
+
+    def line(self) -> str:
+        return f"endpoint-down: the {self.role} {self.node} does not answer: waiting, no SETSLOT meanwhile"
+
+
+@dataclass(frozen=True)
+class EndpointReplacedEvent:
+    """The cluster failed over the shard of a move's source or target; the move follows the shard."""
+
+    kind: ClassVar[str] = "endpoint-replaced"
+    role: str
+    node: str
+
+    def line(self) -> str:
+        return (f"endpoint-replaced: the {self.role} {self.node} was failed over: the move goes on with its "
+                "shard's new master")
+
+
 Event = (StepStart | StepDone | StepFailed | Log | SlotsStart | SlotsProgress | BigKey | MigrateRetry
-         | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed)
+         | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent)
 Emit = Callable[[Event], None]
 
 

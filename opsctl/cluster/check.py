@@ -76,7 +76,7 @@ def report_text(report: ClusterReport) -> str:
         lines.append("cluster ok: every node agrees")
     else:
         lines.append(f"problems: {len(report.problems)}")
-        lines += [f"  {p.render()}" for p in report.problems]
+        lines += [f"  {text}" for p in report.problems if (text := p.render()) not in report.open_slots]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from typing import Any
 
 from opsctl.argtypes import RATE, SLOTS, ranged
@@ -40,13 +41,16 @@ def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> i
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions
     from opsctl.statelock import state_lock
+    from opsctl.topolock import topology_lock
 
     loaded = _cluster_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
     emit = Printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
-    with state_lock(state_dir), admin_routes(loaded, state_dir):
-        if resume and not getattr(args, "dry_run", False):
+    dry_run = getattr(args, "dry_run", False)
+    with state_lock(state_dir), admin_routes(loaded, state_dir), \
+            nullcontext() if dry_run else topology_lock(loaded):
+        if resume and not dry_run:
             close_open(loaded, state_dir, emit)
         outcome = operation(loaded, state_dir, emit, options)
     print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))

@@ -330,8 +330,11 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
     masters = [m for m in masters if not fenced(facts[m].config)] or masters
     active = [m for m in masters if facts[m].role.replicas or _has_slots(facts[m])]  # type: ignore[union-attr]
     if len(active) > 1:
+        both_slots = sum(1 for m in active if _has_slots(facts[m])) > 1
         raise RefusedError(f"shard {shard.index} has {len(active)} masters serving data: {', '.join(active)}",
                            "making one a replica would drop its writes",
+                           "they serve different slots: `opsctl cluster fix -f SPEC` moves one's slots to the "
+                           "other and makes it its replica, then apply again" if both_slots else
                            "decide which one holds the data you want, stop the other, then apply again")
     if active:
         return active[0]

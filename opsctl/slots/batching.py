@@ -20,12 +20,19 @@ class Batch:
     big: bool = False
 
 
-def timeout_ms(size: int) -> int:
-    return BASE_TIMEOUT_MS + size // SLOW_LINK_BYTES_PER_MS
+def timeout_ms(size: int, base_ms: int = BASE_TIMEOUT_MS) -> int:
+    return base_ms + size // SLOW_LINK_BYTES_PER_MS
+
+
+def base_timeout_ms(node_timeout_ms: int) -> int:
+    """MIGRATE's base timeout: the source is blocked for all of it, so it stays under half the cluster's node
+    timeout; else a stalled target gets the source failed over too. Pure."""
+    return max(200, min(BASE_TIMEOUT_MS, node_timeout_ms // 2))
 
 
 def batches(keys: Sequence[bytes], sizes: Sequence[int | None], max_bytes: int = MAX_BATCH_BYTES,
-            max_keys: int = MAX_BATCH_KEYS, big_bytes: int = BIG_KEY_BYTES) -> list[Batch]:
+            max_keys: int = MAX_BATCH_KEYS, big_bytes: int = BIG_KEY_BYTES,
+            base_ms: int = BASE_TIMEOUT_MS) -> list[Batch]:
     """Split one slot's keys into MIGRATE batches of at most max_bytes / max_keys; a big key travels alone.
 
     sizes: MEMORY USAGE per key (None: the key vanished meanwhile, counted as 0).
@@ -36,15 +43,15 @@ def batches(keys: Sequence[bytes], sizes: Sequence[int | None], max_bytes: int =
     for key, raw in zip(keys, sizes, strict=True):
         size = int(raw or 0)
         if size >= big_bytes:
-            out.append(Batch((key,), size, timeout_ms(size), big=True))
+            out.append(Batch((key,), size, timeout_ms(size, base_ms), big=True))
             continue
         if current and (current_size + size > max_bytes or len(current) >= max_keys):
-            out.append(Batch(tuple(current), current_size, timeout_ms(current_size)))
+            out.append(Batch(tuple(current), current_size, timeout_ms(current_size, base_ms)))
             current, current_size = [], 0
         current.append(key)
         current_size += size
     if current:
-        out.append(Batch(tuple(current), current_size, timeout_ms(current_size)))
+        out.append(Batch(tuple(current), current_size, timeout_ms(current_size, base_ms)))
     return out
 
 
@@ -53,6 +60,11 @@ def rate_delay(done: int, elapsed: float, max_per_sec: float | None) -> float:
     if not max_per_sec or max_per_sec <= 0:
         return 0.0
     return max(0.0, done / max_per_sec - elapsed)
+
+
+def backoff(attempt: int, first: float = 0.05, most: float = 1.0) -> float:
+    """Seconds to wait before retry number `attempt` (1, 2, ...): doubling from first, at most most. Pure."""
+    return float(min(most, first * pow(2.0, max(0, attempt - 1))))
 
 
 def waves(slots: Sequence[int], first: int, most: int) -> list[list[int]]:

@@ -3,15 +3,16 @@ and, only with explicit consent, take over the slots of an unreachable master.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from opsctl.errors import RefusedError
+from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Closed, Emit
 from opsctl.observe.cluster_state import slot_map, uncovered
-from opsctl.observe.collect import observe
+from opsctl.observe.collect import Pending, observe, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
+from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
@@ -38,36 +39,54 @@ def _live_open(loaded: LoadedSpec) -> bool:
                if line.is_myself)
 
 
-def close_in_session(session: Session, journal: Journal, emit: Emit) -> list[str]:
+def close_in_session(session: Session, journal: Journal, emit: Emit,
+                     only: Callable[[OpenSlots], bool] | None = None) -> list[str]:
+    """Close the journal's open entries (each resolved to its shards' current masters), then any slot a master
+    shows open that nobody journaled. `only`: close just the entries it accepts, and no unjournaled slot
+    (a run recovering one move while others are under way)."""
     done: list[str] = []
     for entry in journal.pending():
-        done.append(_close_entry(session, journal, entry, emit, journaled=True))
+        if only is None or only(entry):
+            done.append(_close_entry(session, journal, entry, emit, journaled=True))
     session.refresh()
-    for entry in live_open_slots(session):
-        done.append(_close_entry(session, journal, entry, emit, journaled=False))
-    journal.compact()
+    if only is None:
+        for entry in live_open_slots(session):
+            done.append(_close_entry(session, journal, entry, emit, journaled=False))
+        journal.compact()
     session.refresh()
     return done
 
 
 def live_open_slots(session: Session) -> list[OpenSlots]:
-    """Open slots nobody journaled, as (owner -> target) groups from the nodes' own MIGRATING/IMPORTING flags."""
-    by_id = {p.id: p.name for p in session.peers.values()}
+    """Open slots nobody journaled, as (owner -> target) groups from the MIGRATING/IMPORTING flags of masters
+    only (Valkey 9 replicates the flags to replicas, whose copy is not the one to act on). An IMPORTING slot's
+    source is the master that serves it now, whatever node id the flag names (it may have died)."""
+    owner = {s: name for name, slots in session.owned().items() for s in slots}
     pairs: dict[tuple[str, str], set[int]] = {}
-    for name in session.peers:
-        me = session.me(name)
+    for peer in session.masters():
+        me = session.me(peer.name)
         if me is None:
             continue
         for slot, target in me.migrating.items():
-            pairs.setdefault((name, by_id.get(target, target)), set()).add(slot)
+            pairs.setdefault((peer.name, session.name_of(target) or target), set()).add(slot)
         for slot, source in me.importing.items():
-            pairs.setdefault((by_id.get(source, source), name), set()).add(slot)
+            pairs.setdefault((owner.get(slot) or session.name_of(source) or source, peer.name), set()).add(slot)
     out = []
     for (source, target), slots in sorted(pairs.items()):
         if source in session.peers and target in session.peers:
             out.append(OpenSlots(source, session.peers[source].id, target, session.peers[target].id,
                                  to_ranges(slots)))
     return out
+
+
+def shard_master_peer(session: Session, name: str) -> Peer:
+    """The peer now serving name's shard; a clear error when the shard has no reachable master."""
+    master = session.current_master(name)
+    if master is None:
+        raise OpsctlError(f"the shard of {name} has no reachable master", "the open slots stay journaled",
+                          "wait for the cluster to promote a replica (or start the node again), then run "
+                          "`opsctl cluster fix -f SPEC`")
+    return session.peers[master]
 
 
 def slot_states(session: Session, source: Peer, target: Peer, slots: Sequence[int]) -> list[SlotState]:
@@ -96,7 +115,11 @@ def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emi
             wait_idle(session.peers[entry.source], version[0] if version else "valkey")
         journal.closed(slots)
         return f"atomic move {entry.source} -> {entry.target} of {text(entry.slots)}: ended server-side"
-    source, target = session.peer(entry.source), session.peer(entry.target)
+    source, target = shard_master_peer(session, entry.source), shard_master_peer(session, entry.target)
+    _clear_stale(session, {entry.source, entry.target} - {source.name, target.name}, slots)
+    if source.name == target.name:  # both ends resolve to one master: nothing can be open between them
+        journal.closed(slots)
+        return f"{entry.source} -> {entry.target} of {text(entry.slots)}: both are now {source.name}; nothing open"
     states = slot_states(session, source, target, slots)
     groups: dict[str, list[int]] = {}
     for slot, state in zip(slots, states, strict=True):
@@ -111,8 +134,23 @@ def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emi
     journal.closed(slots)
     what = ", ".join(f"{k} {text(to_ranges(v))}" for k, v in sorted(groups.items()))
     origin = "journaled" if journaled else "not journaled (found open)"
-    emit(Closed(entry.source, entry.target, journaled, {k: text(to_ranges(v)) for k, v in groups.items()}))
-    return f"{origin} {entry.source} -> {entry.target}: {what}"
+    emit(Closed(source.name, target.name, journaled, {k: text(to_ranges(v)) for k, v in groups.items()}))
+    moved = "" if (source.name, target.name) == (entry.source, entry.target) else \
+        f" (now {source.name} -> {target.name}: the shard failed over)"
+    return f"{origin} {entry.source} -> {entry.target}{moved}: {what}"
+
+
+def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> None:
+    """A node that was a move's end but is not its shard's master any more (it came back after a failover as
+    an empty master, with the MIGRATING/IMPORTING flags its nodes.conf kept): SETSLOT STABLE for those slots,
+    and only for slots it does not serve."""
+    for name in sorted(names):
+        me = session.me(name)
+        if name not in session.peers or me is None or not me.is_master:
+            continue
+        stale = [s for s in slots if (s in me.migrating or s in me.importing) and not _owns(me, s)]
+        if stale:
+            checked(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
 
 
 def fix(loaded: LoadedSpec, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> Outcome:
@@ -120,12 +158,47 @@ def fix(loaded: LoadedSpec, state_dir: Path, emit: Emit, reassign_unreachable: b
     outcome = Outcome()
     with open_session(loaded) as session:
         outcome.notes += close_in_session(session, Journal(state_dir), emit)
+        outcome.notes += merge_split_shards(session, Journal(state_dir), emit)
         outcome.notes += _cover(session)
         outcome.notes += _unreachable(session, reassign_unreachable)
         if not outcome.notes:
             outcome.notes.append("nothing to fix: no open slots, every slot is served")
         wait_stable(session)
     return outcome
+
+
+def merge_split_shards(session: Session, journal: Journal, emit: Emit) -> list[str]:
+    """A shard with two masters serving different slots (a stalled master that woke up after its failover and
+    kept or took slots): move the smaller one's slots to the other, key by key, then make it its replica. The
+    shard ends with one master and its replica, and no acknowledged write is dropped (nothing is discarded:
+    keys move)."""
+    flagged = flagged_ids(session.views())
+    notes = []
+    for shard in session.loaded.layout.shards:
+        serving = [m for m in shard.members if m in session.peers and (me := session.me(m)) is not None
+                   and me.is_master and me.slots and me.id not in flagged]
+        if len(serving) < 2:
+            continue
+        keep = max(serving, key=lambda m: (len(session.owned().get(m, ())), session.me(m).config_epoch))  # type: ignore[union-attr]
+        for name in serving:
+            if name == keep:
+                continue
+            slots = session.owned().get(name, [])
+            source, target = session.peers[name], session.peers[keep]
+            KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options()).move(slots)
+            session.refresh()
+            wait_for(lambda n=name: _empty(session, n), 30, f"{name} to show no slots")  # type: ignore[misc]
+            checked(source, [("CLUSTER", "REPLICATE", target.id)], "CLUSTER REPLICATE")
+            notes.append(f"shard {shard.index} had two masters serving slots: moved {len(slots)} slots of {name} "
+                         f"to {keep}, and {name} now replicates {keep}")
+        session.refresh()
+    return notes
+
+
+def _empty(session: Session, name: str) -> bool | Pending:
+    session.refresh()
+    me = session.me(name)
+    return True if me is not None and not me.slots else Pending(f"{name} still shows slots")
 
 
 def _reference_map(session: Session) -> tuple[tuple[int, int, str], ...]:

@@ -15,11 +15,12 @@ from opsctl.slots.journal import Journal
 from opsctl.slots.ranges import parse, to_ranges
 from opsctl.slots.run import MoveOptions, open_session, run_moves
 from opsctl.slots.scale import find_node
+from opsctl.topolock import topology_lock
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
     """Move what the source still owns of the step's slots (slots already at the target are done: idempotent)."""
-    with open_session(rt.loaded) as session:
+    with topology_lock(rt.loaded), open_session(rt.loaded) as session:
         owned = set(session.owned().get(step.node, ()))
         wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
         left = [s for s in wanted if s in owned]
@@ -31,7 +32,7 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
 
 
 def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
-    with open_session(rt.loaded) as session:
+    with topology_lock(rt.loaded), open_session(rt.loaded) as session:
         for line in close_in_session(session, Journal(rt.state_dir), emit):
             emit(SlotsClosed(line))
 

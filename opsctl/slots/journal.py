@@ -13,9 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.errors import OpsctlError
+from opsctl.observe.parse import SLOTS
+from opsctl.safefs import FileProblem, make_dir, open_dir, read_bounded
 from opsctl.slots.ranges import Ranges, expand, to_ranges
 
 JOURNAL = "slots-journal.jsonl"
+MODES = ("keys", "atomic")
+MAX_JOURNAL_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,54 @@ class OpenSlots:
     target_id: str
     slots: Ranges
     mode: str = "keys"
+
+
+def entry_problem(entry: object) -> str | None:
+    """What is wrong with one journal line's shape, or None. Pure."""
+    if not isinstance(entry, dict):
+        return "a line is not a JSON object"
+    op = entry.get("op")
+    if op not in ("open", "close"):
+        return f"unknown op {str(op)[:40]!r} (expected open or close)"
+    slots = entry.get("slots")
+    if not isinstance(slots, list) or not all(_is_range(r) for r in slots):
+        return f"slots must be a list of [start, end] pairs within 0..{SLOTS - 1}"
+    if op == "open":
+        for name in ("source", "source_id", "target", "target_id"):
+            if not isinstance(entry.get(name), str) or not entry[name]:
+                return f"an open entry needs a non-empty string {name!r}"
+        if entry.get("mode", "keys") not in MODES:
+            return f"unknown mode {str(entry.get('mode'))[:40]!r} (expected keys or atomic)"
+    return None
+
+
+def _is_range(value: object) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)
+            and 0 <= value[0] <= value[1] < SLOTS)
+
+
+def parse_lines(lines: Sequence[str], where: str) -> list[dict[str, Any]]:
+    """The journal's entries, checked. Only the last line may be torn (a kill mid-write: never acted on);
+    anything else malformed is an OpsctlError naming the file and line. Pure."""
+    out: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                continue
+            entry = None
+            problem: str | None = "a line is not JSON"
+        else:
+            problem = entry_problem(entry)
+        if problem:
+            raise OpsctlError(f"{where}:{number}: the slot journal is damaged: {problem}",
+                              hint="restore the file, or move it away and run `opsctl cluster fix -f SPEC` "
+                                   "(it closes open slots from the nodes' own MIGRATING/IMPORTING state)")
+        out.append(entry)
+    return out
 
 
 def pending(entries: Iterable[dict[str, Any]]) -> list[OpenSlots]:
@@ -82,29 +135,29 @@ class Journal:
         self.path = Path(state_dir) / JOURNAL
 
     def entries(self) -> list[dict[str, Any]]:
-        try:
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line torn by a kill mid-write: it was never acted on
-        return out
+        return parse_lines(self._read().splitlines(), str(self.path))
+
+    def _read(self) -> str:
+        hint = "move the file away; `opsctl cluster fix -f SPEC` closes open slots from the nodes' own state"
+        return read_bounded(self.path, hint, MAX_JOURNAL_BYTES) or ""
 
     def pending(self) -> list[OpenSlots]:
         return pending(self.entries())
 
     def _append(self, entry: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (json.dumps({**entry, "t": round(time.time(), 3)}) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        make_dir(self.path.parent)
+        with open_dir(self.path.parent) as folder:
+            try:
+                fd = os.open(self.path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=folder)
+            except OSError as exc:
+                raise FileProblem(self.path, f"cannot be written: {exc.strerror}",
+                                  "it must be a regular file (not a link) in the state dir") from None
+            try:
+                os.write(fd, (json.dumps({**entry, "t": round(time.time(), 3)}) + "\n").encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def opened(self, source: str, source_id: str, target: str, target_id: str, slots: Sequence[int],
                mode: str = "keys") -> None:

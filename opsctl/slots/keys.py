@@ -12,12 +12,18 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import redis
+
+from opsctl.admin import Admin
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import BigKey, BusyKeyEqual, Emit, MigrateRetry
+from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.observe.collect import Command
-from opsctl.slots.batching import Batch, batches, parse_sizes, rate_delay, timeout_ms, waves
+from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, parse_sizes, rate_delay, timeout_ms, waves
+from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
+from opsctl.slots.scale import shard_members
 from opsctl.slots.session import Peer, Session, checked, pipe, stream
 
 WAVE_SLOTS = 512
@@ -29,6 +35,17 @@ MAX_FAILED_ROUNDS = 5
 SIZE_SCRIPT = ("#!lua flags=no-writes\nlocal out = {}\nfor i, key in ipairs(KEYS) do\n"
                "  out[i] = redis.call(ARGV[1], 'USAGE', key) or -1\nend\nreturn table.concat(out, ',')")
 Plan = list[tuple[int, Batch]]
+LINK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+
+
+class EndpointReplaced(OpsctlError):
+    """The cluster promoted another node of the source's or the target's shard in the middle of the move."""
+
+    def __init__(self, role: str, name: str) -> None:
+        super().__init__(f"the {role} {name} was failed over in the middle of a slot move",
+                         "the cluster promoted another node of its shard; the open slots are journaled",
+                         "`opsctl cluster fix -f SPEC` (or `apply`) finishes the move with the shard's new master")
+        self.role, self.name = role, name
 
 
 @dataclass(frozen=True)
@@ -55,8 +72,12 @@ class KeyMover:
                  emit: Emit, options: Options) -> None:
         self.session, self.source, self.target = session, source, target
         self.journal, self.progress, self.emit, self.options = journal, progress, emit, options
-        self.others = [p for p in session.masters() if p.name not in (source.name, target.name)]
+        failing = flagged_ids(session.views())
+        self.others = [p for p in session.masters() if p.name not in (source.name, target.name)
+                       and p.id not in failing]
         self.auth = auth_args(session)
+        self.node_timeout_ms = session.loaded.spec.cluster_or_default().node_timeout_ms
+        self.base_ms = base_timeout_ms(self.node_timeout_ms)
         self.started = time.monotonic()
         self.moved = 0
 
@@ -65,6 +86,16 @@ class KeyMover:
         sized ahead (`prepare`) and the previous wave is closed behind (`finish`) while this wave moves.
         Keys fetched before their slot opened are only a head start: `drain`, after MIGRATING is set, fetches
         again until the slot is empty, so keys written meanwhile move too. Each slot keeps its own order."""
+        try:
+            self._move(slots)
+        except LINK_ERRORS as exc:
+            self.ensure_endpoints()  # raises EndpointReplaced, or a clear error when one stays down
+            raise OpsctlError(f"lost the connection to a node while moving slots {self.source.name} -> "
+                              f"{self.target.name}", f"{type(exc).__name__}: {exc}",
+                              "both answer again: run the same command again or `opsctl cluster fix -f SPEC`; "
+                              "the open slots are journaled") from None
+
+    def _move(self, slots: Sequence[int]) -> None:
         parts = waves(slots, self.options.first_wave, self.options.wave_slots)
         with ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as behind:
             upcoming = ahead.submit(self.prepare, parts[0]) if parts else None
@@ -98,13 +129,17 @@ class KeyMover:
         return {s: list(r) for s, r in zip(slots, replies, strict=True) if r}
 
     def open(self, wave: Sequence[int]) -> None:
+        self.ensure_endpoints()
         checked(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
                 "SETSLOT IMPORTING")
         checked(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
                 "SETSLOT MIGRATING")
 
     def close(self, wave: Sequence[int]) -> None:
-        """The new owner first (target, then source), then every other master, in parallel."""
+        """The new owner first (target, then source), then every other master, in parallel; only once both
+        ends answer and are still their shards' masters (a stalled node runs queued commands when it wakes,
+        before it learns it was replaced)."""
+        self.ensure_endpoints()
         commands: list[Command] = [("CLUSTER", "SETSLOT", s, "NODE", self.target.id) for s in wave]
         checked(self.target, commands, "SETSLOT NODE")
         checked(self.source, commands, "SETSLOT NODE")
@@ -121,15 +156,63 @@ class KeyMover:
             failed_rounds = failed_rounds + 1 if not self.send(self.plan(work)) else 0
             if failed_rounds >= MAX_FAILED_ROUNDS:
                 raise OpsctlError(f"MIGRATE from {self.source.name} to {self.target.name} keeps failing",
-                                  self.last_error, "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
+                                  f"{failed_rounds} rounds in a row; last: {self.last_error}",
+                                  "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
                                   "finishes the open slots once the cause is gone")
+            if failed_rounds:
+                self.ensure_endpoints()
+                time.sleep(backoff(failed_rounds, 0.1, 2.0))
             pending = list(work)
 
     last_error = ""
 
+    def probe(self, peer: Peer) -> list[ClusterNodeLine] | None:
+        """The node's CLUSTER NODES on a fresh connection with a short timeout; None when it does not answer."""
+        timeout = max(0.2, min(1.0, self.node_timeout_ms / 4000))
+        try:
+            with Admin.for_node(self.session.loaded, peer.node, timeout=timeout) as admin:
+                return parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
+        except (redis.RedisError, OSError):
+            return None
+
+    def ensure_endpoints(self) -> None:
+        """Return once source and target both answer and are their shards' masters as each other sees them.
+        While one is down and nobody replaced it, wait (doubling pauses, bounded by a few node timeouts);
+        EndpointReplaced when the cluster promoted another node of its shard."""
+        patience = 3 * self.node_timeout_ms / 1000 + 5
+        deadline = time.monotonic() + patience
+        attempt = 0
+        ends = {"source": self.source, "target": self.target}
+        while True:
+            src_view, tgt_view = self.session.parallel(self.probe, [self.source, self.target])
+            states = {"source": verdict(self.source.node.endpoint, src_view, tgt_view, self._shard(self.source)),
+                      "target": verdict(self.target.node.endpoint, tgt_view, src_view, self._shard(self.target))}
+            for role, state in states.items():
+                if state == REPLACED:
+                    raise EndpointReplaced(role, ends[role].name)
+            if all(state == OK for state in states.values()):
+                return
+            role = next(r for r, state in states.items() if state == DOWN)
+            peer = ends[role]
+            if time.monotonic() >= deadline:
+                raise OpsctlError(f"the {role} {peer.name} ({peer.node.endpoint}) stopped answering in the middle "
+                                  "of a slot move", f"for {patience:.0f}s, and the cluster did not fail it over; "
+                                  "the open slots are journaled",
+                                  "once it answers again (or its replica is promoted), run `opsctl cluster fix "
+                                  "-f SPEC`: it finishes the move")
+            attempt += 1
+            if attempt == 1:
+                self.emit(EndpointDown(role, peer.name))
+            time.sleep(backoff(attempt, 0.05, 1.0))
+
+    def _shard(self, peer: Peer) -> set[str]:
+        """The endpoints of peer's shard, without the move's other end (a merge moves within one shard)."""
+        names = set(shard_members(self.session.loaded, peer.name)) - {self.source.name, self.target.name}
+        return {n.endpoint for n in self.session.nodes if n.name in names}
+
     def plan(self, work: dict[int, list[bytes]]) -> Plan:
         sizes = self.sizes(work)
-        return [(slot, b) for slot, keys in work.items() for b in batches(keys, sizes[slot])]
+        return [(slot, b) for slot, keys in work.items() for b in batches(keys, sizes[slot], base_ms=self.base_ms)]
 
     def sizes(self, work: dict[int, list[bytes]]) -> dict[int, list[int | None]]:
         """Bytes per key (None: vanished): one size script call per slot; MEMORY USAGE per key for the slots
@@ -179,7 +262,7 @@ class KeyMover:
 
     def busy(self, slot: int, key: bytes) -> None:
         """The target already has the key (e.g. a MIGRATE that timed out but arrived): REPLACE only if equal."""
-        single = Batch((key,), 0, timeout_ms(0))
+        single = Batch((key,), 0, timeout_ms(0, self.base_ms))
         reply = pipe(self.source, [self.command(single)])[0]
         if not isinstance(reply, Exception):
             self.progress.add(keys=1)

@@ -10,20 +10,23 @@ from typing import Any
 
 from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit, SlotsStart, as_dict
-from opsctl.observe.collect import observe, wait_converged
+from opsctl.events import Emit, EndpointReplacedEvent, SlotsStart, as_dict
+from opsctl.observe.cluster_state import slot_map
+from opsctl.observe.collect import Pending, observe, wait_converged, wait_for
+from opsctl.observe.parse import myself
 from opsctl.slots.atomic import atomic_move
 from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
-from opsctl.slots.journal import Journal
-from opsctl.slots.keys import KeyMover, Options
+from opsctl.slots.journal import Journal, OpenSlots
+from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
-from opsctl.slots.scale import find_node, retired_nodes
-from opsctl.slots.session import Session
+from opsctl.slots.scale import find_node, retired_nodes, shard_members
+from opsctl.slots.session import Peer, Session
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 CONVERGE_TIMEOUT = 60.0
+MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,9 @@ def open_session(loaded: LoadedSpec) -> Session:
     return Session(loaded, cluster_members(loaded))
 
 
-def resolve(session: Session, ref: str) -> str:
+def resolve(session: Session, ref: str, notes: list[str] | None = None) -> str:
+    """A master named by node name or address:port; a node of a shard that failed over stands for its shard's
+    master now (noted), so the same command still works after a failover."""
     node = find_node(session.loaded, ref)
     if node is None or node.name not in session.seen:
         raise OpsctlError(f"no cluster node {ref!r}", "name a node of the spec or its address:port",
@@ -60,6 +65,11 @@ def resolve(session: Session, ref: str) -> str:
     seen = session.seen.get(node.name)
     if me is None and seen is not None and is_auth_failure(seen.error):
         raise OpsctlError(auth_failed(node.name), seen.error, AUTH_HINT)
+    master = session.current_master(node.name)
+    if (me is None or not me.is_master) and master is not None and master != node.name:
+        if notes is not None:
+            notes.append(f"{node.name} is not its shard's master now: using {master}")
+        return master
     if me is None or not me.is_master:
         raise RefusedError(f"{node.name} is not a reachable master", "only masters own slots",
                            "`opsctl cluster check -f SPEC` shows the roles")
@@ -76,7 +86,23 @@ def describe_move(session: Session, move: Move) -> dict[str, Any]:
 
 
 def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
-    wait_converged(session.observer, timeout)
+    """Until every node agrees; with nodes down (a master killed and failed over), until the nodes that
+    answer agree on one slot map with no slot open: `apply` restarts the others."""
+    seen = session.observer.observe(info_section="replication")
+    if all(o.reachable for o in seen.values()):
+        wait_converged(session.observer, timeout)
+        return
+    wait_for(lambda: _answering_agree(session), timeout, "the nodes that answer to agree on the slot map")
+
+
+def _answering_agree(session: Session) -> bool | Pending:
+    views = {n: o.cluster_nodes for n, o in session.observer.observe(info_section="server").items()
+             if o.cluster_nodes}
+    maps = {slot_map(v) for v in views.values()}
+    if len(maps) > 1:
+        return Pending(f"{len(maps)} different slot maps among {len(views)} nodes")
+    busy = [n for n, v in views.items() if (me := myself(v)) is not None and (me.migrating or me.importing)]
+    return Pending(f"{', '.join(busy)} still show open slots") if busy else True
 
 
 def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
@@ -122,9 +148,46 @@ def _move_one(session: Session, move: Move, journal: Journal, progress: Progress
     source, target = session.peer(move.source), session.peer(move.target)
     if atomic:
         atomic_move(source, target, slots, journal, progress, session.seen[move.source].info, est_keys)
-    else:
-        KeyMover(session, source, target, journal, progress, emit,
-                 Options(max_keys_per_sec=options.max_keys_per_sec)).move(slots)
+        return
+    for failovers in range(MAX_FAILOVERS + 1):
+        try:
+            KeyMover(session, source, target, journal, progress, emit,
+                     Options(max_keys_per_sec=options.max_keys_per_sec)).move(slots)
+            return
+        except EndpointReplaced as exc:
+            if failovers == MAX_FAILOVERS:
+                raise
+            emit(EndpointReplacedEvent(exc.role, exc.name))
+            source, target, slots = _follow_failover(session, journal, progress, emit, source, target, slots)
+
+
+def _follow_failover(session: Session, journal: Journal, progress: Progress, emit: Emit, source: Peer,
+                     target: Peer, slots: Sequence[int]) -> tuple[Peer, Peer, list[int]]:
+    """After the cluster failed over the source's or target's shard: wait for both shards' masters, finish
+    the journaled waves of this move with them, and return what is left to move, from and to whom."""
+    from opsctl.slots.fix import close_in_session
+
+    ends = (source.name, target.name)
+    shards = {n for end in ends for n in shard_members(session.loaded, end)}
+
+    def masters() -> tuple[str, str] | Pending:
+        session.refresh()
+        found = (session.current_master(ends[0]), session.current_master(ends[1]))
+        if found[0] is None or found[1] is None:
+            return Pending(f"no master yet for the shard of {ends[0] if found[0] is None else ends[1]}")
+        return found[0], found[1]
+
+    timeout = 3 * session.loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
+    new_source, new_target = wait_for(masters, timeout, "the failed-over shard to have a master", interval=0.1)
+    def ours(entry: OpenSlots) -> bool:
+        return entry.source in shards and entry.target in shards
+
+    opened = [s for e in journal.pending() if ours(e) for s in expand(e.slots)]
+    close_in_session(session, journal, emit, only=ours)
+    at_source = set(session.owned().get(new_source, ()))
+    progress.add(slots=sum(1 for s in opened if s not in at_source))
+    left = [s for s in slots if s in at_source]
+    return session.peer(new_source), session.peer(new_target), left
 
 
 def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, emit: Emit, options: MoveOptions,
@@ -140,14 +203,17 @@ def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, em
 def reshard(loaded: LoadedSpec, state_dir: Path, source_ref: str, target_ref: str, slots: int, emit: Emit,
             options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
     with open_session(loaded) as session:
-        source, target = resolve(session, source_ref), resolve(session, target_ref)
+        notes: list[str] = []
+        source, target = resolve(session, source_ref, notes), resolve(session, target_ref, notes)
         if source == target:
             raise RefusedError("source and target are the same node", hint="name two different masters")
         try:
             chosen = pick_slots(session.owned()[source], slots)
         except ValueError as exc:
             raise RefusedError(f"cannot move {slots} slots from {source}", str(exc)) from None
-        return execute_or_describe(session, [Move(source, target, chosen)], state_dir, emit, options, dry_run)
+        outcome = execute_or_describe(session, [Move(source, target, chosen)], state_dir, emit, options, dry_run)
+        outcome.notes[:0] = notes
+        return outcome
 
 
 def rebalance(loaded: LoadedSpec, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,

@@ -35,3 +35,12 @@ def retired_nodes(loaded: LoadedSpec, views: Iterable[Iterable[ClusterNodeLine]]
     if not seen:
         return []
     return [n for n in wider_layout(loaded).servers if n.endpoint in seen]
+
+
+def shard_members(loaded: LoadedSpec, name: str) -> tuple[str, ...]:
+    """The names of the nodes of name's shard (itself only when it has none): a move follows the shard."""
+    for layout in (loaded.layout, wider_layout(loaded)):
+        shard = layout.shard_of(name)
+        if shard is not None:
+            return tuple(shard.members)
+    return (name,)

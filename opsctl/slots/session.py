@@ -11,7 +11,9 @@ from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
+from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.slots.ranges import expand
+from opsctl.slots.scale import find_node, shard_members
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import has_capability
@@ -78,6 +80,23 @@ class Session:
     def owned(self) -> dict[str, list[int]]:
         """Each reachable master's slots, as it sees them itself."""
         return {p.name: expand(me.slots if (me := self.me(p.name)) else ()) for p in self.masters()}
+
+    def views(self) -> dict[str, list[ClusterNodeLine]]:
+        return {n: o.cluster_nodes for n, o in self.seen.items() if o.cluster_nodes}
+
+    def current_master(self, name: str) -> str | None:
+        """The master now serving name's shard: name itself, or the replica the cluster promoted."""
+        members = [m for m in shard_members(self.loaded, name) if m in self.peers]
+        return shard_master(members, {m: self.me(m) for m in members}, flagged_ids(self.views()))
+
+    def name_of(self, node_id: str) -> str | None:
+        """A node id as some node's view shows it -> our name for it (also for a node that stopped answering)."""
+        for view in self.views().values():
+            for line in view:
+                if line.id == node_id:
+                    node = find_node(self.loaded, line.endpoint)
+                    return node.name if node else None
+        return None
 
     def peer(self, name: str) -> Peer:
         if name not in self.peers:

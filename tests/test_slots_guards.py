@@ -1,0 +1,103 @@
+"""Pure guards of slot moves: endpoint verdicts and shard masters, the journal's shape checks, the topology
+lock's markers, MIGRATE timeouts under the node timeout, backoff."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opsctl.errors import OpsctlError
+from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.slots.batching import backoff, base_timeout_ms, batches
+from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
+from opsctl.slots.journal import Journal, parse_lines
+from opsctl.topolock import Marker, live_others, marker_name, parse_markers
+
+T, R, S = "10.0.0.2:7001", "10.0.0.3:7002", "10.0.0.1:7000"
+SHARD = {T, R}
+
+
+def view(*lines: str) -> list:
+    return parse_cluster_nodes("\n".join(lines))
+
+
+def line(node_id: str, endpoint: str, flags: str, master: str = "-", epoch: int = 1, slots: str = "") -> str:
+    return f"{node_id} {endpoint}@1{endpoint[-4:]} {flags} {master} 0 0 {epoch} connected {slots}".strip()
+
+
+def test_target_verdicts_ok_down_replaced():
+    own = view(line("t", T, "myself,master", slots="0-99"), line("r", R, "slave", "t"))
+    healthy = view(line("s", S, "myself,master"), line("t", T, "master", slots="0-99"), line("r", R, "slave", "t"))
+    assert verdict(T, own, healthy, SHARD) == OK
+    assert verdict(T, None, healthy, SHARD) == DOWN  # stalled: no answer in time
+    pfail = view(line("s", S, "myself,master"), line("t", T, "master,fail?", slots="0-99"), line("r", R, "slave", "t"))
+    assert verdict(T, own, pfail, SHARD) == DOWN
+    promoted = view(line("s", S, "myself,master"), line("t", T, "master,fail"),
+                    line("r", R, "master", epoch=7, slots="0-99"))
+    assert verdict(T, None, promoted, SHARD) == REPLACED
+    assert verdict(T, own, promoted, SHARD) == REPLACED  # woke up still believing it is the master
+    demoted = view(line("t", T, "myself,slave", "r"), line("r", R, "master", epoch=7, slots="0-99"))
+    assert verdict(T, demoted, healthy, SHARD) == REPLACED
+
+
+def test_shard_master_skips_flagged_and_prefers_slots_then_epoch():
+    mine = {"t": view(line("t", T, "myself,master", epoch=3, slots="0-9"))[0],
+            "r": view(line("r", R, "myself,master", epoch=7, slots="0-9"))[0]}
+    assert shard_master(["t", "r"], mine, set()) == "r"
+    assert shard_master(["t", "r"], mine, {"r"}) == "t"
+    assert shard_master(["t", "r"], {"t": None, "r": None}, set()) is None
+    views = {"s": view(line("s", S, "myself,master"), line("t", T, "master,fail"))}
+    assert flagged_ids(views) == {"t"}
+
+
+def test_migrate_timeout_stays_under_half_the_node_timeout_and_backoff_is_bounded():
+    assert base_timeout_ms(2000) == 1000 and base_timeout_ms(60000) == 10000 and base_timeout_ms(100) == 200
+    assert batches([b"k"], [10], base_ms=1000)[0].timeout_ms == 1000
+    assert [backoff(n, 0.1, 1.0) for n in (1, 2, 3, 5, 9)] == [0.1, 0.2, 0.4, 1.0, 1.0]
+
+
+GOOD_OPEN = {"op": "open", "source": "a", "source_id": "x", "target": "b", "target_id": "y", "slots": [[1, 2]]}
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ([1, 2], "not a JSON object"),
+    ({"op": "move", "slots": []}, "unknown op"),
+    ({"op": "close", "slots": [[5, 2]]}, "slots must be"),
+    ({"op": "close", "slots": [[0, 16384]]}, "slots must be"),
+    ({"op": "close", "slots": "0-9"}, "slots must be"),
+    ({**GOOD_OPEN, "source": 7}, "'source'"),
+    ({**GOOD_OPEN, "mode": "teleport"}, "unknown mode"),
+])
+def test_a_damaged_journal_is_a_clear_error(tmp_path, entry, problem):
+    path = tmp_path / "slots-journal.jsonl"
+    path.write_text(json.dumps(GOOD_OPEN) + "\n" + json.dumps(entry) + "\n")
+    with pytest.raises(OpsctlError) as caught:
+        Journal(tmp_path).pending()
+    assert str(path) + ":2" in caught.value.summary and problem in caught.value.summary
+    assert "cluster fix" in caught.value.hint
+
+
+def test_only_a_torn_last_line_is_forgiven(tmp_path):
+    good = json.dumps(GOOD_OPEN)
+    assert len(parse_lines([good, good[:20]], "j")) == 1
+    with pytest.raises(OpsctlError, match=r"j:1: .*not JSON"):
+        parse_lines([good[:20], good], "j")
+    link = tmp_path / "slots-journal.jsonl"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OpsctlError, match="symbolic link"):
+        Journal(tmp_path).pending()
+    (tmp_path / "j2").mkdir()
+    (tmp_path / "j2" / "slots-journal.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(OpsctlError, match="not UTF-8"):
+        Journal(tmp_path / "j2").pending()
+
+
+def test_lock_markers_parse_and_expire():
+    listing = (f"id=7 addr=1.2.3.4:5 name={marker_name('ops@h/pid9', 2000)} age=1\n"
+               "id=8 addr=1.2.3.4:6 name= age=1\nid=9 addr=x name=opsctl-lock:bad age=1\n"
+               f"id=11 addr=x name={marker_name('me@h/pid1', 3000)} age=1")
+    markers = parse_markers(listing, "n1")
+    assert markers == [Marker("ops@h/pid9", 2000.0, "7", "n1"), Marker("me@h/pid1", 3000.0, "11", "n1")]
+    assert live_others(markers, {"n1": "11"}, now=1000) == ([markers[0]], [])
+    assert live_others(markers, {"n1": "11"}, now=2500) == ([], [markers[0]])

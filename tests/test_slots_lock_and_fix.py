@@ -1,0 +1,108 @@
+"""On one Valkey 9.1 cluster: `cluster fix` decides from masters only (Valkey replicates MIGRATING/IMPORTING
+to replicas) and `cluster check` lists an open slot once; two opsctl runs from different state dirs never
+interleave (the topology lock), a killed holder frees it at once, a hung one when its lease expires."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from opsctl.admin import Admin
+from opsctl.errors import RefusedError
+from opsctl.topolock import TopologyLock, topology_lock
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import PASSWORD, PASSWORD_ENV
+from tests.test_slots_reshard import preload, referee_ok
+from tests.writer import cluster_client, dataset_checksum
+
+pytestmark = pytest.mark.integration
+
+HOLD = """
+import sys, time
+from opsctl.specfile import read_spec
+from opsctl.topolock import topology_lock
+with topology_lock(read_spec(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, capsys) -> None:
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        preload(loaded, 2000)
+        client = cluster_client(loaded)
+        before = dataset_checksum(client, "pre:*")
+        source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
+        replica = loaded.layout.node(loaded.layout.shards[1].replicas[0])
+        with Admin.for_node(loaded, source) as src, Admin.for_node(loaded, target) as tgt, \
+                Admin.for_node(loaded, replica) as rep:
+            source_id, target_id = src.call("CLUSTER", "MYID"), tgt.call("CLUSTER", "MYID")
+            tgt.call("CLUSTER", "SETSLOT", 100, "IMPORTING", source_id)
+            src.call("CLUSTER", "SETSLOT", 100, "MIGRATING", target_id)
+            deadline = time.monotonic() + 10
+            while "100-<-" not in rep.call("CLUSTER", "NODES") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            code, out, _ = run(capsys, "cluster", "check", "-f", str(spec))
+            assert code == 1
+            open_lines = [ln for ln in out.splitlines() if " is open: " in ln]
+            assert len(open_lines) == len(set(open_lines)) >= 1, out
+
+            code, out, err = run(capsys, "cluster", "fix", "-f", str(spec), "--state-dir", str(tmp_path / "a"))
+            assert code == 0 and "found open" in out, err + out
+            referee_ok(loaded)
+            code, out, err = run(capsys, "cluster", "fix", "-f", str(spec), "--state-dir", str(tmp_path / "a"))
+            assert code == 0 and "nothing to fix" in out, err + out
+
+        env = {**os.environ, PASSWORD_ENV: PASSWORD}
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(spec)], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+                                 "--to", target.name, "--slots", "10", "--state-dir", str(tmp_path / "b"))
+            assert code == 3 and "another opsctl run holds this topology" in err and f"pid{holder.pid}" in err, err
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+        finally:
+            holder.kill()
+        code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+                             "--to", target.name, "--slots", "10", "--state-dir", str(tmp_path / "b"))
+        assert code == 0 and "moved 10 slots" in out, err + out
+
+        hung = TopologyLock(loaded, loaded.layout.servers, lease=1.0)
+        hung.acquire()
+        hung._stop.set()  # stops renewing, keeps its connections: a run that hangs
+        try:
+            with pytest.raises(RefusedError, match="holds this topology"), topology_lock(loaded):
+                pass
+            time.sleep(2.2)  # the 1 s lease, rounded up to the second
+            with topology_lock(loaded) as lock:
+                assert len(lock.held) == 6
+        finally:
+            hung.release()
+        assert dataset_checksum(client) == before  # the lock wrote no key anywhere
+
+        # a shard with two masters serving different slots (what a stalled master that woke up after its
+        # failover can leave): apply refuses and names `cluster fix`, which merges the shard
+        with Admin.for_node(loaded, replica) as rep:
+            rep.call("CLUSTER", "RESET", "SOFT")
+            rep.call("CLUSTER", "MEET", target.address, target.port)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+                                 "--to", replica.name, "--slots", "5", "--state-dir", str(tmp_path / "b"))
+            if code == 0:
+                break
+            time.sleep(0.5)
+        assert code == 0, err + out
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and "cluster fix" in err, err + out
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
+        assert code == 0 and "now replicates" in out, err + out
+        assert plan_json(capsys, spec)["steps"] == []
+        assert dataset_checksum(cluster_client(loaded), "pre:*") == before
+        referee_ok(loaded)
