@@ -22,6 +22,8 @@ from opsctl.events import (
     BigKey,
     BusyKeyEqual,
     Closed,
+    EndpointDown,
+    EndpointReplacedEvent,
     Event,
     Log,
     MigrateRetry,
@@ -166,6 +168,7 @@ EVERY_KIND: list[Event] = [
     SlotsProgress(5, 10, 50, 5000, 25.0, 2.0, 2.0), BigKey(3, "k", 10 << 20, 9000), MigrateRetry(3, 10, "IOERR"),
     BusyKeyEqual(3, "k"), Closed("a", "b", True, {"finish": "3"}), SlotsSkip("move slots", "already moved"),
     SlotsClosed("journaled a -> b: finish 3"), SlotsDone(10, 10, 100, 10000, 50.0, 2.0, 0.0),
+    EndpointDown("target", "n3"), EndpointReplacedEvent("target", "n3"),
     StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom")]
 
 
