@@ -40,7 +40,7 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
-from opsctl.render import render_node
+from opsctl.render import render_node, render_sections
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
@@ -232,9 +232,9 @@ def write_config(run: Execution, step: Step) -> None:
         run.before[node.name] = Before({name: provider.read_file(node, name) for name in files},
                                        provider.load_record(node))
     run.rt.provider.write_files(node, files)
-    masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
-                         daemonize=run.rt.provider.daemonize)
-    directives = [list(d) for s in masked.sections for d in s.directives]
+    sections = render_sections(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
+                               daemonize=run.rt.provider.daemonize)
+    directives = [list(d) for s in sections for d in s.directives]
     record = {"digest": step.digest, "directives": directives, "applied": time.time()}
     if run.restarts(node.name) and run.rt.provider.process_state(node).running:
         record["pending_restart"] = True  # cleared by the restart; a later plan restarts it if this run dies

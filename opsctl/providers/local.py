@@ -372,6 +372,8 @@ class LocalProvider:
         unless fresh: a topology of many stopped nodes costs one scan, not one per node); each candidate is
         checked again now, so a reused scan can miss a server started since, never name a gone one."""
         folder = os.path.realpath(self.paths(node).dir)
+        if not os.path.isdir(folder):  # a new node: no process can work in a folder that does not exist
+            return None
         for pid in self._processes_in(fresh).get(folder, ()):
             if (facts := read_proc(pid)) and self._is_ours(node, facts):
                 return facts.pid

@@ -15,5 +15,7 @@ def is_control(char: str) -> bool:
 
 def control_chars(text: str) -> list[str]:
     """The distinct control characters in text, escaped for a message (e.g. ['\\n', '\\x00'])."""
+    if text.isprintable():  # every control category is unprintable: the common case costs one C call
+        return []
     found = sorted({c for c in text if is_control(c)})
     return [repr(c)[1:-1] for c in found]
