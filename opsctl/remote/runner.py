@@ -22,6 +22,7 @@ import yaml
 
 from opsctl.errors import OpsctlError
 from opsctl.resources import data_dir
+from opsctl.safefs import make_dir, trusted_owners, write_private
 
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "SSH_AUTH_SOCK", "USER")
 EventSink = Callable[[dict[str, Any]], None]
@@ -106,8 +107,8 @@ def child_env(base: dict[str, str], data: Path, control_dir: str) -> dict[str, s
 
 
 def private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """A 0700 folder of opsctl's own (created if missing); a link or someone else's folder is refused."""
+    make_dir(path, 0o700, trusted_owners())
     return path
 
 
@@ -117,8 +118,8 @@ def run_playbook(name: str, data: Path, inventory: dict[str, Any], extravars: di
     data = private_dir(data)
     for sub in ("inventory", "env", "tmp"):
         private_dir(data / sub)
-    (data / "inventory" / "hosts.yml").write_text(yaml.safe_dump(inventory, sort_keys=False))
-    (data / "env" / "extravars").write_text(json.dumps(extravars or {}))
+    write_private(data / "inventory" / "hosts.yml", yaml.safe_dump(inventory, sort_keys=False))
+    write_private(data / "env" / "extravars", json.dumps(extravars or {}))
     playbooks = data_dir("playbooks")
     ident = f"{name.removesuffix('.yml')}-{uuid.uuid4().hex[:8]}"
     argv = [sys.executable, "-m", "ansible_runner", "run", str(data), "-p", str(playbooks / name), "-j",
