@@ -422,3 +422,11 @@ def test_a_server_user_that_cannot_reach_its_folder_is_refused_before_starting(t
         check_reachable(nobody, closed / "state", "/bin/true")
     assert "chmod o+x" in caught.value.hint
     check_reachable(nobody, tmp_path, "/bin/true")
+
+
+def test_server_user_root_is_refused_by_validate(tmp_path: Path) -> None:
+    spec = make_spec("standalone", "valkey", hosts=1)
+    spec["server"] = {**spec["server"], "user": "root"}
+    with pytest.raises(OpsctlError) as caught:
+        read_spec(write_spec(tmp_path, spec))
+    assert "never run as root" in caught.value.render()

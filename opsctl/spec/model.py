@@ -65,6 +65,12 @@ class Server(Strict):
         "OS user the servers run as (never root): provider local uses it when opsctl runs as root, provider "
         "ansible always; created when missing. Default: the flavor's name (valkey or redis)"))
 
+    @model_validator(mode="after")
+    def _never_root(self) -> Server:
+        if self.user == "root":
+            raise ValueError("user: servers never run as root; name an unprivileged user (default: the flavor's name)")
+        return self
+
     @property
     def service_user(self) -> str:
         return self.user or self.flavor
