@@ -13,13 +13,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import PASSWORD, PASSWORD_ENV, redis_cli
+from tests.support import PASSWORD, PASSWORD_ENV, redis_cli, server_tmpdir
 from tests.test_audit_fixtures import LatencyProbe, fill_strings, planted_commands, run_commands, standalone
 
 OPSCTL = str(Path(sys.executable).parent / "opsctl")
@@ -53,7 +52,7 @@ def main() -> int:
     parser.add_argument("--opsctl-args", default="", help="extra audit options, e.g. '--batch 100 --window 1'")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
-    with tempfile.TemporaryDirectory() as tmp:
+    with server_tmpdir() as tmp:
         work = Path(tmp)
         with standalone(work, args.flavor, memory={"maxmemory": "2gb", "policy": "allkeys-lru"}) as fleet:
             return run(fleet, args.keys, work, args.rounds, args.opsctl_args.split())

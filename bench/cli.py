@@ -16,7 +16,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec  # noqa: E402
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 
 OPSCTL = [sys.executable, "-m", "opsctl.cli"]
 GOALS = {"--version": 0.100, "--help": 0.100, "plan": 0.400, "status": 0.400}
@@ -63,7 +62,7 @@ def main() -> None:
     print(f"load: {os.getloadavg()[0]:.2f} (1 min)  runs: {args.runs}, median")
     for flag in ("--version", "--help"):
         print(row(flag, median_wall([*OPSCTL, flag], args.runs), peer_start, limit))
-    with tempfile.TemporaryDirectory(prefix="opsctl-bench-cli-") as tmp:
+    with server_tmpdir(prefix="opsctl-bench-cli-") as tmp:
         spec = write_spec(Path(tmp), make_spec("cluster", args.flavor, cluster={"masters": 3,
                                                                                 "replicas_per_master": 1}))
         subprocess.run([*OPSCTL, "apply", "-f", str(spec), "--auto-approve"], env=env(), check=True,

@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from opsctl.providers.local import LocalProvider, start_command  # noqa: E402
 from opsctl.render import render_node  # noqa: E402
 from opsctl.specfile import read_spec  # noqa: E402
 from opsctl.versions import parse_version  # noqa: E402
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec  # noqa: E402
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 
 OPSCTL = [sys.executable, "-m", "opsctl.cli"]
 
@@ -152,7 +151,7 @@ def main() -> int:
           f"{'opsctl-floor':>12} {'opsctl/rcli ok':>14}  goal")
     for flavor in args.flavor:
         for nodes in args.nodes:
-            with tempfile.TemporaryDirectory(prefix="bench-create-") as tmp:
+            with server_tmpdir(prefix="bench-create-") as tmp:
                 up, floor = time_floor(Path(tmp), flavor)
                 ours = time_opsctl(Path(tmp), nodes, flavor)
                 checked, usable = time_redis_cli(Path(tmp), nodes, flavor)

@@ -15,7 +15,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from opsctl.admin import Admin
 from opsctl.cli import main as opsctl
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec
 from tests.writer import Writer, cluster_client
 
 NODE_TIMEOUT_MS = 500
@@ -124,7 +123,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=6, help="failovers per method")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
-    with tempfile.TemporaryDirectory() as tmp:
+    with server_tmpdir() as tmp:
         work = Path(tmp)
         spec = write_spec(work, make_spec("cluster", args.flavor, cluster={"node_timeout_ms": NODE_TIMEOUT_MS}))
         if opsctl(["apply", "-f", str(spec), "--auto-approve"]) != 0:

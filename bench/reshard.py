@@ -17,7 +17,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.run import open_session
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
 
 OPSCTL = [sys.executable, "-m", "opsctl.cli"]
 
@@ -95,7 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     server_binary(args.flavor)
-    with tempfile.TemporaryDirectory() as tmp:
+    with server_tmpdir() as tmp:
         spec = make_spec("cluster", args.flavor, cluster={"replicas_per_master": 0},
                          memory={"maxmemory": "2gb", "policy": "noeviction"})
         path = Path(tmp) / "topology.yaml"

@@ -12,7 +12,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opsctl.specfile import read_spec  # noqa: E402
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec  # noqa: E402
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 from tests.test_rolling import sentinel_client  # noqa: E402
 from tests.writer import Writer, cluster_client  # noqa: E402
 
@@ -64,7 +63,7 @@ def main() -> int:
     print(f"{'topology':<9} {'flavor':<7} {'restart s':>9} {'max gap ms':>11} {'idle gap ms':>12} {'lost':>5}")
     for topology in args.topology:
         for flavor in args.flavor:
-            with tempfile.TemporaryDirectory(prefix="bench-rolling-") as tmp:
+            with server_tmpdir(prefix="bench-rolling-") as tmp:
                 took, gap, idle, lost = measure(Path(tmp), topology, flavor)
             print(f"{topology:<9} {flavor:<7} {took:>9.2f} {gap:>11.0f} {idle:>12.0f} {lost:>5}", flush=True)
     return 0

@@ -7,6 +7,9 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,15 @@ from opsctl.errors import OpsctlError
 
 PASSWORD_ENV = "OPSCTL_TEST_PASSWORD"
 PASSWORD = "test-pw-8c1f4e2a9b7d"
+
+
+@contextmanager
+def server_tmpdir(prefix: str = "opsctl-") -> Iterator[str]:
+    """tempfile.TemporaryDirectory that the servers' unprivileged user may pass through (0711): run as root,
+    the local provider starts servers as that user (bench scripts; tests use the tmp_path of conftest)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chmod(tmp, 0o711)
+        yield tmp
 FLAVORS = {"valkey": "9.1", "redis": "7.0"}
 IN_CI = os.environ.get("CI") == "true"
 

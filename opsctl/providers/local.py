@@ -310,7 +310,7 @@ class LocalProvider:
     def start(self, node: Node) -> None:
         """Launch the server (it daemonizes) and return once its pidfile names it and its port accepts."""
         paths = self.paths(node)
-        if self._state(node, fresh=True).running:
+        if self.process_state(node).running:  # a reused scan: a duplicate start fails to bind, harmlessly
             self._wait_until_up(node, None)
             return
         if not Path(paths.conf).is_file():
