@@ -44,7 +44,7 @@ def test_cluster_backup_under_writer_holds_every_acked_key(tmp_path, capsys, fla
         with Writer(lambda: cluster_client(loaded)) as writer:
             writer.wait_for_writes(200)
             acked_before = dict(writer.acked)
-            folder, data = backup(capsys, spec, tmp_path / "backups")
+            folder, _data = backup(capsys, spec, tmp_path / "backups")
             writer.wait_for_writes(len(writer.acked) + 50)
         assert forks(loaded, "master") == masters_before  # the replicas saved
         manifest = parse_manifest((folder / MANIFEST).read_text(), "m")
