@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from opsctl.commands import audit, backup, cluster, failover, inventory, lifecycle, restart
+from opsctl.commands import audit, backup, cluster, failover, inventory, lifecycle, restart, restore
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -18,4 +18,5 @@ REGISTRARS: list[Registrar] = [
     audit.register_bigkey,
     inventory.register,
     backup.register,
+    restore.register,
 ]

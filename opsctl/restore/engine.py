@@ -1,0 +1,308 @@
+"""Stream keys from a source to the target masters: SCAN + DUMP + PTTL out, RESTORE in, deeply pipelined.
+
+Per source one thread with its own connections. Each round trip to the source carries a page's DUMP and PTTL
+and the next page's SCAN; the page's RESTOREs go out before the previous page's replies are read, so the
+source, the targets and this process all work at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from opsctl.audit.pipe import RawPipe
+from opsctl.audit.resp import Reply, RespError, encode
+from opsctl.errors import OpsctlError
+from opsctl.restore.route import Counts, Router, restore_command, same_payload, shown_key, ttl_of
+
+PAGE = 1000
+TTL_SLACK_MS = 2000
+
+
+@dataclass(frozen=True)
+class Entry:
+    db: int
+    key: bytes
+    payload: bytes
+    ttl: int  # ms, 0 = none
+    read_at: float
+
+
+@dataclass
+class Targets:
+    """The target masters (opened per thread), how keys route to them, and whether SELECT is allowed."""
+
+    names: list[str]
+    open: Callable[[int], RawPipe]
+    router: Router
+    cluster: bool
+
+
+@dataclass
+class Source:
+    key: str
+    label: str
+    open: Callable[[], RawPipe]
+    dbs: list[int]
+    sample_every: int = 1000
+    samples: list[Entry] = field(default_factory=list)
+
+
+class TargetPipes:
+    """One thread's connections to the target masters, each on the right db."""
+
+    def __init__(self, targets: Targets) -> None:
+        self.targets = targets
+        self.pipes = [targets.open(i) for i in range(len(targets.names))]
+        self.offsets = [_clock_offset(pipe) for pipe in self.pipes]
+        self.db = 0
+
+    def select(self, db: int) -> None:
+        if db != self.db:
+            for pipe in self.pipes:
+                _ok(pipe.call("SELECT", db), pipe.label, "SELECT")
+            self.db = db
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.close()
+
+
+def _clock_offset(pipe: RawPipe) -> float:
+    """The target's clock minus ours, in ms (off by at most half a round trip)."""
+    before = time.time()
+    reply = _ok(pipe.call("TIME"), pipe.label, "TIME")
+    after = time.time()
+    if not (isinstance(reply, list) and len(reply) == 2 and all(isinstance(p, bytes) for p in reply)):
+        raise OpsctlError(f"unexpected TIME reply from {pipe.label}")
+    theirs = int(reply[0]) * 1000 + int(reply[1]) / 1000  # type: ignore[arg-type]
+    return theirs - (before + after) * 500
+
+
+def _ok(reply: Reply, where: str, doing: str) -> Reply:
+    if isinstance(reply, RespError):
+        raise OpsctlError(f"{doing} failed on {where}", reply.message)
+    return reply
+
+
+def _scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
+    _ok(reply, label, "SCAN")
+    if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes)
+            and isinstance(reply[1], list)):
+        raise OpsctlError(f"unexpected SCAN reply from {label}")
+    return reply[0], [k for k in reply[1] if isinstance(k, bytes)]
+
+
+def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
+    """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out)."""
+    scan, dump, pttl = src.name("SCAN"), src.name("DUMP"), src.name("PTTL")
+    _ok(src.call("SELECT", db), label, "SELECT")
+    src.send(encode([scan, b"0", b"COUNT", PAGE]))
+    cursor, keys = _scan_reply(src.read(1)[0], label)
+    while True:
+        more = cursor != b"0"
+        dump_head, pttl_head = b"*2\r\n$%d\r\n%s\r\n" % (len(dump), dump), b"*2\r\n$%d\r\n%s\r\n" % (len(pttl), pttl)
+        out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k) for k in keys)
+        src.send(out + (encode([scan, cursor, b"COUNT", PAGE]) if more else b""))
+        replies = src.read(2 * len(keys) + (1 if more else 0))
+        now = time.monotonic()
+        page = []
+        for i, key in enumerate(keys):
+            payload, ttl = replies[2 * i], ttl_of(replies[2 * i + 1])
+            if isinstance(payload, bytes) and ttl is not None:
+                page.append(Entry(db, key, payload, ttl, now))
+            elif isinstance(payload, RespError):
+                raise OpsctlError(f"DUMP failed on {label}", payload.message)
+        yield page
+        if not more:
+            return
+        cursor, keys = _scan_reply(replies[-1], label)
+
+
+def _expires_at(entry: Entry, now: float, offset_ms: float) -> int:
+    """The entry's expiry in the target's clock, in unix ms (0: none)."""
+    if not entry.ttl:
+        return 0
+    return max(1, int(time.time() * 1000 + offset_ms + entry.ttl - (now - entry.read_at) * 1000))
+
+
+@dataclass
+class _Sent:
+    per_target: list[list[Entry]]
+
+
+def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
+    """RESTORE each entry on its target with the TTL left now (time spent here since the read is taken off)."""
+    routed: list[list[Entry]] = [[] for _ in tp.pipes]
+    now = time.monotonic()
+    for entry in page:
+        routed[tp.targets.router.target(entry.key)].append(entry)
+    for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
+        if entries:
+            name = pipe.name("RESTORE")
+            pipe.send(b"".join(encode(restore_command(name, e.key, _expires_at(e, now, offset), e.payload, replace))
+                               for e in entries))
+    return _Sent(routed)
+
+
+def _collect(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: Side) -> None:
+    for index, (pipe, entries) in enumerate(zip(tp.pipes, sent.per_target, strict=True)):
+        if not entries:
+            continue
+        busy = []
+        for entry, reply in zip(entries, pipe.read(len(entries)), strict=True):
+            if reply == b"OK":
+                counts.restored += 1
+            elif isinstance(reply, RespError) and reply.message.startswith("BUSYKEY"):
+                busy.append(entry)
+            else:
+                message = reply.message if isinstance(reply, RespError) else repr(reply)
+                raise OpsctlError(f"RESTORE of {shown_key(entry.key)!r} failed on {pipe.label}", message,
+                                  _restore_hint(message))
+        if busy:
+            _settle_busy(busy, mode, counts, compare, index)
+
+
+def _restore_hint(message: str) -> str:
+    if message.startswith(("MOVED", "ASK", "CLUSTERDOWN")):
+        return "the target cluster changed during the restore: re-run the same command when it is stable (it resumes)"
+    if message.startswith("OOM"):
+        return "the target ran out of memory: give it more maxmemory or masters, then re-run (it resumes)"
+    return "re-run the same command to resume; `opsctl status -f SPEC` shows the target"
+
+
+def _settle_busy(busy: list[Entry], mode: str, counts: Counts, side: Side, target: int) -> None:
+    """Keys already on the target: equal to the source (a resumed run wrote them) counts as restored. Read on
+    side connections: the main ones have the next page's RESTOREs in flight."""
+    for entry, reply in zip(busy, side.dumps(target, busy), strict=True):
+        if isinstance(reply, bytes) and (same_payload(reply, entry.payload) or side.equal(entry, target)):
+            counts.existing += 1
+        elif mode == "skip-existing":
+            counts.skipped += 1
+        else:
+            counts.conflicts += 1
+            if len(counts.conflict_keys) < 5:
+                counts.conflict_keys.append(shown_key(entry.key))
+
+
+def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[[int], None],
+                compare: Side) -> Counts:
+    """Every key of source onto the targets; the counts say what happened to each."""
+    counts = Counts()
+    src = source.open()
+    tp = TargetPipes(targets)
+    seen = 0
+    try:
+        for db in source.dbs:
+            tp.select(db)
+            pending: _Sent | None = None
+            for page in pages(src, db, source.label):
+                counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
+                for entry in page:
+                    seen += 1
+                    if seen % source.sample_every == 0:
+                        source.samples.append(entry)
+                sent = _send(tp, page, mode == "replace")
+                if pending is not None:
+                    _collect(tp, pending, mode, counts, compare)
+                    progress(sum(map(len, pending.per_target)))
+                pending = sent
+            if pending is not None:
+                _collect(tp, pending, mode, counts, compare)
+                progress(sum(map(len, pending.per_target)))
+    finally:
+        src.close()
+        tp.close()
+    return counts
+
+
+# --- comparing values ------------------------------------------------------------------------------------------
+
+VALUE_COMMANDS: dict[bytes, tuple[str, ...]] = {
+    b"string": ("GET",), b"hash": ("HGETALL",), b"list": ("LRANGE", "0", "-1"), b"set": ("SMEMBERS",),
+    b"zset": ("ZRANGE", "0", "-1", "WITHSCORES"), b"stream": ("XRANGE", "-", "+"),
+}
+UNORDERED = (b"hash", b"set")
+
+
+def value_of(pipe: RawPipe, db: int, key: bytes) -> object:
+    """A key's value in a form that compares equal across servers and encodings (hash/set order ignored)."""
+    _ok(pipe.call("SELECT", db), pipe.label, "SELECT")
+    kind = pipe.call("TYPE", key)
+    command = VALUE_COMMANDS.get(kind if isinstance(kind, bytes) else b"")
+    if command is None:
+        return (kind, pipe.call("DUMP", key))
+    reply = pipe.call(command[0], key, *command[1:])
+    if kind == b"hash" and isinstance(reply, list):
+        return (kind, sorted(zip(reply[::2], reply[1::2], strict=True)))
+    if kind in UNORDERED and isinstance(reply, list):
+        return (kind, sorted(reply))  # type: ignore[type-var]
+    return (kind, reply)
+
+
+def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side) -> list[str]:
+    """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL."""
+    routed: list[list[Entry]] = [[] for _ in tp.pipes]
+    for entry in page:
+        routed[tp.targets.router.target(entry.key)].append(entry)
+    problems = []
+    for index, (pipe, entries) in enumerate(zip(tp.pipes, routed, strict=True)):
+        if not entries:
+            continue
+        dump, pttl = pipe.name("DUMP"), pipe.name("PTTL")
+        pipe.send(b"".join(encode([dump, e.key]) + encode([pttl, e.key]) for e in entries))
+        replies = pipe.read(2 * len(entries))
+        now = time.monotonic()
+        for i, entry in enumerate(entries):
+            equal = partial(compare.equal, entry, index)
+            problem = _entry_problem(entry, replies[2 * i], replies[2 * i + 1], now, equal)
+            if problem:
+                problems.append(f"{pipe.label}: {shown_key(entry.key)!r}: {problem}")
+    return problems
+
+
+def _entry_problem(entry: Entry, payload: Reply, pttl: Reply, now: float, equal: Callable[[], bool]) -> str | None:
+    left = entry.ttl - (now - entry.read_at) * 1000 if entry.ttl else None
+    if payload is None:
+        return None if left is not None and left < TTL_SLACK_MS else "missing on the target"
+    if not isinstance(payload, bytes) or not (same_payload(payload, entry.payload) or equal()):
+        return "value differs from the source"
+    if left is None:
+        return None if pttl == -1 else f"has a TTL ({pttl!r} ms) the source key does not have"
+    if not isinstance(pttl, int) or pttl < 0 or abs(pttl - left) > TTL_SLACK_MS:
+        return f"TTL {pttl!r} ms, expected about {left:.0f} ms"
+    return None
+
+
+class Side:
+    """Side connections of one source's thread, opened on first use: DUMPs of keys found on a target, and the
+    slow, exact comparison (both values read in an order-free form: a big hash or set serializes in hash-table
+    order, which differs from server to server)."""
+
+    def __init__(self, open_source: Callable[[], RawPipe], open_target: Callable[[int], RawPipe]) -> None:
+        self.open_source, self.open_target = open_source, open_target
+        self.src: RawPipe | None = None
+        self.pipes: dict[int, RawPipe] = {}
+
+    def target(self, index: int) -> RawPipe:
+        if index not in self.pipes:
+            self.pipes[index] = self.open_target(index)
+        return self.pipes[index]
+
+    def dumps(self, index: int, entries: Sequence[Entry]) -> list[Reply]:
+        """DUMP of each entry's key on target index; the entries come from one page, so from one db."""
+        pipe = self.target(index)
+        _ok(pipe.call("SELECT", entries[0].db), pipe.label, "SELECT")
+        pipe.send(b"".join(encode([pipe.name("DUMP"), e.key]) for e in entries))
+        return pipe.read(len(entries))
+
+    def equal(self, entry: Entry, index: int) -> bool:
+        if self.src is None:
+            self.src = self.open_source()
+        return value_of(self.src, entry.db, entry.key) == value_of(self.target(index), entry.db, entry.key)
+
+    def close(self) -> None:
+        for pipe in [*self.pipes.values(), *([self.src] if self.src else [])]:
+            pipe.close()

@@ -1,0 +1,164 @@
+"""The pure parts of a restore: slot routing, DUMP payloads, counts, the resume journal, refusals. Pure.
+
+A restore copies keys with DUMP on a source (a scratch server holding a backup's RDB, or a live node) and
+RESTORE on the target master that owns the key's slot. Resuming after a kill re-reads every unfinished
+source; a key that is already there (BUSYKEY) counts as restored when its value equals the source's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from opsctl.audit.resp import Arg, key_slot
+from opsctl.errors import OpsctlError
+from opsctl.observe.parse import SLOTS, ClusterNodeLine
+
+MODES = ("fail-if-exists", "replace", "skip-existing")
+TRAILER = 10  # a DUMP payload ends with the RDB version (2 bytes) and a CRC64 (8 bytes)
+ROOM_MARGIN = 1.2
+JOURNAL = "restore-journal.json"
+
+
+class Router:
+    """Which target (index) owns a key: one table of 16384 slots, or everything to target 0."""
+
+    def __init__(self, table: Sequence[int] | None = None) -> None:
+        self.table = list(table) if table is not None else None
+
+    def target(self, key: bytes) -> int:
+        return 0 if self.table is None else self.table[key_slot(key)]
+
+
+def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str]) -> Router:
+    """A router over endpoints (target index = position) from the masters' slot ranges."""
+    table = [-1] * SLOTS
+    for line in masters:
+        index = endpoints.index(f"{line.address}:{line.port}")
+        for start, end in line.slots:
+            table[start:end + 1] = [index] * (end - start + 1)
+    return Router(table)
+
+
+def restore_command(restore: bytes, key: bytes, expires_at: int, payload: bytes, replace: bool) -> list[Arg]:
+    """RESTORE with an absolute expiry in the target's clock (0: none): time the command waits in a queue
+    behind a big key does not stretch the TTL."""
+    args: list[Arg] = [restore, key, max(0, expires_at), payload]
+    if replace:
+        args.append(b"REPLACE")
+    if expires_at:
+        args.append(b"ABSTTL")
+    return args
+
+
+def ttl_of(pttl: object) -> int | None:
+    """RESTORE's ttl argument from a PTTL reply: None when the key is gone (-2), 0 for no TTL (-1)."""
+    if not isinstance(pttl, int) or pttl == -2:
+        return None
+    return 0 if pttl == -1 else max(1, pttl)
+
+
+def same_payload(a: bytes, b: bytes) -> bool:
+    """Two DUMP payloads serialize the same value the same way (the trailer names the writer's version)."""
+    return len(a) > TRAILER and a[:-TRAILER] == b[:-TRAILER]
+
+
+@dataclass
+class Counts:
+    """One source's keys: read from it, written, found already equal, skipped as existing, in conflict."""
+
+    scanned: dict[int, int] = field(default_factory=dict)
+    restored: int = 0
+    existing: int = 0
+    skipped: int = 0
+    conflicts: int = 0
+    conflict_keys: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.scanned.values())
+
+    def add(self, other: Counts) -> None:
+        for db, n in other.scanned.items():
+            self.scanned[db] = self.scanned.get(db, 0) + n
+        self.restored += other.restored
+        self.existing += other.existing
+        self.skipped += other.skipped
+        self.conflicts += other.conflicts
+        self.conflict_keys = (self.conflict_keys + other.conflict_keys)[:5]
+
+    def balance_problem(self) -> str | None:
+        accounted = self.restored + self.existing + self.skipped + self.conflicts
+        if accounted != self.total:
+            return f"{self.total} keys read but {accounted} accounted for"
+        return None
+
+
+def shown_key(key: bytes) -> str:
+    return key.decode("utf-8", "backslashreplace")[:120]
+
+
+# --- refusals --------------------------------------------------------------------------------------------------
+
+
+def room_problems(dataset: int, targets: Sequence[tuple[str, int, int, float]]) -> list[str]:
+    """targets: (name, used_memory, maxmemory, share of the keys it receives). A target with maxmemory 0 has
+    no limit. Needs used + share * dataset * margin <= maxmemory."""
+    problems = []
+    for name, used, maxmemory, share in targets:
+        need = used + int(share * dataset * ROOM_MARGIN)
+        if maxmemory and need > maxmemory:
+            problems.append(f"{name}: needs about {need >> 20} MiB ({used >> 20} MiB used + {share:.0%} of "
+                            f"{dataset >> 20} MiB with a {ROOM_MARGIN - 1:.0%} margin), maxmemory is "
+                            f"{maxmemory >> 20} MiB")
+    return problems
+
+
+# --- the resume journal -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Journal:
+    """What an unfinished restore did: its source, mode, and the sources it finished (with their counts)."""
+
+    source: str
+    mode: str
+    done: dict[str, Counts] = field(default_factory=dict)
+
+
+def journal_json(journal: Journal) -> str:
+    data = {"source": journal.source, "mode": journal.mode,
+            "done": {k: {**asdict(c), "scanned": {str(db): n for db, n in c.scanned.items()}}
+                     for k, c in journal.done.items()}}
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _counts(raw: object, where: str) -> Counts:
+    fields = ("restored", "existing", "skipped", "conflicts")
+    ok = (isinstance(raw, dict) and all(isinstance(raw.get(f), int) and raw[f] >= 0 for f in fields)
+          and isinstance(raw.get("scanned"), dict)
+          and all(isinstance(k, str) and k.isdigit() and isinstance(v, int) and v >= 0
+                  for k, v in raw["scanned"].items())
+          and isinstance(raw.get("conflict_keys"), list))
+    if not ok:
+        raise _bad(where, "a finished source's counts are malformed")
+    assert isinstance(raw, dict)
+    return Counts({int(k): v for k, v in raw["scanned"].items()}, raw["restored"], raw["existing"], raw["skipped"],
+                  raw["conflicts"], [str(k) for k in raw["conflict_keys"]][:5])
+
+
+def _bad(where: str, what: str) -> OpsctlError:
+    return OpsctlError(f"{where}: {what}", hint="the journal of an unfinished restore is damaged: remove it and run "
+                       "the restore again with --mode replace (keys it already wrote are then overwritten)")
+
+
+def parse_journal(text: str, where: str) -> Journal:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise _bad(where, "not valid JSON") from None
+    if not (isinstance(data, dict) and isinstance(data.get("source"), str) and data.get("mode") in MODES
+            and isinstance(data.get("done"), dict)):
+        raise _bad(where, "needs source (text), mode (one of " + ", ".join(MODES) + ") and done (object)")
+    return Journal(data["source"], data["mode"], {str(k): _counts(v, where) for k, v in data["done"].items()})
