@@ -27,6 +27,7 @@ from opsctl.errors import OpsctlError
 from opsctl.observe.parse import parse_info
 
 LOAD_TIMEOUT = 600.0
+PREFIX = "opsctl-scratch-"
 
 
 @dataclass
@@ -70,6 +71,32 @@ def scratch_binaries(extra: tuple[str, ...] = ()) -> dict[Server, ServerBinary]:
             binary = probe(path)
             found.setdefault((binary.flavor, binary.version), binary)
     return found
+
+
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """argv run so that the server gets SIGKILL when opsctl dies, even by SIGKILL (util-linux setpriv sets the
+    parent-death signal, kept across exec); unchanged where setpriv is missing. Start it from the main thread:
+    the signal fires when the thread that started it ends."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(root: Path) -> None:
+    """Remove scratch folders that a killed opsctl left behind (named after its pid, which is gone)."""
+    for folder in root.glob(f"{PREFIX}*-*"):
+        pid = folder.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _place(rdb: Path, folder: Path) -> None:
@@ -119,15 +146,17 @@ def _log_tail(folder: Path) -> str:
 def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases: int = 16,
                    timeout: float = LOAD_TIMEOUT) -> Iterator[Scratch]:
     """A private server with rdb loaded (None: empty), stopped and removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="opsctl-scratch-"))
+    root = Path(tempfile.gettempdir())
+    sweep_stale(root)
+    folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     os.chmod(folder, 0o700)
     process: subprocess.Popen[bytes] | None = None
     try:
         if rdb is not None:
             _place(rdb, folder)
-        process = subprocess.Popen(_command(binary, folder, max(16, databases)), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   env={"PATH": os.environ.get("PATH", "")})
+        argv = _die_with_parent(_command(binary, folder, max(16, databases)))
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})
         client = redis.Redis(unix_socket_path=str(folder / "s.sock"), socket_timeout=60,
                              retry=Retry(NoBackoff(), 0))
         scratch = Scratch(binary, folder, process, client)

@@ -1,8 +1,10 @@
-"""Stream keys from a source to the target masters: SCAN + DUMP + PTTL out, RESTORE in, deeply pipelined.
+"""Stream keys from a source to the target masters: SCAN + DUMP + PEXPIRETIME out, RESTORE in, deeply pipelined.
 
-Per source one thread with its own connections. Each round trip to the source carries a page's DUMP and PTTL
-and the next page's SCAN; the page's RESTOREs go out before the previous page's replies are read, so the
-source, the targets and this process all work at once.
+Per source one thread with its own connections. Each round trip to the source carries a page's DUMP and
+PEXPIRETIME and the next page's SCAN; the page's RESTOREs go out before the previous page's replies are read,
+so the source, the targets and this process all work at once. Expiries travel as absolute times, moved from
+the source's clock to each target's (both measured with TIME), so time a key spends queued behind a big one
+does not stretch its TTL.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from functools import partial
 from opsctl.audit.pipe import RawPipe
 from opsctl.audit.resp import Reply, RespError, encode
 from opsctl.errors import OpsctlError
-from opsctl.restore.route import Counts, Router, restore_command, same_payload, shown_key, ttl_of
+from opsctl.restore.route import Counts, Router, expiry_of, restore_command, same_payload, shown_key
 
 PAGE = 1000
 TTL_SLACK_MS = 2000
@@ -26,8 +28,7 @@ class Entry:
     db: int
     key: bytes
     payload: bytes
-    ttl: int  # ms, 0 = none
-    read_at: float
+    expires: float  # unix ms in our clock, 0 = none
 
 
 @dataclass
@@ -97,8 +98,11 @@ def _scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
 
 def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
     """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out)."""
-    scan, dump, pttl = src.name("SCAN"), src.name("DUMP"), src.name("PTTL")
+    scan, dump = src.name("SCAN"), src.name("DUMP")
     _ok(src.call("SELECT", db), label, "SELECT")
+    offset = _clock_offset(src)
+    absolute = not isinstance(src.call("PEXPIRETIME", b"opsctl:probe"), RespError)  # Redis 6.2 lacks it
+    pttl = src.name("PEXPIRETIME" if absolute else "PTTL")
     src.send(encode([scan, b"0", b"COUNT", PAGE]))
     cursor, keys = _scan_reply(src.read(1)[0], label)
     while True:
@@ -107,12 +111,12 @@ def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
         out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k) for k in keys)
         src.send(out + (encode([scan, cursor, b"COUNT", PAGE]) if more else b""))
         replies = src.read(2 * len(keys) + (1 if more else 0))
-        now = time.monotonic()
+        now = time.time() * 1000
         page = []
         for i, key in enumerate(keys):
-            payload, ttl = replies[2 * i], ttl_of(replies[2 * i + 1])
-            if isinstance(payload, bytes) and ttl is not None:
-                page.append(Entry(db, key, payload, ttl, now))
+            payload, expires = replies[2 * i], expiry_of(replies[2 * i + 1], absolute, offset, now)
+            if isinstance(payload, bytes) and expires is not None:
+                page.append(Entry(db, key, payload, expires))
             elif isinstance(payload, RespError):
                 raise OpsctlError(f"DUMP failed on {label}", payload.message)
         yield page
@@ -121,11 +125,9 @@ def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
         cursor, keys = _scan_reply(replies[-1], label)
 
 
-def _expires_at(entry: Entry, now: float, offset_ms: float) -> int:
+def _expires_at(entry: Entry, offset_ms: float) -> int:
     """The entry's expiry in the target's clock, in unix ms (0: none)."""
-    if not entry.ttl:
-        return 0
-    return max(1, int(time.time() * 1000 + offset_ms + entry.ttl - (now - entry.read_at) * 1000))
+    return max(1, int(entry.expires + offset_ms)) if entry.expires else 0
 
 
 @dataclass
@@ -134,15 +136,14 @@ class _Sent:
 
 
 def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
-    """RESTORE each entry on its target with the TTL left now (time spent here since the read is taken off)."""
+    """RESTORE each entry on its target, with its expiry in the target's clock."""
     routed: list[list[Entry]] = [[] for _ in tp.pipes]
-    now = time.monotonic()
     for entry in page:
         routed[tp.targets.router.target(entry.key)].append(entry)
     for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
         if entries:
             name = pipe.name("RESTORE")
-            pipe.send(b"".join(encode(restore_command(name, e.key, _expires_at(e, now, offset), e.payload, replace))
+            pipe.send(b"".join(encode(restore_command(name, e.key, _expires_at(e, offset), e.payload, replace))
                                for e in entries))
     return _Sent(routed)
 
@@ -254,7 +255,7 @@ def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side) -> list[
         dump, pttl = pipe.name("DUMP"), pipe.name("PTTL")
         pipe.send(b"".join(encode([dump, e.key]) + encode([pttl, e.key]) for e in entries))
         replies = pipe.read(2 * len(entries))
-        now = time.monotonic()
+        now = time.time() * 1000
         for i, entry in enumerate(entries):
             equal = partial(compare.equal, entry, index)
             problem = _entry_problem(entry, replies[2 * i], replies[2 * i + 1], now, equal)
@@ -264,7 +265,7 @@ def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side) -> list[
 
 
 def _entry_problem(entry: Entry, payload: Reply, pttl: Reply, now: float, equal: Callable[[], bool]) -> str | None:
-    left = entry.ttl - (now - entry.read_at) * 1000 if entry.ttl else None
+    left = entry.expires - now if entry.expires else None
     if payload is None:
         return None if left is not None and left < TTL_SLACK_MS else "missing on the target"
     if not isinstance(payload, bytes) or not (same_payload(payload, entry.payload) or equal()):

@@ -52,11 +52,14 @@ def restore_command(restore: bytes, key: bytes, expires_at: int, payload: bytes,
     return args
 
 
-def ttl_of(pttl: object) -> int | None:
-    """RESTORE's ttl argument from a PTTL reply: None when the key is gone (-2), 0 for no TTL (-1)."""
-    if not isinstance(pttl, int) or pttl == -2:
+def expiry_of(reply: object, absolute: bool, offset_ms: float, now_ms: float) -> float | None:
+    """A key's expiry in our clock (unix ms; 0: none; None: the key is gone) from PEXPIRETIME (absolute, in the
+    source's clock, offset_ms ahead of ours) or, where the source lacks it, PTTL read at now_ms."""
+    if not isinstance(reply, int) or reply == -2:
         return None
-    return 0 if pttl == -1 else max(1, pttl)
+    if reply == -1:
+        return 0.0
+    return reply - offset_ms if absolute else now_ms + reply
 
 
 def same_payload(a: bytes, b: bytes) -> bool:

@@ -1,0 +1,133 @@
+"""Restore faults: SIGKILLed at random points and re-run; refusals that leave the target untouched."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from opsctl.admin import Admin
+from tests.lifecycle import run
+from tests.support import PASSWORD
+from tests.test_restore_live import backup_dir, clients, cluster, restore, topologies
+
+pytestmark = pytest.mark.integration
+
+KEYS = 150_000
+
+
+def load(client: redis.Redis, count: int, db: int = 0, prefix: str = "k") -> None:
+    if db:
+        client = redis.Redis(host=client.connection_pool.connection_kwargs["host"],
+                             port=client.connection_pool.connection_kwargs["port"], password=PASSWORD, db=db)
+    for at in range(0, count, 5000):
+        pipe = client.pipeline(transaction=False)
+        for i in range(at, min(count, at + 5000)):
+            pipe.set(f"{prefix}:{i}", i, px=3_600_000 if i % 7 == 0 else None)
+        pipe.execute()
+
+
+def keys_of(loaded) -> set[bytes]:
+    out: set[bytes] = set()
+    for client in clients(loaded):
+        out.update(client.scan_iter(count=5000))
+    return out
+
+
+def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {}), cluster(3)) as deployed_:
+        (s, s_loaded), (c, c_loaded) = deployed_
+        load(clients(s_loaded)[0], KEYS)
+        folder = backup_dir(capsys, s, tmp_path / "backups")
+        argv = [sys.executable, "-m", "opsctl.cli", "restore", "-f", str(c), "--from", str(folder)]
+        kills = 0
+        for _ in range(3):
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+            time.sleep(random.uniform(0.5, 4.0))
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills += 1
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert kills == 0 or "(resumed)" in done.stdout, done.stdout
+        assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(KEYS)}
+        assert not list(Path("/tmp").glob(f"opsctl-scratch-{proc.pid}-*"))  # the killed run's scratch is gone
+
+
+def test_refusals_write_nothing(tmp_path, capsys) -> None:
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {}), cluster(3)) as deployed_:
+        (s, s_loaded), (c, c_loaded) = deployed_
+        source = clients(s_loaded)[0]
+        load(source, 200)
+        load(source, 10, db=2, prefix="other")
+        source.set("blob", b"x" * (3 << 20))
+        with_db2 = backup_dir(capsys, s, tmp_path / "backups")
+
+        def untouched() -> None:
+            assert sum(client.dbsize() for client in clients(c_loaded)) == 0
+
+        code, _, err = restore(capsys, c, "--from", str(with_db2))
+        assert code == 3 and "databases [2]" in err and "nothing was written" in err, err
+        untouched()
+
+        damaged = tmp_path / "damaged"
+        shutil.copytree(with_db2, damaged)
+        raw = bytearray((damaged / "shard-1.rdb").read_bytes())
+        raw[100] ^= 0x01
+        (damaged / "shard-1.rdb").write_bytes(bytes(raw))
+        code, _, err = restore(capsys, c, "--from", str(damaged))
+        assert code == 1 and "shard-1.rdb" in err and "corrupt" in err, err
+        untouched()
+        (damaged / "manifest.json").write_text("{}")
+        code, _, err = restore(capsys, c, "--from", str(damaged))
+        assert code == 1 and "manifest.json: format is missing" in err, err
+
+        redis_db2 = redis.Redis(host=s_loaded.layout.servers[0].address, port=s_loaded.layout.servers[0].port,
+                                password=PASSWORD, db=2)
+        redis_db2.delete(*[f"other:{i}" for i in range(10)])
+        db0 = backup_dir(capsys, s, tmp_path / "backups")
+        masters = [n for n in c_loaded.layout.servers if n.role == "master"]
+        for node in masters:
+            with Admin.for_node(c_loaded, node) as admin:
+                admin.config_set("maxmemory", str(2 << 20))
+        code, _, err = restore(capsys, c, "--from", str(db0))
+        assert code == 3 and "no room" in err and "maxmemory" in err, err
+        untouched()
+        for node in masters:
+            with Admin.for_node(c_loaded, node) as admin:
+                admin.config_set("maxmemory", "64mb")
+
+        with Admin.for_node(c_loaded, masters[0]) as first, Admin.for_node(c_loaded, masters[1]) as second:
+            target_id = second.call("CLUSTER", "MYID")
+            first.call("CLUSTER", "SETSLOT", 100, "MIGRATING", target_id)
+            code, _, err = restore(capsys, c, "--from", str(db0))
+            first.call("CLUSTER", "SETSLOT", 100, "STABLE")
+        assert code == 3 and "not ready" in err and "open slot" in err.lower(), err
+        untouched()
+
+        code, out, err = restore(capsys, c, "--from", str(db0))
+        assert code == 0 and "verified" in out, err + out
+        assert sum(client.dbsize() for client in clients(c_loaded)) == 201
+
+
+def test_valkey_backup_refused_by_redis_target(tmp_path, capsys) -> None:
+    """Valkey 9.1 writes RDB format 80 and DUMP payloads Redis 7.0 cannot read: refused up front."""
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {})) as [(s, s_loaded)], \
+            topologies(tmp_path / "r", capsys, "redis", ("standalone", {})) as [(r, r_loaded)]:
+        load(clients(s_loaded)[0], 50)
+        folder = backup_dir(capsys, s, tmp_path / "backups")
+        code, _, err = restore(capsys, r, "--from", str(folder))
+        assert code == 3 and "redis 7.0 cannot read" in err and "format 80" in err, err
+        code, _, err = run(capsys, "restore", "-f", str(r), "--from-live", str(s))
+        assert code == 3 and "cannot RESTORE" in err, err
+        assert clients(r_loaded)[0].dbsize() == 0
