@@ -32,7 +32,7 @@ def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
 @contextmanager
 def event_printer(json_mode: bool, describe: Callable[[Event], str | None]) -> Iterator[Callable[[Event], None]]:
     """JSON lines on stdout with --output json; otherwise a status line on a terminal (stderr) and nothing else."""
-    from opsctl.slots.progress import TtyLine
+    from opsctl.tty import TtyLine
 
     line = TtyLine(sys.stderr) if sys.stderr.isatty() and not json_mode else None
 
@@ -50,7 +50,7 @@ def event_printer(json_mode: bool, describe: Callable[[Event], str | None]) -> I
 
 
 def _backup_line(event: Event) -> str | None:
-    from opsctl.slots.progress import gauge, human_bytes
+    from opsctl.tty import gauge, human_bytes
 
     if event["event"] == "backup-start":
         return f"{gauge(0, event['shards'], 20)} 0/{event['shards']} shards saved"

@@ -15,7 +15,7 @@ Event = dict[str, Any]
 
 
 def _line(event: Event) -> str | None:
-    from opsctl.slots.progress import gauge, human_seconds
+    from opsctl.tty import gauge, human_seconds
 
     if event["event"] != "restore-progress":
         return None

@@ -8,10 +8,10 @@ source; a key that is already there (BUSYKEY) counts as restored when its value 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from opsctl.audit.resp import Arg, key_slot
+from opsctl.audit.resp import Arg
 from opsctl.errors import OpsctlError
 from opsctl.observe.parse import SLOTS, ClusterNodeLine
 
@@ -21,24 +21,31 @@ ROOM_MARGIN = 1.2
 JOURNAL = "restore-journal.json"
 
 
-class Router:
-    """Which target (index) owns a key: one table of 16384 slots, or everything to target 0."""
+KeySlot = Callable[[bytes], int]
 
-    def __init__(self, table: Sequence[int] | None = None) -> None:
+
+class Router:
+    """Which target (index) owns a key: one table of 16384 slots, or everything to target 0. key_slot is the
+    cluster's key hash (redis.crc.key_slot; passed in, the core imports no client library)."""
+
+    def __init__(self, table: Sequence[int] | None = None, key_slot: KeySlot | None = None) -> None:
         self.table = list(table) if table is not None else None
+        self.key_slot = key_slot
 
     def target(self, key: bytes) -> int:
-        return 0 if self.table is None else self.table[key_slot(key)]
+        if self.table is None or self.key_slot is None:
+            return 0
+        return self.table[self.key_slot(key)]
 
 
-def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str]) -> Router:
+def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str], key_slot: KeySlot) -> Router:
     """A router over endpoints (target index = position) from the masters' slot ranges."""
     table = [-1] * SLOTS
     for line in masters:
         index = endpoints.index(f"{line.address}:{line.port}")
         for start, end in line.slots:
             table[start:end + 1] = [index] * (end - start + 1)
-    return Router(table)
+    return Router(table, key_slot)
 
 
 def restore_command(restore: bytes, key: bytes, expires_at: int, payload: bytes, replace: bool) -> list[Arg]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis.crc import key_slot
+
 from opsctl.admin import Admin
 from opsctl.audit.pipe import RawPipe
 from opsctl.audit.resp import encode
@@ -133,7 +135,7 @@ def inspect_target(loaded: LoadedSpec) -> Target:
         lines = [line for line in view if line.is_master and line.slots]
         endpoints = [f"{line.address}:{line.port}" for line in lines]
         masters = [_known(loaded, e) for e in endpoints]
-        router = cluster_router(lines, endpoints)
+        router = cluster_router(lines, endpoints, key_slot)
         shares = [sum(e - s + 1 for s, e in line.slots) / 16384 for line in lines]
     else:
         masters = [o.node for o in seen.values() if o.reachable and o.role and o.role.kind == "master"]
