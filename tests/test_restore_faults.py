@@ -35,6 +35,10 @@ def load(client: redis.Redis, count: int, db: int = 0, prefix: str = "k") -> Non
         pipe.execute()
 
 
+def target_keys(loaded) -> int:
+    return sum(client.dbsize() for client in clients(loaded))
+
+
 def keys_of(loaded) -> set[bytes]:
     out: set[bytes] = set()
     for client in clients(loaded):
@@ -48,15 +52,18 @@ def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
         load(clients(s_loaded)[0], KEYS)
         folder = backup_dir(capsys, s, tmp_path / "backups")
         argv = [sys.executable, "-m", "opsctl.cli", "restore", "-f", str(c), "--from", str(folder)]
-        kills = 0
-        for _ in range(3):
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
-            time.sleep(random.uniform(0.5, 4.0))
+        kills, written = 0, 0
+        for _ in range(3):  # each run killed at a random point after it wrote more keys than the last
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+            while proc.poll() is None and target_keys(c_loaded) <= written:
+                time.sleep(0.02)
+            time.sleep(random.uniform(0, 1.0))
             if proc.poll() is not None:
                 break
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
+            written = target_keys(c_loaded)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr + done.stdout
         assert kills == 0 or "(resumed)" in done.stdout, done.stdout
