@@ -8,6 +8,8 @@ keys between the same nodes. Goals: Redis 7.0 opsctl >= 2x redis-cli pipeline 10
 
 Last, the ceiling of any key-by-key mover on this pair: MIGRATE alone. The keys are listed and sized and the
 slots opened beforehand (untimed); only opsctl's MIGRATE batches are timed, the client doing nothing else.
+On Valkey also the ceiling of the atomic path: CLUSTER MIGRATESLOTS started bare and polled every ms, then
+one more opsctl run (the best opsctl run counts). Goals (issue 15): opsctl >= 0.8x its ceiling.
 The load average is printed before and after: compare runs only on a similar machine state.
 """
 
@@ -27,10 +29,12 @@ from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.cli import main as opsctl_main
+from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
 from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.run import open_session
+from opsctl.slots.session import checked
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
@@ -81,6 +85,26 @@ def migrate_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int, state_
         mover.close(moving)
         mover.journal.closed(moving)
         return sum(len(b.keys) for _, b in plan), seconds
+
+
+def migrateslots_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int) -> float:
+    """Valkey: the server-side migration alone, started bare (CLUSTER MIGRATESLOTS on the source) and polled
+    every millisecond until done; nothing else timed. The ceiling of the atomic path on this pair."""
+    with open_session(loaded) as session:
+        owned = session.owned()
+        source, target = names if 0 in owned[names[0]] else names[::-1]
+        runner, dest = session.peer(source), session.peer(target)
+        status = status_command("valkey")
+        known = {job_id(j) for j in parse_migrations(checked(runner, [status], "status")[0])}
+        command, _ = start_commands("valkey", dest.id, ((0, slots - 1),))
+        started = time.monotonic()
+        checked(runner, [command], "CLUSTER MIGRATESLOTS")
+        while (state := job_state(parse_migrations(checked(runner, [status], "status")[0]), known)) is None:
+            time.sleep(0.001)
+        seconds = time.monotonic() - started
+        if state != "done":
+            raise RuntimeError(f"bare CLUSTER MIGRATESLOTS: {state}")
+        return seconds
 
 
 def load_average() -> str:
@@ -136,6 +160,15 @@ def run(path: Path, flavor: str, keys: int) -> int:
     alone = "MIGRATE alone (ceiling of key-by-key)"
     rates[alone] = [moved / seconds]
     print(f"{alone:<36} {moved} keys in {seconds:7.2f}s  {moved / seconds:>10.0f} keys/s", flush=True)
+    if flavor == "valkey":
+        seconds = migrateslots_alone(loaded, (a.name, b.name), slots)
+        bare = "CLUSTER MIGRATESLOTS alone (ceiling)"
+        rates[bare] = [written / seconds]
+        print(f"{bare:<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
+        seconds = timed([*opsctl, "--from", a.name, "--to", b.name] if 0 in _owned(loaded, a.name) else
+                        [*opsctl, "--from", b.name, "--to", a.name], env)
+        rates["opsctl"].append(written / seconds)
+        print(f"{'opsctl':<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
     print(f"load average after: {load_average()}")
     best = {label: max(r) for label, r in rates.items()}
     print(f"\n{flavor} {loaded.spec.server.version}, {written} keys of 100 bytes, {slots} slots, A <-> B")
@@ -144,7 +177,16 @@ def run(path: Path, flavor: str, keys: int) -> int:
             for mover in ("opsctl", "opsctl --key-by-key", alone):
                 if mover in best:
                     print(f"  {mover} / {label}: {best[mover] / best[label]:.1f}x")
+    ceiling = "CLUSTER MIGRATESLOTS alone (ceiling)" if flavor == "valkey" else alone
+    print(f"  opsctl / {ceiling}: {best['opsctl'] / best[ceiling]:.2f} (goal >= 0.8)")
+    if flavor == "valkey":
+        print(f"  opsctl --key-by-key / {alone}: {best['opsctl --key-by-key'] / best[alone]:.2f}")
     return 0
+
+
+def _owned(loaded: LoadedSpec, name: str) -> list[int]:
+    with open_session(loaded) as session:
+        return session.owned().get(name, [])
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def parse_migrations(reply: Sequence[Any]) -> list[dict[str, str]]:
 
 def job_state(jobs: Sequence[Mapping[str, str]], known: set[str]) -> str | None:
     """The state of the job(s) not in `known`: 'done', 'failed: <message>', or None while running. Pure."""
-    mine = [j for j in jobs if _job_id(j) not in known and j.get("operation", "EXPORT").upper() != "IMPORT"]
+    mine = [j for j in jobs if job_id(j) not in known and j.get("operation", "EXPORT").upper() != "IMPORT"]
     if not mine:
         return None
     states = [j.get("state", "").lower() for j in mine]
@@ -49,7 +49,7 @@ def job_state(jobs: Sequence[Mapping[str, str]], known: set[str]) -> str | None:
     return "done" if all(s in DONE for s in states) else None
 
 
-def _job_id(job: Mapping[str, str]) -> str:
+def job_id(job: Mapping[str, str]) -> str:
     return job.get("name") or job.get("id") or job.get("task_id") or ""
 
 
@@ -78,7 +78,7 @@ def atomic_move(source: Peer, target: Peer, slots: Sequence[int], journal: Journ
     command, side = start_commands(flavor, target.id, ranges)
     runner = source if side == "source" else target
     status = status_command(flavor)
-    known = {_job_id(j) for j in parse_migrations(checked(runner, [status], "slot migration status")[0])}
+    known = {job_id(j) for j in parse_migrations(checked(runner, [status], "slot migration status")[0])}
     journal.opened(source.name, source.id, target.name, target.id, slots, mode="atomic")
     checked(runner, [command], "atomic slot migration")
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from opsctl.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
-from opsctl.safefs import FileProblem, make_dir, open_dir, read_bounded
+from opsctl.safefs import FileProblem, make_dir, open_dir, read_bounded, trusted_owners
 from opsctl.slots.ranges import Ranges, expand, to_ranges
 
 JOURNAL = "slots-journal.jsonl"
@@ -145,7 +145,7 @@ class Journal:
         return pending(self.entries())
 
     def _append(self, entry: dict[str, Any]) -> None:
-        make_dir(self.path.parent)
+        make_dir(self.path.parent, 0o700, trusted_owners(), enforce=False)  # the provider may have opened it to 0711
         with open_dir(self.path.parent) as folder:
             try:
                 fd = os.open(self.path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import redis
 
-from opsctl.admin import Admin
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.observe.collect import Command
@@ -167,11 +166,11 @@ class KeyMover:
     last_error = ""
 
     def probe(self, peer: Peer) -> list[ClusterNodeLine] | None:
-        """The node's CLUSTER NODES on a fresh connection with a short timeout; None when it does not answer."""
+        """The node's CLUSTER NODES on a connection of its own with a short timeout (never behind a command
+        stuck on the engine's connection); None when it does not answer in time."""
         timeout = max(0.2, min(1.0, self.node_timeout_ms / 4000))
         try:
-            with Admin.for_node(self.session.loaded, peer.node, timeout=timeout) as admin:
-                return parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
+            return parse_cluster_nodes(str(self.session.probe_admin(peer.node, timeout).raw("CLUSTER", "NODES")))
         except (redis.RedisError, OSError):
             return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ class Session:
         self.pool = ThreadPoolExecutor(max_workers=max(4, min(32, len(self.nodes))))
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
+        self._probes: dict[str, Admin] = {}
+        self._probes_lock = threading.Lock()
         self.refresh()
 
     def refresh(self) -> dict[str, NodeObservation]:
@@ -113,7 +116,16 @@ class Session:
     def parallel(self, fn: Callable[[Peer], T], peers: Sequence[Peer]) -> list[T]:
         return [f.result() for f in [self.pool.submit(fn, p) for p in peers]]
 
+    def probe_admin(self, node: Node, timeout: float) -> Admin:
+        """A short-timeout connection to node kept for the session (a timed-out one is dropped and redone)."""
+        with self._probes_lock:
+            if node.name not in self._probes:
+                self._probes[node.name] = Admin.for_node(self.loaded, node, timeout=timeout)
+            return self._probes[node.name]
+
     def close(self) -> None:
+        for admin in self._probes.values():
+            admin.close()
         self.observer.close()
         self.pool.shutdown(wait=True)
         for peer in self.peers.values():
