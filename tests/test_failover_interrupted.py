@@ -125,3 +125,14 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
         code, out, err = run(capsys, "failover", "-f", str(spec), "--dry-run", "--to", replica)
         assert code == 3 and "[FAIL] cool-down" in out and "opsctl was killed" in out, out + err
         assert cluster_check(loaded.layout.servers[0].endpoint).returncode == 0
+
+
+def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
+    from opsctl.topolock import topology_lock
+
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        before = _roles(loaded)
+        with topology_lock(loaded):
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--shard", "1")
+        assert code == 3 and "another opsctl run holds this topology" in err, out + err
+        assert _roles(loaded) == before

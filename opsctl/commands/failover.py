@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 
 from opsctl.argtypes import SECONDS, ranged
 from opsctl.errors import EXIT_OK, OpsctlError, RefusedError
@@ -27,6 +28,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.safefs import check_writable_target
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
+    from opsctl.topolock import topology_lock
 
     if args.report:
         check_writable_target(args.report, "--report")  # before the failover, not after it succeeded
@@ -42,7 +44,8 @@ def cmd_failover(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr if json_mode else sys.stdout, flush=True)
 
-    with state_lock(state_dir), admin_routes(loaded, state_dir):
+    with state_lock(state_dir), admin_routes(loaded, state_dir), \
+            nullcontext() if args.dry_run else topology_lock(loaded):
         report = run_failover(loaded, state_dir, opts, say)
     print(report.json() if json_mode else report_text(report).splitlines()[-1])
     return EXIT_OK
