@@ -394,7 +394,11 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     loaded, provider = setup(tmp_path, flavor)
     node = loaded.layout.nodes[0]
     deploy(loaded, provider, node)
+    victim = tmp_path / "root-only"
+    victim.write_text("secret")
+    os.link(victim, Path(provider.paths(node).dir) / "planted")  # a hard link is never handed over
     started.start(provider, node)
+    assert victim.stat().st_uid == 0
     pid = provider.process_state(node).pid
     assert pid
     user = pwd.getpwnam(loaded.spec.server.service_user)

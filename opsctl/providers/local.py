@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -237,12 +238,15 @@ class LocalProvider:
 
     def _hand_over(self, node: Node, user: ServerUser) -> None:
         """Give the server user what it writes in its folder (data, logs, configs of an earlier root run);
-        opsctl's record stays root's. Links are changed themselves, never followed."""
+        opsctl's record stays root's. Links are changed themselves, never followed, and a file with a second
+        hard link is left alone (it could be any file of the system, planted to be handed over)."""
         folder = self._folder(node)
         for root, dirs, names in os.walk(folder):
             for name in [*dirs, *names]:
                 path = os.path.join(root, name)
-                if name != RECORD and os.lstat(path).st_uid != user.uid:
+                st = os.lstat(path)
+                hard_linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+                if name != RECORD and st.st_uid != user.uid and not hard_linked:
                     os.chown(path, *user.ids, follow_symlinks=False)
 
     def read_file(self, node: Node, name: str) -> str | None:
