@@ -116,6 +116,17 @@ def test_cluster_graceful_failover_loses_no_acknowledged_write(tmp_path, capsys,
         check = cluster_check(loaded.layout.servers[0].endpoint)
         assert check.returncode == 0, check.stdout + check.stderr
 
+        # reports read back for the cool-down are checked: one dated in the future would block failovers
+        # for ever (issue 11), a malformed one was an internal error
+        folder = tmp_path / ".opsctl" / loaded.spec.name / "failover"
+        for name, text in (("9999999999.000-shard1-succeeded.json", json.dumps({**succeeded[0], "started": 4e10})),
+                           ("9999999999.001-shard1-succeeded.json", '{"outcome": "succeeded", "started": ')):
+            (folder / name).write_text(text)
+            code, out, err = _failover(capsys, spec, "--shard", "1", "--dry-run")
+            assert code == 1 and f"error: {folder / name}: " in err and "hint: " in err, out + err
+            assert "internal error" not in err
+            (folder / name).unlink()
+
 
 def _sentinel_client(loaded: LoadedSpec) -> redis.Redis:
     sentinels = [(n.address, n.port) for n in loaded.layout.sentinels]
