@@ -8,7 +8,7 @@ from __future__ import annotations
 AUTH_MARKERS = ("wrongpass", "noauth", "invalid password", "invalid username-password", "authentication",
                 "auth <password> called without any password")
 AUTH_HINT = ("the node runs with another password than the spec's: fix auth.password (its env variable or file), "
-             "or rotate the password on the nodes first")
+             "or, to rotate it, set auth.previous_password to the password the nodes run with (docs/rotation.md)")
 
 
 def error_text(error: object) -> str:

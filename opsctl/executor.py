@@ -67,6 +67,10 @@ class Execution:
     timings: list[tuple[str, float]] = field(default_factory=list)
     before: dict[str, Before] = field(default_factory=dict)  # per node: its files and record before this run
 
+    def sets_live(self, node: str) -> bool:
+        """Does the plan CONFIG SET on this node? Then its files are kept to roll a refused value back."""
+        return any(isinstance(s, ConfigSet) and s.node == node for s in (self.plan.steps if self.plan else ()))
+
     def undo_list(self, node: str) -> list[tuple[str, str]]:
         return self.before.setdefault(node, Before({}, {})).config
 
@@ -227,7 +231,7 @@ def write_config(run: Execution, step: Step) -> None:
     assert isinstance(step, WriteConfig)
     node = _node(run, step)
     files = _files(run, node)
-    if node.name not in run.before:
+    if node.name not in run.before and run.sets_live(node.name):
         provider = run.rt.provider
         run.before[node.name] = Before({name: provider.read_file(node, name) for name in files},
                                        provider.load_record(node))

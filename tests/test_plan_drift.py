@@ -107,3 +107,14 @@ def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_
     assert kinds.count("config-set") == servers and all(
         s.directive == "masterauth" for s in steps if s.kind == "config-set")
     assert "previous password" in steps[0].reason
+
+
+def test_a_missing_config_file_is_written_again_before_a_start() -> None:
+    loaded = loaded_spec("standalone")
+    want = desired(loaded)
+    name = loaded.layout.servers[0].name
+    record = {"digest": want[name].digest, "directives": [list(d) for d in want[name].directives]}
+    facts = {name: NodeFacts(name, False, "died", record=record, on_disk={})}
+    steps = make_plan(loaded, want, facts, "d").steps
+    assert [s.kind for s in steps] == ["write-config", "start"]
+    assert steps[0].reason == "the config file on disk is missing or empty"

@@ -217,7 +217,7 @@ def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         stale = file_drift(want, f)
         if f.recorded_digest != want.digest or stale:
             new = f.recorded_digest is None
-            why = "new node" if new else stale[0] if stale and f.recorded_digest == want.digest else \
+            why = "new node" if new else _summary(stale) if stale and f.recorded_digest == want.digest else \
                 "rendered config changed"
             steps.append(WriteConfig(node.name, why, want.digest))
         reason = "new node" if f.recorded_digest is None else f"process is not running ({f.process_detail or 'died'})"
@@ -229,7 +229,9 @@ def file_drift(want: DesiredNode, f: NodeFacts) -> list[str]:
     """What the files on the node's disk say against the spec (edits or CONFIG REWRITE behind opsctl's back):
     a restart would bring these back, so the file is written again."""
     found: list[str] = []
-    if f.on_disk is not None:
+    if f.on_disk is not None and not f.on_disk:
+        found.append("the config file on disk is missing or empty")
+    elif f.on_disk is not None:
         for name, value in single_valued(want.directives).items():
             if not is_config_directive(name):
                 continue
@@ -240,6 +242,11 @@ def file_drift(want: DesiredNode, f: NodeFacts) -> list[str]:
     if f.acl_on_disk is not None and f.acl_on_disk != MASK:
         found.append("users.acl on disk differs from the spec")
     return found
+
+
+def _summary(found: list[str], shown: int = 3) -> str:
+    more = len(found) - shown
+    return "; ".join(found[:shown]) + (f"; and {more} more" if more > 0 else "")
 
 
 def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
@@ -279,7 +286,7 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
                                  "no record of the applied config", want.digest))
     elif stale:
-        steps.append(WriteConfig(node.name, "; ".join(stale), want.digest))
+        steps.append(WriteConfig(node.name, _summary(stale), want.digest))
     steps += live_changes
     if f.acl_on_disk is not None and f.acl_on_disk != MASK and not restart_for:
         steps.append(AclLoad(node.name, "users.acl on disk differs from the spec: load the rewritten file"))
