@@ -204,7 +204,9 @@ class LocalProvider:
         if os.geteuid() != 0:
             return None
         if self._user is None:
-            self._user = ensure(self.loaded.spec.server.service_user)
+            user = ensure(self.loaded.spec.server.service_user)
+            check_reachable(user, self.state_dir, self.binary.path)  # before the first file is written
+            self._user = user
         return self._user
 
     def _owners(self) -> frozenset[int]:
@@ -330,7 +332,6 @@ class LocalProvider:
         env = server_environment(os.environ, self.loaded.credentials.all())
         user = self.server_user()
         if user is not None:
-            check_reachable(user, self.state_dir, self.binary.path)
             self._hand_over(node, user)
         try:
             return subprocess.Popen(start_command(self.binary.path, node, paths.conf), stdin=subprocess.DEVNULL,
