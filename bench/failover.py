@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opsctl.admin import Admin
 from opsctl.cli import main as opsctl
+from opsctl.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec
@@ -45,7 +45,7 @@ def roles(loaded: LoadedSpec, shard: int) -> tuple[str, str]:
     members = loaded.layout.shards[shard - 1].members
     kinds = {}
     for name in members:
-        with Admin.for_node(loaded, loaded.layout.node(name), timeout=2.0) as admin:
+        with Connector(loaded).admin(loaded.layout.node(name), timeout=2.0) as admin:
             kinds[name] = admin.client.execute_command("ROLE")[0]
     master = next(n for n, k in kinds.items() if k == "master")
     return master, next(n for n in members if n != master)
@@ -53,7 +53,7 @@ def roles(loaded: LoadedSpec, shard: int) -> tuple[str, str]:
 
 def bare(loaded: LoadedSpec, replica: str) -> None:
     """What an engineer does by hand: CLUSTER FAILOVER on the replica, then poll ROLE until it is master."""
-    with Admin.for_node(loaded, loaded.layout.node(replica)) as admin:
+    with Connector(loaded).admin(loaded.layout.node(replica)) as admin:
         admin.call("CLUSTER", "FAILOVER")
         while admin.client.execute_command("ROLE")[0] != "master":
             time.sleep(0.002)

@@ -29,6 +29,7 @@ from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.cli import main as opsctl_main
+from opsctl.connector import Connector
 from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
 from opsctl.slots.keys import KeyMover, Options
@@ -69,7 +70,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def migrate_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int, state_dir: Path) -> tuple[int, float]:
     """Move the bench slots from whichever of the two masters holds them to the other, timing only MIGRATE."""
-    with open_session(loaded) as session:
+    with open_session(Connector(loaded)) as session:
         owned = session.owned()
         source, target = names if 0 in owned[names[0]] else names[::-1]
         moving = list(range(0, slots))
@@ -134,7 +135,7 @@ def main() -> int:
 def run(path: Path, flavor: str, keys: int) -> int:
     loaded = read_spec(path)
     a, b = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
-    with Admin.for_node(loaded, a) as admin_a, Admin.for_node(loaded, b) as admin_b:
+    with Connector(loaded).admin(a) as admin_a, Connector(loaded).admin(b) as admin_b:
         ids = {a.name: admin_a.call("CLUSTER", "MYID"), b.name: admin_b.call("CLUSTER", "MYID")}
         slots = 5462
         written = load(admin_a, keys, range(0, slots))

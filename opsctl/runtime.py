@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector, Route
 from opsctl.drift import with_disk_facts
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import NodeObservation, observe
@@ -28,9 +29,10 @@ class Runtime:
     loaded: LoadedSpec
     provider: Provider
     state_dir: Path
+    connector: Connector
 
     def admin(self, node: Node, timeout: float = 5.0) -> Admin:
-        return Admin.for_node(self.loaded, node, timeout)
+        return self.connector.admin(node, timeout)
 
     def node(self, name: str) -> Node:
         return self.loaded.layout.node(name)
@@ -54,33 +56,43 @@ def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
     return path
 
 
+def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
+    """The connector for loaded's nodes: through route (SSH tunnels) if given, with the spec's TLS."""
+    from opsctl.tls.material import client_tls
+
+    return Connector(loaded, route, client_tls(loaded, state_dir))
+
+
 def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     directory = state_dir_for(loaded, state_dir)
     spec = loaded.spec
     if spec.provider == "ansible":
         from opsctl.providers.ansible import AnsibleProvider
 
-        return Runtime(loaded, AnsibleProvider(loaded, directory), directory)
-    from opsctl.binaries import find_server
+        remote = AnsibleProvider(loaded, directory)
+        return Runtime(loaded, remote, directory, make_connector(loaded, directory, remote.admin_route()))
+    from opsctl.binaries import find_server, require_tls
     from opsctl.providers.local import LocalProvider
 
     binary = find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary)
-    return Runtime(loaded, LocalProvider(loaded, directory, binary), directory)
+    if spec.tls.enabled:
+        require_tls(binary)
+    return Runtime(loaded, LocalProvider(loaded, directory, binary), directory, make_connector(loaded, directory))
 
 
 @contextmanager
-def admin_routes(loaded: LoadedSpec, state_dir: Path) -> Iterator[None]:
-    """For commands that talk to nodes without a Runtime (failover, cluster check/reshard/...): when hosts have
-    admin_via_ssh, an AnsibleProvider registers the SSH-tunnel route of Admin.for_node for the block, and
-    closes its tunnels and connections afterwards. Otherwise nothing."""
+def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
+    """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
+    audit). When hosts have admin_via_ssh, an AnsibleProvider supplies the SSH-tunnel route for the block
+    and closes its tunnels and connections afterwards."""
     if loaded.spec.provider != "ansible" or not any(h.admin_via_ssh for h in loaded.spec.hosts):
-        yield
+        yield make_connector(loaded, state_dir)
         return
     from opsctl.providers.ansible import AnsibleProvider
 
     provider = AnsibleProvider(loaded, state_dir)
     try:
-        yield
+        yield make_connector(loaded, state_dir, provider.admin_route())
     finally:
         provider.close()
 
@@ -93,7 +105,7 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     nodes = rt.loaded.layout.nodes
     states = {n.name: rt.provider.process_state(n) for n in nodes}
     running = [n for n in nodes if states[n.name].running]
-    seen = observe(rt.loaded, running, with_config=with_config) if running else {}
+    seen = observe(rt.connector, running, with_config=with_config) if running else {}
     facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
                             seen.get(n.name), rt.loaded.credentials) for n in nodes}
     if with_config:
@@ -110,7 +122,7 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
     extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
     states = {n.name: rt.provider.process_state(n) for n in extra}
     running = [n for n in extra if states[n.name].running]
-    seen = observe(rt.loaded, running, with_config=with_config) if running else {}
+    seen = observe(rt.connector, running, with_config=with_config) if running else {}
     return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name),
                            rt.loaded.credentials)
             for n in extra}

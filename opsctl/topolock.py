@@ -30,9 +30,9 @@ from typing import Any
 import redis
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
 
 PREFIX = "opsctl-lock"
 LEASE_SECONDS = 30.0
@@ -84,8 +84,8 @@ def live_others(markers: Iterable[Marker], mine: dict[str, str], now: float) -> 
 class TopologyLock:
     """Held markers on every reachable node; see the module docstring."""
 
-    def __init__(self, loaded: LoadedSpec, nodes: Sequence[Node], lease: float = LEASE_SECONDS) -> None:
-        self.loaded, self.nodes, self.lease = loaded, list(nodes), lease
+    def __init__(self, connector: Connector, nodes: Sequence[Node], lease: float = LEASE_SECONDS) -> None:
+        self.connector, self.loaded, self.nodes, self.lease = connector, connector.loaded, list(nodes), lease
         self.owner = owner_label()
         self.held: dict[str, tuple[Admin, Any, str]] = {}  # node -> (admin, its connection, my client id)
         self._stop = threading.Event()
@@ -112,7 +112,7 @@ class TopologyLock:
         self._renewer.start()
 
     def _hold(self, node: Node) -> None:
-        admin = Admin.for_node(self.loaded, node, timeout=CONNECT_TIMEOUT)
+        admin = self.connector.admin(node, timeout=CONNECT_TIMEOUT)
         try:
             conn = admin.client.connection_pool.get_connection()
             conn.send_command(admin.command("CLIENT"), "ID")
@@ -166,11 +166,11 @@ class TopologyLock:
 
 
 @contextmanager
-def topology_lock(loaded: LoadedSpec, nodes: Sequence[Node] | None = None,
+def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None,
                   lease: float = LEASE_SECONDS) -> Iterator[TopologyLock]:
     """Hold the topology's lock for the block (RefusedError, exit 3, naming the owner, when another run holds
     it). nodes: the servers to mark, by default every server of the spec."""
-    lock = TopologyLock(loaded, nodes if nodes is not None else loaded.layout.servers, lease)
+    lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
     lock.acquire()
     try:
         yield lock

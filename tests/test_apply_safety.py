@@ -9,7 +9,7 @@ import pytest
 import redis
 import yaml
 
-from opsctl.admin import Admin
+from opsctl.connector import Connector
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD
 
@@ -41,7 +41,7 @@ def test_a_restart_only_change_of_a_replication_master_settles(tmp_path, capsys)
         assert code == 0, err + out
         assert plan_json(capsys, spec)["steps"] == []
         for node in loaded.layout.servers:
-            with Admin.for_node(loaded, node) as admin:
+            with Connector(loaded).admin(node) as admin:
                 assert admin.config_get("io-threads")["io-threads"] == "2"
 
 

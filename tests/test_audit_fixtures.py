@@ -18,6 +18,7 @@ from typing import Any
 from opsctl.admin import Admin
 from opsctl.audit.pipe import RawPipe
 from opsctl.audit.resp import encode
+from opsctl.connector import Connector
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -49,7 +50,7 @@ def start_node(loaded: LoadedSpec, node: Node, base: Path, flavor: str) -> Path:
         target.write_text(text)
         target.chmod(0o600)
     subprocess.run([server_binary(flavor), paths.conf], check=True, timeout=30, capture_output=True)
-    with Admin.for_node(loaded, node, timeout=1.0) as admin:
+    with Connector(loaded).admin(node, timeout=1.0) as admin:
         wait_for(admin.ping, what=f"{node.name} to answer PING")
     return Path(paths.pid)
 
@@ -68,7 +69,7 @@ class Fleet:
     pidfiles: list[Path]
 
     def admin(self, index: int = 0) -> Admin:
-        return Admin.for_node(self.loaded, self.loaded.layout.servers[index])
+        return Connector(self.loaded).admin(self.loaded.layout.servers[index])
 
     def stop(self) -> None:
         for pidfile in self.pidfiles:
@@ -91,7 +92,7 @@ def standalone(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
 
 def fill_strings(admin: Admin, count: int, prefix: str = "bench:item:", batch: int = 500, depth: int = 20) -> None:
     """count small string keys, MSET of `batch` keys, `depth` MSETs per write."""
-    with RawPipe(admin) as pipe:
+    with RawPipe(Connector(admin.loaded), admin.node) as pipe:
         mset = pipe.name("MSET")
         done = 0
         while done < count:
@@ -233,7 +234,7 @@ def cluster(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
         env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
         subprocess.run([redis_cli(), "--cluster", "create", *endpoints, "--cluster-replicas", "1", "--cluster-yes"],
                        env=env, check=True, capture_output=True, timeout=120)
-        admins = [Admin.for_node(loaded, n) for n in loaded.layout.servers]
+        admins = [Connector(loaded).admin(n) for n in loaded.layout.servers]
         wait_for(lambda: all("cluster_state:ok" in str(a.raw("CLUSTER", "INFO")) for a in admins), 60,
                  "cluster_state:ok on every node")
         for a in admins:
@@ -247,10 +248,12 @@ def wait_replicas_synced(fleet: Fleet) -> None:
     """Every replica holds as many keys as its master (the audit scans replicas)."""
     def synced() -> bool:
         for node in fleet.loaded.layout.servers:
-            with Admin.for_node(fleet.loaded, node) as admin:
+            with Connector(fleet.loaded).admin(node) as admin:
                 role = admin.call("ROLE")
                 if role[0] == "slave":
-                    with Admin(fleet.loaded, role[1], int(role[2])) as master:
+                    master_node = fleet.loaded.layout.find(f"{role[1]}:{role[2]}")
+                    assert master_node is not None
+                    with Connector(fleet.loaded).admin(master_node) as master:
                         if role[3] != "connected" or admin.client.dbsize() != master.client.dbsize():
                             return False
         return True

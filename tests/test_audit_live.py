@@ -11,6 +11,7 @@ from opsctl.audit.bigdelete import delete_big_key
 from opsctl.audit.discover import discover
 from opsctl.audit.run import AuditOptions, run_audit
 from opsctl.cli import main
+from opsctl.connector import Connector
 from opsctl.specfile import read_spec
 from tests.support import PASSWORD, cluster_check
 from tests.test_audit_fixtures import (
@@ -33,7 +34,7 @@ def test_standalone_audit_reports_exactly_the_planted_findings(tmp_path: Path, f
         admin = fleet.admin()
         run_commands(admin.client.pipeline(transaction=False), planted_commands(int(time.time())))
         admin.call("SLOWLOG", "RESET")  # planting 5000-element keys in one command may itself be slow
-        report = run_audit(fleet.loaded, AuditOptions(allow_masters=True))
+        report = run_audit(Connector(fleet.loaded), AuditOptions(allow_masters=True))
         node = fleet.loaded.layout.servers[0].name
         expected = {**PLANTED, ("ttl-clustered", "keys"): 1200, ("hotkey", node): 1}
         assert summary(report.findings) == expected, [f.message for f in report.findings]
@@ -51,7 +52,7 @@ def test_config_drift_and_dangerous_commands_are_found(tmp_path: Path) -> None:
         admin = fleet.admin()
         admin.config_set("lazyfree-lazy-expire", "no")
         admin.config_set("maxmemory", "0")
-        report = run_audit(fleet.loaded, AuditOptions(checks=("config",)))
+        report = run_audit(Connector(fleet.loaded), AuditOptions(checks=("config",)))
         assert {(f.rule, f.data.get("directive")) for f in report.findings} == {
             ("lazyfree", "lazyfree-lazy-expire"), ("maxmemory", "maxmemory")}
         assert main(["audit", "-f", str(fleet.spec_file), "config", "--fail-on", "critical"]) == 0
@@ -63,7 +64,7 @@ def test_a_callable_keys_command_is_critical(tmp_path: Path) -> None:
                                                    "disabled_commands": ["FLUSHALL", "FLUSHDB"]}) as fleet:
         spec = fleet.spec_file.read_text().replace("- FLUSHDB", "- FLUSHDB\n  - KEYS")
         fleet.spec_file.write_text(spec)  # the spec now says KEYS is disabled; the running node disagrees
-        report = run_audit(read_spec(fleet.spec_file), AuditOptions(checks=("config",)))
+        report = run_audit(Connector(read_spec(fleet.spec_file)), AuditOptions(checks=("config",)))
         assert [(f.rule, f.severity, f.data.get("command")) for f in report.findings] == [
             ("dangerous-command", "critical", "KEYS")]
 
@@ -77,12 +78,12 @@ def test_bigkey_delete_of_a_million_member_set_stays_responsive(tmp_path: Path, 
             pipe.sadd("trade:followers:{42}", *range(start, start + 10_000))
         pipe.execute()
         assert client.scard("trade:followers:{42}") == 1_000_000
-        dry = delete_big_key(fleet.loaded, b"trade:followers:{42}", chunked=True, dry_run=True)
+        dry = delete_big_key(Connector(fleet.loaded), b"trade:followers:{42}", chunked=True, dry_run=True)
         assert dry.plan.method == "chunked" and client.exists("trade:followers:{42}")
         node = fleet.loaded.layout.servers[0]
         probe = LatencyProbe(node.address, node.port, tmp_path)
         try:
-            result = delete_big_key(fleet.loaded, b"trade:followers:{42}", chunked=True)
+            result = delete_big_key(Connector(fleet.loaded), b"trade:followers:{42}", chunked=True)
         finally:
             latency = probe.stop()
         assert result.removed == 1_000_000
@@ -106,8 +107,8 @@ def test_cluster_audit_scans_replicas_of_every_shard(tmp_path: Path) -> None:
             client.close()
         wait_replicas_synced(fleet)
         options = AuditOptions(checks=("config", "bigkeys", "keys", "ttl", "hotkeys"))
-        report = run_audit(fleet.loaded, options)
-        replicas = [ln.node.name for ln in discover(fleet.loaded) if ln.role == "replica"]
+        report = run_audit(Connector(fleet.loaded), options)
+        replicas = [ln.node.name for ln in discover(Connector(fleet.loaded)) if ln.role == "replica"]
         assert sorted(report.stats["scanned_nodes"]) == sorted(replicas) and len(replicas) == 3
         hot = [f for f in report.findings if f.rule == "hotkey"]
         assert len(hot) == 3 and all(f.severity == "info" for f in hot)  # masters run allkeys-lru, not LFU
@@ -116,7 +117,7 @@ def test_cluster_audit_scans_replicas_of_every_shard(tmp_path: Path) -> None:
         assert {n for f in rest for n in f.node.split(",")} <= set(replicas)
         assert report.stats["keys_scanned"] == sum(
             fleet.admin(i).client.dbsize() for i, n in enumerate(fleet.loaded.layout.servers) if n.name in replicas)
-        result = delete_big_key(fleet.loaded, b"audit:zset:big", chunked=True, chunk=700)
+        result = delete_big_key(Connector(fleet.loaded), b"audit:zset:big", chunked=True, chunk=700)
         assert result.plan.method == "chunked" and result.removed == 5001
         assert cluster_check(f"{first.address}:{first.port}").returncode == 0
 
@@ -131,7 +132,8 @@ def test_chunked_delete_of_every_type_and_resume(tmp_path: Path) -> None:
         cmds = [c for kind in kinds for c in collection(kind, f"t:{kind}:1", 12_000)]
         run_commands(client.pipeline(transaction=False), cmds)
         for kind in kinds:
-            result = delete_big_key(fleet.loaded, f"t:{kind}:1".encode(), chunked=True, chunk=1000, rate=200_000)
+            result = delete_big_key(Connector(fleet.loaded), f"t:{kind}:1".encode(), chunked=True, chunk=1000,
+                                    rate=200_000)
             assert (result.plan.type, result.removed) == (kind, 12_000)
         assert client.dbsize() == 0
         # an interrupted run leaves the gc copy behind: the next run finishes it
@@ -139,18 +141,18 @@ def test_chunked_delete_of_every_type_and_resume(tmp_path: Path) -> None:
         gc = gc_name(b"t:set:2", cluster=False)
         client.rename("t:set:2", gc)
         client.spop(gc, 2500)
-        result = delete_big_key(fleet.loaded, b"t:set:2")
+        result = delete_big_key(Connector(fleet.loaded), b"t:set:2")
         assert (result.plan.method, result.removed) == ("resume", 3500)
         assert client.dbsize() == 0
-        assert delete_big_key(fleet.loaded, b"t:set:2").plan.method == "missing"
+        assert delete_big_key(Connector(fleet.loaded), b"t:set:2").plan.method == "missing"
 
 
 def test_scan_is_throttled(tmp_path: Path) -> None:
     with standalone(tmp_path, "valkey") as fleet:
         run_commands(fleet.admin().client.pipeline(transaction=False),
                      [("SET", f"th:item:{i}", "v", "EX", 600) for i in range(3000)])
-        fast = run_audit(fleet.loaded, AuditOptions(checks=("bigkeys", "ttl"), allow_masters=True))
-        slow = run_audit(fleet.loaded, AuditOptions(checks=("bigkeys", "ttl"), allow_masters=True,
+        fast = run_audit(Connector(fleet.loaded), AuditOptions(checks=("bigkeys", "ttl"), allow_masters=True))
+        slow = run_audit(Connector(fleet.loaded), AuditOptions(checks=("bigkeys", "ttl"), allow_masters=True,
                                                     max_ops_per_sec=20_000))
         assert fast.stats["keys_scanned"] == slow.stats["keys_scanned"] == 3000
         assert slow.stats["scan_seconds"] >= 6000 / 20_000 * 0.9 > fast.stats["scan_seconds"]

@@ -10,6 +10,7 @@ import pytest
 
 from opsctl.cli import main
 from opsctl.cluster.ops import form_cluster, meet_targets, setup_commands, slot_args, slot_plan
+from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, RefusedError
 from opsctl.observe.collect import observe, wait_cluster_converged
 from opsctl.specfile import read_spec
@@ -39,7 +40,7 @@ def test_form_check_and_observe_with_a_node_down(flavor, tmp_path, servers, caps
     loaded = read_spec(spec_file)
     group = launch(servers, loaded, tmp_path)
     started = time.monotonic()
-    form_cluster(loaded, loaded.layout)
+    form_cluster(Connector(loaded), loaded.layout)
     formed = time.monotonic() - started
     referee = cluster_check(loaded.layout.servers[0].endpoint)
     assert referee.returncode == 0, referee.stdout + referee.stderr
@@ -53,18 +54,18 @@ def test_form_check_and_observe_with_a_node_down(flavor, tmp_path, servers, caps
     assert report["healthy"] and report["agreeing"] == 6 and len(report["shards"]) == 3
 
     with pytest.raises(RefusedError, match="not a fresh empty cluster node"):
-        form_cluster(loaded, loaded.layout)
+        form_cluster(Connector(loaded), loaded.layout)
 
     victim = loaded.layout.servers[-1]
     group.stop(victim)
-    seen = observe(loaded, loaded.layout.servers, timeout=1.0)
+    seen = observe(Connector(loaded), loaded.layout.servers, timeout=1.0)
     assert not seen[victim.name].reachable and seen[victim.name].error
     others = [o for name, o in seen.items() if name != victim.name]
     assert all(o.reachable and o.cluster_nodes and o.role for o in others)
     assert all(o.info.get("cluster_state") for o in others)
 
     with pytest.raises(ConvergenceError) as caught:
-        wait_cluster_converged(loaded, loaded.layout.servers, timeout=0.2)
+        wait_cluster_converged(Connector(loaded), loaded.layout.servers, timeout=0.2)
     assert f"{victim.name}: unreachable" in caught.value.detail
     assert main(["cluster", "check", "-f", str(spec_file)]) == 1
     assert f"{victim.name}: unreachable" in capsys.readouterr().out

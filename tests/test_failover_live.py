@@ -15,7 +15,7 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.observe.collect import wait_cluster_converged
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -31,7 +31,7 @@ TRIALS = 20
 def _roles(loaded: LoadedSpec) -> dict[str, str]:
     out = {}
     for node in loaded.layout.servers:
-        with Admin.for_node(loaded, node, timeout=2.0) as admin:
+        with Connector(loaded).admin(node, timeout=2.0) as admin:
             role = admin.client.execute_command("ROLE")
             out[node.name] = role[0] if role[0] == "master" else f"{role[0]}:{role[1]}:{role[2]}"
     return out
@@ -92,7 +92,7 @@ def test_cluster_graceful_failover_loses_no_acknowledged_write(tmp_path, capsys,
         assert code == 3 and "[FAIL] target-linked" in out and "nothing was changed" in err, out + err
         assert _roles(loaded) == before
         assert _reports(tmp_path, loaded)[-1]["outcome"] == "refused"
-        wait_cluster_converged(loaded, loaded.layout.servers, timeout=30)
+        wait_cluster_converged(Connector(loaded), loaded.layout.servers, timeout=30)
         _assert_plan_empty(capsys, spec)
 
         with Writer(lambda: cluster_client(loaded)) as writer:

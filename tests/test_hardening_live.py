@@ -22,6 +22,7 @@ import redis
 import yaml
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.nodefiles import write_private
 from opsctl.observe.parse import config_equal, is_config_directive
 from opsctl.render import NodePaths, render_node
@@ -103,7 +104,7 @@ def start(request: pytest.FixtureRequest, loaded: LoadedSpec, node: Node, direct
     rendered = render_node(loaded, node, paths, reveal=True, daemonize=True)
     for name, text in rendered.files.items():
         write_private(directory / name, text)
-    admin = Admin.for_node(loaded, node)
+    admin = Connector(loaded).admin(node)
     request.addfinalizer(lambda: stop(admin, Path(paths.pid)))
     args = [server_binary(loaded.spec.server.flavor), paths.conf, *(["--sentinel"] if node.is_sentinel else [])]
     done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
 import pytest
 
-from opsctl.admin import route_admin
 from opsctl.audit.bigdelete import delete_big_key, owner_node
 from opsctl.cli import main
 from opsctl.commands.audit import ProgressBar, scan_line
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.events import (
     BigKey,
@@ -240,13 +238,13 @@ def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatc
     import opsctl.runtime
 
     entered: list[tuple[str, Path]] = []
+    make_connector = opsctl.runtime.make_connector
 
-    @contextmanager
-    def recording(loaded: Any, state_dir: Path) -> Iterator[None]:
+    def recording(loaded: Any, state_dir: Path, route: Any = None) -> Connector:
         entered.append((loaded.spec.name, state_dir))
-        yield
+        return make_connector(loaded, state_dir, route)
 
-    monkeypatch.setattr(opsctl.runtime, "admin_routes", recording)
+    monkeypatch.setattr(opsctl.runtime, "make_connector", recording)
     with standalone(tmp_path, "valkey") as fleet:
         fleet.admin().client.rpush("big:list", *range(2000))
         state = str(tmp_path / "state")
@@ -263,11 +261,7 @@ def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatc
             routed.append(node)
             return node.address, node.port
 
-        route_admin(fleet.loaded, route)
-        try:
-            assert delete_big_key(fleet.loaded, b"big:list", chunked=True).removed == 2000
-        finally:
-            route_admin(fleet.loaded, None)
+        assert delete_big_key(Connector(fleet.loaded, route), b"big:list", chunked=True).removed == 2000
         assert routed and {n.name for n in routed} == {fleet.loaded.layout.servers[0].name}
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.admin import Admin
 from opsctl.binaries import probe
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.providers.base import Provider
 from opsctl.providers.local import (
@@ -162,7 +162,7 @@ def test_start_ping_stop(tmp_path: Path, started: Started, flavor: str) -> None:
     started.start(provider, node)
     state = provider.process_state(node)
     assert state.running and state.pid
-    with Admin.for_node(loaded, node) as admin:
+    with Connector(loaded).admin(node) as admin:
         assert admin.ping()
         assert admin.config_get("port") == {"port": str(node.port)}
     proc = Path(f"/proc/{state.pid}")
@@ -235,7 +235,7 @@ def test_kill_9_then_start_again(tmp_path: Path, started: Started) -> None:
     assert not state.running and state.detail == f"pidfile names dead pid {pid}"
     started.start(provider, node)
     assert provider.process_state(node).running and provider.process_state(node).pid != pid
-    with Admin.for_node(loaded, node) as admin:
+    with Connector(loaded).admin(node) as admin:
         assert admin.ping()
     provider.stop(node, timeout=0)  # no time for SIGTERM: SIGKILL, then the stale pidfile goes
     assert not provider.process_state(node).running and not Path(provider.paths(node).pid).exists()
@@ -268,7 +268,7 @@ def test_sentinel_starts(tmp_path: Path, started: Started) -> None:
     started.start(provider, sentinel)
     pid = provider.process_state(sentinel).pid
     assert pid and b"sentinel" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    with Admin.for_node(loaded, sentinel) as admin:
+    with Connector(loaded).admin(sentinel) as admin:
         assert admin.ping()
         assert admin.call("SENTINEL", "MASTERS")
     assert mode(provider.paths(sentinel).conf) == 0o600  # still private after the sentinel rewrote it

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from opsctl.admin import Admin
 from opsctl.cli import main
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.providers.ansible import RECORD, AnsibleProvider
 from opsctl.remote.runner import PlaybookResult, parse_event, summarize
@@ -309,7 +309,7 @@ def assert_sentinels_monitor_the_master(loaded: LoadedSpec) -> None:
     master = loaded.layout.node(loaded.layout.shards[0].master)
     name = sentinel_master_name(loaded.spec)
     for sentinel in loaded.layout.sentinels:
-        with Admin.for_node(loaded, sentinel) as admin:
+        with Connector(loaded).admin(sentinel) as admin:
             assert admin.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name) == [master.address, str(master.port)]
             assert admin.call("SENTINEL", "CKQUORUM", name).startswith("OK")
 

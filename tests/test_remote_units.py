@@ -132,27 +132,16 @@ def test_control_and_purge_commands_run_in_a_real_shell(tmp_path):
 
 
 def test_admin_via_ssh_routes_admin_connections_and_needs_the_ansible_provider(tmp_path):
-    import gc
-
-    from opsctl import admin as admin_module
-    from opsctl.admin import Admin, route_admin
+    from opsctl.connector import Connector
     from opsctl.errors import SpecError
 
     loaded = remote(tmp_path, "standalone")
     node = loaded.layout.nodes[0]
-    route_admin(loaded, lambda n: ("127.0.0.1", 4242))
-    admin = Admin.for_node(loaded, node)
+    admin = Connector(loaded, lambda n: ("127.0.0.1", 4242)).admin(node)
     kwargs = admin.client.connection_pool.connection_kwargs
     assert (kwargs["host"], kwargs["port"]) == ("127.0.0.1", 4242)
     assert admin.endpoint == node.endpoint and admin.name == node.name  # errors still name the node
-    route_admin(loaded, None)
-    assert Admin.for_node(loaded, node).client.connection_pool.connection_kwargs["host"] == node.address
-    other = remote(tmp_path, "standalone")
-    route_admin(other, lambda n: ("127.0.0.1", 1))
-    key = id(other)
-    del other
-    gc.collect()
-    assert key not in admin_module._ROUTES  # a route lives as long as its spec object
+    assert Connector(loaded).admin(node).client.connection_pool.connection_kwargs["host"] == node.address
 
     spec = make_spec("standalone")
     spec["hosts"][0]["admin_via_ssh"] = True

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import RefusedError
 from opsctl.topolock import TopologyLock, topology_lock
 from tests.lifecycle import deployed, plan_json, run
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.integration
 
 HOLD = """
 import sys, time
+from opsctl.connector import Connector
 from opsctl.specfile import read_spec
 from opsctl.topolock import topology_lock
-with topology_lock(read_spec(sys.argv[1])):
+with topology_lock(Connector(read_spec(sys.argv[1]))):
     print("held", flush=True)
     time.sleep(60)
 """
@@ -73,14 +75,14 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
                              "--to", target.name, "--slots", "10", "--state-dir", str(tmp_path / "b"))
         assert code == 0 and "moved 10 slots" in out, err + out
 
-        hung = TopologyLock(loaded, loaded.layout.servers, lease=1.0)
+        hung = TopologyLock(Connector(loaded), loaded.layout.servers, lease=1.0)
         hung.acquire()
         hung._stop.set()  # stops renewing, keeps its connections: a run that hangs
         try:
-            with pytest.raises(RefusedError, match="holds this topology"), topology_lock(loaded):
+            with pytest.raises(RefusedError, match="holds this topology"), topology_lock(Connector(loaded)):
                 pass
             time.sleep(2.2)  # the 1 s lease, rounded up to the second
-            with topology_lock(loaded) as lock:
+            with topology_lock(Connector(loaded)) as lock:
                 assert len(lock.held) == 6
         finally:
             hung.release()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
@@ -92,7 +93,7 @@ def test_busykey_equal_replaced_different_refused_then_fix_and_a_big_hash(tmp_pa
     with deployed(tmp_path, capsys, "cluster", "redis", hardening=no_eval) as (spec, loaded):
         client = cluster_client(loaded)
         source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
-        with Admin.for_node(loaded, source) as src, Admin.for_node(loaded, target) as tgt:
+        with Connector(loaded).admin(source) as src, Connector(loaded).admin(target) as tgt:
             source_id = src.call("CLUSTER", "MYID")
             top = 5461  # the first shard's highest slot: reshard --slots 1 takes the highest
             same, differ, big = (_slot_key(client, top - i, f"k{i}") for i in range(3))

@@ -16,6 +16,7 @@ from opsctl.admin import Admin
 from opsctl.audit.discover import discover
 from opsctl.audit.pipe import RawPipe, Throttle
 from opsctl.audit.resp import Arg, Reply, RespError, encode
+from opsctl.connector import Connector
 from opsctl.endpoints import endpoint as format_endpoint
 from opsctl.errors import OpsctlError
 from opsctl.slots.scale import find_node
@@ -106,7 +107,7 @@ class DeleteResult:
 
 def owner_node(loaded: LoadedSpec, nodes_text: str, key: bytes) -> Node:
     """The node serving key's slot in CLUSTER NODES, as the spec's Node (or a retired one a larger spec had), so
-    Admin.for_node reaches it with the spec's auth and route (an SSH tunnel for admin_via_ssh hosts). Pure."""
+    the connector reaches it with the spec's auth, TLS and route (an SSH tunnel for admin_via_ssh hosts). Pure."""
     slot = key_slot(key)
     found = parse_slot_owner(nodes_text, slot)
     if found is None:
@@ -121,16 +122,17 @@ def owner_node(loaded: LoadedSpec, nodes_text: str, key: bytes) -> Node:
     return node
 
 
-def owner(loaded: LoadedSpec, key: bytes) -> Admin:
-    live = [ln for ln in discover(loaded) if ln.role != "down"]
+def owner(connector: Connector, key: bytes) -> Admin:
+    loaded = connector.loaded
+    live = [ln for ln in discover(connector) if ln.role != "down"]
     masters = [ln for ln in live if ln.role == "master"]
     if not masters:
         raise OpsctlError("no reachable master", hint="start the fleet: opsctl apply -f SPEC")
     if loaded.spec.topology != "cluster":
-        return Admin.for_node(loaded, masters[0].node)
-    with Admin.for_node(loaded, masters[0].node) as admin:
+        return connector.admin(masters[0].node)
+    with connector.admin(masters[0].node) as admin:
         text = admin.raw("CLUSTER", "NODES")
-    return Admin.for_node(loaded, owner_node(loaded, text if isinstance(text, str) else text.decode(), key))
+    return connector.admin(owner_node(loaded, text if isinstance(text, str) else text.decode(), key))
 
 
 def _size_of(pipe: RawPipe, kind: str, key: bytes) -> int:
@@ -223,12 +225,12 @@ def _drain(pipe: RawPipe, gc: bytes, kind: str, chunk: int, throttle: Throttle) 
     return removed, trips + 1
 
 
-def delete_big_key(loaded: LoadedSpec, key: bytes, chunk: int = DEFAULT_CHUNK, chunked: bool = False,
+def delete_big_key(connector: Connector, key: bytes, chunk: int = DEFAULT_CHUNK, chunked: bool = False,
                    dry_run: bool = False, rate: float | None = None) -> DeleteResult:
     """Plan, then (unless dry_run) delete: a leftover gc key first, then the key itself."""
     started = time.monotonic()
-    with owner(loaded, key) as admin, RawPipe(admin) as pipe:
-        plan = make_plan(loaded, admin, pipe, key, chunk, chunked)
+    with owner(connector, key) as admin, RawPipe(connector, admin.node) as pipe:
+        plan = make_plan(connector.loaded, admin, pipe, key, chunk, chunked)
         if dry_run or plan.method == "missing":
             return DeleteResult(plan, 0, 0, 0.0)
         throttle = Throttle(rate)

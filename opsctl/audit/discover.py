@@ -8,13 +8,12 @@ from typing import Any
 
 import redis
 
-from opsctl.admin import Admin
 from opsctl.audit.findings import Finding, finding
+from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, is_auth_failure, not_answering
 from opsctl.endpoints import endpoint
 from opsctl.observe.parse import parse_role
 from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
 
 
 @dataclass(frozen=True)
@@ -41,17 +40,17 @@ def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
     return role.kind, master, role.kind == "master" or role.link == "connected"
 
 
-def live_node(loaded: LoadedSpec, node: Node) -> LiveNode:
+def live_node(connector: Connector, node: Node) -> LiveNode:
     try:
-        with Admin.for_node(loaded, node, timeout=3.0) as admin:
+        with connector.admin(node, timeout=3.0) as admin:
             role, master, linked = role_summary(admin.call("ROLE"))
     except (redis.RedisError, OSError) as exc:
         return LiveNode(node, "down", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return LiveNode(node, role, master, linked)
 
 
-def discover(loaded: LoadedSpec) -> list[LiveNode]:
-    return [live_node(loaded, node) for node in loaded.layout.servers]
+def discover(connector: Connector) -> list[LiveNode]:
+    return [live_node(connector, node) for node in connector.loaded.layout.servers]
 
 
 def shards(live: Sequence[LiveNode]) -> dict[str, list[LiveNode]]:

@@ -1,4 +1,4 @@
-"""A raw RESP pipe over an Admin-authenticated connection, and a throttle. The only I/O the scan needs.
+"""A raw RESP pipe over an authenticated connector socket, and a throttle. The only I/O the scan needs.
 
 Commands go out as pre-packed bytes and replies come back through a hiredis reader fed whole reads; redis-py's
 per-reply path is too slow for a million keys a few seconds.
@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import redis
-
-from opsctl.admin import Admin
 from opsctl.audit.resp import Arg, Reply, encode, reader
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
+from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
 
@@ -48,28 +47,24 @@ def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
 
 
 class RawPipe:
-    """One dedicated connection (auth done by redis-py), then bytes out and parsed replies in."""
+    """One dedicated connection from the connector (route, AUTH and TLS done), then bytes out and parsed
+    replies in."""
 
-    def __init__(self, admin: Admin, timeout: float = 30.0) -> None:
-        self._open(admin.client, admin.name, admin.command, timeout)
+    def __init__(self, connector: Connector, node: Node, timeout: float = 30.0) -> None:
+        renames = {k.upper(): v for k, v in connector.loaded.spec.hardening.renamed_commands.items()}
+        self._open(connector.socket(node, timeout), node.name, lambda c: renames.get(c.upper(), c.upper()))
 
     @classmethod
-    def on_client(cls, client: redis.Redis, label: str, timeout: float = 30.0) -> RawPipe:
-        """A pipe on a connection of any client (a scratch server's unix socket), commands unrenamed."""
+    def on_socket(cls, sock: socket.socket, label: str) -> RawPipe:
+        """A pipe on a connected socket (a scratch server's, from opsctl.connector.unix_socket), commands unrenamed."""
         pipe = cls.__new__(cls)
-        pipe._open(client, label, str.upper, timeout)
+        pipe._open(sock, label, str.upper)
         return pipe
 
-    def _open(self, client: redis.Redis, label: str, rename: Callable[[str], str], timeout: float) -> None:
+    def _open(self, sock: socket.socket, label: str, rename: Callable[[str], str]) -> None:
         self.label = label
         self._rename = rename
-        self._conn = client.connection_pool.make_connection()
-        self._conn.connect()
-        sock = getattr(self._conn, "_sock", None)
-        if not isinstance(sock, socket.socket):
-            raise OpsctlError(f"no socket to {label}", hint="is the node reachable?")
-        sock.settimeout(timeout)
-        self._sock = sock
+        self._stream = sock
         self._reader = reader()
 
     def name(self, command: str) -> bytes:
@@ -77,7 +72,7 @@ class RawPipe:
         return self._rename(command).encode()
 
     def send(self, data: bytes) -> None:
-        self._sock.sendall(data)
+        self._stream.sendall(data)
 
     def read(self, count: int) -> list[Reply]:
         out: list[Reply] = []
@@ -87,7 +82,7 @@ class RawPipe:
             if reply is not False:
                 out.append(_flat(reply) if isinstance(reply, dict | set) else reply)
                 continue
-            chunk = self._sock.recv(READ_SIZE)
+            chunk = self._stream.recv(READ_SIZE)
             if not chunk:
                 raise OpsctlError(f"{self.label} closed the connection mid-scan")
             self._reader.feed(chunk)
@@ -98,7 +93,7 @@ class RawPipe:
         return self.read(1)[0]
 
     def close(self) -> None:
-        self._conn.disconnect()
+        self._stream.close()
 
     def __enter__(self) -> RawPipe:
         return self

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from opsctl.admin import Admin
 from opsctl.audit import nodechecks as nc
 from opsctl.audit.findings import Finding
+from opsctl.connector import Connector
 from opsctl.observe.parse import parse_info
 from opsctl.render.directives import Directive, NodePaths, server_sections
 from opsctl.spec.layout import Node
@@ -35,11 +34,10 @@ def _error_of(admin: Admin, *args: str) -> str | None:
     return None
 
 
-def anonymous_error(address: str, port: int) -> str | None:
-    # No retries: redis-py retries a closed connection 3 times with up to 10 s backoff by default, and a node
-    # that refuses an anonymous client closes it on purpose (that refusal is the answer being audited).
-    client = redis.Redis(host=address, port=port, socket_timeout=3, socket_connect_timeout=3,
-                         retry=Retry(NoBackoff(), 0))
+def anonymous_error(connector: Connector, node: Node) -> str | None:
+    """What an unauthenticated PING gets (through the connector's route and TLS), or None when it works.
+    The connector's clients never retry: a node that refuses an anonymous client closes it on purpose."""
+    client = connector.client(node, timeout=3.0, auth=False)
     try:
         client.ping()
     except redis.ResponseError as exc:
@@ -63,14 +61,15 @@ def default_flags(admin: Admin) -> list[str] | None:
     return None
 
 
-def config_findings(loaded: LoadedSpec, node: Node, admin: Admin) -> list[Finding]:
+def config_findings(connector: Connector, node: Node, admin: Admin) -> list[Finding]:
+    loaded = connector.loaded
     spec = loaded.spec
     live = admin.config_get("*")
     out = nc.config_drift(node.name, expected_directives(loaded, node), live)
     checked = nc.probes(spec.hardening.disabled_commands, spec.hardening.renamed_commands)
     results = {p.command: _error_of(admin, p.command, *p.args) for p in checked}
     out += nc.probe_findings(node.name, results, checked)
-    out += nc.auth_findings(node.name, anonymous_error(node.address, node.port), default_flags(admin),
+    out += nc.auth_findings(node.name, anonymous_error(connector, node), default_flags(admin),
                             spec.auth.mode == "acl")
     return out
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import redis
 
-from opsctl.admin import Admin
 from opsctl.audit import nodechecks as nc
 from opsctl.audit import probe
 from opsctl.audit.discover import LiveNode, discover, scan_targets, unreachable
@@ -17,6 +16,7 @@ from opsctl.audit.findings import Finding, finding, ordered
 from opsctl.audit.keynames import style_findings
 from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
 from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
+from opsctl.connector import Connector
 from opsctl.spec.load import LoadedSpec
 
 CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory")
@@ -53,12 +53,12 @@ def wants_for(options: AuditOptions, lfu: bool) -> ScanWants:
                      names="keys" in checks, count=options.count, batch=options.batch, window=options.window)
 
 
-def _node_checks(loaded: LoadedSpec, ln: LiveNode, checks: Sequence[str], report: AuditReport) -> bool:
+def _node_checks(connector: Connector, ln: LiveNode, checks: Sequence[str], report: AuditReport) -> bool:
     """Per-node checks; returns whether the node runs an LFU policy."""
     name = ln.node.name
-    with Admin.for_node(loaded, ln.node) as admin:
+    with connector.admin(ln.node) as admin:
         if "config" in checks:
-            report.findings += probe.config_findings(loaded, ln.node, admin)
+            report.findings += probe.config_findings(connector, ln.node, admin)
         if "memory" in checks:
             row = probe.memory_facts(ln.node, admin)
             report.tables.setdefault("memory", []).append(row)
@@ -106,36 +106,37 @@ def masked(text: str, loaded: LoadedSpec) -> str:
     return text
 
 
-def run_audit(loaded: LoadedSpec, options: AuditOptions, progress: Progress | None = None) -> AuditReport:
+def run_audit(connector: Connector, options: AuditOptions, progress: Progress | None = None) -> AuditReport:
+    loaded = connector.loaded
     report = AuditReport(loaded.spec.name, options.checks)
     started = time.monotonic()
-    live = discover(loaded)
+    live = discover(connector)
     report.findings += unreachable(live)
     lfu = True
     for ln in live:
         if ln.role != "down":
             try:
-                lfu = _node_checks(loaded, ln, options.checks, report) and lfu
+                lfu = _node_checks(connector, ln, options.checks, report) and lfu
             except redis.RedisError as exc:
                 report.findings.append(finding("reachable", "high", ln.node.name,
                                                f"checks failed: {masked(str(exc), loaded)}",
                                                "check the node's log and the spec's renamed commands"))
     if SCANNING & set(options.checks):
-        _scan(loaded, live, options, lfu, report, progress)
+        _scan(connector, live, options, lfu, report, progress)
     report.stats["seconds"] = round(time.monotonic() - started, 3)
     report.findings = ordered(report.findings)
     return report
 
 
-def _scan(loaded: LoadedSpec, live: Sequence[LiveNode], options: AuditOptions, lfu: bool, report: AuditReport,
+def _scan(connector: Connector, live: Sequence[LiveNode], options: AuditOptions, lfu: bool, report: AuditReport,
           progress: Progress | None) -> None:
     targets, problems = scan_targets(live, options.allow_masters)
     report.findings += problems
     wants = wants_for(options, lfu)
     t0 = time.monotonic()
-    scans = scan_all(loaded, targets, wants, options.thresholds, options.max_ops_per_sec, progress)
+    scans = scan_all(connector, targets, wants, options.thresholds, options.max_ops_per_sec, progress)
     elapsed = time.monotonic() - t0
-    _scan_tables(scans, report, loaded)
+    _scan_tables(scans, report, connector.loaded)
     if "bigkeys" in options.checks and len(scans) > 1:
         report.findings += shard_skew({s.node: s.used_memory for s in scans})
     keys = sum(s.keys for s in scans)

@@ -12,14 +12,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from opsctl.admin import Admin
 from opsctl.audit.discover import LiveNode
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
 from opsctl.audit.pipe import RawPipe, Throttle
 from opsctl.audit.resp import Reply, RespError, encode, encode_keyed
+from opsctl.connector import Connector
 from opsctl.observe.parse import parse_info
-from opsctl.spec.load import LoadedSpec
 
 Progress = Callable[[str, int, int], None]
 
@@ -213,12 +212,12 @@ def _describe_big(pipe: RawPipe, result: NodeScan) -> None:
     result.bigkeys.top_described = [wanted[(b.key, b.type)] for b in result.bigkeys.top_keys()]
 
 
-def scan_node(loaded: LoadedSpec, target: LiveNode, wants: ScanWants, thresholds: Thresholds,
+def scan_node(connector: Connector, target: LiveNode, wants: ScanWants, thresholds: Thresholds,
               rate: float | None = None, progress: Progress | None = None) -> NodeScan:
     result = NodeScan(target.node.name, target.shard_key, thresholds)
     started = time.monotonic()
-    with RawPipe(Admin.for_node(loaded, target.node)) as pipe:
-        if loaded.spec.topology == "cluster":
+    with RawPipe(connector, target.node) as pipe:
+        if connector.loaded.spec.topology == "cluster":
             pipe.call("READONLY")  # a cluster replica answers reads only after READONLY; masters ignore it
         size = pipe.call("DBSIZE")
         result.dbsize = size if isinstance(size, int) else 0
@@ -232,13 +231,13 @@ def scan_node(loaded: LoadedSpec, target: LiveNode, wants: ScanWants, thresholds
     return result
 
 
-def scan_all(loaded: LoadedSpec, targets: Sequence[LiveNode], wants: ScanWants, thresholds: Thresholds,
+def scan_all(connector: Connector, targets: Sequence[LiveNode], wants: ScanWants, thresholds: Thresholds,
              rate: float | None = None, progress: Progress | None = None) -> list[NodeScan]:
     """Every shard in parallel; rate is per node."""
     if not targets:
         return []
     with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        futures = [pool.submit(scan_node, loaded, t, wants, thresholds, rate, progress) for t in targets]
+        futures = [pool.submit(scan_node, connector, t, wants, thresholds, rate, progress) for t in targets]
         return [f.result() for f in futures]
 
 

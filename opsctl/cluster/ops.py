@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.collect import Command, Observer, Pending, checked_pipeline, wait_converged, wait_for
@@ -134,14 +135,14 @@ def _attach_replicas(observer: Observer, layout: Layout, ids: dict[str, str], ti
     wait_converged(observer, timeout)
 
 
-def form_cluster(loaded: LoadedSpec, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
+def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
     """Create a cluster from fresh empty nodes: distinct epochs, even slots per shard master, MEET, wait until
     all know each other, REPLICATE each replica to its shard's master, wait until converged."""
     deadline = time.monotonic() + timeout
     servers = list(layout.servers)
     slots = slot_plan(layout)
-    has_range = has_addslotsrange(loaded)
-    with Observer(loaded, servers, timeout=min(5.0, timeout)) as observer:
+    has_range = has_addslotsrange(connector.loaded)
+    with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
         ids = _parallel(observer.pool, lambda n: _fresh_id(observer.admins[n.name]), servers)
 
         def setup(node: Node) -> None:

@@ -71,7 +71,7 @@ def _audit(args: argparse.Namespace) -> int:
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.report import render
     from opsctl.audit.run import AuditOptions, run_audit
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
@@ -84,8 +84,8 @@ def _audit(args: argparse.Namespace) -> int:
                            args.batch, args.window)
     bar = ProgressBar() if sys.stderr.isatty() and args.output == "table" else None
     try:
-        with admin_routes(loaded, state_dir_for(loaded, args.state_dir)):
-            report = run_audit(loaded, options, bar)
+        with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
+            report = run_audit(connector, options, bar)
     finally:
         if bar:
             bar.close()
@@ -132,12 +132,12 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.audit.bigdelete import delete_big_key
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
-    with admin_routes(loaded, state_dir_for(loaded, args.state_dir)):
-        result = delete_big_key(loaded, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
+    with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
+        result = delete_big_key(connector, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
                                 args.dry_run, args.max_ops_per_sec)
     print(("would delete " if args.dry_run else "") + result.plan.describe())
     if not args.dry_run and result.plan.method != "missing":

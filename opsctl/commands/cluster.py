@@ -24,11 +24,11 @@ def _cluster_spec(path: str) -> Any:
 def cmd_check(args: argparse.Namespace) -> int:
     from opsctl.cluster.check import report_text, summarize
     from opsctl.observe.collect import observe
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
 
     loaded = _cluster_spec(args.file)
-    with admin_routes(loaded, state_dir_for(loaded, None)):
-        report = summarize(observe(loaded, loaded.layout.servers, timeout=args.timeout))
+    with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
+        report = summarize(observe(connector, loaded.layout.servers, timeout=args.timeout))
     print(json.dumps(report.to_dict(), indent=2) if args.output == "json" else report_text(report))
     return EXIT_OK if report.healthy else EXIT_ERROR
 
@@ -36,7 +36,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
     from opsctl.events import Printer
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.slots.cli import outcome_json, outcome_text
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions
@@ -48,11 +48,11 @@ def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> i
     emit = Printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
     dry_run = getattr(args, "dry_run", False)
-    with state_lock(state_dir), admin_routes(loaded, state_dir), \
-            nullcontext() if dry_run else topology_lock(loaded):
+    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if dry_run else topology_lock(connector):
         if resume and not dry_run:
-            close_open(loaded, state_dir, emit)
-        outcome = operation(loaded, state_dir, emit, options)
+            close_open(connector, state_dir, emit)
+        outcome = operation(connector, state_dir, emit, options)
     print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))
     return EXIT_OK
 
@@ -60,8 +60,8 @@ def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> i
 def cmd_reshard(args: argparse.Namespace) -> int:
     from opsctl.slots.run import reshard
 
-    return _slot_op(args, lambda loaded, state_dir, emit, options: reshard(
-        loaded, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
+    return _slot_op(args, lambda connector, state_dir, emit, options: reshard(
+        connector, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
 
 
 WEIGHT = ranged(float, 0.0, 1e6)
@@ -83,15 +83,15 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     from opsctl.slots.run import rebalance
 
     weights = _weights(args.weight)
-    return _slot_op(args, lambda loaded, state_dir, emit, options: rebalance(
-        loaded, state_dir, weights, args.threshold, emit, options, args.dry_run))
+    return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
+        connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
     from opsctl.slots.fix import fix
 
-    return _slot_op(args, lambda loaded, state_dir, emit, options: fix(
-        loaded, state_dir, emit, args.reassign_unreachable), resume=False)
+    return _slot_op(args, lambda connector, state_dir, emit, options: fix(
+        connector, state_dir, emit, args.reassign_unreachable), resume=False)
 
 
 def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
@@ -111,6 +111,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("--output", choices=("text", "json"), default="text")
     p.add_argument("--timeout", type=ranged(float, 0.1, 600.0), default=2.0, help="seconds to wait for each node")
+    p.add_argument("--state-dir", help="where local state lives (generated TLS certificates too)")
     p.set_defaults(handler=cmd_check)
 
     p = commands.add_parser("reshard", help="move N slots from one master to another")

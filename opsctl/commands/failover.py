@@ -24,7 +24,7 @@ def _confirm(args: argparse.Namespace) -> None:
 def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.failover.report import report_text
     from opsctl.failover.runbook import Options, run_failover
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.safefs import check_writable_target
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
@@ -44,9 +44,9 @@ def cmd_failover(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr if json_mode else sys.stdout, flush=True)
 
-    with state_lock(state_dir), admin_routes(loaded, state_dir), \
-            nullcontext() if args.dry_run else topology_lock(loaded):
-        report = run_failover(loaded, state_dir, opts, say)
+    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if args.dry_run else topology_lock(connector):
+        report = run_failover(connector, state_dir, opts, say)
     print(report.json() if json_mode else report_text(report).splitlines()[-1])
     return EXIT_OK
 

@@ -18,6 +18,7 @@ import redis
 from redis.crc import key_slot
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
@@ -73,9 +74,9 @@ def to_facts(observations: dict[str, NodeObservation]) -> dict[str, NodeFacts]:
 class Session:
     """Open connections to every node for the whole run: each observation is one parallel round trip."""
 
-    def __init__(self, loaded: LoadedSpec) -> None:
-        self.loaded = loaded
-        self.observer = Observer(loaded, loaded.layout.nodes, timeout=1.0)
+    def __init__(self, connector: Connector) -> None:
+        self.loaded = connector.loaded
+        self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
 
     def facts(self) -> dict[str, NodeFacts]:
         return to_facts(self.observer.observe())
@@ -130,14 +131,15 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def run_failover(loaded: LoadedSpec, state_dir: Path, opts: Options, say: Say) -> FailoverReport:
+def run_failover(connector: Connector, state_dir: Path, opts: Options, say: Say) -> FailoverReport:
     """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure.
     Before acting it leaves an in-progress report, so a run killed mid-way still counts for the cool-down."""
+    loaded = connector.loaded
     report = FailoverReport(loaded.spec.name, loaded.spec.topology, _who(), time.time(), opts.mode, opts.dry_run,
                             spec_file=str(loaded.file), spec_digest=digest(loaded.spec.model_dump(mode="json")),
                             timeout=opts.timeout)
     started = time.monotonic()
-    session = Session(loaded)
+    session = Session(connector)
     marker: list[Path] = []
     try:
         _run(session, state_dir, opts, report, say, lambda: marker.extend(write_report(report, state_dir, None)))

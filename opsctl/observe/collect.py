@@ -16,6 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, OpsctlError
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
@@ -133,10 +134,11 @@ def _fail_fast(admin: Admin) -> Admin:
 class Observer:
     """Keeps one admin connection per node and a thread pool, so repeated observations (polling) are cheap."""
 
-    def __init__(self, loaded: LoadedSpec, nodes: Iterable[Node], timeout: float = 2.0) -> None:
-        self.loaded = loaded
+    def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = 2.0) -> None:
+        self.connector = connector
+        self.loaded = connector.loaded
         self.nodes = list(nodes)
-        self.admins = {n.name: _fail_fast(Admin.for_node(loaded, n, timeout)) for n in self.nodes}
+        self.admins = {n.name: _fail_fast(connector.admin(n, timeout)) for n in self.nodes}
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes))))
 
     def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
@@ -168,10 +170,10 @@ class Observer:
         self.close()
 
 
-def observe(loaded: LoadedSpec, nodes: Iterable[Node], with_config: bool = False,
+def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = False,
             timeout: float = 2.0) -> dict[str, NodeObservation]:
     """Every node in parallel, one round trip each. Never raises for a node that does not answer."""
-    with Observer(loaded, nodes, timeout) as observer:
+    with Observer(connector, nodes, timeout) as observer:
         return observer.observe(with_config)
 
 
@@ -231,7 +233,7 @@ def wait_converged(observer: Observer, timeout: float) -> None:
     wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
 
 
-def wait_cluster_converged(loaded: LoadedSpec, nodes: Iterable[Node], timeout: float = 30.0) -> None:
+def wait_cluster_converged(connector: Connector, nodes: Iterable[Node], timeout: float = 30.0) -> None:
     """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked)."""
-    with Observer(loaded, nodes, timeout=min(2.0, timeout)) as observer:
+    with Observer(connector, nodes, timeout=min(2.0, timeout)) as observer:
         wait_converged(observer, timeout)

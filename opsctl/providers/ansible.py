@@ -6,7 +6,7 @@ process_state and purge are single SSH commands (paramiko) on the host's bin/ops
 systemd where it runs; read_file reads over SFTP, or answers from the staged files (read your own writes).
 Node files travel as 0600 files in the private ansible data dir under the state dir, removed right after
 the run; they are never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true`
-get their admin traffic (opsctl.admin.Admin.for_node) through a paramiko tunnel per node.
+get their admin traffic through a paramiko tunnel per node: admin_route() is the opsctl.connector route.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import paramiko
 
-from opsctl.admin import route_admin
+from opsctl.connector import Route
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import write_private
 from opsctl.providers.base import ProcessState, parse_record
@@ -32,6 +32,7 @@ from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
+from opsctl.tls.material import node_files
 
 RECORD = "opsctl-node.json"
 WRITTEN_ONCE = ("sentinel.conf",)  # deploy.yml never overwrites these: Sentinel rewrites its own file
@@ -69,8 +70,6 @@ class AnsibleProvider:
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
         self.last_result: PlaybookResult | None = None
-        if any(h.admin_via_ssh for h in loaded.spec.hosts):
-            route_admin(loaded, self.admin_endpoint)
 
     @property
     def data_dir(self) -> Path:
@@ -84,8 +83,8 @@ class AnsibleProvider:
     def rendered(self, nodes: list[Node] | None = None) -> FileMap:
         """Every node's files with real secrets, for deploy()."""
         chosen = list(self.loaded.layout.nodes) if nodes is None else nodes
-        return {n.name: render_node(self.loaded, n, self.paths(n), reveal=True, daemonize=True).files
-                for n in chosen}
+        return {n.name: {**render_node(self.loaded, n, self.paths(n), reveal=True, daemonize=True).files,
+                         **node_files(self.loaded, self.state_dir, n)} for n in chosen}
 
     def deploy(self, files: FileMap | None = None, start: bool = True) -> PlaybookResult:
         """One deploy.yml run for these nodes' files (default: all nodes, freshly rendered)."""
@@ -184,12 +183,10 @@ class AnsibleProvider:
             raise OpsctlError(f"cannot delete the folder of {node.name} on host {node.host}", result.stderr.strip())
 
     def close(self) -> None:
-        """Land staged files, then drop tunnels, the admin route and SSH connections. Servers outlive the
-        provider on purpose."""
+        """Land staged files, then drop tunnels and SSH connections. Servers outlive the provider on purpose."""
         try:
             self.flush()
         finally:
-            route_admin(self.loaded, None)
             with self._lock:
                 for tunnel in self._tunnels.values():
                     tunnel.close()
@@ -227,9 +224,13 @@ class AnsibleProvider:
         """127.0.0.1:<tunnel.local_port> reaches the node's port as its host sees it (close() when done)."""
         return ssh.Tunnel(self._client(node), node.address, node.port)
 
+    def admin_route(self) -> Route | None:
+        """The connector's route when some host has admin_via_ssh, else None (direct connections)."""
+        return self.admin_endpoint if any(h.admin_via_ssh for h in self.loaded.spec.hosts) else None
+
     def admin_endpoint(self, node: Node) -> tuple[str, int]:
         """Where admin connections to node go: its address, or a tunnel (kept until close()) when its host
-        has admin_via_ssh. Registered with opsctl.admin.route_admin, so every Admin.for_node uses it."""
+        has admin_via_ssh."""
         if not self._host(node).admin_via_ssh:
             return node.address, node.port
         with self._lock:

@@ -20,7 +20,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from opsctl.binaries import ServerBinary, server_environment
+from opsctl.connector import port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import default_paths
 from opsctl.providers.base import ProcessState, parse_record
@@ -112,14 +112,6 @@ def read_proc(pid: int) -> ProcFacts | None:
                          parse_cmdline(base.joinpath("cmdline").read_bytes()))
     except (OSError, IndexError):
         return None
-
-
-def port_open(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 RECORD_LIMIT = 1024 * 1024
@@ -347,7 +339,7 @@ class LocalProvider:
         deadline = time.monotonic() + self.start_timeout
         while True:
             state = self.process_state(node) if launch is None else self._pidfile_state(node)
-            if state.running and port_open(node.address, node.port):
+            if state.running and port_accepts(node.address, node.port):
                 if launch is not None:
                     launch.process.poll()
                 return

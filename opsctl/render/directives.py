@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsctl.render.tokens import quoted, word
-from opsctl.spec.checks import LAZYFREE, config_text
+from opsctl.spec.checks import LAZYFREE, PLAINTEXT_PORT_OFFSET, config_text
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Spec
@@ -48,13 +48,44 @@ def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
 
 def network(spec: Spec, node: Node) -> list[Directive]:
     """replica-announce-ip: masters and sentinels otherwise see the connection's source address."""
-    return [("bind", _bind(node)), ("port", str(node.port)), ("replica-announce-ip", word(node.address)),
+    return [("bind", _bind(node)), *ports(spec, node), ("replica-announce-ip", word(node.address)),
             ("protected-mode", "yes"),
             ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
 
 
 def _bind(node: Node) -> str:
     return " ".join(word(address) for address in node.bind)
+# The node's TLS files, next to its config on its host.
+TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE = "tls-ca.crt", "tls.crt", "tls.key"
+
+
+def plaintext_port(spec: Spec, node: Node) -> int | None:
+    """The port that answers without TLS: the node's port without TLS, port + 1000 with plaintext_port, else None."""
+    if not spec.tls.enabled:
+        return node.port
+    return node.port + PLAINTEXT_PORT_OFFSET if spec.tls.plaintext_port else None
+
+
+def ports(spec: Spec, node: Node) -> list[Directive]:
+    """With TLS the node's port is its tls-port; `port 0` closes the plaintext one."""
+    if not spec.tls.enabled:
+        return [("port", str(node.port))]
+    return [("port", str(plaintext_port(spec, node) or 0)), ("tls-port", str(node.port))]
+
+
+def tls(spec: Spec, paths: NodePaths, sentinel: bool = False) -> list[Directive]:
+    """Certificates, client authentication, protocols; TLS for replication and the cluster bus too."""
+    if not spec.tls.enabled:
+        return []
+    lines: list[Directive] = [
+        ("tls-cert-file", quoted(f"{paths.dir}/{TLS_CERT_FILE}")),
+        ("tls-key-file", quoted(f"{paths.dir}/{TLS_KEY_FILE}")),
+        ("tls-ca-cert-file", quoted(f"{paths.dir}/{TLS_CA_FILE}")),
+        ("tls-auth-clients", {"required": "yes", "optional": "optional", "no": "no"}[spec.tls.client_auth]),
+        ("tls-protocols", quoted(" ".join(spec.tls.protocols))), ("tls-replication", "yes")]
+    if spec.topology == "cluster" and not sentinel:
+        lines.append(("tls-cluster", "yes"))
+    return lines
 
 
 def process(node: Node, paths: NodePaths, daemonize: bool) -> list[Directive]:
@@ -165,6 +196,8 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
     ]
     if spec.topology == "cluster":
         sections.append(Section("cluster", supported(spec, cluster(spec, node))))
+    if spec.tls.enabled:
+        sections.append(Section("tls", tuple(tls(spec, paths))))
     return with_overrides(sections, extra(spec, node))
 
 
@@ -198,8 +231,8 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
     monitor += [("sentinel rename-command", f"{name} {word(c.upper())} {word(new)}")
                 for c, new in sorted(spec.hardening.renamed_commands.items())]
     own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
-    return (
-        Section("network", (("bind", _bind(node)), ("port", str(node.port)), ("protected-mode", "yes"),
+    sections = (
+        Section("network", (("bind", _bind(node)), *ports(spec, node), ("protected-mode", "yes"),
                             ("sentinel announce-ip", word(node.address)), ("sentinel announce-port", str(node.port)))),
         Section("process", (("daemonize", _yes(daemonize)), ("pidfile", word(paths.pid)),
                             ("logfile", word(paths.log)), ("dir", word(paths.dir)))),
@@ -207,3 +240,4 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
                              ("sentinel resolve-hostnames", "no"))),
         Section("monitored master", tuple(monitor)),
     )
+    return (*sections, Section("tls", tuple(tls(spec, paths, sentinel=True)))) if spec.tls.enabled else sections

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Closed, Emit
 from opsctl.observe.cluster_state import slot_map, uncovered
@@ -19,22 +20,21 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
 from opsctl.slots.run import Outcome, open_session, wait_stable
 from opsctl.slots.session import Peer, Session, checked, pipe
-from opsctl.spec.load import LoadedSpec
 
 
-def close_open(loaded: LoadedSpec, state_dir: Path, emit: Emit) -> list[str]:
+def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
     """Resume a killed run: close every journaled slot, then any other open slot. Returns what was done."""
     journal = Journal(state_dir)
-    if not journal.pending() and not _live_open(loaded):
+    if not journal.pending() and not _live_open(connector):
         journal.compact()
         return []
-    with open_session(loaded) as session:
+    with open_session(connector) as session:
         done = close_in_session(session, journal, emit)
     return done
 
 
-def _live_open(loaded: LoadedSpec) -> bool:
-    seen = observe(loaded, loaded.layout.servers)
+def _live_open(connector: Connector) -> bool:
+    seen = observe(connector, connector.loaded.layout.servers)
     return any(line.migrating or line.importing for o in seen.values() for line in o.cluster_nodes or ()
                if line.is_myself)
 
@@ -153,10 +153,10 @@ def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> Non
             checked(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
 
 
-def fix(loaded: LoadedSpec, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> Outcome:
+def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> Outcome:
     """After close_open (done by the caller): cover uncovered slots; take over a lost master's only on consent."""
     outcome = Outcome()
-    with open_session(loaded) as session:
+    with open_session(connector) as session:
         outcome.notes += close_in_session(session, Journal(state_dir), emit)
         outcome.notes += merge_split_shards(session, Journal(state_dir), emit)
         outcome.notes += _cover(session)

@@ -20,7 +20,7 @@ from opsctl.topolock import topology_lock
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
     """Move what the source still owns of the step's slots (slots already at the target are done: idempotent)."""
-    with topology_lock(rt.loaded), open_session(rt.loaded) as session:
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
         owned = set(session.owned().get(step.node, ()))
         wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
         left = [s for s in wanted if s in owned]
@@ -32,7 +32,7 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
 
 
 def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
-    with topology_lock(rt.loaded), open_session(rt.loaded) as session:
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
         for line in close_in_session(session, Journal(rt.state_dir), emit):
             emit(SlotsClosed(line))
 
@@ -41,7 +41,7 @@ def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
     node = find_node(rt.loaded, step.node)
     if node is None:
         raise OpsctlError(f"cannot find node {step.node}", hint="plan again")
-    with open_session(rt.loaded) as session:
+    with open_session(rt.connector) as session:
         peer = session.peers.get(node.name)
         if peer is not None:
             me = session.me(node.name)

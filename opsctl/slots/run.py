@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, EndpointReplacedEvent, SlotsStart, as_dict
@@ -23,7 +24,6 @@ from opsctl.slots.ranges import expand, text
 from opsctl.slots.scale import find_node, retired_nodes, shard_members
 from opsctl.slots.session import Peer, Session
 from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
 
 CONVERGE_TIMEOUT = 60.0
 MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
@@ -43,15 +43,16 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def cluster_members(loaded: LoadedSpec) -> list[Node]:
+def cluster_members(connector: Connector) -> list[Node]:
     """The spec's servers plus the nodes a larger spec had that the cluster still knows."""
-    seen = observe(loaded, loaded.layout.servers)
+    loaded = connector.loaded
+    seen = observe(connector, loaded.layout.servers)
     views = [o.cluster_nodes for o in seen.values() if o.cluster_nodes]
     return [*loaded.layout.servers, *retired_nodes(loaded, views)]
 
 
-def open_session(loaded: LoadedSpec) -> Session:
-    return Session(loaded, cluster_members(loaded))
+def open_session(connector: Connector) -> Session:
+    return Session(connector, cluster_members(connector))
 
 
 def resolve(session: Session, ref: str, notes: list[str] | None = None) -> str:
@@ -200,9 +201,9 @@ def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, em
     return outcome
 
 
-def reshard(loaded: LoadedSpec, state_dir: Path, source_ref: str, target_ref: str, slots: int, emit: Emit,
+def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: str, slots: int, emit: Emit,
             options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
-    with open_session(loaded) as session:
+    with open_session(connector) as session:
         notes: list[str] = []
         source, target = resolve(session, source_ref, notes), resolve(session, target_ref, notes)
         if source == target:
@@ -216,9 +217,10 @@ def reshard(loaded: LoadedSpec, state_dir: Path, source_ref: str, target_ref: st
         return outcome
 
 
-def rebalance(loaded: LoadedSpec, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,
+def rebalance(connector: Connector, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,
               emit: Emit, options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
-    with open_session(loaded) as session:
+    loaded = connector.loaded
+    with open_session(connector) as session:
         owned = session.owned()
         resolved = {resolve(session, ref): w for ref, w in weights.items()}
         layout_masters = [n for n in owned if loaded.layout.find(n) is not None]

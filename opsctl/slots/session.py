@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
@@ -16,7 +17,6 @@ from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.slots.ranges import expand
 from opsctl.slots.scale import find_node, shard_members
 from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
 from opsctl.versions import has_capability
 
 T = TypeVar("T")
@@ -53,10 +53,11 @@ def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
 class Session:
     """Engine connections (bytes) plus an Observer for looking again after each mutation."""
 
-    def __init__(self, loaded: LoadedSpec, nodes: Iterable[Node]) -> None:
-        self.loaded = loaded
+    def __init__(self, connector: Connector, nodes: Iterable[Node]) -> None:
+        self.connector = connector
+        self.loaded = connector.loaded
         self.nodes = list(nodes)
-        self.observer = Observer(loaded, self.nodes, timeout=5.0)
+        self.observer = Observer(connector, self.nodes, timeout=5.0)
         self.pool = ThreadPoolExecutor(max_workers=max(4, min(32, len(self.nodes))))
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
@@ -70,7 +71,7 @@ class Session:
             me = myself(obs.cluster_nodes or [])
             if me is not None and (name not in self.peers or self.peers[name].id != me.id):
                 node = next(n for n in self.nodes if n.name == name)
-                self.peers[name] = Peer(node, Admin.for_node(self.loaded, node, ENGINE_TIMEOUT, decode=False), me.id)
+                self.peers[name] = Peer(node, self.connector.admin(node, ENGINE_TIMEOUT, decode=False), me.id)
         return self.seen
 
     def me(self, name: str) -> ClusterNodeLine | None:
@@ -120,7 +121,7 @@ class Session:
         """A short-timeout connection to node kept for the session (a timed-out one is dropped and redone)."""
         with self._probes_lock:
             if node.name not in self._probes:
-                self._probes[node.name] = Admin.for_node(self.loaded, node, timeout=timeout)
+                self._probes[node.name] = self.connector.admin(node, timeout=timeout)
             return self._probes[node.name]
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
 from opsctl.spec.text import is_control
+from opsctl.tls.refs import missing_refs
 from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
 
 Finding = tuple[tuple[str | int, ...], str, str]
@@ -33,6 +34,7 @@ class SecretUnusable(ValueError):
         self.hint = hint
 
 DEFAULT_PORTS = {6379, 26379}
+PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
@@ -59,6 +61,8 @@ MANAGED_DIRECTIVES = {
     "replicaof": "replication.master", "slaveof": "replication.master",
     "dir": "the provider's state directory", "pidfile": "the provider", "logfile": "the provider",
     "daemonize": "the provider", "include": "nothing: one rendered file per node",
+    **{name: "the tls section" for name in ("tls-port", "tls-cert-file", "tls-key-file", "tls-ca-cert-file",
+                                            "tls-auth-clients", "tls-replication", "tls-cluster", "tls-protocols")},
 }
 LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
             "lazyfree-lazy-user-del", "replica-lazy-flush")
@@ -103,6 +107,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
         yield from _check_secrets(spec, resolve)
     nodes = layout(spec)
     yield from _check_ports(spec, nodes)
+    yield from _check_tls(spec, nodes)
 
 
 def _check_version(spec: Spec) -> Iterator[Finding]:
@@ -428,3 +433,27 @@ def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
         return ("sentinel", "port")
     section = {"cluster": "cluster", "standalone": "standalone"}.get(spec.topology, "replication")
     return (section, "port" if section == "standalone" else "base_port")
+
+
+def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
+    """Given certificates: every node needs a CA, a certificate and a key. plaintext_port: port + 1000 free."""
+    tls = spec.tls
+    if not tls.enabled:
+        return
+    if not tls.generate:
+        for node in nodes.nodes:
+            missing = missing_refs(spec, node)
+            if missing:
+                yield (("tls",), f"{node.name} has no tls {', '.join(missing)} file",
+                       "set tls.ca/cert/key (or per host: hosts[].tls, per node: nodes.<name>.tls), "
+                       "or let opsctl make them: tls.generate: true")
+                return
+    if tls.plaintext_port:
+        used = {(n.address, p) for n in nodes.nodes for p in (n.port, n.port + 10000)}
+        for node in nodes.nodes:
+            plain = node.port + PLAINTEXT_PORT_OFFSET
+            if plain > 65535 or (node.address, plain) in used:
+                yield (("tls", "plaintext_port"), f"{node.name}'s plaintext port {plain} (port + "
+                       f"{PLAINTEXT_PORT_OFFSET}) is {'above 65535' if plain > 65535 else 'taken by another node'}",
+                       "lower the base port, or leave plaintext_port off")
+                return

@@ -57,6 +57,48 @@ class SecretRef(Strict):
         return f"environment variable {self.env}" if self.env else f"file {self.file}"
 
 
+class FileRef(Strict):
+    """A file on the machine running opsctl (relative paths: next to the spec)."""
+
+    file: Annotated[str, StringConstraints(min_length=1)]
+
+
+class TlsFiles(Strict):
+    """Certificate files for one host or one node (override tls.ca / tls.cert / tls.key)."""
+
+    ca: FileRef | None = None
+    cert: FileRef | None = None
+    key: FileRef | None = None
+
+
+TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
+
+
+def _default_protocols() -> list[TlsProtocol]:
+    return ["TLSv1.2", "TLSv1.3"]
+
+
+class Tls(Strict):
+    """TLS for clients, replication, the cluster bus, Sentinel and opsctl itself; see docs/tls.md."""
+
+    enabled: bool = False
+    generate: bool = Field(default=False, description=(
+        "opsctl makes a private CA and one certificate per node (SANs: address and host name) in the state dir"))
+    ca: FileRef | None = None
+    cert: FileRef | None = None
+    key: FileRef | None = None
+    client_auth: Literal["required", "optional", "no"] = "required"
+    protocols: Annotated[list[TlsProtocol], Field(min_length=1)] = Field(default_factory=_default_protocols)
+    plaintext_port: bool = Field(default=False, description=(
+        "also listen without TLS on the node's port + 1000 (a migration aid; off by default)"))
+
+    @model_validator(mode="after")
+    def _files_or_generate(self) -> Tls:
+        if self.generate and (self.ca or self.cert or self.key):
+            raise ValueError("give either generate: true or ca/cert/key files, not both")
+        return self
+
+
 class Server(Strict):
     flavor: Literal["valkey", "redis"] = "valkey"
     version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+$")] = "9.1"
@@ -87,11 +129,13 @@ class Host(Strict):
     admin_via_ssh: bool = Field(default=False, description=(
         "provider ansible: opsctl reaches this host's node ports through an SSH tunnel to the host "
         "(for ports open only to the other hosts); see docs/remote.md"))
+    tls: TlsFiles | None = None
 
 
 class NodeOverride(Strict):
     port: Port | None = None
     config: ConfigMap = Field(default_factory=dict)
+    tls: TlsFiles | None = None
 
 
 class ClusterTopology(Strict):
@@ -173,6 +217,7 @@ class Spec(Strict):
     persistence: Persistence = Field(default_factory=Persistence)
     memory: Memory = Field(default_factory=Memory)
     lazyfree: bool = True
+    tls: Tls = Field(default_factory=Tls)
     config: ConfigMap = Field(default_factory=dict)
     nodes: dict[str, NodeOverride] = Field(default_factory=dict)
 

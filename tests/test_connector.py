@@ -1,0 +1,38 @@
+"""The connector is the only place that connects to nodes (design: connections in one place)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+OPSCTL = Path(__file__).parents[1] / "opsctl"
+# Calls that make a client, a connection or a socket (by the called name's last part).
+MAKERS = {"Redis", "StrictRedis", "RedisCluster", "Sentinel", "ConnectionPool", "Connection", "SSLConnection",
+          "make_connection", "create_connection", "socket", "create_server", "wrap_socket", "SSLContext",
+          "create_default_context", "from_url"}
+ALLOWED = {
+    "connector.py": "the connector",
+    "remote/ssh.py": "the SSH transport: its local tunnel listener is the connector's route, not a node connection",
+}
+
+
+def _called(node: ast.Call) -> str:
+    func = node.func
+    if isinstance(func, ast.Attribute):  # connector.socket(...) is the allowed way; socket.socket(...) is not
+        owner = func.value.id if isinstance(func.value, ast.Name) else ""
+        return "" if func.attr == "socket" and owner != "socket" else func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def test_only_the_connector_creates_clients_and_sockets() -> None:
+    offenders = []
+    for path in sorted(OPSCTL.rglob("*.py")):
+        module = str(path.relative_to(OPSCTL))
+        if module in ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _called(node) in MAKERS:
+                offenders.append(f"{module}:{node.lineno} {_called(node)}()")
+            if isinstance(node, ast.Attribute) and node.attr in ("_sock", "_ROUTES"):
+                offenders.append(f"{module}:{node.lineno} .{node.attr}")
+    assert not offenders, "connect through opsctl.connector.Connector instead:\n" + "\n".join(offenders)
