@@ -119,8 +119,23 @@ def write_spec(directory: Path, spec: dict[str, Any], name: str = "topology.yaml
     return path
 
 
-def cluster_check(endpoint: str, password: str = PASSWORD) -> subprocess.CompletedProcess[str]:
-    """The referee: redis-cli --cluster check, password through REDISCLI_AUTH (never argv)."""
+def cluster_check(endpoint: str, password: str = PASSWORD, tls: list[str] | None = None,
+                  ) -> subprocess.CompletedProcess[str]:
+    """The referee: redis-cli --cluster check, password through REDISCLI_AUTH (never argv); tls: tls_cli_args."""
     env = {**os.environ, "REDISCLI_AUTH": password}
-    return subprocess.run([redis_cli(), "--cluster", "check", endpoint], capture_output=True, text=True,
-                          env=env, timeout=60, check=False)
+    return subprocess.run([redis_cli(), *(tls or []), "--cluster", "check", endpoint], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+
+
+def tls_cli_args(state_dir: Path) -> list[str]:
+    """redis-cli options for a fleet with generated certificates (opsctl's client certificate)."""
+    folder = state_dir / "tls"
+    return ["--tls", "--cacert", str(folder / "ca-bundle.crt"), "--cert", str(folder / "opsctl.crt"),
+            "--key", str(folder / "opsctl.key")]
+
+
+def tls_client_options(state_dir: Path) -> dict[str, Any]:
+    """redis-py options for the same."""
+    folder = state_dir / "tls"
+    return {"ssl": True, "ssl_ca_certs": str(folder / "ca-bundle.crt"), "ssl_certfile": str(folder / "opsctl.crt"),
+            "ssl_keyfile": str(folder / "opsctl.key")}

@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from opsctl.binaries import tls_support
 from opsctl.errors import SpecError
 from opsctl.render import NodePaths, render_sections
+from opsctl.runtime import make_connector
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from opsctl.tls.certs import covers, facts, issue, make_ca
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import (
+    PASSWORD,
+    PASSWORD_ENV,
+    cluster_check,
+    make_spec,
+    redis_cli,
+    server_binary,
+    tls_cli_args,
+    tls_client_options,
+    write_spec,
+)
+from tests.writer import Writer, cluster_client
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -78,3 +96,107 @@ def test_bad_tls_input_is_refused_with_a_field() -> None:
         _loaded(make_spec("standalone", "redis", hosts=1, tls={"enabled": True, "generate": True,
                                                               "protocols": ["SSLv3"]}))
     assert "tls.protocols[0]" in refused.value.render() and "TLSv1.3" in refused.value.render()
+
+
+# --- live, Redis 7.0 ---------------------------------------------------------------------------------------
+
+TLS = {"enabled": True, "generate": True}
+
+
+def _state(spec: Path, loaded: LoadedSpec) -> Path:
+    return spec.parent / ".opsctl" / loaded.spec.name
+
+
+def _pids(state: Path, loaded: LoadedSpec) -> dict[str, str]:
+    return {n.name: (state / n.name / "server.pid").read_text().strip() for n in loaded.layout.nodes}
+
+
+def _assert_tls_only(loaded: LoadedSpec, state: Path) -> None:
+    """No plaintext answer; redis-cli --tls answers; CONFIG GET shows TLS for replication and the bus."""
+    connector = make_connector(loaded, state)
+    for node in loaded.layout.nodes:
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis(host=node.address, port=node.port, password=PASSWORD, socket_timeout=2).ping()
+        cli = subprocess.run([redis_cli(), *tls_cli_args(state), "-h", node.address, "-p", str(node.port), "PING"],
+                             capture_output=True, text=True, env={**os.environ, "REDISCLI_AUTH": PASSWORD},
+                             timeout=30, check=False)
+        assert cli.stdout.strip() == "PONG", cli.stdout + cli.stderr
+        if not node.is_sentinel:
+            with connector.admin(node) as admin:
+                live = admin.config_get("tls-*") | admin.config_get("port")
+            assert (live["port"], live["tls-port"], live["tls-replication"]) == ("0", str(node.port), "yes")
+            assert live["tls-cluster"] == ("yes" if loaded.spec.topology == "cluster" else "no")
+
+
+@pytest.mark.integration
+def test_a_server_without_tls_is_refused_before_anything_starts(tmp_path: Path, capsys) -> None:
+    server_binary("valkey")
+    spec = write_spec(tmp_path, make_spec("standalone", "valkey", hosts=1, tls=TLS))
+    for command in ("validate", "plan", "apply"):
+        code, out, err = run(capsys, command, "-f", str(spec), *(["--auto-approve"] if command == "apply" else []))
+        assert code == 1 and "built without TLS" in err and "distribution package" in err, out + err
+        assert "connection type tls" in err and "Traceback" not in err
+    assert not (tmp_path / ".opsctl").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("topology", ["standalone", "replication"])
+def test_tls_only_fleets(tmp_path: Path, capsys, topology: str) -> None:
+    with deployed(tmp_path, capsys, topology, "redis", tls=TLS, hosts=1 if topology == "standalone" else 3) as (
+            spec, loaded):
+        state = _state(spec, loaded)
+        _assert_tls_only(loaded, state)
+        assert plan_json(capsys, spec)["steps"] == []
+        code, out, _ = run(capsys, "tls", "ca", "-f", str(spec))
+        assert code == 0 and out == (state / "tls" / "ca-bundle.crt").read_text()
+        assert oct((state / "tls" / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.integration
+def test_sentinel_with_tls_fails_over_and_rotates(tmp_path: Path, capsys) -> None:
+    with deployed(tmp_path, capsys, "sentinel", "redis", tls=TLS) as (spec, loaded):
+        state = _state(spec, loaded)
+        _assert_tls_only(loaded, state)
+        code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
+        assert code == 0, out + err
+        before = _pids(state, loaded)
+        code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+        assert code == 0 and "restarted (Sentinel cannot reload TLS files)" in out, out + err
+        after = _pids(state, loaded)
+        assert all(before[n.name] == after[n.name] for n in loaded.layout.servers)
+        _assert_tls_only(loaded, state)
+        code, out, err = run(capsys, "audit", "-f", str(spec), "tls", "--output", "json")
+        assert code == 0 and len(json.loads(out)["tables"]["tls"]) == len(loaded.layout.nodes), out + err
+
+
+@pytest.mark.integration
+def test_tls_cluster_under_a_writer_fails_over_reshards_rotates_and_restarts(tmp_path: Path, capsys) -> None:
+    with deployed(tmp_path, capsys, "cluster", "redis", tls=TLS) as (spec, loaded):
+        state = _state(spec, loaded)
+        _assert_tls_only(loaded, state)
+        first = loaded.layout.servers[0].endpoint
+        check = cluster_check(first, tls=tls_cli_args(state))
+        assert check.returncode == 0, check.stdout + check.stderr
+        masters = [s.master for s in loaded.layout.shards]
+        with Writer(lambda: cluster_client(loaded, **tls_client_options(state))) as writer:
+            writer.wait_for_writes(300)
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
+            assert code == 0, out + err
+            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", masters[1], "--to",
+                                 masters[2], "--slots", "300")
+            assert code == 0, out + err
+            writer.wait_for_writes(len(writer.acked) + 300)
+            errors, pids = len(writer.errors), _pids(state, loaded)
+            code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+            assert code == 0 and out.count(": reloaded, presents") == 6, out + err
+            writer.wait_for_writes(len(writer.acked) + 300)
+            assert _pids(state, loaded) == pids and len(writer.errors) == errors, writer.errors[errors:]
+            code, out, err = run(capsys, "restart", "-f", str(spec), "--auto-approve")
+            assert code == 0, out + err
+            writer.wait_for_writes(len(writer.acked) + 300)
+        assert writer.verify(cluster_client(loaded, **tls_client_options(state))) == []
+        check = cluster_check(first, tls=tls_cli_args(state))
+        assert check.returncode == 0, check.stdout + check.stderr
+        code, out, err = run(capsys, "audit", "-f", str(spec), "tls", "config")
+        assert code == 0 and "0 findings" in out, out + err
+        assert plan_json(capsys, spec)["steps"] == []

@@ -24,10 +24,11 @@ from opsctl.spec.load import LoadedSpec
 from tests.support import PASSWORD
 
 
-def cluster_client(loaded: LoadedSpec) -> RedisCluster:
+def cluster_client(loaded: LoadedSpec, **tls: Any) -> RedisCluster:
+    """tls: redis-py's ssl options (tests.support.tls_client_options) for a TLS cluster."""
     nodes = [ClusterNode(n.address, n.port) for n in loaded.layout.servers]
     return RedisCluster(startup_nodes=nodes, password=PASSWORD, decode_responses=True,
-                        socket_timeout=2.0, retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 10))
+                        socket_timeout=2.0, retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 10), **tls)
 
 
 @dataclass

@@ -63,6 +63,8 @@ _RULES = (
     Rule("clients", "connected clients stay below maxclients", "seeds/000 三(2) 使用带有连接池的数据库, 有效控制连接"),
     Rule("reachable", "every node of the spec answers", "digest: opsctl audit checks every running node"),
     Rule("scan-target", "big-key scans run on replicas", "digest: Big keys: detect on replicas, never with KEYS"),
+    Rule("tls", "TLS only, TLS 1.2 or newer", "seeds/000 三(4) 如有必要可以使用SSL加密访问"),
+    Rule("tls-expiry", "certificates are renewed before they expire", "digest: TLS (opsctl tls rotate)"),
 )
 RULES: dict[str, Rule] = {rule.id: rule for rule in _RULES}
 

@@ -13,7 +13,8 @@ from opsctl.render.directives import Directive
 
 # Directives not compared: secrets, provider paths, names that differ in form between file and CONFIG GET.
 SKIPPED = {"requirepass", "masterauth", "aclfile", "masteruser", "rename-command", "appendfilename", "dbfilename",
-           "cluster-config-file", "daemonize", "pidfile", "logfile", "dir", "include"}
+           "cluster-config-file", "daemonize", "pidfile", "logfile", "dir", "include",
+           "tls-cert-file", "tls-key-file", "tls-ca-cert-file"}  # paths on the host: `audit tls` checks the certs
 SIZES = {"maxmemory", "repl-backlog-size", "client-query-buffer-limit", "proto-max-bulk-len"}
 RULE_OF = {"protected-mode": ("protected-mode", "critical"), "bind": ("bind", "high"),
            "appendonly": ("persistence", "medium"), "appendfsync": ("persistence", "medium"),

@@ -11,7 +11,7 @@ from opsctl.audit.findings import Finding, ordered
 from opsctl.report import plural
 
 FINDING_COLUMNS = ("severity", "rule", "node", "message")
-TABLE_ORDER = ("shards", "bigkeys", "ttl", "hotkeys", "slowlog", "memory")
+TABLE_ORDER = ("shards", "bigkeys", "ttl", "hotkeys", "slowlog", "memory", "tls")
 
 
 def _cell(value: Any) -> str:

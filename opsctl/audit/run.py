@@ -19,7 +19,7 @@ from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
 from opsctl.connector import Connector
 from opsctl.spec.load import LoadedSpec
 
-CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory")
+CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls")
 SCANNING = {"bigkeys", "hotkeys", "keys", "ttl"}
 
 
@@ -121,11 +121,27 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Progress | 
                 report.findings.append(finding("reachable", "high", ln.node.name,
                                                f"checks failed: {masked(str(exc), loaded)}",
                                                "check the node's log and the spec's renamed commands"))
+    if "tls" in options.checks and loaded.spec.tls.enabled:
+        _tls(connector, report)
     if SCANNING & set(options.checks):
         _scan(connector, live, options, lfu, report, progress)
     report.stats["seconds"] = round(time.monotonic() - started, 3)
     report.findings = ordered(report.findings)
     return report
+
+
+def _tls(connector: Connector, report: AuditReport) -> None:
+    """Every node, sentinels too: certificate days left, protocol, a plaintext port that answers."""
+    from opsctl.tls import judge
+    from opsctl.tls.live import seen
+    from opsctl.tls.material import now
+
+    at = now()
+    allowed = connector.loaded.spec.tls.plaintext_port
+    for node in connector.loaded.layout.nodes:
+        answer = seen(connector, node)
+        report.tables.setdefault("tls", []).append(judge.row(answer, at))
+        report.findings += judge.findings(answer, at, allowed)
 
 
 def _scan(connector: Connector, live: Sequence[LiveNode], options: AuditOptions, lfu: bool, report: AuditReport,

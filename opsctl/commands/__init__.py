@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from opsctl.commands import audit, backup, cluster, failover, inventory, lifecycle, restart, restore
+from opsctl.commands import audit, backup, cluster, failover, inventory, lifecycle, restart, restore, tls
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -19,4 +19,5 @@ REGISTRARS: list[Registrar] = [
     inventory.register,
     backup.register,
     restore.register,
+    tls.register,
 ]

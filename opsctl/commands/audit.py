@@ -15,7 +15,7 @@ from opsctl.report import plural
 from opsctl.tty import TtyLine, gauge, human_seconds
 
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
-CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "all")
+CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
 
 def scan_line(done: int, total: int, nodes: int, elapsed: float) -> str:

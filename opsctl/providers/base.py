@@ -48,6 +48,9 @@ class Provider(Protocol):
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None: ...
 
+    def flush(self) -> object:
+        """Land files written so far on their hosts now (a staging provider ships them in one go)."""
+
     def close(self) -> None: ...
 
 

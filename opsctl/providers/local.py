@@ -262,6 +262,9 @@ class LocalProvider:
         if folder.exists():
             shutil.rmtree(folder)
 
+    def flush(self) -> None:
+        """Files are written at once: nothing is staged."""
+
     def close(self) -> None:
         """Nothing to release: servers outlive the provider on purpose."""
 

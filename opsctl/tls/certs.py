@@ -114,6 +114,10 @@ def facts(pem: Pem) -> list[CertFacts]:
     return out
 
 
+def issuer_of(pem: Pem) -> str:
+    return x509.load_pem_x509_certificate(pem.encode()).issuer.rfc4514_string()
+
+
 def covers(fact: CertFacts, names: tuple[str, ...]) -> bool:
     return set(names) <= set(fact.dns) | set(fact.ips)
 

@@ -21,7 +21,7 @@ from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import FileRef
-from opsctl.tls.certs import Issued, covers, facts, issue, make_ca
+from opsctl.tls.certs import Issued, covers, facts, issue, issuer_of, make_ca
 from opsctl.tls.refs import node_names, node_refs
 
 RENEW_DAYS = 30  # a generated certificate closer than this to its end is issued again by `apply`
@@ -116,6 +116,14 @@ class Generated:
 
     def bundle(self) -> str:
         return _read(self._path("ca-bundle.crt"), "CA bundle")
+
+    def ca_cert(self) -> str:
+        return _read(self._path("ca.crt"), "CA certificate")
+
+    def issuer(self, node: Node) -> str:
+        """The subject of the CA that signed node's certificate ("" when it has none)."""
+        issued = self._issued(f"nodes/{node.name}")
+        return issuer_of(issued.cert) if issued else ""
 
     def node_files(self, node: Node) -> dict[str, str]:
         issued = self._issued(f"nodes/{node.name}")
