@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.admin import Admin
+from opsctl.connector import Connector
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.fencing import FENCE
 from opsctl.observe.collect import wait_for
@@ -44,7 +44,7 @@ def _roles(loaded: LoadedSpec) -> dict[str, str]:
 def _fenced(loaded: LoadedSpec) -> list[str]:
     out = []
     for node in loaded.layout.servers:
-        with Admin.for_node(loaded, node) as admin:
+        with Connector(loaded).admin(node) as admin:
             if admin.config_get("min-replicas-to-write")["min-replicas-to-write"] == FENCE:
                 out.append(node.name)
     return out

@@ -407,7 +407,7 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     folder = Path(provider.paths(node).dir)
     assert folder.stat().st_uid == user.pw_uid and Path(provider.paths(node).conf).stat().st_uid == user.pw_uid
     assert mode(folder) == 0o700 and mode(provider.paths(node).conf) == 0o600 and mode(folder.parent) == 0o711
-    with Admin.for_node(loaded, node) as admin:
+    with Connector(loaded).admin(node) as admin:
         assert admin.ping()
         admin.call("OPS_CONFIG_T3ST", "REWRITE")  # the server may rewrite its own config
     provider.save_record(node, {"digest": "x"})
