@@ -35,9 +35,15 @@ class Admin:
         self._renames = {k.upper(): v for k, v in loaded.spec.hardening.renamed_commands.items()}
 
     @classmethod
-    def for_node(cls, connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
+    def for_node(cls, connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
                  decode: bool = True) -> Admin:
-        """connector.admin(node): through its route, auth and TLS. decode=False keeps replies as bytes."""
+        """connector.admin(node): through its route, auth and TLS. decode=False keeps replies as bytes.
+        For tests and tools: a LoadedSpec gets a direct connector without TLS. opsctl's own code always passes
+        its connector (tests/test_connector.py refuses for_node calls in opsctl/)."""
+        if isinstance(connector, LoadedSpec):
+            from opsctl.connector import Connector
+
+            connector = Connector(connector)
         return connector.admin(node, timeout, decode)
 
     @property

@@ -33,6 +33,8 @@ def test_only_the_connector_creates_clients_and_sockets() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and _called(node) in MAKERS:
                 offenders.append(f"{module}:{node.lineno} {_called(node)}()")
+            if isinstance(node, ast.Call) and _called(node) == "for_node":
+                offenders.append(f"{module}:{node.lineno} Admin.for_node() (use the connector passed down)")
             if isinstance(node, ast.Attribute) and node.attr in ("_sock", "_ROUTES"):
                 offenders.append(f"{module}:{node.lineno} .{node.attr}")
     assert not offenders, "connect through opsctl.connector.Connector instead:\n" + "\n".join(offenders)
