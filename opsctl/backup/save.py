@@ -36,6 +36,7 @@ from opsctl.backup.manifest import (
 )
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.nodefiles import write_private
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
@@ -145,10 +146,10 @@ def _copy(fetch: Fetch, node: Node, path: str, dest: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def save_shard(loaded: LoadedSpec, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
+def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
                folder: Path, fetch: Fetch, options: BackupOptions) -> ShardFile:
-    node = loaded.layout.node(saver.node)
-    with Admin.for_node(loaded, node, timeout=30.0) as admin:
+    node = connector.loaded.layout.node(saver.node)
+    with connector.admin(node, timeout=30.0) as admin:
         offset = _wait_caught_up(admin, master_offset, options.catch_up_timeout)
         at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(admin, "keyspace")).items()}
         dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
@@ -163,12 +164,13 @@ def save_shard(loaded: LoadedSpec, saver: Saver, master_offset: int, slots: tupl
                      saved_at, dataset)
 
 
-def _plan(loaded: LoadedSpec) -> list[tuple[Saver, int, tuple[tuple[int, int], ...]]]:
+def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int], ...]]]:
     """Per shard: who saves, the master's offset now (the replica must reach it first), its slots."""
+    loaded = connector.loaded
     out: list[tuple[Saver, int, tuple[tuple[int, int], ...]]] = []
-    for number, members in _group(loaded, discover(loaded)):
+    for number, members in _group(loaded, discover(connector)):
         saver = choose_saver(number, members)
-        with Admin.for_node(loaded, loaded.layout.node(saver.master)) as master:
+        with connector.admin(loaded.layout.node(saver.master)) as master:
             offset = int(_info(master, "replication").get("master_repl_offset", "0"))
             out.append((saver, offset, _slots(loaded, master)))
     return out
@@ -199,21 +201,22 @@ def _rdb_version(folder: Path, files: list[ShardFile]) -> int:
     return max(versions)
 
 
-def run_backup(loaded: LoadedSpec, to: Path, fetch: Fetch, emit: Emit,
+def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
                options: BackupOptions | None = None) -> tuple[Path, Manifest]:
+    loaded = connector.loaded
     options = options or BackupOptions()
     started = datetime.now(timezone.utc)
     final = to / f"{loaded.spec.name}-{utc_stamp(started)}"
     partial = to / f".{final.name}.partial"
     if final.exists() or partial.exists():
         raise OpsctlError(f"{final} already exists", hint="wait a second and run the backup again")
-    planned = _plan(loaded)
+    planned = _plan(connector)
     emit({"event": "backup-start", "shards": len(planned), "dir": str(final),
           "savers": {s.shard: s.node for s, _, _ in planned}})
     to.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial.mkdir(mode=0o700)
     try:
-        files = _save_all(loaded, planned, partial, fetch, emit, options)
+        files = _save_all(connector, planned, partial, fetch, emit, options)
         manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
                             loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
                             tuple(sorted(files, key=lambda f: f.shard)))
@@ -228,7 +231,7 @@ def run_backup(loaded: LoadedSpec, to: Path, fetch: Fetch, emit: Emit,
     return final, manifest
 
 
-def _save_all(loaded: LoadedSpec, planned: list[tuple[Saver, int, tuple[tuple[int, int], ...]]], folder: Path,
+def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[int, int], ...]]], folder: Path,
               fetch: Fetch, emit: Emit, options: BackupOptions) -> list[ShardFile]:
     """Wave by wave (one fork per host at a time), the shards of a wave in parallel."""
     by_saver = {id(s): (o, slots) for s, o, slots in planned}
@@ -237,7 +240,7 @@ def _save_all(loaded: LoadedSpec, planned: list[tuple[Saver, int, tuple[tuple[in
 
     def one(saver: Saver) -> None:
         offset, slots = by_saver[id(saver)]
-        shard = save_shard(loaded, saver, offset, slots, folder, fetch, options)
+        shard = save_shard(connector, saver, offset, slots, folder, fetch, options)
         with lock:
             files.append(shard)
         emit({"event": "shard-saved", "shard": shard.shard, "node": shard.node, "role": shard.role,

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from opsctl.backup.plan import Server, parse_keyspace
 from opsctl.binaries import ServerBinary, candidates, probe
+from opsctl.connector import unix_client
 from opsctl.errors import OpsctlError
 from opsctl.observe.parse import parse_info
 
@@ -157,8 +156,7 @@ def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases:
         argv = _die_with_parent(_command(binary, folder, max(16, databases)))
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})
-        client = redis.Redis(unix_socket_path=str(folder / "s.sock"), socket_timeout=60,
-                             retry=Retry(NoBackoff(), 0))
+        client = unix_client(str(folder / "s.sock"), 60.0)
         scratch = Scratch(binary, folder, process, client)
         _wait_loaded(scratch, what, timeout)
         yield scratch

@@ -85,16 +85,16 @@ def cmd_backup(args: argparse.Namespace) -> int:
                           hint="opsctl backup --help shows every option")
     from opsctl.backup.manifest import describe
     from opsctl.backup.save import BackupOptions, run_backup
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
-    with admin_routes(loaded, state_dir), fetcher(loaded, state_dir) as fetch, \
+    with open_connector(loaded, state_dir) as connector, fetcher(loaded, state_dir) as fetch, \
             event_printer(json_mode, _backup_line) as emit:
-        folder, manifest = run_backup(loaded, Path(args.to), fetch, emit, options)
+        folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
     if not json_mode:
         print(f"backup {folder}: {describe(manifest)}")
         for shard in manifest.shards:

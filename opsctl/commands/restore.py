@@ -47,7 +47,7 @@ def _text(report: Any) -> str:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.restore.run import RestoreOptions, backup_sources, inspect_target, live_sources, run_restore
-    from opsctl.runtime import admin_routes, state_dir_for
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
 
@@ -57,14 +57,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     json_mode = args.output == "json"
     with ExitStack() as stack:
         stack.enter_context(state_lock(state_dir))
-        stack.enter_context(admin_routes(loaded, state_dir))
-        target = inspect_target(loaded)
+        target = inspect_target(stack.enter_context(open_connector(loaded, state_dir)))
         if args.from_dir:
             prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
         else:
             source = read_spec(args.from_live)
-            stack.enter_context(admin_routes(source, state_dir_for(source, None)))
-            prepared = stack.enter_context(live_sources(source, target, options))
+            source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
+            prepared = stack.enter_context(live_sources(source_connector, target, options))
         emit = stack.enter_context(event_printer(json_mode, _line))
         report = run_restore(target, prepared, state_dir, options, emit)
     if json_mode:

@@ -22,13 +22,13 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from opsctl.admin import Admin
 from opsctl.audit.pipe import RawPipe
 from opsctl.audit.resp import encode
 from opsctl.backup.manifest import ShardFile, count_problem, describe
 from opsctl.backup.plan import Server, parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.backup.verify import check_files, read_manifest
+from opsctl.connector import Connector, unix_socket
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import write_private
 from opsctl.observe.collect import describe as describe_problems
@@ -65,7 +65,7 @@ class RestoreOptions:
 
 @dataclass
 class Target:
-    loaded: LoadedSpec
+    connector: Connector
     masters: list[Node]
     router: Router
     cluster: bool
@@ -73,9 +73,13 @@ class Target:
     keys: int
     room: list[tuple[str, int, int, float]]
 
+    @property
+    def loaded(self) -> LoadedSpec:
+        return self.connector.loaded
+
     def targets(self) -> Targets:
         def open_pipe(index: int) -> RawPipe:
-            return RawPipe(Admin.for_node(self.loaded, self.masters[index], timeout=60.0, decode=False), 120.0)
+            return RawPipe(self.connector, self.masters[index], 120.0)
         return Targets([m.name for m in self.masters], open_pipe, self.router, self.cluster)
 
 
@@ -122,9 +126,10 @@ class RestoreReport:
 # --- the target ------------------------------------------------------------------------------------------------
 
 
-def inspect_target(loaded: LoadedSpec) -> Target:
+def inspect_target(connector: Connector) -> Target:
     """The target's masters, slot routing, server and room; refuses a cluster that is not converged."""
-    seen = observe(loaded, loaded.layout.servers)
+    loaded = connector.loaded
+    seen = observe(connector, loaded.layout.servers)
     if loaded.spec.topology == "cluster":
         problems = observed_problems(seen)
         if problems:
@@ -144,7 +149,7 @@ def inspect_target(loaded: LoadedSpec) -> Target:
                                ", ".join(m.name for m in masters) or "none answers", "`opsctl status -f SPEC`")
         router, shares = Router(), [1.0]
     infos = [seen[m.name].info for m in masters]
-    return Target(loaded, masters, router, loaded.spec.topology == "cluster", _one_server(infos, "target"),
+    return Target(connector, masters, router, loaded.spec.topology == "cluster", _one_server(infos, "target"),
                   sum(k for info in infos for k, _ in parse_keyspace(info).values()),
                   [(m.name, int(i.get("used_memory", "0")), int(i.get("maxmemory", "0")), share)
                    for m, i, share in zip(masters, infos, shares, strict=True)])
@@ -194,19 +199,19 @@ def backup_sources(folder: Path, target: Target, options: RestoreOptions) -> Ite
             dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
             dataset += scratch.dataset_bytes()
             key = f"shard-{shard.shard}"
-            sources.append(Source(key, shard.file, _scratch_opener(scratch.client, shard.file), dbs,
+            sources.append(Source(key, shard.file, _scratch_opener(scratch.socket, shard.file), dbs,
                                   _sample_every(shard.total_keys, options.sample)))
             expected[key] = shard
         text = f"backup {folder} ({describe(manifest)})"
         yield Prepared(f"backup:{folder.resolve()}:{manifest.created_at}", text, sources, dataset, expected)
 
 
-def _scratch_opener(client: Any, label: str) -> Callable[[], RawPipe]:
-    return lambda: RawPipe.on_client(client, label, 120.0)
+def _scratch_opener(socket_path: str, label: str) -> Callable[[], RawPipe]:
+    return lambda: RawPipe.on_socket(unix_socket(socket_path, 120.0), label)
 
 
 @contextmanager
-def live_sources(source: LoadedSpec, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
+def live_sources(source: Connector, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
     """A running topology: per shard a linked replica (else the master), read with DUMP as its server writes."""
     from opsctl.audit.discover import discover, scan_targets
 
@@ -218,7 +223,7 @@ def live_sources(source: LoadedSpec, target: Target, options: RestoreOptions) ->
         raise RefusedError("source and target are the same nodes", hint="--from-live names another topology's spec")
     sources, dataset, infos = [], 0, []
     for ln in chosen:
-        with Admin.for_node(source, ln.node) as admin:
+        with source.admin(ln.node) as admin:
             info = parse_info(admin.info())
         infos.append(info)
         if target.cluster and set(parse_keyspace(info)) - {0}:
@@ -234,12 +239,13 @@ def live_sources(source: LoadedSpec, target: Target, options: RestoreOptions) ->
         raise RefusedError(f"{server_text(*target.server)} cannot RESTORE what {server_text(*server)} DUMPs "
                            f"(RDB format {written}); nothing was written",
                            hint="restore into servers of the same or a newer version of the source's flavor")
-    yield Prepared(f"live:{source.file}", f"running topology {source.spec.name} ({source.spec.topology}, "
+    spec = source.loaded.spec
+    yield Prepared(f"live:{source.loaded.file}", f"running topology {spec.name} ({spec.topology}, "
                    f"{len(sources)} shards)", sources, dataset)
 
 
-def _live_opener(loaded: LoadedSpec, node: Node) -> Callable[[], RawPipe]:
-    return lambda: RawPipe(Admin.for_node(loaded, node, timeout=60.0, decode=False), 120.0)
+def _live_opener(connector: Connector, node: Node) -> Callable[[], RawPipe]:
+    return lambda: RawPipe(connector, node, 120.0)
 
 
 # --- refusals before anything is written ----------------------------------------------------------------------
