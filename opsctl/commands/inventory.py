@@ -12,6 +12,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.nodefiles import write_private
     from opsctl.remote.inventory import build_inventory, inventory_text, remote_paths
     from opsctl.remote.ssh import known_hosts_path
+    from opsctl.remote.staging import stage
     from opsctl.render import render_node
     from opsctl.specfile import read_spec
 
@@ -23,11 +24,9 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     write_private(target, inventory_text(inventory, loaded.file))  # never through a link
     lines = [f"wrote {target}"]
     if with_files:
-        for node in loaded.layout.nodes:
-            rendered = render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True, daemonize=True)
-            for file_name, text in rendered.files.items():
-                write_private(files_dir / node.name / file_name, text)
-        lines.append(f"wrote node files (mode 0600, they hold the password) under {files_dir}")
+        stage(loaded, files_dir, {node.name: render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
+                                                         daemonize=True).files for node in loaded.layout.nodes})
+        lines.append(f"wrote node files and their archives (mode 0600, they hold the password) under {files_dir}")
     lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
     return lines
 

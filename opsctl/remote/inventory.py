@@ -3,7 +3,7 @@
 Layout on a host: /var/lib/opsctl/<spec>/ (root:<user> 0750) holds bin/ (the server when given as a binary,
 and the opsctl-node control script), nodes/<node>.env (root 0600) and one folder per node (<user> 0700)
 with its config files, data, log and pidfile. No secrets in the inventory: the node files (which hold the
-password) are copied from opsctl_files_dir by a no_log task.
+password) go from opsctl_files_dir as archives (opsctl/remote/bundle.py) through no_log tasks.
 """
 
 from __future__ import annotations
@@ -26,6 +26,17 @@ ROLE_GROUPS = {"master": "masters", "replica": "replicas", "sentinel": "sentinel
 
 def remote_root(spec: Spec) -> str:
     return f"{REMOTE_ROOT}/{spec.name}"
+
+
+def service_user(spec: Spec) -> str:
+    return spec.server.service_user
+
+
+def binary_path(spec: Spec) -> str:
+    """Where the server runs from on a host: the shipped binary in bin/, else the OS package's."""
+    if spec.server.binary:
+        return f"{remote_root(spec)}/bin/{spec.server.flavor}-server"
+    return f"/usr/bin/{spec.server.flavor}-server"
 
 
 def remote_paths(spec: Spec, node: Node) -> NodePaths:
@@ -126,7 +137,8 @@ def group_vars(loaded: LoadedSpec, files_dir: str) -> dict[str, Any]:
     spec = loaded.spec
     values: dict[str, Any] = {
         "opsctl_spec": spec.name, "opsctl_root": remote_root(spec), "opsctl_flavor": spec.server.flavor,
-        "opsctl_service_user": spec.server.service_user, "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
+        "opsctl_service_user": service_user(spec), "opsctl_binary_path": binary_path(spec),
+        "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
         "opsctl_files_dir": files_dir, "ansible_python_interpreter": REMOTE_PYTHON,
     }
     if spec.server.binary:
