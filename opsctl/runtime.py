@@ -11,7 +11,7 @@ from opsctl.admin import Admin
 from opsctl.connector import Connector, Route
 from opsctl.drift import with_disk_facts
 from opsctl.errors import OpsctlError
-from opsctl.observe.collect import NodeObservation, observe
+from opsctl.observe.collect import NodeObservation, Observer, observe
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import secret_verdict
@@ -111,6 +111,38 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     if with_config:
         facts = with_disk_facts(rt, facts)
     return {**facts, **_retired_facts(rt, facts, with_config)}
+
+
+class FleetView:
+    """What polling waits look at, through connections kept for the whole wait (one Observer, the provider's
+    SSH clients): every node's process state and observation, all nodes at once. A look costs a round trip
+    per node, in parallel, and starts no process and no connection (gather_facts opens both every time).
+    Node records are read once: no health check uses them."""
+
+    def __init__(self, rt: Runtime, timeout: float = 2.0) -> None:
+        self.rt = rt
+        self.nodes = list(rt.loaded.layout.nodes)
+        self.observer = Observer(rt.loaded, self.nodes, timeout)
+        self.records = dict(zip([n.name for n in self.nodes],
+                                self.observer.pool.map(rt.provider.load_record, self.nodes), strict=True))
+
+    def _look(self, node: Node) -> NodeFacts:
+        state = self.rt.provider.process_state(node)
+        seen = self.observer.observe_one(node, False, None) if state.running else None
+        return _facts(node, state.running, state.detail, self.records[node.name], seen, self.rt.loaded.credentials)
+
+    def facts(self) -> dict[str, NodeFacts]:
+        facts = {f.name: f for f in self.observer.pool.map(self._look, self.nodes)}
+        return {**facts, **_retired_facts(self.rt, facts, with_config=False)}
+
+    def close(self) -> None:
+        self.observer.close()
+
+    def __enter__(self) -> FleetView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) -> dict[str, NodeFacts]:

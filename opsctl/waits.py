@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opsctl.health import node_problem, replication_problem, sentinel_problem
 from opsctl.observe.collect import wait_for
-from opsctl.runtime import Runtime, gather_facts
+from opsctl.runtime import FleetView, Runtime
 from opsctl.spec.layout import Node, sentinel_master_name
 
 POLL = 0.05  # each poll observes every node: 50 ms keeps that cheap and still far below redis-cli's 1 s steps
@@ -14,11 +14,12 @@ def wait_replication(rt: Runtime, timeout: float) -> None:
     last = [""]
 
     def healthy() -> bool | None:
-        problem = replication_problem(rt.loaded.layout, gather_facts(rt, with_config=False))
+        problem = replication_problem(rt.loaded.layout, fleet.facts())
         last[0] = problem or ""
         return None if problem else True
 
-    wait_for(healthy, timeout, "replicas to link to the master", interval=POLL, last_reason=lambda: last[0])
+    with FleetView(rt) as fleet:
+        wait_for(healthy, timeout, "replicas to link to the master", interval=POLL, last_reason=lambda: last[0])
 
 
 def wait_sentinels(rt: Runtime, timeout: float) -> None:
@@ -26,13 +27,14 @@ def wait_sentinels(rt: Runtime, timeout: float) -> None:
     last = [""]
 
     def agreed() -> bool | None:
-        problem = sentinel_problem(rt.loaded.layout, gather_facts(rt, with_config=False), name)
+        problem = sentinel_problem(rt.loaded.layout, fleet.facts(), name)
         if problem is None:
             problem = _ckquorum_problem(rt, name)
         last[0] = problem or ""
         return None if problem else True
 
-    wait_for(agreed, timeout, "sentinels to agree on the master", interval=POLL, last_reason=lambda: last[0])
+    with FleetView(rt) as fleet:
+        wait_for(agreed, timeout, "sentinels to agree on the master", interval=POLL, last_reason=lambda: last[0])
 
 
 def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
@@ -52,10 +54,10 @@ def wait_back_in_place(rt: Runtime, node: Node, timeout: float) -> None:
     last = [""]
 
     def back() -> bool | None:
-        facts = gather_facts(rt, with_config=False)
-        problem = node_problem(rt.loaded, facts, node)
+        problem = node_problem(rt.loaded, fleet.facts(), node)
         last[0] = problem or ""
         return None if problem else True
 
-    wait_for(back, timeout, f"{node.name} to be back in place after its restart", interval=POLL,
-             last_reason=lambda: last[0])
+    with FleetView(rt) as fleet:
+        wait_for(back, timeout, f"{node.name} to be back in place after its restart", interval=POLL,
+                 last_reason=lambda: last[0])

@@ -23,11 +23,12 @@ import paramiko
 
 from opsctl.connector import Route
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.nodefiles import write_private
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.remote import ssh
+from opsctl.remote.bundle import plain_name
 from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
 from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
+from opsctl.remote.staging import stage
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -37,12 +38,6 @@ from opsctl.tls.material import node_files
 RECORD = "opsctl-node.json"
 WRITTEN_ONCE = ("sentinel.conf",)  # deploy.yml never overwrites these: Sentinel rewrites its own file
 FileMap = dict[str, dict[str, str]]
-
-
-def plain_name(name: str) -> str:
-    if not name or "/" in name or name.startswith("."):
-        raise OpsctlError(f"refusing file name {name!r}", hint="node files are plain names such as redis.conf")
-    return name
 
 
 def parse_control(stdout: str) -> tuple[str, int | None]:
@@ -69,6 +64,7 @@ class AnsibleProvider:
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
+        self._connecting = threading.Lock()
         self.last_result: PlaybookResult | None = None
 
     @property
@@ -91,9 +87,7 @@ class AnsibleProvider:
         chosen = self.rendered() if files is None else files
         staging = private_dir(self.data_dir) / "files"
         try:
-            for node, named in chosen.items():
-                for name, text in named.items():
-                    write_private(staging / node / plain_name(name), text)
+            stage(self.loaded, staging, chosen)
             inventory = build_inventory(self.loaded, str(staging), self.known_hosts,
                                         only={node: sorted(named) for node, named in chosen.items()})
             self.last_result = run_playbook("deploy.yml", self.data_dir, inventory, {"opsctl_start": start},
@@ -204,12 +198,14 @@ class AnsibleProvider:
         return ssh.target_for(self.loaded.spec, self._host(node))
 
     def _client(self, node: Node) -> paramiko.SSHClient:
-        client = self._clients.get(node.host)
-        transport = client.get_transport() if client else None
-        if client is None or transport is None or not transport.is_active():
-            client = ssh.connect(self._target(node), self.known_hosts)
-            self._clients[node.host] = client
-        return client
+        """The host's SSH client, connected once and shared by threads (FleetView looks at nodes in parallel)."""
+        with self._connecting:
+            client = self._clients.get(node.host)
+            transport = client.get_transport() if client else None
+            if client is None or transport is None or not transport.is_active():
+                client = ssh.connect(self._target(node), self.known_hosts)
+                self._clients[node.host] = client
+            return client
 
     def _run(self, node: Node, command: str, timeout: float = 60.0) -> ssh.CommandResult:
         try:
