@@ -98,10 +98,11 @@ def blocked_folder(path: Path, user: ServerUser) -> Path | None:
 
 
 def check_reachable(user: ServerUser, state_dir: Path, binary: str) -> None:
-    """Refuse before anything starts when the server user could not reach its folder or run its binary."""
+    """Refuse before anything starts when the server user could not reach its folder or run its binary.
+    The state dir itself is opsctl's to open (0711); the folders above it are the operator's."""
     hint = ("let it through (`chmod o+x {0}`), choose a --state-dir it can reach, or set server.user to a user "
             "that can")
-    folder = blocked_folder(state_dir, user)
+    folder = blocked_folder(state_dir.parent, user)
     if folder is not None:
         raise OpsctlError(f"the server user {user.name} cannot reach {state_dir}: {folder} is closed to it",
                           f"{folder} has mode {stat.S_IMODE(os.stat(folder).st_mode):04o}", hint.format(folder))
