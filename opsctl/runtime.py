@@ -122,7 +122,7 @@ class FleetView:
     def __init__(self, rt: Runtime, timeout: float = 2.0) -> None:
         self.rt = rt
         self.nodes = list(rt.loaded.layout.nodes)
-        self.observer = Observer(rt.loaded, self.nodes, timeout)
+        self.observer = Observer(rt.connector, self.nodes, timeout)
         self.records = dict(zip([n.name for n in self.nodes],
                                 self.observer.pool.map(rt.provider.load_record, self.nodes), strict=True))
 
