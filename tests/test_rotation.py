@@ -72,6 +72,10 @@ def test_password_mode_rotation_keeps_writes_and_replication(tmp_path, capsys, m
         master = loaded.layout.node(loaded.layout.shards[0].master)
         with Writer(lambda: Reconnecting(master.address, master.port)) as writer:
             writer.wait_for_writes(100)
+            _rotate(spec, monkeypatch, keep_previous=False)  # a new password alone: opsctl says how to rotate
+            code, out, err = run(capsys, "plan", "-f", str(spec))
+            assert code == 1 and "authentication failed" in err and "auth.previous_password" in err, out + err
+            _no_secret(out + err)
             _rotate(spec, monkeypatch, keep_previous=True)
             code, out, err = run(capsys, "plan", "-f", str(spec), "--output", "json")
             assert code == 2, out + err

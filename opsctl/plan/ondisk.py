@@ -98,6 +98,8 @@ def sentinel_file_values(text: str, secret: Secret, previous: Secret | None = No
         words = _words(value)
         if name == "sentinel auth-pass" and len(words) == 2:
             values["auth-pass"] = secret_verdict(words[1], secret, previous)
+        elif name == "sentinel auth-user" and len(words) == 2:
+            values["auth-user"] = words[1]
         elif name == "sentinel sentinel-pass" and len(words) == 1:
             values["sentinel-pass"] = secret_verdict(words[0], secret, previous)
         elif name == "sentinel rename-command" and len(words) == 3:

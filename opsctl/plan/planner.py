@@ -406,7 +406,7 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
     return steps
 
 
-SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs", "auth-pass")
+SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs", "auth-pass", "auth-user")
 
 
 def sentinel_settings(directives: Sequence[tuple[str, str]]) -> dict[str, str]:
