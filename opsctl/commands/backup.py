@@ -10,23 +10,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from opsctl.argtypes import ranged
 from opsctl.errors import EXIT_OK, OpsctlError
 
 Event = dict[str, Any]
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
-
-
-def bounded(kind: type, low: float, high: float) -> Callable[[str], Any]:
-    """An argparse type: a number of kind within [low, high], else a usage error saying the range."""
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is outside {low:g}..{high:g}")
-        return value
-    return parse
 
 
 @contextmanager
@@ -128,8 +116,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--to", help="directory that receives <name>-<UTC timestamp>/")
     p.add_argument("--state-dir", help=STATE_DIR_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
-    p.add_argument("--catch-up-timeout", type=bounded(float, 1, 3600), default=60.0,
+    p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,
                    help="seconds a replica may take to reach its master's offset before saving (default 60)")
-    p.add_argument("--save-timeout", type=bounded(float, 1, 86400), default=3600.0,
+    p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,
                    help="seconds a BGSAVE may take (default 3600)")
     p.set_defaults(handler=cmd_backup)

@@ -8,7 +8,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from opsctl.commands.backup import STATE_DIR_HELP, bounded, event_printer
+from opsctl.argtypes import ranged
+from opsctl.commands.backup import STATE_DIR_HELP, event_printer
 from opsctl.errors import EXIT_ERROR, EXIT_OK
 
 Event = dict[str, Any]
@@ -85,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--dry-run", action="store_true", help="run every check, write nothing")
     p.add_argument("--verify", choices=("sample", "full"), default="sample",
                    help="after the copy compare a sample of keys (default) or every key with the source")
-    p.add_argument("--sample", type=bounded(int, 1, 10_000_000), default=1000,
+    p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,
                    help="keys per source compared with --verify sample (default 1000)")
     p.add_argument("--state-dir", help=STATE_DIR_HELP)
     p.add_argument("--output", choices=("text", "json"), default="text")
