@@ -160,10 +160,11 @@ def test_scan_is_throttled(tmp_path: Path) -> None:
 
 def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path) -> None:
     from opsctl.audit.probe import anonymous_error
+    from opsctl.connector import Connector
 
     with standalone(tmp_path, "valkey") as fleet:
         node = fleet.loaded.layout.servers[0]
         begin = time.monotonic()
-        error = anonymous_error(node.address, node.port)
+        error = anonymous_error(Connector(fleet.loaded), node)
         assert error and "auth" in error.lower()
         assert time.monotonic() - begin < 0.5  # redis-py's default retried 3 times with up to 10 s of backoff
