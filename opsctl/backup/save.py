@@ -35,7 +35,7 @@ from opsctl.backup.manifest import (
     utc_stamp,
 )
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
-from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.nodefiles import write_private
@@ -179,14 +179,13 @@ def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int],
 def count_keys(manifest: Manifest, folder: Path) -> Manifest:
     """Every file loaded into a scratch server: its exact keys and keys with a TTL per db."""
     binaries = scratch_binaries()
-    shards = []
-    for shard in manifest.shards:
-        path = folder / shard.file
-        binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(path))]
-        with scratch_server(binary, path, str(path), max(shard.keys_at_save.keys() | {0}) + 1) as scratch:
-            space = scratch.keyspace()
-        shards.append(replace(shard, keys={db: k for db, (k, _) in space.items()},
-                              expires={db: e for db, (_, e) in space.items()}))
+    binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(folder))]
+    databases = max(db for s in manifest.shards for db in s.keys_at_save.keys() | {0}) + 1
+    with scratch_servers(binary, [folder / s.file for s in manifest.shards], databases) as servers:
+        spaces = [scratch.keyspace() for scratch in servers]
+    shards = [replace(shard, keys={db: k for db, (k, _) in space.items()},
+                      expires={db: e for db, (_, e) in space.items()})
+              for shard, space in zip(manifest.shards, spaces, strict=True)]
     return replace(manifest, shards=tuple(shards))
 
 

@@ -143,8 +143,9 @@ def _log_tail(folder: Path) -> str:
 
 @contextmanager
 def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases: int = 16,
-                   timeout: float = LOAD_TIMEOUT) -> Iterator[Scratch]:
-    """A private server with rdb loaded (None: empty), stopped and removed afterwards."""
+                   timeout: float = LOAD_TIMEOUT, wait: bool = True) -> Iterator[Scratch]:
+    """A private server with rdb loaded (None: empty), stopped and removed afterwards. wait=False: started,
+    not yet loaded (scratch_servers waits for a whole set)."""
     root = Path(tempfile.gettempdir())
     sweep_stale(root)
     folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
@@ -158,7 +159,8 @@ def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases:
                                    stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})
         client = unix_client(str(folder / "s.sock"), 60.0)
         scratch = Scratch(binary, folder, process, client)
-        _wait_loaded(scratch, what, timeout)
+        if wait:
+            _wait_loaded(scratch, what, timeout)
         yield scratch
         client.close()
     finally:
@@ -166,3 +168,14 @@ def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases:
             process.kill()
             process.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def scratch_servers(binary: ServerBinary, files: list[Path], databases: int = 16) -> Iterator[list[Scratch]]:
+    """One scratch server per file, all loading at once."""
+    with contextlib.ExitStack() as stack:
+        started = [stack.enter_context(scratch_server(binary, path, str(path), databases, wait=False))
+                   for path in files]
+        for scratch, path in zip(started, files, strict=True):
+            _wait_loaded(scratch, str(path), LOAD_TIMEOUT)
+        yield started

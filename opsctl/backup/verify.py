@@ -12,7 +12,7 @@ from typing import Any
 
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
 from opsctl.backup.plan import pick_scratch
-from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.errors import OpsctlError
 
 CHUNK = 1 << 20
@@ -74,12 +74,13 @@ def verify_backup(folder: Path, emit: Emit) -> Manifest:
     check_files(folder, manifest)
     emit({"event": "checksums-ok", "files": len(manifest.shards)})
     binaries = scratch_binaries()
-    for shard in manifest.shards:
+    binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(folder))]
+    databases = max(manifest.dbs() | {0}) + 1
+    with scratch_servers(binary, [folder / s.file for s in manifest.shards], databases) as servers:
+        spaces = [scratch.keyspace() for scratch in servers]
+    for shard, space in zip(manifest.shards, spaces, strict=True):
         path = folder / shard.file
-        binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(path))]
-        databases = max(manifest.dbs() | {0}) + 1
-        with scratch_server(binary, path, str(path), databases) as scratch:
-            loaded = {db: keys for db, (keys, _) in scratch.keyspace().items()}
+        loaded = {db: keys for db, (keys, _) in space.items()}
         problem = count_problem(shard, loaded)
         if problem:
             raise OpsctlError(f"{path}: {problem}",

@@ -26,7 +26,7 @@ from opsctl.audit.pipe import RawPipe
 from opsctl.audit.resp import encode
 from opsctl.backup.manifest import ShardFile, count_problem, describe
 from opsctl.backup.plan import Server, parse_keyspace, pick_scratch, rdb_written_by
-from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
 from opsctl.connector import Connector, unix_socket
 from opsctl.errors import OpsctlError, RefusedError
@@ -193,9 +193,9 @@ def backup_sources(folder: Path, target: Target, options: RestoreOptions) -> Ite
     with ExitStack() as stack:
         sources, dataset, expected = [], 0, {}
         databases = max(manifest.dbs() | {0}) + 1
-        for shard in manifest.shards:
-            path = folder / shard.file
-            scratch = stack.enter_context(scratch_server(binaries[server], path, str(path), databases))
+        servers = stack.enter_context(scratch_servers(binaries[server], [folder / s.file for s in manifest.shards],
+                                                      databases))
+        for shard, scratch in zip(manifest.shards, servers, strict=True):
             dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
             dataset += scratch.dataset_bytes()
             key = f"shard-{shard.shard}"
