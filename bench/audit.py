@@ -2,6 +2,10 @@
 on the same 1M-key node in the same run, with the p99 latency of a concurrent client during each.
 
     .venv/bin/python bench/audit.py [valkey|redis] [--keys N]
+    .venv/bin/python bench/audit.py --tls [--keys N]
+
+--tls: `opsctl audit bigkeys` on a plaintext and a TLS Redis 7.0 node holding the same keys, interleaved rounds
+in one run (goal: TLS within 25% of plaintext).
 
 Goal: opsctl >= 5x --memkeys, wall clock per process (interpreter start and discovery included), with the
 concurrent client's p99 on the scanned node printed beside each tool.
@@ -50,8 +54,11 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--opsctl-args", default="", help="extra audit options, e.g. '--batch 100 --window 1'")
+    parser.add_argument("--tls", action="store_true", help="plaintext against TLS on Redis 7.0")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    if args.tls:
+        return tls_compare(args.keys, args.rounds)
     with server_tmpdir() as tmp:
         work = Path(tmp)
         with standalone(work, args.flavor, memory={"maxmemory": "2gb", "policy": "allkeys-lru"}) as fleet:
@@ -97,6 +104,50 @@ def run(fleet: object, keys: int, work: Path, rounds: int, extra: list[str]) -> 
           f"(wall clock per process, opsctl's interpreter start and node discovery included; goal >= 5x: "
           f"{'met' if ours >= 5 * _median(rates['redis-cli --memkeys']) else 'NOT met'}); "
           f"load {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+def tls_compare(keys: int, rounds: int) -> int:
+    from opsctl.cli import main as opsctl
+    from opsctl.runtime import make_connector
+    from opsctl.specfile import read_spec
+    from tests.support import make_spec, write_spec
+
+    with server_tmpdir() as tmp:
+        specs: dict[str, Path] = {}
+        try:
+            for label, tls in (("plaintext", None), ("tls", {"enabled": True, "generate": True})):
+                folder = Path(tmp) / label
+                folder.mkdir()
+                extra = {"tls": tls} if tls else {}
+                specs[label] = write_spec(folder, make_spec("standalone", "redis", hosts=1, memory={
+                    "maxmemory": "2gb", "policy": "allkeys-lru"}, **extra))
+                if opsctl(["apply", "-f", str(specs[label]), "--auto-approve"]) != 0:
+                    return 1
+                loaded = read_spec(specs[label])
+                connector = make_connector(loaded, folder / ".opsctl" / loaded.spec.name)
+                with connector.admin(loaded.layout.servers[0]) as admin:
+                    fill_strings(admin, keys, connector=connector)
+            rates: dict[str, list[float]] = {label: [] for label in specs}
+            print(f"{keys} keys on each node; load average before: {os.getloadavg()[0]:.1f}", flush=True)
+            for _ in range(rounds):
+                for label, spec in specs.items():
+                    started = time.monotonic()
+                    done = subprocess.run([OPSCTL, "audit", "-f", str(spec), "bigkeys", "--allow-masters",
+                                           "--output", "json"], capture_output=True, text=True, timeout=900,
+                                          check=False)
+                    if done.returncode not in (0, 4):
+                        raise RuntimeError(f"opsctl audit failed: {done.stderr[-500:]}")
+                    rates[label].append(keys / (time.monotonic() - started))
+            for label, values in rates.items():
+                print(f"{label:>9}: opsctl audit bigkeys {_median(values):9.0f} keys/s "
+                      f"[rounds: {', '.join(f'{r:.0f}' for r in values)}]")
+            ratio = _median(rates["tls"]) / _median(rates["plaintext"])
+            print(f"tls / plaintext scan rate: {ratio:.2f} (goal >= 0.75: {'met' if ratio >= 0.75 else 'NOT met'}); "
+                  f"load {os.getloadavg()[0]:.1f}")
+        finally:
+            for spec in specs.values():
+                opsctl(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
     return 0
 
 

@@ -2,6 +2,10 @@
 `CLUSTER FAILOVER` sent by hand and polled (ROLE every 2 ms), same cluster, same cluster-aware writer.
 
     .venv/bin/python bench/failover.py [valkey|redis] [--trials N]
+    .venv/bin/python bench/failover.py --tls [--trials N]
+
+--tls: opsctl's failover write gap on a plaintext and a TLS Redis 7.0 cluster (generated certificates, the writer
+speaks TLS too), side by side in one run.
 
 Trials alternate opsctl / bare and rotate over the 3 shards; between trials the bench waits (polling) out the
 servers' cool-downs for both methods alike. Goal: opsctl adds <= 50 ms to the write gap and finishes, checks
@@ -11,13 +15,16 @@ included, within 2 s.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -25,7 +32,7 @@ from opsctl.cli import main as opsctl
 from opsctl.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, tls_client_options, write_spec
 from tests.writer import Writer, cluster_client
 
 NODE_TIMEOUT_MS = 500
@@ -74,9 +81,10 @@ def converged(spec: Path) -> None:
         time.sleep(0.05)
 
 
-def trial(loaded: LoadedSpec, spec: Path, method: str, shard: int, work: Path, results: Results) -> str:
+def trial(loaded: LoadedSpec, spec: Path, method: str, shard: int, work: Path, results: Results,
+          client: Callable[[], Any]) -> str:
     _, replica = roles(loaded, shard)
-    with Writer(lambda: cluster_client(loaded)) as writer:
+    with Writer(client) as writer:
         writer.wait_for_writes(300)
         started = time.monotonic()
         if method == "bare":
@@ -86,20 +94,21 @@ def trial(loaded: LoadedSpec, spec: Path, method: str, shard: int, work: Path, r
         results.totals[method].append((time.monotonic() - started) * 1000)
         writer.wait_for_writes(len(writer.acked) + 300)
     results.gaps[method].append(writer.max_gap_ms)
-    results.lost += len(writer.verify(cluster_client(loaded)))
+    results.lost += len(writer.verify(client()))
     return replica
 
 
-def run(loaded: LoadedSpec, spec: Path, trials: int, work: Path) -> Results:
+def run(loaded: LoadedSpec, spec: Path, trials: int, work: Path, methods: tuple[str, ...] = ("opsctl", "bare"),
+        client: Callable[[], Any] | None = None) -> Results:
     results = Results()
     promoted_at: dict[str, float] = {}
-    for i in range(trials * 2):
-        method, shard = ("opsctl", "bare")[i % 2], i // 2 % 3 + 1
+    for i in range(trials * len(methods)):
+        method, shard = methods[i % len(methods)], i // len(methods) % 3 + 1
         _, replica = roles(loaded, shard)
         while time.monotonic() - promoted_at.get(replica, 0.0) < RETRY_S:
             time.sleep(0.05)  # waiting out the servers' cool-down, polled
         converged(spec)
-        promoted = trial(loaded, spec, method, shard, work, results)
+        promoted = trial(loaded, spec, method, shard, work, results, client or (lambda: cluster_client(loaded)))
         promoted_at[promoted] = time.monotonic()
     converged(spec)
     return results
@@ -121,8 +130,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
     parser.add_argument("--trials", type=int, default=6, help="failovers per method")
+    parser.add_argument("--tls", action="store_true", help="opsctl on a plaintext and a TLS Redis 7.0 cluster")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    if args.tls:
+        return tls_compare(args.trials)
     with server_tmpdir() as tmp:
         work = Path(tmp)
         spec = write_spec(work, make_spec("cluster", args.flavor, cluster={"node_timeout_ms": NODE_TIMEOUT_MS}))
@@ -132,6 +144,35 @@ def main() -> int:
             summary(run(read_spec(spec), spec, args.trials, work))
         finally:
             opsctl(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+    return 0
+
+
+def tls_compare(trials: int) -> int:
+    gaps: dict[str, list[float]] = {}
+    lost = 0
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    for label, tls in (("plaintext", None), ("tls", {"enabled": True, "generate": True})):
+        with server_tmpdir() as tmp:
+            work = Path(tmp)
+            extra = {"tls": tls} if tls else {}
+            spec = write_spec(work, make_spec("cluster", "redis", cluster={"node_timeout_ms": NODE_TIMEOUT_MS},
+                                              **extra))
+            if opsctl(["apply", "-f", str(spec), "--auto-approve"]) != 0:
+                return 1
+            try:
+                loaded = read_spec(spec)
+                options = tls_client_options(work / ".opsctl" / loaded.spec.name) if tls else {}
+                client = functools.partial(cluster_client, loaded, **options)
+                results = run(loaded, spec, trials, work, ("opsctl",), client)
+                gaps[label], lost = results.gaps["opsctl"], lost + results.lost
+            finally:
+                opsctl(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for label, values in gaps.items():
+        print(f"{label:>9}: opsctl failover write gap median {statistics.median(values):.0f} ms "
+              f"(max {max(values):.0f} ms, {len(values)} failovers)")
+    print(f"tls / plaintext write gap: {statistics.median(gaps['tls']) / statistics.median(gaps['plaintext']):.2f}x; "
+          f"acknowledged writes lost: {lost}")
     return 0
 
 

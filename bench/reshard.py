@@ -11,6 +11,12 @@ slots opened beforehand (untimed); only opsctl's MIGRATE batches are timed, the 
 On Valkey also the ceiling of the atomic path: CLUSTER MIGRATESLOTS started bare and polled every ms, then
 one more opsctl run (the best opsctl run counts). Goals (issue 15): opsctl >= 0.8x its ceiling.
 The load average is printed before and after: compare runs only on a similar machine state.
+
+    .venv/bin/python bench/reshard.py --tls [--keys 200000]
+
+--tls: opsctl's key-by-key reshard on a plaintext and a TLS Redis 7.0 cluster (generated certificates; MIGRATE
+between the servers then runs over TLS too, tls-cluster yes), the same keys moved A -> B -> A on each,
+interleaved, in one run. Goal: TLS within 25% of plaintext.
 """
 
 from __future__ import annotations
@@ -116,8 +122,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("flavor", nargs="?", default="valkey", choices=("valkey", "redis"))
     parser.add_argument("--keys", type=int, default=500_000)
+    parser.add_argument("--tls", action="store_true", help="plaintext against TLS on Redis 7.0")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    if args.tls:
+        return tls_compare(args.keys)
     server_binary(args.flavor)
     with server_tmpdir() as tmp:
         spec = make_spec("cluster", args.flavor, cluster={"replicas_per_master": 0},
@@ -185,8 +194,49 @@ def run(path: Path, flavor: str, keys: int) -> int:
     return 0
 
 
+def tls_compare(keys: int, rounds: int = 2) -> int:
+    from opsctl.runtime import make_connector
+
+    server_binary("redis")
+    with server_tmpdir() as tmp:
+        specs: dict[str, Path] = {}
+        try:
+            for label, tls in (("plaintext", None), ("tls", {"enabled": True, "generate": True})):
+                folder = Path(tmp) / label
+                folder.mkdir()
+                spec = make_spec("cluster", "redis", cluster={"replicas_per_master": 0},
+                                 memory={"maxmemory": "2gb", "policy": "noeviction"}, **({"tls": tls} if tls else {}))
+                specs[label] = folder / "topology.yaml"
+                specs[label].write_text(yaml.safe_dump(spec, sort_keys=False))
+                if opsctl_main(["apply", "-f", str(specs[label]), "--auto-approve"]) != 0:
+                    return 1
+                loaded = read_spec(specs[label])
+                connector = make_connector(loaded, folder / ".opsctl" / loaded.spec.name)
+                with connector.admin(loaded.layout.node(loaded.layout.shards[0].master)) as admin:
+                    written = load(admin, keys, range(0, 5462))
+            rates: dict[str, list[float]] = {label: [] for label in specs}
+            print(f"{written} keys of 100 bytes, 5462 slots A <-> B; load average before: {load_average()}", flush=True)
+            for turn in range(rounds * 2):
+                for label, path in specs.items():
+                    a, b = (s.master for s in read_spec(path).layout.shards[:2])
+                    source, target = (a, b) if turn % 2 == 0 else (b, a)
+                    seconds = timed([*OPSCTL, "cluster", "reshard", "-f", str(path), "--slots", "5462", "--from",
+                                     source, "--to", target], dict(os.environ))
+                    rates[label].append(written / seconds)
+                    print(f"{label:>9} {source} -> {target}: {seconds:6.2f}s {written / seconds:>9.0f} keys/s",
+                          flush=True)
+            best = {label: max(values) for label, values in rates.items()}
+            print(f"load average after: {load_average()}")
+            print(f"tls / plaintext reshard keys/s (best of {rounds * 2}): {best['tls'] / best['plaintext']:.2f} "
+                  f"(goal >= 0.75: {'met' if best['tls'] >= 0.75 * best['plaintext'] else 'NOT met'})")
+        finally:
+            for path in specs.values():
+                opsctl_main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
+    return 0
+
+
 def _owned(loaded: LoadedSpec, name: str) -> list[int]:
-    with open_session(loaded) as session:
+    with open_session(Connector(loaded)) as session:
         return session.owned().get(name, [])
 
 

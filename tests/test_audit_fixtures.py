@@ -90,9 +90,10 @@ def standalone(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
         fleet.stop()
 
 
-def fill_strings(admin: Admin, count: int, prefix: str = "bench:item:", batch: int = 500, depth: int = 20) -> None:
-    """count small string keys, MSET of `batch` keys, `depth` MSETs per write."""
-    with RawPipe(Connector(admin.loaded), admin.node) as pipe:
+def fill_strings(admin: Admin, count: int, prefix: str = "bench:item:", batch: int = 500, depth: int = 20,
+                 connector: Connector | None = None) -> None:
+    """count small string keys, MSET of `batch` keys, `depth` MSETs per write (through connector: TLS)."""
+    with RawPipe(connector or Connector(admin.loaded), admin.node) as pipe:
         mset = pipe.name("MSET")
         done = 0
         while done < count:

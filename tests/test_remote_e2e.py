@@ -427,3 +427,32 @@ def test_backup_and_restore_over_ssh(ssh_env: netns.Lab, tmp_path: Path, capsys:
         assert code == 0 and "verified" in out, err + out
         assert [client.get(f"r:{i}") for i in range(2000)] == [f"v{i}".encode() for i in range(2000)]
         assert all(abs(client.pexpiretime(k) - at) < 1000 for k, at in expiry.items())
+
+
+def test_tls_through_ansible_and_ssh_tunnels(ssh_env: netns.Lab, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Redis from the OS package with generated certificates, shipped 0600 by deploy.yml (no_log); admin traffic
+    rides SSH tunnels yet verifies each node's certificate against its address; rotation reloads live."""
+    lab = ssh_env
+    spec_data = tunnelled(remote_spec(lab, "replication", "redis", tls={"enabled": True, "generate": True}))
+    # the lab's hosts share this machine's /etc/passwd, where local test servers run as `redis`: a user whose
+    # attributes already match what deploy.yml asks for keeps usermod away from it
+    spec_data["server"]["user"] = "valkey"
+    spec = write_spec(tmp_path, spec_data)
+    loaded = read_spec(spec)
+    with firewalled(lab, *port_range(loaded)), cleanup(spec):
+        apply(capsys, spec)
+        assert "1 master, 2 replicas linked" in status(capsys, spec)["health"]
+        node = loaded.layout.servers[0]
+        folder = f"/var/lib/opsctl/{loaded.spec.name}/{node.name}"
+        modes = lab.ssh(lab.hosts[0], f"stat -c '%a %U' {folder}/tls.key {folder}/tls.crt").stdout.split("\n")
+        assert [m.split()[0] for m in modes if m] == ["600", "600"], modes
+        code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+        assert code == 0 and out.count(": reloaded, presents") == 3, out + err
+        code, out, err = run(capsys, "audit", "-f", str(spec), "tls", "config")
+        assert code == 0 and "0 findings" in out, out + err
+        key = (state_dir(loaded) / "tls" / "nodes" / f"{node.name}.key").read_text().splitlines()[1]
+        artifacts = state_dir(loaded) / "ansible" / "artifacts"
+        assert not any(key in f.read_text(errors="replace") for f in artifacts.rglob("*") if f.is_file())
+        assert_second_apply_changes_nothing(capsys, spec, loaded)
+        destroy_and_check_hosts(capsys, lab, spec, loaded)

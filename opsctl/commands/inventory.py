@@ -8,13 +8,16 @@ from pathlib import Path
 from opsctl.errors import EXIT_OK
 
 
-def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None) -> list[str]:
+def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
+                    state_dir: str | None = None) -> list[str]:
     from opsctl.nodefiles import write_private
     from opsctl.remote.inventory import build_inventory, inventory_text, remote_paths
     from opsctl.remote.ssh import known_hosts_path
     from opsctl.remote.staging import stage
     from opsctl.render import render_node
+    from opsctl.runtime import state_dir_for
     from opsctl.specfile import read_spec
+    from opsctl.tls.material import node_files
 
     loaded = read_spec(spec_file)
     name = loaded.spec.name
@@ -24,15 +27,17 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     write_private(target, inventory_text(inventory, loaded.file))  # never through a link
     lines = [f"wrote {target}"]
     if with_files:
-        stage(loaded, files_dir, {node.name: render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
-                                                         daemonize=True).files for node in loaded.layout.nodes})
+        tls_dir = state_dir_for(loaded, state_dir)
+        stage(loaded, files_dir, {node.name: {**render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
+                                                            daemonize=True).files,
+                                              **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
         lines.append(f"wrote node files and their archives (mode 0600, they hold the password) under {files_dir}")
     lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
     return lines
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts):
+    for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts, args.state_dir):
         print(line)
     return EXIT_OK
 
@@ -45,5 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="also render the node files the playbooks copy (0600, real secrets) beside the inventory")
     p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
                                          "or ~/.ssh/known_hosts)")
+    p.add_argument("--state-dir", help="where generated TLS certificates live (default: .opsctl/<name> next to "
+                                       "the spec)")
     p.set_defaults(handler=_inventory)
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from opsctl.render import NodePaths
+from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
@@ -51,9 +52,10 @@ def unit_name(node: Node) -> str:
 
 
 def node_file_names(spec: Spec, node: Node) -> list[str]:
+    tls = [TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE] if spec.tls.enabled else []
     if node.is_sentinel:
-        return ["sentinel.conf"]
-    return ["redis.conf", "users.acl"] if spec.auth.mode == "acl" else ["redis.conf"]
+        return ["sentinel.conf", *tls]
+    return [*(["redis.conf", "users.acl"] if spec.auth.mode == "acl" else ["redis.conf"]), *tls]
 
 
 def node_vars(spec: Spec, node: Node, files: list[str] | None = None) -> dict[str, Any]:
