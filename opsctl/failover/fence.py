@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from opsctl.admin import Admin
+from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.observe.collect import Pending, wait_for
@@ -58,7 +59,7 @@ class Finished:
         return f"{self.node}: write fence lifted ({now})"
 
 
-def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say, wait: float = 0.0) -> list[Finished]:
+def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say) -> list[Finished]:
     """Finish every interrupted failover of a replication or Sentinel topology, deciding from live state."""
     if loaded.spec.topology not in ("replication", "sentinel"):
         return []
@@ -67,7 +68,7 @@ def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say, wait
     if not walls:
         return []
     if loaded.spec.topology == "sentinel":
-        _wait_sentinel_failovers(loaded, admin_of, wait or loaded.spec.sentinel_or_default().failover_timeout_ms / 1000)
+        _wait_sentinel_failovers(loaded, admin_of, loaded.spec.sentinel_or_default().failover_timeout_ms / 1000)
     done = [_finish_one(loaded, node, admin_of, servers) for node in walls]
     for item in done:
         say(f"interrupted failover finished: {item.line()}")
@@ -105,9 +106,8 @@ def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin
                           hint="apply again when it answers")
     if role[0] != "master":
         unfence(admin, values)
-        endpoint = f"{role[1][0]}:{role[1][1]}" if role[1] else None
-        upstream = loaded.layout.find(endpoint) if endpoint else None
-        return Finished(node.name, "lifted", upstream.name if upstream else endpoint)
+        upstream = _node_at(loaded, role[1])
+        return Finished(node.name, "lifted", upstream.name if upstream else str(role[1]))
     others = [n for n in servers if n.name != node.name and (r := _role_of(admin_of(n))) and r[0] == "master"
               and not fenced(_config(admin_of(n)))]
     if len(others) > 1:
@@ -122,14 +122,18 @@ def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin
     admin.call("REPLICAOF", master.address, str(master.port))
     unfence(admin, values)
     if loaded.spec.topology == "replication":  # Sentinel re-points the others itself
-        _repoint_followers(node, master, admin_of, servers)
+        _repoint_followers(loaded, node, master, admin_of)
     return Finished(node.name, "demoted", master.name)
 
 
-def _repoint_followers(old: Node, master: Node, admin_of: Callable[[Node], Admin], servers: Sequence[Node]) -> None:
-    for other in servers:
+def _node_at(loaded: LoadedSpec, address: tuple[str, int] | None) -> Node | None:
+    return loaded.layout.find(endpoint(*address)) if address else None
+
+
+def _repoint_followers(loaded: LoadedSpec, old: Node, master: Node, admin_of: Callable[[Node], Admin]) -> None:
+    for other in loaded.layout.servers:
         role = _role_of(admin_of(other)) if other not in (old, master) else None
-        if role and role[1] == (old.address, old.port):
+        if role and _node_at(loaded, role[1]) == old:
             admin_of(other).call("REPLICAOF", master.address, str(master.port))
             admin_of(other).call("CONFIG", "REWRITE")
 
