@@ -14,6 +14,7 @@ from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
+from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
@@ -216,14 +217,21 @@ def _replicaof_line(run: Execution, node: Node) -> str:
 
 def _follow_line(run: Execution, node: Node) -> str:
     """A stopped node starts as a replica of its shard's master now, if that is another node (planner.start_master,
-    from the live state when the file is written)."""
+    from the live state when the file is written). One the sentinels still name as master starts fenced:
+    start_node lifts the fence once no Sentinel failover is in flight (or demotes it if one promoted a replica)."""
     layout = run.rt.loaded.layout
     shard = layout.shard_of(node.name)
     if shard is None:
         return ""
     follow = start_master(layout, shard, gather_facts(run.rt, with_config=False))
-    if follow is None or follow == node.name:
+    if follow is None:
         return ""
+    if follow == node.name:
+        if run.rt.loaded.spec.topology != "sentinel":
+            return ""
+        lag = spec_values(run.rt.loaded, node)[MAX_LAG]
+        return (f"\n# fenced by opsctl until no Sentinel failover of this node is in flight\n"
+                f"{TO_WRITE} {FENCE}\n{MAX_LAG} {lag if lag != '0' else '10'}\n")
     master = layout.node(follow)
     return f"\n# the shard's master when opsctl started this node\nreplicaof {master.address} {master.port}\n"
 
@@ -250,6 +258,8 @@ def start_node(run: Execution, step: Step) -> None:
     node = _node(run, step)
     run.rt.provider.start(node)
     wait_answering(run, node)
+    if run.rt.loaded.spec.topology == "sentinel" and not node.is_sentinel:
+        finish_failover(run, step)  # a node started fenced (_follow_line): lifted, or demoted if one was promoted
 
 
 def wait_answering(run: Execution, node: Node, timeout: float = START_TIMEOUT) -> None:

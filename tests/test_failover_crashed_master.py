@@ -117,3 +117,20 @@ def test_cluster_apply_restarts_a_crashed_master_that_rejoins_as_a_replica(tmp_p
         assert _lost_after_restart(writer, cluster_client(loaded), killed_at) == []
         wait_for(lambda: cluster_check(loaded.layout.servers[0].endpoint).returncode == 0 or None, 30, "check")
         _settled(capsys, spec)
+
+
+def test_sentinel_apply_right_after_the_crash_starts_the_master_fenced(tmp_path, capsys) -> None:
+    """apply races Sentinel's failover: the sentinels still name the dead master, so it starts fenced and takes
+    writes only once no failover of it is in flight (or becomes a replica if one promoted a replica)."""
+    with deployed(tmp_path, capsys, "sentinel", "valkey") as (spec, loaded):
+        old = loaded.layout.shards[0].master
+        with Writer(lambda: _client(loaded, old)) as writer:
+            writer.wait_for_writes(300)
+            killed_at = _kill(tmp_path, loaded, old)
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 0, out + err
+            assert "starts fenced" in out or "starts as a replica of" in out, out
+            time.sleep(0.5)
+        _settled(capsys, spec)
+        master = next(n for n in loaded.layout.shards[0].members if _role(loaded, n) == "master")
+        assert _lost_after_restart(writer, _client(loaded, master), killed_at) == []

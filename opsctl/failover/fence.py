@@ -68,7 +68,8 @@ def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say) -> l
     if not walls:
         return []
     if loaded.spec.topology == "sentinel":
-        _wait_sentinel_failovers(loaded, admin_of, loaded.spec.sentinel_or_default().failover_timeout_ms / 1000)
+        topo = loaded.spec.sentinel_or_default()
+        _wait_sentinel_failovers(loaded, admin_of, walls, (topo.down_after_ms + topo.failover_timeout_ms) / 1000)
     done = [_finish_one(loaded, node, admin_of, servers) for node in walls]
     for item in done:
         say(f"interrupted failover finished: {item.line()}")
@@ -138,9 +139,13 @@ def _repoint_followers(loaded: LoadedSpec, old: Node, master: Node, admin_of: Ca
             admin_of(other).call("CONFIG", "REWRITE")
 
 
-def _wait_sentinel_failovers(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], timeout: float) -> None:
-    """A SENTINEL FAILOVER sent just before opsctl died may still promote: decide only once none is in flight."""
+def _wait_sentinel_failovers(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], walls: Sequence[Node],
+                             timeout: float) -> None:
+    """Decide only once no Sentinel failover is in flight (a SENTINEL FAILOVER sent just before opsctl died may
+    still promote) and no sentinel sees a fenced master as down (one that just started may be about to be
+    failed over: that clears within a ping period once it answers)."""
     name = sentinel_master_name(loaded.spec)
+    fenced_at = {endpoint(n.address, n.port) for n in walls}
 
     def quiet() -> bool | Pending:
         busy = []
@@ -149,9 +154,12 @@ def _wait_sentinel_failovers(loaded: LoadedSpec, admin_of: Callable[[Node], Admi
                 masters = [parse_pairs(m) for m in admin_of(node).call("SENTINEL", "MASTERS")]
             except (redis.RedisError, OSError):
                 continue
-            flags = next((m.get("flags", "") for m in masters if m.get("name") == name), "")
-            if "failover_in_progress" in flags:
-                busy.append(node.name)
-        return Pending(f"failover in progress on {', '.join(busy)}") if busy else True
+            master = next((m for m in masters if m.get("name") == name), {})
+            flags = master.get("flags", "").split(",")
+            down = endpoint(master.get("ip", ""), int(master.get("port", "0") or 0)) in fenced_at and \
+                bool({"s_down", "o_down"} & set(flags))
+            if "failover_in_progress" in flags or down:
+                busy.append(f"{node.name} ({master.get('flags')})")
+        return Pending(f"sentinels busy: {', '.join(busy)}") if busy else True
 
     wait_for(quiet, timeout, "Sentinel's failover to finish", interval=0.05)

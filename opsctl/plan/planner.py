@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.errors import RefusedError
-from opsctl.failover.fencing import fenced
+from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
@@ -117,7 +117,7 @@ def shard_steps(layout: Layout, shard: Shard, desired: Mapping[str, DesiredNode]
 
     def steps_of(node: Node, is_master: bool) -> list[Step]:
         steps = server_steps(node, desired[node.name], facts[node.name], is_master, server)
-        return _start_as_replica(layout, node, facts[node.name], follow, steps)
+        return _start_as_replica(layout, node, facts[node.name], follow, steps, topology == "sentinel")
 
     return rolling(layout, shard, facts, steps_of, fail_over=not together)
 
@@ -136,14 +136,22 @@ def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
     return agreed
 
 
-def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | None, steps: list[Step]) -> list[Step]:
+def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | None, steps: list[Step],
+                      sentinel: bool = False) -> list[Step]:
     """A stopped node whose shard has another master gets its file written with `replicaof` that master first
-    (the executor adds the line from the live state), unless its file already says so."""
-    if follow is None or follow == node.name or not any(isinstance(s, StartNode) for s in steps):
-        return steps
-    master = layout.node(follow)
-    if (f.on_disk or {}).get("replicaof", "").split() == [master.address, str(master.port)] or \
+    (the executor adds the line from the live state), unless its file already says so. In a Sentinel topology a
+    stopped node the sentinels still name as master starts fenced: they may be promoting a replica right now."""
+    if follow is None or not any(isinstance(s, StartNode) for s in steps) or \
             any(isinstance(s, WriteConfig) for s in steps):
+        return steps
+    on_disk = f.on_disk or {}
+    if follow == node.name:
+        if not sentinel or on_disk.get(TO_WRITE) == FENCE:
+            return steps
+        why = "starts fenced (refuses writes) until no Sentinel failover of it is in flight, then takes writes"
+        return [WriteConfig(node.name, why, f.recorded_digest or ""), *steps]
+    master = layout.node(follow)
+    if on_disk.get("replicaof", "").split() == [master.address, str(master.port)]:
         return steps
     why = f"starts as a replica of {follow}, the shard's master now (its file would start it as a master)"
     return [WriteConfig(node.name, why, f.recorded_digest or ""), *steps]
