@@ -148,15 +148,21 @@ class KeyMover:
         """Fetch and move until every slot of the (open) wave is empty on the source."""
         pending = list(wave)
         failed_rounds = 0
+        failing_since = 0.0
+        patience = 3 * self.node_timeout_ms / 1000 + 5  # e.g. CLUSTERDOWN while a failover settles
         while pending:
             work = self.fetch(pending)
             if not work:
                 return
-            failed_rounds = failed_rounds + 1 if not self.send(self.plan(work)) else 0
-            if failed_rounds >= MAX_FAILED_ROUNDS:
+            if self.send(self.plan(work)):
+                failed_rounds = 0
+            else:
+                failed_rounds += 1
+                failing_since = failing_since if failed_rounds > 1 else time.monotonic()
+            if failed_rounds >= MAX_FAILED_ROUNDS and time.monotonic() - failing_since >= patience:
                 raise OpsctlError(f"MIGRATE from {self.source.name} to {self.target.name} keeps failing",
-                                  f"{failed_rounds} rounds in a row; last: {self.last_error}",
-                                  "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
+                                  f"{failed_rounds} rounds in a row over {time.monotonic() - failing_since:.0f}s; "
+                                  f"last: {self.last_error}", "look at both nodes' logs; `opsctl cluster fix -f SPEC` "
                                   "finishes the open slots once the cause is gone")
             if failed_rounds:
                 self.ensure_endpoints()

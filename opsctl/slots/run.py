@@ -173,10 +173,13 @@ def _follow_failover(session: Session, journal: Journal, progress: Progress, emi
 
     def masters() -> tuple[str, str] | Pending:
         session.refresh()
-        found = (session.current_master(ends[0]), session.current_master(ends[1]))
-        if found[0] is None or found[1] is None:
-            return Pending(f"no master yet for the shard of {ends[0] if found[0] is None else ends[1]}")
-        return found[0], found[1]
+        new_source, new_target = session.current_master(ends[0]), session.current_master(ends[1])
+        if new_source is None or new_target is None:
+            return Pending(f"no master yet for the shard of {ends[0] if new_source is None else ends[1]}")
+        down = [n for n in (new_source, new_target) if session.seen[n].info.get("cluster_state") != "ok"]
+        if down:  # a new master answers CLUSTERDOWN until its cluster state is ok again
+            return Pending(f"{', '.join(down)} not cluster_state:ok yet")
+        return new_source, new_target
 
     timeout = 3 * session.loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
     new_source, new_target = wait_for(masters, timeout, "the failed-over shard to have a master", interval=0.1)
