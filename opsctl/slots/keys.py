@@ -129,20 +129,30 @@ class KeyMover:
 
     def open(self, wave: Sequence[int]) -> None:
         self.ensure_endpoints()
-        checked(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
-                "SETSLOT IMPORTING")
-        checked(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
-                "SETSLOT MIGRATING")
+        self.control(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
+                     "SETSLOT IMPORTING")
+        self.control(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
+                     "SETSLOT MIGRATING")
 
     def close(self, wave: Sequence[int]) -> None:
         """The new owner first (target, then source), then every other master, in parallel; only once both
         ends answer and are still their shards' masters (a stalled node runs queued commands when it wakes,
-        before it learns it was replaced)."""
+        before it learns it was replaced). Looked at again after: a failover in between is followed."""
         self.ensure_endpoints()
         commands: list[Command] = [("CLUSTER", "SETSLOT", s, "NODE", self.target.id) for s in wave]
-        checked(self.target, commands, "SETSLOT NODE")
-        checked(self.source, commands, "SETSLOT NODE")
+        self.control(self.target, commands, "SETSLOT NODE")
+        self.control(self.source, commands, "SETSLOT NODE")
         self.session.parallel(lambda p: checked(p, commands, "SETSLOT NODE"), self.others)
+        self.ensure_endpoints()
+
+    def control(self, peer: Peer, commands: Sequence[Command], doing: str) -> None:
+        """SETSLOT on one end; refused because an end was failed over meanwhile ("not a master"): that is
+        EndpointReplaced (followed), not a dead end."""
+        try:
+            checked(peer, commands, doing)
+        except OpsctlError:
+            self.ensure_endpoints()
+            raise
 
     def drain(self, wave: Sequence[int]) -> None:
         """Fetch and move until every slot of the (open) wave is empty on the source."""

@@ -17,12 +17,13 @@ from opsctl.observe.collect import Pending, observe, wait_converged, wait_for
 from opsctl.observe.parse import myself
 from opsctl.slots.atomic import atomic_move
 from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
+from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.scale import find_node, retired_nodes, shard_members
-from opsctl.slots.session import Peer, Session
+from opsctl.slots.session import Peer, Session, checked
 from opsctl.spec.layout import Node
 
 CONVERGE_TIMEOUT = 60.0
@@ -177,12 +178,16 @@ def _follow_failover(session: Session, journal: Journal, progress: Progress, emi
         if new_source is None or new_target is None:
             return Pending(f"no master yet for the shard of {ends[0] if new_source is None else ends[1]}")
         down = [n for n in (new_source, new_target) if session.seen[n].info.get("cluster_state") != "ok"]
-        if down:  # a new master answers CLUSTERDOWN until its cluster state is ok again
+        for name in down:
+            _release_dead_imports(session, name, wanted)
+        if down:  # a master answers CLUSTERDOWN until its cluster state is ok again
             return Pending(f"{', '.join(down)} not cluster_state:ok yet")
         return new_source, new_target
 
+    wanted = {s for e in journal.pending() for s in expand(e.slots)} | set(slots)
     timeout = 3 * session.loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
     new_source, new_target = wait_for(masters, timeout, "the failed-over shard to have a master", interval=0.1)
+
     def ours(entry: OpenSlots) -> bool:
         return entry.source in shards and entry.target in shards
 
@@ -192,6 +197,20 @@ def _follow_failover(session: Session, journal: Journal, progress: Progress, emi
     progress.add(slots=sum(1 for s in opened if s not in at_source))
     left = [s for s in slots if s in at_source]
     return session.peer(new_source), session.peer(new_target), left
+
+
+def _release_dead_imports(session: Session, name: str, slots: set[int]) -> None:
+    """SETSLOT STABLE for the slots name imports from a node the cluster flags failing (a killed source).
+    A node ignores every claim on a slot it imports, so it would keep the dead node as the owner and answer
+    CLUSTERDOWN for all its slots; the keys it already received stay, and the journal's close moves the rest
+    from the promoted replica."""
+    me = session.me(name)
+    if me is None:
+        return
+    failing = flagged_ids(session.views())
+    stale = [s for s, source in me.importing.items() if source in failing and s in slots]
+    if stale:
+        checked(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
 
 
 def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, emit: Emit, options: MoveOptions,
