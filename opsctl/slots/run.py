@@ -23,7 +23,7 @@ from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.scale import find_node, retired_nodes, shard_members
-from opsctl.slots.session import Peer, Session, checked
+from opsctl.slots.session import Peer, Session, pipe
 from opsctl.spec.layout import Node
 
 CONVERGE_TIMEOUT = 60.0
@@ -210,7 +210,7 @@ def _release_dead_imports(session: Session, name: str, slots: set[int]) -> None:
     failing = flagged_ids(session.views())
     stale = [s for s, source in me.importing.items() if source in failing and s in slots]
     if stale:
-        checked(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
+        pipe(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale])  # looked at again after
 
 
 def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, emit: Emit, options: MoveOptions,
