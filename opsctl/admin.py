@@ -32,7 +32,7 @@ class Admin:
         self.name = node.name
         self.sentinel = node.is_sentinel
         self.client = client
-        self._renames = {k.upper(): v for k, v in loaded.spec.hardening.renamed_commands.items()}
+        self._renames = loaded.renames
 
     @classmethod
     def for_node(cls, connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,

@@ -19,6 +19,7 @@ from opsctl.observe.parse import split_args
 from opsctl.render import render_node
 from opsctl.secrets import MASK
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
+from opsctl.spec.renames import TAKEOVER_COMMANDS
 from tests.support import PASSWORD, PASSWORD_ENV
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -199,7 +200,12 @@ def test_sentinel_knows_renamed_commands_and_auth(case: str) -> None:
         values = {k: v for k, v in table}
         assert values["sentinel monitor"].startswith(f"{name} 127.0.0.2 7201 2")
         renamed = [v for k, v in table if k == "sentinel rename-command"]
-        assert renamed == [f"{name} CONFIG OPS_CONFIG_G0LD", f"{name} REPLICAOF OPS_REPLICAOF_G0LD"]
+        assert [f"{name} CONFIG OPS_CONFIG_G0LD", f"{name} REPLICAOF OPS_REPLICAOF_G0LD"] == \
+            [r for r in renamed if r.split()[1] in ("CONFIG", "REPLICAOF")]
+        assert renamed == [f"{name} {c} {new}" for c, new in sorted(loaded.renames.items())], \
+            "sentinel knows every name the nodes run a command under"
+        if loaded.spec.auth.mode == "password":
+            assert {r.split()[1] for r in renamed} == {*TAKEOVER_COMMANDS}
         assert values["protected-mode"] == "yes" and "requirepass" in values and "sentinel auth-pass" in values
         assert ("sentinel auth-user" in values) == (loaded.spec.auth.mode == "acl")
         monitor_at = [k for k, _ in table].index("sentinel monitor")

@@ -82,7 +82,10 @@ class Probe:
 
 def probes(disabled: Sequence[str], renamed: Mapping[str, str]) -> list[Probe]:
     harmless = {"KEYS": (), "FLUSHALL": ("opsctl-probe", "x", "y"), "FLUSHDB": ("opsctl-probe", "x", "y"),
-                "CONFIG": ("HELP",), "DEBUG": ("HELP",)}
+                "CONFIG": ("HELP",), "DEBUG": ("HELP",), "ACL": ("HELP",),
+                # too few arguments or an unknown option: refused before the command does anything
+                "MIGRATE": (), "REPLICAOF": (), "SLAVEOF": (), "SHUTDOWN": ("opsctl-probe",),
+                "FAILOVER": ("opsctl-probe",)}
     out = [Probe(c.upper(), harmless[c.upper()]) for c in disabled if c.upper() in harmless]
     out += [Probe(c.upper(), harmless.get(c.upper(), ("HELP",)), new) for c, new in sorted(renamed.items())]
     return out

@@ -66,7 +66,7 @@ def config_findings(connector: Connector, node: Node, admin: Admin) -> list[Find
     spec = loaded.spec
     live = admin.config_get("*")
     out = nc.config_drift(node.name, expected_directives(loaded, node), live)
-    checked = nc.probes(spec.hardening.disabled_commands, spec.hardening.renamed_commands)
+    checked = nc.probes(spec.hardening.disabled_commands, loaded.renames)
     results = {p.command: _error_of(admin, p.command, *p.args) for p in checked}
     out += nc.probe_findings(node.name, results, checked)
     out += nc.auth_findings(node.name, anonymous_error(connector, node), default_flags(admin),

@@ -101,7 +101,7 @@ def _shard_row(s: NodeScan) -> dict[str, Any]:
 
 def masked(text: str, loaded: LoadedSpec) -> str:
     """Server errors echo command names; renamed commands are secrets."""
-    for name in loaded.spec.hardening.renamed_commands.values():
+    for name in loaded.renames.values():
         text = text.replace(name, "***")
     return text
 

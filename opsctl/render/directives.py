@@ -106,15 +106,16 @@ def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Direct
     return lines
 
 
-def renames(spec: Spec) -> list[Directive]:
-    """rename-command lines: disabled commands to "", renamed ones to their new name.
+def renames(loaded: LoadedSpec) -> list[Directive]:
+    """rename-command lines: disabled commands to "", renamed ones (the spec's and, in password mode, the
+    takeover commands: opsctl.spec.renames) to their new name.
 
     Disabled commands go in ACL mode too: ACL rules alone can be undone by any user allowed ACL SETUSER
     (the admin has +@all), a removed command cannot. ACL rules keep naming them (rules use original names).
     """
-    lines: list[Directive] = [("rename-command", f'{word(c.upper())} ""') for c in spec.hardening.disabled_commands]
-    lines += [("rename-command", f"{word(c.upper())} {word(new)}")
-              for c, new in sorted(spec.hardening.renamed_commands.items())]
+    disabled = loaded.spec.hardening.disabled_commands
+    lines: list[Directive] = [("rename-command", f'{word(c.upper())} ""') for c in disabled]
+    lines += [("rename-command", f"{word(c)} {word(new)}") for c, new in sorted(loaded.renames.items())]
     return lines
 
 
@@ -188,7 +189,7 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
         Section("network", supported(spec, network(spec, node))),
         Section("process", supported(spec, process(node, paths, daemonize))),
         Section("security", supported(spec, security(loaded, paths, password))),
-        Section("dangerous commands", tuple(renames(spec))),
+        Section("dangerous commands", tuple(renames(loaded))),
         Section("persistence", supported(spec, persistence(spec))),
         Section("memory", supported(spec, memory(spec))),
         Section("replication", supported(spec, replication(spec))),
@@ -228,8 +229,8 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
     ]
     if spec.auth.mode == "acl":
         monitor.append(("sentinel auth-user", f"{name} {word(spec.auth.admin_user)}"))
-    monitor += [("sentinel rename-command", f"{name} {word(c.upper())} {word(new)}")
-                for c, new in sorted(spec.hardening.renamed_commands.items())]
+    monitor += [("sentinel rename-command", f"{name} {word(c)} {word(new)}")
+                for c, new in sorted(loaded.renames.items())]
     own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
     sections = (
         Section("network", (("bind", _bind(node)), *ports(spec, node), ("protected-mode", "yes"),

@@ -368,6 +368,8 @@ def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
         refs.append((("auth", "previous_password"), spec.auth.previous_password))
     refs += [(("auth", "users", i, "previous_password"), u.previous_password)
              for i, u in enumerate(spec.auth.users) if u.previous_password]
+    if spec.hardening.rename_key:
+        refs.append((("hardening", "rename_key"), spec.hardening.rename_key))
     for path, ref in refs:
         try:
             value = resolve(ref)

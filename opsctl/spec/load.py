@@ -16,6 +16,7 @@ from opsctl.secrets import Secret
 from opsctl.spec.checks import SecretResolver, SecretUnusable, check_spec, suggest
 from opsctl.spec.layout import Layout, layout
 from opsctl.spec.model import SecretRef, Spec
+from opsctl.spec.renames import command_renames
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
 FIELD_HINTS: dict[str, str] = {
@@ -36,10 +37,11 @@ class Credentials:
     users: tuple[tuple[str, Secret], ...] = ()
     previous: Secret | None = None  # auth.previous_password: still accepted while a rotation overlaps
     users_previous: tuple[tuple[str, Secret], ...] = ()  # users[].previous_password, where given
+    rename_key: Secret | None = None  # hardening.rename_key: what derived command names are keyed by
 
     def all(self) -> list[Secret]:
         return [self.password, *(s for _, s in self.users), *([self.previous] if self.previous else []),
-                *(s for _, s in self.users_previous)]
+                *(s for _, s in self.users_previous), *([self.rename_key] if self.rename_key else [])]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class LoadedSpec:
     spec: Spec
     layout: Layout
     credentials: Credentials
+
+    @property
+    def renames(self) -> dict[str, str]:
+        """Original command -> the name the nodes run it under (explicit and derived renames)."""
+        return command_renames(self.spec, self.credentials.rename_key)
 
 
 def load_spec(text: str, file: str, resolve: SecretResolver | None) -> LoadedSpec:
@@ -128,7 +135,8 @@ def _credentials(spec: Spec, resolve: SecretResolver | None) -> Credentials:
     users = tuple((u.name, secret(u.password)) for u in spec.auth.users)
     previous = secret(spec.auth.previous_password) if spec.auth.previous_password else None
     users_previous = tuple((u.name, secret(u.previous_password)) for u in spec.auth.users if u.previous_password)
-    return Credentials(secret(spec.auth.password), users, previous, users_previous)
+    rename_key = secret(spec.hardening.rename_key) if spec.hardening.rename_key else None
+    return Credentials(secret(spec.auth.password), users, previous, users_previous, rename_key)
 
 
 def make_resolver(env: typing.Mapping[str, str], read_file: Callable[[str], str | None]) -> SecretResolver:

@@ -187,6 +187,11 @@ class Auth(Strict):
 class Hardening(Strict):
     disabled_commands: list[str] = Field(default_factory=lambda: ["FLUSHALL", "FLUSHDB", "KEYS"])
     renamed_commands: dict[str, str] = Field(default_factory=dict)
+    rename_takeover_commands: bool = Field(default=True, description=(
+        "password mode: run ACL, CONFIG, FAILOVER, MIGRATE, REPLICAOF, SHUTDOWN and SLAVEOF under names opsctl "
+        "derives (see README, 'Renamed commands'); ACL mode is the recommended way to restrict clients"))
+    rename_key: SecretRef | None = Field(default=None, description=(
+        "a secret the derived command names are keyed by; without it they are derived from the spec's name"))
     allow_default_port: bool = False
     allow_public_bind: bool = False
     allow_unsafe: bool = False
