@@ -32,7 +32,7 @@ class Admin:
         self.name = node.name
         self.sentinel = node.is_sentinel
         self.client = client
-        self._renames = loaded.renames
+        self._renames = {} if self.sentinel else loaded.renames  # rename-command is for servers, not sentinels
 
     @classmethod
     def for_node(cls, connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
