@@ -57,6 +57,9 @@ def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
             while proc.poll() is None and target_keys(c_loaded) <= written:
                 time.sleep(0.02)
+            if kills == 0 and proc.poll() is None:  # another run on the same target, from another state dir
+                code, _, err = restore(capsys, c, "--from", str(folder), "--state-dir", str(tmp_path / "other"))
+                assert code == 3 and "lock" in err.lower(), err
             time.sleep(random.uniform(0, 1.0))
             if proc.poll() is not None:
                 break

@@ -51,6 +51,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
+    from opsctl.topolock import topology_lock
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
@@ -58,7 +59,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     json_mode = args.output == "json"
     with ExitStack() as stack:
         stack.enter_context(state_lock(state_dir))
-        target = inspect_target(stack.enter_context(open_connector(loaded, state_dir)))
+        connector = stack.enter_context(open_connector(loaded, state_dir))
+        if not args.dry_run:  # one run per target topology, whatever its state dir
+            stack.enter_context(topology_lock(connector))
+        target = inspect_target(connector)
         if args.from_dir:
             prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
         else:

@@ -298,11 +298,15 @@ def existing_keys(prepared: Prepared, target: Target) -> tuple[int, list[str]]:
 
 
 def refuse_unsafe(prepared: Prepared, target: Target, options: RestoreOptions, resumed: bool) -> None:
+    """Room and existing keys. A resumed run checked both before its first write, and the keys it wrote since
+    count as used memory and as existing keys now: it skips them."""
+    if resumed:
+        return
     room = room_problems(prepared.dataset, target.room)
     if room:
         raise RefusedError("the target has no room for the data (nothing was written)", "\n".join(room),
                            "raise maxmemory (memory.maxmemory in the spec) or add masters, then restore")
-    if options.mode != "fail-if-exists" or resumed or target.keys == 0:
+    if options.mode != "fail-if-exists" or target.keys == 0:
         return
     found, names = existing_keys(prepared, target)
     if found:
