@@ -118,3 +118,38 @@ def test_a_missing_config_file_is_written_again_before_a_start() -> None:
     steps = make_plan(loaded, want, facts, "d").steps
     assert [s.kind for s in steps] == ["write-config", "start"]
     assert steps[0].reason == "the config file on disk is missing or empty"
+
+
+def test_a_default_user_line_holding_another_password_is_file_drift() -> None:
+    """CONFIG REWRITE persists the default user; an old password there would come back at a restart."""
+    import hashlib
+
+    other = hashlib.sha256(b"old-one-4567890").hexdigest()
+    mine = hashlib.sha256(SECRET.reveal().encode()).hexdigest()
+    text = f"user default on #{mine} #{other} ~* &* +@all\n"
+    verdicts = server_file_values(text, SECRET_DIRECTIVES, SECRET)["user default"]
+    assert DIFFERS in verdicts and MASK in verdicts
+    verdicts = server_file_values(text, SECRET_DIRECTIVES, SECRET, Secret("old-one-4567890"))["user default"]
+    assert DIFFERS not in verdicts and PREVIOUS in verdicts
+    loaded = loaded_spec("standalone")
+    name = loaded.layout.servers[0].name
+    facts = {name: NodeFacts(name, False, "died", record={"digest": desired(loaded)[name].digest},
+                             on_disk={**_disk_of(loaded, name), "user default": f"{MASK} {DIFFERS}"})}
+    steps = make_plan(loaded, desired(loaded), facts, "d").steps
+    assert steps[0].kind == "write-config" and "default user" in steps[0].reason
+
+
+def test_password_mode_renders_the_overlap_so_it_survives_a_restart() -> None:
+    from opsctl.nodefiles import default_paths
+    from opsctl.render import render_node
+
+    data = make_spec("standalone")
+    data["auth"] |= {"previous_password": {"env": "OPSCTL_TEST_OLD"}}
+    loaded = load_spec(yaml.safe_dump(data), "t.yaml",
+                       make_resolver({"OPSCTL_TEST_PASSWORD": PASSWORD, "OPSCTL_TEST_OLD": "old-password-123"},
+                                     lambda _: None))
+    node = loaded.layout.servers[0]
+    masked = render_node(loaded, node, default_paths("/x", node), reveal=False).files["redis.conf"]
+    real = render_node(loaded, node, default_paths("/x", node), reveal=True).files["redis.conf"]
+    assert "user default on #*** #*** ~* &* +@all" in masked and "old-password-123" not in real
+    assert real.count("user default on #") == 1

@@ -77,9 +77,16 @@ def server_file_values(text: str, secret_names: frozenset[str], secret: Secret,
     saves: list[str] = []
     for alias, value in conf_lines(text):
         name = canonical(alias)
+        words = _words(value)
+        if name == "user" and words[:1] == ["default"]:
+            # CONFIG REWRITE persists the default user: a password it holds would come back at a restart
+            hashes = [w[1:] for w in words if w.startswith("#")]
+            plain = [w for w in words if w.startswith(">") or w == "nopass"]
+            verdicts = set(password_verdicts(hashes, secret, previous)) | ({DIFFERS} if plain else set())
+            values["user default"] = ", ".join(sorted(verdicts))
+            continue
         if name in REPEATED or name.startswith("sentinel "):
             continue
-        words = _words(value)
         if name == "save":
             saves = [] if words in ([], [""]) else [*saves, *words]
             values[name] = " ".join(saves)

@@ -9,7 +9,7 @@ from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
-from opsctl.plan.ondisk import canonical
+from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
 from opsctl.plan.steps import (
@@ -247,6 +247,8 @@ def file_drift(want: DesiredNode, f: NodeFacts) -> list[str]:
             if have is None or not config_equal(name, value, have):
                 found.append(f"the file on disk has {name} {'(missing)' if have is None else repr(have)}, "
                              f"spec says {value}")
+    if f.on_disk and DIFFERS in f.on_disk.get("user default", ""):
+        found.append("the file on disk lets the default user in with another password than the spec's")
     if f.acl_on_disk is not None and f.acl_on_disk != MASK:
         found.append("users.acl on disk differs from the spec")
     return found
@@ -267,6 +269,8 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
     wanted = single_valued(want.directives)
     recorded = single_valued(f.recorded_directives)
     for name, value in wanted.items():
+        if name == "user":
+            continue  # the default user's passwords during a rotation: the rotation phase sets them live
         live = (f.config or {}).get(name)
         changed_in_spec = f.recorded_digest is not None and recorded.get(name) != value
         drifted = live is not None and not config_equal(name, value, live)

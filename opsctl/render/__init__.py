@@ -60,7 +60,24 @@ def render_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bo
             first = loaded.layout.node(loaded.layout.shards[0].master)
             master = (first.address, first.port)
         return sentinel_sections(loaded, node, paths, master, password, daemonize)
-    return server_sections(loaded, node, paths, password, daemonize)
+    sections = server_sections(loaded, node, paths, password, daemonize)
+    overlap = rotation_overlap(loaded, reveal)
+    if overlap is None:
+        return sections
+    return tuple(Section(s.title, (*s.directives, ("user", overlap))) if s.title == "security" else s
+                 for s in sections)
+
+
+def rotation_overlap(loaded: LoadedSpec, reveal: bool) -> str | None:
+    """Password mode during a rotation (auth.previous_password): the default user also accepts the previous
+    password, so the overlap survives a restart (the user line wins over requirepass at startup)."""
+    credentials = loaded.credentials
+    previous = credentials.previous
+    if loaded.spec.auth.mode != "password" or previous is None or not previous.reveal() or \
+            previous == credentials.password:
+        return None
+    hashes = " ".join(f"#{_password_hash(s) if reveal else MASK}" for s in (credentials.password, previous))
+    return f"default on {hashes} ~* &* +@all"
 
 
 def render_node(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool = False, daemonize: bool = True,
