@@ -57,6 +57,7 @@ def test_cluster_backup_under_writer_holds_every_acked_key(tmp_path, capsys, fla
 
         code, out, err = run(capsys, "backup", "verify", str(folder))
         assert code == 0 and "ok" in out, err + out
+        refused_while_a_slot_moves(capsys, spec, loaded, tmp_path)
         restored = keys_in_backup(folder, flavor)
         missing = [k for k in acked_before if k.encode() not in restored]
         assert missing == []
@@ -81,3 +82,15 @@ def keys_in_backup(folder: Path, flavor: str) -> set[bytes]:
         with scratch_server(binary, folder / shard.file, shard.file) as scratch:
             keys.update(scratch.client.scan_iter(count=1000))
     return keys
+
+
+def refused_while_a_slot_moves(capsys, spec: Path, loaded, tmp_path: Path) -> None:
+    masters = [n for n in loaded.layout.servers if n.role == "master"]
+    with Admin.for_node(loaded, masters[0]) as first, Admin.for_node(loaded, masters[1]) as second:
+        first.call("CLUSTER", "SETSLOT", 7, "MIGRATING", second.call("CLUSTER", "MYID"))
+        try:
+            code, _, err = run(capsys, "backup", "-f", str(spec), "--to", str(tmp_path / "refused"))
+        finally:
+            first.call("CLUSTER", "SETSLOT", 7, "STABLE")
+    assert code == 3 and "slots in motion" in err and "slot 7 is open" in err, err
+    assert not (tmp_path / "refused").exists()

@@ -37,8 +37,10 @@ from opsctl.backup.manifest import (
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
+from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import write_private
+from opsctl.observe.collect import describe as describe_problems
+from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -164,9 +166,22 @@ def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tu
                      saved_at, dataset)
 
 
+def refuse_open_slots(connector: Connector) -> None:
+    """A slot that is moving has keys on two masters: their files would overlap. Refused before any save."""
+    if connector.loaded.spec.topology != "cluster":
+        return
+    seen = observe(connector, connector.loaded.layout.servers)
+    problems = [p for p in observed_problems(seen) if " is open: " in p.what]
+    if problems:
+        raise RefusedError("the cluster has slots in motion: a backup now would hold some keys twice",
+                           describe_problems(problems), "wait for the reshard to finish, or close the slots with "
+                           "`opsctl cluster fix -f SPEC`, then back up")
+
+
 def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int], ...]]]:
     """Per shard: who saves, the master's offset now (the replica must reach it first), its slots."""
     loaded = connector.loaded
+    refuse_open_slots(connector)
     out: list[tuple[Saver, int, tuple[tuple[int, int], ...]]] = []
     for number, members in _group(loaded, discover(connector)):
         saver = choose_saver(number, members)

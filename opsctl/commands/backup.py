@@ -75,13 +75,14 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from opsctl.backup.save import BackupOptions, run_backup
     from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
+    from opsctl.topolock import topology_lock
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
-    with open_connector(loaded, state_dir) as connector, fetcher(loaded, state_dir) as fetch, \
-            event_printer(json_mode, _backup_line) as emit:
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
+            fetcher(loaded, state_dir) as fetch, event_printer(json_mode, _backup_line) as emit:
         folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
     if not json_mode:
         print(f"backup {folder}: {describe(manifest)}")
