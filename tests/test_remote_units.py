@@ -63,11 +63,15 @@ def test_summarize_counts_and_failures():
     events = [
         {"event": "runner_on_ok", "event_data": {"host": "h1", "task": "A", "res": {"changed": True}}},
         {"event": "runner_on_ok", "event_data": {"host": "h2", "task": "A", "res": {"changed": False}}},
+        {"event": "runner_on_ok", "stdout": "changed: [h3]", "event_data": {"host": "h3", "task": "Files",
+                                                                               "res": {"censored": "no_log"}}},
+        {"event": "runner_on_ok", "stdout": "ok: [h1]", "event_data": {"host": "h1", "task": "Files",
+                                                                          "res": {"censored": "no_log"}}},
         {"event": "runner_on_failed", "event_data": {"host": "h2", "task": "Write", "res": {"censored": "x"}}},
         {"event": "runner_on_unreachable", "event_data": {"host": "h3", "task": "B", "res": {"msg": "no route"}}},
     ]
     result = summarize("deploy.yml", 2, events)
-    assert (result.changed, result.ok, result.changed_tasks) == (1, 2, ("h1: A",))
+    assert (result.changed, result.ok, result.changed_tasks) == (2, 4, ("h1: A", "h3: Files"))
     error = failure_error(result)
     assert "h2" in error.summary and "Write" in error.summary
     assert "no_log" in error.detail and "h3: task 'B': unreachable: no route" in error.detail

@@ -70,7 +70,8 @@ def summarize(playbook: str, rc: int, events: Iterable[dict[str, Any]]) -> Playb
         res = data.get("res") or {}
         if kind == "runner_on_ok":
             ok += 1
-            if res.get("changed"):
+            # a no_log task's result reaches the event censored, without "changed"; its display line keeps it
+            if res.get("changed") or str(event.get("stdout", "")).lstrip().startswith("changed:"):
                 changed += 1
                 changed_tasks.append(f"{host}: {task}")
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
