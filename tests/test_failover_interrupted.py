@@ -128,11 +128,12 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 
 
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
+    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.topolock import topology_lock
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         before = _roles(loaded)
-        with topology_lock(loaded):
+        with open_connector(loaded, state_dir_for(loaded, None)) as connector, topology_lock(connector):
             code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--shard", "1")
         assert code == 3 and "another opsctl run holds this topology" in err, out + err
         assert _roles(loaded) == before
