@@ -26,6 +26,7 @@ from opsctl.restore.route import (
     cluster_router,
     expiry_of,
     journal_json,
+    landed_problem,
     parse_journal,
     restore_command,
     room_problems,
@@ -155,6 +156,12 @@ def test_counts_balance_and_room() -> None:
     assert room_problems(100 * mib, [("a", 10 * mib, 0, 1.0)]) == []  # no maxmemory: no limit
     assert room_problems(100 * mib, [("a", 10 * mib, 200 * mib, 0.5), ("b", 10 * mib, 60 * mib, 0.5)]) == \
         ["b: needs about 70 MiB (10 MiB used + 50% of 100 MiB with a 20% margin), maxmemory is 60 MiB"]
+
+
+def test_landed_keys() -> None:
+    counts = Counts({0: 10}, restored=10, volatile=3)
+    assert landed_problem(5, 15, counts) is None and landed_problem(5, 12, counts) is None
+    assert "at least 12 expected" in (landed_problem(5, 11, counts) or "")
 
 
 def test_journal_round_trip_and_damage() -> None:

@@ -203,6 +203,7 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
                 counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
                 for entry in page:
                     seen += 1
+                    counts.volatile += entry.expires > 0
                     if seen % source.sample_every == 0:
                         source.samples.append(entry)
                 sent = _send(tp, page, mode == "replace")

@@ -76,7 +76,8 @@ def same_payload(a: bytes, b: bytes) -> bool:
 
 @dataclass
 class Counts:
-    """One source's keys: read from it, written, found already equal, skipped as existing, in conflict."""
+    """One source's keys: read from it, written, found already equal, skipped as existing, in conflict; and how
+    many of those read carry a TTL (they may expire on the target before the end)."""
 
     scanned: dict[int, int] = field(default_factory=dict)
     restored: int = 0
@@ -84,6 +85,7 @@ class Counts:
     skipped: int = 0
     conflicts: int = 0
     conflict_keys: list[str] = field(default_factory=list)
+    volatile: int = 0
 
     @property
     def total(self) -> int:
@@ -96,6 +98,7 @@ class Counts:
         self.existing += other.existing
         self.skipped += other.skipped
         self.conflicts += other.conflicts
+        self.volatile += other.volatile
         self.conflict_keys = (self.conflict_keys + other.conflict_keys)[:5]
 
     def balance_problem(self) -> str | None:
@@ -110,6 +113,17 @@ def shown_key(key: bytes) -> str:
 
 
 # --- refusals --------------------------------------------------------------------------------------------------
+
+
+def landed_problem(before: int, after: int, counts: Counts) -> str | None:
+    """A target that held `before` keys (none of them a source key) holds `after` now: every key restored must be
+    there, except keys with a TTL that may have expired meanwhile. Fewer means the target lost keys (evicted
+    under maxmemory, deleted)."""
+    least = before + counts.restored - counts.volatile
+    if after < least:
+        return (f"the target holds {after} keys, at least {least} expected ({before} before + {counts.restored} "
+                f"restored, {counts.volatile} of them with a TTL): keys were evicted (maxmemory-policy) or deleted")
+    return None
 
 
 def room_problems(dataset: int, targets: Sequence[tuple[str, int, int, float]]) -> list[str]:
@@ -154,8 +168,11 @@ def _counts(raw: object, where: str) -> Counts:
     if not ok:
         raise _bad(where, "a finished source's counts are malformed")
     assert isinstance(raw, dict)
+    volatile = raw.get("volatile", 0)
+    if not isinstance(volatile, int) or volatile < 0:
+        raise _bad(where, "a finished source's counts are malformed")
     return Counts({int(k): v for k, v in raw["scanned"].items()}, raw["restored"], raw["existing"], raw["skipped"],
-                  raw["conflicts"], [str(k) for k in raw["conflict_keys"]][:5])
+                  raw["conflicts"], [str(k) for k in raw["conflict_keys"]][:5], volatile)
 
 
 def _bad(where: str, what: str) -> OpsctlError:

@@ -42,6 +42,7 @@ from opsctl.restore.route import (
     Router,
     cluster_router,
     journal_json,
+    landed_problem,
     parse_journal,
     room_problems,
     shown_key,
@@ -373,6 +374,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
                            dict(journal.done) if journal else {})
     if options.dry_run:
         return report
+    journal_was_new = journal is None
     journal = journal or Journal(prepared.id, options.mode)
     save_journal(state_dir, journal)
     started = time.monotonic()
@@ -397,6 +399,9 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
             future.result()
     report.seconds = time.monotonic() - started
     report.problems = count_problems(report, prepared)
+    started_empty = journal_was_new and target.keys == 0  # else restored keys may have replaced others
+    if started_empty and (problem := landed_problem(0, target_keys(target), report.total)):
+        report.problems.append(problem)
     report.verified, problems = verify(prepared, target, options, todo)
     report.problems += problems
     if not report.problems:
@@ -404,6 +409,15 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
             os.unlink(journal_path(state_dir))
     emit({"event": "restore-done", **report.as_dict()})
     return report
+
+
+def target_keys(target: Target) -> int:
+    """Keys on the target masters now, every db."""
+    total = 0
+    for master in target.masters:
+        with target.connector.admin(master) as admin:
+            total += sum(k for k, _ in parse_keyspace(parse_info(admin.info("keyspace"))).values())
+    return total
 
 
 def count_problems(report: RestoreReport, prepared: Prepared) -> list[str]:
