@@ -141,3 +141,17 @@ def test_valkey_backup_refused_by_redis_target(tmp_path, capsys) -> None:
         code, _, err = run(capsys, "restore", "-f", str(r), "--from-live", str(s))
         assert code == 3 and "cannot RESTORE" in err, err
         assert clients(r_loaded)[0].dbsize() == 0
+
+
+def test_redis_backup_restores_into_valkey(tmp_path, capsys) -> None:
+    """Redis 7.0 writes RDB format 10, which Valkey 9.1 reads: the backup loads into a Valkey scratch server
+    whose DUMP payloads the Valkey target takes; every type and TTL arrives."""
+    from tests.test_restore_live import fill, same_data, snapshot
+
+    with topologies(tmp_path, capsys, "redis", ("standalone", {})) as [(r, r_loaded)], \
+            topologies(tmp_path / "v", capsys, "valkey", ("standalone", {})) as [(v, v_loaded)]:
+        fill(r_loaded, strings=500)
+        folder = backup_dir(capsys, r, tmp_path / "backups")
+        code, out, err = restore(capsys, v, "--from", str(folder), "--verify", "full")
+        assert code == 0 and "verified" in out, err + out
+        same_data(snapshot(r_loaded), snapshot(v_loaded))
