@@ -137,3 +137,11 @@ def test_rendered_files_do_not_depend_on_the_spec_path() -> None:
         spellings = ["spec.yaml", "./spec.yaml", "/abs/checkout/spec.yaml", "../other/copy.yaml"]
         rendered = [render_all(loaded_case(case, file), reveal=False) for file in spellings]
         assert all(files == rendered[0] for files in rendered[1:])
+
+
+@pytest.mark.parametrize("text", ['Qu"ote\\back$lash#x\'y!{}', 'x\\"', '\\\\"', "plain", 'a"b"c', "tab\there"])
+def test_unquote_reads_quoted_back_exactly(text: str) -> None:
+    """CONFIG SET sends the raw value of a quoted directive (a password full of quoting hazards)."""
+    from opsctl.plan.desired import unquote
+
+    assert unquote(quoted(text)) == text

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opsctl.observe.parse import split_args
 from opsctl.plan.steps import digest
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import Directive
@@ -44,7 +45,13 @@ def single_valued(directives: tuple[Directive, ...] | list[Directive]) -> dict[s
 
 
 def unquote(value: str) -> str:
-    """Inverse of opsctl.render.directives.quoted for CONFIG SET, which takes the raw value."""
+    """Inverse of opsctl.render.tokens.quoted for CONFIG SET, which takes the raw value: one double-quoted
+    argument read back the way the server's parser reads it (escapes and all); anything else as it is."""
     if len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        try:
+            tokens = split_args(value)
+        except ValueError:
+            return value
+        if len(tokens) == 1:
+            return tokens[0]
     return value
