@@ -35,6 +35,17 @@ def reshard(spec: Path, source: str, target: str, slots: int, rate: int) -> subp
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def serving(loaded: LoadedSpec, slot: int) -> str:
+    """The node serving slot now (on a loaded machine a short node timeout may have failed a master over
+    before the test begins: kill or stall the node that really moves the slots)."""
+    client = cluster_client(loaded)
+    node = client.nodes_manager.get_node_from_slot(slot)
+    client.close()
+    found = loaded.layout.find(f"{node.host}:{node.port}")
+    assert found is not None, node
+    return found.name
+
+
 def wait_moving(spec: Path, loaded: LoadedSpec) -> None:
     journal = spec.parent / ".opsctl" / loaded.spec.name / "slots-journal.jsonl"
     deadline = time.monotonic() + 30
@@ -72,7 +83,7 @@ def test_target_stalls_mid_reshard(tmp_path, capsys, stall) -> None:
         preload(loaded, 20000)
         client = cluster_client(loaded)
         before = dataset_checksum(client, "pre:*")
-        source, target = loaded.layout.shards[0].master, loaded.layout.shards[1].master
+        source, target = serving(loaded, 0), serving(loaded, 6000)
         with Writer(lambda: cluster_client(loaded)) as writer:
             writer.wait_for_writes(100)
             proc = reshard(spec, source, target, 3000, 1000)
@@ -99,7 +110,7 @@ def test_source_killed_mid_reshard(tmp_path, capsys) -> None:
         preload(loaded, 20000)
         client = cluster_client(loaded)
         before = dataset_checksum(client, "pre:*")
-        source, target = loaded.layout.shards[0].master, loaded.layout.shards[1].master
+        source, target = serving(loaded, 0), serving(loaded, 6000)
         with Writer(lambda: cluster_client(loaded)) as writer:
             writer.wait_for_writes(100)
             proc = reshard(spec, source, target, 3000, 1000)
