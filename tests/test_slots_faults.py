@@ -48,9 +48,10 @@ def serving(loaded: LoadedSpec, slot: int) -> str:
 
 def wait_moving(spec: Path, loaded: LoadedSpec) -> None:
     journal = spec.parent / ".opsctl" / loaded.spec.name / "slots-journal.jsonl"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while not journal.exists() and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert journal.exists(), "the reshard did not start moving"
     time.sleep(0.3)
 
 
