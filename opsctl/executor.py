@@ -259,7 +259,7 @@ def start_node(run: Execution, step: Step) -> None:
     run.rt.provider.start(node)
     wait_answering(run, node)
     if run.rt.loaded.spec.topology == "sentinel" and not node.is_sentinel:
-        finish_failover(run, step)  # a node started fenced (_follow_line): lifted, or demoted if one was promoted
+        finish_failover(run, step, "started fenced")  # _follow_line: lifted, or demoted if a replica was promoted
 
 
 def wait_answering(run: Execution, node: Node, timeout: float = START_TIMEOUT) -> None:
@@ -333,7 +333,7 @@ def fail_over(run: Execution, step: Step) -> None:
     run_failover(rt.connector, rt.state_dir, Options(master=step.node), say)
 
 
-def finish_failover(run: Execution, step: Step) -> None:
+def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
     """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
     from opsctl.failover.fence import finish
 
@@ -345,7 +345,7 @@ def finish_failover(run: Execution, step: Step) -> None:
         return admins[node.name]
 
     try:
-        finish(run.rt.loaded, admin_of, lambda text: run.emit(Log(step.title(), text)))
+        finish(run.rt.loaded, admin_of, lambda text: run.emit(Log(step.title(), text)), what)
     finally:
         for admin in admins.values():
             admin.close()

@@ -59,7 +59,8 @@ class Finished:
         return f"{self.node}: write fence lifted ({now})"
 
 
-def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say) -> list[Finished]:
+def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say,
+           what: str = "interrupted failover finished") -> list[Finished]:
     """Finish every interrupted failover of a replication or Sentinel topology, deciding from live state."""
     if loaded.spec.topology not in ("replication", "sentinel"):
         return []
@@ -72,7 +73,7 @@ def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say) -> l
         _wait_sentinel_failovers(loaded, admin_of, walls, (topo.down_after_ms + topo.failover_timeout_ms) / 1000)
     done = [_finish_one(loaded, node, admin_of, servers) for node in walls]
     for item in done:
-        say(f"interrupted failover finished: {item.line()}")
+        say(f"{what}: {item.line()}")
     return done
 
 
