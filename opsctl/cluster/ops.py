@@ -13,7 +13,15 @@ from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.collect import Command, Observer, Pending, checked_pipeline, wait_converged, wait_for
+from opsctl.observe.collect import (
+    Command,
+    Observer,
+    Pending,
+    checked_pipeline,
+    cluster_info_pending,
+    wait_converged,
+    wait_for,
+)
 from opsctl.observe.parse import parse_info
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
@@ -105,6 +113,11 @@ def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> di
 
 
 def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
+    """Every node knows every other one (no handshake left). Counts from CLUSTER INFO first (cheap), every
+    CLUSTER NODES view once the counts are right."""
+    counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)))
+    if counting is not None:
+        return counting
     wanted = set(ids.values())
     for name, obs in observer.observe(info_section="server").items():
         if obs.cluster_nodes is None:

@@ -220,24 +220,26 @@ def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
     return describe_lines([p.render() for p in problems], limit)
 
 
-def states_not_ok(observer: Observer) -> Pending | None:
-    """The nodes not reporting cluster_state:ok, from CLUSTER INFO alone (a few hundred bytes per node): the
-    cheap look while a new cluster waits out its masters' writable delay (~2 s after their start). None when
-    every node says ok."""
-    def state(node: Node) -> str:
-        reply = raw_pipeline(observer.admins[node.name], [("CLUSTER", "INFO")])[0]
-        if isinstance(reply, Exception):
-            return f"{node.name}: {reply}"
-        value = parse_info(str(reply)).get("cluster_state", "?")
-        return "" if value == "ok" else f"{node.name}: cluster_state:{value}"
-
-    def guarded(node: Node) -> str:
+def cluster_infos(observer: Observer) -> dict[str, dict[str, str] | str]:
+    """Every node's CLUSTER INFO (a few hundred bytes), or why it has none: the cheap look polls take first."""
+    def one(node: Node) -> dict[str, str] | str:
         try:
-            return state(node)
+            reply = raw_pipeline(observer.admins[node.name], [("CLUSTER", "INFO")])[0]
         except (redis.RedisError, OSError) as exc:
-            return f"{node.name}: unreachable: {type(exc).__name__}: {exc}"
+            return f"unreachable: {type(exc).__name__}: {exc}"
+        return f"CLUSTER INFO: {reply}" if isinstance(reply, Exception) else parse_info(str(reply))
 
-    bad = [line for line in observer.pool.map(guarded, observer.nodes) if line]
+    return dict(zip([n.name for n in observer.nodes], observer.pool.map(one, observer.nodes), strict=True))
+
+
+def cluster_info_pending(observer: Observer, field_name: str, wanted: str) -> Pending | None:
+    """Pending naming the nodes whose CLUSTER INFO field is not `wanted` yet (None when all are)."""
+    bad = []
+    for name, info in cluster_infos(observer).items():
+        if isinstance(info, str):
+            bad.append(f"{name}: {info}")
+        elif info.get(field_name) != wanted:
+            bad.append(f"{name}: {field_name}:{info.get(field_name, '?')} (waiting for {wanted})")
     return Pending(describe_lines(bad)) if bad else None
 
 
@@ -251,7 +253,8 @@ def wait_converged(observer: Observer, timeout: float) -> None:
     Each poll first asks every node's cluster_state only; the full look (every view, parsed and compared)
     runs once all say ok, so a new cluster's ~2 s wait costs the servers and opsctl little CPU."""
     def check() -> bool | Pending:
-        not_ok = states_not_ok(observer) if observer.loaded.spec.topology == "cluster" else None
+        not_ok = cluster_info_pending(observer, "cluster_state", "ok") \
+            if observer.loaded.spec.topology == "cluster" else None
         if not_ok is not None:
             return not_ok
         problems = observed_problems(observer.observe(info_section="replication"))
