@@ -38,10 +38,10 @@ from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_ke
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.nodefiles import write_private
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
+from opsctl.safefs import write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 

@@ -14,6 +14,7 @@ from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem,
 from opsctl.backup.plan import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.errors import OpsctlError
+from opsctl.safefs import read_bounded
 
 CHUNK = 1 << 20
 Emit = Callable[[dict[str, Any]], None]
@@ -35,7 +36,8 @@ def read_manifest(folder: Path) -> Manifest:
         raise OpsctlError(f"{folder} is not a directory", hint="pass the backup's directory (it holds manifest.json)")
     path = folder / MANIFEST
     _regular(path, "the manifest")
-    return parse_manifest(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    text = read_bounded(path, "the backup is damaged: use another backup", limit=64 << 20)
+    return parse_manifest(text or "", str(path))
 
 
 def sha256_of(path: Path) -> str:

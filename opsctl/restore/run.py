@@ -30,7 +30,6 @@ from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
 from opsctl.connector import Connector, unix_socket
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.nodefiles import write_private
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import parse_info, server_of
@@ -47,6 +46,7 @@ from opsctl.restore.route import (
     room_problems,
     shown_key,
 )
+from opsctl.safefs import read_bounded, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import reads_rdb, server_text
@@ -325,11 +325,10 @@ def journal_path(state_dir: Path) -> Path:
 
 def load_journal(state_dir: Path, prepared: Prepared, mode: str) -> Journal | None:
     path = journal_path(state_dir)
-    if path.is_symlink():
-        raise OpsctlError(f"{path} is a symlink", hint="remove it; opsctl never writes through a symlink")
-    if not path.exists():
+    text = read_bounded(path, "remove it to start over (keys already restored then count as existing keys)")
+    if text is None:
         return None
-    journal = parse_journal(path.read_text(encoding="utf-8", errors="replace"), str(path))
+    journal = parse_journal(text, str(path))
     if journal.source != prepared.id or journal.mode != mode:
         raise RefusedError("an unfinished restore from another source or in another mode is recorded",
                            f"{path}: source {journal.source}, mode {journal.mode}",
@@ -407,6 +406,9 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     if not report.problems:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(journal_path(state_dir))
+    else:  # a re-run reads every source again and checks again, instead of trusting the finished ones
+        journal.done.clear()
+        save_journal(state_dir, journal)
     emit({"event": "restore-done", **report.as_dict()})
     return report
 
