@@ -11,6 +11,18 @@ AUTH_HINT = ("the node runs with another password than the spec's: fix auth.pass
              "or, to rotate it, set auth.previous_password to the password the nodes run with (docs/rotation.md)")
 
 
+TLS_MARKERS = ("ssl", "certificate verify failed", "wrong version number", "tlsv1 alert", "handshake")
+TLS_HINT = ("opsctl speaks TLS as the spec says but the node does not: a node started before tls.enabled still "
+            "speaks plaintext (turning TLS on for running nodes is not automated: stop them with `opsctl destroy` "
+            "without --purge, which keeps their data, then apply), or it trusts another CA (docs/tls.md)")
+
+
+def is_tls_failure(error: object) -> bool:
+    """True when the TLS handshake failed (plaintext node, unknown CA, wrong name)."""
+    text = error_text(error).lower()
+    return any(marker in text for marker in TLS_MARKERS)
+
+
 def error_text(error: object) -> str:
     if isinstance(error, BaseException):
         return f"{type(error).__name__}: {error}"

@@ -191,21 +191,24 @@ def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, Desired
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     facts = gather_facts(rt)
-    refuse_silent_nodes(facts)
+    refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
     return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts
 
 
-def refuse_silent_nodes(facts: dict[str, NodeFacts]) -> None:
+def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
     """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
     silent = [f for f in facts.values() if f.running and not f.reachable]
     if not silent:
         return
-    from opsctl.connerr import AUTH_HINT, is_auth_failure
+    from opsctl.connerr import AUTH_HINT, TLS_HINT, is_auth_failure, is_tls_failure
 
     auth = [f.name for f in silent if is_auth_failure(f.error)]
+    handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]
     detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
     if auth:
         raise OpsctlError(f"authentication failed for {', '.join(auth)}", detail, AUTH_HINT)
+    if handshake:
+        raise OpsctlError(f"no TLS answer from {', '.join(handshake)}", detail, TLS_HINT)
     raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
                       "look at their logs (a LOADING node answers once its data is loaded); "
                       "`opsctl status` shows every node")

@@ -27,7 +27,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         if unknown:
             raise OpsctlError(f"no node named {', '.join(unknown)}", hint=f"nodes are: {', '.join(names)}")
         facts = gather_facts(rt, with_config=False)
-        refuse_silent_nodes(facts)
+        refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
         run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")
         _print_status(rt, args.output)
