@@ -125,8 +125,9 @@ def cluster(masters: int) -> tuple[str, dict]:
 
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_restore_into_other_shapes(tmp_path, capsys, flavor) -> None:
-    with topologies(tmp_path, capsys, flavor, cluster(3), cluster(5), cluster(3), ("standalone", {})) as deployed_:
-        (a, a_loaded), (b, b_loaded), (c, c_loaded), (s, s_loaded) = deployed_
+    shapes = cluster(3), cluster(5), cluster(3), ("standalone", {}), cluster(3)
+    with topologies(tmp_path, capsys, flavor, *shapes) as deployed_:
+        (a, a_loaded), (b, b_loaded), (c, c_loaded), (s, s_loaded), (d, d_loaded) = deployed_
         fill(a_loaded)
         source = snapshot(a_loaded)
         folder = backup_dir(capsys, a, tmp_path / "backups")
@@ -149,8 +150,8 @@ def test_restore_into_other_shapes(tmp_path, capsys, flavor) -> None:
         same_data(source, snapshot(s_loaded))
 
         standalone = backup_dir(capsys, s, tmp_path / "backups")
+        code, out, err = restore(capsys, d, "--from", str(standalone))  # standalone -> cluster
+        assert code == 0 and "verified" in out, err + out
+        same_data(source, snapshot(d_loaded))
         code, out, err = restore(capsys, b, "--from", str(standalone))  # the keys are there already
         assert code == 3 and "already exist" in err and "nothing was written" in err, err
-        code, out, err = restore(capsys, b, "--from", str(standalone), "--mode", "skip-existing")
-        assert code == 0 and "already there" in out, err + out
-        same_data(source, snapshot(b_loaded))
