@@ -85,6 +85,20 @@ def test_generated_certificates_name_the_node_and_chain_to_the_ca() -> None:
     assert len(facts(ca.cert + make_ca("next", NOW).cert)) == 2
 
 
+def test_the_tls_audit_judges_expiry_protocols_and_plaintext() -> None:
+    from opsctl.tls.judge import TlsSeen, findings
+
+    cert = facts(issue(make_ca("ca", NOW), "n1", ("127.0.0.9",), NOW, days=20).cert)[0]
+    seen = TlsSeen("n1", cert, "TLSv1.3", "TLSv1.2 TLSv1.3", None)
+    assert [(f.rule, f.severity) for f in findings(seen, NOW, False)] == [("tls-expiry", "medium")]
+    later = NOW + datetime.timedelta(days=21)
+    assert [(f.rule, f.severity) for f in findings(seen, later, False)] == [("tls-expiry", "critical")]
+    fresh = facts(issue(make_ca("ca", NOW), "n1", (), NOW).cert)[0]
+    old = TlsSeen("n1", fresh, "TLSv1.2", "TLSv1.1 TLSv1.2", "port 7101 answers without TLS")
+    assert [(f.rule, f.severity) for f in findings(old, NOW, False)] == [("tls", "high"), ("tls", "high")]
+    assert [f.severity for f in findings(old, NOW, True)] == ["high", "low"]
+
+
 def test_a_server_without_tls_is_recognised_by_what_it_says() -> None:
     assert tls_support("# Missing implement of connection type tls\n# Failed finding TLS support.") is False
     assert tls_support("# No tls-cert-file configured!\n# Failed to configure TLS.") is True
@@ -150,6 +164,25 @@ def test_tls_only_fleets(tmp_path: Path, capsys, topology: str) -> None:
         code, out, _ = run(capsys, "tls", "ca", "-f", str(spec))
         assert code == 0 and out == (state / "tls" / "ca-bundle.crt").read_text()
         assert oct((state / "tls" / "ca.key").stat().st_mode & 0o777) == "0o600"
+        if topology == "replication":
+            _rotate_the_ca(capsys, spec, loaded, state)
+
+
+def _rotate_the_ca(capsys, spec: Path, loaded: LoadedSpec, state: Path) -> None:
+    """--new-ca (trust both), rotate (certs from the new CA), --drop-old-ca; dropping early is refused."""
+    old_ca = (state / "tls" / "ca.crt").read_text()
+    pids = _pids(state, loaded)
+    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--new-ca")
+    assert code == 0 and len(facts((state / "tls" / "ca-bundle.crt").read_text())) == 2, out + err
+    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--drop-old-ca")
+    assert code == 3 and "still come from an older CA" in err, out + err
+    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+    assert code == 0, out + err
+    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--drop-old-ca")
+    assert code == 0 and (state / "tls" / "ca-bundle.crt").read_text() != old_ca, out + err
+    assert len(facts((state / "tls" / "ca-bundle.crt").read_text())) == 1 and _pids(state, loaded) == pids
+    _assert_tls_only(loaded, state)
+    assert plan_json(capsys, spec)["steps"] == []
 
 
 @pytest.mark.integration
