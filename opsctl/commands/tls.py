@@ -27,11 +27,12 @@ def _rotate(args: argparse.Namespace) -> int:
     from opsctl.specfile import read_spec
     from opsctl.statelock import state_lock
     from opsctl.tls.live import Mode, rotate
+    from opsctl.topolock import topology_lock
 
     rt = make_runtime(read_spec(args.file), args.state_dir)
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
     try:
-        with state_lock(rt.state_dir):
+        with state_lock(rt.state_dir), topology_lock(rt.connector):  # one run per topology, whatever its state dir
             lines = rotate(rt, mode, lambda line: print(line, flush=True))
     finally:
         rt.provider.close()
