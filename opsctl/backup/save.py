@@ -254,7 +254,12 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
 
     def one(saver: Saver) -> None:
         offset, slots = by_saver[id(saver)]
-        shard = save_shard(connector, saver, offset, slots, folder, fetch, options)
+        try:
+            shard = save_shard(connector, saver, offset, slots, folder, fetch, options)
+        except (redis.RedisError, OSError) as exc:
+            raise OpsctlError(f"saving shard {saver.shard} on {saver.node} failed: {type(exc).__name__}: {exc}",
+                              hint="nothing was kept; run the backup again (`opsctl status -f SPEC` shows the "
+                                   "nodes)") from None
         with lock:
             files.append(shard)
         emit({"event": "shard-saved", "shard": shard.shard, "node": shard.node, "role": shard.role,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from redis.crc import key_slot
 
 from opsctl.audit.pipe import RawPipe
@@ -385,6 +386,9 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
         compare = Side(source.open, target.targets().open)
         try:
             counts = copy_source(source, target.targets(), options.mode, meter, compare)
+        except (redis.RedisError, OSError) as exc:
+            raise OpsctlError(f"the restore of {source.label} stopped: {type(exc).__name__}: {exc}",
+                              hint="re-run the same command when the nodes answer again: it resumes") from None
         finally:
             compare.close()
         with lock:
