@@ -155,3 +155,26 @@ def test_redis_backup_restores_into_valkey(tmp_path, capsys) -> None:
         code, out, err = restore(capsys, v, "--from", str(folder), "--verify", "full")
         assert code == 0 and "verified" in out, err + out
         same_data(snapshot(r_loaded), snapshot(v_loaded))
+
+
+def test_target_killed_mid_restore_then_rerun(tmp_path, capsys) -> None:
+    """The target's server SIGKILLed while keys stream in: opsctl stops with an error naming the restore (no
+    traceback); once `opsctl apply` restarted the node, the same command resumes and every key is there."""
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {}), ("standalone", {})) as deployed_:
+        (s, s_loaded), (t, t_loaded) = deployed_
+        load(clients(s_loaded)[0], KEYS)
+        folder = backup_dir(capsys, s, tmp_path / "backups")
+        argv = [sys.executable, "-m", "opsctl.cli", "restore", "-f", str(t), "--from", str(folder)]
+        target = clients(t_loaded)[0]
+        pid = int(target.info("server")["process_id"])
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        while proc.poll() is None and target.dbsize() == 0:
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1 and "stopped" in err and "internal error" not in err, err
+        code, out, err = run(capsys, "apply", "-f", str(t), "--auto-approve")
+        assert code == 0, err + out
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0 and "(resumed)" in done.stdout, done.stderr + done.stdout
+        assert keys_of(t_loaded) == {f"k:{i}".encode() for i in range(KEYS)}

@@ -405,7 +405,11 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     started_empty = journal_was_new and target.keys == 0  # else restored keys may have replaced others
     if started_empty and (problem := landed_problem(0, target_keys(target), report.total)):
         report.problems.append(problem)
-    report.verified, problems = verify(prepared, target, options, todo)
+    try:
+        report.verified, problems = verify(prepared, target, options, todo)
+    except (redis.RedisError, OSError) as exc:
+        raise OpsctlError(f"the checks after the copy stopped: {type(exc).__name__}: {exc}",
+                          hint="re-run the same command when the nodes answer again: it resumes and checks") from None
     report.problems += problems
     if not report.problems:
         with contextlib.suppress(FileNotFoundError):
