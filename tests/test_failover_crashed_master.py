@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from opsctl.admin import Admin
 from opsctl.observe.collect import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
@@ -99,8 +100,10 @@ def test_replication_apply_starts_the_crashed_master_as_a_replica(tmp_path, caps
         with Writer(lambda: _client(loaded, old)) as writer:
             writer.wait_for_writes(300)
             killed_at = _kill(tmp_path, loaded, old)
-            _client(loaded, new).execute_command("REPLICAOF", "NO", "ONE")  # the operator promotes by hand
-            _client(loaded, other).execute_command("REPLICAOF", node.address, str(node.port))
+            with Admin.for_node(loaded, node) as admin:  # the operator promotes by hand (renamed commands)
+                admin.call("REPLICAOF", "NO", "ONE")
+            with Admin.for_node(loaded, loaded.layout.node(other)) as admin:
+                admin.call("REPLICAOF", node.address, str(node.port))
             code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
             assert code == 0, out + err
             assert _role(loaded, old) == "slave", "the old master came back as a master"
