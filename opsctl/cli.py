@@ -115,6 +115,9 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(f"opsctl {__version__}")  # the one answer that needs no command module: they are not imported
+        return EXIT_OK
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

