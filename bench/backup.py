@@ -11,6 +11,7 @@ every file into a scratch server to count its keys for the manifest (reported se
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import subprocess
@@ -67,6 +68,8 @@ def load() -> list[str]:
 def run(flavor: str, keys: int) -> None:
     server_binary(flavor)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    # As installed: with bytecode (PYTHONDONTWRITEBYTECODE would make every opsctl run compile its modules).
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "opsctl"), quiet=1)
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     print(f"load before: {load()}")
     with server_tmpdir("opsctl-bench-") as root:

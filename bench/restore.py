@@ -13,6 +13,7 @@ runs only on a similar machine state.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import subprocess
@@ -89,6 +90,8 @@ def load() -> str:
 def run(flavor: str, keys: int, peer_keys: int) -> None:
     server_binary(flavor)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    # As installed: with bytecode (PYTHONDONTWRITEBYTECODE would make every opsctl run compile its modules).
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "opsctl"), quiet=1)
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     print(f"load before: {load()}")
     with server_tmpdir("opsctl-bench-") as root, ExitStack() as stack:

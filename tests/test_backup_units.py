@@ -171,3 +171,29 @@ def test_journal_round_trip_and_damage() -> None:
                  '{"source": "s", "mode": "replace", "done": {"a": {"restored": -1}}}'):
         with pytest.raises(OpsctlError, match=r"^j: "):
             parse_journal(text, "j")
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_db0_counts_from_a_real_file(flavor) -> None:
+    from opsctl.backup.rdb import db0_counts
+    from opsctl.backup.scratch import scratch_binaries, scratch_server
+
+    binary = next((b for s, b in scratch_binaries().items() if s[0] == flavor), None)
+    if binary is None:
+        pytest.skip(f"no {flavor} server")
+    with scratch_server(binary, None, "empty") as scratch:
+        client = scratch.client
+        client.execute_command("SAVE")
+        assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) == (0, 0)
+        client.function_load("#!lua name=lib\nredis.register_function('f', function() return 1 end)")
+        for i in range(300):
+            client.set(f"k{i}", "x" * (i % 90), px=600_000 if i % 3 == 0 else None)
+        client.execute_command("SAVE")
+        data = (scratch.folder / "dump.rdb").read_bytes()
+        assert db0_counts(data) == (300, 100)
+        assert db0_counts(data[:20]) is None  # too short to say
+        client.execute_command("SELECT", 1)
+        client.execute_command("FLUSHALL")
+        client.set("other", 1)
+        client.execute_command("SAVE")
+        assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) is None  # db 1 first: not db 0's count

@@ -35,6 +35,7 @@ from opsctl.backup.manifest import (
     utc_stamp,
 )
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
+from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
@@ -50,6 +51,7 @@ Emit = Callable[[Event], None]
 Sink = Callable[[bytes], None]
 Fetch = Callable[[Node, str, Sink], None]
 CHUNK = 1 << 20
+HEAD_BYTES = 1 << 20
 POLL = 0.02
 
 
@@ -191,8 +193,21 @@ def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int],
     return out
 
 
+def header_counts(shard: ShardFile, folder: Path) -> ShardFile | None:
+    """The shard with its keys counted from its file's head (exact at the fork), when the node held db 0 only."""
+    if set(shard.keys_at_save) - {0}:
+        return None
+    with open(folder / shard.file, "rb") as handle:
+        counts = db0_counts(handle.read(HEAD_BYTES))
+    return None if counts is None else replace(shard, keys={0: counts[0]}, expires={0: counts[1]})
+
+
 def count_keys(manifest: Manifest, folder: Path) -> Manifest:
-    """Every file loaded into a scratch server: its exact keys and keys with a TTL per db."""
+    """Every file's exact keys and keys with a TTL per db: from its head when it holds db 0 only, else by
+    loading it into a scratch server."""
+    counted = [header_counts(shard, folder) for shard in manifest.shards]
+    if all(counted):
+        return replace(manifest, shards=tuple(s for s in counted if s))
     binaries = scratch_binaries()
     binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(folder))]
     databases = max(db for s in manifest.shards for db in s.keys_at_save.keys() | {0}) + 1
