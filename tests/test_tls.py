@@ -99,6 +99,14 @@ def test_the_tls_audit_judges_expiry_protocols_and_plaintext() -> None:
     assert [f.severity for f in findings(old, NOW, True)] == ["high", "low"]
 
 
+def test_a_tls_node_with_a_plaintext_port_is_recognised_by_its_title() -> None:
+    from opsctl.providers.local import ProcFacts, is_node_process
+
+    titled = ProcFacts(7, "/usr/bin/redis-server", "/s/n1", ("/usr/bin/redis-server", "127.0.0.1:8101"))
+    assert is_node_process(titled, "/usr/bin/redis-server", "/s/n1", "/s/n1/redis.conf", 7101, 8101)
+    assert not is_node_process(titled, "/usr/bin/redis-server", "/s/n1", "/s/n1/redis.conf", 7101)
+
+
 def test_a_server_without_tls_is_recognised_by_what_it_says() -> None:
     assert tls_support("# Missing implement of connection type tls\n# Failed finding TLS support.") is False
     assert tls_support("# No tls-cert-file configured!\n# Failed to configure TLS.") is True

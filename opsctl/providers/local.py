@@ -35,6 +35,7 @@ from opsctl.nodefiles import default_paths
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.serveruser import ServerUser, check_reachable, ensure, lookup
 from opsctl.render import NodePaths
+from opsctl.render.directives import plaintext_port
 from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
 from opsctl.secrets import mask_text
 from opsctl.spec.layout import Node
@@ -78,12 +79,15 @@ def parse_cmdline(raw: bytes) -> tuple[str, ...]:
     return tuple(text.split())
 
 
-def is_node_process(facts: ProcFacts, binary: str, node_dir: str, conf: str, port: int) -> bool:
-    """True when the process is a server (our binary or one by name) in node_dir, run with conf or on port."""
+def is_node_process(facts: ProcFacts, binary: str, node_dir: str, conf: str, port: int,
+                    plain_port: int | None = None) -> bool:
+    """True when the process is a server (our binary or one by name) in node_dir, run with conf or on port (a
+    TLS node with a plaintext port as well titles itself with that one)."""
     exe = facts.exe.removesuffix(" (deleted)")
     argv0 = facts.cmdline[0] if facts.cmdline else ""
     server = exe == os.path.realpath(binary) or os.path.basename(argv0) in (*SERVER_NAMES, os.path.basename(binary))
-    ours = conf in facts.cmdline or any(word.endswith(f":{port}") for word in facts.cmdline[1:])
+    ports = {f":{port}", f":{plain_port}"} if plain_port else {f":{port}"}
+    ours = conf in facts.cmdline or any(word.endswith(tuple(ports)) for word in facts.cmdline[1:])
     return server and ours and facts.cwd == node_dir
 
 
@@ -272,7 +276,8 @@ class LocalProvider:
 
     def _is_ours(self, node: Node, facts: ProcFacts) -> bool:
         paths = self.paths(node)
-        return is_node_process(facts, self.binary.path, os.path.realpath(paths.dir), paths.conf, node.port)
+        return is_node_process(facts, self.binary.path, os.path.realpath(paths.dir), paths.conf, node.port,
+                               plaintext_port(self.loaded.spec, node))
 
     def process_state(self, node: Node) -> ProcessState:
         """Running when the pidfile names this node's server, or when /proc shows one in the node's folder
