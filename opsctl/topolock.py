@@ -3,10 +3,12 @@
 
 The marker is not a key: a key would sit in a slot that may be moving, could be evicted under maxmemory, would
 fail with OOM under noeviction, and would show up as data (counts, audits, backups). Instead the run holds one
-connection to every reachable node of the topology, named with CLIENT SETNAME
-`opsctl-lock:<owner>:<expires-unix-seconds>`, and renews the expiry every LEASE/3 seconds. A run that dies
-loses its connections (the kernel closes them) and with them the lock; a run that hangs or is cut off stops
-renewing and its lease expires, and a later run may then take over (it kills the stale connection).
+connection to every reachable node of the topology, named with CLIENT SETNAME `opsctl-lock:<owner>:<lease>`
+(lease in whole seconds), and renews it every LEASE/3 seconds. A run that dies loses its connections (the
+kernel closes them) and with them the lock; a run that hangs or is cut off stops renewing, and once its
+connection has been idle longer than its lease a later run may take over (it kills the stale connection).
+Staleness is the server's own `idle` of that connection (CLIENT LIST), never a wall clock of the holder's
+machine: two operator hosts whose clocks disagree cannot see each other's live lock as expired.
 
 Protocol: set the marker on every node first, then list every node's clients. If any other live marker is
 seen, withdraw and refuse (exit 3, owner named). Two runs that start at once may both refuse, but both can
@@ -21,7 +23,6 @@ import os
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,12 +43,18 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
 
 @dataclass(frozen=True)
 class Marker:
-    """A lock marker seen on a node: whose, until when, and the client id that holds it there."""
+    """A lock marker seen on a node: whose, its lease, seconds since its holder last renewed it (the
+    server's idle of that connection), and the client id that holds it there."""
 
     owner: str
-    expires: float
+    lease: int
+    idle: int
     client_id: str
     node: str
+
+    @property
+    def live(self) -> bool:
+        return self.idle <= self.lease
 
 
 def owner_label() -> str:
@@ -59,9 +66,9 @@ def owner_label() -> str:
     return _UNSAFE.sub("_", f"{user}@{socket.gethostname()}/pid{os.getpid()}")[:120]
 
 
-def marker_name(owner: str, expires: float) -> str:
-    """The client name that marks the lock; the expiry rounded up (never earlier than promised)."""
-    return f"{PREFIX}:{owner}:{math.ceil(expires)}"
+def marker_name(owner: str, lease: float) -> str:
+    """The client name that marks the lock; the lease rounded up (never shorter than promised)."""
+    return f"{PREFIX}:{owner}:{math.ceil(lease)}"
 
 
 def parse_markers(client_list: str, node: str) -> list[Marker]:
@@ -69,16 +76,17 @@ def parse_markers(client_list: str, node: str) -> list[Marker]:
     out = []
     for line in client_list.splitlines():
         fields = dict(part.split("=", 1) for part in line.split(" ") if "=" in part)
-        owner, _, expires = fields.get("name", "").removeprefix(f"{PREFIX}:").rpartition(":")
-        if fields.get("name", "").startswith(f"{PREFIX}:") and owner and expires.isdigit():
-            out.append(Marker(owner, float(expires), fields.get("id", ""), node))
+        owner, _, lease = fields.get("name", "").removeprefix(f"{PREFIX}:").rpartition(":")
+        idle = fields.get("idle", "")
+        if fields.get("name", "").startswith(f"{PREFIX}:") and owner and lease.isdigit() and idle.isdigit():
+            out.append(Marker(owner, int(lease), int(idle), fields.get("id", ""), node))
     return out
 
 
-def live_others(markers: Iterable[Marker], mine: dict[str, str], now: float) -> tuple[list[Marker], list[Marker]]:
+def live_others(markers: Iterable[Marker], mine: dict[str, str]) -> tuple[list[Marker], list[Marker]]:
     """(live markers of other runs, expired ones): mine maps node -> my client id there. Pure."""
     others = [m for m in markers if mine.get(m.node) != m.client_id]
-    return [m for m in others if m.expires >= now], [m for m in others if m.expires < now]
+    return [m for m in others if m.live], [m for m in others if not m.live]
 
 
 class TopologyLock:
@@ -95,15 +103,15 @@ class TopologyLock:
     def acquire(self) -> None:
         for node in self.nodes:
             self._hold(node)
-        seen = [m for name, (admin, conn, _) in self.held.items() for m in self._markers(name, admin, conn)]
-        live, stale = live_others(seen, {n: h[2] for n, h in self.held.items()}, time.time())
+        seen = [m for name, (admin, conn, _) in list(self.held.items()) for m in self._markers(name, admin, conn)]
+        live, stale = live_others(seen, {n: h[2] for n, h in self.held.items()})
         if live:
             self.release()
             first = live[0]
             raise RefusedError(f"another opsctl run holds this topology: {first.owner}",
                                f"its lock marker is a client named {PREFIX}:... on "
-                               f"{', '.join(sorted({m.node for m in live}))}, lease until "
-                               f"{time.strftime('%H:%M:%S', time.localtime(first.expires))}",
+                               f"{', '.join(sorted({m.node for m in live}))}, renewed {first.idle}s ago "
+                               f"(lease {first.lease}s)",
                                "wait until that run finishes (or stop it); a run that died releases the lock at "
                                f"once, one that hangs within {self.lease:.0f}s")
         for marker in stale:
@@ -129,12 +137,25 @@ class TopologyLock:
         self.held[node.name] = (admin, conn, client_id)
 
     def _name(self, admin: Admin, conn: Any) -> None:
-        conn.send_command(admin.command("CLIENT"), "SETNAME", marker_name(self.owner, time.time() + self.lease))
+        conn.send_command(admin.command("CLIENT"), "SETNAME", marker_name(self.owner, self.lease))
         conn.read_response()
 
     def _markers(self, name: str, admin: Admin, conn: Any) -> list[Marker]:
-        conn.send_command(admin.command("CLIENT"), "LIST")
-        reply = conn.read_response()
+        """The markers on one node; a node that stopped answering since it was marked is dropped (it holds
+        no marker any more, the others do)."""
+        try:
+            conn.send_command(admin.command("CLIENT"), "LIST")
+            reply = conn.read_response()
+        except redis.ResponseError as exc:
+            self.release()
+            raise OpsctlError(f"cannot take the topology lock on {name}: CLIENT LIST was refused", str(exc),
+                              "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
+                              "disable CLIENT in hardening (renaming it is fine)") from None
+        except (redis.RedisError, OSError):
+            self.held.pop(name, None)
+            conn.disconnect()
+            admin.close()
+            return []
         return parse_markers(reply.decode() if isinstance(reply, bytes) else str(reply), name)
 
     def _kill(self, marker: Marker) -> None:

@@ -93,11 +93,12 @@ def test_only_a_torn_last_line_is_forgiven(tmp_path):
         Journal(tmp_path / "j2").pending()
 
 
-def test_lock_markers_parse_and_expire():
-    listing = (f"id=7 addr=1.2.3.4:5 name={marker_name('ops@h/pid9', 2000)} age=1\n"
-               "id=8 addr=1.2.3.4:6 name= age=1\nid=9 addr=x name=opsctl-lock:bad age=1\n"
-               f"id=11 addr=x name={marker_name('me@h/pid1', 3000)} age=1")
+def test_lock_markers_parse_and_expire_by_the_servers_idle_not_a_clock():
+    listing = (f"id=7 addr=1.2.3.4:5 name={marker_name('ops@h/pid9', 29.5)} age=1 idle=3\n"
+               "id=8 addr=1.2.3.4:6 name= age=1 idle=0\nid=9 addr=x name=opsctl-lock:bad age=1 idle=0\n"
+               f"id=10 addr=x name={marker_name('old@h/pid2', 30)} age=99 idle=31\n"
+               f"id=11 addr=x name={marker_name('me@h/pid1', 30)} age=1 idle=0")
     markers = parse_markers(listing, "n1")
-    assert markers == [Marker("ops@h/pid9", 2000.0, "7", "n1"), Marker("me@h/pid1", 3000.0, "11", "n1")]
-    assert live_others(markers, {"n1": "11"}, now=1000) == ([markers[0]], [])
-    assert live_others(markers, {"n1": "11"}, now=2500) == ([], [markers[0]])
+    assert markers == [Marker("ops@h/pid9", 30, 3, "7", "n1"), Marker("old@h/pid2", 30, 31, "10", "n1"),
+                       Marker("me@h/pid1", 30, 0, "11", "n1")]
+    assert live_others(markers, {"n1": "11"}) == ([markers[0]], [markers[1]])

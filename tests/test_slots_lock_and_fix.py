@@ -32,6 +32,7 @@ with topology_lock(Connector(read_spec(sys.argv[1]))):
     print("held", flush=True)
     time.sleep(60)
 """
+SKEWED = "import time\n_now = time.time\ntime.time = lambda: _now() - 3600\n" + HOLD  # a host an hour behind
 
 
 def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, capsys) -> None:
@@ -108,3 +109,24 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         assert plan_json(capsys, spec)["steps"] == []
         assert dataset_checksum(cluster_client(loaded), "pre:*") == before
         referee_ok(loaded)
+
+
+def test_a_live_lock_holds_whatever_the_holders_clock_says(tmp_path, capsys) -> None:
+    """The holder's machine runs an hour behind: its live lock is still refused (staleness is the server's idle
+    of the marker connection, not a wall clock), and still freed at once when the holder dies."""
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        env = {**os.environ, PASSWORD_ENV: PASSWORD}
+        holder = subprocess.Popen([sys.executable, "-c", SKEWED, str(spec)], env=env, stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            with pytest.raises(RefusedError, match="holds this topology") as refused, \
+                    topology_lock(Connector(loaded)):
+                pass
+            assert f"pid{holder.pid}" in refused.value.summary
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+        finally:
+            holder.kill()
+        with topology_lock(Connector(loaded)) as lock:
+            assert list(lock.held) == [loaded.layout.servers[0].name]
