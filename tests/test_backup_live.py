@@ -94,3 +94,15 @@ def refused_while_a_slot_moves(capsys, spec: Path, loaded, tmp_path: Path) -> No
             first.call("CLUSTER", "SETSLOT", 7, "STABLE")
     assert code == 3 and "slots in motion" in err and "slot 7 is open" in err, err
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_to_folder_that_cannot_be_made_is_named(tmp_path, capsys) -> None:
+    """--to pointing at a file (or below one): the path and a hint, exit 1, no internal error, no fork."""
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        taken = tmp_path / "taken"
+        taken.write_text("not a folder")
+        before = forks(loaded, "master")
+        for to in (taken, taken / "backups"):
+            code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(to))
+            assert code == 1 and f"{taken}" in err and "--to" in err and "internal error" not in err, err + out
+        assert forks(loaded, "master") == before and taken.read_text() == "not a folder"

@@ -42,7 +42,7 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
-from opsctl.safefs import write_private
+from opsctl.safefs import FileProblem, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -242,8 +242,7 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     planned = _plan(connector)
     emit({"event": "backup-start", "shards": len(planned), "dir": str(final),
           "savers": {s.shard: s.node for s, _, _ in planned}})
-    to.mkdir(mode=0o700, parents=True, exist_ok=True)
-    partial.mkdir(mode=0o700)
+    _make_folders(to, partial)
     try:
         files = _save_all(connector, planned, partial, fetch, emit, options)
         manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
@@ -258,6 +257,17 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     emit({"event": "backup-done", "dir": str(final), "keys": manifest.total_keys,
           "bytes": sum(s.bytes for s in manifest.shards), "seconds": round(time.time() - started.timestamp(), 3)})
     return final, manifest
+
+
+def _make_folders(to: Path, partial: Path) -> None:
+    """--to (created when missing) and the partial folder in it; a --to that is a file, or a folder opsctl may
+    not write, is named (before any BGSAVE)."""
+    try:
+        to.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial.mkdir(mode=0o700)
+    except OSError as exc:
+        raise FileProblem(exc.filename or to, f"cannot be made a backup folder: {exc.strerror}",
+                          "give --to a folder opsctl may write (it is created when missing)") from None
 
 
 def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[int, int], ...]]], folder: Path,
