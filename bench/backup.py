@@ -41,6 +41,20 @@ def forks(spec: Path, role: str) -> int:
     return total
 
 
+def settle(spec: Path) -> None:
+    """Until no node forks for its own reasons (an AOF rewrite the fill triggered, a replica's full sync)."""
+    nodes = read_spec(spec).layout.servers
+    while True:
+        busy = []
+        for node in nodes:
+            info = redis.Redis(host=node.address, port=node.port, password=PASSWORD).info("persistence")
+            if info["aof_rewrite_in_progress"] or info["rdb_bgsave_in_progress"] or info["aof_rewrite_scheduled"]:
+                busy.append(node.name)
+        if not busy:
+            return
+        time.sleep(0.2)
+
+
 def fill(spec: Path, keys: int) -> None:
     loaded = read_spec(spec)
     client = RedisCluster(startup_nodes=[ClusterNode(n.address, n.port) for n in loaded.layout.servers],
@@ -81,13 +95,16 @@ def run(flavor: str, keys: int) -> None:
             raise RuntimeError("apply failed")
         try:
             fill(spec, keys)
+            settle(spec)
             before = forks(spec, "master")
             seconds, out = timed([*OPSCTL, "backup", "-f", str(spec), "--to", f"{root}/opsctl", "--output",
                                   "json"], env)
             events = [json.loads(line) for line in out.splitlines()]
             master_forks = forks(spec, "master") - before
-            print(f"opsctl backup: {keys} keys in {seconds:.1f}s, masters forked {master_forks} times "
-                  f"({events[-1]['bytes']} bytes)")
+            roles = [e["role"] for e in events if e["event"] == "shard-saved"]
+            print(f"opsctl backup: {keys} keys in {seconds:.1f}s, saved by {roles}, masters forked "
+                  f"{master_forks} times ({events[-1]['bytes']} bytes)")
+            settle(spec)
             os.makedirs(f"{root}/redis-cli")
             before = forks(spec, "master")
             first = read_spec(spec).layout.servers[0].endpoint
