@@ -97,7 +97,7 @@ def migrate_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int, state_
 def migrateslots_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int) -> float:
     """Valkey: the server-side migration alone, started bare (CLUSTER MIGRATESLOTS on the source) and polled
     every millisecond until done; nothing else timed. The ceiling of the atomic path on this pair."""
-    with open_session(loaded) as session:
+    with open_session(Connector(loaded)) as session:
         owned = session.owned()
         source, target = names if 0 in owned[names[0]] else names[::-1]
         runner, dest = session.peer(source), session.peer(target)
