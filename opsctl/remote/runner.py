@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from opsctl.errors import OpsctlError
+from opsctl.remote.inventory import inventory_yaml
 from opsctl.resources import data_dir
 from opsctl.safefs import make_dir, trusted_owners, write_private
 
@@ -119,7 +118,7 @@ def run_playbook(name: str, data: Path, inventory: dict[str, Any], extravars: di
     data = private_dir(data)
     for sub in ("inventory", "env", "tmp"):
         private_dir(data / sub)
-    write_private(data / "inventory" / "hosts.yml", yaml.safe_dump(inventory, sort_keys=False))
+    write_private(data / "inventory" / "hosts.yml", inventory_yaml(inventory))
     write_private(data / "env" / "extravars", json.dumps(extravars or {}))
     playbooks = data_dir("playbooks")
     ident = f"{name.removesuffix('.yml')}-{uuid.uuid4().hex[:8]}"
