@@ -135,14 +135,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_ERROR
-    except Exception as exc:  # a bug: say so plainly; the traceback only on request
-        if os.environ.get("OPSCTL_DEBUG"):
-            raise
-        print(f"error: internal error: {type(exc).__name__}: {exc}\n  hint: rerun with OPSCTL_DEBUG=1 for the "
-              "traceback and report it", file=sys.stderr)
+    except OSError as exc:
+        if exc.filename is None:  # not about a path: a bug, reported below
+            return _internal_error(exc)
+        print(f"error: {clip(str(exc.filename))}: {exc.strerror}\n  hint: check the path and its permissions",
+              file=sys.stderr)
         return EXIT_ERROR
+    except Exception as exc:
+        return _internal_error(exc)
     finally:
         sys.stdout, sys.stderr = streams
+
+
+def _internal_error(exc: Exception) -> int:
+    """A bug: say so plainly; the traceback only on request."""
+    if os.environ.get("OPSCTL_DEBUG"):
+        raise exc
+    print(f"error: internal error: {type(exc).__name__}: {clip(str(exc))}\n  hint: rerun with OPSCTL_DEBUG=1 for "
+          "the traceback and report it", file=sys.stderr)
+    return EXIT_ERROR
 
 
 if __name__ == "__main__":

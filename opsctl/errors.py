@@ -46,7 +46,7 @@ class OpsctlError(Exception):
     def render(self) -> str:
         lines = [f"error: {clip(self.summary, SUMMARY_LIMIT)}"]
         if self.detail:
-            lines.extend(f"  {line}" for line in self.detail.splitlines())
+            lines.extend(f"  {clip(line, SUMMARY_LIMIT)}" for line in self.detail.splitlines())
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)
@@ -64,7 +64,8 @@ class SpecProblem:
 
     def render(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        text = f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        message = clip(self.message, SUMMARY_LIMIT)  # messages may quote a value or a path from the spec whole
+        text = f"{where}: {self.field}: {message}" if self.field else f"{where}: {message}"
         return f"{text}\n  hint: {self.hint}" if self.hint else text
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opsctl.render import NodePaths, render_node
-from opsctl.safefs import make_dir, write_private
+from opsctl.safefs import make_dir, trusted_owners, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -24,11 +24,11 @@ def write_rendered(loaded: LoadedSpec, output: Path, show_secrets: bool, stdout:
     opsctl creates it). To stdout: masked unless show_secrets."""
     lines: list[str] = []
     root = str(output.resolve()) if not stdout else "/var/lib/opsctl/" + loaded.spec.name
-    if not stdout and not output.exists():
-        make_dir(output)
+    if not stdout:  # the folder named on the command line may be a link (followed once), never a foreign folder
+        make_dir(Path(root), owners=trusted_owners(), enforce=False)
     for node in loaded.layout.nodes:
         if not stdout:
-            make_dir(output / node.name)
+            make_dir(output / node.name, owners=trusted_owners())
         rendered = render_node(loaded, node, default_paths(root, node), reveal=show_secrets or not stdout)
         for name, text in rendered.files.items():
             if stdout:

@@ -46,6 +46,8 @@ def read_secret_file(path: Path) -> str | None:
         return None
     except OSError as exc:
         raise SecretUnusable(f"cannot be read: {exc.strerror}", fix) from None
+    except ValueError:  # a NUL byte in the path (reported as a control character too)
+        raise SecretUnusable("is not a usable path (it holds a NUL byte)", fix) from None
     if stat.S_ISREG(mode) and mode & 0o077:
         raise SecretUnusable(f"is open to group or others (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {path}")
     try:

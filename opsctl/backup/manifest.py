@@ -190,6 +190,9 @@ def parse_manifest(text: str, where: str) -> Manifest:
     """The manifest in text (from file `where`), or an OpsctlError naming the file and the bad field."""
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise OpsctlError(f"{where}: nested too deeply to be a manifest",
+                          hint="the backup is damaged: use another backup") from None
     except ValueError as exc:
         raise OpsctlError(f"{where}: not valid JSON ({exc})",
                           hint="the backup is damaged: use another backup") from None

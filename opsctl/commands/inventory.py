@@ -16,6 +16,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.remote.staging import stage
     from opsctl.render import render_node
     from opsctl.runtime import state_dir_for
+    from opsctl.safefs import make_dir, trusted_owners
     from opsctl.specfile import read_spec
     from opsctl.tls.material import node_files
 
@@ -24,6 +25,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     files_dir = (output / f"{name}.files").resolve()
     inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
     target = output / f"{name}.yml"
+    make_dir(output.resolve(), owners=trusted_owners(), enforce=False)  # never into a foreign folder
     write_private(target, inventory_text(inventory, loaded.file))  # never through a link
     lines = [f"wrote {target}"]
     if with_files:

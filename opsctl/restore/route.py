@@ -183,7 +183,7 @@ def _bad(where: str, what: str) -> OpsctlError:
 def parse_journal(text: str, where: str) -> Journal:
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _bad(where, "not valid JSON") from None
     if not (isinstance(data, dict) and isinstance(data.get("source"), str) and data.get("mode") in MODES
             and isinstance(data.get("done"), dict)):

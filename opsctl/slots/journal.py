@@ -68,7 +68,7 @@ def parse_lines(lines: Sequence[str], where: str) -> list[dict[str, Any]]:
             continue
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             if number == len(lines):
                 continue
             entry = None
