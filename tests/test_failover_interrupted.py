@@ -5,6 +5,7 @@ directly, as a client that has not noticed the switch would: the referee for two
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -137,3 +138,32 @@ def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsy
             code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--shard", "1")
         assert code == 3 and "another opsctl run holds this topology" in err, out + err
         assert _roles(loaded) == before
+
+
+def test_a_fence_stays_while_a_node_that_may_have_been_promoted_does_not_answer(tmp_path, capsys) -> None:
+    """Killed after the promotion, then the promoted replica stalls: the re-run cannot see the new master, so
+    it must not lift the old master's fence (two masters would take writes); once it answers, it converges."""
+    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+        old = loaded.layout.shards[0].master
+        target = loaded.layout.shards[0].replicas[0]
+        pid = int((tmp_path / ".opsctl" / loaded.spec.name / target / "server.pid").read_text())
+        with Writer(lambda: _client(loaded, old)) as writer:
+            writer.wait_for_writes(200)
+            killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", "--to", target,
+                             "--no-failover-command", kill_at="promoted")
+            assert killed.returncode == -9, killed.stdout + killed.stderr
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                again = _opsctl("failover", "-f", str(spec), "--yes", "--to", target, "--no-failover-command")
+                assert again.returncode == 3 and f"{target} does not answer" in again.stderr, \
+                    again.stdout + again.stderr
+                with Connector(loaded).admin(loaded.layout.node(old)) as admin:
+                    assert admin.config_get("min-replicas-to-write")["min-replicas-to-write"] == FENCE
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            again = _opsctl("failover", "-f", str(spec), "--yes", "--to", target, "--no-failover-command")
+            writer.wait_for_writes(len(writer.acked) + 50, timeout=1.0)
+        assert again.returncode == 0 and "interrupted failover finished" in again.stdout, again.stdout + again.stderr
+        assert _master(loaded) == target
+        assert writer.verify(_client(loaded, target)) == []
+        assert _fenced(loaded) == []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from opsctl.admin import Admin
-from opsctl.endpoints import endpoint
+from opsctl.endpoints import canonical_address, endpoint
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.observe.collect import Pending, wait_for
@@ -118,6 +118,7 @@ def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin
                            "opsctl cannot tell which one the interrupted failover promoted",
                            "keep the master that holds the newest data, make the others its replicas by hand")
     if not others:
+        _refuse_with_silent_peers(loaded, node, admin_of, servers)
         unfence(admin, values)
         return Finished(node.name, "lifted")
     master = others[0]
@@ -126,6 +127,37 @@ def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin
     if loaded.spec.topology == "replication":  # Sentinel re-points the others itself
         _repoint_followers(loaded, node, master, admin_of)
     return Finished(node.name, "demoted", master.name)
+
+
+def _refuse_with_silent_peers(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin],
+                              servers: Sequence[Node]) -> None:
+    """A fenced master with no other master in sight may still have one: a replica the interrupted failover
+    promoted that does not answer now (stalled, cut off). Lifting the fence then makes two masters take writes.
+    Lifted only when every other server answers, or when the sentinels name this node as their master."""
+    silent = [n.name for n in servers if n.name != node.name and _role_of(admin_of(n)) is None]
+    if not silent or _sentinels_name(loaded, node, admin_of):
+        return
+    raise RefusedError(f"{node.name} is fenced by an interrupted failover and {', '.join(silent)} "
+                       f"{'does' if len(silent) == 1 else 'do'} not answer",
+                       "a node that does not answer may be the replica that failover promoted: lifting the fence "
+                       f"now could leave two masters taking writes ({node.name} refuses writes until then)",
+                       "bring it back (`opsctl apply` starts a stopped node first), then run again; if it is lost "
+                       "for good, remove it from the spec first")
+
+
+def _sentinels_name(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin]) -> bool:
+    """Do the sentinels that answer (at least one) all name node as their master?"""
+    if loaded.spec.topology != "sentinel":
+        return False
+    name, named = sentinel_master_name(loaded.spec), []
+    for sentinel in loaded.layout.sentinels:
+        try:
+            reply = admin_of(sentinel).call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
+        except (redis.RedisError, OSError):
+            continue
+        if isinstance(reply, list) and len(reply) == 2:
+            named.append((canonical_address(str(reply[0])), int(reply[1])))
+    return bool(named) and set(named) == {(canonical_address(node.address), node.port)}
 
 
 def _node_at(loaded: LoadedSpec, address: tuple[str, int] | None) -> Node | None:
