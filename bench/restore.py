@@ -37,10 +37,10 @@ MEMORY = {"maxmemory": "1gb", "policy": "noeviction"}
 
 
 @contextmanager
-def topology(root: str, name: str, flavor: str, topology_kind: str) -> Iterator[Path]:
+def topology(root: str, name: str, flavor: str, topology_kind: str, **extra: object) -> Iterator[Path]:
     folder = Path(root) / name
     folder.mkdir()
-    sections: dict[str, object] = {"memory": MEMORY}
+    sections: dict[str, object] = {"memory": MEMORY, **extra}
     if topology_kind == "cluster":
         sections["cluster"] = {"masters": 3, "replicas_per_master": 0}
     spec = folder / "topology.yaml"
@@ -96,7 +96,8 @@ def run(flavor: str, keys: int, peer_keys: int) -> None:
     print(f"load before: {load()}")
     with server_tmpdir("opsctl-bench-") as root, ExitStack() as stack:
         source = stack.enter_context(topology(root, "source", flavor, "standalone"))
-        peer_source = stack.enter_context(topology(root, "peer-source", flavor, "standalone"))
+        peer_source = stack.enter_context(topology(root, "peer-source", flavor, "standalone",  # MIGRATE by name
+                                                   hardening={"rename_takeover_commands": False}))
         live_target = stack.enter_context(topology(root, "live", flavor, "cluster"))
         peer_target = stack.enter_context(topology(root, "peer", flavor, "cluster"))
         dir_target = stack.enter_context(topology(root, "from-dir", flavor, "cluster"))
