@@ -14,6 +14,7 @@ import yaml
 from opsctl.backup.manifest import parse_manifest
 from opsctl.cli import main
 from opsctl.errors import OpsctlError
+from opsctl.remote.staging import read_binary
 from opsctl.restore.route import parse_journal
 from opsctl.slots.journal import parse_lines
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
@@ -137,3 +138,16 @@ def test_output_folder_owned_by_someone_else_is_refused(argv: list[str], tmp_pat
     assert code == 1 and "is owned by" in out, out
     assert list(out_dir.iterdir()) == []
 
+
+
+@pytest.mark.parametrize("make", [lambda d: "/dev/zero", lambda d: _fifo(d)], ids=["dev-zero", "fifo"])
+def test_server_binary_to_ship_is_a_bounded_regular_file(make: Any, tmp_path: Path) -> None:
+    """inventory --with-files and the Ansible provider read server.binary whole: /dev/zero never ended."""
+    with pytest.raises(OpsctlError, match="not a regular file"):
+        read_binary(make(tmp_path))
+
+
+def _fifo(folder: Path) -> str:
+    path = folder / "fifo"
+    os.mkfifo(path)
+    return str(path)

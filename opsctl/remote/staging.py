@@ -3,6 +3,8 @@ and the archives of opsctl/remote/bundle.py. I/O: reads the control script and a
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,6 +17,26 @@ from opsctl.spec.load import LoadedSpec
 FileMap = Mapping[str, Mapping[str, str]]
 
 
+BINARY_LIMIT = 512 << 20  # a server binary is tens of MB; /dev/zero or a FIFO must not be read forever
+
+
+def read_binary(path: str) -> bytes:
+    """The server binary to ship: a regular file (a link to one is fine) of at most BINARY_LIMIT bytes."""
+    fix = "set server.binary to the server's executable file on this machine"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+    except OSError as exc:
+        raise OpsctlError(f"cannot read the server binary {path}", str(exc.strerror), fix) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OpsctlError(f"the server binary {path} is not a regular file", hint=fix)
+        if info.st_size > BINARY_LIMIT:
+            raise OpsctlError(f"the server binary {path} is too big ({info.st_size} bytes, at most {BINARY_LIMIT})",
+                              hint=fix)
+        return handle.read(BINARY_LIMIT + 1)[:BINARY_LIMIT]
+
+
 def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap) -> None:
     """Write files (node name -> file name -> text) and the archives for those nodes under files_dir."""
     spec = loaded.spec
@@ -23,10 +45,6 @@ def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap) -> None:
         for name, text in files[node.name].items():
             write_private(files_dir / node.name / plain_name(name), text)
     script = (data_dir("playbooks") / "files" / "opsctl-node.sh").read_bytes()
-    try:
-        binary = Path(spec.server.binary).read_bytes() if spec.server.binary else None
-    except OSError as exc:
-        raise OpsctlError(f"cannot read the server binary {spec.server.binary}", str(exc),
-                          "set server.binary to a readable file on this machine") from None
+    binary = read_binary(spec.server.binary) if spec.server.binary else None
     for name, data in host_archives(spec, nodes, files, script, binary).items():
         write_private(files_dir / name, data)
