@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import yaml
 
 from opsctl.observe.parse import RoleInfo, is_config_directive, split_args
@@ -79,7 +80,10 @@ def test_a_dropped_config_is_reset_live_or_by_a_restart_when_it_cannot_be() -> N
     assert "io-threads (left the spec)" in steps[2].reason and "not-a-known-one (left the spec)" in steps[2].reason
 
 
-def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_the_new_one() -> None:
+@pytest.mark.parametrize("accepts", [{"default": (PREVIOUS,)}, None])  # None: ACL GETUSER did not answer
+def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_the_new_one(accepts) -> None:
+    """Unknown accepted passwords are no reason to drop the overlap: a plain CONFIG SET requirepass would reset
+    the default user to the new password alone and lock out every client still on the old one."""
     from tests.test_planner import load_dict
 
     data = make_spec("replication")
@@ -99,7 +103,7 @@ def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_
         role = RoleInfo("master", replicas=()) if node.role == "master" else \
             RoleInfo("replica", master=(loaded.layout.servers[0].address, loaded.layout.servers[0].port))
         facts[node.name] = NodeFacts(node.name, True, record=record, reachable=True, config=config, role=role,
-                                     accepts={"default": (PREVIOUS,)})
+                                     accepts=accepts)
     steps = make_plan(loaded, want, facts, "d").steps
     kinds = [s.kind for s in steps]
     servers = len(loaded.layout.servers)

@@ -157,3 +157,17 @@ def test_acl_mode_rotation_overlaps_for_the_admin_and_an_app_user(tmp_path, caps
         assert writer.verify(client) == [] and writer.errors == []
         code, out, _ = run(capsys, "status", "-f", str(spec), "--output", "json")
         assert code == 0 and json.loads(out)["healthy"], out
+
+
+def test_the_overlap_holds_when_acl_getuser_does_not_answer(tmp_path, capsys, monkeypatch) -> None:
+    """opsctl cannot read which passwords the default user accepts (ACL GETUSER refused): the rotation still
+    keeps both passwords, instead of a CONFIG SET requirepass that locks out every client on the old one."""
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        node = loaded.layout.servers[0]
+        with Admin.for_node(loaded, node) as admin:
+            admin.call("ACL", "SETUSER", "default", "-acl|getuser")
+        _rotate(spec, monkeypatch, keep_previous=True)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        _no_secret(out + err)
+        assert _accepts(node, NEW) and _accepts(node, PASSWORD)

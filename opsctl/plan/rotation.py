@@ -69,7 +69,7 @@ def rotation_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
                 steps.append(SetPasswords(node.name, why))
         elif loaded.spec.auth.mode == "password":
             live = (f.config or {}).get("requirepass", MASK)
-            if live != MASK and f.accepts is not None:
+            if live != MASK:  # even when ACL GETUSER did not answer: CONFIG SET alone would drop the overlap
                 why = why or f"requirepass is {WORDS.get(live, live)}"
             if why:
                 steps.append(SetPasswords(node.name, why))
