@@ -103,6 +103,11 @@ class TopologyLock:
     def acquire(self) -> None:
         for node in self.nodes:
             self._hold(node)
+        if self.nodes and not self.held:
+            raise OpsctlError("cannot take the topology lock: no server of the topology answered",
+                              f"tried {', '.join(n.name for n in self.nodes)}",
+                              "`opsctl status -f SPEC` shows which nodes are down; a run that holds no marker "
+                              "could interleave with another run, so opsctl does not go on without one")
         seen = [m for name, (admin, conn, _) in list(self.held.items()) for m in self._markers(name, admin, conn)]
         live, stale = live_others(seen, {n: h[2] for n, h in self.held.items()})
         if live:

@@ -102,3 +102,14 @@ def test_lock_markers_parse_and_expire_by_the_servers_idle_not_a_clock():
     assert markers == [Marker("ops@h/pid9", 30, 3, "7", "n1"), Marker("old@h/pid2", 30, 31, "10", "n1"),
                        Marker("me@h/pid1", 30, 0, "11", "n1")]
     assert live_others(markers, {"n1": "11"}) == ([markers[0]], [markers[1]])
+
+
+def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path):
+    from opsctl.connector import Connector
+    from opsctl.specfile import read_spec
+    from opsctl.topolock import topology_lock
+    from tests.support import make_spec, write_spec
+
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))  # nothing runs on its ports
+    with pytest.raises(OpsctlError, match="no server of the topology answered"), topology_lock(Connector(loaded)):
+        pytest.fail("the block ran without a lock")
