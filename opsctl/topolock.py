@@ -133,13 +133,18 @@ class TopologyLock:
             self._name(admin, conn)
         except redis.ResponseError as exc:
             admin.close()
-            raise OpsctlError(f"cannot take the topology lock on {node.name}: CLIENT was refused", str(exc),
-                              "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
-                              "disable CLIENT in hardening (renaming it is fine)") from None
+            raise self._refused(node.name, exc) from None
         except (redis.RedisError, OSError):
             admin.close()
             return  # a node that does not answer holds no marker; the others do
         self.held[node.name] = (admin, conn, client_id)
+
+    def _refused(self, name: str, exc: redis.ResponseError) -> OpsctlError:
+        """CLIENT refused on a node: the markers set so far are withdrawn."""
+        self.release()
+        return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", str(exc),
+                           "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
+                           "disable CLIENT in hardening (renaming it is fine)")
 
     def _name(self, admin: Admin, conn: Any) -> None:
         conn.send_command(admin.command("CLIENT"), "SETNAME", marker_name(self.owner, self.lease))
@@ -152,10 +157,7 @@ class TopologyLock:
             conn.send_command(admin.command("CLIENT"), "LIST")
             reply = conn.read_response()
         except redis.ResponseError as exc:
-            self.release()
-            raise OpsctlError(f"cannot take the topology lock on {name}: CLIENT LIST was refused", str(exc),
-                              "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
-                              "disable CLIENT in hardening (renaming it is fine)") from None
+            raise self._refused(name, exc) from None
         except (redis.RedisError, OSError):
             self.held.pop(name, None)
             conn.disconnect()
