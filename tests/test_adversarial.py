@@ -14,6 +14,7 @@ import yaml
 from opsctl.backup.manifest import parse_manifest
 from opsctl.cli import main
 from opsctl.errors import OpsctlError
+from opsctl.providers.base import parse_record
 from opsctl.remote.staging import read_binary
 from opsctl.restore.route import parse_journal
 from opsctl.slots.journal import parse_lines
@@ -151,3 +152,16 @@ def _fifo(folder: Path) -> str:
     path = folder / "fifo"
     os.mkfifo(path)
     return str(path)
+
+
+@pytest.mark.parametrize("text", ['{"directives": null}', '{"directives": null, "digest": null, "applied": null}'])
+def test_node_record_with_null_fields_reads_as_empty(text: str) -> None:
+    """A record whose directives were null made `opsctl plan` end in "internal error: TypeError"."""
+    assert parse_record(text, "n-1", "opsctl-node.json")["directives"] == []
+
+
+@pytest.mark.parametrize("text", ['{"directives": {}}', '{"directives": [["a"]]}', '{"directives": [[1, 2]]}',
+                                  '{"digest": 5}', '{"applied": "x"}', '{"pending_restart": "yes"}', "[]", "{"])
+def test_node_record_bad_shapes_are_named(text: str) -> None:
+    with pytest.raises(OpsctlError, match=r"^opsctl-node\.json: "):
+        parse_record(text, "n-1", "opsctl-node.json")

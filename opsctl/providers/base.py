@@ -66,7 +66,10 @@ def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
     record.get("digest", str, None)
     record.get("applied", float, None)
     record.get("pending_restart", bool, None)
-    for index, pair in enumerate(record.get("directives", list, [])):
+    directives = record.get("directives", list, [])
+    for index, pair in enumerate(directives):
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):
             raise record.problem("expected [directive, value] pairs of strings", f"directives[{index}]")
-    return record.data
+    if "directives" not in record.data:
+        return record.data
+    return {**record.data, "directives": directives}  # "directives": null reads as none recorded
