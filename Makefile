@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SPEC ?= examples/cluster.yaml
+# Run as root, the servers run as an unprivileged user, which cannot enter a checkout under /root (0700):
+# root's demo keeps its state in /var/lib/opsctl/demo instead of examples/.opsctl.
+DEMO_STATE := $(if $(filter 0,$(shell id -u)),--state-dir /var/lib/opsctl/demo,)
 export ORDERS_REDIS_PASSWORD ?= demo-only-$(shell whoami)-change-me-0123456789
 
 .PHONY: venv dev demo demo-down test test-fast lint typecheck bench clean system-deps
@@ -22,11 +25,11 @@ venv: $(BIN)/opsctl
 dev: $(VENV)/.dev
 
 demo: venv
-	$(BIN)/opsctl apply -f $(SPEC) --auto-approve
-	$(BIN)/opsctl status -f $(SPEC)
+	$(BIN)/opsctl apply -f $(SPEC) --auto-approve $(DEMO_STATE)
+	$(BIN)/opsctl status -f $(SPEC) $(DEMO_STATE)
 
 demo-down: venv
-	$(BIN)/opsctl destroy -f $(SPEC) --auto-approve --purge
+	$(BIN)/opsctl destroy -f $(SPEC) --auto-approve --purge $(DEMO_STATE)
 
 system-deps:
 	./scripts/system-deps.sh

@@ -108,7 +108,7 @@ def make_dir(path: Path, mode: int = 0o700, owners: frozenset[int] | None = None
             os.fchmod(fd, mode)
 
 
-def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None = None) -> None:
+def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None = None, mode: int = 0o600) -> None:
     """Create or replace path with mode 0600 from the first byte on, never through a link.
 
     The folder is opened without following a link, the temp file is new (O_EXCL|O_NOFOLLOW) and renamed over
@@ -122,7 +122,7 @@ def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None =
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             with os.fdopen(fd, "wb") as handle:
-                os.fchmod(fd, 0o600)
+                os.fchmod(fd, mode)
                 if chown is not None:
                     os.fchown(fd, *chown)
                 handle.write(data)

@@ -415,6 +415,28 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     assert provider.load_record(node) == {"digest": "x"}
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands servers to an unprivileged user")
+def test_a_binary_the_server_user_cannot_enter_runs_from_a_copy_in_the_state_dir(tmp_path: Path,
+                                                                                 started: Started) -> None:
+    """A virtualenv under root's 0700 home holds the embedded server: the server user runs a copy instead."""
+    import dataclasses
+    import shutil
+
+    loaded, provider = setup(tmp_path, "valkey")
+    closed = tmp_path / "home"
+    closed.mkdir(mode=0o700)
+    hidden = closed / Path(provider.binary.path).name
+    shutil.copy2(provider.binary.path, hidden)
+    provider.binary = dataclasses.replace(provider.binary, path=str(hidden))
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    copy = tmp_path / "state" / "bin" / hidden.name
+    assert provider.binary.path == str(copy) and copy.read_bytes() == hidden.read_bytes()
+    assert copy.stat().st_uid == 0 and mode(copy) == 0o755
+    assert provider.process_state(node).running
+
+
 def test_a_server_user_that_cannot_reach_its_folder_is_refused_before_starting(tmp_path: Path) -> None:
     from opsctl.providers.serveruser import ServerUser, check_reachable
 

@@ -24,7 +24,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,7 +33,7 @@ from opsctl.connector import port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import default_paths
 from opsctl.providers.base import ProcessState, parse_record
-from opsctl.providers.serveruser import ServerUser, check_reachable, ensure, lookup
+from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, ensure, lookup
 from opsctl.render import NodePaths
 from opsctl.render.directives import plaintext_port
 from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
@@ -201,9 +201,25 @@ class LocalProvider:
             return None
         if self._user is None:
             user = ensure(self.loaded.spec.server.service_user)
-            check_reachable(user, self.state_dir, self.binary.path)  # before the first file is written
+            check_reachable(user, self.state_dir)  # before the first file is written
             self._user = user
+            self.binary = self._runnable_binary(user)
+            check_reachable(user, self.state_dir, self.binary.path)
         return self._user
+
+    def _runnable_binary(self, user: ServerUser) -> ServerBinary:
+        """The binary, or a copy of it in the state dir's bin/ when it lies where the server user cannot enter
+        (the embedded server in a virtualenv under root's 0700 home): same bytes, root's, 0755."""
+        if can_run(user, self.binary.path):
+            return self.binary
+        source = Path(self.binary.path)
+        copy = self.state_dir / "bin" / source.name
+        data = source.read_bytes()
+        make_dir(self.state_dir, 0o711, trusted_owners())
+        make_dir(copy.parent, 0o711, trusted_owners())
+        if not _same_file(copy, data):
+            write_private(copy, data, mode=0o755)
+        return replace(self.binary, path=str(copy))
 
     def _owners(self) -> frozenset[int]:
         """Who may own a node folder: opsctl's user, root, and the server user (looked up, never created), or
@@ -442,3 +458,11 @@ class LocalProvider:
             os.close(handle)
         raise OpsctlError(f"{node.name} (pid {pid}) did not exit, even after SIGKILL",
                           hint="the process may be stuck in the kernel (D state); check `ps -o stat -p PID`")
+
+
+def _same_file(path: Path, data: bytes) -> bool:
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as handle:
+            return handle.read(len(data) + 1) == data
+    except OSError:
+        return False

@@ -97,19 +97,23 @@ def blocked_folder(path: Path, user: ServerUser) -> Path | None:
     return None
 
 
-def check_reachable(user: ServerUser, state_dir: Path, binary: str) -> None:
-    """Refuse before anything starts when the server user could not reach its folder or run its binary.
-    The state dir itself is opsctl's to open (0711); the folders above it are the operator's."""
+def check_reachable(user: ServerUser, state_dir: Path, binary: str | None = None) -> None:
+    """Refuse before anything starts when the server user could not reach its folder (or run binary, when
+    given). The state dir itself is opsctl's to open (0711); the folders above it are the operator's."""
     hint = ("let it through (`chmod o+x {0}`), choose a --state-dir it can reach, or set server.user to a user "
             "that can")
     folder = blocked_folder(state_dir.parent, user)
     if folder is not None:
         raise OpsctlError(f"the server user {user.name} cannot reach {state_dir}: {folder} is closed to it",
                           f"{folder} has mode {stat.S_IMODE(os.stat(folder).st_mode):04o}", hint.format(folder))
+    if binary is None or can_run(user, binary):
+        return
+    where = blocked_folder(Path(binary).parent, user) or Path(binary)
+    raise OpsctlError(f"the server user {user.name} cannot run {binary}: {where} is closed to it",
+                      hint=hint.format(where).replace("o+x", "o+rx" if where == Path(binary) else "o+x"))
+
+
+def can_run(user: ServerUser, binary: str) -> bool:
     program = Path(binary)
-    folder = blocked_folder(program.parent, user)
-    runnable = folder is None and may_enter(os.stat(program), user, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
-    if not runnable:
-        where = folder or program
-        raise OpsctlError(f"the server user {user.name} cannot run {binary}: {where} is closed to it",
-                          hint=hint.format(where).replace("o+x", "o+rx" if where == program else "o+x"))
+    return (blocked_folder(program.parent, user) is None
+            and may_enter(os.stat(program), user, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH))
