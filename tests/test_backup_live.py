@@ -106,3 +106,10 @@ def test_a_to_folder_that_cannot_be_made_is_named(tmp_path, capsys) -> None:
             code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(to))
             assert code == 1 and f"{taken}" in err and "--to" in err and "internal error" not in err, err + out
         assert forks(loaded, "master") == before and taken.read_text() == "not a folder"
+        if os.geteuid() == 0:  # a --to folder another user controls (they could swap the backup): refused too
+            shared = tmp_path / "shared"
+            shared.mkdir(mode=0o777)
+            os.chown(shared, 65534, 65534)
+            code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(shared))
+            assert code == 1 and "is owned by" in err and not list(shared.iterdir()), err + out
+            assert forks(loaded, "master") == before

@@ -42,7 +42,7 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
-from opsctl.safefs import FileProblem, write_private
+from opsctl.safefs import FileProblem, open_dir, trusted_owners, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -264,6 +264,8 @@ def _make_folders(to: Path, partial: Path) -> None:
     not write, is named (before any BGSAVE)."""
     try:
         to.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open_dir(to.resolve(), trusted_owners()):  # a folder another user controls: they could swap the backup
+            pass
         partial.mkdir(mode=0o700)
     except OSError as exc:
         raise FileProblem(exc.filename or to, f"cannot be made a backup folder: {exc.strerror}",
