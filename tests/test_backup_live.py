@@ -113,3 +113,28 @@ def test_a_to_folder_that_cannot_be_made_is_named(tmp_path, capsys) -> None:
             code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(shared))
             assert code == 1 and "is owned by" in err and not list(shared.iterdir()), err + out
             assert forks(loaded, "master") == before
+
+
+def test_a_save_that_began_before_the_backup_is_not_taken_for_its_own(tmp_path, capsys) -> None:
+    """A slow save already running on the replicas began before the backup's catch-up: the backup must wait
+    for its own save, or the keys written since would be missing from the file it copies."""
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        master = next(n for n in loaded.layout.servers if n.role == "master")
+        replicas = [n for n in loaded.layout.servers if n.role == "replica"]
+        with Admin.for_node(loaded, master) as admin:
+            pipe = admin.client.pipeline(transaction=False)
+            for i in range(300):
+                pipe.set(f"old:{i}", "x")
+            pipe.execute()
+            admin.call("WAIT", len(replicas), 5000)
+        for node in replicas:  # ~3 s saves, forked before the new keys exist
+            with Admin.for_node(loaded, node) as admin:
+                admin.config_set("rdb-key-save-delay", "10000")
+                admin.call("BGSAVE")
+                admin.config_set("rdb-key-save-delay", "0")
+        with Admin.for_node(loaded, master) as admin:
+            for i in range(20):
+                admin.call("SET", f"new:{i}", "y")
+        folder, _data = backup(capsys, spec, tmp_path / "backups")
+        keys = keys_in_backup(folder, "valkey")
+        assert {f"new:{i}".encode() for i in range(20)} <= keys

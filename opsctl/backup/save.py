@@ -115,9 +115,14 @@ def _bgsave(admin: Admin, timeout: float) -> None:
     """Start our own BGSAVE (one already running began before us: wait for it, then start ours) and wait
     until it finished; its status must be ok."""
     deadline = time.monotonic() + timeout
-    before = int(_info(admin, "persistence").get("rdb_saves", "0"))
     while True:
+        # Counted afresh before each try, with no save running: a save that began earlier (before the replica
+        # caught up) and ends while we wait must not pass for ours.
+        persistence = _info(admin, "persistence")
+        before = int(persistence.get("rdb_saves", "0"))
         try:
+            if persistence.get("rdb_bgsave_in_progress") == "1":
+                raise redis.ResponseError("Background save already in progress")
             admin.call("BGSAVE", "SCHEDULE")
             break
         except redis.ResponseError as exc:
