@@ -142,9 +142,21 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:
+        if _lost_connection(exc):
+            print(f"error: a node stopped answering mid-way: {clip(str(exc))}\n  hint: `opsctl status -f SPEC` "
+                  "shows which; once it answers again, re-run the command (interrupted slot moves, restores and "
+                  "failovers are picked up where they stopped)", file=sys.stderr)
+            return EXIT_ERROR
         return _internal_error(exc)
     finally:
         sys.stdout, sys.stderr = streams
+
+
+def _lost_connection(exc: Exception) -> bool:
+    """redis-py's ConnectionError or TimeoutError (a node died or stalled under us): not a bug of opsctl's.
+    Known by name, so that commands which never load redis-py do not import it here."""
+    return any(cls.__module__.startswith("redis.") and cls.__name__ in ("ConnectionError", "TimeoutError")
+               for cls in type(exc).__mro__)
 
 
 def _internal_error(exc: Exception) -> int:

@@ -68,3 +68,20 @@ def test_long_bad_values_are_cut_in_the_message(capsys: pytest.CaptureFixture[st
             main(argv)
         error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
         assert len(error) < 400
+
+
+@pytest.mark.parametrize("lost", ["ConnectionError", "TimeoutError"])
+def test_a_node_lost_mid_command_is_an_error_not_a_bug(lost: str, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import redis.exceptions
+
+    def handler(_args: argparse.Namespace) -> int:
+        raise getattr(redis.exceptions, lost)("Error 111 connecting to 127.0.0.1:7001. Connection refused.")
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(handler=handler)
+    monkeypatch.setattr("opsctl.cli.build_parser", lambda: parser)
+    assert main([]) == 1
+    err = capsys.readouterr().err
+    assert "a node stopped answering mid-way" in err and "127.0.0.1:7001" in err and "internal error" not in err
+    assert "opsctl status" in err
