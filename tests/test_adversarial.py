@@ -52,19 +52,18 @@ def _plain_strings(value: object, path: str = "") -> list[str]:
 
 def test_inventory_values_are_never_templated(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ansible templates inventory values: ssh_user "{{ lookup('pipe', 'id') }}" ran `id` on the controller."""
+    """Ansible templates inventory values: ssh_key "{{ lookup('pipe', 'id') }}" ran `id` on the controller."""
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
     spec = make_spec("sentinel", provider="ansible", server={"flavor": "valkey", "version": "9.1",
                                                              "binary": f"/opt/{JINJA}/valkey-server"})
-    spec["hosts"][0] |= {"ssh_user": JINJA, "ssh_key": f"/keys/{JINJA}", "bastion": "jump.example:2222"}
-    spec["hosts"][1] |= {"bastion": f"{JINJA}@jump.example"}
+    spec["hosts"][0] |= {"ssh_user": "ops", "ssh_key": f"/keys/{JINJA}", "bastion": "jump.example:2222"}
     spec_dir = tmp_path / "a\nall: {vars: {x: 1}}"  # the spec's path is echoed in the header comment
     spec_dir.mkdir()
     code, out = run(["inventory", "-f", str(write_spec(spec_dir, spec)), "-o", str(tmp_path / "inv")], capsys)
     assert code == 0, out
     text = (tmp_path / "inv" / f"{spec['name']}.yml").read_text()
     data = yaml.load(text, Loader=_TagLoader)
-    assert data["all"]["hosts"]["h1"]["ansible_user"] == ("!unsafe", JINJA)
+    assert data["all"]["hosts"]["h1"]["ansible_ssh_private_key_file"] == ("!unsafe", f"/keys/{JINJA}")
     assert _plain_strings(data) == []
     assert text.splitlines()[1] == "all:"  # the header stayed one comment line
 
@@ -165,3 +164,30 @@ def test_node_record_with_null_fields_reads_as_empty(text: str) -> None:
 def test_node_record_bad_shapes_are_named(text: str) -> None:
     with pytest.raises(OpsctlError, match=r"^opsctl-node\.json: "):
         parse_record(text, "n-1", "opsctl-node.json")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("ssh_user", "-oProxyCommand=id"), ("ssh_user", "a b"), ("ssh_user", "$(id)"), ("ssh_user", ""),
+    ("ssh_user", "u" * 33), ("bastion", "-oProxyCommand=id@jump"), ("bastion", "ops@jump:22 -v"),
+    ("bastion", "a@b@c"), ("bastion", ""), ("bastion", "jump:"),
+])
+def test_ssh_login_and_bastion_are_plain(field: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """They reach ssh's argv (ProxyCommand) and the inventory: validate refuses anything but a login and an
+    address, instead of ssh failing (or reading an option) later."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    spec = make_spec("standalone", hosts=1, provider="ansible")
+    spec["hosts"][0][field] = value
+    code, out = run(["validate", "-f", str(write_spec(tmp_path, spec))], capsys)
+    assert code == 1 and f"hosts[0].{field}" in out and "hint:" in out, out
+
+
+@pytest.mark.parametrize("bastion", ["jump.example", "ops@jump.example:2222", "ops@[2001:db8::1]:22", "h2",
+                                     "10.0.0.9"])
+def test_usual_bastions_pass(bastion: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    spec = make_spec("standalone", hosts=2, provider="ansible")
+    spec["hosts"][0] |= {"bastion": bastion, "ssh_user": "deploy_bot.1"}
+    code, out = run(["validate", "-f", str(write_spec(tmp_path, spec))], capsys)
+    assert code == 0, out

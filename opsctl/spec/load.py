@@ -26,6 +26,8 @@ FIELD_HINTS: dict[str, str] = {
     "auth:missing": "add auth: {password: {env: REDIS_PASSWORD}}; the secret itself stays out of the spec",
     "hosts": "list the machines, e.g. - {name: h1, address: 127.0.0.2}",
     "aof": "everysec (fsync once a second) is the usual choice; off turns the AOF off",
+    "ssh_user": "a login name: letters, digits, '_', '.' and '-', at most 32 characters, e.g. ops",
+    "bastion": "[user@]address[:port], e.g. ops@jump.example.com:2222, or the name of a host of the spec",
 }
 
 

@@ -118,14 +118,22 @@ class Server(Strict):
         return self.user or self.flavor
 
 
+# A login name as useradd takes it; ssh and Ansible get it in argv and inventories, so nothing else is allowed.
+LOGIN_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
+Login = Annotated[str, StringConstraints(pattern=f"^{LOGIN_PATTERN}$")]
+# [user@]address[:port] (a bracketed IPv6 address may carry a port) or the name of a host of the spec.
+Bastion = Annotated[str, StringConstraints(
+    pattern=rf"^({LOGIN_PATTERN}@)?([A-Za-z0-9][A-Za-z0-9.-]{{0,252}}|\[[0-9A-Fa-f:.]{{2,45}}\])(:[0-9]{{1,5}})?$")]
+
+
 class Host(Strict):
     name: Name
     address: str
     bind: list[str] | None = None
-    ssh_user: str | None = None
+    ssh_user: Login | None = None
     ssh_key: str | None = None
     ssh_port: Port = 22
-    bastion: str | None = None
+    bastion: Bastion | None = None
     admin_via_ssh: bool = Field(default=False, description=(
         "provider ansible: opsctl reaches this host's node ports through an SSH tunnel to the host "
         "(for ports open only to the other hosts); see docs/remote.md"))
