@@ -17,7 +17,7 @@ import redis
 from opsctl.connector import Connector
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.fencing import FENCE
-from opsctl.observe.collect import wait_for
+from opsctl.observe.collect import wait_cluster_converged, wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check
@@ -121,6 +121,7 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
         reports = list((tmp_path / ".opsctl" / loaded.spec.name / "failover").glob("*-in-progress.json"))
         assert len(reports) == 1
         wait_for(lambda: _roles(loaded)[replica] == "master" or None, 10, "the server to finish the failover")
+        wait_cluster_converged(Connector(loaded), loaded.layout.servers)  # every node has heard of it
         code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--to", old)  # fail back
         assert code == 0, out + err
         code, out, err = run(capsys, "failover", "-f", str(spec), "--dry-run", "--to", replica)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -456,3 +457,26 @@ def test_server_user_root_is_refused_by_validate(tmp_path: Path) -> None:
     with pytest.raises(OpsctlError) as caught:
         read_spec(write_spec(tmp_path, spec))
     assert "never run as root" in caught.value.render()
+
+
+def test_listening_inodes_find_the_socket_that_holds_a_port() -> None:
+    from opsctl.providers.local import holds_port, listening_inodes
+
+    table = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+             "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000   0        0 111 1\n"
+             "   1: 0100007F:1F90 0200007F:C350 01 00000000:00000000 00:00000000 00000000   0        0 222 1\n"
+             "   2: 00000000:1F91 00000000:0000 0A 00000000:00000000 00:00000000 00000000   0        0 333 1\n")
+    assert listening_inodes(table, "127.0.0.1", 8080) == {"111"}  # the established connection is not it
+    assert listening_inodes(table, "127.0.0.2", 8081) == {"333"}  # the wildcard
+    assert listening_inodes(table, "127.0.0.2", 8080) == set()
+    v6 = ("  sl  local_address                         remote_address                        st tx rx tr tm "
+          "retr uid timeout inode\n"
+          "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A "
+          "00000000:00000000 00:00000000 00000000 0 0 444 1\n")
+    assert listening_inodes(v6, "::1", 8080) == {"444"}
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert holds_port(os.getpid(), "127.0.0.1", port)
+        assert not holds_port(os.getppid(), "127.0.0.1", port)

@@ -15,6 +15,7 @@ reads or rewrites belong to it; opsctl's record stays root's.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import select
@@ -91,6 +92,19 @@ def is_node_process(facts: ProcFacts, binary: str, node_dir: str, conf: str, por
     return server and ours and facts.cwd == node_dir
 
 
+def listening_inodes(table: str, address: str, port: int) -> set[str]:
+    """Socket inodes listening on address:port (or on the wildcard) in a /proc/net/tcp or tcp6 table. Pure."""
+    ip = ipaddress.ip_address(address.strip("[]"))
+    words = [ip.packed[i:i + 4][::-1] for i in range(0, len(ip.packed), 4)]  # the kernel prints each word LE
+    wanted = {f"{b''.join(words).hex().upper()}:{port:04X}", f"{'0' * len(ip.packed) * 2}:{port:04X}"}
+    found = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[3] == "0A" and fields[1] in wanted:  # 0A: LISTEN
+            found.add(fields[9])
+    return found
+
+
 def start_hint(text: str, log: str, port: int) -> str:
     """The hint for a failed start, from what the server logged or printed."""
     return next((hint.format(port=port) for needle, hint in HINTS if needle in text), f"the full log is {log}")
@@ -116,6 +130,18 @@ def read_proc(pid: int) -> ProcFacts | None:
                          parse_cmdline(base.joinpath("cmdline").read_bytes()))
     except (OSError, IndexError):
         return None
+
+
+def holds_port(pid: int, address: str, port: int) -> bool:
+    """Whether pid listens on address:port itself (a port that answers may be another process's). True when
+    /proc cannot tell (no /proc/net, or another user's fds): the port check alone decides then."""
+    table = "tcp6" if ":" in address else "tcp"
+    try:
+        inodes = listening_inodes(Path(f"/proc/net/{table}").read_text(), address, port)
+        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except (OSError, ValueError):
+        return True
+    return not inodes or any(f"socket:[{inode}]" in links for inode in inodes)
 
 
 RECORD_LIMIT = 1024 * 1024
@@ -363,7 +389,8 @@ class LocalProvider:
         deadline = time.monotonic() + self.start_timeout
         while True:
             state = self.process_state(node) if launch is None else self._pidfile_state(node)
-            if state.running and port_accepts(node.address, node.port):
+            if state.running and port_accepts(node.address, node.port) and (
+                    launch is None or state.pid is None or holds_port(state.pid, node.address, node.port)):
                 if launch is not None:
                     launch.process.poll()
                 return
