@@ -197,3 +197,15 @@ def test_db0_counts_from_a_real_file(flavor) -> None:
         client.set("other", 1)
         client.execute_command("SAVE")
         assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) is None  # db 1 first: not db 0's count
+
+
+def test_two_backups_of_one_second_get_two_folders(tmp_path) -> None:
+    from opsctl.backup.save import _free_folder
+
+    first, first_partial = _free_folder(tmp_path, "orders-20261123T020239Z")
+    assert first.name == "orders-20261123T020239Z" and first_partial.name == ".orders-20261123T020239Z.partial"
+    first.mkdir()
+    second, _ = _free_folder(tmp_path, "orders-20261123T020239Z")
+    assert second.name == "orders-20261123T020239Z-2"
+    (tmp_path / ".orders-20261123T020239Z-2.partial").mkdir()  # a run still writing it
+    assert _free_folder(tmp_path, "orders-20261123T020239Z")[0].name == "orders-20261123T020239Z-3"

@@ -141,6 +141,17 @@ def _bgsave(admin: Admin, timeout: float) -> None:
         time.sleep(POLL)
 
 
+def _free_folder(to: Path, name: str) -> tuple[Path, Path]:
+    """(the backup's folder, its .partial twin): `<name>`, or `<name>-2`, `-3` ... when a backup of the same
+    second is there already (the topology lock keeps two backups of one topology from racing for a name)."""
+    for attempt in range(1, 100):
+        final = to / (name if attempt == 1 else f"{name}-{attempt}")
+        partial = to / f".{final.name}.partial"
+        if not final.exists() and not partial.exists():
+            return final, partial
+    raise OpsctlError(f"{to / name} and 98 more folders of that second exist already", hint="clean up --to")
+
+
 def _copy(fetch: Fetch, node: Node, path: str, dest: Path) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
@@ -240,10 +251,7 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     loaded = connector.loaded
     options = options or BackupOptions()
     started = datetime.now(timezone.utc)
-    final = to / f"{loaded.spec.name}-{utc_stamp(started)}"
-    partial = to / f".{final.name}.partial"
-    if final.exists() or partial.exists():
-        raise OpsctlError(f"{final} already exists", hint="wait a second and run the backup again")
+    final, partial = _free_folder(to, f"{loaded.spec.name}-{utc_stamp(started)}")
     planned = _plan(connector)
     emit({"event": "backup-start", "shards": len(planned), "dir": str(final),
           "savers": {s.shard: s.node for s, _, _ in planned}})
