@@ -139,3 +139,30 @@ def tls_client_options(state_dir: Path) -> dict[str, Any]:
     folder = state_dir / "tls"
     return {"ssl": True, "ssl_ca_certs": str(folder / "ca-bundle.crt"), "ssl_certfile": str(folder / "opsctl.crt"),
             "ssl_keyfile": str(folder / "opsctl.key")}
+
+
+@contextmanager
+def bare_server(flavor: str, directory: Path) -> Iterator[Any]:
+    """A server with no config of opsctl's (no auth, no persistence) on a fresh loopback address, for tests
+    that read what the server itself answers (its command table, its directives); a client while it runs."""
+    import time
+
+    import redis
+
+    address = loopback_hosts(1)[0]
+    port = free_base_port([address], 1, bus=False)
+    proc = subprocess.Popen([server_binary(flavor), "--bind", address, "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(directory)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(host=address, port=port, decode_responses=True)
+    try:
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)

@@ -6,37 +6,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import redis
 
 from opsctl.command_names import CATEGORIES, COMMANDS
 from opsctl.command_table import is_category, is_command, table_version
-from tests.support import FLAVORS, free_base_port, loopback_hosts, server_binary
+from tests.support import FLAVORS, bare_server
 
 DATA = Path(__file__).parent.parent / "opsctl" / "command_names.py"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
 def live_table(flavor: str, tmp: Path) -> tuple[frozenset[str], frozenset[str]]:
-    address = loopback_hosts(1)[0]
-    port = free_base_port([address], 1, bus=False)
-    proc = subprocess.Popen([server_binary(flavor), "--bind", address, "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(host=address, port=port, decode_responses=True)
-    try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
+    with bare_server(flavor, tmp) as client:
         return frozenset(client.command_list()), frozenset(client.acl_cat())
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
 
 
 def write_table(tables: dict[tuple[str, tuple[int, int]], tuple[frozenset[str], frozenset[str]]]) -> None:

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import redis
 
 from opsctl.config_type_data import DIRECTIVES
 from opsctl.config_types import value_problem
-from tests.support import FLAVORS, free_base_port, loopback_hosts, server_binary
+from tests.support import FLAVORS, bare_server
 
 DATA = Path(__file__).parent.parent / "opsctl" / "config_type_data.py"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -67,24 +66,9 @@ def _probe(client: redis.Redis, name: str) -> str:
 
 
 def live_directives(flavor: str, tmp: Path) -> dict[str, str]:
-    address = loopback_hosts(1)[0]
-    port = free_base_port([address], 1, bus=False)
-    proc = subprocess.Popen([server_binary(flavor), "--bind", address, "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(host=address, port=port, decode_responses=True)
-    try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
+    with bare_server(flavor, tmp) as client:
         names = sorted(client.config_get("*"))
         return {name: "text" if name in NOT_PROBED else classify(client, name) for name in names}
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
 
 
 def write_table(tables: dict[tuple[str, tuple[int, int]], dict[str, str]]) -> None:
