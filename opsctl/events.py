@@ -8,7 +8,8 @@ import dataclasses
 import json
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, TextIO
 
@@ -192,8 +193,148 @@ class EndpointReplacedEvent:
                 "shard's new master")
 
 
+@dataclass(frozen=True)
+class BackupStart:
+    """savers: shard number -> the node that saves it."""
+
+    kind: ClassVar[str] = "backup-start"
+    shards: int
+    dir: str
+    savers: Mapping[int, str]
+
+    def line(self) -> str:
+        return f"backing up {self.shards} shards into {self.dir}"
+
+
+@dataclass(frozen=True)
+class ShardSaved:
+    kind: ClassVar[str] = "shard-saved"
+    shard: int
+    node: str
+    role: str
+    bytes: int
+    done: int
+    total: int
+
+    def line(self) -> str:
+        return (f"{gauge(self.done, self.total, 20)} {self.done}/{self.total} shards saved, shard {self.shard} "
+                f"{human_bytes(self.bytes)} from {self.node} ({self.role})")
+
+
+@dataclass(frozen=True)
+class BackupDone:
+    kind: ClassVar[str] = "backup-done"
+    dir: str
+    keys: int
+    bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        return f"saved {self.keys} keys ({human_bytes(self.bytes)}) in {self.seconds:.1f}s"
+
+
+@dataclass(frozen=True)
+class ChecksumsOk:
+    kind: ClassVar[str] = "checksums-ok"
+    files: int
+
+    def line(self) -> str:
+        return f"checksums of {self.files} files match the manifest"
+
+
+@dataclass(frozen=True)
+class ShardVerified:
+    kind: ClassVar[str] = "shard-verified"
+    shard: int
+    file: str
+    keys: int
+
+    def line(self) -> str:
+        return f"verified shard {self.shard} ({self.file}): {self.keys} keys"
+
+
+@dataclass(frozen=True)
+class VerifyDone:
+    kind: ClassVar[str] = "verify-done"
+    ok: bool
+    keys: int
+
+    def line(self) -> str:
+        return f"verified {self.keys} keys"
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    """Keys written so far of total (0: unknown, a live source)."""
+
+    kind: ClassVar[str] = "restore-progress"
+    keys: int
+    total: int
+    keys_per_sec: int
+    seconds: float
+
+    def line(self) -> str:
+        eta = (self.total - self.keys) / self.keys_per_sec if self.total and self.keys_per_sec else None
+        head = (f"{gauge(self.keys, self.total, 20)} {self.keys}/{self.total} keys" if self.total
+                else f"{self.keys} keys")
+        return f"{head}  {self.keys_per_sec} keys/s  ETA {human_seconds(eta)}"
+
+
+@dataclass(frozen=True)
+class RestoreDone:
+    """The restore's report; sources maps each source to its counts (keys, restored, existing, skipped,
+    conflicts)."""
+
+    kind: ClassVar[str] = "restore-done"
+    source: str
+    target: str
+    mode: str
+    dry_run: bool
+    resumed: bool
+    ok: bool
+    keys: int
+    restored: int
+    existing: int
+    skipped: int
+    conflicts: int
+    seconds: float
+    keys_per_sec: int | None
+    verified: int
+    problems: tuple[str, ...]
+    sources: Mapping[str, Mapping[str, int]]
+
+    def line(self) -> str:
+        return (f"restore of {self.keys} keys {'finished' if self.ok else 'found problems'} in "
+                f"{self.seconds:.1f}s")
+
+
+@dataclass(frozen=True)
+class RestoreDryRun(RestoreDone):
+    kind: ClassVar[str] = "restore-dry-run"
+
+    def line(self) -> str:
+        return "dry run: every check passed, nothing was written"
+
+
+@dataclass(frozen=True)
+class PlaybookTask:
+    """A task of an Ansible playbook finished on a host: ok, changed, failed, unreachable or skipped."""
+
+    kind: ClassVar[str] = "playbook-task"
+    playbook: str
+    host: str
+    task: str
+    status: str
+
+    def line(self) -> str:
+        return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
+
+
 Event = (StepStart | StepDone | StepFailed | Log | SlotsStart | SlotsProgress | BigKey | MigrateRetry
-         | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent)
+         | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
+         | BackupStart | ShardSaved | BackupDone | ChecksumsOk | ShardVerified | VerifyDone
+         | RestoreProgress | RestoreDone | PlaybookTask)
+REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask)  # a bar on a terminal, nothing elsewhere
 Emit = Callable[[Event], None]
 
 
@@ -207,9 +348,9 @@ def ignore(event: Event) -> None:
 
 
 class Printer:
-    """Events on a stream (stderr by default): JSON lines, or text. On a terminal slot progress is one bar
-    redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
-    characters. Callable from several threads (parallel slot movers)."""
+    """Events on a stream (stderr by default): JSON lines, or text. On a terminal progress (REDRAWN) is one
+    bar redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
+    characters. Callable from several threads (parallel slot movers, restore sources)."""
 
     def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
         self.json_mode = json_mode
@@ -226,13 +367,32 @@ class Printer:
                     self.bar.done(event.line())
                 else:
                     self._line(event.line())
-            elif isinstance(event, SlotsProgress):
+            elif isinstance(event, REDRAWN):
                 if self.bar:
                     self.bar.show(event.line(), force=True)
             else:
-                if self.bar:
-                    self.stream.write(CLEAR_LINE)
+                self._clear()
                 self._line(event.line())
+
+    def close(self) -> None:
+        """Erase a bar left drawn, so what is printed next starts on a clean line."""
+        with self._lock:
+            self._clear()
+            self.stream.flush()
+
+    def _clear(self) -> None:
+        if self.bar:
+            self.stream.write(CLEAR_LINE)
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
+
+
+@contextmanager
+def printing(json_mode: bool, stream: TextIO | None = None) -> Iterator[Printer]:
+    """A Printer for the block, its bar erased at the end (also when the block fails)."""
+    printer = Printer(json_mode, stream)
+    try:
+        yield printer
+    finally:
+        printer.close()

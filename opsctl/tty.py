@@ -52,7 +52,7 @@ class TtyLine:
 
     def _columns(self) -> int:
         try:
-            return os.get_terminal_size(self.stream.fileno()).columns
+            return os.get_terminal_size(self.stream.fileno()).columns or 80  # a pty never sized says 0
         except (OSError, ValueError):
             return 80
 

@@ -17,15 +17,24 @@ from opsctl.commands.audit import ProgressBar, scan_line
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.events import (
+    BackupDone,
+    BackupStart,
     BigKey,
     BusyKeyEqual,
+    ChecksumsOk,
     Closed,
     EndpointDown,
     EndpointReplacedEvent,
     Event,
     Log,
     MigrateRetry,
+    PlaybookTask,
     Printer,
+    RestoreDone,
+    RestoreDryRun,
+    RestoreProgress,
+    ShardSaved,
+    ShardVerified,
     SlotsClosed,
     SlotsDone,
     SlotsProgress,
@@ -34,7 +43,9 @@ from opsctl.events import (
     StepDone,
     StepFailed,
     StepStart,
+    VerifyDone,
     as_dict,
+    printing,
 )
 from opsctl.observe.parse import RoleInfo
 from opsctl.report import node_status, plural, status_table
@@ -167,7 +178,15 @@ EVERY_KIND: list[Event] = [
     BusyKeyEqual(3, "k"), Closed("a", "b", True, {"finish": "3"}), SlotsSkip("move slots", "already moved"),
     SlotsClosed("journaled a -> b: finish 3"), SlotsDone(10, 10, 100, 10000, 50.0, 2.0, 0.0),
     EndpointDown("target", "n3"), EndpointReplacedEvent("target", "n3"),
-    StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom")]
+    StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom"),
+    BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
+    BackupDone("/b/x-1", 100, 2 << 20, 1.5), ChecksumsOk(2), ShardVerified(1, "shard-1.rdb", 50),
+    VerifyDone(True, 100), RestoreProgress(40, 100, 20, 2.0),
+    RestoreDone("backup /b/x-1", "t", "replace", False, False, True, 100, 100, 0, 0, 0, 5.0, 20, 10, (),
+                {"shard-1": {"keys": 100, "restored": 100, "existing": 0, "skipped": 0, "conflicts": 0}}),
+    RestoreDryRun("backup /b/x-1", "t", "replace", True, False, True, 0, 0, 0, 0, 0, 0.0, None, 0, (), {}),
+    PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
+REDRAWN_KINDS = 4  # slots-progress, shard-saved, restore-progress, playbook-task: on terminals only
 
 
 class Terminal(io.StringIO):
@@ -177,13 +196,13 @@ class Terminal(io.StringIO):
 
 def test_every_event_has_a_text_form_and_a_json_form() -> None:
     kinds = {type(e) for e in EVERY_KIND}
-    assert kinds == set(get_args(Event)) | {SlotsDone}
+    assert kinds == set(get_args(Event)) | {SlotsDone, RestoreDryRun}
     stream = io.StringIO()
     emit = Printer(False, stream)
     for event in EVERY_KIND:
         emit(event)
     lines = stream.getvalue().splitlines()
-    assert len(lines) == len(EVERY_KIND) - 1  # the progress bar is drawn on terminals only
+    assert len(lines) == len(EVERY_KIND) - REDRAWN_KINDS
     assert "slots-skip: move slots: already moved" in lines and "slots-closed: journaled a -> b: finish 3" in lines
     assert "closed: a -> b (journaled): finish 3" in lines
     assert not any(c in stream.getvalue() for c in CONTROL)
@@ -195,6 +214,13 @@ def test_every_event_has_a_text_form_and_a_json_form() -> None:
     assert [d["event"] for d in decoded] == [e.kind for e in EVERY_KIND]
     assert decoded[3] == {"event": "slots-progress", **as_dict(EVERY_KIND[3]), "eta": 2.0}
     assert decoded[1] == {"event": "log", "step": "move slots", "text": "waiting"}
+    by_kind = {d["event"]: d for d in decoded}  # the keys backup, restore and their readers rely on
+    assert by_kind["backup-start"] == {"event": "backup-start", "shards": 2, "dir": "/b/x-1",
+                                       "savers": {"1": "n1", "2": "n4"}}
+    assert by_kind["shard-saved"]["role"] == "replica" and by_kind["backup-done"]["dir"] == "/b/x-1"
+    assert by_kind["restore-done"]["sources"]["shard-1"]["restored"] == 100
+    assert by_kind["restore-done"]["problems"] == [] and by_kind["restore-dry-run"]["dry_run"] is True
+    assert by_kind["verify-done"] == {"event": "verify-done", "ok": True, "keys": 100}
 
 
 def test_apply_steps_and_the_slot_bar_share_one_terminal_line_cleanly() -> None:
@@ -207,7 +233,20 @@ def test_apply_steps_and_the_slot_bar_share_one_terminal_line_cleanly() -> None:
     assert "\r" + bar + "\x1b[K" in text
     after_bar = text.split(bar, 1)[1]
     assert after_bar.startswith("\x1b[K\r\x1b[Kbig-key: slot 3")  # the bar is erased before the next line
-    assert text.endswith("[2] failed\n")
+    assert "\r" + RestoreProgress(40, 100, 20, 2.0).line() + "\x1b[K" in text
+    assert "\r" + ShardSaved(1, "n4", "replica", 1 << 20, 1, 2).line() + "\x1b[K" in text
+    assert text.endswith("\r" + PlaybookTask("deploy.yml", "h1", "copy files", "changed").line() + "\x1b[K")
+
+
+def test_a_bar_left_drawn_is_erased_when_the_printer_closes() -> None:
+    stream = Terminal()
+    with printing(False, stream) as emit:
+        emit(RestoreProgress(40, 100, 20, 2.0))
+    assert stream.getvalue().endswith("\x1b[K\r\x1b[K")
+    with pytest.raises(RuntimeError), printing(False, stream) as emit:
+        emit(ShardSaved(1, "n4", "replica", 1, 1, 2))
+        raise RuntimeError
+    assert stream.getvalue().endswith("\x1b[K\r\x1b[K")
 
 
 # --- routes of audit and bigkey delete ------------------------------------------------------------

@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from opsctl.cli import main
+from opsctl.events import PlaybookTask
 from opsctl.providers.ansible import parse_control, parse_facts
 from opsctl.remote.inventory import build_inventory, parse_bastion, remote_paths
-from opsctl.remote.runner import child_env, failure_error, summarize
+from opsctl.remote.runner import child_env, failure_error, summarize, task_event
 from opsctl.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec
 
@@ -75,6 +76,15 @@ def test_summarize_counts_and_failures():
     error = failure_error(result)
     assert "h2" in error.summary and "Write" in error.summary
     assert "no_log" in error.detail and "h3: task 'B': unreachable: no route" in error.detail
+
+
+def test_runner_events_become_typed_task_events():
+    ignored = {"event": "runner_on_failed", "event_data": {"host": "h1", "task": "Probe", "ignore_errors": True}}
+    changed = {"event": "runner_on_ok", "stdout": "changed: [h3]", "event_data": {"host": "h3", "task": "Files"}}
+    assert task_event("deploy.yml", changed) == PlaybookTask("deploy.yml", "h3", "Files", "changed")
+    assert task_event("deploy.yml", ignored) == PlaybookTask("deploy.yml", "h1", "Probe", "failed (ignored)")
+    assert task_event("deploy.yml", {"event": "playbook_on_start"}) is None
+    assert summarize("deploy.yml", 0, [ignored]).succeeded
 
 
 def test_child_env_drops_the_callers_environment(tmp_path):

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -39,6 +38,7 @@ from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import BackupDone, BackupStart, Emit, ShardSaved
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
@@ -46,8 +46,6 @@ from opsctl.safefs import FileProblem, open_dir, trusted_owners, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
-Event = dict[str, Any]
-Emit = Callable[[Event], None]
 Sink = Callable[[bytes], None]
 Fetch = Callable[[Node, str, Sink], None]
 CHUNK = 1 << 20
@@ -253,8 +251,7 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     started = datetime.now(timezone.utc)
     final, partial = _free_folder(to, f"{loaded.spec.name}-{utc_stamp(started)}")
     planned = _plan(connector)
-    emit({"event": "backup-start", "shards": len(planned), "dir": str(final),
-          "savers": {s.shard: s.node for s, _, _ in planned}})
+    emit(BackupStart(len(planned), str(final), {s.shard: s.node for s, _, _ in planned}))
     _make_folders(to, partial)
     try:
         files = _save_all(connector, planned, partial, fetch, emit, options)
@@ -267,8 +264,8 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
         shutil.rmtree(partial, ignore_errors=True)
         raise
     os.rename(partial, final)
-    emit({"event": "backup-done", "dir": str(final), "keys": manifest.total_keys,
-          "bytes": sum(s.bytes for s in manifest.shards), "seconds": round(time.time() - started.timestamp(), 3)})
+    emit(BackupDone(str(final), manifest.total_keys, sum(s.bytes for s in manifest.shards),
+                    round(time.time() - started.timestamp(), 3)))
     return final, manifest
 
 
@@ -302,8 +299,8 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
                                    "nodes)") from None
         with lock:
             files.append(shard)
-        emit({"event": "shard-saved", "shard": shard.shard, "node": shard.node, "role": shard.role,
-              "bytes": shard.bytes, "done": len(files), "total": len(planned)})
+            saved = ShardSaved(shard.shard, shard.node, shard.role, shard.bytes, len(files), len(planned))
+        emit(saved)
 
     for wave in host_waves([s for s, _, _ in planned]):
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:

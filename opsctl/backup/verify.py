@@ -6,18 +6,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
 from opsctl.backup.plan import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.errors import OpsctlError
+from opsctl.events import ChecksumsOk, Emit, ShardVerified
 from opsctl.safefs import read_bounded
 
 CHUNK = 1 << 20
-Emit = Callable[[dict[str, Any]], None]
 
 
 def _regular(path: Path, what: str) -> os.stat_result:
@@ -74,7 +72,7 @@ def verify_backup(folder: Path, emit: Emit) -> Manifest:
     """Checksums, then loads and counts. Raises OpsctlError naming the first bad file."""
     manifest = read_manifest(folder)
     check_files(folder, manifest)
-    emit({"event": "checksums-ok", "files": len(manifest.shards)})
+    emit(ChecksumsOk(len(manifest.shards)))
     binaries = scratch_binaries()
     binary = binaries[pick_scratch(list(binaries), manifest.rdb_version, None, str(folder))]
     databases = max(manifest.dbs() | {0}) + 1
@@ -87,5 +85,5 @@ def verify_backup(folder: Path, emit: Emit) -> Manifest:
         if problem:
             raise OpsctlError(f"{path}: {problem}",
                               hint="the file does not hold what was backed up: use another backup")
-        emit({"event": "shard-verified", "shard": shard.shard, "file": shard.file, "keys": sum(loaded.values())})
+        emit(ShardVerified(shard.shard, shard.file, sum(loaded.values())))
     return manifest

@@ -3,49 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import ranged
 from opsctl.errors import EXIT_OK, OpsctlError
 
-Event = dict[str, Any]
+if TYPE_CHECKING:
+    from opsctl.events import Printer
+
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 
 
-@contextmanager
-def event_printer(json_mode: bool, describe: Callable[[Event], str | None]) -> Iterator[Callable[[Event], None]]:
-    """JSON lines on stdout with --output json; otherwise a status line on a terminal (stderr) and nothing else."""
-    from opsctl.tty import TtyLine
+def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
+    """Events of backup and restore: JSON lines on stdout with --output json (the command's result is the
+    last line); otherwise text on stderr, progress as a bar redrawn on a terminal."""
+    from opsctl.events import printing
 
-    line = TtyLine(sys.stderr) if sys.stderr.isatty() and not json_mode else None
-
-    def emit(event: Event) -> None:
-        if json_mode:
-            print(json.dumps(event), flush=True)
-        elif line is not None and (text := describe(event)):
-            line.show(text, force=True)
-
-    try:
-        yield emit
-    finally:
-        if line is not None:
-            line.show("", force=True)
-
-
-def _backup_line(event: Event) -> str | None:
-    from opsctl.tty import gauge, human_bytes
-
-    if event["event"] == "backup-start":
-        return f"{gauge(0, event['shards'], 20)} 0/{event['shards']} shards saved"
-    if event["event"] == "shard-saved":
-        return (f"{gauge(event['done'], event['total'], 20)} {event['done']}/{event['total']} shards saved, "
-                f"shard {event['shard']} {human_bytes(event['bytes'])} from {event['node']} ({event['role']})")
-    return None
+    return printing(json_mode, sys.stdout if json_mode else sys.stderr)
 
 
 @contextmanager
@@ -82,7 +60,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
-            fetcher(loaded, state_dir) as fetch, event_printer(json_mode, _backup_line) as emit:
+            fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
         folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
     if not json_mode:
         print(f"backup {folder}: {describe(manifest)}")
@@ -95,15 +73,15 @@ def cmd_backup(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from opsctl.backup.manifest import describe
     from opsctl.backup.verify import verify_backup
+    from opsctl.events import VerifyDone
 
     if not args.target or args.file or args.to:
         raise OpsctlError("usage: opsctl backup verify DIR", hint="DIR is a backup directory (it holds manifest.json)")
     json_mode = args.output == "json"
-    with event_printer(json_mode, lambda e: f"verified shard {e['shard']}" if "shard" in e else None) as emit:
+    with event_printer(json_mode) as emit:
         manifest = verify_backup(Path(args.target), emit)
-    if json_mode:
-        print(json.dumps({"event": "verify-done", "ok": True, "keys": manifest.total_keys}))
-    else:
+        emit(VerifyDone(True, manifest.total_keys))
+    if not json_mode:
         print(f"ok {args.target}: {describe(manifest)}; every checksum and key count matches")
     return EXIT_OK
 

@@ -80,7 +80,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
-    from opsctl.events import Printer
+    from opsctl.events import printing
     from opsctl.executor import execute
     from opsctl.report import plan_text
 
@@ -88,8 +88,11 @@ def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done:
     if plan.empty:
         return
     _confirm(args, question)
-    timings = execute(rt, plan, Printer(args.output == "json"), allow_downtime=args.allow_downtime,
-                      parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout)
+    with printing(args.output == "json") as emit:
+        if rt.loaded.spec.provider == "ansible":
+            rt.provider.on_event = emit  # each playbook task on the same progress line
+        timings = execute(rt, plan, emit, allow_downtime=args.allow_downtime,
+                          parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout)
     print(f"{done} in {sum(t for _, t in timings):.2f}s.", file=sys.stderr)
 
 

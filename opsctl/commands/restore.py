@@ -3,50 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opsctl.argtypes import ranged
 from opsctl.commands.backup import STATE_DIR_HELP, event_printer
 from opsctl.errors import EXIT_ERROR, EXIT_OK
 
-Event = dict[str, Any]
+if TYPE_CHECKING:
+    from opsctl.events import RestoreDone
 
 
-def _line(event: Event) -> str | None:
-    from opsctl.tty import gauge, human_seconds
-
-    if event["event"] != "restore-progress":
-        return None
-    total, done, rate = event["total"], event["keys"], event["keys_per_sec"]
-    eta = (total - done) / rate if total and rate else None
-    head = f"{gauge(done, total, 20)} {done}/{total} keys" if total else f"{done} keys"
-    return f"{head}  {rate} keys/s  ETA {human_seconds(eta)}"
-
-
-def _text(report: Any) -> str:
-    data = report.as_dict()
-    if report.dry_run:
-        lines = [f"dry run: would restore {data['source']} into {data['target']} (mode {data['mode']}); "
-                 "every check passed, nothing was written"]
-        return "\n".join(lines)
-    resumed = " (resumed)" if report.resumed else ""
-    lines = [f"restored {data['source']} into {data['target']}{resumed}: {data['keys']} keys in "
-             f"{data['seconds']:.1f}s ({data['keys_per_sec'] or 0} keys/s), mode {data['mode']}"]
-    for key, counts in sorted(data["sources"].items()):
+def _text(done: RestoreDone) -> str:
+    if done.dry_run:
+        return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
+                "every check passed, nothing was written")
+    resumed = " (resumed)" if done.resumed else ""
+    lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
+             f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
+    for key, counts in sorted(done.sources.items()):
         lines.append(f"  {key:<28} {counts['keys']:>10} read  {counts['restored']:>10} restored  "
                      f"{counts['existing']:>8} already there  {counts['skipped']:>8} skipped")
-    if report.problems:
+    if done.problems:
         lines.append("problems:")
-        lines += [f"  {p}" for p in report.problems]
+        lines += [f"  {p}" for p in done.problems]
     else:
-        lines.append(f"verified: key counts match; {report.verified} keys compared with the source, all equal")
+        lines.append(f"verified: key counts match; {done.verified} keys compared with the source, all equal")
     return "\n".join(lines)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from opsctl.events import RestoreDryRun
     from opsctl.restore.run import RestoreOptions, backup_sources, inspect_target, live_sources, run_restore
     from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
@@ -69,13 +57,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
             source = read_spec(args.from_live)
             source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
             prepared = stack.enter_context(live_sources(source_connector, target, options))
-        emit = stack.enter_context(event_printer(json_mode, _line))
+        emit = stack.enter_context(event_printer(json_mode))
         report = run_restore(target, prepared, state_dir, options, emit)
-    if json_mode:
         if report.dry_run:
-            print(json.dumps({"event": "restore-dry-run", **report.as_dict()}))
-    else:
-        print(_text(report))
+            emit(report.done(RestoreDryRun))
+    if not json_mode:
+        print(_text(report.done()))
     return EXIT_ERROR if report.problems else EXIT_OK
 
 

@@ -23,11 +23,12 @@ import paramiko
 
 from opsctl.connector import Route
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import Emit
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.remote import ssh
 from opsctl.remote.bundle import plain_name
 from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
-from opsctl.remote.runner import EventSink, PlaybookResult, private_dir, run_playbook
+from opsctl.remote.runner import PlaybookResult, private_dir, run_playbook
 from opsctl.remote.staging import stage
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
@@ -55,7 +56,7 @@ class AnsibleProvider:
     parallel_starts = False  # files are staged and shipped by one playbook run
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
-                 on_event: EventSink | None = None) -> None:
+                 on_event: Emit | None = None) -> None:
         self.loaded = loaded
         self.state_dir = Path(state_dir).resolve()
         self.known_hosts = ssh.known_hosts_path(known_hosts)

@@ -2,7 +2,8 @@
 
 ansible-runner writes its whole environment into artifacts/<ident>/command, so the child gets only PATH,
 HOME, locale and the ANSIBLE_* settings below, never the caller's environment (which may hold the spec's
-password). Extra vars hold paths only. Progress comes from the JSON events ansible-runner prints (-j).
+password). Extra vars hold paths only. Progress comes from the JSON events ansible-runner prints (-j),
+passed on as typed PlaybookTask events.
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from opsctl.errors import OpsctlError
+from opsctl.events import Emit, PlaybookTask
 from opsctl.remote.inventory import inventory_yaml
 from opsctl.resources import data_dir
 from opsctl.safefs import make_dir, trusted_owners, write_private
 
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "SSH_AUTH_SOCK", "USER")
-EventSink = Callable[[dict[str, Any]], None]
+TASK_STATUS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreachable": "unreachable",
+               "runner_on_skipped": "skipped"}
 
 
 @dataclass(frozen=True)
@@ -64,20 +67,33 @@ def summarize(playbook: str, rc: int, events: Iterable[dict[str, Any]]) -> Playb
     """Count changed/ok tasks and collect failures (host, task, message) from ansible-runner events."""
     changed, ok, failures, changed_tasks = 0, 0, [], []
     for event in events:
-        kind, data = event.get("event", ""), event.get("event_data") or {}
-        host, task = str(data.get("host", "?")), str(data.get("task", "?"))
-        res = data.get("res") or {}
-        if kind == "runner_on_ok":
+        task = task_event(playbook, event)
+        res = (event.get("event_data") or {}).get("res") or {}
+        if task is None:
+            continue
+        if task.status in ("ok", "changed"):
             ok += 1
-            # a no_log task's result reaches the event censored, without "changed"; its display line keeps it
-            if res.get("changed") or str(event.get("stdout", "")).lstrip().startswith("changed:"):
+            if task.status == "changed":
                 changed += 1
-                changed_tasks.append(f"{host}: {task}")
-        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
-            failures.append(TaskFailure(host, task, failure_message(res)))
-        elif kind == "runner_on_unreachable":
-            failures.append(TaskFailure(host, task, failure_message(res), unreachable=True))
+                changed_tasks.append(f"{task.host}: {task.task}")
+        elif task.status in ("failed", "unreachable"):
+            failures.append(TaskFailure(task.host, task.task, failure_message(res), task.status == "unreachable"))
     return PlaybookResult(playbook, rc, changed, ok, tuple(failures), tuple(changed_tasks))
+
+
+def task_event(playbook: str, event: dict[str, Any]) -> PlaybookTask | None:
+    """The typed form of an ansible-runner event that ends a task on a host; None for any other event."""
+    status = TASK_STATUS.get(str(event.get("event", "")))
+    if status is None:
+        return None
+    data = event.get("event_data") or {}
+    # a no_log task's result reaches the event censored, without "changed"; its display line keeps it
+    if status == "ok" and ((data.get("res") or {}).get("changed")
+                           or str(event.get("stdout", "")).lstrip().startswith("changed:")):
+        status = "changed"
+    if status == "failed" and data.get("ignore_errors"):
+        status = "failed (ignored)"
+    return PlaybookTask(playbook, str(data.get("host", "?")), str(data.get("task", "?")), status)
 
 
 def failure_error(result: PlaybookResult) -> OpsctlError:
@@ -113,7 +129,7 @@ def private_dir(path: Path) -> Path:
 
 
 def run_playbook(name: str, data: Path, inventory: dict[str, Any], extravars: dict[str, Any] | None = None,
-                 on_event: EventSink | None = None, timeout: float = 1800.0) -> PlaybookResult:
+                 on_event: Emit | None = None, timeout: float = 1800.0) -> PlaybookResult:
     """Run playbooks/<name> against inventory (no secrets in it). Raises OpsctlError on failure."""
     data = private_dir(data)
     for sub in ("inventory", "env", "tmp"):
@@ -127,15 +143,15 @@ def run_playbook(name: str, data: Path, inventory: dict[str, Any], extravars: di
     events: list[dict[str, Any]] = []
     # SSH control sockets need a short path (< 108 bytes): a private folder in the temp dir, removed after.
     with tempfile.TemporaryDirectory(prefix="opsctl-cp-") as control_dir:
-        rc = _stream(argv, child_env(dict(os.environ), data, control_dir), data, events, on_event, timeout)
+        rc = _stream(name, argv, child_env(dict(os.environ), data, control_dir), data, events, on_event, timeout)
     result = summarize(name, rc, events)
     if not result.succeeded:
         raise failure_error(result)
     return result
 
 
-def _stream(argv: list[str], env: dict[str, str], data: Path, events: list[dict[str, Any]],
-            on_event: EventSink | None, timeout: float) -> int:
+def _stream(playbook: str, argv: list[str], env: dict[str, str], data: Path, events: list[dict[str, Any]],
+            on_event: Emit | None, timeout: float) -> int:
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                           env=env, text=True, cwd=str(data)) as proc:
         assert proc.stdout is not None
@@ -143,8 +159,8 @@ def _stream(argv: list[str], env: dict[str, str], data: Path, events: list[dict[
             event = parse_event(line)
             if event is not None:
                 events.append(event)
-                if on_event:
-                    on_event(event)
+                if on_event and (task := task_event(playbook, event)):
+                    on_event(task)
         return proc.wait(timeout=timeout)
 
 

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 from redis.crc import key_slot
@@ -31,6 +30,7 @@ from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
 from opsctl.connector import Connector, unix_socket
 from opsctl.errors import OpsctlError, RefusedError
+from opsctl.events import Emit, RestoreDone, RestoreProgress
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import parse_info, server_of
@@ -52,8 +52,6 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import reads_rdb, server_text
 
-Event = dict[str, Any]
-Emit = Callable[[Event], None]
 MAX_PROBLEMS = 20
 
 
@@ -113,16 +111,15 @@ class RestoreReport:
             total.add(counts)
         return total
 
-    def as_dict(self) -> dict[str, Any]:
+    def done(self, kind: type[RestoreDone] = RestoreDone) -> RestoreDone:
+        """The report as the run's last event (RestoreDone, or RestoreDryRun)."""
         total = self.total
-        return {"source": self.source, "target": self.target, "mode": self.mode, "dry_run": self.dry_run,
-                "resumed": self.resumed, "ok": not self.problems, "keys": total.total, "restored": total.restored,
-                "existing": total.existing, "skipped": total.skipped, "conflicts": total.conflicts,
-                "seconds": round(self.seconds, 3),
-                "keys_per_sec": round(total.total / self.seconds) if self.seconds > 0 else None,
-                "verified": self.verified, "problems": self.problems,
-                "sources": {k: {"keys": c.total, "restored": c.restored, "existing": c.existing,
-                                "skipped": c.skipped, "conflicts": c.conflicts} for k, c in self.sources.items()}}
+        return kind(self.source, self.target, self.mode, self.dry_run, self.resumed, not self.problems, total.total,
+                    total.restored, total.existing, total.skipped, total.conflicts, round(self.seconds, 3),
+                    round(total.total / self.seconds) if self.seconds > 0 else None, self.verified,
+                    tuple(self.problems),
+                    {k: {"keys": c.total, "restored": c.restored, "existing": c.existing, "skipped": c.skipped,
+                         "conflicts": c.conflicts} for k, c in self.sources.items()})
 
 
 # --- the target ------------------------------------------------------------------------------------------------
@@ -357,13 +354,12 @@ class Meter:
     def __call__(self, keys: int) -> None:
         with self.lock:
             self.done += keys
-            now = time.monotonic()
+            done, now = self.done, time.monotonic()
             if now - self.last < 0.25:
                 return
             self.last = now
         elapsed = max(1e-6, now - self.started)
-        self.emit({"event": "restore-progress", "keys": self.done, "total": self.total,
-                   "keys_per_sec": round(self.done / elapsed), "seconds": round(elapsed, 3)})
+        self.emit(RestoreProgress(done, self.total, round(done / elapsed), round(elapsed, 3)))
 
 
 def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,
@@ -417,7 +413,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     else:  # a re-run reads every source again and checks again, instead of trusting the finished ones
         journal.done.clear()
         save_journal(state_dir, journal)
-    emit({"event": "restore-done", **report.as_dict()})
+    emit(report.done())
     return report
 
 
