@@ -26,6 +26,12 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 Route = Callable[[Node], tuple[str, int]]
+try:  # redis-py >= 7 resolves its own version from package metadata for every connection unless told (~1 ms)
+    from redis.driver_info import DriverInfo
+
+    DRIVER: dict[str, Any] = {"driver_info": DriverInfo(lib_version=redis.__version__)}
+except ImportError:  # older redis-py: a version resolved once, by default
+    DRIVER = {}
 TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
 
@@ -107,7 +113,7 @@ class Connector:
             "host": host, "port": port, "socket_timeout": timeout, "socket_connect_timeout": timeout,
             "decode_responses": decode, "retry": Retry(NoBackoff(), 0),
             "username": spec.auth.admin_user if auth and acl else None,
-            "password": self.loaded.credentials.password.reveal() if auth else None,
+            "password": self.loaded.credentials.password.reveal() if auth else None, **DRIVER,
         }
         context = self.tls_context() if tls else None
         if context is not None:

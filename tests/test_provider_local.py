@@ -34,7 +34,7 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from opsctl.statelock import parse_pid, state_lock
-from tests.support import PASSWORD, make_spec, server_binary, write_spec
+from tests.support import PASSWORD, loopback_hosts, make_spec, server_binary, write_spec
 
 FLAVORS = ["valkey", "redis"]
 
@@ -480,3 +480,28 @@ def test_listening_inodes_find_the_socket_that_holds_a_port() -> None:
         port = listener.getsockname()[1]
         assert holds_port(os.getpid(), "127.0.0.1", port)
         assert not holds_port(os.getppid(), "127.0.0.1", port)
+
+
+def test_sock_diag_names_the_listening_socket_of_a_port_as_the_proc_table_does() -> None:
+    from opsctl.providers import sockdiag
+    from opsctl.providers.local import listening_inodes
+
+    done = sockdiag.HEADER.pack(sockdiag.HEADER.size, sockdiag.NLMSG_DONE, 0, 1, 0)
+    assert sockdiag.parse_replies(done) == ([], True)
+    with pytest.raises(ValueError):
+        sockdiag.parse_replies(sockdiag.HEADER.pack(sockdiag.HEADER.size, sockdiag.NLMSG_ERROR, 0, 1, 0))
+    with pytest.raises(ValueError):
+        sockdiag.parse_replies(sockdiag.HEADER.pack(64, sockdiag.SOCK_DIAG_BY_FAMILY, 0, 1, 0))  # cut short
+    address = loopback_hosts(1)[0]
+    with socket.socket() as listener, socket.socket() as other:
+        listener.bind((address, 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        other.bind((address, 0))
+        other.listen()  # another port on the same address is not it
+        found = sockdiag.listening_inodes(address, port)
+        if found is None:
+            pytest.skip("sock_diag netlink is not available here")
+        assert found == listening_inodes(Path("/proc/net/tcp").read_text(), address, port)
+        assert len(found) == 1 and found == {str(os.fstat(listener.fileno()).st_ino)}
+        assert sockdiag.listening_inodes(address, other.getsockname()[1]) != found

@@ -6,7 +6,7 @@ form_cluster pipelines each node's setup into one round trip, MEETs, then polls 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
@@ -128,23 +128,28 @@ def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
     return True
 
 
-def announce(observer: Observer, servers: Sequence[Node]) -> None:
-    """Every node MEETs every other one again. Harmless for known nodes (the extra handshake is dropped), but
-    the receiver reads the sender's header at once: its slots and role, instead of at the next scheduled ping
-    up to cluster-node-timeout/2 later."""
+def announce(observer: Observer, servers: Sequence[Node], first: Mapping[str, Sequence[Command]] | None = None) -> None:
+    """Every node MEETs every other one again, after its own `first` commands, in one round trip per node, all
+    nodes at once. Harmless for known nodes (the extra handshake is dropped), but the receiver reads the sender's
+    header at once: its slots and role, instead of at the next scheduled ping up to cluster-node-timeout/2 later."""
     def send(node: Node) -> None:
-        _checked(observer.admins[node.name], meet_commands([n for n in servers if n != node]), "CLUSTER MEET")
+        commands = [*(first or {}).get(node.name, ()), *meet_commands([n for n in servers if n != node])]
+        _checked(observer.admins[node.name], commands, "CLUSTER MEET")
 
     _parallel(observer.pool, send, servers)
 
 
+def replicate_commands(layout: Layout, ids: Mapping[str, str]) -> dict[str, list[Command]]:
+    """CLUSTER REPLICATE for every replica, by replica. Pure."""
+    return {replica: [("CLUSTER", "REPLICATE", ids[shard.master])]
+            for shard in layout.shards for replica in shard.replicas}
+
+
 def _attach_replicas(observer: Observer, layout: Layout, ids: dict[str, str], timeout: float) -> None:
-    """CLUSTER REPLICATE every replica. The rendered repl-diskless-sync-max-replicas starts each master's
-    sync as soon as its shard's replicas are connected, so no sync delay needs changing here."""
-    for shard in layout.shards:
-        for replica in shard.replicas:
-            replicate(observer.admins[replica], ids[shard.master])
-    announce(observer, list(layout.servers))
+    """CLUSTER REPLICATE every replica and announce it in the same round trip. The rendered
+    repl-diskless-sync-max-replicas starts each master's sync as soon as its shard's replicas are connected, so
+    no sync delay needs changing here."""
+    announce(observer, list(layout.servers), replicate_commands(layout, ids))
     wait_converged(observer, timeout)
 
 

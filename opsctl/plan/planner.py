@@ -57,7 +57,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
-    if topology != "standalone" and steps:
+    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)

@@ -84,7 +84,8 @@ class SetPasswords(Step):
 
 @dataclass(frozen=True)
 class FormCluster(Step):
-    """Create a cluster from empty nodes: epochs, slots to the masters, meet, replicate. node = first master."""
+    """Create a cluster from empty nodes: epochs, slots to the masters, meet, replicate, then wait until every node
+    agrees (so no wait-converged step follows it). node = first master."""
 
     kind: ClassVar[str] = "form-cluster"
     members: tuple[str, ...] = ()

@@ -33,6 +33,7 @@ from opsctl.binaries import ServerBinary, server_environment
 from opsctl.connector import port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.nodefiles import default_paths
+from opsctl.providers import sockdiag
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, ensure, lookup
 from opsctl.render import NodePaths
@@ -133,11 +134,14 @@ def read_proc(pid: int) -> ProcFacts | None:
 
 
 def holds_port(pid: int, address: str, port: int) -> bool:
-    """Whether pid listens on address:port itself (a port that answers may be another process's). True when
-    /proc cannot tell (no /proc/net, or another user's fds): the port check alone decides then."""
+    """Whether pid listens on address:port itself (a port that answers may be another process's). The listening
+    sockets come from sock_diag, else /proc/net. True when neither can tell (or another user's fds): the port
+    check alone decides then."""
     table = "tcp6" if ":" in address else "tcp"
     try:
-        inodes = listening_inodes(Path(f"/proc/net/{table}").read_text(), address, port)
+        inodes = sockdiag.listening_inodes(address, port)
+        if inodes is None:
+            inodes = listening_inodes(Path(f"/proc/net/{table}").read_text(), address, port)
         links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
     except (OSError, ValueError):
         return True
