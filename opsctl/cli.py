@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from opsctl import __version__
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
@@ -74,8 +75,29 @@ def _add_file(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal's width asked once per run: argparse makes a formatter for every
+    option it adds (to check its metavar), and each asked the terminal again."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _help_width() if width is None else width)
+
+
+@functools.cache
+def _help_width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size().columns - 2  # what argparse itself uses
+
+
 class Parser(argparse.ArgumentParser):
-    """Usage errors exit 1 like every other bad input (argparse's 2 means "plan has changes" here)."""
+    """Usage errors exit 1 like every other bad input (argparse's 2 means "plan has changes" here). Subcommand
+    parsers are made of this class too, so they share the formatter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -5,7 +5,7 @@ Library code raises these; only the CLI prints them and maps them to exit codes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -52,9 +52,9 @@ class OpsctlError(Exception):
         return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class SpecProblem:
-    """One problem in a spec file: where (file:line, field path), what, and how to fix it."""
+class SpecProblem(NamedTuple):
+    """One problem in a spec file: where (file:line, field path), what, and how to fix it. A NamedTuple, not a
+    dataclass: every command imports this module, and dataclasses costs `opsctl --help` its import."""
 
     file: str
     line: int | None

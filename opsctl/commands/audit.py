@@ -11,7 +11,6 @@ from typing import TextIO
 
 from opsctl.argtypes import RATE, ranged
 from opsctl.errors import EXIT_FINDINGS, EXIT_OK
-from opsctl.report import plural
 from opsctl.tty import TtyLine, gauge, human_seconds
 
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
@@ -20,6 +19,8 @@ CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memo
 
 def scan_line(done: int, total: int, nodes: int, elapsed: float) -> str:
     """`[#####.....] 52000/100000 keys, 3 nodes  26000 keys/s  ETA 2s`; total is DBSIZE, an estimate. Pure."""
+    from opsctl.report import plural
+
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = (total - done) / rate if rate > 0 and done < total else (0.0 if done >= total else None)
     return (f"{gauge(done, total, 20)} {done}/{total} keys, {plural(nodes, 'node')}  {rate:.0f} keys/s  "

@@ -6,13 +6,14 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import ranged
 from opsctl.errors import EXIT_OK, OpsctlError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from opsctl.events import Printer
 
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
@@ -49,6 +50,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.action is not None or not args.file or not args.to:
         raise OpsctlError("usage: opsctl backup -f SPEC --to DIR | opsctl backup verify DIR",
                           hint="opsctl backup --help shows every option")
+    from pathlib import Path
+
     from opsctl.backup.manifest import describe
     from opsctl.backup.save import BackupOptions, run_backup
     from opsctl.runtime import open_connector, state_dir_for
@@ -71,6 +74,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from opsctl.backup.manifest import describe
     from opsctl.backup.verify import verify_backup
     from opsctl.events import VerifyDone

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
@@ -39,6 +42,8 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
 
 
 def _inventory(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts, args.state_dir):
         print(line)
     return EXIT_OK

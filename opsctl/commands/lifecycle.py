@@ -7,7 +7,6 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
@@ -49,6 +48,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with _runtime(args) as rt:
         plan, _ = compute_plan(rt)
     if args.out:
+        from pathlib import Path
+
         write_private(Path(args.out), json.dumps(plan.to_dict(), indent=2) + "\n")
     print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
     return EXIT_OK if plan.empty else EXIT_CHANGES

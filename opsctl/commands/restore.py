@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from contextlib import ExitStack
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.argtypes import ranged
@@ -52,6 +51,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
             stack.enter_context(topology_lock(connector))
         target = inspect_target(connector)
         if args.from_dir:
+            from pathlib import Path
+
             prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
         else:
             source = read_spec(args.from_live)
