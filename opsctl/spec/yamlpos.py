@@ -49,11 +49,9 @@ def load_positioned(text: str, file: str) -> tuple[PositionedDocument | None, li
         return None, [SpecProblem(file, 1, "", f"the spec is {len(text)} characters, more than {MAX_SPEC_CHARS}",
                                   "a topology spec is a few kilobytes: is this the right file?")]
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        alias_problem = _alias_problem(file, root) if root is not None else None
+        root, data, alias_problem = _parse(text, file)
         if alias_problem:
             return None, [alias_problem]
-        data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         return None, [_syntax_problem(file, exc)]
     except yaml.YAMLError as exc:
@@ -66,6 +64,24 @@ def load_positioned(text: str, file: str) -> tuple[PositionedDocument | None, li
     if root is not None:
         _walk(root, (), doc, problems)
     return doc, problems
+
+
+Parsed = tuple[yaml.Node | None, Any, SpecProblem | None]
+
+
+def _parse(text: str, file: str) -> Parsed:
+    """What yaml.safe_load does, in one parse: the node tree (with lines), then the data built from it, or the
+    alias problem that stopped the building. (PyYAML's parser, not libyaml's: libyaml's composer recurses in C
+    and crashes the process on a document nested some 30000 deep; PyYAML's raises RecursionError.)"""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, None, None
+        alias_problem = _alias_problem(file, root)
+        return (root, None, alias_problem) if alias_problem else (root, loader.construct_document(root), None)
+    finally:
+        loader.dispose()
 
 
 MAX_SPEC_CHARS = 1024 * 1024
