@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.connector import ClientTLS
 from opsctl.errors import OpsctlError
@@ -21,8 +22,10 @@ from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import FileRef
-from opsctl.tls.certs import Issued, covers, facts, issue, issuer_of, make_ca
 from opsctl.tls.refs import node_names, node_refs
+
+if TYPE_CHECKING:
+    from opsctl.tls.certs import Issued
 
 RENEW_DAYS = 30  # a generated certificate closer than this to its end is issued again by `apply`
 
@@ -40,7 +43,8 @@ def _read(path: Path, what: str) -> str:
 
 
 class Generated:
-    """The private CA and the certificates opsctl made (tls.generate: true)."""
+    """The private CA and the certificates opsctl made (tls.generate: true). opsctl.tls.certs (cryptography) is
+    imported by the methods that make or read certificates: a spec without TLS never loads it."""
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path) -> None:
         self.loaded = loaded
@@ -64,6 +68,8 @@ class Generated:
         cert, key = self._path(f"{stem}.crt"), self._path(f"{stem}.key")
         if not (cert.is_file() and key.is_file()):
             return None
+        from opsctl.tls.certs import Issued
+
         return Issued(_read(cert, "certificate"), _read(key, "key"))
 
     def _save(self, stem: str, issued: Issued) -> None:
@@ -73,6 +79,8 @@ class Generated:
     def ensure(self) -> None:
         """Make whatever is missing: the CA, its bundle, opsctl's client certificate, each node's certificate
         (again when it no longer names the node's address and host, or ends within RENEW_DAYS)."""
+        from opsctl.tls.certs import issue, make_ca
+
         with self._locked():
             ca = self._issued("ca")
             if ca is None:
@@ -86,6 +94,8 @@ class Generated:
                     self._save(f"nodes/{node.name}", issue(ca, node.name, node_names(node), now()))
 
     def _stale(self, stem: str, names: tuple[str, ...]) -> bool:
+        from opsctl.tls.certs import covers, facts
+
         issued = self._issued(stem)
         if issued is None:
             return True
@@ -94,6 +104,8 @@ class Generated:
 
     def reissue(self) -> None:
         """New certificates for every node and for opsctl, from the signing CA."""
+        from opsctl.tls.certs import issue
+
         with self._locked():
             ca = self._issued("ca")
             if ca is None:
@@ -104,6 +116,8 @@ class Generated:
 
     def add_ca(self) -> None:
         """A new signing CA; the bundle trusts it and every older one, so nothing breaks until reissue()."""
+        from opsctl.tls.certs import make_ca
+
         with self._locked():
             old = _read(self._path("ca-bundle.crt"), "CA bundle")
             ca = make_ca(f"opsctl CA for {self.loaded.spec.name} ({now():%Y-%m-%d %H:%M})", now())
@@ -122,6 +136,8 @@ class Generated:
 
     def issuer(self, node: Node) -> str:
         """The subject of the CA that signed node's certificate ("" when it has none)."""
+        from opsctl.tls.certs import issuer_of
+
         issued = self._issued(f"nodes/{node.name}")
         return issuer_of(issued.cert) if issued else ""
 
