@@ -2,10 +2,12 @@
 
 Prints the total time of `opsctl restart` and each writer's max write gap (ms between two acknowledged writes),
 next to the same writer's largest gap while idle. A sentinel topology runs two writers that discover the
-master through Sentinel the two ways clients do: redis-py's `Sentinel` (SENTINEL MASTERS, which names the
-new master only once the leading sentinel has re-pointed every replica) and GET-MASTER-ADDR-BY-NAME (Jedis,
-Lettuce, go-redis: the promoted replica as soon as a sentinel has confirmed the promotion). With
-`--timeline` it also prints, per failover, when each step became visible (polled every 5 ms): where the gap goes.
+master through Sentinel the two ways clients do: redis-py's `Sentinel` (SENTINEL MASTERS; left alone, the
+leading sentinel names the new master there only once it has re-pointed every replica, ~2 s) and
+GET-MASTER-ADDR-BY-NAME (Jedis, Lettuce, go-redis; left alone, once a sentinel confirmed the promotion through
+its once-a-second INFO). opsctl tells every sentinel right after the promotion (opsctl.failover.announce), so
+both should see it within ms of the replica answering ROLE master: the floor is that promotion, which the
+timeline shows. With `--timeline` it prints, per failover, when each step became visible (polled every 5 ms).
 
     .venv/bin/python bench/rolling.py [--flavor valkey redis] [--topology cluster sentinel] [--timeline]
 """

@@ -2,7 +2,8 @@
 
 cluster:     CLUSTER FAILOVER [FORCE|TAKEOVER] on the replica (answers OK before anything happens).
 sentinel:    pause writes on the master, wait until every replica has the master's offset, SENTINEL FAILOVER,
-             then turn the old master into a replica of the new one right away (see docs/runbooks/failover.md).
+             then turn the old master into a replica of the new one right away, re-point the other replicas and
+             tell every sentinel (opsctl.failover.announce; see docs/runbooks/failover.md).
 replication: FAILOVER TO on the master where the server has it, else pause writes, wait for the offset,
              REPLICAOF NO ONE; then re-point the others and CONFIG REWRITE every changed node.
 """
@@ -19,6 +20,7 @@ import redis
 from opsctl.admin import Admin
 from opsctl.errors import OpsctlError
 from opsctl.failover import fence
+from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.checks import Target
 from opsctl.failover.fencing import spec_values
 from opsctl.observe.collect import Pending, wait_for
@@ -49,6 +51,8 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
         return [f"CLIENT PAUSE WRITE and the write fence on {target.master}; wait until every replica has its offset",
                 f"SENTINEL FAILOVER {sentinel_master_name(loaded.spec)}; poll ROLE until {replica} is master",
                 f"REPLICAOF <new master>, lift the fence, CONFIG REWRITE on {target.master}; CLIENT UNPAUSE",
+                "REPLICAOF <new master> + CONFIG REWRITE on the other replicas; every sentinel gets the leader's "
+                "hello for the new master (its failover epoch)",
                 "post-checks: writes, roles, links, every sentinel reports the new master"]
     endpoint = layout.node(target.replica).endpoint if target.replica else "?"
     if modes[0] == "failover-command":
@@ -124,7 +128,34 @@ def _replicate(admin: Admin, master: Admin | None) -> None:
 
 
 def _sentinel(session: Session, target: Target, timeout: float) -> str:
+    """SENTINEL FAILOVER with opsctl's pause and fence (_sentinel_promote); then re-point the other replicas and
+    tell every sentinel (opsctl.failover.announce) instead of waiting for Sentinel's once-a-second INFO."""
+    loaded = session.loaded
+    name = sentinel_master_name(loaded.spec)
+    watches: list[EpochWatch] = []
+    try:
+        new, leader = _sentinel_promote(session, target, timeout, watches)
+        shard = loaded.layout.shards[target.shard - 1]
+        for other in [n for n in shard.members if n not in (target.master, new)]:
+            with contextlib.suppress(redis.RedisError, OSError):  # else Sentinel re-points it, as it would anyway
+                _replicate(session.admin(other), session.admin(new))
+        checkpoint("repointed")
+        if watches:
+            node = session.admin(new)
+            sentinels = [session.admin(s.name) for s in loaded.layout.sentinels]
+            with contextlib.suppress(redis.RedisError, OSError):  # else the sentinels learn it at their own pace
+                announce(session.admin(leader), sentinels, watches[0], name, (node.address, node.port),
+                         session.observer.pool)
+        return new
+    finally:
+        for watch in watches:
+            watch.close()
+
+
+def _sentinel_promote(session: Session, target: Target, timeout: float,
+                      watches: list[EpochWatch]) -> tuple[str, str]:
     """Pause, fence, wait for the replicas, SENTINEL FAILOVER, demote the old master, lift its fence, unpause.
+    Returns the promoted replica and the sentinel that leads the failover (its epoch watch added to `watches`).
 
     Once SENTINEL FAILOVER is sent the fence stays until the old master is a replica, whatever happens to
     opsctl: a re-run (opsctl.failover.fence.finish) or Sentinel's own conversion completes it."""
@@ -140,7 +171,8 @@ def _sentinel(session: Session, target: Target, timeout: float) -> str:
         checkpoint("fenced")
         wait_for(lambda: _caught_up(session, target.master, replicas), timeout, "replicas to catch up", POLL)
         try:
-            asked = _ask_sentinels(session, sentinel_master_name(loaded.spec))
+            leader = _ask_sentinels(session, sentinel_master_name(loaded.spec), watches)
+            asked = True
         except SentinelRefused as exc:
             asked = exc.maybe_started
             raise
@@ -153,19 +185,26 @@ def _sentinel(session: Session, target: Target, timeout: float) -> str:
         if not asked:
             _lift(old, values)
         _unpause(old)
-    return new
+    return new, leader
 
 
-def _ask_sentinels(session: Session, name: str) -> bool:
-    """SENTINEL FAILOVER on the first sentinel that accepts it. When none does, raise; the exception's
-    `maybe_started` says whether a lost reply (not a refusal) leaves a failover possibly in flight."""
+def _ask_sentinels(session: Session, name: str, watches: list[EpochWatch]) -> str:
+    """SENTINEL FAILOVER on the first sentinel that accepts it; its +new-epoch events are added to `watches`
+    when they could be watched. When none accepts, raise; the exception's `maybe_started` says whether a lost
+    reply (not a refusal) leaves a failover possibly in flight."""
     errors = []
     lost = False
     for node in session.loaded.layout.sentinels:
+        admin = session.admin(node.name)
+        with contextlib.suppress(redis.RedisError, OSError):
+            watches[:] = [EpochWatch(admin)]
         try:
-            session.admin(node.name).call("SENTINEL", "FAILOVER", name)
-            return True
+            admin.call("SENTINEL", "FAILOVER", name)
+            return node.name
         except (redis.RedisError, OSError) as exc:
+            for watch in watches:
+                watch.close()
+            watches.clear()
             lost = lost or not isinstance(exc, redis.ResponseError)
             errors.append(f"{node.name}: {exc}")
     raise SentinelRefused("no sentinel accepted SENTINEL FAILOVER", "\n".join(errors),
