@@ -140,6 +140,11 @@ def _timeline(probe: Timeline, writer: Writer) -> list[str]:
     probe.events.clear()
     lines = [f"    largest gap {1000 * (end - start):.0f} ms; what became visible meanwhile (ms after its start):"]
     lines += [f"    {1000 * (t - start):>7.0f}  {e}" for t, e in events]
+    promoted = [t for t, e in events if e.endswith("ROLE -> master")]
+    named = [t for t, e in events if " MASTERS -> " in e or " GET-MASTER-ADDR -> " in e]
+    if promoted and named:
+        lines.append(f"    floor: the replica answered ROLE master at {1000 * (promoted[0] - start):.0f} ms (Sentinel's"
+                     f" own failover steps); the last sentinel view switched at {1000 * (max(named) - start):.0f} ms")
     return lines
 
 
