@@ -63,6 +63,34 @@ def _stopped(tmp_path: Path, loaded: LoadedSpec, *nodes: str) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def _promoted_by_sentinel(loaded: LoadedSpec, session: Session) -> tuple[EpochWatch, str]:
+    """SENTINEL FAILOVER on the first sentinel (its +new-epoch watched), then what opsctl does once a replica
+    answers ROLE master: the old master and the other replica follow it. Returns the watch and the replica."""
+    shard = loaded.layout.shards[0]
+    watch = EpochWatch(session.admin(loaded.layout.sentinels[0].name))
+    session.admin(loaded.layout.sentinels[0].name).call("SENTINEL", "FAILOVER", sentinel_master_name(loaded.spec))
+
+    def role(name: str) -> str | None:
+        try:
+            return str(_client(loaded, name).execute_command("ROLE")[0])
+        except redis.RedisError:  # Sentinel's REPLICAOF NO ONE closes client connections
+            return None
+
+    new: str = wait_for(lambda: next((r for r in shard.replicas if role(r) == "master"), None), 10,
+                        "Sentinel to promote a replica", 0.002)
+    node = loaded.layout.node(new)
+    for other in (shard.master, *(r for r in shard.replicas if r != new)):
+        session.admin(other).call("REPLICAOF", node.address, str(node.port))  # under its renamed name
+    return watch, new
+
+
+def _announce(loaded: LoadedSpec, session: Session, watch: EpochWatch, new: str) -> list[str]:
+    node = loaded.layout.node(new)
+    return announce(session.admin(loaded.layout.sentinels[0].name),
+                    [session.admin(s.name) for s in loaded.layout.sentinels], watch,
+                    sentinel_master_name(loaded.spec), (node.address, node.port), session.observer.pool)
+
+
 @pytest.mark.integration
 def test_every_sentinel_that_answers_names_the_promoted_replica_before_sentinel_could_confirm_it(
         tmp_path, capsys) -> None:
@@ -71,31 +99,60 @@ def test_every_sentinel_that_answers_names_the_promoted_replica_before_sentinel_
     announcement at once; the stopped one learns the same configuration from their hellos once it runs again.
     No sentinel is added or moved."""
     with deployed(tmp_path, capsys, "sentinel", "valkey", sentinel={"down_after_ms": 10000}) as (spec, loaded):
-        shard = loaded.layout.shards[0]
         sentinels = [n.name for n in loaded.layout.sentinels]
         session = Session(Connector(loaded))
         try:
-            leader = session.admin(sentinels[0])
-            watch = EpochWatch(leader)
-            leader.call("SENTINEL", "FAILOVER", sentinel_master_name(loaded.spec))
-            new = wait_for(lambda: next((r for r in shard.replicas
-                                         if _client(loaded, r).execute_command("ROLE")[0] == "master"), None),
-                           10, "Sentinel to promote a replica", 0.002)
-            node = loaded.layout.node(new)
-            for other in (shard.master, *(r for r in shard.replicas if r != new)):
-                session.admin(other).call("REPLICAOF", node.address, str(node.port))  # under its renamed name
+            watch, new = _promoted_by_sentinel(loaded, session)
             with _stopped(tmp_path, loaded, new, sentinels[2]):
-                told = announce(leader, [session.admin(s) for s in sentinels], watch, sentinel_master_name(
-                    loaded.spec), (node.address, node.port), session.observer.pool)
+                told = _announce(loaded, session, watch, new)
                 views = _views(loaded, sentinels[:2])
             watch.close()
         finally:
             session.close()
+        endpoint = loaded.layout.node(new).endpoint
         assert told == sentinels[:2]
-        assert set(views.values()) == {(node.endpoint, watch.epochs[0], 2)}, views
+        assert set(views.values()) == {(endpoint, watch.epochs[0], 2)}, views
         wait_for(lambda: len(set(_views(loaded, sentinels).values())) == 1 or None, 15, "the sentinels to agree")
-        assert set(_views(loaded, sentinels).values()) == {(node.endpoint, watch.epochs[0], 2)}
+        assert set(_views(loaded, sentinels).values()) == {(endpoint, watch.epochs[0], 2)}
         _wait_healthy(capsys, spec)
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+@pytest.mark.integration
+def test_a_promoted_replica_that_dies_right_after_the_announcement_is_failed_over_by_sentinel(
+        tmp_path, capsys) -> None:
+    """SIGKILL of the new master between its promotion and the announcement: the sentinels name a dead master
+    with the failover's epoch, find it down and fail it over themselves (a newer epoch) to a server that
+    has every write; apply starts the killed node as a replica."""
+    with deployed(tmp_path, capsys, "sentinel", "valkey") as (spec, loaded):
+        sentinels = [n.name for n in loaded.layout.sentinels]
+        old = _client(loaded, loaded.layout.shards[0].master)
+        for i in range(100):
+            old.set(f"k:{i}", i)
+        assert old.execute_command("WAIT", 2, 5000) == 2  # as opsctl's pause waits for every replica's offset
+        session = Session(Connector(loaded))
+        try:
+            watch, new = _promoted_by_sentinel(loaded, session)
+            os.kill(int((tmp_path / ".opsctl" / loaded.spec.name / new / "server.pid").read_text()), signal.SIGKILL)
+            assert _announce(loaded, session, watch, new) == sentinels
+            watch.close()
+        finally:
+            session.close()
+        epoch = watch.epochs[0]
+
+        def failed_over() -> bool | None:
+            views = set(_views(loaded, sentinels).values())
+            return True if len(views) == 1 and next(iter(views))[1] > epoch else None
+
+        wait_for(failed_over, 30, "the sentinels to fail the dead master over")
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert "sentinel ok" in _wait_healthy(capsys, spec)
+        masters = [n.name for n in loaded.layout.servers if _client(loaded, n.name).execute_command("ROLE")[0]
+                   == "master"]
+        assert len(masters) == 1 and masters != [new], masters
+        assert _client(loaded, masters[0]).mget([f"k:{i}" for i in range(100)]) == [str(i) for i in range(100)]
+        assert {v[0] for v in _views(loaded, sentinels).values()} == {loaded.layout.node(masters[0]).endpoint}
         assert plan_json(capsys, spec)["steps"] == []
 
 
