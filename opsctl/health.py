@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from opsctl.connerr import auth_failed, is_auth_failure, not_answering
 from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.planner import current_master
+from opsctl.plan.planner import current_master, sentinel_agreed_master
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 
@@ -64,6 +64,16 @@ def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name
         masters.add((address, int(port)))
     if len(masters) > 1:
         return f"sentinels disagree about the master: {sorted(masters)}"
+    return _sentinels_behind(layout, facts)
+
+
+def _sentinels_behind(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:
+    """The sentinels agree on a node that no longer answers as master, while another one does (they have not
+    confirmed a promotion yet): clients that ask them still reach the old master."""
+    agreed = sentinel_agreed_master(layout, facts)
+    running = [n.name for n in layout.servers if (r := facts[n.name].role) and r.kind == "master"]
+    if agreed is not None and len(running) == 1 and running != [agreed]:
+        return f"the sentinels name {agreed} as master, but {running[0]} is the master (not confirmed yet)"
     return None
 
 

@@ -21,11 +21,15 @@ from opsctl.connector import Connector
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.announce import EpochWatch, Identity, announce, hello_message
 from opsctl.failover.runbook import Session
+from opsctl.health import sentinel_problem
 from opsctl.observe.collect import wait_for
+from opsctl.observe.parse import RoleInfo
+from opsctl.plan.facts import NodeFacts
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import PASSWORD, make_spec, write_spec
 from tests.writer import Writer
 
 
@@ -33,6 +37,30 @@ def test_the_hello_names_the_sender_the_master_and_the_epoch_twice() -> None:
     sender = Identity("127.0.0.2", 26379, "a" * 40)
     assert hello_message(sender, 7, "shop", "127.0.0.3", 6380) == \
         f"127.0.0.2,26379,{'a' * 40},7,shop,127.0.0.3,6380,7"
+
+
+def _sentinel_facts(loaded: LoadedSpec, named: str, master: str) -> dict[str, NodeFacts]:
+    """Every sentinel names `named`; `master` answers ROLE master, the other servers replicate it."""
+    layout = loaded.layout
+    lead = layout.node(master)
+    facts = {n.name: NodeFacts(n.name, True, reachable=True, role=RoleInfo("master") if n.name == master else
+                               RoleInfo("replica", master=(lead.address, lead.port), link="connected"))
+             for n in layout.servers}
+    seen = layout.node(named)
+    line = (f"name={sentinel_master_name(loaded.spec)},status=ok,address={seen.address}:{seen.port},"
+            f"slaves={len(layout.shards[0].replicas)},sentinels={len(layout.sentinels)}")
+    facts |= {n.name: NodeFacts(n.name, True, reachable=True, info={"master0": line}) for n in layout.sentinels}
+    return facts
+
+
+def test_sentinels_that_still_name_the_old_master_are_not_healthy(tmp_path) -> None:
+    loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
+    old, new = loaded.layout.shards[0].master, loaded.layout.shards[0].replicas[0]
+    name = sentinel_master_name(loaded.spec)
+    assert sentinel_problem(loaded.layout, _sentinel_facts(loaded, old, old), name) is None
+    assert sentinel_problem(loaded.layout, _sentinel_facts(loaded, new, new), name) is None
+    assert sentinel_problem(loaded.layout, _sentinel_facts(loaded, old, new), name) == \
+        f"the sentinels name {old} as master, but {new} is the master (not confirmed yet)"
 
 
 def _client(loaded: LoadedSpec, name: str) -> redis.Redis:
