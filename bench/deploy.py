@@ -1,9 +1,15 @@
-"""bench/deploy: one deploy.yml run for three hosts of the netns lab (tests/netns.py; needs root), with the
-time of each task, against ansible's stock per-file copy of the same node files in the same run.
+"""bench/deploy: one deploy.yml run for three hosts of the netns lab (tests/netns.py; needs root), phase by
+phase, against ansible's stock per-file copy of the same node files in the same run.
 
 Rounds: a fresh deploy (nothing on the hosts: users, directories, binary, files, start), then a second
 deploy that changes nothing, then `stock`: the same node files pushed by one ansible.builtin.copy task per
 file (what deploy.yml did before files were bundled), timed alone. Goal: a fresh deploy <= 10 s.
+
+Each round prints its wall time, the CPU time it took on this machine (ansible-runner, ansible-playbook, its
+workers and ssh clients) and on the hosts (every process in their network namespaces: sshd sessions, the
+installer, the servers it starts), and the machine's load: on a shared machine the wall time follows the load,
+the CPU time much less. Phases: `start` is ansible-runner and ansible-playbook starting (imports, inventory,
+playbook) until the play begins, then each task until the next one starts, then `end` (stats, exit).
 
     .venv/bin/python bench/deploy.py [--lab ID] [--masters 3] [--replicas 1]
 """
@@ -31,6 +37,16 @@ from opsctl.safefs import write_private  # noqa: E402
 from opsctl.specfile import read_spec  # noqa: E402
 from tests import netns  # noqa: E402
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_binary, write_spec  # noqa: E402
+
+FLOOR = """---
+- name: One SSH command per host, nothing else
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Run true
+      ansible.builtin.raw: "true"
+      changed_when: false
+"""
 
 STOCK_COPY = """---
 - name: Stock per-file copy of the node files
@@ -62,29 +78,69 @@ def lab(existing: str | None) -> Iterator[netns.Lab]:
 
 
 class TaskClock:
-    """Seconds per task name from ansible-runner's events (task start to the next task's start)."""
+    """Seconds per phase from ansible-runner's events: `start` until the play begins, each task until the next
+    one starts, `end` from the stats to the run's return."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.marks: list[tuple[float, str]] = []
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "playbook_on_task_start":
+        kind = event.get("event")
+        if kind == "playbook_on_play_start":
+            self.marks.append((time.monotonic(), "(play)"))
+        elif kind == "playbook_on_task_start":
             self.marks.append((time.monotonic(), str(event.get("event_data", {}).get("task", "?"))))
+        elif kind == "playbook_on_stats":
+            self.marks.append((time.monotonic(), "end"))
 
     def table(self, ended: float) -> list[tuple[str, float]]:
-        spans = [*self.marks, (ended, "")]
-        return [(name, spans[i + 1][0] - at) for i, (at, name) in enumerate(self.marks)]
+        spans = [(self.started, "start"), *self.marks, (ended, "")]
+        return [(name, spans[i + 1][0] - at) for i, (at, name) in enumerate(spans[:-1])]
 
 
-def timed_deploy(provider: AnsibleProvider) -> tuple[float, list[tuple[str, float]], list[str]]:
-    """Seconds, seconds per task, and the tasks that changed something."""
+def host_cpu(the_lab: netns.Lab) -> float:
+    """CPU seconds of every process in the lab's namespaces, with what they reaped (finished sessions)."""
+    ticks = 0
+    for host in the_lab.hosts:
+        for pid in netns._netns_pids(host.netns):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def local_cpu() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def timed_deploy(provider: AnsibleProvider, the_lab: netns.Lab) -> dict[str, Any]:
+    """Seconds, CPU seconds here and on the hosts, seconds per phase, and the tasks that changed something."""
     clock = TaskClock()
     provider.on_event = clock
-    started = time.monotonic()
+    here, there = local_cpu(), host_cpu(the_lab)
     result = provider.deploy(start=True)
     ended = time.monotonic()
-    return ended - started, clock.table(ended), list(result.changed_tasks)
+    here = local_cpu() - here
+    time.sleep(1.0)  # sessions that just ended are reaped by sshd: then their CPU shows in its counters
+    return {"seconds": ended - clock.started, "cpu_here": here, "cpu_hosts": host_cpu(the_lab) - there,
+            "phases": clock.table(ended), "changed": list(result.changed_tasks)}
+
+
+def timed_floor(provider: AnsibleProvider) -> float:
+    """The least any deploy.yml run costs: ansible-runner and ansible-playbook starting, one command per host."""
+    playbooks = Path(tempfile.mkdtemp(prefix="opsctl-bench-"))
+    (playbooks / "floor.yml").write_text(FLOOR)
+    inventory = build_inventory(provider.loaded, str(playbooks), provider.known_hosts)
+    started = time.monotonic()
+    try:
+        run_playbook(str(playbooks / "floor.yml"), provider.data_dir / "floor", inventory)
+        return time.monotonic() - started
+    finally:
+        shutil.rmtree(playbooks, ignore_errors=True)
 
 
 def timed_stock_copy(provider: AnsibleProvider) -> float:
@@ -127,14 +183,23 @@ def main() -> int:
         loaded = read_spec(write_spec(Path(tmp), spec))
         provider = AnsibleProvider(loaded, Path(tmp) / "state", known_hosts=the_lab.known_hosts)
         try:
-            print(f"load {os.getloadavg()[0]:.2f} (1 min); {len(loaded.layout.nodes)} nodes on 3 hosts")
+            print(f"{len(loaded.layout.nodes)} nodes on 3 hosts; {os.cpu_count()} cpus here")
             for label in ("fresh", "again"):
-                total, tasks, changed = timed_deploy(provider)
-                print(f"deploy.yml {label}: {total:.2f} s  (goal for fresh: <= 10 s); changed: {changed}")
-                for name, seconds in sorted(tasks, key=lambda t: -t[1])[:8]:
+                load = os.getloadavg()[0]
+                run = timed_deploy(provider, the_lab)
+                print(f"deploy.yml {label}: {run['seconds']:.2f} s (goal for fresh: <= 10 s); "
+                      f"CPU {run['cpu_here']:.2f} s here + {run['cpu_hosts']:.2f} s on the hosts; "
+                      f"load {load:.2f} before, {os.getloadavg()[0]:.2f} after; "
+                      f"changed: {len(run['changed'])} {run['changed']}")
+                for name, seconds in run["phases"]:
                     print(f"    {seconds:6.2f} s  {name}")
+            load = os.getloadavg()[0]
+            floor = timed_floor(provider)
+            print(f"floor: ansible-runner running one `raw: true` per host: {floor:.2f} s (load {load:.2f})")
+            load = os.getloadavg()[0]
             stock = timed_stock_copy(provider)
-            print(f"stock ansible.builtin.copy, one task per file, the node files only: {stock:.2f} s")
+            print(f"stock ansible.builtin.copy, one task per file, the node files only: {stock:.2f} s "
+                  f"(load {load:.2f})")
             provider.playbook("destroy.yml", {"opsctl_purge": True})
         finally:
             provider.close()

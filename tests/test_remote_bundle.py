@@ -1,6 +1,6 @@
-"""deploy.yml's archives (opsctl/remote/bundle.py): members, owners, modes, written-once files, byte-stable
-output, and GNU tar's own compare finding nothing to change after an extract (what makes a second deploy a
-no-op)."""
+"""deploy.yml's installers (opsctl/remote/bundle.py, playbooks/files/opsctl-install.sh): members, owners, modes,
+written-once files, byte-stable output, and the installer run by a real sh against a scratch root: a second run
+changes nothing, a changed file is put back, sentinel.conf is written only when missing, `only` narrows it."""
 
 from __future__ import annotations
 
@@ -13,18 +13,25 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import OpsctlError
-from opsctl.remote.bundle import archive, host_archives, host_members, node_members, settings_text
+from opsctl.remote.bundle import archive, host_installers, host_members, installer, node_members, settings_text
 from opsctl.remote.inventory import remote_root
 from opsctl.remote.staging import stage
+from opsctl.resources import data_dir
+from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from tests.support import make_spec, write_spec
 
+EXISTING_USER = "daemon"  # user and group on Debian: the installer creates neither
 
-def loaded_spec(tmp_path: Path, topology: str = "sentinel", binary: str | None = None):
+
+def loaded_spec(tmp_path: Path, topology: str = "sentinel", binary: str | None = None,
+                user: str | None = None) -> LoadedSpec:
     spec = make_spec(topology)
     spec["provider"] = "ansible"
     if binary:
         spec["server"]["binary"] = binary
+    if user:
+        spec["server"]["user"] = user
     tmp_path.mkdir(parents=True, exist_ok=True)
     return read_spec(write_spec(tmp_path, spec))
 
@@ -32,6 +39,16 @@ def loaded_spec(tmp_path: Path, topology: str = "sentinel", binary: str | None =
 def members_of(data: bytes) -> dict[str, tarfile.TarInfo]:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return {m.name: m for m in tar.getmembers()}
+
+
+def parts_of(script: bytes) -> dict[str, bytes]:
+    """The archives an installer carries, by name, read back through its own table."""
+    text = script.decode("latin-1")
+    table = text.split("PARTS='", 1)[1].split("'", 1)[0]
+    size = int(text.split("PAYLOAD_BYTES=", 1)[1].split("\n", 1)[0])
+    payload = script[len(script) - size:]
+    rows = [line.split() for line in table.splitlines()]
+    return {name: payload[int(offset):int(offset) + int(length)] for name, offset, length in rows}
 
 
 def test_node_archive_holds_folder_settings_and_files_but_not_sentinel_conf(tmp_path: Path) -> None:
@@ -67,40 +84,80 @@ def test_host_archive_ships_a_given_binary_and_the_script(tmp_path: Path) -> Non
         tmp_path / "b").spec, b"#!/bin/sh\n", None)))
 
 
-def test_archives_are_byte_stable_and_refuse_odd_file_names(tmp_path: Path) -> None:
-    loaded = loaded_spec(tmp_path, "cluster")
-    files = {n.name: {"redis.conf": f"port {n.port}\n"} for n in loaded.layout.nodes}
-    first = host_archives(loaded.spec, loaded.layout.nodes, files, b"script", None)
-    assert first == host_archives(loaded.spec, loaded.layout.nodes, files, b"script", None)
-    hosts = {n.host for n in loaded.layout.nodes}
-    assert set(first) == {f"host-{h}.tar" for h in hosts} | {f"base-{h}.tar" for h in hosts} | {
-        f"node-{n.name}.tar" for n in loaded.layout.nodes}
-    host = loaded.layout.servers[0].host
-    on_host = {n.name for n in loaded.layout.nodes if n.host == host}
-    names = set(members_of(first[f"host-{host}.tar"]))
-    assert {name for name in names if name.endswith(".env")} == {
-        f"{remote_root(loaded.spec).lstrip('/')}/nodes/{n}.env" for n in on_host}
+def test_installers_are_byte_stable_one_per_host_and_refuse_odd_file_names(tmp_path: Path) -> None:
+    loaded = loaded_spec(tmp_path, "sentinel")
+    body = (data_dir("playbooks") / "files" / "opsctl-install.sh").read_text()
+    files = {n.name: {("sentinel.conf" if n.is_sentinel else "redis.conf"): f"port {n.port}\n"}
+             for n in loaded.layout.nodes}
+    first = host_installers(loaded.spec, loaded.layout.nodes, files, body, b"script", None)
+    assert first == host_installers(loaded.spec, loaded.layout.nodes, files, body, b"script", None)
+    hosts = sorted({n.host for n in loaded.layout.nodes})
+    assert sorted(first) == [f"install-{h}.sh" for h in hosts]
+    host = hosts[0]
+    on_host = [n for n in loaded.layout.nodes if n.host == host]
+    parts = parts_of(first[f"install-{host}.sh"])
+    assert list(parts) == ["base", *(f"{kind}-{n.name}" for n in on_host
+                                     for kind in (("node", "once") if n.is_sentinel else ("node",)))]
+    sentinel = next(n for n in on_host if n.is_sentinel)
+    once = members_of(parts[f"once-{sentinel.name}"])
+    assert [m.name.rsplit("/", 1)[1] for m in once.values()] == ["sentinel.conf"]
+    assert all((m.mode, m.uname) == (0o600, loaded.spec.server.service_user) for m in once.values())
     with pytest.raises(OpsctlError, match="refusing file name"):
         node_members(loaded.spec, loaded.layout.servers[0], {"../x": "boom"})
+    with pytest.raises(ValueError, match="exit 0"):
+        installer(body.replace("exit 0\n", ""), "valkey", [])
 
 
-@pytest.mark.skipif(not shutil.which("tar"), reason="GNU tar is needed")
-def test_gnu_tar_finds_nothing_to_change_after_an_extract(tmp_path: Path) -> None:
-    """What unarchive runs: extract, then `tar --diff` on the next deploy. A server writing into its folder
-    (new files, the folder's mtime) is no difference; a changed file is."""
-    loaded = loaded_spec(tmp_path / "spec", "cluster")
-    node = loaded.layout.servers[0]
-    stage(loaded, tmp_path / "files", {node.name: {"redis.conf": "port 1\n"}})
-    bundle, dest = tmp_path / "files" / f"node-{node.name}.tar", tmp_path / "dest"
+def run_installer(script: Path, root: Path, *args: str) -> list[str]:
+    """The installer as deploy.yml runs it (sh, as root), into root instead of /: its `changed:` lines."""
+    result = subprocess.run([str(script), *args], capture_output=True, text=True, check=False,
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OPSCTL_INSTALL_ROOT": str(root)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1] in ("init: systemd", "init: other")
+    return [line.removeprefix("changed: ") for line in result.stdout.splitlines() if line.startswith("changed: ")]
+
+
+@pytest.mark.skipif(not shutil.which("tar") or not shutil.which("getent"), reason="GNU tar and getent are needed")
+def test_installer_writes_once_then_changes_nothing_and_puts_back_what_differs(tmp_path: Path) -> None:
+    """A server writing into its folder (new files, the folder's mtime) is no difference; a changed file is, and
+    Sentinel's rewrite of sentinel.conf never is. `only` installs the named nodes of this host alone."""
+    loaded = loaded_spec(tmp_path / "spec", "sentinel", user=EXISTING_USER)
+    host = loaded.layout.sentinels[0].host
+    server = next(n for n in loaded.layout.servers if n.host == host)
+    sentinel = next(n for n in loaded.layout.sentinels if n.host == host)
+    files = {server.name: {"redis.conf": "port 1\n"}, sentinel.name: {"sentinel.conf": "port 2\n"}}
+    stage(loaded, tmp_path / "files", files)
+    script = tmp_path / "files" / f"install-{host}.sh"
+    assert oct(script.stat().st_mode & 0o777) == "0o600"
+    script.chmod(0o700)  # what ansible.builtin.script does on the host
+    dest = tmp_path / "dest"
     dest.mkdir()
-    subprocess.run(["tar", "--extract", "-C", str(dest), "-f", str(bundle)], check=True)
-    folder = dest / remote_root(loaded.spec).lstrip("/") / node.name
-    (folder / "dump.rdb").write_bytes(b"data")
-    diff = subprocess.run(["tar", "--diff", "-C", str(dest), "-f", str(bundle)], capture_output=True, text=True,
-                          check=False)
-    assert diff.returncode == 0, diff.stdout + diff.stderr
-    (folder / "redis.conf").write_text("port 2\n")
-    diff = subprocess.run(["tar", "--diff", "-C", str(dest), "-f", str(bundle)], capture_output=True, text=True,
-                          check=False)
-    assert "Contents differ" in diff.stdout
-    assert oct(bundle.stat().st_mode & 0o777) == "0o600"
+    assert run_installer(script, dest, "only") == ["base"]
+    assert run_installer(script, dest, "only", server.name, "another-hosts-node") == [f"node-{server.name}"]
+    assert run_installer(script, dest, "all") == [f"node-{sentinel.name}", f"once-{sentinel.name}"]
+    assert run_installer(script, dest, "all") == []
+    root = dest / remote_root(loaded.spec).lstrip("/")
+    (root / server.name / "dump.rdb").write_bytes(b"data")
+    (root / sentinel.name / "sentinel.conf").write_text("port 2\nsentinel myid abc\n")  # what Sentinel learned
+    assert run_installer(script, dest, "all") == []
+    (root / server.name / "redis.conf").write_text("port 9\n")
+    (root / server.name / "redis.conf").chmod(0o644)
+    assert run_installer(script, dest, "all") == [f"node-{server.name}"]
+    conf = root / server.name / "redis.conf"
+    assert conf.read_text() == "port 1\n" and oct(conf.stat().st_mode & 0o777) == "0o600"
+    assert conf.stat().st_uid == 1 and (root / "nodes").stat().st_uid == 0
+    assert (root / sentinel.name / "sentinel.conf").read_text() == "port 2\nsentinel myid abc\n"
+    (root / sentinel.name / "sentinel.conf").unlink()
+    (root / sentinel.name / "sentinel.conf").symlink_to(tmp_path / "nowhere")
+    assert run_installer(script, dest, "all") == [f"once-{sentinel.name}"]
+    assert (root / sentinel.name / "sentinel.conf").read_text() == "port 2\n"
+    assert not (tmp_path / "nowhere").exists()  # the dangling link was replaced, not followed
+
+
+def test_installer_refuses_a_call_without_all_or_only(tmp_path: Path) -> None:
+    loaded = loaded_spec(tmp_path / "spec", "standalone", user=EXISTING_USER)
+    stage(loaded, tmp_path / "files", {loaded.layout.nodes[0].name: {"redis.conf": "port 1\n"}})
+    script = tmp_path / "files" / f"install-{loaded.layout.nodes[0].host}.sh"
+    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=False,
+                            env={"PATH": "/usr/bin:/bin", "OPSCTL_INSTALL_ROOT": str(tmp_path / "nowhere")})
+    assert result.returncode == 2 and "usage" in result.stderr and not (tmp_path / "nowhere").exists()

@@ -56,8 +56,9 @@ def test_inventory_command_writes_files_0600(tmp_path):
     name = yaml.safe_load(path.read_text())["name"]
     text = (tmp_path / "inv" / f"{name}.yml").read_text()
     assert PASSWORD not in text
-    conf = tmp_path / "inv" / f"{name}.files" / f"{name}-1" / "redis.conf"
-    assert conf.stat().st_mode & 0o777 == 0o600 and PASSWORD in conf.read_text()
+    installers = list((tmp_path / "inv" / f"{name}.files").iterdir())
+    assert [p.name for p in installers] == ["install-h1.sh"]  # one per host with nodes, holding their files
+    assert installers[0].stat().st_mode & 0o777 == 0o600 and PASSWORD.encode() in installers[0].read_bytes()
 
 
 def test_summarize_counts_and_failures():

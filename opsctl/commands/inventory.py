@@ -36,7 +36,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
         stage(loaded, files_dir, {node.name: {**render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
                                                             daemonize=True).files,
                                               **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
-        lines.append(f"wrote node files and their archives (mode 0600, they hold the password) under {files_dir}")
+        lines.append(f"wrote one installer per host (mode 0600, they hold the password) under {files_dir}")
     lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
     return lines
 
@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
     p.add_argument("-o", "--output", default="inventories", help="directory to write into (default: inventories)")
     p.add_argument("--with-files", action="store_true",
-                   help="also render the node files the playbooks copy (0600, real secrets) beside the inventory")
+                   help="also write the installers deploy.yml runs, one per host with its node files (0600, real "
+                        "secrets), beside the inventory")
     p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
                                          "or ~/.ssh/known_hosts)")
     p.add_argument("--state-dir", help="where generated TLS certificates live (default: .opsctl/<name> next to "

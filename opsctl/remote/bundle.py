@@ -1,10 +1,13 @@
-"""What deploy.yml writes under a spec's root on a host, as tar archives: one per host (folders, the control
-script, a given server binary) and one per node (its folder, settings and files). Pure: data in, bytes out.
+"""What deploy.yml installs on a host, as one self-extracting shell script per host: playbooks/files/
+opsctl-install.sh with tar archives appended (`base`: folders, the control script, a given server binary;
+`node-<node>`: the node's folder, settings and files; `once-<node>`: files written only when missing). Pure:
+data in, bytes out.
 
-One unarchive per archive replaces a module run per folder and per file over SSH. Owner, group and mode of
-every member are in the archive and every mtime is fixed, so unarchive's compare (tar --diff) finds nothing
-to change when nothing changed: a second deploy reports no change. Owners are names (the host maps them to its
-ids). sentinel.conf is never bundled: Sentinel rewrites it, and deploy.yml writes it only when missing.
+One ansible.builtin.script run per host (no Python on the host, one file transfer) replaces a module run per
+folder and per file over SSH. Owner, group and mode of every member are in the archive and every mtime is
+fixed, so GNU tar's compare (tar --diff) finds nothing to change when nothing changed: a second deploy reports
+no change. Owners are names (the host maps them to its ids). sentinel.conf goes in a `once-` archive only:
+Sentinel rewrites it, and a re-apply must not undo that.
 """
 
 from __future__ import annotations
@@ -94,14 +97,49 @@ def archive(members: Sequence[Member]) -> bytes:
     return out.getvalue()
 
 
-def host_archives(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], script: bytes,
-                  binary: bytes | None) -> dict[str, bytes]:
-    """Archive name -> bytes. `host-<host>.tar`: everything for that host's nodes, one unarchive per host;
-    for a run narrowed to some nodes (opsctl_only): `base-<host>.tar` (no node) and `node-<node>.tar`."""
-    base = host_members(spec, script, binary)
-    of_node = {n.name: node_members(spec, n, files.get(n.name, {})) for n in nodes}
-    out: dict[str, bytes] = {}
-    for host in sorted({n.host for n in nodes}):
-        out[f"host-{host}.tar"] = archive([*base, *(m for n in nodes if n.host == host for m in of_node[n.name])])
-        out[f"base-{host}.tar"] = archive(base)
-    return out | {f"node-{name}.tar": archive(members) for name, members in of_node.items()}
+def once_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Member]:
+    """The node's files written only when the host has none (sentinel.conf)."""
+    folder, user = node_vars(spec, node)["dir"], service_user(spec)
+    return [Member(f"{folder}/{plain_name(name)}", user, user, 0o600, text.encode())
+            for name, text in sorted(files.items()) if name in WRITTEN_ONCE]
+
+
+def host_parts(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], script: bytes,
+               binary: bytes | None) -> list[tuple[str, bytes]]:
+    """The archives of one host's installer, in order: `base`, then `node-<node>` and `once-<node>` per node
+    (a `once-` archive only where the node has such a file)."""
+    parts = [("base", archive(host_members(spec, script, binary)))]
+    for node in nodes:
+        named = files.get(node.name, {})
+        parts.append((f"node-{node.name}", archive(node_members(spec, node, named))))
+        once = once_members(spec, node, named)
+        if once:
+            parts.append((f"once-{node.name}", archive(once)))
+    return parts
+
+
+def installer(body: str, user: str, parts: Sequence[tuple[str, bytes]]) -> bytes:
+    """opsctl-install.sh (body) with its placeholders filled and the archives appended after its `exit`."""
+    table: list[str] = []
+    at = 0
+    for name, data in parts:
+        table.append(f"{name} {at} {len(data)}")
+        at += len(data)
+    filled = {"@USER@": shlex.quote(user), "@PARTS@": shlex.quote("\n".join(table)), "@PAYLOAD_BYTES@": str(at)}
+    text = body
+    for placeholder, value in filled.items():
+        if text.count(placeholder) != 1:
+            raise ValueError(f"the installer script must hold {placeholder} once")
+        text = text.replace(placeholder, value)
+    if not text.endswith("exit 0\n"):
+        raise ValueError("the installer script must end with `exit 0`: the archives follow it")
+    return text.encode() + b"".join(data for _name, data in parts)
+
+
+def host_installers(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], body: str,
+                    script: bytes, binary: bytes | None) -> dict[str, bytes]:
+    """`install-<host>.sh` -> the installer for that host's nodes among `nodes` (byte for byte the same for the
+    same input)."""
+    hosts = sorted({n.host for n in nodes})
+    return {f"install-{host}.sh": installer(body, service_user(spec), host_parts(
+        spec, [n for n in nodes if n.host == host], files, script, binary)) for host in hosts}

@@ -1,5 +1,5 @@
-"""Stage what deploy.yml ships from the control machine: the node files (sentinel.conf is copied from there)
-and the archives of opsctl/remote/bundle.py. I/O: reads the control script and a given server binary."""
+"""Stage what deploy.yml ships from the control machine: one installer per host (opsctl/remote/bundle.py).
+I/O: reads the install and control scripts and a given server binary."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
-from opsctl.remote.bundle import host_archives, plain_name
+from opsctl.remote.bundle import host_installers
 from opsctl.resources import data_dir
 from opsctl.safefs import write_private
 from opsctl.spec.load import LoadedSpec
@@ -38,13 +38,12 @@ def read_binary(path: str) -> bytes:
 
 
 def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap) -> None:
-    """Write files (node name -> file name -> text) and the archives for those nodes under files_dir."""
+    """Write the installers for these nodes (node name -> file name -> text) under files_dir, 0600."""
     spec = loaded.spec
     nodes = [n for n in loaded.layout.nodes if n.name in files]
-    for node in nodes:
-        for name, text in files[node.name].items():
-            write_private(files_dir / node.name / plain_name(name), text)
-    script = (data_dir("playbooks") / "files" / "opsctl-node.sh").read_bytes()
+    scripts = data_dir("playbooks") / "files"
+    body = (scripts / "opsctl-install.sh").read_text()
+    control = (scripts / "opsctl-node.sh").read_bytes()
     binary = read_binary(spec.server.binary) if spec.server.binary else None
-    for name, data in host_archives(spec, nodes, files, script, binary).items():
+    for name, data in host_installers(spec, nodes, files, body, control, binary).items():
         write_private(files_dir / name, data)

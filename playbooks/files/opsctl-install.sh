@@ -1,0 +1,74 @@
+#!/bin/sh
+# opsctl-install all | only [NODE...]: what deploy.yml installs on one host, in one script run (no Python on the
+# host): the service user and group when missing (an existing user, e.g. the OS package's redis, is used as it
+# is: usermod fails while it runs a server), then the tar archives opsctl appended to this script
+# (opsctl/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
+# the node's folder, settings and files; `once-NODE`: files written only when missing (sentinel.conf: Sentinel
+# rewrites it). An archive is extracted only where GNU tar's compare finds a difference (mode, owner, size,
+# content, a missing file), so a second run changes nothing. `only` narrows the run to the named nodes (names of
+# other hosts' nodes are ignored; none: the base archive alone). Prints `changed: WHAT` per change, then
+# `init: systemd|other`, never a file's content (the archives hold passwords). OPSCTL_INSTALL_ROOT (default /)
+# is for tests.
+set -eu
+OPSCTL_USER=@USER@
+PARTS=@PARTS@
+PAYLOAD_BYTES=@PAYLOAD_BYTES@
+
+dest=${OPSCTL_INSTALL_ROOT:-/}
+payload_start=$(($(wc -c <"$0") - PAYLOAD_BYTES))
+
+# part NAME: the bytes of one archive on stdout (empty when this host has no such archive)
+part() {
+  printf '%s\n' "$PARTS" | while read -r name offset size; do
+    if [ "$name" = "$1" ]; then tail -c "+$((payload_start + offset + 1))" "$0" | head -c "$size"; fi
+  done
+}
+
+has_part() { printf '%s\n' "$PARTS" | grep -q "^$1 "; }
+
+# install NAME: extract the archive where the host differs from it (mode, owner, size, content, missing file)
+install() {
+  if ! part "$1" | tar --diff -C "$dest" -f - >/dev/null 2>&1; then
+    part "$1" | tar --extract --same-owner --same-permissions -C "$dest" -f -
+    echo "changed: $1"
+  fi
+}
+
+# install_once NAME: extract the archive when one of its files is missing on the host (a dangling link counts as
+# missing: tar replaces the link, never follows it)
+install_once() {
+  missing=""
+  for path in $(part "$1" | tar --list -f -); do  # paths of plain names: no spaces
+    if [ ! -e "$dest/$path" ]; then missing=yes; fi
+  done
+  if [ -n "$missing" ]; then
+    part "$1" | tar --extract --same-owner --same-permissions -C "$dest" -f -
+    echo "changed: $1"
+  fi
+}
+
+case "${1:-}" in
+  all) # shellcheck disable=SC2046 # node names are [a-z0-9-]
+    set -- $(printf '%s\n' "$PARTS" | sed -n 's/^node-\([^ ]*\) .*/\1/p') ;;
+  only) shift ;;
+  *) echo "usage: $0 all | only [NODE...]" >&2; exit 2 ;;
+esac
+
+if ! getent group "$OPSCTL_USER" >/dev/null; then
+  groupadd --system "$OPSCTL_USER"
+  echo "changed: group $OPSCTL_USER"
+fi
+if ! getent passwd "$OPSCTL_USER" >/dev/null; then
+  useradd --system --gid "$OPSCTL_USER" --shell /usr/sbin/nologin --home-dir /nonexistent --no-create-home \
+    "$OPSCTL_USER"
+  echo "changed: user $OPSCTL_USER"
+fi
+
+install base
+for node; do
+  if has_part "node-$node"; then install "node-$node"; fi
+  if has_part "once-$node"; then install_once "once-$node"; fi
+done
+
+if [ -d /run/systemd/system ]; then echo "init: systemd"; else echo "init: other"; fi
+exit 0
