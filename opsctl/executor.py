@@ -12,10 +12,10 @@ import redis
 
 from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
-from opsctl.errors import OpsctlError, RefusedError
+from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
-from opsctl.observe.collect import Pending, wait_cluster_converged, wait_for
+from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.planner import start_master
@@ -92,14 +92,13 @@ def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
         _run_shards_in_parallel(run, numbered, parallel_shards)
         return run.timings
     for wave in waves(numbered):
-        if len(wave) == 1:
+        if len(wave) == 1 and not isinstance(wave[0][0][1], NODE_LOCAL):
             _run_chain(run, wave[0], len(plan.steps))
         else:
             _run_wave(run, wave, len(plan.steps))
     return run.timings
 
 
-PARALLEL_NODES = 16
 NODE_LOCAL = (WriteConfig, StartNode)
 
 
@@ -136,16 +135,37 @@ def _run_shards_in_parallel(run: Execution, numbered: list[tuple[int, Step]], wi
 
 
 def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int) -> None:
-    """All config writes first (a staging provider ships them in one go), then the starts side by side."""
-    writes = [s for chain in wave for s in chain if isinstance(s[1], WriteConfig)]
-    starts = [[s for s in chain if not isinstance(s[1], WriteConfig)] for chain in wave]
-    _run_chain(run, writes, total)
-    if not run.rt.provider.parallel_starts:
-        _run_chain(run, [s for chain in starts for s in chain], total)
-        return
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_NODES, len(starts))) as pool:
-        futures = [pool.submit(_run_chain, run, chain, total) for chain in starts]
-    errors = [exc for f in futures if (exc := f.exception()) is not None]
+    """All config writes first (a staging provider ships them in one go), then every start at once."""
+    steps = [s for chain in wave for s in chain]
+    _run_chain(run, [s for s in steps if isinstance(s[1], WriteConfig)], total)
+    starts = [s for s in steps if isinstance(s[1], StartNode)]
+    if starts:
+        _start_together(run, starts, total)
+
+
+def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int) -> None:
+    """The provider launches every node at once and waits for them in one loop, then one loop waits until all
+    answer PING; each step is done or failed on its own, and the first failure stops the plan."""
+    began = time.monotonic()
+    for index, step in starts:
+        run.emit(StepStart(index, total, step.title()))
+    nodes = [_node(run, step) for _, step in starts]
+    failed = run.rt.provider.start_many(nodes)
+    failed |= wait_answering(run, [n for n in nodes if n.name not in failed])
+    errors: list[OpsctlError] = []
+    for index, step in starts:
+        try:
+            if step.node in failed:
+                raise failed[step.node]
+            _after_start(run, step)
+        except OpsctlError as exc:
+            run.emit(StepFailed(index, step.title(), exc.summary))
+            exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
+            errors.append(exc)
+            continue
+        elapsed = time.monotonic() - began
+        run.timings.append((step.title(), elapsed))
+        run.emit(StepDone(index, step.title(), round(elapsed, 3)))
     if errors:
         raise errors[0]
 
@@ -256,26 +276,52 @@ def write_config(run: Execution, step: Step) -> None:
 
 def start_node(run: Execution, step: Step) -> None:
     node = _node(run, step)
-    run.rt.provider.start(node)
-    wait_answering(run, node)
-    if run.rt.loaded.spec.topology == "sentinel" and not node.is_sentinel:
+    _raise_first(run.rt.provider.start_many([node]))
+    _raise_first(wait_answering(run, [node]))
+    _after_start(run, step)
+
+
+def _after_start(run: Execution, step: Step) -> None:
+    if run.rt.loaded.spec.topology == "sentinel" and not _node(run, step).is_sentinel:
         finish_failover(run, step, "started fenced")  # _follow_line: lifted, or demoted if a replica was promoted
 
 
-def wait_answering(run: Execution, node: Node, timeout: float = START_TIMEOUT) -> None:
-    with run.rt.admin(node, timeout=2.0) as admin:
-        def answers() -> bool | None:
-            try:
-                return True if admin.client.ping() else None
-            except redis.BusyLoadingError:
-                return None
-            except redis.AuthenticationError as exc:
-                raise OpsctlError(f"{node.name} refuses the spec's password", str(exc),
-                                  "the node runs with another password; check auth.password") from None
-            except redis.RedisError:
-                return None
+def _raise_first(failed: dict[str, OpsctlError]) -> None:
+    if failed:
+        raise next(iter(failed.values()))
 
-        wait_for(answers, timeout, f"{node.name} at {node.endpoint} to answer PING")
+
+def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIMEOUT) -> dict[str, OpsctlError]:
+    """Poll until every node answers PING with the spec's password: one loop, all nodes at once. Returns the
+    nodes that refuse the password or did not answer in time, with why."""
+    failed: dict[str, OpsctlError] = {}
+    pending = {n.name: n for n in nodes}
+    if not nodes:
+        return failed
+    with Observer(run.rt.connector, nodes, timeout=2.0) as observer:
+        def answer(node: Node) -> OpsctlError | bool:
+            try:
+                return bool(observer.admins[node.name].client.ping())
+            except redis.AuthenticationError as exc:
+                return OpsctlError(f"{node.name} refuses the spec's password", str(exc),
+                                   "the node runs with another password; check auth.password")
+            except redis.RedisError:  # BusyLoadingError included: still loading its data
+                return False
+
+        def check() -> bool | Pending:
+            asked = list(pending.values())
+            for node, reply in zip(asked, observer.pool.map(answer, asked), strict=True):
+                if isinstance(reply, OpsctlError):
+                    failed[node.name] = reply
+                if reply is not False:
+                    del pending[node.name]
+            return Pending(f"no answer yet from {', '.join(pending)}") if pending else True
+
+        try:
+            wait_for(check, timeout, f"{len(nodes)} node(s) to answer PING")
+        except ConvergenceError as exc:
+            failed |= {name: exc for name in pending}
+    return failed
 
 
 def stop_node(run: Execution, step: Step) -> None:
@@ -287,7 +333,7 @@ def restart_node(run: Execution, step: Step) -> None:
     node = _node(run, step)
     run.rt.provider.stop(node)
     run.rt.provider.start(node)
-    wait_answering(run, node)
+    _raise_first(wait_answering(run, [node]))
     wait_back_in_place(run.rt, node, timeout=run.wait_timeout)
     record = run.rt.provider.load_record(node)
     if record.pop("pending_restart", None):

@@ -209,6 +209,28 @@ def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, fla
 
 
 @pytest.mark.integration
+def test_start_many_launches_every_node_at_once_and_names_each_failure(tmp_path: Path, started: Started) -> None:
+    loaded, provider = setup(tmp_path, "valkey", spec=make_spec("replication", "valkey", hosts=3))
+    good, broken, busy = loaded.layout.servers
+    deploy(loaded, provider, good)
+    deploy(loaded, provider, busy)
+    provider.write_files(broken, {"redis.conf": f"port {broken.port}\nbind {broken.address}\nno-such-directive 1\n"
+                                                f"daemonize yes\n"})
+    started.items += [(provider, n) for n in loaded.layout.servers]
+    with socket.socket() as blocker:  # accepts on busy's port: only the port-holder check tells it is not busy's
+        blocker.bind((busy.address, busy.port))
+        blocker.listen()
+        begin = time.monotonic()
+        failed = provider.start_many(loaded.layout.servers)
+        assert time.monotonic() - begin < 5  # both deaths noticed, no timeout waited for
+    assert set(failed) == {broken.name, busy.name}
+    assert broken.name in failed[broken.name].summary and "exited with code 1" in failed[broken.name].summary
+    assert busy.name in failed[busy.name].summary and "Address already in use" in failed[busy.name].detail
+    assert provider.process_state(good).running and not provider.process_state(busy).running
+    assert provider.start_many([good]) == {}  # already running: up, nothing launched
+
+
+@pytest.mark.integration
 def test_rejected_config_shows_stderr(tmp_path: Path) -> None:
     loaded, provider = setup(tmp_path, "redis")
     node = loaded.layout.nodes[0]

@@ -15,7 +15,7 @@ import json
 import shlex
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import paramiko
 from opsctl.connector import Route
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit
-from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.base import ProcessState, parse_record, start_in_turn
 from opsctl.remote import ssh
 from opsctl.remote.bundle import plain_name
 from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
@@ -53,7 +53,6 @@ class AnsibleProvider:
     """Servers on SSH hosts. Paths: /var/lib/opsctl/<spec>/<node>."""
 
     daemonize = True
-    parallel_starts = False  # files are staged and shipped by one playbook run
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
                  on_event: Emit | None = None) -> None:
@@ -150,6 +149,9 @@ class AnsibleProvider:
             hint = ("deploy it first: `opsctl apply` writes its files" if word == "absent"
                     else "the node's log is at " + self.paths(node).log)
             raise OpsctlError(f"cannot start {node.name} on host {node.host}", detail, hint)
+
+    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+        return start_in_turn(self, nodes)
 
     def stop(self, node: Node, timeout: float = 30.0) -> None:
         self.flush()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opsctl.errors import OpsctlError
 from opsctl.readback import Fields, parse_json
 from opsctl.render import NodePaths
 from opsctl.spec.layout import Node
@@ -28,7 +30,6 @@ class Provider(Protocol):
     """
 
     daemonize: bool
-    parallel_starts: bool  # may start() run for several nodes at once from threads?
 
     def paths(self, node: Node) -> NodePaths: ...
 
@@ -37,6 +38,10 @@ class Provider(Protocol):
     def read_file(self, node: Node, name: str) -> str | None: ...
 
     def start(self, node: Node) -> None: ...
+
+    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+        """Start several nodes, returning those that did not come up (with why); the others are up."""
+
 
     def stop(self, node: Node, timeout: float = 30.0) -> None: ...
 
@@ -52,6 +57,16 @@ class Provider(Protocol):
         """Land files written so far on their hosts now (a staging provider ships them in one go)."""
 
     def close(self) -> None: ...
+
+
+def start_in_turn(provider: Provider, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+    """start_many for a provider that starts one node at a time: stops at the first node that fails."""
+    for node in nodes:
+        try:
+            provider.start(node)
+        except OpsctlError as exc:
+            return {node.name: exc}
+    return {}
 
 
 RECORD_HINT = "delete the file; the next `opsctl apply` writes it again"

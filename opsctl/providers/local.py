@@ -25,6 +25,8 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -201,7 +203,6 @@ class LocalProvider:
     """Servers as daemonized processes on this machine (Linux: identities are checked through /proc)."""
 
     daemonize = True
-    parallel_starts = True
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary,
                  start_timeout: float = 30.0) -> None:
@@ -335,7 +336,7 @@ class LocalProvider:
         state = self._pidfile_state(node)
         if state.running:
             return state
-        pid = self._find_daemon(node, fresh)
+        pid = self._find_daemon(node, time.monotonic() if fresh else None)
         if pid is not None:
             return ProcessState(node.name, True, pid, f"running as pid {pid} (found through /proc; {state.detail})")
         return state
@@ -361,17 +362,37 @@ class LocalProvider:
 
     def start(self, node: Node) -> None:
         """Launch the server (it daemonizes) and return once its pidfile names it and its port accepts."""
+        failed = self.start_many([node])
+        if failed:
+            raise failed[node.name]
+
+    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+        """Launch every node's server at once (one fork each), then wait for all of them in one poll loop: a node
+        is up once its pidfile names its server, its port accepts and that server holds the port itself.
+        Returns the nodes that did not come up, with why (every launch has ended one way or the other by then)."""
+        failed: dict[str, OpsctlError] = {}
+        waiting: dict[str, tuple[Node, Launch | None]] = {}
+        with ExitStack() as stack:
+            for node in nodes:
+                try:
+                    waiting[node.name] = (node, self._launch(node, stack))
+                except OpsctlError as exc:
+                    failed[node.name] = exc
+            self._wait_until_up(waiting, failed)
+        return failed
+
+    def _launch(self, node: Node, stack: ExitStack) -> Launch | None:
+        """Spawn the node's server; None when it runs already (a reused scan: a duplicate start fails to bind,
+        harmlessly)."""
         paths = self.paths(node)
-        if self.process_state(node).running:  # a reused scan: a duplicate start fails to bind, harmlessly
-            self._wait_until_up(node, None)
-            return
+        if self.process_state(node).running:
+            return None
         if not Path(paths.conf).is_file():
             raise OpsctlError(f"cannot start {node.name}: no config at {paths.conf}",
                               hint="write the node's files first (`opsctl apply` does)")
         self._drop_pidfile(node)
-        with tempfile.TemporaryFile() as stderr:
-            launch = Launch(self._spawn(node, paths, stderr), stderr, file_size(Path(paths.log)))
-            self._wait_until_up(node, launch)
+        stderr = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 (closed by the stack)
+        return Launch(self._spawn(node, paths, stderr), stderr, file_size(Path(paths.log)))
 
     def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
         """New session, no terminal, no inherited fds, a scrubbed environment, umask 077 for its files."""
@@ -389,52 +410,61 @@ class LocalProvider:
             raise OpsctlError(f"cannot run {self.binary.path} for {node.name}", str(exc),
                               "check server.binary and its permissions") from None
 
-    def _wait_until_up(self, node: Node, launch: Launch | None) -> None:
+    def _wait_until_up(self, waiting: dict[str, tuple[Node, Launch | None]],
+                       failed: dict[str, OpsctlError]) -> None:
+        """Poll every launched node until it is up or failed; one /proc scan per round at most."""
         deadline = time.monotonic() + self.start_timeout
-        while True:
-            state = self.process_state(node) if launch is None else self._pidfile_state(node)
-            if state.running and port_accepts(node.address, node.port) and (
-                    launch is None or state.pid is None or holds_port(state.pid, node.address, node.port)):
-                if launch is not None:
-                    launch.process.poll()
-                return
-            reason = self._start_failed(node, launch, state) if launch is not None else None
-            if reason is None and time.monotonic() >= deadline:
-                reason = f"it did not accept connections within {self.start_timeout:g} s"
-            if reason is not None:
-                raise self._start_error(node, launch, reason)
-            time.sleep(POLL_SECONDS)
+        while waiting:
+            codes = {name: launch.process.poll() for name, (_, launch) in waiting.items() if launch is not None}
+            exits_seen = time.monotonic()  # a daemon forked by a launcher seen exited is in any later scan
+            for name, (node, launch) in list(waiting.items()):
+                state = self.process_state(node) if launch is None else self._pidfile_state(node)
+                if state.running and port_accepts(node.address, node.port) and (
+                        launch is None or state.pid is None or holds_port(state.pid, node.address, node.port)):
+                    del waiting[name]
+                    continue
+                reason = None if launch is None else self._start_failed(node, launch, state, codes[name], exits_seen)
+                if reason is None and time.monotonic() >= deadline:
+                    reason = f"it did not accept connections within {self.start_timeout:g} s"
+                if reason is not None:
+                    failed[name] = self._start_error(node, launch, reason)
+                    del waiting[name]
+            if waiting:
+                time.sleep(POLL_SECONDS)
 
-    def _start_failed(self, node: Node, launch: Launch, state: ProcessState) -> str | None:
-        """Why the start failed, or None while it may still succeed."""
-        code = launch.process.poll()
+    def _start_failed(self, node: Node, launch: Launch, state: ProcessState, code: int | None,
+                      exits_seen: float) -> str | None:
+        """Why the start failed, or None while it may still succeed. code: the launcher's exit code, as seen
+        before exits_seen."""
         if code is None or state.running:
             return None
         if code != 0:
             return f"the server exited with code {code}"
         if launch.daemon is None:
-            launch.daemon = self._find_daemon(node)
+            launch.daemon = self._find_daemon(node, newer_than=exits_seen)
         if launch.daemon is None or read_proc(launch.daemon) is None:
             return "the server exited during start-up"
         return None
 
-    def _find_daemon(self, node: Node, fresh: bool = True) -> int | None:
+    def _find_daemon(self, node: Node, newer_than: float | None) -> int | None:
         """This node's server found through /proc (no pidfile needed): a server process in the node's folder
-        run with its config or on its port. Candidates come from one scan of /proc (reused for SCAN_REUSE_S
-        unless fresh: a topology of many stopped nodes costs one scan, not one per node); each candidate is
-        checked again now, so a reused scan can miss a server started since, never name a gone one."""
+        run with its config or on its port. Candidates come from one scan of /proc, reused for SCAN_REUSE_S
+        unless it is older than newer_than (a topology of many stopped nodes costs one scan, not one per node);
+        each candidate is checked again now, so a reused scan can miss a server started since, never name a
+        gone one."""
         folder = os.path.realpath(self.paths(node).dir)
         if not os.path.isdir(folder):  # a new node: no process can work in a folder that does not exist
             return None
-        for pid in self._processes_in(fresh).get(folder, ()):
+        for pid in self._processes_in(newer_than).get(folder, ()):
             if (facts := read_proc(pid)) and self._is_ours(node, facts):
                 return facts.pid
         return None
 
-    def _processes_in(self, fresh: bool) -> dict[str, list[int]]:
+    def _processes_in(self, newer_than: float | None) -> dict[str, list[int]]:
         """Working directory -> pids, for the processes working under the state dir."""
         now = time.monotonic()
-        if fresh or self._scan is None or now - self._scan[0] > SCAN_REUSE_S:
+        if self._scan is None or now - self._scan[0] > SCAN_REUSE_S or \
+                (newer_than is not None and self._scan[0] < newer_than):
             found: dict[str, list[int]] = {}
             below = os.path.realpath(self.state_dir) + os.sep
             for entry in os.scandir("/proc"):
