@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -105,6 +107,17 @@ def test_healthy_cluster_has_an_empty_plan_that_says_why() -> None:
     plan = make_plan(loaded, desired(loaded), formed_cluster(loaded), "d")
     assert plan.empty
     assert "nothing to do" in plan.notes[0]
+
+
+def test_a_formed_cluster_that_has_not_settled_yet_is_waited_for() -> None:
+    """A run killed after the last mutation of form-cluster left nothing to change, but the cluster still settles
+    (a master's first 2 s, gossip): the next apply waits until every node agrees instead of reporting it unhealthy."""
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.shards[1].master
+    facts[name] = replace(facts[name], info={"cluster_state": "fail"})
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert [type(s) for s in plan.steps] == [WaitConverged] and name in plan.steps[0].reason
 
 
 def test_after_a_failover_the_plan_stays_empty() -> None:

@@ -59,8 +59,17 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     steps = rotation + after_rotation(rotation, steps)
     if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
+    elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
+        steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
+                                   f"{', '.join(settling)} (a run stopped before it settled): wait until it is"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
+
+
+def _settling(layout: Layout, facts: Facts) -> list[str]:
+    """Cluster nodes that answer but do not report cluster_state ok (yet)."""
+    return [n.name for n in layout.servers
+            if facts[n.name].reachable and facts[n.name].info.get("cluster_state", "ok") != "ok"]
 
 
 def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:
