@@ -219,6 +219,8 @@ def _read_quoted(text: str, i: int, quote: str) -> tuple[str, int]:
 
 def split_args(text: str) -> list[str]:
     """Split a config line value the way the server does (sdssplitargs): quotes and escapes."""
+    if '"' not in text and "'" not in text:
+        return text.split()  # the common case, the same words: str.split() splits on what isspace() says
     tokens: list[str] = []
     i = 0
     while i < len(text):

@@ -302,7 +302,8 @@ class LocalProvider:
         return parse_record(read_text(path), node.name, str(path))
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
-        write_private(self._folder(node) / RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        # one line: json's C encoder (indent= takes the pure-Python one, ~1 ms per record of 70 directives)
+        write_private(self._folder(node) / RECORD, json.dumps(record, sort_keys=True) + "\n")
 
     def purge(self, node: Node) -> None:
         state = self._state(node, fresh=True)

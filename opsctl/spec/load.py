@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,9 +54,10 @@ class LoadedSpec:
     layout: Layout
     credentials: Credentials
 
-    @property
+    @functools.cached_property
     def renames(self) -> dict[str, str]:
-        """Original command -> the name the nodes run it under (explicit and derived renames)."""
+        """Original command -> the name the nodes run it under (explicit and derived renames); computed once
+        (an HMAC per command), every admin connection and every rendering asks."""
         return command_renames(self.spec, self.credentials.rename_key)
 
 
