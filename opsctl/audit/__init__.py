@@ -2,12 +2,7 @@
 
 Pure rules: findings, keynames, keyspace, nodechecks, report, resp. Thin I/O: pipe, discover, scan, probe,
 run, bigdelete.
+
+Import the modules themselves: this package imports none of them, so the raw pipe (pipe, resp), which node
+observation and restore use too, comes without the audit's rules and redis-py.
 """
-
-from opsctl.audit.bigdelete import DeletePlan, DeleteResult, delete_big_key
-from opsctl.audit.findings import RULES, Finding
-from opsctl.audit.keyspace import Thresholds
-from opsctl.audit.run import CHECKS, AuditOptions, AuditReport, run_audit
-
-__all__ = ["CHECKS", "RULES", "AuditOptions", "AuditReport", "DeletePlan", "DeleteResult", "Finding", "Thresholds",
-           "delete_big_key", "run_audit"]

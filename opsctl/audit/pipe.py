@@ -6,17 +6,29 @@ per-reply path is too slow for a million keys a few seconds.
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import hiredis
+
 from opsctl.audit.resp import Arg, Reply, encode, reader
-from opsctl.connector import Connector
+from opsctl.connector import AuthRefused, Connector
 from opsctl.errors import OpsctlError
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
+
+
+class PipeClosed(OpsctlError):
+    """The node closed the connection while replies were due."""
+
+
+# What a pipe raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the TLS
+# handshake, or sends bytes that are not RESP.
+PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
 
 
 def throttle_delay(started: float, spent: int, rate: float | None, now: float) -> float:
@@ -51,7 +63,7 @@ class RawPipe:
     replies in."""
 
     def __init__(self, connector: Connector, node: Node, timeout: float = 30.0) -> None:
-        renames = {k.upper(): v for k, v in connector.loaded.spec.hardening.renamed_commands.items()}
+        renames = connector.loaded.renames_for(node)
         self._open(connector.socket(node, timeout), node.name, lambda c: renames.get(c.upper(), c.upper()))
 
     @classmethod
@@ -84,9 +96,14 @@ class RawPipe:
                 continue
             chunk = self._stream.recv(READ_SIZE)
             if not chunk:
-                raise OpsctlError(f"{self.label} closed the connection mid-scan")
+                raise PipeClosed(f"{self.label} closed the connection")
             self._reader.feed(chunk)
         return out
+
+    def idle(self) -> bool:
+        """Open, with nothing unread: a node that closed the connection (a restart) makes it readable."""
+        readable, _, _ = select.select([self._stream], [], [], 0)
+        return not readable
 
     def call(self, command: str, *args: Arg) -> Reply:
         self.send(encode([self.name(command), *args]))

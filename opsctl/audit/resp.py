@@ -42,6 +42,19 @@ def encode_keyed(command: bytes, keys: Iterable[bytes]) -> bytes:
     return b"".join(b"%s$%d\r\n%s\r\n" % (head, len(k), k) for k in keys)
 
 
+TextReply: TypeAlias = "str | int | list[TextReply] | RespError | None"
+
+
+def text(reply: Reply) -> TextReply:
+    """A reply with its strings decoded (UTF-8; a stray byte becomes U+FFFD), for replies opsctl reads as text:
+    INFO, ROLE, CLUSTER NODES, CONFIG GET."""
+    if isinstance(reply, bytes):
+        return reply.decode("utf-8", "replace")
+    if isinstance(reply, list):
+        return [text(part) for part in reply]
+    return reply
+
+
 def replies(buf: bytes) -> list[Reply]:
     """Every complete reply in buf (tests and fixtures; pipes keep one reader per connection)."""
     parse = reader()

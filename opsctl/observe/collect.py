@@ -1,21 +1,22 @@
 """Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
 
 The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
+Observations go over raw connections (opsctl.audit.pipe, replies read by hiredis), not redis-py: commands that
+only look (plan, status) start without importing it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from opsctl.admin import Admin
+from opsctl.audit.pipe import PIPE_ERRORS, RawPipe
+from opsctl.audit.resp import RespError, TextReply, encode, text
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, OpsctlError
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
@@ -47,6 +48,8 @@ def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> l
     """Send commands (renamed as the spec says) on one connection; replies unparsed, in order, errors as
     exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
     commands while the client still packs the rest."""
+    import redis
+
     pool = admin.client.connection_pool
     conn = pool.get_connection()
     step = chunk or max(1, len(commands))
@@ -93,18 +96,12 @@ def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: s
     return cmds
 
 
-def _ok(reply: Any) -> Any:
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
-
-
-def _fill(obs: NodeObservation, commands: list[Command], replies: list[Any]) -> None:
+def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any]) -> None:
     """Parse replies into obs. A failing command (e.g. cluster support disabled) leaves its field empty."""
     errors: list[str] = []
     for cmd, reply in zip(commands, replies, strict=True):
-        if isinstance(reply, Exception):
-            errors.append(f"{' '.join(str(c) for c in cmd[:2])}: {reply}")
+        if isinstance(reply, RespError):
+            errors.append(f"{' '.join(str(c) for c in cmd[:2])}: {reply.message}")
             continue
         key = " ".join(str(c) for c in cmd[:2]).upper()
         if key.startswith("INFO") or key == "CLUSTER INFO":
@@ -127,26 +124,90 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: list[Any]) -> 
 def _fail_fast(admin: Admin) -> Admin:
     """No client-side retries: redis-py retries a refused connect 3 times with backoff (3.4 s per down node
     here); observers poll anyway, so one attempt per observation is right."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     admin.client.set_retry(Retry(NoBackoff(), 0))
     return admin
 
 
+class Link:
+    """One node's raw connection for observing (the connector's route, AUTH and TLS), kept between looks and
+    opened again when it failed or the node closed it (a restart)."""
+
+    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
+        self.connector = connector
+        self.node = node
+        self.timeout = timeout
+        self._pipe: RawPipe | None = None
+        self._lock = threading.Lock()
+
+    def pipeline(self, commands: Sequence[Command]) -> list[TextReply]:
+        """Replies decoded to text, in order; error replies as RespError values. Raises PIPE_ERRORS."""
+        with self._lock:
+            pipe, self._pipe = self._pipe, None
+            if pipe is not None and not pipe.idle():
+                pipe.close()
+                pipe = None
+            pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
+            try:
+                pipe.send(b"".join(encode([pipe.name(str(c[0])), *c[1:]]) for c in commands))
+                replies = [text(reply) for reply in pipe.read(len(commands))]
+            except BaseException:
+                pipe.close()
+                raise
+            self._pipe = pipe
+            return replies
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pipe is not None:
+                self._pipe.close()
+                self._pipe = None
+
+
+def link_error(exc: BaseException) -> str:
+    """Why a link failed, as an observation keeps it (the server's words for a refused AUTH, which
+    opsctl.connerr recognises)."""
+    if isinstance(exc, OpsctlError):
+        return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Admins(dict[str, Admin]):
+    """Admin connections by node name, made on first use (with redis-py, which observing does not need)."""
+
+    def __init__(self, make: Callable[[str], Admin]) -> None:
+        super().__init__()
+        self._make = make
+        self._lock = threading.Lock()
+
+    def __missing__(self, name: str) -> Admin:
+        with self._lock:
+            if not dict.__contains__(self, name):
+                self[name] = self._make(name)
+            return dict.__getitem__(self, name)
+
+
 class Observer:
-    """Keeps one admin connection per node and a thread pool, so repeated observations (polling) are cheap."""
+    """Keeps one connection per node and a thread pool, so repeated observations (polling) are cheap. Looks go
+    over links; admins (for the commands callers send themselves) are made when first asked for."""
 
     def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = 2.0) -> None:
         self.connector = connector
         self.loaded = connector.loaded
         self.nodes = list(nodes)
-        self.admins = {n.name: _fail_fast(connector.admin(n, timeout)) for n in self.nodes}
+        self.links = {n.name: Link(connector, n, timeout) for n in self.nodes}
+        by_name = {n.name: n for n in self.nodes}
+        self.admins = Admins(lambda name: _fail_fast(connector.admin(by_name[name], timeout)))
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes))))
 
     def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
         commands = _commands(self.loaded, node, with_config, info_section)
         try:
-            replies = raw_pipeline(self.admins[node.name], commands)
-        except (redis.RedisError, OSError) as exc:
-            return NodeObservation(node, False, f"{type(exc).__name__}: {exc}")
+            replies = self.links[node.name].pipeline(commands)
+        except PIPE_ERRORS as exc:
+            return NodeObservation(node, False, link_error(exc))
         obs = NodeObservation(node, True)
         try:
             _fill(obs, commands, replies)
@@ -160,6 +221,8 @@ class Observer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        for link in self.links.values():
+            link.close()
         for admin in self.admins.values():
             admin.close()
 
@@ -224,10 +287,10 @@ def cluster_infos(observer: Observer) -> dict[str, dict[str, str] | str]:
     """Every node's CLUSTER INFO (a few hundred bytes), or why it has none: the cheap look polls take first."""
     def one(node: Node) -> dict[str, str] | str:
         try:
-            reply = raw_pipeline(observer.admins[node.name], [("CLUSTER", "INFO")])[0]
-        except (redis.RedisError, OSError) as exc:
-            return f"unreachable: {type(exc).__name__}: {exc}"
-        return f"CLUSTER INFO: {reply}" if isinstance(reply, Exception) else parse_info(str(reply))
+            reply = observer.links[node.name].pipeline([("CLUSTER", "INFO")])[0]
+        except PIPE_ERRORS as exc:
+            return f"unreachable: {link_error(exc)}"
+        return f"CLUSTER INFO: {reply.message}" if isinstance(reply, RespError) else parse_info(str(reply))
 
     return dict(zip([n.name for n in observer.nodes], observer.pool.map(one, observer.nodes), strict=True))
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from opsctl.errors import SpecError, SpecProblem, echo
 from opsctl.secrets import Secret
 from opsctl.spec.checks import SecretResolver, SecretUnusable, check_spec, suggest
-from opsctl.spec.layout import Layout, layout
+from opsctl.spec.layout import Layout, Node, layout
 from opsctl.spec.model import SecretRef, Spec
 from opsctl.spec.renames import command_renames
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
@@ -59,6 +59,10 @@ class LoadedSpec:
         """Original command -> the name the nodes run it under (explicit and derived renames); computed once
         (an HMAC per command), every admin connection and every rendering asks."""
         return command_renames(self.spec, self.credentials.rename_key)
+
+    def renames_for(self, node: Node) -> dict[str, str]:
+        """The renames node runs with: none on a sentinel (rename-command is for servers)."""
+        return {} if node.is_sentinel else self.renames
 
 
 def load_spec(text: str, file: str, resolve: SecretResolver | None) -> LoadedSpec:
