@@ -3,6 +3,7 @@ neither redis-py nor cryptography (module sets, not time; bench/cli.py measures 
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import sys
 import pytest
 
 from opsctl import __version__
+from opsctl.cli import build_parser
+from opsctl.commands import COMMANDS
 from tests.lifecycle import deployed
 from tests.support import PASSWORD, PASSWORD_ENV
 
@@ -76,3 +79,17 @@ def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, cap
                        if line.startswith("import time:")}
             heavy = sorted(m for m in modules if m.split(".")[0] in NOT_FOR_LOOKING)
             assert not heavy, f"opsctl {command} imports {heavy}"
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_the_command_table_names_what_each_module_registers() -> None:
+    """A run builds only its own command's parser (opsctl.commands.COMMANDS): that parser is the full one's."""
+    full = _commands(build_parser())
+    assert list(full) == ["validate", "render", "schema", *COMMANDS]
+    for command in COMMANDS:
+        alone = _commands(build_parser(command))
+        assert alone[command].format_help() == full[command].format_help(), command
