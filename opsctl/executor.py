@@ -45,6 +45,7 @@ from opsctl.render import render_node, render_sections
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.tls.material import node_files
+from opsctl.topolock import check_held
 from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
 
 START_TIMEOUT = 60.0
@@ -176,6 +177,7 @@ def _run_chain(run: Execution, chain: list[tuple[int, Step]], total: int) -> Non
 
 
 def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
+    check_held(run.rt.connector)  # a run that lost its topology lock stops before its next change
     run.emit(StepStart(index, total, step.title()))
     started = time.monotonic()
     try:

@@ -13,6 +13,16 @@ machine: two operator hosts whose clocks disagree cannot see each other's live l
 Protocol: set the marker on every node first, then list every node's clients. If any other live marker is
 seen, withdraw and refuse (exit 3, owner named). Two runs that start at once may both refuse, but both can
 never proceed: the one that lists second always sees the other's marker on any node they share.
+
+A node that restarts drops its marker with the connection; so does a node that was not running when the lock
+was taken (a fresh topology, a scale-out). The renewer marks such a node again as soon as it answers (within
+RETRY_UNHELD seconds), by the same protocol: a live marker of another run there means this run lost the lock.
+A run that was paused longer than its lease (SIGSTOP, a suspended laptop) may have been taken over in the
+meantime: it counts its lock as lost. A lost lock stops the run before its next topology-changing step
+(`check`, called by the executor before each step and by slot movers before each wave).
+
+Within one run the lock is reentrant: `topology_lock` on a connector whose run holds it already yields that
+lock (apply holds it for the whole run, its slot steps take it again).
 """
 
 from __future__ import annotations
@@ -23,7 +33,9 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +49,9 @@ from opsctl.spec.layout import Node
 
 PREFIX = "opsctl-lock"
 LEASE_SECONDS = 30.0
+LEASE_ENV = "OPSCTL_LOCK_LEASE"
+LEASE_RANGE = (2.0, 3600.0)
+RETRY_UNHELD = 1.0
 CONNECT_TIMEOUT = 2.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
 
@@ -66,6 +81,31 @@ def owner_label() -> str:
     return _UNSAFE.sub("_", f"{user}@{socket.gethostname()}/pid{os.getpid()}")[:120]
 
 
+def lease_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """The lease: $OPSCTL_LOCK_LEASE seconds (2 to 3600), else 30. A shorter lease lets a hung run's lock
+    expire sooner; every run of one topology should use the same."""
+    text = environ.get(LEASE_ENV)
+    if text is None:
+        return LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low, high = LEASE_RANGE
+    if not low <= value <= high:
+        raise OpsctlError(f"{LEASE_ENV}={text[:40]!r} is not a lease opsctl accepts",
+                          hint=f"give seconds from {low:.0f} to {high:.0f} (default {LEASE_SECONDS:.0f}), or unset it")
+    return value
+
+
+def lost_error(reason: str) -> OpsctlError:
+    return OpsctlError(f"this run lost the topology lock: {reason}",
+                       "another opsctl run may have changed the topology meanwhile; this run stopped before its "
+                       "next change",
+                       "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
+                       "same command again: it goes on from the live state")
+
+
 def marker_name(owner: str, lease: float) -> str:
     """The client name that marks the lock; the lease rounded up (never shorter than promised)."""
     return f"{PREFIX}:{owner}:{math.ceil(lease)}"
@@ -92,18 +132,33 @@ def live_others(markers: Iterable[Marker], mine: dict[str, str]) -> tuple[list[M
 class TopologyLock:
     """Held markers on every reachable node; see the module docstring."""
 
-    def __init__(self, connector: Connector, nodes: Sequence[Node], lease: float = LEASE_SECONDS) -> None:
-        self.connector, self.loaded, self.nodes, self.lease = connector, connector.loaded, list(nodes), lease
+    def __init__(self, connector: Connector, nodes: Sequence[Node], lease: float | None = None) -> None:
+        self.connector, self.loaded, self.nodes = connector, connector.loaded, list(nodes)
+        self.lease = lease_seconds() if lease is None else lease
         self.owner = owner_label()
         self.held: dict[str, tuple[Admin, Any, str]] = {}  # node -> (admin, its connection, my client id)
+        self.lost: str | None = None
+        self._renewed_at = time.monotonic()  # when the last renewal was sent: the servers' idle counts from it
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def acquire(self) -> None:
+    def acquire(self, unanswered_ok: bool = False) -> None:
+        """Mark every answering node. unanswered_ok: no node answering is no refusal (a topology not started
+        yet, under the caller's state-dir lock): its nodes are marked as they start."""
+        try:
+            self._acquire(unanswered_ok)
+        except BaseException:
+            self.release()
+            raise
+        self._renewer = threading.Thread(target=self._renew, name="topology-lock", daemon=True)
+        self._renewer.start()
+
+    def _acquire(self, unanswered_ok: bool) -> None:
+        self._renewed_at = time.monotonic()
         for node in self.nodes:
             self._hold(node)
-        if self.nodes and not self.held:
+        if self.nodes and not self.held and not unanswered_ok:
             raise OpsctlError("cannot take the topology lock: no server of the topology answered",
                               f"tried {', '.join(n.name for n in self.nodes)}",
                               "`opsctl status -f SPEC` shows which nodes are down; a run that holds no marker "
@@ -111,7 +166,6 @@ class TopologyLock:
         seen = [m for name, (admin, conn, _) in list(self.held.items()) for m in self._markers(name, admin, conn)]
         live, stale = live_others(seen, {n: h[2] for n, h in self.held.items()})
         if live:
-            self.release()
             first = live[0]
             raise RefusedError(f"another opsctl run holds this topology: {first.owner}",
                                f"its lock marker is a client named {PREFIX}:... on "
@@ -121,8 +175,6 @@ class TopologyLock:
                                f"once, one that hangs within {self.lease:.0f}s")
         for marker in stale:
             self._kill(marker)
-        self._renewer = threading.Thread(target=self._renew, name="topology-lock", daemon=True)
-        self._renewer.start()
 
     def _hold(self, node: Node) -> None:
         admin = self.connector.admin(node, timeout=CONNECT_TIMEOUT)
@@ -139,9 +191,9 @@ class TopologyLock:
             return  # a node that does not answer holds no marker; the others do
         self.held[node.name] = (admin, conn, client_id)
 
-    def _refused(self, name: str, exc: redis.ResponseError) -> OpsctlError:
-        """CLIENT refused on a node: the markers set so far are withdrawn."""
-        self.release()
+    @staticmethod
+    def _refused(name: str, exc: redis.ResponseError) -> OpsctlError:
+        """CLIENT refused on a node (acquire withdraws the markers set so far)."""
         return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", str(exc),
                            "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
                            "disable CLIENT in hardening (renaming it is fine)")
@@ -174,33 +226,104 @@ class TopologyLock:
             pass  # gone already
 
     def _renew(self) -> None:
-        while not self._stop.wait(self.lease / 3):
+        while not self._stop.wait(self._interval()):
             with self._lock:
-                for name, (admin, conn, _) in list(self.held.items()):
-                    try:
-                        self._name(admin, conn)
-                    except (redis.RedisError, OSError):
-                        self.held.pop(name, None)  # a restarted node: the others still hold the lock
+                if self._stop.is_set():
+                    return
+                try:
+                    self._renew_once()
+                except OpsctlError as exc:  # CLIENT refused on a node marked again
+                    self._lose(exc.summary)
+                if self.lost is not None:
+                    return
+
+    def _interval(self) -> float:
+        unheld = len(self.held) < len(self.nodes)
+        return min(self.lease / 3, RETRY_UNHELD) if unheld else self.lease / 3
+
+    def _renew_once(self) -> None:
+        started = time.monotonic()
+        paused = started - self._renewed_at
+        if paused > self.lease:
+            self._lose(f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)")
+            return
+        for name, (admin, conn, _) in list(self.held.items()):
+            try:
+                self._name(admin, conn)
+            except (redis.RedisError, OSError):
+                self._drop(name)  # a restarted node: marked again below once it answers
+        self._renewed_at = started
+        for node in [n for n in self.nodes if n.name not in self.held]:
+            self._hold(node)
+            if node.name not in self.held:
+                continue
+            admin, conn, client_id = self.held[node.name]
+            live, _ = live_others(self._markers(node.name, admin, conn), {node.name: client_id})
+            if live:
+                self._lose(f"{live[0].owner} holds {node.name}, which this run marked again after it "
+                           "(re)started")
+                return
+
+    def _drop(self, name: str) -> None:
+        admin, conn, _ = self.held.pop(name)
+        conn.disconnect()
+        admin.close()
+
+    def _lose(self, reason: str) -> None:
+        """Counted as lost: the markers are withdrawn (a zombie must not refuse the run that took over)."""
+        self.lost = reason
+        for name in list(self.held):
+            self._drop(name)
+
+    def check(self) -> None:
+        """OpsctlError when this run lost the lock (see the module docstring); called before each change."""
+        paused = time.monotonic() - self._renewed_at
+        if self.lost is None and paused > self.lease:
+            self.lost = f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)"
+        if self.lost is not None:
+            raise lost_error(self.lost)
 
     def release(self) -> None:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5)
         with self._lock:
-            for admin, conn, _ in self.held.values():
-                conn.disconnect()
-                admin.close()
-            self.held.clear()
+            for name in list(self.held):
+                self._drop(name)
+
+
+_RUNS: weakref.WeakKeyDictionary[Connector, TopologyLock] = weakref.WeakKeyDictionary()  # the lock a run holds
+_RUNS_LOCK = threading.Lock()
 
 
 @contextmanager
-def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None,
-                  lease: float = LEASE_SECONDS) -> Iterator[TopologyLock]:
+def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lease: float | None = None,
+                  unanswered_ok: bool = False) -> Iterator[TopologyLock]:
     """Hold the topology's lock for the block (RefusedError, exit 3, naming the owner, when another run holds
-    it). nodes: the servers to mark, by default every server of the spec."""
+    it). nodes: the servers to mark, by default every server of the spec. The run that owns connector holds
+    it already: that lock, checked (OpsctlError when lost). unanswered_ok: see TopologyLock.acquire."""
+    with _RUNS_LOCK:
+        outer = _RUNS.get(connector)
+    if outer is not None:
+        outer.check()
+        yield outer
+        return
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
-    lock.acquire()
+    lock.acquire(unanswered_ok)
+    with _RUNS_LOCK:
+        _RUNS[connector] = lock
     try:
         yield lock
     finally:
+        with _RUNS_LOCK:
+            _RUNS.pop(connector, None)
         lock.release()
+
+
+def check_held(connector: Connector) -> None:
+    """Before a topology-changing step: OpsctlError when the run that owns connector lost its lock; nothing
+    when it holds none (a command that takes no topology lock)."""
+    with _RUNS_LOCK:
+        lock = _RUNS.get(connector)
+    if lock is not None:
+        lock.check()

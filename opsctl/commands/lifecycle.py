@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
@@ -26,14 +26,20 @@ def _load(args: argparse.Namespace) -> Any:
 
 @contextmanager
 def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
-    """The runtime, under the state lock if asked. Its provider is closed at the end, inside the lock (a
-    staging provider ships what it staged then, and drops its SSH connections)."""
+    """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
+    included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
+    then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
+    state-dir lock alone; the topology lock marks each server as soon as it answers."""
     from opsctl.statelock import state_lock
+    from opsctl.topolock import topology_lock
 
     rt = _load(args)
-    lock: AbstractContextManager[Any] = state_lock(rt.state_dir) if locked else nullcontext()
-    with lock:
+    with ExitStack() as locks:
+        if locked:
+            locks.enter_context(state_lock(rt.state_dir))
         try:
+            if locked:
+                locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
             yield rt
         finally:
             rt.provider.close()

@@ -42,6 +42,7 @@ from opsctl.plan.steps import digest
 from opsctl.safefs import check_state_path
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
+from opsctl.topolock import check_held
 
 Say = Callable[[str], None]
 ESCALATION = ("graceful", "force", "takeover")
@@ -75,6 +76,7 @@ class Session:
     """Open connections to every node for the whole run: each observation is one parallel round trip."""
 
     def __init__(self, connector: Connector) -> None:
+        self.connector = connector
         self.loaded = connector.loaded
         self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
 
@@ -187,6 +189,7 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
         for step in actions.describe(loaded, target, modes):
             say(f"  would: {step}")
         return
+    check_held(session.connector)  # paused past the lock's lease after the checks: another run may have acted
     report.outcome = "in-progress"
     mark()
     report.outcome = "pending"
@@ -274,6 +277,7 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
             warning = f"{mode} failover can lose acknowledged writes"
             report.warnings.append(warning)
             say(f"warning: {warning}")
+        check_held(session.connector)
         started = time.monotonic()
         try:
             new_master = actions.perform(session, target, mode, timeout)

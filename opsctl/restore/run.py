@@ -50,6 +50,7 @@ from opsctl.restore.route import (
 from opsctl.safefs import read_bounded, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.topolock import check_held
 from opsctl.versions import reads_rdb, server_text
 
 MAX_PROBLEMS = 20
@@ -376,12 +377,16 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     started = time.monotonic()
     todo = [s for s in prepared.sources if s.key not in journal.done]
     meter = Meter(emit, sum(e.total_keys for e in prepared.expected.values()))
+
+    def written(keys: int) -> None:
+        check_held(target.connector)  # paused past the lock's lease: stop before writing more (a re-run resumes)
+        meter(keys)
     lock = threading.Lock()
 
     def one(source: Source) -> None:
         compare = Side(source.open, target.targets().open)
         try:
-            counts = copy_source(source, target.targets(), options.mode, meter, compare)
+            counts = copy_source(source, target.targets(), options.mode, written, compare)
         except (redis.RedisError, OSError) as exc:
             raise OpsctlError(f"the restore of {source.label} stopped: {type(exc).__name__}: {exc}",
                               hint="re-run the same command when the nodes answer again: it resumes") from None

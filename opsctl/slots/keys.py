@@ -24,6 +24,7 @@ from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.scale import shard_members
 from opsctl.slots.session import Peer, Session, checked, pipe, stream
+from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
 FIRST_WAVE = 64
@@ -102,6 +103,7 @@ class KeyMover:
             for i, wave in enumerate(parts):
                 assert upcoming is not None
                 plan = upcoming.result()
+                check_held(self.session.connector)  # a lost topology lock stops before opening more slots
                 self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
                 self.open(wave)
                 upcoming = ahead.submit(self.prepare, parts[i + 1]) if i + 1 < len(parts) else None

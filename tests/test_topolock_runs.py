@@ -1,0 +1,146 @@
+"""The topology lock over whole runs: apply and restart hold it from planning to the end (a fresh topology
+included), a second run is refused naming the holder, a run paused past its lease stops before its next
+change, a killed run's lock goes with its connections, and a node that lost its marker is marked again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+import redis
+
+from opsctl.admin import Admin
+from opsctl.connector import Connector
+from opsctl.errors import OpsctlError
+from opsctl.topolock import LEASE_ENV, lease_seconds, marker_name, parse_markers, topology_lock
+from tests.lifecycle import deployed, run
+from tests.support import PASSWORD, PASSWORD_ENV
+
+LEASE = "3"
+
+
+def test_the_lease_comes_from_the_environment_within_its_range() -> None:
+    assert lease_seconds({}) == 30.0 and lease_seconds({LEASE_ENV: "2.5"}) == 2.5
+    for bad in ("1", "3601", "ten", "nan", ""):
+        with pytest.raises(OpsctlError, match=f"{LEASE_ENV}=.* is not a lease") as refused:
+            lease_seconds({LEASE_ENV: bad})
+        assert "from 2 to 3600" in (refused.value.hint or "")
+
+
+def _opsctl(*argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, PASSWORD_ENV: PASSWORD, LEASE_ENV: LEASE}
+    return subprocess.Popen([sys.executable, "-m", "opsctl.cli", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_line(stream: IO[str] | None, text: str, seen: list[str]) -> None:
+    assert stream is not None
+    for line in stream:
+        seen.append(line)
+        if text in line:
+            return
+    pytest.fail(f"{text!r} never came: {''.join(seen)}")
+
+
+def _owners(loaded: object) -> set[str]:
+    """The owners of live lock markers on every server."""
+    from opsctl.spec.load import LoadedSpec
+
+    assert isinstance(loaded, LoadedSpec)
+    owners = set()
+    for node in loaded.layout.servers:
+        try:
+            with Admin.for_node(loaded, node) as admin:
+                listing = admin.call("CLIENT", "LIST")
+        except redis.ConnectionError:
+            continue  # a node a killed run left stopped holds no marker
+        owners |= {m.owner for m in parse_markers(str(listing), node.name) if m.live}
+    return owners
+
+
+@pytest.mark.integration
+def test_restart_holds_the_lock_refuses_a_second_run_and_stops_after_a_pause_past_its_lease(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LEASE_ENV, LEASE)
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):  # apply of a fresh topology
+        restart = _opsctl("restart", "-f", str(spec), "--auto-approve")
+        seen: list[str] = []
+        try:
+            _wait_for_line(restart.stderr, "[1/", seen)
+            # another checkout (another state dir): only the topology lock keeps it out, planning included
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve",
+                                 "--state-dir", str(tmp_path / "other"))
+            assert code == 3 and "another opsctl run holds this topology" in err and f"pid{restart.pid}" in err, \
+                err + out
+            restart.send_signal(signal.SIGSTOP)
+            time.sleep(float(LEASE) + 1.5)
+            # meanwhile the lock is free for another run, which takes it over (and lets it go)
+            with topology_lock(Connector(loaded)) as lock:
+                assert lock.held  # the node being restarted may be down right now
+            restart.send_signal(signal.SIGCONT)
+            assert restart.stderr is not None
+            rest = restart.stderr.read()
+            assert restart.wait(30) == 1, "".join(seen) + rest
+        finally:
+            restart.kill()
+            restart.wait()
+        assert "this run lost the topology lock: it was paused for" in rest and "Traceback" not in rest, rest
+        assert "run the same command again" in rest
+        code, out, err = run(capsys, "restart", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        code, out, err = run(capsys, "status", "-f", str(spec))
+        assert code == 0, err + out
+
+        killed = _opsctl("restart", "-f", str(spec), "--auto-approve")
+        try:
+            _wait_for_line(killed.stderr, "[1/", [])
+            killed.send_signal(signal.SIGKILL)
+            killed.wait()
+        finally:
+            killed.kill()
+        deadline = time.monotonic() + 1  # the kernel closed its connections: no lock left, no lease to wait for
+        while _owners(loaded) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _owners(loaded)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")  # starts what the kill left down
+        assert code == 0, err + out
+        assert run(capsys, "status", "-f", str(spec))[0] == 0
+
+
+@pytest.mark.integration
+def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with deployed(tmp_path, capsys, "replication", "valkey") as (_, loaded):
+        connector = Connector(loaded)
+        node = loaded.layout.servers[1]
+        with topology_lock(connector, lease=3.0) as lock:
+            with topology_lock(connector) as inner:  # reentrant within the run: the same lock, not a second
+                assert inner is lock
+            mine = lock.held[node.name][2]
+            with Admin.for_node(loaded, node) as admin:
+                admin.call("CLIENT", "KILL", "ID", mine)  # what a restart of the node does to the marker
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and lock.held.get(node.name, (None, None, mine))[2] == mine:
+                    time.sleep(0.1)
+                assert node.name in lock.held and lock.held[node.name][2] != mine
+                assert _owners(loaded) == {lock.owner}
+                lock.check()
+                # the node loses it again, and before this run marks it anew another run's marker is there
+                other = Admin.for_node(loaded, node)
+                try:
+                    other.call("CLIENT", "SETNAME", marker_name("other@h/pid1", 30))
+                    admin.call("CLIENT", "KILL", "ID", lock.held[node.name][2])
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline and lock.lost is None:
+                        time.sleep(0.1)
+                    with pytest.raises(OpsctlError, match="lost the topology lock: other@h/pid1 holds"):
+                        lock.check()
+                    assert not lock.held  # withdrawn: a run that lost the lock refuses nobody
+                finally:
+                    other.close()
