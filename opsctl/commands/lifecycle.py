@@ -30,15 +30,16 @@ def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
     included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
     then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
     state-dir lock alone; the topology lock marks each server as soon as it answers."""
-    from opsctl.statelock import state_lock
-    from opsctl.topolock import topology_lock
-
     rt = _load(args)
     with ExitStack() as locks:
         if locked:
+            from opsctl.statelock import state_lock
+
             locks.enter_context(state_lock(rt.state_dir))
         try:
             if locked:
+                from opsctl.topolock import topology_lock  # redis: plan and status import no client library
+
                 locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
             yield rt
         finally:
