@@ -145,17 +145,11 @@ def replicate_commands(layout: Layout, ids: Mapping[str, str]) -> dict[str, list
             for shard in layout.shards for replica in shard.replicas}
 
 
-def _attach_replicas(observer: Observer, layout: Layout, ids: dict[str, str], timeout: float) -> None:
-    """CLUSTER REPLICATE every replica and announce it in the same round trip. The rendered
-    repl-diskless-sync-max-replicas starts each master's sync as soon as its shard's replicas are connected, so
-    no sync delay needs changing here."""
-    announce(observer, list(layout.servers), replicate_commands(layout, ids))
-    wait_converged(observer, timeout)
-
-
 def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
     """Create a cluster from fresh empty nodes: distinct epochs, even slots per shard master, MEET, wait until
-    all know each other, REPLICATE each replica to its shard's master, wait until converged."""
+    all know each other, REPLICATE each replica to its shard's master, announce everyone to everyone (one round
+    trip per node for each), wait until converged. The rendered repl-diskless-sync-max-replicas starts each
+    master's sync as soon as its shard's replicas are connected, so no sync delay needs changing here."""
     deadline = time.monotonic() + timeout
     servers = list(layout.servers)
     slots = slot_plan(layout)
@@ -175,5 +169,7 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, me
         _parallel(observer.pool, introduce, servers)
         wait_for(lambda: _all_known(observer, ids), deadline - time.monotonic(),
                  f"all {len(servers)} nodes to know each other")
-        _attach_replicas(observer, layout, ids, max(0.1, deadline - time.monotonic()))
-
+        # REPLICATE only now (announced in the same round trip): replicas attached as soon as each knew its master
+        # stayed masters in the view of nodes that had not heard of that master yet (Valkey 9.1, 60 nodes)
+        announce(observer, servers, replicate_commands(layout, ids))
+        wait_converged(observer, max(0.1, deadline - time.monotonic()))

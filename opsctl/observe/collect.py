@@ -311,15 +311,44 @@ def describe_lines(lines: Sequence[str], limit: int = 12) -> str:
     return "\n".join([*lines[:limit], *([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])])
 
 
+def settled_pending(observer: Observer) -> Pending | None:
+    """The cheap look polls take first: every node's cluster_state (in a cluster) and every replica's link, from
+    CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None."""
+    commands: list[Command] = [("INFO", "replication")]
+    if observer.loaded.spec.topology == "cluster":
+        commands.append(("CLUSTER", "INFO"))
+
+    def one(node: Node) -> str:
+        try:
+            replies = observer.links[node.name].pipeline(commands)
+        except PIPE_ERRORS as exc:
+            return f"unreachable: {link_error(exc)}"
+        failed = [f"{' '.join(c)}: {r.message}" for c, r in zip(commands, replies, strict=True)
+                  if isinstance(r, RespError)]
+        if failed:
+            return "; ".join(failed)
+        info = {k: v for reply in replies for k, v in parse_info(str(reply)).items()}
+        if len(commands) > 1 and info.get("cluster_state") != "ok":
+            return f"cluster_state:{info.get('cluster_state', '?')} (waiting for ok)"
+        if info.get("role") == "slave" and info.get("master_link_status") != "up":
+            return f"replica link to {info.get('master_host')}:{info.get('master_port')} is " \
+                   f"{info.get('master_link_status', '?')}"
+        return ""
+
+    why = dict(zip([n.name for n in observer.nodes], observer.pool.map(one, observer.nodes), strict=True))
+    waiting = [f"{name}: {reason}" for name, reason in why.items() if reason]
+    return Pending(describe_lines(waiting)) if waiting else None
+
+
 def wait_converged(observer: Observer, timeout: float) -> None:
     """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how.
-    Each poll first asks every node's cluster_state only; the full look (every view, parsed and compared)
-    runs once all say ok, so a new cluster's ~2 s wait costs the servers and opsctl little CPU."""
+    Each poll first asks every node's cluster_state and replica link only (settled_pending); the full look
+    (every view, parsed and compared) runs once all are there, so a new cluster's ~2 s wait and its replicas'
+    first sync cost the servers and opsctl little CPU."""
     def check() -> bool | Pending:
-        not_ok = cluster_info_pending(observer, "cluster_state", "ok") \
-            if observer.loaded.spec.topology == "cluster" else None
-        if not_ok is not None:
-            return not_ok
+        not_yet = settled_pending(observer)
+        if not_yet is not None:
+            return not_yet
         problems = observed_problems(observer.observe(info_section="replication"))
         return Pending(describe(problems)) if problems else True
 
