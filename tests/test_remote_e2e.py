@@ -289,6 +289,7 @@ def test_sentinel_through_opsctl_apply_leaks_no_secret(ssh_env: netns.Lab, tmp_p
         with ProcessWatch(CANARY) as watch:
             outputs += apply(capsys, spec, "--output", "json")  # step events go to stderr as JSON
         assert watch.seen == [], watch.seen
+        assert '"event": "playbook-task"' in outputs[1], outputs[1][-2000:]  # deploy.yml's tasks, one by one
         health = status(capsys, spec)["health"]
         assert "3 sentinels agree" in health, health
         assert_sentinels_monitor_the_master(loaded)
