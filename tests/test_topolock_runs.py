@@ -116,12 +116,15 @@ def test_restart_holds_the_lock_refuses_a_second_run_and_stops_after_a_pause_pas
 @pytest.mark.integration
 def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with deployed(tmp_path, capsys, "replication", "valkey") as (_, loaded):
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         connector = Connector(loaded)
         node = loaded.layout.servers[1]
         with topology_lock(connector, lease=3.0) as lock:
             with topology_lock(connector) as inner:  # reentrant within the run: the same lock, not a second
                 assert inner is lock
+            code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve")  # another run
+            assert code == 3 and "another opsctl run holds this topology" in err and "stopped" not in out, \
+                err + out
             mine = lock.held[node.name][2]
             with Admin.for_node(loaded, node) as admin:
                 admin.call("CLIENT", "KILL", "ID", mine)  # what a restart of the node does to the marker

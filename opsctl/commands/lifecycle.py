@@ -168,14 +168,16 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 def _destroy(rt: Any, args: argparse.Namespace) -> None:
     from opsctl.statelock import state_lock
+    from opsctl.topolock import check_held, topology_lock
 
     layout = rt.loaded.layout
     order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
              *[n for n in layout.servers if n.role == "master"]]
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     _confirm(args, f"This will {what} of '{rt.loaded.spec.name}'.")
-    with state_lock(rt.state_dir):
+    with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
         for node in order:
+            check_held(rt.connector)
             rt.provider.stop(node)
             if args.purge:
                 rt.provider.purge(node)
