@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +14,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from opsctl import __version__
 from opsctl.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.secrets import MaskingStream
+
+# Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
+# every object the run made (0.2-0.4 s of CPU after a cluster apply on a busy machine; the kernel frees it).
+atexit.register(gc.freeze)
 
 if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
