@@ -176,8 +176,8 @@ class TopologyLock:
         for marker in stale:
             self._kill(marker)
 
-    def _hold(self, node: Node) -> None:
-        admin = self.connector.admin(node, timeout=CONNECT_TIMEOUT)
+    def _hold(self, node: Node, timeout: float = CONNECT_TIMEOUT) -> None:
+        admin = self.connector.admin(node, timeout=timeout)
         try:
             conn = admin.client.connection_pool.get_connection()
             conn.send_command(admin.command("CLIENT"), "ID")
@@ -253,8 +253,12 @@ class TopologyLock:
             except (redis.RedisError, OSError):
                 self._drop(name)  # a restarted node: marked again below once it answers
         self._renewed_at = started
+        # bounded, so that nodes that do not answer (a host down) cannot delay the next renewal past the lease
+        budget = time.monotonic() + self.lease / 6
         for node in [n for n in self.nodes if n.name not in self.held]:
-            self._hold(node)
+            if time.monotonic() > budget:
+                return  # the others next round
+            self._hold(node, min(CONNECT_TIMEOUT, self.lease / 6))
             if node.name not in self.held:
                 continue
             admin, conn, client_id = self.held[node.name]
