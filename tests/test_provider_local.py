@@ -408,6 +408,47 @@ def uid_of(pid: int) -> int:
     return int(line.split()[1])
 
 
+def ids_of(pid: int) -> tuple[set[int], set[int], set[int]]:
+    """(real/effective/saved/fs uids, the same gids, supplementary groups) of a process."""
+    lines = dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln)
+    return ({int(x) for x in lines["Uid"].split()}, {int(x) for x in lines["Gid"].split()},
+            {int(x) for x in lines["Groups"].split()})
+
+
+def test_setpriv_switches_the_user_only_when_there_is_one_to_switch_to() -> None:
+    from opsctl.providers.local import as_user
+    from opsctl.providers.serveruser import ServerUser
+
+    user = ServerUser("valkey", 998, 997)
+    assert as_user(user, "/usr/bin/setpriv") == ["/usr/bin/setpriv", "--reuid=998", "--regid=997", "--clear-groups",
+                                                 "--"]
+    assert as_user(None, "/usr/bin/setpriv") == [] and as_user(user, None) == []
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="servers run as opsctl's own user when opsctl is not root")
+@pytest.mark.parametrize("switch", ["setpriv", "popen"])
+def test_as_root_a_server_runs_with_the_server_users_ids_and_no_other_group(tmp_path: Path, started: Started,
+                                                                              switch: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    from opsctl.providers import local
+
+    if switch == "popen":
+        monkeypatch.setattr(local, "setpriv", lambda: None)
+    elif local.setpriv() is None:
+        pytest.skip("no setpriv on this machine")
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    pid = provider.process_state(node).pid
+    assert pid and read_proc(pid) is not None and read_proc(pid).exe == os.path.realpath(provider.binary.path)
+    user = pwd.getpwnam(loaded.spec.server.service_user)
+    assert ids_of(pid) == ({user.pw_uid}, {user.pw_gid}, set())
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="servers run as opsctl's own user when opsctl is not root")
 @pytest.mark.parametrize("flavor", FLAVORS)
