@@ -8,8 +8,10 @@ keys between the same nodes. Goals: Redis 7.0 opsctl >= 2x redis-cli pipeline 10
 
 Last, the ceiling of any key-by-key mover on this pair: MIGRATE alone. The keys are listed and sized and the
 slots opened beforehand (untimed); only opsctl's MIGRATE batches are timed, the client doing nothing else.
-On Valkey also the ceiling of the atomic path: CLUSTER MIGRATESLOTS started bare and polled every ms, then
-one more opsctl run (the best opsctl run counts). Goals (issue 15): opsctl >= 0.8x its ceiling.
+On Valkey also the ceiling of the atomic path: CLUSTER MIGRATESLOTS started bare and polled every ms, each
+followed by an opsctl run moving the keys back, twice (the best of each side counts). Goals (issue 15): opsctl
+>= 0.8x its ceiling. Then where the time goes, per opsctl run: its own move against the rest (process start,
+lock, setup), its CPU, and the source's time per command (INFO commandstats) and in no command.
 The load average is printed before and after: compare runs only on a similar machine state.
 
     .venv/bin/python bench/reshard.py --tls [--keys 200000]
@@ -23,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,6 +41,7 @@ from redis.crc import key_slot
 from opsctl.admin import Admin
 from opsctl.cli import main as opsctl_main
 from opsctl.connector import Connector
+from opsctl.observe.parse import parse_info
 from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
 from opsctl.slots.keys import KeyMover, Options
@@ -66,12 +72,61 @@ def load(admin: Admin, keys: int, slots: range) -> int:
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
+    return timed_run(argv, env).seconds
+
+
+@dataclass
+class Timed:
+    seconds: float
+    cpu: float  # the child's user + system CPU seconds
+    stdout: str
+
+    def moved_in(self) -> float | None:
+        """opsctl's own time for the move ("moved ... in 3.21s"), from its result line."""
+        found = re.search(r"keys in ([0-9.]+)s", self.stdout)
+        return float(found.group(1)) if found else None
+
+
+def timed_run(argv: list[str], env: dict[str, str]) -> Timed:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, check=False)
     elapsed = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{argv[:5]} failed ({done.returncode}): {done.stderr[-800:]}{done.stdout[-400:]}")
-    return elapsed
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return Timed(elapsed, cpu, done.stdout)
+
+
+def server_time(admin: Admin) -> dict[str, float]:
+    """Seconds the server spent per command (INFO commandstats usec) and on its main thread's CPU."""
+    stats = {key.removeprefix("cmdstat_"): float(dict(p.split("=", 1) for p in value.split(","))["usec"]) / 1e6
+             for key, value in parse_info(str(admin.raw("INFO", "commandstats"))).items()}
+    cpu = parse_info(str(admin.raw("INFO", "cpu")))
+    stats["main thread CPU"] = sum(float(cpu.get(f"used_cpu_{k}_main_thread", 0)) for k in ("user", "sys"))
+    return stats
+
+
+def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[str, float], dict[str, float]],
+                    run: Timed | None = None) -> str:
+    """One run's wall time split: opsctl's own move and the rest (process start, lock, setup, the looks before
+    and after); the source's busy time per command (a single-threaded source: whatever it spends outside MIGRATE
+    is what key by key adds) and the time it spent in no command (waiting for the client)."""
+    before, after = source
+    busy = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) >= 0.005}
+    cpu = busy.pop("main thread CPU", 0.0)
+    commands = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(busy.items(), key=lambda kv: -kv[1]))
+    inside = sum(busy.values())
+    lines = [f"  {label}: {seconds:.2f}s wall ({keys / seconds:.0f} keys/s)"
+             + (f", opsctl CPU {run.cpu:.2f}s" if run else "")]
+    moved = run.moved_in() if run else None
+    if moved is not None:
+        lines.append(f"    the move itself {moved:.2f}s; process start, lock, setup and the looks before/after "
+                     f"{seconds - moved:.2f}s")
+    lines.append(f"    source: in commands {inside:.2f}s ({commands}); main thread CPU {cpu:.2f}s; in no command "
+                 f"{max(0.0, seconds - inside):.2f}s")
+    return "\n".join(lines)
 
 
 def migrate_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int, state_dir: Path) -> tuple[int, float]:
@@ -149,37 +204,58 @@ def run(path: Path, flavor: str, keys: int) -> int:
         ids = {a.name: admin_a.call("CLUSTER", "MYID"), b.name: admin_b.call("CLUSTER", "MYID")}
         slots = 5462
         written = load(admin_a, keys, range(0, slots))
+        return measure(loaded, path, flavor, written, slots, ids, {a.name: admin_a, b.name: admin_b})
+
+
+def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: int, ids: dict[str, str],
+            admins: dict[str, Admin]) -> int:
+    a, b = admins
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
-    cli = [redis_cli(), "--cluster", "reshard", a.endpoint, "--cluster-slots", str(slots), "--cluster-yes"]
+    cli = [redis_cli(), "--cluster", "reshard", admins[a].endpoint, "--cluster-slots", str(slots), "--cluster-yes"]
     opsctl = [*OPSCTL, "cluster", "reshard", "-f", str(path), "--slots", str(slots)]
-    runs: list[tuple[str, list[str]]] = [
-        ("opsctl", [*opsctl, "--from", a.name, "--to", b.name]),
-        ("redis-cli (default pipeline 10)", [*cli, "--cluster-from", ids[b.name], "--cluster-to", ids[a.name]]),
-        ("opsctl", [*opsctl, "--from", a.name, "--to", b.name]),
-        ("redis-cli --cluster-pipeline 1000", [*cli, "--cluster-from", ids[b.name], "--cluster-to", ids[a.name],
-                                               "--cluster-pipeline", "1000"]),
+    runs: list[tuple[str, str, list[str]]] = [  # label, source, argv
+        ("opsctl", a, [*opsctl, "--from", a, "--to", b]),
+        ("redis-cli (default pipeline 10)", b, [*cli, "--cluster-from", ids[b], "--cluster-to", ids[a]]),
+        ("opsctl", a, [*opsctl, "--from", a, "--to", b]),
+        ("redis-cli --cluster-pipeline 1000", b, [*cli, "--cluster-from", ids[b], "--cluster-to", ids[a],
+                                                  "--cluster-pipeline", "1000"]),
     ]
     if flavor == "valkey":
-        runs.append(("opsctl --key-by-key", [*opsctl, "--from", a.name, "--to", b.name, "--key-by-key"]))
+        runs.append(("opsctl --key-by-key", a, [*opsctl, "--from", a, "--to", b, "--key-by-key"]))
     rates: dict[str, list[float]] = {}
+    notes: list[str] = []
     print(f"load average before: {load_average()}", flush=True)
-    for label, argv in runs:
-        seconds = timed(argv, env)
-        rates.setdefault(label, []).append(written / seconds)
-        print(f"{label:<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
-    moved, seconds = migrate_alone(loaded, (a.name, b.name), slots, path.parent / "state")
+    for label, source, argv in runs:
+        before = server_time(admins[source])
+        done = timed_run(argv, env)
+        rates.setdefault(label, []).append(written / done.seconds)
+        print(f"{label:<36} {written} keys in {done.seconds:7.2f}s  {written / done.seconds:>10.0f} keys/s", flush=True)
+        if label.startswith("opsctl"):
+            notes.append(where_time_goes(f"{label} {source} -> {a if source == b else b}", done.seconds, written,
+                                         (before, server_time(admins[source])), done))
     alone = "MIGRATE alone (ceiling of key-by-key)"
+    source = a if 0 in _owned(loaded, a) else b
+    before = server_time(admins[source])
+    moved, seconds = migrate_alone(loaded, (a, b), slots, path.parent / "state")
     rates[alone] = [moved / seconds]
     print(f"{alone:<36} {moved} keys in {seconds:7.2f}s  {moved / seconds:>10.0f} keys/s", flush=True)
-    if flavor == "valkey":
-        seconds = migrateslots_alone(loaded, (a.name, b.name), slots)
-        bare = "CLUSTER MIGRATESLOTS alone (ceiling)"
-        rates[bare] = [written / seconds]
+    notes.append(where_time_goes(f"{alone} (listing and sizing before the clock)", seconds, moved,
+                                 (before, server_time(admins[source]))))
+    bare = "CLUSTER MIGRATESLOTS alone (ceiling)"
+    atomic = "opsctl (atomic, after each bare run)"
+    for _ in range(2 if flavor == "valkey" else 0):  # interleaved, as many of each; the best of each counts
+        seconds = migrateslots_alone(loaded, (a, b), slots)
+        rates.setdefault(bare, []).append(written / seconds)
         print(f"{bare:<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
-        seconds = timed([*opsctl, "--from", a.name, "--to", b.name] if 0 in _owned(loaded, a.name) else
-                        [*opsctl, "--from", b.name, "--to", a.name], env)
-        rates["opsctl"].append(written / seconds)
-        print(f"{'opsctl':<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
+        source, target = (a, b) if 0 in _owned(loaded, a) else (b, a)
+        done = timed_run([*opsctl, "--from", source, "--to", target], env)
+        rates.setdefault(atomic, []).append(written / done.seconds)
+        print(f"{atomic:<36} {written} keys in {done.seconds:7.2f}s  {written / done.seconds:>10.0f} keys/s",
+              flush=True)
+        notes.append(f"  {atomic} {source} -> {target}: {done.seconds:.2f}s wall, opsctl CPU {done.cpu:.2f}s; "
+                     f"the server's job as opsctl saw it {done.moved_in() or 0:.2f}s (bare just before: "
+                     f"{seconds:.2f}s); process start, lock, setup and the looks before/after "
+                     f"{done.seconds - (done.moved_in() or 0):.2f}s")
     print(f"load average after: {load_average()}")
     best = {label: max(r) for label, r in rates.items()}
     print(f"\n{flavor} {loaded.spec.server.version}, {written} keys of 100 bytes, {slots} slots, A <-> B")
@@ -188,10 +264,12 @@ def run(path: Path, flavor: str, keys: int) -> int:
             for mover in ("opsctl", "opsctl --key-by-key", alone):
                 if mover in best:
                     print(f"  {mover} / {label}: {best[mover] / best[label]:.1f}x")
-    ceiling = "CLUSTER MIGRATESLOTS alone (ceiling)" if flavor == "valkey" else alone
-    print(f"  opsctl / {ceiling}: {best['opsctl'] / best[ceiling]:.2f} (goal >= 0.8)")
     if flavor == "valkey":
+        print(f"  {atomic} / {bare}: {best[atomic] / best[bare]:.2f} (goal >= 0.8; best of 2 interleaved each)")
         print(f"  opsctl --key-by-key / {alone}: {best['opsctl --key-by-key'] / best[alone]:.2f}")
+    else:
+        print(f"  opsctl / {alone}: {best['opsctl'] / best[alone]:.2f} (goal >= 0.8)")
+    print("\nwhere the time goes:\n" + "\n".join(notes))
     return 0
 
 

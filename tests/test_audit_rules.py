@@ -31,6 +31,7 @@ from opsctl.spec.layout import Node
 def test_resp_round_trip_and_partial_buffers() -> None:
     assert encode(["SET", b"k", 1]) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
     assert encode_keyed(b"STRLEN", [b"a", b"bc"]) == encode([b"STRLEN", b"a"]) + encode([b"STRLEN", b"bc"])
+    assert encode_keyed(b"MEMORY", [b"k"], b"USAGE") == encode([b"MEMORY", b"USAGE", b"k"])
     buf = b":5\r\n$3\r\na\nb\r\n*2\r\n$1\r\n0\r\n*1\r\n$2\r\nk1\r\n-ERR x\r\n$-1\r\n+OK\r\n*2\r\n+a\r\n:1\r\n"
     assert replies(buf) == [5, b"a\nb", [b"0", [b"k1"]], RespError("ERR x"), None, b"OK", [b"a", 1]]
     assert len(replies(buf[:-3])) == 6  # cut inside the last array: it waits for more bytes

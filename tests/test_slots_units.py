@@ -8,7 +8,7 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, step_from_dict
 from opsctl.slots.atomic import job_state, parse_migrations, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
-from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_sizes, rate_delay, waves
+from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_survey, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
@@ -143,9 +143,9 @@ def test_waves_double_from_a_small_first_one_and_cover_every_slot_once():
     assert waves([], 64, 512) == [] and waves([7], 0, 0) == [[7]]
 
 
-def test_size_script_replies_parse_or_fall_back():
-    assert parse_sizes(b"184,-1,90", 3) == [184, None, 90]
-    assert parse_sizes(b"", 0) == []
-    assert parse_sizes(b"184,90", 3) is None  # not one size per key: size them one by one instead
-    assert parse_sizes(b"184,x", 2) is None
-    assert parse_sizes(Exception("TRYAGAIN"), 1) is None and parse_sizes(None, 1) is None
+def test_survey_replies_parse_or_fall_back():
+    assert parse_survey([[b"a", b"b", b"c"], b"184,-1,90"]) == ([b"a", b"b", b"c"], [184, None, 90])
+    assert parse_survey([[], b""]) == ([], [])
+    assert parse_survey([[b"a", b"b"], b"184"]) is None  # not one size per key: list and size them apart
+    assert parse_survey([[b"a"], b"x"]) is None and parse_survey([[b"a"], 5]) is None
+    assert parse_survey(Exception("NOSCRIPT")) is None and parse_survey(None) is None and parse_survey([1]) is None

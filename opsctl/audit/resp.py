@@ -36,9 +36,11 @@ def encode(args: Sequence[Arg]) -> bytes:
     return packed
 
 
-def encode_keyed(command: bytes, keys: Iterable[bytes]) -> bytes:
-    """The same one-key command for many keys (`STRLEN k1`, `STRLEN k2`, ...), packed in one buffer."""
-    head = b"*2\r\n$%d\r\n%s\r\n" % (len(command), command)
+def encode_keyed(command: bytes, keys: Iterable[bytes], subcommand: bytes = b"") -> bytes:
+    """The same one-key command for many keys (`STRLEN k1`, `STRLEN k2`, ...; with a subcommand
+    `MEMORY USAGE k1`, ...), packed in one buffer."""
+    words = (command, subcommand) if subcommand else (command,)
+    head = b"*%d\r\n" % (len(words) + 1) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
     return b"".join(b"%s$%d\r\n%s\r\n" % (head, len(k), k) for k in keys)
 
 

@@ -37,6 +37,10 @@ def batches(keys: Sequence[bytes], sizes: Sequence[int | None], max_bytes: int =
 
     sizes: MEMORY USAGE per key (None: the key vanished meanwhile, counted as 0).
     """
+    sized = [int(raw or 0) for raw in sizes]
+    total = sum(sized)
+    if len(keys) <= max_keys and total <= max_bytes and max(sized, default=0) < big_bytes:
+        return [Batch(tuple(keys), total, timeout_ms(total, base_ms))] if keys else []  # the common case, at C speed
     out: list[Batch] = []
     current: list[bytes] = []
     current_size = 0
@@ -79,17 +83,19 @@ def waves(slots: Sequence[int], first: int, most: int) -> list[list[int]]:
     return out
 
 
-def parse_sizes(reply: object, count: int) -> list[int | None] | None:
-    """The size script's reply ("184,-1,90"): one size per key, None for a key that vanished (-1).
+def parse_survey(reply: object) -> tuple[list[bytes], list[int | None]] | None:
+    """The survey script's reply ([keys, "184,-1,90"]): the slot's keys and one size per key (None: vanished).
     None when the reply is not that (an error, or a server that cannot run the script). Pure."""
-    if not isinstance(reply, bytes | str):
+    if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[0], list):
         return None
-    text = reply.decode() if isinstance(reply, bytes) else reply
-    parts = text.split(",") if text else []
-    if len(parts) != count:
+    keys, text = reply
+    if not all(isinstance(k, bytes) for k in keys) or not isinstance(text, bytes):
+        return None
+    parts = text.decode().split(",") if text else []
+    if len(parts) != len(keys):
         return None
     try:
         values = [int(p) for p in parts]
     except ValueError:
         return None
-    return [None if v < 0 else v for v in values]
+    return keys, [None if v < 0 else v for v in values]

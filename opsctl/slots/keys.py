@@ -1,12 +1,13 @@
 """Key-by-key slot migration, for servers without atomic migration. I/O shell around opsctl.slots.batching.
 
 Per wave of slots, every control step is one pipelined round trip per node (not 5 + masters round trips per
-slot): IMPORTING on the target, MIGRATING on the source, GETKEYSINSLOT for all slots, MEMORY USAGE for all
-keys, the MIGRATE batches, then SETSLOT NODE on the target, the source, and every other master in parallel.
+slot): the keys listed and sized (one script call per slot), IMPORTING on the target, MIGRATING on the source,
+the MIGRATE batches, then the drain, SETSLOT NODE on the target, the source, and every other master in parallel.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,23 +19,28 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.observe.collect import Command
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
-from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, parse_sizes, rate_delay, timeout_ms, waves
+from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, parse_survey, rate_delay, timeout_ms, waves
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.scale import shard_members
-from opsctl.slots.session import Peer, Session, checked, pipe, stream
+from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
 from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
 FIRST_WAVE = 64
 FETCH_KEYS = 1000
 MAX_FAILED_ROUNDS = 5
-# Sizes a slot's keys in one call (MEMORY USAGE per key, joined as text): one command and one short reply
-# instead of one each per key. Read-only, so it runs even when the source is at maxmemory.
-SIZE_SCRIPT = ("#!lua flags=no-writes\nlocal out = {}\nfor i, key in ipairs(KEYS) do\n"
-               "  out[i] = redis.call(ARGV[1], 'USAGE', key) or -1\nend\nreturn table.concat(out, ',')")
 Plan = list[tuple[int, Batch]]
+Work = dict[int, tuple[list[bytes], list[int | None]]]  # slot -> its keys and their sizes
+# Lists one slot's keys and sizes them in the same call (GETKEYSINSLOT, then MEMORY USAGE of each key, joined as
+# text). One short command per slot: the source reads 16 KB of a client's commands per turn, and a MEMORY USAGE
+# per key left the sizing far behind the MIGRATE stream it shares the source with. Read-only, so it runs even
+# when the source is at maxmemory. ARGV: the CLUSTER and MEMORY commands' names (renamed), slot, count.
+SURVEY_SCRIPT = ("#!lua flags=no-writes\n"
+                 "local keys = redis.call(ARGV[1], 'GETKEYSINSLOT', tonumber(ARGV[3]), tonumber(ARGV[4]))\n"
+                 "local sizes = {}\nfor i, key in ipairs(keys) do\n"
+                 "  sizes[i] = redis.call(ARGV[2], 'USAGE', key) or -1\nend\nreturn {keys, table.concat(sizes, ',')}")
 LINK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 
 
@@ -80,12 +86,15 @@ class KeyMover:
         self.base_ms = base_timeout_ms(self.node_timeout_ms)
         self.started = time.monotonic()
         self.moved = 0
+        self._moved_lock = threading.Lock()
 
     def move(self, slots: Sequence[int]) -> None:
-        """Wave by wave, three things at once on separate connections: the next wave's keys are fetched and
-        sized ahead (`prepare`) and the previous wave is closed behind (`finish`) while this wave moves.
-        Keys fetched before their slot opened are only a head start: `drain`, after MIGRATING is set, fetches
-        again until the slot is empty, so keys written meanwhile move too. Each slot keeps its own order."""
+        """Wave by wave, so that the source never waits for opsctl between waves: while one wave's MIGRATE
+        batches stream, the next wave's keys are fetched and sized and its slots opened ahead (`ready`), and
+        the wave before is drained and closed behind (`finish`), each on its own connections. Keys fetched
+        before their slot opened are only a head start: `drain`, once MIGRATING is set, fetches again until
+        the slot is empty, so keys written meanwhile move too. At most three waves are open at once (behind,
+        moving, ahead), each journaled before it opens; each slot keeps its own order."""
         try:
             self._move(slots)
         except LINK_ERRORS as exc:
@@ -98,31 +107,58 @@ class KeyMover:
     def _move(self, slots: Sequence[int]) -> None:
         parts = waves(slots, self.options.first_wave, self.options.wave_slots)
         with ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as behind:
-            upcoming = ahead.submit(self.prepare, parts[0]) if parts else None
+            upcoming = ahead.submit(self.ready, parts[0]) if parts else None
             closing: Future[None] | None = None
             for i, wave in enumerate(parts):
                 assert upcoming is not None
                 plan = upcoming.result()
-                check_held(self.session.connector)  # a lost topology lock stops before opening more slots
-                self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
-                self.open(wave)
-                upcoming = ahead.submit(self.prepare, parts[i + 1]) if i + 1 < len(parts) else None
+                upcoming = ahead.submit(self.ready, parts[i + 1]) if i + 1 < len(parts) else None
                 self.send(plan)
-                self.drain(wave)
                 if closing is not None:
                     closing.result()
                 closing = behind.submit(self.finish, wave)
             if closing is not None:
                 closing.result()
 
+    def ready(self, wave: Sequence[int]) -> Plan:
+        """The wave's keys and MIGRATE batches (read before it opens), then the wave journaled and opened."""
+        plan = self.prepare(wave)
+        check_held(self.session.connector)  # a lost topology lock stops before opening more slots
+        self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
+        self.open(wave)
+        return plan
+
     def finish(self, wave: Sequence[int]) -> None:
+        self.drain(wave)
         self.close(wave)
         self.journal.closed(wave)
         self.progress.add(slots=len(wave))
 
     def prepare(self, wave: Sequence[int]) -> Plan:
         """The wave's keys and their MIGRATE batches, read before the wave opens."""
-        return self.plan(self.fetch(wave))
+        return self.plan(self.survey(wave))
+
+    def survey(self, slots: Sequence[int]) -> Work:
+        """Each non-empty slot's keys (at most fetch_keys) with their sizes: one script call per slot; where
+        the script cannot run (EVAL disabled or renamed away, a server before 7.0), `listed`."""
+        names = (self.source.admin.command("CLUSTER"), self.source.admin.command("MEMORY"))
+        replies = pipe(self.source, [("EVAL", SURVEY_SCRIPT, 0, *names, s, self.options.fetch_keys) for s in slots])
+        work: Work = {}
+        rest = []
+        for slot, reply in zip(slots, replies, strict=True):
+            surveyed = parse_survey(reply)
+            if surveyed is None:
+                rest.append(slot)
+            elif surveyed[0]:
+                work[slot] = surveyed
+        return {**work, **self.listed(rest)}
+
+    def listed(self, slots: Sequence[int]) -> Work:
+        """GETKEYSINSLOT for every slot, then MEMORY USAGE for every key found, each in one round trip (the
+        drain's way: its slots are mostly empty by then, and GETKEYSINSLOT is the cheapest look)."""
+        found = self.fetch(slots)
+        sizes = self.sizes(found)
+        return {slot: (keys, sizes[slot]) for slot, keys in found.items()}
 
     def fetch(self, slots: Sequence[int]) -> dict[int, list[bytes]]:
         replies = checked(self.source, [("CLUSTER", "GETKEYSINSLOT", s, self.options.fetch_keys) for s in slots],
@@ -163,7 +199,7 @@ class KeyMover:
         failing_since = 0.0
         patience = 3 * self.node_timeout_ms / 1000 + 5  # e.g. CLUSTERDOWN while a failover settles
         while pending:
-            work = self.fetch(pending)
+            work = self.listed(pending)
             if not work:
                 return
             if self.send(self.plan(work)):
@@ -227,24 +263,18 @@ class KeyMover:
         names = set(shard_members(self.session.loaded, peer.name)) - {self.source.name, self.target.name}
         return {n.endpoint for n in self.session.nodes if n.name in names}
 
-    def plan(self, work: dict[int, list[bytes]]) -> Plan:
-        sizes = self.sizes(work)
-        return [(slot, b) for slot, keys in work.items() for b in batches(keys, sizes[slot], base_ms=self.base_ms)]
+    def plan(self, work: Work) -> Plan:
+        return [(slot, b) for slot, (keys, sizes) in work.items() for b in batches(keys, sizes, base_ms=self.base_ms)]
 
     def sizes(self, work: dict[int, list[bytes]]) -> dict[int, list[int | None]]:
-        """Bytes per key (None: vanished): one size script call per slot; MEMORY USAGE per key for the slots
-        where the script cannot run (no scripting, or keys missing from a slot that is already MIGRATING)."""
-        memory = self.source.admin.command("MEMORY")
-        replies = pipe(self.source, [("EVAL", SIZE_SCRIPT, len(keys), *keys, memory) for keys in work.values()])
-        out = {slot: parse_sizes(reply, len(keys))
-               for (slot, keys), reply in zip(work.items(), replies, strict=True)}
-        rest = [slot for slot, sized in out.items() if sized is None]
-        each = pipe(self.source, [("MEMORY", "USAGE", k) for slot in rest for k in work[slot]])
+        """Bytes per key (None: vanished, or no longer here): MEMORY USAGE of every key, packed in one buffer."""
+        replies = keyed(self.source, "MEMORY", "USAGE", [k for keys in work.values() for k in keys])
+        out: dict[int, list[int | None]] = {}
         at = 0
-        for slot in rest:
-            out[slot] = [None if isinstance(v, Exception) else v for v in each[at:at + len(work[slot])]]
-            at += len(work[slot])
-        return {slot: sized or [] for slot, sized in out.items()}
+        for slot, keys in work.items():
+            out[slot] = [None if isinstance(v, Exception) else v for v in replies[at:at + len(keys)]]
+            at += len(keys)
+        return out
 
     def send(self, plan: Plan) -> bool:
         """Report big keys, then send every MIGRATE batch streamed on one connection. False if any failed."""
@@ -257,7 +287,8 @@ class KeyMover:
             if isinstance(reply, Exception):
                 ok = self.failed(slot, batch, reply) and ok
             else:
-                self.moved += len(batch.keys)
+                with self._moved_lock:
+                    self.moved += len(batch.keys)
                 self.progress.add(keys=len(batch.keys), size=batch.size)
         self.throttle()
         return ok
