@@ -164,6 +164,7 @@ def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable:
         outcome.notes += _unreachable(session, reassign_unreachable)
         if not outcome.notes:
             outcome.notes.append("nothing to fix: no open slots, every slot is served")
+        session.refresh()
         wait_stable(session)
     return outcome
 

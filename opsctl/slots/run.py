@@ -13,7 +13,7 @@ from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, EndpointReplacedEvent, SlotsStart, as_dict
 from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.collect import Pending, observe, wait_converged, wait_for
+from opsctl.observe.collect import Pending, observed_problems, wait_converged, wait_for
 from opsctl.observe.parse import myself
 from opsctl.slots.atomic import atomic_move
 from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
@@ -24,7 +24,6 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.scale import find_node, retired_nodes, shard_members
 from opsctl.slots.session import Peer, Session, pipe
-from opsctl.spec.layout import Node
 
 CONVERGE_TIMEOUT = 60.0
 MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
@@ -44,16 +43,16 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def cluster_members(connector: Connector) -> list[Node]:
-    """The spec's servers plus the nodes a larger spec had that the cluster still knows."""
-    loaded = connector.loaded
-    seen = observe(connector, loaded.layout.servers)
-    views = [o.cluster_nodes for o in seen.values() if o.cluster_nodes]
-    return [*loaded.layout.servers, *retired_nodes(loaded, views)]
-
-
 def open_session(connector: Connector) -> Session:
-    return Session(connector, cluster_members(connector))
+    """A session over the spec's servers plus the nodes a larger spec had that the cluster still knows (looked
+    at once; a second time only when there are such nodes)."""
+    servers = connector.loaded.layout.servers
+    session = Session(connector, servers)
+    retired = retired_nodes(connector.loaded, list(session.views().values()))
+    if not retired:
+        return session
+    session.close()
+    return Session(connector, [*servers, *retired])
 
 
 def resolve(session: Session, ref: str, notes: list[str] | None = None) -> str:
@@ -89,7 +88,10 @@ def describe_move(session: Session, move: Move) -> dict[str, Any]:
 
 def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
     """Until every node agrees; with nodes down (a master killed and failed over), until the nodes that
-    answer agree on one slot map with no slot open: `apply` restarts the others."""
+    answer agree on one slot map with no slot open: `apply` restarts the others. The session's last look
+    (callers refresh it just before) counts as the first poll."""
+    if all(o.reachable for o in session.seen.values()) and not observed_problems(session.seen):
+        return
     seen = session.observer.observe(info_section="replication")
     if all(o.reachable for o in seen.values()):
         wait_converged(session.observer, timeout)
