@@ -167,8 +167,9 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, me
 
         _parallel(observer.pool, setup, servers)  # every epoch is set before any node meets another
         _parallel(observer.pool, introduce, servers)
+        # 20 ms: handshakes complete on the servers' 100 ms cluster cron; faster polls only take their CPU
         wait_for(lambda: _all_known(observer, ids), deadline - time.monotonic(),
-                 f"all {len(servers)} nodes to know each other")
+                 f"all {len(servers)} nodes to know each other", interval=0.02)
         # REPLICATE only now (announced in the same round trip): replicas attached as soon as each knew its master
         # stayed masters in the view of nodes that had not heard of that master yet (Valkey 9.1, 60 nodes)
         announce(observer, servers, replicate_commands(layout, ids))
