@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,11 +21,12 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
+    import ssl
+
     import redis
     from redis.connection import Connection
 
 Route = Callable[[Node], tuple[str, int]]
-TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,11 @@ class ClientTLS:
     protocols: tuple[str, ...] = ("TLSv1.2", "TLSv1.3")
 
     def context(self) -> ssl.SSLContext:
+        import ssl  # only with TLS: a plaintext topology's commands never load it
+
+        tls_versions = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name
-        versions = sorted(TLS_VERSIONS[p] for p in self.protocols if p in TLS_VERSIONS)
+        versions = sorted(tls_versions[p] for p in self.protocols if p in tls_versions)
         if versions:
             context.minimum_version, context.maximum_version = versions[0], versions[-1]
         try:

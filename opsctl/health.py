@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from opsctl.connerr import auth_failed, is_auth_failure, not_answering
 from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.planner import current_master, sentinel_agreed_master
+from opsctl.plan.masters import current_master, sentinel_agreed_master
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 

@@ -6,22 +6,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector, Route
-from opsctl.drift import with_disk_facts
 from opsctl.errors import OpsctlError
 from opsctl.observe.collect import NodeObservation, Observer, observe
-from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.masters import current_master, sentinel_agreed_master
 from opsctl.plan.ondisk import secret_verdict
-from opsctl.plan.planner import current_master, make_plan, sentinel_agreed_master
-from opsctl.plan.steps import Plan, digest
 from opsctl.providers.base import Provider
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.spec.layout import Node
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.versions import parse_version
+
+if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
+    from opsctl.plan.desired import DesiredNode
+    from opsctl.plan.steps import Plan
 
 
 @dataclass
@@ -98,6 +100,8 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
 
 
 def spec_digest(loaded: LoadedSpec) -> str:
+    from opsctl.plan.digest import digest
+
     return digest(loaded.spec.model_dump(mode="json"))
 
 
@@ -109,6 +113,8 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
                             seen.get(n.name), rt.loaded.credentials) for n in nodes}
     if with_config:
+        from opsctl.drift import with_disk_facts
+
         facts = with_disk_facts(rt, facts)
     return {**facts, **_retired_facts(rt, facts, with_config)}
 
@@ -186,10 +192,14 @@ def master_endpoint(rt: Runtime, facts: dict[str, NodeFacts]) -> tuple[str, int]
 
 
 def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, DesiredNode]:
+    from opsctl.plan.desired import desired_nodes
+
     return desired_nodes(rt.loaded, rt.provider.paths, rt.provider.daemonize, master_endpoint(rt, facts))
 
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
+    from opsctl.plan.planner import make_plan
+
     facts = gather_facts(rt)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
     return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts

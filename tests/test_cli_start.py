@@ -79,6 +79,9 @@ def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, cap
                        if line.startswith("import time:")}
             heavy = sorted(m for m in modules if m.split(".")[0] in NOT_FOR_LOOKING)
             assert not heavy, f"opsctl {command} imports {heavy}"
+            if command == "status":  # it plans nothing
+                planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.drift"})
+                assert not planning, f"opsctl status imports {planning}"
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

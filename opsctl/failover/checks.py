@@ -16,7 +16,7 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.planner import current_master, sentinel_agreed_master
+from opsctl.plan.masters import current_master, sentinel_agreed_master
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 

@@ -37,8 +37,8 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.nodefiles import write_private
 from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
+from opsctl.plan.digest import digest
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import digest
 from opsctl.safefs import check_state_path
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opsctl.observe.parse import split_args
-from opsctl.plan.steps import digest
+from opsctl.plan.digest import digest
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import Directive
 from opsctl.spec.layout import Node

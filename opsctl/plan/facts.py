@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
-from opsctl.plan.steps import digest
+from opsctl.plan.digest import digest
 
 
 @dataclass(frozen=True)

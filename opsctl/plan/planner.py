@@ -9,6 +9,7 @@ from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
+from opsctl.plan.masters import current_master, has_slots, sentinel_agreed_master
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
@@ -219,12 +220,8 @@ def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
     f = facts[node.name]
     if f.role is None:
         return node.role == "master"
-    return f.role.kind == "master" and (f.cluster_nodes is None or _has_slots(f))
+    return f.role.kind == "master" and (f.cluster_nodes is None or has_slots(f))
 
-
-def _has_slots(f: NodeFacts) -> bool:
-    me = f.myself
-    return bool(me and me.slots)
 
 
 def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
@@ -351,26 +348,6 @@ def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
                            "finish it")] if walls else []
 
 
-def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
-    """The shard's master now: the one with replicas or slots, else the declared one. Roles move; that is fine.
-    A master fenced by an interrupted failover is not it while another master exists."""
-    masters = [m for m in shard.members if (r := facts[m].role) and r.kind == "master"]
-    masters = [m for m in masters if not fenced(facts[m].config)] or masters
-    active = [m for m in masters if facts[m].role.replicas or _has_slots(facts[m])]  # type: ignore[union-attr]
-    if len(active) > 1:
-        both_slots = sum(1 for m in active if _has_slots(facts[m])) > 1
-        raise RefusedError(f"shard {shard.index} has {len(active)} masters serving data: {', '.join(active)}",
-                           "making one a replica would drop its writes",
-                           "they serve different slots: `opsctl cluster fix -f SPEC` moves one's slots to the "
-                           "other and makes it its replica, then apply again" if both_slots else
-                           "decide which one holds the data you want, stop the other, then apply again")
-    if active:
-        return active[0]
-    with_keys = [m for m in masters if facts[m].keys > 0]
-    if not with_keys or shard.master in with_keys:
-        return shard.master
-    return max(with_keys, key=lambda m: facts[m].keys)
-
 
 def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
     shard = layout.shards[0]
@@ -395,15 +372,6 @@ def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
         steps.append(Replicate(name, f"should replicate {master}", master))
     return steps
 
-
-def sentinel_agreed_master(layout: Layout, facts: Facts) -> str | None:
-    """The master the sentinels agree on, if they agree and it is one of our nodes."""
-    seen = {f.sentinel_master[1:] for n in layout.sentinels if (f := facts[n.name]).sentinel_master}
-    if len(seen) != 1:
-        return None
-    address, port = next(iter(seen))
-    node = layout.find(f"{address}:{port}")
-    return node.name if node and not node.is_sentinel else None
 
 
 def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
@@ -494,7 +462,7 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
         for name in shard.members:
             me = facts[name].myself
             linked = me is not None and master_id is not None and me.master_id == master_id
-            if name == master or linked or _has_slots(facts[name]) or _restarting(facts[name]):
+            if name == master or linked or has_slots(facts[name]) or _restarting(facts[name]):
                 continue
             steps.append(Replicate(name, f"should replicate {master} (shard {shard.index})", master))
     masters = [current_master(shard, layout, facts) for shard in layout.shards]
@@ -510,7 +478,7 @@ def _unclustered(f: NodeFacts) -> bool:
     """A node that is new or alone: not running yet, or knows only itself and has no slots."""
     if not f.running or f.cluster_nodes is None:
         return True
-    return len(f.cluster_nodes) <= 1 and not _has_slots(f)
+    return len(f.cluster_nodes) <= 1 and not has_slots(f)
 
 
 def _knows_cluster(f: NodeFacts, via: NodeFacts) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -220,8 +218,3 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     return Plan(str(data["spec"]), str(data["spec_digest"]), str(data["fingerprint"]),
                 tuple(step_from_dict(s) for s in data["steps"]), tuple(data.get("notes", ())),
                 tuple(data.get("warnings", ())))
-
-
-def digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
