@@ -18,9 +18,10 @@ import redis
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
-from opsctl.topolock import LEASE_ENV, lease_seconds, marker_name, parse_markers, topology_lock
+from opsctl.specfile import read_spec
+from opsctl.topolock import LEASE_ENV, check_held, lease_seconds, marker_name, parse_markers, topology_lock
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
 LEASE = "4"  # short, so the pause test is quick; long enough for a loaded machine to renew in time
 
@@ -31,6 +32,29 @@ def test_the_lease_comes_from_the_environment_within_its_range() -> None:
         with pytest.raises(OpsctlError, match=f"{LEASE_ENV}=.* is not a lease") as refused:
             lease_seconds({LEASE_ENV: bad})
         assert "from 2 to 3600" in (refused.value.hint or "")
+
+
+def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> None:
+    """Without servers: a fresh topology's lock (nothing answers yet) is held, reentrant, and lost once the run
+    did not renew for longer than the lease."""
+    loaded = read_spec(write_spec(tmp_path, make_spec("replication")))  # nothing runs on its ports
+    connector = Connector(loaded)
+    check_held(connector)  # no lock taken: nothing to lose
+    with topology_lock(connector, lease=2.0, unanswered_ok=True) as lock:
+        assert not lock.held
+        with topology_lock(connector) as inner:
+            assert inner is lock
+        check_held(connector)
+        lock._stop.set()  # the renewer stops, and the clock says 3 s went by: what a SIGSTOP looks like
+        assert lock._renewer is not None
+        lock._renewer.join()
+        lock._renewed_at -= 3
+        with pytest.raises(OpsctlError, match=r"lost the topology lock: it was paused for 3s, longer than the "
+                                              r"lock's lease \(2s\)"):
+            check_held(connector)
+        with pytest.raises(OpsctlError, match="lost the topology lock"), topology_lock(connector):
+            pytest.fail("a run that lost its lock went on")
+    check_held(connector)  # released: the next run starts afresh
 
 
 def _opsctl(*argv: str) -> subprocess.Popen[str]:
