@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from opsctl.admin import Admin
+from opsctl.audit.pipe import PIPE_ERRORS
+from opsctl.audit.resp import RespError
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate
+from opsctl.connector import AuthRefused
+from opsctl.connerr import is_auth_failure
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
@@ -188,13 +191,20 @@ def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
         run.emit(StepFailed(index, step.title(), exc.summary))
         exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
         raise
-    except redis.RedisError as exc:
+    except _redis_errors() as exc:
         run.emit(StepFailed(index, step.title(), str(exc)))
         raise OpsctlError(f"step {index}/{total} ({step.title()}) failed", str(exc),
                           "look at the node's log; apply again resumes from the live state") from None
     elapsed = time.monotonic() - started
     run.timings.append((step.title(), elapsed))
     run.emit(StepDone(index, step.title(), round(elapsed, 3)))
+
+
+def _redis_errors() -> tuple[type[Exception], ...]:
+    """redis-py's base error once anything loaded redis-py (nothing can raise it before). The executor loads it
+    only where it talks through it: a new cluster's creation does not, so that import does not delay the start."""
+    module = sys.modules.get("redis")
+    return (module.RedisError,) if module is not None else ()
 
 
 def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:
@@ -228,6 +238,8 @@ def _replicaof_line(run: Execution, node: Node) -> str:
         return ""
     if not run.rt.provider.process_state(node).running:
         return _follow_line(run, node)
+    import redis
+
     try:
         with run.rt.admin(node, timeout=5.0) as admin:
             role = parse_role(admin.call("ROLE"))
@@ -305,12 +317,15 @@ def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIM
     with Observer(run.rt.connector, nodes, timeout=2.0) as observer:
         def answer(node: Node) -> OpsctlError | bool:
             try:
-                return bool(observer.admins[node.name].client.ping())
-            except redis.AuthenticationError as exc:
-                return OpsctlError(f"{node.name} refuses the spec's password", str(exc),
+                reply = observer.links[node.name].pipeline([("PING",)])[0]
+            except AuthRefused as exc:
+                if not is_auth_failure(exc.detail):
+                    return False  # e.g. LOADING: still loading its data
+                return OpsctlError(f"{node.name} refuses the spec's password", exc.detail,
                                    "the node runs with another password; check auth.password")
-            except redis.RedisError:  # BusyLoadingError included: still loading its data
+            except PIPE_ERRORS:
                 return False
+            return not isinstance(reply, RespError)  # LOADING and the like: not yet
 
         def check() -> bool | Pending:
             asked = list(pending.values())
@@ -410,6 +425,8 @@ def config_set(run: Execution, step: Step) -> None:
                                                  daemonize=run.rt.provider.daemonize).sections
                           for d in s.directives])
     value = unquote(real.get(step.directive, step.value))
+    import redis
+
     with run.rt.admin(node) as admin:
         old = admin.config_get(step.directive).get(step.directive)
         try:

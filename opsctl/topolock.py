@@ -38,14 +38,17 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-import redis
+from typing import TYPE_CHECKING, Any
 
 from opsctl.admin import Admin
-from opsctl.connector import Connector
+from opsctl.connector import Connector, port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.spec.layout import Node
+
+# redis-py is loaded by the methods that talk to a node: a topology none of whose servers answers yet (a new
+# cluster) is locked without it, so that import does not delay its servers' start.
+if TYPE_CHECKING:
+    import redis
 
 PREFIX = "opsctl-lock"
 LEASE_SECONDS = 30.0
@@ -177,6 +180,10 @@ class TopologyLock:
             self._kill(marker)
 
     def _hold(self, node: Node, timeout: float = CONNECT_TIMEOUT) -> None:
+        if not port_accepts(*self.connector.dial(node), timeout=timeout):
+            return  # a node that does not answer holds no marker; the others do
+        import redis
+
         admin = self.connector.admin(node, timeout=timeout)
         try:
             conn = admin.client.connection_pool.get_connection()
@@ -205,6 +212,8 @@ class TopologyLock:
     def _markers(self, name: str, admin: Admin, conn: Any) -> list[Marker]:
         """The markers on one node; a node that stopped answering since it was marked is dropped (it holds
         no marker any more, the others do)."""
+        import redis
+
         try:
             conn.send_command(admin.command("CLIENT"), "LIST")
             reply = conn.read_response()
@@ -218,6 +227,8 @@ class TopologyLock:
         return parse_markers(reply.decode() if isinstance(reply, bytes) else str(reply), name)
 
     def _kill(self, marker: Marker) -> None:
+        import redis
+
         admin, conn, _ = self.held[marker.node]
         try:
             conn.send_command(admin.command("CLIENT"), "KILL", "ID", marker.client_id)
@@ -242,6 +253,8 @@ class TopologyLock:
         return min(self.lease / 3, RETRY_UNHELD) if unheld else self.lease / 3
 
     def _renew_once(self) -> None:
+        import redis
+
         started = time.monotonic()
         paused = started - self._renewed_at
         if paused > self.lease:

@@ -1,4 +1,5 @@
-"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin.
+"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin,
+or, for form_cluster, through an Observer's raw links.
 
 form_cluster pipelines each node's setup into one round trip, MEETs, then polls every few ms (never 1 s sleeps).
 """
@@ -10,15 +11,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
+from opsctl.audit.pipe import PIPE_ERRORS
+from opsctl.audit.resp import RespError, TextReply
 from opsctl.connector import Connector
-from opsctl.errors import RefusedError
+from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.collect import (
     Command,
     Observer,
     Pending,
-    checked_pipeline,
     cluster_info_pending,
+    link_error,
     wait_converged,
     wait_for,
 )
@@ -67,17 +70,30 @@ def forget(admin: Admin, node_id: str) -> None:
     admin.call("CLUSTER", "FORGET", node_id)
 
 
-def _checked(admin: Admin, commands: Sequence[Command], doing: str) -> list[Any]:
-    return checked_pipeline(admin, commands, doing,
-                            "the node's log says more; `opsctl cluster check -f SPEC` shows the state")
+HINT = "the node's log says more; `opsctl cluster check -f SPEC` shows the state"
 
 
-def _fresh_id(admin: Admin) -> str:
+def _checked(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
+    """One round trip over the observer's raw link to node (no redis-py: a new cluster's creation does not load
+    it); a node that does not answer, or the first error reply, is an OpsctlError naming node and command."""
+    try:
+        replies = observer.links[node.name].pipeline(commands)
+    except PIPE_ERRORS as exc:
+        raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, RespError):
+            words = " ".join(str(c) for c in cmd[:4])
+            raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", f"{words}: {reply.message}", HINT)
+    return replies
+
+
+def _fresh_id(observer: Observer, node: Node) -> str:
     """The node's id, after checking it is a fresh, empty cluster node (knows only itself, no slots, no keys)."""
-    cid, info, keys = _checked(admin, [("CLUSTER", "MYID"), ("CLUSTER", "INFO"), ("DBSIZE",)], "inspection")
+    cid, info, keys = _checked(observer, node, [("CLUSTER", "MYID"), ("CLUSTER", "INFO"), ("DBSIZE",)],
+                               "inspection")
     state = parse_info(str(info))
-    if state.get("cluster_known_nodes") != "1" or state.get("cluster_slots_assigned") != "0" or int(keys):
-        raise RefusedError(f"{admin.name} ({admin.endpoint}) is not a fresh empty cluster node",
+    if state.get("cluster_known_nodes") != "1" or state.get("cluster_slots_assigned") != "0" or int(str(keys)):
+        raise RefusedError(f"{node.name} ({node.endpoint}) is not a fresh empty cluster node",
                            f"knows {state.get('cluster_known_nodes')} nodes, "
                            f"{state.get('cluster_slots_assigned')} slots assigned, {keys} keys",
                            "form_cluster only creates new clusters; use the planner to change an existing one")
@@ -134,7 +150,7 @@ def announce(observer: Observer, servers: Sequence[Node], first: Mapping[str, Se
     header at once: its slots and role, instead of at the next scheduled ping up to cluster-node-timeout/2 later."""
     def send(node: Node) -> None:
         commands = [*(first or {}).get(node.name, ()), *meet_commands([n for n in servers if n != node])]
-        _checked(observer.admins[node.name], commands, "CLUSTER MEET")
+        _checked(observer, node, commands, "CLUSTER MEET")
 
     _parallel(observer.pool, send, servers)
 
@@ -155,15 +171,15 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, me
     slots = slot_plan(layout)
     has_range = has_addslotsrange(connector.loaded)
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
-        ids = _parallel(observer.pool, lambda n: _fresh_id(observer.admins[n.name]), servers)
+        ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), servers)
 
         def setup(node: Node) -> None:
             cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
-            _checked(observer.admins[node.name], cmds, "cluster setup")
+            _checked(observer, node, cmds, "cluster setup")
 
         def introduce(node: Node) -> None:
             if targets := meet_targets(servers, servers.index(node), mesh):
-                _checked(observer.admins[node.name], meet_commands(targets), "CLUSTER MEET")
+                _checked(observer, node, meet_commands(targets), "CLUSTER MEET")
 
         _parallel(observer.pool, setup, servers)  # every epoch is set before any node meets another
         _parallel(observer.pool, introduce, servers)
