@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from opsctl.admin import DEFAULT_TIMEOUT
 from opsctl.audit.pipe import PIPE_ERRORS
 from opsctl.audit.resp import RespError, TextReply
+from opsctl.fanout import fan_out
 from opsctl.observe.collect import Command, Link
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
@@ -26,14 +27,16 @@ SENTINEL_LIVE = ("quorum", "down-after-milliseconds", "failover-timeout", "paral
 
 
 def with_disk_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
-    """Each known node's facts plus what its files say (and, for a running sentinel, its live settings)."""
-    result = dict(facts)
-    for node in rt.loaded.layout.nodes:
-        f = facts.get(node.name)
-        if f is None or f.recorded_digest is None:
-            continue  # never applied: there is nothing of ours on disk to compare
-        result[node.name] = sentinel_facts(rt, node, f) if node.is_sentinel else server_facts(rt, node, f)
-    return result
+    """Each known node's facts plus what its files say (and, for a running sentinel, its live settings); nodes
+    side by side."""
+    # never applied: there is nothing of ours on disk to compare
+    applied = [(n, f) for n in rt.loaded.layout.nodes if (f := facts.get(n.name)) and f.recorded_digest is not None]
+
+    def on_disk(pair: tuple[Node, NodeFacts]) -> NodeFacts:
+        node, f = pair
+        return sentinel_facts(rt, node, f) if node.is_sentinel else server_facts(rt, node, f)
+
+    return {**facts, **{f.name: f for f in fan_out(on_disk, applied)}}
 
 
 def server_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:

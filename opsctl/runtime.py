@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from opsctl.admin import Admin
 from opsctl.connector import Connector, Route
 from opsctl.errors import OpsctlError
+from opsctl.fanout import fan_out
 from opsctl.observe.collect import NodeObservation, Observer, observe
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import current_master, sentinel_agreed_master
@@ -106,11 +107,15 @@ def spec_digest(loaded: LoadedSpec) -> str:
 
 
 def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
+    """Every node's process state, record and observation; nodes are looked at side by side (over SSH each
+    look is a round trip: in a row they add up)."""
     nodes = rt.loaded.layout.nodes
-    states = {n.name: rt.provider.process_state(n) for n in nodes}
+    looks = fan_out(lambda n: (rt.provider.process_state(n), rt.provider.load_record(n)), nodes)
+    states = {n.name: state for n, (state, _record) in zip(nodes, looks, strict=True)}
+    records = {n.name: record for n, (_state, record) in zip(nodes, looks, strict=True)}
     running = [n for n in nodes if states[n.name].running]
     seen = observe(rt.connector, running, with_config=with_config) if running else {}
-    facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, rt.provider.load_record(n),
+    facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, records[n.name],
                             seen.get(n.name), rt.loaded.credentials) for n in nodes}
     if with_config:
         from opsctl.drift import with_disk_facts
@@ -158,7 +163,7 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
     from opsctl.slots.scale import retired_nodes
 
     extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
-    states = {n.name: rt.provider.process_state(n) for n in extra}
+    states = dict(zip([n.name for n in extra], fan_out(rt.provider.process_state, extra), strict=True))
     running = [n for n in extra if states[n.name].running]
     seen = observe(rt.connector, running, with_config=with_config) if running else {}
     return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name),

@@ -29,6 +29,7 @@ from opsctl.cli import main
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.providers.ansible import RECORD, AnsibleProvider
+from opsctl.providers.base import ProcessState
 from opsctl.remote.runner import PlaybookResult, parse_event, summarize
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -161,6 +162,7 @@ def test_cluster_through_opsctl_apply(ssh_env: netns.Lab, tmp_path: Path, capsys
         in_netns(referee, check_cluster, loaded)
         assert_second_apply_changes_nothing(capsys, spec, loaded)
         redeploy_what_apply_wrote(lab, loaded)
+        process_state_needs_the_nodes_own_server(lab, loaded)
         destroy_and_check_hosts(capsys, lab, spec, loaded)
 
 
@@ -244,6 +246,25 @@ def redeploy_what_apply_wrote(lab: netns.Lab, loaded: LoadedSpec) -> None:
                  for n in loaded.layout.nodes}
         result = provider.deploy(files, start=True)
         assert result.changed == 0, result.changed_tasks
+    finally:
+        provider.close()
+
+
+def process_state_needs_the_nodes_own_server(lab: netns.Lab, loaded: LoadedSpec) -> None:
+    """process_state reads the pidfile and /proc over SFTP: a pidfile naming another live process (sshd) is a
+    stopped node, not a running one; the node's own pid back in it is running again."""
+    provider = AnsibleProvider(loaded, state_dir(loaded), known_hosts=lab.known_hosts)
+    node = loaded.layout.nodes[0]
+    host = next(h for h in lab.hosts if h.name == node.host)
+    pidfile = provider.paths(node).pid
+    try:
+        state = provider.process_state(node)
+        assert state.running and state.pid, state
+        sshd = lab.ssh(host, "pgrep -o -x sshd").stdout.strip()
+        assert lab.ssh(host, f"echo {sshd} > {pidfile}").returncode == 0
+        assert provider.process_state(node) == ProcessState(node.name, False, None, f"stopped on host {host.name}")
+        assert lab.ssh(host, f"echo {state.pid} > {pidfile}").returncode == 0
+        assert provider.process_state(node) == state
     finally:
         provider.close()
 

@@ -9,7 +9,7 @@ import yaml
 
 from opsctl.cli import main
 from opsctl.events import PlaybookTask
-from opsctl.providers.ansible import parse_control, parse_facts
+from opsctl.providers.ansible import parse_control, parse_facts, proc_state
 from opsctl.remote.inventory import build_inventory, parse_bastion, remote_paths
 from opsctl.remote.runner import child_env, failure_error, summarize, task_event
 from opsctl.specfile import read_spec
@@ -101,6 +101,8 @@ def test_parsers():
     assert parse_bastion("[::1]:23", "u") == ("u", "::1", 23)
     assert parse_bastion("bastion.example", "u") == ("u", "bastion.example", 22)
     assert parse_facts("kernel=Linux 6\ncpus=2\n") == {"kernel": "Linux 6", "cpus": "2"}
+    assert proc_state(b"4242 (valkey-server 1.2.3.4:7000) S 1 4242") == "S"  # the name may hold spaces and ")"
+    assert proc_state(b"4242 (a) b) Z 1") == "Z" and proc_state(b"") == ""
 
 
 def test_playbooks_pass_syntax_check_and_lint():

@@ -1,12 +1,13 @@
 """The Ansible provider: nodes on SSH hosts, deployed by playbooks/deploy.yml through ansible-runner.
 
 Files written with write_files()/save_record() are staged and land in one deploy.yml run (files, service
-user, directories, server install, units), at the latest before the next start/read/stop/close. start, stop,
-process_state and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which wraps
-systemd where it runs; read_file reads over SFTP, or answers from the staged files (read your own writes).
-Node files travel as 0600 files in the private ansible data dir under the state dir, removed right after
-the run; they are never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true`
-get their admin traffic through a paramiko tunnel per node: admin_route() is the opsctl.connector route.
+user, directories, server install, units), at the latest before the next start/read/stop/close. start, stop
+and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which wraps systemd where it
+runs; process_state and read_file go over the host's kept SFTP session (no process started there: waits poll
+them), and read_file answers from the staged files first (read your own writes). Node files travel inside
+0600 installers in the private ansible data dir under the state dir, removed right after the run; they are
+never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true` get their admin
+traffic through a paramiko tunnel per node: admin_route() is the opsctl.connector route.
 """
 
 from __future__ import annotations
@@ -17,26 +18,32 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 
 from opsctl.connector import Route
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit
-from opsctl.providers.base import ProcessState, parse_record, start_in_turn
+from opsctl.fanout import fan_out
+from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.local import ProcFacts, is_node_process, parse_cmdline
 from opsctl.remote import ssh
 from opsctl.remote.bundle import plain_name
-from opsctl.remote.inventory import build_inventory, remote_paths, remote_root, unit_name
+from opsctl.remote.inventory import binary_path, build_inventory, remote_paths, remote_root, settings_path, unit_name
 from opsctl.remote.runner import PlaybookResult, private_dir, run_playbook
 from opsctl.remote.staging import stage
 from opsctl.render import NodePaths, render_node
+from opsctl.render.directives import plaintext_port
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
 from opsctl.tls.material import node_files
 
 RECORD = "opsctl-node.json"
+PIDFILE_LIMIT = 64
+PROC_LIMIT = 64 << 10
+T = TypeVar("T")
 WRITTEN_ONCE = ("sentinel.conf",)  # deploy.yml never overwrites these: Sentinel rewrites its own file
 FileMap = dict[str, dict[str, str]]
 
@@ -62,9 +69,13 @@ class AnsibleProvider:
         self.on_event = on_event
         self._pending: FileMap = {}
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._sftps: dict[str, paramiko.SFTPClient] = {}
+        self._host_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._host_locks_guard = threading.Lock()  # not self._lock: admin_endpoint connects while holding that
+        self._node_dirs: dict[str, str] = {}
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
-        self._connecting = threading.Lock()
+        self._flushing = threading.Lock()
         self.last_result: PlaybookResult | None = None
 
     @property
@@ -103,10 +114,13 @@ class AnsibleProvider:
         return self.last_result
 
     def flush(self) -> PlaybookResult | None:
-        if not self._pending:
-            return None
-        pending, self._pending = self._pending, {}
-        return self.deploy(pending, start=False)
+        """Ship what is staged (one deploy.yml run). Threads that call it at once (reads of nodes side by side)
+        wait for the one running the playbook and find nothing left to ship."""
+        with self._flushing:
+            if not self._pending:
+                return None
+            pending, self._pending = self._pending, {}
+            return self.deploy(pending, start=False)
 
     # --- the Provider contract -----------------------------------------------------------------------------
 
@@ -125,10 +139,7 @@ class AnsibleProvider:
         if staged is not None:
             self.flush()
         path = f"{self.paths(node).dir}/{name}"
-        try:
-            return ssh.read_file(self._client(node), path)
-        except (OSError, paramiko.SSHException) as exc:
-            raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
+        return self._over_sftp(node, lambda sftp: ssh.read_file(sftp, path), f"read {path} on")
 
     def fetch_file(self, node: Node, path: str, sink: Callable[[bytes], object]) -> None:
         """Stream a file of the node's host (its RDB) over this provider's SSH connection (SFTP)."""
@@ -142,6 +153,28 @@ class AnsibleProvider:
 
     def start(self, node: Node) -> None:
         self.flush()
+        self._start(node)
+
+    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+        """Ship what is staged, then start every node at once (one SSH command each, side by side)."""
+        try:
+            self.flush()
+        except OpsctlError as exc:
+            first, *rest = nodes
+            return {first.name: exc} | {n.name: OpsctlError(f"{n.name} was not started: its files were not shipped",
+                                                              f"see {first.name}: {exc.summary}") for n in rest}
+
+        def start_one(node: Node) -> OpsctlError | None:
+            try:
+                self._start(node)
+            except OpsctlError as exc:
+                return exc
+            return None
+
+        outcomes = fan_out(start_one, list(nodes))
+        return {n.name: exc for n, exc in zip(nodes, outcomes, strict=True) if exc is not None}
+
+    def _start(self, node: Node) -> None:
         result = self._control(node, "start")
         word, _pid = parse_control(result.stdout)
         if result.status != 0 or word not in ("started", "running"):
@@ -150,9 +183,6 @@ class AnsibleProvider:
                     else "the node's log is at " + self.paths(node).log)
             raise OpsctlError(f"cannot start {node.name} on host {node.host}", detail, hint)
 
-    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
-        return start_in_turn(self, nodes)
-
     def stop(self, node: Node, timeout: float = 30.0) -> None:
         self.flush()
         result = self._control(node, "stop", timeout + 10)
@@ -160,12 +190,25 @@ class AnsibleProvider:
             raise OpsctlError(f"cannot stop {node.name} on host {node.host}", (result.stdout + result.stderr).strip())
 
     def process_state(self, node: Node) -> ProcessState:
-        result = self._control(node, "status")
-        word, pid = parse_control(result.stdout)
-        if result.status == 0 and word == "running":
+        """Read over the host's kept SFTP session, starting no process there (waits poll this for every node):
+        the pidfile, then /proc/<pid> must show the node's server (binary, port, working folder), not just any
+        live process with that pid."""
+        spec, paths = self.loaded.spec, self.paths(node)
+
+        def look(sftp: paramiko.SFTPClient) -> tuple[int | None, bool]:
+            text = ssh.read_bytes(sftp, paths.pid, PIDFILE_LIMIT) or b""
+            facts = remote_process(sftp, int(text)) if text.strip().isdigit() else None
+            folder = self._node_dir(sftp, node) if facts else None
+            if facts and folder and is_node_process(facts, binary_path(spec), folder, paths.conf, node.port,
+                                                    plaintext_port(spec, node)):
+                return facts.pid, True
+            return None, ssh.read_bytes(sftp, settings_path(spec, node), 0) is not None
+
+        pid, deployed = self._over_sftp(node, look, "look at the processes of")
+        if pid is not None:
             return ProcessState(node.name, True, pid, f"running as pid {pid} on host {node.host}")
-        if result.status == 0 and word != "absent":
-            return ProcessState(node.name, False, None, f"{word or 'stopped'} on host {node.host}")
+        if deployed:
+            return ProcessState(node.name, False, None, f"stopped on host {node.host}")
         return ProcessState(node.name, False, None, f"not deployed on host {node.host}")
 
     def purge(self, node: Node) -> None:
@@ -188,6 +231,9 @@ class AnsibleProvider:
                 for tunnel in self._tunnels.values():
                     tunnel.close()
                 self._tunnels.clear()
+            for sftp in self._sftps.values():
+                sftp.close()
+            self._sftps.clear()
             for client in self._clients.values():
                 ssh.close(client)
             self._clients.clear()
@@ -200,15 +246,42 @@ class AnsibleProvider:
     def _target(self, node: Node) -> ssh.SshTarget:
         return ssh.target_for(self.loaded.spec, self._host(node))
 
+    def _host_lock(self, purpose: str, host: str) -> threading.Lock:
+        with self._host_locks_guard:
+            return self._host_locks.setdefault((purpose, host), threading.Lock())
+
     def _client(self, node: Node) -> paramiko.SSHClient:
-        """The host's SSH client, connected once and shared by threads (FleetView looks at nodes in parallel)."""
-        with self._connecting:
+        """The host's SSH client, connected once and shared by threads (FleetView looks at nodes in parallel);
+        hosts connect side by side."""
+        with self._host_lock("connect", node.host):
             client = self._clients.get(node.host)
             transport = client.get_transport() if client else None
             if client is None or transport is None or not transport.is_active():
                 client = ssh.connect(self._target(node), self.known_hosts)
                 self._clients[node.host] = client
             return client
+
+    def _over_sftp(self, node: Node, use: Callable[[paramiko.SFTPClient], T], doing: str) -> T:
+        """use(the host's SFTP session): opened once per connection, one caller at a time (paramiko's SFTP client
+        takes no concurrent requests); each request is a round trip inside sshd, no process started."""
+        try:
+            with self._host_lock("sftp", node.host):
+                sftp = self._sftps.get(node.host)
+                channel = sftp.get_channel() if sftp else None
+                if sftp is None or channel is None or channel.closed:
+                    sftp = self._sftps[node.host] = self._client(node).open_sftp()
+                return use(sftp)
+        except (OSError, paramiko.SSHException) as exc:
+            raise ssh.ssh_error(self._target(node), exc, doing) from None
+
+    def _node_dir(self, sftp: paramiko.SFTPClient, node: Node) -> str | None:
+        """The node's folder with links resolved on its host (what /proc/<pid>/cwd shows), once per node."""
+        if node.name not in self._node_dirs:
+            resolved = ssh.realpath(sftp, self.paths(node).dir)
+            if resolved is None:
+                return None
+            self._node_dirs[node.name] = resolved
+        return self._node_dirs[node.name]
 
     def _run(self, node: Node, command: str, timeout: float = 60.0) -> ssh.CommandResult:
         try:
@@ -249,6 +322,22 @@ class AnsibleProvider:
                    "echo mem_kb=$(awk '/MemTotal/{print $2}' /proc/meminfo); "
                    "if [ -d /run/systemd/system ]; then echo init=systemd; else echo init=other; fi")
         return parse_facts(self._run(node, command).stdout)
+
+
+def remote_process(sftp: paramiko.SFTPClient, pid: int) -> ProcFacts | None:
+    """/proc/<pid> on the host as ProcFacts; None when the pid is gone or a zombie."""
+    stat = ssh.read_bytes(sftp, f"/proc/{pid}/stat", PROC_LIMIT)
+    if stat is None or proc_state(stat) in ("", "Z", "X"):
+        return None
+    cmdline = ssh.read_bytes(sftp, f"/proc/{pid}/cmdline", PROC_LIMIT) or b""
+    return ProcFacts(pid, ssh.readlink(sftp, f"/proc/{pid}/exe"), ssh.readlink(sftp, f"/proc/{pid}/cwd"),
+                     parse_cmdline(cmdline))
+
+
+def proc_state(stat: bytes) -> str:
+    """The state letter of a /proc/<pid>/stat line (after the command name, which may hold spaces)."""
+    fields = stat.rpartition(b")")[2].split()
+    return fields[0].decode("ascii", "replace") if fields else ""
 
 
 def control_command(root: str, action: str, node: str) -> str:

@@ -59,16 +59,6 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
-def start_in_turn(provider: Provider, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
-    """start_many for a provider that starts one node at a time: stops at the first node that fails."""
-    for node in nodes:
-        try:
-            provider.start(node)
-        except OpsctlError as exc:
-            return {node.name: exc}
-    return {}
-
-
 RECORD_HINT = "delete the file; the next `opsctl apply` writes it again"
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opsctl.errors import OpsctlError
-from opsctl.remote.inventory import binary_path, node_vars, remote_root, service_user
+from opsctl.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
 from opsctl.spec.layout import Node
 from opsctl.spec.model import Spec
 
@@ -73,7 +73,7 @@ def node_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Membe
     folder, user = node_vars(spec, node)["dir"], service_user(spec)
     settings = settings_text(spec, node).encode()
     members = [Member(folder, user, user, 0o700),
-               Member(f"{remote_root(spec)}/nodes/{node.name}.env", "root", "root", 0o600, settings)]
+               Member(settings_path(spec, node), "root", "root", 0o600, settings)]
     members += [Member(f"{folder}/{plain_name(name)}", user, user, 0o600, text.encode())
                 for name, text in sorted(files.items()) if name not in WRITTEN_ONCE]
     return members

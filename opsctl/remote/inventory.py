@@ -47,6 +47,11 @@ def remote_paths(spec: Spec, node: Node) -> NodePaths:
                      pid=f"{base}/server.pid")
 
 
+def settings_path(spec: Spec, node: Node) -> str:
+    """nodes/<node>.env under the spec's root: bin/opsctl-node's settings for the node (there once deployed)."""
+    return f"{remote_root(spec)}/nodes/{node.name}.env"
+
+
 def unit_name(node: Node) -> str:
     return f"opsctl-{node.name}"
 

@@ -153,13 +153,34 @@ def put_file(client: paramiko.SSHClient, path: str, text: str, mode: int = 0o600
         sftp.posix_rename(tmp, path)
 
 
-def read_file(client: paramiko.SSHClient, path: str) -> str | None:
-    with client.open_sftp() as sftp:
-        try:
-            with sftp.open(path, "r") as handle:
-                return bytes(handle.read()).decode("utf-8", "replace")
-        except FileNotFoundError:
-            return None
+def read_bytes(sftp: paramiko.SFTPClient, path: str, limit: int | None = None) -> bytes | None:
+    """The file's bytes (the first `limit` of them when given); None when it does not exist."""
+    try:
+        with sftp.open(path, "rb") as handle:
+            return bytes(handle.read(limit))
+    except FileNotFoundError:
+        return None
+
+
+def read_file(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    data = read_bytes(sftp, path)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def readlink(sftp: paramiko.SFTPClient, path: str) -> str:
+    """Where a link points ("" when it is gone or not ours to read: /proc/<pid>/cwd of another user's process)."""
+    try:
+        return sftp.readlink(path) or ""
+    except OSError:
+        return ""
+
+
+def realpath(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    """path with every link resolved, as the host sees it; None when it does not exist."""
+    try:
+        return sftp.normalize(path)
+    except OSError:
+        return None
 
 
 def stream_file(client: paramiko.SSHClient, path: str, sink: Callable[[bytes], object],
