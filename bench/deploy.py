@@ -10,6 +10,8 @@ workers and ssh clients) and on the hosts (every process in their network namesp
 installer, the servers it starts), and the machine's load: on a shared machine the wall time follows the load,
 the CPU time much less. Phases: `start` is ansible-runner and ansible-playbook starting (imports, inventory,
 playbook) until the play begins, then each task until the next one starts, then `end` (stats, exit).
+Then `opsctl apply` of the same spec on the emptied hosts, a second apply (empty plan) and `status`, as a
+user runs them (process start included), with the number of ansible-runner runs the apply made.
 
     .venv/bin/python bench/deploy.py [--lab ID] [--masters 3] [--replicas 1]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -162,6 +165,30 @@ def timed_stock_copy(provider: AnsibleProvider) -> float:
         shutil.rmtree(playbooks, ignore_errors=True)
 
 
+def timed_cli(spec: Path, *args: str) -> tuple[float, float]:
+    """Seconds and CPU seconds (this machine) of `opsctl ARGS -f spec` as a user runs it; exits non-zero: raise."""
+    before, started = local_cpu(), time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "opsctl.cli", *args, "-f", str(spec)], capture_output=True,
+                          text=True, check=False)
+    seconds, cpu = time.monotonic() - started, local_cpu() - before
+    if done.returncode != 0:
+        raise SystemExit(f"opsctl {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return seconds, cpu
+
+
+def apply_rounds(spec: Path, state: Path) -> None:
+    """opsctl apply of the spec on empty hosts (one deploy.yml run, the nodes started at once, the cluster
+    formed), apply again (an empty plan), status: what a user waits for, process start included."""
+    for label, args in (("apply", ("apply", "--auto-approve")), ("apply again", ("apply", "--auto-approve")),
+                        ("status", ("status",))):
+        load = os.getloadavg()[0]
+        seconds, cpu = timed_cli(spec, *args)
+        runs = len(list((state / "ansible" / "artifacts").glob("*"))) if label == "apply" else None
+        note = f"; ansible-runner runs: {runs}" if runs is not None else ""
+        print(f"opsctl {label}: {seconds:.2f} s, CPU {cpu:.2f} s here; load {load:.2f}{note}")
+    timed_cli(spec, "destroy", "--auto-approve", "--purge")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", help="an existing lab id (python -m tests.netns up); default: a new one")
@@ -180,7 +207,8 @@ def main() -> int:
         spec["provider"] = "ansible"
         spec["hosts"] = the_lab.spec_hosts()
         spec["server"]["binary"] = server_binary("valkey")
-        loaded = read_spec(write_spec(Path(tmp), spec))
+        spec_file = write_spec(Path(tmp), spec)
+        loaded = read_spec(spec_file)
         provider = AnsibleProvider(loaded, Path(tmp) / "state", known_hosts=the_lab.known_hosts)
         try:
             print(f"{len(loaded.layout.nodes)} nodes on 3 hosts; {os.cpu_count()} cpus here")
@@ -203,6 +231,7 @@ def main() -> int:
             provider.playbook("destroy.yml", {"opsctl_purge": True})
         finally:
             provider.close()
+        apply_rounds(spec_file, spec_file.parent / ".opsctl" / loaded.spec.name)
     return 0
 
 
