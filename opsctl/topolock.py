@@ -253,18 +253,19 @@ class TopologyLock:
         return min(self.lease / 3, RETRY_UNHELD) if unheld else self.lease / 3
 
     def _renew_once(self) -> None:
-        import redis
-
         started = time.monotonic()
         paused = started - self._renewed_at
         if paused > self.lease:
             self._lose(f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)")
             return
-        for name, (admin, conn, _) in list(self.held.items()):
-            try:
-                self._name(admin, conn)
-            except (redis.RedisError, OSError):
-                self._drop(name)  # a restarted node: marked again below once it answers
+        if self.held:
+            import redis  # loaded already: held markers are redis-py connections
+
+            for name, (admin, conn, _) in list(self.held.items()):
+                try:
+                    self._name(admin, conn)
+                except (redis.RedisError, OSError):
+                    self._drop(name)  # a restarted node: marked again below once it answers
         self._renewed_at = started
         # bounded, so that nodes that do not answer (a host down) cannot delay the next renewal past the lease
         budget = time.monotonic() + self.lease / 6
