@@ -6,7 +6,8 @@ writable delay), so no tool that starts the processes can be faster.
 opsctl: `opsctl apply` wall time (it returns once every node takes writes and all agree; `--cluster check` is
 then asserted, not timed) and its CPU time. When a goal is missed, where the time went: before the first step
 (Python start, imports, facts, plan), each kind of step (write-config, start, form-cluster) from its first start
-to its last end as apply's JSON events arrive, and after the last step (apply's status, exit).
+to its last end as apply's JSON events arrive, and after the last step (apply's status, exit); beside it,
+`opsctl plan` of the same spec timed alone (process start, imports, facts, plan: most of "before steps").
 redis-cli: the same servers started by opsctl's provider, `--cluster create`, timed until `--cluster check`
 passes and until every node reports cluster_state:ok.
 Goals: 15 nodes within 0.5 s of the floor, 60 nodes <= 3 s.
@@ -108,6 +109,7 @@ class Run:
     wall: float
     cpu: float
     steps: list[tuple[str, float, float]]  # (kind, start, end), in the order the steps started
+    plan_alone: float  # `opsctl plan` of the same spec, process start to exit: the floor of "before steps"
 
     def phases(self) -> list[tuple[str, float]]:
         """Where the time went: before the first step (Python start, imports, facts, plan), each kind of step from
@@ -127,6 +129,9 @@ class Run:
 def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
     (directory / "opsctl").mkdir()
     path = spec_file(directory / "opsctl", nodes, flavor)
+    began = time.monotonic()  # what "before steps" holds besides starting apply's own modules: plan of the same spec
+    subprocess.run([*OPSCTL, "plan", "-f", str(path)], env=env(), check=False, capture_output=True)
+    plan_alone = time.monotonic() - began
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.Popen([*OPSCTL, "apply", "-f", str(path), "--auto-approve", "--output", "json"], env=env(),
@@ -152,7 +157,7 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
         raise SystemExit("opsctl apply returned before the cluster was complete")
     subprocess.run([*OPSCTL, "destroy", "-f", str(path), "--auto-approve", "--purge"], env=env(), check=True,
                    capture_output=True)
-    return Run(elapsed, cpu, sorted(steps, key=lambda s: s[1]))
+    return Run(elapsed, cpu, sorted(steps, key=lambda s: s[1]), plan_alone)
 
 
 def time_redis_cli(directory: Path, nodes: int, flavor: str) -> tuple[float, float]:
@@ -213,7 +218,8 @@ def main() -> int:
             if not met:
                 missed.append((f"{flavor} {nodes}", ours))
     for label, run in missed:  # where the time went, from apply's own step events
-        print(f"{label}: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in run.phases()))
+        print(f"{label}: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in run.phases())
+              + f" (`opsctl plan` alone: {run.plan_alone:.2f})")
     return 0
 
 
