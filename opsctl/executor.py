@@ -12,7 +12,7 @@ from typing import Any
 from opsctl.admin import Admin
 from opsctl.audit.pipe import PIPE_ERRORS
 from opsctl.audit.resp import RespError
-from opsctl.cluster.ops import form_cluster, meet, myid, replicate
+from opsctl.cluster.ops import form_cluster, meet, myid, replicate, reset_stale_identity
 from opsctl.connector import AuthRefused
 from opsctl.connerr import is_auth_failure
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
@@ -491,7 +491,12 @@ def form(run: Execution, step: Step) -> None:
 def join_cluster(run: Execution, step: Step) -> None:
     assert isinstance(step, JoinCluster)
     node, via = _node(run, step), run.rt.node(step.via)
-    with run.rt.admin(node) as admin:
+    with run.rt.admin(node) as admin, run.rt.admin(via) as via_admin:
+        live_ids = {line.id for line in parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))}
+        old_id = reset_stale_identity(admin, node, live_ids)
+        if old_id is not None:
+            run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
+                                       "reset it to a new empty node (CLUSTER RESET HARD)"))
         meet(admin, via.address, via.port)
 
 

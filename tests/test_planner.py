@@ -18,6 +18,7 @@ from opsctl.plan.steps import (
     ConfigSet,
     Failover,
     FormCluster,
+    JoinCluster,
     Replicate,
     RestartNode,
     StartNode,
@@ -134,6 +135,43 @@ def test_a_dead_process_is_started_again() -> None:
     plan = make_plan(loaded, desired(loaded), facts, "d")
     assert [type(s) for s in plan.steps] == [StartNode, WaitConverged]
     assert "dead pid 42" in plan.steps[0].reason
+
+
+def forgotten(facts: dict[str, NodeFacts], name: str) -> dict[str, NodeFacts]:
+    """Every other node FORGOT name (a scale-in removed it); name's own view is its old nodes.conf."""
+    gone = facts[name].myself.id
+    return {k: v if k == name else replace(v, cluster_nodes=tuple(n for n in v.cluster_nodes if n.id != gone))
+            for k, v in facts.items()}
+
+
+def test_a_node_the_cluster_forgot_joins_again_instead_of_waiting_to_rejoin() -> None:
+    """Scale-in removed it (forgotten, stopped, folder kept), the spec adds it again: its record says it ran, but
+    the cluster does not know it, so it does not rejoin by itself: it is started, joined and replicated."""
+    loaded = loaded_spec("cluster")
+    name = loaded.layout.shards[0].replicas[0]
+    facts = forgotten(formed_cluster(loaded), name)
+    facts[name] = NodeFacts(name, False, "not running (no pidfile)", facts[name].record)
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert [type(s) for s in plan.steps] == [StartNode, JoinCluster, Replicate, WaitConverged], plan.steps
+    assert "forgot" in plan.steps[1].reason
+
+
+def test_a_running_node_with_a_forgotten_identity_joins_again() -> None:
+    """It knows the cluster from its old nodes.conf, the cluster does not know it back (a run killed after it
+    started it): it is joined (the executor resets it first)."""
+    loaded = loaded_spec("cluster")
+    name = loaded.layout.shards[0].replicas[0]
+    plan = make_plan(loaded, desired(loaded), forgotten(formed_cluster(loaded), name), "d")
+    assert (JoinCluster, name) in [(type(s), s.node) for s in plan.steps], plan.steps
+
+
+def test_a_down_shard_the_cluster_still_knows_rejoins_by_itself() -> None:
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    for name in loaded.layout.shards[1].members:
+        facts[name] = NodeFacts(name, False, "not running (no pidfile)", facts[name].record)
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert kinds(plan)[:2] == ["start", "start"] and not {"join-cluster", "replicate"} & set(kinds(plan)), kinds(plan)
 
 
 def test_live_drift_of_a_settable_directive_is_a_config_set() -> None:

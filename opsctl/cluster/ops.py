@@ -7,7 +7,7 @@ form_cluster pipelines each node's setup into one round trip, MEETs, then polls 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
@@ -25,7 +25,7 @@ from opsctl.observe.collect import (
     wait_converged,
     wait_for,
 )
-from opsctl.observe.parse import parse_info
+from opsctl.observe.parse import parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import parse_version
@@ -68,6 +68,30 @@ def replicate(admin: Admin, master_id: str) -> None:
 
 def forget(admin: Admin, node_id: str) -> None:
     admin.call("CLUSTER", "FORGET", node_id)
+
+
+def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) -> str | None:
+    """Make a node that comes back with a forgotten cluster identity a new node before it meets the cluster.
+
+    A node a scale-in removed keeps its nodes.conf: added again under the same name it starts with its old id and
+    its old view of the cluster, and every node that FORGOT it ignores that id (banned for 60 s) and the gossip
+    never converges. Such a node knows other nodes while the live cluster (live_ids) does not know it. Only an
+    empty node is reset (CLUSTER RESET HARD: new id, epoch 0, forgets every node); keys or slots are refused, so
+    no data is ever dropped. Returns the old id when it reset the node."""
+    lines = parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
+    me = next((line for line in lines if line.is_myself), None)
+    if me is None or me.id in live_ids or len(lines) <= 1:
+        return None
+    keys = int(admin.client.dbsize())
+    if keys or me.slots:
+        raise RefusedError(f"{node.name} ({node.endpoint}) holds the identity of a node the cluster forgot "
+                           f"({me.id[:8]}), with {keys} keys and {me.slot_count} slots",
+                           "it was removed from the cluster and kept its data; joining it would need a reset "
+                           "that drops that data",
+                           f"keep what you need from {node.name}'s data folder, move the folder aside (or "
+                           "destroy the node with --purge), then apply again")
+    admin.call("CLUSTER", "RESET", "HARD")
+    return me.id
 
 
 HINT = "the node's log says more; `opsctl cluster check -f SPEC` shows the state"

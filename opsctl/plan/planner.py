@@ -450,10 +450,14 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
         return [FormCluster(first, "no node belongs to a cluster yet", tuple(members))]
     via = next((m for m in members if not _unclustered(facts[m])), members[0])
     steps: list[Step] = []
+    rejoining = {m for m in members if _rejoins(layout.node(m), facts)}
     for m in members:
-        if _restarting(facts[m]):
+        if m in rejoining:
             continue
-        if _unclustered(facts[m]) or not _knows_cluster(facts[m], facts[via]):
+        if _restarting(facts[m]):
+            steps.append(JoinCluster(m, "the cluster forgot it (a scale-in removed it): it joins again as a new "
+                                        "node, reset first if it comes back with its old identity", via))
+        elif _unclustered(facts[m]) or not _knows_cluster(facts[m], facts[via]):
             steps.append(JoinCluster(m, "not part of the cluster", via))
     for shard in layout.shards:
         master = current_master(shard, layout, facts)
@@ -462,7 +466,7 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
         for name in shard.members:
             me = facts[name].myself
             linked = me is not None and master_id is not None and me.master_id == master_id
-            if name == master or linked or has_slots(facts[name]) or _restarting(facts[name]):
+            if name == master or linked or has_slots(facts[name]) or name in rejoining:
                 continue
             steps.append(Replicate(name, f"should replicate {master} (shard {shard.index})", master))
     masters = [current_master(shard, layout, facts) for shard in layout.shards]
@@ -474,6 +478,17 @@ def _restarting(f: NodeFacts) -> bool:
     return not f.running and f.recorded_digest is not None
 
 
+def _rejoins(node: Node, facts: Facts) -> bool:
+    """A cluster node that is down but that the running nodes still know: its nodes.conf brings it back by itself.
+    One they do not know (a scale-in removed and forgot it) joins again as a new node. Asked are the running
+    nodes that serve slots (a removed node serves none, its old view does not count); with none to ask, every
+    node that is down is taken to come back by itself."""
+    if not _restarting(facts[node.name]):
+        return False
+    views = [f.cluster_nodes for f in facts.values() if f.running and f.cluster_nodes and has_slots(f)]
+    return not views or any(line.endpoint == node.endpoint for view in views for line in view)
+
+
 def _unclustered(f: NodeFacts) -> bool:
     """A node that is new or alone: not running yet, or knows only itself and has no slots."""
     if not f.running or f.cluster_nodes is None:
@@ -482,5 +497,7 @@ def _unclustered(f: NodeFacts) -> bool:
 
 
 def _knows_cluster(f: NodeFacts, via: NodeFacts) -> bool:
-    me = via.myself
-    return me is None or any(n.id == me.id for n in f.cluster_nodes or ())
+    """f and via know each other (a node that knows the cluster from an old nodes.conf is not known back)."""
+    me, mine = via.myself, f.myself
+    return me is None or (any(n.id == me.id for n in f.cluster_nodes or ())
+                          and (mine is None or any(n.id == mine.id for n in via.cluster_nodes or ())))
