@@ -150,6 +150,7 @@ def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int) ->
 def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int) -> None:
     """The provider launches every node at once and waits for them in one loop, then one loop waits until all
     answer PING; each step is done or failed on its own, and the first failure stops the plan."""
+    check_held(run.rt.connector)  # as before each step: a run that lost its topology lock starts nothing
     began = time.monotonic()
     for index, step in starts:
         run.emit(StepStart(index, total, step.title()))

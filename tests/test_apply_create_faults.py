@@ -1,5 +1,5 @@
 """A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster): the next apply finishes it,
-and redis-cli --cluster check passes."""
+and redis-cli --cluster check passes. A run that lost its topology lock launches no server."""
 
 from __future__ import annotations
 
@@ -66,3 +66,27 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
             proc.kill()
         main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
         capsys.readouterr()
+
+
+def test_a_run_that_lost_its_topology_lock_starts_no_server(tmp_path) -> None:
+    """Starts go out together (one wave), checked against the lock once before any launch, as each step is."""
+    from opsctl.errors import OpsctlError
+    from opsctl.events import ignore
+    from opsctl.executor import execute
+    from opsctl.plan.steps import Plan, StartNode
+    from opsctl.runtime import make_runtime
+    from opsctl.topolock import topology_lock
+
+    server_binary("valkey")
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster", "valkey")))
+    rt = make_runtime(loaded)
+    plan = Plan(loaded.spec.name, "d", "f", tuple(StartNode(n.name, "new node") for n in loaded.layout.servers))
+    with topology_lock(rt.connector, lease=2.0, unanswered_ok=True) as lock:
+        lock._stop.set()  # the renewer stops, and the clock says 3 s went by: a run paused past its lease
+        assert lock._renewer is not None
+        lock._renewer.join()
+        lock._renewed_at -= 3
+        with pytest.raises(OpsctlError, match="lost the topology lock"):
+            execute(rt, plan, ignore)
+    assert not any(rt.provider.process_state(n).running for n in loaded.layout.servers)
+    assert not (rt.state_dir / loaded.layout.servers[0].name).exists()  # not even a folder: nothing launched
