@@ -3,11 +3,17 @@ not with the identity the cluster FORGOT (banned for 60 s: the scale-out used to
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 import redis
 import yaml
 
 from opsctl.cli import main
+from opsctl.failover.actions import KILL_AT
 from opsctl.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check
@@ -33,7 +39,17 @@ def known_ids(loaded):
     return seen
 
 
-def test_scale_in_then_out_with_the_same_names_joins_new_nodes(tmp_path, capsys) -> None:
+def killed_scale_in(spec) -> None:
+    """A scale-in killed right after remove-node stopped the first retired node (the replica), before it was
+    forgotten; the next apply removes it again (it is stopped, but the cluster still knows it)."""
+    killed = subprocess.run([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+                            env={**os.environ, KILL_AT: "remove-node-stopped"}, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["clean", "killed-mid-scale-in"])
+def test_scale_in_then_out_with_the_same_names_joins_new_nodes(tmp_path, capsys, killed) -> None:
     with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
         four = {**data, "cluster": {**data["cluster"], "masters": 4}}
@@ -49,8 +65,14 @@ def test_scale_in_then_out_with_the_same_names_joins_new_nodes(tmp_path, capsys)
                 old = node_ids(read_spec(spec), added)
 
                 spec.write_text(yaml.safe_dump(data))
+                if killed:
+                    killed_scale_in(spec)
+                    plan = [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]
+                    assert plan[:2] == [("remove-node", n) for n in sorted(added, reverse=True)], plan
                 code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
                 assert code == 0 and "3 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                assert not set(old.values()) & known_ids(read_spec(spec))
 
                 spec.write_text(yaml.safe_dump(four))
                 kinds = [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]

@@ -167,7 +167,7 @@ class CloseSlots(Step):
 
 @dataclass(frozen=True)
 class RemoveNode(Step):
-    """Forget a node the spec no longer has on every other node, then stop it (purge: delete its data too)."""
+    """Stop a node the spec no longer has, then forget it on every other node (purge: delete its data too)."""
 
     kind: ClassVar[str] = "remove-node"
     purge: bool = False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from opsctl.cluster.ops import forget
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, SlotsClosed, SlotsSkip
+from opsctl.failover.actions import checkpoint
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode
 from opsctl.runtime import Runtime
 from opsctl.slots.balance import Move
@@ -15,6 +17,8 @@ from opsctl.slots.journal import Journal
 from opsctl.slots.ranges import parse, to_ranges
 from opsctl.slots.run import MoveOptions, open_session, run_moves
 from opsctl.slots.scale import find_node
+from opsctl.slots.session import Session
+from opsctl.spec.layout import Node
 from opsctl.topolock import topology_lock
 
 
@@ -38,26 +42,36 @@ def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
 
 
 def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
+    """Stop the node, then FORGET every id its endpoint has on every other node. Stopped first, so a run killed
+    in between leaves a stopped node the cluster still knows (the next plan removes it again), never a running
+    server that no node knows any more (nothing would find it to stop it)."""
     node = find_node(rt.loaded, step.node)
     if node is None:
         raise OpsctlError(f"cannot find node {step.node}", hint="plan again")
     with open_session(rt.connector) as session:
-        peer = session.peers.get(node.name)
-        if peer is not None:
-            me = session.me(node.name)
-            if me is not None and me.slots:
-                raise RefusedError(f"{node.name} still serves slots", "removing it would lose them",
-                                   "apply again: the plan drains it first")
-            others = [p for p in session.peers.values() if p.name != node.name]
-            session.parallel(lambda p: _forget(p.admin, peer.id), others)
-    rt.provider.stop(node)
+        ids = _ids_of(session, node)
+        rt.provider.stop(node)
+        checkpoint("remove-node-stopped")
+        others = [p for p in session.peers.values() if p.name != node.name]
+        session.parallel(lambda p: _forget(p.admin, ids), others)
     if step.purge:
         rt.provider.purge(node)
 
 
-def _forget(admin: Any, node_id: str) -> None:
-    try:
-        forget(admin, node_id)
-    except Exception as exc:  # an unknown id is already forgotten
-        if "Unknown node" not in str(exc):
-            raise
+def _ids_of(session: Session, node: Node) -> set[str]:
+    """The ids node's endpoint has in every view (its own included); refused while any view says it serves slots."""
+    lines = [line for view in session.views().values() for line in view if line.endpoint == node.endpoint]
+    serving = max((line.slot_count for line in lines), default=0)
+    if serving:
+        raise RefusedError(f"{node.name} still serves slots ({serving} in the cluster's view)",
+                           "removing it would lose them", "apply again: the plan drains it first")
+    return {line.id for line in lines}
+
+
+def _forget(admin: Any, node_ids: Iterable[str]) -> None:
+    for node_id in node_ids:
+        try:
+            forget(admin, node_id)
+        except Exception as exc:  # an unknown id is already forgotten
+            if "Unknown node" not in str(exc):
+                raise

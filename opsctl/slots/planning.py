@@ -37,10 +37,9 @@ def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[Ste
                                   "finish them, journaled ones exactly as the journal says", text(to_ranges(stale)))]
     gone = retired(layout, facts)
     steps: list[Step] = [*move_steps(facts, masters, [n for n in gone if _is_master(facts[n])])]
-    for name in gone:
-        if facts[name].running:
-            steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): forget it on every "
-                                          "node, then stop it (its data folder is kept)"))
+    for name in gone:  # a stopped one too: the cluster still knows it (a run was killed before it forgot it)
+        steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): stop it, then forget "
+                                      "it on every node (its data folder is kept)"))
     return steps
 
 
