@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from opsctl.providers.ansible import AnsibleProvider, plain_name  # noqa: E402
 from opsctl.remote.inventory import build_inventory  # noqa: E402
-from opsctl.remote.runner import private_dir, run_playbook  # noqa: E402
+from opsctl.remote.runner import parse_event, private_dir, run_playbook  # noqa: E402
 from opsctl.safefs import write_private  # noqa: E402
 from opsctl.specfile import read_spec  # noqa: E402
 from tests import netns  # noqa: E402
@@ -80,26 +81,23 @@ def lab(existing: str | None) -> Iterator[netns.Lab]:
         netns.down(created.id)
 
 
-class TaskClock:
-    """Seconds per phase from ansible-runner's events: `start` until the play begins, each task until the next
-    one starts, `end` from the stats to the run's return."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.marks: list[tuple[float, str]] = []
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
+def phases(artifacts: Path, started: float, ended: float) -> list[tuple[str, float]]:
+    """Seconds per phase of the newest run under artifacts, from its job events' timestamps: `start` until the
+    play begins, each task until the next one starts, `end` from the stats to the run's return (started and
+    ended: wall clock)."""
+    newest = max(artifacts.iterdir(), key=lambda folder: folder.stat().st_mtime)
+    marks: list[tuple[float, str]] = []
+    for path in (newest / "job_events").glob("*.json"):
+        event = parse_event(path.read_text()) or {}
+        kind, at = event.get("event"), datetime.fromisoformat(str(event.get("created"))).timestamp()
         if kind == "playbook_on_play_start":
-            self.marks.append((time.monotonic(), "(play)"))
+            marks.append((at, "(play)"))
         elif kind == "playbook_on_task_start":
-            self.marks.append((time.monotonic(), str(event.get("event_data", {}).get("task", "?"))))
+            marks.append((at, str(event.get("event_data", {}).get("task", "?"))))
         elif kind == "playbook_on_stats":
-            self.marks.append((time.monotonic(), "end"))
-
-    def table(self, ended: float) -> list[tuple[str, float]]:
-        spans = [(self.started, "start"), *self.marks, (ended, "")]
-        return [(name, spans[i + 1][0] - at) for i, (at, name) in enumerate(spans[:-1])]
+            marks.append((at, "end"))
+    spans = [(started, "start"), *sorted(marks), (ended, "")]
+    return [(name, spans[i + 1][0] - at) for i, (at, name) in enumerate(spans[:-1])]
 
 
 def host_cpu(the_lab: netns.Lab) -> float:
@@ -122,15 +120,14 @@ def local_cpu() -> float:
 
 def timed_deploy(provider: AnsibleProvider, the_lab: netns.Lab) -> dict[str, Any]:
     """Seconds, CPU seconds here and on the hosts, seconds per phase, and the tasks that changed something."""
-    clock = TaskClock()
-    provider.on_event = clock
     here, there = local_cpu(), host_cpu(the_lab)
+    started = time.time()
     result = provider.deploy(start=True)
-    ended = time.monotonic()
+    ended = time.time()
     here = local_cpu() - here
     time.sleep(1.0)  # sessions that just ended are reaped by sshd: then their CPU shows in its counters
-    return {"seconds": ended - clock.started, "cpu_here": here, "cpu_hosts": host_cpu(the_lab) - there,
-            "phases": clock.table(ended), "changed": list(result.changed_tasks)}
+    return {"seconds": ended - started, "cpu_here": here, "cpu_hosts": host_cpu(the_lab) - there,
+            "phases": phases(provider.data_dir / "artifacts", started, ended), "changed": list(result.changed_tasks)}
 
 
 def timed_floor(provider: AnsibleProvider) -> float:
