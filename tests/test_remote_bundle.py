@@ -105,12 +105,12 @@ def test_installers_are_byte_stable_one_per_host_and_refuse_odd_file_names(tmp_p
     with pytest.raises(OpsctlError, match="refusing file name"):
         node_members(loaded.spec, loaded.layout.servers[0], {"../x": "boom"})
     with pytest.raises(ValueError, match="exit 0"):
-        installer(body.replace("exit 0\n", ""), "valkey", [])
+        installer(body.replace("exit 0\n", ""), "valkey", "/var/lib/opsctl/x", [])
 
 
 def run_installer(script: Path, root: Path, *args: str) -> list[str]:
     """The installer as deploy.yml runs it (sh, as root), into root instead of /: its `changed:` lines."""
-    result = subprocess.run([str(script), *args], capture_output=True, text=True, check=False,
+    result = subprocess.run([str(script), "nostart", *args], capture_output=True, text=True, check=False,
                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OPSCTL_INSTALL_ROOT": str(root)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] in ("init: systemd", "init: other")
@@ -154,10 +154,39 @@ def test_installer_writes_once_then_changes_nothing_and_puts_back_what_differs(t
     assert not (tmp_path / "nowhere").exists()  # the dangling link was replaced, not followed
 
 
-def test_installer_refuses_a_call_without_all_or_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("args", [(), ("all",), ("start",), ("nostart", "some")])
+def test_installer_refuses_a_call_without_start_or_nostart_then_all_or_only(tmp_path: Path,
+                                                                             args: tuple[str, ...]) -> None:
     loaded = loaded_spec(tmp_path / "spec", "standalone", user=EXISTING_USER)
     stage(loaded, tmp_path / "files", {loaded.layout.nodes[0].name: {"redis.conf": "port 1\n"}})
     script = tmp_path / "files" / f"install-{loaded.layout.nodes[0].host}.sh"
-    result = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=False,
+    result = subprocess.run(["sh", str(script), *args], capture_output=True, text=True, check=False,
                             env={"PATH": "/usr/bin:/bin", "OPSCTL_INSTALL_ROOT": str(tmp_path / "nowhere")})
     assert result.returncode == 2 and "usage" in result.stderr and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.skipif(Path("/run/systemd/system").is_dir(), reason="where systemd runs, deploy.yml starts the nodes")
+def test_installer_starts_the_nodes_of_its_host_it_was_asked_for(tmp_path: Path) -> None:
+    """`start` runs bin/opsctl-node start for each selected node of this host (a stand-in control script here),
+    after installing; `nostart` starts none."""
+    loaded = loaded_spec(tmp_path / "spec", "cluster", user=EXISTING_USER)
+    host = loaded.layout.nodes[0].host
+    mine = [n.name for n in loaded.layout.nodes if n.host == host]
+    body = (data_dir("playbooks") / "files" / "opsctl-install.sh").read_text()
+    control = b'#!/bin/sh\necho "started 42 $1 $2"\n'
+    files = {n.name: {"redis.conf": "port 1\n"} for n in loaded.layout.nodes}
+    script = tmp_path / "install.sh"
+    script.write_bytes(host_installers(loaded.spec, loaded.layout.nodes, files, body, control, None)[
+        f"install-{host}.sh"])
+    script.chmod(0o700)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OPSCTL_INSTALL_ROOT": str(tmp_path / "dest")}
+    (tmp_path / "dest").mkdir()
+
+    def started(*args: str) -> list[str]:
+        result = subprocess.run([str(script), *args], capture_output=True, text=True, check=False, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return [line for line in result.stdout.splitlines() if line.startswith("started")]
+
+    assert started("nostart", "all") == []
+    assert started("start", "all") == [f"started 42 start {name}" for name in mine]
+    assert started("start", "only", mine[-1], "another-hosts-node") == [f"started 42 start {mine[-1]}"]

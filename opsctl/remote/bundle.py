@@ -118,14 +118,15 @@ def host_parts(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[st
     return parts
 
 
-def installer(body: str, user: str, parts: Sequence[tuple[str, bytes]]) -> bytes:
+def installer(body: str, user: str, root: str, parts: Sequence[tuple[str, bytes]]) -> bytes:
     """opsctl-install.sh (body) with its placeholders filled and the archives appended after its `exit`."""
     table: list[str] = []
     at = 0
     for name, data in parts:
         table.append(f"{name} {at} {len(data)}")
         at += len(data)
-    filled = {"@USER@": shlex.quote(user), "@PARTS@": shlex.quote("\n".join(table)), "@PAYLOAD_BYTES@": str(at)}
+    filled = {"@USER@": shlex.quote(user), "@ROOT@": shlex.quote(root), "@PARTS@": shlex.quote("\n".join(table)),
+              "@PAYLOAD_BYTES@": str(at)}
     text = body
     for placeholder, value in filled.items():
         if text.count(placeholder) != 1:
@@ -141,5 +142,5 @@ def host_installers(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mappi
     """`install-<host>.sh` -> the installer for that host's nodes among `nodes` (byte for byte the same for the
     same input)."""
     hosts = sorted({n.host for n in nodes})
-    return {f"install-{host}.sh": installer(body, service_user(spec), host_parts(
+    return {f"install-{host}.sh": installer(body, service_user(spec), remote_root(spec), host_parts(
         spec, [n for n in nodes if n.host == host], files, script, binary)) for host in hosts}

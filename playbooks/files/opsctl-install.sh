@@ -1,16 +1,18 @@
 #!/bin/sh
-# opsctl-install all | only [NODE...]: what deploy.yml installs on one host, in one script run (no Python on the
-# host): the service user and group when missing (an existing user, e.g. the OS package's redis, is used as it
+# opsctl-install start|nostart all|only [NODE...]: what deploy.yml installs on one host, in one script run (no
+# Python on the host): the service user and group when missing (an existing user, e.g. the OS package's redis, is used as it
 # is: usermod fails while it runs a server), then the tar archives opsctl appended to this script
 # (opsctl/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
 # the node's folder, settings and files; `once-NODE`: files written only when missing (sentinel.conf: Sentinel
 # rewrites it). An archive is extracted only where GNU tar's compare finds a difference (mode, owner, size,
 # content, a missing file), so a second run changes nothing. `only` narrows the run to the named nodes (names of
 # other hosts' nodes are ignored; none: the base archive alone). Prints `changed: WHAT` per change, then
-# `init: systemd|other`, never a file's content (the archives hold passwords). OPSCTL_INSTALL_ROOT (default /)
-# is for tests.
+# `init: systemd|other`, never a file's content (the archives hold passwords). With `start`, where systemd does
+# not run, the script then starts its nodes (bin/opsctl-node start: `started PID` or `running PID` each), so a
+# deploy needs one SSH task per host. OPSCTL_INSTALL_ROOT (default /) is for tests.
 set -eu
 OPSCTL_USER=@USER@
+OPSCTL_ROOT=@ROOT@
 PARTS=@PARTS@
 PAYLOAD_BYTES=@PAYLOAD_BYTES@
 
@@ -47,11 +49,16 @@ install_once() {
   fi
 }
 
+usage() { echo "usage: $0 start|nostart all|only [NODE...]" >&2; exit 2; }
+case "${1:-}" in
+  start | nostart) start=$1; shift ;;
+  *) usage ;;
+esac
 case "${1:-}" in
   all) # shellcheck disable=SC2046 # node names are [a-z0-9-]
     set -- $(printf '%s\n' "$PARTS" | sed -n 's/^node-\([^ ]*\) .*/\1/p') ;;
   only) shift ;;
-  *) echo "usage: $0 all | only [NODE...]" >&2; exit 2 ;;
+  *) usage ;;
 esac
 
 if ! getent group "$OPSCTL_USER" >/dev/null; then
@@ -65,10 +72,19 @@ if ! getent passwd "$OPSCTL_USER" >/dev/null; then
 fi
 
 install base
+mine=""
 for node; do
-  if has_part "node-$node"; then install "node-$node"; fi
+  if has_part "node-$node"; then install "node-$node"; mine="$mine $node"; fi
   if has_part "once-$node"; then install_once "once-$node"; fi
 done
 
-if [ -d /run/systemd/system ]; then echo "init: systemd"; else echo "init: other"; fi
+# Where systemd runs, the playbook writes the units and starts the nodes after this script.
+if [ -d /run/systemd/system ]; then
+  echo "init: systemd"
+else
+  echo "init: other"
+  if [ "$start" = start ]; then
+    for node in $mine; do "$dest$OPSCTL_ROOT/bin/opsctl-node" start "$node"; done
+  fi
+fi
 exit 0
