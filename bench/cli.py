@@ -89,7 +89,8 @@ def where_time_goes(argv: Sequence[str], wall: float, start: float) -> str:
     rest = wall * 1000 - start * 1000 - total
     return (f"    where the time goes: interpreter start {start * 1000:.0f} ms, imports {total:.0f} ms ("
             + ", ".join(f"{name} {ms:.0f}" for name, ms in heaviest)
-            + f"), the rest (spec, checks, nodes, output) ~{max(rest, 0):.0f} ms")
+            + f"), the rest (spec, checks, nodes, output; on a busy machine also the wait for a core) "
+            f"~{max(rest, 0):.0f} ms")
 
 
 def main() -> None:
