@@ -8,7 +8,10 @@ Goals: --version/--help <= 100 ms; plan/status of 6 nodes <= 400 ms. For a goal 
 `python -X importtime` splits the time: interpreter start, imports (by top-level package), and the rest (parse the
 spec, validate it, talk to the nodes, print).
 
-    .venv/bin/python bench/cli.py [--runs 9] [--flavor valkey]
+    .venv/bin/python bench/cli.py [--runs 9] [--flavor valkey] [--instructions]
+
+--instructions adds one run of each under valgrind (callgrind): instructions executed, which a busy machine does
+not inflate, beside `python -c pass`'s.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def import_times(argv: Sequence[str]) -> dict[str, float]:
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "imported package" not in line:
             self_us, _, name = (part.strip() for part in line.removeprefix("import time:").split("|"))
-            times[name] = times.get(name, 0.0) + int(self_us) / 1000
+            # max: an import in another thread at the same time garbles importtime's nesting (negative self times)
+            times[name] = times.get(name, 0.0) + max(0, int(self_us)) / 1000
     return times
 
 
@@ -93,10 +97,25 @@ def where_time_goes(argv: Sequence[str], wall: float, start: float) -> str:
             f"~{max(rest, 0):.0f} ms")
 
 
+def instructions(argv: Sequence[str]) -> int:
+    """Instructions argv executes (valgrind's callgrind count, one run): a measure the machine's load leaves alone."""
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], env=env(),
+                          capture_output=True, text=True, check=False)
+    counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
+    return int(counted[-1].rsplit(":", 1)[1]) if counted else 0
+
+
+def instruction_row(name: str, argv: Sequence[str], limit: int) -> str:
+    count = instructions(argv)
+    return (f"{name:<10} {count / 1e6:6.0f} M instructions ({count / limit:4.1f}x `python -c pass`)" if count
+            else f"{name:<10} (valgrind missing or failed)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--flavor", choices=("valkey", "redis"), default="valkey")
+    parser.add_argument("--instructions", action="store_true", help="also count instructions under valgrind")
     args = parser.parse_args()
     # As installed: with bytecode. PYTHONDONTWRITEBYTECODE (set on some machines) would otherwise make every
     # opsctl run compile its modules again (~0.2 s of CPU), which no installed copy does.
@@ -127,6 +146,13 @@ def main() -> None:
                 if measured[0] > GOALS[command]:
                     print(where_time_goes(argv, measured[0], limit[0]))
             print(f"  (peer for plan/status: redis-cli --cluster check {host}:{port}, which reads every node)")
+            if args.instructions:
+                bare = instructions([sys.executable, "-c", "pass"])
+                print(f"instructions (one run each; `python -c pass`: {bare / 1e6:.0f} M):")
+                for name, argv in (("--version", [*OPSCTL, "--version"]), ("--help", [*OPSCTL, "--help"]),
+                                   ("plan", [*OPSCTL, "plan", "-f", str(spec)]),
+                                   ("status", [*OPSCTL, "status", "-f", str(spec)])):
+                    print(instruction_row(name, argv, bare or 1))
         finally:
             subprocess.run([*OPSCTL, "destroy", "-f", str(spec), "--auto-approve", "--purge"], env=env(),
                            check=False, capture_output=True)
