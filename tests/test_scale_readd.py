@@ -14,9 +14,10 @@ import yaml
 
 from opsctl.cli import main
 from opsctl.failover.actions import KILL_AT
+from opsctl.observe.collect import wait_for
 from opsctl.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, cluster_check, free_base_port, loopback_hosts, server_binary
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -96,3 +97,66 @@ def test_scale_in_then_out_with_the_same_names_joins_new_nodes(tmp_path, capsys,
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
             spec.write_text(yaml.safe_dump(data))
             capsys.readouterr()
+
+
+def cluster_server(flavor: str, directory, address: str, port: int) -> subprocess.Popen[bytes]:
+    directory.mkdir()
+    return subprocess.Popen([server_binary(flavor), "--bind", address, "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(directory), "--cluster-enabled", "yes",
+                             "--cluster-require-full-coverage", "no"],
+                            stdout=subprocess.DEVNULL)
+
+
+def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) -> None:
+    """Real servers: a node that knows another node (its old cluster) and holds a key in a slot it no longer
+    serves is refused, key and id untouched; once empty it is reset to a new id that knows only itself."""
+    from opsctl.admin import Admin
+    from opsctl.cluster.ops import reset_stale_identity
+    from opsctl.errors import RefusedError
+    from tests.test_planner import loaded_spec
+
+    address = loopback_hosts(1)[0]
+    port = free_base_port([address], 2)
+    procs = [cluster_server("valkey", tmp_path / str(i), address, port + i) for i in range(2)]
+    client = redis.Redis(host=address, port=port, decode_responses=True)
+    try:
+        wait_for(lambda: True if _answers(client) else None, 10.0, "the test server")
+        client.execute_command("CLUSTER", "MEET", address, port + 1)
+        wait_for(lambda: True if len(client.execute_command("CLUSTER", "NODES").splitlines()) == 2 else None, 10.0,
+                 "the meet")
+        slot = client.execute_command("CLUSTER", "KEYSLOT", "kept")
+        client.execute_command("CLUSTER", "ADDSLOTS", slot)
+        serving(client)
+        client.set("kept", "v")
+        client.execute_command("CLUSTER", "DELSLOTS", slot)
+        old = client.execute_command("CLUSTER", "MYID")
+        loaded = loaded_spec("cluster")
+        admin = Admin(loaded, loaded.layout.servers[0], client)
+        assert reset_stale_identity(admin, loaded.layout.servers[0], {old}) is None  # the cluster knows it
+        with pytest.raises(RefusedError, match="1 keys"):
+            reset_stale_identity(admin, loaded.layout.servers[0], set())
+        assert client.dbsize() == 1 and client.execute_command("CLUSTER", "MYID") == old
+        client.execute_command("CLUSTER", "ADDSLOTS", slot)
+        serving(client)
+        client.delete("kept")
+        client.execute_command("CLUSTER", "DELSLOTS", slot)
+        assert reset_stale_identity(admin, loaded.layout.servers[0], set()) == old
+        assert client.execute_command("CLUSTER", "MYID") != old
+        assert len(client.execute_command("CLUSTER", "NODES").splitlines()) == 1
+    finally:
+        client.close()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def serving(client: redis.Redis) -> None:
+    wait_for(lambda: True if "cluster_state:ok" in client.execute_command("CLUSTER", "INFO") else None, 10.0,
+             "cluster_state ok")
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
