@@ -64,7 +64,9 @@ def _ids_of(session: Session, node: Node) -> set[str]:
     serving = max((line.slot_count for line in lines), default=0)
     if serving:
         raise RefusedError(f"{node.name} still serves slots ({serving} in the cluster's view)",
-                           "removing it would lose them", "apply again: the plan drains it first")
+                           "removing it would lose them",
+                           "apply again: the plan drains it first (a node that is down cannot be drained: start it "
+                           "with the spec that still has it, then apply this spec again)")
     return {line.id for line in lines}
 
 
