@@ -8,6 +8,6 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def data_dir(name: str) -> Path:
-    """playbooks/: the installed copy if present, else the checkout's."""
+    """templates/ or playbooks/: the installed copy if present, else the checkout's."""
     installed = _PACKAGE / "_data" / name
     return installed if installed.is_dir() else _PACKAGE.parent / name

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from string import Template
 
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
 from opsctl.render.tokens import checked, checked_arguments, word
+from opsctl.resources import data_dir
 from opsctl.secrets import MASK, Secret
 from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name
@@ -32,30 +35,36 @@ def _printed(value: object) -> str:
     return str(checked(value))
 
 
-def _config_file(header: Sequence[str], sections: Sequence[Section]) -> str:
-    """A redis.conf or sentinel.conf: the header lines, then each section's title and its directives, one a
-    line. Plain string building: a template engine cost every plan ~40 ms to import and compile its templates."""
-    lines = list(header)
-    for section in sections:
-        lines += ["", f"# --- {_printed(section.title)}"]
-        lines += [f"{_printed(name)} {_printed(value)}" for name, value in section.directives]
-    return "\n".join(lines) + "\n"
+@functools.cache
+def _template(name: str) -> Template:
+    """templates/<name>: the frame of a rendered file, read once per process."""
+    return Template((data_dir("templates") / name).read_text(encoding="utf-8"))
 
 
-def _server_header(loaded: LoadedSpec, node: Node) -> list[str]:
+def _filled(name: str, body: dict[str, str], **values: object) -> str:
+    """templates/<name> with its body placeholder (lines already built from checked values) and every other
+    placeholder filled by a checked value. A placeholder left unfilled raises."""
+    return _template(name).substitute({**{key: _printed(value) for key, value in values.items()}, **body})
+
+
+def _sections_text(sections: Sequence[Section]) -> str:
+    """Each section's title and its directives, one a line, a blank line before each title."""
+    return "\n".join(
+        "\n".join(["", f"# --- {_printed(section.title)}",
+                   *(f"{_printed(name)} {_printed(value)}" for name, value in section.directives)])
+        for section in sections)
+
+
+def _server_conf(loaded: LoadedSpec, node: Node, sections: Sequence[Section]) -> str:
     spec = loaded.spec
-    shard = f", shard {_printed(node.shard)}" if node.shard else ""
-    return [f"# {_printed(spec.server.flavor)} {_printed(spec.server.version)} configuration for "
-            f"{_printed(node.name)} ({_printed(node.role)}{shard}) of \"{_printed(spec.name)}\".",
-            "# Rendered by opsctl from the topology spec. Edit the spec, not this file: opsctl apply writes it again.",
-            "# The server may append lines below (CONFIG REWRITE); opsctl keeps what it learned there."]
+    return _filled("redis.conf.tmpl", flavor=spec.server.flavor, version=spec.server.version, node=node.name,
+                   role=node.role, shard=f", shard {node.shard}" if node.shard else "",
+                   spec_name=spec.name, body={"sections": _sections_text(sections)})
 
 
-def _sentinel_header(loaded: LoadedSpec, node: Node) -> list[str]:
-    return [f"# Sentinel configuration for {_printed(node.name)} watching "
-            f"\"{_printed(sentinel_master_name(loaded.spec))}\" of \"{_printed(loaded.spec.name)}\".",
-            "# Rendered by opsctl from the topology spec. Sentinel rewrites this file with what it learns (replicas,",
-            "# other sentinels, epochs); opsctl never overwrites a file a running sentinel has rewritten."]
+def _sentinel_conf(loaded: LoadedSpec, node: Node, sections: Sequence[Section]) -> str:
+    return _filled("sentinel.conf.tmpl", node=node.name, master_name=sentinel_master_name(loaded.spec),
+                   spec_name=loaded.spec.name, body={"sections": _sections_text(sections)})
 
 
 def _shown(secret: Secret, reveal: bool) -> str:
@@ -99,8 +108,8 @@ def render_node(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bool =
         for name, value in section.directives:
             checked_arguments(name, value)
     if node.is_sentinel:
-        return RenderedNode(node, {"sentinel.conf": _config_file(_sentinel_header(loaded, node), sections)}, sections)
-    files = {"redis.conf": _config_file(_server_header(loaded, node), sections)}
+        return RenderedNode(node, {"sentinel.conf": _sentinel_conf(loaded, node, sections)}, sections)
+    files = {"redis.conf": _server_conf(loaded, node, sections)}
     if spec.auth.mode == "acl":
         files["users.acl"] = render_acl(loaded, reveal)
     return RenderedNode(node, files, sections)
@@ -121,8 +130,8 @@ def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
                 "hash": " #".join(_password_hash(s) if reveal else MASK for s in accepted)}
         checked_arguments("user", f"{line['name']} {line['rules']}")
         lines.append(line)
-    return "user default off\n" + "".join(
-        f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}\n" for u in lines)
+    return _filled("users.acl.tmpl", body={"users": "\n".join(
+        f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}" for u in lines)})
 
 
 def _password_hash(secret: Secret) -> str:
