@@ -29,6 +29,7 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"  {i:>3}. {step.title()}")
         lines.append(f"       why: {step.reason}")
     lines += [f"  warning: {w}" for w in plan.warnings]
+    lines += [f"  then: {note}" for note in plan.notes if plan.replan]
     return "\n".join(lines)
 
 

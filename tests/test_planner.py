@@ -172,6 +172,27 @@ def test_a_down_shard_the_cluster_still_knows_rejoins_by_itself() -> None:
         facts[name] = NodeFacts(name, False, "not running (no pidfile)", facts[name].record)
     plan = make_plan(loaded, desired(loaded), facts, "d")
     assert kinds(plan)[:2] == ["start", "start"] and not {"join-cluster", "replicate"} & set(kinds(plan)), kinds(plan)
+    assert "move-slots" not in kinds(plan) and plan.replan, kinds(plan)  # its master only looks empty while down
+
+
+def test_a_stopped_cluster_is_started_not_formed_again() -> None:
+    """Every node is down with its record (and its nodes.conf): start them all, observe again, form nothing."""
+    loaded = loaded_spec("cluster")
+    facts = {k: NodeFacts(k, False, "not running (no pidfile)", v.record) for k, v in formed_cluster(loaded).items()}
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert set(kinds(plan)) == {"start"} and len(plan.steps) == 6 and plan.replan, kinds(plan)
+    assert "observes again" in plan.notes[0]
+
+
+def test_a_down_master_whose_replica_took_over_needs_no_second_round() -> None:
+    """The shard still serves its slots (the replica was promoted): the old master restarts as a replica now."""
+    loaded = loaded_spec("cluster")
+    shard = loaded.layout.shards[1]
+    facts = formed_cluster(loaded, swap_shard=shard.index)
+    name = shard.master
+    facts[name] = NodeFacts(name, False, "not running (no pidfile)", facts[name].record)
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert kinds(plan) == ["start", "wait-converged"] and not plan.replan, kinds(plan)
 
 
 def test_live_drift_of_a_settable_directive_is_a_config_set() -> None:

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
@@ -116,6 +117,9 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
                         help="how long a restarted node may take to be back in place, or a failover's checks to pass")
 
 
+REPLANS = 2  # a plan that starts down shard masters first (planner._start_first), then the rest
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.plan.saved import read_saved_plan
     from opsctl.runtime import compute_plan
@@ -124,9 +128,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with _runtime(args, locked=True) as rt:
         plan, _ = compute_plan(rt)
         if saved is not None:
-            plan = _saved_plan(args.plan, saved, plan)
-        run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
-                 f"Applied {len(plan.steps)} step(s)")
+            plan = replace(_saved_plan(args.plan, saved, plan), replan=plan.replan)
+        for _ in range(REPLANS):
+            run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                     f"Applied {len(plan.steps)} step(s)")
+            if not plan.replan:
+                break
+            plan, _ = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
         healthy = _print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",

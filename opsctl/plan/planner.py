@@ -50,6 +50,9 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     for shard in layout.shards:
         steps += shard_steps(layout, shard, desired, facts, server, together, loaded.spec.topology)
     topology = loaded.spec.topology
+    waiting = _masters_coming_back(layout, facts) if topology == "cluster" else []
+    if waiting:
+        return _start_first(loaded, steps, waiting, facts, spec_digest)
     if topology == "cluster":
         steps += cluster_steps(layout, facts)
     elif topology in ("replication", "sentinel"):
@@ -65,6 +68,23 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
                                    f"{', '.join(settling)} (a run stopped before it settled): wait until it is"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
+
+
+def _masters_coming_back(layout: Layout, facts: Facts) -> list[str]:
+    """Shard masters that are down and come back by themselves from their nodes.conf (a whole shard or the whole
+    cluster was stopped): until they run, their slots look unowned and the cluster looks unformed."""
+    masters = [current_master(shard, layout, facts) for shard in layout.shards]
+    return [m for m in masters if _rejoins(layout.node(m), facts)]
+
+
+def _start_first(loaded: LoadedSpec, steps: list[Step], waiting: list[str], facts: Facts, spec_digest: str) -> Plan:
+    """Only the down nodes' steps now (they start and rejoin with their slots and data); apply observes again
+    once they run and plans the rest (config changes, joins, replicas, slot moves, the wait) from what it sees."""
+    note = (f"{', '.join(waiting)} {'is a shard master' if len(waiting) == 1 else 'are shard masters'} that "
+            "stopped with the cluster's nodes.conf: started first, they rejoin with their slots and data; "
+            "apply then observes again and plans the rest")
+    first = tuple(s for s in steps if not facts[s.node].running)
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), first, (note,), replan=True)
 
 
 def _settling(layout: Layout, facts: Facts) -> list[str]:

@@ -187,6 +187,7 @@ class Plan:
     steps: tuple[Step, ...] = ()
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    replan: bool = False  # these steps come first: apply observes again after them and plans the rest
 
     @property
     def empty(self) -> bool:
@@ -195,7 +196,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"format": 1, "spec": self.spec_name, "spec_digest": self.spec_digest,
                 "fingerprint": self.fingerprint, "steps": [s.to_dict() for s in self.steps],
-                "notes": list(self.notes), "warnings": list(self.warnings)}
+                "notes": list(self.notes), "warnings": list(self.warnings), "replan": self.replan}
 
 
 def step_from_dict(data: dict[str, Any]) -> Step:

@@ -1,0 +1,47 @@
+"""A stopped shard, or the whole stopped cluster, comes back from its nodes.conf with its slots and data: apply
+starts the down nodes first (no slot moves into a master that only looks empty, no new cluster formed), then
+observes again and plans the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.runtime import make_runtime
+from opsctl.specfile import read_spec
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import cluster_check
+from tests.test_slots_reshard import preload
+from tests.writer import cluster_client, dataset_checksum
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("down", ["shard", "cluster"])
+def test_stopped_nodes_rejoin_with_their_slots_and_data(tmp_path, capsys, down) -> None:
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        preload(loaded, 2000)
+        client = cluster_client(loaded)
+        before = dataset_checksum(client, "pre:*")
+        client.close()
+        rt = make_runtime(read_spec(spec))
+        stopped = loaded.layout.shards[1].members if down == "shard" else [n.name for n in loaded.layout.servers]
+        try:
+            for name in stopped:
+                rt.provider.stop(rt.node(name))
+        finally:
+            rt.provider.close()
+
+        plan = plan_json(capsys, spec)
+        kinds = {s["kind"] for s in plan["steps"]}
+        assert kinds == {"start"} and plan["replan"], plan
+        assert sorted(s["node"] for s in plan["steps"]) == sorted(stopped), plan
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert "move-slots" not in out and "form-cluster" not in out, out
+
+        assert plan_json(capsys, spec)["steps"] == []
+        client = cluster_client(read_spec(spec))
+        assert dataset_checksum(client, "pre:*") == before and before[0] == 2000
+        client.close()
+        check = cluster_check(loaded.layout.servers[0].endpoint)
+        assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout
