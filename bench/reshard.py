@@ -42,6 +42,7 @@ from redis.crc import key_slot
 from opsctl.admin import Admin
 from opsctl.cli import main as opsctl_main
 from opsctl.connector import Connector
+from opsctl.observe.collect import wait_cluster_converged
 from opsctl.observe.parse import parse_info
 from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
@@ -180,6 +181,12 @@ def migrateslots_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int) -
         return seconds
 
 
+def settled(loaded: LoadedSpec) -> None:
+    """Untimed, before each timed run: every node agrees on the slot map (the bare job is done when the source
+    says so, the others may learn it a moment later; opsctl waits for that itself, its next run must not)."""
+    wait_cluster_converged(Connector(loaded), loaded.layout.servers)
+
+
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -240,6 +247,7 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
     notes: list[str] = []
     print(f"load average before: {load_average()}", flush=True)
     for label, source, argv in runs:
+        settled(loaded)
         before = server_time(admins[source])
         done = timed_run(argv, env)
         rates.setdefault(label, []).append(written / done.seconds)
@@ -257,10 +265,12 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
     # interleaved, as many of each; the best of each counts. opsctl moves A's slots A -> B (`--slots N` takes
     # the source's highest N: only A's own range is the bench's), the bare migration moves them back.
     for _ in range(2 if flavor == "valkey" else 0):
+        settled(loaded)
         done = timed_run([*opsctl, "--from", a, "--to", b], env)
         rates.setdefault(atomic, []).append(written / done.seconds)
         print(f"{atomic:<36} {written} keys in {done.seconds:7.2f}s  {written / done.seconds:>10.0f} keys/s",
               flush=True)
+        settled(loaded)
         seconds = migrateslots_alone(loaded, (a, b), slots)
         rates.setdefault(bare, []).append(written / seconds)
         print(f"{bare:<36} {written} keys in {seconds:7.2f}s  {written / seconds:>10.0f} keys/s", flush=True)
