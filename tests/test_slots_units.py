@@ -6,7 +6,7 @@ from opsctl.events import SlotsProgress
 from opsctl.observe.parse import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, step_from_dict
-from opsctl.slots.atomic import job_state, parse_migrations, start_commands
+from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_survey, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
@@ -149,3 +149,9 @@ def test_survey_replies_parse_or_fall_back():
     assert parse_survey([[b"a", b"b"], b"184"]) is None  # not one size per key: list and size them apart
     assert parse_survey([[b"a"], b"x"]) is None and parse_survey([[b"a"], 5]) is None
     assert parse_survey(Exception("NOSCRIPT")) is None and parse_survey(None) is None and parse_survey([1]) is None
+
+
+def test_atomic_jobs_are_polled_often_at_first_then_less_as_they_run_long():
+    assert poll_interval(0.0) == 0.005 and poll_interval(0.05) == 0.005  # a short job is seen done within 5 ms
+    assert poll_interval(0.4) == 0.02  # a twentieth of the time so far: at most ~5% late
+    assert poll_interval(30.0) == 0.05  # never rarer than 20 looks a second
