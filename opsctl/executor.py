@@ -46,7 +46,7 @@ from opsctl.plan.steps import (
 )
 from opsctl.render import render_node, render_sections
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
-from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.spec.layout import Node, deployed_as, sentinel_master_name, sentinel_quorum
 from opsctl.tls.material import node_files
 from opsctl.topolock import check_held
 from opsctl.waits import wait_back_in_place, wait_replication, wait_sentinels
@@ -285,7 +285,7 @@ def write_config(run: Execution, step: Step) -> None:
     sections = render_sections(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                                daemonize=run.rt.provider.daemonize)
     directives = [list(d) for s in sections for d in s.directives]
-    record = {"digest": step.digest, "directives": directives, "applied": time.time()}
+    record = {"digest": step.digest, "directives": directives, "applied": time.time(), "deployed": deployed_as(node)}
     if run.restarts(node.name) and run.rt.provider.process_state(node).running:
         record["pending_restart"] = True  # cleared by the restart; a later plan restarts it if this run dies
     run.rt.provider.save_record(node, record)

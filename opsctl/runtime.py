@@ -203,9 +203,11 @@ def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, Desired
 
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
-    from opsctl.plan.planner import make_plan
+    from opsctl.plan.planner import make_plan, refuse_layout_change
 
     facts = gather_facts(rt)
+    if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
+        refuse_layout_change(rt.loaded.layout, facts)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
     return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts
 

@@ -160,7 +160,9 @@ def test_node_record_with_null_fields_reads_as_empty(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", ['{"directives": {}}', '{"directives": [["a"]]}', '{"directives": [[1, 2]]}',
-                                  '{"digest": 5}', '{"applied": "x"}', '{"pending_restart": "yes"}', "[]", "{"])
+                                  '{"digest": 5}', '{"applied": "x"}', '{"pending_restart": "yes"}', "[]", "{",
+                                  '{"deployed": []}', '{"deployed": {"host": "h1"}}',
+                                  '{"deployed": {"host": "h1", "port": "1", "role": "master", "shard": 1}}'])
 def test_node_record_bad_shapes_are_named(text: str) -> None:
     with pytest.raises(OpsctlError, match=r"^opsctl-node\.json: "):
         parse_record(text, "n-1", "opsctl-node.json")

@@ -5,6 +5,7 @@ observes again and plans the rest."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from opsctl.runtime import make_runtime
 from opsctl.specfile import read_spec
@@ -43,5 +44,21 @@ def test_stopped_nodes_rejoin_with_their_slots_and_data(tmp_path, capsys, down) 
         client = cluster_client(read_spec(spec))
         assert dataset_checksum(client, "pre:*") == before and before[0] == 2000
         client.close()
+        check = cluster_check(loaded.layout.servers[0].endpoint)
+        assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout
+
+
+def test_a_spec_that_renumbers_deployed_nodes_is_refused_and_nothing_is_done(tmp_path, capsys) -> None:
+    """replicas_per_master 1 -> 2 would make t-3 (shard 2 master on h2) shard 1's replica on h3: refused before
+    anything is observed as silent or touched (exit 3, like every plan-time safety refusal)."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        fingerprint = plan_json(capsys, spec)["fingerprint"]
+        spec.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], "replicas_per_master": 2}}))
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and "changes what 4 deployed node(s) are" in err and "Traceback" not in err, err + out
+        assert f"{loaded.spec.name}-3: deployed as shard 2 master on h2" in err, err
+        spec.write_text(yaml.safe_dump(data))
+        assert plan_json(capsys, spec) == {**plan_json(capsys, spec), "steps": [], "fingerprint": fingerprint}
         check = cluster_check(loaded.layout.servers[0].endpoint)
         assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout

@@ -341,3 +341,23 @@ def test_a_config_entry_that_overrides_a_rendered_directive_keeps_one_line() -> 
     loaded = loaded_spec("standalone", config={"tcp-backlog": 256, "hz": 20})
     lines = [d for d in desired(loaded)[loaded.layout.nodes[0].name].directives if d[0] in ("tcp-backlog", "hz")]
     assert lines == [("tcp-backlog", "256"), ("hz", "20")]
+
+
+def test_a_spec_that_makes_a_deployed_node_another_node_is_refused() -> None:
+    """replicas_per_master 1 -> 2 renumbers: t-3 (shard 2 master on h2) would become shard 1's second replica
+    on h3. Compared with the record of what each node was deployed as; a failed-over shard is no change."""
+    from opsctl.spec.layout import deployed_as
+
+    spec = make_spec("cluster")
+    loaded = load_dict(spec)
+    facts = {k: replace(f, record={**f.record, "deployed": deployed_as(loaded.layout.node(k))})
+             for k, f in formed_cluster(loaded, swap_shard=loaded.layout.shards[0].index).items()}
+    assert make_plan(loaded, desired(loaded), facts, "d").steps == ()
+    wider = load_dict({**spec, "cluster": {**spec["cluster"], "replicas_per_master": 2}})
+    with pytest.raises(RefusedError, match="changes what") as refused:
+        make_plan(wider, desired(wider), {**fresh_facts(wider), **facts}, "d")
+    third = f"{spec['name']}-3"
+    assert f"{third}: deployed as shard 2 master on h2" in refused.value.detail, refused.value.detail
+    assert "shard 1 replica on h3" in refused.value.detail and "replicas_per_master" in refused.value.hint
+    more = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}})  # adding shards is no change
+    assert "move-slots" in kinds(make_plan(more, desired(more), {**fresh_facts(more), **facts}, "d"))

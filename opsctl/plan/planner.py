@@ -33,7 +33,7 @@ from opsctl.plan.steps import (
 from opsctl.render.tokens import quoted
 from opsctl.secrets import MASK
 from opsctl.slots.planning import slot_steps
-from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
+from opsctl.spec.layout import Layout, Node, Shard, deployed_as, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import Version, parse_version, rolling_change_problem, server_text
 
@@ -45,6 +45,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     refuse_unsafe_server_change(facts, server)
     refuse_empty_master_restart(loaded, facts)
+    if loaded.spec.topology == "cluster":
+        refuse_layout_change(layout, facts)
     together = renames_changed(layout, desired, facts)
     steps: list[Step] = []
     for shard in layout.shards:
@@ -132,6 +134,28 @@ def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
                 "persistence is off (aof: off, rdb: []), so nothing on disk survives a restart",
                 f"promote a replica first (opsctl failover --shard {shard.index} --mode takeover --yes, or "
                 "wait for the cluster or Sentinel to do it), then apply again")
+
+
+def refuse_layout_change(layout: Layout, facts: Facts) -> None:
+    """A deployed node keeps its shard, role, host and port: a spec that derives others for its name (another
+    cluster.replicas_per_master, hosts in another order) would restart it as another node. Compared with the
+    record of what it was deployed as, not with live roles (failovers move those legitimately)."""
+    moved = []
+    for node in layout.servers:
+        was = facts[node.name].record.get("deployed") if node.name in facts else None
+        now = deployed_as(node)
+        if isinstance(was, Mapping) and dict(was) != now:
+            moved.append(f"{node.name}: deployed as {_as_text(was)}, the spec now makes it {_as_text(now)}")
+    if moved:
+        raise RefusedError(f"the spec changes what {len(moved)} deployed node(s) are", "\n".join(moved),
+                           "a running node cannot move to another shard, role, host or port: keep "
+                           "cluster.replicas_per_master and the hosts list as deployed (add shards with "
+                           "cluster.masters); for another shape deploy a new topology and migrate the data")
+
+
+def _as_text(deployed: Mapping[str, object]) -> str:
+    return (f"shard {deployed.get('shard')} {deployed.get('role')} on {deployed.get('host')} "
+            f"port {deployed.get('port')}")
 
 
 def renames_changed(layout: Layout, desired: Mapping[str, DesiredNode], facts: Facts) -> bool:

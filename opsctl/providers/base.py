@@ -71,6 +71,10 @@ def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
     record.get("digest", str, None)
     record.get("applied", float, None)
     record.get("pending_restart", bool, None)
+    if record.data.get("deployed") is not None:
+        deployed = record.child("deployed")
+        deployed.get("host", str), deployed.get("port", int), deployed.get("role", str)
+        deployed.get("shard", int, None)
     directives = record.get("directives", list, [])
     for index, pair in enumerate(directives):
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):

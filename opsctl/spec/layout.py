@@ -78,6 +78,12 @@ class Layout:
         return next((s for s in self.shards if name in s.members), None)
 
 
+def deployed_as(node: Node) -> dict[str, str | int | None]:
+    """What a node is in the layout, kept in its record when its config is written: a later spec that derives
+    another shard, role, host or port for the same name would make it a different node."""
+    return {"host": node.host, "port": node.port, "role": node.role, "shard": node.shard}
+
+
 def host_bind(host: Host) -> tuple[str, ...]:
     return tuple(canonical_address(a) for a in host.bind) if host.bind else (canonical_address(host.address),)
 
