@@ -4,6 +4,8 @@ observes again and plans the rest."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -62,3 +64,41 @@ def test_a_spec_that_renumbers_deployed_nodes_is_refused_and_nothing_is_done(tmp
         assert plan_json(capsys, spec) == {**plan_json(capsys, spec), "steps": [], "fingerprint": fingerprint}
         check = cluster_check(loaded.layout.servers[0].endpoint)
         assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout
+
+
+def test_a_saved_start_first_plan_runs_only_its_own_steps(tmp_path, capsys) -> None:
+    """plan --out of a cluster with a shard down and a changed spec: the saved plan starts the shard; what the
+    started nodes then call for (the policy change) was never reviewed, so it is shown, not run, and exit 2 says
+    a new plan is due. The plan made then applies it."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        rt = make_runtime(read_spec(spec))
+        try:
+            for name in loaded.layout.shards[1].members:
+                rt.provider.stop(rt.node(name))
+        finally:
+            rt.provider.close()
+        data = yaml.safe_load(spec.read_text())
+        spec.write_text(yaml.safe_dump({**data, "memory": {**data["memory"], "policy": "allkeys-random"}}))
+        saved = tmp_path / "plan.json"
+        code, out, err = run(capsys, "plan", "-f", str(spec), "--out", str(saved), "--output", "json")
+        assert code == 2 and {s["kind"] for s in json.loads(out)["steps"]} <= {"write-config", "start"}, err + out
+
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--plan", str(saved), "--auto-approve")
+        assert code == 2 and "was not in it" in err and "config-set" in err and "Traceback" not in err, err + out
+        first = loaded.layout.shards[0].master
+        assert _policy(spec, first) == "allkeys-lru"  # the unreviewed change did not run
+
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert _policy(spec, first) == "allkeys-random"
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def _policy(spec, node: str) -> str:
+    from opsctl.runtime import make_runtime as runtime
+
+    rt = runtime(read_spec(spec))
+    try:
+        return str(rt.admin(rt.node(node)).config_get("maxmemory-policy")["maxmemory-policy"])
+    finally:
+        rt.provider.close()

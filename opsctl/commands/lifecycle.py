@@ -135,11 +135,24 @@ def cmd_apply(args: argparse.Namespace) -> int:
             if not plan.replan:
                 break
             plan, _ = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+            if saved is not None and plan.steps:
+                return _rest_needs_review(args, plan)
         healthy = _print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
     return EXIT_OK
+
+
+def _rest_needs_review(args: argparse.Namespace, rest: Plan) -> int:
+    """A saved plan runs exactly its own steps: when it started down nodes first (plan.replan), the steps their
+    answers call for were never reviewed. They are shown, not run, and exit 2 says a new plan is due."""
+    from opsctl.report import plan_text
+
+    print("The saved plan's steps are done. What the nodes it started now call for was not in it:", file=sys.stderr)
+    print(plan_text(rest), file=sys.stderr)
+    print(f"  hint: review them with opsctl plan -f {args.file} --out FILE, then apply that plan", file=sys.stderr)
+    return EXIT_CHANGES
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -114,7 +114,8 @@ def child_env(base: dict[str, str], data: Path, control_dir: str) -> dict[str, s
         "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_LOCAL_TEMP": str(data / "tmp"),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": control_dir, "ANSIBLE_SSH_CONTROL_PATH": "%(directory)s/%%C",
         "ANSIBLE_DISPLAY_ARGS_TO_STDOUT": "False", "ANSIBLE_FORKS": "10", "ANSIBLE_GATHERING": "explicit",
-        "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_LOG_PATH": "",
+        # No log file, whatever an ansible.cfg says (an empty value made ansible warn on every run).
+        "ANSIBLE_DEPRECATION_WARNINGS": "False", "ANSIBLE_LOG_PATH": os.devnull,
     })
     return env
 
