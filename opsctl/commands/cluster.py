@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import nullcontext
 from typing import Any
 
@@ -22,6 +21,8 @@ def _cluster_spec(path: str) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    import json
+
     from opsctl.cluster.check import report_text, summarize
     from opsctl.observe.collect import observe
     from opsctl.runtime import open_connector, state_dir_for

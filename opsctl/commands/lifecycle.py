@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opsctl.argtypes import SECONDS, ranged
@@ -48,6 +46,8 @@ def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
     from opsctl.report import plan_text
     from opsctl.runtime import compute_plan
     from opsctl.safefs import check_writable_target, write_private
@@ -90,6 +90,8 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
+    import json
+
     from opsctl.events import printing
     from opsctl.executor import execute
     from opsctl.report import plan_text
@@ -121,6 +123,8 @@ REPLANS = 2  # a plan that starts down shard masters first (planner._start_first
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from opsctl.plan.saved import read_saved_plan
     from opsctl.runtime import compute_plan
 
@@ -163,6 +167,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(rt: Any, output: str) -> bool:
+    import json
+
     from opsctl.report import node_status, status_table
     from opsctl.runtime import gather_facts
     from opsctl.status import health_hint, health_line
