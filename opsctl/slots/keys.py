@@ -28,7 +28,7 @@ from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
 from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
-FIRST_WAVE = 64
+FIRST_WAVE = 16  # the source waits while the first wave is listed and opened: keep it short
 FETCH_KEYS = 1000
 MAX_FAILED_ROUNDS = 5
 Plan = list[tuple[int, Batch]]
