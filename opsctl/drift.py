@@ -8,15 +8,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from opsctl.admin import DEFAULT_TIMEOUT
-from opsctl.audit.pipe import PIPE_ERRORS
-from opsctl.audit.resp import RespError, TextReply
 from opsctl.fanout import fan_out
 from opsctl.observe.collect import Command, Link
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.rotation import managed_users
+from opsctl.rawpipe import PIPE_ERRORS
 from opsctl.render import render_acl
 from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.resp import RespError, TextReply
 from opsctl.secrets import MASK
 from opsctl.spec.layout import Node, sentinel_master_name
 

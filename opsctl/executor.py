@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.admin import Admin
-from opsctl.audit.pipe import PIPE_ERRORS
-from opsctl.audit.resp import RespError
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate, reset_stale_identity
 from opsctl.connector import AuthRefused
 from opsctl.connerr import is_auth_failure
@@ -44,7 +42,9 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.rawpipe import PIPE_ERRORS
 from opsctl.render import render_node, render_sections
+from opsctl.resp import RespError
 from opsctl.runtime import Runtime, gather_facts, master_endpoint
 from opsctl.spec.layout import Node, deployed_as, sentinel_master_name, sentinel_quorum
 from opsctl.tls.material import node_files

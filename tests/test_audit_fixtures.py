@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.admin import Admin
-from opsctl.audit.pipe import RawPipe
-from opsctl.audit.resp import encode
 from opsctl.connector import Connector
+from opsctl.rawpipe import RawPipe
 from opsctl.render import NodePaths, render_node
+from opsctl.resp import encode
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec

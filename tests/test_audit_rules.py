@@ -22,9 +22,9 @@ from opsctl.audit.nodechecks import (
     size_bytes,
     slowlog_rows,
 )
-from opsctl.audit.pipe import throttle_delay
 from opsctl.audit.report import render
-from opsctl.audit.resp import RespError, encode, encode_keyed, reader, replies
+from opsctl.audit.throttle import throttle_delay
+from opsctl.resp import RespError, encode, encode_keyed, reader, replies
 from opsctl.spec.layout import Node
 
 

@@ -14,11 +14,12 @@ from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.audit.discover import discover
-from opsctl.audit.pipe import RawPipe, Throttle
-from opsctl.audit.resp import Arg, Reply, RespError, encode
+from opsctl.audit.throttle import Throttle
 from opsctl.connector import Connector
 from opsctl.endpoints import endpoint as format_endpoint
 from opsctl.errors import OpsctlError
+from opsctl.rawpipe import RawPipe
+from opsctl.resp import Arg, Reply, RespError, encode
 from opsctl.slots.scale import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from opsctl.audit.discover import LiveNode
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
-from opsctl.audit.pipe import RawPipe, Throttle
-from opsctl.audit.resp import Reply, RespError, encode, encode_keyed
+from opsctl.audit.throttle import Throttle
 from opsctl.connector import Connector
 from opsctl.observe.parse import parse_info
+from opsctl.rawpipe import RawPipe
+from opsctl.resp import Reply, RespError, encode, encode_keyed
 
 Progress = Callable[[str, int, int], None]
 

@@ -11,8 +11,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
-from opsctl.audit.pipe import PIPE_ERRORS
-from opsctl.audit.resp import RespError, TextReply
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
@@ -26,6 +24,8 @@ from opsctl.observe.collect import (
     wait_for,
 )
 from opsctl.observe.parse import parse_cluster_nodes, parse_info
+from opsctl.rawpipe import PIPE_ERRORS
+from opsctl.resp import RespError, TextReply
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import parse_version

@@ -1,7 +1,7 @@
 """Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
 
 The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
-Observations go over raw connections (opsctl.audit.pipe, replies read by hiredis), not redis-py: commands that
+Observations go over raw connections (opsctl.rawpipe, replies read by hiredis), not redis-py: commands that
 only look (plan, status) start without importing it.
 """
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opsctl.admin import Admin
-from opsctl.audit.pipe import PIPE_ERRORS, RawPipe
-from opsctl.audit.resp import RespError, TextReply, encode, text
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, OpsctlError
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.resp import RespError, TextReply, encode, text
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 

@@ -22,8 +22,6 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
-from opsctl.audit.pipe import RawPipe
-from opsctl.audit.resp import encode
 from opsctl.backup.manifest import ShardFile, count_problem, describe
 from opsctl.backup.plan import Server, parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
@@ -34,6 +32,8 @@ from opsctl.events import Emit, RestoreDone, RestoreProgress
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import parse_info, server_of
+from opsctl.rawpipe import RawPipe
+from opsctl.resp import encode
 from opsctl.restore.engine import Side, Source, TargetPipes, Targets, compare_page, copy_source, pages
 from opsctl.restore.route import (
     JOURNAL,

@@ -49,8 +49,8 @@ def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
     """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
-    (opsctl.audit.resp): redis-py packs one command at a time, microseconds each, for 100k keys and more."""
-    from opsctl.audit.resp import encode_keyed
+    (opsctl.resp): redis-py packs one command at a time, microseconds each, for 100k keys and more."""
+    from opsctl.resp import encode_keyed
 
     if not keys:
         return []

@@ -1,22 +1,22 @@
-"""A raw RESP pipe over an authenticated connector socket, and a throttle. The only I/O the scan needs.
+"""A raw RESP pipe over an authenticated connector socket: how audit scans, restores and observation talk to
+nodes without redis-py.
 
 Commands go out as pre-packed bytes and replies come back through a hiredis reader fed whole reads; redis-py's
-per-reply path is too slow for a million keys a few seconds.
+per-reply path is too slow for a million keys a few seconds, and importing it costs every `plan` and `status`
+more than their whole look at the nodes.
 """
 
 from __future__ import annotations
 
 import select
 import socket
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import hiredis
 
-from opsctl.audit.resp import Arg, Reply, encode, reader
 from opsctl.connector import AuthRefused, Connector
 from opsctl.errors import OpsctlError
+from opsctl.resp import Arg, Reply, encode, reader
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
@@ -29,26 +29,6 @@ class PipeClosed(OpsctlError):
 # What a pipe raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the TLS
 # handshake, or sends bytes that are not RESP.
 PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
-
-
-def throttle_delay(started: float, spent: int, rate: float | None, now: float) -> float:
-    """Seconds to wait so that `spent` operations since `started` stay within `rate` per second."""
-    if not rate:
-        return 0.0
-    return max(0.0, started + spent / rate - now)
-
-
-@dataclass
-class Throttle:
-    rate: float | None
-    started: float = field(default_factory=time.monotonic)
-    spent: int = 0
-
-    def spend(self, ops: int) -> None:
-        self.spent += ops
-        delay = throttle_delay(self.started, self.spent, self.rate, time.monotonic())
-        if delay > 0:
-            time.sleep(delay)
 
 
 def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
