@@ -8,17 +8,17 @@ from pathlib import Path
 
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Closed, Emit
+from opsctl.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.observe.cluster_state import slot_map, uncovered
 from opsctl.observe.collect import Pending, observe, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
-from opsctl.slots.keys import KeyMover, Options
+from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
-from opsctl.slots.run import Outcome, open_session, wait_stable
+from opsctl.slots.run import MAX_FAILOVERS, Outcome, open_session, wait_one_slot_map, wait_stable
 from opsctl.slots.session import Peer, Session, checked, pipe
 
 
@@ -107,6 +107,19 @@ def _int(value: object) -> int:
 
 
 def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emit, journaled: bool) -> str:
+    """Close one entry with its shards' current masters. A failover still settling (a stalled master that woke
+    up claims its shard until gossip demotes it) is waited out and the masters resolved again, as a run's
+    move follows one."""
+    for _ in range(MAX_FAILOVERS):
+        try:
+            return _close_entry_once(session, journal, entry, emit, journaled)
+        except EndpointReplaced as exc:
+            emit(EndpointReplacedEvent(exc.role, exc.name))
+            wait_one_slot_map(session)
+    return _close_entry_once(session, journal, entry, emit, journaled)
+
+
+def _close_entry_once(session: Session, journal: Journal, entry: OpenSlots, emit: Emit, journaled: bool) -> str:
     slots = expand(entry.slots)
     if entry.mode == "atomic":
         if entry.source in session.peers:

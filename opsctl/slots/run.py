@@ -99,14 +99,25 @@ def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
     wait_for(lambda: _answering_agree(session), timeout, "the nodes that answer to agree on the slot map")
 
 
-def _answering_agree(session: Session) -> bool | Pending:
+def _answering_agree(session: Session, open_ok: bool = False) -> bool | Pending:
+    """The nodes that answer agree on one slot map and (unless open_ok) show no open slot."""
     views = {n: o.cluster_nodes for n, o in session.observer.observe(info_section="server").items()
              if o.cluster_nodes}
     maps = {slot_map(v) for v in views.values()}
     if len(maps) > 1:
         return Pending(f"{len(maps)} different slot maps among {len(views)} nodes")
+    if open_ok:
+        return True
     busy = [n for n, v in views.items() if (me := myself(v)) is not None and (me.migrating or me.importing)]
     return Pending(f"{', '.join(busy)} still show open slots") if busy else True
+
+
+def wait_one_slot_map(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
+    """Until the nodes that answer agree on who serves each slot (open slots allowed), then look again: after a
+    failover, a master that was stalled claims its old slots until gossip tells it about the newer epoch."""
+    wait_for(lambda: _answering_agree(session, open_ok=True), timeout,
+             "the nodes that answer to agree on which master serves each slot")
+    session.refresh()
 
 
 def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
