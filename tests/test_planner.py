@@ -14,6 +14,7 @@ from opsctl.observe.parse import ClusterNodeLine, RoleInfo
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
+from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import (
     ConfigSet,
     Failover,
@@ -23,7 +24,6 @@ from opsctl.plan.steps import (
     RestartNode,
     StartNode,
     WaitConverged,
-    plan_from_dict,
 )
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD, make_spec
@@ -332,7 +332,7 @@ def test_a_second_master_holding_data_is_refused_not_overwritten() -> None:
 def test_plan_round_trips_through_json() -> None:
     loaded = loaded_spec("sentinel")
     plan = make_plan(loaded, desired(loaded), fresh_facts(loaded), "d")
-    again = plan_from_dict(plan.to_dict())
+    again = parse_plan(plan.to_dict(), "test")
     assert again == plan
     assert PASSWORD not in str(plan.to_dict())
 

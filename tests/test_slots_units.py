@@ -5,7 +5,8 @@ from __future__ import annotations
 from opsctl.events import SlotsProgress
 from opsctl.observe.parse import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, step_from_dict
+from opsctl.plan.saved import parse_plan
+from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
 from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_survey, rate_delay, waves
@@ -127,7 +128,7 @@ def test_planning_scale_out_in_and_open_slots_round_trip_json():
     steps = slot_steps(_layout(3), facts, ["t-1", "t-2", "t-3"])
     assert all(isinstance(s, MoveSlots) and s.target == "t-3" for s in steps)
     assert sum(s.slot_count for s in steps) == 5461 and "~" in steps[0].reason
-    assert step_from_dict(steps[0].to_dict()) == steps[0]
+    assert parse_plan(Plan("s", "d", "f", (steps[0],)).to_dict(), "test").steps == (steps[0],)
     shrink = slot_steps(_layout(2), facts | {"t-3": _facts("t-3", "c" * 40, "")}, ["t-1", "t-2"])
     assert [type(s) for s in shrink] == [RemoveNode]
     open_ = {**facts, "t-1": _facts("t-1", "a" * 40, "0-8191", extra="[5->-" + "b" * 40 + "]")}

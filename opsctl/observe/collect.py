@@ -48,17 +48,27 @@ def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> l
     """Send commands (renamed as the spec says) on one connection; replies unparsed, in order, errors as
     exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
     commands while the client still packs the rest."""
+    step = chunk or max(1, len(commands))
+
+    def send(conn: Any) -> None:
+        for at in range(0, len(commands), step):
+            part = commands[at:at + step]
+            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
+
+    return round_trip(admin, send, len(commands))
+
+
+def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[Any]:
+    """What send writes on one of admin's pooled connections, then count replies, unparsed, errors as exception
+    objects. A connection that broke mid-way is disconnected, not returned to the pool half read."""
     import redis
 
     pool = admin.client.connection_pool
     conn = pool.get_connection()
-    step = chunk or max(1, len(commands))
     try:
-        for at in range(0, len(commands), step):
-            part = commands[at:at + step]
-            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
+        send(conn)
         replies: list[Any] = []
-        for _ in commands:
+        for _ in range(count):
             try:
                 replies.append(conn.read_response())
             except redis.ResponseError as exc:

@@ -14,12 +14,17 @@ PLAN_LIMIT = 64 * 1024 * 1024
 
 
 def read_saved_plan(path: Path | str) -> Plan:
-    plan = Fields(load_json(path, PLAN_HINT, PLAN_LIMIT), path, PLAN_HINT)
+    return parse_plan(load_json(path, PLAN_HINT, PLAN_LIMIT), path)
+
+
+def parse_plan(data: object, path: Path | str) -> Plan:
+    """Plan.to_dict's JSON back into a Plan, every field checked (path: where it came from, for errors)."""
+    plan = Fields(data, path, PLAN_HINT)
     if plan.get("format", int) != 1:
         raise plan.problem(f"format {plan.data['format']} is not 1: not a plan this opsctl wrote", "format")
     return Plan(plan.get("spec", str), plan.get("spec_digest", str), plan.get("fingerprint", str),
                 tuple(_step(step) for step in plan.items("steps")), tuple(plan.strings("notes", [])),
-                tuple(plan.strings("warnings", [])))
+                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False))
 
 
 def _step(step: Fields) -> Step:

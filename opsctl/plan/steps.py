@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
-
-from opsctl.errors import OpsctlError
 
 
 @dataclass(frozen=True)
@@ -197,25 +195,3 @@ class Plan:
         return {"format": 1, "spec": self.spec_name, "spec_digest": self.spec_digest,
                 "fingerprint": self.fingerprint, "steps": [s.to_dict() for s in self.steps],
                 "notes": list(self.notes), "warnings": list(self.warnings), "replan": self.replan}
-
-
-def step_from_dict(data: dict[str, Any]) -> Step:
-    cls = STEP_TYPES.get(str(data.get("kind")))
-    if cls is None:
-        raise OpsctlError(f"unknown step kind {data.get('kind')!r} in plan file", hint="make the plan again")
-    names = {f.name for f in fields(cls)}
-    values: dict[str, Any] = {k: _tuples(v) for k, v in data.items() if k in names}
-    return cls(**values)
-
-
-def _tuples(value: Any) -> Any:
-    """JSON lists back into the (nested) tuples the frozen steps hold."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def plan_from_dict(data: dict[str, Any]) -> Plan:
-    if data.get("format") != 1:
-        raise OpsctlError("not an opsctl plan file (format 1)", hint="make it with opsctl plan --out FILE")
-    return Plan(str(data["spec"]), str(data["spec_digest"]), str(data["fingerprint"]),
-                tuple(step_from_dict(s) for s in data["steps"]), tuple(data.get("notes", ())),
-                tuple(data.get("warnings", ())))

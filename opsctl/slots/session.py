@@ -8,12 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis
-
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
-from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline
+from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline, round_trip
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.slots.ranges import expand
@@ -55,22 +53,7 @@ def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> l
     if not keys:
         return []
     packed = encode_keyed(peer.admin.command(command).encode(), keys, subcommand.encode())
-    pool = peer.admin.client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([packed])
-        replies: list[Any] = []
-        for _ in keys:
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
+    return round_trip(peer.admin, lambda conn: conn.send_packed_command([packed]), len(keys))
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
