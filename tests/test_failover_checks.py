@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,24 @@ def test_replication_and_sentinel_prechecks(tmp_path):
     lagging = facts_for(loaded, lag={loaded.layout.shards[0].replicas[1]: 5_000_000})
     bad = failed(replication_prechecks(loaded, lagging, target, Thresholds()))
     assert [c.name for c in bad] == [f"replication-lag({loaded.layout.shards[0].replicas[1]})"]
+
+
+def test_a_replica_its_master_does_not_list_online_yet_is_not_a_target(tmp_path):
+    """Redis 7.0 lists a restarted replica as online only after its first ACK, while the replica already reports
+    its link up: FAILOVER refuses it ("target replica is not online"), so the pre-check waits for it."""
+    loaded = spec(tmp_path, "replication")
+    facts = facts_for(loaded)
+    shard = loaded.layout.shards[0]
+    target = resolve_target(loaded, facts, shard=1)
+    assert target.replica is not None
+    info = dict(facts[shard.master].info, connected_slaves=str(len(shard.replicas)))
+    syncing = {k: v.replace("state=online", "state=wait_bgsave") if loaded.layout.node(target.replica).address in v
+               and f"port={loaded.layout.node(target.replica).port}," in v else v for k, v in info.items()}
+    for master_info, want in ((info, []), (syncing, [f"target-linked({target.replica})"])):
+        seen = {**facts, shard.master: replace(facts[shard.master], info=master_info)}
+        bad = failed(replication_prechecks(loaded, seen, target, Thresholds()))
+        assert [c.name for c in bad] == want, bad
+        assert not bad or "its master lists it as wait_bgsave" in bad[0].value
 
 
 # --- post-checks ----------------------------------------------------------------------------------

@@ -93,18 +93,35 @@ def shard_master(loaded: LoadedSpec, shard: Shard, facts: Facts) -> str:
     return current_master(shard, layout, facts)
 
 
-def replica_lag(layout: Layout, facts: Facts, master: str, replica: str) -> tuple[int | None, int | None]:
-    """(bytes, seconds) the replica is behind, from the master's INFO replication (None: master does not list it)."""
+def _listed(layout: Layout, facts: Facts, master: str, replica: str) -> dict[str, str] | None:
+    """The master's INFO replication entry for the replica (ip, port, state, offset, lag); None: not listed."""
     node = layout.node(replica)
-    info = facts[master].info
-    for key, value in info.items():
+    for key, value in facts[master].info.items():
         if not key.startswith("slave") or not key[5:].isdigit():
             continue
         fields = dict(p.split("=", 1) for p in value.split(",") if "=" in p)
         if fields.get("ip") == node.address and fields.get("port") == str(node.port):
-            offset = int(info.get("master_repl_offset", "0"))
-            return max(0, offset - int(fields.get("offset", "0"))), int(fields.get("lag", "0"))
-    return None, None
+            return fields
+    return None
+
+
+def replica_lag(layout: Layout, facts: Facts, master: str, replica: str) -> tuple[int | None, int | None]:
+    """(bytes, seconds) the replica is behind, from the master's INFO replication (None: master does not list it)."""
+    fields = _listed(layout, facts, master, replica)
+    if fields is None:
+        return None, None
+    offset = int(facts[master].info.get("master_repl_offset", "0"))
+    return max(0, offset - int(fields.get("offset", "0"))), int(fields.get("lag", "0"))
+
+
+def master_side_state(layout: Layout, facts: Facts, master: str, replica: str) -> str | None:
+    """The replica's state as its master lists it (online, wait_bgsave, send_bulk, ...): a replica can report its
+    link up while its master still waits for its first ACK (Redis 7.0), and FAILOVER refuses a replica that is
+    not online. None: the master's replication section was not read (nothing to say)."""
+    if "connected_slaves" not in facts[master].info:
+        return None
+    fields = _listed(layout, facts, master, replica)
+    return "not listed" if fields is None else fields.get("state", "unknown")
 
 
 def linked_to(layout: Layout, facts: Facts, replica: str, master: str) -> bool:
@@ -200,8 +217,11 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, w
     else:
         value = f"{replica} replicates {endpoint(*role.master)}, link {role.link}" if role.master \
             else f"{replica} has no master"
-    return Check("target-linked", linked_to(layout, facts, replica, master), value,
-                 f"replica of {master} ({layout.node(master).endpoint}), link connected",
+    seen_by_master = master_side_state(layout, facts, master, replica)
+    if seen_by_master not in (None, "online"):
+        value += f"; its master lists it as {seen_by_master}"
+    return Check("target-linked", linked_to(layout, facts, replica, master) and seen_by_master in (None, "online"),
+                 value, f"replica of {master} ({layout.node(master).endpoint}), link connected, online at the master",
                  "wait for the link (opsctl status shows it) or pick another replica with --to")
 
 
