@@ -76,7 +76,8 @@ class RawPipe:
                 continue
             chunk = self._stream.recv(READ_SIZE)
             if not chunk:
-                raise PipeClosed(f"{self.label} closed the connection")
+                raise PipeClosed(f"{self.label} closed the connection", "the node stopped or restarted mid-way",
+                                 "`opsctl status -f SPEC` shows it; once it answers, run the same command again")
             self._reader.feed(chunk)
         return out
 

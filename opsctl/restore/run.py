@@ -32,7 +32,7 @@ from opsctl.events import Emit, RestoreDone, RestoreProgress
 from opsctl.observe.collect import describe as describe_problems
 from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import parse_info, server_of
-from opsctl.rawpipe import RawPipe
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.resp import encode
 from opsctl.restore.engine import Side, Source, TargetPipes, Targets, compare_page, copy_source, pages
 from opsctl.restore.route import (
@@ -387,7 +387,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
         compare = Side(source.open, target.targets().open)
         try:
             counts = copy_source(source, target.targets(), options.mode, written, compare)
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, *PIPE_ERRORS) as exc:
             raise OpsctlError(f"the restore of {source.label} stopped: {type(exc).__name__}: {exc}",
                               hint="re-run the same command when the nodes answer again: it resumes") from None
         finally:
@@ -408,7 +408,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
         report.problems.append(problem)
     try:
         report.verified, problems = verify(prepared, target, options, todo)
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, *PIPE_ERRORS) as exc:
         raise OpsctlError(f"the checks after the copy stopped: {type(exc).__name__}: {exc}",
                           hint="re-run the same command when the nodes answer again: it resumes and checks") from None
     report.problems += problems
