@@ -1,7 +1,11 @@
 """bench/audit: keys scanned per second by `opsctl audit bigkeys` vs `redis-cli --bigkeys` and `--memkeys`
 on the same 1M-key node in the same run, with the p99 latency of a concurrent client during each.
 
-    .venv/bin/python bench/audit.py [valkey|redis] [--keys N]
+    .venv/bin/python bench/audit.py [valkey|redis] [--keys N] [--on replica|master]
+
+--on replica (the default): a master with one replica, deployed by `opsctl apply`; every tool scans the replica,
+as `opsctl audit` does in any topology with replicas, and the concurrent client reads from that replica.
+--on master: a standalone node, the audit run with --allow-masters (a topology without replicas).
     .venv/bin/python bench/audit.py --tls [--keys N]
 
 --tls: `opsctl audit bigkeys` on a plaintext and a TLS Redis 7.0 node holding the same keys, interleaved rounds
@@ -14,16 +18,28 @@ concurrent client's p99 on the scanned node printed beside each tool.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support import PASSWORD, PASSWORD_ENV, redis_cli, server_tmpdir
-from tests.test_audit_fixtures import LatencyProbe, fill_strings, planted_commands, run_commands, standalone
+from opsctl.connector import Connector
+from opsctl.specfile import read_spec
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
+from tests.test_audit_fixtures import (
+    Fleet,
+    LatencyProbe,
+    fill_strings,
+    planted_commands,
+    run_commands,
+    standalone,
+    wait_for,
+)
 
 OPSCTL = str(Path(sys.executable).parent / "opsctl")
 
@@ -55,35 +71,74 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--opsctl-args", default="", help="extra audit options, e.g. '--batch 100 --window 1'")
     parser.add_argument("--tls", action="store_true", help="plaintext against TLS on Redis 7.0")
+    parser.add_argument("--on", choices=("replica", "master"), default="replica",
+                        help="scan a replica (master + 1 replica) or a standalone master")
     args = parser.parse_args()
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     if args.tls:
         return tls_compare(args.keys, args.rounds)
     with server_tmpdir() as tmp:
         work = Path(tmp)
-        with standalone(work, args.flavor, memory={"maxmemory": "2gb", "policy": "allkeys-lru"}) as fleet:
-            return run(fleet, args.keys, work, args.rounds, args.opsctl_args.split())
+        if args.on == "replica":
+            with replicated(work, args.flavor) as fleet:
+                return run(fleet, args.keys, work, args.rounds, args.opsctl_args.split(), scanned_index=1)
+        with standalone(work, args.flavor, memory=MEMORY) as fleet:
+            return run(fleet, args.keys, work, args.rounds, ["--allow-masters", *args.opsctl_args.split()])
+
+
+MEMORY = {"maxmemory": "2gb", "policy": "allkeys-lru"}
+
+
+@contextlib.contextmanager
+def replicated(work: Path, flavor: str) -> Iterator[Fleet]:
+    """A master (servers[0]) and its replica (servers[1]) on two loopback hosts, deployed by opsctl itself."""
+    spec_file = write_spec(work, make_spec("replication", flavor, hosts=2, memory=MEMORY))
+    try:
+        applied = subprocess.run([OPSCTL, "apply", "-f", str(spec_file), "--auto-approve"], capture_output=True,
+                                 text=True, timeout=120, check=False)
+        if applied.returncode != 0:
+            raise RuntimeError(f"opsctl apply of the master + replica failed: {applied.stderr[-500:]}")
+        loaded = read_spec(spec_file)
+        roles = []
+        for node in loaded.layout.servers:
+            with Connector(loaded).admin(node) as admin:
+                roles.append(admin.call("ROLE")[0])
+        if roles[:2] != ["master", "slave"]:
+            raise RuntimeError(f"expected servers[0] master and servers[1] replica, found {roles}")
+        yield Fleet(spec_file, loaded, [])
+    finally:
+        subprocess.run([OPSCTL, "destroy", "-f", str(spec_file), "--auto-approve", "--purge"], capture_output=True,
+                       timeout=120, check=False)
+
+
+def wait_replica_holds(fleet: Fleet, keys: int) -> None:
+    with fleet.admin(1) as replica:
+        wait_for(lambda: int(replica.client.dbsize()) >= keys, 300, f"the replica to hold {keys} keys")
 
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def run(fleet: object, keys: int, work: Path, rounds: int, extra: list[str]) -> int:
-    admin = fleet.admin()  # type: ignore[attr-defined]
-    node = fleet.loaded.layout.servers[0]  # type: ignore[attr-defined]
+def run(fleet: Fleet, keys: int, work: Path, rounds: int, extra: list[str], scanned_index: int = 0) -> int:
+    admin = fleet.admin()
+    node = fleet.loaded.layout.servers[scanned_index]
     t = time.monotonic()
     fill_strings(admin, keys - 15_000)
     run_commands(admin.client.pipeline(transaction=False), planted_commands(int(time.time())))
     dbsize = admin.client.dbsize()
-    flavor = fleet.loaded.spec.server.flavor  # type: ignore[attr-defined]
-    print(f"{flavor}: {dbsize} keys loaded in {time.monotonic() - t:.1f} s; {rounds} interleaved rounds, medians")
+    if scanned_index:
+        wait_replica_holds(fleet, dbsize)
+    flavor = fleet.loaded.spec.server.flavor
+    scanned = "the replica" if scanned_index else "the master (standalone, --allow-masters)"
+    print(f"{flavor}: {dbsize} keys loaded in {time.monotonic() - t:.1f} s; every tool and the client on {scanned}"
+          f" {node.endpoint}; {rounds} interleaved rounds, medians")
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     at = (node.address, node.port)
     cli = [redis_cli(), "-h", node.address, "-p", str(node.port)]
     tools = {"redis-cli --bigkeys": [*cli, "--bigkeys"], "redis-cli --memkeys": [*cli, "--memkeys"],
-             "opsctl audit bigkeys": [OPSCTL, "audit", "-f", str(fleet.spec_file), "bigkeys",  # type: ignore[attr-defined]
-                                      "--allow-masters", "--output", "json", *extra]}
+             "opsctl audit bigkeys": [OPSCTL, "audit", "-f", str(fleet.spec_file), "bigkeys",
+                                      "--output", "json", *extra]}
     rates: dict[str, list[float]] = {name: [] for name in tools}
     p99s: dict[str, list[float]] = {name: [] for name in [*tools, "idle"]}
     for _ in range(rounds):
