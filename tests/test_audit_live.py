@@ -69,6 +69,9 @@ def test_a_callable_keys_command_is_critical(tmp_path: Path) -> None:
             ("dangerous-command", "critical", "KEYS")]
 
 
+SLOW_COMMAND_US = 50_000
+
+
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_bigkey_delete_of_a_million_member_set_stays_responsive(tmp_path: Path, flavor: str) -> None:
     with standalone(tmp_path, flavor, memory={"maxmemory": "1gb", "policy": "noeviction"}) as fleet:
@@ -81,6 +84,9 @@ def test_bigkey_delete_of_a_million_member_set_stays_responsive(tmp_path: Path, 
         dry = delete_big_key(Connector(fleet.loaded), b"trade:followers:{42}", chunked=True, dry_run=True)
         assert dry.plan.method == "chunked" and client.exists("trade:followers:{42}")
         node = fleet.loaded.layout.servers[0]
+        admin = fleet.admin()
+        admin.config_set("slowlog-log-slower-than", str(SLOW_COMMAND_US))
+        admin.call("SLOWLOG", "RESET")
         probe = LatencyProbe(node.address, node.port, tmp_path)
         try:
             result = delete_big_key(Connector(fleet.loaded), b"trade:followers:{42}", chunked=True)
@@ -90,9 +96,11 @@ def test_bigkey_delete_of_a_million_member_set_stays_responsive(tmp_path: Path, 
         assert client.dbsize() == 0  # nothing left: neither the key nor its gc:{42}:... copy
         print(f"{flavor}: chunked delete of 1M members in {result.seconds:.2f} s, concurrent client "
               f"p99 {latency['p99_ms']:.2f} ms, max {latency['max_ms']:.2f} ms over {latency['n']} GETs")
-        # a blocking DEL of 1M members stalls every client for its whole run; chunks keep p99 low. The max is
-        # reported, and only bounded loosely: on 2 shared cores the scheduler alone adds tens of ms.
-        assert latency["p99_ms"] < 20 and latency["max_ms"] < 250
+        # A blocking DEL of 1M members runs for hundreds of ms in one command, stalling every client; the chunks
+        # each run for about a millisecond. The server's own slowlog shows it without timing the client, whose
+        # latency on 2 shared cores is the scheduler's as much as the server's (it is printed, not asserted).
+        slow = [(entry[2], entry[3][:2]) for entry in admin.call("SLOWLOG", "GET", 128)]
+        assert slow == [], f"commands that ran >= {SLOW_COMMAND_US} us during the chunked delete: {slow}"
 
 
 def test_cluster_audit_scans_replicas_of_every_shard(tmp_path: Path) -> None:
@@ -164,7 +172,9 @@ def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path)
 
     with standalone(tmp_path, "valkey") as fleet:
         node = fleet.loaded.layout.servers[0]
-        begin = time.monotonic()
-        error = anonymous_error(Connector(fleet.loaded), node)
+        with fleet.admin() as admin:
+            before = admin.client.info("stats")["total_connections_received"]
+            error = anonymous_error(Connector(fleet.loaded), node)
+            after = admin.client.info("stats")["total_connections_received"]
         assert error and "auth" in error.lower()
-        assert time.monotonic() - begin < 0.5  # redis-py's default retried 3 times with up to 10 s of backoff
+        assert after - before == 1  # redis-py's default retried 3 times with up to 10 s of backoff, reconnecting
