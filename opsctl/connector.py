@@ -1,6 +1,6 @@
 """The one place that connects to nodes: address or SSH route, auth, TLS. Everything else gets a Connector.
 
-A Connector is made once per command (opsctl.runtime.open_connector / make_runtime) and passed down; it
+A Connector is made once per command (opsctl.connector.open_connector / opsctl.runtime.make_runtime) and passed down; it
 hands out Admin connections, bare redis-py clients (anonymous probes) and authenticated sockets (the
 audit's raw pipe). With TLS, every connection verifies the node's certificate against the node's address,
 also through an SSH tunnel whose local end is 127.0.0.1.
@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.admin import DEFAULT_TIMEOUT, Admin, with_fallback
@@ -234,3 +236,27 @@ def unix_socket(path: str, timeout: float) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
+    """The connector for loaded's nodes: through route (SSH tunnels) if given, with the spec's TLS."""
+    from opsctl.tls.material import client_tls
+
+    return Connector(loaded, route, client_tls(loaded, state_dir))
+
+
+@contextmanager
+def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
+    """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
+    audit). When hosts have admin_via_ssh, an AnsibleProvider supplies the SSH-tunnel route for the block
+    and closes its tunnels and connections afterwards."""
+    if loaded.spec.provider != "ansible" or not any(h.admin_via_ssh for h in loaded.spec.hosts):
+        yield make_connector(loaded, state_dir)
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        yield make_connector(loaded, state_dir, provider.admin_route())
+    finally:
+        provider.close()

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.admin import Admin
-from opsctl.connector import Connector, Route
+from opsctl.connector import Connector, make_connector
 from opsctl.errors import OpsctlError
 from opsctl.fanout import fan_out
 from opsctl.observe.collect import NodeObservation, Observer, observe
@@ -20,6 +18,7 @@ from opsctl.providers.base import Provider
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.spec.layout import Node
 from opsctl.spec.load import Credentials, LoadedSpec
+from opsctl.statedir import state_dir_for
 from opsctl.versions import parse_version
 
 if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
@@ -41,31 +40,6 @@ class Runtime:
         return self.loaded.layout.node(name)
 
 
-def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
-    """The state dir, checked before anything is done: the folders opsctl makes in it (`.opsctl/<name>`, or the
-    last part of --state-dir) must not be links, files, or owned by someone else. Never resolved through a link."""
-    from opsctl.safefs import check_state_path
-
-    if explicit:
-        typed = Path(explicit).absolute()
-        if not typed.name or typed.name in (".", ".."):
-            typed = typed.resolve()
-        path = typed.parent.resolve() / typed.name
-        check_state_path(path, below=path.parent)
-        return path
-    spec_folder = Path(loaded.file).resolve().parent
-    path = spec_folder / ".opsctl" / loaded.spec.name
-    check_state_path(path, below=spec_folder)
-    return path
-
-
-def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
-    """The connector for loaded's nodes: through route (SSH tunnels) if given, with the spec's TLS."""
-    from opsctl.tls.material import client_tls
-
-    return Connector(loaded, route, client_tls(loaded, state_dir))
-
-
 def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     directory = state_dir_for(loaded, state_dir)
     spec = loaded.spec
@@ -81,23 +55,6 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     if spec.tls.enabled:
         require_tls(binary)
     return Runtime(loaded, LocalProvider(loaded, directory, binary), directory, make_connector(loaded, directory))
-
-
-@contextmanager
-def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
-    """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
-    audit). When hosts have admin_via_ssh, an AnsibleProvider supplies the SSH-tunnel route for the block
-    and closes its tunnels and connections afterwards."""
-    if loaded.spec.provider != "ansible" or not any(h.admin_via_ssh for h in loaded.spec.hosts):
-        yield make_connector(loaded, state_dir)
-        return
-    from opsctl.providers.ansible import AnsibleProvider
-
-    provider = AnsibleProvider(loaded, state_dir)
-    try:
-        yield make_connector(loaded, state_dir, provider.admin_route())
-    finally:
-        provider.close()
 
 
 def spec_digest(loaded: LoadedSpec) -> str:

@@ -130,7 +130,8 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 
 
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
-    from opsctl.runtime import open_connector, state_dir_for
+    from opsctl.connector import open_connector
+    from opsctl.statedir import state_dir_for
     from opsctl.topolock import topology_lock
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):

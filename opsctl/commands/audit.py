@@ -72,8 +72,9 @@ def _audit(args: argparse.Namespace) -> int:
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.report import render
     from opsctl.audit.run import AuditOptions, run_audit
-    from opsctl.runtime import open_connector, state_dir_for
+    from opsctl.connector import open_connector
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     if args.nice > 0:
@@ -133,8 +134,9 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.audit.bigdelete import delete_big_key
-    from opsctl.runtime import open_connector, state_dir_for
+    from opsctl.connector import open_connector
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:

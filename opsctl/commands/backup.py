@@ -54,8 +54,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
     from opsctl.backup.manifest import describe
     from opsctl.backup.save import BackupOptions, run_backup
-    from opsctl.runtime import open_connector, state_dir_for
+    from opsctl.connector import open_connector
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
     from opsctl.topolock import topology_lock
 
     loaded = read_spec(args.file)

@@ -24,8 +24,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     import json
 
     from opsctl.cluster.check import report_text, summarize
+    from opsctl.connector import open_connector
     from opsctl.observe.collect import observe
-    from opsctl.runtime import open_connector, state_dir_for
+    from opsctl.statedir import state_dir_for
 
     loaded = _cluster_spec(args.file)
     with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
@@ -36,11 +37,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
+    from opsctl.connector import open_connector
     from opsctl.events import Printer
-    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.slots.cli import outcome_json, outcome_text
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions
+    from opsctl.statedir import state_dir_for
     from opsctl.statelock import state_lock
     from opsctl.topolock import topology_lock
 

@@ -22,11 +22,12 @@ def _confirm(args: argparse.Namespace) -> None:
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
+    from opsctl.connector import open_connector
     from opsctl.failover.report import report_text
     from opsctl.failover.runbook import Options, run_failover
-    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.safefs import check_writable_target
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
     from opsctl.statelock import state_lock
     from opsctl.topolock import topology_lock
 

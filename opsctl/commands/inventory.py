@@ -18,9 +18,9 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.remote.ssh import known_hosts_path
     from opsctl.remote.staging import stage
     from opsctl.render import render_node
-    from opsctl.runtime import state_dir_for
     from opsctl.safefs import make_dir, trusted_owners
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
     from opsctl.tls.material import node_files
 
     loaded = read_spec(spec_file)

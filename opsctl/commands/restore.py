@@ -33,10 +33,11 @@ def _text(done: RestoreDone) -> str:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from opsctl.connector import open_connector
     from opsctl.events import RestoreDryRun
     from opsctl.restore.run import RestoreOptions, backup_sources, inspect_target, live_sources, run_restore
-    from opsctl.runtime import open_connector, state_dir_for
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
     from opsctl.statelock import state_lock
     from opsctl.topolock import topology_lock
 

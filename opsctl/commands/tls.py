@@ -11,8 +11,8 @@ STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the s
 
 
 def _ca(args: argparse.Namespace) -> int:
-    from opsctl.runtime import state_dir_for
     from opsctl.specfile import read_spec
+    from opsctl.statedir import state_dir_for
     from opsctl.tls.material import ca_text
 
     loaded = read_spec(args.file)

@@ -17,11 +17,11 @@ from typing import Literal
 
 import redis
 
-from opsctl.connector import Connector
+from opsctl.connector import Connector, make_connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.plan.desired import unquote
 from opsctl.render.directives import plaintext_port, tls
-from opsctl.runtime import Runtime, make_connector
+from opsctl.runtime import Runtime
 from opsctl.spec.layout import Node
 from opsctl.tls.certs import CertFacts, der_facts, facts
 from opsctl.tls.judge import TlsSeen
