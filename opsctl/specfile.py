@@ -10,9 +10,9 @@ from pathlib import Path
 from opsctl.errors import OpsctlError
 from opsctl.safefs import FileProblem, read_bounded
 from opsctl.secrets import remember
-from opsctl.spec.checks import SecretUnusable
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
-from opsctl.spec.yamlpos import MAX_SPEC_CHARS
+from opsctl.spec.secretcheck import SecretUnusable
+from opsctl.spec.text import MAX_SPEC_CHARS
 
 SPEC_LIMIT = MAX_SPEC_CHARS
 SECRET_FILE_LIMIT = 64 * 1024

@@ -16,22 +16,12 @@ from opsctl.endpoints import canonical_address, endpoint
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
-from opsctl.spec.model import POLICIES, TOPOLOGIES, SecretRef, Spec
-from opsctl.spec.text import is_control
+from opsctl.spec.model import POLICIES, TOPOLOGIES, Spec
+from opsctl.spec.secretcheck import SecretResolver, check_secrets
 from opsctl.tls.refs import missing_refs
 from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
 
 Finding = tuple[tuple[str | int, ...], str, str]
-SecretResolver = Callable[[SecretRef], str | None]
-
-
-class SecretUnusable(ValueError):
-    """Raised by a resolver: the secret's source exists but must not be used (too big, open to others, ...)."""
-
-    def __init__(self, what: str, hint: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.hint = hint
 
 DEFAULT_PORTS = {6379, 26379}
 PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
@@ -104,7 +94,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     yield from _check_overrides(spec)
     yield from _check_users(spec)
     if resolve is not None:
-        yield from _check_secrets(spec, resolve)
+        yield from check_secrets(spec, resolve)
     nodes = layout(spec)
     yield from _check_ports(spec, nodes)
     yield from _check_tls(spec, nodes)
@@ -359,34 +349,6 @@ def _server_knows(spec: Spec) -> Callable[[str], bool]:
         return is_command(flavor, version, name)
 
     return knows
-
-
-def _check_secrets(spec: Spec, resolve: SecretResolver) -> Iterator[Finding]:
-    refs: list[tuple[tuple[str | int, ...], SecretRef]] = [(("auth", "password"), spec.auth.password)]
-    refs += [(("auth", "users", i, "password"), u.password) for i, u in enumerate(spec.auth.users)]
-    if spec.auth.previous_password:
-        refs.append((("auth", "previous_password"), spec.auth.previous_password))
-    refs += [(("auth", "users", i, "previous_password"), u.previous_password)
-             for i, u in enumerate(spec.auth.users) if u.previous_password]
-    if spec.hardening.rename_key:
-        refs.append((("hardening", "rename_key"), spec.hardening.rename_key))
-    for path, ref in refs:
-        try:
-            value = resolve(ref)
-        except SecretUnusable as exc:
-            yield (path, f"secret file {ref.file} {exc.what}", exc.hint)
-            continue
-        if value is None:
-            if ref.env:
-                yield (path, f"secret not found: environment variable {ref.env} is not set or empty",
-                       f"export {ref.env}=... (a random secret: openssl rand -hex 24)")
-            else:
-                yield (path, f"secret not found: file {ref.file} is missing, unreadable or empty",
-                       f"create {ref.file} (relative paths start at the spec's folder), mode 0600, "
-                       "holding only the secret")
-        elif len(value) < 12 or any(c.isspace() or is_control(c) for c in value):
-            yield (path, f"secret from {ref.describe()} is too weak (under 12 characters or has spaces)",
-                   "use a random secret: openssl rand -hex 24")
 
 
 def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:

@@ -1,35 +1,18 @@
-"""Turn spec text into a validated Spec, or one SpecError listing every problem with file:line."""
+"""A validated spec with what a run derives from it (layout, resolved secrets): LoadedSpec. The validation itself
+(pydantic, file:line for every problem) is opsctl.spec.validate's, imported only when a spec is validated."""
 
 from __future__ import annotations
 
-import copy
-import difflib
 import functools
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from opsctl.errors import SpecError, SpecProblem, echo
 from opsctl.secrets import Secret
-from opsctl.spec.checks import SecretResolver, SecretUnusable, check_spec, suggest
 from opsctl.spec.layout import Layout, Node, layout
 from opsctl.spec.model import SecretRef, Spec
 from opsctl.spec.renames import command_renames
-from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
-
-FIELD_HINTS: dict[str, str] = {
-    "name": "lowercase letters, digits and '-', 1 to 40 characters, e.g. orders",
-    "version": "major.minor in quotes, e.g. version: \"9.1\"",
-    "maxmemory": "a size such as 256mb, 2gb or 1048576",
-    "auth:missing": "add auth: {password: {env: REDIS_PASSWORD}}; the secret itself stays out of the spec",
-    "hosts": "list the machines, e.g. - {name: h1, address: 127.0.0.2}",
-    "aof": "everysec (fsync once a second) is the usual choice; off turns the AOF off",
-    "ssh_user": "a login name: letters, digits, '_', '.' and '-', at most 32 characters, e.g. ops",
-    "bastion": "[user@]address[:port], e.g. ops@jump.example.com:2222, or the name of a host of the spec",
-}
+from opsctl.spec.secretcheck import SecretResolver, SecretUnusable
 
 
 @dataclass(frozen=True)
@@ -67,70 +50,14 @@ class LoadedSpec:
 
 def load_spec(text: str, file: str, resolve: SecretResolver | None) -> LoadedSpec:
     """resolve None: secrets are not resolved nor checked, and the credentials are empty (validate --no-secrets)."""
-    doc, problems = load_positioned(text, file)
-    if doc is None:
-        raise SpecError(problems)
-    if not isinstance(doc.data, dict):
-        raise SpecError([*problems, _not_a_mapping(file, doc.data)])
-    spec, errors = _validate(doc.data)
-    errors = _without_typo_echoes(errors)
-    problems += [_problem(doc, err) for err in errors]
-    if spec is not None:
-        broken = [_clean_loc(err["loc"]) for err in errors]
-        problems += [SpecProblem(file, doc.line_of(path), field_path(path), msg, hint)
-                     for path, msg, hint in check_spec(spec, resolve)
-                     if not any(path[: len(b)] == b for b in broken)]
-    if problems or spec is None or errors:
-        raise SpecError(sorted(_dedupe(problems), key=lambda p: p.line or 0))
+    from opsctl.spec.validate import validated_spec
+
+    return loaded_spec(file, validated_spec(text, file, resolve), resolve)
+
+
+def loaded_spec(file: str, spec: Spec, resolve: SecretResolver | None) -> LoadedSpec:
+    """A spec already validated, with its layout and its secrets resolved."""
     return LoadedSpec(file, spec, layout(spec), _credentials(spec, resolve))
-
-
-def _not_a_mapping(file: str, data: object) -> SpecProblem:
-    hint = "a spec is a mapping of fields (name, topology, hosts, auth, ...): see examples/ or `opsctl schema`"
-    if data is None:
-        return SpecProblem(file, 1, "", "the spec is empty", hint)
-    kind = "a list" if isinstance(data, list) else f"a single value ({echo(data)})"
-    return SpecProblem(file, 1, "", f"the spec must be a mapping of fields, not {kind}", hint)
-
-
-def _without_typo_echoes(errors: list[Any]) -> list[Any]:
-    """Drop 'field is required' when an unknown sibling field is its likely misspelling (one problem, not two)."""
-    typos: set[Path_] = set()
-    for err in errors:
-        path = _clean_loc(err["loc"])
-        if err["type"] == "extra_forbidden" and path:
-            for close in difflib.get_close_matches(str(path[-1]), _allowed_fields(path[:-1]), n=1):
-                typos.add((*path[:-1], close))
-    return [e for e in errors if not (e["type"] == "missing" and _clean_loc(e["loc"]) in typos)]
-
-
-def _validate(data: dict[str, Any]) -> tuple[Spec | None, list[Any]]:
-    """Validate; on errors also try once more without the broken fields, so cross-field checks still run."""
-    try:
-        return Spec.model_validate(data), []
-    except ValidationError as exc:
-        errors = exc.errors()
-    pruned = copy.deepcopy(data)
-    for err in errors:
-        _prune(pruned, _clean_loc(err["loc"]))
-    try:
-        return Spec.model_validate(pruned), errors
-    except ValidationError:
-        return None, errors
-
-
-def _prune(data: Any, path: Path_) -> None:
-    for part in path[:-1]:
-        inside_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
-        if not (inside_list or (isinstance(data, dict) and part in data)):
-            return
-        data = data[part]
-    if path and isinstance(data, dict):
-        data.pop(path[-1], None)
-
-
-def _clean_loc(loc: tuple[Any, ...]) -> Path_:
-    return tuple(p for p in loc if not _is_internal(p))
 
 
 def _credentials(spec: Spec, resolve: SecretResolver | None) -> Credentials:
@@ -154,84 +81,3 @@ def make_resolver(env: typing.Mapping[str, str], read_file: Callable[[str], str 
         return read_file(ref.file) if ref.file else None
 
     return resolve
-
-
-def _dedupe(problems: list[SpecProblem]) -> list[SpecProblem]:
-    seen: set[SpecProblem] = set()
-    return [p for p in problems if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
-
-
-def _problem(doc: PositionedDocument, err: Any) -> SpecProblem:
-    path = _clean_loc(err["loc"])
-    message, hint = _message(err, path)
-    return SpecProblem(doc.file, doc.line_of(path), field_path(path), message, hint)
-
-
-def _is_internal(part: object) -> bool:
-    """pydantic adds validator names such as 'function-after[...]' to locations."""
-    return isinstance(part, str) and ("[" in part or part in ("str", "int", "bool"))
-
-
-def _message(err: Any, path: Path_) -> tuple[str, str]:
-    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
-    leaf = str(path[-1]) if path else ""
-    if kind == "extra_forbidden":
-        allowed = _allowed_fields(path[:-1])
-        return "unknown field", f"{suggest(leaf, allowed)}allowed here: {', '.join(allowed)}"
-    if kind == "missing":
-        return "is required", FIELD_HINTS.get(f"{leaf}:missing", f"add '{leaf}:'")
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {echo(value)}", FIELD_HINTS.get(leaf, "")
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be a whole number, got {echo(value)}", "write the number without quotes"
-    if kind == "string_type":
-        return f"must be a string, got {echo(value)}", FIELD_HINTS.get(leaf, "quote the value")
-    if kind == "bool_type":
-        return f"must be true or false, got {echo(value)}", "write true or false without quotes"
-    if kind in ("list_type", "tuple_type"):
-        return f"must be a list, got {echo(value)}", "write it as [a, b] or as '- a' lines"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping of fields, got {echo(value)}", "write it as 'field: value' lines"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}, got {echo(value)}", ""
-    if kind == "less_than_equal":
-        return f"must be at most {ctx.get('le')}, got {echo(value)}", ""
-    if kind == "too_short":
-        return (f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}",
-                FIELD_HINTS.get(leaf, ""))
-    if kind == "string_pattern_mismatch":
-        return f"{echo(value)} is not valid", FIELD_HINTS.get(leaf, "")
-    if kind == "value_error":
-        return str(err["msg"]).removeprefix("Value error, "), ""
-    return str(err["msg"]), ""
-
-
-def _allowed_fields(path: Path_) -> list[str]:
-    """The field names of the model at path (walks Spec's annotations; list indexes and mapping keys skipped)."""
-    model: type[BaseModel] = Spec
-    keyed = False
-    for part in path:
-        if isinstance(part, int) or keyed:
-            keyed = False
-            continue
-        info = model.model_fields.get(str(part))
-        inner = _model_in(info.annotation) if info else None
-        if info is None or inner is None:
-            return []
-        keyed = _is_mapping(info.annotation)
-        model = inner
-    return list(model.model_fields)
-
-
-def _is_mapping(annotation: object) -> bool:
-    return typing.get_origin(annotation) is dict or any(_is_mapping(a) for a in typing.get_args(annotation))
-
-
-def _model_in(annotation: object) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None

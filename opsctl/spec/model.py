@@ -1,238 +1,302 @@
-"""The topology spec as frozen, validated data. Field names are part of the user contract."""
+"""The topology spec as frozen, validated data: what every command works on. Field names are part of the user
+contract.
+
+What a valid spec is lives in opsctl.spec.pydantic_model (pydantic, with the checks of opsctl.spec.checks on
+top); a validated spec is handed on as these plain values, made from its JSON form. They import no pydantic, so a
+run that finds its spec already validated (opsctl.speccache) starts without it. Each class has the fields of the
+pydantic model of the same name, in the same order (tests/test_spec_model.py pins both, and the defaults).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
-
-from opsctl.errors import echo
-
-Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
-Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-def _size_text(value: object) -> object:
-    """A size may be written as a plain byte count (maxmemory: 1048576)."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-SIZE_PATTERN = r"^[0-9]+([bB]|[kKmMgG][bB]?)?$"
-Size = Annotated[str, BeforeValidator(_size_text, json_schema_input_type=Annotated[
-                     str, StringConstraints(pattern=SIZE_PATTERN)] | Annotated[int, Field(ge=0)]),
-                 StringConstraints(pattern=r"^[0-9]+(b|k|kb|m|mb|g|gb)?$", to_lower=True)]
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, TypeVar
 
 TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
 POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
             "volatile-random", "allkeys-random", "volatile-ttl", "noeviction")
 
+Topology = Literal["standalone", "replication", "sentinel", "cluster"]
+TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
+ConfigValue = str | int | bool
+R = TypeVar("R", bound="Record")
 
-def _config_value(value: object) -> str | int | bool:
-    if isinstance(value, (str, int, bool)) and not isinstance(value, float):
+
+class DataMismatch(ValueError):
+    """JSON that does not have a record's shape: the field path and what was wrong."""
+
+
+class Record:
+    """A frozen value with typed fields, made from JSON-like data that is checked field by field (types only: the
+    values' rules are the validator's). Method names follow pydantic's, so call sites read the same either way."""
+
+    DEFAULTS: ClassVar[Mapping[str, object]] = {}
+    _fields: ClassVar[dict[str, object]]  # field -> its type, in declaration order
+
+    def __init__(self, **values: object) -> None:
+        fields = _fields_of(type(self))
+        unknown = set(values) - set(fields)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(sorted(unknown))}")
+        missing = [name for name in fields if name not in values and name not in self.DEFAULTS]
+        if missing:
+            raise TypeError(f"{type(self).__name__} needs {', '.join(missing)}")
+        self.__dict__.update({name: values[name] if name in values else _fresh(self.DEFAULTS[name])
+                              for name in fields})
+
+    @classmethod
+    def from_json(cls: type[R], data: object, where: str = "") -> R:
+        """The record JSON data describes, every field present and of its type; DataMismatch otherwise."""
+        if not isinstance(data, dict):
+            raise DataMismatch(f"{where or cls.__name__}: a mapping expected, got {type(data).__name__}")
+        fields = _fields_of(cls)
+        if set(data) != set(fields):
+            raise DataMismatch(f"{where or cls.__name__}: fields {sorted(data)} are not {sorted(fields)}")
+        return cls(**{name: _read(kind, data[name], f"{where}.{name}" if where else name)
+                      for name, kind in fields.items()})
+
+    def model_dump(self, mode: Literal["json"] = "json") -> dict[str, Any]:
+        """The JSON form (what from_json reads back): pydantic's model_dump(mode="json") of the same spec."""
+        return {name: _dump(value) for name, value in self.__dict__.items()}
+
+    def model_copy(self: R, update: Mapping[str, object] | None = None) -> R:
+        """A copy with some fields replaced (not checked, as pydantic's)."""
+        return type(self)(**{**self.__dict__, **(update or {})})
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.__dict__ == self.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), *self.__dict__.values()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+def _fields_of(cls: type[Record]) -> dict[str, object]:
+    """The class's fields and their types, from its annotations (evaluated once per class)."""
+    if "_fields" not in cls.__dict__:
+        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+        cls._fields = {name: kind for name, kind in hints.items() if typing.get_origin(kind) is not ClassVar
+                       and not name.startswith("_") and name != "DEFAULTS"}
+    return cls._fields
+
+
+def _fresh(default: object) -> object:
+    """A default of its own for each record (a list or mapping default is copied)."""
+    return type(default)(default) if isinstance(default, (list, dict)) else default
+
+
+def _read(kind: object, value: object, where: str) -> object:
+    """value checked against kind (str, int, bool, None, Literal, unions, list[X], dict[str, X], a Record)."""
+    origin = typing.get_origin(kind)
+    if isinstance(kind, type) and issubclass(kind, Record):
+        return kind.from_json(value, where)
+    if kind in (str, int, bool):
+        if type(value) is not kind:  # strict: True is no int, 1 no bool
+            raise DataMismatch(f"{where}: {kind.__name__} expected, got {type(value).__name__}")
         return value
-    raise ValueError(f"must be a string, a whole number or true/false, got {echo(value)} (quote other values)")
+    if kind is type(None):
+        if value is not None:
+            raise DataMismatch(f"{where}: null expected, got {type(value).__name__}")
+        return None
+    if origin is Literal:
+        if value not in typing.get_args(kind) or type(value) is not str:
+            raise DataMismatch(f"{where}: one of {typing.get_args(kind)} expected")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for option in typing.get_args(kind):
+            try:
+                return _read(option, value, where)
+            except DataMismatch:
+                continue
+        raise DataMismatch(f"{where}: {kind} expected, got {type(value).__name__}")
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(kind)
+        return [_read(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict and isinstance(value, dict):
+        _, item = typing.get_args(kind)
+        return {_read(str, k, where): _read(item, v, f"{where}.{k}") for k, v in value.items()}
+    raise DataMismatch(f"{where}: {kind} expected, got {type(value).__name__}")
 
 
-ConfigValue = Annotated[str | int | bool, PlainValidator(_config_value)]
-ConfigMap = dict[str, ConfigValue]
+def _dump(value: object) -> object:
+    if isinstance(value, Record):
+        return value.model_dump()
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class SecretRef(Strict):
+class SecretRef(Record):
     """Where a secret lives: an environment variable or a file. Never the value itself."""
 
-    env: str | None = None
-    file: str | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> SecretRef:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of env or file")
-        return self
+    env: str | None
+    file: str | None
 
     def describe(self) -> str:
         return f"environment variable {self.env}" if self.env else f"file {self.file}"
 
 
-class FileRef(Strict):
+class FileRef(Record):
     """A file on the machine running opsctl (relative paths: next to the spec)."""
 
-    file: Annotated[str, StringConstraints(min_length=1)]
+    file: str
 
 
-class TlsFiles(Strict):
+class TlsFiles(Record):
     """Certificate files for one host or one node (override tls.ca / tls.cert / tls.key)."""
 
-    ca: FileRef | None = None
-    cert: FileRef | None = None
-    key: FileRef | None = None
+    DEFAULTS: ClassVar[Mapping[str, object]] = {"ca": None, "cert": None, "key": None}
+    ca: FileRef | None
+    cert: FileRef | None
+    key: FileRef | None
 
 
-TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
+class Tls(Record):
+    enabled: bool
+    generate: bool
+    ca: FileRef | None
+    cert: FileRef | None
+    key: FileRef | None
+    client_auth: Literal["required", "optional", "no"]
+    protocols: list[TlsProtocol]
+    plaintext_port: bool
 
 
-def _default_protocols() -> list[TlsProtocol]:
-    return ["TLSv1.2", "TLSv1.3"]
-
-
-class Tls(Strict):
-    """TLS for clients, replication, the cluster bus, Sentinel and opsctl itself; see docs/tls.md."""
-
-    enabled: bool = False
-    generate: bool = Field(default=False, description=(
-        "opsctl makes a private CA and one certificate per node (SANs: address and host name) in the state dir"))
-    ca: FileRef | None = None
-    cert: FileRef | None = None
-    key: FileRef | None = None
-    client_auth: Literal["required", "optional", "no"] = "required"
-    protocols: Annotated[list[TlsProtocol], Field(min_length=1)] = Field(default_factory=_default_protocols)
-    plaintext_port: bool = Field(default=False, description=(
-        "also listen without TLS on the node's port + 1000 (a migration aid; off by default)"))
-
-    @model_validator(mode="after")
-    def _files_or_generate(self) -> Tls:
-        if self.generate and (self.ca or self.cert or self.key):
-            raise ValueError("give either generate: true or ca/cert/key files, not both")
-        return self
-
-
-class Server(Strict):
-    flavor: Literal["valkey", "redis"] = "valkey"
-    version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+$")] = "9.1"
-    binary: str | None = None
-    user: Name | None = Field(default=None, description=(
-        "OS user the servers run as (never root): provider local uses it when opsctl runs as root, provider "
-        "ansible always; created when missing. Default: the flavor's name (valkey or redis)"))
-
-    @model_validator(mode="after")
-    def _never_root(self) -> Server:
-        if self.user == "root":
-            raise ValueError("user: servers never run as root; name an unprivileged user (default: the flavor's name)")
-        return self
+class Server(Record):
+    flavor: Literal["valkey", "redis"]
+    version: str
+    binary: str | None
+    user: str | None
 
     @property
     def service_user(self) -> str:
         return self.user or self.flavor
 
 
-# A login name as useradd takes it; ssh and Ansible get it in argv and inventories, so nothing else is allowed.
-LOGIN_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
-Login = Annotated[str, StringConstraints(pattern=f"^{LOGIN_PATTERN}$")]
-# [user@]address[:port] (a bracketed IPv6 address may carry a port) or the name of a host of the spec.
-Bastion = Annotated[str, StringConstraints(
-    pattern=rf"^({LOGIN_PATTERN}@)?([A-Za-z0-9][A-Za-z0-9.-]{{0,252}}|\[[0-9A-Fa-f:.]{{2,45}}\])(:[0-9]{{1,5}})?$")]
-
-
-class Host(Strict):
-    name: Name
+class Host(Record):
+    name: str
     address: str
-    bind: list[str] | None = None
-    ssh_user: Login | None = None
-    ssh_key: str | None = None
-    ssh_port: Port = 22
-    bastion: Bastion | None = None
-    admin_via_ssh: bool = Field(default=False, description=(
-        "provider ansible: opsctl reaches this host's node ports through an SSH tunnel to the host "
-        "(for ports open only to the other hosts); see docs/remote.md"))
-    tls: TlsFiles | None = None
+    bind: list[str] | None
+    ssh_user: str | None
+    ssh_key: str | None
+    ssh_port: int
+    bastion: str | None
+    admin_via_ssh: bool
+    tls: TlsFiles | None
 
 
-class NodeOverride(Strict):
-    port: Port | None = None
-    config: ConfigMap = Field(default_factory=dict)
-    tls: TlsFiles | None = None
+class NodeOverride(Record):
+    port: int | None
+    config: dict[str, ConfigValue]
+    tls: TlsFiles | None
 
 
-class ClusterTopology(Strict):
-    masters: Annotated[int, Field(ge=3, le=500)] = 3
-    replicas_per_master: Annotated[int, Field(ge=0, le=5)] = 1
-    base_port: Port = 7101
-    node_timeout_ms: Annotated[int, Field(ge=500, le=600000)] = 5000
-    require_full_coverage: bool = True
-    replica_validity_factor: Annotated[int, Field(ge=1, le=100)] = 10
-    allow_reads_when_down: bool = False
+# The topology sections' defaults (a spec may leave its section out): pinned to the pydantic models' by a test.
+class ClusterTopology(Record):
+    DEFAULTS: ClassVar[Mapping[str, object]] = {
+        "masters": 3, "replicas_per_master": 1, "base_port": 7101, "node_timeout_ms": 5000,
+        "require_full_coverage": True, "replica_validity_factor": 10, "allow_reads_when_down": False}
+    masters: int
+    replicas_per_master: int
+    base_port: int
+    node_timeout_ms: int
+    require_full_coverage: bool
+    replica_validity_factor: int
+    allow_reads_when_down: bool
 
 
-class StandaloneTopology(Strict):
-    host: str | None = None
-    port: Port = 7001
+class StandaloneTopology(Record):
+    DEFAULTS: ClassVar[Mapping[str, object]] = {"host": None, "port": 7001}
+    host: str | None
+    port: int
 
 
-class ReplicationTopology(Strict):
-    master: str | None = None
-    replicas: list[str] | None = None
-    base_port: Port = 7201
+class ReplicationTopology(Record):
+    DEFAULTS: ClassVar[Mapping[str, object]] = {"master": None, "replicas": None, "base_port": 7201}
+    master: str | None
+    replicas: list[str] | None
+    base_port: int
 
 
-class SentinelTopology(Strict):
-    hosts: list[str] | None = None
-    port: Port = 27001
-    quorum: Annotated[int, Field(ge=1)] | None = None
-    master_name: Name | None = None
-    down_after_ms: Annotated[int, Field(ge=100)] = 5000
-    failover_timeout_ms: Annotated[int, Field(ge=1000)] = 60000
-    parallel_syncs: Annotated[int, Field(ge=1)] = 1
+class SentinelTopology(Record):
+    DEFAULTS: ClassVar[Mapping[str, object]] = {
+        "hosts": None, "port": 27001, "quorum": None, "master_name": None, "down_after_ms": 5000,
+        "failover_timeout_ms": 60000, "parallel_syncs": 1}
+    hosts: list[str] | None
+    port: int
+    quorum: int | None
+    master_name: str | None
+    down_after_ms: int
+    failover_timeout_ms: int
+    parallel_syncs: int
 
 
-class AclUser(Strict):
-    name: Name
+class AclUser(Record):
+    name: str
     password: SecretRef
-    previous_password: SecretRef | None = None  # accepted too until removed: a rotation's overlap
-    rules: str = "~* &* +@all -@dangerous"
+    previous_password: SecretRef | None  # accepted too until removed: a rotation's overlap
+    rules: str
 
 
-class Auth(Strict):
-    mode: Literal["password", "acl"] = "password"
+class Auth(Record):
+    mode: Literal["password", "acl"]
     password: SecretRef
-    previous_password: SecretRef | None = None  # set while rotating: the password the nodes run with now
-    admin_user: Name = "opsctl"
-    users: list[AclUser] = Field(default_factory=list)
+    previous_password: SecretRef | None  # set while rotating: the password the nodes run with now
+    admin_user: str
+    users: list[AclUser]
 
 
-class Hardening(Strict):
-    disabled_commands: list[str] = Field(default_factory=lambda: ["FLUSHALL", "FLUSHDB", "KEYS"])
-    renamed_commands: dict[str, str] = Field(default_factory=dict)
-    rename_takeover_commands: bool = Field(default=True, description=(
-        "password mode: run ACL, CONFIG, FAILOVER, MIGRATE, REPLICAOF, SHUTDOWN and SLAVEOF under names opsctl "
-        "derives (see README, 'Renamed commands'); ACL mode is the recommended way to restrict clients"))
-    rename_key: SecretRef | None = Field(default=None, description=(
-        "a secret the derived command names are keyed by; without it they are derived from the spec's name"))
-    allow_default_port: bool = False
-    allow_public_bind: bool = False
-    allow_unsafe: bool = False
+class Hardening(Record):
+    disabled_commands: list[str]
+    renamed_commands: dict[str, str]
+    rename_takeover_commands: bool
+    rename_key: SecretRef | None
+    allow_default_port: bool
+    allow_public_bind: bool
+    allow_unsafe: bool
 
 
-class Persistence(Strict):
-    aof: Literal["always", "everysec", "no", "off"] = "everysec"
-    rdb: list[str] = Field(default_factory=lambda: ["900 1", "300 10", "60 10000"])
+class Persistence(Record):
+    aof: Literal["always", "everysec", "no", "off"]
+    rdb: list[str]
 
 
-class Memory(Strict):
-    maxmemory: Size = "256mb"
-    policy: str = "volatile-lru"
+class Memory(Record):
+    maxmemory: str
+    policy: str
 
 
-class Spec(Strict):
-    name: Name
-    topology: Literal["standalone", "replication", "sentinel", "cluster"]
-    server: Server = Field(default_factory=Server)
-    provider: Literal["local", "ansible"] = "local"
-    hosts: Annotated[list[Host], Field(min_length=1)]
-    cluster: ClusterTopology | None = None
-    standalone: StandaloneTopology | None = None
-    replication: ReplicationTopology | None = None
-    sentinel: SentinelTopology | None = None
+class Spec(Record):
+    name: str
+    topology: Topology
+    server: Server
+    provider: Literal["local", "ansible"]
+    hosts: list[Host]
+    cluster: ClusterTopology | None
+    standalone: StandaloneTopology | None
+    replication: ReplicationTopology | None
+    sentinel: SentinelTopology | None
     auth: Auth
-    hardening: Hardening = Field(default_factory=Hardening)
-    persistence: Persistence = Field(default_factory=Persistence)
-    memory: Memory = Field(default_factory=Memory)
-    lazyfree: bool = True
-    tls: Tls = Field(default_factory=Tls)
-    config: ConfigMap = Field(default_factory=dict)
-    nodes: dict[str, NodeOverride] = Field(default_factory=dict)
+    hardening: Hardening
+    persistence: Persistence
+    memory: Memory
+    lazyfree: bool
+    tls: Tls
+    config: dict[str, ConfigValue]
+    nodes: dict[str, NodeOverride]
 
     def cluster_or_default(self) -> ClusterTopology:
         return self.cluster or ClusterTopology()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opsctl.spec.model import Spec
+from opsctl.spec.pydantic_model import Spec
 
 
 def spec_schema() -> dict[str, Any]:

@@ -7,6 +7,7 @@ import unicodedata
 # Cc: C0/C1 controls (newline, carriage return, tab, NUL, ...); Zl/Zp: the Unicode line and paragraph
 # separators, which Python's splitlines() treats as line ends.
 _CONTROL_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+MAX_SPEC_CHARS = 1024 * 1024  # a spec file longer than this is refused unread
 
 
 def is_control(char: str) -> bool:

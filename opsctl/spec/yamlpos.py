@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from opsctl.errors import SpecProblem, echo
-from opsctl.spec.text import control_chars
+from opsctl.spec.text import MAX_SPEC_CHARS, control_chars
 
 Path_ = tuple[str | int, ...]
 
@@ -84,7 +84,6 @@ def _parse(text: str, file: str) -> Parsed:
         loader.dispose()
 
 
-MAX_SPEC_CHARS = 1024 * 1024
 # Values that aliases (*name) may add by repeating anchored parts; more is an alias bomb, not a topology.
 ALIAS_EXPANSION_LIMIT = 10_000
 
