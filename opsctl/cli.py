@@ -29,7 +29,7 @@ def _validate(args: argparse.Namespace) -> int:
     from opsctl.report import plural
     from opsctl.specfile import read_spec
 
-    loaded = read_spec(args.file, secrets=not args.no_secrets)
+    loaded = read_spec(args.file, secrets=not args.no_secrets, cached=False)
     refuse_server_without_tls(loaded)
     nodes = loaded.layout.nodes
     unchecked = " (secrets not checked)" if args.no_secrets else ""

@@ -13,9 +13,7 @@ from opsctl.fanout import fan_out
 from opsctl.observe.collect import NodeObservation, Observer, observe
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import current_master, sentinel_agreed_master
-from opsctl.plan.ondisk import secret_verdict
 from opsctl.providers.base import Provider
-from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.spec.layout import Node
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.statedir import state_dir_for
@@ -139,6 +137,9 @@ def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
 
 def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:
     """Live secret values become a verdict ("***" when they match the spec), so no secret reaches a plan."""
+    from opsctl.plan.ondisk import secret_verdict  # with the renderer: only runs that read config load it
+    from opsctl.render.directives import SECRET_DIRECTIVES
+
     return {k: (v if k not in SECRET_DIRECTIVES else secret_verdict(v, credentials.password, credentials.previous))
             for k, v in config.items()}
 

@@ -7,19 +7,23 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from opsctl import speccache
 from opsctl.errors import OpsctlError
 from opsctl.safefs import FileProblem, read_bounded
 from opsctl.secrets import remember
-from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
-from opsctl.spec.secretcheck import SecretUnusable
+from opsctl.spec.load import LoadedSpec, load_spec, loaded_spec, make_resolver
+from opsctl.spec.secretcheck import SecretResolver, SecretUnusable, check_secrets
 from opsctl.spec.text import MAX_SPEC_CHARS
 
 SPEC_LIMIT = MAX_SPEC_CHARS
 SECRET_FILE_LIMIT = 64 * 1024
 
 
-def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True) -> LoadedSpec:
-    """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved."""
+def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
+              cached: bool = True) -> LoadedSpec:
+    """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
+    cached: a spec validated before is read back from opsctl.speccache (its secrets checked again); False
+    validates it in full whatever is stored (validate)."""
     spec_path = Path(path)
     text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
     if text is None:
@@ -30,9 +34,23 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
         return read_secret_file(secret_path)
 
     resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
-    loaded = load_spec(text, str(spec_path), resolve)
+    loaded = _validated(text, spec_path, resolve, cached and resolve is not None)
     for secret in loaded.credentials.all():
         remember(secret)
+    return loaded
+
+
+def _validated(text: str, spec_path: Path, resolve: SecretResolver | None, cached: bool) -> LoadedSpec:
+    """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass."""
+    entry = speccache.entry_path(spec_path) if cached else None
+    if entry is None or resolve is None:
+        return load_spec(text, str(spec_path), resolve)
+    key = speccache.entry_key(text)
+    spec = speccache.read_entry(entry, key)
+    if spec is not None and not any(check_secrets(spec, resolve)):
+        return loaded_spec(str(spec_path), spec, resolve)
+    loaded = load_spec(text, str(spec_path), resolve)
+    speccache.write_entry(entry, key, loaded.spec)
     return loaded
 
 

@@ -60,8 +60,9 @@ def test_start_imports_no_command_implementation() -> None:
 
 # What plan and status of a plaintext topology never need: they observe nodes over raw connections (hiredis
 # replies), cryptography is for TLS, and node files are rendered without a template engine. (pydantic and yaml
-# they do need: the spec is read and validated.)
+# only validate a spec: a spec validated before is read back from opsctl.speccache without them.)
 NOT_FOR_LOOKING = ("redis", "cryptography", "asyncio", "jinja2", "ansible", "ansible_runner", "paramiko")
+NOT_FOR_A_VALIDATED_SPEC = ("pydantic", "pydantic_core", "yaml", "annotated_types")
 
 
 def test_plan_and_status_modules_import_no_client_library() -> None:
@@ -74,7 +75,8 @@ def test_plan_and_status_modules_import_no_client_library() -> None:
 
 
 def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, capsys) -> None:
-    """Talking to running nodes too: plan and status of a deployed node load neither redis-py nor cryptography."""
+    """Talking to running nodes too: plan and status of a deployed node load neither redis-py nor cryptography,
+    and, their spec validated before (deployed reads it), neither pydantic nor yaml."""
     with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, _):
         for command, exit_code in (("status", 0), ("plan", 0)):
             done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opsctl.cli", command, "-f", str(spec)],
@@ -83,10 +85,11 @@ def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, cap
             assert done.returncode == exit_code, done.stdout + done.stderr[-2000:]
             modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
                        if line.startswith("import time:")}
-            heavy = sorted(m for m in modules if m.split(".")[0] in NOT_FOR_LOOKING)
+            heavy = sorted(m for m in modules if m.split(".")[0] in (*NOT_FOR_LOOKING, *NOT_FOR_A_VALIDATED_SPEC))
             assert not heavy, f"opsctl {command} imports {heavy}"
-            if command == "status":  # it plans nothing
-                planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.drift"})
+            if command == "status":  # it plans nothing, nor checks a spec
+                planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.drift",
+                                             "opsctl.plan.desired", "opsctl.spec.checks", "opsctl.spec.validate"})
                 assert not planning, f"opsctl status imports {planning}"
 
 

@@ -8,12 +8,11 @@ opsctl.failover.fence).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from opsctl.plan.desired import single_valued
-from opsctl.render import render_sections
-from opsctl.render.directives import NodePaths
-from opsctl.spec.layout import Node
-from opsctl.spec.load import LoadedSpec
+if TYPE_CHECKING:  # spec_values renders; fenced, which status and health ask, needs none of it
+    from opsctl.spec.layout import Node
+    from opsctl.spec.load import LoadedSpec
 
 FENCE = "1000000"  # min-replicas-to-write no real shard reaches: every write gets NOREPLICAS
 TO_WRITE, MAX_LAG = "min-replicas-to-write", "min-replicas-max-lag"
@@ -29,6 +28,10 @@ def fenced(config: Mapping[str, str] | None) -> bool:
 
 def spec_values(loaded: LoadedSpec, node: Node) -> dict[str, str]:
     """min-replicas-to-write and -max-lag as the spec renders them (the server's defaults when it does not)."""
+    from opsctl.plan.desired import single_valued
+    from opsctl.render import render_sections
+    from opsctl.render.directives import NodePaths
+
     paths = NodePaths("-", "-", "-", "-", "-")
     rendered = single_valued([d for s in render_sections(loaded, node, paths, reveal=False) for d in s.directives])
     return {name: rendered.get(name, default) for name, default in DEFAULTS.items()}

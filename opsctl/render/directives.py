@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opsctl.render.tokens import quoted, word
-from opsctl.spec.checks import LAZYFREE, PLAINTEXT_PORT_OFFSET, config_text
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.model import Spec
+from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
 from opsctl.versions import has_capability, has_directive, parse_version
 
 Directive = tuple[str, str]

@@ -16,7 +16,7 @@ from opsctl.endpoints import canonical_address, endpoint
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
-from opsctl.spec.model import POLICIES, TOPOLOGIES, Spec
+from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, POLICIES, TOPOLOGIES, Spec, config_text
 from opsctl.spec.secretcheck import SecretResolver, check_secrets
 from opsctl.tls.refs import missing_refs
 from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
@@ -24,7 +24,6 @@ from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, ver
 Finding = tuple[tuple[str | int, ...], str, str]
 
 DEFAULT_PORTS = {6379, 26379}
-PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
@@ -54,8 +53,6 @@ MANAGED_DIRECTIVES = {
     **{name: "the tls section" for name in ("tls-port", "tls-cert-file", "tls-key-file", "tls-ca-cert-file",
                                             "tls-auth-clients", "tls-replication", "tls-cluster", "tls-protocols")},
 }
-LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
-            "lazyfree-lazy-user-del", "replica-lazy-flush")
 # Directive -> the values that undo hardening (allowed only with hardening.allow_unsafe).
 UNSAFE_VALUES: dict[str, set[str]] = {
     "protected-mode": {"no"},
@@ -66,12 +63,6 @@ UNSAFE_VALUES: dict[str, set[str]] = {
     "loadmodule": {"*"},
     **{name: {"no"} for name in LAZYFREE},
 }
-
-
-def config_text(value: str | int | bool) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
 
 
 def suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:

@@ -19,10 +19,21 @@ TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
 POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
             "volatile-random", "allkeys-random", "volatile-ttl", "noeviction")
 
+LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
+            "lazyfree-lazy-user-del", "replica-lazy-flush")  # what lazyfree: true turns on
+PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
+
 Topology = Literal["standalone", "replication", "sentinel", "cluster"]
 TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
 ConfigValue = str | int | bool
 R = TypeVar("R", bound="Record")
+
+
+def config_text(value: ConfigValue) -> str:
+    """A config value as a server's file writes it (true/false as yes/no)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 class DataMismatch(ValueError):
