@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import shlex
 import socket
 import subprocess
 import threading
@@ -478,3 +479,63 @@ def test_tls_through_ansible_and_ssh_tunnels(ssh_env: netns.Lab, tmp_path: Path,
         assert not any(key in f.read_text(errors="replace") for f in artifacts.rglob("*") if f.is_file())
         assert_second_apply_changes_nothing(capsys, spec, loaded)
         destroy_and_check_hosts(capsys, lab, spec, loaded)
+
+
+def test_reapply_after_a_reboot_and_starts_from_two_parties(ssh_env: netns.Lab, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """After a host reboot a node's pidfile may name a live process that is not the node (a pid reused):
+    apply starts the node (it was reported `running` and never started) and destroy never signals that process.
+    deploy.yml's installer starting nodes while opsctl starts them too launches one server, not two."""
+    lab = ssh_env
+    spec = write_spec(tmp_path, remote_spec(lab, "replication", "valkey"))
+    loaded = read_spec(spec)
+    node = loaded.layout.servers[0]
+    host = next(h for h in lab.hosts if h.name == node.host)
+    provider = AnsibleProvider(loaded, state_dir(loaded), known_hosts=lab.known_hosts)
+    with cleanup(spec):
+        try:
+            apply(capsys, spec)
+            stranger = int(lab.ssh(host, "sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout)
+            rebooted(lab, provider, node, stranger)
+            out, _ = apply(capsys, spec)
+            assert f"start {node.name}" in out, out
+            state = provider.process_state(node)
+            assert state.running and state.pid != stranger, state
+            assert "1 master, 2 replicas linked" in status(capsys, spec)["health"]
+            both_start(lab, loaded, provider)
+            rebooted(lab, provider, node, stranger)
+            code, _, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
+            assert code == 0, err
+            assert lab.ssh(host, f"kill {stranger}").returncode == 0  # stop saw no server of the node: it lived on
+        finally:
+            provider.close()
+
+
+def rebooted(lab: netns.Lab, provider: AnsibleProvider, node: Any, stranger: int) -> None:
+    """The node's server gone as in a power loss, its pidfile naming another live process."""
+    pid = provider.process_state(node).pid
+    host = next(h for h in lab.hosts if h.name == node.host)
+    assert lab.ssh(host, f"kill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done; "
+                         f"echo {stranger} > {provider.paths(node).pid}").returncode == 0
+    assert not provider.process_state(node).running
+
+
+def both_start(lab: netns.Lab, loaded: LoadedSpec, provider: AnsibleProvider) -> None:
+    """Every node stopped, then deploy.yml with start (its installer starts the nodes where systemd does not run)
+    and opsctl's start of the same nodes at once: each node runs one server, and every start reports it."""
+    nodes = list(loaded.layout.nodes)
+    for node in nodes:
+        provider.stop(node)
+    files = {n.name: {name: provider.read_file(n, name) or "" for name in ("redis.conf", RECORD)} for n in nodes}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        deployed = pool.submit(provider.deploy, files, True)
+        assert provider.start_many(nodes) == {}
+        deployed.result()
+    for node in nodes:
+        host = next(h for h in lab.hosts if h.name == node.host)
+        folder = provider.paths(node).dir
+        servers = lab.ssh(host, f"for p in $(pgrep -f {shlex.quote(server_binary('valkey').rsplit('/', 1)[1])}); do "
+                                f"[ \"$(readlink /proc/$p/cwd)\" = {folder} ] && echo $p; done; "
+                                f"grep -c 'Address already in use' {folder}/server.log || true")
+        pids, _, in_use = servers.stdout.strip().rpartition("\n")
+        assert len(pids.split()) == 1 and in_use == "0", (node.name, servers.stdout)

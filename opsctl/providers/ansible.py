@@ -175,13 +175,20 @@ class AnsibleProvider:
         return {n.name: exc for n, exc in zip(nodes, outcomes, strict=True) if exc is not None}
 
     def _start(self, node: Node) -> None:
+        """bin/opsctl-node start (one start of a node at a time on its host; a server of the node that runs
+        already counts as started), then the pid it names must be the node's server in /proc."""
         result = self._control(node, "start")
-        word, _pid = parse_control(result.stdout)
+        word, pid = parse_control(result.stdout)
         if result.status != 0 or word not in ("started", "running"):
             detail = (result.stdout + result.stderr).strip()[-2000:]
             hint = ("deploy it first: `opsctl apply` writes its files" if word == "absent"
                     else "the node's log is at " + self.paths(node).log)
             raise OpsctlError(f"cannot start {node.name} on host {node.host}", detail, hint)
+        state = self.process_state(node)
+        if not state.running or state.pid != pid:
+            raise OpsctlError(f"{node.name} on host {node.host} reported {word} as pid {pid}, but that is not "
+                              "its server", f"what /proc shows: {state.detail}",
+                              "the node's log is at " + self.paths(node).log)
 
     def stop(self, node: Node, timeout: float = 30.0) -> None:
         self.flush()

@@ -1,7 +1,15 @@
 #!/bin/sh
 # opsctl-node ACTION NODE: start, stop or report one opsctl-managed node (installed by playbooks/deploy.yml).
 # Settings come from the root-owned nodes/NODE.env beside this script's bin/ directory. Prints one word first:
-# started|running|stopped|absent, then the pid. Where systemd runs and the node has a unit, systemd does the work.
+# started|running|stopped|absent|failed, then the pid. Where systemd runs and the node has a unit, systemd does
+# the work.
+#
+# Exactly one party starts a node: start and stop hold a lock on the node's folder (flock), so the installer,
+# restart.yml and opsctl's own start never launch a second server beside the first (it would fail with
+# "Address already in use", and its pidfile would hide the first). A pidfile alone proves nothing (pids are
+# reused, e.g. after a reboot): the node's server is a live process of the node's binary working in the node's
+# folder, named by the pidfile or listening on the node's port. Such a server counts as started, and a pidfile
+# that names anything else is never signalled.
 set -eu
 action=${1:?action}
 node=${2:?node}
@@ -11,13 +19,29 @@ env_file="$root/nodes/$node.env"
 # shellcheck disable=SC1090
 . "$env_file"
 
-pid_of() { [ -s "$OPSCTL_PID" ] && cat "$OPSCTL_PID" || true; }
+pid_of() { [ -s "$OPSCTL_PID" ] && tr -cd '0-9' <"$OPSCTL_PID" | head -c 10 || true; }
 # A zombie (exited, not yet reaped by its parent or init) counts as dead: kill -0 still succeeds on it.
 zombie() { [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" = Z ]; }
 running() { kill -0 "$1" 2>/dev/null && ! zombie "$1"; }
-alive() { p=$(pid_of); [ -n "$p" ] && running "$p"; }
+# ours PID: the process is this node's server: its binary (replaced on disk by an upgrade counts), in its folder.
+ours() {
+  running "$1" || return 1
+  exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+  [ "${exe% (deleted)}" = "$(readlink -f "$OPSCTL_BIN")" ] &&
+    [ "$(readlink "/proc/$1/cwd" 2>/dev/null)" = "$(readlink -f "$OPSCTL_DIR")" ]
+}
+# the first process listening on the node's port
+listener() { ss -Hltnp "sport = :$OPSCTL_PORT" 2>/dev/null | sed -n 's/^[^"]*"[^"]*",pid=\([0-9]*\),.*/\1/p' | head -n 1; }
+# server_pid: the node's server (the pidfile's, else the one on its port), empty when none runs
+server_pid() {
+  p=$(pid_of)
+  if [ -n "$p" ] && ours "$p"; then echo "$p"; return 0; fi
+  p=$(listener)
+  if [ -n "$p" ] && ours "$p"; then echo "$p"; fi
+}
 listening() { ss -Hltn "sport = :$OPSCTL_PORT" 2>/dev/null | grep -q .; }
 use_systemd() { [ -d /run/systemd/system ] && [ -f "/etc/systemd/system/$OPSCTL_UNIT.service" ]; }
+as_user() { setpriv --reuid="$OPSCTL_USER" --regid="$OPSCTL_USER" --init-groups --inh-caps=-all "$@"; }
 
 wait_until() {
   i=0
@@ -28,28 +52,48 @@ wait_until() {
   done
 }
 
+# One start or stop of this node at a time on this host (the server never inherits the lock: 9<&-).
+lock() {
+  exec 9<"$OPSCTL_DIR"
+  if ! flock -w 120 9; then echo "failed: another start or stop of $node holds its lock for 120 s"; exit 1; fi
+}
+
+# up: the server runs and listens; a pidfile naming a dead process (the server wrote it, then exited) ends the wait
+up() { p=$(server_pid); [ -n "$p" ] && listening; }
+settled() { up || { q=$(pid_of); [ -n "$q" ] && ! running "$q"; }; }
+
+failed_start() {
+  echo "failed: $node did not start listening on port $OPSCTL_PORT; last log lines:"
+  tail -n 15 "$OPSCTL_LOG" 2>/dev/null || true
+  exit 1
+}
+
 start() {
-  if alive; then echo "running $(pid_of)"; return 0; fi
+  lock
+  p=$(server_pid)
+  if [ -n "$p" ]; then
+    wait_until listening || failed_start  # it may still be loading (a server writes its pidfile before it listens)
+    # shellcheck disable=SC2016 # the pidfile names it again, written as the service user (never through a link)
+    [ "$(pid_of)" = "$p" ] || as_user sh -c 'printf "%s\n" "$1" >"$2"' sh "$p" "$OPSCTL_PID"
+    echo "running $p"
+    return 0
+  fi
   rm -f "$OPSCTL_PID"
   if use_systemd; then
     systemctl start "$OPSCTL_UNIT"
   else
     cd "$OPSCTL_DIR"
     # shellcheck disable=SC2086
-    setpriv --reuid="$OPSCTL_USER" --regid="$OPSCTL_USER" --init-groups --inh-caps=-all \
-      "$OPSCTL_BIN" "$OPSCTL_CONF" $OPSCTL_ARGS </dev/null >/dev/null 2>&1
+    as_user "$OPSCTL_BIN" "$OPSCTL_CONF" $OPSCTL_ARGS </dev/null >/dev/null 2>&1 9<&-
   fi
-  if ! wait_until alive || ! wait_until listening; then
-    echo "failed: $node did not start listening on port $OPSCTL_PORT; last log lines:"
-    tail -n 15 "$OPSCTL_LOG" 2>/dev/null || true
-    exit 1
-  fi
-  echo "started $(pid_of)"
+  if ! wait_until settled || ! up; then failed_start; fi
+  echo "started $(server_pid)"
 }
 
 stop() {
-  if ! alive; then echo "stopped"; return 0; fi
-  p=$(pid_of)
+  lock
+  p=$(server_pid)
+  if [ -z "$p" ]; then echo "stopped"; return 0; fi
   if use_systemd; then systemctl stop "$OPSCTL_UNIT"; else kill -TERM "$p"; fi
   if ! wait_until not_alive; then kill -KILL "$p" 2>/dev/null || true; fi
   echo "stopped $p"
@@ -60,6 +104,6 @@ not_alive() { ! running "$p"; }
 case "$action" in
   start) start ;;
   stop) stop ;;
-  status) if alive; then echo "running $(pid_of)"; else echo "stopped"; fi ;;
+  status) p=$(server_pid); if [ -n "$p" ]; then echo "running $p"; else echo "stopped"; fi ;;
   *) echo "usage: opsctl-node start|stop|status NODE" >&2; exit 2 ;;
 esac
