@@ -153,6 +153,6 @@ def test_survey_replies_parse_or_fall_back():
 
 
 def test_atomic_jobs_are_polled_often_at_first_then_less_as_they_run_long():
-    assert poll_interval(0.0) == 0.005 and poll_interval(0.05) == 0.005  # a short job is seen done within 5 ms
-    assert poll_interval(0.4) == 0.02  # a twentieth of the time so far: at most ~5% late
-    assert poll_interval(30.0) == 0.05  # never rarer than 20 looks a second
+    assert poll_interval(0.0) == 0.002 and poll_interval(0.05) == 0.002  # a short job is seen done within 2 ms
+    assert poll_interval(0.25) == 0.005  # a fiftieth of the time so far: at most 2% late
+    assert poll_interval(30.0) == 0.01  # never more than 10 ms late: a whole reshard takes about a second
