@@ -38,18 +38,14 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import NamedTuple
 
-from opsctl.admin import Admin
 from opsctl.connector import Connector, port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.fanout import WIDTH, fan_out
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.resp import Reply, RespError
 from opsctl.spec.layout import Node
-
-# redis-py is loaded by the methods that talk to a node: a topology none of whose servers answers yet (a new
-# cluster) is locked without it, so that import does not delay its servers' start.
-if TYPE_CHECKING:
-    import redis
 
 PREFIX = "opsctl-lock"
 LEASE_SECONDS = 30.0
@@ -60,7 +56,24 @@ CONNECT_TIMEOUT = 2.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
 
 
-Held = tuple[Admin, Any, str]  # a marked node: its admin, the connection that holds the marker, its client id
+class Held(NamedTuple):
+    """A marked node: the raw connection that holds the marker (no redis-py: slot commands do not load it),
+    and that connection's client id there."""
+
+    pipe: RawPipe
+    client_id: str
+
+
+def _reply(pipe: RawPipe, *words: str) -> Reply:
+    """One CLIENT subcommand on the marker's connection; an error reply raises _Refused."""
+    reply = pipe.call("CLIENT", *words)
+    if isinstance(reply, RespError):
+        raise _Refused(reply.message)
+    return reply
+
+
+class _Refused(Exception):
+    """The node answered CLIENT with an error (disabled in hardening, or an ACL without it)."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +182,8 @@ class TopologyLock:
                               f"tried {', '.join(n.name for n in self.nodes)}",
                               "`opsctl status -f SPEC` shows which nodes are down; a run that holds no marker "
                               "could interleave with another run, so opsctl does not go on without one")
-        seen = [m for name, (admin, conn, _) in list(self.held.items()) for m in self._markers(name, admin, conn)]
-        live, stale = live_others(seen, {n: h[2] for n, h in self.held.items()})
+        seen = [m for name, held in list(self.held.items()) for m in self._markers(name, held.pipe)]
+        live, stale = live_others(seen, {n: h.client_id for n, h in self.held.items()})
         if live:
             first = live[0]
             raise RefusedError(f"another opsctl run holds this topology: {first.owner}",
@@ -198,58 +211,48 @@ class TopologyLock:
         do); the refusal when it answers but refuses CLIENT."""
         if not port_accepts(*self.connector.dial(node), timeout=timeout):
             return None
-        import redis
-
-        admin = self.connector.admin(node, timeout=timeout)
         try:
-            conn = admin.client.connection_pool.get_connection()
-            conn.send_command(admin.command("CLIENT"), "ID")
-            client_id = str(conn.read_response())
-            self._name(admin, conn)
-        except redis.ResponseError as exc:
-            admin.close()
-            return self._refused(node.name, exc)
-        except (redis.RedisError, OSError):
-            admin.close()
+            pipe = RawPipe(self.connector, node, timeout)
+        except PIPE_ERRORS:
             return None
-        return admin, conn, client_id
+        try:
+            client_id = str(_reply(pipe, "ID"))
+            self._name(pipe)
+        except _Refused as exc:
+            pipe.close()
+            return self._refused(node.name, exc)
+        except PIPE_ERRORS:
+            pipe.close()
+            return None
+        return Held(pipe, client_id)
 
     @staticmethod
-    def _refused(name: str, exc: redis.ResponseError) -> OpsctlError:
+    def _refused(name: str, exc: _Refused) -> OpsctlError:
         """CLIENT refused on a node (acquire withdraws the markers set so far)."""
         return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", str(exc),
                            "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
                            "disable CLIENT in hardening (renaming it is fine)")
 
-    def _name(self, admin: Admin, conn: Any) -> None:
-        conn.send_command(admin.command("CLIENT"), "SETNAME", marker_name(self.owner, self.lease))
-        conn.read_response()
+    def _name(self, pipe: RawPipe) -> None:
+        _reply(pipe, "SETNAME", marker_name(self.owner, self.lease))
 
-    def _markers(self, name: str, admin: Admin, conn: Any) -> list[Marker]:
+    def _markers(self, name: str, pipe: RawPipe) -> list[Marker]:
         """The markers on one node; a node that stopped answering since it was marked is dropped (it holds
         no marker any more, the others do)."""
-        import redis
-
         try:
-            conn.send_command(admin.command("CLIENT"), "LIST")
-            reply = conn.read_response()
-        except redis.ResponseError as exc:
+            reply = _reply(pipe, "LIST")
+        except _Refused as exc:
             raise self._refused(name, exc) from None
-        except (redis.RedisError, OSError):
+        except PIPE_ERRORS:
             self.held.pop(name, None)
-            conn.disconnect()
-            admin.close()
+            pipe.close()
             return []
-        return parse_markers(reply.decode() if isinstance(reply, bytes) else str(reply), name)
+        return parse_markers(reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply), name)
 
     def _kill(self, marker: Marker) -> None:
-        import redis
-
-        admin, conn, _ = self.held[marker.node]
         try:
-            conn.send_command(admin.command("CLIENT"), "KILL", "ID", marker.client_id)
-            conn.read_response()
-        except redis.RedisError:
+            _reply(self.held[marker.node].pipe, "KILL", "ID", marker.client_id)
+        except (_Refused, *PIPE_ERRORS):
             pass  # gone already
 
     def _renew(self) -> None:
@@ -274,14 +277,11 @@ class TopologyLock:
         if paused > self.lease:
             self._lose(f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)")
             return
-        if self.held:
-            import redis  # loaded already: held markers are redis-py connections
-
-            for name, (admin, conn, _) in list(self.held.items()):
-                try:
-                    self._name(admin, conn)
-                except (redis.RedisError, OSError):
-                    self._drop(name)  # a restarted node: marked again below once it answers
+        for name, held in list(self.held.items()):
+            try:
+                self._name(held.pipe)
+            except (_Refused, *PIPE_ERRORS):
+                self._drop(name)  # a restarted node: marked again below once it answers
         self._renewed_at = started
         # bounded, so that nodes that do not answer (a host down) cannot delay the next renewal past the lease
         budget = time.monotonic() + self.lease / 6
@@ -292,17 +292,15 @@ class TopologyLock:
             batch = unheld[first:first + WIDTH]
             self._hold_all(batch, min(CONNECT_TIMEOUT, self.lease / 6))
             for node in [n for n in batch if n.name in self.held]:
-                admin, conn, client_id = self.held[node.name]
-                live, _ = live_others(self._markers(node.name, admin, conn), {node.name: client_id})
+                held = self.held[node.name]
+                live, _ = live_others(self._markers(node.name, held.pipe), {node.name: held.client_id})
                 if live:
                     self._lose(f"{live[0].owner} holds {node.name}, which this run marked again after it "
                                "(re)started")
                     return
 
     def _drop(self, name: str) -> None:
-        admin, conn, _ = self.held.pop(name)
-        conn.disconnect()
-        admin.close()
+        self.held.pop(name).pipe.close()
 
     def _lose(self, reason: str) -> None:
         """Counted as lost: the markers are withdrawn (a zombie must not refuse the run that took over)."""

@@ -153,20 +153,20 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
             code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve")  # another run
             assert code == 3 and "another opsctl run holds this topology" in err and "stopped" not in out, \
                 err + out
-            mine = lock.held[node.name][2]
+            mine = lock.held[node.name].client_id
             with Admin.for_node(loaded, node) as admin:
                 admin.call("CLIENT", "KILL", "ID", mine)  # what a restart of the node does to the marker
                 deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and lock.held.get(node.name, (None, None, mine))[2] == mine:
+                while time.monotonic() < deadline and getattr(lock.held.get(node.name), "client_id", mine) == mine:
                     time.sleep(0.1)
-                assert node.name in lock.held and lock.held[node.name][2] != mine
+                assert node.name in lock.held and lock.held[node.name].client_id != mine
                 assert _owners(loaded) == {lock.owner}
                 lock.check()
                 # the node loses it again, and before this run marks it anew another run's marker is there
                 other = Admin.for_node(loaded, node)
                 try:
                     other.call("CLIENT", "SETNAME", marker_name("other@h/pid1", 30))
-                    admin.call("CLIENT", "KILL", "ID", lock.held[node.name][2])
+                    admin.call("CLIENT", "KILL", "ID", lock.held[node.name].client_id)
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and lock.lost is None:
                         time.sleep(0.1)

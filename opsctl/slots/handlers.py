@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from opsctl.cluster.ops import forget
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
@@ -17,7 +15,7 @@ from opsctl.slots.journal import Journal
 from opsctl.slots.ranges import parse, to_ranges
 from opsctl.slots.run import MoveOptions, open_session, run_moves
 from opsctl.slots.scale import find_node
-from opsctl.slots.session import Session
+from opsctl.slots.session import Peer, ReplyError, Session, pipe
 from opsctl.spec.layout import Node
 from opsctl.topolock import topology_lock
 
@@ -53,7 +51,7 @@ def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
         rt.provider.stop(node)
         checkpoint("remove-node-stopped")
         others = [p for p in session.peers.values() if p.name != node.name]
-        session.parallel(lambda p: _forget(p.admin, ids), others)
+        session.parallel(lambda p: _forget(p, ids), others)
     if step.purge:
         rt.provider.purge(node)
 
@@ -70,10 +68,10 @@ def _ids_of(session: Session, node: Node) -> set[str]:
     return {line.id for line in lines}
 
 
-def _forget(admin: Any, node_ids: Iterable[str]) -> None:
-    for node_id in node_ids:
-        try:
-            forget(admin, node_id)
-        except Exception as exc:  # an unknown id is already forgotten
-            if "Unknown node" not in str(exc):
-                raise
+def _forget(peer: Peer, node_ids: Iterable[str]) -> None:
+    """CLUSTER FORGET of each id on peer; an unknown id is forgotten already."""
+    ids = list(node_ids)
+    for node_id, reply in zip(ids, pipe(peer, [("CLUSTER", "FORGET", i) for i in ids]), strict=True):
+        if isinstance(reply, ReplyError) and "Unknown node" not in str(reply):
+            raise OpsctlError(f"CLUSTER FORGET {node_id} failed on {peer.name} ({peer.node.endpoint})", str(reply),
+                              "the node's log says more; `opsctl cluster check -f SPEC` shows the state")

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import redis
-
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.observe.collect import Command
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.rawpipe import PIPE_ERRORS
 from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, parse_survey, rate_delay, timeout_ms, waves
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
@@ -41,7 +40,6 @@ SURVEY_SCRIPT = ("#!lua flags=no-writes\n"
                  "local keys = redis.call(ARGV[1], 'GETKEYSINSLOT', tonumber(ARGV[3]), tonumber(ARGV[4]))\n"
                  "local sizes = {}\nfor i, key in ipairs(keys) do\n"
                  "  sizes[i] = redis.call(ARGV[2], 'USAGE', key) or -1\nend\nreturn {keys, table.concat(sizes, ',')}")
-LINK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 
 
 class EndpointReplaced(OpsctlError):
@@ -97,7 +95,7 @@ class KeyMover:
         moving, ahead), each journaled before it opens; each slot keeps its own order."""
         try:
             self._move(slots)
-        except LINK_ERRORS as exc:
+        except PIPE_ERRORS as exc:
             self.ensure_endpoints()  # raises EndpointReplaced, or a clear error when one stays down
             raise OpsctlError(f"lost the connection to a node while moving slots {self.source.name} -> "
                               f"{self.target.name}", f"{type(exc).__name__}: {exc}",
@@ -141,7 +139,7 @@ class KeyMover:
     def survey(self, slots: Sequence[int]) -> Work:
         """Each non-empty slot's keys (at most fetch_keys) with their sizes: one script call per slot; where
         the script cannot run (EVAL disabled or renamed away, a server before 7.0), `listed`."""
-        names = (self.source.admin.command("CLUSTER"), self.source.admin.command("MEMORY"))
+        names = (self.source.command("CLUSTER"), self.source.command("MEMORY"))
         replies = pipe(self.source, [("EVAL", SURVEY_SCRIPT, 0, *names, s, self.options.fetch_keys) for s in slots])
         work: Work = {}
         rest = []
@@ -224,9 +222,10 @@ class KeyMover:
         stuck on the engine's connection); None when it does not answer in time."""
         timeout = max(0.2, min(1.0, self.node_timeout_ms / 4000))
         try:
-            return parse_cluster_nodes(str(self.session.probe_admin(peer.node, timeout).raw("CLUSTER", "NODES")))
-        except (redis.RedisError, OSError):
+            reply = self.session.probe(peer.node, timeout).pipeline([("CLUSTER", "NODES")])[0]
+        except PIPE_ERRORS:
             return None
+        return parse_cluster_nodes(reply) if isinstance(reply, str) else None
 
     def ensure_endpoints(self) -> None:
         """Return once source and target both answer and are their shards' masters as each other sees them.

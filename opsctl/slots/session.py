@@ -8,11 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
-from opsctl.observe.collect import Command, NodeObservation, Observer, checked_pipeline, raw_pipeline, round_trip
+from opsctl.observe.collect import Command, Link, NodeObservation, Observer
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
+from opsctl.rawpipe import RawPipe
+from opsctl.resp import RespError, encode, encode_keyed
 from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.slots.ranges import expand
 from opsctl.slots.scale import find_node, shard_members
@@ -24,41 +25,106 @@ STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
 ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
 
 
+class ReplyError(Exception):
+    """A node's error reply to one command of a pipeline (the others' replies stand)."""
+
+
+class Pipes:
+    """Raw RESP connections to one node (the connector's route, AUTH and TLS), one per thread that talks to it
+    at a time: a wave is surveyed, streamed and drained side by side. A connection goes back to the pool only
+    after a whole round trip and while nothing unread waits on it (a node that restarted closed it)."""
+
+    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
+        self.connector, self.node, self.timeout = connector, node, timeout
+        self._idle: list[RawPipe] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def round_trip(self, send: Callable[[RawPipe], None], count: int) -> list[Any]:
+        """What send writes, then count replies in order; error replies as ReplyError values."""
+        with self._lock:
+            pipe = self._idle.pop() if self._idle else None
+        while pipe is not None and not pipe.idle():
+            pipe.close()
+            with self._lock:
+                pipe = self._idle.pop() if self._idle else None
+        pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
+        try:
+            send(pipe)
+            replies = pipe.read(count)
+        except BaseException:
+            pipe.close()
+            raise
+        with self._lock:
+            if self._closed:
+                pipe.close()
+            else:
+                self._idle.append(pipe)
+        return [ReplyError(r.message) if isinstance(r, RespError) else r for r in replies]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for pipe in idle:
+            pipe.close()
+
+
 @dataclass
 class Peer:
     node: Node
-    admin: Admin  # bytes replies: key names are binary
+    pipes: Pipes  # replies stay bytes: key names are binary
     id: str
 
     @property
     def name(self) -> str:
         return self.node.name
 
+    def command(self, name: str) -> str:
+        """A command's name as this node knows it (the spec's renames)."""
+        return self.pipes.connector.loaded.renames_for(self.node).get(name.upper(), name.upper())
+
+
+def _packed(commands: Sequence[Command], chunk: int) -> Callable[[RawPipe], None]:
+    """Send commands under the node's renames, chunk at a time (0: all in one buffer), so the server starts on
+    the first ones while the rest are still being packed."""
+    step = chunk or max(1, len(commands))
+
+    def send(raw: RawPipe) -> None:
+        for at in range(0, len(commands), step):
+            raw.send(b"".join(encode([raw.name(str(c[0])), *c[1:]]) for c in commands[at:at + step]))
+
+    return send
+
 
 def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
-    """One round trip; error replies come back as exception objects."""
-    return raw_pipeline(peer.admin, commands) if commands else []
+    """One round trip; error replies come back as ReplyError values."""
+    return peer.pipes.round_trip(_packed(commands, 0), len(commands)) if commands else []
 
 
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
-    """Like pipe, but packed and sent in chunks (see raw_pipeline)."""
-    return raw_pipeline(peer.admin, commands, chunk) if commands else []
+    """Like pipe, but packed and sent in chunks."""
+    return peer.pipes.round_trip(_packed(commands, chunk), len(commands)) if commands else []
 
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
     """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
-    (opsctl.resp): redis-py packs one command at a time, microseconds each, for 100k keys and more."""
-    from opsctl.resp import encode_keyed
-
+    (opsctl.resp), not one command at a time, for 100k keys and more."""
     if not keys:
         return []
-    packed = encode_keyed(peer.admin.command(command).encode(), keys, subcommand.encode())
-    return round_trip(peer.admin, lambda conn: conn.send_packed_command([packed]), len(keys))
+    packed = encode_keyed(peer.command(command).encode(), keys, subcommand.encode())
+    return peer.pipes.round_trip(lambda raw: raw.send(packed), len(keys))
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
-    return checked_pipeline(peer.admin, commands, doing, "`opsctl cluster fix -f SPEC` closes what this run opened",
-                            pipe(peer, commands))
+    """pipe, whose first error reply becomes an OpsctlError naming the node and the command."""
+    replies = pipe(peer, commands)
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, ReplyError):
+            words = " ".join(str(c) for c in cmd[:4])
+            raise OpsctlError(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
+                              "`opsctl cluster fix -f SPEC` closes what this run opened")
+    return replies
 
 
 class Session:
@@ -72,7 +138,7 @@ class Session:
         self.pool = ThreadPoolExecutor(max_workers=max(4, min(32, len(self.nodes))))
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
-        self._probes: dict[str, Admin] = {}
+        self._probes: dict[str, Link] = {}
         self._probes_lock = threading.Lock()
         self.refresh()
 
@@ -82,7 +148,9 @@ class Session:
             me = myself(obs.cluster_nodes or [])
             if me is not None and (name not in self.peers or self.peers[name].id != me.id):
                 node = next(n for n in self.nodes if n.name == name)
-                self.peers[name] = Peer(node, self.connector.admin(node, ENGINE_TIMEOUT, decode=False), me.id)
+                if name in self.peers:
+                    self.peers[name].pipes.close()
+                self.peers[name] = Peer(node, Pipes(self.connector, node, ENGINE_TIMEOUT), me.id)
         return self.seen
 
     def me(self, name: str) -> ClusterNodeLine | None:
@@ -128,20 +196,20 @@ class Session:
     def parallel(self, fn: Callable[[Peer], T], peers: Sequence[Peer]) -> list[T]:
         return [f.result() for f in [self.pool.submit(fn, p) for p in peers]]
 
-    def probe_admin(self, node: Node, timeout: float) -> Admin:
-        """A short-timeout connection to node kept for the session (a timed-out one is dropped and redone)."""
+    def probe(self, node: Node, timeout: float) -> Link:
+        """A short-timeout connection to node kept for the session (one that failed is opened again)."""
         with self._probes_lock:
             if node.name not in self._probes:
-                self._probes[node.name] = self.connector.admin(node, timeout=timeout)
+                self._probes[node.name] = Link(self.connector, node, timeout)
             return self._probes[node.name]
 
     def close(self) -> None:
-        for admin in self._probes.values():
-            admin.close()
+        for link in self._probes.values():
+            link.close()
         self.observer.close()
         self.pool.shutdown(wait=True)
         for peer in self.peers.values():
-            peer.admin.close()
+            peer.pipes.close()
 
     def __enter__(self) -> Session:
         return self
