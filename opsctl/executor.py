@@ -17,7 +17,7 @@ from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
-from opsctl.observe.parse import parse_cluster_nodes, parse_role
+from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.planner import start_master
 from opsctl.plan.steps import (
@@ -494,11 +494,29 @@ def join_cluster(run: Execution, step: Step) -> None:
     node, via = _node(run, step), run.rt.node(step.via)
     with run.rt.admin(node) as admin, run.rt.admin(via) as via_admin:
         live_ids = {line.id for line in parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))}
+        live_ids |= _known_by_its_peers(run, node, parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
         old_id = reset_stale_identity(admin, node, live_ids)
         if old_id is not None:
             run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
                                        "reset it to a new empty node (CLUSTER RESET HARD)"))
         meet(admin, via.address, via.port)
+
+
+def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine]) -> set[str]:
+    """The ids known by the spec's nodes that node itself knows (they answer, else they count for nothing). A node
+    met by some of the cluster and not yet by via (a creation killed after a replica met only its master) is known
+    back by those: not a forgotten identity to reset."""
+    import redis
+
+    ids: set[str] = set()
+    by_endpoint = {n.endpoint: n for n in run.rt.loaded.layout.servers if n.name != node.name}
+    for peer in (by_endpoint[line.endpoint] for line in view if line.endpoint in by_endpoint):
+        try:
+            with run.rt.admin(peer, timeout=2.0) as peer_admin:
+                ids |= {line.id for line in parse_cluster_nodes(str(peer_admin.raw("CLUSTER", "NODES")))}
+        except redis.RedisError:
+            continue
+    return ids
 
 
 def do_replicate(run: Execution, step: Step) -> None:

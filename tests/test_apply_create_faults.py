@@ -37,7 +37,9 @@ def _info(node: Node) -> dict[str, str]:
 POINTS: dict[str, Callable[[dict[str, str]], bool]] = {
     "answering": lambda info: bool(info),  # servers started, nothing set up yet (or the first setups)
     "slots": lambda info: info.get("cluster_slots_assigned", "0") != "0",  # epochs and slots, meets under way
-    "replica": lambda info: info.get("role") == "slave",  # replicas being attached and announced
+    # replicas have met their masters and nobody else, REPLICATE not sent yet (or not to every replica)
+    "met": lambda info: info.get("cluster_known_nodes", "1") != "1" and info.get("role") == "master",
+    "replica": lambda info: info.get("role") == "slave",  # replicas attached, then met by the rest, met again
 }
 
 

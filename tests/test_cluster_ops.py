@@ -9,7 +9,7 @@ import time
 import pytest
 
 from opsctl.cli import main
-from opsctl.cluster.ops import form_cluster, meet_targets, setup_commands, slot_args, slot_plan
+from opsctl.cluster.ops import first_meets, form_cluster, replica_meets, setup_commands, slot_args, slot_plan
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, RefusedError
 from opsctl.observe.collect import observe, wait_cluster_converged
@@ -24,11 +24,21 @@ def test_slot_commands_are_single_round_trips():
     assert setup_commands(3, [], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3)]
 
 
-def test_meet_targets_and_slot_plan(tmp_path):
+def test_meets_and_slot_plan(tmp_path):
+    """Masters meet each other and each replica its own master first; replicas meet the rest once they replicate.
+    Every pair of nodes meets once over both passes."""
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster", cluster={"masters": 3, "replicas_per_master": 2})))
+    layout = loaded.layout
+    first, then = first_meets(layout), replica_meets(layout)
+    for shard in layout.shards:
+        assert all([n.name for n in first[r]] == [shard.master] for r in shard.replicas)
+    masters = [s.master for s in layout.shards]
+    assert {m: [n.name for n in first[m]] for m in masters} == {m: masters[i + 1:] for i, m in enumerate(masters)}
+    pairs = [frozenset((a, n.name)) for meets in (first, then) for a, targets in meets.items() for n in targets]
+    servers_ = [n.name for n in layout.servers]
+    assert len(pairs) == len(set(pairs)) == len(servers_) * (len(servers_) - 1) // 2
+    assert all(a != b for a, b in map(tuple, pairs))
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))
-    servers_ = list(loaded.layout.servers)
-    assert [len(meet_targets(servers_, i, mesh=True)) for i in range(6)] == [5, 4, 3, 2, 1, 0]
-    assert [len(meet_targets(servers_, i, mesh=False)) for i in range(6)] == [0, 1, 1, 1, 1, 1]
     plan = slot_plan(loaded.layout)
     assert [plan[s.master] for s in loaded.layout.shards] == [[(0, 5461)], [(5462, 10922)], [(10923, 16383)]]
 

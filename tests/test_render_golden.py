@@ -134,6 +134,7 @@ HARDENED = {
     "lazyfree-lazy-user-del": "yes", "replica-lazy-flush": "yes", "maxclients": "10000", "timeout": "0",
     "tcp-keepalive": "300", "slowlog-log-slower-than": "10000", "slowlog-max-len": "1024",
     "latency-monitor-threshold": "100", "repl-backlog-size": "64mb", "repl-diskless-sync": "yes",
+    "repl-diskless-load": "disabled",
 }
 CLUSTER = {"cluster-enabled": "yes", "cluster-require-full-coverage": "yes", "cluster-allow-replica-migration": "no",
            "cluster-replica-validity-factor": "10", "cluster-allow-reads-when-down": "no",

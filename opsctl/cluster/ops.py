@@ -19,6 +19,7 @@ from opsctl.observe.collect import (
     Observer,
     Pending,
     cluster_info_pending,
+    describe_lines,
     link_error,
     wait_converged,
     wait_for,
@@ -134,11 +135,20 @@ def meet_commands(targets: Sequence[Node]) -> list[Command]:
     return [("CLUSTER", "MEET", n.address, n.port) for n in targets]
 
 
-def meet_targets(servers: Sequence[Node], index: int, mesh: bool) -> list[Node]:
-    """Whom node `index` MEETs. Star: everyone but the first meets the first. Mesh: each meets all later ones."""
-    if mesh:
-        return list(servers[index + 1:])
-    return [servers[0]] if index > 0 else []
+def first_meets(layout: Layout) -> dict[str, list[Node]]:
+    """Whom each node MEETs in its setup round trip: each master every later master, each replica its own master
+    only (it replicates before anyone else meets it, so every other node learns it as a replica). Pure."""
+    masters = [layout.node(shard.master) for shard in layout.shards]
+    targets = {m.name: masters[i + 1:] for i, m in enumerate(masters)}
+    return targets | {r: [layout.node(shard.master)] for shard in layout.shards for r in shard.replicas}
+
+
+def replica_meets(layout: Layout) -> dict[str, list[Node]]:
+    """Whom each replica MEETs once every replica replicates: every other shard's master and every later replica
+    (each pair of nodes meets once over both passes). Pure."""
+    replicas = [(layout.node(r), shard.master) for shard in layout.shards for r in shard.replicas]
+    return {node.name: [layout.node(s.master) for s in layout.shards if s.master != master]
+            + [other for other, _ in replicas[i + 1:]] for i, (node, master) in enumerate(replicas)}
 
 
 def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
@@ -152,7 +162,35 @@ def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> di
     return {name: f.result() for name, f in futures.items()}
 
 
-def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
+def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float) -> None:
+    """CLUSTER REPLICATE on every replica, retried while one does not know its master yet (its MEET's handshake
+    completes on the servers' 100 ms cluster cron): each replica starts its first sync as early as it can."""
+    waiting = {r: ids[shard.master] for shard in layout.shards for r in shard.replicas}
+
+    def attempt(node: Node) -> str | None:
+        """None once node replicates; else why not yet."""
+        try:
+            reply = observer.links[node.name].pipeline([("CLUSTER", "REPLICATE", waiting[node.name])])[0]
+        except PIPE_ERRORS as exc:
+            raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", link_error(exc),
+                              HINT) from None
+        if not isinstance(reply, RespError):
+            return None
+        if "unknown node" not in reply.message.lower():
+            raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", reply.message, HINT)
+        return f"{node.name} does not know its master yet"
+
+    def check() -> bool | Pending:
+        nodes = [layout.node(name) for name in waiting]
+        for node, why in zip(nodes, observer.pool.map(attempt, nodes), strict=True):
+            if why is None:
+                del waiting[node.name]
+        return Pending(describe_lines(sorted(waiting))) if waiting else True
+
+    wait_for(check, timeout, "every replica to know its master", interval=0.02)
+
+
+def _all_known(observer: Observer, ids: Mapping[str, str]) -> bool | Pending:
     """Every node knows every other one (no handshake left). Counts from CLUSTER INFO first (cheap), every
     CLUSTER NODES view once the counts are right."""
     counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)))
@@ -168,32 +206,42 @@ def _all_known(observer: Observer, ids: dict[str, str]) -> bool | Pending:
     return True
 
 
-def announce(observer: Observer, servers: Sequence[Node], first: Mapping[str, Sequence[Command]] | None = None) -> None:
-    """Every node MEETs every other one again, after its own `first` commands, in one round trip per node, all
-    nodes at once. Harmless for known nodes (the extra handshake is dropped), but the receiver reads the sender's
-    header at once: its slots and role, instead of at the next scheduled ping up to cluster-node-timeout/2 later."""
-    def send(node: Node) -> None:
-        commands = [*(first or {}).get(node.name, ()), *meet_commands([n for n in servers if n != node])]
-        _checked(observer, node, commands, "CLUSTER MEET")
-
-    _parallel(observer.pool, send, servers)
+DISKLESS_LOAD = "repl-diskless-load"
 
 
-def replicate_commands(layout: Layout, ids: Mapping[str, str]) -> dict[str, list[Command]]:
-    """CLUSTER REPLICATE for every replica, by replica. Pure."""
-    return {replica: [("CLUSTER", "REPLICATE", ids[shard.master])]
-            for shard in layout.shards for replica in shard.replicas}
+def _load_from_socket(observer: Observer, node: Node) -> str | None:
+    """While the cluster forms, an empty replica loads its first sync straight from the socket (on-empty-db: only
+    into an empty data set, so nothing can be lost). Valkey 9.1 otherwise saves it to disk in a thread and loads
+    it only at its once-a-second replication cron, up to 1 s later. Returns the value to put back (None: the
+    node's own value loads from the socket already). The rendered config says repl-diskless-load, so a run killed
+    before _put_back leaves drift the next plan sets back."""
+    (value,) = _checked(observer, node, [("CONFIG", "GET", DISKLESS_LOAD)], "CONFIG GET")
+    old = value[1] if isinstance(value, list) and len(value) == 2 else None
+    if old != "disabled":
+        return None
+    _checked(observer, node, [("CONFIG", "SET", DISKLESS_LOAD, "on-empty-db")], "CONFIG SET")
+    return str(old)
 
 
-def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, mesh: bool = True) -> None:
-    """Create a cluster from fresh empty nodes: distinct epochs, even slots per shard master, MEET, wait until
-    all know each other, REPLICATE each replica to its shard's master, announce everyone to everyone (one round
-    trip per node for each), wait until converged. The rendered repl-diskless-sync-max-replicas starts each
-    master's sync as soon as its shard's replicas are connected, so no sync delay needs changing here."""
+def _put_back(observer: Observer, node: Node, old: str) -> None:
+    _checked(observer, node, [("CONFIG", "SET", DISKLESS_LOAD, old)], "CONFIG SET")
+
+
+def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) -> None:
+    """Create a cluster from fresh empty nodes, each pass one round trip per node, all nodes at once: distinct
+    epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
+    REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket);
+    replicas MEET everyone else. Replicas are met only once they replicate, so every node learns them as
+    replicas. Once all know each other every MEET is sent again: a node that was met reads its meeter's slots and
+    role only from the meeter's next packet, at the ping cadence (cluster-node-timeout/2 later); the second MEET
+    delivers them at once. Then wait until converged."""
     deadline = time.monotonic() + timeout
     servers = list(layout.servers)
     slots = slot_plan(layout)
     has_range = has_addslotsrange(connector.loaded)
+    first, then = first_meets(layout), replica_meets(layout)
+    again = {name: [*first.get(name, ()), *then.get(name, ())] for name in first}
+    replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
         ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), servers)
 
@@ -201,16 +249,21 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0, me
             cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
             _checked(observer, node, cmds, "cluster setup")
 
-        def introduce(node: Node) -> None:
-            if targets := meet_targets(servers, servers.index(node), mesh):
-                _checked(observer, node, meet_commands(targets), "CLUSTER MEET")
+        def introduce(targets: Mapping[str, Sequence[Node]]) -> Callable[[Node], None]:
+            def send(node: Node) -> None:
+                if targets.get(node.name):
+                    _checked(observer, node, meet_commands(targets[node.name]), "CLUSTER MEET")
+            return send
 
         _parallel(observer.pool, setup, servers)  # every epoch is set before any node meets another
-        _parallel(observer.pool, introduce, servers)
-        # 20 ms: handshakes complete on the servers' 100 ms cluster cron; faster polls only take their CPU
+        loading = _parallel(observer.pool, lambda n: _load_from_socket(observer, n), replicas)
+        _parallel(observer.pool, introduce(first), servers)
+        _replicate_once_known(observer, layout, ids, deadline - time.monotonic())
+        _parallel(observer.pool, introduce(then), servers)
         wait_for(lambda: _all_known(observer, ids), deadline - time.monotonic(),
                  f"all {len(servers)} nodes to know each other", interval=0.02)
-        # REPLICATE only now (announced in the same round trip): replicas attached as soon as each knew its master
-        # stayed masters in the view of nodes that had not heard of that master yet (Valkey 9.1, 60 nodes)
-        announce(observer, servers, replicate_commands(layout, ids))
+        _parallel(observer.pool, introduce(again), servers)
         wait_converged(observer, max(0.1, deadline - time.monotonic()))
+        for node in replicas:  # every replica's link is up: its first sync is done
+            if (old := loading[node.name]) is not None:
+                _put_back(observer, node, old)
