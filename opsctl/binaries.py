@@ -10,10 +10,10 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
+from opsctl.frozen import Frozen, frozen
 from opsctl.secrets import Secret
 from opsctl.versions import Version
 
@@ -29,8 +29,8 @@ def server_environment(environ: Mapping[str, str] | None = None, secrets: Iterab
     return {k: v for k, v in source.items() if k in KEPT_ENV and not any(s in v for s in values)}
 
 
-@dataclass(frozen=True)
-class ServerBinary:
+@frozen
+class ServerBinary(Frozen):
     path: str
     flavor: str
     version: Version

@@ -13,12 +13,12 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.admin import DEFAULT_TIMEOUT, Admin, with_fallback
 from opsctl.errors import OpsctlError
+from opsctl.frozen import Frozen, frozen
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 Route = Callable[[Node], tuple[str, int]]
 
 
-@dataclass(frozen=True)
-class ClientTLS:
+@frozen
+class ClientTLS(Frozen):
     """What opsctl needs to speak TLS to the nodes: the CA bundle it trusts, and its client certificate
     (servers with tls-auth-clients yes/optional ask for one)."""
 

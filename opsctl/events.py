@@ -10,14 +10,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import ClassVar, TextIO
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.tty import CLEAR_LINE, TtyLine, gauge, human_bytes, human_seconds
 
 
-@dataclass(frozen=True)
-class StepStart:
+@frozen
+class StepStart(Frozen):
     kind: ClassVar[str] = "step-start"
     index: int
     total: int
@@ -27,8 +27,8 @@ class StepStart:
         return f"[{self.index}/{self.total}] {self.step} ..."
 
 
-@dataclass(frozen=True)
-class StepDone:
+@frozen
+class StepDone(Frozen):
     kind: ClassVar[str] = "step-done"
     index: int
     step: str
@@ -38,8 +38,8 @@ class StepDone:
         return f"[{self.index}] done in {self.seconds:.2f}s"
 
 
-@dataclass(frozen=True)
-class StepFailed:
+@frozen
+class StepFailed(Frozen):
     """The error itself is printed once, by the CLI, when the run stops."""
 
     kind: ClassVar[str] = "step-failed"
@@ -51,8 +51,8 @@ class StepFailed:
         return f"[{self.index}] failed"
 
 
-@dataclass(frozen=True)
-class Log:
+@frozen
+class Log(Frozen):
     kind: ClassVar[str] = "log"
     step: str
     text: str
@@ -61,8 +61,8 @@ class Log:
         return f"      {self.text}"
 
 
-@dataclass(frozen=True)
-class SlotsStart:
+@frozen
+class SlotsStart(Frozen):
     """moves: each move's source, target, slots, slot_count, est_keys and est_bytes."""
 
     kind: ClassVar[str] = "slots-start"
@@ -74,8 +74,8 @@ class SlotsStart:
         return f"moving {self.slot_count} slots ({self.mode})"
 
 
-@dataclass(frozen=True)
-class SlotsProgress:
+@frozen
+class SlotsProgress(Frozen):
     """Counters of a slot operation so far; eta in seconds, None while too early to say."""
 
     kind: ClassVar[str] = "slots-progress"
@@ -94,13 +94,13 @@ class SlotsProgress:
                 f"ETA {human_seconds(self.eta)}")
 
 
-@dataclass(frozen=True)
+@frozen
 class SlotsDone(SlotsProgress):
     kind: ClassVar[str] = "slots-done"
 
 
-@dataclass(frozen=True)
-class BigKey:
+@frozen
+class BigKey(Frozen):
     kind: ClassVar[str] = "big-key"
     slot: int
     key: str
@@ -112,8 +112,8 @@ class BigKey:
                 f"MIGRATE timeout {self.timeout_ms} ms")
 
 
-@dataclass(frozen=True)
-class MigrateRetry:
+@frozen
+class MigrateRetry(Frozen):
     kind: ClassVar[str] = "migrate-retry"
     slot: int
     keys: int
@@ -123,8 +123,8 @@ class MigrateRetry:
         return f"migrate-retry: slot {self.slot}, {self.keys} keys: {self.error}"
 
 
-@dataclass(frozen=True)
-class BusyKeyEqual:
+@frozen
+class BusyKeyEqual(Frozen):
     kind: ClassVar[str] = "busy-key-equal"
     slot: int
     key: str
@@ -133,8 +133,8 @@ class BusyKeyEqual:
         return f"busy-key-equal: slot {self.slot}, {self.key!r} was on the target already, equal: replaced"
 
 
-@dataclass(frozen=True)
-class Closed:
+@frozen
+class Closed(Frozen):
     """Open slots closed: actions maps finish/assign/cancel to the slot ranges it applied to."""
 
     kind: ClassVar[str] = "closed"
@@ -149,8 +149,8 @@ class Closed:
         return f"closed: {self.source} -> {self.target} ({origin}): {done}"
 
 
-@dataclass(frozen=True)
-class SlotsSkip:
+@frozen
+class SlotsSkip(Frozen):
     kind: ClassVar[str] = "slots-skip"
     step: str
     why: str
@@ -159,8 +159,8 @@ class SlotsSkip:
         return f"slots-skip: {self.step}: {self.why}"
 
 
-@dataclass(frozen=True)
-class SlotsClosed:
+@frozen
+class SlotsClosed(Frozen):
     kind: ClassVar[str] = "slots-closed"
     what: str
 
@@ -168,8 +168,8 @@ class SlotsClosed:
         return f"slots-closed: {self.what}"
 
 
-@dataclass(frozen=True)
-class EndpointDown:
+@frozen
+class EndpointDown(Frozen):
     """A node a slot move goes from (source) or to (target) does not answer, or is flagged failing."""
 
     kind: ClassVar[str] = "endpoint-down"
@@ -180,8 +180,8 @@ class EndpointDown:
         return f"endpoint-down: the {self.role} {self.node} does not answer: waiting, no SETSLOT meanwhile"
 
 
-@dataclass(frozen=True)
-class EndpointReplacedEvent:
+@frozen
+class EndpointReplacedEvent(Frozen):
     """The cluster failed over the shard of a move's source or target; the move follows the shard."""
 
     kind: ClassVar[str] = "endpoint-replaced"
@@ -193,8 +193,8 @@ class EndpointReplacedEvent:
                 "shard's new master")
 
 
-@dataclass(frozen=True)
-class BackupStart:
+@frozen
+class BackupStart(Frozen):
     """savers: shard number -> the node that saves it."""
 
     kind: ClassVar[str] = "backup-start"
@@ -206,8 +206,8 @@ class BackupStart:
         return f"backing up {self.shards} shards into {self.dir}"
 
 
-@dataclass(frozen=True)
-class ShardSaved:
+@frozen
+class ShardSaved(Frozen):
     kind: ClassVar[str] = "shard-saved"
     shard: int
     node: str
@@ -221,8 +221,8 @@ class ShardSaved:
                 f"{human_bytes(self.bytes)} from {self.node} ({self.role})")
 
 
-@dataclass(frozen=True)
-class BackupDone:
+@frozen
+class BackupDone(Frozen):
     kind: ClassVar[str] = "backup-done"
     dir: str
     keys: int
@@ -233,8 +233,8 @@ class BackupDone:
         return f"saved {self.keys} keys ({human_bytes(self.bytes)}) in {self.seconds:.1f}s"
 
 
-@dataclass(frozen=True)
-class ChecksumsOk:
+@frozen
+class ChecksumsOk(Frozen):
     kind: ClassVar[str] = "checksums-ok"
     files: int
 
@@ -242,8 +242,8 @@ class ChecksumsOk:
         return f"checksums of {self.files} files match the manifest"
 
 
-@dataclass(frozen=True)
-class ShardVerified:
+@frozen
+class ShardVerified(Frozen):
     kind: ClassVar[str] = "shard-verified"
     shard: int
     file: str
@@ -253,8 +253,8 @@ class ShardVerified:
         return f"verified shard {self.shard} ({self.file}): {self.keys} keys"
 
 
-@dataclass(frozen=True)
-class VerifyDone:
+@frozen
+class VerifyDone(Frozen):
     kind: ClassVar[str] = "verify-done"
     ok: bool
     keys: int
@@ -263,8 +263,8 @@ class VerifyDone:
         return f"verified {self.keys} keys"
 
 
-@dataclass(frozen=True)
-class RestoreProgress:
+@frozen
+class RestoreProgress(Frozen):
     """Keys written so far of total (0: unknown, a live source)."""
 
     kind: ClassVar[str] = "restore-progress"
@@ -280,8 +280,8 @@ class RestoreProgress:
         return f"{head}  {self.keys_per_sec} keys/s  ETA {human_seconds(eta)}"
 
 
-@dataclass(frozen=True)
-class RestoreDone:
+@frozen
+class RestoreDone(Frozen):
     """The restore's report; sources maps each source to its counts (keys, restored, existing, skipped,
     conflicts)."""
 
@@ -308,7 +308,7 @@ class RestoreDone:
                 f"{self.seconds:.1f}s")
 
 
-@dataclass(frozen=True)
+@frozen
 class RestoreDryRun(RestoreDone):
     kind: ClassVar[str] = "restore-dry-run"
 
@@ -316,8 +316,8 @@ class RestoreDryRun(RestoreDone):
         return "dry run: every check passed, nothing was written"
 
 
-@dataclass(frozen=True)
-class PlaybookTask:
+@frozen
+class PlaybookTask(Frozen):
     """A task of an Ansible playbook finished on a host: ok, changed, failed, unreachable or skipped."""
 
     kind: ClassVar[str] = "playbook-task"

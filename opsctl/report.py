@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opsctl.connerr import is_auth_failure
 from opsctl.endpoints import same_endpoint
+from opsctl.frozen import Frozen, frozen
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
     from opsctl.observe.parse import RoleInfo
@@ -33,8 +33,8 @@ def plan_text(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class NodeStatus:
+@frozen
+class NodeStatus(Frozen):
     """One node's row. offset: its replication offset. lag: a replica's bytes behind its master (None when the
     master is unknown or silent); a master's slowest replica's lag (None without replicas)."""
 

@@ -9,16 +9,17 @@ command in a pipeline must not hide the replies of the others).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TypeAlias
 
 import hiredis
 
+from opsctl.frozen import Frozen, frozen
+
 Arg: TypeAlias = "bytes | str | int"
 
 
-@dataclass(frozen=True)
-class RespError:
+@frozen
+class RespError(Frozen):
     message: str
 
 

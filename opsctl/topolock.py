@@ -37,12 +37,12 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from opsctl.connector import Connector, port_accepts
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.fanout import WIDTH, fan_out
+from opsctl.frozen import Frozen, frozen
 from opsctl.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.resp import Reply, RespError
 from opsctl.spec.layout import Node
@@ -76,8 +76,8 @@ class _Refused(Exception):
     """The node answered CLIENT with an error (disabled in hardening, or an ACL without it)."""
 
 
-@dataclass(frozen=True)
-class Marker:
+@frozen
+class Marker(Frozen):
     """A lock marker seen on a node: whose, its lease, seconds since its holder last renewed it (the
     server's idle of that connection), and the client id that holds it there."""
 

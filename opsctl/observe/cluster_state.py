@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted
@@ -29,8 +29,8 @@ def even_slot_ranges(masters: int) -> list[tuple[int, int]]:
     return ranges
 
 
-@dataclass(frozen=True)
-class Disagreement:
+@frozen
+class Disagreement(Frozen):
     """One reason a cluster is not converged: the node it concerns and what differs."""
 
     node: str

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, OpsctlError
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
 from opsctl.rawpipe import PIPE_ERRORS, RawPipe
@@ -250,8 +251,8 @@ def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = Fal
         return observer.observe(with_config)
 
 
-@dataclass(frozen=True)
-class Pending:
+@frozen
+class Pending(Frozen):
     """A check's "not yet", with the reason shown if waiting times out."""
 
     reason: str

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from opsctl.endpoints import endpoint
+from opsctl.frozen import Frozen, frozen
 
 # --- INFO ---------------------------------------------------------------------------------------
 
@@ -49,8 +50,8 @@ SLOTS = 16384
 FAILING_FLAGS = frozenset({"fail", "fail?"})
 
 
-@dataclass(frozen=True)
-class ClusterNodeLine:
+@frozen
+class ClusterNodeLine(Frozen):
     """One line of CLUSTER NODES: a node as the observing node sees it."""
 
     id: str
@@ -141,8 +142,8 @@ def myself(view: Sequence[ClusterNodeLine]) -> ClusterNodeLine | None:
 # --- ROLE ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RoleInfo:
+@frozen
+class RoleInfo(Frozen):
     """A ROLE reply. kind: master | replica | sentinel. For a sentinel, `monitors` names its masters."""
 
     kind: str

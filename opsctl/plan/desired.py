@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import split_args
 from opsctl.plan.digest import digest
 from opsctl.render import NodePaths, render_node
@@ -17,8 +17,8 @@ NOT_CONFIG_DIRECTIVES = frozenset({"rename-command", "daemonize", "pidfile", "lo
                                    "cluster-config-file", "aclfile", "appendfilename", "dbfilename"})
 
 
-@dataclass(frozen=True)
-class DesiredNode:
+@frozen
+class DesiredNode(Frozen):
     node: Node
     directives: tuple[Directive, ...]
     digest: str

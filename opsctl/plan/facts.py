@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
 from opsctl.plan.digest import digest
 
 
-@dataclass(frozen=True)
-class NodeFacts:
+@frozen
+class NodeFacts(Frozen):
     name: str
     running: bool
     process_detail: str = ""

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opsctl.errors import OpsctlError
+from opsctl.frozen import Frozen, frozen
 from opsctl.readback import Fields, parse_json
 from opsctl.render import NodePaths
 from opsctl.spec.layout import Node
 
 
-@dataclass(frozen=True)
-class ProcessState:
+@frozen
+class ProcessState(Frozen):
     """What the provider knows about a node's process, without talking Redis to it."""
 
     node: str

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from string import Template
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
 from opsctl.render.tokens import checked, checked_arguments, word
 from opsctl.resources import data_dir
@@ -21,8 +21,8 @@ __all__ = ["NodePaths", "RenderedNode", "render_node", "render_sections"]
 ADMIN_ACL_RULES = "~* &* +@all"
 
 
-@dataclass(frozen=True)
-class RenderedNode:
+@frozen
+class RenderedNode(Frozen):
     """The files one node needs: file name -> text. Secrets are real only when rendered with reveal."""
 
     node: Node

@@ -5,8 +5,7 @@ The same list feeds the rendered file and the comparison with a live node's CONF
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from opsctl.frozen import Frozen, frozen
 from opsctl.render.tokens import quoted, word
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
@@ -19,8 +18,8 @@ Directive = tuple[str, str]
 SECRET_DIRECTIVES = frozenset({"requirepass", "masterauth"})
 
 
-@dataclass(frozen=True)
-class NodePaths:
+@frozen
+class NodePaths(Frozen):
     """Where a node's files live on its host."""
 
     dir: str
@@ -30,8 +29,8 @@ class NodePaths:
     pid: str
 
 
-@dataclass(frozen=True)
-class Section:
+@frozen
+class Section(Frozen):
     title: str
     directives: tuple[Directive, ...]
 

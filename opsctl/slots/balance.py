@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import SLOTS
 from opsctl.slots.ranges import Ranges, count, to_ranges
 
 
-@dataclass(frozen=True)
-class Move:
+@frozen
+class Move(Frozen):
     source: str
     target: str
     slots: Ranges

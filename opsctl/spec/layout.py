@@ -7,10 +7,11 @@ names <name>-k for k in ((s-1)*(R+1), s*(R+1)], so adding shards appends names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 from opsctl.endpoints import canonical_address, endpoint, split_endpoint
+from opsctl.frozen import Frozen, frozen
 from opsctl.spec.model import Host, Spec
 
 Role = Literal["master", "replica", "sentinel"]
@@ -18,8 +19,8 @@ Role = Literal["master", "replica", "sentinel"]
 SENTINEL_PREFIX = "sentinel"
 
 
-@dataclass(frozen=True)
-class Node:
+@frozen
+class Node(Frozen):
     name: str
     host: str
     address: str
@@ -38,8 +39,8 @@ class Node:
         return self.role == "sentinel"
 
 
-@dataclass(frozen=True)
-class Shard:
+@frozen
+class Shard(Frozen):
     index: int
     master: str
     replicas: tuple[str, ...]
@@ -49,8 +50,8 @@ class Shard:
         return (self.master, *self.replicas)
 
 
-@dataclass(frozen=True)
-class Layout:
+@frozen
+class Layout(Frozen):
     nodes: tuple[Node, ...]
     shards: tuple[Shard, ...] = ()
     problems: tuple[str, ...] = field(default=())

@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from opsctl.frozen import Frozen, frozen
 from opsctl.secrets import Secret
 from opsctl.spec.layout import Layout, Node, layout
 from opsctl.spec.model import SecretRef, Spec
@@ -15,8 +15,8 @@ from opsctl.spec.renames import command_renames
 from opsctl.spec.secretcheck import SecretResolver, SecretUnusable
 
 
-@dataclass(frozen=True)
-class Credentials:
+@frozen
+class Credentials(Frozen):
     """The resolved secrets of a spec: the admin password and each ACL user's."""
 
     password: Secret
@@ -30,8 +30,8 @@ class Credentials:
                 *(s for _, s in self.users_previous), *([self.rename_key] if self.rename_key else [])]
 
 
-@dataclass(frozen=True)
-class LoadedSpec:
+@frozen
+class LoadedSpec(Frozen):
     file: str
     spec: Spec
     layout: Layout

@@ -7,9 +7,7 @@ run that finds its spec already validated (opsctl.speccache) starts without it. 
 pydantic model of the same name, in the same order (tests/test_spec_model.py pins both, and the defaults).
 """
 
-from __future__ import annotations
-
-import sys
+import inspect
 import types
 import typing
 from collections.abc import Mapping
@@ -94,11 +92,11 @@ class Record:
 
 
 def _fields_of(cls: type[Record]) -> dict[str, object]:
-    """The class's fields and their types, from its annotations (evaluated once per class)."""
+    """The class's fields and their types: its own annotations, which this module (without `from __future__
+    import annotations`) keeps as types, not text to evaluate."""
     if "_fields" not in cls.__dict__:
-        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-        cls._fields = {name: kind for name, kind in hints.items() if typing.get_origin(kind) is not ClassVar
-                       and not name.startswith("_") and name != "DEFAULTS"}
+        cls._fields = {name: kind for name, kind in inspect.get_annotations(cls).items()
+                       if name != "DEFAULTS"}  # the one class-level setting (a ClassVar)
     return cls._fields
 
 
