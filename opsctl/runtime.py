@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector, make_connector
+from opsctl.connerr import is_auth_failure, is_tls_failure
 from opsctl.errors import OpsctlError
 from opsctl.fanout import fan_out
 from opsctl.observe.collect import NodeObservation, Observer, observe
@@ -160,10 +163,49 @@ def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, Desired
     return desired_nodes(rt.loaded, rt.provider.paths, rt.provider.daemonize, master_endpoint(rt, facts))
 
 
+SETTLE_TIMEOUT = 30.0
+
+
+def in_between(f: NodeFacts) -> str | None:
+    """Why a node is between states (its process runs, yet what it says now will not hold), or None. Such a node
+    is waited for before planning: it answers soon, or its process ends (then it is a down node to start).
+    A refused password or TLS handshake is no transition: refuse_silent_nodes names those at once."""
+    if not f.running:
+        return None
+    if not f.reachable:
+        if is_auth_failure(f.error) or is_tls_failure(f.error):
+            return None
+        return f"runs but does not answer ({f.error or 'no answer'})"
+    if "shutdown_in_milliseconds" in f.info:
+        return "shuts down"
+    if f.info.get("loading") == "1":
+        return "loads its data"
+    return None
+
+
+def settled_facts(rt: Runtime, with_config: bool = True, timeout: float = SETTLE_TIMEOUT) -> dict[str, NodeFacts]:
+    """gather_facts once no node is between states (in_between), waiting at most timeout: a node stopped by
+    SIGSTOP, saving on its way out, shutting down or loading its data (a run killed mid-restart leaves one
+    behind) is planned from what it becomes, not from a look that will not hold. Nodes still in between at the
+    timeout are left as they are (refuse_silent_nodes names a silent one)."""
+    facts = gather_facts(rt, with_config)
+    waiting = {f.name: why for f in facts.values() if (why := in_between(f))}
+    if not waiting:
+        return facts
+    print(f"waiting up to {timeout:g}s for " + "; ".join(f"{name}, which {why}" for name, why in waiting.items()),
+          file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    with FleetView(rt) as view:
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+            waiting = {f.name: why for f in view.facts().values() if (why := in_between(f))}
+    return gather_facts(rt, with_config)
+
+
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     from opsctl.plan.planner import make_plan, refuse_layout_change
 
-    facts = gather_facts(rt)
+    facts = settled_facts(rt)
     if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
         refuse_layout_change(rt.loaded.layout, facts)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
@@ -175,7 +217,7 @@ def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
     silent = [f for f in facts.values() if f.running and not f.reachable]
     if not silent:
         return
-    from opsctl.connerr import AUTH_HINT, TLS_HINT, is_auth_failure, is_tls_failure
+    from opsctl.connerr import AUTH_HINT, TLS_HINT
 
     auth = [f.name for f in silent if is_auth_failure(f.error)]
     handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]

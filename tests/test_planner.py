@@ -121,6 +121,27 @@ def test_a_formed_cluster_that_has_not_settled_yet_is_waited_for() -> None:
     assert [type(s) for s in plan.steps] == [WaitConverged] and name in plan.steps[0].reason
 
 
+def test_a_replica_not_linked_yet_is_waited_for() -> None:
+    """A replica a killed run started a moment ago follows the right master, but its link is not up yet: the next
+    apply waits until it is instead of reporting the topology unhealthy."""
+    loaded = loaded_spec("replication")
+    want, shard = desired(loaded), loaded.layout.shards[0]
+    master = loaded.layout.node(shard.master)
+
+    def node_facts(name: str, role: RoleInfo) -> NodeFacts:
+        return NodeFacts(name, True, record=recorded(want[name]), reachable=True, role=role,
+                         config=live_config(want[name]))
+
+    facts = {shard.master: node_facts(shard.master, RoleInfo("master", 5))}
+    facts |= {r: node_facts(r, RoleInfo("replica", 5, (master.address, master.port), "connected"))
+              for r in shard.replicas}
+    assert make_plan(loaded, want, facts, "d").empty
+    linking = shard.replicas[0]
+    facts[linking] = node_facts(linking, RoleInfo("replica", 0, (master.address, master.port), "connect"))
+    plan = make_plan(loaded, want, facts, "d")
+    assert [type(s) for s in plan.steps] == [WaitConverged] and linking in plan.steps[0].reason
+
+
 def test_after_a_failover_the_plan_stays_empty() -> None:
     loaded = loaded_spec("cluster")
     plan = make_plan(loaded, desired(loaded), formed_cluster(loaded, swap_shard=2), "d")

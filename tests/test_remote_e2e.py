@@ -502,6 +502,7 @@ def test_reapply_after_a_reboot_and_starts_from_two_parties(ssh_env: netns.Lab, 
             state = provider.process_state(node)
             assert state.running and state.pid != stranger, state
             assert "1 master, 2 replicas linked" in status(capsys, spec)["health"]
+            silent_then_killed(capsys, lab, spec, provider, loaded.layout.servers[1])
             both_start(lab, loaded, provider)
             rebooted(lab, provider, node, stranger)
             code, _, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
@@ -509,6 +510,23 @@ def test_reapply_after_a_reboot_and_starts_from_two_parties(ssh_env: netns.Lab, 
             assert lab.ssh(host, f"kill {stranger}").returncode == 0  # stop saw no server of the node: it lived on
         finally:
             provider.close()
+
+
+def silent_then_killed(capsys: pytest.CaptureFixture[str], lab: netns.Lab, spec: Path, provider: AnsibleProvider,
+                       node: Any) -> None:
+    """A node stopped (SIGSTOP) when apply looks, killed a few seconds later: apply waits for it over SFTP and
+    starts it (it used to refuse at once: 'run but do not answer')."""
+    pid = provider.process_state(node).pid
+    host = next(h for h in lab.hosts if h.name == node.host)
+    assert lab.ssh(host, f"kill -STOP {pid}").returncode == 0
+    later = threading.Timer(6.0, lab.ssh, (host, f"kill -KILL {pid}"))
+    later.start()
+    try:
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+    finally:
+        later.join()
+    assert code == 0 and f"{node.name}, which runs but does not answer" in err and f"start {node.name}" in out, \
+        err + out
 
 
 def rebooted(lab: netns.Lab, provider: AnsibleProvider, node: Any, stranger: int) -> None:

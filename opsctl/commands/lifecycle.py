@@ -130,7 +130,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
     with _runtime(args, locked=True) as rt:
-        plan, _ = compute_plan(rt)
+        plan, facts = compute_plan(rt)
         if saved is not None:
             plan = replace(_saved_plan(args.plan, saved, plan), replan=plan.replan)
         for _ in range(REPLANS):
@@ -138,14 +138,30 @@ def cmd_apply(args: argparse.Namespace) -> int:
                      f"Applied {len(plan.steps)} step(s)")
             if not plan.replan:
                 break
-            plan, _ = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+            plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
             if saved is not None and plan.steps:
                 return _rest_needs_review(args, plan)
+        stopped = _stopped_since(rt, facts) if saved is None else []
+        if stopped:
+            # a node told to stop before apply looked (a run killed mid-restart) may answer until it acts on it
+            print(f"{', '.join(stopped)} ran when apply looked and is down now: planning again", file=sys.stderr)
+            plan, facts = compute_plan(rt)
+            run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                     f"Applied {len(plan.steps)} step(s)")
         healthy = _print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
     return EXIT_OK
+
+
+def _stopped_since(rt: Any, facts: dict[str, Any]) -> list[str]:
+    """The spec's nodes that ran when the last plan was made and run no more (no plan leaves one stopped)."""
+    from opsctl.fanout import fan_out
+
+    nodes = [n for n in rt.loaded.layout.nodes if n.name in facts and facts[n.name].running]
+    states = fan_out(rt.provider.process_state, nodes)
+    return [n.name for n, state in zip(nodes, states, strict=True) if not state.running]
 
 
 def _rest_needs_review(args: argparse.Namespace, rest: Plan) -> int:

@@ -18,7 +18,7 @@ def node_names(text: str) -> frozenset[str]:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     from opsctl.plan.planner import restart_plan
-    from opsctl.runtime import gather_facts, refuse_silent_nodes, spec_digest
+    from opsctl.runtime import refuse_silent_nodes, settled_facts, spec_digest
 
     with _runtime(args, locked=True) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]
@@ -26,7 +26,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         unknown = sorted(selected - set(names))
         if unknown:
             raise OpsctlError(f"no node named {', '.join(unknown)}", hint=f"nodes are: {', '.join(names)}")
-        facts = gather_facts(rt, with_config=False)
+        facts = settled_facts(rt, with_config=False)
         refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
         run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")

@@ -68,6 +68,9 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
                                    f"{', '.join(settling)} (a run stopped before it settled): wait until it is"))
+    elif topology != "cluster" and not steps and (linking := _linking(layout, facts)):
+        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
+                                   "(started a moment ago, or a run stopped before it settled): wait until linked"))
     notes = () if steps else (_why_nothing(loaded, facts),)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
 
@@ -93,6 +96,12 @@ def _settling(layout: Layout, facts: Facts) -> list[str]:
     """Cluster nodes that answer but do not report cluster_state ok (yet)."""
     return [n.name for n in layout.servers
             if facts[n.name].reachable and facts[n.name].info.get("cluster_state", "ok") != "ok"]
+
+
+def _linking(layout: Layout, facts: Facts) -> list[str]:
+    """Replicas that answer, but whose link to their master is not up (yet)."""
+    return [n.name for n in layout.servers
+            if facts[n.name].reachable and (r := facts[n.name].role) and r.kind == "replica" and r.link != "connected"]
 
 
 def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:

@@ -1,0 +1,106 @@
+"""apply and a node whose process runs but does not answer (stopped, shutting down, loading): apply waits for
+it, bounded, and plans from what it became, instead of refusing at once or planning "no changes" for a node
+that is going away (the known gap of a restart killed mid-way: the next apply exited 1 "not healthy")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.admin import Admin
+from opsctl.spec.load import LoadedSpec
+from tests.lifecycle import deployed, run
+from tests.support import PASSWORD, PASSWORD_ENV
+
+pytestmark = pytest.mark.integration
+
+
+def server_pid(spec: Path, loaded: LoadedSpec, node: str) -> int:
+    return int((spec.parent / ".opsctl" / loaded.spec.name / node / "server.pid").read_text())
+
+
+@pytest.mark.parametrize("then", [signal.SIGKILL, signal.SIGCONT])
+def test_apply_waits_for_a_silent_node_then_plans_from_what_it_became(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], then: signal.Signals) -> None:
+    """A replica stopped (SIGSTOP) when apply looks: apply waits; killed meanwhile it is started, resumed it
+    answers and nothing is to do. Before: exit 1 at once, 'run but do not answer'."""
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        replica = loaded.layout.node(loaded.layout.shards[0].replicas[0])
+        pid = server_pid(spec, loaded, replica.name)
+        os.kill(pid, signal.SIGSTOP)
+        later = threading.Timer(6.0, os.kill, (pid, then))
+        later.start()
+        try:
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        finally:
+            later.cancel()
+            if then == signal.SIGCONT:
+                os.kill(pid, signal.SIGCONT)
+        assert code == 0, err + out
+        assert f"waiting up to 30s for {replica.name}, which runs but does not answer" in err, err
+        assert (f"start {replica.name}" in out) == (then == signal.SIGKILL), out
+        assert run(capsys, "status", "-f", str(spec))[0] == 0
+
+
+def test_apply_waits_for_a_master_shutting_down_then_starts_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A master told to stop (SIGTERM) waits for its replicas to catch up before it exits, answering all along
+    (INFO shutdown_in_milliseconds): apply waits for it to exit and starts it. Before: apply planned nothing
+    for a running master, and the topology was down once it exited."""
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        shard = loaded.layout.shards[0]
+        master, replica = loaded.layout.node(shard.master), loaded.layout.node(shard.replicas[0])
+        with Admin.for_node(loaded, replica) as admin:
+            admin.call("CLIENT", "PAUSE", "3000", "WRITE")  # it answers, but acknowledges nothing for 3 s
+        with Admin.for_node(loaded, master) as admin:
+            admin.call("SET", "k", "v")
+        os.kill(server_pid(spec, loaded, master.name), signal.SIGTERM)
+        with Admin.for_node(loaded, master) as admin:  # it acts on SIGTERM at its next cron tick
+            while "shutdown_in_milliseconds" not in admin.call("INFO", "server"):
+                time.sleep(0.01)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert f"{master.name}, which shuts down" in err and f"start {master.name}" in out, err + out
+        assert run(capsys, "status", "-f", str(spec))[0] == 0
+        with Admin.for_node(loaded, master) as admin:
+            assert admin.call("GET", "k") == "v"
+
+
+def test_a_node_that_stops_after_apply_looked_is_planned_again(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A node told to stop (by a run killed mid-restart) answers until it acts on it, so apply may plan nothing
+    for it, then find it gone: apply plans again and starts it. Here apply is paused right after its plan while
+    the replica goes away. Before: exit 1, 'the topology is not healthy' (a second apply started it)."""
+    with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
+        replica = loaded.layout.shards[0].replicas[0]
+        pid = server_pid(spec, loaded, replica)
+        env = {**os.environ, PASSWORD_ENV: PASSWORD, "PYTHONUNBUFFERED": "1"}
+        apply = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert apply.stdout is not None
+            seen = []
+            for line in apply.stdout:
+                seen.append(line)
+                if line.startswith("Plan: no changes"):
+                    break
+            apply.send_signal(signal.SIGSTOP)
+            os.kill(pid, signal.SIGKILL)
+            while Path(f"/proc/{pid}").exists():
+                time.sleep(0.01)
+            apply.send_signal(signal.SIGCONT)
+            out, err = apply.communicate(timeout=120)
+        finally:
+            apply.kill()
+            apply.wait()
+        assert apply.returncode == 0, "".join(seen) + out + err
+        assert f"{replica} ran when apply looked and is down now: planning again" in err, err
+        assert f"start {replica}" in out, out
+        assert run(capsys, "status", "-f", str(spec))[0] == 0
