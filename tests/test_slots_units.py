@@ -9,7 +9,7 @@ from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
 from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
-from opsctl.slots.batching import BIG_KEY_BYTES, batches, parse_survey, rate_delay, waves
+from opsctl.slots.batching import BIG_KEY_BYTES, batches, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
@@ -142,14 +142,6 @@ def test_waves_double_from_a_small_first_one_and_cover_every_slot_once():
     assert [len(p) for p in parts] == [64, 128, 256, 512, 40]
     assert [s for p in parts for s in p] == slots
     assert waves([], 64, 512) == [] and waves([7], 0, 0) == [[7]]
-
-
-def test_survey_replies_parse_or_fall_back():
-    assert parse_survey([[b"a", b"b", b"c"], b"184,-1,90"]) == ([b"a", b"b", b"c"], [184, None, 90])
-    assert parse_survey([[], b""]) == ([], [])
-    assert parse_survey([[b"a", b"b"], b"184"]) is None  # not one size per key: list and size them apart
-    assert parse_survey([[b"a"], b"x"]) is None and parse_survey([[b"a"], 5]) is None
-    assert parse_survey(Exception("NOSCRIPT")) is None and parse_survey(None) is None and parse_survey([1]) is None
 
 
 def test_atomic_jobs_are_polled_often_at_first_then_less_as_they_run_long():

@@ -81,21 +81,3 @@ def waves(slots: Sequence[int], first: int, most: int) -> list[list[int]]:
         at += size
         size = min(max(1, most), size * 2)
     return out
-
-
-def parse_survey(reply: object) -> tuple[list[bytes], list[int | None]] | None:
-    """The survey script's reply ([keys, "184,-1,90"]): the slot's keys and one size per key (None: vanished).
-    None when the reply is not that (an error, or a server that cannot run the script). Pure."""
-    if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[0], list):
-        return None
-    keys, text = reply
-    if not all(isinstance(k, bytes) for k in keys) or not isinstance(text, bytes):
-        return None
-    parts = text.decode().split(",") if text else []
-    if len(parts) != len(keys):
-        return None
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        return None
-    return keys, [None if v < 0 else v for v in values]
