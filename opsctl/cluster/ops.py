@@ -190,10 +190,10 @@ def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, 
     wait_for(check, timeout, "every replica to know its master", interval=0.02)
 
 
-def _all_known(observer: Observer, ids: Mapping[str, str]) -> bool | Pending:
-    """Every node knows every other one (no handshake left). Counts from CLUSTER INFO first (cheap), every
-    CLUSTER NODES view once the counts are right."""
-    counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)))
+def _all_known(observer: Observer, ids: Mapping[str, str], counted: set[str]) -> bool | Pending:
+    """Every node knows every other one (no handshake left). Counts from CLUSTER INFO first (cheap; a node seen
+    with the full count is not asked again), every CLUSTER NODES view once the counts are right."""
+    counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)), counted)
     if counting is not None:
         return counting
     wanted = set(ids.values())
@@ -260,7 +260,8 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) ->
         _parallel(observer.pool, introduce(first), servers)
         _replicate_once_known(observer, layout, ids, deadline - time.monotonic())
         _parallel(observer.pool, introduce(then), servers)
-        wait_for(lambda: _all_known(observer, ids), deadline - time.monotonic(),
+        counted: set[str] = set()
+        wait_for(lambda: _all_known(observer, ids, counted), deadline - time.monotonic(),
                  f"all {len(servers)} nodes to know each other", interval=0.02)
         _parallel(observer.pool, introduce(again), servers)
         wait_converged(observer, max(0.1, deadline - time.monotonic()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -294,8 +294,9 @@ def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
     return describe_lines([p.render() for p in problems], limit)
 
 
-def cluster_infos(observer: Observer) -> dict[str, dict[str, str] | str]:
-    """Every node's CLUSTER INFO (a few hundred bytes), or why it has none: the cheap look polls take first."""
+def cluster_infos(observer: Observer, skip: Collection[str] = ()) -> dict[str, dict[str, str] | str]:
+    """Every node's CLUSTER INFO (a few hundred bytes), or why it has none: the cheap look polls take first.
+    Nodes named in skip are not asked."""
     def one(node: Node) -> dict[str, str] | str:
         try:
             reply = observer.links[node.name].pipeline([("CLUSTER", "INFO")])[0]
@@ -303,17 +304,23 @@ def cluster_infos(observer: Observer) -> dict[str, dict[str, str] | str]:
             return f"unreachable: {link_error(exc)}"
         return f"CLUSTER INFO: {reply.message}" if isinstance(reply, RespError) else parse_info(str(reply))
 
-    return dict(zip([n.name for n in observer.nodes], observer.pool.map(one, observer.nodes), strict=True))
+    asked = [n for n in observer.nodes if n.name not in skip]
+    return dict(zip([n.name for n in asked], observer.pool.map(one, asked), strict=True))
 
 
-def cluster_info_pending(observer: Observer, field_name: str, wanted: str) -> Pending | None:
-    """Pending naming the nodes whose CLUSTER INFO field is not `wanted` yet (None when all are)."""
+def cluster_info_pending(observer: Observer, field_name: str, wanted: str,
+                         there: set[str] | None = None) -> Pending | None:
+    """Pending naming the nodes whose CLUSTER INFO field is not `wanted` yet (None when all are). there: nodes
+    seen with it already, not asked again (a poll that only waits for each node to get there once); the ones
+    that got there are added."""
     bad = []
-    for name, info in cluster_infos(observer).items():
+    for name, info in cluster_infos(observer, there or ()).items():
         if isinstance(info, str):
             bad.append(f"{name}: {info}")
         elif info.get(field_name) != wanted:
             bad.append(f"{name}: {field_name}:{info.get(field_name, '?')} (waiting for {wanted})")
+        elif there is not None:
+            there.add(name)
     return Pending(describe_lines(bad)) if bad else None
 
 
@@ -322,9 +329,11 @@ def describe_lines(lines: Sequence[str], limit: int = 12) -> str:
     return "\n".join([*lines[:limit], *([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])])
 
 
-def settled_pending(observer: Observer) -> Pending | None:
+def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pending | None:
     """The cheap look polls take first: every node's cluster_state (in a cluster) and every replica's link, from
-    CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None."""
+    CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None.
+    settled: nodes seen there already, not asked again; the ones there now are added (the full look that
+    follows checks every node again)."""
     commands: list[Command] = [("INFO", "replication")]
     if observer.loaded.spec.topology == "cluster":
         commands.append(("CLUSTER", "INFO"))
@@ -346,7 +355,10 @@ def settled_pending(observer: Observer) -> Pending | None:
                    f"{info.get('master_link_status', '?')}"
         return ""
 
-    why = dict(zip([n.name for n in observer.nodes], observer.pool.map(one, observer.nodes), strict=True))
+    asked = [n for n in observer.nodes if settled is None or n.name not in settled]
+    why = dict(zip([n.name for n in asked], observer.pool.map(one, asked), strict=True))
+    if settled is not None:
+        settled.update(name for name, reason in why.items() if not reason)
     waiting = [f"{name}: {reason}" for name, reason in why.items() if reason]
     return Pending(describe_lines(waiting)) if waiting else None
 
@@ -355,9 +367,11 @@ def wait_converged(observer: Observer, timeout: float) -> None:
     """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how.
     Each poll first asks every node's cluster_state and replica link only (settled_pending); the full look
     (every view, parsed and compared) runs once all are there, so a new cluster's ~2 s wait and its replicas'
-    first sync cost the servers and opsctl little CPU."""
+    first sync cost the servers and opsctl little CPU. A node seen settled is not asked again until the full look."""
+    settled: set[str] = set()
+
     def check() -> bool | Pending:
-        not_yet = settled_pending(observer)
+        not_yet = settled_pending(observer, settled)
         if not_yet is not None:
             return not_yet
         problems = observed_problems(observer.observe(info_section="replication"))
