@@ -19,7 +19,8 @@ was taken (a fresh topology, a scale-out). The renewer marks such a node again a
 RETRY_UNHELD seconds), by the same protocol: a live marker of another run there means this run lost the lock.
 A run that was paused longer than its lease (SIGSTOP, a suspended laptop) may have been taken over in the
 meantime: it counts its lock as lost. A lost lock stops the run before its next topology-changing step
-(`check`, called by the executor before each step and by slot movers before each wave).
+(`check`, called by the executor before each step, by slot movers before each wave and by tls rotate before
+each node), and a run that ends while its lock is lost (lost during its last step) fails saying so.
 
 Within one run the lock is reentrant: `topology_lock` on a connector whose run holds it already yields that
 lock (apply holds it for the whole run, its slot steps take it again).
@@ -118,10 +119,12 @@ def lease_seconds(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
-def lost_error(reason: str) -> OpsctlError:
+def lost_error(reason: str, finished: bool = False) -> OpsctlError:
+    """finished: the loss was found once the run's last change was made (it may have overlapped another run)."""
+    when = ("its last change overlapped the loss, and nothing was left to stop" if finished
+            else "this run stopped before its next change")
     return OpsctlError(f"this run lost the topology lock: {reason}",
-                       "another opsctl run may have changed the topology meanwhile; this run stopped before its "
-                       "next change",
+                       f"another opsctl run may have changed the topology meanwhile; {when}",
                        "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
                        "same command again: it goes on from the live state")
 
@@ -308,13 +311,14 @@ class TopologyLock:
         for name in list(self.held):
             self._drop(name)
 
-    def check(self) -> None:
-        """OpsctlError when this run lost the lock (see the module docstring); called before each change."""
+    def check(self, finished: bool = False) -> None:
+        """OpsctlError when this run lost the lock (see the module docstring); called before each change, and
+        once the run is done (finished): a loss during its last change is said, not kept quiet."""
         paused = time.monotonic() - self._renewed_at
         if self.lost is None and paused > self.lease:
             self.lost = f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)"
         if self.lost is not None:
-            raise lost_error(self.lost)
+            raise lost_error(self.lost, finished)
 
     def release(self) -> None:
         self._stop.set()
@@ -347,6 +351,7 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
         _RUNS[connector] = lock
     try:
         yield lock
+        lock.check(finished=True)  # the block ended without an error: was the lock held all through its last step?
     finally:
         with _RUNS_LOCK:
             _RUNS.pop(connector, None)

@@ -40,7 +40,8 @@ def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> 
     loaded = read_spec(write_spec(tmp_path, make_spec("replication")))  # nothing runs on its ports
     connector = Connector(loaded)
     check_held(connector)  # no lock taken: nothing to lose
-    with topology_lock(connector, lease=2.0, unanswered_ok=True) as lock:
+    with pytest.raises(OpsctlError, match="lost the topology lock") as at_end, \
+            topology_lock(connector, lease=2.0, unanswered_ok=True) as lock:  # a block that ends lost says so
         assert not lock.held
         with topology_lock(connector) as inner:
             assert inner is lock
@@ -54,6 +55,7 @@ def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> 
             check_held(connector)
         with pytest.raises(OpsctlError, match="lost the topology lock"), topology_lock(connector):
             pytest.fail("a run that lost its lock went on")
+    assert "its last change overlapped the loss" in (at_end.value.detail or "")
     check_held(connector)  # released: the next run starts afresh
 
 
@@ -144,7 +146,8 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         connector = Connector(loaded)
         node = loaded.layout.servers[1]
-        with topology_lock(connector, lease=5.0) as lock:
+        with pytest.raises(OpsctlError, match="lost the topology lock: other@h/pid1 holds"), \
+                topology_lock(connector, lease=5.0) as lock:  # it ends lost: said once more at its end
             with topology_lock(connector) as inner:  # reentrant within the run: the same lock, not a second
                 assert inner is lock
             code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve")  # another run

@@ -26,6 +26,7 @@ from opsctl.spec.layout import Node
 from opsctl.tls.certs import CertFacts, der_facts, facts
 from opsctl.tls.judge import TlsSeen
 from opsctl.tls.material import Generated, node_files
+from opsctl.topolock import check_held
 
 Mode = Literal["certs", "new-ca", "drop-old-ca"]
 Say = Callable[[str], None]
@@ -57,10 +58,11 @@ def rotate(rt: Runtime, mode: Mode, say: Say) -> list[str]:
         rt.provider.write_files(node, node_files(loaded, rt.state_dir, node))
     rt.provider.flush()
     connector = make_connector(loaded, rt.state_dir, rt.connector.route)  # opsctl's own new files
-    lines = [_reload(rt, connector, node) for node in loaded.layout.servers]
-    lines += [_restart_sentinel(rt, connector, node) for node in loaded.layout.sentinels]
-    for line in lines:
-        say(line)
+    lines = []
+    for node in [*loaded.layout.servers, *loaded.layout.sentinels]:
+        check_held(rt.connector)  # a run that lost its topology lock touches no further node
+        lines.append(_restart_sentinel(rt, connector, node) if node.is_sentinel else _reload(rt, connector, node))
+        say(lines[-1])
     return lines
 
 

@@ -1,0 +1,73 @@
+"""A lost topology lock is never kept quiet: a run that loses it during its last step fails saying so (it used
+to report success), and `tls rotate` checks it before each node (it reloaded every node whatever happened)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.errors import OpsctlError
+from opsctl.runtime import make_runtime
+from opsctl.specfile import read_spec
+from opsctl.tls.live import rotate
+from opsctl.topolock import LEASE_ENV, topology_lock
+from tests.lifecycle import deployed
+from tests.support import PASSWORD, PASSWORD_ENV
+
+pytestmark = pytest.mark.integration
+LEASE = "3"
+
+
+def test_a_run_that_loses_its_lock_during_its_last_step_says_so(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A restart of one node has one step; the run is paused (SIGSTOP) past its lease while it runs, so another
+    run could have taken the topology meanwhile. Before: exit 0, 'Restarted'."""
+    with deployed(tmp_path, capsys, "standalone", "valkey", hosts=1) as (spec, _loaded):
+        env = {**os.environ, PASSWORD_ENV: PASSWORD, LEASE_ENV: LEASE}
+        restart = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "restart", "-f", str(spec), "--auto-approve",
+                                    "--allow-downtime"],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            assert restart.stderr is not None
+            seen = []
+            for line in restart.stderr:
+                seen.append(line)
+                if "[1/1]" in line:
+                    break
+            restart.send_signal(signal.SIGSTOP)
+            time.sleep(float(LEASE) + 1.5)
+            restart.send_signal(signal.SIGCONT)
+            err = "".join(seen) + restart.stderr.read()
+            assert restart.wait(60) == 1, err
+        finally:
+            restart.kill()
+            restart.wait()
+        assert "this run lost the topology lock: it was paused for" in err, err
+        assert "its last change overlapped the loss" in err and "Traceback" not in err, err
+
+
+def test_tls_rotate_checks_the_lock_before_each_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run is counted as paused past its lease right after its first node reloaded: no other node is
+    touched, and the error says the lock was lost."""
+    with deployed(tmp_path, capsys, "replication", "redis", tls={"enabled": True, "generate": True}) as (spec, _):
+        rt = make_runtime(read_spec(spec))
+        said: list[str] = []
+        try:
+            with pytest.raises(OpsctlError, match="lost the topology lock") as lost, \
+                    topology_lock(rt.connector, lease=30.0) as lock:
+
+                def say(line: str) -> None:
+                    said.append(line)
+                    lock._renewed_at -= 60  # what a SIGSTOP of a minute looks like to the lock
+
+                rotate(rt, "certs", say)
+        finally:
+            rt.provider.close()
+        assert len(said) == 1 and ": reloaded, presents" in said[0], said
+        assert "before its next change" in (lost.value.detail or "")
