@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -118,7 +117,8 @@ def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None =
     data = text.encode("utf-8") if isinstance(text, str) else text
     with open_dir(path.parent) as folder:
         _refuse_odd_target(path, folder)
-        tmp = f".{path.name}.{secrets.token_hex(6)}.tmp"
+        # os.urandom, as secrets.token_hex does, without that module's imports (random, base64) in every run
+        tmp = f".{path.name}.{os.urandom(6).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             with os.fdopen(fd, "wb") as handle:
