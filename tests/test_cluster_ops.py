@@ -9,10 +9,20 @@ import time
 import pytest
 
 from opsctl.cli import main
-from opsctl.cluster.ops import first_meets, form_cluster, replica_meets, setup_commands, slot_args, slot_plan
+from opsctl.cluster.ops import (
+    first_meets,
+    form_cluster,
+    loads_from_disk,
+    replica_meets,
+    setup_commands,
+    slot_args,
+    slot_plan,
+    stale_views,
+)
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError, RefusedError
 from opsctl.observe.collect import observe, wait_cluster_converged
+from opsctl.observe.parse import parse_cluster_nodes
 from opsctl.specfile import read_spec
 from tests.fixtures.servers import launch, servers  # noqa: F401  (fixture)
 from tests.support import cluster_check, make_spec, write_spec
@@ -22,6 +32,8 @@ def test_slot_commands_are_single_round_trips():
     assert slot_args([(0, 5460), (5461, 5461)]) == ("CLUSTER", "ADDSLOTSRANGE", 0, 5460, 5461, 5461)
     assert slot_args([(0, 2)], has_range=False) == ("CLUSTER", "ADDSLOTS", 0, 1, 2)
     assert setup_commands(3, [], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3)]
+    assert loads_from_disk(["repl-diskless-load", "disabled"])
+    assert not loads_from_disk(["repl-diskless-load", "swapdb"]) and not loads_from_disk([])
 
 
 def test_meets_and_slot_plan(tmp_path):
@@ -41,6 +53,22 @@ def test_meets_and_slot_plan(tmp_path):
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))
     plan = slot_plan(loaded.layout)
     assert [plan[s.master] for s in loaded.layout.shards] == [[(0, 5461)], [(5462, 10922)], [(10923, 16383)]]
+
+
+def _line(node_id: str, port: int, flags: str, master: str = "-", slots: str = "") -> str:
+    return f"{node_id} 127.0.0.1:{port}@{port + 10000} {flags} {master} 0 0 1 connected {slots}".strip()
+
+
+def test_stale_views_name_who_must_meet_whom_again():
+    """A second MEET goes from a node to each node whose line for it differs from its own (slots or role)."""
+    m, r, o = "m" * 40, "r" * 40, "o" * 40
+    views = {
+        "m": [_line(m, 1, "myself,master", slots="0-16383"), _line(r, 2, "slave", m), _line(o, 3, "master")],
+        "r": [_line(m, 1, "master", slots="0-16383"), _line(r, 2, "myself,slave", m), _line(o, 3, "master")],
+        "o": [_line(m, 1, "master"), _line(r, 2, "master"), _line(o, 3, "myself,master")],
+    }
+    parsed = {name: parse_cluster_nodes("\n".join(lines)) for name, lines in views.items()}
+    assert stale_views(parsed) == {"m": ["o"], "r": ["o"]}
 
 
 @pytest.mark.integration

@@ -19,12 +19,14 @@ from opsctl.observe.collect import (
     Observer,
     Pending,
     cluster_info_pending,
+    describe,
     describe_lines,
     link_error,
-    wait_converged,
+    observed_problems,
+    settled_pending,
     wait_for,
 )
-from opsctl.observe.parse import parse_cluster_nodes, parse_info
+from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.rawpipe import PIPE_ERRORS
 from opsctl.resp import RespError, TextReply
 from opsctl.spec.layout import Layout, Node
@@ -190,41 +192,98 @@ def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, 
     wait_for(check, timeout, "every replica to know its master", interval=0.02)
 
 
-def _all_known(observer: Observer, ids: Mapping[str, str], counted: set[str]) -> bool | Pending:
-    """Every node knows every other one (no handshake left). Counts from CLUSTER INFO first (cheap; a node seen
-    with the full count is not asked again), every CLUSTER NODES view once the counts are right."""
+Views = dict[str, list[ClusterNodeLine]]
+
+
+def _all_known(observer: Observer, ids: Mapping[str, str], counted: set[str]) -> Views | Pending:
+    """Every node's CLUSTER NODES once every node knows every other one (no handshake left). Counts from CLUSTER
+    INFO first (cheap; a node seen with the full count is not asked again), every view once the counts are
+    right."""
     counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)), counted)
     if counting is not None:
         return counting
     wanted = set(ids.values())
+    views: Views = {}
     for name, obs in observer.observe(info_section="server").items():
         if obs.cluster_nodes is None:
             return Pending(f"{name}: no cluster view ({obs.error})")
         known = {line.id for line in obs.cluster_nodes if not line.flags & {"handshake", "noaddr"}}
         if known != wanted:
             return Pending(f"{name} knows {len(known & wanted)} of {len(wanted)} nodes")
-    return True
+        views[name] = list(obs.cluster_nodes)
+    return views
+
+
+def stale_views(views: Mapping[str, Sequence[ClusterNodeLine]]) -> dict[str, list[str]]:
+    """sender -> the nodes whose line for it differs from its own line in role (its master) or slots. Pure.
+
+    A node met by another reads the meeter's header only from the meeter's next packet after the handshake, at
+    the ping cadence (cluster-node-timeout/2 later), and a node learned through gossip before it replicated is
+    seen as a master until then: a second MEET from the sender delivers its header at once."""
+    own = {me.id: (name, me) for name, view in views.items() for me in view if me.is_myself}
+    stale: dict[str, list[str]] = {}
+    for receiver, view in views.items():
+        for line in view:
+            if line.is_myself or line.id not in own:
+                continue
+            sender, me = own[line.id]
+            if line.master_id != me.master_id or line.slots != me.slots:
+                stale.setdefault(sender, []).append(receiver)
+    return stale
+
+
+REMEET_AFTER = 0.5  # s: a pair still stale this long after its second MEET gets another one
+
+
+def _converge(observer: Observer, layout: Layout, timeout: float) -> None:
+    """wait_converged that also sends a node whose view of another is stale (stale_views) a MEET from it, at
+    most every REMEET_AFTER s per pair, instead of leaving it to the ping cadence."""
+    settled: set[str] = set()
+    sent: dict[tuple[str, str], float] = {}
+
+    def check() -> bool | Pending:
+        not_yet = settled_pending(observer, settled)
+        if not_yet is not None:
+            return not_yet
+        seen = observer.observe(info_section="replication")
+        problems = observed_problems(seen)
+        if not problems:
+            return True
+        now = time.monotonic()
+        views = {name: list(o.cluster_nodes) for name, o in seen.items() if o.cluster_nodes is not None}
+        due = {sender: [layout.node(r) for r in receivers if now - sent.get((sender, r), -REMEET_AFTER) >= REMEET_AFTER]
+               for sender, receivers in stale_views(views).items()}
+        for sender, receivers in due.items():
+            sent.update(((sender, r.name), now) for r in receivers)
+        _parallel(observer.pool, _introducer(observer, due), [layout.node(name) for name in due])
+        return Pending(describe(problems))
+
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
+
+
+def _introducer(observer: Observer, targets: Mapping[str, Sequence[Node]],
+                before: Collection[str] = ()) -> Callable[[Node], None]:
+    """A node's MEETs of its targets in one round trip (after TO_SOCKET when it is named in before)."""
+    def send(node: Node) -> None:
+        cmds = [TO_SOCKET] * (node.name in before) + meet_commands(targets.get(node.name, ()))
+        if cmds:
+            _checked(observer, node, cmds, "CLUSTER MEET")
+    return send
 
 
 DISKLESS_LOAD = "repl-diskless-load"
+TO_SOCKET: Command = ("CONFIG", "SET", DISKLESS_LOAD, "on-empty-db")
 
 
-def _load_from_socket(observer: Observer, node: Node) -> str | None:
-    """While the cluster forms, an empty replica loads its first sync straight from the socket (on-empty-db: only
-    into an empty data set, so nothing can be lost). Valkey 9.1 otherwise saves it to disk in a thread and loads
-    it only at its once-a-second replication cron, up to 1 s later. Returns the value to put back (None: the
-    node's own value loads from the socket already). The rendered config says repl-diskless-load, so a run killed
-    before _put_back leaves drift the next plan sets back."""
-    (value,) = _checked(observer, node, [("CONFIG", "GET", DISKLESS_LOAD)], "CONFIG GET")
-    old = value[1] if isinstance(value, list) and len(value) == 2 else None
-    if old != "disabled":
-        return None
-    _checked(observer, node, [("CONFIG", "SET", DISKLESS_LOAD, "on-empty-db")], "CONFIG SET")
-    return str(old)
+def loads_from_disk(reply: TextReply) -> bool:
+    """A CONFIG GET repl-diskless-load reply that says disabled. Pure.
 
-
-def _put_back(observer: Observer, node: Node, old: str) -> None:
-    _checked(observer, node, [("CONFIG", "SET", DISKLESS_LOAD, old)], "CONFIG SET")
+    While the cluster forms, such an empty replica is set to load its first sync straight from the socket
+    (on-empty-db: only into an empty data set, so nothing can be lost), and set back once it synced: Valkey 9.1
+    saves a disk sync in a thread and loads it only at its once-a-second replication cron, up to 1 s later.
+    The rendered config says repl-diskless-load, so a run killed before it is set back leaves drift the next
+    plan sets back."""
+    return isinstance(reply, list) and len(reply) == 2 and reply[1] == "disabled"
 
 
 def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) -> None:
@@ -232,39 +291,35 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) ->
     epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
     REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket);
     replicas MEET everyone else. Replicas are met only once they replicate, so every node learns them as
-    replicas. Once all know each other every MEET is sent again: a node that was met reads its meeter's slots and
-    role only from the meeter's next packet, at the ping cadence (cluster-node-timeout/2 later); the second MEET
-    delivers them at once. Then wait until converged."""
+    replicas. Once all know each other, a node whose view of another is stale (stale_views) gets a second MEET
+    from it. Then wait until converged, sending such MEETs again while views stay stale."""
     deadline = time.monotonic() + timeout
     servers = list(layout.servers)
     slots = slot_plan(layout)
     has_range = has_addslotsrange(connector.loaded)
     first, then = first_meets(layout), replica_meets(layout)
-    again = {name: [*first.get(name, ()), *then.get(name, ())] for name in first}
     replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
         ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), servers)
 
-        def setup(node: Node) -> None:
+        def setup(node: Node) -> bool:
+            """True for a replica that loads its syncs from disk (loads_from_disk)."""
             cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
-            _checked(observer, node, cmds, "cluster setup")
+            asks = node in replicas
+            replies = _checked(observer, node, cmds + [("CONFIG", "GET", DISKLESS_LOAD)] * asks, "cluster setup")
+            return asks and loads_from_disk(replies[-1])
 
-        def introduce(targets: Mapping[str, Sequence[Node]]) -> Callable[[Node], None]:
-            def send(node: Node) -> None:
-                if targets.get(node.name):
-                    _checked(observer, node, meet_commands(targets[node.name]), "CLUSTER MEET")
-            return send
-
-        _parallel(observer.pool, setup, servers)  # every epoch is set before any node meets another
-        loading = _parallel(observer.pool, lambda n: _load_from_socket(observer, n), replicas)
-        _parallel(observer.pool, introduce(first), servers)
+        # every epoch is set before any node meets another
+        from_disk = {name for name, yes in _parallel(observer.pool, setup, servers).items() if yes}
+        _parallel(observer.pool, _introducer(observer, first, from_disk), servers)
         _replicate_once_known(observer, layout, ids, deadline - time.monotonic())
-        _parallel(observer.pool, introduce(then), servers)
+        _parallel(observer.pool, _introducer(observer, then), servers)
         counted: set[str] = set()
-        wait_for(lambda: _all_known(observer, ids, counted), deadline - time.monotonic(),
-                 f"all {len(servers)} nodes to know each other", interval=0.02)
-        _parallel(observer.pool, introduce(again), servers)
-        wait_converged(observer, max(0.1, deadline - time.monotonic()))
-        for node in replicas:  # every replica's link is up: its first sync is done
-            if (old := loading[node.name]) is not None:
-                _put_back(observer, node, old)
+        views = wait_for(lambda: _all_known(observer, ids, counted), deadline - time.monotonic(),
+                         f"all {len(servers)} nodes to know each other", interval=0.02)
+        again = {sender: [layout.node(r) for r in receivers] for sender, receivers in stale_views(views).items()}
+        _parallel(observer.pool, _introducer(observer, again), servers)
+        _converge(observer, layout, max(0.1, deadline - time.monotonic()))
+        # every replica's link is up: its first sync is done
+        _parallel(observer.pool, lambda n: _checked(observer, n, [(*TO_SOCKET[:3], "disabled")], "CONFIG SET"),
+                  [n for n in replicas if n.name in from_disk])
