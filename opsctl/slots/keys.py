@@ -23,7 +23,7 @@ from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.scale import shard_members
-from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
+from opsctl.slots.session import Peer, Session, checked, keyed, packed_commands, pipe, sent, stream
 from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
@@ -107,22 +107,24 @@ class KeyMover:
             closing: Future[None] | None = None
             for i, wave in enumerate(parts):
                 assert upcoming is not None
-                plan = upcoming.result()
+                plan, packed = upcoming.result()
                 upcoming = ahead.submit(self.ready, parts[i + 1]) if i + 1 < len(parts) else None
-                self.send(plan)
+                self.send(plan, packed)
                 if closing is not None:
                     closing.result()
                 closing = behind.submit(self.finish, wave)
             if closing is not None:
                 closing.result()
 
-    def ready(self, wave: Sequence[int]) -> Plan:
-        """The wave's keys and MIGRATE batches (read before it opens), then the wave journaled and opened."""
+    def ready(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
+        """The wave's keys and MIGRATE batches (read before it opens) and their commands packed, then the wave
+        journaled and opened."""
         plan = self.prepare(wave)
+        packed = packed_commands(self.source, [self.command(b) for _, b in plan])
         check_held(self.session.connector)  # a lost topology lock stops before opening more slots
         self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
         self.open(wave)
-        return plan
+        return plan, packed
 
     def finish(self, wave: Sequence[int]) -> None:
         self.drain(wave)
@@ -269,12 +271,15 @@ class KeyMover:
             at += len(keys)
         return out
 
-    def send(self, plan: Plan) -> bool:
-        """Report big keys, then send every MIGRATE batch streamed on one connection. False if any failed."""
+    def send(self, plan: Plan, packed: bytes | None = None) -> bool:
+        """Report big keys, then send every MIGRATE batch on one connection: packed ahead (a wave's, in one
+        write: the source never waits for this process between two of them, however busy the machine), else
+        streamed as packed. False if any failed."""
         for slot, batch in plan:
             if batch.big:
                 self.emit(BigKey(slot, batch.keys[0].decode(errors="replace"), batch.size, batch.timeout_ms))
-        replies = stream(self.source, [self.command(b) for _, b in plan])
+        replies = (sent(self.source, packed, len(plan)) if packed is not None
+                   else stream(self.source, [self.command(b) for _, b in plan]))
         ok = True
         for (slot, batch), reply in zip(plan, replies, strict=True):
             if isinstance(reply, Exception):

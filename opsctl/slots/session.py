@@ -107,6 +107,16 @@ def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -
     return peer.pipes.round_trip(_packed(commands, chunk), len(commands)) if commands else []
 
 
+def packed_commands(peer: Peer, commands: Sequence[Command]) -> bytes:
+    """Commands under peer's renames, packed in one buffer (for sent)."""
+    return b"".join(encode([peer.command(str(c[0])), *c[1:]]) for c in commands)
+
+
+def sent(peer: Peer, packed: bytes, count: int) -> list[Any]:
+    """packed (count commands) in one write, then their replies; error replies as ReplyError values."""
+    return peer.pipes.round_trip(lambda raw: raw.send(packed), count) if count else []
+
+
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
     """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
     (opsctl.resp), not one command at a time, for 100k keys and more."""
