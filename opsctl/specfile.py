@@ -23,7 +23,8 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
               cached: bool = True) -> LoadedSpec:
     """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
     cached: a spec validated before is read back from opsctl.speccache (its secrets checked again); False
-    validates it in full whatever is stored (validate)."""
+    validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
+    is stored for the next run."""
     spec_path = Path(path)
     text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
     if text is None:
@@ -34,7 +35,7 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
         return read_secret_file(secret_path)
 
     resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
-    loaded = _validated(text, spec_path, resolve, cached and resolve is not None)
+    loaded = _validated(text, spec_path, resolve, cached)
     for secret in loaded.credentials.all():
         remember(secret)
     return loaded
@@ -42,11 +43,11 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
 
 def _validated(text: str, spec_path: Path, resolve: SecretResolver | None, cached: bool) -> LoadedSpec:
     """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass."""
-    entry = speccache.entry_path(spec_path) if cached else None
+    entry = speccache.entry_path(spec_path) if resolve is not None else None
     if entry is None or resolve is None:
         return load_spec(text, str(spec_path), resolve)
     key = speccache.entry_key(text)
-    spec = speccache.read_entry(entry, key)
+    spec = speccache.read_entry(entry, key) if cached else None
     if spec is not None and not any(check_secrets(spec, resolve)):
         return loaded_spec(str(spec_path), spec, resolve)
     loaded = load_spec(text, str(spec_path), resolve)

@@ -104,18 +104,31 @@ def test_a_warm_cache_gives_the_same_spec_without_validating(tmp_path: Path, mon
     assert again.credentials.password.reveal() == PASSWORD  # secrets are resolved anew on every run
 
 
-def test_no_state_folder_no_cache(tmp_path: Path) -> None:
+def test_no_state_folder_no_cache(tmp_path: Path, capsys) -> None:
     spec_path = cached_spec(tmp_path, state=False)
     read_spec(spec_path)
+    assert main(["validate", "-f", str(spec_path)]) == 0
     assert not (tmp_path / ".opsctl").exists()
+
+
+def test_without_secrets_nothing_is_stored(tmp_path: Path, monkeypatch, capsys) -> None:
+    spec_path = cached_spec(tmp_path)
+    monkeypatch.delenv(PASSWORD_ENV)
+    assert main(["validate", "--no-secrets", "-f", str(spec_path)]) == 0
+    assert not entries(spec_path)
 
 
 def test_validate_always_validates_in_full(tmp_path: Path, monkeypatch, capsys) -> None:
     spec_path = cached_spec(tmp_path)
     read_spec(spec_path)
-    no_validation(monkeypatch)
-    assert main(["validate", "-f", str(spec_path)]) == 1
-    assert "validated in full" in capsys.readouterr().err
+    with monkeypatch.context() as patched:
+        no_validation(patched)
+        assert main(["validate", "-f", str(spec_path)]) == 1
+        assert "validated in full" in capsys.readouterr().err
+    spec_path.write_text(spec_path.read_text() + "# edited\n")
+    assert main(["validate", "-f", str(spec_path)]) == 0
+    no_validation(monkeypatch)  # what validate stored serves the next plan
+    assert read_spec(spec_path).spec.name
 
 
 def test_a_changed_spec_misses(tmp_path: Path) -> None:
