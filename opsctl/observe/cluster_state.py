@@ -185,6 +185,9 @@ def _slot_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: Names)
     return out
 
 
+UNSETTLED_FLAGS = frozenset({"fail", "fail?", "handshake", "noaddr"})
+
+
 def _membership_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: Names) -> list[Disagreement]:
     observed = set(names.by_id)
     out: list[Disagreement] = []
@@ -194,9 +197,9 @@ def _membership_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: 
         if missing:
             out.append(Disagreement(name, f"does not know {', '.join(names.label(i) for i in missing)}"))
         for line in view:
-            bad = sorted(line.flags & {"fail", "fail?", "handshake", "noaddr"})
+            bad = line.flags & UNSETTLED_FLAGS
             if bad and not line.is_myself:
-                out.append(Disagreement(name, f"sees {names.label(line.id)} as {','.join(bad)}"))
+                out.append(Disagreement(name, f"sees {names.label(line.id)} as {','.join(sorted(bad))}"))
             elif line.id not in observed:
                 out.append(Disagreement(name, f"knows {names.label(line.id)}, which is not an observed node"))
     return out
