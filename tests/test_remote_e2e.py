@@ -30,7 +30,6 @@ from opsctl.cli import main
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
 from opsctl.providers.ansible import RECORD, AnsibleProvider
-from opsctl.providers.base import ProcessState
 from opsctl.remote.runner import PlaybookResult, parse_event, summarize
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -252,8 +251,9 @@ def redeploy_what_apply_wrote(lab: netns.Lab, loaded: LoadedSpec) -> None:
 
 
 def process_state_needs_the_nodes_own_server(lab: netns.Lab, loaded: LoadedSpec) -> None:
-    """process_state reads the pidfile and /proc over SFTP: a pidfile naming another live process (sshd) is a
-    stopped node, not a running one; the node's own pid back in it is running again."""
+    """process_state reads the pidfile and /proc over SFTP: a pidfile naming another live process (sshd) never
+    makes that process the node; the node's own server, found on its port, is (test_reapply_after_a_reboot...:
+    with no server there, the node is stopped); the node's own pid back in it is running again."""
     provider = AnsibleProvider(loaded, state_dir(loaded), known_hosts=lab.known_hosts)
     node = loaded.layout.nodes[0]
     host = next(h for h in lab.hosts if h.name == node.host)
@@ -263,7 +263,7 @@ def process_state_needs_the_nodes_own_server(lab: netns.Lab, loaded: LoadedSpec)
         assert state.running and state.pid, state
         sshd = lab.ssh(host, "pgrep -o -x sshd").stdout.strip()
         assert lab.ssh(host, f"echo {sshd} > {pidfile}").returncode == 0
-        assert provider.process_state(node) == ProcessState(node.name, False, None, f"stopped on host {host.name}")
+        assert provider.process_state(node) == state
         assert lab.ssh(host, f"echo {state.pid} > {pidfile}").returncode == 0
         assert provider.process_state(node) == state
     finally:
@@ -501,6 +501,8 @@ def test_reapply_after_a_reboot_and_starts_from_two_parties(ssh_env: netns.Lab, 
             assert f"start {node.name}" in out, out
             state = provider.process_state(node)
             assert state.running and state.pid != stranger, state
+            assert lab.ssh(host, f"rm {provider.paths(node).pid}").returncode == 0
+            assert provider.process_state(node) == state  # found on its port, not called down
             assert "1 master, 2 replicas linked" in status(capsys, spec)["health"]
             silent_then_killed(capsys, lab, spec, provider, loaded.layout.servers[1])
             both_start(lab, loaded, provider)

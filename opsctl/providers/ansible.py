@@ -27,7 +27,7 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit
 from opsctl.fanout import fan_out
 from opsctl.providers.base import ProcessState, parse_record
-from opsctl.providers.local import ProcFacts, is_node_process, parse_cmdline
+from opsctl.providers.local import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.remote import ssh
 from opsctl.remote.bundle import plain_name
 from opsctl.remote.inventory import binary_path, build_inventory, remote_paths, remote_root, settings_path, unit_name
@@ -199,24 +199,52 @@ class AnsibleProvider:
     def process_state(self, node: Node) -> ProcessState:
         """Read over the host's kept SFTP session, starting no process there (waits poll this for every node):
         the pidfile, then /proc/<pid> must show the node's server (binary, port, working folder), not just any
-        live process with that pid."""
+        live process with that pid. With the pidfile gone or stale while something listens on the node's port,
+        bin/opsctl-node names the listener (one SSH command), checked in /proc the same way: a running server
+        is never called down for want of its pidfile."""
         spec, paths = self.loaded.spec, self.paths(node)
 
-        def look(sftp: paramiko.SFTPClient) -> tuple[int | None, bool]:
+        def look(sftp: paramiko.SFTPClient) -> tuple[int | None, bool, bool]:
             text = ssh.read_bytes(sftp, paths.pid, PIDFILE_LIMIT) or b""
-            facts = remote_process(sftp, int(text)) if text.strip().isdigit() else None
-            folder = self._node_dir(sftp, node) if facts else None
-            if facts and folder and is_node_process(facts, binary_path(spec), folder, paths.conf, node.port,
-                                                    plaintext_port(spec, node)):
-                return facts.pid, True
-            return None, ssh.read_bytes(sftp, settings_path(spec, node), 0) is not None
+            if text.strip().isdigit() and self._is_server(sftp, node, int(text)):
+                return int(text), True, False
+            deployed = ssh.read_bytes(sftp, settings_path(spec, node), 0) is not None
+            return None, deployed, deployed and self._port_listens(sftp, node)
 
-        pid, deployed = self._over_sftp(node, look, "look at the processes of")
+        pid, deployed, listens = self._over_sftp(node, look, "look at the processes of")
+        if listens:  # the pidfile is gone or stale, but something listens on the node's port: is it the node?
+            pid = self._listener(node)
         if pid is not None:
             return ProcessState(node.name, True, pid, f"running as pid {pid} on host {node.host}")
         if deployed:
             return ProcessState(node.name, False, None, f"stopped on host {node.host}")
         return ProcessState(node.name, False, None, f"not deployed on host {node.host}")
+
+    def _is_server(self, sftp: paramiko.SFTPClient, node: Node, pid: int) -> bool:
+        """/proc/<pid> shows the node's server: its binary, in its folder, with its config or port."""
+        spec, paths = self.loaded.spec, self.paths(node)
+        facts = remote_process(sftp, pid)
+        folder = self._node_dir(sftp, node) if facts else None
+        return bool(facts and folder and is_node_process(facts, binary_path(spec), folder, paths.conf, node.port,
+                                                         plaintext_port(spec, node)))
+
+    @staticmethod
+    def _port_listens(sftp: paramiko.SFTPClient, node: Node) -> bool:
+        """Something listens on the node's address and port in its host's network namespace (/proc/net)."""
+        tables = [(ssh.read_bytes(sftp, f"/proc/net/{table}") or b"").decode("ascii", "replace")
+                  for table in ("tcp", "tcp6")]
+        try:
+            return any(listening_inodes(table, node.address, node.port) for table in tables)
+        except ValueError:  # a host name, not an address: any listener on the port
+            return any(f":{node.port:04X}" in line.split()[1] and line.split()[3] == "0A"
+                       for table in tables for line in table.splitlines()[1:] if len(line.split()) > 3)
+
+    def _listener(self, node: Node) -> int | None:
+        """The pid of the node's server found on its port by bin/opsctl-node (ss -p), checked in /proc here."""
+        word, pid = parse_control(self._control(node, "status").stdout)
+        if word != "running" or pid is None:
+            return None
+        return pid if self._over_sftp(node, lambda sftp: self._is_server(sftp, node, pid), "look at") else None
 
     def purge(self, node: Node) -> None:
         state = self.process_state(node)
