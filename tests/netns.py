@@ -31,6 +31,11 @@ STATE_ROOT = Path(os.environ.get("OPSCTL_NETNS_STATE", "/tmp/opsctl-netns"))
 DEPLOY_DIRS = ("/var/lib/opsctl",)
 SSHD = "/usr/sbin/sshd"
 READY_TIMEOUT = 15.0
+# Outgoing connections in a host (sshd forwarding an admin tunnel to a node there) take their source port from
+# here, above every node port the tests choose (support.free_base_port: 20000-45000) and its cluster bus port
+# (+10000): such a connection can neither hold a node's port when the node binds it ("Address already in use")
+# nor connect to itself on a port nothing listens on yet.
+EPHEMERAL_PORTS = "56000 60999"
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ def _add_host(lab_id: str, subnet: int, index: int, bridge: str, root: Path, aut
     for argv in (("addr", "add", f"{address}/24", "dev", "eth0"), ("link", "set", "eth0", "up"),
                  ("link", "set", "lo", "up")):
         _run("ip", "-n", netns, *argv)
+    _run("ip", "netns", "exec", netns, "sysctl", "-qw", f"net.ipv4.ip_local_port_range={EPHEMERAL_PORTS}")
     host_dir = root / name
     host_dir.mkdir(mode=0o700)
     public = _keygen(host_dir / "ssh_host_ed25519_key", f"{name}@opsctl-lab")
