@@ -18,7 +18,6 @@ from opsctl.observe.collect import (
     Command,
     Observer,
     Pending,
-    cluster_info_pending,
     describe,
     describe_lines,
     link_error,
@@ -100,13 +99,18 @@ def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) ->
 HINT = "the node's log says more; `opsctl cluster check -f SPEC` shows the state"
 
 
-def _checked(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
+def _raw(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
     """One round trip over the observer's raw link to node (no redis-py: a new cluster's creation does not load
-    it); a node that does not answer, or the first error reply, is an OpsctlError naming node and command."""
+    it), error replies as values; a node that does not answer is an OpsctlError naming node and command."""
     try:
-        replies = observer.links[node.name].pipeline(commands)
+        return observer.links[node.name].pipeline(commands)
     except PIPE_ERRORS as exc:
         raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
+
+
+def _checked(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
+    """_raw, where the first error reply is an OpsctlError naming node and command."""
+    replies = _raw(observer, node, commands, doing)
     for cmd, reply in zip(commands, replies, strict=True):
         if isinstance(reply, RespError):
             words = " ".join(str(c) for c in cmd[:4])
@@ -164,98 +168,102 @@ def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> di
     return {name: f.result() for name, f in futures.items()}
 
 
-def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float) -> None:
-    """CLUSTER REPLICATE on every replica, retried while one does not know its master yet (its MEET's handshake
-    completes on the servers' 100 ms cluster cron): each replica starts its first sync as early as it can."""
+def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str],
+                          then: Mapping[str, Sequence[Node]], timeout: float) -> None:
+    """Each replica, as soon as it knows its master (its MEET's handshake completes on the servers' 100 ms
+    cluster cron; CLUSTER COUNT-FAILURE-REPORTS answers for a known id only): CLUSTER REPLICATE, and its MEETs of
+    `then` in the same round trip. Its first sync starts as early as it can, and the MEETs go out before it can
+    block: a replica that loads from the socket answers nothing until its load is done."""
     waiting = {r: ids[shard.master] for shard in layout.shards for r in shard.replicas}
 
-    def attempt(node: Node) -> str | None:
-        """None once node replicates; else why not yet."""
-        try:
-            reply = observer.links[node.name].pipeline([("CLUSTER", "REPLICATE", waiting[node.name])])[0]
-        except PIPE_ERRORS as exc:
-            raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", link_error(exc),
-                              HINT) from None
-        if not isinstance(reply, RespError):
-            return None
-        if "unknown node" not in reply.message.lower():
-            raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", reply.message, HINT)
-        return f"{node.name} does not know its master yet"
+    def attempt(node: Node) -> bool:
+        """True once node replicates."""
+        master_id = waiting[node.name]
+        (known,) = _raw(observer, node, [("CLUSTER", "COUNT-FAILURE-REPORTS", master_id)], "CLUSTER REPLICATE")
+        if isinstance(known, RespError):
+            if "unknown node" not in known.message.lower():
+                raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", known.message, HINT)
+            return False
+        commands = [("CLUSTER", "REPLICATE", master_id), *meet_commands(then.get(node.name, ()))]
+        _checked(observer, node, commands, "CLUSTER REPLICATE")
+        return True
 
     def check() -> bool | Pending:
         nodes = [layout.node(name) for name in waiting]
-        for node, why in zip(nodes, observer.pool.map(attempt, nodes), strict=True):
-            if why is None:
+        for node, done in zip(nodes, observer.pool.map(attempt, nodes), strict=True):
+            if done:
                 del waiting[node.name]
-        return Pending(describe_lines(sorted(waiting))) if waiting else True
+        return Pending(describe_lines([f"{name} does not know its master yet" for name in sorted(waiting)])) \
+            if waiting else True
 
     wait_for(check, timeout, "every replica to know its master", interval=0.02)
 
 
-Views = dict[str, list[ClusterNodeLine]]
+Expected = dict[str, tuple[str | None, tuple[SlotRange, ...]]]  # node id -> (its master's id, its slots)
 
 
-def _all_known(observer: Observer, ids: Mapping[str, str], counted: set[str]) -> Views | Pending:
-    """Every node's CLUSTER NODES once every node knows every other one (no handshake left). Counts from CLUSTER
-    INFO first (cheap; a node seen with the full count is not asked again), every view once the counts are
-    right."""
-    counting = cluster_info_pending(observer, "cluster_known_nodes", str(len(ids)), counted)
-    if counting is not None:
-        return counting
-    wanted = set(ids.values())
-    views: Views = {}
-    for name, obs in observer.observe(info_section="server").items():
-        if obs.cluster_nodes is None:
-            return Pending(f"{name}: no cluster view ({obs.error})")
-        known = {line.id for line in obs.cluster_nodes if not line.flags & {"handshake", "noaddr"}}
-        if known != wanted:
-            return Pending(f"{name} knows {len(known & wanted)} of {len(wanted)} nodes")
-        views[name] = list(obs.cluster_nodes)
-    return views
+def expected_lines(layout: Layout, ids: Mapping[str, str]) -> Expected:
+    """How every node must see each node once formed: a master with its slots, a replica of its master. Pure."""
+    slots = slot_plan(layout)
+    lines: Expected = {}
+    for shard in layout.shards:
+        lines[ids[shard.master]] = (None, tuple(slots[shard.master]))
+        lines |= {ids[r]: (ids[shard.master], ()) for r in shard.replicas}
+    return lines
 
 
-def stale_views(views: Mapping[str, Sequence[ClusterNodeLine]]) -> dict[str, list[str]]:
-    """sender -> the nodes whose line for it differs from its own line in role (its master) or slots. Pure.
+def stale_senders(view: Sequence[ClusterNodeLine], expected: Expected) -> list[str]:
+    """The ids of the nodes a view shows with a role or slots other than expected. Pure.
 
     A node met by another reads the meeter's header only from the meeter's next packet after the handshake, at
     the ping cadence (cluster-node-timeout/2 later), and a node learned through gossip before it replicated is
-    seen as a master until then: a second MEET from the sender delivers its header at once."""
-    own = {me.id: (name, me) for name, view in views.items() for me in view if me.is_myself}
-    stale: dict[str, list[str]] = {}
-    for receiver, view in views.items():
-        for line in view:
-            if line.is_myself or line.id not in own:
-                continue
-            sender, me = own[line.id]
-            if line.master_id != me.master_id or line.slots != me.slots:
-                stale.setdefault(sender, []).append(receiver)
-    return stale
+    seen as a master until then: a MEET from the node seen wrong delivers its header at once. Nodes not in the
+    view yet (or still in handshake, under a random id) are not counted: their handshake is under way."""
+    return [line.id for line in view if not line.is_myself and line.id in expected
+            and (line.master_id, line.slots) != expected[line.id]]
 
 
-REMEET_AFTER = 0.5  # s: a pair still stale this long after its second MEET gets another one
+REMEET_AFTER = 0.5  # s: a pair still seen stale this long after its MEET gets another one
+REPAIR_EVERY = 0.2  # s: how often nodes that are not settled yet have their views read for stale lines
 
 
-def _converge(observer: Observer, layout: Layout, timeout: float) -> None:
-    """wait_converged that also sends a node whose view of another is stale (stale_views) a MEET from it, at
-    most every REMEET_AFTER s per pair, instead of leaving it to the ping cadence."""
+def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float) -> None:
+    """wait_converged that repairs stale views instead of leaving them to the ping cadence: while nodes are not
+    settled (cluster_state ok, replica link up), every REPAIR_EVERY s their views are read, and once all are, the
+    full look's views: each node seen stale (stale_senders) MEETs the node that sees it so, at most every
+    REMEET_AFTER s per pair. A master's cluster_state is ok only once it knows every slot's owner."""
+    expected = expected_lines(layout, ids)
+    by_id = {node_id: layout.node(name) for name, node_id in ids.items()}
     settled: set[str] = set()
     sent: dict[tuple[str, str], float] = {}
+    repaired = [time.monotonic()]
+
+    def repair(views: Mapping[str, Sequence[ClusterNodeLine]]) -> None:
+        now = repaired[0] = time.monotonic()
+        due: dict[str, list[Node]] = {}
+        for receiver, view in views.items():
+            for sender in (by_id[i].name for i in stale_senders(view, expected)):
+                if now - sent.get((sender, receiver), -REMEET_AFTER) >= REMEET_AFTER:
+                    sent[(sender, receiver)] = now
+                    due.setdefault(sender, []).append(layout.node(receiver))
+        _parallel(observer.pool, _introducer(observer, due), [layout.node(name) for name in due])
+
+    def views_of(nodes: Sequence[Node]) -> dict[str, list[ClusterNodeLine]]:
+        def one(node: Node) -> list[ClusterNodeLine]:
+            return parse_cluster_nodes(str(_checked(observer, node, [("CLUSTER", "NODES")], "CLUSTER NODES")[0]))
+        return _parallel(observer.pool, one, nodes)
 
     def check() -> bool | Pending:
         not_yet = settled_pending(observer, settled)
         if not_yet is not None:
+            if time.monotonic() - repaired[0] >= REPAIR_EVERY:
+                repair(views_of([n for n in observer.nodes if n.name not in settled]))
             return not_yet
         seen = observer.observe(info_section="replication")
         problems = observed_problems(seen)
         if not problems:
             return True
-        now = time.monotonic()
-        views = {name: list(o.cluster_nodes) for name, o in seen.items() if o.cluster_nodes is not None}
-        due = {sender: [layout.node(r) for r in receivers if now - sent.get((sender, r), -REMEET_AFTER) >= REMEET_AFTER]
-               for sender, receivers in stale_views(views).items()}
-        for sender, receivers in due.items():
-            sent.update(((sender, r.name), now) for r in receivers)
-        _parallel(observer.pool, _introducer(observer, due), [layout.node(name) for name in due])
+        repair({name: list(o.cluster_nodes) for name, o in seen.items() if o.cluster_nodes is not None})
         return Pending(describe(problems))
 
     wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
@@ -289,10 +297,10 @@ def loads_from_disk(reply: TextReply) -> bool:
 def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) -> None:
     """Create a cluster from fresh empty nodes, each pass one round trip per node, all nodes at once: distinct
     epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
-    REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket);
-    replicas MEET everyone else. Replicas are met only once they replicate, so every node learns them as
-    replicas. Once all know each other, a node whose view of another is stale (stale_views) gets a second MEET
-    from it. Then wait until converged, sending such MEETs again while views stay stale."""
+    REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket)
+    and MEETs everyone else in the same round trip, so nobody learns it through a MEET as a master. Then wait
+    until converged (_converge), where a node whose view of another is stale gets a second MEET from it instead
+    of waiting for the ping cadence."""
     deadline = time.monotonic() + timeout
     servers = list(layout.servers)
     slots = slot_plan(layout)
@@ -312,14 +320,8 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) ->
         # every epoch is set before any node meets another
         from_disk = {name for name, yes in _parallel(observer.pool, setup, servers).items() if yes}
         _parallel(observer.pool, _introducer(observer, first, from_disk), servers)
-        _replicate_once_known(observer, layout, ids, deadline - time.monotonic())
-        _parallel(observer.pool, _introducer(observer, then), servers)
-        counted: set[str] = set()
-        views = wait_for(lambda: _all_known(observer, ids, counted), deadline - time.monotonic(),
-                         f"all {len(servers)} nodes to know each other", interval=0.02)
-        again = {sender: [layout.node(r) for r in receivers] for sender, receivers in stale_views(views).items()}
-        _parallel(observer.pool, _introducer(observer, again), servers)
-        _converge(observer, layout, max(0.1, deadline - time.monotonic()))
+        _replicate_once_known(observer, layout, ids, then, deadline - time.monotonic())
+        _converge(observer, layout, ids, max(0.1, deadline - time.monotonic()))
         # every replica's link is up: its first sync is done
         _parallel(observer.pool, lambda n: _checked(observer, n, [(*TO_SOCKET[:3], "disabled")], "CONFIG SET"),
                   [n for n in replicas if n.name in from_disk])
