@@ -94,7 +94,8 @@ stop() {
   lock
   p=$(server_pid)
   if [ -z "$p" ]; then echo "stopped"; return 0; fi
-  if use_systemd; then systemctl stop "$OPSCTL_UNIT"; else kill -TERM "$p"; fi
+  if use_systemd; then systemctl stop "$OPSCTL_UNIT" || true; fi
+  if running "$p"; then kill -TERM "$p"; fi  # without systemd, or a server it did not start
   if ! wait_until not_alive; then kill -KILL "$p" 2>/dev/null || true; fi
   echo "stopped $p"
 }
