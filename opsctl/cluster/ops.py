@@ -68,10 +68,6 @@ def replicate(admin: Admin, master_id: str) -> None:
     admin.call("CLUSTER", "REPLICATE", master_id)
 
 
-def forget(admin: Admin, node_id: str) -> None:
-    admin.call("CLUSTER", "FORGET", node_id)
-
-
 def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) -> str | None:
     """Make a node that comes back with a forgotten cluster identity a new node before it meets the cluster.
 

@@ -82,17 +82,6 @@ def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[An
         pool.release(conn)
 
 
-def checked_pipeline(admin: Admin, commands: Sequence[Command], doing: str, hint: str,
-                     replies: list[Any] | None = None) -> list[Any]:
-    """raw_pipeline whose first error reply becomes an OpsctlError naming the node and the command."""
-    replies = raw_pipeline(admin, commands) if replies is None else replies
-    for cmd, reply in zip(commands, replies, strict=True):
-        if isinstance(reply, Exception):
-            words = " ".join(str(c) for c in cmd[:4])
-            raise OpsctlError(f"{doing} failed on {admin.name} ({admin.endpoint})", f"{words}: {reply}", hint)
-    return replies
-
-
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
     info: Command = ("INFO", info_section) if info_section else ("INFO",)
     if node.is_sentinel:
