@@ -113,3 +113,19 @@ def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path)
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))  # nothing runs on its ports
     with pytest.raises(OpsctlError, match="no server of the topology answered"), topology_lock(Connector(loaded)):
         pytest.fail("the block ran without a lock")
+
+
+def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
+    """What cluster check/reshard/rebalance/fix run, imported: no redis-py (the engine, its probes and the topology
+    lock talk raw RESP), no opsctl.runtime and none of the planner (each a share of every run's start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, opsctl.cli, opsctl.commands.cluster, opsctl.specfile, opsctl.statedir, opsctl.connector, "
+            "opsctl.statelock, opsctl.topolock, opsctl.events, opsctl.slots.cli, opsctl.slots.fix, opsctl.slots.run, "
+            "opsctl.cluster.check; print(' '.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    modules = set(done.stdout.split())
+    unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography")
+                      or m in ("opsctl.runtime", "opsctl.drift") or m.startswith("opsctl.plan."))
+    assert not unwanted, unwanted
