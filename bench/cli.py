@@ -153,6 +153,7 @@ def main() -> None:
             edited = median_wall([*OPSCTL, "plan", "-f", str(spec)], args.runs,
                                  prepare=lambda run: spec.write_text(f"{text}# edit {run}\n"))
             spec.write_text(text)
+            subprocess.run([*OPSCTL, "status", "-f", str(spec)], env=env(), capture_output=True, check=False)  # warm
             print(row("plan, spec edited", edited, peer, limit))
             print(f"  (peer for plan/status: redis-cli --cluster check {host}:{port}, which reads every node)")
             if args.instructions:
