@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -281,36 +281,6 @@ def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagree
 
 def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
     return describe_lines([p.render() for p in problems], limit)
-
-
-def cluster_infos(observer: Observer, skip: Collection[str] = ()) -> dict[str, dict[str, str] | str]:
-    """Every node's CLUSTER INFO (a few hundred bytes), or why it has none: the cheap look polls take first.
-    Nodes named in skip are not asked."""
-    def one(node: Node) -> dict[str, str] | str:
-        try:
-            reply = observer.links[node.name].pipeline([("CLUSTER", "INFO")])[0]
-        except PIPE_ERRORS as exc:
-            return f"unreachable: {link_error(exc)}"
-        return f"CLUSTER INFO: {reply.message}" if isinstance(reply, RespError) else parse_info(str(reply))
-
-    asked = [n for n in observer.nodes if n.name not in skip]
-    return dict(zip([n.name for n in asked], observer.pool.map(one, asked), strict=True))
-
-
-def cluster_info_pending(observer: Observer, field_name: str, wanted: str,
-                         there: set[str] | None = None) -> Pending | None:
-    """Pending naming the nodes whose CLUSTER INFO field is not `wanted` yet (None when all are). there: nodes
-    seen with it already, not asked again (a poll that only waits for each node to get there once); the ones
-    that got there are added."""
-    bad = []
-    for name, info in cluster_infos(observer, there or ()).items():
-        if isinstance(info, str):
-            bad.append(f"{name}: {info}")
-        elif info.get(field_name) != wanted:
-            bad.append(f"{name}: {field_name}:{info.get(field_name, '?')} (waiting for {wanted})")
-        elif there is not None:
-            there.add(name)
-    return Pending(describe_lines(bad)) if bad else None
 
 
 def describe_lines(lines: Sequence[str], limit: int = 12) -> str:
