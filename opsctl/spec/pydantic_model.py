@@ -51,9 +51,6 @@ class SecretRef(Strict):
             raise ValueError("give exactly one of env or file")
         return self
 
-    def describe(self) -> str:
-        return f"environment variable {self.env}" if self.env else f"file {self.file}"
-
 
 class FileRef(Strict):
     """A file on the machine running opsctl (relative paths: next to the spec)."""
@@ -110,10 +107,6 @@ class Server(Strict):
         if self.user == "root":
             raise ValueError("user: servers never run as root; name an unprivileged user (default: the flavor's name)")
         return self
-
-    @property
-    def service_user(self) -> str:
-        return self.user or self.flavor
 
 
 # A login name as useradd takes it; ssh and Ansible get it in argv and inventories, so nothing else is allowed.
@@ -231,15 +224,3 @@ class Spec(Strict):
     tls: Tls = Field(default_factory=Tls)
     config: ConfigMap = Field(default_factory=dict)
     nodes: dict[str, NodeOverride] = Field(default_factory=dict)
-
-    def cluster_or_default(self) -> ClusterTopology:
-        return self.cluster or ClusterTopology()
-
-    def standalone_or_default(self) -> StandaloneTopology:
-        return self.standalone or StandaloneTopology()
-
-    def replication_or_default(self) -> ReplicationTopology:
-        return self.replication or ReplicationTopology()
-
-    def sentinel_or_default(self) -> SentinelTopology:
-        return self.sentinel or SentinelTopology()
