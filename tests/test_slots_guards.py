@@ -129,3 +129,19 @@ def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography")
                       or m in ("opsctl.runtime", "opsctl.drift") or m.startswith("opsctl.plan."))
     assert not unwanted, unwanted
+
+
+def test_a_journal_that_cannot_be_written_says_so(tmp_path, monkeypatch) -> None:
+    """A full disk under the journal is a FileProblem naming the file (never an OSError that the mover would
+    report as a node's lost connection)."""
+    import errno
+    import os
+
+    from opsctl.safefs import FileProblem
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(FileProblem, match=r"slots-journal\.jsonl: cannot be written: No space left on device"):
+        Journal(tmp_path).opened("a", "id-a", "b", "id-b", [1, 2, 3])

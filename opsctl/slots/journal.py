@@ -156,6 +156,10 @@ class Journal:
             try:
                 os.write(fd, (json.dumps({**entry, "t": round(time.time(), 3)}) + "\n").encode())
                 os.fsync(fd)
+            except OSError as exc:  # a full disk: said as such, never taken for a node's lost connection
+                raise FileProblem(self.path, f"cannot be written: {exc.strerror}",
+                                  "free space in the state dir, then `opsctl cluster fix -f SPEC` closes what "
+                                  "this run opened") from None
             finally:
                 os.close(fd)
 
