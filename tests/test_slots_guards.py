@@ -41,6 +41,20 @@ def test_target_verdicts_ok_down_replaced():
     assert verdict(T, demoted, healthy, SHARD) == REPLACED
 
 
+def test_a_split_shard_replaces_only_the_older_epoch():
+    """The stalled master kept the slots it was given just before its replica took over (the replica claims only
+    what it knew): both serve slots for good. The promoted one (newer epoch) is the shard's master, as
+    shard_master says; the run goes on with it, and the older one's slots are merged into it."""
+    split = view(line("s", S, "myself,master", slots="100-200"), line("t", T, "master", epoch=7, slots="2478-2509"),
+                 line("r", R, "master", epoch=8, slots="0-99"))
+    own_r = view(line("r", R, "myself,master", epoch=8, slots="0-99"), line("t", T, "master", epoch=7, slots="1"))
+    assert verdict(R, own_r, split, SHARD) == OK
+    own_t = view(line("t", T, "myself,master", epoch=7, slots="2478-2509"), line("r", R, "master", epoch=8, slots="0"))
+    assert verdict(T, own_t, split, SHARD) == REPLACED
+    mine = {"t": split[1], "r": split[2]}
+    assert shard_master(["t", "r"], mine, set()) == "r"
+
+
 def test_shard_master_skips_flagged_and_prefers_slots_then_epoch():
     mine = {"t": view(line("t", T, "myself,master", epoch=3, slots="0-9"))[0],
             "r": view(line("r", R, "myself,master", epoch=7, slots="0-9"))[0]}

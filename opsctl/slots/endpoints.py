@@ -7,7 +7,8 @@ round) the engine asks both ends and the other side's view, and acts on the verd
 
 ok: answers, is a master, nobody flags it, no other node of its shard is a master;
 down: does not answer or is flagged fail/pfail, and nobody replaced it (yet): wait, bounded;
-replaced: another node of its shard is a master (the cluster promoted it), or it is a replica now.
+replaced: another node of its shard is a master with slots and an epoch at least its own (the cluster promoted
+it), or it is a replica now.
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ def verdict(endpoint: str, own: Sequence[ClusterNodeLine] | None, other: Sequenc
 
 
 def _promoted(view: Sequence[ClusterNodeLine], endpoint: str, shard: Collection[str]) -> bool:
-    """Another node of the shard is a healthy master with slots in this view."""
+    """Another node of the shard is a healthy master with slots in this view, and a config epoch at least the
+    judged node's there. A master that stalled past the node timeout can keep the slots it was given just
+    before its replica took over (the replica claims only what it knew its master had): both then serve slots
+    for good, and only the newer epoch is the shard's master (as shard_master picks it), so the older one does
+    not make the newer one 'replaced' (a run that followed the failover stopped on that, and so did fix)."""
+    judged = next((line for line in view if line.endpoint == endpoint), None)
+    least = judged.config_epoch if judged is not None else -1
     return any(line.endpoint != endpoint and line.endpoint in shard and line.is_master and line.slots
-               and not line.is_failing for line in view)
+               and not line.is_failing and line.config_epoch >= least for line in view)
 
 
 def shard_master(members: Sequence[str], mine: Mapping[str, ClusterNodeLine | None],

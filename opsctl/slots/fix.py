@@ -3,7 +3,7 @@ and, only with explicit consent, take over the slots of an unreachable master.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from opsctl.connector import Connector
@@ -20,6 +20,7 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
 from opsctl.slots.run import MAX_FAILOVERS, Outcome, open_session, wait_one_slot_map, wait_stable
 from opsctl.slots.session import Peer, Session, checked, pipe
+from opsctl.spec.layout import Shard
 
 
 def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
@@ -44,7 +45,7 @@ def close_in_session(session: Session, journal: Journal, emit: Emit,
     """Close the journal's open entries (each resolved to its shards' current masters), then any slot a master
     shows open that nobody journaled. `only`: close just the entries it accepts, and no unjournaled slot
     (a run recovering one move while others are under way)."""
-    done: list[str] = []
+    done = [] if only is not None else merge_split_shards(session, journal, emit)  # before: see merge_split_shards
     for entry in journal.pending():
         if only is None or only(entry):
             done.append(_close_entry(session, journal, entry, emit, journaled=True))
@@ -172,7 +173,6 @@ def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable:
     outcome = Outcome()
     with open_session(connector) as session:
         outcome.notes += close_in_session(session, Journal(state_dir), emit)
-        outcome.notes += merge_split_shards(session, Journal(state_dir), emit)
         outcome.notes += _cover(session)
         outcome.notes += _unreachable(session, reassign_unreachable)
         if not outcome.notes:
@@ -182,18 +182,20 @@ def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable:
     return outcome
 
 
-def merge_split_shards(session: Session, journal: Journal, emit: Emit) -> list[str]:
+def merge_split_shards(session: Session, journal: Journal, emit: Emit,
+                       members: Collection[str] | None = None) -> list[str]:
     """A shard with two masters serving different slots (a stalled master that woke up after its failover and
     kept or took slots): move the smaller one's slots to the other, key by key, then make it its replica. The
     shard ends with one master and its replica, and no acknowledged write is dropped (nothing is discarded:
-    keys move)."""
-    flagged = flagged_ids(session.views())
+    keys move). members: only the shards with one of these nodes (a run following a failover of its move).
+    Done before the journal's entries are closed: the promoted replica may hold a copy of keys of a slot the
+    other master serves (replicated before the stall), which reads as a move to finish until the slot is merged."""
+    if not _split_shards(session, members):
+        return []
+    # a master that just woke up claims its old slots until gossip corrects it: merge only what all agree on
+    wait_one_slot_map(session)
     notes = []
-    for shard in session.loaded.layout.shards:
-        serving = [m for m in shard.members if m in session.peers and (me := session.me(m)) is not None
-                   and me.is_master and me.slots and me.id not in flagged]
-        if len(serving) < 2:
-            continue
+    for shard, serving in _split_shards(session, members):
         keep = max(serving, key=lambda m: (len(session.owned().get(m, ())), session.me(m).config_epoch))  # type: ignore[union-attr]
         for name in serving:
             if name == keep:
@@ -208,6 +210,20 @@ def merge_split_shards(session: Session, journal: Journal, emit: Emit) -> list[s
                          f"to {keep}, and {name} now replicates {keep}")
         session.refresh()
     return notes
+
+
+def _split_shards(session: Session, members: Collection[str] | None) -> list[tuple[Shard, list[str]]]:
+    """The shards (with one of members, if given) where two or more unflagged masters serve slots."""
+    flagged = flagged_ids(session.views())
+    split = []
+    for shard in session.loaded.layout.shards:
+        if members is not None and not set(shard.members) & set(members):
+            continue
+        serving = [m for m in shard.members if m in session.peers and (me := session.me(m)) is not None
+                   and me.is_master and me.slots and me.id not in flagged]
+        if len(serving) >= 2:
+            split.append((shard, serving))
+    return split
 
 
 def _empty(session: Session, name: str) -> bool | Pending:

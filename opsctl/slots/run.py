@@ -11,7 +11,7 @@ from typing import Any
 from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit, EndpointReplacedEvent, SlotsStart, as_dict
+from opsctl.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
 from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.collect import Pending, observed_problems, wait_converged, wait_for
 from opsctl.observe.parse import myself
@@ -140,10 +140,24 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
             t.join()
         if errors:
             raise errors[0]
-    journal.compact()
     session.refresh()
+    _merge_split(session, journal, emit, {n for m in moves for end in (m.source, m.target)
+                                          for n in shard_members(session.loaded, end)})
+    journal.compact()
     wait_stable(session)
     return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
+
+
+def _merge_split(session: Session, journal: Journal, emit: Emit, members: set[str]) -> bool:
+    """Merge the moves' shards that have two masters serving slots (a target stalled past the node timeout
+    right after a wave's SETSLOT NODE keeps that wave when it wakes: its replica claimed only the slots it
+    knew its master had). Whether one was merged."""
+    from opsctl.slots.fix import merge_split_shards
+
+    merged = merge_split_shards(session, journal, emit, members)
+    for note in merged:
+        emit(Log("slots", note))
+    return bool(merged)
 
 
 def _guarded(errors: list[BaseException], fn: Any, *args: Any) -> None:
@@ -200,6 +214,8 @@ def _follow_failover(session: Session, journal: Journal, progress: Progress, emi
     wanted = {s for e in journal.pending() for s in expand(e.slots)} | set(slots)
     timeout = 3 * session.loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
     new_source, new_target = wait_for(masters, timeout, "the failed-over shard to have a master", interval=0.1)
+    if _merge_split(session, journal, emit, shards):
+        new_source, new_target = wait_for(masters, timeout, "the merged shard to have a master", interval=0.1)
 
     def ours(entry: OpenSlots) -> bool:
         return entry.source in shards and entry.target in shards
