@@ -15,12 +15,15 @@ from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
-from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
+from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
 from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text, to_ranges
 from opsctl.slots.run import MAX_FAILOVERS, Outcome, open_session, wait_one_slot_map, wait_stable
-from opsctl.slots.session import Peer, Session, checked, pipe
+from opsctl.slots.session import Peer, ReplyError, Session, checked, pipe
 from opsctl.spec.layout import Shard
+
+CLUSTER_SLOTS = 16384
+STRAY_TIMEOUT_MS = 5000  # MIGRATE of one stray key to its slot's owner
 
 
 def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
@@ -205,11 +208,50 @@ def merge_split_shards(session: Session, journal: Journal, emit: Emit,
             KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options()).move(slots)
             session.refresh()
             wait_for(lambda n=name: _empty(session, n), 30, f"{name} to show no slots")  # type: ignore[misc]
+            _hand_over_strays(session, source)
             checked(source, [("CLUSTER", "REPLICATE", target.id)], "CLUSTER REPLICATE")
             notes.append(f"shard {shard.index} had two masters serving slots: moved {len(slots)} slots of {name} "
                          f"to {keep}, and {name} now replicates {keep}")
         session.refresh()
     return notes
+
+
+def _hand_over_strays(session: Session, node: Peer) -> None:
+    """Keys node still holds in slots it does not serve (the wave it was importing when it stalled: their copy
+    may be nowhere else if its replica missed them) go to each slot's owner before node may replicate
+    (CLUSTER REPLICATE refuses a master with keys, and a replica's sync would drop them). Per slot: IMPORTING
+    on node from the owner, so that node answers ASKING for it, MIGRATE to the owner; a key the owner has
+    already is dropped here only when both copies are equal (else refused, nothing dropped); then STABLE."""
+    counts = pipe(node, [("CLUSTER", "COUNTKEYSINSLOT", s) for s in range(CLUSTER_SLOTS)])
+    owner = {s: name for name, slots in session.owned().items() for s in slots if name != node.name}
+    auth = auth_args(session)
+    for slot, count in enumerate(counts):
+        if not isinstance(count, int) or count == 0:
+            continue
+        if slot not in owner:
+            raise OpsctlError(f"{node.name} holds {count} keys of slot {slot}, which no master serves",
+                              "it cannot become a replica without dropping them",
+                              "`opsctl cluster fix -f SPEC` covers the slot first; then run it again")
+        target = session.peers[owner[slot]]
+        checked(node, [("CLUSTER", "SETSLOT", slot, "IMPORTING", target.id)], "SETSLOT IMPORTING")
+        keys = checked(node, [("CLUSTER", "GETKEYSINSLOT", slot, count)], "GETKEYSINSLOT")[0]
+        for key in keys:
+            migrate = ("MIGRATE", target.node.address, target.node.port, "", 0, STRAY_TIMEOUT_MS, *auth, "KEYS", key)
+            reply = pipe(node, [("ASKING",), migrate])[1]
+            if isinstance(reply, ReplyError) and "BUSYKEY" in str(reply):
+                mine = pipe(node, [("ASKING",), ("DUMP", key)])[1]
+                if mine != pipe(target, [("DUMP", key)])[0]:
+                    label = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+                    raise RefusedError(f"key {label!r} of slot {slot} exists on {node.name} (which no longer "
+                                       f"serves the slot) and on {target.name} with different values",
+                                       "replacing either copy would lose data",
+                                       "compare both copies, delete the wrong one, then run `opsctl cluster fix "
+                                       "-f SPEC`")
+                reply = pipe(node, [("ASKING",), ("DEL", key)])[1]
+            if isinstance(reply, ReplyError):
+                raise OpsctlError(f"handing a key of slot {slot} from {node.name} to {target.name} failed",
+                                  str(reply), "`opsctl cluster fix -f SPEC` tries again")
+        checked(node, [("CLUSTER", "SETSLOT", slot, "STABLE")], "SETSLOT STABLE")
 
 
 def _split_shards(session: Session, members: Collection[str] | None) -> list[tuple[Shard, list[str]]]:
