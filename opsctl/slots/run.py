@@ -129,10 +129,12 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
     progress = Progress(emit, sum(m.slot_count for m in moves), sum(d["est_keys"] for d in described))
     emit(SlotsStart("atomic" if atomic else "key-by-key", sum(m.slot_count for m in moves), tuple(described)))
     estimates = {(d["source"], d["target"]): d["est_keys"] for d in described}
+    failed_over: set[str] = set()  # the members of the shards whose failover a move followed
     for group in split_for_parallel(moves):
         errors: list[BaseException] = []
         threads = [threading.Thread(target=_guarded, args=(errors, _move_one, session, m, journal, progress,
-                                                           emit, options, atomic, estimates[(m.source, m.target)]))
+                                                           emit, options, atomic, estimates[(m.source, m.target)],
+                                                           failed_over))
                    for m in group]
         for t in threads:
             t.start()
@@ -141,15 +143,15 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
         if errors:
             raise errors[0]
     session.refresh()
-    _merge_split(session, journal, emit, {n for m in moves for end in (m.source, m.target)
-                                          for n in shard_members(session.loaded, end)})
+    if failed_over:  # a woken target may have split its shard after the failover was followed
+        _merge_split(session, journal, emit, failed_over)
     journal.compact()
     wait_stable(session)
     return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
 
 
 def _merge_split(session: Session, journal: Journal, emit: Emit, members: set[str]) -> bool:
-    """Merge the moves' shards that have two masters serving slots (a target stalled past the node timeout
+    """Merge the shards of members that have two masters serving slots (a target stalled past the node timeout
     right after a wave's SETSLOT NODE keeps that wave when it wakes: its replica claimed only the slots it
     knew its master had). Whether one was merged."""
     from opsctl.slots.fix import merge_split_shards
@@ -168,7 +170,7 @@ def _guarded(errors: list[BaseException], fn: Any, *args: Any) -> None:
 
 
 def _move_one(session: Session, move: Move, journal: Journal, progress: Progress, emit: Emit,
-              options: MoveOptions, atomic: bool, est_keys: int) -> None:
+              options: MoveOptions, atomic: bool, est_keys: int, failed_over: set[str]) -> None:
     owned = set(session.owned().get(move.source, ()))
     slots = expand(move.slots)
     if not owned.issuperset(slots):
@@ -187,6 +189,7 @@ def _move_one(session: Session, move: Move, journal: Journal, progress: Progress
             if failovers == MAX_FAILOVERS:
                 raise
             emit(EndpointReplacedEvent(exc.role, exc.name))
+            failed_over.update(n for end in (source.name, target.name) for n in shard_members(session.loaded, end))
             source, target, slots = _follow_failover(session, journal, progress, emit, source, target, slots)
 
 
