@@ -233,6 +233,10 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
                               "it cannot become a replica without dropping them",
                               "`opsctl cluster fix -f SPEC` covers the slot first; then run it again")
         target = session.peers[owner[slot]]
+        if (mine := session.me(target.name)) is not None and mine.migrating.get(slot) == node.id:
+            # a source still migrating the slot to node: that move is over (its keys come back here, the
+            # journal's close moves them on), and a migrating owner answers ASK for a key it does not have
+            checked(target, [("CLUSTER", "SETSLOT", slot, "STABLE")], "SETSLOT STABLE")
         checked(node, [("CLUSTER", "SETSLOT", slot, "IMPORTING", target.id)], "SETSLOT IMPORTING")
         keys = checked(node, [("CLUSTER", "GETKEYSINSLOT", slot, count)], "GETKEYSINSLOT")[0]
         for key in keys:
