@@ -233,7 +233,7 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
                               "it cannot become a replica without dropping them",
                               "`opsctl cluster fix -f SPEC` covers the slot first; then run it again")
         target = session.peers[owner[slot]]
-        if (mine := session.me(target.name)) is not None and mine.migrating.get(slot) == node.id:
+        if (owner_line := session.me(target.name)) is not None and owner_line.migrating.get(slot) == node.id:
             # a source still migrating the slot to node: that move is over (its keys come back here, the
             # journal's close moves them on), and a migrating owner answers ASK for a key it does not have
             checked(target, [("CLUSTER", "SETSLOT", slot, "STABLE")], "SETSLOT STABLE")
