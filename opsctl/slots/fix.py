@@ -24,6 +24,7 @@ from opsctl.spec.layout import Shard
 
 CLUSTER_SLOTS = 16384
 STRAY_TIMEOUT_MS = 5000  # MIGRATE of one stray key to its slot's owner
+STRAY_ROUNDS = 3
 
 
 def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
@@ -208,12 +209,30 @@ def merge_split_shards(session: Session, journal: Journal, emit: Emit,
             KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options()).move(slots)
             session.refresh()
             wait_for(lambda n=name: _empty(session, n), 30, f"{name} to show no slots")  # type: ignore[misc]
-            _hand_over_strays(session, source)
-            checked(source, [("CLUSTER", "REPLICATE", target.id)], "CLUSTER REPLICATE")
+            _demote(session, source, target)
             notes.append(f"shard {shard.index} had two masters serving slots: moved {len(slots)} slots of {name} "
                          f"to {keep}, and {name} now replicates {keep}")
         session.refresh()
     return notes
+
+
+def _demote(session: Session, node: Peer, master: Peer) -> None:
+    """CLUSTER REPLICATE master on node, once the keys it holds are handed over. Masters that still migrate a
+    slot to node stop first (they would send writes to it with ASK); a write they redirected just before lands
+    on node all the same, and REPLICATE refuses a node with keys: handed over again, a few times."""
+    for peer in session.masters():
+        line = session.me(peer.name)
+        moving = [s for s, to in line.migrating.items() if to == node.id] if line is not None else []
+        if moving:
+            checked(peer, [("CLUSTER", "SETSLOT", s, "STABLE") for s in moving], "SETSLOT STABLE")
+    for attempt in range(STRAY_ROUNDS):
+        _hand_over_strays(session, node)
+        reply = pipe(node, [("CLUSTER", "REPLICATE", master.id)])[0]
+        if not isinstance(reply, ReplyError):
+            return
+        if "empty" not in str(reply) or attempt == STRAY_ROUNDS - 1:
+            raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.node.endpoint})", str(reply),
+                              "`opsctl cluster fix -f SPEC` merges the shard again")
 
 
 def _hand_over_strays(session: Session, node: Peer) -> None:
@@ -233,10 +252,6 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
                               "it cannot become a replica without dropping them",
                               "`opsctl cluster fix -f SPEC` covers the slot first; then run it again")
         target = session.peers[owner[slot]]
-        if (owner_line := session.me(target.name)) is not None and owner_line.migrating.get(slot) == node.id:
-            # a source still migrating the slot to node: that move is over (its keys come back here, the
-            # journal's close moves them on), and a migrating owner answers ASK for a key it does not have
-            checked(target, [("CLUSTER", "SETSLOT", slot, "STABLE")], "SETSLOT STABLE")
         checked(node, [("CLUSTER", "SETSLOT", slot, "IMPORTING", target.id)], "SETSLOT IMPORTING")
         keys = checked(node, [("CLUSTER", "GETKEYSINSLOT", slot, count)], "GETKEYSINSLOT")[0]
         for key in keys:
