@@ -217,13 +217,13 @@ def _follow_failover(session: Session, journal: Journal, progress: Progress, emi
     wanted = {s for e in journal.pending() for s in expand(e.slots)} | set(slots)
     timeout = 3 * session.loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
     new_source, new_target = wait_for(masters, timeout, "the failed-over shard to have a master", interval=0.1)
-    if _merge_split(session, journal, emit, shards):
-        new_source, new_target = wait_for(masters, timeout, "the merged shard to have a master", interval=0.1)
 
     def ours(entry: OpenSlots) -> bool:
         return entry.source in shards and entry.target in shards
 
-    opened = [s for e in journal.pending() if ours(e) for s in expand(e.slots)]
+    opened = [s for e in journal.pending() if ours(e) for s in expand(e.slots)]  # before a merge closes some
+    if _merge_split(session, journal, emit, shards):
+        new_source, new_target = wait_for(masters, timeout, "the merged shard to have a master", interval=0.1)
     close_in_session(session, journal, emit, only=ours)
     at_source = set(session.owned().get(new_source, ()))
     progress.add(slots=sum(1 for s in opened if s not in at_source))
