@@ -134,31 +134,36 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
     began = time.monotonic()  # what "before steps" holds besides starting apply's own modules: plan of the same spec
     subprocess.run([*OPSCTL, "plan", "-f", str(path)], env=env(), check=False, capture_output=True)
     plan_alone = time.monotonic() - began
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    proc = subprocess.Popen([*OPSCTL, "apply", "-f", str(path), "--auto-approve", "--output", "json"], env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    opened: dict[int, tuple[str, float]] = {}
-    steps: list[tuple[str, float, float]] = []
-    for line in proc.stderr:  # events, one JSON object a line, timed as they arrive
-        now = time.monotonic() - started
-        event = json.loads(line) if line.startswith("{") else {}
-        if event.get("event") == "step-start":
-            opened[event["index"]] = (event["step"].split()[0], now)
-        elif event.get("event") == "step-done" and event["index"] in opened:
-            kind, start = opened.pop(event["index"])
-            steps.append((kind, start, now))
-    if proc.wait() != 0:
-        raise SystemExit("opsctl apply failed")
-    elapsed = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    loaded = read_spec(path, env())
-    if not (check(loaded.layout.servers[0].endpoint) and all_ok([n.endpoint for n in loaded.layout.servers])):
-        raise SystemExit("opsctl apply returned before the cluster was complete")
-    subprocess.run([*OPSCTL, "destroy", "-f", str(path), "--auto-approve", "--purge"], env=env(), check=True,
-                   capture_output=True)
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        proc = subprocess.Popen([*OPSCTL, "apply", "-f", str(path), "--auto-approve", "--output", "json"], env=env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        opened: dict[int, tuple[str, float]] = {}
+        steps: list[tuple[str, float, float]] = []
+        said: list[str] = []  # what is not a step event: shown when apply fails
+        for line in proc.stderr:  # events, one JSON object a line, timed as they arrive
+            now = time.monotonic() - started
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("event") not in ("step-start", "step-done"):
+                said.append(line.rstrip())
+            if event.get("event") == "step-start":
+                opened[event["index"]] = (event["step"].split()[0], now)
+            elif event.get("event") == "step-done" and event["index"] in opened:
+                kind, start = opened.pop(event["index"])
+                steps.append((kind, start, now))
+        if proc.wait() != 0:
+            raise SystemExit("opsctl apply failed:\n" + "\n".join(said[-40:]))
+        elapsed = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        loaded = read_spec(path, env())
+        if not (check(loaded.layout.servers[0].endpoint) and all_ok([n.endpoint for n in loaded.layout.servers])):
+            raise SystemExit("opsctl apply returned before the cluster was complete")
+    finally:  # a failed apply's servers too: left running they would load every later run
+        subprocess.run([*OPSCTL, "destroy", "-f", str(path), "--auto-approve", "--purge"], env=env(),
+                       check=False, capture_output=True)
     return Run(elapsed, cpu, sorted(steps, key=lambda s: s[1]), plan_alone)
 
 
