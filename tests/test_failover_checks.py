@@ -238,6 +238,26 @@ def test_a_replica_its_master_does_not_list_online_yet_is_not_a_target(tmp_path)
         assert not bad or "its master lists it as wait_bgsave" in bad[0].value
 
 
+def test_a_replica_whose_cluster_bus_link_to_its_master_is_down_is_not_a_target(tmp_path):
+    """CLUSTER FAILOVER asks the master over the replica's cluster-bus link and drops the request silently while
+    that link is down (Redis 7.0, a replica restarted a moment ago): the failover only times out (a CI failure of
+    test_rolling_restart_of_a_cluster_loses_no_acknowledged_write[redis]). The pre-check waits for the link."""
+    loaded = spec(tmp_path, "cluster")
+    facts = facts_for(loaded)
+    shard = loaded.layout.shards[0]
+    target = resolve_target(loaded, facts, shard=1)
+    assert target.replica is not None
+    master_id = _node_id(loaded, shard.master)
+    view = facts[target.replica].cluster_nodes
+    assert view is not None
+    down = [replace(line, link_state="disconnected") if line.id == master_id else line for line in view]
+    for lines, want in ((view, []), (down, ["target-linked"])):
+        seen = {**facts, target.replica: replace(facts[target.replica], cluster_nodes=lines)}
+        bad = failed(cluster_prechecks(loaded, seen, target, Thresholds(), [], 1000.0))
+        assert [c.name for c in bad] == want, bad
+        assert not bad or "its cluster bus link to the master is disconnected" in bad[0].value
+
+
 # --- post-checks ----------------------------------------------------------------------------------
 
 

@@ -124,6 +124,19 @@ def master_side_state(layout: Layout, facts: Facts, master: str, replica: str) -
     return "not listed" if fields is None else fields.get("state", "unknown")
 
 
+def bus_link_to_master(facts: Facts, replica: str) -> str | None:
+    """The replica's cluster-bus link to its master as the replica sees it (connected, disconnected, unknown);
+    None outside a cluster or when its view was not read. CLUSTER FAILOVER sends its request to the master over
+    this link and drops it silently while the link is down (a replica restarted a moment ago connects it at its
+    next cluster cron): the failover then only times out."""
+    lines = facts[replica].cluster_nodes
+    me = next((line for line in lines or [] if line.is_myself), None)
+    if me is None or me.master_id is None:
+        return None
+    master_line = next((line for line in lines or [] if line.id == me.master_id), None)
+    return "unknown" if master_line is None else master_line.link_state
+
+
 def linked_to(layout: Layout, facts: Facts, replica: str, master: str) -> bool:
     role = facts[replica].role
     m = layout.node(master)
@@ -220,8 +233,13 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, w
     seen_by_master = master_side_state(layout, facts, master, replica)
     if seen_by_master not in (None, "online"):
         value += f"; its master lists it as {seen_by_master}"
-    return Check("target-linked", linked_to(layout, facts, replica, master) and seen_by_master in (None, "online"),
-                 value, f"replica of {master} ({layout.node(master).endpoint}), link connected, online at the master",
+    bus = bus_link_to_master(facts, replica)
+    if bus not in (None, "connected"):
+        value += f"; its cluster bus link to the master is {bus}"
+    return Check("target-linked", linked_to(layout, facts, replica, master) and seen_by_master in (None, "online")
+                 and bus in (None, "connected"), value,
+                 f"replica of {master} ({layout.node(master).endpoint}), link connected, online at the master"
+                 + (", cluster bus link connected" if facts[replica].cluster_nodes else ""),
                  "wait for the link (opsctl status shows it) or pick another replica with --to")
 
 
