@@ -32,7 +32,6 @@ class Admin:
         self.name = node.name
         self.sentinel = node.is_sentinel
         self.client = client
-        self._renames = loaded.renames_for(node)
 
     @classmethod
     def for_node(cls, connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
@@ -51,7 +50,7 @@ class Admin:
         return endpoint(self.address, self.port)
 
     def command(self, name: str) -> str:
-        return self._renames.get(name.upper(), name.upper())
+        return self.loaded.command_name(self.node, name)
 
     def call(self, name: str, *args: Any) -> Any:
         return self.client.execute_command(self.command(name), *args)

@@ -43,8 +43,8 @@ class RawPipe:
     replies in."""
 
     def __init__(self, connector: Connector, node: Node, timeout: float = 30.0) -> None:
-        renames = connector.loaded.renames_for(node)
-        self._open(connector.socket(node, timeout), node.name, lambda c: renames.get(c.upper(), c.upper()))
+        loaded = connector.loaded
+        self._open(connector.socket(node, timeout), node.name, lambda c: loaded.command_name(node, c))
 
     @classmethod
     def on_socket(cls, sock: socket.socket, label: str) -> RawPipe:

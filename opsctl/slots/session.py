@@ -82,34 +82,34 @@ class Peer:
 
     def command(self, name: str) -> str:
         """A command's name as this node knows it (the spec's renames)."""
-        return self.pipes.connector.loaded.renames_for(self.node).get(name.upper(), name.upper())
+        return self.pipes.connector.loaded.command_name(self.node, name)
 
 
-def _packed(commands: Sequence[Command], chunk: int) -> Callable[[RawPipe], None]:
-    """Send commands under the node's renames, chunk at a time (0: all in one buffer), so the server starts on
-    the first ones while the rest are still being packed."""
+def packed_commands(peer: Peer, commands: Sequence[Command]) -> bytes:
+    """Commands under peer's renames, packed in one buffer (for sent)."""
+    return b"".join(encode([peer.command(str(c[0])), *c[1:]]) for c in commands)
+
+
+def _packed(peer: Peer, commands: Sequence[Command], chunk: int) -> Callable[[RawPipe], None]:
+    """Send commands chunk at a time (0: all in one buffer), so the server starts on the first ones while the
+    rest are still being packed."""
     step = chunk or max(1, len(commands))
 
     def send(raw: RawPipe) -> None:
         for at in range(0, len(commands), step):
-            raw.send(b"".join(encode([raw.name(str(c[0])), *c[1:]]) for c in commands[at:at + step]))
+            raw.send(packed_commands(peer, commands[at:at + step]))
 
     return send
 
 
 def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
     """One round trip; error replies come back as ReplyError values."""
-    return peer.pipes.round_trip(_packed(commands, 0), len(commands)) if commands else []
+    return peer.pipes.round_trip(_packed(peer, commands, 0), len(commands)) if commands else []
 
 
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
     """Like pipe, but packed and sent in chunks."""
-    return peer.pipes.round_trip(_packed(commands, chunk), len(commands)) if commands else []
-
-
-def packed_commands(peer: Peer, commands: Sequence[Command]) -> bytes:
-    """Commands under peer's renames, packed in one buffer (for sent)."""
-    return b"".join(encode([peer.command(str(c[0])), *c[1:]]) for c in commands)
+    return peer.pipes.round_trip(_packed(peer, commands, chunk), len(commands)) if commands else []
 
 
 def sent(peer: Peer, packed: bytes, count: int) -> list[Any]:

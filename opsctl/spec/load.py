@@ -47,6 +47,10 @@ class LoadedSpec(Frozen):
         """The renames node runs with: none on a sentinel (rename-command is for servers)."""
         return {} if node.is_sentinel else self.renames
 
+    def command_name(self, node: Node, command: str) -> str:
+        """The name node runs command under (upper case)."""
+        return self.renames_for(node).get(command.upper(), command.upper())
+
 
 def load_spec(text: str, file: str, resolve: SecretResolver | None) -> LoadedSpec:
     """resolve None: secrets are not resolved nor checked, and the credentials are empty (validate --no-secrets)."""
