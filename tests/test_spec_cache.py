@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from opsctl.cli import main
+from opsctl.plan.digest import digest
 from opsctl.spec import model, pydantic_model
 from opsctl.spec.model import DataMismatch, Record, Spec
 from opsctl.specfile import read_spec
@@ -148,11 +149,10 @@ def damage_value(text: str) -> str:  # the digest no longer matches
 
 
 def damage_type(text: str) -> str:  # a wrong type under a digest that matches
-    from opsctl import speccache
 
     entry = json.loads(text)
     entry["spec"]["lazyfree"] = "yes"
-    entry["digest"] = speccache._digest(entry["spec"])
+    entry["digest"] = digest(entry["spec"])
     return json.dumps(entry)
 
 
