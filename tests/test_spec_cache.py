@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from opsctl.cli import main
-from opsctl.plan.digest import digest
 from opsctl.spec import model, pydantic_model
 from opsctl.spec.model import DataMismatch, Record, Spec
 from opsctl.specfile import read_spec
@@ -149,10 +148,11 @@ def damage_value(text: str) -> str:  # the digest no longer matches
 
 
 def damage_type(text: str) -> str:  # a wrong type under a digest that matches
+    from opsctl import speccache
 
     entry = json.loads(text)
     entry["spec"]["lazyfree"] = "yes"
-    entry["digest"] = digest(entry["spec"])
+    entry["digest"] = speccache._digest(entry["spec"])
     return json.dumps(entry)
 
 
