@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import yaml
 from opsctl.cli import main
 from opsctl.events import PlaybookTask
 from opsctl.providers.ansible import parse_control, parse_facts, proc_state
+from opsctl.remote import ssh
 from opsctl.remote.inventory import build_inventory, parse_bastion, remote_paths
 from opsctl.remote.runner import child_env, failure_error, summarize, task_event
 from opsctl.specfile import read_spec
@@ -165,3 +168,47 @@ def test_admin_via_ssh_routes_admin_connections_and_needs_the_ansible_provider(t
     with pytest.raises(SpecError) as caught:
         read_spec(write_spec(tmp_path, spec))
     assert "admin_via_ssh needs provider: ansible" in caught.value.render()
+
+
+class _DroppedChannel:
+    """A paramiko channel whose SSH connection has gone: paramiko raises a bare EOFError on every request."""
+
+    def __init__(self) -> None:
+        self.sock, self.peer = socket.socketpair()
+        self.peer.sendall(b"reply")
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv(self, size: int) -> bytes:
+        return self.sock.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        raise EOFError()
+
+    def close(self) -> None:
+        self.sock.close()
+        raise EOFError()
+
+
+def test_a_tunnel_pump_ends_quietly_when_the_ssh_connection_drops():
+    """A dropped connection ended the pump thread with an unhandled EOFError (CI printed it as a thread
+    exception); it must end the thread and close the local end."""
+    conn, client = socket.socketpair()
+    client.sendall(b"PING\r\n")
+    thread_errors: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, thread_errors.append
+    try:
+        thread = threading.Thread(target=ssh.pump, args=(conn, _DroppedChannel(), threading.Event()))
+        thread.start()
+        thread.join(5)
+    finally:
+        threading.excepthook = previous
+    assert not thread.is_alive() and thread_errors == []
+    assert conn.fileno() == -1
+
+
+def test_an_ssh_error_for_a_dropped_connection_says_so():
+    error = ssh.ssh_error(ssh.SshTarget("h1", "10.0.0.1", 22, "ops", None), EOFError())
+    assert error.summary.startswith("cannot connect to host h1 (ops@10.0.0.1:22)")
+    assert error.detail == "the SSH connection closed"

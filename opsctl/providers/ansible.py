@@ -145,7 +145,7 @@ class AnsibleProvider:
         """Stream a file of the node's host (its RDB) over this provider's SSH connection (SFTP)."""
         try:
             ssh.stream_file(self._client(node), path, sink)
-        except (OSError, paramiko.SSHException) as exc:
+        except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
 
     def load_record(self, node: Node) -> dict[str, Any]:
@@ -306,7 +306,7 @@ class AnsibleProvider:
                 if sftp is None or channel is None or channel.closed:
                     sftp = self._sftps[node.host] = self._client(node).open_sftp()
                 return use(sftp)
-        except (OSError, paramiko.SSHException) as exc:
+        except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, doing) from None
 
     def _node_dir(self, sftp: paramiko.SFTPClient, node: Node) -> str | None:
@@ -321,7 +321,7 @@ class AnsibleProvider:
     def _run(self, node: Node, command: str, timeout: float = 60.0) -> ssh.CommandResult:
         try:
             return ssh.run(self._client(node), command, timeout)
-        except (OSError, paramiko.SSHException) as exc:
+        except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, "run a command on") from None
 
     def _control(self, node: Node, action: str, timeout: float = 60.0) -> ssh.CommandResult:
@@ -347,7 +347,7 @@ class AnsibleProvider:
                     tunnel.close()
                 try:
                     tunnel = self._tunnels[node.name] = self.tunnel(node)
-                except (OSError, paramiko.SSHException) as exc:
+                except ssh.GONE as exc:
                     raise ssh.ssh_error(self._target(node), exc, "open an admin tunnel to") from None
         return "127.0.0.1", tunnel.local_port
 

@@ -74,6 +74,11 @@ def known_hosts_path(explicit: str | None = None) -> str:
     return os.path.expanduser(chosen)
 
 
+GONE = (OSError, EOFError, paramiko.SSHException)
+"""What paramiko or a socket raises when a host cannot be reached or the SSH connection drops: paramiko raises a
+bare EOFError for a request on a connection that has closed."""
+
+
 def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") -> OpsctlError:
     hints = {
         paramiko.BadHostKeyException: "the host key changed: verify the host, then update known_hosts",
@@ -83,7 +88,8 @@ def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") 
     }
     hint = next((h for cls, h in hints.items() if isinstance(exc, cls)),
                 "is the host up and sshd listening on ssh_port? check address, bastion and firewalls")
-    return OpsctlError(f"cannot {doing} host {target.describe()}", f"{type(exc).__name__}: {exc}", hint)
+    detail = "the SSH connection closed" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
+    return OpsctlError(f"cannot {doing} host {target.describe()}", detail, hint)
 
 
 # --- I/O -----------------------------------------------------------------------------------------------------
@@ -101,7 +107,7 @@ def connect(target: SshTarget, known_hosts: str, auto_add: bool = False,
             assert transport is not None
             sock = transport.open_channel("direct-tcpip", (target.address, target.port), ("127.0.0.1", 0),
                                           timeout=timeout)
-        except (paramiko.SSHException, OSError) as exc:
+        except GONE as exc:
             jump.close()
             raise ssh_error(target, exc, "reach (through the bastion)") from None
     client = _client(known_hosts, auto_add)
@@ -109,7 +115,7 @@ def connect(target: SshTarget, known_hosts: str, auto_add: bool = False,
         client.connect(target.address, target.port, username=target.user, key_filename=target.key,
                        timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock,
                        allow_agent=target.key is None, look_for_keys=target.key is None)
-    except (paramiko.SSHException, OSError) as exc:
+    except GONE as exc:
         client.close()
         if jump:
             jump.close()
@@ -220,7 +226,7 @@ class Tunnel:
                 return
             try:
                 channel = self.transport.open_channel("direct-tcpip", self.remote, peer)
-            except (paramiko.SSHException, OSError):
+            except GONE:
                 conn.close()
                 continue
             threading.Thread(target=pump, args=(conn, channel, self._closed), daemon=True).start()
@@ -251,7 +257,8 @@ def _copy(data: bytes, send: Callable[[bytes], object]) -> bool:
 
 
 def pump(conn: socket.socket, channel: paramiko.Channel, closed: threading.Event) -> None:
-    """Copy bytes both ways until either side closes."""
+    """Copy bytes both ways until either side closes. Runs in its own thread, so nothing may escape it: paramiko
+    raises EOFError (not OSError) for a channel whose SSH connection has gone."""
     try:
         while not closed.is_set():
             readable, _, _ = select.select([conn.fileno(), channel.fileno()], [], [], 0.2)
@@ -259,8 +266,9 @@ def pump(conn: socket.socket, channel: paramiko.Channel, closed: threading.Event
                 return
             if channel.fileno() in readable and not _copy(channel.recv(65536), conn.sendall):
                 return
-    except OSError:
+    except GONE:
         return
     finally:
-        channel.close()
+        with contextlib.suppress(*GONE):
+            channel.close()
         conn.close()
