@@ -44,7 +44,7 @@ def _lost_after_restart(writer: Writer, client: redis.Redis | object, killed_at:
     """Acknowledged writes lost, less those acknowledged before the SIGKILL: that asynchronous replication
     window belongs to the kill, not to the restart (printed, for the record)."""
     when = dict(zip(writer.acked, writer.ack_times, strict=True))
-    lost = [line.split(":", 2)[0] + ":" + line.split(":", 2)[1] for line in writer.verify(client)]
+    lost = [key for key, _ in writer.lost(client)]
     window = [k for k in lost if when[k] <= killed_at]
     print(f"lost in the replication window at the kill: {len(window)}; acknowledged: {len(when)}")
     return [k for k in lost if when[k] > killed_at]

@@ -87,18 +87,21 @@ class Writer:
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0) * 1000
 
     def verify(self, client: Any) -> list[str]:
-        """Acknowledged keys that are missing or changed (empty = nothing lost)."""
-        lost = []
+        """Acknowledged keys that are missing or changed, each with what was expected (empty = nothing lost)."""
+        return [f"{key}: expected {self.acked[key]!r}, got {value!r}" for key, value in self.lost(client)]
+
+    def lost(self, client: Any) -> list[tuple[str, str | None]]:
+        """(key, value found) for every acknowledged key that is missing or changed."""
+        found = []
         keys = list(self.acked)
         for i in range(0, len(keys), 500):
             batch = keys[i:i + 500]
             pipe = client.pipeline()
             for key in batch:
                 pipe.get(key)
-            for key, value in zip(batch, pipe.execute(), strict=True):
-                if value != self.acked[key]:
-                    lost.append(f"{key}: expected {self.acked[key]!r}, got {value!r}")
-        return lost
+            found += [(key, value) for key, value in zip(batch, pipe.execute(), strict=True)
+                      if value != self.acked[key]]
+        return found
 
 
 def dataset_checksum(client: RedisCluster, match: str = "*") -> tuple[int, str]:
