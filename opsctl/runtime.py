@@ -59,7 +59,7 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
 
 
 def spec_digest(loaded: LoadedSpec) -> str:
-    from opsctl.plan.digest import digest
+    from opsctl.digest import digest
 
     return digest(loaded.spec.model_dump(mode="json"))
 

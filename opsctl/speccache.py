@@ -22,10 +22,11 @@ import os
 from pathlib import Path
 
 from opsctl import __version__
+from opsctl.digest import digest
 from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, write_private
 from opsctl.spec.model import DataMismatch, Spec
 
-FORMAT = 1
+FORMAT = 2
 FOLDER = "spec-cache"
 ENTRY_LIMIT = 4 * 1024 * 1024
 FIELDS = {"format", "opsctl", "key", "digest", "spec"}
@@ -65,7 +66,7 @@ def read_entry(path: Path, key: str) -> Spec | None:
     except (ValueError, RecursionError):
         return None
     if not (isinstance(entry, dict) and set(entry) == FIELDS and entry["format"] == FORMAT
-            and entry["opsctl"] == __version__ and entry["key"] == key and entry["digest"] == _digest(entry["spec"])):
+            and entry["opsctl"] == __version__ and entry["key"] == key and entry["digest"] == digest(entry["spec"])):
         return None
     try:
         return Spec.from_json(entry["spec"])
@@ -76,17 +77,13 @@ def read_entry(path: Path, key: str) -> Spec | None:
 def write_entry(path: Path, key: str, spec: Spec) -> None:
     """Store spec as valid for key; a cache that cannot be written is no error (the next run validates again)."""
     data = spec.model_dump()
-    entry = {"format": FORMAT, "opsctl": __version__, "key": key, "digest": _digest(data), "spec": data}
+    entry = {"format": FORMAT, "opsctl": __version__, "key": key, "digest": digest(data), "spec": data}
     try:
         check_state_path(path.parent, below=path.parent.parent.parent)
         make_dir(path.parent)
         write_private(path, json.dumps(entry, separators=(",", ":")))
     except (FileProblem, OSError):
         return
-
-
-def _digest(data: object) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @functools.cache

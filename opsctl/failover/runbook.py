@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector
+from opsctl.digest import digest
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
@@ -37,7 +38,6 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.nodefiles import write_private
 from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
-from opsctl.plan.digest import digest
 from opsctl.plan.facts import NodeFacts
 from opsctl.safefs import check_state_path
 from opsctl.spec.layout import sentinel_master_name

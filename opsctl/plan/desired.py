@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from opsctl.digest import digest
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import split_args
-from opsctl.plan.digest import digest
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import Directive
 from opsctl.spec.layout import Node

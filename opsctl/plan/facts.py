@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
+from opsctl.digest import digest
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
-from opsctl.plan.digest import digest
 
 
 @frozen
