@@ -4,6 +4,8 @@ value compared with the source afterwards; --from-live; keys that exist; refusal
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -14,6 +16,7 @@ import redis
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, cluster_check
+from tests.test_slots_lock_and_fix import HOLD
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +158,25 @@ def test_restore_into_other_shapes(tmp_path, capsys, flavor) -> None:
         same_data(source, snapshot(d_loaded))
         code, out, err = restore(capsys, b, "--from", str(standalone))  # the keys are there already
         assert code == 3 and "already exist" in err and "nothing was written" in err, err
+
+
+
+def test_a_live_source_is_locked_while_it_is_read(tmp_path, capsys) -> None:
+    """Another run holding the source (a reshard, a failover) refuses the copy before anything is written, as
+    `backup` does; a spec naming the target's own servers is refused before any lock."""
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {}), ("standalone", {})) as [(s, s_loaded),
+                                                                                             (t, t_loaded)]:
+        clients(s_loaded)[0].mset({f"k:{i}": i for i in range(50)})
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(s)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            code, _, err = restore(capsys, t, "--from-live", str(s))
+            assert code == 3 and "holds this topology" in err, err
+            assert clients(t_loaded)[0].dbsize() == 0
+        finally:
+            holder.kill()
+            holder.wait()
+        code, _, err = restore(capsys, t, "--from-live", str(t))
+        assert code == 3 and "same nodes" in err and "both specs name" in err, err
+        code, out, err = restore(capsys, t, "--from-live", str(s))
+        assert code == 0 and "verified" in out, err + out

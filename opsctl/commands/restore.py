@@ -35,7 +35,14 @@ def _text(done: RestoreDone) -> str:
 def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.connector import open_connector
     from opsctl.events import RestoreDryRun
-    from opsctl.restore.run import RestoreOptions, backup_sources, inspect_target, live_sources, run_restore
+    from opsctl.restore.run import (
+        RestoreOptions,
+        backup_sources,
+        inspect_target,
+        live_sources,
+        refuse_same_servers,
+        run_restore,
+    )
     from opsctl.specfile import read_spec
     from opsctl.statedir import state_dir_for
     from opsctl.statelock import state_lock
@@ -57,7 +64,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
             prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
         else:
             source = read_spec(args.from_live)
+            refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
             source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
+            if not args.dry_run:  # no run reshards, fails over or restarts the source while it is read
+                stack.enter_context(topology_lock(source_connector))
             prepared = stack.enter_context(live_sources(source_connector, target, options))
         emit = stack.enter_context(event_printer(json_mode))
         report = run_restore(target, prepared, state_dir, options, emit)

@@ -210,6 +210,15 @@ def _scratch_opener(socket_path: str, label: str) -> Callable[[], RawPipe]:
     return lambda: RawPipe.on_socket(unix_socket(socket_path, 120.0), label)
 
 
+def refuse_same_servers(target: LoadedSpec, source: LoadedSpec) -> None:
+    """RefusedError when the source spec names a server of the target's: a topology copied into itself."""
+    shared = {n.endpoint for n in source.layout.servers} & {n.endpoint for n in target.layout.servers}
+    if shared:
+        raise RefusedError("source and target are the same nodes",
+                           f"both specs name {', '.join(sorted(shared))}",
+                           "--from-live names another topology's spec")
+
+
 @contextmanager
 def live_sources(source: Connector, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
     """A running topology: per shard a linked replica (else the master), read with DUMP as its server writes."""
