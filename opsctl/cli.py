@@ -49,7 +49,7 @@ def refuse_server_without_tls(loaded: LoadedSpec) -> None:
     from opsctl.binaries import find_server, require_tls
     from opsctl.versions import parse_version
 
-    require_tls(find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary))
+    require_tls(find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary))
 
 
 def _render(args: argparse.Namespace) -> int:

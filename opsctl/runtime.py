@@ -52,7 +52,7 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     from opsctl.binaries import find_server, require_tls
     from opsctl.providers.local import LocalProvider
 
-    binary = find_server(spec.server.flavor, parse_version(spec.server.version), spec.server.binary)
+    binary = find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary)
     if spec.tls.enabled:
         require_tls(binary)
     return Runtime(loaded, LocalProvider(loaded, directory, binary), directory, make_connector(loaded, directory))

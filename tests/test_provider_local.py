@@ -568,3 +568,21 @@ def test_sock_diag_names_the_listening_socket_of_a_port_as_the_proc_table_does()
         assert found == listening_inodes(Path("/proc/net/tcp").read_text(), address, port)
         assert len(found) == 1 and found == {str(os.fstat(listener.fileno()).st_ino)}
         assert sockdiag.listening_inodes(address, other.getsockname()[1]) != found
+
+
+def test_a_relative_server_binary_is_found_next_to_the_spec_from_any_folder(tmp_path: Path, monkeypatch,
+                                                                            capsys) -> None:
+    """server.binary: bin/valkey-server means the spec's folder, as every file a spec names; it used to be
+    taken from the caller's working directory."""
+    from opsctl.cli import main
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "valkey-server").symlink_to(server_binary("valkey"))
+    spec = make_spec("standalone", "valkey", hosts=1)
+    spec["server"] = {**spec["server"], "binary": "bin/valkey-server"}
+    spec_file = write_spec(tmp_path, spec)
+    assert read_spec(spec_file).server_binary == str(tmp_path / "bin" / "valkey-server")
+    monkeypatch.chdir("/")
+    code = main(["plan", "-f", str(spec_file)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "start" in out, err

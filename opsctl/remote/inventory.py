@@ -148,8 +148,8 @@ def group_vars(loaded: LoadedSpec, files_dir: str) -> dict[str, Any]:
         "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
         "opsctl_files_dir": files_dir, "ansible_python_interpreter": REMOTE_PYTHON,
     }
-    if spec.server.binary:
-        values["opsctl_server_binary"] = spec.server.binary
+    if loaded.server_binary:
+        values["opsctl_server_binary"] = loaded.server_binary
     return values
 
 

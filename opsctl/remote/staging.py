@@ -44,6 +44,6 @@ def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap) -> None:
     scripts = data_dir("playbooks") / "files"
     body = (scripts / "opsctl-install.sh").read_text()
     control = (scripts / "opsctl-node.sh").read_bytes()
-    binary = read_binary(spec.server.binary) if spec.server.binary else None
+    binary = read_binary(loaded.server_binary) if loaded.server_binary else None
     for name, data in host_installers(spec, nodes, files, body, control, binary).items():
         write_private(files_dir / name, data)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import typing
 from collections.abc import Callable
 
@@ -46,6 +47,12 @@ class LoadedSpec(Frozen):
     def renames_for(self, node: Node) -> dict[str, str]:
         """The renames node runs with: none on a sentinel (rename-command is for servers)."""
         return {} if node.is_sentinel else self.renames
+
+    @property
+    def server_binary(self) -> str | None:
+        """server.binary with a relative path taken from the spec's folder, as every file the spec names."""
+        binary = self.spec.server.binary
+        return None if binary is None else os.path.join(os.path.dirname(os.path.abspath(self.file)), binary)
 
     def command_name(self, node: Node, command: str) -> str:
         """The name node runs command under (upper case)."""

@@ -97,13 +97,17 @@ class Tls(Strict):
 class Server(Strict):
     flavor: Literal["valkey", "redis"] = "valkey"
     version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+$")] = "9.1"
-    binary: str | None = None
+    binary: str | None = Field(default=None, description=(
+        "the server's executable on the machine running opsctl (relative paths: next to the spec)"))
     user: Name | None = Field(default=None, description=(
         "OS user the servers run as (never root): provider local uses it when opsctl runs as root, provider "
         "ansible always; created when missing. Default: the flavor's name (valkey or redis)"))
 
     @model_validator(mode="after")
     def _never_root(self) -> Server:
+        if self.binary is not None and (self.binary == "" or self.binary != self.binary.strip()):
+            raise ValueError(f"binary: {self.binary!r} is not a path: give the server's executable without spaces "
+                             "around it (relative paths: next to the spec), or leave binary out to find one")
         if self.user == "root":
             raise ValueError("user: servers never run as root; name an unprivileged user (default: the flavor's name)")
         return self
