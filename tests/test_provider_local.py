@@ -586,3 +586,24 @@ def test_a_relative_server_binary_is_found_next_to_the_spec_from_any_folder(tmp_
     code = main(["plan", "-f", str(spec_file)])
     out, err = capsys.readouterr()
     assert code == 2 and "start" in out, err
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="the copy is made only for a server user other than opsctl's")
+def test_the_binary_copy_for_the_server_user_goes_with_the_last_purged_node(tmp_path: Path,
+                                                                             started: Started) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)  # as a virtualenv under root's home: the server user cannot enter
+    binary = closed / "valkey-server"
+    binary.write_bytes(Path(server_binary("valkey")).read_bytes())
+    binary.chmod(0o755)
+    write_spec(tmp_path, make_spec("standalone", "valkey", hosts=1))
+    loaded = read_spec(tmp_path / "topology.yaml")
+    provider = LocalProvider(loaded, tmp_path / "state", probe(str(binary)), start_timeout=10.0)
+    node = loaded.layout.nodes[0]
+    deploy(loaded, provider, node)
+    started.start(provider, node)
+    assert provider.binary.path == str(tmp_path / "state" / "bin" / "valkey-server")
+    provider.stop(node, timeout=5.0)
+    provider.purge(node)
+    assert not (tmp_path / "state" / "bin").exists()

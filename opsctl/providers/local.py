@@ -339,6 +339,15 @@ class LocalProvider:
         folder = self._checked_node_dir(node)
         if folder.exists():
             shutil.rmtree(folder)
+        self._drop_binary_copy_when_unused()
+
+    def _drop_binary_copy_when_unused(self) -> None:
+        """The state dir's bin/ (_runnable_binary's copy) goes with the last node folder of the spec."""
+        if any(self.node_dir(n).exists() for n in self.loaded.layout.nodes):
+            return
+        copies = self.state_dir / "bin"
+        if copies.is_dir() and not copies.is_symlink():
+            shutil.rmtree(copies)
 
     def flush(self) -> None:
         """Files are written at once: nothing is staged."""
