@@ -8,7 +8,7 @@ command in a pipeline must not hide the replies of the others).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TypeAlias
 
 import hiredis
@@ -26,10 +26,18 @@ class RespError(Frozen):
 Reply: TypeAlias = "bytes | int | list[Reply] | RespError | None"
 
 
+class _Incomplete:
+    """What a reader's gets() returns while the next reply is incomplete (not False: `iter(gets, INCOMPLETE)`
+    compares with ==, and the integer reply 0 equals False)."""
+
+
+INCOMPLETE = _Incomplete()
+
+
 def reader() -> hiredis.Reader:
-    """A RESP2 reply reader: feed() it bytes, gets() returns the next reply or False while one is incomplete."""
+    """A RESP2 reply reader: feed() it bytes, gets() returns the next reply or INCOMPLETE while none is whole."""
     # hiredis calls replyError with the message and returns its result; the stub wants an Exception class.
-    return hiredis.Reader(replyError=RespError)  # type: ignore[arg-type]
+    return hiredis.Reader(replyError=RespError, notEnoughData=INCOMPLETE)  # type: ignore[arg-type]
 
 
 def encode(args: Sequence[Arg]) -> bytes:
@@ -37,12 +45,16 @@ def encode(args: Sequence[Arg]) -> bytes:
     return packed
 
 
-def encode_keyed(command: bytes, keys: Iterable[bytes], subcommand: bytes = b"") -> bytes:
+def encode_keyed(command: bytes, keys: Sequence[bytes], subcommand: bytes = b"") -> bytes:
     """The same one-key command for many keys (`STRLEN k1`, `STRLEN k2`, ...; with a subcommand
     `MEMORY USAGE k1`, ...), packed in one buffer."""
+    if not keys:
+        return b""
     words = (command, subcommand) if subcommand else (command,)
     head = b"*%d\r\n" % (len(words) + 1) + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in words)
-    return b"".join(b"%s$%d\r\n%s\r\n" % (head, len(k), k) for k in keys)
+    # everything before a key depends only on its length: one prefix per length, joined with the keys in C
+    before = {n: b"%s$%d\r\n" % (head, n) for n in set(map(len, keys))}
+    return b"\r\n".join([before[len(k)] + k for k in keys]) + b"\r\n"
 
 
 TextReply: TypeAlias = "str | int | list[TextReply] | RespError | None"
@@ -63,6 +75,6 @@ def replies(buf: bytes) -> list[Reply]:
     parse = reader()
     parse.feed(buf)
     out: list[Reply] = []
-    while (reply := parse.gets()) is not False:
+    while (reply := parse.gets()) is not INCOMPLETE:
         out.append(reply)
     return out

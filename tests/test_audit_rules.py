@@ -24,7 +24,7 @@ from opsctl.audit.nodechecks import (
 )
 from opsctl.audit.report import render
 from opsctl.audit.throttle import throttle_delay
-from opsctl.resp import RespError, encode, encode_keyed, reader, replies
+from opsctl.resp import INCOMPLETE, RespError, encode, encode_keyed, reader, replies
 from opsctl.spec.layout import Node
 
 
@@ -180,12 +180,12 @@ def test_throttle(spent: int, now: float, delay: float) -> None:
 
 def test_keys_with_any_byte_and_replies_split_across_reads() -> None:
     keys = [b"k%d" % i for i in range(12)] + [b"evil\r\n$3\r\nkey", b""]
-    buf = encode(keys) + b":7\r\n-ERR no\r\n"
-    assert replies(buf) == [keys, 7, RespError("ERR no")]
+    buf = encode(keys) + b":7\r\n-ERR no\r\n:0\r\n"
+    assert replies(buf) == [keys, 7, RespError("ERR no"), 0]
     parse = reader()
     out = []
     for at in range(0, len(buf), 5):  # fed in small pieces, as a socket may deliver them
         parse.feed(buf[at:at + 5])
-        while (reply := parse.gets()) is not False:
+        while (reply := parse.gets()) is not INCOMPLETE:
             out.append(reply)
-    assert out == [keys, 7, RespError("ERR no")]
+    assert out == [keys, 7, RespError("ERR no"), 0]

@@ -56,9 +56,15 @@ class BigKeys:
     top_described: list[BigKey] = field(default_factory=list)
 
     def add_batch(self, kind: str, keys: Sequence[bytes], sizes: Sequence[int]) -> None:
+        if len(keys) != len(sizes):
+            raise ValueError(f"{len(keys)} keys, {len(sizes)} sizes")
+        self.totals[kind] += sum(sizes)
+        self.counts[kind] += len(keys)
         limit = self.thresholds.string_bytes if kind == "string" else self.thresholds.elements
         heap = self.top.setdefault(kind, [])
         n = self.thresholds.top
+        if sizes and len(heap) >= n and max(sizes) <= min(limit, heap[0][0]):
+            return  # nothing big and nothing for the top-N (most batches once the top has filled): max() is C
         for key, size in zip(keys, sizes, strict=True):
             if size > limit:
                 self.big.append(BigKey(key, kind, size))
@@ -66,8 +72,6 @@ class BigKeys:
                 heapq.heappush(heap, (size, key))
             elif size > heap[0][0]:
                 heapq.heapreplace(heap, (size, key))
-        self.totals[kind] += sum(sizes)
-        self.counts[kind] += len(keys)
 
     def top_keys(self) -> list[BigKey]:
         return [BigKey(key, kind, size) for kind in TYPES

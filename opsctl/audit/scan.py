@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 from opsctl.audit.discover import LiveNode
 from opsctl.audit.keynames import NameLint
@@ -155,14 +156,7 @@ class _Scanner:
         keys, n, r = request.keys, len(request.keys), self.result
         pos = 0
         if self.wants.sizes:
-            strings, sizes = [], []
-            for key, reply in zip(keys, replies[:n], strict=True):
-                if isinstance(reply, int):
-                    strings.append(key)
-                    sizes.append(reply)
-                elif isinstance(reply, RespError) and reply.message.startswith("WRONGTYPE"):
-                    self.retype.append(key)
-            r.bigkeys.add_batch("string", strings, sizes)
+            self._on_strlen(keys, replies[:n])
             pos = n
         self._failed([e for e in replies[pos:] if isinstance(e, RespError)])
         if self.wants.expiry:
@@ -176,6 +170,20 @@ class _Scanner:
         r.keys += n
         if self.progress:
             self.progress(r.node, r.keys, r.dbsize)
+
+    def _on_strlen(self, keys: list[bytes], replies: list[Reply]) -> None:
+        """STRLEN's answers: sizes of strings; the keys that are not strings go to TYPE."""
+        if set(map(type, replies)) == {int}:  # all strings (most batches): no Python step per key
+            self.result.bigkeys.add_batch("string", keys, cast("list[int]", replies))
+            return
+        strings, sizes = [], []
+        for key, reply in zip(keys, replies, strict=True):
+            if isinstance(reply, int):
+                strings.append(key)
+                sizes.append(reply)
+            elif isinstance(reply, RespError) and reply.message.startswith("WRONGTYPE"):
+                self.retype.append(key)
+        self.result.bigkeys.add_batch("string", strings, sizes)
 
     def _on_type(self, request: _Request, replies: list[Reply]) -> None:
         for key, reply in zip(request.keys, replies, strict=True):
@@ -192,7 +200,10 @@ def _scan_reply(reply: Reply) -> tuple[bytes, list[bytes]]:
     if not isinstance(reply, list) or len(reply) != 2 or not isinstance(reply[1], list):
         raise ValueError(f"unexpected SCAN reply: {reply!r}")
     cursor = reply[0] if isinstance(reply[0], bytes) else b"0"
-    return cursor, [k for k in reply[1] if isinstance(k, bytes)]
+    page = reply[1]
+    if set(map(type, page)) <= {bytes}:  # always, from a server: checked without a Python step per key
+        return cursor, cast("list[bytes]", page)
+    return cursor, [k for k in page if isinstance(k, bytes)]
 
 
 def _describe_big(pipe: RawPipe, result: NodeScan) -> None:
