@@ -72,6 +72,7 @@ class Execution:
     plan: Plan | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
     before: dict[str, Before] = field(default_factory=dict)  # per node: its files and record before this run
+    replicas_later: list[list[tuple[int, Step]]] = field(default_factory=list)  # form-cluster runs them
 
     def sets_live(self, node: str) -> bool:
         """Does the plan CONFIG SET on this node? Then its files are kept to roll a refused value back."""
@@ -95,12 +96,25 @@ def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
     if parallel_shards > 1 and all(isinstance(s, (RestartNode, Failover, WaitConverged)) for s in plan.steps):
         _run_shards_in_parallel(run, numbered, parallel_shards)
         return run.timings
-    for wave in waves(numbered):
+    planned = waves(numbered)
+    for wave, following in zip(planned, [*planned[1:], None], strict=True):
         if len(wave) == 1 and not isinstance(wave[0][0][1], NODE_LOCAL):
             _run_chain(run, wave[0], len(plan.steps))
-        else:
-            _run_wave(run, wave, len(plan.steps))
+            continue
+        run.replicas_later = _replicas_of_a_new_cluster(run, wave, following)
+        _run_wave(run, [chain for chain in wave if chain not in run.replicas_later], len(plan.steps))
     return run.timings
+
+
+def _replicas_of_a_new_cluster(run: Execution, wave: list[list[tuple[int, Step]]],
+                               following: list[list[tuple[int, Step]]] | None) -> list[list[tuple[int, Step]]]:
+    """The replicas' chains of a node-local wave that a form-cluster step follows: that step writes and starts
+    them once the masters are set up and meet (a master's 2 s writable delay runs from its own start, so the
+    masters start first and everything else overlaps it)."""
+    if following is None or not isinstance(following[0][0][1], FormCluster):
+        return []
+    layout = run.rt.loaded.layout
+    return [chain for chain in wave if layout.node(chain[0][1].node).role != "master"]
 
 
 NODE_LOCAL = (WriteConfig, StartNode)
@@ -485,8 +499,13 @@ def acl_load(run: Execution, step: Step) -> None:
 
 
 def form(run: Execution, step: Step) -> None:
+    """Form the cluster; the replicas' writes and starts of the wave before (Execution.replicas_later) run as
+    their own steps once the masters meet, each failing on its own (the first failure fails this step too)."""
     assert isinstance(step, FormCluster)
-    form_cluster(run.rt.connector, run.rt.loaded.layout)
+    later, run.replicas_later = run.replicas_later, []
+    total = len(run.plan.steps) if run.plan else 0
+    form_cluster(run.rt.connector, run.rt.loaded.layout,
+                 start_replicas=(lambda: _run_wave(run, later, total)) if later else None)
 
 
 def join_cluster(run: Execution, step: Step) -> None:

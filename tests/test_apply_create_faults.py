@@ -1,5 +1,6 @@
-"""A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster): the next apply finishes it,
-and redis-cli --cluster check passes. A run that lost its topology lock launches no server."""
+"""A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster, the replicas' start among
+them): the next apply finishes it, and redis-cli --cluster check passes. Each kill lands while apply still runs.
+A run that lost its topology lock launches no server."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from opsctl.cli import main
 from opsctl.observe.parse import parse_info
@@ -23,23 +26,44 @@ from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, serv
 pytestmark = pytest.mark.integration
 
 
-def _info(node: Node) -> dict[str, str]:
-    client = redis.Redis(node.address, node.port, password=PASSWORD, socket_timeout=0.5, socket_connect_timeout=0.5,
-                         decode_responses=True)
+def _client(node: Node) -> redis.Redis:
+    """Kept for the whole poll, and no retry of a refused connection (redis-py backs off and retries 3 times):
+    a look at every server takes a few ms, so a short phase (the replicas' start while the masters meet) is seen."""
+    return redis.Redis(node.address, node.port, password=PASSWORD, socket_timeout=0.5, socket_connect_timeout=0.5,
+                       decode_responses=True, retry=Retry(NoBackoff(), 0))
+
+
+def _info(client: redis.Redis) -> dict[str, str]:
     try:
         return {**client.info("replication"), **parse_info(client.execute_command("CLUSTER", "INFO"))}
     except redis.RedisError:
         return {}
-    finally:
-        client.close()
 
 
-POINTS: dict[str, Callable[[dict[str, str]], bool]] = {
-    "answering": lambda info: bool(info),  # servers started, nothing set up yet (or the first setups)
-    "slots": lambda info: info.get("cluster_slots_assigned", "0") != "0",  # epochs and slots, meets under way
-    # replicas have met their masters and nobody else, REPLICATE not sent yet (or not to every replica)
-    "met": lambda info: info.get("cluster_known_nodes", "1") != "1" and info.get("role") == "master",
-    "replica": lambda info: info.get("role") == "slave",  # replicas attached, then met by the rest, met again
+Seen = list[tuple[Node, dict[str, str]]]  # every server and its info ({} when it does not answer)
+
+
+def _any(test: Callable[[Node, dict[str, str]], bool]) -> Callable[[Seen], bool]:
+    return lambda seen: any(test(node, info) for node, info in seen)
+
+
+def _masters_met_replica_down(seen: Seen) -> bool:
+    """A master knows every master while a replica does not answer yet (being written or started: the masters are
+    set up and meet first, the replicas start meanwhile)."""
+    masters = sum(node.role == "master" for node, _ in seen)
+    return _any(lambda node, info: node.role == "master" and info.get("cluster_known_nodes") == str(masters))(seen) \
+        and _any(lambda node, info: node.role == "replica" and not info)(seen)
+
+
+POINTS: dict[str, Callable[[Seen], bool]] = {
+    "answering": _any(lambda _, info: bool(info)),  # masters started, nothing set up yet (or the first setups)
+    # epochs and slots, the masters' meets under way
+    "slots": _any(lambda _, info: info.get("cluster_slots_assigned", "0") != "0"),
+    "masters": _masters_met_replica_down,
+    # a replica has met its master and nobody else, REPLICATE not sent yet (or not to every replica)
+    "met": _any(lambda node, info: node.role == "replica" and info.get("cluster_known_nodes", "1") != "1"
+                and info.get("role") == "master"),
+    "replica": _any(lambda _, info: info.get("role") == "slave"),  # replicas attached, then met by the rest
 }
 
 
@@ -51,11 +75,13 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
                             env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    clients = [(n, _client(n)) for n in servers]
     try:
         deadline = time.monotonic() + 30
-        while not any(POINTS[point](_info(n)) for n in servers) and proc.poll() is None:
+        while not POINTS[point]([(n, _info(c)) for n, c in clients]) and proc.poll() is None:
             assert time.monotonic() < deadline, f"apply never reached {point}"
             time.sleep(0.005)
+        assert proc.poll() is None, f"apply ended before {point}: the kill point was missed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
@@ -64,6 +90,8 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
         check = cluster_check(servers[0].endpoint)
         assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
     finally:
+        for _, client in clients:
+            client.close()
         if proc.poll() is None:
             proc.kill()
         main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])

@@ -1,7 +1,8 @@
 """Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin,
 or, for form_cluster, through an Observer's raw links.
 
-form_cluster pipelines each node's setup into one round trip, MEETs, then polls every few ms (never 1 s sleeps).
+form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip per
+node; then it polls every few ms (never 1 s sleeps).
 """
 
 from __future__ import annotations
@@ -290,22 +291,25 @@ def loads_from_disk(reply: TextReply) -> bool:
     return isinstance(reply, list) and len(reply) == 2 and reply[1] == "disabled"
 
 
-def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) -> None:
+def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
+                 start_replicas: Callable[[], None] | None = None) -> None:
     """Create a cluster from fresh empty nodes, each pass one round trip per node, all nodes at once: distinct
     epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
     REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket)
     and MEETs everyone else in the same round trip, so nobody learns it through a MEET as a master. Then wait
     until converged (_converge), where a node whose view of another is stale gets a second MEET from it instead
-    of waiting for the ping cadence."""
-    deadline = time.monotonic() + timeout
+    of waiting for the ping cadence.
+
+    The masters are set up and meet first; start_replicas (the executor's writes and starts of the replicas that
+    are not running yet) runs after that, so a master's 2 s writable delay, counted from its own start, runs
+    while the replicas are written and launched."""
     servers = list(layout.servers)
     slots = slot_plan(layout)
     has_range = has_addslotsrange(connector.loaded)
     first, then = first_meets(layout), replica_meets(layout)
     replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
+    masters = [n for n in servers if n not in replicas]
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
-        ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), servers)
-
         def setup(node: Node) -> bool:
             """True for a replica that loads its syncs from disk (loads_from_disk)."""
             cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
@@ -313,9 +317,20 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0) ->
             replies = _checked(observer, node, cmds + [("CONFIG", "GET", DISKLESS_LOAD)] * asks, "cluster setup")
             return asks and loads_from_disk(replies[-1])
 
-        # every epoch is set before any node meets another
-        from_disk = {name for name, yes in _parallel(observer.pool, setup, servers).items() if yes}
-        _parallel(observer.pool, _introducer(observer, first, from_disk), servers)
+        def introduce(nodes: Sequence[Node]) -> tuple[dict[str, str], set[str]]:
+            """The nodes' ids, and their first MEETs once every one of them has its epoch (a node that knows
+            another refuses SET-CONFIG-EPOCH; nobody MEETs a replica before it has met its master)."""
+            ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), nodes)
+            from_disk = {name for name, yes in _parallel(observer.pool, setup, nodes).items() if yes}
+            _parallel(observer.pool, _introducer(observer, first, from_disk), nodes)
+            return ids, from_disk
+
+        ids, _ = introduce(masters)
+        if start_replicas is not None:
+            start_replicas()
+        deadline = time.monotonic() + timeout
+        replica_ids, from_disk = introduce(replicas)
+        ids |= replica_ids
         _replicate_once_known(observer, layout, ids, then, deadline - time.monotonic())
         _converge(observer, layout, ids, max(0.1, deadline - time.monotonic()))
         # every replica's link is up: its first sync is done
