@@ -161,15 +161,16 @@ class Connector:
         return [self.loaded.credentials.password.reveal(), *([previous.reveal()] if previous and previous.reveal()
                                                               else [])]
 
-    def socket(self, node: Node, timeout: float = 30.0) -> socket.socket:
-        """A connected, authenticated socket to node (TLS-wrapped when TLS is on) for raw RESP."""
+    def socket(self, node: Node, timeout: float = 30.0, auth: bool = True) -> socket.socket:
+        """A connected, authenticated socket to node (TLS-wrapped when TLS is on) for raw RESP.
+        auth=False: anonymous (the audit's probe of what a client without a password may do)."""
         sock = socket.create_connection(self.dial(node), timeout=timeout)
         try:
             context = self.tls_context()
             if context is not None:
                 sock = context.wrap_socket(sock, server_hostname=node.address)
-            reply = b""
-            for password in self._passwords():
+            reply = b"" if auth else b"+"  # anonymous: nothing to refuse
+            for password in self._passwords() if auth else []:
                 sock.sendall(_auth_command(self.loaded, node, password))
                 reply = _read_line(sock)
                 if reply.startswith(b"+"):

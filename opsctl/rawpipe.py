@@ -17,7 +17,7 @@ import hiredis
 
 from opsctl.connector import AuthRefused, Connector
 from opsctl.errors import OpsctlError
-from opsctl.resp import INCOMPLETE, Arg, Reply, encode, reader
+from opsctl.resp import INCOMPLETE, Arg, Reply, RespError, encode, reader
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
@@ -25,6 +25,11 @@ READ_SIZE = 1 << 20
 
 class PipeClosed(OpsctlError):
     """The node closed the connection while replies were due."""
+
+
+class NodeRefused(OpsctlError):
+    """A node answered a command with an error reply (a rename the spec does not know, an ACL, a disabled
+    command)."""
 
 
 # What a pipe raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the TLS
@@ -94,6 +99,14 @@ class RawPipe:
     def call(self, command: str, *args: Arg) -> Reply:
         self.send(encode([self.name(command), *args]))
         return self.read(1)[0]
+
+    def ask(self, command: str, *args: Arg) -> Reply:
+        """call, where an error reply raises NodeRefused naming the node and the command."""
+        reply = self.call(command, *args)
+        if isinstance(reply, RespError):
+            words = " ".join(str(a) for a in (command, *args[:1]))
+            raise NodeRefused(f"{self.label} refused {words}", reply.message)
+        return reply
 
     def close(self) -> None:
         self._stream.close()

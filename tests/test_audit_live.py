@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -180,3 +181,29 @@ def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path)
             after = admin.client.info("stats")["total_connections_received"]
         assert error and "auth" in error.lower()
         assert after - before == 1  # redis-py's default retried 3 times with up to 10 s of backoff, reconnecting
+
+
+def test_an_audit_of_running_nodes_loads_no_client_library(tmp_path: Path) -> None:
+    """Talking to a running node too: a full audit loads neither redis-py nor cryptography (every connection is a
+    raw pipe, the anonymous PING included) and, its spec validated before (opsctl.speccache), neither pydantic nor
+    yaml."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import PASSWORD_ENV
+
+    with standalone(tmp_path, "valkey") as fleet:
+        (fleet.spec_file.parent / ".opsctl").mkdir(exist_ok=True)  # where the spec cache keeps what it validated
+        env = {**os.environ, PASSWORD_ENV: PASSWORD}
+        for checks in (["bigkeys"], ["bigkeys"], []):
+            done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opsctl.cli", "audit", "-f",
+                                   str(fleet.spec_file), *checks, "--allow-masters", "--nice", "0", "--output", "json"],
+                                  capture_output=True, text=True, check=False, env=env)
+            assert done.returncode in (0, 4), done.stdout + done.stderr[-2000:]
+            modules = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                       if line.startswith("import time:")}
+            heavy = sorted(m for m in modules if m.split(".")[0] in ("redis", "cryptography", "asyncio"))
+            assert not heavy, f"opsctl audit {checks} imports {heavy}"
+        assert not {m for m in modules if m.split(".")[0] in ("pydantic", "yaml")}, sorted(modules)
+        assert json.loads(done.stdout)["stats"]["keys_scanned"] == 0

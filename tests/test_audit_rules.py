@@ -32,6 +32,9 @@ def test_resp_round_trip_and_partial_buffers() -> None:
     assert encode(["SET", b"k", 1]) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
     assert encode_keyed(b"STRLEN", [b"a", b"bc"]) == encode([b"STRLEN", b"a"]) + encode([b"STRLEN", b"bc"])
     assert encode_keyed(b"MEMORY", [b"k"], b"USAGE") == encode([b"MEMORY", b"USAGE", b"k"])
+    keys = [b"", b"k", b"\r\n$1\r\n", b"k" * 300, b"x"]
+    assert encode_keyed(b"TYPE", keys) == b"".join(encode([b"TYPE", k]) for k in keys)
+    assert encode_keyed(b"TYPE", []) == b""
     buf = b":5\r\n$3\r\na\nb\r\n*2\r\n$1\r\n0\r\n*1\r\n$2\r\nk1\r\n-ERR x\r\n$-1\r\n+OK\r\n*2\r\n+a\r\n:1\r\n"
     assert replies(buf) == [5, b"a\nb", [b"0", [b"k1"]], RespError("ERR x"), None, b"OK", [b"a", 1]]
     assert len(replies(buf[:-3])) == 6  # cut inside the last array: it waits for more bytes
@@ -85,6 +88,41 @@ def test_big_key_thresholds_are_strictly_above() -> None:
                                                          ("set", b"a:big"), ("set", b"a:ok")]
     found = {f.rule: f for f in big.findings("n1")}
     assert found["bigkey-string"].severity == "medium" and "opsctl bigkey delete" in found["bigkey-string"].fix
+
+
+def test_big_keys_in_batches_match_one_key_at_a_time() -> None:
+    """A batch with nothing big nor for the top-N is skipped whole (max() in C): the result is the same as key
+    by key, ties included (the first key seen of a size keeps its place)."""
+    import random
+
+    rng = random.Random(7)
+    sizes = [rng.choice([1, 1, 1, 5, 80, 10240, 10241, rng.randrange(20000)]) for _ in range(5000)]
+    keys = [b"k:%d" % i for i in range(len(sizes))]
+    batched, single = BigKeys(Thresholds(top=5)), BigKeys(Thresholds(top=5))
+    for at in range(0, len(keys), 250):
+        batched.add_batch("string", keys[at:at + 250], sizes[at:at + 250])
+    for key, size in zip(keys, sizes, strict=True):
+        single.add_batch("string", [key], [size])
+    assert (batched.big, batched.top, batched.totals, batched.counts) == (
+        single.big, single.top, single.totals, single.counts)
+    with pytest.raises(ValueError, match="2 keys, 1 sizes"):
+        batched.add_batch("string", [b"a", b"b"], [1])
+
+
+def test_audit_imports_no_client_library() -> None:
+    """What `opsctl audit` runs, imported: discovery, the node checks and the scan talk raw RESP (opsctl.rawpipe), so
+    no redis-py, cryptography or asyncio; a bigkeys audit loads no renderer either (only the config check
+    compares rendered directives)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, opsctl.cli, opsctl.commands.audit, opsctl.audit.run, opsctl.audit.report, opsctl.specfile, "
+            "opsctl.statedir, opsctl.connector; print(' '.join(sorted(sys.modules)))")
+    modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 check=True).stdout.split())
+    unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography", "asyncio")
+                      or m.startswith(("opsctl.render", "opsctl.audit.probe", "opsctl.audit.bigdelete")))
+    assert not unwanted, unwanted
 
 
 def test_expiries_share_and_clustering() -> None:

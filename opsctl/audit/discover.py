@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from opsctl.audit.findings import Finding, finding
 from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, is_auth_failure, not_answering
 from opsctl.endpoints import endpoint
+from opsctl.observe.collect import link_error
 from opsctl.observe.parse import parse_role
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.resp import RespError, text
 from opsctl.spec.layout import Node
 
 
@@ -42,10 +43,16 @@ def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
 
 def live_node(connector: Connector, node: Node) -> LiveNode:
     try:
-        with connector.admin(node, timeout=3.0) as admin:
-            role, master, linked = role_summary(admin.call("ROLE"))
-    except (redis.RedisError, OSError) as exc:
-        return LiveNode(node, "down", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        with RawPipe(connector, node, timeout=3.0) as pipe:
+            reply = text(pipe.call("ROLE"))
+    except PIPE_ERRORS as exc:
+        return LiveNode(node, "down", error=link_error(exc).splitlines()[0])
+    if isinstance(reply, RespError):
+        return LiveNode(node, "down", error=reply.message)
+    try:
+        role, master, linked = role_summary(reply if isinstance(reply, list) else [reply])
+    except (ValueError, IndexError, TypeError) as exc:
+        return LiveNode(node, "down", error=f"unexpected ROLE reply: {exc}")
     return LiveNode(node, role, master, linked)
 
 

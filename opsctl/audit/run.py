@@ -7,20 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
-from opsctl.audit import nodechecks as nc
-from opsctl.audit import probe
 from opsctl.audit.discover import LiveNode, discover, scan_targets, unreachable
 from opsctl.audit.findings import Finding, finding, ordered
 from opsctl.audit.keynames import style_findings
 from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
 from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
 from opsctl.connector import Connector
+from opsctl.errors import OpsctlError
+from opsctl.observe.collect import link_error
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.spec.load import LoadedSpec
 
 CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls")
 SCANNING = {"bigkeys", "hotkeys", "keys", "ttl"}
+PER_NODE = {"config", "memory", "slowlog", "hotkeys"}  # hotkeys: the node's maxmemory-policy says whether LFU
 
 
 @dataclass(frozen=True)
@@ -55,19 +55,22 @@ def wants_for(options: AuditOptions, lfu: bool) -> ScanWants:
 
 def _node_checks(connector: Connector, ln: LiveNode, checks: Sequence[str], report: AuditReport) -> bool:
     """Per-node checks; returns whether the node runs an LFU policy."""
+    from opsctl.audit import nodechecks as nc
+    from opsctl.audit import probe  # renders the expected config: loaded only by audits that check nodes
+
     name = ln.node.name
-    with connector.admin(ln.node) as admin:
+    with RawPipe(connector, ln.node, timeout=5.0) as pipe:
         if "config" in checks:
-            report.findings += probe.config_findings(connector, ln.node, admin)
+            report.findings += probe.config_findings(connector, ln.node, pipe)
         if "memory" in checks:
-            row = probe.memory_facts(ln.node, admin)
+            row = probe.memory_facts(ln.node, pipe)
             report.tables.setdefault("memory", []).append(row)
             report.findings += nc.memory_findings(row)
         if "slowlog" in checks:
-            rows = probe.slowlog(ln.node, admin)
+            rows = probe.slowlog(ln.node, pipe)
             report.tables.setdefault("slowlog", []).extend(rows)
             report.findings += nc.slowlog_findings(name, rows)
-        policy = probe.policy(admin)
+        policy = probe.policy(pipe)
     lfu = "lfu" in policy
     if "hotkeys" in checks and not lfu and ln.role == "master":
         report.findings.append(nc.hotkey_setup_finding(name, policy))
@@ -114,12 +117,12 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Progress | 
     report.findings += unreachable(live)
     lfu = True
     for ln in live:
-        if ln.role != "down":
+        if ln.role != "down" and PER_NODE & set(options.checks):
             try:
                 lfu = _node_checks(connector, ln, options.checks, report) and lfu
-            except redis.RedisError as exc:
+            except (*PIPE_ERRORS, OpsctlError) as exc:
                 report.findings.append(finding("reachable", "high", ln.node.name,
-                                               f"checks failed: {masked(str(exc), loaded)}",
+                                               f"checks failed: {masked(link_error(exc), loaded)}",
                                                "check the node's log and the spec's renamed commands"))
     if "tls" in options.checks and loaded.spec.tls.enabled:
         _tls(connector, report)
