@@ -32,8 +32,8 @@ DEPLOY_DIRS = ("/var/lib/opsctl",)
 SSHD = "/usr/sbin/sshd"
 READY_TIMEOUT = 15.0
 # Outgoing connections in a host (sshd forwarding an admin tunnel to a node there) take their source port from
-# here, above every node port the tests choose (support.free_base_port: 20000-45000) and its cluster bus port
-# (+10000): such a connection can neither hold a node's port when the node binds it ("Address already in use")
+# here, above every node port the tests choose (support.free_base_port: below 32768, cluster bus ports
+# included): such a connection can neither hold a node's port when the node binds it ("Address already in use")
 # nor connect to itself on a port nothing listens on yet.
 EPHEMERAL_PORTS = "56000 60999"
 

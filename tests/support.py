@@ -71,10 +71,16 @@ def _free(address: str, port: int) -> bool:
     return True
 
 
+EPHEMERAL_FIRST = 32768
+
+
 def free_base_port(addresses: list[str], count: int, bus: bool = True) -> int:
-    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address."""
+    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address, all
+    below Linux's default ephemeral range (32768-60999): a client's or a cluster bus's outgoing connection must
+    never hold a node's port when that node (re)starts and binds it."""
+    highest = EPHEMERAL_FIRST - 1 - count - (10000 if bus else 0)
     for _ in range(200):
-        base = random.randint(20000, 45000)
+        base = random.randint(12000, highest)
         ports = [base + i for i in range(count)]
         if bus:
             ports += [p + 10000 for p in ports]
