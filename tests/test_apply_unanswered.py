@@ -4,6 +4,7 @@ that is going away (the known gap of a restart killed mid-way: the next apply ex
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -76,31 +77,37 @@ def test_apply_waits_for_a_master_shutting_down_then_starts_it(tmp_path: Path,
 def test_a_node_that_stops_after_apply_looked_is_planned_again(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A node told to stop (by a run killed mid-restart) answers until it acts on it, so apply may plan nothing
-    for it, then find it gone: apply plans again and starts it. Here apply is paused right after its plan while
-    the replica goes away. Before: exit 1, 'the topology is not healthy' (a second apply started it)."""
+    for it, then find it gone: apply plans again and starts it. Here apply is held right after its plan while
+    the replica goes away: its stdout is a pipe the test filled, so printing the plan blocks until the test
+    reads (a SIGSTOP after reading the plan raced apply's own look under load). Before: exit 1, 'the topology
+    is not healthy' (a second apply started it)."""
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         replica = loaded.layout.shards[0].replicas[0]
         pid = server_pid(spec, loaded, replica)
         env = {**os.environ, PASSWORD_ENV: PASSWORD, "PYTHONUNBUFFERED": "1"}
+        read_end, write_end = os.pipe()
+        filler = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+        os.write(write_end, b"x" * filler)
         apply = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
         try:
-            assert apply.stdout is not None
-            seen = []
-            for line in apply.stdout:
-                seen.append(line)
-                if line.startswith("Plan: no changes"):
-                    break
-            apply.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 60
+            while not Path(f"/proc/{apply.pid}/wchan").read_text().endswith("pipe_write"):  # printing its plan
+                assert apply.poll() is None and time.monotonic() < deadline, "apply never printed its plan"
+                time.sleep(0.01)
             os.kill(pid, signal.SIGKILL)
             while Path(f"/proc/{pid}").exists():
                 time.sleep(0.01)
-            apply.send_signal(signal.SIGCONT)
-            out, err = apply.communicate(timeout=120)
+            with os.fdopen(read_end, "rb") as reader:
+                assert reader.read(filler) == b"x" * filler
+                out = reader.read().decode()
+            err = apply.communicate(timeout=120)[1]
         finally:
             apply.kill()
             apply.wait()
-        assert apply.returncode == 0, "".join(seen) + out + err
+        assert out.startswith("Plan: no changes"), out
+        assert apply.returncode == 0, out + err
         assert f"{replica} ran when apply looked and is down now: planning again" in err, err
         assert f"start {replica}" in out, out
         assert run(capsys, "status", "-f", str(spec))[0] == 0
