@@ -209,7 +209,22 @@ def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
         refuse_layout_change(rt.loaded.layout, facts)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
-    return make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded)), facts
+    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded))
+    return _with_port_warning(rt.loaded, plan), facts
+
+
+def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:
+    """Local nodes listening inside this machine's ephemeral port range: warned in the plan."""
+    if loaded.spec.provider != "local":
+        return plan
+    from dataclasses import replace
+
+    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.providers.local import ephemeral_port_range
+
+    ports = ephemeral_port_range()
+    warning = ephemeral_port_warning(loaded, *ports) if ports else None
+    return replace(plan, warnings=(*plan.warnings, warning)) if warning else plan
 
 
 def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:

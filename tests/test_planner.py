@@ -382,3 +382,22 @@ def test_a_spec_that_makes_a_deployed_node_another_node_is_refused() -> None:
     assert "shard 1 replica on h3" in refused.value.detail and "replicas_per_master" in refused.value.hint
     more = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}})  # adding shards is no change
     assert "move-slots" in kinds(make_plan(more, desired(more), {**fresh_facts(more), **facts}, "d"))
+
+
+def test_nodes_inside_the_ephemeral_port_range_are_named_in_a_warning(tmp_path) -> None:
+    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.providers.local import ephemeral_port_range
+
+    loaded = loaded_spec("cluster")
+    first = loaded.layout.servers[0].port
+    assert ephemeral_port_warning(loaded, 40000, 40001 if first != 40000 else 40002) is None
+    warning = ephemeral_port_warning(loaded, first + 10000, first + 10001)  # the first two cluster bus ports
+    assert warning is not None
+    assert warning.startswith(f"{loaded.layout.servers[0].name} ({first + 10000}), "
+                              f"{loaded.layout.servers[1].name} ({first + 10001}) listen inside")
+    assert f"and {len(loaded.layout.nodes) - 3} more listen" in (ephemeral_port_warning(loaded, 1, 65535) or "")
+    for text, expected in [("32768\t60999\n", (32768, 60999)), ("60999 32768", None), ("1 2 3", None), ("", None),
+                           ("0 10", None), ("x y", None)]:
+        (tmp_path / "range").write_text(text)
+        assert ephemeral_port_range(tmp_path / "range") == expected
+    assert ephemeral_port_range(tmp_path / "missing") is None

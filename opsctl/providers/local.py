@@ -186,6 +186,19 @@ def read_text(path: Path, limit: int = RECORD_LIMIT) -> str | None:
     return read_bounded(path, READ_HINT, limit)
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int] | None:
+    """This machine's range of source ports for outgoing connections; None when it cannot be read as one."""
+    try:
+        words = path.read_text(encoding="ascii").split()
+        first, last = (int(w) for w in words)
+    except (OSError, UnicodeError, ValueError):
+        return None
+    return (first, last) if 1 <= first <= last <= 65535 else None
+
+
 def proc_cwd(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/cwd")

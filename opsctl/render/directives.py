@@ -9,7 +9,7 @@ from opsctl.frozen import Frozen, frozen
 from opsctl.render.tokens import quoted, word
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
+from opsctl.spec.model import CLUSTER_BUS_OFFSET, LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
 from opsctl.versions import has_capability, has_directive, parse_version
 
 Directive = tuple[str, str]
@@ -62,6 +62,15 @@ def plaintext_port(spec: Spec, node: Node) -> int | None:
     if not spec.tls.enabled:
         return node.port
     return node.port + PLAINTEXT_PORT_OFFSET if spec.tls.plaintext_port else None
+
+
+def listen_ports(spec: Spec, node: Node) -> list[int]:
+    """Every port node listens on: its port, its plaintext port (tls.plaintext_port), its cluster bus port."""
+    plain = plaintext_port(spec, node)
+    extra = [plain] if plain is not None and plain != node.port else []
+    if spec.topology == "cluster" and not node.is_sentinel:
+        extra.append(node.port + CLUSTER_BUS_OFFSET)
+    return [node.port, *extra]
 
 
 def ports(spec: Spec, node: Node) -> list[Directive]:

@@ -20,6 +20,7 @@ POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
 LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
             "lazyfree-lazy-user-del", "replica-lazy-flush")  # what lazyfree: true turns on
 PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
+CLUSTER_BUS_OFFSET = 10000  # a cluster node's bus port is its port + this
 
 Topology = Literal["standalone", "replication", "sentinel", "cluster"]
 TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
