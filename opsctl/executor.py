@@ -109,7 +109,7 @@ def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
 def _replicas_of_a_new_cluster(run: Execution, wave: list[list[tuple[int, Step]]],
                                following: list[list[tuple[int, Step]]] | None) -> list[list[tuple[int, Step]]]:
     """The replicas' chains of a node-local wave that a form-cluster step follows: that step writes and starts
-    them once the masters are set up and meet (a master's 2 s writable delay runs from its own start, so the
+    them while the masters are set up and meet (a master's 2 s writable delay runs from its own start, so the
     masters start first and everything else overlaps it)."""
     if following is None or not isinstance(following[0][0][1], FormCluster):
         return []
@@ -499,13 +499,16 @@ def acl_load(run: Execution, step: Step) -> None:
 
 
 def form(run: Execution, step: Step) -> None:
-    """Form the cluster; the replicas' writes and starts of the wave before (Execution.replicas_later) run as
-    their own steps once the masters meet, each failing on its own (the first failure fails this step too)."""
+    """Form the cluster. The replicas' writes and starts of the wave before (Execution.replicas_later) run as
+    their own steps beside it, while the masters are set up and meet; the first of them that fails fails this
+    step too."""
     assert isinstance(step, FormCluster)
     later, run.replicas_later = run.replicas_later, []
     total = len(run.plan.steps) if run.plan else 0
-    form_cluster(run.rt.connector, run.rt.loaded.layout,
-                 start_replicas=(lambda: _run_wave(run, later, total)) if later else None)
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        replicas = beside.submit(_run_wave, run, later, total) if later else None
+        form_cluster(run.rt.connector, run.rt.loaded.layout,
+                     replicas_started=replicas.result if replicas is not None else None)
 
 
 def join_cluster(run: Execution, step: Step) -> None:

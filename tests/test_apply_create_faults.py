@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,33 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
             client.close()
         if proc.poll() is None:
             proc.kill()
+        main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+        capsys.readouterr()
+
+
+def test_a_replica_that_cannot_start_fails_the_creation_and_the_next_apply_finishes_it(tmp_path, capsys) -> None:
+    """A replica starts beside form-cluster, once the masters run: its failure (its port is taken) is its own start
+    step's error and fails form-cluster too, the masters stay formed, and apply finishes once the port is free."""
+    server_binary("valkey")
+    spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
+    layout = read_spec(spec).layout
+    replica = next(n for n in layout.servers if n.role == "replica")
+    taken = socket.create_server((replica.address, replica.port))
+    try:
+        code, _, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        taken.close()
+        assert code == 1, err
+        assert f"{replica.name} did not start" in err and "form-cluster" in err and "port in use" in err, err
+        assert "Traceback" not in err
+        master = layout.node(layout.shards[0].master)
+        assert _info(_client(master)).get("cluster_slots_assigned", "0") != "0"  # the masters were set up meanwhile
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert plan_json(capsys, spec)["steps"] == []
+        check = cluster_check(master.endpoint)
+        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+    finally:
+        taken.close()
         main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
         capsys.readouterr()
 

@@ -1,8 +1,8 @@
 """Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin,
 or, for form_cluster, through an Observer's raw links.
 
-form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip per
-node; then it polls every few ms (never 1 s sleeps).
+form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip
+per node; then it polls every few ms (never 1 s sleeps).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def loads_from_disk(reply: TextReply) -> bool:
 
 
 def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
-                 start_replicas: Callable[[], None] | None = None) -> None:
+                 replicas_started: Callable[[], None] | None = None) -> None:
     """Create a cluster from fresh empty nodes, each pass one round trip per node, all nodes at once: distinct
     epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
     REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket)
@@ -300,9 +300,9 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
     until converged (_converge), where a node whose view of another is stale gets a second MEET from it instead
     of waiting for the ping cadence.
 
-    The masters are set up and meet first; start_replicas (the executor's writes and starts of the replicas that
-    are not running yet) runs after that, so a master's 2 s writable delay, counted from its own start, runs
-    while the replicas are written and launched."""
+    The masters are set up and meet first, while the caller writes and starts the replicas that do not run yet (a
+    master's 2 s writable delay counts from its own start: the masters start first, and the rest overlaps it);
+    replicas_started waits until they run (raising the caller's error if one did not start)."""
     servers = list(layout.servers)
     slots = slot_plan(layout)
     has_range = has_addslotsrange(connector.loaded)
@@ -326,8 +326,8 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
             return ids, from_disk
 
         ids, _ = introduce(masters)
-        if start_replicas is not None:
-            start_replicas()
+        if replicas_started is not None:
+            replicas_started()
         deadline = time.monotonic() + timeout
         replica_ids, from_disk = introduce(replicas)
         ids |= replica_ids
