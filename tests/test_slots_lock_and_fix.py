@@ -11,10 +11,14 @@ import sys
 import time
 
 import pytest
+import redis
+from redis.crc import key_slot
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import RefusedError
+from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.slots.ranges import expand
 from opsctl.topolock import TopologyLock, topology_lock
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV
@@ -110,6 +114,19 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         assert dataset_checksum(cluster_client(loaded), "pre:*") == before
         referee_ok(loaded)
 
+        # a merge stopped before its CLUSTER REPLICATE: a master without slots holding a key of a slot its
+        # shard's master serves (possibly that key's only copy; REPLICATE refuses such a node): apply cannot
+        # make it a replica, `cluster fix` hands the key over, then demotes it
+        _half_merged(loaded, replica, target, "stray:1")
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and "serves no slot but holds keys" in err and "cluster fix" in err, err + out
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
+        assert code == 0 and f"{replica.name} now replicates {target.name}" in out, err + out
+        assert cluster_client(loaded).get("stray:1") == "only copy"
+        assert plan_json(capsys, spec)["steps"] == []
+        assert dataset_checksum(cluster_client(loaded), "pre:*") == before
+        referee_ok(loaded)
+
 
 def test_a_live_lock_holds_whatever_the_holders_clock_says(tmp_path, capsys) -> None:
     """The holder's machine runs an hour behind: its live lock is still refused (staleness is the server's idle
@@ -130,3 +147,30 @@ def test_a_live_lock_holds_whatever_the_holders_clock_says(tmp_path, capsys) -> 
             holder.kill()
         with topology_lock(Connector(loaded)) as lock:
             assert list(lock.held) == [loaded.layout.servers[0].name]
+
+
+
+def _half_merged(loaded, node, master, key: str) -> None:
+    """node: a replica of master made a master without slots that holds key (a slot master serves)."""
+    with Admin.for_node(loaded, node) as admin, Admin.for_node(loaded, master) as owner:
+        admin.call("CLUSTER", "RESET", "SOFT")
+        admin.call("CLUSTER", "MEET", master.address, master.port)
+        node_id, master_id = admin.call("CLUSTER", "MYID"), owner.call("CLUSTER", "MYID")
+        def met() -> bool:
+            return (any(ln.startswith(node_id) and " master " in ln for ln in owner.call("CLUSTER", "NODES")
+                        .splitlines()) and "cluster_state:ok" in admin.call("CLUSTER", "INFO"))
+
+        deadline = time.monotonic() + 20
+        while not met():  # the master sees a master, the node sees every slot served again
+            assert time.monotonic() < deadline, "the node and its master never met again"
+            time.sleep(0.05)
+        slot = key_slot(key.encode())
+        (mine,) = [ln for ln in parse_cluster_nodes(owner.call("CLUSTER", "NODES")) if ln.is_myself]
+        assert slot in expand(mine.slots), f"{key} is not in a slot {master.name} serves"
+        direct = redis.Redis(host=node.address, port=node.port, password=PASSWORD, single_connection_client=True,
+                             decode_responses=True)
+        direct.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", master_id)
+        direct.execute_command("ASKING")
+        direct.set(key, "only copy")
+        direct.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        direct.close()

@@ -25,6 +25,13 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
                            "they serve different slots: `opsctl cluster fix -f SPEC` moves one's slots to the "
                            "other and makes it its replica, then apply again" if both_slots else
                            "decide which one holds the data you want, stop the other, then apply again")
+    stranded = [m for m in masters if m not in active and facts[m].myself is not None and facts[m].keys > 0]
+    if active and stranded:
+        raise RefusedError(f"shard {shard.index}: {', '.join(stranded)} serves no slot but holds keys, beside "
+                           f"its master {active[0]}", "a shard merge that stopped before its CLUSTER REPLICATE "
+                           "leaves such a node; making it a replica would drop keys that may exist nowhere else",
+                           "`opsctl cluster fix -f SPEC` hands its keys to their slots' masters and makes it a "
+                           "replica, then apply again")
     if active:
         return active[0]
     with_keys = [m for m in masters if facts[m].keys > 0]

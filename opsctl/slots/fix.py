@@ -206,7 +206,8 @@ def merge_split_shards(session: Session, journal: Journal, emit: Emit,
                 continue
             slots = session.owned().get(name, [])
             source, target = session.peers[name], session.peers[keep]
-            KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options()).move(slots)
+            if slots:
+                KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options()).move(slots)
             session.refresh()
             wait_for(lambda n=name: _empty(session, n), 30, f"{name} to show no slots")  # type: ignore[misc]
             _demote(session, source, target)
@@ -274,17 +275,26 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
 
 
 def _split_shards(session: Session, members: Collection[str] | None) -> list[tuple[Shard, list[str]]]:
-    """The shards (with one of members, if given) where two or more unflagged masters serve slots."""
+    """The shards (with one of members, if given) where two or more unflagged masters serve slots, or where one
+    serves slots and another holds keys without serving any (a merge stopped before its CLUSTER REPLICATE: the
+    keys may be the only copies, and REPLICATE refuses such a node)."""
     flagged = flagged_ids(session.views())
     split = []
     for shard in session.loaded.layout.shards:
         if members is not None and not set(shard.members) & set(members):
             continue
-        serving = [m for m in shard.members if m in session.peers and (me := session.me(m)) is not None
-                   and me.is_master and me.slots and me.id not in flagged]
-        if len(serving) >= 2:
-            split.append((shard, serving))
+        masters = {m: me for m in shard.members if m in session.peers and (me := session.me(m)) is not None
+                   and me.is_master and me.id not in flagged}
+        serving = [m for m, me in masters.items() if me.slots]
+        holding = [m for m, me in masters.items() if not me.slots and _holds_keys(session.peers[m])] if serving else []
+        if len(serving) >= 2 or holding:
+            split.append((shard, serving + holding))
     return split
+
+
+def _holds_keys(peer: Peer) -> bool:
+    (size,) = pipe(peer, [("DBSIZE",)])
+    return isinstance(size, int) and size > 0
 
 
 def _empty(session: Session, name: str) -> bool | Pending:
