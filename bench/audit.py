@@ -12,7 +12,8 @@ as `opsctl audit` does in any topology with replicas, and the concurrent client 
 in one run (goal: TLS within 25% of plaintext).
 
 Goal: opsctl >= 5x --memkeys, wall clock per process (interpreter start and discovery included), with the
-concurrent client's p99 on the scanned node printed beside each tool.
+concurrent client's p99 on the scanned node printed beside each tool, and each tool's CPU and the scanned server's
+CPU per 1M keys (user + sys; the work itself, which the machine's load does not change much).
 """
 
 from __future__ import annotations
@@ -20,15 +21,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opsctl.connector import Connector
+from opsctl.observe.parse import parse_info
 from opsctl.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
 from tests.test_audit_fixtures import (
@@ -44,18 +48,41 @@ from tests.test_audit_fixtures import (
 OPSCTL = str(Path(sys.executable).parent / "opsctl")
 
 
-def timed(argv: list[str], env: dict[str, str], probe_at: tuple[str, int],
-          work: Path) -> tuple[float, dict[str, float], str]:
+@dataclass
+class Run:
+    """One tool's run: wall clock, its own CPU (user + sys), the scanned server's CPU, the client's latency."""
+
+    wall: float
+    cpu: float
+    server_cpu: float
+    latency: dict[str, float]
+
+
+def server_cpu(fleet: Fleet, index: int) -> float:
+    """The server's used_cpu_user + used_cpu_sys (INFO cpu), seconds: its share of the work, whatever the load."""
+    with fleet.admin(index) as admin:
+        info = parse_info(admin.info("cpu"))
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(argv: list[str], env: dict[str, str], probe_at: tuple[str, int], work: Path, fleet: Fleet,
+          index: int) -> Run:
     probe = LatencyProbe(probe_at[0], probe_at[1], work)
-    started = time.monotonic()
+    cpu, served, started = children_cpu(), server_cpu(fleet, index), time.monotonic()
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     finally:
+        elapsed = time.monotonic() - started
+        cpu, served = children_cpu() - cpu, server_cpu(fleet, index) - served
         latency = probe.stop()
-    elapsed = time.monotonic() - started
     if done.returncode not in (0, 4):
         raise RuntimeError(f"{argv[0]} failed ({done.returncode}): {done.stderr[-500:]}")
-    return elapsed, latency, done.stdout
+    return Run(elapsed, cpu, served, latency)
 
 
 def idle_latency(address: str, port: int, work: Path, seconds: float = 3.0) -> dict[str, float]:
@@ -135,30 +162,32 @@ def run(fleet: Fleet, keys: int, work: Path, rounds: int, extra: list[str], scan
           f" {node.endpoint}; {rounds} interleaved rounds, medians")
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     at = (node.address, node.port)
+    load_before = os.getloadavg()[0]
     cli = [redis_cli(), "-h", node.address, "-p", str(node.port)]
     tools = {"redis-cli --bigkeys": [*cli, "--bigkeys"], "redis-cli --memkeys": [*cli, "--memkeys"],
              "opsctl audit bigkeys": [OPSCTL, "audit", "-f", str(fleet.spec_file), "bigkeys",
                                       "--output", "json", *extra]}
-    rates: dict[str, list[float]] = {name: [] for name in tools}
-    p99s: dict[str, list[float]] = {name: [] for name in [*tools, "idle"]}
+    runs: dict[str, list[Run]] = {name: [] for name in tools}
+    idle_p99s: list[float] = []
     for _ in range(rounds):
-        p99s["idle"].append(idle_latency(node.address, node.port, work)["p99_ms"])
+        idle_p99s.append(idle_latency(node.address, node.port, work)["p99_ms"])
         for name, argv in tools.items():
-            elapsed, latency, _ = timed(argv, env, at, work)
-            rates[name].append(dbsize / elapsed)
-            p99s[name].append(latency["p99_ms"])
-    idle = _median(p99s["idle"])
-    print(f"idle client p99 {idle:.3f} ms (per round: {', '.join(f'{v:.3f}' for v in p99s['idle'])})")
-    for name in tools:
-        p99 = _median(p99s[name])
-        print(f"{name:22} {_median(rates[name]):9.0f} keys/s; client p99 {p99:.3f} ms ({p99 / idle:.2f}x idle)"
+            runs[name].append(timed(argv, env, at, work, fleet, scanned_index))
+    rates = {name: [dbsize / r.wall for r in done] for name, done in runs.items()}
+    idle = _median(idle_p99s)
+    print(f"idle client p99 {idle:.3f} ms (per round: {', '.join(f'{v:.3f}' for v in idle_p99s)})")
+    for name, done in runs.items():
+        p99 = _median([r.latency["p99_ms"] for r in done])
+        print(f"{name:22} {_median(rates[name]):9.0f} keys/s; client p99 {p99:.3f} ms ({p99 / idle:.2f}x idle); "
+              f"CPU per 1M keys: tool {_median([r.cpu for r in done]) * 1e6 / dbsize:.2f} s, server "
+              f"{_median([r.server_cpu for r in done]) * 1e6 / dbsize:.2f} s (the client's GETs included)"
               f"  [rounds: {', '.join(f'{r:.0f}' for r in rates[name])} keys/s]")
     ours = _median(rates["opsctl audit bigkeys"])
     print(f"ratio opsctl/--memkeys {ours / _median(rates['redis-cli --memkeys']):.2f}x, "
           f"opsctl/--bigkeys {ours / _median(rates['redis-cli --bigkeys']):.2f}x "
           f"(wall clock per process, opsctl's interpreter start and node discovery included; goal >= 5x: "
           f"{'met' if ours >= 5 * _median(rates['redis-cli --memkeys']) else 'NOT met'}); "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     return 0
 
 

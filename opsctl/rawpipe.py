@@ -37,6 +37,14 @@ class NodeRefused(OpsctlError):
 PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
 
 
+def link_error(exc: BaseException) -> str:
+    """Why a pipe failed, as an observation keeps it (the server's words for a refused AUTH, which
+    opsctl.connerr recognises)."""
+    if isinstance(exc, OpsctlError):
+        return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
     """A RESP3 map or set (a connection that negotiated RESP3) as the RESP2 reply's flat list."""
     if isinstance(reply, dict):

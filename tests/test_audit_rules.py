@@ -112,7 +112,7 @@ def test_big_keys_in_batches_match_one_key_at_a_time() -> None:
 def test_audit_imports_no_client_library() -> None:
     """What `opsctl audit` runs, imported: discovery, the node checks and the scan talk raw RESP (opsctl.rawpipe), so
     no redis-py, cryptography or asyncio; a bigkeys audit loads no renderer either (only the config check
-    compares rendered directives)."""
+    compares rendered directives), nor the observer's machinery."""
     import subprocess
     import sys
 
@@ -121,7 +121,8 @@ def test_audit_imports_no_client_library() -> None:
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True).stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography", "asyncio")
-                      or m.startswith(("opsctl.render", "opsctl.audit.probe", "opsctl.audit.bigdelete")))
+                      or m.startswith(("opsctl.render", "opsctl.audit.probe", "opsctl.audit.bigdelete",
+                                       "opsctl.observe.collect")))
     assert not unwanted, unwanted
 
 

@@ -10,9 +10,8 @@ from opsctl.audit.findings import Finding, finding
 from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, is_auth_failure, not_answering
 from opsctl.endpoints import endpoint
-from opsctl.observe.collect import link_error
 from opsctl.observe.parse import parse_role
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.resp import RespError, text
 from opsctl.spec.layout import Node
 

@@ -10,9 +10,8 @@ from typing import Any
 from opsctl.audit import nodechecks as nc
 from opsctl.audit.findings import Finding
 from opsctl.connector import Connector
-from opsctl.observe.collect import link_error
 from opsctl.observe.parse import parse_info, parse_pairs
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.render.directives import Directive, NodePaths, server_sections
 from opsctl.resp import RespError, encode, text
 from opsctl.spec.layout import Node

@@ -14,8 +14,7 @@ from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
 from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError
-from opsctl.observe.collect import link_error
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.spec.load import LoadedSpec
 
 CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls")

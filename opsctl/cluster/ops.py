@@ -21,13 +21,12 @@ from opsctl.observe.collect import (
     Pending,
     describe,
     describe_lines,
-    link_error,
     observed_problems,
     settled_pending,
     wait_for,
 )
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
-from opsctl.rawpipe import PIPE_ERRORS
+from opsctl.rawpipe import PIPE_ERRORS, link_error
 from opsctl.resp import RespError, TextReply
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec

@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector
-from opsctl.errors import ConvergenceError, OpsctlError
+from opsctl.errors import ConvergenceError
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.resp import RespError, TextReply, encode, text
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -164,14 +164,6 @@ class Link:
             if self._pipe is not None:
                 self._pipe.close()
                 self._pipe = None
-
-
-def link_error(exc: BaseException) -> str:
-    """Why a link failed, as an observation keeps it (the server's words for a refused AUTH, which
-    opsctl.connerr recognises)."""
-    if isinstance(exc, OpsctlError):
-        return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Admins(dict[str, Admin]):
