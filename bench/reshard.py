@@ -104,22 +104,36 @@ def timed_run(argv: list[str], env: dict[str, str]) -> Timed:
 
 
 def server_time(admin: Admin) -> dict[str, float]:
-    """Seconds the server spent per command (INFO commandstats usec) and on its main thread's CPU."""
+    """Seconds the server spent per command (INFO commandstats usec) and on its main thread's CPU; with the
+    server on this machine, also its main thread's time on a CPU and waiting for one (/proc schedstat, in ns:
+    what the scheduler saw, whatever the load)."""
     stats = {key.removeprefix("cmdstat_"): float(dict(p.split("=", 1) for p in value.split(","))["usec"]) / 1e6
              for key, value in parse_info(str(admin.raw("INFO", "commandstats"))).items()}
     cpu = parse_info(str(admin.raw("INFO", "cpu")))
     stats["main thread CPU"] = sum(float(cpu.get(f"used_cpu_{k}_main_thread", 0)) for k in ("user", "sys"))
+    pid = parse_info(str(admin.raw("INFO", "server"))).get("process_id")
+    try:
+        on_cpu, waiting, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return stats
+    stats[ON_CPU], stats[RUNNABLE] = int(on_cpu) / 1e9, int(waiting) / 1e9
     return stats
+
+
+ON_CPU, RUNNABLE = "on a CPU", "waiting for a CPU"
 
 
 def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[str, float], dict[str, float]],
                     run: Timed | None = None) -> str:
     """One run's wall time split: opsctl's own move and the rest (process start, lock, setup, the looks before
     and after); the source's busy time per command (a single-threaded source: whatever it spends outside MIGRATE
-    is what key by key adds) and the time it spent in no command (waiting for the client)."""
+    is what key by key adds) and the time it spent in no command (waiting for the client). From the scheduler,
+    the source's main thread on a CPU, waiting for one, and asleep: idle, or blocked in MIGRATE until the target
+    answers (MIGRATE alone shows how much of that the move itself needs)."""
     before, after = source
     busy = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) >= 0.005}
     cpu = busy.pop("main thread CPU", 0.0)
+    on_cpu, runnable = busy.pop(ON_CPU, None), busy.pop(RUNNABLE, 0.0)
     # a script's own calls count in commandstats too: the survey script's GETKEYSINSLOT and MEMORY USAGE
     nested = set(NESTED) if "eval" in busy else set()
     commands = ", ".join(f"{k} {v:.2f}s" + (" (most within eval)" if k in nested else "")
@@ -133,6 +147,10 @@ def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[st
                      f"{seconds - moved:.2f}s")
     lines.append(f"    source: in commands {inside:.2f}s ({commands}); main thread CPU {cpu:.2f}s; in no command "
                  f"{max(0.0, seconds - inside):.2f}s")
+    if on_cpu is not None:
+        lines.append(f"    source main thread (scheduler): on a CPU {on_cpu:.2f}s, waiting for a CPU {runnable:.2f}s, "
+                     f"asleep {max(0.0, seconds - on_cpu - runnable):.2f}s (idle, or in MIGRATE until the target "
+                     "answers)")
     return "\n".join(lines)
 
 

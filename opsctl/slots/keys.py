@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from opsctl.errors import OpsctlError, RefusedError
@@ -29,6 +29,10 @@ from opsctl.topolock import check_held
 WAVE_SLOTS = 512
 FIRST_WAVE = 16  # the source waits while the first wave is listed and opened: keep it short
 FETCH_KEYS = 1000
+# The waves listed and sized ahead of the one moving: listing competes with MIGRATE for the source's turns,
+# so one wave ahead fell behind a wave of half the size moving (the first waves double).
+LIST_AHEAD = 2
+OPEN_WAVES = 3  # behind (closing), moving, ahead
 MAX_FAILED_ROUNDS = 5
 Plan = list[tuple[int, Batch]]
 Work = dict[int, tuple[list[bytes], list[int | None]]]  # slot -> its keys and their sizes
@@ -37,7 +41,7 @@ Work = dict[int, tuple[list[bytes], list[int | None]]]  # slot -> its keys and t
 # stream moved ~1200, and fell behind it; four keep ahead. (A Lua script that sizes a whole slot per call keeps
 # ahead on one connection but costs the single-threaded source ~60% more CPU per key than the plain commands.)
 SIZING_LINKS = 4
-SIZING_PART = 2000  # keys per connection at least: a small wave is sized on one
+SIZING_PART = 256  # keys per connection at least (a connection gets ~450 sized per turn of the source)
 
 
 class EndpointReplaced(OpsctlError):
@@ -85,12 +89,13 @@ class KeyMover:
         self._moved_lock = threading.Lock()
 
     def move(self, slots: Sequence[int]) -> None:
-        """Wave by wave, so that the source never waits for opsctl between waves: while one wave's MIGRATE
-        batches stream, the next wave's keys are fetched and sized and its slots opened ahead (`ready`), and
-        the wave before is drained and closed behind (`finish`), each on its own connections. Keys fetched
-        before their slot opened are only a head start: `drain`, once MIGRATING is set, fetches again until
-        the slot is empty, so keys written meanwhile move too. At most three waves are open at once (behind,
-        moving, ahead), each journaled before it opens; each slot keeps its own order."""
+        """Wave by wave, so that the source never waits for opsctl between waves. Four things run at once,
+        each on its own connections: the keys of the next LIST_AHEAD waves are listed and sized (`packed_plan`),
+        the next wave is journaled and opened (`admit`), one wave's MIGRATE batches stream (`send`) and the waves
+        before are drained and closed (`finish`). Keys listed before (or while) their slot opened are only a
+        head start: `drain`, once MIGRATING is set, lists again until the slot is empty, so keys written
+        meanwhile move too. At most OPEN_WAVES waves are open at once, each journaled before it opens; each
+        slot keeps its own order."""
         try:
             self._move(slots)
         except PIPE_ERRORS as exc:
@@ -102,29 +107,58 @@ class KeyMover:
 
     def _move(self, slots: Sequence[int]) -> None:
         parts = waves(slots, self.options.first_wave, self.options.wave_slots)
-        with ThreadPoolExecutor(max_workers=1) as ahead, ThreadPoolExecutor(max_workers=1) as behind:
-            upcoming = ahead.submit(self.ready, parts[0]) if parts else None
-            closing: Future[None] | None = None
-            for i, wave in enumerate(parts):
-                assert upcoming is not None
-                plan, packed = upcoming.result()
-                upcoming = ahead.submit(self.ready, parts[i + 1]) if i + 1 < len(parts) else None
-                self.send(plan, packed)
-                if closing is not None:
-                    closing.result()
-                closing = behind.submit(self.finish, wave)
-            if closing is not None:
-                closing.result()
+        lister, opener, behind = (ThreadPoolExecutor(max_workers=1) for _ in range(3))
+        listed: list[Future[tuple[Plan, bytes]]] = []
+        finished: list[Future[None]] = []
 
-    def ready(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
-        """The wave's keys and MIGRATE batches (read before it opens) and their commands packed, then the wave
-        journaled and opened."""
+        def admitted(i: int) -> None:
+            if i >= OPEN_WAVES:
+                finished[i - OPEN_WAVES].result()  # at most OPEN_WAVES waves open at once
+            self.admit(parts[i])
+
+        failed = True
+        try:
+            listed.extend(lister.submit(self.packed_plan, wave) for wave in parts[:LIST_AHEAD])
+            opening = opener.submit(admitted, 0) if parts else None
+            for i, wave in enumerate(parts):
+                assert opening is not None
+                opening.result()
+                plan, packed = listed[i].result()
+                if i + LIST_AHEAD < len(parts):
+                    listed.append(lister.submit(self.packed_plan, parts[i + LIST_AHEAD]))
+                opening = opener.submit(admitted, i + 1) if i + 1 < len(parts) else None
+                self.send(plan, packed)
+                finished.append(behind.submit(self.finish, wave))
+                for done in (f for f in finished if f.done()):
+                    done.result()  # a wave that failed to close stops the run before more move
+            for closing in finished:
+                closing.result()
+            failed = False
+        finally:  # after a failure what runs ends and what waits is dropped first (a wave waiting to open
+            # behind a dropped close never opens); opened waves stay journaled
+            for pool in (behind, opener, lister):
+                pool.shutdown(wait=False, cancel_futures=failed)
+            for pool in (behind, opener, lister):
+                pool.shutdown(wait=True)
+
+    def packed_plan(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
+        """The wave's keys and MIGRATE batches, read before it opens, and their commands packed."""
         plan = self.prepare(wave)
-        packed = packed_commands(self.source, [self.command(b) for _, b in plan])
+        return plan, packed_commands(self.source, [self.command(b) for _, b in plan])
+
+    def admit(self, wave: Sequence[int]) -> None:
+        """The wave journaled (fsync), then opened. The look at both ends that opening starts with runs while
+        the journal line is written: it only reads."""
         check_held(self.session.connector)  # a lost topology lock stops before opening more slots
-        self.journal.opened(self.source.name, self.source.id, self.target.name, self.target.id, wave)
-        self.open(wave)
-        return plan, packed
+        journaled = self.session.pool.submit(self.journal.opened, self.source.name, self.source.id,
+                                             self.target.name, self.target.id, wave)
+        try:
+            self.ensure_endpoints()
+        except BaseException:
+            wait([journaled])  # the line is written (or not) before the error goes up
+            raise
+        journaled.result()
+        self.open(wave, looked=True)
 
     def finish(self, wave: Sequence[int]) -> None:
         self.drain(wave)
@@ -149,8 +183,11 @@ class KeyMover:
                           "GETKEYSINSLOT")
         return {s: list(r) for s, r in zip(slots, replies, strict=True) if r}
 
-    def open(self, wave: Sequence[int]) -> None:
-        self.ensure_endpoints()
+    def open(self, wave: Sequence[int], looked: bool = False) -> None:
+        """IMPORTING on the target, then MIGRATING on the source, once both ends answer as their shards'
+        masters (looked: the caller just made sure)."""
+        if not looked:
+            self.ensure_endpoints()
         self.control(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
                      "SETSLOT IMPORTING")
         self.control(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
