@@ -9,7 +9,7 @@ from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
 from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
-from opsctl.slots.batching import BIG_KEY_BYTES, batches, rate_delay, waves
+from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
@@ -142,6 +142,14 @@ def test_waves_double_from_a_small_first_one_and_cover_every_slot_once():
     assert [len(p) for p in parts] == [64, 128, 256, 512, 40]
     assert [s for p in parts for s in p] == slots
     assert waves([], 64, 512) == [] and waves([7], 0, 0) == [[7]]
+
+
+def test_the_first_waves_open_without_waiting_and_full_waves_keep_three_open():
+    sizes = [len(p) for p in waves(list(range(5000)), 16, 512)]  # 16, 32, ..., 512, 512, ...
+    assert [closed_first(sizes, at, 3 * 512) for at in range(9)] == [0, 0, 0, 0, 0, 0, 0, 5, 6]
+    for at in range(len(sizes)):  # never more than 3 * 512 slots open once the wave opens
+        assert sum(sizes[closed_first(sizes, at, 3 * 512):at + 1]) <= 3 * 512
+    assert closed_first([512] * 6, 5, 3 * 512) == 3 and closed_first([9], 0, 3) == 0
 
 
 def test_atomic_jobs_are_polled_often_at_first_then_less_as_they_run_long():

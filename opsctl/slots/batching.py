@@ -81,3 +81,14 @@ def waves(slots: Sequence[int], first: int, most: int) -> list[list[int]]:
         at += size
         size = min(max(1, most), size * 2)
     return out
+
+
+def closed_first(sizes: Sequence[int], at: int, most_open: int) -> int:
+    """How many waves (from the first) must be closed before wave `at` opens, so that at most most_open slots
+    are open at once; sizes: each wave's slot count, in the order they open and close. Pure."""
+    room = most_open - sizes[at]
+    first = at
+    while first > 0 and room >= sizes[first - 1]:
+        room -= sizes[first - 1]
+        first -= 1
+    return first

@@ -18,7 +18,7 @@ from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.observe.collect import Command
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
 from opsctl.rawpipe import PIPE_ERRORS
-from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, rate_delay, timeout_ms, waves
+from opsctl.slots.batching import Batch, backoff, base_timeout_ms, batches, closed_first, rate_delay, timeout_ms, waves
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
@@ -29,20 +29,23 @@ from opsctl.topolock import check_held
 WAVE_SLOTS = 512
 FIRST_WAVE = 16  # the source waits while the first wave is listed and opened: keep it short
 FETCH_KEYS = 1000
-# The waves listed and sized ahead of the one moving: listing competes with MIGRATE for the source's turns,
-# so one wave ahead fell behind a wave of half the size moving (the first waves double).
+# Waves listed and sized at once, ahead of the one moving: a listing takes two turns of the source at least
+# (GETKEYSINSLOT, then MEMORY USAGE), each behind ~16 KB of MIGRATE, longer than a first wave takes to move.
 LIST_AHEAD = 2
-OPEN_WAVES = 3  # behind (closing), moving, ahead
+# Slots open at once: at most this many waves of the full size (behind, moving, ahead); the small first waves
+# open as soon as they are journaled (their closes take a few turns of the source each, longer than they move).
+OPEN_WAVES = 3
 MAX_FAILED_ROUNDS = 5
 Plan = list[tuple[int, Batch]]
 Work = dict[int, tuple[list[bytes], list[int | None]]]  # slot -> its keys and their sizes
-# Connections a wave's MEMORY USAGE is spread over. The source reads 16 KB of each client's commands per turn of
-# its event loop: one stream of MEMORY USAGE (~35 bytes a key) got ~450 keys sized per turn while the MIGRATE
-# stream moved ~1200, and fell behind it; four keep ahead. (A Lua script that sizes a whole slot per call keeps
-# ahead on one connection but costs the single-threaded source ~60% more CPU per key than the plain commands.)
-SIZING_LINKS = 4
-SIZING_PART = 256  # keys per connection at least (a connection gets ~450 sized per turn of the source)
-
+# Connections a wave's listing and sizing is spread over, each with a share of its slots. The source reads 16 KB
+# of each client's commands per turn of its event loop (~450 MEMORY USAGE, ~35 bytes a key) and, below its
+# maxmemory, writes at most 64 KB of each client's replies (~3000 listed keys): one connection fell behind the
+# MIGRATE stream (~900 keys a turn), four kept up with waves of one size but not with waves that double. (A Lua
+# script that sizes a whole slot per call keeps up on one connection but costs the single-threaded source ~60%
+# more CPU per key than the plain commands.)
+LISTING_LINKS = 8
+LISTING_PART = 16  # slots per connection at least
 
 class EndpointReplaced(OpsctlError):
     """The cluster promoted another node of the source's or the target's shard in the middle of the move."""
@@ -94,8 +97,8 @@ class KeyMover:
         the next wave is journaled and opened (`admit`), one wave's MIGRATE batches stream (`send`) and the waves
         before are drained and closed (`finish`). Keys listed before (or while) their slot opened are only a
         head start: `drain`, once MIGRATING is set, lists again until the slot is empty, so keys written
-        meanwhile move too. At most OPEN_WAVES waves are open at once, each journaled before it opens; each
-        slot keeps its own order."""
+        meanwhile move too. At most OPEN_WAVES full waves' slots are open at once, each wave journaled before it
+        opens; each slot keeps its own order."""
         try:
             self._move(slots)
         except PIPE_ERRORS as exc:
@@ -107,37 +110,58 @@ class KeyMover:
 
     def _move(self, slots: Sequence[int]) -> None:
         parts = waves(slots, self.options.first_wave, self.options.wave_slots)
-        lister, opener, behind = (ThreadPoolExecutor(max_workers=1) for _ in range(3))
-        listed: list[Future[tuple[Plan, bytes]]] = []
-        finished: list[Future[None]] = []
+        lister = ThreadPoolExecutor(max_workers=LIST_AHEAD)
+        opener, behind = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
+        closed: list[Future[None]] = [Future() for _ in parts]
+        sizes, most_open = [len(p) for p in parts], OPEN_WAVES * self.options.wave_slots
+
+        stopped = threading.Event()  # a wave failed to open, or the move failed: open no more
 
         def admitted(i: int) -> None:
-            if i >= OPEN_WAVES:
-                finished[i - OPEN_WAVES].result()  # at most OPEN_WAVES waves open at once
-            self.admit(parts[i])
+            for earlier in closed[:closed_first(sizes, i, most_open)]:
+                earlier.result()
+            if stopped.is_set():
+                raise OpsctlError("the move stopped before this wave opened")
+            try:
+                self.admit(parts[i])
+            except BaseException:
+                stopped.set()
+                raise
+
+        def finished(i: int) -> None:
+            try:
+                self.finish(parts[i])
+            except BaseException as exc:
+                closed[i].set_exception(exc)
+                raise
+            closed[i].set_result(None)
 
         failed = True
         try:
-            listed.extend(lister.submit(self.packed_plan, wave) for wave in parts[:LIST_AHEAD])
-            opening = opener.submit(admitted, 0) if parts else None
-            for i, wave in enumerate(parts):
-                assert opening is not None
-                opening.result()
+            listed = [lister.submit(self.packed_plan, wave) for wave in parts[:LIST_AHEAD]]
+            opened = [opener.submit(admitted, i) for i in range(len(parts))]  # each as soon as it may
+            closing: list[Future[None]] = []
+            for i in range(len(parts)):
+                opened[i].result()
                 plan, packed = listed[i].result()
                 if i + LIST_AHEAD < len(parts):
                     listed.append(lister.submit(self.packed_plan, parts[i + LIST_AHEAD]))
-                opening = opener.submit(admitted, i + 1) if i + 1 < len(parts) else None
                 self.send(plan, packed)
-                finished.append(behind.submit(self.finish, wave))
-                for done in (f for f in finished if f.done()):
+                closing.append(behind.submit(finished, i))
+                for done in (f for f in closing if f.done()):
                     done.result()  # a wave that failed to close stops the run before more move
-            for closing in finished:
-                closing.result()
+            for done in closing:
+                done.result()
             failed = False
-        finally:  # after a failure what runs ends and what waits is dropped first (a wave waiting to open
-            # behind a dropped close never opens); opened waves stay journaled
-            for pool in (behind, opener, lister):
-                pool.shutdown(wait=False, cancel_futures=failed)
+        finally:
+            if failed:  # what runs ends, what waits is dropped: no wave opens after this; the waves that
+                # opened stay journaled
+                stopped.set()
+                for pool in (behind, opener, lister):
+                    pool.shutdown(wait=False, cancel_futures=True)
+                behind.shutdown(wait=True)
+                for wave_closed in (f for f in closed if not f.done()):
+                    wave_closed.set_exception(OpsctlError("the move stopped before this wave closed"))
             for pool in (behind, opener, lister):
                 pool.shutdown(wait=True)
 
@@ -171,12 +195,27 @@ class KeyMover:
         return self.plan(self.listed(wave))
 
     def listed(self, slots: Sequence[int]) -> Work:
-        """Each non-empty slot's keys (at most fetch_keys) with their sizes: GETKEYSINSLOT for every slot in one
-        round trip, then MEMORY USAGE of every key found (read-only both: they run with the source at
-        maxmemory too)."""
+        """Each non-empty slot's keys (at most fetch_keys) with their sizes (read-only both: they run with the
+        source at maxmemory too). Up to LISTING_LINKS connections each take a share of the slots: GETKEYSINSLOT
+        for each in one round trip, then MEMORY USAGE of every key found, packed in one buffer."""
+        links = max(1, min(LISTING_LINKS, len(slots) // LISTING_PART))
+        if links == 1:
+            return self._listed_share(slots)
+        with ThreadPoolExecutor(links) as pool:
+            found: Work = {}
+            for share in pool.map(self._listed_share, [slots[at::links] for at in range(links)]):
+                found.update(share)
+        return {slot: found[slot] for slot in slots if slot in found}
+
+    def _listed_share(self, slots: Sequence[int]) -> Work:
         found = self.fetch(slots)
-        sizes = self.sizes(found)
-        return {slot: (keys, sizes[slot]) for slot, keys in found.items()}
+        replies = keyed(self.source, "MEMORY", "USAGE", [k for keys in found.values() for k in keys])
+        out: Work = {}
+        at = 0
+        for slot, keys in found.items():
+            out[slot] = (keys, [None if isinstance(v, Exception) else v for v in replies[at:at + len(keys)]])
+            at += len(keys)
+        return out
 
     def fetch(self, slots: Sequence[int]) -> dict[int, list[bytes]]:
         replies = checked(self.source, [("CLUSTER", "GETKEYSINSLOT", s, self.options.fetch_keys) for s in slots],
@@ -287,26 +326,6 @@ class KeyMover:
 
     def plan(self, work: Work) -> Plan:
         return [(slot, b) for slot, (keys, sizes) in work.items() for b in batches(keys, sizes, base_ms=self.base_ms)]
-
-    def sizes(self, work: dict[int, list[bytes]]) -> dict[int, list[int | None]]:
-        """Bytes per key (None: vanished, or no longer here): MEMORY USAGE of every key, packed in one buffer
-        per connection, over up to SIZING_LINKS connections at once."""
-        flat = [k for keys in work.values() for k in keys]
-        links = max(1, min(SIZING_LINKS, len(flat) // SIZING_PART))
-        step = max(1, -(-len(flat) // links))
-        parts = [flat[at:at + step] for at in range(0, len(flat), step)]
-        if len(parts) > 1:
-            with ThreadPoolExecutor(len(parts)) as pool:
-                replies = [r for part in pool.map(lambda ks: keyed(self.source, "MEMORY", "USAGE", ks), parts)
-                           for r in part]
-        else:
-            replies = keyed(self.source, "MEMORY", "USAGE", flat)
-        out: dict[int, list[int | None]] = {}
-        at = 0
-        for slot, keys in work.items():
-            out[slot] = [None if isinstance(v, Exception) else v for v in replies[at:at + len(keys)]]
-            at += len(keys)
-        return out
 
     def send(self, plan: Plan, packed: bytes | None = None) -> bool:
         """Report big keys, then send every MIGRATE batch on one connection: packed ahead (a wave's, in one
