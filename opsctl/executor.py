@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,7 @@ class Execution:
     plan: Plan | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
     before: dict[str, Before] = field(default_factory=dict)  # per node: its files and record before this run
-    replicas_later: list[list[tuple[int, Step]]] = field(default_factory=list)  # form-cluster runs them
+    replicas_starting: Future[None] | None = None  # a new cluster's replicas, written and started beside it
 
     def sets_live(self, node: str) -> bool:
         """Does the plan CONFIG SET on this node? Then its files are kept to roll a refused value back."""
@@ -97,20 +97,27 @@ def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
         _run_shards_in_parallel(run, numbered, parallel_shards)
         return run.timings
     planned = waves(numbered)
-    for wave, following in zip(planned, [*planned[1:], None], strict=True):
-        if len(wave) == 1 and not isinstance(wave[0][0][1], NODE_LOCAL):
-            _run_chain(run, wave[0], len(plan.steps))
-            continue
-        run.replicas_later = _replicas_of_a_new_cluster(run, wave, following)
-        _run_wave(run, [chain for chain in wave if chain not in run.replicas_later], len(plan.steps))
+    with ThreadPoolExecutor(max_workers=1) as beside:  # waited for on the way out, also when a step failed
+        for wave, following in zip(planned, [*planned[1:], None], strict=True):
+            if len(wave) == 1 and not isinstance(wave[0][0][1], NODE_LOCAL):
+                _run_chain(run, wave[0], len(plan.steps))
+                continue
+            later = _replicas_of_a_new_cluster(run, wave, following)
+
+            def launched(later: list[list[tuple[int, Step]]] = later) -> None:
+                run.replicas_starting = beside.submit(_run_wave, run, later, len(plan.steps))
+
+            _run_wave(run, [chain for chain in wave if chain not in later], len(plan.steps),
+                      launched if later else None)
     return run.timings
 
 
 def _replicas_of_a_new_cluster(run: Execution, wave: list[list[tuple[int, Step]]],
                                following: list[list[tuple[int, Step]]] | None) -> list[list[tuple[int, Step]]]:
-    """The replicas' chains of a node-local wave that a form-cluster step follows: that step writes and starts
-    them while the masters are set up and meet (a master's 2 s writable delay runs from its own start, so the
-    masters start first and everything else overlaps it)."""
+    """The replicas' chains of a node-local wave that a form-cluster step follows: they are written and started
+    beside the rest as soon as the masters were launched, and form-cluster waits for them once the masters are
+    set up and meet (a master's 2 s writable delay runs from its own start, so the masters start first and
+    everything else overlaps it)."""
     if following is None or not isinstance(following[0][0][1], FormCluster):
         return []
     layout = run.rt.loaded.layout
@@ -152,16 +159,21 @@ def _run_shards_in_parallel(run: Execution, numbered: list[tuple[int, Step]], wi
     _run_chain(run, rest, total)
 
 
-def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int) -> None:
-    """All config writes first (a staging provider ships them in one go), then every start at once."""
+def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int,
+              launched: Callable[[], None] | None = None) -> None:
+    """All config writes first (a staging provider ships them in one go), then every start at once; launched is
+    called once every node was launched (or at the end, when none was to start)."""
     steps = [s for chain in wave for s in chain]
     _run_chain(run, [s for s in steps if isinstance(s[1], WriteConfig)], total)
     starts = [s for s in steps if isinstance(s[1], StartNode)]
     if starts:
-        _start_together(run, starts, total)
+        _start_together(run, starts, total, launched)
+    elif launched is not None:
+        launched()
 
 
-def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int) -> None:
+def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int,
+                    launched: Callable[[], None] | None = None) -> None:
     """The provider launches every node at once and waits for them in one loop, then one loop waits until all
     answer PING; each step is done or failed on its own, and the first failure stops the plan."""
     check_held(run.rt.connector)  # as before each step: a run that lost its topology lock starts nothing
@@ -171,7 +183,7 @@ def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int) 
     nodes = [_node(run, step) for _, step in starts]
     # masters first: a new cluster is ok 2 s after its last master started (the server's writable delay), however
     # late its replicas start
-    failed = run.rt.provider.start_many(sorted(nodes, key=lambda n: n.role != "master"))
+    failed = run.rt.provider.start_many(sorted(nodes, key=lambda n: n.role != "master"), launched)
     failed |= wait_answering(run, [n for n in nodes if n.name not in failed])
     errors: list[OpsctlError] = []
     for index, step in starts:
@@ -499,16 +511,13 @@ def acl_load(run: Execution, step: Step) -> None:
 
 
 def form(run: Execution, step: Step) -> None:
-    """Form the cluster. The replicas' writes and starts of the wave before (Execution.replicas_later) run as
-    their own steps beside it, while the masters are set up and meet; the first of them that fails fails this
-    step too."""
+    """Form the cluster. The replicas' writes and starts of the wave before run as their own steps beside it
+    (Execution.replicas_starting), while the masters are set up and meet; the first of them that fails fails
+    this step too."""
     assert isinstance(step, FormCluster)
-    later, run.replicas_later = run.replicas_later, []
-    total = len(run.plan.steps) if run.plan else 0
-    with ThreadPoolExecutor(max_workers=1) as beside:
-        replicas = beside.submit(_run_wave, run, later, total) if later else None
-        form_cluster(run.rt.connector, run.rt.loaded.layout,
-                     replicas_started=replicas.result if replicas is not None else None)
+    replicas, run.replicas_starting = run.replicas_starting, None
+    form_cluster(run.rt.connector, run.rt.loaded.layout,
+                 replicas_started=replicas.result if replicas is not None else None)
 
 
 def join_cluster(run: Execution, step: Step) -> None:

@@ -1,5 +1,6 @@
-"""A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster, the replicas' start among
-them): the next apply finishes it, and redis-cli --cluster check passes. Each kill lands while apply still runs.
+"""A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster, the replicas' start beside
+the masters' among them): the next apply finishes it, and redis-cli --cluster check passes. Each kill lands while
+apply still runs.
 A run that lost its topology lock launches no server."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
@@ -48,19 +50,12 @@ def _any(test: Callable[[Node, dict[str, str]], bool]) -> Callable[[Seen], bool]
     return lambda seen: any(test(node, info) for node, info in seen)
 
 
-def _masters_met_replica_down(seen: Seen) -> bool:
-    """A master knows every master while a replica does not answer yet (being written or started: the masters are
-    set up and meet first, the replicas start meanwhile)."""
-    masters = sum(node.role == "master" for node, _ in seen)
-    return _any(lambda node, info: node.role == "master" and info.get("cluster_known_nodes") == str(masters))(seen) \
-        and _any(lambda node, info: node.role == "replica" and not info)(seen)
-
-
 POINTS: dict[str, Callable[[Seen], bool]] = {
-    "answering": _any(lambda _, info: bool(info)),  # masters started, nothing set up yet (or the first setups)
+    # a master up, a replica still being written or started (they are, beside the masters, once those launched)
+    "answering": lambda seen: _any(lambda node, info: node.role == "master" and bool(info))(seen)
+    and _any(lambda node, info: node.role == "replica" and not info)(seen),
     # epochs and slots, the masters' meets under way
     "slots": _any(lambda _, info: info.get("cluster_slots_assigned", "0") != "0"),
-    "masters": _masters_met_replica_down,
     # a replica has met its master and nobody else, REPLICATE not sent yet (or not to every replica)
     "met": _any(lambda node, info: node.role == "replica" and info.get("cluster_known_nodes", "1") != "1"
                 and info.get("role") == "master"),
@@ -73,18 +68,9 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
     server_binary("valkey")
     spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
     servers = read_spec(spec).layout.servers
-    proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
-                            env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
     clients = [(n, _client(n)) for n in servers]
     try:
-        deadline = time.monotonic() + 30
-        while not POINTS[point]([(n, _info(c)) for n, c in clients]) and proc.poll() is None:
-            assert time.monotonic() < deadline, f"apply never reached {point}"
-            time.sleep(0.005)
-        assert proc.poll() is None, f"apply ended before {point}: the kill point was missed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _killed_at(spec, point, clients)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, err + out
         assert plan_json(capsys, spec)["steps"] == []
@@ -93,15 +79,36 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
     finally:
         for _, client in clients:
             client.close()
-        if proc.poll() is None:
-            proc.kill()
         main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
         capsys.readouterr()
 
 
+def _killed_at(spec: Path, point: str, clients: list[tuple[Node, redis.Redis]], attempts: int = 3) -> None:
+    """apply, SIGKILLed once the servers show point while it still runs. A point the poll did not see before
+    apply ended (a starved poll on a busy machine) is tried again from scratch, a few times."""
+    for _ in range(attempts):
+        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+                                env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not POINTS[point]([(n, _info(c)) for n, c in clients]) and proc.poll() is None:
+                assert time.monotonic() < deadline, f"apply never reached {point}"
+                time.sleep(0.005)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            code = proc.wait()
+        if code == -signal.SIGKILL:
+            return
+        assert main(["destroy", "-f", str(spec), "--auto-approve", "--purge"]) == 0
+    raise AssertionError(f"apply ended before {point} {attempts} times: the kill point was missed")
+
+
 def test_a_replica_that_cannot_start_fails_the_creation_and_the_next_apply_finishes_it(tmp_path, capsys) -> None:
-    """A replica starts beside form-cluster, once the masters run: its failure (its port is taken) is its own start
-    step's error and fails form-cluster too, the masters stay formed, and apply finishes once the port is free."""
+    """A replica starts beside the masters' start and form-cluster: its failure (its port is taken) is its own start
+    step's error and fails form-cluster too, the masters stay set up, and apply finishes once the port is free.
+    (A server that exits on its failed bind is not taken for up because the port accepts: another process holds
+    it.)"""
     server_binary("valkey")
     spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
     layout = read_spec(spec).layout

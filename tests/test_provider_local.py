@@ -543,6 +543,9 @@ def test_listening_inodes_find_the_socket_that_holds_a_port() -> None:
         port = listener.getsockname()[1]
         assert holds_port(os.getpid(), "127.0.0.1", port)
         assert not holds_port(os.getppid(), "127.0.0.1", port)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        assert not holds_port(gone.pid, "127.0.0.1", port)  # a server that exited on its failed bind holds nothing
 
 
 def test_sock_diag_names_the_listening_socket_of_a_port_as_the_proc_table_does() -> None:

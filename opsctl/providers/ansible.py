@@ -155,8 +155,9 @@ class AnsibleProvider:
         self.flush()
         self._start(node)
 
-    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
-        """Ship what is staged, then start every node at once (one SSH command each, side by side)."""
+    def start_many(self, nodes: Sequence[Node], launched: Callable[[], None] | None = None) -> dict[str, OpsctlError]:
+        """Ship what is staged, then start every node at once (one SSH command each, side by side); launched is
+        called once they all returned (a start's SSH command returns once the node is up)."""
         try:
             self.flush()
         except OpsctlError as exc:
@@ -172,6 +173,8 @@ class AnsibleProvider:
             return None
 
         outcomes = fan_out(start_one, list(nodes))
+        if launched is not None:
+            launched()
         return {n.name: exc for n, exc in zip(nodes, outcomes, strict=True) if exc is not None}
 
     def _start(self, node: Node) -> None:

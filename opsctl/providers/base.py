@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from opsctl.errors import OpsctlError
@@ -39,8 +39,10 @@ class Provider(Protocol):
 
     def start(self, node: Node) -> None: ...
 
-    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
-        """Start several nodes, returning those that did not come up (with why); the others are up."""
+    def start_many(self, nodes: Sequence[Node], launched: Callable[[], None] | None = None) -> dict[str, OpsctlError]:
+        """Start several nodes, returning those that did not come up (with why); the others are up. launched is
+        called once every node was launched (at the latest before returning): the caller's next work may overlap
+        the nodes' start-up."""
 
 
     def stop(self, node: Node, timeout: float = 30.0) -> None: ...

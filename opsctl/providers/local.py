@@ -26,7 +26,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -164,16 +164,31 @@ def read_proc(pid: int) -> ProcFacts | None:
 def holds_port(pid: int, address: str, port: int) -> bool:
     """Whether pid listens on address:port itself (a port that answers may be another process's). The listening
     sockets come from sock_diag, else /proc/net. True when neither can tell (or another user's fds): the port
-    check alone decides then."""
+    check alone decides then. False when pid is gone: a server that failed to bind the port another process holds
+    exits right after it wrote its pidfile, and the other process's port accepts."""
     table = "tcp6" if ":" in address else "tcp"
     try:
         inodes = sockdiag.listening_inodes(address, port)
         if inodes is None:
             inodes = listening_inodes(Path(f"/proc/net/{table}").read_text(), address, port)
-        links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        fds = os.listdir(f"/proc/{pid}/fd")
+        links = _fd_links(pid, fds)
+    except FileNotFoundError:  # pid is gone
+        return False
     except (OSError, ValueError):
         return True
     return not inodes or any(f"socket:[{inode}]" in links for inode in inodes)
+
+
+def _fd_links(pid: int, fds: list[str]) -> set[str]:
+    """What pid's fds point to; an fd closed since it was listed is left out (the listing's own, for opsctl)."""
+    links = set()
+    for fd in fds:
+        try:
+            links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            continue
+    return links
 
 
 RECORD_LIMIT = 1024 * 1024
@@ -415,10 +430,11 @@ class LocalProvider:
         if failed:
             raise failed[node.name]
 
-    def start_many(self, nodes: Sequence[Node]) -> dict[str, OpsctlError]:
+    def start_many(self, nodes: Sequence[Node], launched: Callable[[], None] | None = None) -> dict[str, OpsctlError]:
         """Launch every node's server at once (one fork each), then wait for all of them in one poll loop: a node
         is up once its pidfile names its server, its port accepts and that server holds the port itself.
-        Returns the nodes that did not come up, with why (every launch has ended one way or the other by then)."""
+        launched is called between the two. Returns the nodes that did not come up, with why (every launch has
+        ended one way or the other by then)."""
         failed: dict[str, OpsctlError] = {}
         waiting: dict[str, tuple[Node, Launch | None]] = {}
         with ExitStack() as stack:
@@ -427,6 +443,8 @@ class LocalProvider:
                     waiting[node.name] = (node, self._launch(node, stack))
                 except OpsctlError as exc:
                     failed[node.name] = exc
+            if launched is not None:
+                launched()
             self._wait_until_up(waiting, failed)
         return failed
 
