@@ -39,8 +39,5 @@ def retired_nodes(loaded: LoadedSpec, views: Iterable[Iterable[ClusterNodeLine]]
 
 def shard_members(loaded: LoadedSpec, name: str) -> tuple[str, ...]:
     """The names of the nodes of name's shard (itself only when it has none): a move follows the shard."""
-    for layout in (loaded.layout, wider_layout(loaded)):
-        shard = layout.shard_of(name)
-        if shard is not None:
-            return tuple(shard.members)
-    return (name,)
+    shard = loaded.layout.shard_of(name) or wider_layout(loaded).shard_of(name)  # the wider one only if needed
+    return tuple(shard.members) if shard is not None else (name,)
