@@ -4,11 +4,13 @@ floor: one bare server of the same rendered config started (Popen) and polled ev
 once, until it reports cluster_state:ok. A master reports ok no sooner than ~2 s after its start (the server's
 writable delay), so no tool that starts the processes can be faster.
 opsctl: `opsctl apply` wall time (it returns once every node takes writes and all agree; `--cluster check` is
-then asserted, not timed) and its CPU time. When a goal is missed, where the time went: before the first step
-(Python start, imports, facts, plan), each kind of step (write-config, start, form-cluster) from its first start
-to its last end as apply's JSON events arrive, after the last step (apply's status, exit), and from the first
+then asserted, not timed) and its CPU time. Then, for every run, where the time went: before the first step
+(Python start, imports, facts, plan), each kind of step by role (write-config(master), start(master), the
+replicas' that run beside the masters' start-up and form-cluster, form-cluster) from its first start to its last
+end as apply's JSON events arrive (they overlap), after the last step (apply's status, exit), and from the first
 launch to the last step's end (launch->converged, to compare with the floor); beside it, `opsctl plan` of the
-same spec timed alone (process start, imports, facts, plan: most of "before steps").
+same spec timed alone (process start, imports, facts, plan: most of "before steps"). bench/create_timeline.py
+shows the same node by node from the servers' own logs.
 redis-cli: the same servers started by opsctl's provider, `--cluster create`, timed until `--cluster check`
 passes and until every node reports cluster_state:ok.
 Goals: 15 nodes within 0.5 s of the floor, 60 nodes <= 3 s.
@@ -109,7 +111,9 @@ class Run:
 
     wall: float
     cpu: float
-    steps: list[tuple[str, float, float]]  # (kind, start, end), in the order the steps started
+    steps: list[tuple[str, float, float]]  # (kind, start, end), in the order the steps started; a node's kind
+    # names its role, e.g. "start(master)": a new cluster's replicas are written and started beside the masters'
+    # start-up and form-cluster
     plan_alone: float  # `opsctl plan` of the same spec, process start to exit: the floor of "before steps"
 
     def phases(self) -> list[tuple[str, float]]:
@@ -123,7 +127,7 @@ class Run:
             kinds[kind] = (min(first, start), max(last, end))
         first_start = min(start for _, start, _ in self.steps)
         last_end = max(end for _, _, end in self.steps)
-        launched = kinds.get("start", (first_start, last_end))[0]
+        launched = min((s for k, (s, _) in kinds.items() if k.startswith("start")), default=first_start)
         return [("before steps", first_start), *((k, e - s) for k, (s, e) in kinds.items()),
                 ("after steps", self.wall - last_end), ("launch->converged", last_end - launched)]
 
@@ -131,6 +135,7 @@ class Run:
 def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
     (directory / "opsctl").mkdir()
     path = spec_file(directory / "opsctl", nodes, flavor)
+    roles = {n.name: n.role for n in read_spec(path, env()).layout.servers}
     began = time.monotonic()  # what "before steps" holds besides starting apply's own modules: plan of the same spec
     subprocess.run([*OPSCTL, "plan", "-f", str(path)], env=env(), check=False, capture_output=True)
     plan_alone = time.monotonic() - began
@@ -149,7 +154,9 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
             if event.get("event") not in ("step-start", "step-done"):
                 said.append(line.rstrip())
             if event.get("event") == "step-start":
-                opened[event["index"]] = (event["step"].split()[0], now)
+                kind, *words = event["step"].split()
+                role = roles.get(words[0], "") if words else ""
+                opened[event["index"]] = (f"{kind}({role})" if role else kind, now)
             elif event.get("event") == "step-done" and event["index"] in opened:
                 kind, start = opened.pop(event["index"])
                 steps.append((kind, start, now))
@@ -209,7 +216,7 @@ def main() -> int:
           "reports ok (up = until it answers); opsctl cpu = its user+system seconds.")
     print(f"{'flavor':<8} {'nodes':>5} {'floor':>6} {'(up)':>6} {'opsctl':>7} {'(cpu)':>6} {'rcli check':>10} "
           f"{'rcli ok':>8} {'opsctl-floor':>12} {'opsctl/rcli ok':>14}  goal")
-    missed: list[tuple[str, Run]] = []
+    runs: list[tuple[str, Run]] = []
     for flavor in args.flavor:
         for nodes in args.nodes:
             with server_tmpdir(prefix="bench-create-") as tmp:
@@ -222,9 +229,8 @@ def main() -> int:
             print(f"{flavor:<8} {nodes:>5} {floor:>6.2f} {up:>6.2f} {ours.wall:>7.2f} {ours.cpu:>6.2f} "
                   f"{checked:>10.2f} {usable:>8.2f} {ours.wall - floor:>+12.2f} {ours.wall / usable:>14.2f}  "
                   f"{goal} {'met' if met else 'NOT met'}", flush=True)
-            if not met:
-                missed.append((f"{flavor} {nodes}", ours))
-    for label, run in missed:  # where the time went, from apply's own step events
+            runs.append((f"{flavor} {nodes}", ours))
+    for label, run in runs:  # where the time went, from apply's own step events (they overlap)
         print(f"{label}: " + ", ".join(f"{name} {seconds:.2f}" for name, seconds in run.phases())
               + f" (`opsctl plan` alone: {run.plan_alone:.2f})")
     return 0
