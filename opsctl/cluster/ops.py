@@ -164,13 +164,24 @@ def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> di
     return {name: f.result() for name, f in futures.items()}
 
 
+MEETS_AGAIN_AFTER = 1.0  # s: a replica that does not know its master yet this long after its MEET meets it again
+
+
 def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str],
                           then: Mapping[str, Sequence[Node]], timeout: float) -> None:
     """Each replica, as soon as it knows its master (its MEET's handshake completes on the servers' 100 ms
     cluster cron; CLUSTER COUNT-FAILURE-REPORTS answers for a known id only): CLUSTER REPLICATE, and its MEETs of
     `then` in the same round trip. Its first sync starts as early as it can, and the MEETs go out before it can
-    block: a replica that loads from the socket answers nothing until its load is done."""
+    block: a replica that loads from the socket answers nothing until its load is done.
+
+    A replica that still does not know its master MEETS_AGAIN_AFTER s after its last MEET meets it again: a
+    handshake that gets no answer within the node timeout (a master starved of CPU on a busy machine) is dropped,
+    and the master's own PINGs do not make the replica learn it (only a MEET adds an unknown sender); without
+    another MEET the replica would wait for nothing until the timeout. A MEET while a handshake to the same
+    address is under way is a no-op."""
     waiting = {r: ids[shard.master] for shard in layout.shards for r in shard.replicas}
+    masters = {r: layout.node(shard.master) for shard in layout.shards for r in shard.replicas}
+    met_at = dict.fromkeys(waiting, time.monotonic())
 
     def attempt(node: Node) -> bool:
         """True once node replicates."""
@@ -179,6 +190,9 @@ def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, 
         if isinstance(known, RespError):
             if "unknown node" not in known.message.lower():
                 raise OpsctlError(f"CLUSTER REPLICATE failed on {node.name} ({node.endpoint})", known.message, HINT)
+            if time.monotonic() - met_at[node.name] >= MEETS_AGAIN_AFTER:
+                met_at[node.name] = time.monotonic()
+                _checked(observer, node, meet_commands([masters[node.name]]), "CLUSTER MEET")
             return False
         commands = [("CLUSTER", "REPLICATE", master_id), *meet_commands(then.get(node.name, ()))]
         _checked(observer, node, commands, "CLUSTER REPLICATE")
