@@ -102,26 +102,35 @@ def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,
             if len(wave) == 1 and not isinstance(wave[0][0][1], NODE_LOCAL):
                 _run_chain(run, wave[0], len(plan.steps))
                 continue
-            later = _replicas_of_a_new_cluster(run, wave, following)
+            now, later = _masters_first(run, wave, following)
 
             def launched(later: list[list[tuple[int, Step]]] = later) -> None:
                 run.replicas_starting = beside.submit(_run_wave, run, later, len(plan.steps))
 
-            _run_wave(run, [chain for chain in wave if chain not in later], len(plan.steps),
-                      launched if later else None)
+            _run_wave(run, now, len(plan.steps), launched if later else None)
     return run.timings
 
 
-def _replicas_of_a_new_cluster(run: Execution, wave: list[list[tuple[int, Step]]],
-                               following: list[list[tuple[int, Step]]] | None) -> list[list[tuple[int, Step]]]:
-    """The replicas' chains of a node-local wave that a form-cluster step follows: they are written and started
-    beside the rest as soon as the masters were launched, and form-cluster waits for them once the masters are
-    set up and meet (a master's 2 s writable delay runs from its own start, so the masters start first and
-    everything else overlaps it)."""
+Chain = list[tuple[int, Step]]
+
+
+def _masters_first(run: Execution, wave: list[Chain], following: list[Chain] | None) -> tuple[list[Chain], list[Chain]]:
+    """A node-local wave as (what runs now, what runs beside once the masters were launched). Before a
+    form-cluster step the replicas' chains run beside: they are written and started as soon as the masters were
+    launched, and form-cluster waits for them once the masters are set up and meet (a master's 2 s writable
+    delay runs from its own start, so the masters start first and everything else overlaps it). A provider that
+    stages files writes the replicas' files now all the same: they ship with the masters' in one playbook run,
+    where a second shipment would cost a second run."""
     if following is None or not isinstance(following[0][0][1], FormCluster):
-        return []
+        return wave, []
     layout = run.rt.loaded.layout
-    return [chain for chain in wave if layout.node(chain[0][1].node).role != "master"]
+    replicas = [chain for chain in wave if layout.node(chain[0][1].node).role != "master"]
+    masters = [chain for chain in wave if chain not in replicas]
+    if not run.rt.provider.stages_files:
+        return masters, replicas
+    writes = [[s for s in chain if not isinstance(s[1], StartNode)] for chain in replicas]
+    starts = [[s for s in chain if isinstance(s[1], StartNode)] for chain in replicas]
+    return masters + [c for c in writes if c], [c for c in starts if c]
 
 
 NODE_LOCAL = (WriteConfig, StartNode)

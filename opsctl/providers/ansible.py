@@ -60,6 +60,7 @@ class AnsibleProvider:
     """Servers on SSH hosts. Paths: /var/lib/opsctl/<spec>/<node>."""
 
     daemonize = True
+    stages_files = True
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
                  on_event: Emit | None = None) -> None:

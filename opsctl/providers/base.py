@@ -30,6 +30,7 @@ class Provider(Protocol):
     """
 
     daemonize: bool
+    stages_files: bool  # written files wait and ship together at the next start or flush (one playbook run)
 
     def paths(self, node: Node) -> NodePaths: ...
 

@@ -258,6 +258,7 @@ class LocalProvider:
     """Servers as daemonized processes on this machine (Linux: identities are checked through /proc)."""
 
     daemonize = True
+    stages_files = False
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary,
                  start_timeout: float = 30.0) -> None:
