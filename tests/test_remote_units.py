@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -212,3 +214,12 @@ def test_an_ssh_error_for_a_dropped_connection_says_so():
     error = ssh.ssh_error(ssh.SshTarget("h1", "10.0.0.1", 22, "ops", None), EOFError())
     assert error.summary.startswith("cannot connect to host h1 (ops@10.0.0.1:22)")
     assert error.detail == "the SSH connection closed"
+
+
+def test_paramiko_logs_nothing_on_the_operators_stderr():
+    """paramiko logs a refused tunnel channel at ERROR before opsctl reports it: with no handler Python printed
+    'Secsh channel 0 open FAILED: ...' bare on stderr during remote applies."""
+    code = ("import logging, opsctl.remote.ssh\n"
+            "logging.getLogger('paramiko.transport').error('Secsh channel 0 open FAILED: Connection refused')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr == ""

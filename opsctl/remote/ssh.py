@@ -9,6 +9,7 @@ the host, for admin traffic when the node's port is reachable only over SSH.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import posixpath
 import select
@@ -23,6 +24,11 @@ import paramiko
 from opsctl.errors import OpsctlError
 from opsctl.remote.inventory import parse_bastion
 from opsctl.spec.model import Host, Spec
+
+# paramiko logs what it then raises (a refused tunnel channel, a dropped connection) at ERROR; with no handler
+# Python prints those lines bare on the operator's stderr. opsctl reports the errors itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 CONNECT_TIMEOUT = 10.0
