@@ -37,7 +37,7 @@ system-deps:
 # Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
 test: dev system-deps
 	@rc=0; \
-	$(BIN)/pytest -n 2 --dist loadfile tests || rc=1; \
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15 tests || rc=1; \
 	$(BIN)/ruff check opsctl tests bench || rc=1; \
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc
