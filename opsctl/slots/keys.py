@@ -23,7 +23,7 @@ from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.scale import shard_members
-from opsctl.slots.session import Peer, Session, checked, keyed, packed_commands, pipe, sent, stream
+from opsctl.slots.session import Peer, Session, checked, errors_as_values, keyed, packed_commands, pipe, stream
 from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
@@ -141,15 +141,31 @@ class KeyMover:
             listed = [lister.submit(self.packed_plan, wave) for wave in parts[:LIST_AHEAD]]
             opened = [opener.submit(admitted, i) for i in range(len(parts))]  # each as soon as it may
             closing: list[Future[None]] = []
-            for i in range(len(parts)):
-                opened[i].result()
-                plan, packed = listed[i].result()
-                if i + LIST_AHEAD < len(parts):
-                    listed.append(lister.submit(self.packed_plan, parts[i + LIST_AHEAD]))
-                self.send(plan, packed)
-                closing.append(behind.submit(finished, i))
-                for done in (f for f in closing if f.done()):
-                    done.result()  # a wave that failed to close stops the run before more move
+            plans: dict[int, Plan] = {}
+            with self.source.pipes.held() as link:
+
+                def collect(i: int) -> None:
+                    """Wave i's replies, then its close behind; a close that failed stops the run."""
+                    plan = plans.pop(i)
+                    self.received(plan, errors_as_values(link.read(len(plan))))
+                    closing.append(behind.submit(finished, i))
+                    for done in (f for f in closing if f.done()):
+                        done.result()
+
+                for i in range(len(parts)):
+                    opened[i].result()
+                    plan, packed = listed[i].result()
+                    if i + LIST_AHEAD < len(parts):
+                        listed.append(lister.submit(self.packed_plan, parts[i + LIST_AHEAD]))
+                    if i and self.options.max_keys_per_sec:
+                        collect(i - 1)  # throttled: one wave at a time
+                    self.announce(plan)
+                    link.send(packed)
+                    plans[i] = plan
+                    if i and not self.options.max_keys_per_sec:
+                        collect(i - 1)  # its replies read while this wave is queued behind it
+                if parts:
+                    collect(len(parts) - 1)
             for done in closing:
                 done.result()
             failed = False
@@ -327,15 +343,19 @@ class KeyMover:
     def plan(self, work: Work) -> Plan:
         return [(slot, b) for slot, (keys, sizes) in work.items() for b in batches(keys, sizes, base_ms=self.base_ms)]
 
-    def send(self, plan: Plan, packed: bytes | None = None) -> bool:
-        """Report big keys, then send every MIGRATE batch on one connection: packed ahead (a wave's, in one
-        write: the source never waits for this process between two of them, however busy the machine), else
-        streamed as packed. False if any failed."""
+    def send(self, plan: Plan) -> bool:
+        """Report big keys, then stream every MIGRATE batch on one connection. False if any failed."""
+        self.announce(plan)
+        return self.received(plan, stream(self.source, [self.command(b) for _, b in plan]))
+
+    def announce(self, plan: Plan) -> None:
+        """Big keys are reported before they travel."""
         for slot, batch in plan:
             if batch.big:
                 self.emit(BigKey(slot, batch.keys[0].decode(errors="replace"), batch.size, batch.timeout_ms))
-        replies = (sent(self.source, packed, len(plan)) if packed is not None
-                   else stream(self.source, [self.command(b) for _, b in plan]))
+
+    def received(self, plan: Plan, replies: Sequence[object]) -> bool:
+        """Count what moved, handle what failed (False if any did), then keep to --max-keys-per-sec."""
         ok = True
         for (slot, batch), reply in zip(plan, replies, strict=True):
             if isinstance(reply, Exception):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,6 +30,11 @@ class ReplyError(Exception):
     """A node's error reply to one command of a pipeline (the others' replies stand)."""
 
 
+def errors_as_values(replies: Sequence[Any]) -> list[Any]:
+    """Replies with each error reply as a ReplyError value."""
+    return [ReplyError(r.message) if isinstance(r, RespError) else r for r in replies]
+
+
 class Pipes:
     """Raw RESP connections to one node (the connector's route, AUTH and TLS), one per thread that talks to it
     at a time: a wave is surveyed, streamed and drained side by side. A connection goes back to the pool only
@@ -42,6 +48,15 @@ class Pipes:
 
     def round_trip(self, send: Callable[[RawPipe], None], count: int) -> list[Any]:
         """What send writes, then count replies in order; error replies as ReplyError values."""
+        with self.held() as pipe:
+            send(pipe)
+            replies = pipe.read(count)
+        return errors_as_values(replies)
+
+    @contextmanager
+    def held(self) -> Iterator[RawPipe]:
+        """A connection for this thread alone until the block ends, so writes and reads may interleave (a stream
+        that keeps the next commands queued while it reads the replies to the ones before)."""
         with self._lock:
             pipe = self._idle.pop() if self._idle else None
         while pipe is not None and not pipe.idle():
@@ -50,8 +65,7 @@ class Pipes:
                 pipe = self._idle.pop() if self._idle else None
         pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
         try:
-            send(pipe)
-            replies = pipe.read(count)
+            yield pipe
         except BaseException:
             pipe.close()
             raise
@@ -60,7 +74,6 @@ class Pipes:
                 pipe.close()
             else:
                 self._idle.append(pipe)
-        return [ReplyError(r.message) if isinstance(r, RespError) else r for r in replies]
 
     def close(self) -> None:
         with self._lock:
@@ -86,7 +99,7 @@ class Peer:
 
 
 def packed_commands(peer: Peer, commands: Sequence[Command]) -> bytes:
-    """Commands under peer's renames, packed in one buffer (for sent)."""
+    """Commands under peer's renames, packed in one buffer."""
     return b"".join(encode([peer.command(str(c[0])), *c[1:]]) for c in commands)
 
 
@@ -110,11 +123,6 @@ def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
     """Like pipe, but packed and sent in chunks."""
     return peer.pipes.round_trip(_packed(peer, commands, chunk), len(commands)) if commands else []
-
-
-def sent(peer: Peer, packed: bytes, count: int) -> list[Any]:
-    """packed (count commands) in one write, then their replies; error replies as ReplyError values."""
-    return peer.pipes.round_trip(lambda raw: raw.send(packed), count) if count else []
 
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
