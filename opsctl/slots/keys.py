@@ -47,6 +47,7 @@ Work = dict[int, tuple[list[bytes], list[int | None]]]  # slot -> its keys and t
 LISTING_LINKS = 8
 LISTING_PART = 16  # slots per connection at least
 
+
 class EndpointReplaced(OpsctlError):
     """The cluster promoted another node of the source's or the target's shard in the middle of the move."""
 
@@ -182,7 +183,7 @@ class KeyMover:
                 pool.shutdown(wait=True)
 
     def packed_plan(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
-        """The wave's keys and MIGRATE batches, read before it opens, and their commands packed."""
+        """The wave's keys and MIGRATE batches, read ahead (before or while it opens), and their commands packed."""
         plan = self.prepare(wave)
         return plan, packed_commands(self.source, [self.command(b) for _, b in plan])
 
@@ -207,7 +208,7 @@ class KeyMover:
         self.progress.add(slots=len(wave))
 
     def prepare(self, wave: Sequence[int]) -> Plan:
-        """The wave's keys and their MIGRATE batches, read before the wave opens."""
+        """The wave's keys and their MIGRATE batches, read ahead: only a head start (see drain)."""
         return self.plan(self.listed(wave))
 
     def listed(self, slots: Sequence[int]) -> Work:
