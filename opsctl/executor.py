@@ -16,6 +16,7 @@ from opsctl.connerr import is_auth_failure
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
+from opsctl.frozen import Frozen, frozen
 from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
@@ -533,30 +534,43 @@ def join_cluster(run: Execution, step: Step) -> None:
     assert isinstance(step, JoinCluster)
     node, via = _node(run, step), run.rt.node(step.via)
     with run.rt.admin(node) as admin, run.rt.admin(via) as via_admin:
-        live_ids = {line.id for line in parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))}
-        live_ids |= _known_by_its_peers(run, node, parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
-        old_id = reset_stale_identity(admin, node, live_ids)
+        via_view = parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))
+        live = _known_by_its_peers(run, node, parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))), via_view)
+        old_id = None if node.endpoint in live.handshaking else reset_stale_identity(admin, node, live.ids)
         if old_id is not None:
             run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
                                        "reset it to a new empty node (CLUSTER RESET HARD)"))
         meet(admin, via.address, via.port)
 
 
-def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine]) -> set[str]:
-    """The ids known by the spec's nodes that node itself knows (they answer, else they count for nothing). A node
-    met by some of the cluster and not yet by via (a creation killed after a replica met only its master) is known
-    back by those: not a forgotten identity to reset."""
+@frozen
+class KnownBack(Frozen):
+    """What the cluster's nodes know of a joining node: every id they know, and the endpoints they are still
+    shaking hands with (a MEET under way: the met side knows the meeter only by a random id until its PING)."""
+
+    ids: frozenset[str]
+    handshaking: frozenset[str]
+
+
+def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine],
+                        via_view: list[ClusterNodeLine]) -> KnownBack:
+    """What via and the spec's nodes that node itself knows know of the cluster (they answer, else they count for
+    nothing). A node met by some of the cluster and not yet by via (a creation killed after a replica met only
+    its master), or whose MEETs were under way (killed while the masters met), is known back: not a forgotten
+    identity to reset."""
     import redis
 
-    ids: set[str] = set()
+    views = [via_view]
     by_endpoint = {n.endpoint: n for n in run.rt.loaded.layout.servers if n.name != node.name}
     for peer in (by_endpoint[line.endpoint] for line in view if line.endpoint in by_endpoint):
         try:
             with run.rt.admin(peer, timeout=2.0) as peer_admin:
-                ids |= {line.id for line in parse_cluster_nodes(str(peer_admin.raw("CLUSTER", "NODES")))}
+                views.append(parse_cluster_nodes(str(peer_admin.raw("CLUSTER", "NODES"))))
         except redis.RedisError:
             continue
-    return ids
+    lines = [line for v in views for line in v]
+    return KnownBack(frozenset(line.id for line in lines),
+                     frozenset(line.endpoint for line in lines if "handshake" in line.flags))
 
 
 def do_replicate(run: Execution, step: Step) -> None:
