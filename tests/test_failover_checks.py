@@ -255,7 +255,15 @@ def test_a_replica_whose_cluster_bus_link_to_its_master_is_down_is_not_a_target(
         seen = {**facts, target.replica: replace(facts[target.replica], cluster_nodes=lines)}
         bad = failed(cluster_prechecks(loaded, seen, target, Thresholds(), [], 1000.0))
         assert [c.name for c in bad] == want, bad
-        assert not bad or "its cluster bus link to the master is disconnected" in bad[0].value
+        assert not bad or "a cluster bus link between it and the master is disconnected" in bad[0].value
+    # the master's own link to the replica (its paused offset travels there: 2 of 4 quiet runs timed out)
+    replica_id = _node_id(loaded, target.replica)
+    master_view = facts[shard.master].cluster_nodes
+    assert master_view is not None
+    back_down = [replace(line, link_state="disconnected") if line.id == replica_id else line for line in master_view]
+    seen = {**facts, shard.master: replace(facts[shard.master], cluster_nodes=back_down)}
+    bad = failed(cluster_prechecks(loaded, seen, target, Thresholds(), [], 1000.0))
+    assert [c.name for c in bad] == ["target-linked"], bad
 
 
 # --- post-checks ----------------------------------------------------------------------------------

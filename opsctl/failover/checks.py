@@ -125,16 +125,25 @@ def master_side_state(layout: Layout, facts: Facts, master: str, replica: str) -
 
 
 def bus_link_to_master(facts: Facts, replica: str) -> str | None:
-    """The replica's cluster-bus link to its master as the replica sees it (connected, disconnected, unknown);
-    None outside a cluster or when its view was not read. CLUSTER FAILOVER sends its request to the master over
-    this link and drops it silently while the link is down (a replica restarted a moment ago connects it at its
-    next cluster cron): the failover then only times out."""
+    """The cluster-bus links between the replica and its master, each as its sender sees it (connected,
+    disconnected, unknown; the worse one); None outside a cluster or when the replica's view was not read.
+    CLUSTER FAILOVER sends its request to the master over the replica's link and drops it silently while that
+    link is down; the master sends its paused offset back over its own link to the replica, and without it the
+    replica never starts the election. Either way the failover only times out (a node restarted a moment ago
+    connects its links at its next cluster cron, and its peers reconnect to it at theirs)."""
     lines = facts[replica].cluster_nodes
     me = next((line for line in lines or [] if line.is_myself), None)
     if me is None or me.master_id is None:
         return None
     master_line = next((line for line in lines or [] if line.id == me.master_id), None)
-    return "unknown" if master_line is None else master_line.link_state
+    if master_line is None or master_line.link_state != "connected":
+        return "unknown" if master_line is None else master_line.link_state
+    master_view = next((f.cluster_nodes for f in facts.values()
+                        if f.myself is not None and f.myself.id == me.master_id), None)
+    if master_view is None:
+        return "connected"  # the master's view was not read: nothing more to say
+    back = next((line for line in master_view if line.id == me.id), None)
+    return "unknown" if back is None else back.link_state
 
 
 def linked_to(layout: Layout, facts: Facts, replica: str, master: str) -> bool:
@@ -235,7 +244,7 @@ def link_check(layout: Layout, facts: Facts, replica: str | None, master: str, w
         value += f"; its master lists it as {seen_by_master}"
     bus = bus_link_to_master(facts, replica)
     if bus not in (None, "connected"):
-        value += f"; its cluster bus link to the master is {bus}"
+        value += f"; a cluster bus link between it and the master is {bus}"
     return Check("target-linked", linked_to(layout, facts, replica, master) and seen_by_master in (None, "online")
                  and bus in (None, "connected"), value,
                  f"replica of {master} ({layout.node(master).endpoint}), link connected, online at the master"
