@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from opsctl.render.directives import listen_ports
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import CLUSTER_BUS_OFFSET
 
 
 def ephemeral_port_warning(loaded: LoadedSpec, first: int, last: int) -> str | None:
@@ -18,4 +19,4 @@ def ephemeral_port_warning(loaded: LoadedSpec, first: int, last: int) -> str | N
     verb = "listens" if len(clashing) == 1 else "listen"
     return (f"{', '.join(clashing[:3])}{more} {verb} inside this machine's ephemeral port range {first}-{last} "
             "(net.ipv4.ip_local_port_range): an outgoing connection can hold such a port when the node restarts "
-            "and binds it; pick ports below the range (cluster bus ports are port + 10000)")
+            f"and binds it; pick ports below the range (cluster bus ports are port + {CLUSTER_BUS_OFFSET})")

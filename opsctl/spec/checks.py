@@ -16,7 +16,15 @@ from opsctl.endpoints import canonical_address, endpoint
 from opsctl.errors import echo
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
-from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, POLICIES, TOPOLOGIES, Spec, config_text
+from opsctl.spec.model import (
+    CLUSTER_BUS_OFFSET,
+    LAZYFREE,
+    PLAINTEXT_PORT_OFFSET,
+    POLICIES,
+    TOPOLOGIES,
+    Spec,
+    config_text,
+)
 from opsctl.spec.secretcheck import SecretResolver, check_secrets
 from opsctl.tls.refs import missing_refs
 from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
@@ -352,7 +360,7 @@ def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
         path = _port_path(spec, node.name, node.is_sentinel)
         if node.port in DEFAULT_PORTS and not spec.hardening.allow_default_port:
             default.setdefault(path, []).append(node.name)
-        ports = [node.port, node.port + 10000] if cluster and not node.is_sentinel else [node.port]
+        ports = [node.port, node.port + CLUSTER_BUS_OFFSET] if cluster and not node.is_sentinel else [node.port]
         for port in ports:
             if port > 65535:
                 too_high.setdefault(path, []).append((node.name, port, port != node.port))
@@ -375,9 +383,9 @@ def _names(names: list[str]) -> str:
 
 def _too_high(path: tuple[str | int, ...], high: list[tuple[str, int, bool]]) -> Finding:
     name, port, bus = high[0]
-    what = f"{name}'s cluster bus port {port} (port + 10000)" if bus else f"{name}'s port {port}"
+    what = f"{name}'s cluster bus port {port} (port + {CLUSTER_BUS_OFFSET})" if bus else f"{name}'s port {port}"
     more = f" (and {len(high) - 1} more)" if len(high) > 1 else ""
-    limit = "a cluster node's port + 10000 must stay at or below 65535" if bus else "ports end at 65535"
+    limit = f"a cluster node's port + {CLUSTER_BUS_OFFSET} must stay at or below 65535" if bus else "ports end at 65535"
     return (path, f"{what} is above 65535{more}", f"lower it: {limit}")
 
 
@@ -404,7 +412,7 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        "or let opsctl make them: tls.generate: true")
                 return
     if tls.plaintext_port:
-        used = {(n.address, p) for n in nodes.nodes for p in (n.port, n.port + 10000)}
+        used = {(n.address, p) for n in nodes.nodes for p in (n.port, n.port + CLUSTER_BUS_OFFSET)}
         for node in nodes.nodes:
             plain = node.port + PLAINTEXT_PORT_OFFSET
             if plain > 65535 or (node.address, plain) in used:
