@@ -167,7 +167,11 @@ def test_landed_keys() -> None:
 def test_journal_round_trip_and_damage() -> None:
     journal = Journal("backup:/x:2026", "replace", {"shard-1": Counts({0: 4}, 4, 0, 0, 0, [])})
     assert parse_journal(journal_json(journal), "j") == journal
+    finished = Journal("backup:/x:2026", "fail-if-exists", {}, finished=True)
+    assert parse_journal(journal_json(finished), "j") == finished
+    assert not parse_journal('{"source": "s", "mode": "replace", "done": {}}', "j").finished  # written before it
     for text in ("[", '{"source": 1}', '{"source": "s", "mode": "bad", "done": {}}',
+                 '{"source": "s", "mode": "replace", "done": {}, "finished": "yes"}',
                  '{"source": "s", "mode": "replace", "done": {"a": {"restored": -1}}}'):
         with pytest.raises(OpsctlError, match=r"^j: "):
             parse_journal(text, "j")

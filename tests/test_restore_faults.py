@@ -74,6 +74,37 @@ def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
         assert not list(Path("/tmp").glob(f"opsctl-scratch-{proc.pid}-*"))  # the killed run's scratch is gone
 
 
+def test_a_restore_killed_after_its_checks_is_not_refused_when_run_again(tmp_path, capsys) -> None:
+    """A run killed in its last steps (its checks passed, the scratch servers and locks still being let go) left a
+    finished journal: the same command again checks the target and succeeds instead of refusing the keys it
+    restored itself. Anything else about the target (a changed key, another source) is judged as before."""
+    with topologies(tmp_path, capsys, "valkey", ("standalone", {}), cluster(3)) as deployed_:
+        (s, s_loaded), (c, c_loaded) = deployed_
+        load(clients(s_loaded)[0], 3000)
+        folder = backup_dir(capsys, s, tmp_path / "backups")
+        code, out, err = restore(capsys, c, "--from", str(folder))
+        assert code == 0, err + out
+        code, out, err = restore(capsys, c, "--from", str(folder))  # the state a kill after the checks leaves
+        assert code == 0 and "(resumed)" in out and "all equal" in out, err + out
+        assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(3000)}
+
+        redis.RedisCluster(host=c_loaded.layout.servers[0].address, port=c_loaded.layout.servers[0].port,
+                           password=PASSWORD).set("k:1", "changed")
+        code, out, err = restore(capsys, c, "--from", str(folder), "--verify", "full")
+        assert code == 1 and "k:1" in out, err + out  # checked again: the changed key is named, nothing written
+        code, out, err = restore(capsys, c, "--from", str(folder), "--mode", "skip-existing")
+        assert code == 0 and "(resumed)" not in out, err + out  # another mode is a run of its own
+
+        for client in clients(c_loaded):  # FLUSHALL is disabled: each master's own keys, one by one
+            pipe = client.pipeline(transaction=False)
+            for key in client.scan_iter(count=1000):
+                pipe.unlink(key)
+            pipe.execute()
+        code, out, err = restore(capsys, c, "--from", str(folder))  # an emptied target is restored again
+        assert code == 0 and "(resumed)" not in out, err + out
+        assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(3000)}
+
+
 def test_refusals_write_nothing(tmp_path, capsys) -> None:
     with topologies(tmp_path, capsys, "valkey", ("standalone", {}), cluster(3)) as deployed_:
         (s, s_loaded), (c, c_loaded) = deployed_

@@ -220,6 +220,22 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
     return counts
 
 
+def first_entries(source: Source, count: int) -> list[Entry]:
+    """Up to count of the source's keys, from its first SCAN pages (hash order: a spread of its keys): samples
+    for a source an earlier run copied, whose copy's samples went with it."""
+    src = source.open()
+    taken: list[Entry] = []
+    try:
+        for db in source.dbs:
+            for page in pages(src, db, source.label):
+                taken += page[: count - len(taken)]
+                if len(taken) >= count:
+                    return taken
+    finally:
+        src.close()
+    return taken
+
+
 # --- comparing values ------------------------------------------------------------------------------------------
 
 VALUE_COMMANDS: dict[bytes, tuple[str, ...]] = {
@@ -244,8 +260,9 @@ def value_of(pipe: RawPipe, db: int, key: bytes) -> object:
     return (kind, reply)
 
 
-def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side) -> list[str]:
-    """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL."""
+def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side, kept: bool = False) -> list[str]:
+    """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL.
+    kept (skip-existing): a key the target had keeps its own value and TTL, so only presence is checked."""
     routed: list[list[Entry]] = [[] for _ in tp.pipes]
     for entry in page:
         routed[tp.targets.router.target(entry.key)].append(entry)
@@ -260,7 +277,7 @@ def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side) -> list[
         for i, entry in enumerate(entries):
             equal = partial(compare.equal, entry, index)
             problem = _entry_problem(entry, replies[2 * i], replies[2 * i + 1], now, equal)
-            if problem:
+            if problem and not (kept and replies[2 * i] is not None):
                 problems.append(f"{pipe.label}: {shown_key(entry.key)!r}: {problem}")
     return problems
 

@@ -144,15 +144,17 @@ def room_problems(dataset: int, targets: Sequence[tuple[str, int, int, float]]) 
 
 @dataclass
 class Journal:
-    """What an unfinished restore did: its source, mode, and the sources it finished (with their counts)."""
+    """What a restore did: its source, mode, and the sources it finished (with their counts). finished: every
+    check passed; kept so that a run killed after that, in its last steps, is not refused when run again."""
 
     source: str
     mode: str
     done: dict[str, Counts] = field(default_factory=dict)
+    finished: bool = False
 
 
 def journal_json(journal: Journal) -> str:
-    data = {"source": journal.source, "mode": journal.mode,
+    data = {"source": journal.source, "mode": journal.mode, "finished": journal.finished,
             "done": {k: {**asdict(c), "scanned": {str(db): n for db, n in c.scanned.items()}}
                      for k, c in journal.done.items()}}
     return json.dumps(data, indent=2) + "\n"
@@ -186,6 +188,8 @@ def parse_journal(text: str, where: str) -> Journal:
     except (ValueError, RecursionError):
         raise _bad(where, "not valid JSON") from None
     if not (isinstance(data, dict) and isinstance(data.get("source"), str) and data.get("mode") in MODES
-            and isinstance(data.get("done"), dict)):
-        raise _bad(where, "needs source (text), mode (one of " + ", ".join(MODES) + ") and done (object)")
-    return Journal(data["source"], data["mode"], {str(k): _counts(v, where) for k, v in data["done"].items()})
+            and isinstance(data.get("done"), dict) and isinstance(data.get("finished", False), bool)):
+        raise _bad(where, "needs source (text), mode (one of " + ", ".join(MODES) + "), done (object) and "
+                   "finished (true or false)")
+    return Journal(data["source"], data["mode"], {str(k): _counts(v, where) for k, v in data["done"].items()},
+                   data.get("finished", False))

@@ -9,8 +9,6 @@ re-reads the rest, counting keys it finds already equal as restored.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +32,16 @@ from opsctl.observe.collect import observe, observed_problems
 from opsctl.observe.parse import parse_info, server_of
 from opsctl.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.resp import encode
-from opsctl.restore.engine import Side, Source, TargetPipes, Targets, compare_page, copy_source, pages
+from opsctl.restore.engine import (
+    Side,
+    Source,
+    TargetPipes,
+    Targets,
+    compare_page,
+    copy_source,
+    first_entries,
+    pages,
+)
 from opsctl.restore.route import (
     JOURNAL,
     Counts,
@@ -331,12 +338,18 @@ def journal_path(state_dir: Path) -> Path:
     return state_dir / JOURNAL
 
 
-def load_journal(state_dir: Path, prepared: Prepared, mode: str) -> Journal | None:
+def load_journal(state_dir: Path, prepared: Prepared, target: Target, mode: str) -> Journal | None:
+    """The journal this run resumes from. A finished one is only resumed (every source done: checked again,
+    nothing copied) where a fresh run would be refused: fail-if-exists on a target holding keys, when the last
+    run was killed after its checks passed. Otherwise a fresh run replaces it."""
     path = journal_path(state_dir)
     text = read_bounded(path, "remove it to start over (keys already restored then count as existing keys)")
     if text is None:
         return None
     journal = parse_journal(text, str(path))
+    if journal.finished:
+        same = (journal.source, journal.mode) == (prepared.id, mode)
+        return journal if same and mode == "fail-if-exists" and target.keys else None
     if journal.source != prepared.id or journal.mode != mode:
         raise RefusedError("an unfinished restore from another source or in another mode is recorded",
                            f"{path}: source {journal.source}, mode {journal.mode}",
@@ -374,17 +387,22 @@ class Meter:
 
 def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,
                 emit: Emit) -> RestoreReport:
-    journal = load_journal(state_dir, prepared, options.mode)
+    journal = load_journal(state_dir, prepared, target, options.mode)
     refuse_unsafe(prepared, target, options, journal is not None)
     report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, journal is not None,
                            dict(journal.done) if journal else {})
     if options.dry_run:
         return report
     journal_was_new = journal is None
+    recheck = journal is not None and journal.finished  # copies nothing; its journal stays as the last run left it
     journal = journal or Journal(prepared.id, options.mode)
-    save_journal(state_dir, journal)
+    if not recheck:
+        save_journal(state_dir, journal)
     started = time.monotonic()
     todo = [s for s in prepared.sources if s.key not in journal.done]
+    for source in prepared.sources if options.verify == "sample" else []:
+        if source not in todo:  # copied by an earlier run, which was killed before its checks
+            source.samples = first_entries(source, options.sample)
     meter = Meter(emit, sum(e.total_keys for e in prepared.expected.values()))
 
     def written(keys: int) -> None:
@@ -416,16 +434,15 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     if started_empty and (problem := landed_problem(0, target_keys(target), report.total)):
         report.problems.append(problem)
     try:
-        report.verified, problems = verify(prepared, target, options, todo)
+        report.verified, problems = verify(prepared, target, options)
     except (redis.RedisError, *PIPE_ERRORS) as exc:
         raise OpsctlError(f"the checks after the copy stopped: {type(exc).__name__}: {exc}",
                           hint="re-run the same command when the nodes answer again: it resumes and checks") from None
     report.problems += problems
-    if not report.problems:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(journal_path(state_dir))
-    else:  # a re-run reads every source again and checks again, instead of trusting the finished ones
-        journal.done.clear()
+    if not recheck:
+        if report.problems:  # a re-run reads every source again and checks again, not trusting the finished ones
+            journal.done.clear()
+        journal.finished = not report.problems
         save_journal(state_dir, journal)
     emit(report.done())
     return report
@@ -455,29 +472,30 @@ def count_problems(report: RestoreReport, prepared: Prepared) -> list[str]:
     return problems
 
 
-def verify(prepared: Prepared, target: Target, options: RestoreOptions, sources: list[Source]) -> tuple[int, list[str]]:
+def verify(prepared: Prepared, target: Target, options: RestoreOptions) -> tuple[int, list[str]]:
     """The sampled keys (or, with verify=full, every key read again) compared with the target."""
     checked, problems = 0, []
-    for source in sources if options.verify == "sample" else []:
+    kept = options.mode == "skip-existing"
+    for source in prepared.sources if options.verify == "sample" else []:
         compare = Side(source.open, target.targets().open)
         tp = TargetPipes(target.targets())
         try:
             for db in sorted({e.db for e in source.samples}):
                 tp.select(db)
                 page = [e for e in source.samples if e.db == db]
-                problems += compare_page(tp, page, compare)
+                problems += compare_page(tp, page, compare, kept)
                 checked += len(page)
         finally:
             tp.close()
             compare.close()
     for source in prepared.sources if options.verify == "full" else []:
-        n, found = verify_all(source, target)
+        n, found = verify_all(source, target, kept)
         checked += n
         problems += found
     return checked, problems[:MAX_PROBLEMS]
 
 
-def verify_all(source: Source, target: Target) -> tuple[int, list[str]]:
+def verify_all(source: Source, target: Target, kept: bool) -> tuple[int, list[str]]:
     compare = Side(source.open, target.targets().open)
     tp = TargetPipes(target.targets())
     src = source.open()
@@ -486,7 +504,7 @@ def verify_all(source: Source, target: Target) -> tuple[int, list[str]]:
         for db in source.dbs:
             tp.select(db)
             for page in pages(src, db, source.label):
-                problems += compare_page(tp, page, compare)
+                problems += compare_page(tp, page, compare, kept)
                 checked += len(page)
                 if len(problems) >= MAX_PROBLEMS:
                     return checked, problems
