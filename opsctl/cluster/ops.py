@@ -28,11 +28,10 @@ from opsctl.observe.collect import (
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.rawpipe import PIPE_ERRORS, link_error
 from opsctl.resp import RespError, TextReply
+from opsctl.slots.ranges import SlotRange
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.versions import parse_version
-
-SlotRange = tuple[int, int]
 
 
 def myid(admin: Admin) -> str:
