@@ -13,6 +13,12 @@ own SENTINEL SENTINELS), so no sentinel is added or moved. Nothing else changes:
 won, the master is the replica the leader promoted (checked: its `promoted` flag in the leader's view, and no
 other +new-epoch since). A sentinel that misses it (down, or opsctl killed half-way) learns the same
 configuration from the others' hellos, as it would have anyway.
+
+PUBLISH answers 1 whether or not the sentinel took the hello, so each sentinel is asked on the same connection
+right after it what it names now. A leader whose INFO confirmed the promotion before the hello arrived ignores
+it (its config epoch is already the failover's, not older), yet holds the same configuration: it names the
+promoted replica in GET-MASTER-ADDR-BY-NAME and its hellos, and moves its SENTINEL MASTERS entry at its
+failover's end, once INFO shows the other replicas re-pointed (about a second later).
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ import redis
 from redis.client import PubSub
 
 from opsctl.admin import Admin
+from opsctl.endpoints import canonical_address
+from opsctl.observe.collect import raw_pipeline
+from opsctl.observe.parse import parse_pairs
 
 HELLO_CHANNEL = "__sentinel__:hello"
 EPOCH_WAIT = 0.5
 
-__all__ = ["EpochWatch", "announce", "hello_message"]
+__all__ = ["EpochWatch", "announce", "hello_message", "names_promoted"]
 
 
 @dataclass(frozen=True)
@@ -83,20 +92,27 @@ class EpochWatch:
             self.pubsub.close()
 
 
-def _pairs(reply: Any) -> dict[str, str]:
-    if isinstance(reply, dict):
-        return {str(k): str(v) for k, v in reply.items()}
-    return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
-
-
 def _entries(admin: Admin, what: str, name: str) -> list[dict[str, str]]:
-    return [_pairs(entry) for entry in admin.client.execute_command("SENTINEL", what, name)]
+    return [parse_pairs(entry) for entry in admin.client.execute_command("SENTINEL", what, name)]
+
+
+def names_promoted(address_reply: Any, master_reply: Any, promoted: tuple[str, int], epoch: int) -> bool:
+    """Does a sentinel hold the failover's configuration, by its GET-MASTER-ADDR-BY-NAME and SENTINEL MASTER
+    replies: the promoted replica at the leader's epoch? GET-MASTER-ADDR-BY-NAME, not SENTINEL MASTER's address:
+    a leader that confirmed the promotion itself names the promoted replica there at once, the old master in
+    SENTINEL MASTER until its failover ends. A reply that is an error is no."""
+    if not isinstance(address_reply, list | tuple) or len(address_reply) != 2 or \
+            not isinstance(master_reply, list | tuple | dict):
+        return False
+    named = (canonical_address(str(address_reply[0])), int(address_reply[1]))
+    config_epoch = parse_pairs(master_reply).get("config-epoch", "")
+    return named == (canonical_address(promoted[0]), promoted[1]) and config_epoch == str(epoch)
 
 
 def promoted_address(leader: Admin, name: str, promoted: tuple[str, int]) -> tuple[str, int] | None:
     """The promoted replica as the leader knows it (its own address form), when the leader's failover of `name`
     is still running and has promoted exactly that replica; else None (nothing to say ahead of the leader)."""
-    master = _pairs(leader.client.execute_command("SENTINEL", "MASTER", name))
+    master = parse_pairs(leader.client.execute_command("SENTINEL", "MASTER", name))
     if "failover_in_progress" not in master.get("flags", "").split(","):
         return None
     for replica in _entries(leader, "REPLICAS", name):
@@ -114,8 +130,9 @@ def _sender(receiver: Admin, name: str, leader_id: str) -> Identity | None:
 
 def announce(leader: Admin, sentinels: list[Admin], watch: EpochWatch, name: str, promoted: tuple[str, int],
              pool: Executor) -> list[str]:
-    """Send the leader's hello for the promotion to every sentinel at once; return the sentinels that took it.
-    Best effort: a sentinel that does not answer (down, stopped) learns it from the others' hellos."""
+    """Send the leader's hello for the promotion to every sentinel at once; return the sentinels that, asked
+    right after it, name the promoted replica at the leader's epoch (names_promoted). Best effort: a sentinel
+    that does not answer (down, stopped) learns it from the others' hellos."""
     epoch = watch.epoch()
     if epoch is None:
         return []
@@ -129,8 +146,10 @@ def announce(leader: Admin, sentinels: list[Admin], watch: EpochWatch, name: str
         with contextlib.suppress(redis.RedisError, OSError, KeyError, ValueError):
             sender = _sender(admin, name, leader_id)
             if sender is not None:
-                admin.client.execute_command("PUBLISH", HELLO_CHANNEL, hello_message(sender, epoch, name, *address))
-                return True
+                _, named, master = raw_pipeline(admin, [
+                    ("PUBLISH", HELLO_CHANNEL, hello_message(sender, epoch, name, *address)),
+                    ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name), ("SENTINEL", "MASTER", name)])
+                return names_promoted(named, master, address, epoch)
         return False
 
     told = dict(zip((s.name for s in sentinels), pool.map(tell, sentinels), strict=True))
