@@ -272,19 +272,49 @@ def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, li
                  "wait until the replica catches up; a big write burst or a slow link makes it lag")
 
 
-def _masters_with_slots(facts: Facts, layout: Layout) -> tuple[int, int]:
+def voters(layout: Layout, facts: Facts) -> dict[int, str | None]:
+    """Shard -> its member that answers as a master with slots (a voter in an election); None: no such member."""
+    return {shard.index: next((m for m in shard.members if facts[m].reachable and (me := facts[m].myself)
+                               and me.is_master and me.slots), None) for shard in layout.shards}
+
+
+def vote_links(layout: Layout, facts: Facts, replica: str) -> dict[str, str]:
+    """Each voter -> its own cluster-bus link to the replica as it lists it (connected, disconnected, not listed);
+    'shard N' -> 'no master answers'. A master grants its vote and sends it over that link only: while the link
+    is down the vote is dropped (Redis 7.0 still logs "Failover auth granted"). Each master reconnects to a node
+    restarted a moment ago at its next cluster cron, so right after a restart most votes can be lost; the
+    election then expires and a graceful CLUSTER FAILOVER times out."""
+    me = facts[replica].myself
+    links: dict[str, str] = {}
+    for shard, voter in voters(layout, facts).items():
+        if voter is None:
+            links[f"shard {shard}"] = "no master answers"
+            continue
+        line = next((n for n in facts[voter].cluster_nodes or () if me and n.id == me.id), None)
+        links[voter] = line.link_state if line else "not listed"
+    return links
+
+
+def voters_check(layout: Layout, facts: Facts, replica: str | None) -> Check:
     shards = len(layout.shards)
-    answering = 0
-    for shard in layout.shards:
-        if any(facts[m].reachable and (me := facts[m].myself) and me.is_master and me.slots for m in shard.members):
-            answering += 1
-    return answering, shards
+    threshold = f"> {shards // 2} of {shards} masters with their cluster bus link to the replica connected"
+    if replica is None or facts[replica].myself is None:
+        return Check("voters-linked", False, f"unknown: {replica or 'no replica'} gave no cluster view", threshold,
+                     "a failover needs a replica that answers (see target-linked)")
+    links = vote_links(layout, facts, replica)
+    linked = [voter for voter, state in links.items() if state == "connected"]
+    down = [f"{voter}: {state}" for voter, state in links.items() if state != "connected"]
+    return Check("voters-linked", len(linked) > shards // 2,
+                 f"{len(linked)}/{shards} masters linked to {replica}" + (f" ({'; '.join(down)})" if down else ""),
+                 threshold, "each master reconnects to a restarted node within a moment; if a link stays down, "
+                 "`opsctl cluster check -f SPEC` and the masters' logs say why")
 
 
 def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds,
                       history: Sequence[PastFailover], now: float) -> list[Check]:
     layout = loaded.layout
-    answering, shards = _masters_with_slots(facts, layout)
+    shards = len(layout.shards)
+    answering = sum(1 for voter in voters(layout, facts).values() if voter)
     open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
                          for s in (*me.migrating, *me.importing)})
     answering_nodes = sum(1 for n in layout.servers if facts[n.name].reachable)
@@ -293,6 +323,7 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
         lag_check(layout, facts, target.replica, target.master, limits),
         Check("masters-reachable", answering > shards // 2, f"{answering}/{shards} masters answer",
               f"> {shards // 2}", "a failover needs a majority of masters to vote; bring the masters back first"),
+        voters_check(layout, facts, target.replica),
         Check("no-open-slots", not open_slots and answering_nodes > 0,
               ", ".join(open_slots[:5]) or ("none" if answering_nodes else "unknown: no node answers"), "none",
               "finish or roll back the slot migration (opsctl plan shows it) before failing over"),
