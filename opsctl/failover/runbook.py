@@ -283,7 +283,7 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
             new_master = actions.perform(session, target, mode, timeout)
         except ConvergenceError as exc:
             attempt.outcome, attempt.seconds = f"timed out: {exc.detail}", time.monotonic() - started
-            last = f"{mode} timed out after {timeout:g}s ({exc.detail})"
+            last = f"{mode} {exc.summary} ({exc.detail})"
             say(f"{mode}: {attempt.outcome}")
             continue
         attempt.outcome, attempt.seconds = "promoted", time.monotonic() - started
