@@ -23,6 +23,7 @@ from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.planner import start_master
 from opsctl.plan.steps import (
     AclLoad,
+    AssignSlots,
     CloseSlots,
     ConfigSet,
     Failover,
@@ -637,6 +638,13 @@ def move_slots(run: Execution, step: Step) -> None:
     handlers.move_slots(run.rt, step, run.emit)
 
 
+def assign_slots(run: Execution, step: Step) -> None:
+    from opsctl.slots import handlers
+
+    assert isinstance(step, AssignSlots)
+    handlers.assign_slots(run.rt, step, run.emit)
+
+
 def close_slots(run: Execution, step: Step) -> None:
     from opsctl.slots import handlers
 
@@ -657,5 +665,5 @@ HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     ConfigSet: config_set, AclLoad: acl_load, SetPasswords: set_passwords,
     FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
-    MoveSlots: move_slots, CloseSlots: close_slots, RemoveNode: remove_node,
+    MoveSlots: move_slots, AssignSlots: assign_slots, CloseSlots: close_slots, RemoveNode: remove_node,
 }

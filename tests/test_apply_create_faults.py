@@ -1,7 +1,9 @@
 """A cluster's creation killed mid-way (opsctl SIGKILLed at each phase of form-cluster, the replicas' start beside
 the masters' among them): the next apply finishes it, and redis-cli --cluster check passes. Each kill lands while
 apply still runs.
-A run that lost its topology lock launches no server."""
+The state a kill inside form-cluster's masters' setup leaves (some masters with their slots, others without, none
+met), built directly, is finished too; a slot no master serves is not given to another master than the one that
+holds its keys. A run that lost its topology lock launches no server."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from pathlib import Path
 import pytest
 import redis
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.retry import Retry
 
 from opsctl.cli import main
-from opsctl.observe.parse import parse_info
+from opsctl.observe.parse import parse_cluster_nodes, parse_info
+from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.specfile import read_spec
 from tests.lifecycle import plan_json, run
@@ -102,6 +106,90 @@ def _killed_at(spec: Path, point: str, clients: list[tuple[Node, redis.Redis]], 
             return
         assert main(["destroy", "-f", str(spec), "--auto-approve", "--purge"]) == 0
     raise AssertionError(f"apply ended before {point} {attempts} times: the kill point was missed")
+
+
+def test_masters_left_with_and_without_their_slots_are_finished_by_the_next_apply(tmp_path, capsys) -> None:
+    """The state CI's [answering] run left, built directly: killed while form-cluster set the masters up (their
+    epochs and slots, one round trip each, all at once), shards 2 and 3's masters had theirs and shard 1's none,
+    no MEET was sent, the replicas run. The next apply gives shard 1's share to its master (it moved slots from the
+    others into it as into a new shard, and waited 60 s for a cluster whose 5462 unassigned slots no node served),
+    joins every node and replicates."""
+    from dataclasses import replace
+
+    from opsctl.admin import Admin
+    from opsctl.events import ignore
+    from opsctl.executor import execute
+    from opsctl.plan.steps import FormCluster
+    from opsctl.runtime import compute_plan, make_runtime
+    from opsctl.slots.planning import slot_plan
+
+    server_binary("valkey")
+    spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
+    loaded = read_spec(spec)
+    layout = loaded.layout
+    try:
+        rt = make_runtime(loaded)
+        plan, _ = compute_plan(rt)
+        execute(rt, replace(plan, steps=tuple(s for s in plan.steps if not isinstance(s, FormCluster))), ignore)
+        for shard in layout.shards[1:]:
+            node = layout.node(shard.master)
+            with Admin.for_node(loaded, node) as admin:
+                admin.call("CLUSTER", "SET-CONFIG-EPOCH", layout.servers.index(node) + 1)
+                admin.call("CLUSTER", "ADDSLOTSRANGE", *slot_plan(layout)[shard.master][0])
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and f"assign-slots 5462 slots -> {layout.shards[0].master}" in out, err + out
+        assert "move-slots" not in out, out
+        assert plan_json(capsys, spec)["steps"] == []
+        check = cluster_check(layout.servers[0].endpoint)
+        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+    finally:
+        main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+        capsys.readouterr()
+
+
+def test_a_slot_no_master_serves_is_not_given_away_from_the_master_that_holds_its_keys(tmp_path, capsys) -> None:
+    """apply assigns a slot that no master serves (a creation killed part way leaves such slots) to the master whose
+    share of the layout holds it, unless another master holds keys in it (here one that imported a key of it, then
+    an operator deleted the slot everywhere): refused, the key untouched; `cluster fix` gives the slot to that
+    master."""
+    from opsctl.admin import Admin
+    from tests.lifecycle import deployed
+
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        layout = loaded.layout
+        owner, holder = (layout.node(s.master) for s in layout.shards[:2])
+        key = next(k for k in (f"k{i}" for i in range(100_000)) if key_slot(k.encode()) == 100)  # owner's share
+        admins = {n.name: Admin.for_node(loaded, n) for n in layout.servers}
+        try:
+            importer = admins[holder.name].client
+            importer.execute_command("CLUSTER", "SETSLOT", 100, "IMPORTING", admins[owner.name].call("CLUSTER", "MYID"))
+            pipe = importer.pipeline(transaction=False)
+            pipe.execute_command("ASKING").set(key, "kept").execute()
+            importer.execute_command("CLUSTER", "SETSLOT", 100, "STABLE")
+            _unserve(100, [admins[owner.name], *(a for name, a in admins.items() if name != owner.name)])
+        finally:
+            for admin in admins.values():
+                admin.client.close()
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and f"assign-slots 1 slots -> {owner.name}" in out, err + out
+        assert f"{holder.name} holds keys in slots that no master serves" in err and "slots 100" in err, err
+        assert run(capsys, "cluster", "fix", "-f", str(spec))[0] == 0
+        assert _client(holder).get(key) == "kept"
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and plan_json(capsys, spec)["steps"] == [], err + out
+        check = cluster_check(holder.endpoint)
+        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+
+
+def _unserve(slot: int, admins: list) -> None:
+    """CLUSTER DELSLOTS slot on every node (its owner first), again on a node that learned the owner back from a
+    ping sent before the owner's DELSLOTS, until no node sees it served."""
+    deadline = time.monotonic() + 10
+    while served := [a for a in admins if any(line.is_master and slot in expand(line.slots) for line in
+                                              parse_cluster_nodes(a.call("CLUSTER", "NODES")))]:
+        assert time.monotonic() < deadline, f"slot {slot} still served in {[a.name for a in served]}"
+        for admin in served:
+            admin.call("CLUSTER", "DELSLOTS", slot)
 
 
 def test_a_replica_that_cannot_start_fails_the_creation_and_the_next_apply_finishes_it(tmp_path, capsys) -> None:

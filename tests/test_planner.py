@@ -16,10 +16,12 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
 from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import (
+    AssignSlots,
     ConfigSet,
     Failover,
     FormCluster,
     JoinCluster,
+    MoveSlots,
     Replicate,
     RestartNode,
     StartNode,
@@ -184,6 +186,55 @@ def test_a_running_node_with_a_forgotten_identity_joins_again() -> None:
     name = loaded.layout.shards[0].replicas[0]
     plan = make_plan(loaded, desired(loaded), forgotten(formed_cluster(loaded), name), "d")
     assert (JoinCluster, name) in [(type(s), s.node) for s in plan.steps], plan.steps
+
+
+def killed_creation(loaded: LoadedSpec, set_up: set[int]) -> dict[str, NodeFacts]:
+    """A creation killed while form-cluster set the masters up: every node runs and knows only itself; the masters
+    of the shards in set_up have their share of slots, the others none (nobody met, nobody replicates)."""
+    masters = {shard.master for shard in loaded.layout.shards if shard.index in set_up}
+    facts = {}
+    for name, f in formed_cluster(loaded).items():
+        me = f.myself
+        assert me is not None
+        kept = me.slots if name in masters else ()
+        line = replace(me, flags=frozenset({"myself", "master"}), master_id=None, slots=kept)
+        facts[name] = replace(f, cluster_nodes=(line,), role=RoleInfo("master"), info={"cluster_state": "fail"})
+    return facts
+
+
+def test_a_creation_killed_before_every_master_had_its_slots_assigns_the_rest_instead_of_moving_slots() -> None:
+    """CI (test_apply_create_faults[answering]): killed while form-cluster set the masters up, shards 2 and 3 with
+    their slots, shard 1's master without any, nobody met. The next plan moved slots from shards 2 and 3 into
+    shard 1's master as if it were a new shard (and waited 60 s for a cluster whose 5462 unassigned slots nobody
+    would ever serve). Unserved slots go to the master of the shard whose share of the layout holds them."""
+    loaded = loaded_spec("cluster")
+    first = loaded.layout.shards[0].master
+    plan = make_plan(loaded, desired(loaded), killed_creation(loaded, {2, 3}), "d")
+    assert "move-slots" not in kinds(plan), plan.steps
+    assign = [s for s in plan.steps if isinstance(s, AssignSlots)]
+    assert [(s.node, s.slots, s.slot_count) for s in assign] == [(first, "0-5461", 5462)], plan.steps
+    assert "no master serves slots 0-5461" in assign[0].reason and "shard 1's share" in assign[0].reason
+    joined = {s.node for s in plan.steps if isinstance(s, JoinCluster)}
+    assert joined == {n.name for n in loaded.layout.servers} - {loaded.layout.shards[1].master}  # via it
+    assert kinds(plan)[-2:] == ["assign-slots", "wait-converged"] and kinds(plan).count("replicate") == 3
+    only_last = make_plan(loaded, desired(loaded), killed_creation(loaded, {3}), "d")
+    assert [(s.node, s.slots) for s in only_last.steps if isinstance(s, AssignSlots)] == \
+        [(first, "0-5461"), (loaded.layout.shards[1].master, "5462-10922")]
+    assert "move-slots" not in kinds(only_last)
+
+
+def test_unserved_slots_count_as_assigned_when_a_new_shard_is_balanced() -> None:
+    """The spec grew a shard after the killed creation: the unserved slots go to the shards whose share of the new
+    layout holds them, and the new, empty shard master gets its share by moves from the masters that hold slots."""
+    spec = make_spec("cluster")
+    facts = killed_creation(load_dict(spec), {2, 3})
+    more = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}})
+    plan = make_plan(more, desired(more), {**fresh_facts(more), **facts}, "d")
+    shards = more.layout.shards
+    assert [(s.node, s.slots) for s in plan.steps if isinstance(s, AssignSlots)] == \
+        [(shards[0].master, "0-4095"), (shards[1].master, "4096-5461")]
+    moves = [s for s in plan.steps if isinstance(s, MoveSlots)]
+    assert {s.target for s in moves} == {shards[3].master} and sum(s.slot_count for s in moves) == 4096, moves
 
 
 def test_a_down_shard_the_cluster_still_knows_rejoins_by_itself() -> None:

@@ -14,7 +14,6 @@ from typing import Any
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.collect import (
     Command,
     Observer,
@@ -28,6 +27,7 @@ from opsctl.observe.collect import (
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.rawpipe import PIPE_ERRORS, link_error
 from opsctl.resp import RespError, TextReply
+from opsctl.slots.planning import slot_plan
 from opsctl.slots.ranges import SlotRange
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
@@ -150,12 +150,6 @@ def replica_meets(layout: Layout) -> dict[str, list[Node]]:
     replicas = [(layout.node(r), shard.master) for shard in layout.shards for r in shard.replicas]
     return {node.name: [layout.node(s.master) for s in layout.shards if s.master != master]
             + [other for other, _ in replicas[i + 1:]] for i, (node, master) in enumerate(replicas)}
-
-
-def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
-    """Each shard's master gets one even, contiguous range, in shard order. Pure."""
-    ranges = even_slot_ranges(len(layout.shards))
-    return {shard.master: [ranges[i]] for i, shard in enumerate(layout.shards)}
 
 
 def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> dict[str, Any]:

@@ -508,8 +508,9 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
         if m in rejoining:
             continue
         if _restarting(facts[m]):
-            steps.append(JoinCluster(m, "the cluster forgot it (a scale-in removed it): it joins again as a new "
-                                        "node, reset first if it comes back with its old identity", via))
+            steps.append(JoinCluster(m, "no node serving slots knows it (a scale-in removed it, or a creation "
+                                        "stopped before it met the cluster): it joins as a new node, reset first "
+                                        "if it comes back with an identity the cluster forgot", via))
         elif _unclustered(facts[m]) or not _knows_cluster(facts[m], facts[via]):
             steps.append(JoinCluster(m, "not part of the cluster", via))
     for shard in layout.shards:

@@ -156,6 +156,19 @@ class MoveSlots(Step):
 
 
 @frozen
+class AssignSlots(Step):
+    """Give node (a shard master) slots of its shard's share of the spec's layout that no master serves (ranges as
+    text, e.g. "0-5461"; a cluster creation stopped part way leaves such slots): ADDSLOTSRANGE, then BUMPEPOCH."""
+
+    kind: ClassVar[str] = "assign-slots"
+    slots: str = ""
+    slot_count: int = 0
+
+    def title(self) -> str:
+        return f"{self.kind} {self.slot_count} slots -> {self.node}"
+
+
+@frozen
 class CloseSlots(Step):
     """Close open slots: those a killed run journaled exactly as journaled, then any other open slot."""
 
@@ -176,7 +189,7 @@ class RemoveNode(Step):
 
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
-    SentinelMonitor, WaitConverged, MoveSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
+    SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
     FinishFailover, SetPasswords)}
 
 

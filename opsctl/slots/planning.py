@@ -1,17 +1,51 @@
-"""The slot part of a plan (pure): close what a killed run left open, balance slots into new shards, drain and
-remove nodes the spec no longer has. Every step says why, with estimated keys and bytes per move."""
+"""The slot part of a plan (pure): assign what a killed creation left unassigned, close what a killed run left open,
+balance slots into new shards, drain and remove nodes the spec no longer has. Every step says why, with estimated
+keys and bytes per move."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from opsctl.observe.cluster_state import even_slot_ranges, uncovered
+from opsctl.observe.parse import ClusterNodeLine
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import CloseSlots, MoveSlots, RemoveNode, Step
+from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
 from opsctl.slots.balance import balance_moves, estimate
-from opsctl.slots.ranges import count, expand, text, to_ranges
+from opsctl.slots.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.spec.layout import Layout
 
 Facts = Mapping[str, NodeFacts]
+
+
+def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
+    """The spec's layout of slots: each shard's declared master gets one even, contiguous range, in shard order."""
+    ranges = even_slot_ranges(len(layout.shards))
+    return {shard.master: [ranges[i]] for i, shard in enumerate(layout.shards)}
+
+
+def unserved_slots(views: Iterable[Sequence[ClusterNodeLine]]) -> set[int]:
+    """Slots that no view shows a master serving (a master's own view shows its slots, also while it fails): a
+    creation killed before every master got its share leaves them. No view at all says nothing."""
+    seen = [view for view in views if view]
+    ranges = sorted({r for view in seen for line in view if line.is_master for r in line.slots})
+    return set(expand(uncovered(tuple((start, end, "") for start, end in ranges)))) if seen else set()
+
+
+def assign_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[AssignSlots]:
+    """Unserved slots go to the master of the shard whose share of the spec's layout holds them: as a creation
+    gives them, not through moves from masters that may not even be in one cluster yet."""
+    unserved = unserved_slots(f.cluster_nodes or () for f in facts.values())
+    if not unserved:
+        return []
+    steps = []
+    shares = slot_plan(layout)
+    for shard, master in zip(layout.shards, masters, strict=True):
+        mine = to_ranges(s for s in expand(shares[shard.master]) if s in unserved)
+        if mine:
+            why = (f"no master serves slots {text(mine)} (left unassigned, as by a cluster creation that stopped "
+                   f"part way): shard {shard.index}'s share of the spec's layout, to its master {master}")
+            steps.append(AssignSlots(master, why, text(mine), count(mine)))
+    return steps
 
 
 def open_slots(facts: Facts) -> list[int]:
@@ -31,12 +65,14 @@ def retired(layout: Layout, facts: Facts) -> list[str]:
 def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[Step]:
     """masters: each shard's current master. Retired nodes are the facts' names outside the layout."""
     first = masters[0]
+    assigned = assign_steps(layout, facts, masters)
     stale = open_slots(facts)
     if stale:
-        return [CloseSlots(first, f"slots {text(to_ranges(stale))} are open (a slot move was interrupted): "
-                                  "finish them, journaled ones exactly as the journal says", text(to_ranges(stale)))]
+        return [*assigned, CloseSlots(first, f"slots {text(to_ranges(stale))} are open (a slot move was "
+                                             "interrupted): finish them, journaled ones exactly as the journal says",
+                                      text(to_ranges(stale)))]
     gone = retired(layout, facts)
-    steps: list[Step] = [*move_steps(facts, masters, [n for n in gone if _is_master(facts[n])])]
+    steps: list[Step] = [*assigned, *move_steps(facts, masters, [n for n in gone if _is_master(facts[n])], assigned)]
     for name in gone:  # a stopped one too: the cluster still knows it (a run was killed before it forgot it)
         steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): stop it, then forget "
                                       "it on every node (its data folder is kept)"))
@@ -48,10 +84,14 @@ def _is_master(f: NodeFacts) -> bool:
     return me is not None and me.is_master
 
 
-def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str]) -> list[MoveSlots]:
+def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str],
+               assigned: Sequence[AssignSlots] = ()) -> list[MoveSlots]:
+    """assigned: the plan's assign-slots steps, which run before the moves."""
     owned = owned_slots([*masters, *draining], facts)
     for m in masters:
         owned.setdefault(m, [])
+    for step in assigned:
+        owned[step.node] = sorted([*owned[step.node], *expand(parse(step.slots))])
     if not any(owned.values()):
         return []
     empty = [m for m in masters if not owned[m]]
