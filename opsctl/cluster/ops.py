@@ -54,15 +54,6 @@ def has_addslotsrange(loaded: LoadedSpec) -> bool:
     return spec.flavor == "valkey" or parse_version(spec.version) >= (7, 0)
 
 
-def assign_slots(admin: Admin, ranges: Sequence[SlotRange]) -> None:
-    command = slot_args(ranges, has_addslotsrange(admin.loaded))
-    admin.call(*command)
-
-
-def set_config_epoch(admin: Admin, epoch: int) -> None:
-    admin.call("CLUSTER", "SET-CONFIG-EPOCH", epoch)
-
-
 def replicate(admin: Admin, master_id: str) -> None:
     admin.call("CLUSTER", "REPLICATE", master_id)
 
