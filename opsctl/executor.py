@@ -20,7 +20,7 @@ from opsctl.frozen import Frozen, frozen
 from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
-from opsctl.plan.planner import start_master
+from opsctl.plan.masters import start_master
 from opsctl.plan.steps import (
     AclLoad,
     AssignSlots,
@@ -290,7 +290,7 @@ def _replicaof_line(run: Execution, node: Node) -> str:
 
 
 def _follow_line(run: Execution, node: Node) -> str:
-    """A stopped node starts as a replica of its shard's master now, if that is another node (planner.start_master,
+    """A stopped node starts as a replica of its shard's master now, if that is another node (masters.start_master,
     from the live state when the file is written). One the sentinels still name as master starts fenced:
     start_node lifts the fence once no Sentinel failover is in flight (or demotes it if one promoted a replica)."""
     layout = run.rt.loaded.layout

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from opsctl.connerr import auth_failed, is_auth_failure, not_answering
 from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import current_master, sentinel_agreed_master
+from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.load import LoadedSpec
 
@@ -20,7 +20,7 @@ def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str |
         return (f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
                 "`opsctl apply` or `opsctl failover` finishes it")
     shard = layout.shards[0]
-    master = current_master(shard, layout, facts)
+    master = shard_master(layout, shard, facts)
     target = layout.node(master)
     master_role = facts[master].role
     if master_role is None and is_auth_failure(facts[master].error):

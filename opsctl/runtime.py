@@ -15,7 +15,7 @@ from opsctl.errors import OpsctlError
 from opsctl.fanout import fan_out
 from opsctl.observe.collect import NodeObservation, Observer, observe
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import current_master, sentinel_agreed_master
+from opsctl.plan.masters import shard_master
 from opsctl.providers.base import Provider
 from opsctl.spec.layout import Node
 from opsctl.spec.load import Credentials, LoadedSpec
@@ -152,8 +152,7 @@ def master_endpoint(rt: Runtime, facts: dict[str, NodeFacts]) -> tuple[str, int]
     layout = rt.loaded.layout
     if rt.loaded.spec.topology != "sentinel":
         return None
-    name = sentinel_agreed_master(layout, facts) or current_master(layout.shards[0], layout, facts)
-    node = layout.node(name)
+    node = layout.node(shard_master(layout, layout.shards[0], facts))
     return node.address, node.port
 
 

@@ -16,7 +16,7 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import current_master, sentinel_agreed_master
+from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 
@@ -84,13 +84,6 @@ def thresholds_for(loaded: LoadedSpec, max_lag_bytes: int = MAX_LAG_BYTES, max_l
 
 
 # --- whom to promote -----------------------------------------------------------------------------
-
-
-def shard_master(loaded: LoadedSpec, shard: Shard, facts: Facts) -> str:
-    layout = loaded.layout
-    if loaded.spec.topology == "sentinel":
-        return sentinel_agreed_master(layout, facts) or current_master(shard, layout, facts)
-    return current_master(shard, layout, facts)
 
 
 def _listed(layout: Layout, facts: Facts, master: str, replica: str) -> dict[str, str] | None:
@@ -204,19 +197,19 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
                               "Sentinel ranks replicas by replica-priority, then replication offset",
                               "set replica-priority under nodes.<name>.config, apply, then failover --shard 1")
         name, found = _server(layout, to)
-        now = shard_master(loaded, found, facts)
+        now = shard_master(layout, found, facts)
         if name == now:
             raise RefusedError(f"{name} is already the master of shard {found.index}", hint="nothing to do")
         return Target(found.index, now, name)
     if master is not None:
         name, found = _server(layout, master)
-        now = shard_master(loaded, found, facts)
+        now = shard_master(layout, found, facts)
         if name != now:
             raise RefusedError(f"{name} is not a master now; shard {found.index}'s master is {now}",
                                hint=f"use --master {now}, or --to to pick the replica")
     else:
         found = _shard_by_number(layout, shard or 1)
-        now = shard_master(loaded, found, facts)
+        now = shard_master(layout, found, facts)
     if sentinel:
         return Target(found.index, now, None)
     replica = choose_replica(layout, found, now, facts)
@@ -443,7 +436,7 @@ def failed(checks: Sequence[Check]) -> list[Check]:
 def new_master_of(loaded: LoadedSpec, facts: Facts, shard: int) -> str | None:
     """The master of the shard now, or None while the shard has none or two."""
     try:
-        return shard_master(loaded, loaded.layout.shards[shard - 1], facts)
+        return shard_master(loaded.layout, loaded.layout.shards[shard - 1], facts)
     except RefusedError:
         return None
 

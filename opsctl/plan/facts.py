@@ -47,6 +47,12 @@ class NodeFacts(Frozen):
         return 0
 
     @property
+    def promoted(self) -> bool:
+        """Was promoted from a replica (REPLICAOF NO ONE, a failover) and has not restarted since: INFO keeps the
+        replication id it had as a replica as master_replid2 (all zeros, or absent, otherwise)."""
+        return self.info.get("master_replid2", "").strip("0") != ""
+
+    @property
     def server(self) -> tuple[str, tuple[int, int]] | None:
         """(flavor, (major, minor)) the running process reports in INFO, None when unknown."""
         return server_of(self.info)
@@ -74,6 +80,7 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
         summary[name] = {
             "running": f.running, "digest": f.recorded_digest, "reachable": f.reachable,
             "role": f.role.kind if f.role else None, "master": f.role.master if f.role else None,
+            "promoted": f.promoted,
             "id": me.id if me else None, "slots": me.slots if me else None,
             "known": sorted(n.id for n in f.cluster_nodes or ()),
             "config": dict(sorted((f.config or {}).items())),

@@ -9,7 +9,7 @@ from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
-from opsctl.plan.masters import current_master, has_slots, sentinel_agreed_master
+from opsctl.plan.masters import current_master, has_slots, sentinel_agreed_master, shard_master, start_master
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
@@ -127,16 +127,16 @@ NodeSteps = Callable[[Node, bool], list[Step]]
 
 
 def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
-    """Without persistence a master restarts empty, and its replicas would copy the empty data set."""
+    """Without persistence a master restarts empty, and its replicas would copy the empty data set; unless another
+    node is the shard's master now (the down ones start as its replicas), even one promoted before it held a key."""
     persistence = loaded.spec.persistence
     if persistence.aof != "off" or persistence.rdb:
         return
     for shard in loaded.layout.shards:
         down = [m for m in shard.members if _restarting(facts[m])]
-        running = [m for m in shard.members if facts[m].running and facts[m].role]
-        took_over = any(facts[m].role.kind == "master" and facts[m].keys > 0 for m in running)  # type: ignore[union-attr]
-        holding = [m for m in running if facts[m].keys > 0]
-        if down and holding and not took_over:
+        holding = [m for m in shard.members if facts[m].running and facts[m].role and facts[m].keys > 0]
+        follow = start_master(loaded.layout, shard, facts) if down else None
+        if down and holding and (follow is None or follow in down):
             raise RefusedError(
                 f"{', '.join(down)} is down and runs without persistence: started now it would come back "
                 f"empty as master, and {', '.join(holding)} would copy the empty data set",
@@ -183,20 +183,6 @@ def shard_steps(layout: Layout, shard: Shard, desired: Mapping[str, DesiredNode]
         return _start_as_replica(layout, node, facts[node.name], follow, steps, topology == "sentinel")
 
     return rolling(layout, shard, facts, steps_of, fail_over=not together)
-
-
-def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
-    """Whom a stopped node of a replication/Sentinel shard must follow when it starts: the master that runs now
-    (right after a promotion the sentinels may still name the dead one), else the one the sentinels agree on,
-    else None (no master runs: each file says what its node was). A node that starts as a master next to
-    another one takes writes that its conversion throws away later."""
-    running = [m for m in shard.members if facts[m].reachable and (r := facts[m].role) and r.kind == "master"]
-    agreed = sentinel_agreed_master(layout, facts)
-    if len(running) == 1:
-        return running[0]
-    if running:
-        return agreed if agreed in running else current_master(shard, layout, facts)
-    return agreed
 
 
 def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | None, steps: list[Step],
@@ -404,10 +390,8 @@ def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
 
 def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
     shard = layout.shards[0]
-    master = current_master(shard, layout, facts)
-    sentinel_view = sentinel_agreed_master(layout, facts)
-    if sentinel_view:
-        master = sentinel_view
+    master = shard_master(layout, shard, facts)
+    sentinel_view = sentinel_agreed_master(layout, facts) is not None
     target = layout.node(master)
     steps: list[Step] = []
     for name in shard.members:
@@ -430,7 +414,7 @@ def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
 def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
     """Sentinels start from a rendered file once; after that Sentinel owns its file (it rewrites it)."""
     layout = loaded.layout
-    master = sentinel_agreed_master(layout, facts) or current_master(layout.shards[0], layout, facts)
+    master = shard_master(layout, layout.shards[0], facts)
     name = sentinel_master_name(loaded.spec)
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     steps: list[Step] = []
