@@ -585,6 +585,7 @@ def do_replicate(run: Execution, step: Step) -> None:
             replicate(admin, master_id)
         else:
             _refuse_if_master_with_data(admin, node)
+            _refuse_unless_master(master_admin, master, node)
             admin.call("REPLICAOF", master.address, str(master.port))
             admin.call("CONFIG", "REWRITE")
 
@@ -597,6 +598,17 @@ def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
         raise RefusedError(f"{node.name} became a master holding {keys} keys since the plan was made",
                            "REPLICAOF would replace its data with the master's",
                            "check which node has the data you want, then plan again")
+
+
+def _refuse_unless_master(admin: Admin, master: Node, node: Node) -> None:
+    """The step's other precondition, checked right before REPLICAOF: its master answers as one. Pointed at a
+    replica, the node would chain behind it, or loop with it if that replica follows the node."""
+    role = parse_role(admin.call("ROLE"))
+    if role.kind != "master":
+        follows = f" of {role.master[0]}:{role.master[1]}" if role.master else ""
+        raise RefusedError(f"{master.name} is a {role.kind}{follows} now, not a master: {node.name} is left as it is",
+                           "the shard's roles changed since the plan was made",
+                           "plan again (opsctl apply) from the roles as they are now")
 
 
 def _knows(admin: Admin, node_id: str) -> bool:

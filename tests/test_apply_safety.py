@@ -10,7 +10,11 @@ import redis
 import yaml
 
 from opsctl.connector import Connector
-from tests.lifecycle import deployed, plan_json, run
+from opsctl.errors import RefusedError
+from opsctl.executor import execute
+from opsctl.plan.steps import Plan, Replicate
+from opsctl.runtime import make_runtime
+from tests.lifecycle import deployed, plan_json, read_spec, run
 from tests.support import PASSWORD
 
 pytestmark = pytest.mark.integration
@@ -63,3 +67,20 @@ def test_a_rename_change_in_a_sentinel_topology_switches_everything_together(tmp
         code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
         assert code == 0, err + out
         assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_a_replicate_step_whose_master_became_a_replica_is_refused(tmp_path, capsys) -> None:
+    """A plan made before the roles changed (a failover, an operator's REPLICAOF): its replicate step would
+    point the master at a replica that follows it, a loop in which neither takes writes. The step checks its
+    master's role right before REPLICAOF and leaves the node as it is."""
+    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+        master, replica = loaded.layout.shards[0].master, loaded.layout.shards[0].replicas[0]
+        rt = make_runtime(read_spec(spec))
+        stale = Plan(loaded.spec.name, "d", "f", (Replicate(master, f"should replicate {replica}", replica),))
+        try:
+            with pytest.raises(RefusedError, match=f"{replica} is a replica of .* now, not a master"):
+                execute(rt, stale, lambda _event: None)
+        finally:
+            rt.provider.close()
+        with Connector(loaded).admin(loaded.layout.node(master)) as admin:
+            assert admin.call("ROLE")[0] == "master"
