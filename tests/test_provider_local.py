@@ -26,6 +26,7 @@ from opsctl.providers.local import (
     read_proc,
     server_environment,
     start_hint,
+    stop_process,
     tail,
 )
 from opsctl.render import render_node
@@ -280,6 +281,29 @@ def test_stop_never_kills_a_foreign_pid(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_stop_asks_again_a_process_that_dropped_its_sigterm() -> None:
+    """Redis 7.0 drops a SIGTERM it cannot act on yet ("Writing initial AOF, can't exit." right after a full sync):
+    asked once, it would run until the SIGKILL at the stop's timeout (30 s)."""
+    script = ("import signal, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: signal.signal(signal.SIGTERM, signal.SIG_DFL))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        pidfd = os.pidfd_open(child.pid)
+        started = time.monotonic()
+        try:
+            assert stop_process(pidfd, timeout=30.0)
+        finally:
+            os.close(pidfd)
+        assert child.wait(timeout=1) == -signal.SIGTERM  # the second SIGTERM, not the SIGKILL
+        assert time.monotonic() - started < 5.0
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.integration

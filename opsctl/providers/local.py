@@ -55,6 +55,9 @@ POLL_SECONDS = 0.005
 FAILED_EVERY = 0.05  # s: how often a start not up yet is looked at for a failure (its /proc facts, its launcher)
 LOG_LINES = 10
 KILL_WAIT = 5.0
+# s: SIGTERM is sent again this often until the stop's timeout: a server drops one it cannot act on yet (Redis 7.0
+# right after a full sync: "Writing initial AOF, can't exit.") and would otherwise wait for the SIGKILL
+TERM_AGAIN = 1.0
 SCAN_REUSE_S = 1.0
 
 HINTS = (
@@ -594,17 +597,30 @@ class LocalProvider:
             facts = read_proc(pid)  # checked again with the pidfd held: the pid cannot change owner now
             if facts is None or not self._is_ours(node, facts):
                 return
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, KILL_WAIT)):
-                try:
-                    signal.pidfd_send_signal(handle, sig)
-                except ProcessLookupError:
-                    return
-                if select.select([handle], [], [], wait)[0]:
-                    return
+            if stop_process(handle, timeout):
+                return
         finally:
             os.close(handle)
         raise OpsctlError(f"{node.name} (pid {pid}) did not exit, even after SIGKILL",
                           hint="the process may be stuck in the kernel (D state); check `ps -o stat -p PID`")
+
+
+def stop_process(pidfd: int, timeout: float) -> bool:
+    """SIGTERM, sent again every TERM_AGAIN seconds until timeout, then SIGKILL: True once the process is gone."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if _signalled_and_gone(pidfd, signal.SIGTERM, min(TERM_AGAIN, left)):
+            return True
+    return _signalled_and_gone(pidfd, signal.SIGKILL, KILL_WAIT)
+
+
+def _signalled_and_gone(pidfd: int, sig: signal.Signals, wait: float) -> bool:
+    """Send sig, then wait up to wait seconds: True once the process is gone."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return True
+    return bool(select.select([pidfd], [], [], wait)[0])
 
 
 def _same_file(path: Path, data: bytes) -> bool:

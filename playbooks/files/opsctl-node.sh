@@ -95,12 +95,17 @@ stop() {
   p=$(server_pid)
   if [ -z "$p" ]; then echo "stopped"; return 0; fi
   if use_systemd; then systemctl stop "$OPSCTL_UNIT" || true; fi
-  if running "$p"; then kill -TERM "$p"; fi  # without systemd, or a server it did not start
-  if ! wait_until not_alive; then kill -KILL "$p" 2>/dev/null || true; fi
+  if ! wait_until terminated; then kill -KILL "$p" 2>/dev/null || true; fi
   echo "stopped $p"
 }
 
-not_alive() { ! running "$p"; }
+# SIGTERM (without systemd, or to a server it did not start), sent again every second: a server drops one it cannot
+# act on yet (Redis 7.0 right after a full sync: "Writing initial AOF, can't exit.")
+terminated() {
+  if ! running "$p"; then return 0; fi
+  if [ $((i % 20)) -eq 0 ]; then kill -TERM "$p" 2>/dev/null || true; fi
+  return 1
+}
 
 case "$action" in
   start) start ;;
