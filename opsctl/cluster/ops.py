@@ -117,9 +117,15 @@ def _fresh_id(observer: Observer, node: Node) -> str:
     return str(cid)
 
 
-def setup_commands(epoch: int, ranges: Sequence[SlotRange], has_range: bool) -> list[Command]:
-    """One node's setup in one round trip: its config epoch, and its slots if it is a master. Pure."""
-    cmds: list[Command] = [("CLUSTER", "SET-CONFIG-EPOCH", epoch)]
+def setup_commands(epoch: int | None, ranges: Sequence[SlotRange], has_range: bool) -> list[Command]:
+    """A master's setup in one round trip: its config epoch and its slots. Pure.
+
+    A replica keeps config epoch 0 (epoch None): a node can learn it through gossip as a master before it
+    replicates, with its own epoch as its shard's, and once it replicates it speaks with its master's epoch.
+    Valkey 9 then ignores all its messages as stale whenever its own epoch was the higher ("Ignore stale message
+    ... gossip config epoch: 35, current config epoch: 36") and sees it as a master for good: a 60-node creation
+    timed out that way with one node's view of one replica wrong."""
+    cmds: list[Command] = [] if epoch is None else [("CLUSTER", "SET-CONFIG-EPOCH", epoch)]
     return cmds + ([slot_args(ranges, has_range)] if ranges else [])
 
 
@@ -309,13 +315,13 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
         def setup(node: Node) -> bool:
             """True for a replica that loads its syncs from disk (loads_from_disk)."""
-            cmds = setup_commands(servers.index(node) + 1, slots.get(node.name, []), has_range)
             asks = node in replicas
+            cmds = setup_commands(None if asks else servers.index(node) + 1, slots.get(node.name, []), has_range)
             replies = _checked(observer, node, cmds + [("CONFIG", "GET", DISKLESS_LOAD)] * asks, "cluster setup")
             return asks and loads_from_disk(replies[-1])
 
         def introduce(nodes: Sequence[Node]) -> tuple[dict[str, str], set[str]]:
-            """The nodes' ids, and their first MEETs once every one of them has its epoch (a node that knows
+            """The nodes' ids, and their first MEETs once every one of them is set up (a master that knows
             another refuses SET-CONFIG-EPOCH; nobody MEETs a replica before it has met its master)."""
             ids = _parallel(observer.pool, lambda n: _fresh_id(observer, n), nodes)
             from_disk = {name for name, yes in _parallel(observer.pool, setup, nodes).items() if yes}
