@@ -302,8 +302,11 @@ class RestoreDone(Frozen):
     verified: int
     problems: tuple[str, ...]
     sources: Mapping[str, Mapping[str, int]]
+    rechecked: bool = False  # the same restore had finished: checked again, nothing copied
 
     def line(self) -> str:
+        if self.rechecked:
+            return f"restore of {self.keys} keys had finished before: checked again, nothing copied"
         return (f"restore of {self.keys} keys {'finished' if self.ok else 'found problems'} in "
                 f"{self.seconds:.1f}s")
 

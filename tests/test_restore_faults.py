@@ -69,7 +69,7 @@ def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
             written = target_keys(c_loaded)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr + done.stdout
-        assert kills == 0 or "(resumed)" in done.stdout, done.stdout
+        assert kills == 0 or "(resumed)" in done.stdout or "already restored" in done.stdout, done.stdout
         assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(KEYS)}
         assert not list(Path("/tmp").glob(f"opsctl-scratch-{proc.pid}-*"))  # the killed run's scratch is gone
 
@@ -85,15 +85,18 @@ def test_a_restore_killed_after_its_checks_is_not_refused_when_run_again(tmp_pat
         code, out, err = restore(capsys, c, "--from", str(folder))
         assert code == 0, err + out
         code, out, err = restore(capsys, c, "--from", str(folder))  # the state a kill after the checks leaves
-        assert code == 0 and "(resumed)" in out and "all equal" in out, err + out
+        assert code == 0 and "already restored" in out and "all equal" in out, err + out
         assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(3000)}
 
-        redis.RedisCluster(host=c_loaded.layout.servers[0].address, port=c_loaded.layout.servers[0].port,
-                           password=PASSWORD).set("k:1", "changed")
+        writer = redis.RedisCluster(host=c_loaded.layout.servers[0].address, port=c_loaded.layout.servers[0].port,
+                                    password=PASSWORD)
+        writer.set("k:1", "changed")
         code, out, err = restore(capsys, c, "--from", str(folder), "--verify", "full")
-        assert code == 1 and "k:1" in out, err + out  # checked again: the changed key is named, nothing written
+        assert code == 3 and "k:1" in err and "already exist" in err and "finished here before" in err, err + out
+        assert writer.get("k:1") == b"changed"  # refused as a fresh run is: nothing written
         code, out, err = restore(capsys, c, "--from", str(folder), "--mode", "skip-existing")
-        assert code == 0 and "(resumed)" not in out, err + out  # another mode is a run of its own
+        assert code == 0 and "already restored" not in out and "1 skipped" in out, err + out  # a run of its own
+        assert writer.get("k:1") == b"changed"
 
         for client in clients(c_loaded):  # FLUSHALL is disabled: each master's own keys, one by one
             pipe = client.pipeline(transaction=False)

@@ -19,8 +19,12 @@ def _text(done: RestoreDone) -> str:
         return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
                 "every check passed, nothing was written")
     resumed = " (resumed)" if done.resumed else ""
-    lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
-             f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
+    if done.rechecked:
+        lines = [f"already restored: {done.source} into {done.target} by an earlier run (mode {done.mode}); "
+                 "checked again, nothing copied"]
+    else:
+        lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
+                 f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
     for key, counts in sorted(done.sources.items()):
         lines.append(f"  {key:<28} {counts['keys']:>10} read  {counts['restored']:>10} restored  "
                      f"{counts['existing']:>8} already there  {counts['skipped']:>8} skipped")

@@ -49,6 +49,7 @@ class Source:
     dbs: list[int]
     sample_every: int = 1000
     samples: list[Entry] = field(default_factory=list)
+    kept: set[tuple[int, bytes]] = field(default_factory=set)  # samples skip-existing left as the target had them
 
 
 class TargetPipes:
@@ -148,7 +149,8 @@ def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
     return _Sent(routed)
 
 
-def _collect(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: Side) -> None:
+def _collect(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: Side,
+             source: Source) -> None:
     for index, (pipe, entries) in enumerate(zip(tp.pipes, sent.per_target, strict=True)):
         if not entries:
             continue
@@ -163,7 +165,7 @@ def _collect(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: S
                 raise OpsctlError(f"RESTORE of {shown_key(entry.key)!r} failed on {pipe.label}", message,
                                   _restore_hint(message))
         if busy:
-            _settle_busy(busy, mode, counts, compare, index)
+            _settle_busy(busy, mode, counts, compare, index, source)
 
 
 def _restore_hint(message: str) -> str:
@@ -174,14 +176,16 @@ def _restore_hint(message: str) -> str:
     return "re-run the same command to resume; `opsctl status -f SPEC` shows the target"
 
 
-def _settle_busy(busy: list[Entry], mode: str, counts: Counts, side: Side, target: int) -> None:
+def _settle_busy(busy: list[Entry], mode: str, counts: Counts, side: Side, target: int, source: Source) -> None:
     """Keys already on the target: equal to the source (a resumed run wrote them) counts as restored. Read on
-    side connections: the main ones have the next page's RESTOREs in flight."""
+    side connections: the main ones have the next page's RESTOREs in flight. A sampled key skip-existing keeps
+    is left out of the value checks (source.kept)."""
     for entry, reply in zip(busy, side.dumps(target, busy), strict=True):
         if isinstance(reply, bytes) and (same_payload(reply, entry.payload) or side.equal(entry, target)):
             counts.existing += 1
         elif mode == "skip-existing":
             counts.skipped += 1
+            source.kept.add((entry.db, entry.key))
         else:
             counts.conflicts += 1
             if len(counts.conflict_keys) < 5:
@@ -208,11 +212,11 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
                         source.samples.append(entry)
                 sent = _send(tp, page, mode == "replace")
                 if pending is not None:
-                    _collect(tp, pending, mode, counts, compare)
+                    _collect(tp, pending, mode, counts, compare, source)
                     progress(sum(map(len, pending.per_target)))
                 pending = sent
             if pending is not None:
-                _collect(tp, pending, mode, counts, compare)
+                _collect(tp, pending, mode, counts, compare, source)
                 progress(sum(map(len, pending.per_target)))
     finally:
         src.close()
@@ -262,7 +266,7 @@ def value_of(pipe: RawPipe, db: int, key: bytes) -> object:
 
 def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side, kept: bool = False) -> list[str]:
     """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL.
-    kept (skip-existing): a key the target had keeps its own value and TTL, so only presence is checked."""
+    kept: any of them may be a key skip-existing left as the target had it, so only presence is checked."""
     routed: list[list[Entry]] = [[] for _ in tp.pipes]
     for entry in page:
         routed[tp.targets.router.target(entry.key)].append(entry)

@@ -108,6 +108,7 @@ class RestoreReport:
     dry_run: bool
     resumed: bool
     sources: dict[str, Counts]
+    rechecked: bool = False  # finished before: checked again, nothing copied
     seconds: float = 0.0
     verified: int = 0
     problems: list[str] = field(default_factory=list)
@@ -127,7 +128,7 @@ class RestoreReport:
                     round(total.total / self.seconds) if self.seconds > 0 else None, self.verified,
                     tuple(self.problems),
                     {k: {"keys": c.total, "restored": c.restored, "existing": c.existing, "skipped": c.skipped,
-                         "conflicts": c.conflicts} for k, c in self.sources.items()})
+                         "conflicts": c.conflicts} for k, c in self.sources.items()}, self.rechecked)
 
 
 # --- the target ------------------------------------------------------------------------------------------------
@@ -338,19 +339,18 @@ def journal_path(state_dir: Path) -> Path:
     return state_dir / JOURNAL
 
 
-def load_journal(state_dir: Path, prepared: Prepared, target: Target, mode: str) -> Journal | None:
-    """The journal this run resumes from. A finished one is only resumed (every source done: checked again,
-    nothing copied) where a fresh run would be refused: fail-if-exists on a target holding keys, when the last
-    run was killed after its checks passed. Otherwise a fresh run replaces it."""
+def load_journal(state_dir: Path, prepared: Prepared, mode: str) -> Journal | None:
+    """The journal of this restore: an unfinished one to resume, or a finished one of the same source and mode
+    (run_restore decides what it is worth); None for none, or a finished one of another restore."""
     path = journal_path(state_dir)
     text = read_bounded(path, "remove it to start over (keys already restored then count as existing keys)")
     if text is None:
         return None
     journal = parse_journal(text, str(path))
+    same = (journal.source, journal.mode) == (prepared.id, mode)
     if journal.finished:
-        same = (journal.source, journal.mode) == (prepared.id, mode)
-        return journal if same and mode == "fail-if-exists" and target.keys else None
-    if journal.source != prepared.id or journal.mode != mode:
+        return journal if same else None
+    if not same:
         raise RefusedError("an unfinished restore from another source or in another mode is recorded",
                            f"{path}: source {journal.source}, mode {journal.mode}",
                            "re-run that restore to finish it, or remove the file to start over")
@@ -387,22 +387,22 @@ class Meter:
 
 def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,
                 emit: Emit) -> RestoreReport:
-    journal = load_journal(state_dir, prepared, target, options.mode)
+    journal = load_journal(state_dir, prepared, options.mode)
+    if journal is not None and journal.finished:
+        if options.mode == "fail-if-exists" and existing_keys(prepared, target)[0]:
+            return recheck_finished(target, prepared, state_dir, options, journal, emit)
+        journal = None  # replace and skip-existing run again in full; so does a target without the source's keys
     refuse_unsafe(prepared, target, options, journal is not None)
     report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, journal is not None,
                            dict(journal.done) if journal else {})
     if options.dry_run:
         return report
     journal_was_new = journal is None
-    recheck = journal is not None and journal.finished  # copies nothing; its journal stays as the last run left it
     journal = journal or Journal(prepared.id, options.mode)
-    if not recheck:
-        save_journal(state_dir, journal)
+    save_journal(state_dir, journal)
     started = time.monotonic()
     todo = [s for s in prepared.sources if s.key not in journal.done]
-    for source in prepared.sources if options.verify == "sample" else []:
-        if source not in todo:  # copied by an earlier run, which was killed before its checks
-            source.samples = first_entries(source, options.sample)
+    sample_again([s for s in prepared.sources if s not in todo], options)  # copied by a run killed before its checks
     meter = Meter(emit, sum(e.total_keys for e in prepared.expected.values()))
 
     def written(keys: int) -> None:
@@ -433,19 +433,53 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     started_empty = journal_was_new and target.keys == 0  # else restored keys may have replaced others
     if started_empty and (problem := landed_problem(0, target_keys(target), report.total)):
         report.problems.append(problem)
+    report.verified, problems = checked_again(prepared, target, options, {s.key for s in todo})
+    report.problems += problems
+    if report.problems:  # a re-run reads every source again and checks again, not trusting the finished ones
+        journal.done.clear()
+    journal.finished = not report.problems
+    save_journal(state_dir, journal)
+    emit(report.done())
+    return report
+
+
+def recheck_finished(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,
+                     journal: Journal, emit: Emit) -> RestoreReport:
+    """The same restore finished here before (its journal says so) and the source's keys are on the target: a
+    run killed after its checks passed, run again, or the same restore asked for twice. Nothing is copied; the
+    counts and the sampled keys are checked again, and a target that no longer matches gets the refusal a fresh
+    run would get. The journal stays as it was."""
+    report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, True,
+                           dict(journal.done), rechecked=True)
+    if options.dry_run:
+        return report
+    sample_again(prepared.sources, options)
+    report.verified, problems = checked_again(prepared, target, options, set())
+    problems = count_problems(report, prepared) + problems
+    if problems:
+        found, names = existing_keys(prepared, target)
+        raise RefusedError(f"{found} keys of the source already exist on the target (nothing was written)",
+                           f"a restore of this source finished here before ({journal_path(state_dir)}); checked "
+                           "again, the target no longer matches it:\n" + "\n".join(problems[:5])
+                           + "\nfor example: " + ", ".join(repr(n) for n in names),
+                           "--mode replace overwrites them, --mode skip-existing keeps the target's")
+    emit(report.done())
+    return report
+
+
+def sample_again(sources: list[Source], options: RestoreOptions) -> None:
+    """Samples for sources copied by an earlier run (their copy's samples went with it)."""
+    for source in sources if options.verify == "sample" else []:
+        source.samples = first_entries(source, options.sample)
+
+
+def checked_again(prepared: Prepared, target: Target, options: RestoreOptions,
+                  copied: set[str]) -> tuple[int, list[str]]:
     try:
-        report.verified, problems = verify(prepared, target, options)
+        return verify(prepared, target, options, copied)
     except (redis.RedisError, *PIPE_ERRORS) as exc:
         raise OpsctlError(f"the checks after the copy stopped: {type(exc).__name__}: {exc}",
                           hint="re-run the same command when the nodes answer again: it resumes and checks") from None
-    report.problems += problems
-    if not recheck:
-        if report.problems:  # a re-run reads every source again and checks again, not trusting the finished ones
-            journal.done.clear()
-        journal.finished = not report.problems
-        save_journal(state_dir, journal)
-    emit(report.done())
-    return report
 
 
 def target_keys(target: Target) -> int:
@@ -472,24 +506,27 @@ def count_problems(report: RestoreReport, prepared: Prepared) -> list[str]:
     return problems
 
 
-def verify(prepared: Prepared, target: Target, options: RestoreOptions) -> tuple[int, list[str]]:
-    """The sampled keys (or, with verify=full, every key read again) compared with the target."""
+def verify(prepared: Prepared, target: Target, options: RestoreOptions, copied: set[str]) -> tuple[int, list[str]]:
+    """The sampled keys (or, with verify=full, every key read again) compared with the target. Under
+    skip-existing a key the target had keeps its own value: the samples this run copied leave those out (they
+    are known), the others (copied by an earlier run, or all keys with verify=full) are checked for presence."""
     checked, problems = 0, []
-    kept = options.mode == "skip-existing"
+    skip_existing = options.mode == "skip-existing"
     for source in prepared.sources if options.verify == "sample" else []:
         compare = Side(source.open, target.targets().open)
         tp = TargetPipes(target.targets())
+        samples = [e for e in source.samples if (e.db, e.key) not in source.kept]
         try:
-            for db in sorted({e.db for e in source.samples}):
+            for db in sorted({e.db for e in samples}):
                 tp.select(db)
-                page = [e for e in source.samples if e.db == db]
-                problems += compare_page(tp, page, compare, kept)
+                page = [e for e in samples if e.db == db]
+                problems += compare_page(tp, page, compare, skip_existing and source.key not in copied)
                 checked += len(page)
         finally:
             tp.close()
             compare.close()
     for source in prepared.sources if options.verify == "full" else []:
-        n, found = verify_all(source, target, kept)
+        n, found = verify_all(source, target, skip_existing)
         checked += n
         problems += found
     return checked, problems[:MAX_PROBLEMS]
