@@ -128,3 +128,23 @@ def test_a_server_whose_pidfile_is_gone_counts_as_started(host: Host) -> None:
     began = time.monotonic()
     assert outcome(host.control("stop")) == ("stopped", pid)
     assert host.servers() == [] and time.monotonic() - began < 10
+
+
+def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> None:
+    """A server that cannot shut down yet drops the SIGTERM (Redis 7.0 right after a full sync: "Writing initial
+    AOF, can't exit."; here its shutdown save fails while dump.rdb is a folder): stop asks again every second
+    instead of waiting 30 s for the SIGKILL, and the server exits on its own once it can save."""
+    conf = host.folder / "redis.conf"
+    conf.write_text(conf.read_text().replace('save ""', "save 3600 1"))
+    word, pid = outcome(host.control("start"))
+    assert word == "started"
+    (host.folder / "dump.rdb").mkdir()  # the save's rename onto it fails: "Error trying to save the DB, can't exit"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        stopping = pool.submit(host.control, "stop")
+        time.sleep(1.5)
+        assert not stopping.done() and host.servers() == [pid]
+        (host.folder / "dump.rdb").rmdir()
+        began = time.monotonic()
+        assert outcome(stopping.result()) == ("stopped", pid)
+    assert time.monotonic() - began < 5 and host.servers() == []
+    assert "can't exit" in (host.folder / "server.log").read_text()

@@ -94,16 +94,20 @@ stop() {
   lock
   p=$(server_pid)
   if [ -z "$p" ]; then echo "stopped"; return 0; fi
-  if use_systemd; then systemctl stop "$OPSCTL_UNIT" || true; fi
+  # systemd's stop sends one SIGTERM and waits for TimeoutStopSec: queued here without waiting, the loop below
+  # asks again (a server it did not start is never its unit's)
+  if use_systemd; then systemctl stop --no-block "$OPSCTL_UNIT" || true; fi
+  tries=0
   if ! wait_until terminated; then kill -KILL "$p" 2>/dev/null || true; fi
   echo "stopped $p"
 }
 
-# SIGTERM (without systemd, or to a server it did not start), sent again every second: a server drops one it cannot
-# act on yet (Redis 7.0 right after a full sync: "Writing initial AOF, can't exit.")
+# SIGTERM, sent again every second (tries counts the looks, 20 a second): a server drops one it cannot act on yet
+# (Redis 7.0 right after a full sync: "Writing initial AOF, can't exit.")
 terminated() {
   if ! running "$p"; then return 0; fi
-  if [ $((i % 20)) -eq 0 ]; then kill -TERM "$p" 2>/dev/null || true; fi
+  if [ $((tries % 20)) -eq 0 ]; then kill -TERM "$p" 2>/dev/null || true; fi
+  tries=$((tries + 1))
   return 1
 }
 
