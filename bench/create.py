@@ -134,13 +134,16 @@ def time_floor_cluster(directory: Path, nodes: int, flavor: str) -> float:
     try:
         unanswered, not_ok = set(masters), set(masters)
         while not_ok:
+            if time.monotonic() - started > 60:
+                raise SystemExit(f"floor: {', '.join(sorted(not_ok))} not ok 60 s after launch")
             for name in list(unanswered):
-                with contextlib.suppress(redis.ConnectionError):
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
                     masters[name].execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
                     unanswered.discard(name)
             for name in not_ok - unanswered:
-                if "cluster_state:ok" in masters[name].execute_command("CLUSTER", "INFO"):
-                    not_ok.discard(name)
+                with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                    if "cluster_state:ok" in masters[name].execute_command("CLUSTER", "INFO"):
+                        not_ok.discard(name)
             time.sleep(0.005)
         return time.monotonic() - started
     finally:  # the servers daemonize: the launched processes are gone, their servers are stopped by pidfile
