@@ -150,6 +150,7 @@ def test_sentinel_failover(tmp_path, capsys, flavor) -> None:
         assert "[pass] sentinel-quorum" in out and "[pass] sentinels-agree" in out
         new = _master_of(loaded)
         assert new != old
+        assert f"sentinels naming {new} right after opsctl's announcement: " in out, out
         assert writer.verify(_sentinel_client(loaded)) == []
         _assert_plan_empty(capsys, spec)
         code, out, _ = run(capsys, "status", "-f", str(spec))

@@ -294,3 +294,12 @@ def test_a_failover_killed_before_it_told_the_sentinels_converges_at_sentinels_o
             assert "sentinel ok" in _wait_healthy(capsys, spec)
         assert writer.verify(_client(loaded, masters[0])) == []
         assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_the_report_says_which_sentinels_took_the_announcement() -> None:
+    from opsctl.failover.actions import told_note
+
+    assert told_note(["s1", "s2", "s3"], ["s1", "s2", "s3"], "t-2") == \
+        "sentinels naming t-2 right after opsctl's announcement: 3/3"
+    assert told_note(["s1"], ["s1", "s2", "s3"], "t-2").endswith(
+        "1/3 (s2, s3: from the others' hellos, at Sentinel's pace)")

@@ -68,10 +68,11 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
               for m in modes), "post-checks: writes, roles, links, cluster_state ok on every node, all agree"]
 
 
-def perform(session: Session, target: Target, mode: str, timeout: float) -> str:
-    """Run one mode; return the new master's name. ConvergenceError when it did not complete in time."""
+def perform(session: Session, target: Target, mode: str, timeout: float, notes: list[str]) -> str:
+    """Run one mode; return the new master's name (what it did beside, in notes). ConvergenceError when it did
+    not complete in time."""
     if mode == "sentinel":
-        return _sentinel(session, target, timeout)
+        return _sentinel(session, target, timeout, notes)
     assert target.replica is not None
     if mode == "failover-command":
         return _failover_command(session, target, timeout)
@@ -119,6 +120,13 @@ def _unpause(admin: Admin) -> None:
         admin.call("CLIENT", "UNPAUSE")
 
 
+def told_note(told: list[str], sentinels: list[str], new: str) -> str:
+    """The report's line on opsctl's announcement of the promotion. Pure."""
+    rest = [s for s in sentinels if s not in told]
+    head = f"sentinels naming {new} right after opsctl's announcement: {len(told)}/{len(sentinels)}"
+    return head + (f" ({', '.join(rest)}: from the others' hellos, at Sentinel's pace)" if rest else "")
+
+
 def _replicate(admin: Admin, master: Admin | None) -> None:
     if master is None:
         admin.call("REPLICAOF", "NO", "ONE")
@@ -127,7 +135,7 @@ def _replicate(admin: Admin, master: Admin | None) -> None:
     admin.call("CONFIG", "REWRITE")
 
 
-def _sentinel(session: Session, target: Target, timeout: float) -> str:
+def _sentinel(session: Session, target: Target, timeout: float, notes: list[str]) -> str:
     """SENTINEL FAILOVER with opsctl's pause and fence (_sentinel_promote); then re-point the other replicas and
     tell every sentinel (opsctl.failover.announce) instead of waiting for Sentinel's once-a-second INFO."""
     loaded = session.loaded
@@ -143,9 +151,11 @@ def _sentinel(session: Session, target: Target, timeout: float) -> str:
         if watches:
             node = session.admin(new)
             sentinels = [session.admin(s.name) for s in loaded.layout.sentinels]
+            told: list[str] = []
             with contextlib.suppress(redis.RedisError, OSError):  # else the sentinels learn it at their own pace
-                announce(session.admin(leader), sentinels, watches[0], name, (node.address, node.port),
-                         session.observer.pool)
+                told = announce(session.admin(leader), sentinels, watches[0], name, (node.address, node.port),
+                                session.observer.pool)
+            notes.append(told_note(told, [s.name for s in loaded.layout.sentinels], new))
         return new
     finally:
         for watch in watches:

@@ -35,6 +35,7 @@ class Attempt:
     reason: str
     outcome: str = "pending"
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the mode did beside the promotion, e.g. who was told
 
 
 @dataclass
@@ -134,6 +135,7 @@ def report_text(report: FailoverReport) -> str:
     lines += [f"  warning: {w}" for w in report.warnings]
     for a in report.attempts:
         lines.append(f"attempt {a.mode}: {a.outcome} in {a.seconds * 1000:.0f} ms ({a.reason})")
+        lines += [f"  {note}" for note in a.notes]
     if report.postchecks:
         lines += ["post-checks:", *(f"  {c.line()}" for c in report.postchecks)]
     timings = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in report.phases.items())

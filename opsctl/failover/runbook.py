@@ -280,7 +280,7 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
         check_held(session.connector)
         started = time.monotonic()
         try:
-            new_master = actions.perform(session, target, mode, timeout)
+            new_master = actions.perform(session, target, mode, timeout, attempt.notes)
         except ConvergenceError as exc:
             attempt.outcome, attempt.seconds = f"timed out: {exc.detail}", time.monotonic() - started
             last = f"{mode} {exc.summary} ({exc.detail})"
@@ -288,6 +288,8 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
             continue
         attempt.outcome, attempt.seconds = "promoted", time.monotonic() - started
         say(f"{mode}: {new_master} promoted in {attempt.seconds * 1000:.0f} ms")
+        for note in attempt.notes:
+            say(f"  {note}")
         return new_master
     raise OpsctlError(f"the failover of shard {target.shard} did not complete", last,
                       "read the report; the nodes' logs say why the election failed")
