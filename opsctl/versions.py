@@ -37,6 +37,8 @@ CAPABILITY_SINCE: dict[str, dict[str, Version | None]] = {
     "cluster_shards": {"redis": (7, 0), "valkey": (7, 2)},
     # `save 900 1 300 10` on one line (before Redis 7.0 only `save <seconds> <changes>` lines count)
     "multi_arg_save": {"redis": (7, 0), "valkey": (7, 2)},
+    # CLUSTER ADDSLOTSRANGE / DELSLOTSRANGE (before: ADDSLOTS / DELSLOTS with every slot listed)
+    "slot_range_commands": {"redis": (7, 0), "valkey": (7, 2)},
 }
 
 

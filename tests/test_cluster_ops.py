@@ -16,7 +16,6 @@ from opsctl.cluster.ops import (
     loads_from_disk,
     replica_meets,
     setup_commands,
-    slot_args,
     slot_plan,
     stale_senders,
 )
@@ -30,10 +29,9 @@ from tests.support import cluster_check, make_spec, write_spec
 
 
 def test_slot_commands_are_single_round_trips():
-    assert slot_args([(0, 5460), (5461, 5461)]) == ("CLUSTER", "ADDSLOTSRANGE", 0, 5460, 5461, 5461)
-    assert slot_args([(0, 2)], has_range=False) == ("CLUSTER", "ADDSLOTS", 0, 1, 2)
-    assert setup_commands(3, [(0, 5460)], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3),
-                                                    ("CLUSTER", "ADDSLOTSRANGE", 0, 5460)]
+    assert setup_commands(3, [(0, 5460), (5461, 5461)], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3),
+                                                                  ("CLUSTER", "ADDSLOTSRANGE", 0, 5460, 5461, 5461)]
+    assert setup_commands(3, [(0, 2)], False)[1] == ("CLUSTER", "ADDSLOTS", 0, 1, 2)  # Redis 6.2
     assert setup_commands(None, [], True) == []  # a replica keeps epoch 0: never above its master's
     assert loads_from_disk(["repl-diskless-load", "disabled"])
     assert not loads_from_disk(["repl-diskless-load", "swapdb"]) and not loads_from_disk([])

@@ -24,7 +24,8 @@ CORE_MODULES = ("opsctl.resp", "opsctl.observe.parse", "opsctl.observe.cluster_s
                 "opsctl.failover.fencing", "opsctl.slots.planning", "opsctl.slots.ranges", "opsctl.slots.balance",
                 "opsctl.slots.batching", "opsctl.slots.scale", "opsctl.audit.findings", "opsctl.audit.keynames",
                 "opsctl.audit.keyspace", "opsctl.audit.nodechecks", "opsctl.backup.manifest", "opsctl.backup.plan",
-                "opsctl.health", "opsctl.status", "opsctl.report", "opsctl.tls.judge", "opsctl.remote.inventory")
+                "opsctl.health", "opsctl.status", "opsctl.report", "opsctl.tls.judge", "opsctl.remote.inventory",
+                "opsctl.slots.coverage")
 # plan.saved reads the file `opsctl plan --out` wrote (through readback, which validates every field).
 SHELL_IN_CORE = {"opsctl.plan.saved"}
 

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import RefusedError
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.parse import parse_cluster_nodes, parse_info
 from opsctl.slots.ranges import expand
 from opsctl.topolock import TopologyLock, topology_lock
 from tests.lifecycle import deployed, plan_json, run
@@ -126,6 +126,30 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         assert plan_json(capsys, spec)["steps"] == []
         assert dataset_checksum(cluster_client(loaded), "pre:*") == before
         referee_ok(loaded)
+
+
+def test_fix_gives_an_unreachable_masters_slots_away_only_on_consent(tmp_path, capsys) -> None:
+    """Shard 3's master killed with no replica: `cluster fix` refuses to give its slots away (their keys are
+    lost) until --reassign-unreachable; then every live master unassigns them (only the ones its view assigns:
+    shard 1's master lost one already, and DELSLOTSRANGE of a range with an unassigned slot fails as a whole), the
+    master with the fewest slots takes them with BUMPEPOCH, and every live node sees all 16384 served."""
+    with deployed(tmp_path, capsys, "cluster", "valkey", cluster={"replicas_per_master": 0}) as (spec, loaded):
+        first, fewest, lost = (loaded.layout.node(s.master) for s in loaded.layout.shards)
+        with Admin.for_node(loaded, first) as admin:
+            admin.call("CLUSTER", "DELSLOTS", 16383)
+        os.kill(int((spec.parent / ".opsctl" / loaded.spec.name / lost.name / "server.pid").read_text()),
+                signal.SIGKILL)
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
+        assert code == 3 and "belong to unreachable master" in err and "--reassign-unreachable" in err, err + out
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec), "--reassign-unreachable")
+        assert code == 0 and f"gave 5461 slots of unreachable master(s) to {fewest.name}" in out, err + out
+        deadline = time.monotonic() + 10  # the first master learns the new owner from its pings (node timeout 2 s)
+        for node in (first, fewest):
+            with Admin.for_node(loaded, node) as admin:
+                while (info := parse_info(admin.call("CLUSTER", "INFO")))["cluster_state"] != "ok":
+                    assert time.monotonic() < deadline, f"{node.name}: {info}"
+                    time.sleep(0.1)
+                assert info["cluster_slots_assigned"] == "16384", info
 
 
 def test_a_live_lock_holds_whatever_the_holders_clock_says(tmp_path, capsys) -> None:

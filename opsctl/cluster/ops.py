@@ -8,7 +8,7 @@ per node; then it polls every few ms (never 1 s sleeps).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from opsctl.admin import Admin
@@ -28,10 +28,9 @@ from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_inf
 from opsctl.rawpipe import PIPE_ERRORS, link_error
 from opsctl.resp import RespError, TextReply
 from opsctl.slots.planning import slot_plan
-from opsctl.slots.ranges import SlotRange
+from opsctl.slots.ranges import SlotRange, slot_command
 from opsctl.spec.layout import Layout, Node
-from opsctl.spec.load import LoadedSpec
-from opsctl.versions import parse_version
+from opsctl.versions import has_capability, parse_version
 
 
 def myid(admin: Admin) -> str:
@@ -40,18 +39,6 @@ def myid(admin: Admin) -> str:
 
 def meet(admin: Admin, address: str, port: int) -> None:
     admin.call("CLUSTER", "MEET", address, port)
-
-
-def slot_args(ranges: Iterable[SlotRange], has_range: bool = True) -> Command:
-    """ADDSLOTSRANGE s e ... (>= 7.0) or ADDSLOTS s s+1 ... : one command either way."""
-    if has_range:
-        return ("CLUSTER", "ADDSLOTSRANGE", *(x for r in ranges for x in r))
-    return ("CLUSTER", "ADDSLOTS", *(s for start, end in ranges for s in range(start, end + 1)))
-
-
-def has_addslotsrange(loaded: LoadedSpec) -> bool:
-    spec = loaded.spec.server
-    return spec.flavor == "valkey" or parse_version(spec.version) >= (7, 0)
 
 
 def replicate(admin: Admin, master_id: str) -> None:
@@ -126,7 +113,7 @@ def setup_commands(epoch: int | None, ranges: Sequence[SlotRange], has_range: bo
     ... gossip config epoch: 35, current config epoch: 36") and sees it as a master for good: a 60-node creation
     timed out that way with one node's view of one replica wrong."""
     cmds: list[Command] = [] if epoch is None else [("CLUSTER", "SET-CONFIG-EPOCH", epoch)]
-    return cmds + ([slot_args(ranges, has_range)] if ranges else [])
+    return cmds + ([slot_command("ADDSLOTS", ranges, has_range)] if ranges else [])
 
 
 def meet_commands(targets: Sequence[Node]) -> list[Command]:
@@ -308,7 +295,8 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
     replicas_started waits until they run (raising the caller's error if one did not start)."""
     servers = list(layout.servers)
     slots = slot_plan(layout)
-    has_range = has_addslotsrange(connector.loaded)
+    server = connector.loaded.spec.server
+    has_range = has_capability(server.flavor, parse_version(server.version), "slot_range_commands")
     first, then = first_meets(layout), replica_meets(layout)
     replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
     masters = [n for n in servers if n not in replicas]

@@ -1,23 +1,25 @@
-"""Close open slots (those a killed run journaled, exactly; then any other open slot), cover uncovered slots,
-and, only with explicit consent, take over the slots of an unreachable master."""
+"""Close open slots (those a killed run journaled, exactly; then any other open slot), cover slots no master
+serves (also apply's assign-slots), and, only with explicit consent, take over the slots of an unreachable
+master."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Closed, Emit, EndpointReplacedEvent
-from opsctl.observe.cluster_state import slot_map, uncovered
+from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.collect import Pending, observe, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
+from opsctl.slots.coverage import Cover, OwnerOf, cover_plan, fewest_slots, unreachable_owners, unserved_slots
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
 from opsctl.slots.progress import Progress
-from opsctl.slots.ranges import expand, text, to_ranges
+from opsctl.slots.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.run import MAX_FAILOVERS, Outcome, open_session, wait_one_slot_map, wait_stable
 from opsctl.slots.session import Peer, ReplyError, Session, checked, pipe
 from opsctl.spec.layout import Shard
@@ -242,12 +244,9 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
     (CLUSTER REPLICATE refuses a master with keys, and a replica's sync would drop them). Per slot: IMPORTING
     on node from the owner, so that node answers ASKING for it, MIGRATE to the owner; a key the owner has
     already is dropped here only when both copies are equal (else refused, nothing dropped); then STABLE."""
-    counts = pipe(node, [("CLUSTER", "COUNTKEYSINSLOT", s) for s in range(CLUSTER_SLOTS)])
     owner = {s: name for name, slots in session.owned().items() for s in slots if name != node.name}
     auth = auth_args(session)
-    for slot, count in enumerate(counts):
-        if not isinstance(count, int) or count == 0:
-            continue
+    for slot, count in keys_in_slots(node, range(CLUSTER_SLOTS)).items():
         if slot not in owner:
             raise OpsctlError(f"{node.name} holds {count} keys of slot {slot}, which no master serves",
                               "it cannot become a replica without dropping them",
@@ -293,8 +292,16 @@ def _split_shards(session: Session, members: Collection[str] | None) -> list[tup
 
 
 def _holds_keys(peer: Peer) -> bool:
-    (size,) = pipe(peer, [("DBSIZE",)])
+    (size,) = checked(peer, [("DBSIZE",)], "counting keys")
     return isinstance(size, int) and size > 0
+
+
+def keys_in_slots(peer: Peer, slots: Sequence[int]) -> dict[int, int]:
+    """peer's key count in each of slots it holds keys in (one DBSIZE for a node that holds none)."""
+    if not _holds_keys(peer):
+        return {}
+    counts = checked(peer, [("CLUSTER", "COUNTKEYSINSLOT", s) for s in slots], "counting keys in slots")
+    return {s: n for s, n in zip(slots, counts, strict=True) if isinstance(n, int) and n > 0}
 
 
 def _empty(session: Session, name: str) -> bool | Pending:
@@ -303,48 +310,85 @@ def _empty(session: Session, name: str) -> bool | Pending:
     return True if me is not None and not me.slots else Pending(f"{name} still shows slots")
 
 
-def _reference_map(session: Session) -> tuple[tuple[int, int, str], ...]:
-    views = [o.cluster_nodes for o in session.seen.values() if o.cluster_nodes]
-    maps = [slot_map(v) for v in views]
-    return max(maps, key=maps.count) if maps else ()
+def cover(session: Session, slots: Iterable[int], owner_of: OwnerOf, follow_keys: bool) -> dict[str, list[int]]:
+    """Give each of slots that no view shows served (planning.unserved_slots) to a master as planning.cover_plan
+    decides, and make each new owner's claim win (claim). Refused when a master holds keys in a slot that goes to
+    another: those keys would stay on a node that does not serve their slot. Returns who got which slots."""
+    unserved = sorted(set(slots) & unserved_slots(session.views().values()))
+    if not unserved:
+        return {}
+    masters = _answering_masters(session, unserved)
+    keys = dict(zip([p.name for p in masters], session.parallel(lambda p: keys_in_slots(p, unserved), masters),
+                    strict=True))
+    plan = cover_plan(unserved, keys, owner_of, follow_keys)
+    if plan.stranded:
+        raise _stranded(plan, follow_keys)
+    for name, mine in plan.give.items():
+        claim(session, session.peer(name), mine)
+    session.refresh()
+    return plan.give
+
+
+def _answering_masters(session: Session, slots: Sequence[int]) -> list[Peer]:
+    masters = session.masters()
+    if not masters:
+        raise OpsctlError(f"slots {text(to_ranges(slots))} need a new master, and no master answers",
+                          "only a master can serve them", "start the masters, then run this again")
+    return masters
+
+
+def claim(session: Session, peer: Peer, slots: Sequence[int]) -> None:
+    """ADDSLOTS of slots on peer, then BUMPEPOCH: a config epoch of its own, the greatest it knows, so that its
+    claim wins over a view that still gives a slot to a former owner (a greater epoch there would take it back)."""
+    ranges = to_ranges(slots)
+    checked(peer, [slot_command("ADDSLOTS", ranges, session.has_slot_ranges(peer.name)), ("CLUSTER", "BUMPEPOCH")],
+            f"assigning slots {text(ranges)}")
+
+
+def _stranded(plan: Cover, follow_keys: bool) -> RefusedError:
+    owner = {s: name for name, mine in plan.give.items() for s in mine}
+    names = sorted(plan.stranded)
+    held = "; ".join(f"{name}: slots {text(to_ranges(plan.stranded[name]))} (they would go to "
+                     f"{', '.join(sorted({owner[s] for s in plan.stranded[name]}))})" for name in names)
+    hint = ("a slot has one master: leave each such slot's keys on one master (move or delete the others), then "
+            "run `opsctl cluster fix -f SPEC` again" if follow_keys else
+            "`opsctl cluster fix -f SPEC` gives each such slot to the node holding its keys; then apply again")
+    return RefusedError(f"{', '.join(names)} hold{'s' * (len(names) == 1)} keys in slots that no master serves",
+                        f"{held}: keys would stay on nodes that do not serve their slots", hint)
 
 
 def _cover(session: Session) -> list[str]:
-    gaps = uncovered(_reference_map(session))
-    if not gaps:
-        return []
-    masters = session.masters()
-    slots = expand(gaps)
-    counts = {p.name: pipe(p, [("CLUSTER", "COUNTKEYSINSLOT", s) for s in slots]) for p in masters}
+    """Every slot that no view shows served goes to the master holding keys in it, else to the one with the fewest
+    slots."""
     owned = {n: len(s) for n, s in session.owned().items()}
-    give: dict[str, list[int]] = {}
-    for i, slot in enumerate(slots):
-        holders = [n for n in counts if _int(counts[n][i]) > 0]
-        name = max(holders, key=lambda n: _int(counts[n][i])) if holders else min(owned, key=lambda n: owned[n])
-        give.setdefault(name, []).append(slot)
-        owned[name] += 1
-    for name, mine in give.items():
-        checked(session.peers[name], [("CLUSTER", "ADDSLOTSRANGE", *[x for r in to_ranges(mine) for x in r])],
-                "ADDSLOTSRANGE")
-    session.refresh()
-    return [f"covered {text(to_ranges(s))} with {n}" for n, s in give.items()]
+    given = cover(session, range(CLUSTER_SLOTS), fewest_slots(owned), follow_keys=True)
+    return [f"covered {text(to_ranges(s))} with {n}" for n, s in given.items()]
 
 
 def _unreachable(session: Session, consent: bool) -> list[str]:
-    smap = _reference_map(session)
-    reachable = {p.id for p in session.peers.values()}
-    lost = sorted({owner for _, _, owner in smap if owner not in reachable})
-    if not lost:
+    owners = unreachable_owners(session.views().values())
+    if not owners:
         return []
-    slots = [s for a, b, owner in smap if owner in lost for s in range(a, b + 1)]
+    lost = sorted(owners)
+    slots = sorted({s for mine in owners.values() for s in mine})
     if not consent:
         raise RefusedError(f"{len(slots)} slots ({text(to_ranges(slots))}) belong to unreachable master(s) "
                            f"{', '.join(i[:8] for i in lost)}",
                            "giving them to another master loses the keys they held",
                            "bring the master back or fail over to its replica; or pass --reassign-unreachable")
-    target = min(session.masters(), key=lambda p: len(session.owned().get(p.name, ())))
-    args = [x for r in to_ranges(slots) for x in r]
-    session.parallel(lambda p: pipe(p, [("CLUSTER", "DELSLOTSRANGE", *args)]), session.masters())
-    checked(target, [("CLUSTER", "ADDSLOTSRANGE", *args), ("CLUSTER", "BUMPEPOCH")], "ADDSLOTSRANGE")
+    masters = _answering_masters(session, slots)
+    target = min(masters, key=lambda p: len(session.owned().get(p.name, ())))
+    session.parallel(lambda p: _unassign(session, p, slots), masters)
+    claim(session, target, slots)
     session.refresh()
     return [f"gave {len(slots)} slots of unreachable master(s) to {target.name} (their keys are lost)"]
+
+
+def _unassign(session: Session, peer: Peer, slots: Sequence[int]) -> None:
+    """DELSLOTS of those of slots that peer's view assigns (DELSLOTS refuses a slot it sees unassigned already)."""
+    view = session.views().get(peer.name, [])
+    assigned = set(expand((start, end) for start, end, _ in slot_map(view)))
+    mine = to_ranges(s for s in slots if s in assigned)
+    if mine:
+        checked(peer, [slot_command("DELSLOTS", mine, session.has_slot_ranges(peer.name))],
+                f"unassigning slots {text(mine)} of unreachable masters")

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opsctl.cluster.ops import has_addslotsrange, slot_args
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
 from opsctl.runtime import Runtime
 from opsctl.slots.balance import Move
-from opsctl.slots.fix import close_in_session
+from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
-from opsctl.slots.planning import unserved_slots
-from opsctl.slots.ranges import expand, parse, text, to_ranges
+from opsctl.slots.ranges import expand, parse, to_ranges
 from opsctl.slots.run import MoveOptions, open_session, run_moves
 from opsctl.slots.scale import find_node
-from opsctl.slots.session import Peer, ReplyError, Session, checked, pipe
+from opsctl.slots.session import Peer, ReplyError, Session, pipe
 from opsctl.spec.layout import Node
 from opsctl.topolock import topology_lock
 
@@ -36,37 +34,12 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
 
 
 def assign_slots(rt: Runtime, step: AssignSlots, emit: Emit) -> None:
-    """ADDSLOTSRANGE of the step's slots that no view shows served yet, on the step's master, and BUMPEPOCH: the
-    new owner gets a config epoch of its own (a creation gives each master one). Refused when another master holds
-    keys in one of them: they would stay on a node that does not serve their slot (`cluster fix` gives such a slot
-    to the node holding its keys)."""
-    with open_session(rt.connector) as session:
-        unserved = unserved_slots(session.views().values())
-        left = [s for s in expand(parse(step.slots)) if s in unserved]
-        if not left:
+    """The step's slots that no view shows served yet go to the step's master (fix.cover: ADDSLOTS, then
+    BUMPEPOCH). Refused when another master holds keys in one of them (`cluster fix` gives such a slot to the
+    node holding its keys)."""
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
+        if not cover(session, expand(parse(step.slots)), lambda _slot, _given: step.node, follow_keys=False):
             emit(SlotsSkip(step.title(), "already served"))
-            return
-        others = [p for p in session.masters() if p.name != step.node]
-        held = {p.name: slots for p, slots in zip(others, session.parallel(lambda p: _holding(p, left), others),
-                                                  strict=True) if slots}
-        if held:
-            raise RefusedError(f"{', '.join(held)} hold{'s' * (len(held) == 1)} keys in slots that no master serves",
-                               "; ".join(f"{name}: slots {text(to_ranges(slots))}" for name, slots in held.items())
-                               + f"; given to {step.node}, those keys would stay on nodes that do not serve them",
-                               "`opsctl cluster fix -f SPEC` gives each such slot to the node holding its keys; "
-                               "then apply again")
-        ranges = to_ranges(left)
-        checked(session.peer(step.node), [slot_args(ranges, has_addslotsrange(rt.loaded)), ("CLUSTER", "BUMPEPOCH")],
-                f"assigning slots {text(ranges)}")
-
-
-def _holding(peer: Peer, slots: list[int]) -> list[int]:
-    """Which of slots peer holds keys in (one DBSIZE for a node that holds none)."""
-    (size,) = pipe(peer, [("DBSIZE",)])
-    if not isinstance(size, int) or size == 0:
-        return []
-    counts = pipe(peer, [("CLUSTER", "COUNTKEYSINSLOT", s) for s in slots])
-    return [s for s, n in zip(slots, counts, strict=True) if isinstance(n, int) and n > 0]
 
 
 def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:

@@ -4,13 +4,13 @@ keys and bytes per move."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from opsctl.observe.cluster_state import even_slot_ranges, uncovered
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
 from opsctl.slots.balance import balance_moves, estimate
+from opsctl.slots.coverage import unserved_slots
 from opsctl.slots.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.spec.layout import Layout
 
@@ -21,14 +21,6 @@ def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
     """The spec's layout of slots: each shard's declared master gets one even, contiguous range, in shard order."""
     ranges = even_slot_ranges(len(layout.shards))
     return {shard.master: [ranges[i]] for i, shard in enumerate(layout.shards)}
-
-
-def unserved_slots(views: Iterable[Sequence[ClusterNodeLine]]) -> set[int]:
-    """Slots that no view shows a master serving (a master's own view shows its slots, also while it fails): a
-    creation killed before every master got its share leaves them. No view at all says nothing."""
-    seen = [view for view in views if view]
-    ranges = sorted({r for view in seen for line in view if line.is_master for r in line.slots})
-    return set(expand(uncovered(tuple((start, end, "") for start, end in ranges)))) if seen else set()
 
 
 def assign_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[AssignSlots]:

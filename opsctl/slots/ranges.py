@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 SlotRange = tuple[int, int]
 Ranges = tuple[SlotRange, ...]
+SlotVerb = Literal["ADDSLOTS", "DELSLOTS"]
 
 
 def to_ranges(slots: Iterable[int]) -> Ranges:
@@ -39,3 +41,11 @@ def parse(spec: str) -> Ranges:
         start, _, end = part.strip().partition("-")
         slots += range(int(start), int(end or start) + 1)
     return to_ranges(slots)
+
+
+def slot_command(verb: SlotVerb, ranges: Iterable[SlotRange], has_range: bool) -> tuple[str | int, ...]:
+    """CLUSTER ADDSLOTS or DELSLOTS of ranges as one command: its RANGE form where the server has it (versions:
+    slot_range_commands), else every slot listed. Every slot assignment opsctl sends is built here."""
+    if has_range:
+        return ("CLUSTER", f"{verb}RANGE", *(x for r in ranges for x in r))
+    return ("CLUSTER", verb, *(s for start, end in ranges for s in range(start, end + 1)))

@@ -19,7 +19,7 @@ from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.slots.ranges import expand
 from opsctl.slots.scale import find_node, shard_members
 from opsctl.spec.layout import Node
-from opsctl.versions import has_capability
+from opsctl.versions import has_capability, parse_version
 
 T = TypeVar("T")
 STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
@@ -210,6 +210,15 @@ class Session:
         versions = [server_of(o.info) for o in self.seen.values() if o.reachable]
         return bool(versions) and all(v is not None and has_capability(v[0], v[1], "atomic_slot_migration")
                                       for v in versions)
+
+    def has_slot_ranges(self, name: str) -> bool:
+        """Whether name's server takes CLUSTER ADDSLOTSRANGE/DELSLOTSRANGE, by the version it reports (during a
+        rolling version change the spec names the new one), else by the spec's."""
+        obs = self.seen.get(name)
+        reported = server_of(obs.info) if obs is not None else None
+        server = self.loaded.spec.server
+        flavor, version = reported or (server.flavor, parse_version(server.version))
+        return has_capability(flavor, version, "slot_range_commands")
 
     def parallel(self, fn: Callable[[Peer], T], peers: Sequence[Peer]) -> list[T]:
         return [f.result() for f in [self.pool.submit(fn, p) for p in peers]]
