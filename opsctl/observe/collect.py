@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError
+from opsctl.fanout import Borrowed
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
@@ -182,8 +182,9 @@ class Admins(dict[str, Admin]):
 
 
 class Observer:
-    """Keeps one connection per node and a thread pool, so repeated observations (polling) are cheap. Looks go
-    over links; admins (for the commands callers send themselves) are made when first asked for."""
+    """Keeps one connection per node and a share of the process's threads (opsctl.fanout), so repeated
+    observations (polling) are cheap. Looks go over links; admins (for the commands callers send themselves) are
+    made when first asked for."""
 
     def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = 2.0) -> None:
         self.connector = connector
@@ -192,7 +193,7 @@ class Observer:
         self.links = {n.name: Link(connector, n, timeout) for n in self.nodes}
         by_name = {n.name: n for n in self.nodes}
         self.admins = Admins(lambda name: _fail_fast(connector.admin(by_name[name], timeout)))
-        self.pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(self.nodes))))
+        self.pool = Borrowed()
 
     def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
         commands = _commands(self.loaded, node, with_config, info_section)
