@@ -99,7 +99,8 @@ def shard_master_peer(session: Session, name: str) -> Peer:
 def slot_states(session: Session, source: Peer, target: Peer, slots: Sequence[int]) -> list[SlotState]:
     src, tgt = session.me(source.name), session.me(target.name)
     counts = [("CLUSTER", "COUNTKEYSINSLOT", s) for s in slots]
-    src_keys, tgt_keys = pipe(source, counts), pipe(target, counts)
+    src_keys = checked(source, counts, "counting the keys of open slots")  # an error is no count of 0: a slot
+    tgt_keys = checked(target, counts, "counting the keys of open slots")  # closed on it would strand keys
     return [SlotState(_owns(src, s), _owns(tgt, s), bool(src and s in src.migrating),
                       bool(tgt and s in tgt.importing), _int(a), _int(b))
             for s, a, b in zip(slots, src_keys, tgt_keys, strict=True)]
