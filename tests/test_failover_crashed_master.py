@@ -112,6 +112,26 @@ def test_replication_apply_starts_the_crashed_master_as_a_replica(tmp_path, caps
         _settled(capsys, spec)
 
 
+def test_replication_apply_refuses_to_follow_a_promoted_replica_that_lacks_its_siblings_data(tmp_path, capsys
+                                                                                           ) -> None:
+    """new was promoted by hand before the writes, other took them from old, then old crashed: following new
+    would empty other and old (its data on disk) by a full sync from a master without them. Refused, nothing
+    done: other keeps its keys, old stays down."""
+    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+        old, new, other = loaded.layout.shards[0].members
+        with Admin.for_node(loaded, loaded.layout.node(new)) as admin:
+            admin.call("REPLICAOF", "NO", "ONE")
+        writes = _client(loaded, old)
+        for i in range(300):
+            writes.set(f"k:{i}", i)
+        assert writes.execute_command("WAIT", 1, 5000) == 1
+        _kill(tmp_path, loaded, old)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3, out + err
+        assert f"{new} would take over as master (0 keys" in err and f"{other} (300 keys" in err, err
+        assert _client(loaded, other).dbsize() == 300 and _role(loaded, old) is None
+
+
 def test_cluster_apply_restarts_a_crashed_master_that_rejoins_as_a_replica(tmp_path, capsys) -> None:
     with deployed(tmp_path, capsys, "cluster", "valkey", cluster={"node_timeout_ms": 1000}) as (spec, loaded):
         shard = loaded.layout.shards[0]

@@ -16,7 +16,15 @@ from opsctl.plan.steps import Replicate, StartNode, WaitConverged, WriteConfig
 from opsctl.spec.load import LoadedSpec
 from tests.test_planner import desired, live_config, loaded_spec, recorded
 
-PROMOTED = {"master_replid2": "c6ffc17231791ae879c0eecc23479c6269134b7c", "second_repl_offset": "1"}
+OLD_HISTORY = "c6ffc17231791ae879c0eecc23479c6269134b7c"  # old's replication id, which its replicas took
+
+
+def promoted(at: int = 0) -> dict[str, str]:
+    """INFO of a replica of old promoted after it had processed old's stream up to offset `at`."""
+    return {"master_replid2": OLD_HISTORY, "second_repl_offset": str(at + 1)}
+
+
+PROMOTED = promoted()
 NEVER_PROMOTED = {"master_replid2": "0" * 40, "second_repl_offset": "-1"}
 
 
@@ -43,9 +51,15 @@ class Shard:
         self.live(name, RoleInfo("master", 0, replicas=tuple((*self.address(r), 0) for r in replicas)), keys,
                   **info)
 
-    def replica(self, name: str, of: str, link: str = "connected", keys: int = 300) -> None:
+    def replica(self, name: str, of: str, link: str = "connected", keys: int = 300, offset: int | None = None
+                ) -> None:
+        """offset: how far into old's history it got (INFO master_replid, master_repl_offset); None: unknown."""
+        history = {"master_replid": OLD_HISTORY, "master_repl_offset": str(offset)} if offset is not None else {}
         self.live(name, RoleInfo("replica", -1 if link != "connected" else 9984, self.address(of), link), keys,
-                  master_link_status="up" if link == "connected" else "down")
+                  master_link_status="up" if link == "connected" else "down", **history)
+
+    def down(self, name: str) -> None:
+        self.facts[name] = NodeFacts(name, False, "pidfile names dead pid 31612", recorded(self.want[name]))
 
     def plan(self):
         return make_plan(self.loaded, self.want, self.facts, "d")
@@ -78,9 +92,9 @@ def test_the_crashed_master_follows_the_hand_promoted_replica_its_sibling_is_sti
 def test_every_step_follows_the_promoted_replica_whatever_the_moment(moment: str) -> None:
     """The operator's failover, seen at any moment after new answers as master: roles are not drift."""
     shard = Shard()
-    if moment == "before other is pointed":
-        shard.master(shard.new, **PROMOTED)
-        shard.replica(shard.other, of=shard.old, link="connect")
+    if moment == "before other is pointed":  # other took no more of old's stream than new had
+        shard.master(shard.new, keys=300, **promoted(at=9984))
+        shard.replica(shard.other, of=shard.old, link="connect", offset=9984)
     elif moment == "other linked":
         shard.master(shard.new, keys=300, replicas=(shard.other,), **PROMOTED)
         shard.replica(shard.other, of=shard.new)
@@ -132,3 +146,71 @@ def test_two_promoted_masters_that_nothing_tells_apart_are_refused_not_guessed()
     with pytest.raises(RefusedError, match="cannot tell") as refused:
         shard.plan()
     assert shard.new in str(refused.value) and shard.other in str(refused.value)
+
+
+def refusal(shard: Shard) -> str:
+    with pytest.raises(RefusedError) as refused:
+        shard.plan()
+    return f"{refused.value.summary}\n{refused.value.detail}\n{refused.value.hint}"
+
+
+@pytest.mark.parametrize("history", ["same, other further", "unknown"])
+def test_a_promoted_replica_that_lacks_the_data_its_sibling_holds_is_refused_not_followed(history: str) -> None:
+    """old crashed (its data on disk), new was promoted by hand before it held a key, other still follows old
+    with 300 keys. Following new made old and other its replicas: both emptied by a full sync from a master
+    with nothing, and nothing refused. Other got further into old's history than new had when promoted (or,
+    where the histories cannot be compared, holds more keys): refused, naming both and how to go on."""
+    shard = Shard()
+    shard.master(shard.new, **PROMOTED)
+    shard.replica(shard.other, of=shard.old, link="connect", offset=9984 if history != "unknown" else None)
+    text = refusal(shard)
+    assert f"{shard.new} would take over as master (0 keys" in text, text
+    assert f"{shard.other} (300 keys" in text and f"a replica of {shard.old}" in text, text
+    assert "REPLICAOF NO ONE" in text and f"REPLICAOF {' '.join(map(str, shard.address(shard.new)))}" in text
+    with pytest.raises(RefusedError):
+        current_master(shard.loaded.layout.shards[0], shard.loaded.layout, shard.facts)
+
+
+@pytest.mark.parametrize(("other_offset", "refused"), [(9984, False), (10020, True)])
+def test_on_one_history_offsets_decide_not_key_counts(other_offset: int, refused: bool) -> None:
+    """Sentinel (or an operator) promoted new after old's death, before other was pointed at it: key counts of two
+    copies of one history differ by expiries and by what each had taken, so they decide nothing. other is only a
+    loss when it took writes past new's promotion point."""
+    shard = Shard()
+    shard.master(shard.new, keys=298, **promoted(at=9984))
+    shard.replica(shard.other, of=shard.old, link="connect", keys=300 if not refused else 290, offset=other_offset)
+    if refused:
+        assert f"{shard.other} (290 keys, offset {other_offset}" in refusal(shard)
+    else:
+        assert followed(shard.plan()) == {shard.new}
+
+
+def test_a_master_never_promoted_with_fewer_keys_than_the_old_masters_replica_is_refused() -> None:
+    """A master that was never a replica holds keys of its own: no history to compare, and the replica of the
+    crashed declared master holds more."""
+    shard = Shard()
+    shard.master(shard.new, keys=50, **NEVER_PROMOTED)
+    shard.replica(shard.other, of=shard.old, link="connect", offset=9984)
+    assert f"{shard.other} (300 keys" in refusal(shard)
+
+
+@pytest.mark.parametrize("other", ["down", "never synced"])
+def test_an_empty_promoted_replica_nothing_vouches_for_is_refused(other: str) -> None:
+    """new holds no keys and no running node shares the history it was promoted from: it may have been promoted
+    before its first sync, and old, down, may hold the data on its disk."""
+    shard = Shard()
+    shard.master(shard.new, **PROMOTED)
+    if other == "down":
+        shard.down(shard.other)
+    else:
+        shard.replica(shard.other, of=shard.old, link="connect", keys=0)
+    text = refusal(shard)
+    assert "holds no keys" in text and f"make {shard.new} its replica again" in text, text
+
+
+def test_an_empty_shard_follows_the_empty_promoted_replica() -> None:
+    """Nothing was written: other took old's history as far as new had (offset 0), so nothing is lost."""
+    shard = Shard()
+    shard.master(shard.new, **PROMOTED)
+    shard.replica(shard.other, of=shard.old, link="connect", keys=0, offset=0)
+    assert followed(shard.plan()) == {shard.new}

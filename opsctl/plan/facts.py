@@ -53,6 +53,20 @@ class NodeFacts(Frozen):
         return self.info.get("master_replid2", "").strip("0") != ""
 
     @property
+    def history(self) -> tuple[str, int] | None:
+        """(replication id, offset) of the data set it holds, from INFO: a replica's are its master's, up to what
+        it processed (kept while its link is down; ROLE says -1 then). None when unknown."""
+        replid, offset = self.info.get("master_replid"), self.info.get("master_repl_offset")
+        return (replid, int(offset)) if replid and offset else None
+
+    @property
+    def promoted_at(self) -> tuple[str, int] | None:
+        """(replication id, offset) it held as a replica when it was promoted (INFO master_replid2, and
+        second_repl_offset, the first offset of its own history); None when not promoted."""
+        first = self.info.get("second_repl_offset")
+        return (self.info["master_replid2"], int(first) - 1) if self.promoted and first else None
+
+    @property
     def server(self) -> tuple[str, tuple[int, int]] | None:
         """(flavor, (major, minor)) the running process reports in INFO, None when unknown."""
         return server_of(self.info)

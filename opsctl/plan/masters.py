@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsctl.endpoints import endpoint
 from opsctl.errors import RefusedError
 from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
@@ -40,17 +41,19 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
     if active:
         return active[0]
     with_keys = [m for m in masters if facts[m].keys > 0]
-    if with_keys:
-        return shard.master if shard.master in with_keys else max(with_keys, key=lambda m: facts[m].keys)
-    if shard.master in masters:
+    if shard.master in with_keys or (not with_keys and shard.master in masters):
         return shard.master
-    return _promoted_master(shard, masters, facts)
+    taking_over = max(with_keys, key=lambda m: facts[m].keys) if with_keys else \
+        _promoted_master(shard, masters, facts)
+    if taking_over != shard.master:
+        _refuse_lesser_master(shard, layout, taking_over, facts)
+    return taking_over
 
 
 def _promoted_master(shard: Shard, masters: list[str], facts: Facts) -> str:
     """No master serves or holds keys, and the declared one is not among them. One promoted from a replica is the
-    master (a replica promoted before its master streamed it a write is empty; whoever promoted it chose it). A
-    master never promoted does not take over from the declared one: that may be down with its data on disk."""
+    master (whoever promoted it chose it; _refuse_lesser_master checks it holds what the others hold). A master
+    never promoted does not take over from the declared one: that may be down with its data on disk."""
     promoted = [m for m in masters if facts[m].promoted]
     if len(promoted) > 1:
         raise RefusedError(f"shard {shard.index}: opsctl cannot tell which master is the shard's master now: "
@@ -58,6 +61,70 @@ def _promoted_master(shard: Shard, masters: list[str], facts: Facts) -> str:
                            "holds keys", "making the others replicas of a guess may drop writes they took",
                            "point the others at the one you want (REPLICAOF host port), then apply again")
     return promoted[0] if promoted else shard.master
+
+
+def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Facts) -> None:
+    """master takes over from the declared one, and nothing follows it yet: every other node would be emptied by a
+    full sync from it. Refused while a running member holds data it lacks, or while it holds no keys and no
+    running member shows it took the shard's data before its promotion (one promoted before its first sync is
+    empty, while the declared master, down, may have the data on its disk). Once a replica names it (an operator
+    pointed one at it) it serves, and is not asked."""
+    f = facts[master]
+    others = [m for m in shard.members if m != master and facts[m].reachable]
+    ahead = [m for m in others if _holds_more(facts[m], f)]
+    node, declared = layout.node(master), shard.master
+    wait = "wait until the sentinels agree on the master (a failover may be in flight), or " if layout.sentinels \
+        else ""
+    if ahead:
+        best = layout.node(max(ahead, key=lambda m: facts[m].keys))
+        raise RefusedError(
+            f"shard {shard.index}: {master} would take over as master ({_held(master, layout, facts)}), but "
+            f"{', '.join(f'{m} ({_held(m, layout, facts)})' for m in ahead)} "
+            f"{'holds' if len(ahead) == 1 else 'hold'} data it lacks",
+            f"no node follows {master} yet: as its replicas {', '.join(ahead)} (and {declared} once it starts, "
+            "with what it has on disk) would be emptied by a full sync",
+            f"{wait}point the replicas at the master you want: REPLICAOF {node.address} {node.port} on each keeps "
+            f"{master}'s data set; to keep {best.name}'s, promote it (REPLICAOF NO ONE) and point {master} at it "
+            f"(REPLICAOF {best.address} {best.port}); then apply again")
+    if f.keys == 0 and not _took_the_data(f, [facts[m] for m in others]):
+        held = layout.node(declared)
+        raise RefusedError(
+            f"shard {shard.index}: {master} would take over as master, but it holds no keys and no running node "
+            f"shows it had taken {declared}'s data before its promotion ({_held(master, layout, facts)})",
+            f"{declared} does not run as master and may hold the data on its disk: started as {master}'s "
+            "replica it would be emptied",
+            f"{wait}to keep {master} as the master, point a replica at it (REPLICAOF {node.address} {node.port}); "
+            f"to keep {declared}'s data, make {master} its replica again (REPLICAOF {held.address} {held.port}): "
+            f"apply then starts {declared} as the master")
+
+
+def _holds_more(member: NodeFacts, master: NodeFacts) -> bool:
+    """member has writes master lacks: past the offset master was promoted at, on the same replication history;
+    more keys where the histories cannot be compared."""
+    was, has = master.promoted_at, member.history
+    if was is not None and has is not None and was[0] == has[0]:
+        return has[1] > was[1]
+    return member.keys > master.keys
+
+
+def _took_the_data(master: NodeFacts, others: list[NodeFacts]) -> bool:
+    """A running member shares the history master was promoted from: master had synced with their master."""
+    was = master.promoted_at
+    return was is not None and any((h := o.history) is not None and h[0] == was[0] for o in others)
+
+
+def _held(name: str, layout: Layout, facts: Facts) -> str:
+    """What a node holds, for a refusal: keys, replication offset, whom it follows."""
+    f = facts[name]
+    parts = [f"{f.keys} keys"]
+    if f.promoted_at is not None:
+        parts.append(f"promoted at offset {f.promoted_at[1]}")
+    elif f.history is not None:
+        parts.append(f"offset {f.history[1]}")
+    if f.role is not None and f.role.kind == "replica" and f.role.master:
+        upstream = layout.find(endpoint(*f.role.master))
+        parts.append(f"a replica of {upstream.name if upstream else endpoint(*f.role.master)}")
+    return ", ".join(parts)
 
 
 def live_masters(shard: Shard, facts: Facts) -> list[str]:
