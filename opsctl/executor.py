@@ -13,6 +13,7 @@ from opsctl.admin import Admin
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate, reset_stale_identity
 from opsctl.connector import AuthRefused
 from opsctl.connerr import is_auth_failure
+from opsctl.endpoints import endpoint
 from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
@@ -20,7 +21,7 @@ from opsctl.frozen import Frozen, frozen
 from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
-from opsctl.plan.masters import start_master
+from opsctl.plan.masters import follow_target, start_master
 from opsctl.plan.steps import (
     AclLoad,
     AssignSlots,
@@ -576,7 +577,11 @@ def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine],
 
 def do_replicate(run: Execution, step: Step) -> None:
     assert isinstance(step, Replicate)
-    node, master = _node(run, step), run.rt.node(step.master)
+    name = _master_now(run, step, step.master)
+    if name is None:
+        run.emit(Log(step.title(), f"{step.node} is the shard's master now: nothing to point"))
+        return
+    node, master = _node(run, step), run.rt.node(name)
     with run.rt.admin(node) as admin, run.rt.admin(master) as master_admin:
         if run.rt.loaded.spec.topology == "cluster":
             master_id = myid(master_admin)
@@ -590,6 +595,19 @@ def do_replicate(run: Execution, step: Step) -> None:
             admin.call("CONFIG", "REWRITE")
 
 
+def _master_now(run: Execution, step: Step, planned: str) -> str | None:
+    """The master a step points its node at, from a live look when it runs (masters.follow_target, as _follow_line
+    decides a stopped node's): a failover earlier in the same plan moves the master the plan named."""
+    layout = run.rt.loaded.layout
+    shard = layout.shard_of(step.node)
+    assert shard is not None, step.node
+    master = follow_target(layout, shard, step.node, gather_facts(run.rt, with_config=False))
+    if master is not None and master != planned:
+        run.emit(Log(step.title(), f"{planned} is no longer the shard's master: {step.node} follows {master}, "
+                                   "its master now"))
+    return master
+
+
 def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
     """The step's precondition, checked again right before REPLICAOF: it would drop a master's data."""
     role = parse_role(admin.call("ROLE"))
@@ -601,14 +619,15 @@ def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
 
 
 def _refuse_unless_master(admin: Admin, master: Node, node: Node) -> None:
-    """The step's other precondition, checked right before REPLICAOF: its master answers as one. Pointed at a
-    replica, the node would chain behind it, or loop with it if that replica follows the node."""
+    """Checked again right before REPLICAOF, on the connection that follows: the master the step's look decided on
+    still answers as one. Pointed at a replica, the node would chain behind it, or loop with it if that replica
+    follows the node."""
     role = parse_role(admin.call("ROLE"))
     if role.kind != "master":
         follows = f" of {role.master[0]}:{role.master[1]}" if role.master else ""
         raise RefusedError(f"{master.name} is a {role.kind}{follows} now, not a master: {node.name} is left as it is",
-                           "the shard's roles changed since the plan was made",
-                           "plan again (opsctl apply) from the roles as they are now")
+                           "the shard's roles changed while the step ran (a failover in flight)",
+                           "apply again once the roles settle (opsctl status shows them)")
 
 
 def _knows(admin: Admin, node_id: str) -> bool:
@@ -618,11 +637,12 @@ def _knows(admin: Admin, node_id: str) -> bool:
 def sentinel_monitor(run: Execution, step: Step) -> None:
     assert isinstance(step, SentinelMonitor)
     spec = run.rt.loaded.spec
-    node, master = _node(run, step), run.rt.node(step.master)
+    node = _node(run, step)
+    address, port = _sentinels_master_now(run, step, step.master)
     name = sentinel_master_name(spec)
     topo = spec.sentinel_or_default()
     with run.rt.admin(node) as admin:
-        admin.call("SENTINEL", "MONITOR", name, master.address, str(master.port), str(sentinel_quorum(spec)))
+        admin.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
         settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
                     "down-after-milliseconds": str(topo.down_after_ms),
                     "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
@@ -630,6 +650,18 @@ def sentinel_monitor(run: Execution, step: Step) -> None:
             settings["auth-user"] = spec.auth.admin_user
         for key, value in settings.items():
             admin.call("SENTINEL", "SET", name, key, value)
+
+
+def _sentinels_master_now(run: Execution, step: Step, planned: str) -> tuple[str, int]:
+    """Where a sentinel is pointed, from a live look when the step runs (runtime.master_endpoint, as a new
+    sentinel's file): a failover earlier in the same plan moves the master the plan named."""
+    where = master_endpoint(run.rt, gather_facts(run.rt, with_config=False))
+    assert where is not None
+    now = run.rt.loaded.layout.find(endpoint(*where))
+    if now is None or now.name != planned:
+        run.emit(Log(step.title(), f"{planned} is no longer the shard's master: {step.node} monitors "
+                                   f"{now.name if now else endpoint(*where)}, its master now"))
+    return where
 
 
 def wait_converged(run: Execution, step: Step) -> None:

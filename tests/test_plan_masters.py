@@ -4,13 +4,14 @@ the same master: the write-config that makes a stopped node follow it, the repli
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
 from opsctl.errors import RefusedError
 from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import current_master, start_master
+from opsctl.plan.masters import current_master, follow_target, start_master
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import Replicate, StartNode, WaitConverged, WriteConfig
 from opsctl.spec.load import LoadedSpec
@@ -214,3 +215,40 @@ def test_an_empty_shard_follows_the_empty_promoted_replica() -> None:
     shard.master(shard.new, **PROMOTED)
     shard.replica(shard.other, of=shard.old, link="connect", keys=0, offset=0)
     assert followed(shard.plan()) == {shard.new}
+
+
+
+def test_a_step_follows_the_master_it_finds_when_it_runs_not_the_one_the_plan_named() -> None:
+    """A replicate step runs after a failover the same plan made (a restart-only change beside a new replica):
+    the master it was planned towards is a replica now. It follows the shard's master of its own look; the
+    master itself has nothing to follow; with no master answering it refuses."""
+    shard = Shard()
+    layout, members = shard.loaded.layout, shard.loaded.layout.shards[0]
+    shard.master(shard.new, keys=300, replicas=(shard.old, shard.other), **promoted(at=9984))
+    shard.replica(shard.old, of=shard.new)
+    shard.replica(shard.other, of=shard.new)
+    assert follow_target(layout, members, shard.other, shard.facts) == shard.new
+    assert follow_target(layout, members, shard.new, shard.facts) is None
+    shard.down(shard.new)
+    with pytest.raises(RefusedError, match=f"no master to point {shard.other} at: {shard.old}, .* answers as a "
+                                           "replica"):
+        follow_target(layout, members, shard.other, shard.facts)
+    shard.down(shard.old)
+    with pytest.raises(RefusedError, match=f"no master to point {shard.other} at: {shard.old}, .* does not answer"):
+        follow_target(layout, members, shard.other, shard.facts)
+
+
+def test_a_step_planned_towards_a_master_this_plan_fails_over_says_so() -> None:
+    """The plan shape of that case: failover, restart, then the replicate step of the new node, whose reason says
+    it follows the master it finds when it runs."""
+    shard = Shard()
+    shard.master(shard.old, keys=300, replicas=(shard.new,))
+    shard.replica(shard.new, of=shard.old)
+    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    shard.facts[shard.other] = NodeFacts(shard.other, False)  # new: no record
+    plan = shard.plan()
+    steps = [(s.kind, s.node) for s in plan.steps]
+    assert steps.index(("failover", shard.old)) < steps.index(("replicate", shard.other)), steps
+    replicate = next(s for s in plan.steps if isinstance(s, Replicate))
+    assert replicate.reason == (f"should replicate the shard's master when the step runs ({shard.old} now, which "
+                                "this plan fails over first)")

@@ -163,6 +163,24 @@ def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
     return shard_master(layout, shard, facts)
 
 
+def follow_target(layout: Layout, shard: Shard, node: str, facts: Facts) -> str | None:
+    """Whom a running node is pointed at when its step runs: the shard's master in that look (shard_master), not
+    the one the plan named (the plan's own failover may have moved it since). None: node is that master itself.
+    Refused when the look has no master to follow: two serving (shard_master), or the one decided on does not
+    answer as a master (down, or a replica: pointed at it, node would chain behind it or loop with it)."""
+    master = shard_master(layout, shard, facts)
+    if master == node:
+        return None
+    role = facts[master].role
+    if role is None or role.kind != "master":
+        what = "does not answer" if role is None else f"answers as a {role.kind}"
+        raise RefusedError(f"shard {shard.index} has no master to point {node} at: {master}, its master from what "
+                           f"the nodes say now, {what}", f"{node} is left as it is: the shard's roles changed "
+                           "since the plan was made (a failover in flight, or its master stopped)",
+                           "apply again once a master answers (opsctl status shows the roles)")
+    return master
+
+
 def sentinel_agreed_master(layout: Layout, facts: Facts) -> str | None:
     """The master the sentinels agree on, if they agree and it is one of our nodes."""
     seen = {f.sentinel_master[1:] for n in layout.sentinels if (f := facts[n.name]).sentinel_master}

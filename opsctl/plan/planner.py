@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from opsctl.errors import RefusedError
 from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
@@ -55,12 +55,14 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     waiting = _masters_coming_back(layout, facts) if topology == "cluster" else []
     if waiting:
         return _start_first(loaded, steps, waiting, facts, spec_digest)
+    moving = {s.node for s in steps if isinstance(s, Failover)}
     if topology == "cluster":
-        steps += cluster_steps(layout, facts)
+        steps += cluster_steps(layout, facts, moving)
     elif topology in ("replication", "sentinel"):
-        steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts)
+        steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts, moving)
     if topology == "sentinel":
-        steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts)
+        steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts,
+                                                                                        moving)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
     if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
@@ -388,7 +390,15 @@ def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
 
 
 
-def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
+def _follows(master: str, moving: Collection[str]) -> str:
+    """The master a replicate or monitor step names, for its reason. A master this plan fails over first is no
+    longer the master when the step runs: the executor points at the master it finds then."""
+    if master not in moving:
+        return master
+    return f"the shard's master when the step runs ({master} now, which this plan fails over first)"
+
+
+def replication_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()) -> list[Step]:
     shard = layout.shards[0]
     master = shard_master(layout, shard, facts)
     sentinel_view = sentinel_agreed_master(layout, facts) is not None
@@ -406,12 +416,13 @@ def replication_steps(layout: Layout, facts: Facts) -> list[Step]:
             raise RefusedError(f"{name} is a master holding {facts[name].keys} keys, but {master} is the master",
                                "turning it into a replica would delete its data",
                                f"check which node has the data; stop {name} and purge it to re-seed it")
-        steps.append(Replicate(name, f"should replicate {master}", master))
+        steps.append(Replicate(name, f"should replicate {_follows(master, moving)}", master))
     return steps
 
 
 
-def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
+def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts,
+                   moving: Collection[str] = ()) -> list[Step]:
     """Sentinels start from a rendered file once; after that Sentinel owns its file (it rewrites it)."""
     layout = loaded.layout
     master = shard_master(layout, layout.shards[0], facts)
@@ -426,7 +437,8 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
             steps.append(StartNode(node.name, "new sentinel" if f.recorded_digest is None
                                    else f"process is not running ({f.process_detail or 'died'})"))
         elif not f.sentinel_master or f.sentinel_master[0] != name:
-            steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
+            steps.append(SentinelMonitor(node.name, f"does not monitor '{name}': monitor {_follows(master, moving)}",
+                                         master))
         elif f.server and f.server != server:
             steps.append(RestartNode(node.name, f"server {server_text(*f.server)} -> {server_text(*server)}"))
     return steps
@@ -480,7 +492,7 @@ def sentinel_drift(want: Mapping[str, str], seen: Mapping[str, str] | None) -> d
             if seen.get(k) != v and not (k == "auth-pass" and seen.get(k) == MASK)}
 
 
-def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
+def cluster_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()) -> list[Step]:
     members = [n.name for n in layout.servers]
     if all(_unclustered(facts[m]) for m in members):
         first = layout.shards[0].master
@@ -506,7 +518,8 @@ def cluster_steps(layout: Layout, facts: Facts) -> list[Step]:
             linked = me is not None and master_id is not None and me.master_id == master_id
             if name == master or linked or has_slots(facts[name]) or name in rejoining:
                 continue
-            steps.append(Replicate(name, f"should replicate {master} (shard {shard.index})", master))
+            steps.append(Replicate(name, f"should replicate {_follows(master, moving)} (shard {shard.index})",
+                                   master))
     masters = [current_master(shard, layout, facts) for shard in layout.shards]
     return steps + slot_steps(layout, facts, masters)
 
