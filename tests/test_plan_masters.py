@@ -13,7 +13,7 @@ from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import current_master, follow_target, start_master
 from opsctl.plan.planner import make_plan
-from opsctl.plan.steps import Replicate, StartNode, WaitConverged, WriteConfig
+from opsctl.plan.steps import Failover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig
 from opsctl.spec.load import LoadedSpec
 from tests.test_planner import desired, live_config, loaded_spec, recorded
 
@@ -216,6 +216,21 @@ def test_an_empty_shard_follows_the_empty_promoted_replica() -> None:
     shard.replica(shard.other, of=shard.old, link="connect", keys=0, offset=0)
     assert followed(shard.plan()) == {shard.new}
 
+
+def test_rolling_order_and_the_failover_before_a_restart_ask_the_same_decision() -> None:
+    """Rolling order and the failover before a master's restart asked on their own who is master (any member
+    answering as one): a stray empty master beside the serving one got a failover step, which the runbook
+    refuses ('not a master now') until the step times out, while replication_steps made it a replica."""
+    shard = Shard()
+    shard.master(shard.old, keys=300, replicas=(shard.new,))
+    shard.replica(shard.new, of=shard.old)
+    shard.master(shard.other, **NEVER_PROMOTED)
+    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    plan = shard.plan()
+    assert [(s.kind, s.node) for s in plan.steps if isinstance(s, (Failover, RestartNode, Replicate))] == [
+        ("restart", shard.new), ("restart", shard.other), ("failover", shard.old), ("restart", shard.old),
+        ("replicate", shard.other)]
+    assert [s.needs_downtime for s in plan.steps if isinstance(s, RestartNode)] == [False, False, False]
 
 
 def test_a_step_follows_the_master_it_finds_when_it_runs_not_the_one_the_plan_named() -> None:

@@ -211,12 +211,11 @@ def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | No
 def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps, fail_over: bool = True) -> list[Step]:
     """One shard: replicas first, then the master; a master that must restart is failed over first
     (unless names change: clients and Sentinel use one name per command, so all nodes switch together)."""
-    members = [layout.node(name) for name in shard.members]
-    masters = [n for n in members if _is_master_now(n, layout, facts)]
-    ordered = [n for n in members if n not in masters] + masters
+    writer = _writer_now(layout, shard, facts)
+    ordered = [m for m in shard.members if m != writer] + ([writer] if writer else [])
     steps: list[Step] = []
-    for node in ordered:
-        node_steps = steps_of(node, node in masters)
+    for node in map(layout.node, ordered):
+        node_steps = steps_of(node, node.name == writer)
         steps += _fail_over_before_restart(node_steps, shard, facts, node.name) if fail_over else \
             [_in_shard(s, shard.index) for s in node_steps]
     return steps
@@ -256,13 +255,15 @@ def _fail_over_before_restart(steps: list[Step], shard: Shard, facts: Facts, nam
     return [*others, failover, *writes, RestartNode(name, restart.reason, needs_downtime=False, shard=shard.index)]
 
 
-def _is_master_now(node: Node, layout: Layout, facts: Facts) -> bool:
-    """Serves writes now: a master outside a cluster, or a cluster master that owns slots."""
-    f = facts[node.name]
+def _writer_now(layout: Layout, shard: Shard, facts: Facts) -> str | None:
+    """The member that takes the shard's writes now: its master (plan.masters.shard_master, as every step that
+    points at it), once it answers as one; in a cluster, once it serves slots. A master that is down counts (it is
+    started last). None: no member takes writes (the decided master runs as a replica, or a new cluster shard)."""
+    master = shard_master(layout, shard, facts)
+    f = facts[master]
     if f.role is None:
-        return node.role == "master"
-    return f.role.kind == "master" and (f.cluster_nodes is None or has_slots(f))
-
+        return master
+    return master if f.role.kind == "master" and (f.cluster_nodes is None or has_slots(f)) else None
 
 
 def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
