@@ -97,15 +97,18 @@ def test_a_replicate_step_points_at_the_master_it_finds_when_it_runs(tmp_path, c
         assert role[0] == "slave" and int(role[2]) == loaded.layout.node(master).port
 
 
-@pytest.mark.parametrize("topology", ["replication", "sentinel"])
+@pytest.mark.parametrize(("topology", "sentinel_hosts"), [("replication", None), ("sentinel", ["h1", "h2", "h3"]),
+                                                         ("sentinel", None)],
+                         ids=["replication", "sentinel", "sentinel-and-a-new-sentinel"])
 def test_a_replica_added_with_a_restart_only_change_follows_the_master_the_same_apply_failed_over_to(
-        tmp_path, capsys, topology: str) -> None:
+        tmp_path, capsys, topology: str, sentinel_hosts: list[str] | None) -> None:
     """One apply fails the master over (a directive that needs a restart) and adds a replica: the new node's
     replicate step was planned towards the old master, a replica by the time the step runs. The master check of
     160fc40 refused it there (exit 3 'refused, nothing was changed', after the failover and the restarts, the new
-    node left unpointed); before that it chained the node behind a replica. (Sentinels on the first three hosts:
-    a new sentinel is another matter.)"""
-    sections = {"sentinel": {"hosts": ["h1", "h2", "h3"]}} if topology == "sentinel" else {}
+    node left unpointed); before that it chained the node behind a replica. A new sentinel on the new host (the
+    default: one on every host) was started after the failover, whose pre-check waits for every sentinel's
+    CKQUORUM OK: the failover step timed out after 60 s."""
+    sections = {"sentinel": {"hosts": sentinel_hosts}} if sentinel_hosts else {}
     with deployed(tmp_path, capsys, topology, "redis", **sections) as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
         data["hosts"].append({"name": "h4", "address": data["hosts"][-1]["address"].rsplit(".", 1)[0] + ".4"})

@@ -14,6 +14,7 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import current_master, follow_target, start_master
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import Failover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig
+from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.test_planner import desired, live_config, loaded_spec, recorded
 
@@ -32,8 +33,8 @@ NEVER_PROMOTED = {"master_replid2": "0" * 40, "second_repl_offset": "-1"}
 class Shard:
     """Facts of the 3-node replication shard old (declared master, down), new and other."""
 
-    def __init__(self, **sections: object) -> None:
-        self.loaded: LoadedSpec = loaded_spec("replication", **sections)
+    def __init__(self, topology: str = "replication", **sections: object) -> None:
+        self.loaded: LoadedSpec = loaded_spec(topology, **sections)
         self.want = desired(self.loaded)
         self.old, self.new, self.other = self.loaded.layout.shards[0].members
         self.facts = {self.old: NodeFacts(self.old, False, "pidfile names dead pid 31611",
@@ -267,3 +268,23 @@ def test_a_step_planned_towards_a_master_this_plan_fails_over_says_so() -> None:
     replicate = next(s for s in plan.steps if isinstance(s, Replicate))
     assert replicate.reason == (f"should replicate the shard's master when the step runs ({shard.old} now, which "
                                 "this plan fails over first)")
+
+
+def test_with_a_failover_in_the_plan_the_sentinels_it_needs_start_before_it() -> None:
+    """The failover's pre-check wants every sentinel's CKQUORUM OK: a new sentinel (one on a new host) started
+    after it, as sentinel steps were, timed out the failover step after 60 s."""
+    shard = Shard("sentinel")
+    shard.master(shard.old, keys=300, replicas=(shard.new, shard.other))
+    shard.replica(shard.new, of=shard.old)
+    shard.replica(shard.other, of=shard.old)
+    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    name, (address, port) = sentinel_master_name(shard.loaded.spec), shard.address(shard.old)
+    *running, new = [n.name for n in shard.loaded.layout.sentinels]
+    for sentinel in running:
+        shard.facts[sentinel] = NodeFacts(sentinel, True, record=recorded(shard.want[sentinel]), reachable=True,
+                                          info={"master0": f"name={name},status=ok,address={address}:{port},"
+                                                           "slaves=2,sentinels=3"},
+                                          role=RoleInfo("sentinel", monitors=(name,)))
+    shard.facts[new] = NodeFacts(new, False)
+    steps = [(s.kind, s.node) for s in shard.plan().steps]
+    assert steps.index(("start", new)) < steps.index(("failover", shard.old)), steps

@@ -61,8 +61,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     elif topology in ("replication", "sentinel"):
         steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts, moving)
     if topology == "sentinel":
-        steps = sentinel_setting_steps(loaded, desired, facts) + steps + sentinel_steps(loaded, desired, facts,
-                                                                                        moving)
+        steps = _with_sentinel_steps(loaded, desired, facts, steps, moving)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
     if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
@@ -392,8 +391,8 @@ def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
 
 
 def _follows(master: str, moving: Collection[str]) -> str:
-    """The master a replicate or monitor step names, for its reason. A master this plan fails over first is no
-    longer the master when the step runs: the executor points at the master it finds then."""
+    """The master a replicate step names, for its reason. A master this plan fails over first is no longer the
+    master when the step runs: the executor points at the master it finds then."""
     if master not in moving:
         return master
     return f"the shard's master when the step runs ({master} now, which this plan fails over first)"
@@ -422,8 +421,7 @@ def replication_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()
 
 
 
-def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts,
-                   moving: Collection[str] = ()) -> list[Step]:
+def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
     """Sentinels start from a rendered file once; after that Sentinel owns its file (it rewrites it)."""
     layout = loaded.layout
     master = shard_master(layout, layout.shards[0], facts)
@@ -438,11 +436,20 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
             steps.append(StartNode(node.name, "new sentinel" if f.recorded_digest is None
                                    else f"process is not running ({f.process_detail or 'died'})"))
         elif not f.sentinel_master or f.sentinel_master[0] != name:
-            steps.append(SentinelMonitor(node.name, f"does not monitor '{name}': monitor {_follows(master, moving)}",
-                                         master))
+            steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
         elif f.server and f.server != server:
             steps.append(RestartNode(node.name, f"server {server_text(*f.server)} -> {server_text(*server)}"))
     return steps
+
+
+def _with_sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, steps: list[Step],
+                         moving: Collection[str]) -> list[Step]:
+    """Settings first, then the servers' steps, then the sentinels'. A failover in the plan waits for every
+    sentinel to answer CKQUORUM OK (its sentinel-quorum pre-check): then the sentinels to start or to point at the
+    master go before the servers' steps (they learn of the failover like the others); restarts stay last."""
+    sentinels = sentinel_steps(loaded, desired, facts)
+    first = [s for s in sentinels if not isinstance(s, RestartNode)] if moving else []
+    return [*sentinel_setting_steps(loaded, desired, facts), *first, *steps, *(s for s in sentinels if s not in first)]
 
 
 SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs", "auth-pass", "auth-user")
