@@ -13,7 +13,7 @@ from opsctl.connector import Connector
 from opsctl.errors import RefusedError
 from opsctl.events import Log
 from opsctl.executor import execute
-from opsctl.plan.steps import Plan, Replicate
+from opsctl.plan.steps import MoveSlots, Plan, Replicate
 from opsctl.runtime import make_runtime
 from tests.lifecycle import deployed, plan_json, read_spec, run
 from tests.support import PASSWORD
@@ -122,6 +122,28 @@ def test_a_replica_added_with_a_restart_only_change_follows_the_master_the_same_
         assert plan_json(capsys, spec)["steps"] == []
         assert run(capsys, "status", "-f", str(spec))[0] == 0
 
+
+
+def test_a_move_slots_step_moves_from_the_master_it_finds_when_it_runs(tmp_path, capsys) -> None:
+    """A move planned from a master that a failover made a replica since (the same plan's failover before the
+    master's restart, or an apply killed between the two): that replica owns none of the slots, and the step was
+    skipped as 'already moved', exit 0, nothing moved. It moves them from its shard's master now."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        first, second = loaded.layout.shards[0], loaded.layout.shards[1]
+        code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
+        assert code == 0, err + out
+        rt = make_runtime(read_spec(spec))
+        events: list[object] = []
+        stale = MoveSlots(first.master, "rebalance", target=second.master, slots="0-99", slot_count=100)
+        try:
+            execute(rt, Plan(loaded.spec.name, "d", "f", (stale,)), events.append)
+        finally:
+            rt.provider.close()
+        logs = [e.text for e in events if isinstance(e, Log)]
+        assert f"{first.master} is not its shard's master now: using {first.replicas[0]}" in logs, events
+        with Connector(loaded).admin(loaded.layout.node(second.master)) as admin:
+            mine = next(line for line in str(admin.raw("CLUSTER", "NODES")).splitlines() if "myself" in line)
+        assert "0-99" in mine.split(), mine
 
 def _kill(tmp_path, loaded, name: str) -> None:
     os.kill(int((tmp_path / ".opsctl" / loaded.spec.name / name / "server.pid").read_text()), signal.SIGKILL)

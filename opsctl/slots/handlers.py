@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit, SlotsClosed, SlotsSkip
+from opsctl.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
 from opsctl.runtime import Runtime
@@ -13,7 +13,7 @@ from opsctl.slots.balance import Move
 from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
 from opsctl.slots.ranges import expand, parse, to_ranges
-from opsctl.slots.run import MoveOptions, open_session, run_moves
+from opsctl.slots.run import MoveOptions, open_session, resolve, run_moves
 from opsctl.slots.scale import find_node
 from opsctl.slots.session import Peer, ReplyError, Session, pipe
 from opsctl.spec.layout import Node
@@ -21,16 +21,21 @@ from opsctl.topolock import topology_lock
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
-    """Move what the source still owns of the step's slots (slots already at the target are done: idempotent)."""
+    """Move what the source still owns of the step's slots (slots already at the target are done: idempotent).
+    Source and target are their shards' masters when the step runs (slots.run.resolve): a failover earlier in the
+    same plan (a master's restart) makes the master the plan named a replica, which owns none of them."""
     with topology_lock(rt.connector), open_session(rt.connector) as session:
-        owned = set(session.owned().get(step.node, ()))
+        notes: list[str] = []
+        source, target = resolve(session, step.node, notes), resolve(session, step.target, notes)
+        for note in notes:
+            emit(Log(step.title(), note))
+        owned = set(session.owned().get(source, ()))
         wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
         left = [s for s in wanted if s in owned]
         if not left:
             emit(SlotsSkip(step.title(), "already moved"))
             return
-        run_moves(session, [Move(step.node, step.target, to_ranges(left))], Journal(rt.state_dir), emit,
-                  MoveOptions())
+        run_moves(session, [Move(source, target, to_ranges(left))], Journal(rt.state_dir), emit, MoveOptions())
 
 
 def assign_slots(rt: Runtime, step: AssignSlots, emit: Emit) -> None:
