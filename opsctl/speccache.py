@@ -2,8 +2,9 @@
 the validated spec back instead of parsing YAML and validating with pydantic again (most of a plan's or a
 status's start).
 
-Where: <spec folder>/.opsctl/spec-cache/<digest of the spec's path>.json, only when .opsctl is already there (a
-run that keeps state next to the spec made it; nothing is created beside a spec that has none). What: the
+Where: <spec folder>/.opsctl/spec-cache/<digest of the spec's path>.json, only when .opsctl is there: a run that
+keeps its state next to the spec makes it (plan, apply, status with their default state dir); nothing is created
+beside a spec that has none for any other run (validate, --state-dir). What: the
 validated spec's JSON form (secret references, never a secret's value), the key it is valid for and a digest of
 itself. The key is a digest of the spec file's bytes, opsctl's version and sources, and the versions of pydantic
 and PyYAML: a spec that changes in any byte, or an opsctl or a library that could judge it otherwise, misses.
@@ -15,6 +16,7 @@ checked as validation checks them; a problem with them validates in full too, so
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -33,10 +35,15 @@ FIELDS = {"format", "opsctl", "key", "digest", "spec"}
 LIBRARIES = ("pydantic", "pydantic_core", "yaml")  # what validation runs on besides opsctl
 
 
-def entry_path(spec_path: Path) -> Path | None:
-    """Where spec_path's entry lives; None when its folder has no .opsctl folder (or one that is a link)."""
+def entry_path(spec_path: Path, make_root: bool = False) -> Path | None:
+    """Where spec_path's entry lives; None when its folder has no .opsctl folder (or one that is a link).
+    make_root: a run that keeps its state there (its default state dir) makes the folder now, so that its own
+    validation is kept: a first `plan` beside a new spec left none, and the `apply` after it validated again."""
     spec_file = spec_path.resolve()
     root = spec_file.parent / ".opsctl"
+    if make_root:
+        with contextlib.suppress(OSError):
+            root.mkdir()  # never through a link: an existing one is refused below
     try:
         if not os.path.isdir(root) or os.path.islink(root):
             return None

@@ -20,11 +20,12 @@ SECRET_FILE_LIMIT = 64 * 1024
 
 
 def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
-              cached: bool = True) -> LoadedSpec:
+              cached: bool = True, state_beside: bool = False) -> LoadedSpec:
     """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
     cached: a spec validated before is read back from opsctl.speccache (its secrets checked again); False
     validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
-    is stored for the next run."""
+    is stored for the next run. state_beside: the run keeps its state next to the spec (.opsctl), where the
+    cache then goes even if this is the first run there."""
     spec_path = Path(path)
     text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
     if text is None:
@@ -35,15 +36,16 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
         return read_secret_file(secret_path)
 
     resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
-    loaded = _validated(text, spec_path, resolve, cached)
+    loaded = _validated(text, spec_path, resolve, cached, state_beside)
     for secret in loaded.credentials.all():
         remember(secret)
     return loaded
 
 
-def _validated(text: str, spec_path: Path, resolve: SecretResolver | None, cached: bool) -> LoadedSpec:
+def _validated(text: str, spec_path: Path, resolve: SecretResolver | None, cached: bool,
+               state_beside: bool) -> LoadedSpec:
     """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass."""
-    entry = speccache.entry_path(spec_path) if resolve is not None else None
+    entry = speccache.entry_path(spec_path, make_root=state_beside) if resolve is not None else None
     if entry is None or resolve is None:
         return load_spec(text, str(spec_path), resolve)
     key = speccache.entry_key(text)

@@ -111,6 +111,19 @@ def test_no_state_folder_no_cache(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / ".opsctl").exists()
 
 
+def test_a_first_plan_beside_a_new_spec_warms_the_cache_for_the_apply_after_it(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    """plan keeps its state next to the spec (.opsctl): it makes that folder and keeps its validation there, so
+    apply reads the spec back; with --state-dir elsewhere nothing is created beside the spec."""
+    spec_path = cached_spec(tmp_path, state=False)
+    assert main(["plan", "-f", str(spec_path), "--state-dir", str(tmp_path / "elsewhere")]) == 2
+    assert not (tmp_path / ".opsctl").exists()
+    assert main(["plan", "-f", str(spec_path)]) == 2
+    assert len(entries(spec_path)) == 1
+    no_validation(monkeypatch)
+    assert main(["plan", "-f", str(spec_path)]) == 2
+
+
 def test_without_secrets_nothing_is_stored(tmp_path: Path, monkeypatch, capsys) -> None:
     spec_path = cached_spec(tmp_path)
     monkeypatch.delenv(PASSWORD_ENV)

@@ -20,7 +20,8 @@ def _load(args: argparse.Namespace) -> Any:
     from opsctl.runtime import make_runtime
     from opsctl.specfile import read_spec
 
-    return make_runtime(read_spec(args.file), getattr(args, "state_dir", None))
+    state_dir = getattr(args, "state_dir", None)
+    return make_runtime(read_spec(args.file, state_beside=state_dir is None), state_dir)
 
 
 @contextmanager
