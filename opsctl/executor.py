@@ -206,7 +206,7 @@ def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int,
         except OpsctlError as exc:
             run.emit(StepFailed(index, step.title(), exc.summary))
             exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
-            errors.append(exc)
+            errors.append(changed_anyway(exc, len(run.timings)))
             continue
         elapsed = time.monotonic() - began
         run.timings.append((step.title(), elapsed))
@@ -220,6 +220,16 @@ def _run_chain(run: Execution, chain: list[tuple[int, Step]], total: int) -> Non
         _run_step(run, index, total, step)
 
 
+def changed_anyway(exc: OpsctlError, steps_done: int) -> OpsctlError:
+    """A refusal (exit 3: nothing was changed) once steps_done steps ran is an error (exit 1) that says so:
+    a pipeline must not take the topology for untouched."""
+    if not isinstance(exc, RefusedError) or steps_done == 0:
+        return exc
+    hint = "; ".join(part for part in (exc.hint, "apply again plans from the state now") if part)
+    return OpsctlError(f"{exc.summary} (after {steps_done} step(s) of this run had changed the topology)",
+                       exc.detail, hint)
+
+
 def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
     check_held(run.rt.connector)  # a run that lost its topology lock stops before its next change
     run.emit(StepStart(index, total, step.title()))
@@ -229,7 +239,7 @@ def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
     except OpsctlError as exc:
         run.emit(StepFailed(index, step.title(), exc.summary))
         exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
-        raise
+        raise changed_anyway(exc, len(run.timings)) from None
     except _redis_errors() as exc:
         run.emit(StepFailed(index, step.title(), str(exc)))
         raise OpsctlError(f"step {index}/{total} ({step.title()}) failed", str(exc),

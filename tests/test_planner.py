@@ -452,3 +452,16 @@ def test_nodes_inside_the_ephemeral_port_range_are_named_in_a_warning(tmp_path) 
         (tmp_path / "range").write_text(text)
         assert ephemeral_port_range(tmp_path / "range") == expected
     assert ephemeral_port_range(tmp_path / "missing") is None
+
+
+def test_a_refusal_after_steps_ran_is_no_longer_nothing_changed() -> None:
+    from opsctl.errors import EXIT_ERROR, EXIT_REFUSED, OpsctlError, RefusedError
+    from opsctl.executor import changed_anyway
+
+    refused = RefusedError("step 3/5 (replicate t-4 -> t-1) failed: t-1 is a replica now", "detail", "point it")
+    assert changed_anyway(refused, 0) is refused and refused.exit_code == EXIT_REFUSED
+    after = changed_anyway(refused, 2)
+    assert after.exit_code == EXIT_ERROR and "after 2 step(s) of this run had changed the topology" in after.summary
+    assert after.detail == "detail" and after.hint == "point it; apply again plans from the state now"
+    other = OpsctlError("step 3/5 failed: timed out")
+    assert changed_anyway(other, 2) is other

@@ -89,8 +89,9 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
         raise RefusedError("cancelled, nothing changed")
 
 
-def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> None:
-    """Show the plan; unless it is empty, confirm and execute it with the rollout options."""
+def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
+    """Show the plan; unless it is empty, confirm and execute it with the rollout options. Returns the number of
+    steps that ran."""
     import json
 
     from opsctl.events import printing
@@ -99,15 +100,16 @@ def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done:
 
     print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
     if plan.empty:
-        return
+        return 0
     _confirm(args, question)
     with printing(args.output == "json") as emit:
         if rt.loaded.spec.provider == "ansible":
             rt.provider.on_event = emit  # each playbook task on the same progress line
         began = time.monotonic()
-        execute(rt, plan, emit, allow_downtime=args.allow_downtime, parallel_shards=args.parallel_shards,
-                wait_timeout=args.wait_timeout)
+        timings = execute(rt, plan, emit, allow_downtime=args.allow_downtime, parallel_shards=args.parallel_shards,
+                          wait_timeout=args.wait_timeout)
     print(f"{done} in {time.monotonic() - began:.2f}s.", file=sys.stderr)  # wall time: steps run side by side
+    return len(timings)
 
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
@@ -124,36 +126,52 @@ REPLANS = 2  # a plan that starts down shard masters first (planner._start_first
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from opsctl.plan.saved import read_saved_plan
-    from opsctl.runtime import compute_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
     with _runtime(args, locked=True) as rt:
-        plan, facts = compute_plan(rt)
-        if saved is not None:
-            plan = replace(_saved_plan(args.plan, saved, plan), replan=plan.replan)
-        for _ in range(REPLANS):
-            run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
-                     f"Applied {len(plan.steps)} step(s)")
-            if not plan.replan:
-                break
-            plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
-            if saved is not None and plan.steps:
-                return _rest_needs_review(args, plan)
-        stopped = _stopped_since(rt, facts) if saved is None else []
-        if stopped:
-            # a node told to stop before apply looked (a run killed mid-restart) may answer until it acts on it
-            print(f"{', '.join(stopped)} ran when apply looked and is down now: planning again", file=sys.stderr)
-            plan, facts = compute_plan(rt)
-            run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
-                     f"Applied {len(plan.steps)} step(s)")
+        if _apply_plans(rt, args, saved) < 0:
+            return EXIT_CHANGES
         healthy = _print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
     return EXIT_OK
+
+
+def _apply_plans(rt: Any, args: argparse.Namespace, saved: Plan | None) -> int:
+    """Plan and run; again while a plan started down nodes first (replan) or a node it saw running stopped.
+    Returns the steps that ran, or -1 when a saved plan's rest needs a review (printed)."""
+    from dataclasses import replace
+
+    from opsctl.runtime import compute_plan
+
+    ran = 0
+    plan, facts = compute_plan(rt)
+    if saved is not None:
+        plan = replace(_saved_plan(args.plan, saved, plan), replan=plan.replan)
+    try:
+        for _ in range(REPLANS):
+            ran += run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                            f"Applied {len(plan.steps)} step(s)")
+            if not plan.replan:
+                break
+            plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+            if saved is not None and plan.steps:
+                _rest_needs_review(args, plan)
+                return -1
+        stopped = _stopped_since(rt, facts) if saved is None else []
+        if stopped:
+            # a node told to stop before apply looked (a run killed mid-restart) may answer until it acts on it
+            print(f"{', '.join(stopped)} ran when apply looked and is down now: planning again", file=sys.stderr)
+            plan, facts = compute_plan(rt)
+            ran += run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                            f"Applied {len(plan.steps)} step(s)")
+    except OpsctlError as exc:  # a plan made after another one ran (a replan) refused: changed all the same
+        from opsctl.executor import changed_anyway
+
+        raise changed_anyway(exc, ran) from None
+    return ran
 
 
 def _stopped_since(rt: Any, facts: dict[str, Any]) -> list[str]:
