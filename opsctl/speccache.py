@@ -37,13 +37,16 @@ LIBRARIES = ("pydantic", "pydantic_core", "yaml")  # what validation runs on bes
 
 def entry_path(spec_path: Path, make_root: bool = False) -> Path | None:
     """Where spec_path's entry lives; None when its folder has no .opsctl folder (or one that is a link).
-    make_root: a run that keeps its state there (its default state dir) makes the folder now, so that its own
-    validation is kept: a first `plan` beside a new spec left none, and the `apply` after it validated again."""
+    make_root: a run that keeps its state there (its default state dir) makes the folder, once its spec
+    validated, so that its validation is kept: a first `plan` beside a new spec left none, and the `apply` after
+    it validated again. Only in a folder of the user's own: root's plan in another user's checkout would leave a
+    folder that user's apply cannot use."""
     spec_file = spec_path.resolve()
     root = spec_file.parent / ".opsctl"
     if make_root:
         with contextlib.suppress(OSError):
-            root.mkdir()  # never through a link: an existing one is refused below
+            if os.stat(root.parent).st_uid == os.geteuid():
+                root.mkdir()  # never through a link: an existing one is refused below
     try:
         if not os.path.isdir(root) or os.path.islink(root):
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from opsctl import speccache
@@ -20,12 +20,19 @@ SECRET_FILE_LIMIT = 64 * 1024
 
 
 def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
-              cached: bool = True, state_beside: bool = False) -> LoadedSpec:
+              cached: bool = True) -> LoadedSpec:
     """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
     cached: a spec validated before is read back from opsctl.speccache (its secrets checked again); False
     validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
-    is stored for the next run. state_beside: the run keeps its state next to the spec (.opsctl), where the
-    cache then goes even if this is the first run there."""
+    is stored for the next run where its folder has a .opsctl folder."""
+    return read_spec_to_keep(path, env, secrets, cached)[0]
+
+
+def read_spec_to_keep(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
+                      cached: bool = True) -> tuple[LoadedSpec, Callable[[], None]]:
+    """read_spec, and what keeps a spec validated in full beside it where no .opsctl folder was yet (making it):
+    plan and apply call it once their runtime is set up, so that a spec or a machine they refuse leaves nothing
+    behind, and `plan` then `apply` of a new topology validate once. A no-op where nothing is left to keep."""
     spec_path = Path(path)
     text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
     if text is None:
@@ -36,25 +43,37 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
         return read_secret_file(secret_path)
 
     resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
-    loaded = _validated(text, spec_path, resolve, cached, state_beside)
+    loaded, keep = _validated(text, spec_path, resolve, cached)
     for secret in loaded.credentials.all():
         remember(secret)
-    return loaded
+    return loaded, keep
 
 
-def _validated(text: str, spec_path: Path, resolve: SecretResolver | None, cached: bool,
-               state_beside: bool) -> LoadedSpec:
-    """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass."""
-    entry = speccache.entry_path(spec_path, make_root=state_beside) if resolve is not None else None
-    if entry is None or resolve is None:
-        return load_spec(text, str(spec_path), resolve)
+def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
+               cached: bool) -> tuple[LoadedSpec, Callable[[], None]]:
+    """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass;
+    and what keeps it beside the spec when there was no cache folder to keep it in."""
+    entry = speccache.entry_path(spec_path) if resolve is not None else None
     key = speccache.entry_key(text)
-    spec = speccache.read_entry(entry, key) if cached else None
-    if spec is not None and not any(check_secrets(spec, resolve)):
-        return loaded_spec(str(spec_path), spec, resolve)
+    spec = speccache.read_entry(entry, key) if entry is not None and cached else None
+    if spec is not None and resolve is not None and not any(check_secrets(spec, resolve)):
+        return loaded_spec(str(spec_path), spec, resolve), _nothing
     loaded = load_spec(text, str(spec_path), resolve)
-    speccache.write_entry(entry, key, loaded.spec)
-    return loaded
+    if resolve is None:
+        return loaded, _nothing
+    if entry is not None:
+        speccache.write_entry(entry, key, loaded.spec)
+        return loaded, _nothing
+
+    def keep() -> None:
+        made = speccache.entry_path(spec_path, make_root=True)
+        if made is not None:
+            speccache.write_entry(made, key, loaded.spec)
+    return loaded, keep
+
+
+def _nothing() -> None:
+    return None
 
 
 def read_secret_file(path: Path) -> str | None:

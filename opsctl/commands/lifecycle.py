@@ -16,21 +16,26 @@ if TYPE_CHECKING:
     from opsctl.plan.steps import Plan
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace, cache_beside: bool = False) -> Any:
     from opsctl.runtime import make_runtime
-    from opsctl.specfile import read_spec
+    from opsctl.specfile import read_spec_to_keep
 
     state_dir = getattr(args, "state_dir", None)
-    return make_runtime(read_spec(args.file, state_beside=state_dir is None), state_dir)
+    loaded, keep = read_spec_to_keep(args.file)
+    rt = make_runtime(loaded, state_dir)
+    if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec
+        keep()
+    return rt
 
 
 @contextmanager
-def _runtime(args: argparse.Namespace, locked: bool = False) -> Iterator[Any]:
+def _runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Any]:
     """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
     included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
     then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
-    state-dir lock alone; the topology lock marks each server as soon as it answers."""
-    rt = _load(args)
+    state-dir lock alone; the topology lock marks each server as soon as it answers. cache_beside: plan and apply,
+    a pipeline's pair, keep the validated spec next to it even on a first run (opsctl.speccache)."""
+    rt = _load(args, cache_beside)
     with ExitStack() as locks:
         if locked:
             from opsctl.statelock import state_lock
@@ -55,7 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable_target(args.out, "--out")
-    with _runtime(args) as rt:
+    with _runtime(args, cache_beside=True) as rt:
         plan, _ = compute_plan(rt)
     if args.out:
         from pathlib import Path
@@ -129,7 +134,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.plan.saved import read_saved_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
-    with _runtime(args, locked=True) as rt:
+    with _runtime(args, locked=True, cache_beside=True) as rt:
         if _apply_plans(rt, args, saved) < 0:
             return EXIT_CHANGES
         healthy = _print_status(rt, args.output)
