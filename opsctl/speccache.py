@@ -3,8 +3,8 @@ the validated spec back instead of parsing YAML and validating with pydantic aga
 status's start).
 
 Where: <spec folder>/.opsctl/spec-cache/<digest of the spec's path>.json, only when .opsctl is there: a run that
-keeps its state next to the spec makes it (plan, apply, status with their default state dir); nothing is created
-beside a spec that has none for any other run (validate, --state-dir). What: the
+keeps its state next to the spec makes it (plan and apply with their default state dir, once the spec passed
+and their runtime is set up); nothing is created beside a spec for any other run (validate, --state-dir). What: the
 validated spec's JSON form (secret references, never a secret's value), the key it is valid for and a digest of
 itself. The key is a digest of the spec file's bytes, opsctl's version and sources, and the versions of pydantic
 and PyYAML: a spec that changes in any byte, or an opsctl or a library that could judge it otherwise, misses.

@@ -10,6 +10,7 @@ import pytest
 
 from opsctl.cli import main
 from opsctl.cluster.ops import (
+    config_epochs,
     expected_lines,
     first_meets,
     form_cluster,
@@ -32,9 +33,18 @@ def test_slot_commands_are_single_round_trips():
     assert setup_commands(3, [(0, 5460), (5461, 5461)], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 3),
                                                                   ("CLUSTER", "ADDSLOTSRANGE", 0, 5460, 5461, 5461)]
     assert setup_commands(3, [(0, 2)], False)[1] == ("CLUSTER", "ADDSLOTS", 0, 1, 2)  # Redis 6.2
-    assert setup_commands(None, [], True) == []  # a replica keeps epoch 0: never above its master's
+    assert setup_commands(1, [], True) == [("CLUSTER", "SET-CONFIG-EPOCH", 1)]  # a replica: no slots
     assert loads_from_disk(["repl-diskless-load", "disabled"])
     assert not loads_from_disk(["repl-diskless-load", "swapdb"]) and not loads_from_disk([])
+
+
+def test_every_replica_s_config_epoch_is_below_every_master_s(tmp_path):
+    loaded = read_spec(write_spec(tmp_path, make_spec("cluster", cluster={"masters": 3, "replicas_per_master": 2})))
+    layout = loaded.layout
+    epochs = config_epochs(layout)
+    masters = {shard.master for shard in layout.shards}
+    assert sorted(epochs.values()) == list(range(1, 10))  # distinct: equal epochs of two masters collide
+    assert max(e for n, e in epochs.items() if n not in masters) < min(e for n, e in epochs.items() if n in masters)
 
 
 def test_meets_and_slot_plan(tmp_path):

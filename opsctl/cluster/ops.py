@@ -104,16 +104,23 @@ def _fresh_id(observer: Observer, node: Node) -> str:
     return str(cid)
 
 
-def setup_commands(epoch: int | None, ranges: Sequence[SlotRange], has_range: bool) -> list[Command]:
-    """A master's setup in one round trip: its config epoch and its slots. Pure.
+def setup_commands(epoch: int, ranges: Sequence[SlotRange], has_range: bool) -> list[Command]:
+    """A node's setup in one round trip: its config epoch, and its slots if it is a master. Pure."""
+    return [("CLUSTER", "SET-CONFIG-EPOCH", epoch)] + ([slot_command("ADDSLOTS", ranges, has_range)] if ranges else [])
 
-    A replica keeps config epoch 0 (epoch None): a node can learn it through gossip as a master before it
-    replicates, with its own epoch as its shard's, and once it replicates it speaks with its master's epoch.
-    Valkey 9 then ignores all its messages as stale whenever its own epoch was the higher ("Ignore stale message
-    ... gossip config epoch: 35, current config epoch: 36") and sees it as a master for good: a 60-node creation
-    timed out that way with one node's view of one replica wrong."""
-    cmds: list[Command] = [] if epoch is None else [("CLUSTER", "SET-CONFIG-EPOCH", epoch)]
-    return cmds + ([slot_command("ADDSLOTS", ranges, has_range)] if ranges else [])
+
+def config_epochs(layout: Layout) -> dict[str, int]:
+    """Each node's config epoch at creation: distinct, every replica's below every master's. Pure.
+
+    A node can learn a replica through gossip as a master before it replicates, with its own epoch as its
+    shard's; once it replicates it speaks with its master's epoch, and Valkey 9.1 ignores every packet of it as
+    stale for good when its own epoch was the higher ("Ignore stale message ... gossip config epoch: 35, current
+    config epoch: 36"): a 60-node creation timed out with one node's view of one replica wrong. Equal epochs
+    are no way out: two masters that meet with the same epoch (replicas before they replicate, at 0) make one
+    of them take the cluster's next epoch, above its master's again."""
+    replicas = [r for shard in layout.shards for r in shard.replicas]
+    masters = [shard.master for shard in layout.shards]
+    return {name: epoch for epoch, name in enumerate([*replicas, *masters], start=1)}
 
 
 def meet_commands(targets: Sequence[Node]) -> list[Command]:
@@ -300,11 +307,12 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
     first, then = first_meets(layout), replica_meets(layout)
     replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
     masters = [n for n in servers if n not in replicas]
+    epochs = config_epochs(layout)
     with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
         def setup(node: Node) -> bool:
             """True for a replica that loads its syncs from disk (loads_from_disk)."""
             asks = node in replicas
-            cmds = setup_commands(None if asks else servers.index(node) + 1, slots.get(node.name, []), has_range)
+            cmds = setup_commands(epochs[node.name], slots.get(node.name, []), has_range)
             replies = _checked(observer, node, cmds + [("CONFIG", "GET", DISKLESS_LOAD)] * asks, "cluster setup")
             return asks and loads_from_disk(replies[-1])
 
