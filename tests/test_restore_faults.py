@@ -84,6 +84,8 @@ def test_a_restore_killed_after_its_checks_is_not_refused_when_run_again(tmp_pat
         folder = backup_dir(capsys, s, tmp_path / "backups")
         code, out, err = restore(capsys, c, "--from", str(folder))
         assert code == 0, err + out
+        code, out, err = restore(capsys, c, "--from", str(folder), "--dry-run")  # checks, reads only
+        assert code == 0 and "already restored" in out, err + out
         code, out, err = restore(capsys, c, "--from", str(folder))  # the state a kill after the checks leaves
         assert code == 0 and "already restored" in out and "all equal" in out, err + out
         assert keys_of(c_loaded) == {f"k:{i}".encode() for i in range(3000)}

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def _text(done: RestoreDone) -> str:
-    if done.dry_run:
+    if done.dry_run and not done.rechecked:
         return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
                 "every check passed, nothing was written")
     resumed = " (resumed)" if done.resumed else ""

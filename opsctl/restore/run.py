@@ -389,8 +389,9 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
                 emit: Emit) -> RestoreReport:
     journal = load_journal(state_dir, prepared, options.mode)
     if journal is not None and journal.finished:
-        if options.mode == "fail-if-exists" and existing_keys(prepared, target)[0]:
-            return recheck_finished(target, prepared, state_dir, options, journal, emit)
+        existing = existing_keys(prepared, target) if options.mode == "fail-if-exists" and target.keys else (0, [])
+        if existing[0]:
+            return recheck_finished(target, prepared, state_dir, options, journal, existing, emit)
         journal = None  # replace and skip-existing run again in full; so does a target without the source's keys
     refuse_unsafe(prepared, target, options, journal is not None)
     report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, journal is not None,
@@ -444,26 +445,25 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
 
 
 def recheck_finished(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,
-                     journal: Journal, emit: Emit) -> RestoreReport:
+                     journal: Journal, existing: tuple[int, list[str]], emit: Emit) -> RestoreReport:
     """The same restore finished here before (its journal says so) and the source's keys are on the target: a
     run killed after its checks passed, run again, or the same restore asked for twice. Nothing is copied; the
     counts and the sampled keys are checked again, and a target that no longer matches gets the refusal a fresh
     run would get. The journal stays as it was."""
     report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, True,
                            dict(journal.done), rechecked=True)
-    if options.dry_run:
-        return report
-    sample_again(prepared.sources, options)
+    sample_again(prepared.sources, options)  # reads only: a dry run checks as much
     report.verified, problems = checked_again(prepared, target, options, set())
     problems = count_problems(report, prepared) + problems
     if problems:
-        found, names = existing_keys(prepared, target)
+        found, names = existing
         raise RefusedError(f"{found} keys of the source already exist on the target (nothing was written)",
                            f"a restore of this source finished here before ({journal_path(state_dir)}); checked "
                            "again, the target no longer matches it:\n" + "\n".join(problems[:5])
                            + "\nfor example: " + ", ".join(repr(n) for n in names),
                            "--mode replace overwrites them, --mode skip-existing keeps the target's")
-    emit(report.done())
+    if not options.dry_run:
+        emit(report.done())
     return report
 
 
