@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+from opsctl.admin import Admin
 from opsctl.cli import main
 from opsctl.observe.parse import parse_cluster_nodes, parse_info
 from opsctl.slots.ranges import expand
@@ -108,37 +109,78 @@ def _killed_at(spec: Path, point: str, clients: list[tuple[Node, redis.Redis]], 
     raise AssertionError(f"apply ended before {point} {attempts} times: the kill point was missed")
 
 
-def test_masters_left_with_and_without_their_slots_are_finished_by_the_next_apply(tmp_path, capsys) -> None:
-    """The state CI's [answering] run left, built directly: killed while form-cluster set the masters up (their
-    epochs and slots, one round trip each, all at once), shards 2 and 3's masters had theirs and shard 1's none,
-    no MEET was sent, the replicas run. The next apply gives shard 1's share to its master (it moved slots from the
-    others into it as into a new shard, and waited 60 s for a cluster whose 5462 unassigned slots no node served),
-    joins every node and replicates."""
+def _killed_while_masters_set_up(spec: Path, met: bool) -> None:
+    """Every node started, form-cluster killed while it set the masters up (their epochs and slots, one round trip
+    each, all at once): shards 2 and 3's masters have their share, shard 1's master none, no replica ran CLUSTER
+    REPLICATE (each is a master without slots). met: every node met the first one (else none met)."""
     from dataclasses import replace
 
-    from opsctl.admin import Admin
     from opsctl.events import ignore
     from opsctl.executor import execute
     from opsctl.plan.steps import FormCluster
     from opsctl.runtime import compute_plan, make_runtime
     from opsctl.slots.planning import slot_plan
 
+    loaded = read_spec(spec)
+    layout = loaded.layout
+    rt = make_runtime(loaded)
+    plan, _ = compute_plan(rt)
+    execute(rt, replace(plan, steps=tuple(s for s in plan.steps if not isinstance(s, FormCluster))), ignore)
+    for shard in layout.shards[1:]:
+        node = layout.node(shard.master)
+        with Admin.for_node(loaded, node) as admin:
+            admin.call("CLUSTER", "SET-CONFIG-EPOCH", layout.servers.index(node) + 1)
+            admin.call("CLUSTER", "ADDSLOTSRANGE", *slot_plan(layout)[shard.master][0])
+    if met:
+        first = layout.servers[0]
+        for node in layout.servers[1:]:
+            with Admin.for_node(loaded, node) as admin:
+                admin.call("CLUSTER", "MEET", first.address, first.port)
+
+
+def test_masters_left_with_and_without_their_slots_are_finished_by_the_next_apply(tmp_path, capsys) -> None:
+    """The state CI's [answering] run left, built directly: killed while form-cluster set the masters up (their
+    epochs and slots, one round trip each, all at once), shards 2 and 3's masters had theirs and shard 1's none,
+    no MEET was sent, the replicas run. The next apply gives shard 1's share to its master (it moved slots from the
+    others into it as into a new shard, and waited 60 s for a cluster whose 5462 unassigned slots no node served),
+    joins every node and replicates."""
+    server_binary("valkey")
+    spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
+    layout = read_spec(spec).layout
+    try:
+        _killed_while_masters_set_up(spec, met=False)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and f"assign-slots 5462 slots -> {layout.shards[0].master}" in out, err + out
+        assert "move-slots" not in out, out
+        assert plan_json(capsys, spec)["steps"] == []
+        check = cluster_check(layout.servers[0].endpoint)
+        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+    finally:
+        main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+        capsys.readouterr()
+
+
+def test_cluster_fix_gives_a_killed_creations_unserved_share_to_its_shards_master(tmp_path, capsys) -> None:
+    """The same state once every node met, before any CLUSTER REPLICATE: shard 1's master and the three replicas
+    are masters without slots. `cluster fix` gave the 5462 unserved slots to those four one at a time (0 to one,
+    1 to the next, ...: the fewest slots among every master, counted again after each slot), three declared
+    replicas served slots and the next apply refused ('shard 1 has 2 masters serving data'). Now shard 1's share
+    goes whole to shard 1's master, as apply's assign-slots gives it, and the next apply replicates."""
     server_binary("valkey")
     spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
     loaded = read_spec(spec)
     layout = loaded.layout
+    first = layout.shards[0].master
     try:
-        rt = make_runtime(loaded)
-        plan, _ = compute_plan(rt)
-        execute(rt, replace(plan, steps=tuple(s for s in plan.steps if not isinstance(s, FormCluster))), ignore)
-        for shard in layout.shards[1:]:
-            node = layout.node(shard.master)
-            with Admin.for_node(loaded, node) as admin:
-                admin.call("CLUSTER", "SET-CONFIG-EPOCH", layout.servers.index(node) + 1)
-                admin.call("CLUSTER", "ADDSLOTSRANGE", *slot_plan(layout)[shard.master][0])
+        _killed_while_masters_set_up(spec, met=True)
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
+        assert code == 0 and out.count("covered ") == 1 and f"covered 0-5461 with {first}" in out, err + out
+        for name in (r for shard in layout.shards for r in shard.replicas):
+            with Admin.for_node(loaded, layout.node(name)) as admin:
+                line = next(ln for ln in parse_cluster_nodes(admin.call("CLUSTER", "NODES")) if ln.is_myself)
+            assert not line.slots, f"{name} (a replica in the spec) serves {line.slots}"
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-        assert code == 0 and f"assign-slots 5462 slots -> {layout.shards[0].master}" in out, err + out
-        assert "move-slots" not in out, out
+        assert code == 0 and "assign-slots" not in out, err + out
         assert plan_json(capsys, spec)["steps"] == []
         check = cluster_check(layout.servers[0].endpoint)
         assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
@@ -152,7 +194,6 @@ def test_a_slot_no_master_serves_is_not_given_away_from_the_master_that_holds_it
     share of the layout holds it, unless another master holds keys in it (here one that imported a key of it, then
     an operator deleted the slot everywhere): refused, the key untouched; `cluster fix` gives the slot to that
     master."""
-    from opsctl.admin import Admin
     from tests.lifecycle import deployed
 
     with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):

@@ -3,10 +3,14 @@ apply's assign-slots and `cluster fix` (opsctl.slots.fix.cover)."""
 
 from __future__ import annotations
 
+import pytest
+
+from opsctl.errors import OpsctlError
 from opsctl.observe.cluster_state import slot_map, uncovered
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_node_line
-from opsctl.slots.coverage import cover_plan, fewest_slots, unreachable_owners, unserved_slots
-from opsctl.slots.ranges import expand, slot_command
+from opsctl.slots.coverage import Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
+from opsctl.slots.ranges import expand, slot_command, to_ranges
+from opsctl.spec.layout import Layout, Node, Shard
 from opsctl.versions import SUPPORTED, has_capability
 
 IDS = {name: f"{i:040x}" for i, name in enumerate(["t-1", "t-2", "t-3", "t-4", "t-5", "t-6"], start=1)}
@@ -55,31 +59,81 @@ def test_an_unreachable_masters_slots_are_those_any_view_gives_it_and_none_gives
     assert unreachable_owners([]) == {}
 
 
+def layout(shards: int) -> Layout:
+    """shards shards of a master and one replica: t-1 and t-2, t-3 and t-4, ..."""
+    nodes = tuple(Node(f"t-{i}", "h", "127.0.0.1", 6000 + i, "master" if i % 2 else "replica", (i + 1) // 2)
+                  for i in range(1, 2 * shards + 1))
+    return Layout(nodes, tuple(Shard(s, f"t-{2 * s - 1}", (f"t-{2 * s}",)) for s in range(1, shards + 1)))
+
+
+def to(name: str) -> Owners:
+    """The owners of a caller that gives every slot to one master (apply's assign-slots: the step's master)."""
+    return lambda free: dict.fromkeys(free, name)
+
+
+def given(plan_give: dict[str, list[int]]) -> dict[str, list[tuple[int, int]]]:
+    return {name: list(to_ranges(mine)) for name, mine in plan_give.items()}
+
+
 def test_a_slot_goes_to_the_master_holding_its_keys_only_when_the_caller_follows_keys() -> None:
-    """cluster fix follows keys (a slot goes to the master holding keys in it, else to the one with the fewest
-    slots); apply's assign-slots does not (its slots go to the shard's master, which the layout says): a slot
+    """cluster fix follows keys (a slot goes to the master holding keys in it, else to its shard's master by the
+    layout); apply's assign-slots does not (its slots go to the shard's master, which the layout says): a slot
     whose keys another master holds is stranded there, which cover refuses."""
-    owned = {"t-1": 0, "t-2": 5461, "t-3": 5461}
     slots = [100, 101, 102]
-    keys = {"t-1": {}, "t-2": {100: 3}, "t-3": {}}
-    fixed = cover_plan(slots, keys, fewest_slots(owned), follow_keys=True)
-    assert fixed.give == {"t-2": [100], "t-1": [101, 102]} and fixed.stranded == {}
-    assigned = cover_plan(slots, keys, lambda _slot, _given: "t-1", follow_keys=False)
-    assert assigned.give == {"t-1": [100, 101, 102]} and assigned.stranded == {"t-2": [100]}
-    own = cover_plan(slots, {"t-1": {101: 1}}, lambda _slot, _given: "t-1", follow_keys=False)
+    keys = {"t-1": {}, "t-3": {100: 3}, "t-5": {}}
+    fixed = cover_plan(slots, keys, cover_owners(layout(3), ["t-1", "t-3", "t-5"], {"t-3": 5461}), follow_keys=True)
+    assert fixed.give == {"t-3": [100], "t-1": [101, 102]} and fixed.stranded == {}
+    assigned = cover_plan(slots, keys, to("t-1"), follow_keys=False)
+    assert assigned.give == {"t-1": [100, 101, 102]} and assigned.stranded == {"t-3": [100]}
+    own = cover_plan(slots, {"t-1": {101: 1}}, to("t-1"), follow_keys=False)
     assert own.give == {"t-1": [100, 101, 102]} and own.stranded == {}
 
 
 def test_keys_of_one_slot_on_two_masters_are_stranded_whoever_gets_it() -> None:
-    keys = {"t-1": {7: 1}, "t-2": {7: 5}}
-    plan = cover_plan([7], keys, fewest_slots({"t-1": 0, "t-2": 0}), follow_keys=True)
-    assert plan.give == {"t-2": [7]} and plan.stranded == {"t-1": [7]}
+    keys = {"t-1": {7: 1}, "t-3": {7: 5}}
+    plan = cover_plan([7], keys, cover_owners(layout(2), ["t-1", "t-3"], {}), follow_keys=True)
+    assert plan.give == {"t-3": [7]} and plan.stranded == {"t-1": [7]}
 
 
-def test_keyless_slots_go_to_the_master_with_the_fewest_slots_counting_those_given() -> None:
-    owned = {"t-1": 10, "t-2": 12, "t-3": 11}
-    plan = cover_plan(range(6), {"t-3": {0: 1}}, fewest_slots(owned), follow_keys=True)
-    assert plan.give == {"t-3": [0, 5], "t-1": [1, 2, 3], "t-2": [4]}, plan.give  # t-3: 11 + slot 0
+def test_cluster_fix_gives_a_killed_creations_unserved_share_to_its_shards_master_as_apply_does() -> None:
+    """A creation killed part way: shards 2 and 3's masters (t-3, t-5) have their share, shard 1's master t-1 and
+    the three replicas that never ran CLUSTER REPLICATE are masters without slots. cluster fix gave slot 0 to t-1,
+    1 to t-2, 2 to t-4, 3 to t-6, 4 to t-1, ... (the fewest slots among every master, counted again after each
+    slot): three declared replicas served slots, one BUMPEPOCH each, and the next apply refused ('shard 1 has 2
+    masters serving data'). Now shard 1's share goes to shard 1's master now, as apply's assign-slots gives it."""
+    shards = layout(3)
+    unserved = range(0, 5462)
+    plan = cover_plan(unserved, {}, cover_owners(shards, ["t-1", "t-3", "t-5"], {"t-3": 5461, "t-5": 5461}), True)
+    assert given(plan.give) == {"t-1": [(0, 5461)]} and plan.stranded == {}
+    # keys still decide first: a would-be replica holding keys in a slot gets it, the rest stays whole
+    plan = cover_plan(unserved, {"t-4": {9: 1}}, cover_owners(shards, ["t-1", "t-3", "t-5"], {}), True)
+    assert given(plan.give) == {"t-1": [(0, 8), (10, 5461)], "t-4": [(9, 9)]}
+
+
+def test_a_share_whose_shard_has_no_master_goes_whole_to_the_shard_master_with_the_fewest_slots() -> None:
+    """Shard 1's master does not answer (or the facts cannot tell which member it is): its share goes, as one
+    range, to a shard master, the one with the fewest slots counting what this cover gives (never a replica that
+    runs as a master without slots, nor a node outside the layout); several such shares spread."""
+    owners = cover_owners(layout(3), [None, "t-3", "t-5"], {"t-3": 5461, "t-5": 5000})
+    assert given(cover_plan(range(0, 5462), {}, owners, True).give) == {"t-5": [(0, 5461)]}
+    owners = cover_owners(layout(4), [None, None, "t-5", "t-7"], {"t-5": 4096, "t-7": 4096})
+    plan = cover_plan([*range(0, 8192), 16000], {}, owners, True)  # 16000: t-7's share, to t-7 first
+    assert given(plan.give) == {"t-5": [(0, 4095)], "t-7": [(4096, 8191), (16000, 16000)]}
+    with pytest.raises(OpsctlError, match="no shard's master answers"):
+        cover_owners(layout(2), [None, None], {})(list(range(10)))
+
+
+def test_assign_slots_and_cluster_fix_give_a_share_to_the_same_master() -> None:
+    """One decision: the shard whose share of the spec's layout holds a slot, to its master now."""
+    from opsctl.plan.facts import NodeFacts
+    from opsctl.slots.planning import assign_steps
+
+    shards = layout(3)
+    facts = {"t-3": NodeFacts("t-3", True, cluster_nodes=(line("t-3", "5462-10922", myself=True),))}
+    steps = assign_steps(shards, facts, ["t-1", "t-4", "t-5"])  # shard 2 failed over to t-4
+    owners = cover_owners(shards, ["t-1", "t-4", "t-5"], {})(list(expand(((0, 5461), (10923, 16383)))))
+    assert [(s.node, s.slots) for s in steps] == [("t-1", "0-5461"), ("t-5", "10923-16383")]
+    assert {owners[0], owners[5461]} == {"t-1"} and {owners[10923], owners[16383]} == {"t-5"}
 
 
 def test_slot_assignments_are_one_command_in_the_form_each_supported_version_has() -> None:

@@ -37,7 +37,7 @@ from opsctl.failover.checks import (
 )
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.nodefiles import write_private
-from opsctl.observe.collect import NodeObservation, Observer, Pending, wait_for
+from opsctl.observe.collect import Observer, Pending, to_facts, wait_for
 from opsctl.plan.facts import NodeFacts
 from opsctl.safefs import check_state_path
 from opsctl.spec.layout import sentinel_master_name
@@ -64,12 +64,6 @@ class Options:
     timeout: float = 10.0
     report: str | None = None
     failover_command: bool = True  # replication: use FAILOVER where the server has it
-
-
-def to_facts(observations: dict[str, NodeObservation]) -> dict[str, NodeFacts]:
-    return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
-                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None)
-            for name, o in observations.items()}
 
 
 class Session:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opsctl.admin import Admin
 from opsctl.connector import Connector
@@ -24,6 +24,9 @@ from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.resp import RespError, TextReply, encode, text
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
+
+if TYPE_CHECKING:
+    from opsctl.plan.facts import NodeFacts
 
 T = TypeVar("T")
 Command = tuple[Any, ...]
@@ -43,6 +46,15 @@ class NodeObservation:
     sentinel_masters: list[dict[str, str]] | None = None
     sentinel_replicas: list[dict[str, str]] | None = None
     sentinel_sentinels: list[dict[str, str]] | None = None
+
+
+def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts]:
+    """Observations as the pure deciders take them (plan.masters), for a run that looks without a provider."""
+    from opsctl.plan.facts import NodeFacts  # the planner's types: the slot commands' start does without them
+
+    return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
+                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None)
+            for name, o in observations.items()}
 
 
 def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:

@@ -1,14 +1,18 @@
 """Which slots no master serves, which belong to masters that do not answer, and who gets the first (pure): one
-decision for apply's assign-slots step and `cluster fix` (opsctl.slots.fix.cover)."""
+decision for apply's assign-slots step and `cluster fix` (opsctl.slots.fix.cover). Not through the planner's
+modules: the slot commands do not load them (test_slot_commands_load_no_client_library_nor_the_planner)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from opsctl.errors import OpsctlError
 from opsctl.frozen import Frozen, frozen
-from opsctl.observe.cluster_state import uncovered
+from opsctl.observe.cluster_state import even_slot_ranges, uncovered
 from opsctl.observe.parse import ClusterNodeLine
-from opsctl.slots.ranges import expand
+from opsctl.slots.ranges import Ranges, SlotRange, expand, text, to_ranges
+from opsctl.spec.layout import Layout, Shard
 
 
 def unserved_slots(views: Iterable[Sequence[ClusterNodeLine]]) -> set[int]:
@@ -38,7 +42,7 @@ def unreachable_owners(views: Iterable[Sequence[ClusterNodeLine]]) -> dict[str, 
     return {owner: sorted(slots) for owner, slots in sorted(lost.items()) if slots}
 
 
-OwnerOf = Callable[[int, Mapping[str, Sequence[int]]], str]  # (slot, what was given so far) -> its master
+Owners = Callable[[Sequence[int]], Mapping[int, str]]  # slots to give (no keys decide them) -> each one's master
 
 
 @frozen
@@ -50,21 +54,63 @@ class Cover(Frozen):
     stranded: dict[str, list[int]]
 
 
-def cover_plan(slots: Iterable[int], keys: Mapping[str, Mapping[int, int]], owner_of: OwnerOf,
+def cover_plan(slots: Iterable[int], keys: Mapping[str, Mapping[int, int]], owners: Owners,
                follow_keys: bool) -> Cover:
-    """keys: each master's key count in the slots it holds keys in. A slot goes to owner_of's master, or, with
-    follow_keys, to the master holding keys in it (the one holding most, if several)."""
+    """keys: each master's key count in the slots it holds keys in. A slot goes to the master owners gives it,
+    or, with follow_keys, to the master holding keys in it (the one holding most, if several)."""
+    holders = {slot: {name: held[slot] for name, held in keys.items() if held.get(slot)} for slot in sorted(set(slots))}
+    decided = owners([slot for slot, held in holders.items() if not (follow_keys and held)])
     give: dict[str, list[int]] = {}
     stranded: dict[str, list[int]] = {}
-    for slot in sorted(set(slots)):
-        holders = {name: held[slot] for name, held in keys.items() if held.get(slot)}
-        owner = max(sorted(holders), key=holders.__getitem__) if follow_keys and holders else owner_of(slot, give)
+    for slot, held in holders.items():
+        owner = max(sorted(held), key=held.__getitem__) if follow_keys and held else decided[slot]
         give.setdefault(owner, []).append(slot)
-        for name in holders.keys() - {owner}:
+        for name in held.keys() - {owner}:
             stranded.setdefault(name, []).append(slot)
     return Cover(give, stranded)
 
 
-def fewest_slots(owned: Mapping[str, int]) -> OwnerOf:
-    """The master with the fewest slots, counting those given so far (on a tie, the first in owned)."""
-    return lambda _slot, given: min(owned, key=lambda name: owned[name] + len(given.get(name, ())))
+def shares(layout: Layout) -> list[tuple[Shard, SlotRange]]:
+    """Each shard's share of the spec's layout of slots: one even, contiguous range each, in shard order."""
+    return list(zip(layout.shards, even_slot_ranges(len(layout.shards)), strict=True))
+
+
+def by_share(layout: Layout, slots: Iterable[int]) -> list[tuple[Shard, Ranges]]:
+    """slots by the shard whose share holds them, in shard order: a slot no master serves goes to that shard's
+    master now (planning.assign_steps; cover_owners for `cluster fix`)."""
+    wanted = set(slots)
+    grouped = [(shard, to_ranges(s for s in range(start, end + 1) if s in wanted))
+               for shard, (start, end) in shares(layout)]
+    return [(shard, mine) for shard, mine in grouped if mine]
+
+
+def cover_owners(layout: Layout, masters: Sequence[str | None], owned: Mapping[str, int]) -> Owners:
+    """Who `cluster fix` gives the slots no master serves (those without keys to follow): as apply's assign-slots,
+    the master of the shard whose share holds them. masters: each shard's master now, in shard order, None where
+    none answers (or apply cannot tell which it is); owned: their slot counts. A share without a master goes,
+    each contiguous range whole, to the shard master with the fewest slots counting those given (the first
+    shard's on a tie). Never another node: a replica that never ran CLUSTER REPLICATE is a master without slots,
+    and so is a node drained for a scale-in."""
+    master_of = {shard.index: master for shard, master in zip(layout.shards, masters, strict=True)}
+    serving = [m for m in masters if m is not None]
+
+    def owners(slots: Sequence[int]) -> dict[int, str]:
+        given: dict[int, str] = {}
+        left: list[SlotRange] = []
+        for shard, mine in by_share(layout, slots):
+            master = master_of[shard.index]
+            if master is None:
+                left += mine
+            else:
+                given |= dict.fromkeys(expand(mine), master)
+        if left and not serving:
+            raise OpsctlError(f"slots {text(left)} need a master, and no shard's master answers",
+                              "only a shard's master may serve them", "start the masters, then run this again")
+        counts = Counter({m: owned.get(m, 0) for m in serving}) + Counter(given.values())
+        for start, end in left:
+            target = min(serving, key=lambda m: counts[m])
+            given |= dict.fromkeys(range(start, end + 1), target)
+            counts[target] += end - start + 1
+        return given
+
+    return owners

@@ -4,7 +4,7 @@ master."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from opsctl.connector import Connector
@@ -14,7 +14,7 @@ from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.collect import Pending, observe, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
-from opsctl.slots.coverage import Cover, OwnerOf, cover_plan, fewest_slots, unreachable_owners, unserved_slots
+from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
@@ -102,16 +102,12 @@ def slot_states(session: Session, source: Peer, target: Peer, slots: Sequence[in
     src_keys = checked(source, counts, "counting the keys of open slots")  # an error is no count of 0: a slot
     tgt_keys = checked(target, counts, "counting the keys of open slots")  # closed on it would strand keys
     return [SlotState(_owns(src, s), _owns(tgt, s), bool(src and s in src.migrating),
-                      bool(tgt and s in tgt.importing), _int(a), _int(b))
+                      bool(tgt and s in tgt.importing), a, b)
             for s, a, b in zip(slots, src_keys, tgt_keys, strict=True)]
 
 
 def _owns(me: ClusterNodeLine | None, slot: int) -> bool:
     return me is not None and any(a <= slot <= b for a, b in me.slots)
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) else 0
 
 
 def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emit, journaled: bool) -> str:
@@ -311,8 +307,8 @@ def _empty(session: Session, name: str) -> bool | Pending:
     return True if me is not None and not me.slots else Pending(f"{name} still shows slots")
 
 
-def cover(session: Session, slots: Iterable[int], owner_of: OwnerOf, follow_keys: bool) -> dict[str, list[int]]:
-    """Give each of slots that no view shows served (planning.unserved_slots) to a master as planning.cover_plan
+def cover(session: Session, slots: Iterable[int], owners: Owners, follow_keys: bool) -> dict[str, list[int]]:
+    """Give each of slots that no view shows served (coverage.unserved_slots) to a master as coverage.cover_plan
     decides, and make each new owner's claim win (claim). Refused when a master holds keys in a slot that goes to
     another: those keys would stay on a node that does not serve their slot. Returns who got which slots."""
     unserved = sorted(set(slots) & unserved_slots(session.views().values()))
@@ -321,7 +317,7 @@ def cover(session: Session, slots: Iterable[int], owner_of: OwnerOf, follow_keys
     masters = _answering_masters(session, unserved)
     keys = dict(zip([p.name for p in masters], session.parallel(lambda p: keys_in_slots(p, unserved), masters),
                     strict=True))
-    plan = cover_plan(unserved, keys, owner_of, follow_keys)
+    plan = cover_plan(unserved, keys, owners, follow_keys)
     if plan.stranded:
         raise _stranded(plan, follow_keys)
     for name, mine in plan.give.items():
@@ -359,11 +355,20 @@ def _stranded(plan: Cover, follow_keys: bool) -> RefusedError:
 
 
 def _cover(session: Session) -> list[str]:
-    """Every slot that no view shows served goes to the master holding keys in it, else to the one with the fewest
-    slots."""
-    owned = {n: len(s) for n, s in session.owned().items()}
-    given = cover(session, range(CLUSTER_SLOTS), fewest_slots(owned), follow_keys=True)
+    """Every slot that no view shows served goes to the master holding keys in it, else as apply's assign-slots
+    gives it: to its shard's master now by the spec's layout (coverage.cover_owners)."""
+    given = cover(session, range(CLUSTER_SLOTS), _layout_owners(session), follow_keys=True)
     return [f"covered {text(to_ranges(s))} with {n}" for n, s in given.items()]
+
+
+def _layout_owners(session: Session) -> Owners:
+    """coverage.cover_owners with each shard's master from the session's look, taken only when a slot needs one."""
+    def owners(slots: Sequence[int]) -> Mapping[int, str]:
+        masters, owned = session.shard_masters(), session.owned()
+        counts = {m: len(owned.get(m, ())) for m in masters if m is not None}
+        return cover_owners(session.loaded.layout, masters, counts)(slots)
+
+    return owners
 
 
 def _unreachable(session: Session, consent: bool) -> list[str]:
@@ -378,11 +383,15 @@ def _unreachable(session: Session, consent: bool) -> list[str]:
                            "giving them to another master loses the keys they held",
                            "bring the master back or fail over to its replica; or pass --reassign-unreachable")
     masters = _answering_masters(session, slots)
-    target = min(masters, key=lambda p: len(session.owned().get(p.name, ())))
+    given: dict[str, list[int]] = {}
+    for slot, name in _layout_owners(session)(slots).items():
+        given.setdefault(name, []).append(slot)
     session.parallel(lambda p: _unassign(session, p, slots), masters)
-    claim(session, target, slots)
+    for name, mine in given.items():
+        claim(session, session.peer(name), mine)
     session.refresh()
-    return [f"gave {len(slots)} slots of unreachable master(s) to {target.name} (their keys are lost)"]
+    return [f"gave {len(mine)} slots of unreachable master(s) to {name} (their keys are lost)"
+            for name, mine in given.items()]
 
 
 def _unassign(session: Session, peer: Peer, slots: Sequence[int]) -> None:

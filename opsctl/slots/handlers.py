@@ -43,7 +43,8 @@ def assign_slots(rt: Runtime, step: AssignSlots, emit: Emit) -> None:
     BUMPEPOCH). Refused when another master holds keys in one of them (`cluster fix` gives such a slot to the
     node holding its keys)."""
     with topology_lock(rt.connector), open_session(rt.connector) as session:
-        if not cover(session, expand(parse(step.slots)), lambda _slot, _given: step.node, follow_keys=False):
+        if not cover(session, expand(parse(step.slots)), lambda free: dict.fromkeys(free, step.node),
+                     follow_keys=False):
             emit(SlotsSkip(step.title(), "already served"))
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
 from opsctl.slots.balance import balance_moves, estimate
-from opsctl.slots.coverage import unserved_slots
+from opsctl.slots.coverage import by_share, shares, unserved_slots
 from opsctl.slots.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.spec.layout import Layout
 
@@ -18,25 +17,21 @@ Facts = Mapping[str, NodeFacts]
 
 
 def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
-    """The spec's layout of slots: each shard's declared master gets one even, contiguous range, in shard order."""
-    ranges = even_slot_ranges(len(layout.shards))
-    return {shard.master: [ranges[i]] for i, shard in enumerate(layout.shards)}
+    """The spec's layout of slots: each shard's declared master gets its share (coverage.shares)."""
+    return {shard.master: [share] for shard, share in shares(layout)}
 
 
 def assign_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[AssignSlots]:
     """Unserved slots go to the master of the shard whose share of the spec's layout holds them: as a creation
     gives them, not through moves from masters that may not even be in one cluster yet."""
     unserved = unserved_slots(f.cluster_nodes or () for f in facts.values())
-    if not unserved:
-        return []
+    master_of = {shard.index: master for shard, master in zip(layout.shards, masters, strict=True)}
     steps = []
-    shares = slot_plan(layout)
-    for shard, master in zip(layout.shards, masters, strict=True):
-        mine = to_ranges(s for s in expand(shares[shard.master]) if s in unserved)
-        if mine:
-            why = (f"no master serves slots {text(mine)} (left unassigned, as by a cluster creation that stopped "
-                   f"part way): shard {shard.index}'s share of the spec's layout, to its master {master}")
-            steps.append(AssignSlots(master, why, text(mine), count(mine)))
+    for shard, mine in by_share(layout, unserved):
+        master = master_of[shard.index]
+        why = (f"no master serves slots {text(mine)} (left unassigned, as by a cluster creation that stopped "
+               f"part way): shard {shard.index}'s share of the spec's layout, to its master {master}")
+        steps.append(AssignSlots(master, why, text(mine), count(mine)))
     return steps
 
 

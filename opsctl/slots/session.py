@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
-from opsctl.observe.collect import Command, Link, NodeObservation, Observer
+from opsctl.errors import OpsctlError, RefusedError
+from opsctl.observe.collect import Command, Link, NodeObservation, Observer, to_facts
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.rawpipe import RawPipe
 from opsctl.resp import RespError, encode, encode_keyed
@@ -189,6 +189,23 @@ class Session:
         """The master now serving name's shard: name itself, or the replica the cluster promoted."""
         members = [m for m in shard_members(self.loaded, name) if m in self.peers]
         return shard_master(members, {m: self.me(m) for m in members}, flagged_ids(self.views()))
+
+    def shard_masters(self) -> list[str | None]:
+        """Each shard's master now, in shard order, as apply decides it (plan.masters.current_master), where it
+        answers as a master; None where it does not, or where the look cannot tell which it is (apply refuses)."""
+        from opsctl.plan.masters import current_master  # only `cluster fix` needs it: not every slot command's start
+
+        layout, facts = self.loaded.layout, to_facts(self.seen)
+        masters: list[str | None] = []
+        for shard in layout.shards:
+            try:
+                master = current_master(shard, layout, facts)
+            except RefusedError:
+                masters.append(None)
+                continue
+            me = self.me(master)
+            masters.append(master if master in self.peers and me is not None and me.is_master else None)
+        return masters
 
     def name_of(self, node_id: str) -> str | None:
         """A node id as some node's view shows it -> our name for it (also for a node that stopped answering)."""
