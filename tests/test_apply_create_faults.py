@@ -165,7 +165,9 @@ def test_cluster_fix_gives_a_killed_creations_unserved_share_to_its_shards_maste
     are masters without slots. `cluster fix` gave the 5462 unserved slots to those four one at a time (0 to one,
     1 to the next, ...: the fewest slots among every master, counted again after each slot), three declared
     replicas served slots and the next apply refused ('shard 1 has 2 masters serving data'). Now shard 1's share
-    goes whole to shard 1's master, as apply's assign-slots gives it, and the next apply replicates."""
+    goes whole to shard 1's master, as apply's assign-slots gives it, and the next apply replicates. A rebalance
+    in between weighed those replicas as masters too (2730 slots each) and moved slots into them: now it weighs the
+    shards' masters only, and refuses a weight on a replica."""
     server_binary("valkey")
     spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
     loaded = read_spec(spec)
@@ -179,6 +181,11 @@ def test_cluster_fix_gives_a_killed_creations_unserved_share_to_its_shards_maste
             with Admin.for_node(loaded, layout.node(name)) as admin:
                 line = next(ln for ln in parse_cluster_nodes(admin.call("CLUSTER", "NODES")) if ln.is_myself)
             assert not line.slots, f"{name} (a replica in the spec) serves {line.slots}"
+        code, out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--dry-run")
+        assert code == 0 and "nothing to move" in out, err + out
+        replica = layout.shards[0].replicas[0]
+        code, out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--weight", f"{replica}=1", "--dry-run")
+        assert code == 3 and f"{replica}: not a shard master" in err, err + out
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0 and "assign-slots" not in out, err + out
         assert plan_json(capsys, spec)["steps"] == []

@@ -273,12 +273,27 @@ def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: 
 
 def rebalance(connector: Connector, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,
               emit: Emit, options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
-    loaded = connector.loaded
     with open_session(connector) as session:
         owned = session.owned()
         resolved = {resolve(session, ref): w for ref, w in weights.items()}
-        layout_masters = [n for n in owned if loaded.layout.find(n) is not None]
-        want = {n: resolved.get(n, 1.0) for n in layout_masters}
+        takers = _takers(session)
+        refused = sorted(n for n, w in resolved.items() if w > 0 and n not in takers)
+        if refused:
+            raise RefusedError(f"{', '.join(refused)}: not {'a shard master' if len(refused) == 1 else 'shard masters'}"
+                               f" (the shards' masters: {', '.join(takers)})",
+                               "given slots, a member of a shard whose master is another node (a replica that never "
+                               "ran CLUSTER REPLICATE is a master without slots) leaves it two masters serving data, "
+                               "and a node the spec no longer has is drained",
+                               "weight its shard's master instead (`opsctl status -f SPEC` shows the roles)")
+        want = {n: resolved.get(n, 1.0) for n in takers}
         moves = balance_moves(owned, want, threshold_pct)
         return execute_or_describe(session, moves, state_dir, emit, options, dry_run)
+
+
+def _takers(session: Session) -> list[str]:
+    """The masters a rebalance weighs: each shard's master now (Session.shard_masters, as apply decides it: an empty
+    new shard's one too), and every node of the spec that serves slots (a shard whose master apply cannot tell
+    keeps both). Not another master without slots: a replica that never ran CLUSTER REPLICATE, a drained node."""
+    serving = [n for n, mine in session.owned().items() if mine and session.loaded.layout.find(n) is not None]
+    return list(dict.fromkeys([*(m for m in session.shard_masters() if m is not None), *serving]))
 
