@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 
 from opsctl.errors import RefusedError
+from opsctl.failover.fencing import FENCE, TO_WRITE
 from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import current_master, follow_target, start_master
 from opsctl.plan.planner import make_plan
-from opsctl.plan.steps import Failover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig
+from opsctl.plan.steps import Failover, FinishFailover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.test_planner import desired, live_config, loaded_spec, recorded
@@ -36,7 +37,8 @@ class Shard:
     def __init__(self, topology: str = "replication", **sections: object) -> None:
         self.loaded: LoadedSpec = loaded_spec(topology, **sections)
         self.want = desired(self.loaded)
-        self.old, self.new, self.other = self.loaded.layout.shards[0].members
+        self.old, self.new, *more = self.loaded.layout.shards[0].members
+        self.other, *self.more = more or [""]
         self.facts = {self.old: NodeFacts(self.old, False, "pidfile names dead pid 31611",
                                           recorded(self.want[self.old]))}
 
@@ -173,11 +175,12 @@ def test_a_promoted_replica_that_lacks_the_data_its_sibling_holds_is_refused_not
         current_master(shard.loaded.layout.shards[0], shard.loaded.layout, shard.facts)
 
 
-@pytest.mark.parametrize(("other_offset", "refused"), [(9984, False), (10020, True)])
+@pytest.mark.parametrize(("other_offset", "refused"), [(9984, False), (9998, False), (10012, True), (10020, True)])
 def test_on_one_history_offsets_decide_not_key_counts(other_offset: int, refused: bool) -> None:
     """Sentinel (or an operator) promoted new after old's death, before other was pointed at it: key counts of two
     copies of one history differ by expiries and by what each had taken, so they decide nothing. other is only a
-    loss when it took writes past new's promotion point."""
+    loss when it took writes past new's promotion point: one heartbeat further (a PING, 14 bytes, no write is that
+    short) is none; two (28) cannot be told from a write."""
     shard = Shard()
     shard.master(shard.new, keys=298, **promoted(at=9984))
     shard.replica(shard.other, of=shard.old, link="connect", keys=300 if not refused else 290, offset=other_offset)
@@ -208,6 +211,12 @@ def test_an_empty_promoted_replica_nothing_vouches_for_is_refused(other: str) ->
         shard.replica(shard.other, of=shard.old, link="connect", keys=0)
     text = refusal(shard)
     assert "holds no keys" in text and f"make {shard.new} its replica again" in text, text
+    assert f"apply then starts {shard.old} as the master" in text, text
+    if other == "down":  # one replica per master: no replica to point at new
+        assert "no other node runs to follow it" in text and "point " not in text, text
+    else:
+        assert f"point {shard.other} at it (REPLICAOF {' '.join(map(str, shard.address(shard.new)))} on each)" \
+            in text, text
 
 
 def test_an_empty_shard_follows_the_empty_promoted_replica() -> None:
@@ -288,3 +297,62 @@ def test_with_a_failover_in_the_plan_the_sentinels_it_needs_start_before_it() ->
     shard.facts[new] = NodeFacts(new, False)
     steps = [(s.kind, s.node) for s in shard.plan().steps]
     assert steps.index(("start", new)) < steps.index(("failover", shard.old)), steps
+
+
+def test_the_node_to_promote_is_the_one_furthest_into_the_history_and_renamed_replicaof_is_explained() -> None:
+    """The refusal is decided by replication offsets, so the node it suggests promoting is the one furthest into
+    old's history, not the one with most keys (expiries make a copy that got further hold fewer). In password mode
+    REPLICAOF is renamed (hardening.rename_takeover_commands): the hint says where its name is, not the name."""
+    shard = Shard(hosts=4)
+    fourth = shard.more[0]
+    shard.master(shard.new, **promoted(at=9984))
+    shard.replica(shard.other, of=shard.old, link="connect", keys=300, offset=10100)
+    shard.replica(fourth, of=shard.old, link="connect", keys=250, offset=10200)
+    text = refusal(shard)
+    address, port = shard.address(fourth)
+    assert f"{fourth}'s (REPLICAOF NO ONE on {fourth}, then REPLICAOF {address} {port} on {shard.new})" in text, text
+    assert f"on {shard.other}, {fourth}), or" in text, text
+    assert "`opsctl render -f SPEC -o -` prints it" in text and "OPS_REPLICAOF" not in text, text
+    assert "heartbeats" in text and f"{shard.old} once it starts" in text, text
+
+
+def fenced(shard: Shard, name: str, seen: str) -> None:
+    """name refuses writes behind an interrupted failover's fence, as a look sees it: in the whole config (a plan's
+    look)."""
+    f = shard.facts[name]
+    shard.facts[name] = replace(f, config={**(f.config or {}), TO_WRITE: FENCE})
+
+
+@pytest.mark.parametrize("heartbeats", [0, 2])
+@pytest.mark.parametrize("seen", ["config"])
+def test_a_fenced_old_master_is_not_the_master_a_plan_or_a_step_follows(seen: str, heartbeats: int) -> None:
+    """An interrupted failover (opsctl killed after REPLICAOF NO ONE on new): old, fenced, is still a master with
+    300 keys and other still follows it; new was promoted where old's stream was. The fenced master keeps
+    streaming heartbeats to other (28 bytes after 20 s): past the promotion that stream carries no write (the fence
+    refuses them), so those offsets are no data new lacks. They were: the plan refused ('hold data it lacks')
+    instead of finishing the failover."""
+    shard = Shard()
+    at = 9984 + 14 * heartbeats
+    shard.master(shard.old, keys=300, replicas=(shard.other,), master_replid=OLD_HISTORY, master_repl_offset=str(at))
+    shard.replica(shard.other, of=shard.old, offset=at)
+    shard.master(shard.new, keys=300, **promoted(at=9984))
+    fenced(shard, shard.old, seen)
+    layout, members = shard.loaded.layout, shard.loaded.layout.shards[0]
+    assert current_master(members, layout, shard.facts) == shard.new
+    assert follow_target(layout, members, shard.other, shard.facts) == shard.new
+    assert start_master(layout, members, shard.facts) == shard.new
+    if seen == "config":
+        assert [type(s) for s in shard.plan().steps][:2] == [FinishFailover, Replicate]
+
+
+def test_a_fenced_old_master_holding_more_keys_than_the_promoted_one_is_refused() -> None:
+    """Past the promotion the fenced master's offsets tell nothing, so keys do: a replica promoted before it had
+    caught up (by hand, beside the interrupted failover) lacks keys the old master holds."""
+    shard = Shard()
+    shard.master(shard.old, keys=300, replicas=(shard.other,), master_replid=OLD_HISTORY, master_repl_offset="10012")
+    shard.replica(shard.other, of=shard.old, offset=10012)
+    shard.master(shard.new, keys=250, **promoted(at=9984))
+    fenced(shard, shard.old, "config")
+    text = refusal(shard)
+    assert f"but {shard.old} (300 keys, offset 10012), {shard.other} (300 keys" in text, text
+    assert "once it starts" not in text and "heartbeats" not in text, text

@@ -59,8 +59,16 @@ def _promoted_master(shard: Shard, masters: list[str], facts: Facts) -> str:
         raise RefusedError(f"shard {shard.index}: opsctl cannot tell which master is the shard's master now: "
                            f"{', '.join(promoted)} were promoted from replicas, and none serves a replica or "
                            "holds keys", "making the others replicas of a guess may drop writes they took",
-                           "point the others at the one you want (REPLICAOF host port), then apply again")
+                           "point the others at the one you want (REPLICAOF its-address its-port on each), then "
+                           f"apply again; {RENAMED}")
     return promoted[0] if promoted else shard.master
+
+
+# What a master streams to its replicas every repl-ping-replica-period, and the shortest thing it streams: any
+# write is longer, a transaction counts whole (a replica's offset moves past MULTI..EXEC at once).
+HEARTBEAT = len(b"*1\r\n$4\r\nPING\r\n")
+RENAMED = ("REPLICAOF may run under another name (in password mode opsctl derives one: "
+           "hardening.rename_takeover_commands): `opsctl render -f SPEC -o -` prints it in the rename-command lines")
 
 
 def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Facts) -> None:
@@ -71,40 +79,67 @@ def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Fact
     pointed one at it) it serves, and is not asked."""
     f = facts[master]
     others = [m for m in shard.members if m != master and facts[m].reachable]
-    ahead = [m for m in others if _holds_more(facts[m], f)]
+    unwritable = _fenced_histories(shard, facts)
+    ahead = [m for m in others if _holds_more(facts[m], f, unwritable)]
     node, declared = layout.node(master), shard.master
     wait = "wait until the sentinels agree on the master (a failover may be in flight), or " if layout.sentinels \
         else ""
     if ahead:
-        best = layout.node(max(ahead, key=lambda m: facts[m].keys))
+        best = max(ahead, key=lambda m: (-1 if (p := _past(facts[m], f, unwritable)) is None else p, facts[m].keys))
+        to_best, role = layout.node(best), facts[best].role
+        promote = f"REPLICAOF NO ONE on {best}, then " if role is not None and role.kind == "replica" else ""
+        later = "" if declared in others else f" (and {declared} once it starts, with what it has on disk)"
+        heartbeats = f" Offsets count the heartbeats a master streams too (a PING of {HEARTBEAT} bytes every " \
+            "repl-ping-replica-period): a node ahead only by a few of them holds no more data; compare the keys." \
+            if any(_past(facts[m], f, unwritable) is not None for m in ahead) else ""
         raise RefusedError(
             f"shard {shard.index}: {master} would take over as master ({_held(master, layout, facts)}), but "
             f"{', '.join(f'{m} ({_held(m, layout, facts)})' for m in ahead)} "
             f"{'holds' if len(ahead) == 1 else 'hold'} data it lacks",
-            f"no node follows {master} yet: as its replicas {', '.join(ahead)} (and {declared} once it starts, "
-            "with what it has on disk) would be emptied by a full sync",
-            f"{wait}point the replicas at the master you want: REPLICAOF {node.address} {node.port} on each keeps "
-            f"{master}'s data set; to keep {best.name}'s, promote it (REPLICAOF NO ONE) and point {master} at it "
-            f"(REPLICAOF {best.address} {best.port}); then apply again")
+            f"no node follows {master} yet: as its replicas {', '.join(ahead)}{later} would be emptied by a full "
+            f"sync.{heartbeats}",
+            f"{wait}choose whose data set to keep, then apply again: {master}'s (REPLICAOF {node.address} "
+            f"{node.port} on {', '.join(others)}), or {best}'s ({promote}REPLICAOF {to_best.address} "
+            f"{to_best.port} on {master}); {RENAMED}")
     if f.keys == 0 and not _took_the_data(f, [facts[m] for m in others]):
         held = layout.node(declared)
+        back = f"apply then starts {declared} as the master" if declared not in others else \
+            f"then REPLICAOF NO ONE on {declared} and apply again"
+        keep = f"point {', '.join(others)} at it (REPLICAOF {node.address} {node.port} on each)" if others else \
+            f"let it take writes first (no other node runs to follow it): once it holds keys, apply makes " \
+            f"{declared} its replica, and {declared}'s data is dropped"
         raise RefusedError(
             f"shard {shard.index}: {master} would take over as master, but it holds no keys and no running node "
             f"shows it had taken {declared}'s data before its promotion ({_held(master, layout, facts)})",
             f"{declared} does not run as master and may hold the data on its disk: started as {master}'s "
             "replica it would be emptied",
-            f"{wait}to keep {master} as the master, point a replica at it (REPLICAOF {node.address} {node.port}); "
-            f"to keep {declared}'s data, make {master} its replica again (REPLICAOF {held.address} {held.port}): "
-            f"apply then starts {declared} as the master")
+            f"{wait}to keep {declared}'s data, make {master} its replica again (REPLICAOF {held.address} "
+            f"{held.port} on {master}): {back}; to keep {master} as the master, {keep}; {RENAMED}")
 
 
-def _holds_more(member: NodeFacts, master: NodeFacts) -> bool:
-    """member has writes master lacks: past the offset master was promoted at, on the same replication history;
-    more keys where the histories cannot be compared."""
+def _fenced_histories(shard: Shard, facts: Facts) -> set[str]:
+    """Replication ids of fenced masters' streams, which their offsets do not judge. The failover that fenced one
+    promoted a replica once that had caught up, and the fence refuses writes since: what such a master (and its
+    replicas) got past the promotion is heartbeats and expiries (28 bytes 20 s later), no data the promoted one
+    lacks. Keys judge them instead: a replica promoted by hand before it had caught up holds fewer."""
+    return {h[0] for m in shard.members if fenced((f := facts[m]).config) and f.role is not None
+            and f.role.kind == "master" and (h := f.history) is not None}
+
+
+def _past(member: NodeFacts, master: NodeFacts, unwritable: set[str]) -> int | None:
+    """How far member got past the offset master was promoted at, on that same replication history; None where
+    offsets do not tell (another history, unknown, or a fenced master's)."""
     was, has = master.promoted_at, member.history
-    if was is not None and has is not None and was[0] == has[0]:
-        return has[1] > was[1]
-    return member.keys > master.keys
+    if was is None or has is None or was[0] != has[0] or has[0] in unwritable:
+        return None
+    return has[1] - was[1]
+
+
+def _holds_more(member: NodeFacts, master: NodeFacts, unwritable: set[str]) -> bool:
+    """member has writes master lacks: more than one heartbeat past the offset master was promoted at (one PING
+    further is no write); more keys where offsets do not tell."""
+    past = _past(member, master, unwritable)
+    return member.keys > master.keys if past is None else past > HEARTBEAT
 
 
 def _took_the_data(master: NodeFacts, others: list[NodeFacts]) -> bool:
