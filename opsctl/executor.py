@@ -48,7 +48,7 @@ from opsctl.plan.steps import (
 from opsctl.rawpipe import PIPE_ERRORS
 from opsctl.render import render_node, render_sections
 from opsctl.resp import RespError
-from opsctl.runtime import Runtime, gather_facts, master_endpoint
+from opsctl.runtime import Runtime, master_endpoint, shard_facts
 from opsctl.spec.layout import Node, deployed_as, sentinel_master_name, sentinel_quorum
 from opsctl.tls.material import node_files
 from opsctl.topolock import check_held
@@ -270,7 +270,7 @@ def _node(run: Execution, step: Step) -> Node:
 
 def _files(run: Execution, node: Node) -> dict[str, str]:
     rt = run.rt
-    master = master_endpoint(rt, gather_facts(rt, with_config=False)) if node.is_sentinel else None
+    master = _sentinels_master(rt) if node.is_sentinel else None
     rendered = render_node(rt.loaded, node, rt.provider.paths(node), reveal=True,
                            daemonize=rt.provider.daemonize, master=master)
     files = {**rendered.files, **node_files(rt.loaded, rt.state_dir, node)}
@@ -278,6 +278,12 @@ def _files(run: Execution, node: Node) -> dict[str, str]:
     if role_line:
         files["redis.conf"] += role_line
     return files
+
+
+def _sentinels_master(rt: Runtime) -> tuple[str, int] | None:
+    """Where sentinels are pointed, from a look at the shard now (runtime.master_endpoint); None outside a Sentinel
+    topology."""
+    return master_endpoint(rt, shard_facts(rt, rt.loaded.layout.shards[0]))
 
 
 def _replicaof_line(run: Execution, node: Node) -> str:
@@ -308,7 +314,7 @@ def _follow_line(run: Execution, node: Node) -> str:
     shard = layout.shard_of(node.name)
     if shard is None:
         return ""
-    follow = start_master(layout, shard, gather_facts(run.rt, with_config=False))
+    follow = start_master(layout, shard, shard_facts(run.rt, shard))
     if follow is None:
         return ""
     if follow == node.name:
@@ -417,7 +423,7 @@ def sentinel_set(run: Execution, step: Step) -> None:
     with run.rt.admin(node) as admin:
         for key, value in step.settings:
             admin.call("SENTINEL", "SET", name, *key.split(), password if key == "auth-pass" else value)
-    master = master_endpoint(run.rt, gather_facts(run.rt, with_config=False))
+    master = _sentinels_master(run.rt)
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize, master=master)
     record = run.rt.provider.load_record(node)
@@ -611,7 +617,7 @@ def _master_now(run: Execution, step: Step, planned: str) -> str | None:
     layout = run.rt.loaded.layout
     shard = layout.shard_of(step.node)
     assert shard is not None, step.node
-    master = follow_target(layout, shard, step.node, gather_facts(run.rt, with_config=False))
+    master = follow_target(layout, shard, step.node, shard_facts(run.rt, shard))
     if master is not None and master != planned:
         run.emit(Log(step.title(), f"{planned} is no longer the shard's master: {step.node} follows {master}, "
                                    "its master now"))
@@ -665,7 +671,7 @@ def sentinel_monitor(run: Execution, step: Step) -> None:
 def _sentinels_master_now(run: Execution, step: Step, planned: str) -> tuple[str, int]:
     """Where a sentinel is pointed, from a live look when the step runs (runtime.master_endpoint, as a new
     sentinel's file): a failover earlier in the same plan moves the master the plan named."""
-    where = master_endpoint(run.rt, gather_facts(run.rt, with_config=False))
+    where = _sentinels_master(run.rt)
     assert where is not None
     now = run.rt.loaded.layout.find(endpoint(*where))
     if now is None or now.name != planned:

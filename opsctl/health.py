@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.connerr import auth_failed, is_auth_failure, not_answering
-from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.spec.layout import Layout, Node
@@ -15,7 +14,7 @@ MAX_LAG_BYTES = 1024 * 1024
 
 
 def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:
-    walls = [n.name for n in layout.servers if fenced(facts[n.name].config)]
+    walls = [n.name for n in layout.servers if facts[n.name].fenced]
     if walls:
         return (f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
                 "`opsctl apply` or `opsctl failover` finishes it")

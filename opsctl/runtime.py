@@ -13,11 +13,11 @@ from opsctl.connector import Connector, make_connector
 from opsctl.connerr import is_auth_failure, is_tls_failure
 from opsctl.errors import OpsctlError
 from opsctl.fanout import fan_out
-from opsctl.observe.collect import NodeObservation, Observer, observe
+from opsctl.observe.collect import NodeObservation, Observer, observe, to_facts
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
 from opsctl.providers.base import Provider
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, Shard
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.statedir import state_dir_for
 from opsctl.versions import parse_version
@@ -114,6 +114,15 @@ class FleetView:
         self.close()
 
 
+def shard_facts(rt: Runtime, shard: Shard) -> dict[str, NodeFacts]:
+    """What a step looks at to decide its shard's master when it runs (plan.masters): the shard's members, and
+    the sentinels, which may agree on one; observed side by side, the write fence included. Not the rest of the
+    fleet, nor process states and records (a node that does not answer counts as down): over SSH each of those
+    is another round trip."""
+    layout = rt.loaded.layout
+    return to_facts(observe(rt.connector, [*map(layout.node, shard.members), *layout.sentinels]))
+
+
 def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) -> dict[str, NodeFacts]:
     """Nodes a larger spec had that the cluster still knows (scale-in): observed so the plan drains them."""
     if rt.loaded.spec.topology != "cluster":
@@ -135,7 +144,8 @@ def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
         return NodeFacts(node.name, running, detail, record)
     return NodeFacts(node.name, running, detail, record, seen.reachable, seen.error, seen.info, seen.role,
                      tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None,
-                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, credentials))
+                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, credentials),
+                     seen.fence)
 
 
 def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:

@@ -15,10 +15,15 @@ import pytest
 import redis
 
 from opsctl.connector import Connector
+from opsctl.events import Log
+from opsctl.executor import execute
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.fencing import FENCE
 from opsctl.observe.collect import wait_cluster_converged, wait_for
+from opsctl.plan.steps import Plan, Replicate
+from opsctl.runtime import make_runtime
 from opsctl.spec.load import LoadedSpec
+from opsctl.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check
 from tests.writer import Writer
@@ -109,6 +114,37 @@ def test_replication_failover_killed_after_the_promotion(tmp_path, capsys) -> No
         assert writer.verify(_client(loaded, target)) == []
         assert _fenced(loaded) == []
         assert "replication ok" in _wait_healthy(capsys, spec)
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+def test_after_a_failover_killed_past_the_promotion_the_plan_and_a_steps_look_follow_the_promoted_replica(
+        tmp_path, capsys) -> None:
+    """Killed after REPLICAOF NO ONE on the target (plain replication): old is fenced, still a master that other
+    follows, and keeps streaming heartbeats to other (repl-ping-replica-period 1 s here, 10 s by default). Once
+    old's offset passed the target's promotion point by those PINGs, apply refused ('... hold data it lacks',
+    exit 3) instead of finishing the failover; and a step's look read no config, so it did not see the fence and
+    pointed other at the fenced old master."""
+    with deployed(tmp_path, capsys, "replication", "redis", config={"repl-ping-replica-period": 1}) as (spec, loaded):
+        old, target, other = loaded.layout.shards[0].members
+        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", "--to", target,
+                         "--no-failover-command", kill_at="promoted")
+        assert killed.returncode == -9, killed.stdout + killed.stderr
+        promoted_at = int(_client(loaded, target).info("replication")["second_repl_offset"]) - 1
+        wait_for(lambda: int(_client(loaded, old).info("replication")["master_repl_offset"]) > promoted_at + 14
+                 or None, 10, "old to stream two heartbeats past the promotion")
+        assert ("finish-failover", old) in [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]
+        rt, events = make_runtime(read_spec(spec)), []
+        try:  # a replicate step of a plan made before the failover
+            execute(rt, Plan(loaded.spec.name, "d", "f", (Replicate(other, "", old),)), events.append)
+        finally:
+            rt.provider.close()
+        assert f"{old} is no longer the shard's master: {other} follows {target}, its master now" in \
+            [e.text for e in events if isinstance(e, Log)]
+        role = _client(loaded, other).execute_command("ROLE")
+        assert role[0] == "slave" and int(role[2]) == loaded.layout.node(target).port, role
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and "interrupted failover finished" in out + err, out + err
+        assert _fenced(loaded) == [] and _master(loaded) == target
         assert plan_json(capsys, spec)["steps"] == []
 
 

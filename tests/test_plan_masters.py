@@ -318,19 +318,20 @@ def test_the_node_to_promote_is_the_one_furthest_into_the_history_and_renamed_re
 
 def fenced(shard: Shard, name: str, seen: str) -> None:
     """name refuses writes behind an interrupted failover's fence, as a look sees it: in the whole config (a plan's
-    look)."""
+    look), or in the fence's own read (a look without the config: a step's)."""
     f = shard.facts[name]
-    shard.facts[name] = replace(f, config={**(f.config or {}), TO_WRITE: FENCE})
+    shard.facts[name] = replace(f, config={**(f.config or {}), TO_WRITE: FENCE}) if seen == "config" else \
+        replace(f, config=None, fence={TO_WRITE: FENCE})
 
 
 @pytest.mark.parametrize("heartbeats", [0, 2])
-@pytest.mark.parametrize("seen", ["config"])
+@pytest.mark.parametrize("seen", ["config", "fence read"])
 def test_a_fenced_old_master_is_not_the_master_a_plan_or_a_step_follows(seen: str, heartbeats: int) -> None:
     """An interrupted failover (opsctl killed after REPLICAOF NO ONE on new): old, fenced, is still a master with
-    300 keys and other still follows it; new was promoted where old's stream was. The fenced master keeps
-    streaming heartbeats to other (28 bytes after 20 s): past the promotion that stream carries no write (the fence
-    refuses them), so those offsets are no data new lacks. They were: the plan refused ('hold data it lacks')
-    instead of finishing the failover."""
+    300 keys and other still follows it; new was promoted where old's stream was. Every look that sees the fence
+    follows new; a step's look read no config, so fenced() was always False there and steps pointed other at the
+    fenced old master. The fenced master keeps streaming heartbeats to other (28 bytes after 20 s): past the
+    promotion that stream carries no write (the fence refuses them), so those offsets are no data new lacks."""
     shard = Shard()
     at = 9984 + 14 * heartbeats
     shard.master(shard.old, keys=300, replicas=(shard.other,), master_replid=OLD_HISTORY, master_repl_offset=str(at))

@@ -213,7 +213,7 @@ def _print_status(rt: Any, output: str) -> bool:
     from opsctl.runtime import gather_facts
     from opsctl.status import health_hint, health_line
 
-    facts = gather_facts(rt, with_config=rt.loaded.spec.topology in ("replication", "sentinel"))  # fences
+    facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
     rows = node_status(rt.loaded.layout, facts)
     healthy, line = health_line(rt.loaded, facts)
     if output == "json":

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opsctl.admin import Admin
 from opsctl.connector import Connector
 from opsctl.errors import ConvergenceError
+from opsctl.failover.fencing import TO_WRITE
 from opsctl.fanout import Borrowed
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
@@ -43,6 +44,7 @@ class NodeObservation:
     role: RoleInfo | None = None
     cluster_nodes: list[ClusterNodeLine] | None = None
     config: dict[str, str] | None = None
+    fence: dict[str, str] | None = None  # CONFIG GET min-replicas-to-write, read where config is not
     sentinel_masters: list[dict[str, str]] | None = None
     sentinel_replicas: list[dict[str, str]] | None = None
     sentinel_sentinels: list[dict[str, str]] | None = None
@@ -53,7 +55,7 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     from opsctl.plan.facts import NodeFacts  # the planner's types: the slot commands' start does without them
 
     return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
-                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None)
+                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None, fence=o.fence)
             for name, o in observations.items()}
 
 
@@ -94,6 +96,9 @@ def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[An
         pool.release(conn)
 
 
+FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.failover.fencing)
+
+
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
     info: Command = ("INFO", info_section) if info_section else ("INFO",)
     if node.is_sentinel:
@@ -105,6 +110,8 @@ def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: s
         cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
     if with_config:
         cmds.append(("CONFIG", "GET", "*"))
+    elif loaded.spec.topology in ("replication", "sentinel"):
+        cmds.append(FENCE_READ)  # who the shard's master is depends on it (plan.masters)
     return cmds
 
 
@@ -122,6 +129,8 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any])
             obs.role = parse_role(reply)
         elif key == "CLUSTER NODES":
             obs.cluster_nodes = parse_cluster_nodes(str(reply))
+        elif cmd == FENCE_READ:
+            obs.fence = parse_pairs(reply)
         elif key == "CONFIG GET":
             obs.config = parse_pairs(reply)
         elif key == "SENTINEL MASTERS":

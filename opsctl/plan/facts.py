@@ -7,6 +7,7 @@ from dataclasses import field
 from typing import Any
 
 from opsctl.digest import digest
+from opsctl.failover import fencing
 from opsctl.frozen import Frozen, frozen
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
 
@@ -23,6 +24,7 @@ class NodeFacts(Frozen):
     role: RoleInfo | None = None
     cluster_nodes: tuple[ClusterNodeLine, ...] | None = None
     config: Mapping[str, str] | None = None
+    fence: Mapping[str, str] | None = None  # CONFIG GET min-replicas-to-write alone, in a look without config
     on_disk: Mapping[str, str] | None = None  # the config file's values, secrets as verdicts (plan.ondisk)
     acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
@@ -36,6 +38,12 @@ class NodeFacts(Frozen):
     @property
     def recorded_directives(self) -> list[tuple[str, str]]:
         return [(str(k), str(v)) for k, v in self.record.get("directives", [])]
+
+    @property
+    def fenced(self) -> bool:
+        """Refuses writes behind an interrupted failover's fence (opsctl.failover.fencing): from the whole config
+        where the look read it, else from the fence's own read, which every look of a server does."""
+        return fencing.fenced(self.config if self.config is not None else self.fence)
 
     @property
     def keys(self) -> int:

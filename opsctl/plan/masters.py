@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 from opsctl.endpoints import endpoint
 from opsctl.errors import RefusedError
-from opsctl.failover.fencing import fenced
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.layout import Layout, Shard
 
@@ -20,7 +19,7 @@ def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
     master, the one promoted from a replica, the declared one. A master fenced by an interrupted failover is not
     it while another master exists."""
     masters = live_masters(shard, facts)
-    masters = [m for m in masters if not fenced(facts[m].config)] or masters
+    masters = [m for m in masters if not facts[m].fenced] or masters
     if not masters:
         return shard.master  # none runs as master: the declared one starts as one from its file
     active = [m for m in masters if _serves(m, shard, layout, facts)]
@@ -122,7 +121,7 @@ def _fenced_histories(shard: Shard, facts: Facts) -> set[str]:
     promoted a replica once that had caught up, and the fence refuses writes since: what such a master (and its
     replicas) got past the promotion is heartbeats and expiries (28 bytes 20 s later), no data the promoted one
     lacks. Keys judge them instead: a replica promoted by hand before it had caught up holds fewer."""
-    return {h[0] for m in shard.members if fenced((f := facts[m]).config) and f.role is not None
+    return {h[0] for m in shard.members if (f := facts[m]).fenced and f.role is not None
             and f.role.kind == "master" and (h := f.history) is not None}
 
 

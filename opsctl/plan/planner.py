@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from opsctl.errors import RefusedError
-from opsctl.failover.fencing import FENCE, TO_WRITE, fenced
+from opsctl.failover.fencing import FENCE, TO_WRITE
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
@@ -384,7 +384,7 @@ def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -
 
 def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
     """Nodes fenced by an interrupted failover (opsctl.failover.fencing): finish that failover first."""
-    walls = [n.name for n in layout.servers if fenced(facts[n.name].config)]
+    walls = [n.name for n in layout.servers if facts[n.name].fenced]
     return [FinishFailover(walls[0], f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
                            "finish it")] if walls else []
 
@@ -407,7 +407,7 @@ def replication_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()
     for name in shard.members:
         if name == master or (sentinel_view and facts[name].recorded_digest is not None):
             continue  # once sentinels agree on a master, roles of known nodes are Sentinel's to set
-        if fenced(facts[name].config):
+        if facts[name].fenced:
             continue  # FinishFailover decides its role
         role = facts[name].role
         if role and role.kind == "replica" and role.master == (target.address, target.port):
