@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
+from opsctl.fanout import fan_out
 from opsctl.observe.collect import Command
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
 from opsctl.rawpipe import PIPE_ERRORS
@@ -218,10 +219,9 @@ class KeyMover:
         links = max(1, min(LISTING_LINKS, len(slots) // LISTING_PART))
         if links == 1:
             return self._listed_share(slots)
-        with ThreadPoolExecutor(links) as pool:
-            found: Work = {}
-            for share in pool.map(self._listed_share, [slots[at::links] for at in range(links)]):
-                found.update(share)
+        found: Work = {}
+        for share in fan_out(self._listed_share, [slots[at::links] for at in range(links)]):
+            found.update(share)
         return {slot: found[slot] for slot in slots if slot in found}
 
     def _listed_share(self, slots: Sequence[int]) -> Work:
