@@ -9,7 +9,7 @@ from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
 from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
-from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, rate_delay, waves
+from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, opened_together, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.planning import slot_steps
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
@@ -150,6 +150,21 @@ def test_the_first_waves_open_without_waiting_and_full_waves_keep_three_open():
     for at in range(len(sizes)):  # never more than 3 * 512 slots open once the wave opens
         assert sum(sizes[closed_first(sizes, at, 3 * 512):at + 1]) <= 3 * 512
     assert closed_first([512] * 6, 5, 3 * 512) == 3 and closed_first([9], 0, 3) == 0
+
+
+def test_the_small_waves_after_the_first_open_together_within_a_full_waves_slots():
+    sizes = [len(p) for p in waves(list(range(5000)), 16, 512)]  # 16, 32, 64, 128, 256, 512, ...
+    assert opened_together(sizes, 0, 3 * 512, 512, 0) == 1  # the stream starts with the first wave alone
+    assert opened_together(sizes, 1, 3 * 512, 512, 0) == 4  # 32 + 64 + 128 + 256 = 480 slots, one opening
+    assert opened_together(sizes, 5, 3 * 512, 512, 0) == 1  # a full wave opens alone
+    # a wave that must wait for a close does not join an earlier opening before that close
+    assert opened_together([16, 32, 64], 1, 64, 512, 0) == 1
+    assert opened_together([16, 32, 64], 1, 64, 512, 1) == 1  # 32 + 64 > 64 open: wave 2 waits for wave 1 too
+    assert opened_together([16, 16, 16, 16], 1, 48, 512, 0) == 2  # wave 3 waits for wave 0 to close
+    assert opened_together([16, 16, 16, 16], 1, 48, 512, 1) == 3
+    for at in range(1, len(sizes)):  # an opening never holds more than the bound on open slots
+        count = opened_together(sizes, at, 3 * 512, 512, at)
+        assert sum(sizes[closed_first(sizes, at, 3 * 512):at + count]) <= 3 * 512
 
 
 def test_atomic_jobs_are_polled_often_at_first_then_less_as_they_run_long():

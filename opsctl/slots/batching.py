@@ -92,3 +92,18 @@ def closed_first(sizes: Sequence[int], at: int, most_open: int) -> int:
         room -= sizes[first - 1]
         first -= 1
     return first
+
+
+def opened_together(sizes: Sequence[int], at: int, most_open: int, most: int, closed: int) -> int:
+    """How many waves from `at` open in one go (one journal line, one look at both ends, one SETSLOT pipeline per
+    end): the waves after it that fit with it in `most` slots and may open already, the waves closed_first wants
+    closed before them being among the `closed` first. An opening costs a fixed ~20-50 ms behind the source's
+    MIGRATE stream, longer than the small first waves take to move: opened one by one, the stream waited for
+    each. The first wave opens alone, so that the stream starts with it. Pure."""
+    if at == 0:
+        return 1
+    end, total = at + 1, sizes[at]
+    while end < len(sizes) and total + sizes[end] <= most and closed_first(sizes, end, most_open) <= closed:
+        total += sizes[end]
+        end += 1
+    return end - at
