@@ -21,7 +21,7 @@ from opsctl.frozen import Frozen, frozen
 from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
-from opsctl.plan.masters import follow_target, start_master
+from opsctl.plan.masters import follow_target, start_master, takes_writes, writes_moved_from
 from opsctl.plan.steps import (
     AclLoad,
     AssignSlots,
@@ -404,7 +404,9 @@ def stop_node(run: Execution, step: Step) -> None:
 
 def restart_node(run: Execution, step: Step) -> None:
     """Stop, start, and wait until the node is back in its place (a replica linked and caught up)."""
+    assert isinstance(step, RestartNode)
     node = _node(run, step)
+    _refuse_unplanned_downtime(run, step)
     run.rt.provider.stop(node)
     run.rt.provider.start(node)
     _raise_first(wait_answering(run, [node]))
@@ -412,6 +414,22 @@ def restart_node(run: Execution, step: Step) -> None:
     record = run.rt.provider.load_record(node)
     if record.pop("pending_restart", None):
         run.rt.provider.save_record(node, record)
+
+
+def _refuse_unplanned_downtime(run: Execution, step: RestartNode) -> None:
+    """A restart planned without downtime (of a replica, or of a master failed over first) is refused when its node
+    takes the shard's writes now (masters.takes_writes, from a look when the step runs): a failover since the plan
+    was made promoted it, and stopping it would stop the shard's writes, which --allow-downtime alone accepts."""
+    layout = run.rt.loaded.layout
+    shard = layout.shard_of(step.node)
+    if step.needs_downtime or run.allow_downtime or shard is None:
+        return
+    if takes_writes(layout, shard, step.node, shard_facts(run.rt, shard)):
+        raise RefusedError(f"{step.node} takes shard {shard.index}'s writes now: restarting it would stop them",
+                           f"the plan restarts {step.node} as a replica; a failover since the plan was made "
+                           "promoted it (an operator's, or Sentinel's or the cluster's own)",
+                           "apply again: a plan from the state now fails it over before its restart (or pass "
+                           "--allow-downtime to accept the write outage)")
 
 
 def sentinel_set(run: Execution, step: Step) -> None:
@@ -433,23 +451,35 @@ def sentinel_set(run: Execution, step: Step) -> None:
 
 def fail_over(run: Execution, step: Step) -> None:
     """The failover runbook (graceful): retried as a dry run until its pre-checks pass, so a replica that was
-    restarted a moment ago has time to catch up; a refusal after that stops the rollout."""
+    restarted a moment ago has time to catch up; a refusal after that stops the rollout. Each try looks at the
+    shard first: once another node took the master's writes (masters.writes_moved_from: failed over since the plan
+    was made), there is nothing to fail over, and the step says so and goes on."""
     from opsctl.failover.runbook import Options, run_failover
 
     assert isinstance(step, Failover)
     rt = run.rt
+    layout = rt.loaded.layout
+    shard = layout.shard_of(step.node)
+    assert shard is not None, step.node
 
     def say(text: str) -> None:
         run.emit(Log(step.title(), text))
 
-    def checks_pass() -> bool | Pending:
+    def writer_when_checks_pass() -> str | Pending:
         try:
+            moved = writes_moved_from(layout, shard, step.node, shard_facts(rt, shard))
+            if moved is not None:
+                return moved
             run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
         except RefusedError as exc:
             return Pending(f"{exc.summary} {exc.detail}".strip())
-        return True
+        return step.node
 
-    wait_for(checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to pass", interval=0.05)
+    writer = wait_for(writer_when_checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to "
+                      "pass", interval=0.05)
+    if writer != step.node:
+        say(f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, nothing to fail over")
+        return
     run_failover(rt.connector, rt.state_dir, Options(master=step.node), say)
 
 

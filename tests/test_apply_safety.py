@@ -13,10 +13,11 @@ from opsctl.connector import Connector
 from opsctl.errors import RefusedError
 from opsctl.events import Log
 from opsctl.executor import execute
-from opsctl.plan.steps import MoveSlots, Plan, Replicate
+from opsctl.plan.steps import Failover, MoveSlots, Plan, Replicate, RestartNode
 from opsctl.runtime import make_runtime
 from tests.lifecycle import deployed, plan_json, read_spec, run
 from tests.support import PASSWORD
+from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
 
@@ -144,6 +145,42 @@ def test_a_move_slots_step_moves_from_the_master_it_finds_when_it_runs(tmp_path,
         with Connector(loaded).admin(loaded.layout.node(second.master)) as admin:
             mine = next(line for line in str(admin.raw("CLUSTER", "NODES")).splitlines() if "myself" in line)
         assert "0-99" in mine.split(), mine
+
+
+def test_a_failover_step_whose_master_was_failed_over_since_goes_on_and_the_restart_after_it_loses_nothing(
+        tmp_path, capsys) -> None:
+    """A plan's failover before a master's restart, run after the master was failed over by someone else (an
+    operator's failover, the cluster's own): the runbook refused it ('not a master now') until the step's 60 s
+    wait ran out. It finds the shard's writes on another node and goes on; the restart after it restarts the
+    replica without another failover and no acknowledged write is lost. A restart planned for a replica that took
+    the writes since is refused before it stops them."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        shard = loaded.layout.shards[0]
+        old, new = shard.master, shard.replicas[0]
+        rt = make_runtime(read_spec(spec))
+        events: list[object] = []
+        stale = Plan(loaded.spec.name, "d", "f", (Failover(old, "io-threads", 1),
+                                                  RestartNode(old, "io-threads", shard=1)))
+        try:
+            with Writer(lambda: cluster_client(loaded)) as writer:
+                writer.wait_for_writes(200)
+                code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
+                assert code == 0, err + out
+                execute(rt, stale, events.append, wait_timeout=10.0)
+                writer.wait_for_writes(len(writer.acked) + 200)
+            with pytest.raises(RefusedError, match=f"{new} takes shard 1's writes now"):
+                execute(rt, Plan(loaded.spec.name, "d", "f", (RestartNode(new, "io-threads", shard=1),)),
+                        events.append)
+        finally:
+            rt.provider.close()
+        logs = [e.text for e in events if isinstance(e, Log)]
+        assert f"{old} is no longer shard 1's master: {new} took its writes, nothing to fail over" in logs, events
+        assert writer.verify(cluster_client(loaded)) == []
+        with Connector(loaded).admin(loaded.layout.node(old)) as admin:
+            assert admin.call("ROLE")[0] == "slave"
+        with Connector(loaded).admin(loaded.layout.node(new)) as admin:
+            assert admin.call("ROLE")[0] == "master"
+
 
 def _kill(tmp_path, loaded, name: str) -> None:
     os.kill(int((tmp_path / ".opsctl" / loaded.spec.name / name / "server.pid").read_text()), signal.SIGKILL)

@@ -12,7 +12,7 @@ from opsctl.errors import RefusedError
 from opsctl.failover.fencing import FENCE, TO_WRITE
 from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import current_master, follow_target, start_master
+from opsctl.plan.masters import current_master, follow_target, start_master, takes_writes, writes_moved_from
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import Failover, FinishFailover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig
 from opsctl.spec.layout import sentinel_master_name
@@ -261,6 +261,29 @@ def test_a_step_follows_the_master_it_finds_when_it_runs_not_the_one_the_plan_na
     shard.down(shard.old)
     with pytest.raises(RefusedError, match=f"no master to point {shard.other} at: {shard.old}, .* does not answer"):
         follow_target(layout, members, shard.other, shard.facts)
+
+
+def test_a_failover_or_restart_step_asks_who_takes_the_writes_when_it_runs() -> None:
+    """A plan's failover away from old, run after old was failed over by someone else: it waited for the runbook's
+    pre-checks ('old is not a master now') until its 60 s ran out. The step asks who took old's writes: new, so
+    there is nothing to fail over; while the look cannot tell (no member answers as the master), the runbook
+    decides. A restart planned for new as a replica finds that new takes the writes now."""
+    shard = Shard()
+    layout, members = shard.loaded.layout, shard.loaded.layout.shards[0]
+    shard.master(shard.old, keys=300, replicas=(shard.new, shard.other))
+    shard.replica(shard.new, of=shard.old)
+    shard.replica(shard.other, of=shard.old)
+    assert writes_moved_from(layout, members, shard.old, shard.facts) is None
+    assert [takes_writes(layout, members, n, shard.facts) for n in members.members] == [True, False, False]
+    shard.master(shard.new, keys=300, replicas=(shard.old, shard.other), **promoted(at=9984))
+    shard.replica(shard.old, of=shard.new)
+    shard.replica(shard.other, of=shard.new)
+    assert writes_moved_from(layout, members, shard.old, shard.facts) == shard.new
+    assert writes_moved_from(layout, members, shard.new, shard.facts) is None
+    assert [takes_writes(layout, members, n, shard.facts) for n in members.members] == [False, True, False]
+    shard.down(shard.new)  # the look cannot tell: old, the declared master, answers as a replica
+    assert writes_moved_from(layout, members, shard.old, shard.facts) is None
+    assert not any(takes_writes(layout, members, n, shard.facts) for n in members.members)
 
 
 def test_a_step_planned_towards_a_master_this_plan_fails_over_says_so() -> None:

@@ -188,6 +188,32 @@ def shard_master(layout: Layout, shard: Shard, facts: Facts) -> str:
     return current_master(shard, layout, facts)
 
 
+def writer_now(layout: Layout, shard: Shard, facts: Facts) -> str | None:
+    """The member that takes the shard's writes now: its master (shard_master, as every step that points at it),
+    once it answers as one; in a cluster, once it serves slots. A master that is down counts (the rolling order
+    starts it last). None: no member takes writes (the decided master runs as a replica, or a new cluster shard)."""
+    master = shard_master(layout, shard, facts)
+    f = facts[master]
+    if f.role is None:
+        return master
+    return master if f.role.kind == "master" and (f.cluster_nodes is None or has_slots(f)) else None
+
+
+def writes_moved_from(layout: Layout, shard: Shard, node: str, facts: Facts) -> str | None:
+    """Who took node's writes since the plan named node the master, when a step that fails node over runs: the
+    member that takes them now (writer_now), answering, when that is another node (an operator's failover, or
+    Sentinel's or the cluster's own). None: node still takes them, or the look cannot tell (a failover in flight,
+    the master down): the failover runbook's checks decide."""
+    writer = writer_now(layout, shard, facts)
+    return writer if writer is not None and writer != node and facts[writer].role is not None else None
+
+
+def takes_writes(layout: Layout, shard: Shard, node: str, facts: Facts) -> bool:
+    """node answers as the member taking the shard's writes now (writer_now): restarting it stops them, whatever
+    the plan said node was (a failover since the plan may have promoted it)."""
+    return writer_now(layout, shard, facts) == node and facts[node].role is not None
+
+
 def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
     """Whom a stopped node of a replication/Sentinel shard starts as a replica of (itself: it starts as the
     master): the shard's master, or None when no master runs and no sentinels agree on one (each file says what

@@ -9,7 +9,14 @@ from opsctl.failover.fencing import FENCE, TO_WRITE
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
-from opsctl.plan.masters import current_master, has_slots, sentinel_agreed_master, shard_master, start_master
+from opsctl.plan.masters import (
+    current_master,
+    has_slots,
+    sentinel_agreed_master,
+    shard_master,
+    start_master,
+    writer_now,
+)
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
@@ -210,7 +217,7 @@ def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | No
 def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps, fail_over: bool = True) -> list[Step]:
     """One shard: replicas first, then the master; a master that must restart is failed over first
     (unless names change: clients and Sentinel use one name per command, so all nodes switch together)."""
-    writer = _writer_now(layout, shard, facts)
+    writer = writer_now(layout, shard, facts)
     ordered = [m for m in shard.members if m != writer] + ([writer] if writer else [])
     steps: list[Step] = []
     for node in map(layout.node, ordered):
@@ -252,17 +259,6 @@ def _fail_over_before_restart(steps: list[Step], shard: Shard, facts: Facts, nam
     others = [s for s in steps if not isinstance(s, (WriteConfig, RestartNode))]
     failover = Failover(name, f"{name} must restart; its writes move to an updated replica first", shard.index)
     return [*others, failover, *writes, RestartNode(name, restart.reason, needs_downtime=False, shard=shard.index)]
-
-
-def _writer_now(layout: Layout, shard: Shard, facts: Facts) -> str | None:
-    """The member that takes the shard's writes now: its master (plan.masters.shard_master, as every step that
-    points at it), once it answers as one; in a cluster, once it serves slots. A master that is down counts (it is
-    started last). None: no member takes writes (the decided master runs as a replica, or a new cluster shard)."""
-    master = shard_master(layout, shard, facts)
-    f = facts[master]
-    if f.role is None:
-        return master
-    return master if f.role.kind == "master" and (f.cluster_nodes is None or has_slots(f)) else None
 
 
 def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
