@@ -295,6 +295,61 @@ def test_a_replica_most_masters_have_no_bus_link_to_yet_is_not_a_target(tmp_path
                             f"({others[0]}: disconnected; {others[1]}: disconnected)")
 
 
+def _resized(tmp_path: Path, masters: int) -> tuple[LoadedSpec, LoadedSpec]:
+    """The same cluster spec with 3 masters and with masters: its nodes keep their names, addresses and ports."""
+    data = make_spec("cluster")
+    resized = {**data, "cluster": {**data["cluster"], "masters": masters}}
+    return (read_spec(write_spec(tmp_path, data)), read_spec(write_spec(tmp_path, resized, name="resized.yaml")))
+
+
+def _alone(loaded: LoadedSpec, name: str) -> NodeFacts:
+    """A node started and not joined yet: it knows itself only, a master without slots, cluster_state fail."""
+    node = loaded.layout.node(name)
+    view = f"{_node_id(loaded, name)} {node.address}:{node.port}@{node.port + 10000} myself,master - 0 0 0 connected"
+    return NodeFacts(name, True, reachable=True, info={"role": "master", "cluster_state": "fail"},
+                     role=RoleInfo("master", 0), cluster_nodes=tuple(parse_cluster_nodes(view)))
+
+
+def test_the_nodes_a_scale_out_adds_neither_vote_nor_must_agree_before_they_serve_slots(tmp_path):
+    """One apply that adds shards and changes a directive that needs a restart fails each master over before it
+    starts the new nodes, joins them and moves slots into them. The pre-checks took the spec's servers and shards
+    for the cluster's: 'cluster-agrees: t-7: unreachable; t-8: unreachable' until the step's wait ran out, and from
+    3 to 7 masters 'masters-reachable: 3/7' too. Nodes the cluster does not know are not in it yet, and only
+    masters serving slots vote (the server's cluster_size); a node it knows must still answer."""
+    small, grown = _resized(tmp_path, 7)
+    facts = facts_for(small)
+    new = [n.name for n in grown.layout.servers if n.name not in facts]
+    facts |= {n: NodeFacts(n, False, error="Connection refused") for n in new[:4]}
+    facts |= {n: _alone(grown, n) for n in new[4:]}  # a run killed after it started them
+    target = resolve_target(grown, facts, shard=1)
+    checks = cluster_prechecks(grown, facts, target, Thresholds(), [], 1000.0)
+    assert failed(checks) == []
+    values = {c.name: c.value for c in checks}
+    assert values["masters-reachable"] == "3/3 masters answer" and values["cluster-agrees"] == "all 6 nodes agree"
+    assert values["voters-linked"] == f"3/3 masters linked to {target.replica}"
+    known = small.layout.shards[1].replicas[0]
+    down = facts | {known: NodeFacts(known, False, error="Connection refused")}
+    bad = failed(cluster_prechecks(grown, down, target, Thresholds(), [], 1000.0))
+    assert [c.name for c in bad] == ["cluster-agrees"] and f"{known}: unreachable" in bad[0].value
+
+
+def test_the_nodes_a_scale_in_retires_vote_and_must_agree_until_they_are_removed(tmp_path):
+    """The other way: the spec has 3 masters, the cluster still 4 (a plan restarts the servers before it drains and
+    removes the fourth shard). Every view knows its nodes, which the pre-checks reported as 'knows ..., which is not
+    an observed node'; observed (failover.runbook.Session looks at them too), they agree and vote."""
+    small, big = _resized(tmp_path, 4)
+    facts = facts_for(big)
+    target = resolve_target(small, facts, shard=1)
+    checks = cluster_prechecks(small, facts, target, Thresholds(), [], 1000.0)
+    assert failed(checks) == []
+    values = {c.name: c.value for c in checks}
+    assert values["masters-reachable"] == "3/4 masters answer" and values["cluster-agrees"] == "all 8 nodes agree"
+    retired = big.layout.shards[3].master
+    down = facts | {retired: NodeFacts(retired, False, error="Connection refused")}
+    bad = failed(cluster_prechecks(small, down, target, Thresholds(), [], 1000.0))
+    assert [c.name for c in bad] == ["cluster-agrees"] and f"{retired}: unreachable" in bad[0].value
+
+
 # --- post-checks ----------------------------------------------------------------------------------
 
 

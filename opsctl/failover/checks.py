@@ -16,7 +16,8 @@ from opsctl.errors import OpsctlError, RefusedError
 from opsctl.health import MAX_LAG_BYTES
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import sentinel_agreed_master, shard_master
+from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
+from opsctl.slots.planning import retired
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 
@@ -265,10 +266,25 @@ def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, li
                  "wait until the replica catches up; a big write burst or a slow link makes it lag")
 
 
+def serving_endpoints(facts: Facts) -> set[str]:
+    """The masters that serve slots, as the nodes that answer see them: the server's cluster_size counts them, and an
+    election needs a majority of them. A shard the spec adds (a scale-out not yet moved into) has none yet."""
+    return {line.endpoint for f in facts.values() if f.reachable for line in f.cluster_nodes or ()
+            if line.is_master and line.slots}
+
+
 def voters(layout: Layout, facts: Facts) -> dict[int, str | None]:
-    """Shard -> its member that answers as a master with slots (a voter in an election); None: no such member."""
+    """Shard serving slots -> its member that answers as a master with slots (a voter in an election); None: no
+    such member (its master is down)."""
+    serving = serving_endpoints(facts)
     return {shard.index: next((m for m in shard.members if facts[m].reachable and (me := facts[m].myself)
-                               and me.is_master and me.slots), None) for shard in layout.shards}
+                               and me.is_master and me.slots), None) for shard in layout.shards
+            if any(layout.node(m).endpoint in serving for m in shard.members)}
+
+
+def cluster_size(layout: Layout, facts: Facts) -> int:
+    """How many masters vote in an election (the spec's shards when no node answers)."""
+    return len(serving_endpoints(facts)) or len(layout.shards)
 
 
 def vote_links(layout: Layout, facts: Facts, replica: str) -> dict[str, str]:
@@ -289,7 +305,7 @@ def vote_links(layout: Layout, facts: Facts, replica: str) -> dict[str, str]:
 
 
 def voters_check(layout: Layout, facts: Facts, replica: str | None) -> Check:
-    shards = len(layout.shards)
+    shards = cluster_size(layout, facts)
     threshold = f"> {shards // 2} of {shards} masters with their cluster bus link to the replica connected"
     if replica is None or facts[replica].myself is None:
         return Check("voters-linked", False, f"unknown: {replica or 'no replica'} gave no cluster view", threshold,
@@ -306,7 +322,7 @@ def voters_check(layout: Layout, facts: Facts, replica: str | None) -> Check:
 def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds,
                       history: Sequence[PastFailover], now: float) -> list[Check]:
     layout = loaded.layout
-    shards = len(layout.shards)
+    shards = cluster_size(layout, facts)
     answering = sum(1 for voter in voters(layout, facts).values() if voter)
     open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
                          for s in (*me.migrating, *me.importing)})
@@ -326,15 +342,26 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
 
 
 def agreement_check(facts: Facts, layout: Layout) -> Check:
-    views = {n.name: list(facts[n.name].cluster_nodes or []) for n in layout.servers if facts[n.name].reachable}
+    members = cluster_members(layout, facts)
+    views = {n: list(facts[n].cluster_nodes or []) for n in members if facts[n].reachable}
     infos = {n: facts[n].info for n in views}
     problems = [p for p in cluster_problems(views, infos) if "is open:" not in p.what]
-    down = [n.name for n in layout.servers if not facts[n.name].reachable]
+    down = [n for n in members if not facts[n].reachable]
     value = "no node answers" if not views else \
         "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
     return Check("cluster-agrees", not problems and not down, value or f"all {len(views)} nodes agree",
                  "every node answers, cluster_state ok, one slot map, roles agree",
                  "opsctl cluster check -f SPEC names the node that disagrees; wait for gossip or repair it")
+
+
+def cluster_members(layout: Layout, facts: Facts) -> list[str]:
+    """The nodes in the cluster: the spec's servers that it knows (plan.masters.cluster_endpoints; all of them
+    when no node serving slots answers), and the observed ones the spec no longer has (a scale-in's, which it
+    still knows). A plan restarts the servers first, failing each master over, and only then starts and joins the
+    nodes a scale-out adds and drains and removes those of a scale-in: the first must not hold a failover up
+    (silent, or alone in their own view), the others must answer and agree like any member."""
+    known = cluster_endpoints(facts)
+    return [*(n.name for n in layout.servers if known is None or n.endpoint in known), *retired(layout, facts)]
 
 
 def cooldown_check(target: Target, history: Sequence[PastFailover], now: float, limits: Thresholds) -> Check:

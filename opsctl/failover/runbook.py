@@ -40,6 +40,7 @@ from opsctl.nodefiles import write_private
 from opsctl.observe.collect import Observer, Pending, to_facts, wait_for
 from opsctl.plan.facts import NodeFacts
 from opsctl.safefs import check_state_path
+from opsctl.slots.scale import retired_nodes
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.topolock import check_held
@@ -67,12 +68,20 @@ class Options:
 
 
 class Session:
-    """Open connections to every node for the whole run: each observation is one parallel round trip."""
+    """Open connections to every node for the whole run: each observation is one parallel round trip. In a cluster
+    also to the nodes a larger spec had that the cluster still knows (a scale-in's, drained after the restarts):
+    they vote and must agree like the others (looked for once; a second Observer only when there are some)."""
 
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
         self.loaded = connector.loaded
         self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
+        if self.loaded.spec.topology == "cluster":
+            views = [o.cluster_nodes for o in self.observer.observe().values() if o.cluster_nodes]
+            retired = retired_nodes(self.loaded, views)
+            if retired:
+                self.observer.close()
+                self.observer = Observer(connector, [*self.loaded.layout.nodes, *retired], timeout=1.0)
 
     def facts(self) -> dict[str, NodeFacts]:
         return to_facts(self.observer.observe())

@@ -251,6 +251,13 @@ def sentinel_agreed_master(layout: Layout, facts: Facts) -> str | None:
     return node.name if node and not node.is_sentinel else None
 
 
+def cluster_endpoints(facts: Facts) -> set[str] | None:
+    """The endpoints the cluster knows: every line of the views of the running nodes that serve slots (a node a
+    scale-in removed serves none, its old view does not count). None when no node serving slots answers."""
+    views = [f.cluster_nodes for f in facts.values() if f.running and f.cluster_nodes and has_slots(f)]
+    return {line.endpoint for view in views for line in view} if views else None
+
+
 def has_slots(f: NodeFacts) -> bool:
     """Whether the node serves slots (its own line of CLUSTER NODES lists some)."""
     me = f.myself

@@ -10,6 +10,7 @@ from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_d
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
 from opsctl.plan.masters import (
+    cluster_endpoints,
     current_master,
     has_slots,
     sentinel_agreed_master,
@@ -540,8 +541,8 @@ def _rejoins(node: Node, facts: Facts) -> bool:
     node that is down is taken to come back by itself."""
     if not _restarting(facts[node.name]):
         return False
-    views = [f.cluster_nodes for f in facts.values() if f.running and f.cluster_nodes and has_slots(f)]
-    return not views or any(line.endpoint == node.endpoint for view in views for line in view)
+    known = cluster_endpoints(facts)
+    return known is None or node.endpoint in known
 
 
 def _unclustered(f: NodeFacts) -> bool:
