@@ -148,12 +148,24 @@ def test_masters_left_with_and_without_their_slots_are_finished_by_the_next_appl
     epochs and slots, one round trip each, all at once), shards 2 and 3's masters had theirs and shard 1's none,
     no MEET was sent, the replicas run. The next apply gives shard 1's share to its master (it moved slots from the
     others into it as into a new shard, and waited 60 s for a cluster whose 5462 unassigned slots no node served),
-    joins every node and replicates."""
+    joins every node and replicates. Before it, the slot commands refuse at once, nothing changed, and name apply:
+    `cluster fix` covered shard 1's share on its master alone, then waited 60 s ('timed out after 60s waiting for
+    the cluster of 6 nodes to converge', exit 1), `cluster reshard` waited the same, `rebalance --dry-run` showed
+    moves into shard 1's master."""
     server_binary("valkey")
     spec = write_spec(tmp_path, make_spec("cluster", "valkey"))
     layout = read_spec(spec).layout
+    source, target = layout.shards[1].master, layout.shards[0].master
     try:
         _killed_while_masters_set_up(spec, met=False)
+        for command in (["fix"], ["reshard", "--from", source, "--to", target, "--slots", "10"],
+                        ["rebalance", "--dry-run"]):
+            started = time.monotonic()
+            code, out, err = run(capsys, "cluster", *command, "-f", str(spec))
+            took = time.monotonic() - started
+            assert code == 3 and "the nodes are not one cluster: 6 groups" in err, err + out
+            assert f"{target} knows only itself" in err and "`opsctl apply -f SPEC`" in err, err
+            assert took < 5, f"cluster {command[0]} refused after {took:.1f} s"
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0 and f"assign-slots 5462 slots -> {layout.shards[0].master}" in out, err + out
         assert "move-slots" not in out, out

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from opsctl.observe.cluster_state import cluster_problems, even_slot_ranges, first_difference, slot_map, uncovered
+from opsctl.observe.cluster_state import (
+    cluster_problems,
+    even_slot_ranges,
+    first_difference,
+    node_groups,
+    slot_map,
+    uncovered,
+)
 from opsctl.observe.parse import parse_cluster_nodes, parse_info
 
 REPLIES = Path(__file__).parent / "fixtures" / "replies"
@@ -138,3 +146,25 @@ def test_open_slots_are_reported_as_ranges_per_peer() -> None:
 
     slots = {**{s: "b" for s in range(100, 612)}, 700: "b", 701: "c"}
     assert _runs(slots) == [((100, 611), "b"), ((700, 700), "b"), ((701, 701), "c")]
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_node_groups_split_nodes_that_never_met(flavor) -> None:
+    """A creation killed before its CLUSTER MEETs: each node knows only itself, several groups (the slot commands
+    refuse). Met nodes are one group, also while some still miss others or know one only one way (gossip spreads)."""
+    views, _ = snapshot(flavor, "converged")
+    names = sorted(views)
+    assert node_groups(views) == [names]
+    alone = {name: [line for line in view if line.is_myself] for name, view in views.items()}
+    assert node_groups(alone) == [[n] for n in names]
+    first, *rest = names
+    halves = {**alone, first: views[first]}  # the first met every other node, which have not heard of it yet
+    assert node_groups(halves) == [names]
+    ids = {n: next(line.id for line in views[n] if line.is_myself) for n in names}
+    pair = {**alone, rest[0]: [line for line in views[rest[0]] if line.id in (ids[rest[0]], ids[rest[1]])]}
+    assert node_groups(pair) == sorted([[first], *[[n] for n in rest[2:]], sorted(rest[:2])])
+    seen_first = next(line for line in views[rest[0]] if line.id == ids[first])
+    handshake = replace(seen_first, id="0" * 40, flags=frozenset({"master", "handshake"}))  # id made up until answered
+    meeting = {**alone, rest[0]: [*alone[rest[0]], handshake]}  # rest[0] ran CLUSTER MEET first: a meet under way
+    assert [first, rest[0]] in node_groups(meeting)
+    assert node_groups({}) == []

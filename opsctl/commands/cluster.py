@@ -36,12 +36,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
-    """Common shell of reshard/rebalance/fix: spec, state dir, lock, resume what a killed run left, print."""
+    """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
+    what a killed run left, print."""
     from opsctl.connector import open_connector
     from opsctl.events import Printer
     from opsctl.slots.cli import outcome_json, outcome_text
     from opsctl.slots.fix import close_open
-    from opsctl.slots.run import MoveOptions
+    from opsctl.slots.run import MoveOptions, one_cluster
     from opsctl.statedir import state_dir_for
     from opsctl.statelock import state_lock
     from opsctl.topolock import topology_lock
@@ -53,8 +54,9 @@ def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> i
     dry_run = getattr(args, "dry_run", False)
     with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
             nullcontext() if dry_run else topology_lock(connector):
+        seen = one_cluster(connector)
         if resume and not dry_run:
-            close_open(connector, state_dir, emit)
+            close_open(connector, state_dir, emit, seen)
         outcome = operation(connector, state_dir, emit, options)
     print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))
     return EXIT_OK

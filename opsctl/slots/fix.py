@@ -11,7 +11,7 @@ from opsctl.connector import Connector
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.collect import Pending, observe, wait_for
+from opsctl.observe.collect import NodeObservation, Pending, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.slots.atomic import wait_idle
 from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
@@ -29,10 +29,11 @@ STRAY_TIMEOUT_MS = 5000  # MIGRATE of one stray key to its slot's owner
 STRAY_ROUNDS = 3
 
 
-def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
-    """Resume a killed run: close every journaled slot, then any other open slot. Returns what was done."""
+def close_open(connector: Connector, state_dir: Path, emit: Emit, seen: Mapping[str, NodeObservation]) -> list[str]:
+    """Resume a killed run: close every journaled slot, then any other open slot (seen: a look at the spec's
+    nodes, to tell whether any is open). Returns what was done."""
     journal = Journal(state_dir)
-    if not journal.pending() and not _live_open(connector):
+    if not journal.pending() and not _live_open(seen):
         journal.compact()
         return []
     with open_session(connector) as session:
@@ -40,8 +41,7 @@ def close_open(connector: Connector, state_dir: Path, emit: Emit) -> list[str]:
     return done
 
 
-def _live_open(connector: Connector) -> bool:
-    seen = observe(connector, connector.loaded.layout.servers)
+def _live_open(seen: Mapping[str, NodeObservation]) -> bool:
     return any(line.migrating or line.importing for o in seen.values() for line in o.cluster_nodes or ()
                if line.is_myself)
 

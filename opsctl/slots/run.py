@@ -12,8 +12,8 @@ from opsctl.connector import Connector
 from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.errors import OpsctlError, RefusedError
 from opsctl.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
-from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.collect import Pending, observed_problems, wait_converged, wait_for
+from opsctl.observe.cluster_state import node_groups, slot_map
+from opsctl.observe.collect import NodeObservation, Pending, observe, observed_problems, wait_converged, wait_for
 from opsctl.observe.parse import myself
 from opsctl.slots.atomic import atomic_move
 from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
@@ -53,6 +53,24 @@ def open_session(connector: Connector) -> Session:
         return session
     session.close()
     return Session(connector, [*servers, *retired])
+
+
+def one_cluster(connector: Connector) -> dict[str, NodeObservation]:
+    """A look at the spec's nodes, refused (nothing changed) when they are not one cluster: a creation killed
+    before its CLUSTER MEETs, a scale-out's node started and not joined. No slot moves between nodes that never met,
+    nor do they converge; meeting them is apply's (join-cluster)."""
+    seen = observe(connector, connector.loaded.layout.servers)
+    groups = node_groups({name: o.cluster_nodes for name, o in seen.items() if o.cluster_nodes})
+    if len(groups) > 1:
+        raise RefusedError(f"the nodes are not one cluster: {len(groups)} groups know nothing of each other",
+                           "\n".join(_group_line(g) for g in groups),
+                           "a creation (or scale-out) stopped before its nodes met: `opsctl apply -f SPEC` meets "
+                           "them and finishes it")
+    return seen
+
+
+def _group_line(names: Sequence[str]) -> str:
+    return f"{names[0]} knows only itself" if len(names) == 1 else f"{', '.join(names)} know only each other"
 
 
 def resolve(session: Session, ref: str, notes: list[str] | None = None) -> str:
