@@ -316,6 +316,42 @@ def test_a_restart_change_rolls_shard_by_shard_with_a_failover_before_each_maste
     assert not any(getattr(s, "needs_downtime", False) for s in plan.steps)
 
 
+def in_every_view(facts: dict[str, NodeFacts], name: str, change) -> dict[str, NodeFacts]:
+    """The same facts, name's line changed by change(line) in every node's view."""
+    me = facts[name].myself
+    assert me is not None
+    return {k: replace(f, cluster_nodes=tuple(change(line) if line.id == me.id else line
+                                              for line in f.cluster_nodes or ())) for k, f in facts.items()}
+
+
+def test_a_killed_runs_slot_repairs_run_alone_before_a_restarts_failovers() -> None:
+    """A move killed part way (slot 5 open from shard 1's master to shard 2's), then a restart-only change: the
+    failover before shard 1's master's restart refuses while a slot is open (no-open-slots), and close-slots came
+    after every restart: on real servers the failover step timed out after 60 s. Closing decides who serves the
+    slot (a new shard's empty master that gets it takes writes, and its restart planned before needs a failover
+    now), so the repairs run alone and apply plans the rest after them. Unserved slots likewise: assign-slots names
+    the master of plan time, which a failover makes a replica."""
+    loaded = loaded_spec("cluster")
+    shards = loaded.layout.shards
+    facts = formed_cluster(loaded)
+    source, target = (facts[s.master].myself for s in shards[:2])
+    assert source is not None and target is not None
+    facts = in_every_view(facts, shards[0].master, lambda line: replace(line, migrating={5: target.id}))
+    facts = in_every_view(facts, shards[1].master, lambda line: replace(line, importing={5: source.id}))
+    plan = make_plan(loaded, desired(loaded), with_record(facts, daemonized_differently), "d")
+    assert [(s.kind, s.node) for s in plan.steps] == [("close-slots", shards[0].master)] and plan.replan, plan.steps
+    assert "repaired first" in plan.notes[0]
+
+    unserved = in_every_view(formed_cluster(loaded), shards[2].master, lambda line: replace(line, slots=()))
+    plan = make_plan(loaded, desired(loaded), with_record(unserved, daemonized_differently), "d")
+    assert [(s.kind, s.node, s.slots) for s in plan.steps if isinstance(s, AssignSlots)] == \
+        [("assign-slots", shards[2].master, "10923-16383")] and len(plan.steps) == 1 and plan.replan, plan.steps
+
+    renamed = with_record(facts, lambda ds: [d for d in ds if d[0] != "rename-command"])  # no failover: as before
+    plan = make_plan(loaded, desired(loaded), renamed, "d")
+    assert kinds(plan)[-2:] == ["close-slots", "wait-converged"] and not plan.replan, kinds(plan)
+
+
 def test_a_rename_change_restarts_every_node_in_place_and_needs_downtime_consent() -> None:
     loaded = loaded_spec("cluster")
     facts = with_record(formed_cluster(loaded), lambda ds: [d for d in ds if d[0] != "rename-command"])

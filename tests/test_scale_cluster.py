@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import yaml
 
+from opsctl.admin import Admin
 from opsctl.cli import main
+from opsctl.connector import Connector
+from opsctl.spec.load import LoadedSpec
 from opsctl.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import cluster_check
+from tests.support import PASSWORD, PASSWORD_ENV, cluster_check
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -83,6 +94,64 @@ def test_a_scale_with_a_restart_only_change_fails_over_each_master_first_and_los
             check = cluster_check(loaded.layout.servers[0].endpoint)
             assert check.returncode == 0 and "3 masters" in check.stdout, check.stdout
         finally:  # also stop the fourth shard's nodes if the test failed half way
+            spec.write_text(yaml.safe_dump(grown))
+            main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+            spec.write_text(yaml.safe_dump(data))
+            capsys.readouterr()
+
+
+def open_slots_of(admin: Admin) -> list[str]:
+    """The node's own open slots as CLUSTER NODES lists them ('[slot->-id]', '[slot-<-id]')."""
+    myself = next(line for line in str(admin.call("CLUSTER", "NODES")).splitlines() if "myself" in line)
+    return [field for field in myself.split()[8:] if field.startswith("[")]
+
+
+def killed_mid_move(spec: Path, loaded: LoadedSpec) -> None:
+    """Apply the spec and SIGKILL opsctl as soon as one of loaded's shard masters shows a slot open (its move's
+    first wave, journaled)."""
+    with contextlib.ExitStack() as stack:
+        admins = [stack.enter_context(Connector(loaded).admin(loaded.layout.node(s.master)))
+                  for s in loaded.layout.shards]
+        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+                                env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not any(map(open_slots_of, admins)) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert any(map(open_slots_of, admins)), "apply was not killed while a slot was open"
+
+
+def test_a_scale_out_killed_mid_move_then_a_restart_only_change_repairs_the_slots_first(tmp_path, capsys) -> None:
+    """An apply adding a shard is killed while its first move into the new master has slots open, then one apply
+    also changes io-threads. It failed every master over before the slot repair, and the first failover timed out
+    after 60 s ('no-open-slots: t-1:4096, ...'); with the repair first, closing gave the new master (empty when
+    planned, so restarted as a replica would be) its slots and its restart was refused ('t-7 takes shard 4's
+    writes now'). The repair runs alone; apply then plans the rest from what the nodes say."""
+    with deployed(tmp_path, capsys, "cluster", "redis") as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        grown = {**data, "cluster": {**data["cluster"], "masters": 4}}
+        try:
+            preload(loaded, 30000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(grown))
+                killed_mid_move(spec, loaded)
+                spec.write_text(yaml.safe_dump({**grown, "config": {"io-threads": 2}}))
+                plan = plan_json(capsys, spec)
+                assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "4 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            client = cluster_client(read_spec(spec))
+            assert writer.verify(client) == []
+            assert dataset_checksum(client, "pre:*") == before
+            check = cluster_check(loaded.layout.servers[0].endpoint)
+            assert check.returncode == 0 and "4 masters" in check.stdout, check.stdout
+        finally:  # the grown spec: the fourth shard's nodes are stopped too
             spec.write_text(yaml.safe_dump(grown))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
             spec.write_text(yaml.safe_dump(data))

@@ -23,6 +23,8 @@ from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.server_defaults import SERVER_DEFAULTS
 from opsctl.plan.steps import (
     AclLoad,
+    AssignSlots,
+    CloseSlots,
     ConfigSet,
     Failover,
     FinishFailover,
@@ -65,7 +67,10 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         return _start_first(loaded, steps, waiting, facts, spec_digest)
     moving = {s.node for s in steps if isinstance(s, Failover)}
     if topology == "cluster":
-        steps += cluster_steps(layout, facts, moving)
+        cluster = cluster_steps(layout, facts, moving)
+        if moving and (repairs := [s for s in cluster if isinstance(s, (AssignSlots, CloseSlots))]):
+            return _repair_slots_first(loaded, repairs, facts, spec_digest)
+        steps += cluster
     elif topology in ("replication", "sentinel"):
         steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts, moving)
     if topology == "sentinel":
@@ -99,6 +104,16 @@ def _start_first(loaded: LoadedSpec, steps: list[Step], waiting: list[str], fact
             "apply then observes again and plans the rest")
     first = tuple(s for s in steps if not facts[s.node].running)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), first, (note,), replan=True)
+
+
+def _repair_slots_first(loaded: LoadedSpec, repairs: Sequence[Step], facts: Facts, spec_digest: str) -> Plan:
+    """Only the repairs of a killed run's slots now, when the plan fails masters over: a failover refuses while
+    slots are open (no-open-slots), and the repairs decide which masters serve which slots, so which nodes take
+    writes (the rolling order, the failovers before masters' restarts, assign-slots' master). Apply observes again
+    once they ran and plans the rest."""
+    note = ("slots a killed run left open or unserved are repaired first: a failover refuses while slots are open, "
+            "and the repair decides which masters take writes; apply then observes again and plans the rest")
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(repairs), (note,), replan=True)
 
 
 def _settling(layout: Layout, facts: Facts) -> list[str]:
