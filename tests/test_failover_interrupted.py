@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from opsctl.connector import Connector
 from opsctl.events import Log
@@ -205,3 +206,24 @@ def test_a_fence_stays_while_a_node_that_may_have_been_promoted_does_not_answer(
         assert _master(loaded) == target
         assert writer.verify(_client(loaded, target)) == []
         assert _fenced(loaded) == []
+
+
+@pytest.mark.parametrize(("topology", "failover"), [("replication", ["--to", "t-2", "--no-failover-command"]),
+                                                    ("sentinel", ["--shard", "1"])])
+def test_a_failover_killed_past_the_promotion_is_finished_before_a_restart_only_change(
+        tmp_path, capsys, topology, failover) -> None:
+    """Killed after the promotion, then apply with io-threads changed (a restart of every node): it restarted the
+    fenced old master first, which came back unfenced and took writes again beside the promoted replica ('t-2 is
+    no longer shard 1's master: t-1 took its writes'); plain replication's wait for the replicas timed out after
+    60 s with two masters, and under Sentinel apply passed with acknowledged writes lost. The failover is
+    finished first, alone; apply then plans the restarts from what the nodes say."""
+    with deployed(tmp_path, capsys, topology, "redis") as (spec, loaded):
+        target = loaded.layout.shards[0].replicas[0]
+        spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "config": {"io-threads": 2}}))
+        argv = [target if arg == "t-2" else arg for arg in failover]
+        _, writer, again = _killed_then_rerun(capsys, spec, loaded, "promoted", argv, ["apply"])
+        assert again.returncode == 0 and "interrupted failover finished" in again.stderr, again.stdout + again.stderr
+        assert writer.verify(_client(loaded, _master(loaded))) == []  # old again when the restarts' failover picks it
+        assert _fenced(loaded) == []
+        assert f"{topology} ok" in _wait_healthy(capsys, spec)
+        assert plan_json(capsys, spec)["steps"] == []

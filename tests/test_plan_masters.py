@@ -369,6 +369,22 @@ def test_a_fenced_old_master_is_not_the_master_a_plan_or_a_step_follows(seen: st
         assert [type(s) for s in shard.plan().steps][:2] == [FinishFailover, Replicate]
 
 
+def test_an_interrupted_failover_is_finished_alone_before_a_restart() -> None:
+    """Killed after the promotion (old fenced, other still following it), then a restart-only change: the plan
+    restarted old first, which came back unfenced and took writes again ('t-2 is no longer shard 1's master: t-1
+    took its writes'), failed nothing over, and finish-failover found no fence: two masters, and the wait for the
+    replicas timed out after 60 s. The failover is finished alone; apply then plans the restarts."""
+    shard = Shard()
+    shard.master(shard.old, keys=300, replicas=(shard.other,), master_replid=OLD_HISTORY, master_repl_offset="9984")
+    shard.replica(shard.other, of=shard.old, offset=9984)
+    shard.master(shard.new, keys=300, **promoted(at=9984))
+    fenced(shard, shard.old, "config")
+    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    plan = shard.plan()
+    assert [(s.kind, s.node) for s in plan.steps] == [("finish-failover", shard.old)] and plan.replan, plan.steps
+    assert "finished first" in plan.notes[0]
+
+
 def test_a_fenced_old_master_holding_more_keys_than_the_promoted_one_is_refused() -> None:
     """Past the promotion the fenced master's offsets tell nothing, so keys do: a replica promoted before it had
     caught up (by hand, beside the interrupted failover) lacks keys the old master holds."""

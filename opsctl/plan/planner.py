@@ -69,10 +69,13 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     if topology == "cluster":
         cluster = cluster_steps(layout, facts, moving)
         if moving and (repairs := [s for s in cluster if isinstance(s, (AssignSlots, CloseSlots))]):
-            return _repair_slots_first(loaded, repairs, facts, spec_digest)
+            return _repairs_first(loaded, repairs, SLOTS_FIRST, facts, spec_digest)
         steps += cluster
     elif topology in ("replication", "sentinel"):
-        steps += finish_failover_steps(layout, facts) + replication_steps(layout, facts, moving)
+        finish = finish_failover_steps(layout, facts)
+        if finish and any(isinstance(s, RestartNode) for s in steps):
+            return _repairs_first(loaded, finish, FINISH_FIRST, facts, spec_digest)
+        steps += finish + replication_steps(layout, facts, moving)
     if topology == "sentinel":
         steps = _with_sentinel_steps(loaded, desired, facts, steps, moving)
     rotation = rotation_steps(loaded, desired, facts)
@@ -106,13 +109,18 @@ def _start_first(loaded: LoadedSpec, steps: list[Step], waiting: list[str], fact
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), first, (note,), replan=True)
 
 
-def _repair_slots_first(loaded: LoadedSpec, repairs: Sequence[Step], facts: Facts, spec_digest: str) -> Plan:
-    """Only the repairs of a killed run's slots now, when the plan fails masters over: a failover refuses while
-    slots are open (no-open-slots), and the repairs decide which masters serve which slots, so which nodes take
-    writes (the rolling order, the failovers before masters' restarts, assign-slots' master). Apply observes again
-    once they ran and plans the rest."""
-    note = ("slots a killed run left open or unserved are repaired first: a failover refuses while slots are open, "
-            "and the repair decides which masters take writes; apply then observes again and plans the rest")
+SLOTS_FIRST = ("slots a killed run left open or unserved are repaired first: a failover refuses while slots are "
+               "open, and the repair decides which masters take writes; apply then observes again and plans the rest")
+FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
+                "writes), and finishing it decides the master; apply then observes again and plans the rest")
+
+
+def _repairs_first(loaded: LoadedSpec, repairs: Sequence[Step], note: str, facts: Facts, spec_digest: str) -> Plan:
+    """Only the repairs of what a killed run left now, when the plan also restarts nodes (in a cluster: fails
+    masters over): they decide which node takes which writes, and so the rolling order, the failover before a
+    master's restart and the master a step names. A slot repair comes before a failover, which refuses while
+    slots are open; an interrupted failover is finished before a restart, which would lift its fence. Apply
+    observes again once they ran and plans the rest."""
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(repairs), (note,), replan=True)
 
 
