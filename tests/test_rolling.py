@@ -129,6 +129,10 @@ def test_upgrade_from_redis_7_0_to_valkey_9_1_keeps_every_key(tmp_path, capsys) 
         for node in upgraded.layout.servers:
             info = redis.Redis(host=node.address, port=node.port, password=PASSWORD).info("server")
             assert info.get("server_name") == "valkey"
+            # the Redis server shut down cleanly on SIGTERM: its folder stayed its user's until the restart (the
+            # new config written as valkey's made its last RDB unwritable, and it ran on until a SIGKILL 30 s later)
+            log = next(spec.parent.glob(f".opsctl/*/{node.name}/server.log")).read_text()
+            assert "Redis is now ready to exit" in log, f"{node.name}: no clean exit of the Redis server"
         assert cluster_check(upgraded.layout.servers[0].endpoint).returncode == 0
         assert plan_json(capsys, spec)["steps"] == []
 

@@ -319,12 +319,18 @@ class LocalProvider:
         names = {self.loaded.spec.server.service_user, *FLAVOR_USERS}
         return trusted_owners(user.uid for name in names if (user := lookup(name)) is not None)
 
-    def _folder(self, node: Node) -> Path:
+    def _folder(self, node: Node, hand_over: bool = False) -> Path:
+        """The node's folder, made the server user's when missing. One that exists keeps its owner until the server
+        starts (hand_over): a spec that changes the server user (a flavor change with the default user, redis ->
+        valkey) writes the new files while the old server still runs as the old user, which must go on writing
+        there (log, AOF, nodes.conf, its last RDB: Redis 7.0 does not exit on SIGTERM when it cannot save it, and
+        was SIGKILLed 30 s later)."""
         user = self.server_user()
         check_state_path(self.state_dir, owners=trusted_owners())
         make_dir(self.state_dir, 0o711 if user else 0o700, trusted_owners())
         folder = self.node_dir(node)
-        make_dir(folder, 0o700, self._owners(), chown=user.ids if user else None)
+        new = not os.path.lexists(folder)
+        make_dir(folder, 0o700, self._owners(), chown=user.ids if user and (new or hand_over) else None)
         return folder
 
     def _checked_node_dir(self, node: Node) -> Path:
@@ -334,17 +340,19 @@ class LocalProvider:
         return folder
 
     def write_files(self, node: Node, files: dict[str, str]) -> None:
+        """The files are the folder owner's (the running server's, which may rewrite its config) until the server
+        starts as the spec's user (_hand_over)."""
         names = [plain_name(name) for name in files]
         folder = self._folder(node)
-        user = self.server_user()
+        owner = os.stat(folder) if self.server_user() else None
         for name in names:
-            write_private(folder / name, files[name], chown=user.ids if user else None)
+            write_private(folder / name, files[name], chown=(owner.st_uid, owner.st_gid) if owner else None)
 
     def _hand_over(self, node: Node, user: ServerUser) -> None:
         """Give the server user what it writes in its folder (data, logs, configs of an earlier root run);
         opsctl's record stays root's. Links are changed themselves, never followed, and a file with a second
         hard link is left alone (it could be any file of the system, planted to be handed over)."""
-        folder = self._folder(node)
+        folder = self._folder(node, hand_over=True)
         for root, dirs, names in os.walk(folder):
             for name in [*dirs, *names]:
                 path = os.path.join(root, name)
