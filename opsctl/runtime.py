@@ -218,8 +218,17 @@ def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
     if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
         refuse_layout_change(rt.loaded.layout, facts)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
-    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded))
+    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded), filling(rt))
     return _with_port_warning(rt.loaded, plan), facts
+
+
+def filling(rt: Runtime) -> list[int]:
+    """The shards a cluster's scale-out was filling when its apply stopped (the slot journal's fill entries)."""
+    if rt.loaded.spec.topology != "cluster":
+        return []
+    from opsctl.slots.journal import Journal
+
+    return Journal(rt.state_dir).filling()
 
 
 def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:

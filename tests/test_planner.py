@@ -352,6 +352,59 @@ def test_a_killed_runs_slot_repairs_run_alone_before_a_restarts_failovers() -> N
     assert kinds(plan)[-2:] == ["close-slots", "wait-converged"] and not plan.replan, kinds(plan)
 
 
+def partly_filled(loaded: LoadedSpec, taken: int) -> dict[str, NodeFacts]:
+    """A 4-master cluster whose 4th shard's master took the top `taken` of shard 1's slots (a scale-out from 3
+    masters stopped after its first moves); the other shards keep their 3-master share."""
+    shards = loaded.layout.shards
+    ranges = even_slot_ranges(3)
+    slots = {1: ((0, ranges[0][1] - taken),), 2: (ranges[1],), 3: (ranges[2],),
+             4: ((ranges[0][1] - taken + 1, ranges[0][1]),)}
+    facts = formed_cluster(loaded)
+    for shard in shards:
+        facts = in_every_view(facts, shard.master, lambda line, s=shard.index: replace(line, slots=slots[s]))
+    return facts
+
+
+def test_a_scale_out_an_apply_did_not_finish_is_filled_to_its_share_and_a_manual_reshard_is_left_alone() -> None:
+    """A scale-out (3 -> 4 masters) killed during its moves: the journal's fill entry names shard 4, which holds
+    what moved before the kill (16 slots). The moves went only into masters holding no slot, so the next apply
+    closed the open slots and planned nothing more: shard 4 kept 16 slots. With the fill open, apply plans the
+    rest of its share; without one (a reshard by hand gave it those slots) nothing moves."""
+    spec = make_spec("cluster")
+    loaded = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}})
+    shards = loaded.layout.shards
+    facts = partly_filled(loaded, 16)
+    plan = make_plan(loaded, desired(loaded), facts, "d", filling=[4])
+    moves = [s for s in plan.steps if isinstance(s, MoveSlots)]
+    assert {(s.target, s.fills) for s in moves} == {(shards[3].master, 4)}, plan.steps
+    assert sum(s.slot_count for s in moves) == 4096 - 16 and "not at its share" in moves[0].reason
+    assert make_plan(loaded, desired(loaded), facts, "d").empty  # no fill open: a reshard by hand
+
+    balanced = partly_filled(loaded, 0)  # shard 4 at its share (4096 slots, the others 4096 each)
+    share = {shard.index: ((4096 * (shard.index - 1), 4096 * shard.index - 1),) for shard in shards}
+    for shard in shards:
+        balanced = in_every_view(balanced, shard.master, lambda line, s=shard.index: replace(line, slots=share[s]))
+    assert make_plan(loaded, desired(loaded), balanced, "d", filling=[4]).empty
+    assert make_plan(loaded, desired(loaded), facts, "d", filling=[5]).empty  # a shard the spec no longer has
+
+
+def test_a_scale_outs_open_slots_are_closed_alone_then_apply_plans_the_rest_of_its_moves() -> None:
+    """Killed with a wave open: closing it changes what shard 4 holds, so the close runs alone (replan) and the
+    moves are planned from what it leaves; without a fill open, the close is planned as before."""
+    spec = make_spec("cluster")
+    loaded = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}})
+    shards = loaded.layout.shards
+    facts = partly_filled(loaded, 16)
+    source, target = (facts[shards[i].master].myself for i in (0, 3))
+    assert source is not None and target is not None
+    facts = in_every_view(facts, shards[0].master, lambda line: replace(line, migrating={5444: target.id}))
+    facts = in_every_view(facts, shards[3].master, lambda line: replace(line, importing={5444: source.id}))
+    plan = make_plan(loaded, desired(loaded), facts, "d", filling=[4])
+    assert kinds(plan) == ["close-slots"] and plan.replan and "scale-out" in plan.notes[0], plan
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert kinds(plan) == ["close-slots", "wait-converged"] and not plan.replan, kinds(plan)
+
+
 def test_a_rename_change_restarts_every_node_in_place_and_needs_downtime_consent() -> None:
     loaded = loaded_spec("cluster")
     facts = with_record(formed_cluster(loaded), lambda ds: [d for d in ds if d[0] != "rename-command"])

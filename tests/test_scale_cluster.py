@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,6 +152,42 @@ def test_a_scale_out_killed_mid_move_then_a_restart_only_change_repairs_the_slot
             assert dataset_checksum(client, "pre:*") == before
             check = cluster_check(loaded.layout.servers[0].endpoint)
             assert check.returncode == 0 and "4 masters" in check.stdout, check.stdout
+        finally:  # the grown spec: the fourth shard's nodes are stopped too
+            spec.write_text(yaml.safe_dump(grown))
+            main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+            spec.write_text(yaml.safe_dump(data))
+            capsys.readouterr()
+
+
+def test_a_scale_out_killed_mid_move_is_finished_by_the_same_apply(tmp_path, capsys) -> None:
+    """An apply adding a shard is killed while its first move into the new master has slots open, then the same
+    spec is applied again. The moves went only into masters holding no slot: closing the open wave gave the new
+    master its 16 slots, the others kept ~5450 each, and the plan after was empty. The fill is journaled before
+    the first move: the close runs alone, then apply moves the rest of the new shard's share."""
+    with deployed(tmp_path, capsys, "cluster", "redis") as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        grown = {**data, "cluster": {**data["cluster"], "masters": 4}}
+        try:
+            preload(loaded, 30000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(grown))
+                killed_mid_move(spec, loaded)
+                plan = plan_json(capsys, spec)
+                assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
+                assert "scale-out" in plan["notes"][0], plan
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "4 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            client = cluster_client(read_spec(spec))
+            assert writer.verify(client) == []
+            assert dataset_checksum(client, "pre:*") == before
+            check = cluster_check(loaded.layout.servers[0].endpoint)
+            assert check.returncode == 0 and "4 masters" in check.stdout, check.stdout
+            shares = [int(n) for n in re.findall(r"\| (\d+) slots \|", check.stdout)]
+            assert len(shares) == 4 and all(abs(n - 4096) <= 1 for n in shares), check.stdout  # balance_moves'
         finally:  # the grown spec: the fourth shard's nodes are stopped too
             spec.write_text(yaml.safe_dump(grown))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])

@@ -82,6 +82,10 @@ GOOD_OPEN = {"op": "open", "source": "a", "source_id": "x", "target": "b", "targ
     ({"op": "close", "slots": "0-9"}, "slots must be"),
     ({**GOOD_OPEN, "source": 7}, "'source'"),
     ({**GOOD_OPEN, "mode": "teleport"}, "unknown mode"),
+    ({"op": "fill", "shard": 0, "master": "t-7"}, "a fill entry needs a shard number"),
+    ({"op": "fill", "shard": "4", "master": "t-7"}, "a fill entry needs a shard number"),
+    ({"op": "fill", "shard": 4}, "non-empty string 'master'"),
+    ({"op": "filled", "shards": [4, True]}, "a filled entry needs 'shards'"),
 ])
 def test_a_damaged_journal_is_a_clear_error(tmp_path, entry, problem):
     path = tmp_path / "slots-journal.jsonl"
@@ -90,6 +94,22 @@ def test_a_damaged_journal_is_a_clear_error(tmp_path, entry, problem):
         Journal(tmp_path).pending()
     assert str(path) + ":2" in caught.value.summary and problem in caught.value.summary
     assert "cluster fix" in caught.value.hint
+
+
+def test_a_fill_stays_open_until_an_apply_marks_it_filled_and_keeps_the_journal_meanwhile(tmp_path):
+    journal = Journal(tmp_path)
+    journal.filled()  # nothing open: no file written
+    assert not journal.path.exists()
+    journal.fill(4, "t-7")
+    journal.opened("t-1", "x", "t-7", "y", [5444])
+    journal.closed([5444])
+    journal.compact()  # every slot closed, but shard 4 is still to fill: kept
+    assert journal.filling() == [4] and journal.pending() == []
+    journal.fill(5, "t-9")
+    journal.fill(4, "t-7")  # each move into it says so again
+    assert journal.filling() == [4, 5]
+    journal.filled()
+    assert not journal.path.exists() and journal.filling() == []
 
 
 def test_only_a_torn_last_line_is_forgiven(tmp_path):

@@ -172,6 +172,10 @@ def _apply_plans(rt: Any, args: argparse.Namespace, saved: Plan | None) -> int:
             plan, facts = compute_plan(rt)
             ran += run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
                             f"Applied {len(plan.steps)} step(s)")
+        if not plan.replan and rt.loaded.spec.topology == "cluster":
+            from opsctl.slots.journal import Journal
+
+            Journal(rt.state_dir).filled()  # its last plan moved every shard it was filling to its share
     except OpsctlError as exc:  # a plan made after another one ran (a replan) refused: changed all the same
         from opsctl.executor import changed_anyway
 

@@ -50,7 +50,9 @@ from opsctl.versions import Version, parse_version, rolling_change_problem, serv
 Facts = Mapping[str, NodeFacts]
 
 
-def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str) -> Plan:
+def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, spec_digest: str,
+              filling: Collection[int] = ()) -> Plan:
+    """filling: the shards a scale-out was filling when its run stopped (the slot journal's, read by the shell)."""
     layout = loaded.layout
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     refuse_unsafe_server_change(facts, server)
@@ -67,9 +69,13 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         return _start_first(loaded, steps, waiting, facts, spec_digest)
     moving = {s.node for s in steps if isinstance(s, Failover)}
     if topology == "cluster":
-        cluster = cluster_steps(layout, facts, moving)
-        if moving and (repairs := [s for s in cluster if isinstance(s, (AssignSlots, CloseSlots))]):
+        cluster = cluster_steps(layout, facts, moving, filling)
+        repairs = [s for s in cluster if isinstance(s, (AssignSlots, CloseSlots))]
+        if moving and repairs:
             return _repairs_first(loaded, repairs, SLOTS_FIRST, facts, spec_digest)
+        closing = any(isinstance(s, CloseSlots) for s in repairs)  # the moves are planned once nothing is open
+        if closing and any(shard.index in filling for shard in layout.shards):
+            return _repairs_first(loaded, repairs, FILL_AFTER_REPAIRS, facts, spec_digest)
         steps += cluster
     elif topology in ("replication", "sentinel"):
         finish = finish_failover_steps(layout, facts)
@@ -111,6 +117,8 @@ def _start_first(loaded: LoadedSpec, steps: list[Step], waiting: list[str], fact
 
 SLOTS_FIRST = ("slots a killed run left open or unserved are repaired first: a failover refuses while slots are "
                "open, and the repair decides which masters take writes; apply then observes again and plans the rest")
+FILL_AFTER_REPAIRS = ("slots a killed run left open are closed first: the moves that finish its scale-out are "
+                      "planned from what closing leaves; apply then observes again and plans them")
 FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
                 "writes), and finishing it decides the master; apply then observes again and plans the rest")
 
@@ -119,8 +127,9 @@ def _repairs_first(loaded: LoadedSpec, repairs: Sequence[Step], note: str, facts
     """Only the repairs of what a killed run left now, when the plan also restarts nodes (in a cluster: fails
     masters over): they decide which node takes which writes, and so the rolling order, the failover before a
     master's restart and the master a step names. A slot repair comes before a failover, which refuses while
-    slots are open; an interrupted failover is finished before a restart, which would lift its fence. Apply
-    observes again once they ran and plans the rest."""
+    slots are open; an interrupted failover is finished before a restart, which would lift its fence. Open slots
+    are also closed alone while a scale-out is unfinished: the moves that finish it are planned from what closing
+    leaves. Apply observes again once they ran and plans the rest."""
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(repairs), (note,), replan=True)
 
 
@@ -520,7 +529,8 @@ def sentinel_drift(want: Mapping[str, str], seen: Mapping[str, str] | None) -> d
             if seen.get(k) != v and not (k == "auth-pass" and seen.get(k) == MASK)}
 
 
-def cluster_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()) -> list[Step]:
+def cluster_steps(layout: Layout, facts: Facts, moving: Collection[str] = (),
+                  filling: Collection[int] = ()) -> list[Step]:
     members = [n.name for n in layout.servers]
     if all(_unclustered(facts[m]) for m in members):
         first = layout.shards[0].master
@@ -549,7 +559,7 @@ def cluster_steps(layout: Layout, facts: Facts, moving: Collection[str] = ()) ->
             steps.append(Replicate(name, f"should replicate {_follows(master, moving)} (shard {shard.index})",
                                    master))
     masters = [current_master(shard, layout, facts) for shard in layout.shards]
-    return steps + slot_steps(layout, facts, masters)
+    return steps + slot_steps(layout, facts, masters, filling)
 
 
 def _restarting(f: NodeFacts) -> bool:

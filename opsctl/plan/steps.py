@@ -142,7 +142,9 @@ class WaitConverged(Step):
 
 @frozen
 class MoveSlots(Step):
-    """Move slots (ranges as text, e.g. "0-99,200") from node (a master) to target, with estimates."""
+    """Move slots (ranges as text, e.g. "0-99,200") from node (a master) to target, with estimates. fills: the
+    shard whose master target is, when the move fills it (a scale-out: journaled before the move, so an apply
+    stopped part way plans the rest), else 0."""
 
     kind: ClassVar[str] = "move-slots"
     target: str = ""
@@ -150,6 +152,7 @@ class MoveSlots(Step):
     slot_count: int = 0
     est_keys: int = 0
     est_bytes: int = 0
+    fills: int = 0
 
     def title(self) -> str:
         return f"{self.kind} {self.slot_count} slots {self.node} -> {self.target} (~{self.est_keys} keys)"

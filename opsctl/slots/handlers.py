@@ -23,7 +23,8 @@ from opsctl.topolock import topology_lock
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
     """Move what the source still owns of the step's slots (slots already at the target are done: idempotent).
     Source and target are their shards' masters when the step runs (slots.run.resolve): a failover earlier in the
-    same plan (a master's restart) makes the master the plan named a replica, which owns none of them."""
+    same plan (a master's restart) makes the master the plan named a replica, which owns none of them. A move that
+    fills a shard (a scale-out) journals so first: apply marks it filled once it finished (Journal.filled)."""
     with topology_lock(rt.connector), open_session(rt.connector) as session:
         notes: list[str] = []
         source, target = resolve(session, step.node, notes), resolve(session, step.target, notes)
@@ -35,7 +36,10 @@ def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
         if not left:
             emit(SlotsSkip(step.title(), "already moved"))
             return
-        run_moves(session, [Move(source, target, to_ranges(left))], Journal(rt.state_dir), emit, MoveOptions())
+        journal = Journal(rt.state_dir)
+        if step.fills:
+            journal.fill(step.fills, target)
+        run_moves(session, [Move(source, target, to_ranges(left))], journal, emit, MoveOptions())
 
 
 def assign_slots(rt: Runtime, step: AssignSlots, emit: Emit) -> None:

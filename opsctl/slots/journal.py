@@ -1,6 +1,8 @@
 """The slot journal: every slot a run opens is written down (fsync) before it is opened, and marked closed
 after its owner changed everywhere. A killed run leaves open entries; the next `apply` or `cluster fix`
-closes exactly those. The file is JSON lines in the state dir; the replay decisions are pure.
+closes exactly those. A scale-out's moves into a shard are written down too (fill), before the first, and marked
+done (filled) once apply finished: while one is open, apply plans moves into that shard until it holds its share.
+The file is JSON lines in the state dir; the replay decisions are pure.
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ def entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict):
         return "a line is not a JSON object"
     op = entry.get("op")
+    if op == "fill":
+        return None if _is_shard(entry.get("shard")) and isinstance(entry.get("master"), str) and entry["master"] \
+            else "a fill entry needs a shard number (1 or more) and a non-empty string 'master'"
+    if op == "filled":
+        shards = entry.get("shards")
+        return None if isinstance(shards, list) and all(map(_is_shard, shards)) \
+            else "a filled entry needs 'shards', a list of shard numbers (1 or more)"
     if op not in ("open", "close"):
-        return f"unknown op {str(op)[:40]!r} (expected open or close)"
+        return f"unknown op {str(op)[:40]!r} (expected open, close, fill or filled)"
     slots = entry.get("slots")
     if not isinstance(slots, list) or not all(_is_range(r) for r in slots):
         return f"slots must be a list of [start, end] pairs within 0..{SLOTS - 1}"
@@ -52,6 +61,10 @@ def entry_problem(entry: object) -> str | None:
         if entry.get("mode", "keys") not in MODES:
             return f"unknown mode {str(entry.get('mode'))[:40]!r} (expected keys or atomic)"
     return None
+
+
+def _is_shard(value: object) -> bool:
+    return type(value) is int and value >= 1
 
 
 def _is_range(value: object) -> bool:
@@ -100,6 +113,17 @@ def pending(entries: Iterable[dict[str, Any]]) -> list[OpenSlots]:
     return [OpenSlots(k[0], k[1], k[2], k[3], to_ranges(v), k[4]) for k, v in sorted(groups.items())]
 
 
+def filling(entries: Iterable[dict[str, Any]]) -> list[int]:
+    """Replay the journal: the shards a scale-out was filling and no apply finished. Pure."""
+    open_: set[int] = set()
+    for entry in entries:
+        if entry.get("op") == "fill":
+            open_.add(entry["shard"])
+        elif entry.get("op") == "filled":
+            open_ -= set(entry["shards"])
+    return sorted(open_)
+
+
 @dataclass(frozen=True)
 class SlotState:
     """One slot as the live nodes see it now."""
@@ -144,6 +168,9 @@ class Journal:
     def pending(self) -> list[OpenSlots]:
         return pending(self.entries())
 
+    def filling(self) -> list[int]:
+        return filling(self.entries())
+
     def _append(self, entry: dict[str, Any]) -> None:
         make_dir(self.path.parent, 0o700, trusted_owners(), enforce=False)  # the provider may have opened it to 0711
         with open_dir(self.path.parent) as folder:
@@ -171,7 +198,18 @@ class Journal:
     def closed(self, slots: Sequence[int]) -> None:
         self._append({"op": "close", "slots": [list(r) for r in to_ranges(slots)]})
 
+    def fill(self, shard: int, master: str) -> None:
+        """Before a scale-out's move into shard's master: until apply finishes, the shard is still to fill."""
+        self._append({"op": "fill", "shard": shard, "master": master})
+
+    def filled(self) -> None:
+        """An apply finished: the shards it was filling hold their share (its plan moved them there last)."""
+        shards = self.filling()
+        if shards:
+            self._append({"op": "filled", "shards": shards})
+        self.compact()
+
     def compact(self) -> None:
         """Drop the file once nothing is open (keeps it small; the history is in the events)."""
-        if self.path.exists() and not self.pending():
+        if self.path.exists() and not pending(entries := self.entries()) and not filling(entries):
             self.path.unlink()

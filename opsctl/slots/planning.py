@@ -1,10 +1,10 @@
 """The slot part of a plan (pure): assign what a killed creation left unassigned, close what a killed run left open,
-balance slots into new shards, drain and remove nodes the spec no longer has. Every step says why, with estimated
-keys and bytes per move."""
+balance slots into new shards (and into those a scale-out was filling when its run stopped), drain and remove nodes
+the spec no longer has. Every step says why, with estimated keys and bytes per move."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
@@ -49,8 +49,9 @@ def retired(layout: Layout, facts: Facts) -> list[str]:
     return sorted(names, key=lambda n: (bool((me := facts[n].myself) and me.is_master), n))
 
 
-def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[Step]:
-    """masters: each shard's current master. Retired nodes are the facts' names outside the layout."""
+def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str], filling: Collection[int] = ()) -> list[Step]:
+    """masters: each shard's current master. Retired nodes are the facts' names outside the layout. filling: the
+    shards a scale-out was filling when its run stopped (the slot journal's fill entries)."""
     first = masters[0]
     assigned = assign_steps(layout, facts, masters)
     stale = open_slots(facts)
@@ -59,7 +60,9 @@ def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str]) -> list[Ste
                                              "interrupted): finish them, journaled ones exactly as the journal says",
                                       text(to_ranges(stale)))]
     gone = retired(layout, facts)
-    steps: list[Step] = [*assigned, *move_steps(facts, masters, [n for n in gone if _is_master(facts[n])], assigned)]
+    draining = [n for n in gone if _is_master(facts[n])]
+    to_fill = [m for shard, m in zip(layout.shards, masters, strict=True) if shard.index in filling]
+    steps: list[Step] = [*assigned, *move_steps(facts, masters, draining, assigned, to_fill)]
     for name in gone:  # a stopped one too: the cluster still knows it (a run was killed before it forgot it)
         steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): stop it, then forget "
                                       "it on every node (its data folder is kept)"))
@@ -72,8 +75,10 @@ def _is_master(f: NodeFacts) -> bool:
 
 
 def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str],
-               assigned: Sequence[AssignSlots] = ()) -> list[MoveSlots]:
-    """assigned: the plan's assign-slots steps, which run before the moves."""
+               assigned: Sequence[AssignSlots] = (), filling: Collection[str] = ()) -> list[MoveSlots]:
+    """masters: each shard's master, in shard order. assigned: the plan's assign-slots steps, which run before the
+    moves. Slots move when a master has none (a new shard), a drained node has some, or a master a scale-out was
+    filling (filling) is not at its share yet: never to undo a reshard done by hand."""
     owned = owned_slots([*masters, *draining], facts)
     for m in masters:
         owned.setdefault(m, [])
@@ -83,7 +88,7 @@ def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str],
         return []
     empty = [m for m in masters if not owned[m]]
     loaded = [d for d in draining if owned.get(d)]
-    if not empty and not loaded:
+    if not empty and not loaded and not filling:
         return []
     moves = balance_moves(owned, dict.fromkeys(masters, 1.0))
     steps = []
@@ -92,7 +97,10 @@ def move_steps(facts: Facts, masters: Sequence[str], draining: Sequence[str],
         keys, size = estimate(source.keys, int(source.info.get("used_memory_dataset", 0) or 0),
                               len(owned[move.source]), move.slot_count)
         why = (f"{move.target} is a new, empty shard master" if move.target in empty
+               else f"{move.target}'s shard is not at its share yet (a scale-out's run stopped part way)"
+               if move.target in filling
                else f"{move.source} leaves the cluster" if move.source in draining else "balance")
+        fills = masters.index(move.target) + 1 if move.target in (*empty, *filling) else 0
         steps.append(MoveSlots(move.source, f"{why}: {move.slot_count} slots, ~{keys} keys, ~{size} bytes",
-                               move.target, text(move.slots), count(move.slots), keys, size))
+                               move.target, text(move.slots), count(move.slots), keys, size, fills))
     return steps
