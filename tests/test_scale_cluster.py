@@ -193,3 +193,36 @@ def test_a_scale_out_killed_mid_move_is_finished_by_the_same_apply(tmp_path, cap
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
             spec.write_text(yaml.safe_dump(data))
             capsys.readouterr()
+
+
+def test_a_scale_in_killed_mid_drain_is_finished_by_the_same_apply(tmp_path, capsys) -> None:
+    """An apply removing a shard is killed while its drain has slots open, then the same spec is applied again.
+    The plan closed the open wave and planned nothing more (the moves are planned once nothing is open) but a wait,
+    which failed: the leaving master still served slots, and the views knew nodes the spec does not ('knows ...,
+    which is not an observed node'). Now a plan that closes slots ends there and apply plans again after it: the
+    drain, the removal, then the wait."""
+    with deployed(tmp_path, capsys, "cluster", "redis", cluster={"masters": 4}) as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        shrunk = {**data, "cluster": {**data["cluster"], "masters": 3}}
+        try:
+            preload(loaded, 30000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            with Writer(lambda: cluster_client(loaded)) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(shrunk))
+                killed_mid_move(spec, loaded)
+                plan = plan_json(capsys, spec)
+                assert plan["steps"][0]["kind"] == "close-slots" and plan["replan"], plan
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "3 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            client = cluster_client(read_spec(spec))
+            assert writer.verify(client) == []
+            assert dataset_checksum(client, "pre:*") == before
+            check = cluster_check(read_spec(spec).layout.servers[0].endpoint)
+            assert check.returncode == 0 and "3 masters" in check.stdout, check.stdout
+        finally:  # the whole spec: the fourth shard's nodes are stopped too
+            spec.write_text(yaml.safe_dump(data))
+            main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+            capsys.readouterr()

@@ -127,7 +127,8 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
                         help="how long a restarted node may take to be back in place, or a failover's checks to pass")
 
 
-REPLANS = 3  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first), the rest
+REPLANS = 4  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first),
+# open slots closed (the moves are planned once nothing is open), the rest
 
 
 def cmd_apply(args: argparse.Namespace) -> int:

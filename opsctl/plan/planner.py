@@ -68,6 +68,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     if waiting:
         return _start_first(loaded, steps, waiting, facts, spec_digest)
     moving = {s.node for s in steps if isinstance(s, Failover)}
+    replan = False
     if topology == "cluster":
         cluster = cluster_steps(layout, facts, moving, filling)
         repairs = [s for s in cluster if isinstance(s, (AssignSlots, CloseSlots))]
@@ -77,6 +78,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         if closing and any(shard.index in filling for shard in layout.shards):
             return _repairs_first(loaded, repairs, FILL_AFTER_REPAIRS, facts, spec_digest)
         steps += cluster
+        replan = closing
     elif topology in ("replication", "sentinel"):
         finish = finish_failover_steps(layout, facts)
         if finish and any(isinstance(s, RestartNode) for s in steps):
@@ -86,7 +88,9 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps = _with_sentinel_steps(loaded, desired, facts, steps, moving)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
-    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
+    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster) and not replan:
+        # none after form-cluster (it waits itself) nor before a replan (the last plan waits: until then a
+        # scale-in's retired nodes, which the cluster still knows, do not agree with the spec's)
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
@@ -94,8 +98,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     elif topology != "cluster" and not steps and (linking := _linking(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
                                    "(started a moment ago, or a run stopped before it settled): wait until linked"))
-    notes = () if steps else (_why_nothing(loaded, facts),)
-    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes)
+    notes = (CLOSE_THEN_MOVES,) if replan else () if steps else (_why_nothing(loaded, facts),)
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes, replan=replan)
 
 
 def _masters_coming_back(layout: Layout, facts: Facts) -> list[str]:
@@ -119,6 +123,9 @@ SLOTS_FIRST = ("slots a killed run left open or unserved are repaired first: a f
                "open, and the repair decides which masters take writes; apply then observes again and plans the rest")
 FILL_AFTER_REPAIRS = ("slots a killed run left open are closed first: the moves that finish its scale-out are "
                       "planned from what closing leaves; apply then observes again and plans them")
+CLOSE_THEN_MOVES = ("slots a killed run left open are closed in this plan; the moves and removals still to make (a "
+                    "scale-in's drain, say) are planned from what closing leaves: apply then observes again and "
+                    "plans them")
 FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
                 "writes), and finishing it decides the master; apply then observes again and plans the rest")
 
