@@ -18,7 +18,7 @@ from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.frozen import Frozen, frozen
-from opsctl.observe.collect import Observer, Pending, wait_cluster_converged, wait_for
+from opsctl.observe.collect import Observer, Pending, observe, wait_cluster_converged, wait_for
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.masters import follow_target, start_master, takes_writes, writes_moved_from
@@ -714,11 +714,22 @@ def wait_converged(run: Execution, step: Step) -> None:
     loaded = run.rt.loaded
     topology = loaded.spec.topology
     if topology == "cluster":
-        wait_cluster_converged(run.rt.connector, list(loaded.layout.servers), timeout=60.0)
+        wait_cluster_converged(run.rt.connector, _cluster_now(run.rt), timeout=60.0)
     elif topology in ("replication", "sentinel"):
         wait_replication(run.rt, timeout=60.0)
     if topology == "sentinel":
         wait_sentinels(run.rt, timeout=60.0)
+
+
+def _cluster_now(rt: Runtime) -> list[Node]:
+    """The spec's servers and the nodes a larger spec had that the cluster still knows (slots.scale.retired_nodes,
+    as a slot session and the failover checks take them): a scale-in killed before its drain and removal, which
+    the same apply's next plan does, leaves them known, and the cluster as it is agrees or not."""
+    from opsctl.slots.scale import retired_nodes
+
+    servers = list(rt.loaded.layout.servers)
+    views = [o.cluster_nodes for o in observe(rt.connector, servers).values() if o.cluster_nodes]
+    return [*servers, *retired_nodes(rt.loaded, views)]
 
 
 def move_slots(run: Execution, step: Step) -> None:

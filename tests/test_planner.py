@@ -349,7 +349,7 @@ def test_a_killed_runs_slot_repairs_run_alone_before_a_restarts_failovers() -> N
 
     renamed = with_record(facts, lambda ds: [d for d in ds if d[0] != "rename-command"])  # no failover: the close
     plan = make_plan(loaded, desired(loaded), renamed, "d")  # after the restarts, then apply plans again
-    assert kinds(plan)[-1] == "close-slots" and plan.replan, kinds(plan)
+    assert kinds(plan)[-2:] == ["close-slots", "wait-converged"] and plan.replan, kinds(plan)
 
 
 def partly_filled(loaded: LoadedSpec, taken: int) -> dict[str, NodeFacts]:
@@ -402,13 +402,13 @@ def test_a_scale_outs_open_slots_are_closed_alone_then_apply_plans_the_rest_of_i
     plan = make_plan(loaded, desired(loaded), facts, "d", filling=[4])
     assert kinds(plan) == ["close-slots"] and plan.replan and "scale-out" in plan.notes[0], plan
     plan = make_plan(loaded, desired(loaded), facts, "d")
-    assert kinds(plan) == ["close-slots"] and plan.replan, kinds(plan)
+    assert kinds(plan) == ["close-slots", "wait-converged"] and plan.replan, kinds(plan)
 
 
 def test_a_scale_ins_open_slots_are_closed_then_apply_plans_its_drain_again() -> None:
     """A scale-in (4 -> 3 masters) killed with a wave of its drain open: the plan closes it and moves nothing (the
-    moves are planned once nothing is open). It waited for convergence next, which failed while the leaving master
-    served slots; now it ends with the close, and apply plans the drain from what closing leaves."""
+    moves are planned once nothing is open), then waits, and apply plans the drain from what closing leaves
+    (replan); it ended there before, leaving the drain to another apply."""
     spec = make_spec("cluster")
     four, three = load_dict({**spec, "cluster": {**spec["cluster"], "masters": 4}}), load_dict(spec)
     facts = formed_cluster(four)
@@ -418,7 +418,7 @@ def test_a_scale_ins_open_slots_are_closed_then_apply_plans_its_drain_again() ->
     facts = in_every_view(facts, leaving, lambda line: replace(line, migrating={13000: target.id}))
     facts = in_every_view(facts, staying, lambda line: replace(line, importing={13000: source.id}))
     plan = make_plan(three, desired(three), facts, "d")
-    assert kinds(plan) == ["close-slots"] and plan.replan, kinds(plan)
+    assert kinds(plan) == ["close-slots", "wait-converged"] and plan.replan, kinds(plan)
     assert "scale-in" in plan.notes[0], plan.notes
 
 

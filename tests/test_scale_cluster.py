@@ -198,9 +198,9 @@ def test_a_scale_out_killed_mid_move_is_finished_by_the_same_apply(tmp_path, cap
 def test_a_scale_in_killed_mid_drain_is_finished_by_the_same_apply(tmp_path, capsys) -> None:
     """An apply removing a shard is killed while its drain has slots open, then the same spec is applied again.
     The plan closed the open wave and planned nothing more (the moves are planned once nothing is open) but a wait,
-    which failed: the leaving master still served slots, and the views knew nodes the spec does not ('knows ...,
-    which is not an observed node'). Now a plan that closes slots ends there and apply plans again after it: the
-    drain, the removal, then the wait."""
+    which failed: it judged the spec's servers only, whose views know the leaving shard ('knows ..., which is not
+    an observed node'). Now the wait judges the cluster as it is (the retired nodes it still knows), and a plan
+    that closes slots is followed by another: the drain, the removal, then the wait."""
     with deployed(tmp_path, capsys, "cluster", "redis", cluster={"masters": 4}) as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
         shrunk = {**data, "cluster": {**data["cluster"], "masters": 3}}

@@ -88,9 +88,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps = _with_sentinel_steps(loaded, desired, facts, steps, moving)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
-    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster) and not replan:
-        # none after form-cluster (it waits itself) nor before a replan (the last plan waits: until then a
-        # scale-in's retired nodes, which the cluster still knows, do not agree with the spec's)
+    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
         steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
     elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
