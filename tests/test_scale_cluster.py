@@ -124,6 +124,32 @@ def killed_mid_move(spec: Path, loaded: LoadedSpec) -> None:
         assert any(map(open_slots_of, admins)), "apply was not killed while a slot was open"
 
 
+def killed_then_applied_again(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec, changed: dict,
+                              again: dict, masters: int) -> tuple[dict, str]:
+    """Preload, apply `changed` under a writer and SIGKILL it mid-move (killed_mid_move), then apply `again` once:
+    exit 0 with `masters` masters, the plan after it empty, no acknowledged write lost, the preloaded keys'
+    checksum kept, redis-cli --cluster check OK. Returns the plan made right after the kill and the check's
+    output."""
+    preload(loaded, 30000)
+    before = dataset_checksum(cluster_client(loaded), "pre:*")
+    with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+        writer.wait_for_writes(100)
+        spec.write_text(yaml.safe_dump(changed))
+        killed_mid_move(spec, loaded)
+        spec.write_text(yaml.safe_dump(again))
+        plan = plan_json(capsys, spec)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and f"{masters} masters" in out, err + out
+        assert plan_json(capsys, spec)["steps"] == []
+        writer.wait_for_writes(len(writer.acked) + 100)
+    client = cluster_client(read_spec(spec))
+    assert writer.verify(client) == []
+    assert dataset_checksum(client, "pre:*") == before
+    check = cluster_check(read_spec(spec).layout.servers[0].endpoint)
+    assert check.returncode == 0 and f"{masters} masters" in check.stdout, check.stdout
+    return plan, check.stdout
+
+
 def test_a_scale_out_killed_mid_move_then_a_restart_only_change_repairs_the_slots_first(tmp_path, capsys) -> None:
     """An apply adding a shard is killed while its first move into the new master has slots open, then one apply
     also changes io-threads. It failed every master over before the slot repair, and the first failover timed out
@@ -134,24 +160,8 @@ def test_a_scale_out_killed_mid_move_then_a_restart_only_change_repairs_the_slot
         data = yaml.safe_load(spec.read_text())
         grown = {**data, "cluster": {**data["cluster"], "masters": 4}}
         try:
-            preload(loaded, 30000)
-            before = dataset_checksum(cluster_client(loaded), "pre:*")
-            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
-                writer.wait_for_writes(100)
-                spec.write_text(yaml.safe_dump(grown))
-                killed_mid_move(spec, loaded)
-                spec.write_text(yaml.safe_dump({**grown, "config": {"io-threads": 2}}))
-                plan = plan_json(capsys, spec)
-                assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
-                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-                assert code == 0 and "4 masters" in out, err + out
-                assert plan_json(capsys, spec)["steps"] == []
-                writer.wait_for_writes(len(writer.acked) + 100)
-            client = cluster_client(read_spec(spec))
-            assert writer.verify(client) == []
-            assert dataset_checksum(client, "pre:*") == before
-            check = cluster_check(loaded.layout.servers[0].endpoint)
-            assert check.returncode == 0 and "4 masters" in check.stdout, check.stdout
+            plan, _ = killed_then_applied_again(capsys, spec, loaded, grown, {**grown, "config": {"io-threads": 2}}, 4)
+            assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
         finally:  # the grown spec: the fourth shard's nodes are stopped too
             spec.write_text(yaml.safe_dump(grown))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
@@ -168,26 +178,11 @@ def test_a_scale_out_killed_mid_move_is_finished_by_the_same_apply(tmp_path, cap
         data = yaml.safe_load(spec.read_text())
         grown = {**data, "cluster": {**data["cluster"], "masters": 4}}
         try:
-            preload(loaded, 30000)
-            before = dataset_checksum(cluster_client(loaded), "pre:*")
-            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
-                writer.wait_for_writes(100)
-                spec.write_text(yaml.safe_dump(grown))
-                killed_mid_move(spec, loaded)
-                plan = plan_json(capsys, spec)
-                assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
-                assert "scale-out" in plan["notes"][0], plan
-                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-                assert code == 0 and "4 masters" in out, err + out
-                assert plan_json(capsys, spec)["steps"] == []
-                writer.wait_for_writes(len(writer.acked) + 100)
-            client = cluster_client(read_spec(spec))
-            assert writer.verify(client) == []
-            assert dataset_checksum(client, "pre:*") == before
-            check = cluster_check(loaded.layout.servers[0].endpoint)
-            assert check.returncode == 0 and "4 masters" in check.stdout, check.stdout
-            shares = [int(n) for n in re.findall(r"\| (\d+) slots \|", check.stdout)]
-            assert len(shares) == 4 and all(abs(n - 4096) <= 1 for n in shares), check.stdout  # balance_moves'
+            plan, check = killed_then_applied_again(capsys, spec, loaded, grown, grown, 4)
+            assert [s["kind"] for s in plan["steps"]] == ["close-slots"] and plan["replan"], plan
+            assert "scale-out" in plan["notes"][0], plan
+            shares = [int(n) for n in re.findall(r"\| (\d+) slots \|", check)]
+            assert len(shares) == 4 and all(abs(n - 4096) <= 1 for n in shares), check  # balance_moves'
         finally:  # the grown spec: the fourth shard's nodes are stopped too
             spec.write_text(yaml.safe_dump(grown))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
@@ -205,23 +200,8 @@ def test_a_scale_in_killed_mid_drain_is_finished_by_the_same_apply(tmp_path, cap
         data = yaml.safe_load(spec.read_text())
         shrunk = {**data, "cluster": {**data["cluster"], "masters": 3}}
         try:
-            preload(loaded, 30000)
-            before = dataset_checksum(cluster_client(loaded), "pre:*")
-            with Writer(lambda: cluster_client(loaded)) as writer:
-                writer.wait_for_writes(100)
-                spec.write_text(yaml.safe_dump(shrunk))
-                killed_mid_move(spec, loaded)
-                plan = plan_json(capsys, spec)
-                assert plan["steps"][0]["kind"] == "close-slots" and plan["replan"], plan
-                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-                assert code == 0 and "3 masters" in out, err + out
-                assert plan_json(capsys, spec)["steps"] == []
-                writer.wait_for_writes(len(writer.acked) + 100)
-            client = cluster_client(read_spec(spec))
-            assert writer.verify(client) == []
-            assert dataset_checksum(client, "pre:*") == before
-            check = cluster_check(read_spec(spec).layout.servers[0].endpoint)
-            assert check.returncode == 0 and "3 masters" in check.stdout, check.stdout
+            plan, _ = killed_then_applied_again(capsys, spec, loaded, shrunk, shrunk, 3)
+            assert plan["steps"][0]["kind"] == "close-slots" and plan["replan"], plan
         finally:  # the whole spec: the fourth shard's nodes are stopped too
             spec.write_text(yaml.safe_dump(data))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
