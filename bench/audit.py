@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opsctl.connector import Connector
+from opsctl.net.connector import Connector
 from opsctl.observe.parse import parse_info
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
 from tests.test_audit_fixtures import (
     Fleet,
@@ -192,9 +192,9 @@ def run(fleet: Fleet, keys: int, work: Path, rounds: int, extra: list[str], scan
 
 
 def tls_compare(keys: int, rounds: int) -> int:
-    from opsctl.cli import main as opsctl
-    from opsctl.runtime import make_connector
-    from opsctl.specfile import read_spec
+    from opsctl.apply.runtime import make_connector
+    from opsctl.cli.main import main as opsctl
+    from opsctl.state.specfile import read_spec
     from tests.support import make_spec, write_spec
 
     with server_tmpdir() as tmp:

@@ -25,11 +25,11 @@ import redis
 import yaml
 from redis.cluster import ClusterNode, RedisCluster
 
-from opsctl.cli import main as opsctl_main
-from opsctl.specfile import read_spec
+from opsctl.cli.main import main as opsctl_main
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 
 
 def forks(spec: Path, role: str) -> int:

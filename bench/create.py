@@ -43,14 +43,14 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from opsctl.binaries import find_server  # noqa: E402
+from opsctl.providers.binaries import find_server  # noqa: E402
 from opsctl.providers.local import LocalProvider, start_command  # noqa: E402
 from opsctl.render import render_node  # noqa: E402
-from opsctl.specfile import read_spec  # noqa: E402
-from opsctl.versions import parse_version  # noqa: E402
+from opsctl.server.versions import parse_version  # noqa: E402
+from opsctl.state.specfile import read_spec  # noqa: E402
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 
 
 def env() -> dict[str, str]:

@@ -26,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from opsctl.nodefiles import default_paths  # noqa: E402
+from opsctl.render import default_paths  # noqa: E402
 from opsctl.spec.load import LoadedSpec  # noqa: E402
-from opsctl.specfile import read_spec  # noqa: E402
+from opsctl.state.specfile import read_spec  # noqa: E402
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 LINE = re.compile(r"^(\d+):(\w) (\d+ \w+ \d+ [\d:.]+) [-.*#] (.*)$")
 EVENTS = (  # (name, pattern of a log message): the first line matching it marks the event
     ("process", r"oO0OoO0OoO0Oo"),

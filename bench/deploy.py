@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opsctl.providers.ansible import AnsibleProvider, plain_name  # noqa: E402
-from opsctl.remote.inventory import build_inventory  # noqa: E402
-from opsctl.remote.runner import parse_event, private_dir, run_playbook  # noqa: E402
-from opsctl.safefs import write_private  # noqa: E402
-from opsctl.specfile import read_spec  # noqa: E402
+from opsctl.providers.remote.inventory import build_inventory  # noqa: E402
+from opsctl.providers.remote.runner import parse_event, private_dir, run_playbook  # noqa: E402
+from opsctl.state.safefs import write_private  # noqa: E402
+from opsctl.state.specfile import read_spec  # noqa: E402
 from tests import netns  # noqa: E402
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_binary, write_spec  # noqa: E402
 
@@ -165,7 +165,7 @@ def timed_stock_copy(provider: AnsibleProvider) -> float:
 def timed_cli(spec: Path, *args: str) -> tuple[float, float]:
     """Seconds and CPU seconds (this machine) of `opsctl ARGS -f spec` as a user runs it; exits non-zero: raise."""
     before, started = local_cpu(), time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "opsctl.cli", *args, "-f", str(spec)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "opsctl.cli.main", *args, "-f", str(spec)], capture_output=True,
                           text=True, check=False)
     seconds, cpu = time.monotonic() - started, local_cpu() - before
     if done.returncode != 0:

@@ -40,22 +40,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml
 from redis.crc import key_slot
 
-from opsctl.admin import Admin
-from opsctl.cli import main as opsctl_main
-from opsctl.connector import Connector
-from opsctl.observe.collect import wait_cluster_converged
+from opsctl.cli.main import main as opsctl_main
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.observer import wait_cluster_converged
 from opsctl.observe.parse import parse_info
 from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
 from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
-from opsctl.slots.run import open_session
-from opsctl.slots.session import checked
+from opsctl.slots.session import checked, open_session
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 NESTED = ("memory|usage", "cluster|getkeysinslot")  # what the survey script calls
 
 
@@ -325,7 +324,7 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
 
 
 def tls_compare(keys: int, rounds: int = 2) -> int:
-    from opsctl.runtime import make_connector
+    from opsctl.apply.runtime import make_connector
 
     server_binary("redis")
     with server_tmpdir() as tmp:

@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 import yaml
 
-from opsctl.cli import main as opsctl_main
-from opsctl.specfile import read_spec
+from opsctl.cli.main import main as opsctl_main
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 MEMORY = {"maxmemory": "1gb", "policy": "noeviction"}
 
 

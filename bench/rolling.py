@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from opsctl.spec.layout import sentinel_master_name  # noqa: E402
 from opsctl.spec.load import LoadedSpec  # noqa: E402
-from opsctl.specfile import read_spec  # noqa: E402
+from opsctl.state.specfile import read_spec  # noqa: E402
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, write_spec  # noqa: E402
 from tests.test_rolling import sentinel_client  # noqa: E402
 from tests.writer import Writer, cluster_client  # noqa: E402
 
-OPSCTL = [sys.executable, "-m", "opsctl.cli"]
+OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 
 
 def env() -> dict[str, str]:

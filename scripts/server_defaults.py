@@ -1,8 +1,8 @@
-"""Regenerate opsctl/plan/server_defaults.py: the built-in default of every config of the tested servers.
+"""Regenerate opsctl/server/defaults.py: the built-in default of every config of the tested servers.
 
 Starts each tested server once with an empty config (port and bind only) and reads CONFIG GET *.
 Values that depend on where the server runs (paths, ports, addresses, CPU lists) are left out.
-Run: python scripts/server_defaults.py > opsctl/plan/server_defaults.py
+Run: python scripts/server_defaults.py > opsctl/server/defaults.py
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 
 import redis
 
-from opsctl.binaries import find_server
-from opsctl.versions import TESTED
+from opsctl.providers.binaries import find_server
+from opsctl.server.versions import TESTED
 
 SITE_SPECIFIC = ("dir", "pidfile", "logfile", "bind", "port", "unixsocket", "requirepass", "masterauth",
                  "masteruser", "primaryauth", "primaryuser", "aclfile", "cluster-config-file", "daemonize",

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import make_spec, server_binary, write_spec
 
 

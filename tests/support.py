@@ -16,8 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl.binaries import find_server
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
+from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
+from opsctl.net.connector import Connector
+from opsctl.providers.binaries import find_server
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
 
 PASSWORD_ENV = "OPSCTL_TEST_PASSWORD"
 PASSWORD = "test-pw-8c1f4e2a9b7d"
@@ -172,3 +176,12 @@ def bare_server(flavor: str, directory: Path) -> Iterator[Any]:
         client.close()
         proc.terminate()
         proc.wait(10)
+
+
+def admin_for(connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
+              decode: bool = True) -> Admin:
+    """connector.admin(node); a LoadedSpec gets a direct connector without TLS. opsctl's own code always passes
+    its connector down (tests/test_connector.py refuses other calls in opsctl/)."""
+    if isinstance(connector, LoadedSpec):
+        connector = Connector(connector)
+    return connector.admin(node, timeout, decode)

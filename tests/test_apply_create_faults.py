@@ -22,14 +22,13 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
-from opsctl.admin import Admin
-from opsctl.cli import main
+from opsctl.cli.main import main
 from opsctl.observe.parse import parse_cluster_nodes, parse_info
-from opsctl.slots.ranges import expand
+from opsctl.plan.slotmath.ranges import expand
 from opsctl.spec.layout import Node
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, server_binary, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, cluster_check, make_spec, server_binary, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +96,7 @@ def _killed_at(spec: Path, point: str, clients: list[tuple[Node, redis.Redis]], 
     """apply, SIGKILLed once the servers show point while it still runs. A point the poll did not see before
     apply ended (a starved poll on a busy machine) is tried again from scratch, a few times."""
     for _ in range(attempts):
-        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
                                 env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
@@ -120,11 +119,12 @@ def _killed_while_masters_set_up(spec: Path, met: bool) -> None:
     REPLICATE (each is a master without slots). met: every node met the first one (else none met)."""
     from dataclasses import replace
 
-    from opsctl.events import ignore
-    from opsctl.executor import execute
+    from opsctl.apply.executor import execute
+    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.runtime import make_runtime
+    from opsctl.base.events import ignore
+    from opsctl.plan.slotmath.planning import slot_plan
     from opsctl.plan.steps import FormCluster
-    from opsctl.runtime import compute_plan, make_runtime
-    from opsctl.slots.planning import slot_plan
 
     loaded = read_spec(spec)
     layout = loaded.layout
@@ -133,13 +133,13 @@ def _killed_while_masters_set_up(spec: Path, met: bool) -> None:
     execute(rt, replace(plan, steps=tuple(s for s in plan.steps if not isinstance(s, FormCluster))), ignore)
     for shard in layout.shards[1:]:
         node = layout.node(shard.master)
-        with Admin.for_node(loaded, node) as admin:
+        with admin_for(loaded, node) as admin:
             admin.call("CLUSTER", "SET-CONFIG-EPOCH", layout.servers.index(node) + 1)
             admin.call("CLUSTER", "ADDSLOTSRANGE", *slot_plan(layout)[shard.master][0])
     if met:
         first = layout.servers[0]
         for node in layout.servers[1:]:
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 admin.call("CLUSTER", "MEET", first.address, first.port)
 
 
@@ -193,7 +193,7 @@ def test_cluster_fix_gives_a_killed_creations_unserved_share_to_its_shards_maste
         code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
         assert code == 0 and out.count("covered ") == 1 and f"covered 0-5461 with {first}" in out, err + out
         for name in (r for shard in layout.shards for r in shard.replicas):
-            with Admin.for_node(loaded, layout.node(name)) as admin:
+            with admin_for(loaded, layout.node(name)) as admin:
                 line = next(ln for ln in parse_cluster_nodes(admin.call("CLUSTER", "NODES")) if ln.is_myself)
             assert not line.slots, f"{name} (a replica in the spec) serves {line.slots}"
         code, out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--dry-run")
@@ -220,7 +220,7 @@ def test_a_slot_no_master_serves_is_not_given_away_from_the_master_that_holds_it
         layout = loaded.layout
         owner, holder = (layout.node(s.master) for s in layout.shards[:2])
         key = next(k for k in (f"k{i}" for i in range(100_000)) if key_slot(k.encode()) == 100)  # owner's share
-        admins = {n.name: Admin.for_node(loaded, n) for n in layout.servers}
+        admins = {n.name: admin_for(loaded, n) for n in layout.servers}
         try:
             importer = admins[holder.name].client
             importer.execute_command("CLUSTER", "SETSLOT", 100, "IMPORTING", admins[owner.name].call("CLUSTER", "MYID"))
@@ -281,12 +281,12 @@ def test_a_replica_that_cannot_start_fails_the_creation_and_the_next_apply_finis
 
 def test_a_run_that_lost_its_topology_lock_starts_no_server(tmp_path) -> None:
     """Starts go out together (one wave), checked against the lock once before any launch, as each step is."""
-    from opsctl.errors import OpsctlError
-    from opsctl.events import ignore
-    from opsctl.executor import execute
+    from opsctl.apply.executor import execute
+    from opsctl.apply.runtime import make_runtime
+    from opsctl.base.errors import OpsctlError
+    from opsctl.base.events import ignore
+    from opsctl.net.topolock import topology_lock
     from opsctl.plan.steps import Plan, StartNode
-    from opsctl.runtime import make_runtime
-    from opsctl.topolock import topology_lock
 
     server_binary("valkey")
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster", "valkey")))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.cli import main
-from opsctl.connector import Connector
+from opsctl.cli.main import main
+from opsctl.net.connector import Connector
 from opsctl.providers.local import read_proc
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check, make_spec, write_spec

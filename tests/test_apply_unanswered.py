@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.admin import Admin
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for
 
 pytestmark = pytest.mark.integration
 
@@ -58,19 +57,19 @@ def test_apply_waits_for_a_master_shutting_down_then_starts_it(tmp_path: Path,
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         shard = loaded.layout.shards[0]
         master, replica = loaded.layout.node(shard.master), loaded.layout.node(shard.replicas[0])
-        with Admin.for_node(loaded, replica) as admin:
+        with admin_for(loaded, replica) as admin:
             admin.call("CLIENT", "PAUSE", "3000", "WRITE")  # it answers, but acknowledges nothing for 3 s
-        with Admin.for_node(loaded, master) as admin:
+        with admin_for(loaded, master) as admin:
             admin.call("SET", "k", "v")
         os.kill(server_pid(spec, loaded, master.name), signal.SIGTERM)
-        with Admin.for_node(loaded, master) as admin:  # it acts on SIGTERM at its next cron tick
+        with admin_for(loaded, master) as admin:  # it acts on SIGTERM at its next cron tick
             while "shutdown_in_milliseconds" not in admin.call("INFO", "server"):
                 time.sleep(0.01)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, err + out
         assert f"{master.name}, which shuts down" in err and f"start {master.name}" in out, err + out
         assert run(capsys, "status", "-f", str(spec))[0] == 0
-        with Admin.for_node(loaded, master) as admin:
+        with admin_for(loaded, master) as admin:
             assert admin.call("GET", "k") == "v"
 
 
@@ -88,7 +87,7 @@ def test_a_node_that_stops_after_apply_looked_is_planned_again(tmp_path: Path,
         read_end, write_end = os.pipe()
         filler = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
         os.write(write_end, b"x" * filler)
-        apply = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+        apply = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
                                  env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
         os.close(write_end)
         try:

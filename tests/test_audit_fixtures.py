@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.rawpipe import RawPipe
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import encode
 from opsctl.render import NodePaths, render_node
-from opsctl.resp import encode
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, server_binary, write_spec
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from opsctl.audit.bigdelete import delete_big_key
-from opsctl.audit.discover import discover
 from opsctl.audit.run import AuditOptions, run_audit
-from opsctl.cli import main
-from opsctl.connector import Connector
-from opsctl.specfile import read_spec
+from opsctl.cli.main import main
+from opsctl.net.connector import Connector
+from opsctl.net.discover import discover
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, cluster_check
 from tests.test_audit_fixtures import (
     PLANTED,
@@ -171,7 +171,7 @@ def test_scan_is_throttled(tmp_path: Path) -> None:
 
 def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path) -> None:
     from opsctl.audit.probe import anonymous_error
-    from opsctl.connector import Connector
+    from opsctl.net.connector import Connector
 
     with standalone(tmp_path, "valkey") as fleet:
         node = fleet.loaded.layout.servers[0]
@@ -185,7 +185,7 @@ def test_the_anonymous_ping_is_asked_once_without_silent_retries(tmp_path: Path)
 
 def test_an_audit_of_running_nodes_loads_no_client_library(tmp_path: Path) -> None:
     """Talking to a running node too: a full audit loads neither redis-py nor cryptography (every connection is a
-    raw pipe, the anonymous PING included) and, its spec validated before (opsctl.speccache), neither pydantic nor
+    raw pipe, the anonymous PING included) and, its spec validated before (opsctl.state.speccache), neither pydantic nor
     yaml."""
     import os
     import subprocess
@@ -197,7 +197,7 @@ def test_an_audit_of_running_nodes_loads_no_client_library(tmp_path: Path) -> No
         (fleet.spec_file.parent / ".opsctl").mkdir(exist_ok=True)  # where the spec cache keeps what it validated
         env = {**os.environ, PASSWORD_ENV: PASSWORD}
         for checks in (["bigkeys"], ["bigkeys"], []):
-            done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opsctl.cli", "audit", "-f",
+            done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opsctl.cli.main", "audit", "-f",
                                    str(fleet.spec_file), *checks, "--allow-masters", "--nice", "0", "--output", "json"],
                                   capture_output=True, text=True, check=False, env=env)
             assert done.returncode in (0, 4), done.stdout + done.stderr[-2000:]

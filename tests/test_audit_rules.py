@@ -8,8 +8,6 @@ import pytest
 from redis.crc import key_slot
 
 from opsctl.audit.bigdelete import choose_method, gc_name, parse_slot_owner
-from opsctl.audit.discover import LiveNode, role_summary, scan_targets
-from opsctl.audit.findings import RULES, at_or_above, finding
 from opsctl.audit.keynames import NameLint, case_style, prefix_of
 from opsctl.audit.keyspace import BigKeys, Expiries, HotKeys, Thresholds, shard_skew
 from opsctl.audit.nodechecks import (
@@ -24,7 +22,9 @@ from opsctl.audit.nodechecks import (
 )
 from opsctl.audit.report import render
 from opsctl.audit.throttle import throttle_delay
-from opsctl.resp import INCOMPLETE, RespError, encode, encode_keyed, reader, replies
+from opsctl.net.discover import LiveNode, role_summary, scan_targets
+from opsctl.net.resp import INCOMPLETE, RespError, encode, encode_keyed, reader, replies
+from opsctl.observe.findings import RULES, at_or_above, finding
 from opsctl.spec.layout import Node
 
 
@@ -110,19 +110,21 @@ def test_big_keys_in_batches_match_one_key_at_a_time() -> None:
 
 
 def test_audit_imports_no_client_library() -> None:
-    """What `opsctl audit` runs, imported: discovery, the node checks and the scan talk raw RESP (opsctl.rawpipe), so
+    """What `opsctl audit` runs, imported: discovery, the node checks and the scan talk raw RESP
+    (opsctl.net.rawpipe), so
     no redis-py, cryptography or asyncio; a bigkeys audit loads no renderer either (only the config check
     compares rendered directives), nor the observer's machinery."""
     import subprocess
     import sys
 
-    code = ("import sys, opsctl.cli, opsctl.commands.audit, opsctl.audit.run, opsctl.audit.report, opsctl.specfile, "
-            "opsctl.statedir, opsctl.connector; print(' '.join(sorted(sys.modules)))")
+    code = ("import sys, opsctl.cli.main, opsctl.cli.commands.audit, opsctl.audit.run, "
+            "opsctl.audit.report, opsctl.state.specfile, "
+            "opsctl.state.statedir, opsctl.net.connector; print(' '.join(sorted(sys.modules)))")
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True).stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography", "asyncio")
                       or m.startswith(("opsctl.render", "opsctl.audit.probe", "opsctl.audit.bigdelete",
-                                       "opsctl.observe.collect")))
+                                       "opsctl.net.observer")))
     assert not unwanted, unwanted
 
 

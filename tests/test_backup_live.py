@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.admin import Admin
 from opsctl.backup.manifest import MANIFEST, parse_manifest
 from opsctl.observe.parse import parse_info
 from tests.lifecycle import deployed, run
+from tests.support import admin_for
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client
 
@@ -23,7 +23,7 @@ def forks(loaded, role: str) -> dict[str, int]:
     out = {}
     for node in loaded.layout.servers:
         if node.role == role:
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 out[node.name] = int(parse_info(admin.info("stats"))["total_forks"])
     return out
 
@@ -86,7 +86,7 @@ def keys_in_backup(folder: Path, flavor: str) -> set[bytes]:
 
 def refused_while_a_slot_moves(capsys, spec: Path, loaded, tmp_path: Path) -> None:
     masters = [n for n in loaded.layout.servers if n.role == "master"]
-    with Admin.for_node(loaded, masters[0]) as first, Admin.for_node(loaded, masters[1]) as second:
+    with admin_for(loaded, masters[0]) as first, admin_for(loaded, masters[1]) as second:
         first.call("CLUSTER", "SETSLOT", 7, "MIGRATING", second.call("CLUSTER", "MYID"))
         try:
             code, _, err = run(capsys, "backup", "-f", str(spec), "--to", str(tmp_path / "refused"))
@@ -121,18 +121,18 @@ def test_a_save_that_began_before_the_backup_is_not_taken_for_its_own(tmp_path, 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         master = next(n for n in loaded.layout.servers if n.role == "master")
         replicas = [n for n in loaded.layout.servers if n.role == "replica"]
-        with Admin.for_node(loaded, master) as admin:
+        with admin_for(loaded, master) as admin:
             pipe = admin.client.pipeline(transaction=False)
             for i in range(300):
                 pipe.set(f"old:{i}", "x")
             pipe.execute()
             admin.call("WAIT", len(replicas), 5000)
         for node in replicas:  # ~3 s saves, forked before the new keys exist
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 admin.config_set("rdb-key-save-delay", "10000")
                 admin.call("BGSAVE")
                 admin.config_set("rdb-key-save-delay", "0")
-        with Admin.for_node(loaded, master) as admin:
+        with admin_for(loaded, master) as admin:
             for i in range(20):
                 admin.call("SET", f"new:{i}", "y")
         folder, _data = backup(capsys, spec, tmp_path / "backups")

@@ -18,7 +18,7 @@ from opsctl.backup.manifest import (
     shard_file_name,
 )
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
-from opsctl.errors import OpsctlError, RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.observe.parse import parse_cluster_nodes
 from opsctl.restore.route import (
     Counts,

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from opsctl.argtypes import Ranged
-from opsctl.cli import build_parser, main
+from opsctl.cli.argtypes import Ranged
+from opsctl.cli.main import build_parser, main
 
 NUMERIC_DEFAULTS = (int, float)
 
@@ -80,7 +80,7 @@ def test_a_node_lost_mid_command_is_an_error_not_a_bug(lost: str, capsys: pytest
 
     parser = argparse.ArgumentParser()
     parser.set_defaults(handler=handler)
-    monkeypatch.setattr("opsctl.cli.build_parser", lambda *_: parser)
+    monkeypatch.setattr("opsctl.cli.main.build_parser", lambda *_: parser)
     assert main([]) == 1
     err = capsys.readouterr().err
     assert "a node stopped answering mid-way" in err and "127.0.0.1:7001" in err and "internal error" not in err

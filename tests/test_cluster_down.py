@@ -9,8 +9,8 @@ import json
 import pytest
 import yaml
 
-from opsctl.runtime import make_runtime
-from opsctl.specfile import read_spec
+from opsctl.apply.runtime import make_runtime
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import cluster_check
 from tests.test_slots_reshard import preload
@@ -95,7 +95,7 @@ def test_a_saved_start_first_plan_runs_only_its_own_steps(tmp_path, capsys) -> N
 
 
 def _policy(spec, node: str) -> str:
-    from opsctl.runtime import make_runtime as runtime
+    from opsctl.apply.runtime import make_runtime as runtime
 
     rt = runtime(read_spec(spec))
     try:

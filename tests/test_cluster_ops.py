@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from opsctl.cli import main
+from opsctl.base.errors import ConvergenceError, RefusedError
+from opsctl.cli.main import main
 from opsctl.cluster.ops import (
     config_epochs,
     expected_lines,
@@ -20,11 +21,10 @@ from opsctl.cluster.ops import (
     slot_plan,
     stale_senders,
 )
-from opsctl.connector import Connector
-from opsctl.errors import ConvergenceError, RefusedError
-from opsctl.observe.collect import observe, wait_cluster_converged
+from opsctl.net.connector import Connector
+from opsctl.net.observer import observe, wait_cluster_converged
 from opsctl.observe.parse import parse_cluster_nodes
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.fixtures.servers import launch, servers  # noqa: F401  (fixture)
 from tests.support import cluster_check, make_spec, write_spec
 

@@ -11,8 +11,9 @@ MAKERS = {"Redis", "StrictRedis", "RedisCluster", "Sentinel", "ConnectionPool", 
           "make_connection", "create_connection", "socket", "create_server", "wrap_socket", "SSLContext",
           "create_default_context", "from_url"}
 ALLOWED = {
-    "connector.py": "the connector",
-    "remote/ssh.py": "the SSH transport: its local tunnel listener is the connector's route, not a node connection",
+    "net/connector.py": "the connector",
+    "providers/remote/ssh.py": ("the SSH transport: its local tunnel listener is the connector's route, "
+                                "not a node connection"),
     "providers/sockdiag.py": "a netlink socket to the local kernel (which process listens on a port), no node",
 }
 
@@ -38,4 +39,4 @@ def test_only_the_connector_creates_clients_and_sockets() -> None:
                 offenders.append(f"{module}:{node.lineno} Admin.for_node() (use the connector passed down)")
             if isinstance(node, ast.Attribute) and node.attr in ("_sock", "_ROUTES"):
                 offenders.append(f"{module}:{node.lineno} .{node.attr}")
-    assert not offenders, "connect through opsctl.connector.Connector instead:\n" + "\n".join(offenders)
+    assert not offenders, "connect through opsctl.net.connector.Connector instead:\n" + "\n".join(offenders)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.connerr import is_auth_failure, not_answering
+from opsctl.base.connerr import is_auth_failure, not_answering
+from opsctl.cli.report import node_status
 from opsctl.plan.facts import NodeFacts
-from opsctl.report import node_status
-from opsctl.specfile import read_spec
-from opsctl.status import health_hint, health_line
+from opsctl.plan.status import health_hint, health_line
+from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec
 
 WRONGPASS = "AuthenticationError: invalid username-password pair or user is disabled."

@@ -8,7 +8,7 @@ import pytest
 import redis
 import yaml
 
-from opsctl.connector import Connector
+from opsctl.net.connector import Connector
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD
 

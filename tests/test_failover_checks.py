@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from opsctl.errors import OpsctlError, RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.failover.checks import (
     PastFailover,
     Target,
@@ -34,7 +34,7 @@ from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec
 
 OFFSET = 100_000
@@ -482,7 +482,7 @@ def test_a_killed_run_counts_for_the_cool_down_until_its_deadline(tmp_path):
 
 
 def test_the_fence_is_seen_and_lifted_to_the_spec_values(tmp_path):
-    from opsctl.failover.fencing import FENCE, fenced, spec_values
+    from opsctl.plan.fence import FENCE, fenced, spec_values
 
     loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
     assert fenced({"min-replicas-to-write": FENCE}) and not fenced({"min-replicas-to-write": "0"}) and not fenced(None)

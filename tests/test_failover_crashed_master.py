@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.admin import Admin
-from opsctl.observe.collect import wait_for
+from opsctl.net.observer import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -100,9 +99,9 @@ def test_replication_apply_starts_the_crashed_master_as_a_replica(tmp_path, caps
         with Writer(lambda: _client(loaded, old)) as writer:
             writer.wait_for_writes(300)
             killed_at = _kill(tmp_path, loaded, old)
-            with Admin.for_node(loaded, node) as admin:  # the operator promotes by hand (renamed commands)
+            with admin_for(loaded, node) as admin:  # the operator promotes by hand (renamed commands)
                 admin.call("REPLICAOF", "NO", "ONE")
-            with Admin.for_node(loaded, loaded.layout.node(other)) as admin:
+            with admin_for(loaded, loaded.layout.node(other)) as admin:
                 admin.call("REPLICAOF", node.address, str(node.port))
             code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
             assert code == 0, out + err
@@ -119,7 +118,7 @@ def test_replication_apply_refuses_to_follow_a_promoted_replica_that_lacks_its_s
     done: other keeps its keys, old stays down."""
     with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
         old, new, other = loaded.layout.shards[0].members
-        with Admin.for_node(loaded, loaded.layout.node(new)) as admin:
+        with admin_for(loaded, loaded.layout.node(new)) as admin:
             admin.call("REPLICAOF", "NO", "ONE")
         writes = _client(loaded, old)
         for i in range(300):

@@ -15,16 +15,16 @@ import pytest
 import redis
 import yaml
 
-from opsctl.connector import Connector
-from opsctl.events import Log
-from opsctl.executor import execute
+from opsctl.apply.executor import execute
+from opsctl.apply.runtime import make_runtime
+from opsctl.base.events import Log
 from opsctl.failover.actions import KILL_AT
-from opsctl.failover.fencing import FENCE
-from opsctl.observe.collect import wait_cluster_converged, wait_for
+from opsctl.net.connector import Connector
+from opsctl.net.observer import wait_cluster_converged, wait_for
+from opsctl.plan.fence import FENCE
 from opsctl.plan.steps import Plan, Replicate
-from opsctl.runtime import make_runtime
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check
 from tests.writer import Writer
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 def _opsctl(*argv: str, kill_at: str = "") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, KILL_AT: kill_at}
-    return subprocess.run([sys.executable, "-m", "opsctl.cli", *argv], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "opsctl.cli.main", *argv], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
 
 
@@ -167,9 +167,9 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 
 
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
-    from opsctl.connector import open_connector
-    from opsctl.statedir import state_dir_for
-    from opsctl.topolock import topology_lock
+    from opsctl.apply.connect import open_connector
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.statedir import state_dir_for
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         before = _roles(loaded)

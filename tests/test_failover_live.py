@@ -15,8 +15,8 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from opsctl.connector import Connector
-from opsctl.observe.collect import wait_cluster_converged
+from opsctl.net.connector import Connector
+from opsctl.net.observer import wait_cluster_converged
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run

@@ -1,4 +1,4 @@
-"""opsctl.fanout: one kept pool of I/O threads, shared by fan_out and every Observer (pure threading, no server)."""
+"""opsctl.net.fanout: one kept pool of I/O threads, shared by fan_out and every Observer (pure threading, no server)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from opsctl.fanout import WIDTH, Borrowed, fan_out
+from opsctl.net.fanout import WIDTH, Borrowed, fan_out
 
 
 def test_results_in_order_and_threads_kept_for_the_next_fan_out() -> None:

@@ -1,4 +1,4 @@
-"""opsctl.frozen.@frozen behaves as @dataclass(frozen=True) does: the same repr, equality, hash, fields, asdict,
+"""opsctl.base.frozen.@frozen behaves as @dataclass(frozen=True) does: the same repr, equality, hash, fields, asdict,
 replace and refusals, for a fraction of the import cost."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pytest
 
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.frozen import Frozen, frozen
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ import pytest
 import redis
 import yaml
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.nodefiles import write_private
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
 from opsctl.observe.parse import config_equal, is_config_directive
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
+from opsctl.state.safefs import write_private
 from tests.support import PASSWORD_ENV, make_spec, server_binary
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,8 @@
-"""The functional core imports no I/O, not even through another opsctl module or inside a function: parsing a
-spec, rendering files, planning steps and judging what nodes said are pure and tested on data alone
-(../shared/design.md, "functional core, thin shell"). The shell (connector, admin, providers, executor, ...) is
-the only place that talks to nodes, hosts, processes or files."""
+"""The house: opsctl's packages stand in one order and each imports only from those before it, every kind of
+import counted (top level, inside a function, under TYPE_CHECKING); no module imports itself back through others.
+The first packages are the functional core: parsing a spec, rendering files, planning steps and judging what nodes
+said reach no socket, process, thread or client library, not even through another opsctl module
+(../shared/architecture.md; ../shared/design.md, "functional core, thin shell")."""
 
 from __future__ import annotations
 
@@ -13,21 +14,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "opsctl"
 
-# Modules that do I/O: sockets, processes, SSH, Ansible, threads, files (safefs is the only file writer/reader).
-IO_LIBRARIES = {"redis", "socket", "select", "ssl", "subprocess", "paramiko", "ansible_runner", "threading"}
-IO_MODULES = ("opsctl.connector", "opsctl.admin", "opsctl.rawpipe", "opsctl.providers", "opsctl.remote.runner",
-              "opsctl.remote.ssh", "opsctl.executor", "opsctl.runtime", "opsctl.safefs", "opsctl.readback",
-              "opsctl.statelock", "opsctl.topolock", "opsctl.waits", "opsctl.observe.collect")
-
-CORE_PACKAGES = ("opsctl.spec", "opsctl.render", "opsctl.plan")
-CORE_MODULES = ("opsctl.resp", "opsctl.observe.parse", "opsctl.observe.cluster_state", "opsctl.failover.checks",
-                "opsctl.failover.fencing", "opsctl.slots.planning", "opsctl.slots.ranges", "opsctl.slots.balance",
-                "opsctl.slots.batching", "opsctl.slots.scale", "opsctl.audit.findings", "opsctl.audit.keynames",
-                "opsctl.audit.keyspace", "opsctl.audit.nodechecks", "opsctl.backup.manifest", "opsctl.backup.plan",
-                "opsctl.health", "opsctl.status", "opsctl.report", "opsctl.tls.judge", "opsctl.remote.inventory",
-                "opsctl.slots.coverage")
-# plan.saved reads the file `opsctl plan --out` wrote (through readback, which validates every field).
-SHELL_IN_CORE = {"opsctl.plan.saved"}
+# Each package may import from those before it, never after. The top-level `opsctl` is the package face
+# (its version); it imports nothing of opsctl, so every package may read it.
+ORDER = ("base", "server", "spec", "observe", "render", "plan", "state", "net", "tls", "providers", "slots",
+         "failover", "cluster", "apply", "backup", "restore", "audit", "cli")
+# The pure core: what these reach decides nothing about the world outside the process but files the caller names.
+CORE = ORDER[: ORDER.index("plan") + 1]
+IO_LIBRARIES = {"redis", "socket", "select", "ssl", "subprocess", "paramiko", "ansible_runner", "threading",
+                "concurrent", "hiredis", "asyncio"}
 
 
 def _name(path: Path) -> str:
@@ -38,44 +32,153 @@ def _name(path: Path) -> str:
 MODULES = {_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def _resolve(name: str) -> str | None:
+    """The opsctl module a dotted import name lands in (a name imported from a module lands in that module)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def _relative_base(module: str, level: int) -> list[str]:
+    base = module.split(".")
+    if MODULES[module].name != "__init__.py":
+        base = base[:-1]
+    return base[: len(base) - (level - 1)]
+
+
 @cache
-def _imports(module: str) -> frozenset[str]:
-    tree = ast.parse(MODULES[module].read_text())
+def imports(module: str) -> frozenset[str]:
+    """Every name module imports: libraries by their dotted name, opsctl modules resolved to the module."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                source = ".".join([*_relative_base(module, node.level), *([source] if source else [])])
+            names.add(source)
+            names |= {f"{source}.{alias.name}" for alias in node.names}
     return frozenset(names)
 
 
+@cache
+def opsctl_imports(module: str) -> frozenset[str]:
+    found = {_resolve(name) for name in imports(module) if name == "opsctl" or name.startswith("opsctl.")}
+    return frozenset(m for m in found if m and m != module)
+
+
+def package_of(module: str) -> str:
+    """The room a module stands in: `opsctl` for the face, else its top-level package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "opsctl"
+
+
+def rank(module: str) -> int:
+    room = package_of(module)
+    return -1 if room == "opsctl" else ORDER.index(room)
+
+
+def test_every_module_stands_in_a_declared_package() -> None:
+    stray = sorted(m for m in MODULES if package_of(m) not in (*ORDER, "opsctl"))
+    assert not stray, f"modules outside the declared packages (add the package to ORDER or move them): {stray}"
+    flat = sorted(m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"
+                  and m not in ("opsctl.__main__",))
+    assert not flat, f"flat modules directly under opsctl/ (move each into its package): {flat}"
+
+
+def test_imports_run_downhill() -> None:
+    uphill = sorted(f"{m} imports {dep} ({package_of(dep)} stands after {package_of(m)})"
+                    for m in MODULES for dep in opsctl_imports(m) if rank(dep) > rank(m))
+    assert not uphill, "imports against the package order:\n" + "\n".join(uphill)
+
+
+def test_the_face_imports_nothing_of_opsctl() -> None:
+    assert not opsctl_imports("opsctl")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_module_cycles() -> None:
+    graph = {m: set(opsctl_imports(m)) for m in MODULES}
+    cycles = _cycles(graph)
+    assert not cycles, "module cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_package_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for m in MODULES:
+        graph.setdefault(package_of(m), set()).update(package_of(d) for d in opsctl_imports(m)
+                                                      if package_of(d) != package_of(m))
+    cycles = _cycles(graph)
+    assert not cycles, "package cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
 def io_reached(module: str) -> dict[str, str]:
-    """Each I/O module the module reaches, directly or through opsctl modules, with the opsctl module that
-    imports it."""
+    """Each I/O library the module reaches, directly or through opsctl modules, with the module that imports it."""
     found: dict[str, str] = {}
     seen, todo = {module}, [module]
     while todo:
         current = todo.pop()
-        for name in _imports(current):
-            if name.split(".")[0] in IO_LIBRARIES or any(name == io or name.startswith(f"{io}.") for io in IO_MODULES):
+        for name in imports(current):
+            if name.split(".")[0] in IO_LIBRARIES:
                 found.setdefault(name, current)
-            elif name in MODULES and name not in seen:
-                seen.add(name)
-                todo.append(name)
+        for dep in opsctl_imports(current) - seen:
+            seen.add(dep)
+            todo.append(dep)
     return found
 
 
-CORE = sorted({m for m in MODULES if m in CORE_PACKAGES or m.startswith(tuple(f"{p}." for p in CORE_PACKAGES))}
-              - SHELL_IN_CORE | set(CORE_MODULES))
-
-
-@pytest.mark.parametrize("module", CORE)
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if package_of(m) in CORE))
 def test_the_core_reaches_no_io(module: str) -> None:
     reached = io_reached(module)
     assert not reached, f"{module} reaches I/O: " + ", ".join(f"{io} (imported by {by})" for io, by in reached.items())
 
 
-def test_the_check_sees_io_where_it_is() -> None:
-    assert "opsctl.connector" in io_reached("opsctl.observe.collect") or "socket" in io_reached("opsctl.connector")
-    assert all(m in MODULES for m in [*CORE_MODULES, *SHELL_IN_CORE])
+def test_the_checks_see_what_they_look_for() -> None:
+    assert "socket" in io_reached("opsctl.net.connector")
+    assert rank("opsctl.cli.main") > rank("opsctl.net.connector") > rank("opsctl.plan.steps")
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]

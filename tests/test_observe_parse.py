@@ -17,9 +17,9 @@ from opsctl.observe.parse import (
     parse_info,
     parse_pairs,
     parse_role,
-    split_args,
     to_bytes,
 )
+from opsctl.spec.text import split_args
 
 REPLIES = Path(__file__).parent / "fixtures" / "replies"
 FLAVORS = ["valkey", "redis"]

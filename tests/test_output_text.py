@@ -12,11 +12,8 @@ from typing import Any, get_args
 import pytest
 
 from opsctl.audit.bigdelete import delete_big_key, owner_node
-from opsctl.cli import main
-from opsctl.commands.audit import ProgressBar, scan_line
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
-from opsctl.events import (
+from opsctl.base.errors import OpsctlError
+from opsctl.base.events import (
     BackupDone,
     BackupStart,
     BigKey,
@@ -29,7 +26,6 @@ from opsctl.events import (
     Log,
     MigrateRetry,
     PlaybookTask,
-    Printer,
     RestoreDone,
     RestoreDryRun,
     RestoreProgress,
@@ -45,15 +41,20 @@ from opsctl.events import (
     StepStart,
     VerifyDone,
     as_dict,
-    printing,
 )
+from opsctl.base.tty import human_seconds, redraw
+from opsctl.base.words import plural
+from opsctl.cli.commands.audit import ProgressBar, scan_line
+from opsctl.cli.main import main
+from opsctl.cli.output import Printer, printing
+from opsctl.cli.report import node_status, status_table
+from opsctl.cli.ttyline import TtyLine
+from opsctl.net.connector import Connector
 from opsctl.observe.parse import RoleInfo
-from opsctl.report import node_status, plural, status_table
+from opsctl.plan.slotmath.scale import wider_layout
 from opsctl.slots.progress import Progress, done_fraction
-from opsctl.slots.scale import wider_layout
 from opsctl.spec.layout import Node
-from opsctl.specfile import read_spec
-from opsctl.tty import TtyLine, human_seconds, redraw
+from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec
 from tests.test_audit_fixtures import standalone
 from tests.test_failover_checks import facts_for, spec
@@ -274,16 +275,16 @@ def test_the_owner_of_a_key_is_a_node_of_the_spec(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    import opsctl.connector
+    import opsctl.net.connector
 
     entered: list[tuple[str, Path]] = []
-    make_connector = opsctl.connector.make_connector
+    make_connector = opsctl.apply.connect.make_connector
 
     def recording(loaded: Any, state_dir: Path, route: Any = None) -> Connector:
         entered.append((loaded.spec.name, state_dir))
         return make_connector(loaded, state_dir, route)
 
-    monkeypatch.setattr(opsctl.connector, "make_connector", recording)
+    monkeypatch.setattr(opsctl.net.connector, "make_connector", recording)
     with standalone(tmp_path, "valkey") as fleet:
         fleet.admin().client.rpush("big:list", *range(2000))
         state = str(tmp_path / "state")

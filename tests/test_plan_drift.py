@@ -7,14 +7,15 @@ import dataclasses
 import pytest
 import yaml
 
-from opsctl.observe.parse import RoleInfo, is_config_directive, split_args
+from opsctl.base.secrets import MASK, Secret
+from opsctl.observe.parse import RoleInfo, is_config_directive
 from opsctl.plan.desired import single_valued
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values
 from opsctl.plan.planner import make_plan
 from opsctl.render.directives import SECRET_DIRECTIVES
-from opsctl.secrets import MASK, Secret
 from opsctl.spec.load import load_spec, make_resolver
+from opsctl.spec.text import split_args
 from tests.support import PASSWORD, make_spec
 from tests.test_planner import desired, formed_cluster, loaded_spec
 
@@ -144,8 +145,7 @@ def test_a_default_user_line_holding_another_password_is_file_drift() -> None:
 
 
 def test_password_mode_renders_the_overlap_so_it_survives_a_restart() -> None:
-    from opsctl.nodefiles import default_paths
-    from opsctl.render import render_node
+    from opsctl.render import default_paths, render_node
 
     data = make_spec("standalone")
     data["auth"] |= {"previous_password": {"env": "OPSCTL_TEST_OLD"}}

@@ -7,14 +7,12 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from opsctl.errors import RefusedError
-from opsctl.nodefiles import default_paths
+from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
-from opsctl.plan.saved import parse_plan
 from opsctl.plan.steps import (
     AssignSlots,
     ConfigSet,
@@ -27,7 +25,9 @@ from opsctl.plan.steps import (
     StartNode,
     WaitConverged,
 )
+from opsctl.render import default_paths
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
+from opsctl.state.planfile import parse_plan
 from tests.support import PASSWORD, make_spec
 
 
@@ -561,8 +561,8 @@ def test_nodes_inside_the_ephemeral_port_range_are_named_in_a_warning(tmp_path) 
 
 
 def test_a_refusal_after_steps_ran_is_no_longer_nothing_changed() -> None:
-    from opsctl.errors import EXIT_ERROR, EXIT_REFUSED, OpsctlError, RefusedError
-    from opsctl.executor import changed_anyway
+    from opsctl.apply.executor import changed_anyway
+    from opsctl.base.errors import EXIT_ERROR, EXIT_REFUSED, OpsctlError, RefusedError
 
     refused = RefusedError("step 3/5 (replicate t-4 -> t-1) failed: t-1 is a replica now", "detail", "point it")
     assert changed_anyway(refused, 0) is refused and refused.exit_code == EXIT_REFUSED

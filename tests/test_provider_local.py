@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.binaries import probe
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError, RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.secrets import Secret
+from opsctl.net.connector import Connector
 from opsctl.providers.base import Provider
+from opsctl.providers.binaries import probe
 from opsctl.providers.local import (
     LocalProvider,
     ProcFacts,
@@ -30,11 +31,10 @@ from opsctl.providers.local import (
     tail,
 )
 from opsctl.render import render_node
-from opsctl.secrets import Secret
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
-from opsctl.statelock import parse_pid, state_lock
+from opsctl.state.specfile import read_spec
+from opsctl.state.statelock import parse_pid, state_lock
 from tests.support import PASSWORD, loopback_hosts, make_spec, server_binary, write_spec
 
 FLAVORS = ["valkey", "redis"]
@@ -340,7 +340,7 @@ def test_state_lock_refuses_a_second_run(tmp_path: Path) -> None:
 
 
 def test_state_lock_across_processes(tmp_path: Path) -> None:
-    code = ("import sys, time\nfrom pathlib import Path\nfrom opsctl.statelock import state_lock\n"
+    code = ("import sys, time\nfrom pathlib import Path\nfrom opsctl.state.statelock import state_lock\n"
             "with state_lock(Path(sys.argv[1])):\n    print('locked', flush=True)\n    time.sleep(30)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -601,7 +601,7 @@ def test_a_relative_server_binary_is_found_next_to_the_spec_from_any_folder(tmp_
                                                                             capsys) -> None:
     """server.binary: bin/valkey-server means the spec's folder, as every file a spec names; it used to be
     taken from the caller's working directory."""
-    from opsctl.cli import main
+    from opsctl.cli.main import main
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "valkey-server").symlink_to(server_binary("valkey"))

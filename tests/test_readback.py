@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 from opsctl.failover.report import read_past_failover
-from opsctl.safefs import FileProblem
+from opsctl.state.safefs import FileProblem
 from tests.support import make_spec, write_spec
 
 Shape = Callable[[Path], None]
@@ -102,7 +102,7 @@ def spec_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("shape", RECORD_SHAPES)
 def test_a_bad_node_record_names_the_file(spec_file: Path, shape: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from opsctl.specfile import read_spec
+    from opsctl.state.specfile import read_spec
 
     node = read_spec(spec_file).layout.nodes[0].name
     folder = spec_file.parent / ".opsctl" / read_spec(spec_file).spec.name / node
@@ -207,7 +207,7 @@ def _pidfile_is_link(state: Path, node: Path) -> Path:
                                   _pidfile_is_link])
 def test_odd_state_dir_contents_name_the_path(spec_file: Path, make: Callable[[Path, Path], Path],
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from opsctl.specfile import read_spec
+    from opsctl.state.specfile import read_spec
 
     loaded = read_spec(spec_file)
     state = spec_file.parent / ".opsctl" / loaded.spec.name

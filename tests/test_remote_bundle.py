@@ -1,4 +1,5 @@
-"""deploy.yml's installers (opsctl/remote/bundle.py, playbooks/files/opsctl-install.sh): members, owners, modes,
+"""deploy.yml's installers (opsctl/providers/remote/bundle.py, playbooks/files/opsctl-install.sh): members, owners,
+modes,
 written-once files, byte-stable output, and the installer run by a real sh against a scratch root: a second run
 changes nothing, a changed file is put back, sentinel.conf is written only when missing, `only` narrows it."""
 
@@ -12,13 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.errors import OpsctlError
-from opsctl.remote.bundle import archive, host_installers, host_members, installer, node_members, settings_text
-from opsctl.remote.inventory import remote_root
-from opsctl.remote.staging import stage
-from opsctl.resources import data_dir
+from opsctl.base.errors import OpsctlError
+from opsctl.base.resources import data_dir
+from opsctl.providers.remote.bundle import (
+    archive,
+    host_installers,
+    host_members,
+    installer,
+    node_members,
+    settings_text,
+)
+from opsctl.providers.remote.inventory import remote_root
+from opsctl.providers.remote.staging import stage
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec
 
 EXISTING_USER = "daemon"  # user and group on Debian: the installer creates neither

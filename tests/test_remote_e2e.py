@@ -26,14 +26,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from opsctl.cli import main
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
+from opsctl.cli.main import main
+from opsctl.net.connector import Connector
 from opsctl.providers.ansible import RECORD, AnsibleProvider
-from opsctl.remote.runner import PlaybookResult, parse_event, summarize
+from opsctl.providers.remote.runner import PlaybookResult, parse_event, summarize
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
 from tests.support import PASSWORD, cluster_check, make_spec, missing, server_binary, write_spec

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.cli import main
-from opsctl.events import PlaybookTask
+from opsctl.base.events import PlaybookTask
+from opsctl.cli.main import main
 from opsctl.providers.ansible import parse_control, parse_facts, proc_state
-from opsctl.remote import ssh
-from opsctl.remote.inventory import build_inventory, parse_bastion, remote_paths
-from opsctl.remote.runner import child_env, failure_error, summarize, task_event
-from opsctl.specfile import read_spec
+from opsctl.providers.remote import ssh
+from opsctl.providers.remote.inventory import build_inventory, parse_bastion, remote_paths
+from opsctl.providers.remote.runner import child_env, failure_error, summarize, task_event
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec
 
 
@@ -154,8 +154,8 @@ def test_control_and_purge_commands_run_in_a_real_shell(tmp_path):
 
 
 def test_admin_via_ssh_routes_admin_connections_and_needs_the_ansible_provider(tmp_path):
-    from opsctl.connector import Connector
-    from opsctl.errors import SpecError
+    from opsctl.base.errors import SpecError
+    from opsctl.net.connector import Connector
 
     loaded = remote(tmp_path, "standalone")
     node = loaded.layout.nodes[0]
@@ -219,7 +219,7 @@ def test_an_ssh_error_for_a_dropped_connection_says_so():
 def test_paramiko_logs_nothing_on_the_operators_stderr():
     """paramiko logs a refused tunnel channel at ERROR before opsctl reports it: with no handler Python printed
     'Secsh channel 0 open FAILED: ...' bare on stderr during remote applies."""
-    code = ("import logging, opsctl.remote.ssh\n"
+    code = ("import logging, opsctl.providers.remote.ssh\n"
             "logging.getLogger('paramiko.transport').error('Secsh channel 0 open FAILED: Connection refused')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr == ""

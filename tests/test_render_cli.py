@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 from tests.support import PASSWORD, make_spec, write_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.nodefiles import default_paths
-from opsctl.observe.parse import split_args
-from opsctl.render import render_node
-from opsctl.secrets import MASK
+from opsctl.base.secrets import MASK
+from opsctl.render import default_paths, render_node
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from opsctl.spec.renames import TAKEOVER_COMMANDS
+from opsctl.spec.text import split_args
 from tests.support import PASSWORD, PASSWORD_ENV
 
 GOLDEN = Path(__file__).parent / "golden"

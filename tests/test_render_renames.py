@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from opsctl.secrets import Secret
+from opsctl.base.secrets import Secret
 from opsctl.spec.renames import TAKEOVER_COMMANDS, command_renames
+from tests.support import admin_for
 from tests.test_render_safety import loaded_case
 
 
@@ -36,15 +37,13 @@ def test_disabled_commands_stay_disabled_and_acl_mode_renames_only_what_the_spec
 
 
 def test_rendered_files_and_admin_use_the_same_names() -> None:
-    from opsctl.admin import Admin
-    from opsctl.nodefiles import default_paths
-    from opsctl.render import render_node
+    from opsctl.render import default_paths, render_node
 
     loaded = loaded_case("sentinel-redis-password")
     server, sentinel = loaded.layout.servers[0], loaded.layout.sentinels[0]
     conf = render_node(loaded, server, default_paths("/x", server)).files["redis.conf"]
     watch = render_node(loaded, sentinel, default_paths("/x", sentinel)).files["sentinel.conf"]
-    admin = Admin.for_node(loaded, server)
+    admin = admin_for(loaded, server)
     for command in TAKEOVER_COMMANDS:
         assert f"rename-command {command} {admin.command(command)}\n" in conf
         assert f"sentinel rename-command {loaded.spec.name} {command} {admin.command(command)}\n" in watch
@@ -81,8 +80,7 @@ def test_a_client_with_the_password_cannot_take_a_node_over(tmp_path, capsys) ->
                 raise AssertionError(f"{attempt[0]} ran under its own name")
         client.close()
         assert plan_json(capsys, spec)["steps"] == [], "the derived names are the same on the next run"
-        from opsctl.admin import Admin
 
-        with Admin.for_node(loaded, replica) as admin:
+        with admin_for(loaded, replica) as admin:
             assert admin.call("ROLE")[0] == "slave"
             assert admin.call("ACL", "WHOAMI") == "default" and admin.config_get("port")["port"] == str(replica.port)

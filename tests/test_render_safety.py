@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from opsctl.nodefiles import default_paths
-from opsctl.observe.parse import split_args
-from opsctl.render import render_node
+from opsctl.render import default_paths, render_node
 from opsctl.render.tokens import UnsafeValue, quoted, word
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from opsctl.spec.model import Spec
+from opsctl.spec.text import split_args
 from tests.test_render_golden import GOLDEN, SECRETS
 
 INJECTIONS = ["10\nrequirepass \"\"", "x\r\nenable-debug-command yes", "a\x00b", "a\u2028b", "a\x85b"]

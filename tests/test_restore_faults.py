@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.admin import Admin
 from tests.lifecycle import run
-from tests.support import PASSWORD
+from tests.support import PASSWORD, admin_for
 from tests.test_restore_live import backup_dir, clients, cluster, restore, topologies
 
 pytestmark = pytest.mark.integration
@@ -51,7 +50,7 @@ def test_killed_restore_finishes_on_rerun(tmp_path, capsys) -> None:
         (s, s_loaded), (c, c_loaded) = deployed_
         load(clients(s_loaded)[0], KEYS)
         folder = backup_dir(capsys, s, tmp_path / "backups")
-        argv = [sys.executable, "-m", "opsctl.cli", "restore", "-f", str(c), "--from", str(folder)]
+        argv = [sys.executable, "-m", "opsctl.cli.main", "restore", "-f", str(c), "--from", str(folder)]
         kills, written = 0, 0
         for _ in range(3):  # each run killed at a random point after it wrote more keys than the last
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
@@ -144,16 +143,16 @@ def test_refusals_write_nothing(tmp_path, capsys) -> None:
         db0 = backup_dir(capsys, s, tmp_path / "backups")
         masters = [n for n in c_loaded.layout.servers if n.role == "master"]
         for node in masters:
-            with Admin.for_node(c_loaded, node) as admin:
+            with admin_for(c_loaded, node) as admin:
                 admin.config_set("maxmemory", str(2 << 20))
         code, _, err = restore(capsys, c, "--from", str(db0))
         assert code == 3 and "no room" in err and "maxmemory" in err, err
         untouched()
         for node in masters:
-            with Admin.for_node(c_loaded, node) as admin:
+            with admin_for(c_loaded, node) as admin:
                 admin.config_set("maxmemory", "64mb")
 
-        with Admin.for_node(c_loaded, masters[0]) as first, Admin.for_node(c_loaded, masters[1]) as second:
+        with admin_for(c_loaded, masters[0]) as first, admin_for(c_loaded, masters[1]) as second:
             target_id = second.call("CLUSTER", "MYID")
             first.call("CLUSTER", "SETSLOT", 100, "MIGRATING", target_id)
             code, _, err = restore(capsys, c, "--from", str(db0))
@@ -200,7 +199,7 @@ def test_target_killed_mid_restore_then_rerun(tmp_path, capsys) -> None:
         (s, s_loaded), (t, t_loaded) = deployed_
         load(clients(s_loaded)[0], KEYS)
         folder = backup_dir(capsys, s, tmp_path / "backups")
-        argv = [sys.executable, "-m", "opsctl.cli", "restore", "-f", str(t), "--from", str(folder)]
+        argv = [sys.executable, "-m", "opsctl.cli.main", "restore", "-f", str(t), "--from", str(folder)]
         target = clients(t_loaded)[0]
         pid = int(target.info("server")["process_id"])
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())

@@ -14,7 +14,7 @@ from redis.sentinel import Sentinel
 
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check
 from tests.writer import Writer, cluster_client, dataset_checksum

@@ -9,10 +9,9 @@ import pytest
 import redis
 import yaml
 
-from opsctl.admin import Admin
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import PASSWORD, admin_for
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
@@ -110,7 +109,7 @@ def test_password_mode_rotation_keeps_writes_and_replication(tmp_path, capsys, m
         assert writer.verify(client) == [] and len(writer.acked) > 300
         assert writer.errors == []
         for node in loaded.layout.servers:  # roles moved in the restart's failover; links are what counts
-            with Admin.for_node(read_spec(spec), node) as admin:
+            with admin_for(read_spec(spec), node) as admin:
                 info = admin.info("replication")
             assert "master_link_status:up" in info or "connected_slaves:2" in info, info
 
@@ -164,7 +163,7 @@ def test_the_overlap_holds_when_acl_getuser_does_not_answer(tmp_path, capsys, mo
     keeps both passwords, instead of a CONFIG SET requirepass that locks out every client on the old one."""
     with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
         node = loaded.layout.servers[0]
-        with Admin.for_node(loaded, node) as admin:
+        with admin_for(loaded, node) as admin:
             admin.call("ACL", "SETUSER", "default", "-acl|getuser")
         _rotate(spec, monkeypatch, keep_previous=True)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")

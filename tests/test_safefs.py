@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.errors import echo
-from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, write_private
+from opsctl.base.errors import echo
+from opsctl.state.safefs import FileProblem, check_state_path, make_dir, read_bounded, write_private
 
 
 def test_write_private_replaces_a_planted_link_instead_of_writing_through_it(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.admin import Admin
-from opsctl.cli import main
-from opsctl.connector import Connector
+from opsctl.cli.main import main
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV, cluster_check
 from tests.test_slots_reshard import preload
@@ -105,7 +105,7 @@ def killed_mid_move(spec: Path, loaded: LoadedSpec) -> None:
     with contextlib.ExitStack() as stack:
         admins = [stack.enter_context(Connector(loaded).admin(loaded.layout.node(s.master)))
                   for s in loaded.layout.shards]
-        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+        proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
                                 env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

@@ -12,10 +12,10 @@ import pytest
 import redis
 import yaml
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 from opsctl.failover.actions import KILL_AT
-from opsctl.observe.collect import wait_for
-from opsctl.specfile import read_spec
+from opsctl.net.observer import wait_for
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check, free_base_port, loopback_hosts, server_binary
 from tests.test_slots_reshard import preload
@@ -43,7 +43,7 @@ def known_ids(loaded):
 def killed_scale_in(spec) -> None:
     """A scale-in killed right after remove-node stopped the first retired node (the replica), before it was
     forgotten; the next apply removes it again (it is stopped, but the cluster still knows it)."""
-    killed = subprocess.run([sys.executable, "-m", "opsctl.cli", "apply", "-f", str(spec), "--auto-approve"],
+    killed = subprocess.run([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
                             env={**os.environ, KILL_AT: "remove-node-stopped"}, capture_output=True, text=True,
                             timeout=120, check=False)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
@@ -110,9 +110,9 @@ def cluster_server(flavor: str, directory, address: str, port: int) -> subproces
 def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) -> None:
     """Real servers: a node that knows another node (its old cluster) and holds a key in a slot it no longer
     serves is refused, key and id untouched; once empty it is reset to a new id that knows only itself."""
-    from opsctl.admin import Admin
+    from opsctl.base.errors import RefusedError
     from opsctl.cluster.ops import reset_stale_identity
-    from opsctl.errors import RefusedError
+    from opsctl.net.admin import Admin
     from tests.test_planner import loaded_spec
 
     address = loopback_hosts(1)[0]

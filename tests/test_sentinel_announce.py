@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 import redis
 
-from opsctl.connector import Connector
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.announce import EpochWatch, Identity, announce, hello_message, names_promoted
-from opsctl.failover.runbook import Session
-from opsctl.health import sentinel_problem
-from opsctl.observe.collect import wait_for
+from opsctl.failover.session import Session
+from opsctl.net.connector import Connector
+from opsctl.net.observer import wait_for
 from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.health import sentinel_problem
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, make_spec, write_spec
 from tests.writer import Writer
@@ -280,7 +280,7 @@ def test_a_failover_killed_before_it_told_the_sentinels_converges_at_sentinels_o
         old = loaded.layout.shards[0].master
         with Writer(lambda: _client(loaded, old)) as writer:
             writer.wait_for_writes(200)
-            killed = subprocess.run([sys.executable, "-m", "opsctl.cli", "failover", "-f", str(spec), "--yes",
+            killed = subprocess.run([sys.executable, "-m", "opsctl.cli.main", "failover", "-f", str(spec), "--yes",
                                      "--shard", "1"], env={**os.environ, KILL_AT: "repointed"},
                                     capture_output=True, text=True, timeout=120, check=False)
             assert killed.returncode == -9, killed.stdout + killed.stderr

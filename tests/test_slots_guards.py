@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
+from opsctl.net.topolock import Marker, live_others, marker_name, parse_markers
 from opsctl.observe.parse import parse_cluster_nodes
 from opsctl.slots.batching import backoff, base_timeout_ms, batches
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 from opsctl.slots.journal import Journal, parse_lines
-from opsctl.topolock import Marker, live_others, marker_name, parse_markers
 
 T, R, S = "10.0.0.2:7001", "10.0.0.3:7002", "10.0.0.1:7000"
 SHARD = {T, R}
@@ -139,9 +139,9 @@ def test_lock_markers_parse_and_expire_by_the_servers_idle_not_a_clock():
 
 
 def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path):
-    from opsctl.connector import Connector
-    from opsctl.specfile import read_spec
-    from opsctl.topolock import topology_lock
+    from opsctl.net.connector import Connector
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.specfile import read_spec
     from tests.support import make_spec, write_spec
 
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))  # nothing runs on its ports
@@ -149,19 +149,26 @@ def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path)
         pytest.fail("the block ran without a lock")
 
 
+# the slot maths and the fence constants stand in opsctl.plan beside the planner: they are not the planner
+PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.fence")
+
+
 def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     """What cluster check/reshard/rebalance/fix run, imported: no redis-py (the engine, its probes and the topology
-    lock talk raw RESP), no opsctl.runtime and none of the planner (each a share of every run's start)."""
+    lock talk raw RESP), no opsctl.apply.runtime and none of the planner (each a share of every run's start)."""
     import subprocess
     import sys
 
-    code = ("import sys, opsctl.cli, opsctl.commands.cluster, opsctl.specfile, opsctl.statedir, opsctl.connector, "
-            "opsctl.statelock, opsctl.topolock, opsctl.events, opsctl.slots.cli, opsctl.slots.fix, opsctl.slots.run, "
+    code = ("import sys, opsctl.cli.main, opsctl.cli.commands.cluster, opsctl.state.specfile, "
+                "opsctl.state.statedir, opsctl.net.connector, "
+            "opsctl.state.statelock, opsctl.net.topolock, opsctl.base.events, opsctl.slots.cli, "
+                "opsctl.slots.fix, opsctl.slots.run, "
             "opsctl.cluster.check; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     modules = set(done.stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography")
-                      or m in ("opsctl.runtime", "opsctl.drift") or m.startswith("opsctl.plan."))
+                      or m in ("opsctl.apply.runtime", "opsctl.apply.drift")
+                          or (m.startswith("opsctl.plan.") and not m.startswith(PURE_SLOT_MATHS)))
     assert not unwanted, unwanted
 
 
@@ -171,7 +178,7 @@ def test_a_journal_that_cannot_be_written_says_so(tmp_path, monkeypatch) -> None
     import errno
     import os
 
-    from opsctl.safefs import FileProblem
+    from opsctl.state.safefs import FileProblem
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -14,14 +14,13 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.errors import RefusedError
+from opsctl.base.errors import RefusedError
+from opsctl.net.connector import Connector
+from opsctl.net.topolock import TopologyLock, topology_lock
 from opsctl.observe.parse import parse_cluster_nodes, parse_info
-from opsctl.slots.ranges import expand
-from opsctl.topolock import TopologyLock, topology_lock
+from opsctl.plan.slotmath.ranges import expand
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for
 from tests.test_slots_reshard import preload, referee_ok
 from tests.writer import cluster_client, dataset_checksum
 
@@ -29,9 +28,9 @@ pytestmark = pytest.mark.integration
 
 HOLD = """
 import sys, time
-from opsctl.connector import Connector
-from opsctl.specfile import read_spec
-from opsctl.topolock import topology_lock
+from opsctl.net.connector import Connector
+from opsctl.state.specfile import read_spec
+from opsctl.net.topolock import topology_lock
 with topology_lock(Connector(read_spec(sys.argv[1]))):
     print("held", flush=True)
     time.sleep(60)
@@ -46,8 +45,8 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         before = dataset_checksum(client, "pre:*")
         source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
         replica = loaded.layout.node(loaded.layout.shards[1].replicas[0])
-        with Admin.for_node(loaded, source) as src, Admin.for_node(loaded, target) as tgt, \
-                Admin.for_node(loaded, replica) as rep:
+        with admin_for(loaded, source) as src, admin_for(loaded, target) as tgt, \
+                admin_for(loaded, replica) as rep:
             source_id, target_id = src.call("CLUSTER", "MYID"), tgt.call("CLUSTER", "MYID")
             tgt.call("CLUSTER", "SETSLOT", 100, "IMPORTING", source_id)
             src.call("CLUSTER", "SETSLOT", 100, "MIGRATING", target_id)
@@ -95,7 +94,7 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
 
         # a shard with two masters serving different slots (what a stalled master that woke up after its
         # failover can leave): apply refuses and names `cluster fix`, which merges the shard
-        with Admin.for_node(loaded, replica) as rep:
+        with admin_for(loaded, replica) as rep:
             rep.call("CLUSTER", "RESET", "SOFT")
             rep.call("CLUSTER", "MEET", target.address, target.port)
         deadline = time.monotonic() + 20
@@ -135,7 +134,7 @@ def test_fix_gives_an_unreachable_masters_slots_away_only_on_consent(tmp_path, c
     master with the fewest slots takes them with BUMPEPOCH, and every live node sees all 16384 served."""
     with deployed(tmp_path, capsys, "cluster", "valkey", cluster={"replicas_per_master": 0}) as (spec, loaded):
         first, fewest, lost = (loaded.layout.node(s.master) for s in loaded.layout.shards)
-        with Admin.for_node(loaded, first) as admin:
+        with admin_for(loaded, first) as admin:
             admin.call("CLUSTER", "DELSLOTS", 16383)
         os.kill(int((spec.parent / ".opsctl" / loaded.spec.name / lost.name / "server.pid").read_text()),
                 signal.SIGKILL)
@@ -145,7 +144,7 @@ def test_fix_gives_an_unreachable_masters_slots_away_only_on_consent(tmp_path, c
         assert code == 0 and f"gave 5461 slots of unreachable master(s) to {fewest.name}" in out, err + out
         deadline = time.monotonic() + 10  # the first master learns the new owner from its pings (node timeout 2 s)
         for node in (first, fewest):
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 while (info := parse_info(admin.call("CLUSTER", "INFO")))["cluster_state"] != "ok":
                     assert time.monotonic() < deadline, f"{node.name}: {info}"
                     time.sleep(0.1)
@@ -176,7 +175,7 @@ def test_a_live_lock_holds_whatever_the_holders_clock_says(tmp_path, capsys) -> 
 
 def _half_merged(loaded, node, master, key: str) -> None:
     """node: a replica of master made a master without slots that holds key (a slot master serves)."""
-    with Admin.for_node(loaded, node) as admin, Admin.for_node(loaded, master) as owner:
+    with admin_for(loaded, node) as admin, admin_for(loaded, master) as owner:
         admin.call("CLUSTER", "RESET", "SOFT")
         admin.call("CLUSTER", "MEET", master.address, master.port)
         node_id, master_id = admin.call("CLUSTER", "MYID"), owner.call("CLUSTER", "MYID")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
@@ -133,7 +133,7 @@ def test_sigkill_mid_reshard_then_apply_recovers(tmp_path, capsys) -> None:
         with Writer(lambda: cluster_client(loaded)) as writer:
             for source, target in ((a, b), (b, a)):
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "opsctl.cli", "cluster", "reshard", "-f", str(spec), "--from", source,
+                    [sys.executable, "-m", "opsctl.cli.main", "cluster", "reshard", "-f", str(spec), "--from", source,
                      "--to", target, "--slots", "2000", "--max-keys-per-sec", "1000"],  # ~2.4k keys: >2 s
                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 deadline = time.monotonic() + 30

@@ -1,4 +1,4 @@
-"""The validated spec as plain values (opsctl.spec.model) and the cache of validated specs (opsctl.speccache):
+"""The validated spec as plain values (opsctl.spec.model) and the cache of validated specs (opsctl.state.speccache):
 the plain classes are the pydantic models' twins, a warm cache gives the very spec a full validation gives, and
 anything odd about an entry (damaged, foreign, stale, a link) means a full validation, never a wrong spec."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 from opsctl.spec import model, pydantic_model
 from opsctl.spec.model import DataMismatch, Record, Spec
-from opsctl.specfile import read_spec
+from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
 SPECS = Path(__file__).parent / "specs"
@@ -161,7 +161,7 @@ def damage_value(text: str) -> str:  # the digest no longer matches
 
 
 def damage_type(text: str) -> str:  # a wrong type under a digest that matches
-    from opsctl.digest import digest
+    from opsctl.base.digest import digest
 
     entry = json.loads(text)
     entry["spec"]["lazyfree"] = "yes"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.cli import main
+from opsctl.cli.main import main
 
 SPECS = Path(__file__).parent / "specs"
 BAD = sorted((SPECS / "bad").glob("*.yaml"))
@@ -185,8 +185,8 @@ def test_no_secrets_checks_everything_else(tmp_path: Path, in_dir, capsys: pytes
 
 def test_ipv6_endpoints_print_with_brackets_and_compare_canonically(tmp_path: Path, in_dir,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from opsctl.endpoints import canonical_address, endpoint, split_endpoint
-    from opsctl.specfile import read_spec
+    from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
+    from opsctl.state.specfile import read_spec
 
     in_dir(tmp_path)
     (tmp_path / "spec.yaml").write_text(MINIMAL.replace("127.0.0.1", '"0:0:0:0:0:0:0:1"')

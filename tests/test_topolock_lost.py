@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.errors import OpsctlError
-from opsctl.runtime import make_runtime
-from opsctl.specfile import read_spec
-from opsctl.tls.live import rotate
-from opsctl.topolock import LEASE_ENV, topology_lock
+from opsctl.apply.runtime import make_runtime
+from opsctl.apply.tls_rotation import rotate
+from opsctl.base.errors import OpsctlError
+from opsctl.net.topolock import LEASE_ENV, topology_lock
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
 from tests.support import PASSWORD, PASSWORD_ENV
 
@@ -30,8 +30,8 @@ def test_a_run_that_loses_its_lock_during_its_last_step_says_so(tmp_path: Path,
     run could have taken the topology meanwhile. Before: exit 0, 'Restarted'."""
     with deployed(tmp_path, capsys, "standalone", "valkey", hosts=1) as (spec, _loaded):
         env = {**os.environ, PASSWORD_ENV: PASSWORD, LEASE_ENV: LEASE}
-        restart = subprocess.Popen([sys.executable, "-m", "opsctl.cli", "restart", "-f", str(spec), "--auto-approve",
-                                    "--allow-downtime"],
+        restart = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "restart", "-f", str(spec),
+                                    "--auto-approve", "--allow-downtime"],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             assert restart.stderr is not None

@@ -15,13 +15,12 @@ from typing import IO
 import pytest
 import redis
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
-from opsctl.specfile import read_spec
-from opsctl.topolock import LEASE_ENV, check_held, lease_seconds, marker_name, parse_markers, topology_lock
+from opsctl.base.errors import OpsctlError
+from opsctl.net.connector import Connector
+from opsctl.net.topolock import LEASE_ENV, check_held, lease_seconds, marker_name, parse_markers, topology_lock
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, write_spec
 
 LEASE = "4"  # short, so the pause test is quick; long enough for a loaded machine to renew in time
 
@@ -61,7 +60,7 @@ def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> 
 
 def _opsctl(*argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, PASSWORD_ENV: PASSWORD, LEASE_ENV: LEASE}
-    return subprocess.Popen([sys.executable, "-m", "opsctl.cli", *argv], env=env, stdout=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", *argv], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -82,7 +81,7 @@ def _owners(loaded: object) -> set[str]:
     owners = set()
     for node in loaded.layout.servers:
         try:
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 listing = admin.call("CLIENT", "LIST")
         except redis.ConnectionError:
             continue  # a node a killed run left stopped holds no marker
@@ -154,7 +153,7 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
             assert code == 3 and "another opsctl run holds this topology" in err and "stopped" not in out, \
                 err + out
             mine = lock.held[node.name].client_id
-            with Admin.for_node(loaded, node) as admin:
+            with admin_for(loaded, node) as admin:
                 admin.call("CLIENT", "KILL", "ID", mine)  # what a restart of the node does to the marker
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and getattr(lock.held.get(node.name), "client_id", mine) == mine:
@@ -163,7 +162,7 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
                 assert _owners(loaded) == {lock.owner}
                 lock.check()
                 # the node loses it again, and before this run marks it anew another run's marker is there
-                other = Admin.for_node(loaded, node)
+                other = admin_for(loaded, node)
                 try:
                     other.call("CLIENT", "SETNAME", marker_name("other@h/pid1", 30))
                     admin.call("CLIENT", "KILL", "ID", lock.held[node.name].client_id)

@@ -1,4 +1,4 @@
-from opsctl.versions import has_capability, has_directive, rolling_change_problem
+from opsctl.server.versions import has_capability, has_directive, rolling_change_problem
 
 
 def test_directives_follow_the_version_table() -> None:

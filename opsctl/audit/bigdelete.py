@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-from opsctl.admin import Admin
-from opsctl.audit.discover import discover
 from opsctl.audit.throttle import Throttle
-from opsctl.connector import Connector
-from opsctl.endpoints import endpoint as format_endpoint
-from opsctl.errors import OpsctlError
-from opsctl.rawpipe import RawPipe
-from opsctl.resp import Arg, Reply, RespError, encode
-from opsctl.slots.scale import find_node
+from opsctl.base.endpoints import endpoint as format_endpoint
+from opsctl.base.errors import OpsctlError
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.discover import discover
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import Arg, Reply, RespError, encode
+from opsctl.plan.slotmath.scale import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 

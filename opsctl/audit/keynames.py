@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from opsctl.audit.findings import Finding, finding
+from opsctl.observe.findings import Finding, finding
 
 SEPARATOR = b":"
 SPECIAL = frozenset(b" \t\r\n\"'\\`") | frozenset(range(0, 32)) | {127}

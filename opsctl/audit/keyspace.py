@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from opsctl.audit.findings import Finding, finding
 from opsctl.audit.keynames import prefix_of, shown
+from opsctl.observe.findings import Finding, finding
 
 TYPES = ("string", "hash", "list", "set", "zset", "stream")
 SIZE_COMMAND = {"string": "STRLEN", "hash": "HLEN", "list": "LLEN", "set": "SCARD", "zset": "ZCARD", "stream": "XLEN"}

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.audit.findings import Finding, finding
+from opsctl.observe.findings import Finding, finding
 from opsctl.render.directives import Directive
 
 # Directives not compared: secrets, provider paths, names that differ in form between file and CONFIG GET.

@@ -1,5 +1,5 @@
 """Read one node for the non-scan checks: CONFIG GET, harmless probes of dangerous commands, an anonymous
-PING, ACL GETUSER default, INFO, SLOWLOG. Thin I/O over a raw pipe (opsctl.rawpipe); the judging is in
+PING, ACL GETUSER default, INFO, SLOWLOG. Thin I/O over a raw pipe (opsctl.net.rawpipe); the judging is in
 opsctl.audit.nodechecks.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from opsctl.audit import nodechecks as nc
-from opsctl.audit.findings import Finding
-from opsctl.connector import Connector
+from opsctl.net.connector import Connector
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
+from opsctl.net.resp import RespError, encode, text
+from opsctl.observe.findings import Finding
 from opsctl.observe.parse import parse_info, parse_pairs
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.render.directives import Directive, NodePaths, server_sections
-from opsctl.resp import RespError, encode, text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 

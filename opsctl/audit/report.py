@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opsctl.audit.findings import Finding, ordered
-from opsctl.report import plural
+from opsctl.base.words import plural
+from opsctl.observe.findings import Finding, ordered
 
 FINDING_COLUMNS = ("severity", "rule", "node", "message")
 TABLE_ORDER = ("shards", "bigkeys", "ttl", "hotkeys", "slowlog", "memory", "tls")

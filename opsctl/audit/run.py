@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.audit.discover import LiveNode, discover, scan_targets, unreachable
-from opsctl.audit.findings import Finding, finding, ordered
 from opsctl.audit.keynames import style_findings
 from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
 from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe, link_error
+from opsctl.base.errors import OpsctlError
+from opsctl.net.connector import Connector
+from opsctl.net.discover import LiveNode, discover, scan_targets, unreachable
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
+from opsctl.observe.findings import Finding, finding, ordered
 from opsctl.spec.load import LoadedSpec
 
 CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls")
@@ -134,8 +134,8 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Progress | 
 
 def _tls(connector: Connector, report: AuditReport) -> None:
     """Every node, sentinels too: certificate days left, protocol, a plaintext port that answers."""
+    from opsctl.apply.tls_rotation import seen
     from opsctl.tls import judge
-    from opsctl.tls.live import seen
     from opsctl.tls.material import now
 
     at = now()

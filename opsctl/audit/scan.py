@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import cast
 
-from opsctl.audit.discover import LiveNode
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
 from opsctl.audit.throttle import Throttle
-from opsctl.connector import Connector
+from opsctl.net.connector import Connector
+from opsctl.net.discover import LiveNode
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import Reply, RespError, encode, encode_keyed
 from opsctl.observe.parse import parse_info
-from opsctl.rawpipe import RawPipe
-from opsctl.resp import Reply, RespError, encode, encode_keyed
 
 Progress = Callable[[str, int, int], None]
 

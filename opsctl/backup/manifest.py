@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.versions import RDB_VERSION, Version, reads_rdb, server_text
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.server.versions import RDB_VERSION, Version, reads_rdb, server_text
 
 KEYSPACE_PREFIX = "db"
 

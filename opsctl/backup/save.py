@@ -21,8 +21,6 @@ from pathlib import Path
 
 import redis
 
-from opsctl.admin import Admin
-from opsctl.audit.discover import LiveNode, discover, shards
 from opsctl.backup.manifest import (
     MANIFEST,
     Manifest,
@@ -36,15 +34,17 @@ from opsctl.backup.manifest import (
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import BackupDone, BackupStart, Emit, ShardSaved
-from opsctl.observe.collect import describe as describe_problems
-from opsctl.observe.collect import observe, observed_problems
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import BackupDone, BackupStart, Emit, ShardSaved
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.discover import LiveNode, discover, shards
+from opsctl.net.observer import describe as describe_problems
+from opsctl.net.observer import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
-from opsctl.safefs import FileProblem, open_dir, trusted_owners, write_private
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.state.safefs import FileProblem, open_dir, trusted_owners, write_private
 
 Sink = Callable[[bytes], None]
 Fetch = Callable[[Node, str, Sink], None]

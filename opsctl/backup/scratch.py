@@ -20,10 +20,10 @@ from pathlib import Path
 import redis
 
 from opsctl.backup.plan import Server, parse_keyspace
-from opsctl.binaries import ServerBinary, candidates, probe
-from opsctl.connector import unix_client
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
+from opsctl.net.connector import unix_client
 from opsctl.observe.parse import parse_info
+from opsctl.providers.binaries import ServerBinary, candidates, probe
 
 LOAD_TIMEOUT = 600.0
 PREFIX = "opsctl-scratch-"

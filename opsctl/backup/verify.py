@@ -11,9 +11,9 @@ from pathlib import Path
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
 from opsctl.backup.plan import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
-from opsctl.errors import OpsctlError
-from opsctl.events import ChecksumsOk, Emit, ShardVerified
-from opsctl.safefs import read_bounded
+from opsctl.base.errors import OpsctlError
+from opsctl.base.events import ChecksumsOk, Emit, ShardVerified
+from opsctl.state.safefs import read_bounded
 
 CHUNK = 1 << 20
 

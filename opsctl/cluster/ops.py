@@ -1,4 +1,4 @@
-"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.admin.Admin,
+"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.net.admin.Admin,
 or, for form_cluster, through an Observer's raw links.
 
 form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip
@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.observe.collect import (
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.observer import (
     Command,
     Observer,
     Pending,
@@ -24,13 +24,13 @@ from opsctl.observe.collect import (
     settled_pending,
     wait_for,
 )
+from opsctl.net.rawpipe import PIPE_ERRORS, link_error
+from opsctl.net.resp import RespError, TextReply
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
-from opsctl.rawpipe import PIPE_ERRORS, link_error
-from opsctl.resp import RespError, TextReply
-from opsctl.slots.planning import slot_plan
-from opsctl.slots.ranges import SlotRange, slot_command
+from opsctl.plan.slotmath.planning import slot_plan
+from opsctl.plan.slotmath.ranges import SlotRange, slot_command
+from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import Layout, Node
-from opsctl.versions import has_capability, parse_version
 
 
 def myid(admin: Admin) -> str:

@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from opsctl.admin import Admin
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.checks import Target
-from opsctl.failover.fencing import spec_values
-from opsctl.observe.collect import Pending, wait_for
+from opsctl.net.admin import Admin
+from opsctl.net.observer import Pending, wait_for
+from opsctl.plan.fence import spec_values
+from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.versions import has_capability, parse_version
 
 if TYPE_CHECKING:
-    from opsctl.failover.runbook import Session
+    from opsctl.failover.session import Session
 
 POLL = 0.002
 KILL_AT = "OPSCTL_FAILOVER_KILL_AT"

@@ -32,9 +32,9 @@ from typing import Any
 import redis
 from redis.client import PubSub
 
-from opsctl.admin import Admin
-from opsctl.endpoints import canonical_address
-from opsctl.observe.collect import raw_pipeline
+from opsctl.base.endpoints import canonical_address
+from opsctl.net.admin import Admin
+from opsctl.net.observer import raw_pipeline
 from opsctl.observe.parse import parse_pairs
 
 HELLO_CHANNEL = "__sentinel__:hello"

@@ -10,14 +10,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
-from opsctl.endpoints import endpoint
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.health import MAX_LAG_BYTES
+from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
+from opsctl.base.endpoints import endpoint
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
-from opsctl.slots.planning import retired
+from opsctl.plan.slotmath.planning import retired
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 

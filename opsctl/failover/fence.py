@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import redis
 
-from opsctl.admin import Admin
-from opsctl.endpoints import canonical_address, endpoint
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.failover.fencing import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
-from opsctl.observe.collect import Pending, wait_for
+from opsctl.base.endpoints import canonical_address, endpoint
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.admin import Admin
+from opsctl.net.observer import Pending, wait_for
 from opsctl.observe.parse import parse_pairs, parse_role
+from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 

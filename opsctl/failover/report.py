@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsctl.endpoints import endpoint
+from opsctl.base.endpoints import endpoint
 from opsctl.failover.checks import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
-from opsctl.readback import Fields, load_json
-from opsctl.safefs import FileProblem
+from opsctl.state.readback import Fields, load_json
+from opsctl.state.safefs import FileProblem
 
 REPORT_DIR = "failover"
 REPORT_LIMIT = 4 * 1024 * 1024

@@ -17,10 +17,8 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
-from opsctl.admin import Admin
-from opsctl.connector import Connector
-from opsctl.digest import digest
-from opsctl.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.digest import digest
+from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
     Check,
@@ -36,14 +34,13 @@ from opsctl.failover.checks import (
     thresholds_for,
 )
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
-from opsctl.nodefiles import write_private
-from opsctl.observe.collect import Observer, Pending, to_facts, wait_for
+from opsctl.failover.session import Session
+from opsctl.net.connector import Connector
+from opsctl.net.observer import Pending, wait_for
+from opsctl.net.topolock import check_held
 from opsctl.plan.facts import NodeFacts
-from opsctl.safefs import check_state_path
-from opsctl.slots.scale import retired_nodes
-from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.topolock import check_held
+from opsctl.state.safefs import check_state_path, write_private
 
 Say = Callable[[str], None]
 ESCALATION = ("graceful", "force", "takeover")
@@ -65,45 +62,6 @@ class Options:
     timeout: float = 10.0
     report: str | None = None
     failover_command: bool = True  # replication: use FAILOVER where the server has it
-
-
-class Session:
-    """Open connections to every node for the whole run: each observation is one parallel round trip. In a cluster
-    also to the nodes a larger spec had that the cluster still knows (a scale-in's, drained after the restarts):
-    they vote and must agree like the others (looked for once; a second Observer only when there are some)."""
-
-    def __init__(self, connector: Connector) -> None:
-        self.connector = connector
-        self.loaded = connector.loaded
-        self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
-        if self.loaded.spec.topology == "cluster":
-            views = [o.cluster_nodes for o in self.observer.observe().values() if o.cluster_nodes]
-            retired = retired_nodes(self.loaded, views)
-            if retired:
-                self.observer.close()
-                self.observer = Observer(connector, [*self.loaded.layout.nodes, *retired], timeout=1.0)
-
-    def facts(self) -> dict[str, NodeFacts]:
-        return to_facts(self.observer.observe())
-
-    def admin(self, name: str) -> Admin:
-        return self.observer.admins[name]
-
-    def quorum(self) -> dict[str, str]:
-        name = sentinel_master_name(self.loaded.spec)
-        futures = {n.name: self.observer.pool.submit(_ckquorum, self.admin(n.name), name)
-                   for n in self.loaded.layout.sentinels}
-        return {n: f.result() for n, f in futures.items()}
-
-    def close(self) -> None:
-        self.observer.close()
-
-
-def _ckquorum(admin: Admin, name: str) -> str:
-    try:
-        return str(admin.call("SENTINEL", "CKQUORUM", name))
-    except (redis.RedisError, OSError) as exc:
-        return f"error: {exc}"
 
 
 def load_history(state_dir: Path) -> list[PastFailover]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted

@@ -1,6 +1,6 @@
 """Pure parsers of server replies (INFO, CLUSTER NODES, ROLE, CONFIG GET) and config value comparison.
 
-No I/O here: opsctl.observe.collect fetches the replies, these functions turn them into data.
+No I/O here: opsctl.net.observer fetches the replies, these functions turn them into data.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
-from opsctl.endpoints import endpoint
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.endpoints import endpoint
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.text import split_args
 
 # --- INFO ---------------------------------------------------------------------------------------
 
@@ -202,55 +203,6 @@ def to_bytes(size: str) -> int:
 
 def _is_size(value: str) -> bool:
     return bool(_SIZE_RE.match(value.strip()))
-
-
-_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a"}
-
-
-def _read_quoted(text: str, i: int, quote: str) -> tuple[str, int]:
-    """The body of a quoted token starting after the opening quote at i; returns (body, index after close)."""
-    out: list[str] = []
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if quote == '"' and nxt == "x" and re.match(r"[0-9a-fA-F]{2}", text[i + 2:i + 4]):
-                out.append(chr(int(text[i + 2:i + 4], 16)))
-                i += 4
-                continue
-            if quote == "'" and nxt != "'":
-                out.append(ch)
-                i += 1
-                continue
-            out.append(_ESCAPES.get(nxt, nxt) if quote == '"' else nxt)
-            i += 2
-            continue
-        if ch == quote:
-            return "".join(out), i + 1
-        out.append(ch)
-        i += 1
-    raise ValueError(f"unbalanced quotes in {text!r}")
-
-
-def split_args(text: str) -> list[str]:
-    """Split a config line value the way the server does (sdssplitargs): quotes and escapes."""
-    if '"' not in text and "'" not in text:
-        return text.split()  # the common case, the same words: str.split() splits on what isspace() says
-    tokens: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i].isspace():
-            i += 1
-            continue
-        if text[i] in "\"'":
-            token, i = _read_quoted(text, i + 1, text[i])
-        else:
-            j = i
-            while j < len(text) and not text[j].isspace():
-                j += 1
-            token, i = text[i:j], j
-        tokens.append(token)
-    return tokens
 
 
 # Lines of a rendered file that are not configs: CONFIG GET never reports them, CONFIG SET cannot set them.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opsctl.digest import digest
-from opsctl.frozen import Frozen, frozen
-from opsctl.observe.parse import split_args
+from opsctl.base.digest import digest
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import Directive
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.text import split_args
 
 # Lines that are not CONFIG SET-able directives: changing them needs a restart.
 NOT_CONFIG_DIRECTIVES = frozenset({"rename-command", "daemonize", "pidfile", "logfile", "dir", "cluster-enabled",

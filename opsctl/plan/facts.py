@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from opsctl.digest import digest
-from opsctl.failover import fencing
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.digest import digest
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
+from opsctl.plan import fence as fencing
 
 
 @frozen
@@ -41,7 +41,7 @@ class NodeFacts(Frozen):
 
     @property
     def fenced(self) -> bool:
-        """Refuses writes behind an interrupted failover's fence (opsctl.failover.fencing): from the whole config
+        """Refuses writes behind an interrupted failover's fence (opsctl.plan.fence): from the whole config
         where the look read it, else from the fence's own read, which every look of a server does."""
         return fencing.fenced(self.config if self.config is not None else self.fence)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opsctl.endpoints import endpoint
-from opsctl.errors import RefusedError
+from opsctl.base.endpoints import endpoint
+from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.layout import Layout, Shard
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 
-from opsctl.observe.parse import split_args
+from opsctl.base.secrets import MASK, Secret
 from opsctl.render.directives import Directive
-from opsctl.secrets import MASK, Secret
+from opsctl.spec.text import split_args
 
 DIFFERS = "(differs from the spec)"
 PREVIOUS = "(the previous password)"

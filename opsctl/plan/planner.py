@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from opsctl.errors import RefusedError
-from opsctl.failover.fencing import FENCE, TO_WRITE
+from opsctl.base.errors import RefusedError
+from opsctl.base.secrets import MASK
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts, fingerprint
+from opsctl.plan.fence import FENCE, TO_WRITE
 from opsctl.plan.masters import (
     cluster_endpoints,
     current_master,
@@ -20,7 +21,7 @@ from opsctl.plan.masters import (
 )
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.rotation import after_rotation, rotation_steps
-from opsctl.plan.server_defaults import SERVER_DEFAULTS
+from opsctl.plan.slotmath.planning import slot_steps
 from opsctl.plan.steps import (
     AclLoad,
     AssignSlots,
@@ -41,11 +42,10 @@ from opsctl.plan.steps import (
     WriteConfig,
 )
 from opsctl.render.tokens import quoted
-from opsctl.secrets import MASK
-from opsctl.slots.planning import slot_steps
+from opsctl.server.defaults import SERVER_DEFAULTS
+from opsctl.server.versions import Version, parse_version, rolling_change_problem, server_text
 from opsctl.spec.layout import Layout, Node, Shard, deployed_as, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-from opsctl.versions import Version, parse_version, rolling_change_problem, server_text
 
 Facts = Mapping[str, NodeFacts]
 
@@ -417,7 +417,7 @@ def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -
 
 
 def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
-    """Nodes fenced by an interrupted failover (opsctl.failover.fencing): finish that failover first."""
+    """Nodes fenced by an interrupted failover (opsctl.plan.fence): finish that failover first."""
     walls = [n.name for n in layout.servers if facts[n.name].fenced]
     return [FinishFailover(walls[0], f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
                            "finish it")] if walls else []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, field
 from typing import Any, ClassVar
 
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.frozen import Frozen, frozen
 
 
 @frozen

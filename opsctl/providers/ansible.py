@@ -7,7 +7,7 @@ runs; process_state and read_file go over the host's kept SFTP session (no proce
 them), and read_file answers from the staged files first (read your own writes). Node files travel inside
 0600 installers in the private ansible data dir under the state dir, removed right after the run; they are
 never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true` get their admin
-traffic through a paramiko tunnel per node: admin_route() is the opsctl.connector route.
+traffic through a paramiko tunnel per node: admin_route() is the opsctl.net.connector route.
 """
 
 from __future__ import annotations
@@ -22,17 +22,24 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from opsctl.connector import Route
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit
-from opsctl.fanout import fan_out
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit
+from opsctl.net.connector import Route
+from opsctl.net.fanout import fan_out
 from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.local import ProcFacts, is_node_process, listening_inodes, parse_cmdline
-from opsctl.remote import ssh
-from opsctl.remote.bundle import plain_name
-from opsctl.remote.inventory import binary_path, build_inventory, remote_paths, remote_root, settings_path, unit_name
-from opsctl.remote.runner import PlaybookResult, private_dir, run_playbook
-from opsctl.remote.staging import stage
+from opsctl.providers.remote import ssh
+from opsctl.providers.remote.bundle import plain_name
+from opsctl.providers.remote.inventory import (
+    binary_path,
+    build_inventory,
+    remote_paths,
+    remote_root,
+    settings_path,
+    unit_name,
+)
+from opsctl.providers.remote.runner import PlaybookResult, private_dir, run_playbook
+from opsctl.providers.remote.staging import stage
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import plaintext_port
 from opsctl.spec.layout import Node

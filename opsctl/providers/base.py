@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from opsctl.errors import OpsctlError
-from opsctl.frozen import Frozen, frozen
-from opsctl.readback import Fields, parse_json
+from opsctl.base.errors import OpsctlError
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths
 from opsctl.spec.layout import Node
+from opsctl.state.readback import Fields, parse_json
 
 
 @frozen

@@ -32,20 +32,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from opsctl.binaries import ServerBinary, server_environment
-from opsctl.connector import port_accepts
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.nodefiles import default_paths
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.secrets import mask_text
+from opsctl.net.connector import port_accepts
 from opsctl.providers import sockdiag
 from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.binaries import ServerBinary, server_environment
 from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, ensure, lookup
-from opsctl.render import NodePaths
+from opsctl.render import NodePaths, default_paths
 from opsctl.render.directives import plaintext_port
-from opsctl.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
-from opsctl.secrets import mask_text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.statelock import parse_pid
+from opsctl.state.safefs import FileProblem, check_state_path, make_dir, read_bounded, trusted_owners, write_private
+from opsctl.state.statelock import parse_pid
 
 STATE_FOLDER = ".opsctl"
 RECORD = "opsctl-node.json"

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
 
 CREATE_ATTEMPTS = 5
 NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")

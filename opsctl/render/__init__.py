@@ -7,11 +7,11 @@ import hashlib
 from collections.abc import Sequence
 from string import Template
 
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.resources import data_dir
+from opsctl.base.secrets import MASK, Secret
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
 from opsctl.render.tokens import checked, checked_arguments, word
-from opsctl.resources import data_dir
-from opsctl.secrets import MASK, Secret
 from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
@@ -136,3 +136,10 @@ def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
 
 def _password_hash(secret: Secret) -> str:
     return hashlib.sha256(secret.reveal().encode()).hexdigest()
+
+
+def default_paths(root: str, node: Node) -> NodePaths:
+    base = f"{root}/{node.name}"
+    conf = "sentinel.conf" if node.is_sentinel else "redis.conf"
+    return NodePaths(dir=base, conf=f"{base}/{conf}", acl=f"{base}/users.acl", log=f"{base}/server.log",
+                     pid=f"{base}/server.pid")

@@ -5,12 +5,12 @@ The same list feeds the rendered file and the comparison with a live node's CONF
 
 from __future__ import annotations
 
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.render.tokens import quoted, word
+from opsctl.server.versions import has_capability, has_directive, parse_version
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
-from opsctl.versions import has_capability, has_directive, parse_version
 
 Directive = tuple[str, str]
 

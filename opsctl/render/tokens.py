@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 
-from opsctl.errors import OpsctlError
-from opsctl.observe.parse import split_args
-from opsctl.spec.text import control_chars, is_control
+from opsctl.base.errors import OpsctlError
+from opsctl.spec.text import control_chars, is_control, split_args
 
 _BARE = re.compile(r"^[A-Za-z0-9._:/@+,=%^*~&!?<>\[\]{}()$|-]+$")
 

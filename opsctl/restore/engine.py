@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from opsctl.errors import OpsctlError
-from opsctl.rawpipe import RawPipe
-from opsctl.resp import Reply, RespError, encode
+from opsctl.base.errors import OpsctlError
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import Reply, RespError, encode
 from opsctl.restore.route import Counts, Router, expiry_of, restore_command, same_payload, shown_key
 
 PAGE = 1000

@@ -11,9 +11,9 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
+from opsctl.net.resp import Arg
 from opsctl.observe.parse import SLOTS, ClusterNodeLine
-from opsctl.resp import Arg
 
 MODES = ("fail-if-exists", "replace", "skip-existing")
 TRAILER = 10  # a DUMP payload ends with the RDB version (2 bytes) and a CRC64 (8 bytes)

@@ -24,14 +24,15 @@ from opsctl.backup.manifest import ShardFile, count_problem, describe
 from opsctl.backup.plan import Server, parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
-from opsctl.connector import Connector, unix_socket
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit, RestoreDone, RestoreProgress
-from opsctl.observe.collect import describe as describe_problems
-from opsctl.observe.collect import observe, observed_problems
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit, RestoreDone, RestoreProgress
+from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.observer import describe as describe_problems
+from opsctl.net.observer import observe, observed_problems
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.net.resp import encode
+from opsctl.net.topolock import check_held
 from opsctl.observe.parse import parse_info, server_of
-from opsctl.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.resp import encode
 from opsctl.restore.engine import (
     Side,
     Source,
@@ -54,11 +55,10 @@ from opsctl.restore.route import (
     room_problems,
     shown_key,
 )
-from opsctl.safefs import read_bounded, write_private
+from opsctl.server.versions import reads_rdb, server_text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.topolock import check_held
-from opsctl.versions import reads_rdb, server_text
+from opsctl.state.safefs import read_bounded, write_private
 
 MAX_PROBLEMS = 20
 
@@ -230,7 +230,7 @@ def refuse_same_servers(target: LoadedSpec, source: LoadedSpec) -> None:
 @contextmanager
 def live_sources(source: Connector, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
     """A running topology: per shard a linked replica (else the master), read with DUMP as its server writes."""
-    from opsctl.audit.discover import discover, scan_targets
+    from opsctl.net.discover import discover, scan_targets
 
     chosen, problems = scan_targets(discover(source), allow_masters=True)
     if problems or not chosen:

@@ -10,12 +10,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opsctl.errors import ConvergenceError, OpsctlError
-from opsctl.observe.collect import Pending, wait_for
+from opsctl.base.errors import ConvergenceError, OpsctlError
+from opsctl.net.observer import Pending, wait_for
 from opsctl.observe.parse import parse_pairs, server_of
+from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
-from opsctl.slots.ranges import Ranges, count, to_ranges
 from opsctl.slots.session import Peer, checked, pipe
 
 DONE = frozenset({"success", "completed"})

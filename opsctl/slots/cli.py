@@ -1,11 +1,11 @@
-"""The slot subcommands' result text (their events print through opsctl.events.Printer)."""
+"""The slot subcommands' result text (their events print through opsctl.cli.output.Printer)."""
 
 from __future__ import annotations
 
 import json
 
-from opsctl.slots.run import Outcome
-from opsctl.tty import human_bytes
+from opsctl.base.tty import human_bytes
+from opsctl.slots.session import Outcome
 
 
 def outcome_text(outcome: Outcome) -> str:

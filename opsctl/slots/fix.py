@@ -7,21 +7,31 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Closed, Emit, EndpointReplacedEvent
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
+from opsctl.net.connector import Connector
+from opsctl.net.observer import NodeObservation, Pending, wait_for
 from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.collect import NodeObservation, Pending, wait_for
 from opsctl.observe.parse import ClusterNodeLine, server_of
+from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
+from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.atomic import wait_idle
-from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
 from opsctl.slots.progress import Progress
-from opsctl.slots.ranges import expand, slot_command, text, to_ranges
-from opsctl.slots.run import MAX_FAILOVERS, Outcome, open_session, wait_one_slot_map, wait_stable
-from opsctl.slots.session import Peer, ReplyError, Session, checked, pipe
+from opsctl.slots.session import (
+    MAX_FAILOVERS,
+    Outcome,
+    Peer,
+    ReplyError,
+    Session,
+    checked,
+    open_session,
+    pipe,
+    wait_one_slot_map,
+    wait_stable,
+)
 from opsctl.spec.layout import Shard
 
 CLUSTER_SLOTS = 16384

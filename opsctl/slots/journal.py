@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsctl.errors import OpsctlError
+from opsctl.base.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
-from opsctl.safefs import FileProblem, make_dir, open_dir, read_bounded, trusted_owners
-from opsctl.slots.ranges import Ranges, expand, to_ranges
+from opsctl.plan.slotmath.ranges import Ranges, expand, to_ranges
+from opsctl.state.safefs import FileProblem, make_dir, open_dir, read_bounded, trusted_owners
 
 JOURNAL = "slots-journal.jsonl"
 MODES = ("keys", "atomic")

@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
-from opsctl.fanout import fan_out
-from opsctl.observe.collect import Command
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
+from opsctl.net.fanout import fan_out
+from opsctl.net.observer import Command
+from opsctl.net.rawpipe import PIPE_ERRORS
+from opsctl.net.topolock import check_held
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
-from opsctl.rawpipe import PIPE_ERRORS
+from opsctl.plan.slotmath.scale import shard_members
 from opsctl.slots.batching import (
     Batch,
     backoff,
@@ -33,9 +35,7 @@ from opsctl.slots.batching import (
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
-from opsctl.slots.scale import shard_members
 from opsctl.slots.session import Peer, Session, checked, errors_as_values, keyed, packed_commands, pipe, stream
-from opsctl.topolock import check_held
 
 WAVE_SLOTS = 512
 FIRST_WAVE = 16  # the source waits while the first wave is listed and opened: keep it short

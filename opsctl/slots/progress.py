@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from opsctl.events import Emit, SlotsDone, SlotsProgress
+from opsctl.base.events import Emit, SlotsDone, SlotsProgress
 
 INTERVAL = 0.25
 MIN_FRACTION_FOR_ETA = 0.05  # before that, setup time (opening slots) makes any ETA a wild guess

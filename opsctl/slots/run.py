@@ -4,55 +4,39 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsctl.connector import Connector
-from opsctl.connerr import AUTH_HINT, auth_failed, is_auth_failure
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
-from opsctl.observe.cluster_state import node_groups, slot_map
-from opsctl.observe.collect import NodeObservation, Pending, observe, observed_problems, wait_converged, wait_for
-from opsctl.observe.parse import myself
+from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
+from opsctl.net.connector import Connector
+from opsctl.net.observer import NodeObservation, Pending, observe, wait_for
+from opsctl.observe.cluster_state import node_groups
+from opsctl.plan.slotmath.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
+from opsctl.plan.slotmath.ranges import expand, text
+from opsctl.plan.slotmath.scale import find_node, shard_members
 from opsctl.slots.atomic import atomic_move
-from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
 from opsctl.slots.endpoints import flagged_ids
 from opsctl.slots.journal import Journal, OpenSlots
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.progress import Progress
-from opsctl.slots.ranges import expand, text
-from opsctl.slots.scale import find_node, retired_nodes, shard_members
-from opsctl.slots.session import Peer, Session, pipe
-
-CONVERGE_TIMEOUT = 60.0
-MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
+from opsctl.slots.session import (
+    MAX_FAILOVERS,
+    Outcome,
+    Peer,
+    Session,
+    open_session,
+    pipe,
+    wait_stable,
+)
 
 
 @dataclass(frozen=True)
 class MoveOptions:
     max_keys_per_sec: float | None = None
     key_by_key: bool = False  # never use atomic migration (benchmarks, or to compare)
-
-
-@dataclass
-class Outcome:
-    moves: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
-    dry_run: bool = False
-    notes: list[str] = field(default_factory=list)
-
-
-def open_session(connector: Connector) -> Session:
-    """A session over the spec's servers plus the nodes a larger spec had that the cluster still knows (looked
-    at once; a second time only when there are such nodes)."""
-    servers = connector.loaded.layout.servers
-    session = Session(connector, servers)
-    retired = retired_nodes(connector.loaded, list(session.views().values()))
-    if not retired:
-        return session
-    session.close()
-    return Session(connector, [*servers, *retired])
 
 
 def one_cluster(connector: Connector) -> dict[str, NodeObservation]:
@@ -102,40 +86,6 @@ def describe_move(session: Session, move: Move) -> dict[str, Any]:
     est_keys, est_bytes = estimate(keys, size, len(session.owned().get(move.source, ())), move.slot_count)
     return {"source": move.source, "target": move.target, "slots": text(move.slots),
             "slot_count": move.slot_count, "est_keys": est_keys, "est_bytes": est_bytes}
-
-
-def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
-    """Until every node agrees; with nodes down (a master killed and failed over), until the nodes that
-    answer agree on one slot map with no slot open: `apply` restarts the others. The session's last look
-    (callers refresh it just before) counts as the first poll."""
-    if all(o.reachable for o in session.seen.values()) and not observed_problems(session.seen):
-        return
-    seen = session.observer.observe(info_section="replication")
-    if all(o.reachable for o in seen.values()):
-        wait_converged(session.observer, timeout)
-        return
-    wait_for(lambda: _answering_agree(session), timeout, "the nodes that answer to agree on the slot map")
-
-
-def _answering_agree(session: Session, open_ok: bool = False) -> bool | Pending:
-    """The nodes that answer agree on one slot map and (unless open_ok) show no open slot."""
-    views = {n: o.cluster_nodes for n, o in session.observer.observe(info_section="server").items()
-             if o.cluster_nodes}
-    maps = {slot_map(v) for v in views.values()}
-    if len(maps) > 1:
-        return Pending(f"{len(maps)} different slot maps among {len(views)} nodes")
-    if open_ok:
-        return True
-    busy = [n for n, v in views.items() if (me := myself(v)) is not None and (me.migrating or me.importing)]
-    return Pending(f"{', '.join(busy)} still show open slots") if busy else True
-
-
-def wait_one_slot_map(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
-    """Until the nodes that answer agree on who serves each slot (open slots allowed), then look again: after a
-    failover, a master that was stalled claims its old slots until gossip tells it about the newer epoch."""
-    wait_for(lambda: _answering_agree(session, open_ok=True), timeout,
-             "the nodes that answer to agree on which master serves each slot")
-    session.refresh()
 
 
 def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,

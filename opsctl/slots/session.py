@@ -6,20 +6,31 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from opsctl.connector import Connector
-from opsctl.errors import OpsctlError, RefusedError
-from opsctl.observe.collect import Command, Link, NodeObservation, Observer, to_facts
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.connector import Connector
+from opsctl.net.observer import (
+    Command,
+    Link,
+    NodeObservation,
+    Observer,
+    Pending,
+    observed_problems,
+    to_facts,
+    wait_converged,
+    wait_for,
+)
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import RespError, encode, encode_keyed
+from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
-from opsctl.rawpipe import RawPipe
-from opsctl.resp import RespError, encode, encode_keyed
+from opsctl.plan.slotmath.ranges import expand
+from opsctl.plan.slotmath.scale import find_node, retired_nodes, shard_members
+from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.endpoints import flagged_ids, shard_master
-from opsctl.slots.ranges import expand
-from opsctl.slots.scale import find_node, shard_members
 from opsctl.spec.layout import Node
-from opsctl.versions import has_capability, parse_version
 
 T = TypeVar("T")
 STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
@@ -127,7 +138,7 @@ def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
     """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
-    (opsctl.resp), not one command at a time, for 100k keys and more."""
+    (opsctl.net.resp), not one command at a time, for 100k keys and more."""
     if not keys:
         return []
     packed = encode_keyed(peer.command(command).encode(), keys, subcommand.encode())
@@ -260,3 +271,63 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+CONVERGE_TIMEOUT = 60.0
+
+
+MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
+
+
+@dataclass
+class Outcome:
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def open_session(connector: Connector) -> Session:
+    """A session over the spec's servers plus the nodes a larger spec had that the cluster still knows (looked
+    at once; a second time only when there are such nodes)."""
+    servers = connector.loaded.layout.servers
+    session = Session(connector, servers)
+    retired = retired_nodes(connector.loaded, list(session.views().values()))
+    if not retired:
+        return session
+    session.close()
+    return Session(connector, [*servers, *retired])
+
+
+def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
+    """Until every node agrees; with nodes down (a master killed and failed over), until the nodes that
+    answer agree on one slot map with no slot open: `apply` restarts the others. The session's last look
+    (callers refresh it just before) counts as the first poll."""
+    if all(o.reachable for o in session.seen.values()) and not observed_problems(session.seen):
+        return
+    seen = session.observer.observe(info_section="replication")
+    if all(o.reachable for o in seen.values()):
+        wait_converged(session.observer, timeout)
+        return
+    wait_for(lambda: _answering_agree(session), timeout, "the nodes that answer to agree on the slot map")
+
+
+def _answering_agree(session: Session, open_ok: bool = False) -> bool | Pending:
+    """The nodes that answer agree on one slot map and (unless open_ok) show no open slot."""
+    views = {n: o.cluster_nodes for n, o in session.observer.observe(info_section="server").items()
+             if o.cluster_nodes}
+    maps = {slot_map(v) for v in views.values()}
+    if len(maps) > 1:
+        return Pending(f"{len(maps)} different slot maps among {len(views)} nodes")
+    if open_ok:
+        return True
+    busy = [n for n, v in views.items() if (me := myself(v)) is not None and (me.migrating or me.importing)]
+    return Pending(f"{', '.join(busy)} still show open slots") if busy else True
+
+
+def wait_one_slot_map(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:
+    """Until the nodes that answer agree on who serves each slot (open slots allowed), then look again: after a
+    failover, a master that was stalled claims its old slots until gossip tells it about the newer epoch."""
+    wait_for(lambda: _answering_agree(session, open_ok=True), timeout,
+             "the nodes that answer to agree on which master serves each slot")
+    session.refresh()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.errors import echo
-from opsctl.observe.parse import split_args
+from opsctl.base.errors import echo
+from opsctl.spec.text import split_args
 
 Problem = tuple[str, str]
 

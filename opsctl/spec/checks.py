@@ -10,10 +10,11 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.command_table import command_names, is_category, is_command
-from opsctl.config_types import value_problem
-from opsctl.endpoints import canonical_address, endpoint
-from opsctl.errors import echo
+from opsctl.base.endpoints import canonical_address, endpoint
+from opsctl.base.errors import echo
+from opsctl.server.command_table import command_names, is_category, is_command
+from opsctl.server.config_types import value_problem
+from opsctl.server.versions import SUPPORTED, Version, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
 from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
@@ -26,8 +27,7 @@ from opsctl.spec.model import (
     config_text,
 )
 from opsctl.spec.secretcheck import SecretResolver, check_secrets
-from opsctl.tls.refs import missing_refs
-from opsctl.versions import SUPPORTED, Version, is_supported, parse_version, version_text
+from opsctl.spec.tlsrefs import missing_refs
 
 Finding = tuple[tuple[str | int, ...], str, str]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Literal
 
-from opsctl.endpoints import canonical_address, endpoint, split_endpoint
-from opsctl.frozen import Frozen, frozen
+from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.model import Host, Spec
 
 Role = Literal["master", "replica", "sentinel"]

@@ -8,8 +8,8 @@ import os
 import typing
 from collections.abc import Callable
 
-from opsctl.frozen import Frozen, frozen
-from opsctl.secrets import Secret
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.secrets import Secret
 from opsctl.spec.layout import Layout, Node, layout
 from opsctl.spec.model import SecretRef, Spec
 from opsctl.spec.renames import command_renames

@@ -3,7 +3,7 @@ contract.
 
 What a valid spec is lives in opsctl.spec.pydantic_model (pydantic, with the checks of opsctl.spec.checks on
 top); a validated spec is handed on as these plain values, made from its JSON form. They import no pydantic, so a
-run that finds its spec already validated (opsctl.speccache) starts without it. Each class has the fields of the
+run that finds its spec already validated (opsctl.state.speccache) starts without it. Each class has the fields of the
 pydantic model of the same name, in the same order (tests/test_spec_model.py pins both, and the defaults).
 """
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, StringConstraints, model_validator
 
-from opsctl.errors import echo
+from opsctl.base.errors import echo
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from opsctl.secrets import Secret
+from opsctl.base.secrets import Secret
 from opsctl.spec.model import Spec
 
 # CLUSTER stays: cluster-aware clients need CLUSTER SLOTS/SHARDS, and only ACL rules can take subcommands away.

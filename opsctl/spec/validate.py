@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from opsctl.errors import SpecError, SpecProblem, echo
+from opsctl.base.errors import SpecError, SpecProblem, echo
 from opsctl.spec import pydantic_model
 from opsctl.spec.checks import check_spec, suggest
 from opsctl.spec.model import Spec

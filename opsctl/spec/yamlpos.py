@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from opsctl.errors import SpecProblem, echo
+from opsctl.base.errors import SpecProblem, echo
 from opsctl.spec.text import MAX_SPEC_CHARS, control_chars
 
 Path_ = tuple[str | int, ...]

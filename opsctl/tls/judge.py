@@ -6,7 +6,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.audit.findings import Finding, finding
+from opsctl.observe.findings import Finding, finding
 from opsctl.tls.certs import CertFacts
 
 WARN_DAYS = 30

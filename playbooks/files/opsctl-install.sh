@@ -2,7 +2,7 @@
 # opsctl-install start|nostart all|only [NODE...]: what deploy.yml installs on one host, in one script run (no
 # Python on the host): the service user and group when missing (an existing user, e.g. the OS package's redis, is used as it
 # is: usermod fails while it runs a server), then the tar archives opsctl appended to this script
-# (opsctl/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
+# (opsctl/providers/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
 # the node's folder, settings and files; `once-NODE`: files written only when missing (sentinel.conf: Sentinel
 # rewrites it). An archive is extracted only where GNU tar's compare finds a difference (mode, owner, size,
 # content, a missing file), so a second run changes nothing. `only` narrows the run to the named nodes (names of

@@ -1,0 +1,95 @@
+"""Facts about drift the planner needs beyond CONFIG GET: the files on each node's disk and a sentinel's
+live settings. I/O here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from opsctl.base.secrets import MASK
+from opsctl.net.admin import DEFAULT_TIMEOUT
+from opsctl.net.fanout import fan_out
+from opsctl.net.observer import Command, Link
+from opsctl.net.rawpipe import PIPE_ERRORS
+from opsctl.net.resp import RespError, TextReply
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
+from opsctl.plan.rotation import managed_users
+from opsctl.render import render_acl
+from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.spec.layout import Node, sentinel_master_name
+
+if TYPE_CHECKING:
+    from opsctl.apply.runtime import Runtime
+
+SENTINEL_LIVE = ("quorum", "down-after-milliseconds", "failover-timeout", "parallel-syncs")
+
+
+def with_disk_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
+    """Each known node's facts plus what its files say (and, for a running sentinel, its live settings); nodes
+    side by side."""
+    # never applied: there is nothing of ours on disk to compare
+    applied = [(n, f) for n in rt.loaded.layout.nodes if (f := facts.get(n.name)) and f.recorded_digest is not None]
+
+    def on_disk(pair: tuple[Node, NodeFacts]) -> NodeFacts:
+        node, f = pair
+        return sentinel_facts(rt, node, f) if node.is_sentinel else server_facts(rt, node, f)
+
+    return {**facts, **{f.name: f for f in fan_out(on_disk, applied)}}
+
+
+def server_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
+    credentials = rt.loaded.credentials
+    text = rt.provider.read_file(node, "redis.conf")
+    on_disk = {} if text is None else server_file_values(text, SECRET_DIRECTIVES, credentials.password,
+                                                         credentials.previous)
+    acl: str | None = None
+    if rt.loaded.spec.auth.mode == "acl":
+        acl_text = rt.provider.read_file(node, "users.acl")
+        acl = MASK if acl_text == render_acl(rt.loaded, reveal=True) else DIFFERS
+    return dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl, accepts=accepted_passwords(rt, node, f))
+
+
+def accepted_passwords(rt: Runtime, node: Node, f: NodeFacts) -> dict[str, tuple[str, ...]] | None:
+    """Which passwords each managed user accepts on the live node, as verdicts (ACL GETUSER)."""
+    if not f.reachable:
+        return None
+    users = managed_users(rt.loaded, node)
+    replies = _ask(rt, node, [("ACL", "GETUSER", user) for user in users])
+    if replies is None:
+        return None
+    return {user: password_verdicts(_field(reply, "passwords"), secret, previous)
+            for (user, (secret, previous)), reply in zip(users.items(), replies, strict=True)}
+
+
+def _ask(rt: Runtime, node: Node, commands: Sequence[Command]) -> list[TextReply] | None:
+    """The replies to commands, in one round trip; None when the node does not answer or refuses one."""
+    link = Link(rt.connector, node, DEFAULT_TIMEOUT)
+    try:
+        replies = link.pipeline(commands)
+    except PIPE_ERRORS:
+        return None
+    finally:
+        link.close()
+    return None if any(isinstance(reply, RespError) for reply in replies) else replies
+
+
+def _field(reply: TextReply, name: str) -> list[str]:
+    """A field of a flat RESP2 field/value reply (ACL GETUSER)."""
+    value = dict(zip(reply[::2], reply[1::2], strict=False)).get(name, []) if isinstance(reply, list) else []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
+    if not f.reachable:
+        return f
+    credentials = rt.loaded.credentials
+    text = rt.provider.read_file(node, "sentinel.conf") or ""
+    settings = sentinel_file_values(text, credentials.password, credentials.previous)
+    replies = _ask(rt, node, [("SENTINEL", "MASTER", sentinel_master_name(rt.loaded.spec))])
+    if replies is None or not isinstance(replies[0], list):
+        return dataclasses.replace(f, sentinel_config=settings)
+    pairs = dict(zip(replies[0][::2], replies[0][1::2], strict=False))
+    settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
+    return dataclasses.replace(f, sentinel_config=settings, accepts=accepted_passwords(rt, node, f))

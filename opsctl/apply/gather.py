@@ -1,0 +1,228 @@
+"""What apply knows before it acts: every node's facts (process, record, observation, files on disk), and the
+plan made from them."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from opsctl.apply.runtime import Runtime
+from opsctl.base.connerr import is_auth_failure, is_tls_failure
+from opsctl.base.errors import OpsctlError
+from opsctl.net.fanout import fan_out
+from opsctl.net.observer import NodeObservation, Observer, observe, to_facts
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.masters import shard_master
+from opsctl.spec.layout import Node, Shard
+from opsctl.spec.load import Credentials, LoadedSpec
+
+if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
+    from opsctl.plan.desired import DesiredNode
+    from opsctl.plan.steps import Plan
+
+
+def spec_digest(loaded: LoadedSpec) -> str:
+    from opsctl.base.digest import digest
+
+    return digest(loaded.spec.model_dump(mode="json"))
+
+
+def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
+    """Every node's process state, record and observation; nodes are looked at side by side (over SSH each
+    look is a round trip: in a row they add up)."""
+    nodes = rt.loaded.layout.nodes
+    looks = fan_out(lambda n: (rt.provider.process_state(n), rt.provider.load_record(n)), nodes)
+    states = {n.name: state for n, (state, _record) in zip(nodes, looks, strict=True)}
+    records = {n.name: record for n, (_state, record) in zip(nodes, looks, strict=True)}
+    running = [n for n in nodes if states[n.name].running]
+    seen = observe(rt.connector, running, with_config=with_config) if running else {}
+    facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, records[n.name],
+                            seen.get(n.name), rt.loaded.credentials) for n in nodes}
+    if with_config:
+        from opsctl.apply.drift import with_disk_facts
+
+        facts = with_disk_facts(rt, facts)
+    return {**facts, **_retired_facts(rt, facts, with_config)}
+
+
+class FleetView:
+    """What polling waits look at, through connections kept for the whole wait (one Observer, the provider's
+    SSH clients): every node's process state and observation, all nodes at once. A look costs a round trip
+    per node, in parallel, and starts no process and no connection (gather_facts opens both every time).
+    Node records are read once: no health check uses them."""
+
+    def __init__(self, rt: Runtime, timeout: float = 2.0) -> None:
+        self.rt = rt
+        self.nodes = list(rt.loaded.layout.nodes)
+        self.observer = Observer(rt.connector, self.nodes, timeout)
+        self.records = dict(zip([n.name for n in self.nodes],
+                                self.observer.pool.map(rt.provider.load_record, self.nodes), strict=True))
+
+    def _look(self, node: Node) -> NodeFacts:
+        state = self.rt.provider.process_state(node)
+        seen = self.observer.observe_one(node, False, None) if state.running else None
+        return _facts(node, state.running, state.detail, self.records[node.name], seen, self.rt.loaded.credentials)
+
+    def facts(self) -> dict[str, NodeFacts]:
+        facts = {f.name: f for f in self.observer.pool.map(self._look, self.nodes)}
+        return {**facts, **_retired_facts(self.rt, facts, with_config=False)}
+
+    def close(self) -> None:
+        self.observer.close()
+
+    def __enter__(self) -> FleetView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def shard_facts(rt: Runtime, shard: Shard) -> dict[str, NodeFacts]:
+    """What a step looks at to decide its shard's master when it runs (plan.masters): the shard's members, and
+    the sentinels, which may agree on one; observed side by side, the write fence included. Not the rest of the
+    fleet, nor process states and records (a node that does not answer counts as down): over SSH each of those
+    is another round trip."""
+    layout = rt.loaded.layout
+    return to_facts(observe(rt.connector, [*map(layout.node, shard.members), *layout.sentinels]))
+
+
+def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) -> dict[str, NodeFacts]:
+    """Nodes a larger spec had that the cluster still knows (scale-in): observed so the plan drains them."""
+    if rt.loaded.spec.topology != "cluster":
+        return {}
+    from opsctl.plan.slotmath.scale import retired_nodes
+
+    extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
+    states = dict(zip([n.name for n in extra], fan_out(rt.provider.process_state, extra), strict=True))
+    running = [n for n in extra if states[n.name].running]
+    seen = observe(rt.connector, running, with_config=with_config) if running else {}
+    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name),
+                           rt.loaded.credentials)
+            for n in extra}
+
+
+def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
+           seen: NodeObservation | None, credentials: Credentials) -> NodeFacts:
+    if seen is None:
+        return NodeFacts(node.name, running, detail, record)
+    return NodeFacts(node.name, running, detail, record, seen.reachable, seen.error, seen.info, seen.role,
+                     tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None,
+                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, credentials),
+                     seen.fence)
+
+
+def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:
+    """Live secret values become a verdict ("***" when they match the spec), so no secret reaches a plan."""
+    from opsctl.plan.ondisk import secret_verdict  # with the renderer: only runs that read config load it
+    from opsctl.render.directives import SECRET_DIRECTIVES
+
+    return {k: (v if k not in SECRET_DIRECTIVES else secret_verdict(v, credentials.password, credentials.previous))
+            for k, v in config.items()}
+
+
+def master_endpoint(rt: Runtime, facts: dict[str, NodeFacts]) -> tuple[str, int] | None:
+    """Where sentinels should look: the master the sentinels agree on, else the shard's current master."""
+    layout = rt.loaded.layout
+    if rt.loaded.spec.topology != "sentinel":
+        return None
+    node = layout.node(shard_master(layout, layout.shards[0], facts))
+    return node.address, node.port
+
+
+def desired_state(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, DesiredNode]:
+    from opsctl.plan.desired import desired_nodes
+
+    return desired_nodes(rt.loaded, rt.provider.paths, rt.provider.daemonize, master_endpoint(rt, facts))
+
+
+SETTLE_TIMEOUT = 30.0
+
+
+def in_between(f: NodeFacts) -> str | None:
+    """Why a node is between states (its process runs, yet what it says now will not hold), or None. Such a node
+    is waited for before planning: it answers soon, or its process ends (then it is a down node to start).
+    A refused password or TLS handshake is no transition: refuse_silent_nodes names those at once."""
+    if not f.running:
+        return None
+    if not f.reachable:
+        if is_auth_failure(f.error) or is_tls_failure(f.error):
+            return None
+        return f"runs but does not answer ({f.error or 'no answer'})"
+    if "shutdown_in_milliseconds" in f.info:
+        return "shuts down"
+    if f.info.get("loading") == "1":
+        return "loads its data"
+    return None
+
+
+def settled_facts(rt: Runtime, with_config: bool = True, timeout: float = SETTLE_TIMEOUT) -> dict[str, NodeFacts]:
+    """gather_facts once no node is between states (in_between), waiting at most timeout: a node stopped by
+    SIGSTOP, saving on its way out, shutting down or loading its data (a run killed mid-restart leaves one
+    behind) is planned from what it becomes, not from a look that will not hold. Nodes still in between at the
+    timeout are left as they are (refuse_silent_nodes names a silent one)."""
+    facts = gather_facts(rt, with_config)
+    waiting = {f.name: why for f in facts.values() if (why := in_between(f))}
+    if not waiting:
+        return facts
+    print(f"waiting up to {timeout:g}s for " + "; ".join(f"{name}, which {why}" for name, why in waiting.items()),
+          file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    with FleetView(rt) as view:
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.05)
+            waiting = {f.name: why for f in view.facts().values() if (why := in_between(f))}
+    return gather_facts(rt, with_config)
+
+
+def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
+    from opsctl.plan.planner import make_plan, refuse_layout_change
+
+    facts = settled_facts(rt)
+    if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
+        refuse_layout_change(rt.loaded.layout, facts)
+    refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
+    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded), filling(rt))
+    return _with_port_warning(rt.loaded, plan), facts
+
+
+def filling(rt: Runtime) -> list[int]:
+    """The shards a cluster's scale-out was filling when its apply stopped (the slot journal's fill entries)."""
+    if rt.loaded.spec.topology != "cluster":
+        return []
+    from opsctl.slots.journal import Journal
+
+    return Journal(rt.state_dir).filling()
+
+
+def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:
+    """Local nodes listening inside this machine's ephemeral port range: warned in the plan."""
+    if loaded.spec.provider != "local":
+        return plan
+    from dataclasses import replace
+
+    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.providers.local import ephemeral_port_range
+
+    ports = ephemeral_port_range()
+    warning = ephemeral_port_warning(loaded, *ports) if ports else None
+    return replace(plan, warnings=(*plan.warnings, warning)) if warning else plan
+
+
+def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
+    """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
+    silent = [f for f in facts.values() if f.running and not f.reachable]
+    if not silent:
+        return
+    from opsctl.base.connerr import AUTH_HINT, TLS_HINT
+
+    auth = [f.name for f in silent if is_auth_failure(f.error)]
+    handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]
+    detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
+    if auth:
+        raise OpsctlError(f"authentication failed for {', '.join(auth)}", detail, AUTH_HINT)
+    if handshake:
+        raise OpsctlError(f"no TLS answer from {', '.join(handshake)}", detail, TLS_HINT)
+    raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
+                      "look at their logs (a LOADING node answers once its data is loaded); "
+                      "`opsctl status` shows every node")

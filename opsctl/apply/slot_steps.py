@@ -1,0 +1,96 @@
+"""What the executor runs for AssignSlots, MoveSlots, CloseSlots and RemoveNode steps (the engines live beside)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opsctl.apply.runtime import Runtime
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
+from opsctl.failover.actions import checkpoint
+from opsctl.net.topolock import topology_lock
+from opsctl.plan.slotmath.balance import Move
+from opsctl.plan.slotmath.ranges import expand, parse, to_ranges
+from opsctl.plan.slotmath.scale import find_node
+from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
+from opsctl.slots.fix import close_in_session, cover
+from opsctl.slots.journal import Journal
+from opsctl.slots.run import MoveOptions, resolve, run_moves
+from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
+from opsctl.spec.layout import Node
+
+
+def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
+    """Move what the source still owns of the step's slots (slots already at the target are done: idempotent).
+    Source and target are their shards' masters when the step runs (slots.run.resolve): a failover earlier in the
+    same plan (a master's restart) makes the master the plan named a replica, which owns none of them. A move that
+    fills a shard (a scale-out) journals so first: apply marks it filled once it finished (Journal.filled)."""
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
+        notes: list[str] = []
+        source, target = resolve(session, step.node, notes), resolve(session, step.target, notes)
+        for note in notes:
+            emit(Log(step.title(), note))
+        owned = set(session.owned().get(source, ()))
+        wanted = [s for a, b in parse(step.slots) for s in range(a, b + 1)]
+        left = [s for s in wanted if s in owned]
+        if not left:
+            emit(SlotsSkip(step.title(), "already moved"))
+            return
+        journal = Journal(rt.state_dir)
+        if step.fills:
+            journal.fill(step.fills, target)
+        run_moves(session, [Move(source, target, to_ranges(left))], journal, emit, MoveOptions())
+
+
+def assign_slots(rt: Runtime, step: AssignSlots, emit: Emit) -> None:
+    """The step's slots that no view shows served yet go to the step's master (fix.cover: ADDSLOTS, then
+    BUMPEPOCH). Refused when another master holds keys in one of them (`cluster fix` gives such a slot to the
+    node holding its keys)."""
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
+        if not cover(session, expand(parse(step.slots)), lambda free: dict.fromkeys(free, step.node),
+                     follow_keys=False):
+            emit(SlotsSkip(step.title(), "already served"))
+
+
+def close_slots(rt: Runtime, step: CloseSlots, emit: Emit) -> None:
+    with topology_lock(rt.connector), open_session(rt.connector) as session:
+        for line in close_in_session(session, Journal(rt.state_dir), emit):
+            emit(SlotsClosed(line))
+
+
+def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
+    """Stop the node, then FORGET every id its endpoint has on every other node. Stopped first, so a run killed
+    in between leaves a stopped node the cluster still knows (the next plan removes it again), never a running
+    server that no node knows any more (nothing would find it to stop it)."""
+    node = find_node(rt.loaded, step.node)
+    if node is None:
+        raise OpsctlError(f"cannot find node {step.node}", hint="plan again")
+    with open_session(rt.connector) as session:
+        ids = _ids_of(session, node)
+        rt.provider.stop(node)
+        checkpoint("remove-node-stopped")
+        others = [p for p in session.peers.values() if p.name != node.name]
+        session.parallel(lambda p: _forget(p, ids), others)
+    if step.purge:
+        rt.provider.purge(node)
+
+
+def _ids_of(session: Session, node: Node) -> set[str]:
+    """The ids node's endpoint has in every view (its own included); refused while any view says it serves slots."""
+    lines = [line for view in session.views().values() for line in view if line.endpoint == node.endpoint]
+    serving = max((line.slot_count for line in lines), default=0)
+    if serving:
+        raise RefusedError(f"{node.name} still serves slots ({serving} in the cluster's view)",
+                           "removing it would lose them",
+                           "apply again: the plan drains it first (a node that is down cannot be drained: start it "
+                           "with the spec that still has it, then apply this spec again)")
+    return {line.id for line in lines}
+
+
+def _forget(peer: Peer, node_ids: Iterable[str]) -> None:
+    """CLUSTER FORGET of each id on peer; an unknown id is forgotten already."""
+    ids = list(node_ids)
+    for node_id, reply in zip(ids, pipe(peer, [("CLUSTER", "FORGET", i) for i in ids]), strict=True):
+        if isinstance(reply, ReplyError) and "Unknown node" not in str(reply):
+            raise OpsctlError(f"CLUSTER FORGET {node_id} failed on {peer.name} ({peer.node.endpoint})", str(reply),
+                              "the node's log says more; `opsctl cluster check -f SPEC` shows the state")

@@ -1,0 +1,157 @@
+"""TLS on live nodes: certificate rotation without restarts, and what the TLS audit asks each node. I/O shell.
+
+Servers reload their files on `CONFIG SET tls-cert-file ... tls-key-file ... tls-ca-cert-file ...` (the same
+paths: the values are references, so setting them reloads), keeping their pid and every open connection.
+Redis 7.0's Sentinel has no CONFIG command: sentinels restart one at a time (they hold no data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import ssl
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import redis
+
+from opsctl.apply.connect import make_connector
+from opsctl.apply.runtime import Runtime
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.connector import Connector
+from opsctl.net.topolock import check_held
+from opsctl.plan.desired import unquote
+from opsctl.render.directives import plaintext_port, tls
+from opsctl.spec.layout import Node
+from opsctl.tls.certs import CertFacts, der_facts, facts
+from opsctl.tls.judge import TlsSeen
+from opsctl.tls.material import Generated, node_files
+
+Mode = Literal["certs", "new-ca", "drop-old-ca"]
+Say = Callable[[str], None]
+RELOADED = ("tls-cert-file", "tls-key-file", "tls-ca-cert-file")
+
+
+def handshake(connector: Connector, node: Node, timeout: float = 5.0) -> tuple[CertFacts, str]:
+    """The certificate node presents and the protocol version negotiated, through the connector."""
+    sock = connector.socket(node, timeout)
+    try:
+        if not isinstance(sock, ssl.SSLSocket):
+            raise OpsctlError(f"{node.name}: the connector does not speak TLS", hint="set tls.enabled in the spec")
+        der = sock.getpeercert(binary_form=True)
+        if der is None:
+            raise OpsctlError(f"{node.name} presented no certificate")
+        return der_facts(der), sock.version() or ""
+    finally:
+        sock.close()
+
+
+def rotate(rt: Runtime, mode: Mode, say: Say) -> list[str]:
+    """New files on every node (made here for tls.generate, else read again from the spec's paths), then
+    each server reloads them live; returns one line per node."""
+    loaded = rt.loaded
+    if not loaded.spec.tls.enabled:
+        raise OpsctlError("the spec has no TLS to rotate", hint="set tls.enabled: true and apply first")
+    _renew_files(rt, mode)
+    for node in loaded.layout.nodes:
+        rt.provider.write_files(node, node_files(loaded, rt.state_dir, node))
+    rt.provider.flush()
+    connector = make_connector(loaded, rt.state_dir, rt.connector.route)  # opsctl's own new files
+    lines = []
+    for node in [*loaded.layout.servers, *loaded.layout.sentinels]:
+        check_held(rt.connector)  # a run that lost its topology lock touches no further node
+        lines.append(_restart_sentinel(rt, connector, node) if node.is_sentinel else _reload(rt, connector, node))
+        say(lines[-1])
+    return lines
+
+
+def _renew_files(rt: Runtime, mode: Mode) -> None:
+    loaded = rt.loaded
+    if not loaded.spec.tls.generate:
+        if mode != "certs":
+            raise RefusedError("CA rotation with given files goes through the files themselves",
+                               "opsctl made no CA for this spec (tls.generate is off)",
+                               "put both CAs in tls.ca's file and run `opsctl tls rotate`; then new certificates; "
+                               "then the new CA alone, each followed by `opsctl tls rotate`")
+        return
+    store = Generated(loaded, rt.state_dir)
+    store.ensure()
+    if mode == "new-ca":
+        store.add_ca()
+    elif mode == "drop-old-ca":
+        _refuse_old_certificates(rt, store)
+        store.drop_old_cas()
+    else:
+        store.reissue()
+
+
+def _refuse_old_certificates(rt: Runtime, store: Generated) -> None:
+    signing = facts(store.ca_cert())[0].subject
+    old = [n.name for n in rt.loaded.layout.nodes if store.issuer(n) != signing]
+    if old:
+        raise RefusedError(f"{len(old)} node certificate(s) still come from an older CA: {', '.join(old[:5])}",
+                           "dropping that CA from the bundle would break them",
+                           "run `opsctl tls rotate -f SPEC` first (new certificates from the newest CA)")
+
+
+def _reload(rt: Runtime, connector: Connector, node: Node) -> str:
+    files = dict(tls(rt.loaded.spec, rt.provider.paths(node)))
+    args = [word for name in RELOADED for word in (name, unquote(files[name]))]
+    try:
+        with connector.admin(node) as admin:
+            admin.call("CONFIG", "SET", *args)
+    except redis.RedisError as exc:
+        raise OpsctlError(f"{node.name} did not reload its TLS files", str(exc),
+                          f"its log says why ({rt.provider.paths(node).log}); the old files stay in use") from None
+    return f"{node.name}: reloaded, presents {_presented(connector, node)}"
+
+
+def _presented(connector: Connector, node: Node) -> str:
+    cert, protocol = handshake(connector, node)
+    return f"{cert.fingerprint} ({protocol}, {cert.days_left(datetime.datetime.now(datetime.timezone.utc)):.0f} days)"
+
+
+def _restart_sentinel(rt: Runtime, connector: Connector, node: Node, timeout: float = 30.0) -> str:
+    rt.provider.stop(node)
+    rt.provider.start(node)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with connector.admin(node, timeout=2.0) as admin:
+                admin.client.ping()
+            break
+        except (redis.RedisError, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise OpsctlError(f"{node.name} does not answer after its restart", str(exc)) from None
+            time.sleep(0.05)
+    return f"{node.name}: restarted (Sentinel cannot reload TLS files), presents {_presented(connector, node)}"
+
+
+def seen(connector: Connector, node: Node) -> TlsSeen:
+    """What the TLS audit asks a node: its certificate and protocol, its tls-protocols, a plaintext PING."""
+    try:
+        cert, protocol = handshake(connector, node)
+    except (OSError, OpsctlError, ValueError) as exc:
+        return TlsSeen(node.name, None, "", "", None, str(exc))
+    configured, plain = "", plaintext_port(connector.loaded.spec, node)
+    if not node.is_sentinel:
+        with connector.admin(node) as admin:
+            live = admin.config_get("*port*") | admin.config_get("tls-protocols")
+        configured = live.get("tls-protocols", "")
+        plain = int(live.get("port", "0")) or None
+    return TlsSeen(node.name, cert, protocol, configured, _plaintext(connector, node, plain))
+
+
+def _plaintext(connector: Connector, node: Node, port: int | None) -> str | None:
+    if port is None or connector.route is not None:  # an SSH route reaches the node's TLS port only
+        return None
+    with contextlib.closing(connector.client(dataclasses.replace(node, port=port), timeout=2.0, tls=False)) as c:
+        try:
+            c.ping()
+        except redis.AuthenticationError:
+            return f"port {port} answers without TLS (it asks for a password)"
+        except (redis.RedisError, OSError):
+            return None
+    return f"port {port} answers without TLS"

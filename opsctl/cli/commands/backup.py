@@ -1,0 +1,108 @@
+"""`opsctl backup -f SPEC --to DIR` and `opsctl backup verify DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opsctl.base.errors import EXIT_OK, OpsctlError
+from opsctl.cli.argtypes import ranged
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from opsctl.cli.output import Printer
+
+STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
+
+
+def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
+    """Events of backup and restore: JSON lines on stdout with --output json (the command's result is the
+    last line); otherwise text on stderr, progress as a bar redrawn on a terminal."""
+    from opsctl.cli.output import printing
+
+    return printing(json_mode, sys.stdout if json_mode else sys.stderr)
+
+
+@contextmanager
+def fetcher(loaded: Any, state_dir: Path) -> Iterator[Callable[..., None]]:
+    """How RDB files come here: a file copy (local provider) or SFTP over the provider's SSH connection."""
+    from opsctl.backup.save import local_fetch
+
+    if loaded.spec.provider != "ansible":
+        yield local_fetch
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        yield provider.fetch_file
+    finally:
+        provider.close()
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    if args.action == "verify":
+        return _verify(args)
+    if args.action is not None or not args.file or not args.to:
+        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR | opsctl backup verify DIR",
+                          hint="opsctl backup --help shows every option")
+    from pathlib import Path
+
+    from opsctl.apply.connect import open_connector
+    from opsctl.backup.manifest import describe
+    from opsctl.backup.save import BackupOptions, run_backup
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = read_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    json_mode = args.output == "json"
+    options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
+            fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
+        folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
+    if not json_mode:
+        print(f"backup {folder}: {describe(manifest)}")
+        for shard in manifest.shards:
+            print(f"  {shard.file:<14} {shard.bytes:>12} bytes  {shard.total_keys:>10} keys  from {shard.node} "
+                  f"({shard.role})  sha256 {shard.sha256[:16]}")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from opsctl.backup.manifest import describe
+    from opsctl.backup.verify import verify_backup
+    from opsctl.base.events import VerifyDone
+
+    if not args.target or args.file or args.to:
+        raise OpsctlError("usage: opsctl backup verify DIR", hint="DIR is a backup directory (it holds manifest.json)")
+    json_mode = args.output == "json"
+    with event_printer(json_mode) as emit:
+        manifest = verify_backup(Path(args.target), emit)
+        emit(VerifyDone(True, manifest.total_keys))
+    if not json_mode:
+        print(f"ok {args.target}: {describe(manifest)}; every checksum and key count matches")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify DIR` checks one",
+                       description="opsctl backup -f SPEC --to DIR   |   opsctl backup verify DIR")
+    p.add_argument("action", nargs="?", choices=("verify",), help="verify: check a backup directory")
+    p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
+    p.add_argument("-f", "--file", help="topology spec (YAML)")
+    p.add_argument("--to", help="directory that receives <name>-<UTC timestamp>/")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,
+                   help="seconds a replica may take to reach its master's offset before saving (default 60)")
+    p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,
+                   help="seconds a BGSAVE may take (default 3600)")
+    p.set_defaults(handler=cmd_backup)

@@ -1,0 +1,141 @@
+"""`opsctl cluster check|reshard|rebalance|fix -f SPEC`: inspect a cluster and move its slots."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+from typing import Any
+
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
+from opsctl.cli.argtypes import RATE, SLOTS, ranged
+
+
+def _cluster_spec(path: str) -> Any:
+    from opsctl.state.specfile import read_spec
+
+    loaded = read_spec(path)
+    if loaded.spec.topology != "cluster":
+        raise OpsctlError(f"{loaded.file} describes a {loaded.spec.topology} topology, not a cluster",
+                          hint="use `opsctl status -f SPEC` for other topologies")
+    return loaded
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import json
+
+    from opsctl.apply.connect import open_connector
+    from opsctl.cluster.check import report_text, summarize
+    from opsctl.net.observer import observe
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = _cluster_spec(args.file)
+    with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
+        report = summarize(observe(connector, loaded.layout.servers, timeout=args.timeout))
+    print(json.dumps(report.to_dict(), indent=2) if args.output == "json" else report_text(report))
+    return EXIT_OK if report.healthy else EXIT_ERROR
+
+
+def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
+    """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
+    what a killed run left, print."""
+    from opsctl.apply.connect import open_connector
+    from opsctl.cli.output import Printer
+    from opsctl.net.topolock import topology_lock
+    from opsctl.slots.cli import outcome_json, outcome_text
+    from opsctl.slots.fix import close_open
+    from opsctl.slots.run import MoveOptions, one_cluster
+    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.statelock import state_lock
+
+    loaded = _cluster_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    emit = Printer(args.output == "json")
+    options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
+    dry_run = getattr(args, "dry_run", False)
+    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if dry_run else topology_lock(connector):
+        seen = one_cluster(connector)
+        if resume and not dry_run:
+            close_open(connector, state_dir, emit, seen)
+        outcome = operation(connector, state_dir, emit, options)
+    print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))
+    return EXIT_OK
+
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from opsctl.slots.run import reshard
+
+    return _slot_op(args, lambda connector, state_dir, emit, options: reshard(
+        connector, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
+
+
+WEIGHT = ranged(float, 0.0, 1e6)
+
+
+def weight(pair: str) -> tuple[str, float]:
+    """argparse type of --weight NODE=W: a node name and a finite weight from 0 (drain it) to 1e6."""
+    name, sep, value = pair.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{echo(pair)} is not NODE=W (e.g. --weight orders-1=2)")
+    return name, WEIGHT(value)
+
+
+def _weights(pairs: list[tuple[str, float]]) -> dict[str, float]:
+    return dict(pairs)
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    from opsctl.slots.run import rebalance
+
+    weights = _weights(args.weight)
+    return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
+        connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    from opsctl.slots.fix import fix
+
+    return _slot_op(args, lambda connector, state_dir, emit, options: fix(
+        connector, state_dir, emit, args.reassign_unreachable), resume=False)
+
+
+def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help="where local state and the slot journal live")
+    p.add_argument("--output", choices=("text", "json"), default="text", help="json: JSON events on stderr")
+    p.add_argument("--max-keys-per-sec", type=RATE, default=None, help="throttle key-by-key moves")
+    p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = sub.add_parser("cluster", help="inspect a cluster's live state and move its slots")
+    commands = group.add_subparsers(dest="cluster_command", required=True, metavar="SUBCOMMAND")
+    p = commands.add_parser("check", help="slot coverage, open slots, agreement (exit 1 on problems)")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--timeout", type=ranged(float, 0.1, 600.0), default=2.0, help="seconds to wait for each node")
+    p.add_argument("--state-dir", help="where local state lives (generated TLS certificates too)")
+    p.set_defaults(handler=cmd_check)
+
+    p = commands.add_parser("reshard", help="move N slots from one master to another")
+    _slot_args(p)
+    p.add_argument("--from", dest="source", required=True, help="source master: node name or address:port")
+    p.add_argument("--to", dest="target", required=True, help="target master: node name or address:port")
+    p.add_argument("--slots", type=SLOTS, required=True, help="how many slots to move (1..16384)")
+    p.set_defaults(handler=cmd_reshard)
+
+    p = commands.add_parser("rebalance", help="move the fewest slots that reach a weighted balance")
+    _slot_args(p)
+    p.add_argument("--weight", type=weight, action="append", default=[], metavar="NODE=W",
+                   help="relative share (default 1)")
+    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=2.0, metavar="PCT",
+                   help="leave masters within PCT%% of their share alone (default 2)")
+    p.set_defaults(handler=cmd_rebalance)
+
+    p = commands.add_parser("fix", help="close open slots (journaled ones exactly), cover uncovered slots")
+    _slot_args(p, dry_run=False)
+    p.add_argument("--reassign-unreachable", action="store_true",
+                   help="give the slots of an unreachable master to others (its data is LOST)")
+    p.set_defaults(handler=cmd_fix)

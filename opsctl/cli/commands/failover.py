@@ -1,0 +1,80 @@
+"""`opsctl failover -f SPEC (--shard N | --master NODE | --to REPLICA)`: the manual failover runbook."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+
+from opsctl.base.errors import EXIT_OK, OpsctlError, RefusedError
+from opsctl.cli.argtypes import SECONDS, ranged
+
+
+def _confirm(args: argparse.Namespace) -> None:
+    if args.yes or args.dry_run:
+        return
+    if not sys.stdin.isatty():
+        raise OpsctlError("refusing to fail over without confirmation", "standard input is not a terminal",
+                          "pass --yes in scripts (run with --dry-run first to see the checks)")
+    answer = input("Fail over now? Clients reconnect to the new master. Only 'yes' is accepted: ")
+    if answer.strip() != "yes":
+        raise RefusedError("cancelled, nothing changed")
+
+
+def cmd_failover(args: argparse.Namespace) -> int:
+    from opsctl.apply.connect import open_connector
+    from opsctl.failover.report import report_text
+    from opsctl.failover.runbook import Options, run_failover
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.safefs import check_writable_target
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.statelock import state_lock
+
+    if args.report:
+        check_writable_target(args.report, "--report")  # before the failover, not after it succeeded
+    loaded = read_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    _confirm(args)
+    opts = Options(shard=args.shard, master=args.master, to=args.to, mode=args.mode, escalate=args.escalate,
+                   dry_run=args.dry_run, force_checks=args.force_checks, yes=args.yes,
+                   max_lag_bytes=args.max_lag_bytes, max_lag_seconds=args.max_lag_seconds, timeout=args.timeout,
+                   report=args.report, failover_command=not args.no_failover_command)
+    json_mode = args.output == "json"
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if json_mode else sys.stdout, flush=True)
+
+    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if args.dry_run else topology_lock(connector):
+        report = run_failover(connector, state_dir, opts, say)
+    print(report.json() if json_mode else report_text(report).splitlines()[-1])
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("failover", help="promote a replica, with pre-checks, polling, post-checks and a report")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--shard", type=ranged(int, 1, 16384), help="fail over this shard (1..N) to its best replica")
+    which.add_argument("--master", help="fail over the shard whose master is this node (name or address:port)")
+    which.add_argument("--to", help="promote this replica (name or address:port)")
+    p.add_argument("--mode", choices=("graceful", "force", "takeover"), default="graceful",
+                   help="cluster only; force and takeover can lose acknowledged writes and need --yes")
+    p.add_argument("--escalate", action="store_true",
+                   help="cluster: if a mode times out, try the next (graceful -> force -> takeover); needs --yes")
+    p.add_argument("--dry-run", action="store_true", help="print the pre-checks and the steps; change nothing")
+    p.add_argument("--force-checks", action="store_true", help="go on although a pre-check failed")
+    p.add_argument("--yes", "--auto-approve", dest="yes", action="store_true",
+                   help="do not ask; consent to the risks of force/takeover")
+    p.add_argument("--report", help="also write the JSON report here")
+    p.add_argument("--max-lag-bytes", type=ranged(int, 0, 2**50), default=1024 * 1024,
+                   help="pre-check limit (default 1 MiB)")
+    p.add_argument("--max-lag-seconds", type=ranged(int, 0, 86400), default=3,
+                   help="pre-check limit on the last ack's age")
+    p.add_argument("--timeout", type=SECONDS, default=10.0, help="seconds each phase may take")
+    p.add_argument("--no-failover-command", action="store_true",
+                   help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_failover)

@@ -1,0 +1,63 @@
+"""`opsctl inventory -f SPEC`: write a standard Ansible inventory (and optionally the node files) for the spec."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from opsctl.base.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
+                    state_dir: str | None = None) -> list[str]:
+    from opsctl.providers.remote.inventory import build_inventory, inventory_text, remote_paths
+    from opsctl.providers.remote.ssh import known_hosts_path
+    from opsctl.providers.remote.staging import stage
+    from opsctl.render import render_node
+    from opsctl.state.safefs import make_dir, trusted_owners, write_private
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+    from opsctl.tls.material import node_files
+
+    loaded = read_spec(spec_file)
+    name = loaded.spec.name
+    files_dir = (output / f"{name}.files").resolve()
+    inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
+    target = output / f"{name}.yml"
+    make_dir(output.resolve(), owners=trusted_owners(), enforce=False)  # never into a foreign folder
+    write_private(target, inventory_text(inventory, loaded.file))  # never through a link
+    lines = [f"wrote {target}"]
+    if with_files:
+        tls_dir = state_dir_for(loaded, state_dir)
+        stage(loaded, files_dir, {node.name: {**render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
+                                                            daemonize=True).files,
+                                              **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
+        lines.append(f"wrote one installer per host (mode 0600, they hold the password) under {files_dir}")
+    lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
+    return lines
+
+
+def _inventory(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts, args.state_dir):
+        print(line)
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("-o", "--output", default="inventories", help="directory to write into (default: inventories)")
+    p.add_argument("--with-files", action="store_true",
+                   help="also write the installers deploy.yml runs, one per host with its node files (0600, real "
+                        "secrets), beside the inventory")
+    p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
+                                         "or ~/.ssh/known_hosts)")
+    p.add_argument("--state-dir", help="where generated TLS certificates live (default: .opsctl/<name> next to "
+                                       "the spec)")
+    p.set_defaults(handler=_inventory)
+

@@ -1,0 +1,286 @@
+"""plan, apply, status, destroy: the main job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
+from opsctl.cli.argtypes import SECONDS, ranged
+
+if TYPE_CHECKING:
+    from opsctl.plan.steps import Plan
+
+
+def _load(args: argparse.Namespace, cache_beside: bool = False) -> Any:
+    from opsctl.apply.runtime import make_runtime
+    from opsctl.state.specfile import read_spec_to_keep
+
+    state_dir = getattr(args, "state_dir", None)
+    loaded, keep = read_spec_to_keep(args.file)
+    rt = make_runtime(loaded, state_dir)
+    if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec
+        keep()
+    return rt
+
+
+@contextmanager
+def _runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Any]:
+    """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
+    included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
+    then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
+    state-dir lock alone; the topology lock marks each server as soon as it answers. cache_beside: plan and apply,
+    a pipeline's pair, keep the validated spec next to it even on a first run (opsctl.state.speccache)."""
+    rt = _load(args, cache_beside)
+    with ExitStack() as locks:
+        if locked:
+            from opsctl.state.statelock import state_lock
+
+            locks.enter_context(state_lock(rt.state_dir))
+        try:
+            if locked:
+                from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
+
+                locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
+            yield rt
+        finally:
+            rt.provider.close()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from opsctl.apply.gather import compute_plan
+    from opsctl.cli.report import plan_text
+    from opsctl.state.safefs import check_writable_target, write_private
+
+    if args.out:
+        check_writable_target(args.out, "--out")
+    with _runtime(args, cache_beside=True) as rt:
+        plan, _ = compute_plan(rt)
+    if args.out:
+        from pathlib import Path
+
+        write_private(Path(args.out), json.dumps(plan.to_dict(), indent=2) + "\n")
+    print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
+    return EXIT_OK if plan.empty else EXIT_CHANGES
+
+
+def _saved_plan(path: str, saved: Plan, current: Plan) -> Plan:
+    if saved.spec_digest != current.spec_digest:
+        raise RefusedError("the spec changed since the plan was made", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
+    if saved.fingerprint != current.fingerprint:
+        raise RefusedError("the live topology changed since the plan was made", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
+    if saved.steps != current.steps:
+        raise RefusedError("the saved plan's steps differ from what opsctl would do now", f"plan: {path}",
+                           "run opsctl plan --out again and review it")
+    return saved
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    if args.auto_approve:
+        return
+    if not sys.stdin.isatty():
+        raise OpsctlError("refusing to change anything without confirmation",
+                          "standard input is not a terminal", "pass --auto-approve in pipelines")
+    answer = input(f"{question} Only 'yes' is accepted: ")
+    if answer.strip() != "yes":
+        raise RefusedError("cancelled, nothing changed")
+
+
+def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
+    """Show the plan; unless it is empty, confirm and execute it with the rollout options. Returns the number of
+    steps that ran."""
+    import json
+
+    from opsctl.apply.executor import execute
+    from opsctl.cli.output import printing
+    from opsctl.cli.report import plan_text
+
+    print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
+    if plan.empty:
+        return 0
+    _confirm(args, question)
+    with printing(args.output == "json") as emit:
+        if rt.loaded.spec.provider == "ansible":
+            rt.provider.on_event = emit  # each playbook task on the same progress line
+        began = time.monotonic()
+        timings = execute(rt, plan, emit, allow_downtime=args.allow_downtime, parallel_shards=args.parallel_shards,
+                          wait_timeout=args.wait_timeout)
+    print(f"{done} in {time.monotonic() - began:.2f}s.", file=sys.stderr)  # wall time: steps run side by side
+    return len(timings)
+
+
+def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
+    """The options of every command that executes a plan which may restart or fail over nodes."""
+    parser.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
+    parser.add_argument("--parallel-shards", type=ranged(int, 1, 16384), default=1, metavar="N",
+                        help="roll restarts through N shards at once")
+    parser.add_argument("--wait-timeout", type=SECONDS, default=60.0, metavar="S",
+                        help="how long a restarted node may take to be back in place, or a failover's checks to pass")
+
+
+REPLANS = 4  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first),
+# open slots closed (the moves are planned once nothing is open), the rest
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from opsctl.state.planfile import read_saved_plan
+
+    saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
+    with _runtime(args, locked=True, cache_beside=True) as rt:
+        if _apply_plans(rt, args, saved) < 0:
+            return EXIT_CHANGES
+        healthy = _print_status(rt, args.output)
+    if not healthy:
+        raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
+                          hint="apply again once the node named above answers; `opsctl status` shows every node")
+    return EXIT_OK
+
+
+def _apply_plans(rt: Any, args: argparse.Namespace, saved: Plan | None) -> int:
+    """Plan and run; again while a plan started down nodes first (replan) or a node it saw running stopped.
+    Returns the steps that ran, or -1 when a saved plan's rest needs a review (printed)."""
+    from dataclasses import replace
+
+    from opsctl.apply.gather import compute_plan
+
+    ran = 0
+    plan, facts = compute_plan(rt)
+    if saved is not None:
+        plan = replace(_saved_plan(args.plan, saved, plan), replan=plan.replan)
+    try:
+        for _ in range(REPLANS):
+            ran += run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                            f"Applied {len(plan.steps)} step(s)")
+            if not plan.replan:
+                break
+            plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+            if saved is not None and plan.steps:
+                _rest_needs_review(args, plan)
+                return -1
+        stopped = _stopped_since(rt, facts) if saved is None else []
+        if stopped:
+            # a node told to stop before apply looked (a run killed mid-restart) may answer until it acts on it
+            print(f"{', '.join(stopped)} ran when apply looked and is down now: planning again", file=sys.stderr)
+            plan, facts = compute_plan(rt)
+            ran += run_plan(rt, plan, args, f"Apply {len(plan.steps)} step(s) to '{plan.spec_name}'?",
+                            f"Applied {len(plan.steps)} step(s)")
+        if not plan.replan and rt.loaded.spec.topology == "cluster":
+            from opsctl.slots.journal import Journal
+
+            Journal(rt.state_dir).filled()  # its last plan moved every shard it was filling to its share
+    except OpsctlError as exc:  # a plan made after another one ran (a replan) refused: changed all the same
+        from opsctl.apply.executor import changed_anyway
+
+        raise changed_anyway(exc, ran) from None
+    return ran
+
+
+def _stopped_since(rt: Any, facts: dict[str, Any]) -> list[str]:
+    """The spec's nodes that ran when the last plan was made and run no more (no plan leaves one stopped)."""
+    from opsctl.net.fanout import fan_out
+
+    nodes = [n for n in rt.loaded.layout.nodes if n.name in facts and facts[n.name].running]
+    states = fan_out(rt.provider.process_state, nodes)
+    return [n.name for n, state in zip(nodes, states, strict=True) if not state.running]
+
+
+def _rest_needs_review(args: argparse.Namespace, rest: Plan) -> int:
+    """A saved plan runs exactly its own steps: when it started down nodes first (plan.replan), the steps their
+    answers call for were never reviewed. They are shown, not run, and exit 2 says a new plan is due."""
+    from opsctl.cli.report import plan_text
+
+    print("The saved plan's steps are done. What the nodes it started now call for was not in it:", file=sys.stderr)
+    print(plan_text(rest), file=sys.stderr)
+    print(f"  hint: review them with opsctl plan -f {args.file} --out FILE, then apply that plan", file=sys.stderr)
+    return EXIT_CHANGES
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 only when the topology is healthy: a node down, a refused password or a cluster not ok is 1."""
+    with _runtime(args) as rt:
+        healthy = _print_status(rt, args.output)
+    return EXIT_OK if healthy else EXIT_ERROR
+
+
+def _print_status(rt: Any, output: str) -> bool:
+    import json
+
+    from opsctl.apply.gather import gather_facts
+    from opsctl.cli.report import node_status, status_table
+    from opsctl.plan.status import health_hint, health_line
+
+    facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
+    rows = node_status(rt.loaded.layout, facts)
+    healthy, line = health_line(rt.loaded, facts)
+    if output == "json":
+        print(json.dumps({"spec": rt.loaded.spec.name, "topology": rt.loaded.spec.topology, "healthy": healthy,
+                          "health": line, "nodes": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        print(status_table(rows))
+        print(line)
+        if not healthy:
+            print(f"  hint: {health_hint(facts)}", file=sys.stderr)
+    return healthy
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    with _runtime(args) as rt:
+        _destroy(rt, args)
+    return EXIT_OK
+
+
+def _destroy(rt: Any, args: argparse.Namespace) -> None:
+    from opsctl.net.topolock import check_held, topology_lock
+    from opsctl.state.statelock import state_lock
+
+    layout = rt.loaded.layout
+    order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
+             *[n for n in layout.servers if n.role == "master"]]
+    what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
+    _confirm(args, f"This will {what} of '{rt.loaded.spec.name}'.")
+    with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
+        for node in order:
+            check_held(rt.connector)
+            rt.provider.stop(node)
+            if args.purge:
+                rt.provider.purge(node)
+            print(f"stopped {node.name}{' and purged its data' if args.purge else ''}")
+
+
+def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
+    parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    parser.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
+    if output:
+        parser.add_argument("--output", choices=("text", "json"), default="text")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("plan", help="show what apply would change (exit 0 none, 2 changes, 1 error)")
+    _common(p)
+    p.add_argument("--out", help="save the plan as JSON for apply --plan")
+    p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser("apply", help="make the running topology match the spec")
+    _common(p)
+    p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
+    rollout_options(p, "allow restarting a master in place (one without a replica to fail over to)")
+    p.set_defaults(handler=cmd_apply)
+
+    p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
+    _common(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
+    _common(p, output=False)
+    p.add_argument("--auto-approve", action="store_true")
+    p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
+    p.set_defaults(handler=cmd_destroy)

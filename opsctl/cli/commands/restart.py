@@ -1,0 +1,42 @@
+"""opsctl restart: a rolling restart, shard by shard: replicas first, then each master after a failover."""
+
+from __future__ import annotations
+
+import argparse
+
+from opsctl.base.errors import EXIT_OK, OpsctlError, echo
+from opsctl.cli.commands.lifecycle import _common, _print_status, _runtime, rollout_options, run_plan
+
+
+def node_names(text: str) -> frozenset[str]:
+    """argparse type of --nodes: comma-separated node names, none of them empty."""
+    names = [word.strip() for word in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{echo(text)} has an empty node name (give NAME[,NAME...])")
+    return frozenset(names)
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    from opsctl.apply.gather import refuse_silent_nodes, settled_facts, spec_digest
+    from opsctl.plan.planner import restart_plan
+
+    with _runtime(args, locked=True) as rt:
+        names = [n.name for n in rt.loaded.layout.nodes]
+        selected = set(args.nodes) if args.nodes is not None else set(names)
+        unknown = sorted(selected - set(names))
+        if unknown:
+            raise OpsctlError(f"no node named {', '.join(unknown)}", hint=f"nodes are: {', '.join(names)}")
+        facts = settled_facts(rt, with_config=False)
+        refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
+        plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
+        run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")
+        _print_status(rt, args.output)
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("restart", help="rolling restart: replicas first, masters after a graceful failover")
+    _common(p)
+    p.add_argument("--nodes", type=node_names, help="comma-separated node names (default: every node)")
+    rollout_options(p, "allow restarting a master that has no replica")
+    p.set_defaults(handler=cmd_restart)

@@ -1,0 +1,100 @@
+"""`opsctl restore -f SPEC (--from DIR | --from-live SOURCE_SPEC)`: keys into a running topology of any shape."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK
+from opsctl.cli.argtypes import ranged
+from opsctl.cli.commands.backup import STATE_DIR_HELP, event_printer
+
+if TYPE_CHECKING:
+    from opsctl.base.events import RestoreDone
+
+
+def _text(done: RestoreDone) -> str:
+    if done.dry_run and not done.rechecked:
+        return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
+                "every check passed, nothing was written")
+    resumed = " (resumed)" if done.resumed else ""
+    if done.rechecked:
+        lines = [f"already restored: {done.source} into {done.target} by an earlier run (mode {done.mode}); "
+                 "checked again, nothing copied"]
+    else:
+        lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
+                 f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
+    for key, counts in sorted(done.sources.items()):
+        lines.append(f"  {key:<28} {counts['keys']:>10} read  {counts['restored']:>10} restored  "
+                     f"{counts['existing']:>8} already there  {counts['skipped']:>8} skipped")
+    if done.problems:
+        lines.append("problems:")
+        lines += [f"  {p}" for p in done.problems]
+    else:
+        lines.append(f"verified: key counts match; {done.verified} keys compared with the source, all equal")
+    return "\n".join(lines)
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from opsctl.apply.connect import open_connector
+    from opsctl.base.events import RestoreDryRun
+    from opsctl.net.topolock import topology_lock
+    from opsctl.restore.run import (
+        RestoreOptions,
+        backup_sources,
+        inspect_target,
+        live_sources,
+        refuse_same_servers,
+        run_restore,
+    )
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.statelock import state_lock
+
+    loaded = read_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    options = RestoreOptions(args.mode, args.dry_run, args.verify, args.sample)
+    json_mode = args.output == "json"
+    with ExitStack() as stack:
+        stack.enter_context(state_lock(state_dir))
+        connector = stack.enter_context(open_connector(loaded, state_dir))
+        if not args.dry_run:  # one run per target topology, whatever its state dir
+            stack.enter_context(topology_lock(connector))
+        target = inspect_target(connector)
+        if args.from_dir:
+            from pathlib import Path
+
+            prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
+        else:
+            source = read_spec(args.from_live)
+            refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
+            source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
+            if not args.dry_run:  # no run reshards, fails over or restarts the source while it is read
+                stack.enter_context(topology_lock(source_connector))
+            prepared = stack.enter_context(live_sources(source_connector, target, options))
+        emit = stack.enter_context(event_printer(json_mode))
+        report = run_restore(target, prepared, state_dir, options, emit)
+        if report.dry_run:
+            emit(report.done(RestoreDryRun))
+    if not json_mode:
+        print(_text(report.done()))
+    return EXIT_ERROR if report.problems else EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("restore", help="copy a backup or a running topology into the topology SPEC describes")
+    p.add_argument("-f", "--file", required=True, help="the target's topology spec (YAML)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="from_dir", metavar="DIR", help="a backup directory (holds manifest.json)")
+    source.add_argument("--from-live", metavar="SOURCE_SPEC", help="the spec of a running topology to copy from")
+    p.add_argument("--mode", choices=("fail-if-exists", "replace", "skip-existing"), default="fail-if-exists",
+                   help="keys that already exist on the target: refuse before writing (default), overwrite, or keep")
+    p.add_argument("--dry-run", action="store_true", help="run every check, write nothing")
+    p.add_argument("--verify", choices=("sample", "full"), default="sample",
+                   help="after the copy compare a sample of keys (default) or every key with the source")
+    p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,
+                   help="keys per source compared with --verify sample (default 1000)")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    p.add_argument("--output", choices=("text", "json"), default="text")
+    p.set_defaults(handler=cmd_restore)

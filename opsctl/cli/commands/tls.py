@@ -1,0 +1,59 @@
+"""`opsctl tls ca|rotate -f SPEC`: the CA clients trust, and certificates renewed without restarts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from opsctl.base.errors import EXIT_OK, OpsctlError
+
+STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
+
+
+def _ca(args: argparse.Namespace) -> int:
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+    from opsctl.tls.material import ca_text
+
+    loaded = read_spec(args.file)
+    if not loaded.spec.tls.enabled:
+        raise OpsctlError(f"{loaded.file} has no TLS", hint="set tls.enabled: true (and tls.generate: true)")
+    sys.stdout.write(ca_text(loaded, state_dir_for(loaded, args.state_dir)))
+    return EXIT_OK
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    from opsctl.apply.runtime import make_runtime
+    from opsctl.apply.tls_rotation import Mode, rotate
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statelock import state_lock
+
+    rt = make_runtime(read_spec(args.file), args.state_dir)
+    mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
+    try:
+        with state_lock(rt.state_dir), topology_lock(rt.connector):  # one run per topology, whatever its state dir
+            lines = rotate(rt, mode, lambda line: print(line, flush=True))
+    finally:
+        rt.provider.close()
+    print(f"rotated: {len(lines)} node(s), no server restarted"
+          if not rt.loaded.layout.sentinels else f"rotated: {len(lines)} node(s)")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = sub.add_parser("tls", help="TLS certificates: the CA to trust, live rotation")
+    actions = group.add_subparsers(dest="tls_action", required=True, metavar="ACTION")
+    p = actions.add_parser("ca", help="print the CA certificate(s) clients must trust (PEM)")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    p.set_defaults(handler=_ca)
+    p = actions.add_parser("rotate", help="new certificate files on every node, reloaded live (same pids)")
+    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--new-ca", action="store_true",
+                      help="generated CA: make a new CA and trust it next to the old one (step 1 of 3)")
+    step.add_argument("--drop-old-ca", action="store_true",
+                      help="generated CA: trust only the newest CA (step 3, after a plain rotate)")
+    p.set_defaults(handler=_rotate)

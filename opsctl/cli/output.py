@@ -1,0 +1,66 @@
+"""The one printer: events to stderr as text (a redrawn line on a terminal) or JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+from opsctl.base.events import REDRAWN, Event, SlotsDone, as_dict
+from opsctl.base.tty import CLEAR_LINE
+from opsctl.cli.ttyline import TtyLine
+
+
+class Printer:
+    """Events on a stream (stderr by default): JSON lines, or text. On a terminal progress (REDRAWN) is one
+    bar redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
+    characters. Callable from several threads (parallel slot movers, restore sources)."""
+
+    def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
+        self.json_mode = json_mode
+        self.stream = stream or sys.stderr
+        self.bar = TtyLine(self.stream) if not json_mode and self.stream.isatty() else None
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            if self.json_mode:
+                self._line(json.dumps(as_dict(event), default=str))
+            elif isinstance(event, SlotsDone):
+                if self.bar:
+                    self.bar.done(event.line())
+                else:
+                    self._line(event.line())
+            elif isinstance(event, REDRAWN):
+                if self.bar:
+                    self.bar.show(event.line(), force=True)
+            else:
+                self._clear()
+                self._line(event.line())
+
+    def close(self) -> None:
+        """Erase a bar left drawn, so what is printed next starts on a clean line."""
+        with self._lock:
+            self._clear()
+            self.stream.flush()
+
+    def _clear(self) -> None:
+        if self.bar:
+            self.stream.write(CLEAR_LINE)
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+@contextmanager
+def printing(json_mode: bool, stream: TextIO | None = None) -> Iterator[Printer]:
+    """A Printer for the block, its bar erased at the end (also when the block fails)."""
+    printer = Printer(json_mode, stream)
+    try:
+        yield printer
+    finally:
+        printer.close()
+

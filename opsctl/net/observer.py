@@ -1,0 +1,360 @@
+"""Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
+
+The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
+Observations go over raw connections (opsctl.net.rawpipe, replies read by hiredis), not redis-py: commands that
+only look (plan, status) start without importing it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opsctl.base.errors import ConvergenceError
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector
+from opsctl.net.fanout import Borrowed
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
+from opsctl.net.resp import RespError, TextReply, encode, text
+from opsctl.observe.cluster_state import Disagreement, cluster_problems
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
+from opsctl.plan.fence import TO_WRITE
+from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.spec.load import LoadedSpec
+
+if TYPE_CHECKING:
+    from opsctl.plan.facts import NodeFacts
+
+T = TypeVar("T")
+Command = tuple[Any, ...]
+
+
+@dataclass
+class NodeObservation:
+    """What one node said. info holds INFO merged with CLUSTER INFO (cluster_state, ...) for cluster nodes."""
+
+    node: Node
+    reachable: bool
+    error: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+    role: RoleInfo | None = None
+    cluster_nodes: list[ClusterNodeLine] | None = None
+    config: dict[str, str] | None = None
+    fence: dict[str, str] | None = None  # CONFIG GET min-replicas-to-write, read where config is not
+    sentinel_masters: list[dict[str, str]] | None = None
+    sentinel_replicas: list[dict[str, str]] | None = None
+    sentinel_sentinels: list[dict[str, str]] | None = None
+
+
+def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts]:
+    """Observations as the pure deciders take them (plan.masters), for a run that looks without a provider."""
+    from opsctl.plan.facts import NodeFacts  # the planner's types: the slot commands' start does without them
+
+    return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
+                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None, fence=o.fence)
+            for name, o in observations.items()}
+
+
+def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:
+    """Send commands (renamed as the spec says) on one connection; replies unparsed, in order, errors as
+    exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
+    commands while the client still packs the rest."""
+    step = chunk or max(1, len(commands))
+
+    def send(conn: Any) -> None:
+        for at in range(0, len(commands), step):
+            part = commands[at:at + step]
+            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
+
+    return round_trip(admin, send, len(commands))
+
+
+def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[Any]:
+    """What send writes on one of admin's pooled connections, then count replies, unparsed, errors as exception
+    objects. A connection that broke mid-way is disconnected, not returned to the pool half read."""
+    import redis
+
+    pool = admin.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        send(conn)
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.fence)
+
+
+def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
+    info: Command = ("INFO", info_section) if info_section else ("INFO",)
+    if node.is_sentinel:
+        name = sentinel_master_name(loaded.spec)
+        return [info, ("ROLE",), ("SENTINEL", "MASTERS"), ("SENTINEL", "REPLICAS", name),
+                ("SENTINEL", "SENTINELS", name)]
+    cmds: list[Command] = [info, ("ROLE",)]
+    if loaded.spec.topology == "cluster":
+        cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
+    if with_config:
+        cmds.append(("CONFIG", "GET", "*"))
+    elif loaded.spec.topology in ("replication", "sentinel"):
+        cmds.append(FENCE_READ)  # who the shard's master is depends on it (plan.masters)
+    return cmds
+
+
+def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any]) -> None:
+    """Parse replies into obs. A failing command (e.g. cluster support disabled) leaves its field empty."""
+    errors: list[str] = []
+    for cmd, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, RespError):
+            errors.append(f"{' '.join(str(c) for c in cmd[:2])}: {reply.message}")
+            continue
+        key = " ".join(str(c) for c in cmd[:2]).upper()
+        if key.startswith("INFO") or key == "CLUSTER INFO":
+            obs.info.update(parse_info(str(reply)))
+        elif key == "ROLE":
+            obs.role = parse_role(reply)
+        elif key == "CLUSTER NODES":
+            obs.cluster_nodes = parse_cluster_nodes(str(reply))
+        elif cmd == FENCE_READ:
+            obs.fence = parse_pairs(reply)
+        elif key == "CONFIG GET":
+            obs.config = parse_pairs(reply)
+        elif key == "SENTINEL MASTERS":
+            obs.sentinel_masters = [parse_pairs(m) for m in reply]
+        elif key == "SENTINEL REPLICAS":
+            obs.sentinel_replicas = [parse_pairs(m) for m in reply]
+        elif key == "SENTINEL SENTINELS":
+            obs.sentinel_sentinels = [parse_pairs(m) for m in reply]
+    obs.error = "; ".join(errors)
+
+
+def _fail_fast(admin: Admin) -> Admin:
+    """No client-side retries: redis-py retries a refused connect 3 times with backoff (3.4 s per down node
+    here); observers poll anyway, so one attempt per observation is right."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    admin.client.set_retry(Retry(NoBackoff(), 0))
+    return admin
+
+
+class Link:
+    """One node's raw connection for observing (the connector's route, AUTH and TLS), kept between looks and
+    opened again when it failed or the node closed it (a restart)."""
+
+    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
+        self.connector = connector
+        self.node = node
+        self.timeout = timeout
+        self._pipe: RawPipe | None = None
+        self._lock = threading.Lock()
+
+    def pipeline(self, commands: Sequence[Command]) -> list[TextReply]:
+        """Replies decoded to text, in order; error replies as RespError values. Raises PIPE_ERRORS."""
+        with self._lock:
+            pipe, self._pipe = self._pipe, None
+            if pipe is not None and not pipe.idle():
+                pipe.close()
+                pipe = None
+            pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
+            try:
+                pipe.send(b"".join(encode([pipe.name(str(c[0])), *c[1:]]) for c in commands))
+                replies = [text(reply) for reply in pipe.read(len(commands))]
+            except BaseException:
+                pipe.close()
+                raise
+            self._pipe = pipe
+            return replies
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pipe is not None:
+                self._pipe.close()
+                self._pipe = None
+
+
+class Admins(dict[str, Admin]):
+    """Admin connections by node name, made on first use (with redis-py, which observing does not need)."""
+
+    def __init__(self, make: Callable[[str], Admin]) -> None:
+        super().__init__()
+        self._make = make
+        self._lock = threading.Lock()
+
+    def __missing__(self, name: str) -> Admin:
+        with self._lock:
+            if not dict.__contains__(self, name):
+                self[name] = self._make(name)
+            return dict.__getitem__(self, name)
+
+
+class Observer:
+    """Keeps one connection per node and a share of the process's threads (opsctl.net.fanout), so repeated
+    observations (polling) are cheap. Looks go over links; admins (for the commands callers send themselves) are
+    made when first asked for."""
+
+    def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = 2.0) -> None:
+        self.connector = connector
+        self.loaded = connector.loaded
+        self.nodes = list(nodes)
+        self.links = {n.name: Link(connector, n, timeout) for n in self.nodes}
+        by_name = {n.name: n for n in self.nodes}
+        self.admins = Admins(lambda name: _fail_fast(connector.admin(by_name[name], timeout)))
+        self.pool = Borrowed()
+
+    def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
+        commands = _commands(self.loaded, node, with_config, info_section)
+        try:
+            replies = self.links[node.name].pipeline(commands)
+        except PIPE_ERRORS as exc:
+            return NodeObservation(node, False, link_error(exc))
+        obs = NodeObservation(node, True)
+        try:
+            _fill(obs, commands, replies)
+        except (ValueError, IndexError, TypeError) as exc:
+            obs.error = f"unexpected reply: {exc}"
+        return obs
+
+    def observe(self, with_config: bool = False, info_section: str | None = None) -> dict[str, NodeObservation]:
+        futures = {n.name: self.pool.submit(self.observe_one, n, with_config, info_section) for n in self.nodes}
+        return {name: future.result() for name, future in futures.items()}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        for link in self.links.values():
+            link.close()
+        for admin in self.admins.values():
+            admin.close()
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = False,
+            timeout: float = 2.0) -> dict[str, NodeObservation]:
+    """Every node in parallel, one round trip each. Never raises for a node that does not answer."""
+    with Observer(connector, nodes, timeout) as observer:
+        return observer.observe(with_config)
+
+
+@frozen
+class Pending(Frozen):
+    """A check's "not yet", with the reason shown if waiting times out."""
+
+    reason: str
+
+
+def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str, interval: float = 0.005,
+             last_reason: Callable[[], str] | None = None) -> T:
+    """Poll check() every `interval` s until it returns a result (anything but None or Pending).
+
+    The ConvergenceError on timeout names `what` and the last reason: a returned Pending's, else last_reason().
+    """
+    deadline = time.monotonic() + timeout
+    reason = ""
+    while True:
+        result = check()
+        if isinstance(result, Pending):
+            reason = result.reason
+        elif result is not None:
+            return result
+        elif last_reason is not None:
+            reason = last_reason()
+        if time.monotonic() >= deadline:
+            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", reason or "no reason given",
+                                   "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
+        time.sleep(interval)
+
+
+def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:
+    """cluster_problems over the nodes that answered, plus one line per node that did not."""
+    out = [Disagreement(name, f"unreachable: {o.error}") for name, o in observations.items() if not o.reachable]
+    out += [Disagreement(name, f"has no cluster view: {o.error}") for name, o in observations.items()
+            if o.reachable and o.cluster_nodes is None]
+    views = {n: o.cluster_nodes for n, o in observations.items() if o.cluster_nodes is not None}
+    infos = {n: o.info for n, o in observations.items() if o.cluster_nodes is not None}
+    return out + cluster_problems(views, infos)
+
+
+def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
+    return describe_lines([p.render() for p in problems], limit)
+
+
+def describe_lines(lines: Sequence[str], limit: int = 12) -> str:
+    """At most limit lines, then how many more."""
+    return "\n".join([*lines[:limit], *([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])])
+
+
+def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pending | None:
+    """The cheap look polls take first: every node's cluster_state (in a cluster) and every replica's link, from
+    CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None.
+    settled: nodes seen there already, not asked again; the ones there now are added (the full look that
+    follows checks every node again)."""
+    commands: list[Command] = [("INFO", "replication")]
+    if observer.loaded.spec.topology == "cluster":
+        commands.append(("CLUSTER", "INFO"))
+
+    def one(node: Node) -> str:
+        try:
+            replies = observer.links[node.name].pipeline(commands)
+        except PIPE_ERRORS as exc:
+            return f"unreachable: {link_error(exc)}"
+        failed = [f"{' '.join(c)}: {r.message}" for c, r in zip(commands, replies, strict=True)
+                  if isinstance(r, RespError)]
+        if failed:
+            return "; ".join(failed)
+        info = {k: v for reply in replies for k, v in parse_info(str(reply)).items()}
+        if len(commands) > 1 and info.get("cluster_state") != "ok":
+            return f"cluster_state:{info.get('cluster_state', '?')} (waiting for ok)"
+        if info.get("role") == "slave" and info.get("master_link_status") != "up":
+            return f"replica link to {info.get('master_host')}:{info.get('master_port')} is " \
+                   f"{info.get('master_link_status', '?')}"
+        return ""
+
+    asked = [n for n in observer.nodes if settled is None or n.name not in settled]
+    why = dict(zip([n.name for n in asked], observer.pool.map(one, asked), strict=True))
+    if settled is not None:
+        settled.update(name for name, reason in why.items() if not reason)
+    waiting = [f"{name}: {reason}" for name, reason in why.items() if reason]
+    return Pending(describe_lines(waiting)) if waiting else None
+
+
+def wait_converged(observer: Observer, timeout: float) -> None:
+    """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how.
+    Each poll first asks every node's cluster_state and replica link only (settled_pending); the full look
+    (every view, parsed and compared) runs once all are there, so a new cluster's ~2 s wait and its replicas'
+    first sync cost the servers and opsctl little CPU. A node seen settled is not asked again until the full look."""
+    settled: set[str] = set()
+
+    def check() -> bool | Pending:
+        not_yet = settled_pending(observer, settled)
+        if not_yet is not None:
+            return not_yet
+        problems = observed_problems(observer.observe(info_section="replication"))
+        return Pending(describe(problems)) if problems else True
+
+    # 20 ms: a poll reads every node's INFO and CLUSTER NODES; polling faster only takes CPU from the servers
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
+
+
+def wait_cluster_converged(connector: Connector, nodes: Iterable[Node], timeout: float = 30.0) -> None:
+    """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked)."""
+    with Observer(connector, nodes, timeout=min(2.0, timeout)) as observer:
+        wait_converged(observer, timeout)

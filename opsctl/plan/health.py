@@ -1,0 +1,99 @@
+"""Pure health checks of replication and sentinel topologies from observed facts (None = healthy)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.base.connerr import auth_failed, is_auth_failure, not_answering
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.masters import sentinel_agreed_master, shard_master
+from opsctl.spec.layout import Layout, Node
+from opsctl.spec.load import LoadedSpec
+
+MAX_LAG_BYTES = 1024 * 1024
+
+
+def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:
+    walls = [n.name for n in layout.servers if facts[n.name].fenced]
+    if walls:
+        return (f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
+                "`opsctl apply` or `opsctl failover` finishes it")
+    shard = layout.shards[0]
+    master = shard_master(layout, shard, facts)
+    target = layout.node(master)
+    master_role = facts[master].role
+    if master_role is None and is_auth_failure(facts[master].error):
+        return auth_failed(master)
+    if master_role is None or master_role.kind != "master":
+        return f"{master} is not answering as master"
+    for name in shard.members:
+        if name == master:
+            continue
+        role = facts[name].role
+        if role is None:
+            return not_answering(name, facts[name].error)
+        if role.kind != "replica" or role.master != (target.address, target.port):
+            return f"{name} is a {role.kind}, not a replica of {master} ({target.endpoint})"
+        if role.link != "connected":
+            return f"{name}'s link to {master} is {role.link}"
+        if master_role.offset - role.offset > MAX_LAG_BYTES:
+            return f"{name} lags {master_role.offset - role.offset} bytes behind {master}"
+    return None
+
+
+def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name: str) -> str | None:
+    """Every sentinel sees the same master, status ok, all replicas and all other sentinels."""
+    sentinels = layout.sentinels
+    replicas = len(layout.shards[0].replicas)
+    masters: set[tuple[str, int]] = set()
+    for node in sentinels:
+        f = facts[node.name]
+        line = dict(part.split("=", 1) for part in f.info.get("master0", "").split(",") if "=" in part)
+        if not f.reachable:
+            return not_answering(node.name, f.error)
+        if line.get("name") != master_name:
+            return f"{node.name} does not monitor '{master_name}'"
+        if line.get("status") != "ok":
+            return f"{node.name} sees master status {line.get('status')}"
+        if int(line.get("slaves", "0")) != replicas:
+            return f"{node.name} sees {line.get('slaves')} replicas, expected {replicas}"
+        if int(line.get("sentinels", "0")) != len(sentinels):
+            return f"{node.name} sees {line.get('sentinels')} sentinels, expected {len(sentinels)}"
+        address, port = line["address"].rsplit(":", 1)
+        masters.add((address, int(port)))
+    if len(masters) > 1:
+        return f"sentinels disagree about the master: {sorted(masters)}"
+    return _sentinels_behind(layout, facts)
+
+
+def _sentinels_behind(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:
+    """The sentinels agree on a node that no longer answers as master, while another one does (they have not
+    confirmed a promotion yet): clients that ask them still reach the old master."""
+    agreed = sentinel_agreed_master(layout, facts)
+    running = [n.name for n in layout.servers if (r := facts[n.name].role) and r.kind == "master"]
+    if agreed is not None and len(running) == 1 and running != [agreed]:
+        return f"the sentinels name {agreed} as master, but {running[0]} is the master (not confirmed yet)"
+    return None
+
+
+def node_problem(loaded: LoadedSpec, facts: Mapping[str, NodeFacts], node: Node) -> str | None:
+    """Is this one node healthy in its place? A replica must be linked to a master and caught up."""
+    f = facts[node.name]
+    if not f.reachable:
+        return not_answering(node.name, f.error)
+    if node.is_sentinel:
+        return None if f.sentinel_master else f"{node.name} does not monitor a master yet"
+    role = f.role
+    if role is None:
+        return f"{node.name} has no role yet"
+    if loaded.spec.topology == "cluster" and f.info.get("cluster_state") != "ok":
+        return f"{node.name} reports cluster_state:{f.info.get('cluster_state')}"
+    if role.kind != "replica":
+        return None
+    if role.link != "connected" or role.master is None:
+        return f"{node.name}'s link to its master is {role.link}"
+    upstream = loaded.layout.find(f"{role.master[0]}:{role.master[1]}")
+    master_role = facts[upstream.name].role if upstream else None
+    if master_role and master_role.offset - role.offset > MAX_LAG_BYTES:
+        return f"{node.name} lags {master_role.offset - role.offset} bytes behind its master"
+    return None

@@ -1,0 +1,146 @@
+"""What deploy.yml installs on a host, as one self-extracting shell script per host: playbooks/files/
+opsctl-install.sh with tar archives appended (`base`: folders, the control script, a given server binary;
+`node-<node>`: the node's folder, settings and files; `once-<node>`: files written only when missing). Pure:
+data in, bytes out.
+
+One ansible.builtin.script run per host (no Python on the host, one file transfer) replaces a module run per
+folder and per file over SSH. Owner, group and mode of every member are in the archive and every mtime is
+fixed, so GNU tar's compare (tar --diff) finds nothing to change when nothing changed: a second deploy reports
+no change. Owners are names (the host maps them to its ids). sentinel.conf goes in a `once-` archive only:
+Sentinel rewrites it, and a re-apply must not undo that.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from opsctl.base.errors import OpsctlError
+from opsctl.providers.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
+from opsctl.spec.layout import Node
+from opsctl.spec.model import Spec
+
+WRITTEN_ONCE = frozenset({"sentinel.conf"})
+FIXED_MTIME = 0
+
+
+def plain_name(name: str) -> str:
+    """A node file's name, refused unless it is a plain name (it becomes a path on the host)."""
+    if not name or "/" in name or name.startswith("."):
+        raise OpsctlError(f"refusing file name {name!r}", hint="node files are plain names such as redis.conf")
+    return name
+
+
+@dataclass(frozen=True)
+class Member:
+    """One file (data) or folder (data None) at an absolute path on the host."""
+
+    path: str
+    owner: str
+    group: str
+    mode: int
+    data: bytes | None = None
+
+
+def settings_text(spec: Spec, node: Node) -> str:
+    """nodes/<node>.env, sourced by bin/opsctl-node (as root: root-owned, never the service user's)."""
+    values = node_vars(spec, node)
+    lines = [f"# Written by opsctl deploy: settings of node {node.name} for bin/opsctl-node. No secrets here.",
+             f"OPSCTL_UNIT={shlex.quote(values['unit'])}", f"OPSCTL_DIR={shlex.quote(values['dir'])}",
+             f"OPSCTL_BIN={shlex.quote(binary_path(spec))}", f"OPSCTL_CONF={shlex.quote(values['conf'])}",
+             f"OPSCTL_ARGS={shlex.quote('--sentinel' if node.is_sentinel else '')}",
+             f"OPSCTL_PID={shlex.quote(values['pid'])}", f"OPSCTL_LOG={shlex.quote(values['log'])}",
+             f"OPSCTL_PORT={shlex.quote(str(values['port']))}", f"OPSCTL_USER={shlex.quote(service_user(spec))}"]
+    return "\n".join(lines) + "\n"
+
+
+def host_members(spec: Spec, script: bytes, binary: bytes | None) -> list[Member]:
+    """The spec's root and its shared folders, the control script, and the server binary when one is given."""
+    root, user = remote_root(spec), service_user(spec)
+    members = [Member(root.rsplit("/", 1)[0], "root", "root", 0o755), Member(root, "root", user, 0o750),
+               Member(f"{root}/bin", "root", user, 0o750), Member(f"{root}/nodes", "root", "root", 0o700),
+               Member(f"{root}/bin/opsctl-node", "root", "root", 0o700, script)]
+    if binary is not None:
+        members.append(Member(binary_path(spec), "root", user, 0o750, binary))
+    return members
+
+
+def node_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Member]:
+    """The node's folder, its settings and its files (all but those written once)."""
+    folder, user = node_vars(spec, node)["dir"], service_user(spec)
+    settings = settings_text(spec, node).encode()
+    members = [Member(folder, user, user, 0o700),
+               Member(settings_path(spec, node), "root", "root", 0o600, settings)]
+    members += [Member(f"{folder}/{plain_name(name)}", user, user, 0o600, text.encode())
+                for name, text in sorted(files.items()) if name not in WRITTEN_ONCE]
+    return members
+
+
+def archive(members: Sequence[Member]) -> bytes:
+    """An uncompressed tar of members, paths relative to / (unarchive with dest: /), byte for byte the same
+    for the same members."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for member in members:
+            info = tarfile.TarInfo(member.path.lstrip("/"))
+            info.uname, info.gname, info.uid, info.gid = member.owner, member.group, 0, 0
+            info.mode, info.mtime = member.mode, FIXED_MTIME
+            if member.data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(member.data)
+                tar.addfile(info, io.BytesIO(member.data))
+    return out.getvalue()
+
+
+def once_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Member]:
+    """The node's files written only when the host has none (sentinel.conf)."""
+    folder, user = node_vars(spec, node)["dir"], service_user(spec)
+    return [Member(f"{folder}/{plain_name(name)}", user, user, 0o600, text.encode())
+            for name, text in sorted(files.items()) if name in WRITTEN_ONCE]
+
+
+def host_parts(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], script: bytes,
+               binary: bytes | None) -> list[tuple[str, bytes]]:
+    """The archives of one host's installer, in order: `base`, then `node-<node>` and `once-<node>` per node
+    (a `once-` archive only where the node has such a file)."""
+    parts = [("base", archive(host_members(spec, script, binary)))]
+    for node in nodes:
+        named = files.get(node.name, {})
+        parts.append((f"node-{node.name}", archive(node_members(spec, node, named))))
+        once = once_members(spec, node, named)
+        if once:
+            parts.append((f"once-{node.name}", archive(once)))
+    return parts
+
+
+def installer(body: str, user: str, root: str, parts: Sequence[tuple[str, bytes]]) -> bytes:
+    """opsctl-install.sh (body) with its placeholders filled and the archives appended after its `exit`."""
+    table: list[str] = []
+    at = 0
+    for name, data in parts:
+        table.append(f"{name} {at} {len(data)}")
+        at += len(data)
+    filled = {"@USER@": shlex.quote(user), "@ROOT@": shlex.quote(root), "@PARTS@": shlex.quote("\n".join(table)),
+              "@PAYLOAD_BYTES@": str(at)}
+    text = body
+    for placeholder, value in filled.items():
+        if text.count(placeholder) != 1:
+            raise ValueError(f"the installer script must hold {placeholder} once")
+        text = text.replace(placeholder, value)
+    if not text.endswith("exit 0\n"):
+        raise ValueError("the installer script must end with `exit 0`: the archives follow it")
+    return text.encode() + b"".join(data for _name, data in parts)
+
+
+def host_installers(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], body: str,
+                    script: bytes, binary: bytes | None) -> dict[str, bytes]:
+    """`install-<host>.sh` -> the installer for that host's nodes among `nodes` (byte for byte the same for the
+    same input)."""
+    hosts = sorted({n.host for n in nodes})
+    return {f"install-{host}.sh": installer(body, service_user(spec), remote_root(spec), host_parts(
+        spec, [n for n in nodes if n.host == host], files, script, binary)) for host in hosts}

@@ -1,0 +1,184 @@
+"""The Ansible inventory of a spec (pure): groups per topology and role, host vars for SSH and the nodes.
+
+Layout on a host: /var/lib/opsctl/<spec>/ (root:<user> 0750) holds bin/ (the server when given as a binary,
+and the opsctl-node control script), nodes/<node>.env (root 0600) and one folder per node (<user> 0700)
+with its config files, data, log and pidfile. No secrets in the inventory: the node files (which hold the
+password) go from opsctl_files_dir as archives (opsctl/providers/remote/bundle.py) through no_log tasks.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import yaml
+
+from opsctl.render import NodePaths
+from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import Host, Spec
+
+REMOTE_ROOT = "/var/lib/opsctl"
+OS_PACKAGES = {"redis": "redis-server", "valkey": "valkey-server"}
+REMOTE_PYTHON = "/usr/bin/python3"  # fixed, not discovered: a login shell (pyenv, conda) may shadow it
+ROLE_GROUPS = {"master": "masters", "replica": "replicas", "sentinel": "sentinels"}
+
+
+def remote_root(spec: Spec) -> str:
+    return f"{REMOTE_ROOT}/{spec.name}"
+
+
+def service_user(spec: Spec) -> str:
+    return spec.server.service_user
+
+
+def binary_path(spec: Spec) -> str:
+    """Where the server runs from on a host: the shipped binary in bin/, else the OS package's."""
+    if spec.server.binary:
+        return f"{remote_root(spec)}/bin/{spec.server.flavor}-server"
+    return f"/usr/bin/{spec.server.flavor}-server"
+
+
+def remote_paths(spec: Spec, node: Node) -> NodePaths:
+    base = f"{remote_root(spec)}/{node.name}"
+    conf = "sentinel.conf" if node.is_sentinel else "redis.conf"
+    return NodePaths(dir=base, conf=f"{base}/{conf}", acl=f"{base}/users.acl", log=f"{base}/server.log",
+                     pid=f"{base}/server.pid")
+
+
+def settings_path(spec: Spec, node: Node) -> str:
+    """nodes/<node>.env under the spec's root: bin/opsctl-node's settings for the node (there once deployed)."""
+    return f"{remote_root(spec)}/nodes/{node.name}.env"
+
+
+def unit_name(node: Node) -> str:
+    return f"opsctl-{node.name}"
+
+
+def node_file_names(spec: Spec, node: Node) -> list[str]:
+    tls = [TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE] if spec.tls.enabled else []
+    if node.is_sentinel:
+        return ["sentinel.conf", *tls]
+    return [*(["redis.conf", "users.acl"] if spec.auth.mode == "acl" else ["redis.conf"]), *tls]
+
+
+def node_vars(spec: Spec, node: Node, files: list[str] | None = None) -> dict[str, Any]:
+    paths = remote_paths(spec, node)
+    return {"name": node.name, "role": node.role, "shard": node.shard, "address": node.address,
+            "port": node.port, "unit": unit_name(node), "dir": paths.dir, "conf": paths.conf, "pid": paths.pid,
+            "log": paths.log, "files": node_file_names(spec, node) if files is None else files}
+
+
+def parse_bastion(text: str, user: str) -> tuple[str, str, int]:
+    """`[user@]address[:port]` (a bracketed IPv6 address may carry a port) as (user, address, port)."""
+    login, _, rest = text.rpartition("@")
+    address, port = rest, 22
+    if rest.startswith("["):
+        address, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else 22
+    elif rest.count(":") == 1:
+        address, _, port_text = rest.partition(":")
+        port = int(port_text)
+    return login or user, address, port
+
+
+def ssh_options(known_hosts: str, key: str | None) -> list[str]:
+    options = ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    return options + (["-o", "IdentitiesOnly=yes"] if key else [])
+
+
+def proxy_command(spec: Spec, host: Host, known_hosts: str) -> str | None:
+    """The ProxyCommand that reaches host through its bastion (a host of the spec or [user@]addr[:port])."""
+    if not host.bastion:
+        return None
+    named = next((h for h in spec.hosts if h.name == host.bastion), None)
+    if named is not None:
+        login, port, key = f"{named.ssh_user or 'root'}@{named.address}", named.ssh_port, named.ssh_key
+    else:
+        user, address, port = parse_bastion(host.bastion, host.ssh_user or "root")
+        login, key = f"{user}@{address}", host.ssh_key
+    argv = ["ssh", *ssh_options(known_hosts, key), *(["-i", key] if key else []), "-p", str(port), "-W",
+            "%h:%p", login]
+    return shlex.join(argv)
+
+
+def host_vars(spec: Spec, host: Host, known_hosts: str) -> dict[str, Any]:
+    options = ssh_options(known_hosts, host.ssh_key)
+    proxy = proxy_command(spec, host, known_hosts)
+    if proxy:
+        options += ["-o", f"ProxyCommand={proxy}"]
+    values: dict[str, Any] = {"ansible_host": host.address, "ansible_port": host.ssh_port,
+                              "ansible_user": host.ssh_user or "root", "ansible_ssh_common_args": shlex.join(options)}
+    if host.ssh_key:
+        values["ansible_ssh_private_key_file"] = host.ssh_key
+    return values
+
+
+def group_name(text: str) -> str:
+    return text.replace("-", "_")
+
+
+def build_inventory(loaded: LoadedSpec, files_dir: str, known_hosts: str,
+                    only: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The inventory as data. only: node name -> file names, to deploy just those (default: all nodes)."""
+    spec = loaded.spec
+    nodes = [n for n in loaded.layout.nodes if only is None or n.name in only]
+    hosts: dict[str, Any] = {}
+    roles: dict[str, dict[str, None]] = {group: {} for group in ROLE_GROUPS.values()}
+    for host in spec.hosts:
+        mine = [n for n in nodes if n.host == host.name]
+        if not mine:
+            continue
+        hosts[host.name] = {**host_vars(spec, host, known_hosts),
+                            "opsctl_nodes": [node_vars(spec, n, only.get(n.name) if only else None) for n in mine]}
+        for n in mine:
+            roles[ROLE_GROUPS[n.role]][host.name] = None
+    children = {group: {"hosts": members} for group, members in roles.items() if members}
+    top = {"vars": group_vars(loaded, files_dir),
+           "children": {spec.topology: {"hosts": {h: None for h in hosts}}, **children}}
+    return {"all": {"hosts": hosts, "children": {group_name(f"opsctl_{spec.name}"): top}}}
+
+
+def group_vars(loaded: LoadedSpec, files_dir: str) -> dict[str, Any]:
+    spec = loaded.spec
+    values: dict[str, Any] = {
+        "opsctl_spec": spec.name, "opsctl_root": remote_root(spec), "opsctl_flavor": spec.server.flavor,
+        "opsctl_service_user": service_user(spec), "opsctl_binary_path": binary_path(spec),
+        "opsctl_os_package": OS_PACKAGES[spec.server.flavor],
+        "opsctl_files_dir": files_dir, "ansible_python_interpreter": REMOTE_PYTHON,
+    }
+    if loaded.server_binary:
+        values["opsctl_server_binary"] = loaded.server_binary
+    return values
+
+
+class _UnsafeDumper(yaml.SafeDumper):
+    """Every string as `!unsafe`: Ansible templates inventory values, so a spec value such as
+    ssh_user: "{{ lookup('pipe', 'id') }}" would otherwise run on the controller. Nothing opsctl writes
+    into an inventory is meant to be templated."""
+
+
+def _unsafe_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("!unsafe", text)
+
+
+def _mapping(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.MappingNode:
+    """Keys (host, group and variable names) stay plain; values are tagged."""
+    pairs = [(dumper.represent_str(str(key)), dumper.represent_data(value)) for key, value in data.items()]
+    return yaml.MappingNode("tag:yaml.org,2002:map", pairs, flow_style=False)
+
+
+_UnsafeDumper.add_representer(str, _unsafe_text)
+_UnsafeDumper.add_representer(dict, _mapping)
+
+
+def inventory_yaml(inventory: dict[str, Any]) -> str:
+    """The inventory as Ansible reads it, with no value Ansible would template."""
+    return yaml.dump(inventory, Dumper=_UnsafeDumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True)
+
+
+def inventory_text(inventory: dict[str, Any], source: str) -> str:
+    header = f"# Ansible inventory generated by `opsctl inventory` from {source!r}. No secrets in here.\n"
+    return header + inventory_yaml(inventory)

@@ -1,0 +1,280 @@
+"""SSH to hosts with paramiko: connect (known hosts checked, optional bastion), run, put/read files, tunnels.
+
+Host keys are checked against a known_hosts file; an unknown host is refused unless the caller explicitly
+asks for trust-on-first-use (auto_add=True). A bastion is reached first and the host through a
+`direct-tcpip` channel on it. `Tunnel` forwards a local port to a Redis node's address:port as seen from
+the host, for admin traffic when the node's port is reachable only over SSH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import select
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from opsctl.base.errors import OpsctlError
+from opsctl.providers.remote.inventory import parse_bastion
+from opsctl.spec.model import Host, Spec
+
+# paramiko logs what it then raises (a refused tunnel channel, a dropped connection) at ERROR; with no handler
+# Python prints those lines bare on the operator's stderr. opsctl reports the errors itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+CONNECT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and how to log in. bastion: the jump host, reached first."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str = "root"
+    key: str | None = None
+    bastion: SshTarget | None = None
+
+    def describe(self) -> str:
+        via = f" via {self.bastion.describe()}" if self.bastion else ""
+        return f"{self.name} ({self.user}@{self.address}:{self.port}){via}"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    status: int
+    stdout: str
+    stderr: str
+
+
+# --- pure partners -----------------------------------------------------------------------------------------
+
+
+def target_for(spec: Spec, host: Host) -> SshTarget:
+    """The SSH target of a spec host. bastion names another host of the spec or is `[user@]address[:port]`."""
+    user = host.ssh_user or "root"
+    bastion = None
+    if host.bastion:
+        named = next((h for h in spec.hosts if h.name == host.bastion), None)
+        if named is not None:
+            bastion = target_for(spec, named)
+        else:
+            login, address, port = parse_bastion(host.bastion, user)
+            bastion = SshTarget(f"bastion {address}", address, port, login, host.ssh_key)
+    return SshTarget(host.name, host.address, host.ssh_port, user, host.ssh_key, bastion)
+
+
+def known_hosts_path(explicit: str | None = None) -> str:
+    """The known_hosts file: explicit, else $OPSCTL_SSH_KNOWN_HOSTS, else ~/.ssh/known_hosts."""
+    chosen = explicit or os.environ.get("OPSCTL_SSH_KNOWN_HOSTS") or DEFAULT_KNOWN_HOSTS
+    return os.path.expanduser(chosen)
+
+
+GONE = (OSError, EOFError, paramiko.SSHException)
+"""What paramiko or a socket raises when a host cannot be reached or the SSH connection drops: paramiko raises a
+bare EOFError for a request on a connection that has closed."""
+
+
+def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") -> OpsctlError:
+    hints = {
+        paramiko.BadHostKeyException: "the host key changed: verify the host, then update known_hosts",
+        paramiko.AuthenticationException: "check ssh_user and ssh_key for this host (is the key authorized?)",
+        paramiko.SSHException: "add the host key to known_hosts (ssh-keyscan, verified) or set "
+                               "OPSCTL_SSH_KNOWN_HOSTS to the right file",
+    }
+    hint = next((h for cls, h in hints.items() if isinstance(exc, cls)),
+                "is the host up and sshd listening on ssh_port? check address, bastion and firewalls")
+    detail = "the SSH connection closed" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
+    return OpsctlError(f"cannot {doing} host {target.describe()}", detail, hint)
+
+
+# --- I/O -----------------------------------------------------------------------------------------------------
+
+
+def connect(target: SshTarget, known_hosts: str, auto_add: bool = False,
+            timeout: float = CONNECT_TIMEOUT) -> paramiko.SSHClient:
+    """A logged-in client. Raises OpsctlError naming the host when it cannot connect or authenticate."""
+    sock: paramiko.Channel | None = None
+    jump: paramiko.SSHClient | None = None
+    if target.bastion is not None:
+        jump = connect(target.bastion, known_hosts, auto_add, timeout)
+        try:
+            transport = jump.get_transport()
+            assert transport is not None
+            sock = transport.open_channel("direct-tcpip", (target.address, target.port), ("127.0.0.1", 0),
+                                          timeout=timeout)
+        except GONE as exc:
+            jump.close()
+            raise ssh_error(target, exc, "reach (through the bastion)") from None
+    client = _client(known_hosts, auto_add)
+    try:
+        client.connect(target.address, target.port, username=target.user, key_filename=target.key,
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock,
+                       allow_agent=target.key is None, look_for_keys=target.key is None)
+    except GONE as exc:
+        client.close()
+        if jump:
+            jump.close()
+        raise ssh_error(target, exc) from None
+    if jump is not None:
+        client._opsctl_jump = jump  # type: ignore[attr-defined]  # keep the bastion alive with the client
+    return client
+
+
+def _client(known_hosts: str, auto_add: bool) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    if Path(known_hosts).is_file():
+        client.load_host_keys(known_hosts)
+    policy = paramiko.AutoAddPolicy() if auto_add else paramiko.RejectPolicy()
+    client.set_missing_host_key_policy(policy)
+    return client
+
+
+def close(client: paramiko.SSHClient) -> None:
+    client.close()
+    jump = getattr(client, "_opsctl_jump", None)
+    if isinstance(jump, paramiko.SSHClient):
+        jump.close()
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0) -> CommandResult:
+    """Run a command (never with a secret in it: the host's process list shows it)."""
+    _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+    out = stdout.read().decode("utf-8", "replace")
+    err = stderr.read().decode("utf-8", "replace")
+    return CommandResult(stdout.channel.recv_exit_status(), out, err)
+
+
+def put_file(client: paramiko.SSHClient, path: str, text: str, mode: int = 0o600) -> None:
+    """Create or replace path with mode from the first byte on (written beside it, then renamed)."""
+    with client.open_sftp() as sftp:
+        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+        with sftp.open(tmp, "w") as handle:
+            handle.chmod(mode)
+            handle.write(text.encode("utf-8"))
+        sftp.posix_rename(tmp, path)
+
+
+def read_bytes(sftp: paramiko.SFTPClient, path: str, limit: int | None = None) -> bytes | None:
+    """The file's bytes (the first `limit` of them when given); None when it does not exist."""
+    try:
+        with sftp.open(path, "rb") as handle:
+            return bytes(handle.read(limit))
+    except FileNotFoundError:
+        return None
+
+
+def read_file(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    data = read_bytes(sftp, path)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def readlink(sftp: paramiko.SFTPClient, path: str) -> str:
+    """Where a link points ("" when it is gone or not ours to read: /proc/<pid>/cwd of another user's process)."""
+    try:
+        return sftp.readlink(path) or ""
+    except OSError:
+        return ""
+
+
+def realpath(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    """path with every link resolved, as the host sees it; None when it does not exist."""
+    try:
+        return sftp.normalize(path)
+    except OSError:
+        return None
+
+
+def stream_file(client: paramiko.SSHClient, path: str, sink: Callable[[bytes], object],
+                window: int = 8 << 20, block: int = 32 << 10) -> int:
+    """Feed path's bytes to sink in order, `window` bytes in flight at a time (never the whole file in memory).
+    The size is taken at open: a file replaced by rename meanwhile is still read whole from the open handle."""
+    with client.open_sftp() as sftp, sftp.open(path, "rb") as handle:
+        size = handle.stat().st_size or 0
+        offset = 0
+        while offset < size:
+            end = min(size, offset + window)
+            for data in handle.readv([(o, min(block, end - o)) for o in range(offset, end, block)]):
+                sink(bytes(data))
+            offset = end
+    return size
+
+
+class Tunnel:
+    """Forward 127.0.0.1:<local_port> to remote_address:remote_port as the SSH host sees it."""
+
+    def __init__(self, client: paramiko.SSHClient, remote_address: str, remote_port: int) -> None:
+        transport = client.get_transport()
+        assert transport is not None
+        self.transport = transport
+        self.remote = (remote_address, remote_port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.local_port: int = self.server.getsockname()[1]
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name=f"tunnel-{remote_port}", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self.server.accept()
+            except OSError:
+                return
+            try:
+                channel = self.transport.open_channel("direct-tcpip", self.remote, peer)
+            except GONE:
+                conn.close()
+                continue
+            threading.Thread(target=pump, args=(conn, channel, self._closed), daemon=True).start()
+
+    @property
+    def active(self) -> bool:
+        """Still forwarding: not closed, and its SSH connection is up."""
+        return not self._closed.is_set() and self.transport.is_active()
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+        self._thread.join(timeout=2)
+
+    def __enter__(self) -> Tunnel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _copy(data: bytes, send: Callable[[bytes], object]) -> bool:
+    if data:
+        send(data)
+    return bool(data)
+
+
+def pump(conn: socket.socket, channel: paramiko.Channel, closed: threading.Event) -> None:
+    """Copy bytes both ways until either side closes. Runs in its own thread, so nothing may escape it: paramiko
+    raises EOFError (not OSError) for a channel whose SSH connection has gone."""
+    try:
+        while not closed.is_set():
+            readable, _, _ = select.select([conn.fileno(), channel.fileno()], [], [], 0.2)
+            if conn.fileno() in readable and not _copy(conn.recv(65536), channel.sendall):
+                return
+            if channel.fileno() in readable and not _copy(channel.recv(65536), conn.sendall):
+                return
+    except GONE:
+        return
+    finally:
+        with contextlib.suppress(*GONE):
+            channel.close()
+        conn.close()

@@ -1,0 +1,48 @@
+"""Read a plan saved with `opsctl plan --out FILE` back, checking every field before apply compares it."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from opsctl.plan.steps import STEP_TYPES, Plan, Step
+from opsctl.state.readback import Fields, load_json
+
+PLAN_HINT = "make it again with `opsctl plan -f SPEC --out FILE`"
+PLAN_LIMIT = 64 * 1024 * 1024
+
+
+def read_saved_plan(path: Path | str) -> Plan:
+    return parse_plan(load_json(path, PLAN_HINT, PLAN_LIMIT), path)
+
+
+def parse_plan(data: object, path: Path | str) -> Plan:
+    """Plan.to_dict's JSON back into a Plan, every field checked (path: where it came from, for errors)."""
+    plan = Fields(data, path, PLAN_HINT)
+    if plan.get("format", int) != 1:
+        raise plan.problem(f"format {plan.data['format']} is not 1: not a plan this opsctl wrote", "format")
+    return Plan(plan.get("spec", str), plan.get("spec_digest", str), plan.get("fingerprint", str),
+                tuple(_step(step) for step in plan.items("steps")), tuple(plan.strings("notes", [])),
+                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False))
+
+
+def _step(step: Fields) -> Step:
+    kind = step.get("kind", str)
+    cls = STEP_TYPES.get(kind)
+    if cls is None:
+        raise step.problem(f"unknown step kind (known: {', '.join(sorted(STEP_TYPES))})", "kind")
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else ...
+        expected = type(default) if default is not ... else str
+        value = step.get(f.name, list if expected is tuple else expected, default)
+        values[f.name] = _tuples(value) if isinstance(value, list) else value
+    extra = sorted(set(step.data) - {f.name for f in fields(cls)} - {"kind"})
+    if extra:
+        raise step.problem(f"unknown field {extra[0]!r} for a {kind} step")
+    return cls(**values)
+
+
+def _tuples(value: list[Any]) -> tuple[Any, ...]:
+    return tuple(_tuples(v) if isinstance(v, list) else v for v in value)

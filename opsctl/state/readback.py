@@ -1,0 +1,99 @@
+"""Checks for the JSON files opsctl reads back (node records, saved plans, failover reports).
+
+Each problem is a FileProblem: `error: <file>: what is wrong` and a hint saying how to fix it, never a
+Python exception from deep inside a reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TypeVar
+
+from opsctl.state.safefs import READ_LIMIT, FileProblem, read_bounded
+
+T = TypeVar("T")
+KIND_NAMES: dict[type, str] = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
+                               list: "a list", dict: "an object"}
+
+
+def kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(KIND_NAMES.get(k, k.__name__) for k in kinds)
+
+
+def found(value: object) -> str:
+    if value is None:
+        return "null"
+    return KIND_NAMES.get(type(value), type(value).__name__).removeprefix("a ").removeprefix("an ")
+
+
+def parse_json(text: str, path: Path | str, hint: str) -> Any:
+    if not text.strip():
+        raise FileProblem(path, "is empty (truncated?)", hint)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise FileProblem(path, f"is not valid JSON{where}: {getattr(exc, 'msg', exc)}", hint) from None
+    except RecursionError:
+        raise FileProblem(path, "is nested too deeply to be an opsctl file", hint) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool = True) -> Any:
+    """A JSON file's value; a missing file is a problem too (callers that allow it check first)."""
+    text = read_bounded(path, hint, limit, follow=follow)
+    if text is None:
+        raise FileProblem(path, "does not exist", hint)
+    return parse_json(text, path, hint)
+
+
+class Fields:
+    """Typed access to one JSON object of a file, each wrong shape a FileProblem naming the field."""
+
+    def __init__(self, data: object, path: Path | str, hint: str, where: str = "") -> None:
+        self.path = path
+        self.hint = hint
+        self.where = where
+        if not isinstance(data, dict):
+            raise self.problem(f"expected an object, found {found(data)}")
+        self.data: dict[str, Any] = data
+
+    def problem(self, what: str, key: str = "") -> FileProblem:
+        name = ".".join(p for p in (self.where, key) if p)
+        return FileProblem(self.path, f"{name}: {what}" if name else what, self.hint)
+
+    def get(self, key: str, kind: type[T] | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data or (self.data[key] is None and default is not ...):
+            if default is ...:
+                raise self.problem("is missing", key)
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.problem(f"expected {kind_name(kind)}, found {found(value)}", key)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kinds):
+            raise self.problem(f"expected {kind_name(kind)}, found {found(value)}", key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.problem("is not a finite number", key)
+        return value
+
+    def strings(self, key: str, default: Any = ...) -> list[str]:
+        values = self.get(key, list, default)
+        if any(not isinstance(v, str) for v in values):
+            raise self.problem("expected a list of strings", key)
+        return list(values)
+
+    def child(self, key: str, default: Any = ...) -> Fields:
+        return Fields(self.get(key, dict, default), self.path, self.hint, ".".join(p for p in (self.where, key) if p))
+
+    def items(self, key: str) -> list[Fields]:
+        return [Fields(v, self.path, self.hint, f"{self.where + '.' if self.where else ''}{key}[{i}]")
+                for i, v in enumerate(self.get(key, list))]

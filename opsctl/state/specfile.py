@@ -1,0 +1,97 @@
+"""The I/O edge of spec loading: read the file, resolve secrets from the environment and from files."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError
+from opsctl.base.secrets import remember
+from opsctl.spec.load import LoadedSpec, load_spec, loaded_spec, make_resolver
+from opsctl.spec.secretcheck import SecretResolver, SecretUnusable, check_secrets
+from opsctl.spec.text import MAX_SPEC_CHARS
+from opsctl.state import speccache
+from opsctl.state.safefs import FileProblem, read_bounded
+
+SPEC_LIMIT = MAX_SPEC_CHARS
+SECRET_FILE_LIMIT = 64 * 1024
+
+
+def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
+              cached: bool = True) -> LoadedSpec:
+    """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
+    cached: a spec validated before is read back from opsctl.state.speccache (its secrets checked again); False
+    validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
+    is stored for the next run where its folder has a .opsctl folder."""
+    return read_spec_to_keep(path, env, secrets, cached)[0]
+
+
+def read_spec_to_keep(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
+                      cached: bool = True) -> tuple[LoadedSpec, Callable[[], None]]:
+    """read_spec, and what keeps a spec validated in full beside it where no .opsctl folder was yet (making it):
+    plan and apply call it once their runtime is set up, so that a spec or a machine they refuse leaves nothing
+    behind, and `plan` then `apply` of a new topology validate once. A no-op where nothing is left to keep."""
+    spec_path = Path(path)
+    text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
+    if text is None:
+        raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f")
+
+    def read_file(name: str) -> str | None:
+        secret_path = Path(name) if Path(name).is_absolute() else spec_path.parent / name
+        return read_secret_file(secret_path)
+
+    resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
+    loaded, keep = _validated(text, spec_path, resolve, cached)
+    for secret in loaded.credentials.all():
+        remember(secret)
+    return loaded, keep
+
+
+def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
+               cached: bool) -> tuple[LoadedSpec, Callable[[], None]]:
+    """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass;
+    and what keeps it beside the spec when there was no cache folder to keep it in."""
+    entry = speccache.entry_path(spec_path) if resolve is not None else None
+    key = speccache.entry_key(text)
+    spec = speccache.read_entry(entry, key) if entry is not None and cached else None
+    if spec is not None and resolve is not None and not any(check_secrets(spec, resolve)):
+        return loaded_spec(str(spec_path), spec, resolve), _nothing
+    loaded = load_spec(text, str(spec_path), resolve)
+    if resolve is None:
+        return loaded, _nothing
+    if entry is not None:
+        speccache.write_entry(entry, key, loaded.spec)
+        return loaded, _nothing
+
+    def keep() -> None:
+        made = speccache.entry_path(spec_path, make_root=True)
+        if made is not None:
+            speccache.write_entry(made, key, loaded.spec)
+    return loaded, keep
+
+
+def _nothing() -> None:
+    return None
+
+
+def read_secret_file(path: Path) -> str | None:
+    """The secret in a file (trailing newline dropped); None when missing or empty. Like ssh with a private key,
+    a file that group or others may read or write is refused, and so is anything but a small regular file."""
+    fix = f"keep the secret alone in a regular file of at most {SECRET_FILE_LIMIT} bytes, mode 0600"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecretUnusable(f"cannot be read: {exc.strerror}", fix) from None
+    except ValueError:  # a NUL byte in the path (reported as a control character too)
+        raise SecretUnusable("is not a usable path (it holds a NUL byte)", fix) from None
+    if stat.S_ISREG(mode) and mode & 0o077:
+        raise SecretUnusable(f"is open to group or others (mode {stat.S_IMODE(mode):04o})", f"chmod 600 {path}")
+    try:
+        text = read_bounded(path, fix, limit=SECRET_FILE_LIMIT, follow=True)
+    except FileProblem as exc:
+        raise SecretUnusable(exc.summary.removeprefix(f"{path}: "), fix) from None
+    return (text or "").rstrip("\r\n") or None

@@ -1,0 +1,83 @@
+"""One opsctl run per topology: an exclusive flock on `<state_dir>/.lock`, released when the run ends or dies.
+
+flock belongs to the open file, so a crashed run never leaves a stale lock behind; the pid written into
+the file only serves the error message of the run that was refused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError
+from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, trusted_owners
+
+LOCK_NAME = ".lock"
+POLL_SECONDS = 0.01
+
+
+def parse_pid(text: str | None) -> int | None:
+    """The pid in a pidfile's or lock file's text, or None when it holds none."""
+    word = (text or "").strip()
+    return int(word) if word.isdigit() and int(word) > 0 else None
+
+
+def lock_refused(state_dir: Path, holder: int | None) -> OpsctlError:
+    who = f"pid {holder}" if holder else "pid unknown"
+    return OpsctlError(f"another opsctl run holds the lock on {state_dir} ({who})",
+                       f"lock file: {state_dir / LOCK_NAME}",
+                       "wait until that run finishes (or stop it); the lock goes away with its process")
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(fd: int) -> int | None:
+    try:
+        return parse_pid(os.pread(fd, 32, 0).decode("ascii", "replace"))
+    except OSError:
+        return None
+
+
+def _acquire(fd: int, state_dir: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _try_lock(fd):
+        if time.monotonic() >= deadline:
+            raise lock_refused(state_dir, _holder(fd))
+        time.sleep(POLL_SECONDS)
+
+
+def _open_lock(state_dir: Path) -> int:
+    """The lock file, opened inside the state dir's own fd and never through a link (root truncates it)."""
+    with open_dir(state_dir, trusted_owners()) as folder:
+        try:
+            return os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        except OSError as exc:
+            raise FileProblem(state_dir / LOCK_NAME, f"cannot be opened: {exc.strerror}", LINK_HINT) from None
+
+
+@contextmanager
+def state_lock(state_dir: Path, timeout: float = 0) -> Iterator[None]:
+    """Hold the topology's lock for the block; refuse (OpsctlError) when another run holds it past timeout."""
+    state_dir = Path(state_dir)
+    make_dir(state_dir, 0o700, trusted_owners(), enforce=False)  # the local provider may have opened it to 0711
+    fd = _open_lock(state_dir)
+    try:
+        _acquire(fd, state_dir, timeout)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
