@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.net.observer import wait_for
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, admin_for, cluster_check

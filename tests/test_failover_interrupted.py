@@ -18,9 +18,10 @@ import yaml
 from opsctl.apply.executor import execute
 from opsctl.apply.runtime import make_runtime
 from opsctl.base.events import Log
+from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.net.connector import Connector
-from opsctl.net.observer import wait_cluster_converged, wait_for
+from opsctl.net.observer import wait_cluster_converged
 from opsctl.plan.fence import FENCE
 from opsctl.plan.steps import Plan, Replicate
 from opsctl.spec.load import LoadedSpec

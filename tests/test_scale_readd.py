@@ -12,9 +12,9 @@ import pytest
 import redis
 import yaml
 
+from opsctl.base.poll import wait_for
 from opsctl.cli.main import main
 from opsctl.failover.actions import KILL_AT
-from opsctl.net.observer import wait_for
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check, free_base_port, loopback_hosts, server_binary

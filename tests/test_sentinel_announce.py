@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import redis
 
+from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.failover.announce import EpochWatch, Identity, announce, hello_message, names_promoted
 from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
-from opsctl.net.observer import wait_for
 from opsctl.observe.parse import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import sentinel_problem

@@ -17,10 +17,11 @@ from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, StepDone, StepFailed, StepStart
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import form_cluster, meet, myid, replicate, reset_stale_identity
 from opsctl.net.admin import Admin
 from opsctl.net.connector import AuthRefused
-from opsctl.net.observer import Observer, Pending, observe, wait_cluster_converged, wait_for
+from opsctl.net.observer import Observer, observe, wait_cluster_converged
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.resp import RespError
 from opsctl.net.topolock import check_held

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opsctl.apply.gather import FleetView
 from opsctl.apply.runtime import Runtime
-from opsctl.net.observer import wait_for
+from opsctl.base.poll import wait_for
 from opsctl.plan.health import node_problem, replication_problem, sentinel_problem
 from opsctl.spec.layout import Node, sentinel_master_name
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.checks import Target
 from opsctl.net.admin import Admin
-from opsctl.net.observer import Pending, wait_for
 from opsctl.plan.fence import spec_values
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import sentinel_master_name

@@ -21,8 +21,8 @@ import redis
 
 from opsctl.base.endpoints import canonical_address, endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
-from opsctl.net.observer import Pending, wait_for
 from opsctl.observe.parse import parse_pairs, parse_role
 from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.spec.layout import Node, sentinel_master_name

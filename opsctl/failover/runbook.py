@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from opsctl.base.digest import digest
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
     Check,
@@ -36,7 +37,6 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
-from opsctl.net.observer import Pending, wait_for
 from opsctl.net.topolock import check_held
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.load import LoadedSpec

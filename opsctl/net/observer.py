@@ -8,13 +8,11 @@ only look (plan, status) start without importing it.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from opsctl.base.errors import ConvergenceError
-from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
@@ -252,35 +250,6 @@ def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = Fal
     """Every node in parallel, one round trip each. Never raises for a node that does not answer."""
     with Observer(connector, nodes, timeout) as observer:
         return observer.observe(with_config)
-
-
-@frozen
-class Pending(Frozen):
-    """A check's "not yet", with the reason shown if waiting times out."""
-
-    reason: str
-
-
-def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str, interval: float = 0.005,
-             last_reason: Callable[[], str] | None = None) -> T:
-    """Poll check() every `interval` s until it returns a result (anything but None or Pending).
-
-    The ConvergenceError on timeout names `what` and the last reason: a returned Pending's, else last_reason().
-    """
-    deadline = time.monotonic() + timeout
-    reason = ""
-    while True:
-        result = check()
-        if isinstance(result, Pending):
-            reason = result.reason
-        elif result is not None:
-            return result
-        elif last_reason is not None:
-            reason = last_reason()
-        if time.monotonic() >= deadline:
-            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", reason or "no reason given",
-                                   "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
-        time.sleep(interval)
 
 
 def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opsctl.base.errors import ConvergenceError, OpsctlError
-from opsctl.net.observer import Pending, wait_for
+from opsctl.base.poll import Pending, wait_for
 from opsctl.observe.parse import parse_pairs, server_of
 from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
 from opsctl.slots.journal import Journal

@@ -11,8 +11,9 @@ from typing import Any
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.net.observer import NodeObservation, Pending, observe, wait_for
+from opsctl.net.observer import NodeObservation, observe
 from opsctl.observe.cluster_state import node_groups
 from opsctl.plan.slotmath.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
 from opsctl.plan.slotmath.ranges import expand, text

@@ -10,18 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.net.observer import (
-    Command,
-    Link,
-    NodeObservation,
-    Observer,
-    Pending,
-    observed_problems,
-    to_facts,
-    wait_converged,
-    wait_for,
-)
+from opsctl.net.observer import Command, Link, NodeObservation, Observer, observed_problems, to_facts, wait_converged
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import RespError, encode, encode_keyed
 from opsctl.observe.cluster_state import slot_map
