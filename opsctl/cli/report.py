@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsctl.base.connerr import is_auth_failure
 from opsctl.base.endpoints import same_endpoint
@@ -47,7 +47,7 @@ class NodeStatus(Frozen):
     slots: int
     shard: int | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int | None]:
         return dict(self.__dict__)
 
     @property

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
@@ -14,7 +14,9 @@ from opsctl.cli.argtypes import ranged
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from opsctl.backup.save import Fetch
     from opsctl.cli.output import Printer
+    from opsctl.spec.load import LoadedSpec
 
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 
@@ -28,7 +30,7 @@ def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
 
 
 @contextmanager
-def fetcher(loaded: Any, state_dir: Path) -> Iterator[Callable[..., None]]:
+def fetcher(loaded: LoadedSpec, state_dir: Path) -> Iterator[Fetch]:
     """How RDB files come here: a file copy (local provider) or SFTP over the provider's SSH connection."""
     from opsctl.backup.save import local_fetch
 

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import RATE, SLOTS, ranged
 
+if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client or slot module
+    from pathlib import Path
 
-def _cluster_spec(path: str) -> Any:
+    from opsctl.base.events import Emit
+    from opsctl.net.connector import Connector
+    from opsctl.slots.run import MoveOptions
+    from opsctl.slots.session import Outcome
+    from opsctl.spec.load import LoadedSpec
+
+SlotOperation = Callable[["Connector", "Path", "Emit", "MoveOptions"], "Outcome"]
+
+
+def _cluster_spec(path: str) -> LoadedSpec:
     from opsctl.state.specfile import read_spec
 
     loaded = read_spec(path)
@@ -35,7 +47,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.healthy else EXIT_ERROR
 
 
-def _slot_op(args: argparse.Namespace, operation: Any, resume: bool = True) -> int:
+def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
     what a killed run left, print."""
     from opsctl.apply.connect import open_connector

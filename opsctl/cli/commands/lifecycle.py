@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
+    from opsctl.apply.runtime import Runtime
+    from opsctl.base.events import Emit
+    from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
 
 
-def _load(args: argparse.Namespace, cache_beside: bool = False) -> Any:
+def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
     from opsctl.apply.runtime import make_runtime
     from opsctl.state.specfile import read_spec_to_keep
 
@@ -29,7 +32,7 @@ def _load(args: argparse.Namespace, cache_beside: bool = False) -> Any:
 
 
 @contextmanager
-def _runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Any]:
+def _runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Runtime]:
     """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
     included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
     then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
@@ -94,7 +97,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
         raise RefusedError("cancelled, nothing changed")
 
 
-def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
+def run_plan(rt: Runtime, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options. Returns the number of
     steps that ran."""
     import json
@@ -108,13 +111,22 @@ def run_plan(rt: Any, plan: Plan, args: argparse.Namespace, question: str, done:
         return 0
     _confirm(args, question)
     with printing(args.output == "json") as emit:
-        if rt.loaded.spec.provider == "ansible":
-            rt.provider.on_event = emit  # each playbook task on the same progress line
+        _follow_playbooks(rt, emit)
         began = time.monotonic()
         timings = execute(rt, plan, emit, allow_downtime=args.allow_downtime, parallel_shards=args.parallel_shards,
                           wait_timeout=args.wait_timeout)
     print(f"{done} in {time.monotonic() - began:.2f}s.", file=sys.stderr)  # wall time: steps run side by side
     return len(timings)
+
+
+def _follow_playbooks(rt: Runtime, emit: Emit) -> None:
+    """An Ansible provider's playbook tasks print through emit, on the steps' progress line."""
+    if rt.loaded.spec.provider != "ansible":
+        return  # its module is loaded for the specs that use it only
+    from opsctl.providers.ansible import AnsibleProvider
+
+    if isinstance(rt.provider, AnsibleProvider):
+        rt.provider.on_event = emit
 
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
@@ -145,7 +157,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _apply_plans(rt: Any, args: argparse.Namespace, saved: Plan | None) -> int:
+def _apply_plans(rt: Runtime, args: argparse.Namespace, saved: Plan | None) -> int:
     """Plan and run; again while a plan started down nodes first (replan) or a node it saw running stopped.
     Returns the steps that ran, or -1 when a saved plan's rest needs a review (printed)."""
     from dataclasses import replace
@@ -184,7 +196,7 @@ def _apply_plans(rt: Any, args: argparse.Namespace, saved: Plan | None) -> int:
     return ran
 
 
-def _stopped_since(rt: Any, facts: dict[str, Any]) -> list[str]:
+def _stopped_since(rt: Runtime, facts: Mapping[str, NodeFacts]) -> list[str]:
     """The spec's nodes that ran when the last plan was made and run no more (no plan leaves one stopped)."""
     from opsctl.net.fanout import fan_out
 
@@ -211,7 +223,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK if healthy else EXIT_ERROR
 
 
-def _print_status(rt: Any, output: str) -> bool:
+def _print_status(rt: Runtime, output: str) -> bool:
     import json
 
     from opsctl.apply.gather import gather_facts
@@ -238,7 +250,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _destroy(rt: Any, args: argparse.Namespace) -> None:
+def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
