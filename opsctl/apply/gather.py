@@ -11,7 +11,8 @@ from opsctl.apply.runtime import Runtime
 from opsctl.base.connerr import is_auth_failure, is_tls_failure
 from opsctl.base.errors import OpsctlError
 from opsctl.net.fanout import fan_out
-from opsctl.net.observer import NodeObservation, Observer, observe, to_facts
+from opsctl.net.observer import Observer, observe, to_facts
+from opsctl.observe.observation import NodeObservation
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
 from opsctl.spec.layout import Node, Shard
@@ -104,12 +105,9 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
 
 def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
            seen: NodeObservation | None, credentials: Credentials) -> NodeFacts:
-    if seen is None:
-        return NodeFacts(node.name, running, detail, record)
-    return NodeFacts(node.name, running, detail, record, seen.reachable, seen.error, seen.info, seen.role,
-                     tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None,
-                     None if node.is_sentinel or seen.config is None else without_secrets(seen.config, credentials),
-                     seen.fence)
+    config = None if seen is None or node.is_sentinel or seen.config is None else without_secrets(seen.config,
+                                                                                                    credentials)
+    return NodeFacts.from_observation(node.name, seen, running, detail, record, config)
 
 
 def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:

@@ -8,7 +8,7 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, to_facts
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.slotmath.scale import retired_nodes
+from opsctl.plan.slotmath.scale import cluster_members
 from opsctl.spec.layout import sentinel_master_name
 
 
@@ -23,10 +23,10 @@ class Session:
         self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
         if self.loaded.spec.topology == "cluster":
             views = [o.cluster_nodes for o in self.observer.observe().values() if o.cluster_nodes]
-            retired = retired_nodes(self.loaded, views)
-            if retired:
+            members = cluster_members(self.loaded, views)
+            if len(members) > len(self.loaded.layout.nodes):
                 self.observer.close()
-                self.observer = Observer(connector, [*self.loaded.layout.nodes, *retired], timeout=1.0)
+                self.observer = Observer(connector, members, timeout=1.0)
 
     def facts(self) -> dict[str, NodeFacts]:
         return to_facts(self.observer.observe())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opsctl.base.poll import Pending, wait_for
@@ -19,9 +18,10 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.net.resp import RespError, TextReply, encode, text
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo, parse_cluster_nodes, parse_info, parse_pairs, parse_role
+from opsctl.observe.observation import NodeObservation
+from opsctl.observe.parse import parse_cluster_nodes, parse_info, parse_pairs, parse_role
 from opsctl.plan.fence import TO_WRITE
-from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
@@ -31,30 +31,11 @@ T = TypeVar("T")
 Command = tuple[Any, ...]
 
 
-@dataclass
-class NodeObservation:
-    """What one node said. info holds INFO merged with CLUSTER INFO (cluster_state, ...) for cluster nodes."""
-
-    node: Node
-    reachable: bool
-    error: str = ""
-    info: dict[str, str] = field(default_factory=dict)
-    role: RoleInfo | None = None
-    cluster_nodes: list[ClusterNodeLine] | None = None
-    config: dict[str, str] | None = None
-    fence: dict[str, str] | None = None  # CONFIG GET min-replicas-to-write, read where config is not
-    sentinel_masters: list[dict[str, str]] | None = None
-    sentinel_replicas: list[dict[str, str]] | None = None
-    sentinel_sentinels: list[dict[str, str]] | None = None
-
-
 def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts]:
     """Observations as the pure deciders take them (plan.masters), for a run that looks without a provider."""
     from opsctl.plan.facts import NodeFacts  # the planner's types: the slot commands' start does without them
 
-    return {name: NodeFacts(name, o.reachable, "", {}, o.reachable, o.error, o.info, o.role,
-                            tuple(o.cluster_nodes) if o.cluster_nodes is not None else None, fence=o.fence)
-            for name, o in observations.items()}
+    return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
 def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:
@@ -100,9 +81,7 @@ FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsc
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
     info: Command = ("INFO", info_section) if info_section else ("INFO",)
     if node.is_sentinel:
-        name = sentinel_master_name(loaded.spec)
-        return [info, ("ROLE",), ("SENTINEL", "MASTERS"), ("SENTINEL", "REPLICAS", name),
-                ("SENTINEL", "SENTINELS", name)]
+        return [info, ("ROLE",)]
     cmds: list[Command] = [info, ("ROLE",)]
     if loaded.spec.topology == "cluster":
         cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
@@ -131,12 +110,6 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any])
             obs.fence = parse_pairs(reply)
         elif key == "CONFIG GET":
             obs.config = parse_pairs(reply)
-        elif key == "SENTINEL MASTERS":
-            obs.sentinel_masters = [parse_pairs(m) for m in reply]
-        elif key == "SENTINEL REPLICAS":
-            obs.sentinel_replicas = [parse_pairs(m) for m in reply]
-        elif key == "SENTINEL SENTINELS":
-            obs.sentinel_sentinels = [parse_pairs(m) for m in reply]
     obs.error = "; ".join(errors)
 
 

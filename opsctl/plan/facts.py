@@ -8,6 +8,7 @@ from typing import Any
 
 from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
 from opsctl.plan import fence as fencing
 
@@ -29,6 +30,20 @@ class NodeFacts(Frozen):
     acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
     accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
+
+    @classmethod
+    def from_observation(cls, name: str, seen: NodeObservation | None, running: bool | None = None,
+                         detail: str = "", record: Mapping[str, Any] | None = None,
+                         config: Mapping[str, str] | None = None) -> NodeFacts:
+        """The one converter from a look to facts. running: what the provider said of the process (a look
+        without a provider takes an answer for a running process); config: the live config as the caller may
+        show it (secrets already turned into verdicts), None where the look did not read it."""
+        record = record if record is not None else {}
+        if seen is None:
+            return cls(name, bool(running), detail, record)
+        views = tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None
+        return cls(name, seen.reachable if running is None else running, detail, record, seen.reachable,
+                   seen.error, seen.info, seen.role, views, config, seen.fence)
 
     @property
     def recorded_digest(self) -> str | None:

@@ -11,8 +11,8 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.net.observer import NodeObservation
 from opsctl.observe.cluster_state import slot_map
+from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import ClusterNodeLine, server_of
 from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges

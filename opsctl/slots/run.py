@@ -13,8 +13,9 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.net.observer import NodeObservation, observe
+from opsctl.net.observer import observe
 from opsctl.observe.cluster_state import node_groups
+from opsctl.observe.observation import NodeObservation
 from opsctl.plan.slotmath.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
 from opsctl.plan.slotmath.ranges import expand, text
 from opsctl.plan.slotmath.scale import find_node, shard_members

@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.net.observer import Command, Link, NodeObservation, Observer, observed_problems, to_facts, wait_converged
+from opsctl.net.observer import Command, Link, Observer, observed_problems, to_facts, wait_converged
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import RespError, encode, encode_keyed
 from opsctl.observe.cluster_state import slot_map
+from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.plan.slotmath.ranges import expand
-from opsctl.plan.slotmath.scale import find_node, retired_nodes, shard_members
+from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.spec.layout import Node
@@ -279,15 +280,15 @@ class Outcome:
 
 
 def open_session(connector: Connector) -> Session:
-    """A session over the spec's servers plus the nodes a larger spec had that the cluster still knows (looked
-    at once; a second time only when there are such nodes)."""
+    """A session over the cluster as it is (plan.slotmath.scale.cluster_members): looked at once, and once more
+    only when it knows retired nodes."""
     servers = connector.loaded.layout.servers
     session = Session(connector, servers)
-    retired = retired_nodes(connector.loaded, list(session.views().values()))
-    if not retired:
+    members = cluster_members(connector.loaded, list(session.views().values()))
+    if len(members) == len(servers):
         return session
     session.close()
-    return Session(connector, [*servers, *retired])
+    return Session(connector, members)
 
 
 def wait_stable(session: Session, timeout: float = CONVERGE_TIMEOUT) -> None:

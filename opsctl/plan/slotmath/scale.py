@@ -37,6 +37,12 @@ def retired_nodes(loaded: LoadedSpec, views: Iterable[Iterable[ClusterNodeLine]]
     return [n for n in wider_layout(loaded).servers if n.endpoint in seen]
 
 
+def cluster_members(loaded: LoadedSpec, views: Iterable[Iterable[ClusterNodeLine]]) -> list[Node]:
+    """The cluster as it is: the spec's servers, then the retired nodes it still knows (a scale-in not drained
+    yet). Every run that judges or moves the cluster looks at these; a retired node votes and must agree too."""
+    return [*loaded.layout.servers, *retired_nodes(loaded, views)]
+
+
 def shard_members(loaded: LoadedSpec, name: str) -> tuple[str, ...]:
     """The names of the nodes of name's shard (itself only when it has none): a move follows the shard."""
     shard = loaded.layout.shard_of(name) or wider_layout(loaded).shard_of(name)  # the wider one only if needed
