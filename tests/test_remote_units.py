@@ -13,7 +13,7 @@ import yaml
 
 from opsctl.base.events import PlaybookTask
 from opsctl.cli.main import main
-from opsctl.providers.ansible import parse_control, parse_facts, proc_state
+from opsctl.providers.ansible import parse_control, proc_state
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.inventory import build_inventory, parse_bastion, remote_paths
 from opsctl.providers.remote.runner import child_env, failure_error, summarize, task_event
@@ -105,7 +105,6 @@ def test_parsers():
     assert parse_bastion("jump@10.0.0.1:2222", "root") == ("jump", "10.0.0.1", 2222)
     assert parse_bastion("[::1]:23", "u") == ("u", "::1", 23)
     assert parse_bastion("bastion.example", "u") == ("u", "bastion.example", 22)
-    assert parse_facts("kernel=Linux 6\ncpus=2\n") == {"kernel": "Linux 6", "cpus": "2"}
     assert proc_state(b"4242 (valkey-server 1.2.3.4:7000) S 1 4242") == "S"  # the name may hold spaces and ")"
     assert proc_state(b"4242 (a) b) Z 1") == "Z" and proc_state(b"") == ""
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    pass
 
 MASK = "***"
 
@@ -42,14 +40,6 @@ class Secret:
         raise TypeError("a Secret cannot be pickled")
 
 
-EnvLookup = Mapping[str, str]
-FileReader = Callable[["Path"], str]
-
-
-def environment() -> EnvLookup:
-    return os.environ
-
-
 _KNOWN: list[Secret] = []
 
 
@@ -57,10 +47,6 @@ def remember(secret: Secret) -> None:
     """Register a resolved secret so the CLI's output filter masks it wherever it would appear."""
     if secret.reveal() and secret not in _KNOWN:
         _KNOWN.append(secret)
-
-
-def known_secrets() -> list[Secret]:
-    return list(_KNOWN)
 
 
 class MaskingStream:

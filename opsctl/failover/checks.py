@@ -460,14 +460,6 @@ def failed(checks: Sequence[Check]) -> list[Check]:
     return [c for c in checks if not c.passed]
 
 
-def new_master_of(loaded: LoadedSpec, facts: Facts, shard: int) -> str | None:
-    """The master of the shard now, or None while the shard has none or two."""
-    try:
-        return shard_master(loaded.layout, loaded.layout.shards[shard - 1], facts)
-    except RefusedError:
-        return None
-
-
 def probe_key(slots: Sequence[tuple[int, int]], key_slot: Callable[[bytes], int]) -> str:
     """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write.
     key_slot: the cluster's key hash (redis.crc.key_slot; passed in, the core imports no client library)."""

@@ -235,13 +235,6 @@ def is_config_directive(directive: str) -> bool:
     return name not in NOT_CONFIG and not name.startswith("sentinel ")
 
 
-def live_settable(directive: str, flavor: str | None = None) -> bool:
-    """Whether CONFIG SET can change the directive on a running node (hardened: protected configs blocked)."""
-    name = directive.strip().lower()
-    immutable = IMMUTABLE_BY_FLAVOR.get(flavor, IMMUTABLE) if flavor else IMMUTABLE
-    return is_config_directive(name) and name not in immutable and name not in PROTECTED
-
-
 _ENUMS = frozenset({"maxmemory-policy", "appendfsync", "loglevel", "supervised", "repl-diskless-load",
                     "sanitize-dump-payload", "propagation-error-behavior", "shutdown-on-sigterm",
                     "shutdown-on-sigint", "enable-protected-configs", "enable-debug-command",

@@ -362,12 +362,6 @@ class AnsibleProvider:
                     raise ssh.ssh_error(self._target(node), exc, "open an admin tunnel to") from None
         return "127.0.0.1", tunnel.local_port
 
-    def host_facts(self, node: Node) -> dict[str, str]:
-        """A few facts about the node's host (kernel, cpus, memory, init system), over SSH."""
-        command = ("echo kernel=$(uname -sr); echo cpus=$(nproc); "
-                   "echo mem_kb=$(awk '/MemTotal/{print $2}' /proc/meminfo); "
-                   "if [ -d /run/systemd/system ]; then echo init=systemd; else echo init=other; fi")
-        return parse_facts(self._run(node, command).stdout)
 
 
 def remote_process(sftp: paramiko.SFTPClient, pid: int) -> ProcFacts | None:
@@ -403,7 +397,3 @@ def purge_command(root: str, node_dir: str, node: str, unit: str) -> str:
         f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {q(root)}; fi",
         "true",
     ])
-
-
-def parse_facts(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)

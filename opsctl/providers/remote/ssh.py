@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import posixpath
 import select
 import socket
 import threading
@@ -153,16 +152,6 @@ def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0) -> Comm
     out = stdout.read().decode("utf-8", "replace")
     err = stderr.read().decode("utf-8", "replace")
     return CommandResult(stdout.channel.recv_exit_status(), out, err)
-
-
-def put_file(client: paramiko.SSHClient, path: str, text: str, mode: int = 0o600) -> None:
-    """Create or replace path with mode from the first byte on (written beside it, then renamed)."""
-    with client.open_sftp() as sftp:
-        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
-        with sftp.open(tmp, "w") as handle:
-            handle.chmod(mode)
-            handle.write(text.encode("utf-8"))
-        sftp.posix_rename(tmp, path)
 
 
 def read_bytes(sftp: paramiko.SFTPClient, path: str, limit: int | None = None) -> bytes | None:
