@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
+from opsctl.cli.options import add_spec_file
 
 # Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
 # every object the run made (0.2-0.4 s of CPU after a cluster apply on a busy machine; the kernel frees it).
@@ -77,10 +78,6 @@ def _schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _add_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-
-
 class Formatter(argparse.HelpFormatter):
     """argparse's formatter with the terminal's width asked once per run: argparse makes a formatter for every
     option it adds (to check its metavar), and each asked the terminal again."""
@@ -118,13 +115,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a spec and show the derived nodes")
-    _add_file(p)
+    add_spec_file(p)
     p.add_argument("--no-secrets", action="store_true",
                    help="check everything but the secrets (for CI jobs that do not hold them)")
     p.set_defaults(handler=_validate)
 
     p = sub.add_parser("render", help="render hardened config files for every node")
-    _add_file(p)
+    add_spec_file(p)
     p.add_argument("-o", "--output", required=True, help="directory to write into ('-' prints, masked)")
     p.add_argument("--show-secrets", action="store_true", help="print real secrets instead of ***")
     p.set_defaults(handler=_render)

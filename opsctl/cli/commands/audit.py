@@ -12,9 +12,9 @@ from typing import TextIO
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.base.tty import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_options
 from opsctl.cli.ttyline import TtyLine
 
-STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
 
@@ -98,11 +98,10 @@ def _audit(args: argparse.Namespace) -> int:
 
 def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("audit", help="check running nodes against the hardened baseline and the key standard")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    add_spec_options(p, STATE_DIR_TUNNELS_HELP)
     p.add_argument("checks", nargs="*", type=_check_name, metavar="CHECK",
                    help=f"one or more of {', '.join(CHECK_CHOICES)} (default: all)")
-    p.add_argument("--output", choices=("table", "json", "html"), default="table")
+    add_output(p, ("table", "json", "html"))
     scan = p.add_mutually_exclusive_group()
     scan.add_argument("--replicas-only", dest="allow_masters", action="store_false", default=False,
                       help="scan keys on replicas only (default)")
@@ -153,8 +152,7 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("bigkey", help="big-key operations")
     actions = p.add_subparsers(dest="bigkey_action", required=True, metavar="ACTION")
     d = actions.add_parser("delete", help="delete a big key without blocking the server")
-    d.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    d.add_argument("--state-dir", help=STATE_DIR_HELP)
+    add_spec_options(d, STATE_DIR_TUNNELS_HELP)
     d.add_argument("key", metavar="KEY")
     d.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     d.add_argument("--chunked", action="store_true", help="rename and delete in chunks even when lazyfree is on")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
     from opsctl.backup.save import Fetch
     from opsctl.cli.output import Printer
     from opsctl.spec.load import LoadedSpec
-
-STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
-
 
 def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     """Events of backup and restore: JSON lines on stdout with --output json (the command's result is the
@@ -99,10 +97,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="opsctl backup -f SPEC --to DIR   |   opsctl backup verify DIR")
     p.add_argument("action", nargs="?", choices=("verify",), help="verify: check a backup directory")
     p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
-    p.add_argument("-f", "--file", help="topology spec (YAML)")
+    add_spec_file(p, required=False)  # not with `backup verify DIR`
     p.add_argument("--to", help="directory that receives <name>-<UTC timestamp>/")
-    p.add_argument("--state-dir", help=STATE_DIR_HELP)
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_state_dir(p, STATE_DIR_TUNNELS_HELP)
+    add_output(p)
     p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,
                    help="seconds a replica may take to reach its master's offset before saving (default 60)")
     p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import RATE, SLOTS, ranged
+from opsctl.cli.options import add_output, add_spec_file, add_spec_options, add_state_dir
 
 if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client or slot module
     from pathlib import Path
@@ -112,9 +113,8 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
 
 def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--state-dir", help="where local state and the slot journal live")
-    p.add_argument("--output", choices=("text", "json"), default="text", help="json: JSON events on stderr")
+    add_spec_options(p, "where local state and the slot journal live")
+    add_output(p, about="json: JSON events on stderr")
     p.add_argument("--max-keys-per-sec", type=RATE, default=None, help="throttle key-by-key moves")
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
     if dry_run:
@@ -125,10 +125,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("cluster", help="inspect a cluster's live state and move its slots")
     commands = group.add_subparsers(dest="cluster_command", required=True, metavar="SUBCOMMAND")
     p = commands.add_parser("check", help="slot coverage, open slots, agreement (exit 1 on problems)")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_spec_file(p)
+    add_output(p)
     p.add_argument("--timeout", type=ranged(float, 0.1, 600.0), default=2.0, help="seconds to wait for each node")
-    p.add_argument("--state-dir", help="where local state lives (generated TLS certificates too)")
+    add_state_dir(p, "where local state lives (generated TLS certificates too)")
     p.set_defaults(handler=cmd_check)
 
     p = commands.add_parser("reshard", help="move N slots from one master to another")

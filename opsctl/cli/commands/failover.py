@@ -8,6 +8,7 @@ from contextlib import nullcontext
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
+from opsctl.cli.options import add_output, add_spec_options
 
 
 def _confirm(args: argparse.Namespace) -> None:
@@ -54,8 +55,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("failover", help="promote a replica, with pre-checks, polling, post-checks and a report")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
+    add_spec_options(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--shard", type=ranged(int, 1, 16384), help="fail over this shard (1..N) to its best replica")
     which.add_argument("--master", help="fail over the shard whose master is this node (name or address:port)")
@@ -76,5 +76,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=SECONDS, default=10.0, help="seconds each phase may take")
     p.add_argument("--no-failover-command", action="store_true",
                    help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_output(p)
     p.set_defaults(handler=cmd_failover)

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK
+from opsctl.cli.options import add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -50,14 +51,13 @@ def _inventory(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
+    add_spec_file(p)
     p.add_argument("-o", "--output", default="inventories", help="directory to write into (default: inventories)")
     p.add_argument("--with-files", action="store_true",
                    help="also write the installers deploy.yml runs, one per host with its node files (0600, real "
                         "secrets), beside the inventory")
     p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
                                          "or ~/.ssh/known_hosts)")
-    p.add_argument("--state-dir", help="where generated TLS certificates live (default: .opsctl/<name> next to "
-                                       "the spec)")
+    add_state_dir(p, "where generated TLS certificates live (default: .opsctl/<name> next to the spec)")
     p.set_defaults(handler=_inventory)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
+from opsctl.cli.options import add_spec_options
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from opsctl.apply.runtime import Runtime
@@ -268,31 +269,24 @@ def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
             print(f"stopped {node.name}{' and purged its data' if args.purge else ''}")
 
 
-def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
-    parser.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    parser.add_argument("--state-dir", help="where local state lives (default: .opsctl/<name> next to the spec)")
-    if output:
-        parser.add_argument("--output", choices=("text", "json"), default="text")
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="show what apply would change (exit 0 none, 2 changes, 1 error)")
-    _common(p)
+    add_spec_options(p, output=True)
     p.add_argument("--out", help="save the plan as JSON for apply --plan")
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("apply", help="make the running topology match the spec")
-    _common(p)
+    add_spec_options(p, output=True)
     p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
     rollout_options(p, "allow restarting a master in place (one without a replica to fail over to)")
     p.set_defaults(handler=cmd_apply)
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
-    _common(p)
+    add_spec_options(p, output=True)
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
-    _common(p, output=False)
+    add_spec_options(p)
     p.add_argument("--auto-approve", action="store_true")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
     p.set_defaults(handler=cmd_destroy)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
-from opsctl.cli.commands.lifecycle import _common, _print_status, _runtime, rollout_options, run_plan
+from opsctl.cli.commands.lifecycle import _print_status, _runtime, rollout_options, run_plan
+from opsctl.cli.options import add_spec_options
 
 
 def node_names(text: str) -> frozenset[str]:
@@ -36,7 +37,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("restart", help="rolling restart: replicas first, masters after a graceful failover")
-    _common(p)
+    add_spec_options(p, output=True)
     p.add_argument("--nodes", type=node_names, help="comma-separated node names (default: every node)")
     rollout_options(p, "allow restarting a master that has no replica")
     p.set_defaults(handler=cmd_restart)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.commands.backup import STATE_DIR_HELP, event_printer
+from opsctl.cli.commands.backup import event_printer
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from opsctl.base.events import RestoreDone
@@ -84,7 +85,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("restore", help="copy a backup or a running topology into the topology SPEC describes")
-    p.add_argument("-f", "--file", required=True, help="the target's topology spec (YAML)")
+    add_spec_file(p, about="the target's topology spec (YAML)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from", dest="from_dir", metavar="DIR", help="a backup directory (holds manifest.json)")
     source.add_argument("--from-live", metavar="SOURCE_SPEC", help="the spec of a running topology to copy from")
@@ -95,6 +96,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="after the copy compare a sample of keys (default) or every key with the source")
     p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,
                    help="keys per source compared with --verify sample (default 1000)")
-    p.add_argument("--state-dir", help=STATE_DIR_HELP)
-    p.add_argument("--output", choices=("text", "json"), default="text")
+    add_state_dir(p, STATE_DIR_TUNNELS_HELP)
+    add_output(p)
     p.set_defaults(handler=cmd_restore)

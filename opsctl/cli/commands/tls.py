@@ -6,8 +6,7 @@ import argparse
 import sys
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-
-STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
+from opsctl.cli.options import add_spec_options
 
 
 def _ca(args: argparse.Namespace) -> int:
@@ -45,12 +44,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("tls", help="TLS certificates: the CA to trust, live rotation")
     actions = group.add_subparsers(dest="tls_action", required=True, metavar="ACTION")
     p = actions.add_parser("ca", help="print the CA certificate(s) clients must trust (PEM)")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    add_spec_options(p)
     p.set_defaults(handler=_ca)
     p = actions.add_parser("rotate", help="new certificate files on every node, reloaded live (same pids)")
-    p.add_argument("-f", "--file", required=True, help="topology spec (YAML)")
-    p.add_argument("--state-dir", help=STATE_DIR_HELP)
+    add_spec_options(p)
     step = p.add_mutually_exclusive_group()
     step.add_argument("--new-ca", action="store_true",
                       help="generated CA: make a new CA and trust it next to the old one (step 1 of 3)")

@@ -1,0 +1,36 @@
+"""The options many commands share, each declared here once: the spec file, the state dir and the output format.
+
+Only argparse is imported: every run builds its parser from these, `--help` and `--version` included."""
+
+from __future__ import annotations
+
+import argparse
+
+SPEC_HELP = "topology spec (YAML)"
+STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
+STATE_DIR_TUNNELS_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
+OUTPUTS = ("text", "json")
+
+
+def add_spec_file(parser: argparse.ArgumentParser, required: bool = True, about: str = SPEC_HELP) -> None:
+    """-f/--file: the topology spec a command works on (required but for commands with another form)."""
+    parser.add_argument("-f", "--file", required=required, help=about)
+
+
+def add_state_dir(parser: argparse.ArgumentParser, about: str = STATE_DIR_HELP) -> None:
+    """--state-dir: where local state lives; about says what this command keeps there."""
+    parser.add_argument("--state-dir", help=about)
+
+
+def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None) -> None:
+    """--output: how the result prints, the first choice by default."""
+    parser.add_argument("--output", choices=choices, default=choices[0], help=about)
+
+
+def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
+                     output: bool = False) -> None:
+    """-f/--file and --state-dir, in this order, and --output text|json after them when output."""
+    add_spec_file(parser)
+    add_state_dir(parser, state_dir_help)
+    if output:
+        add_output(parser)
