@@ -3,13 +3,14 @@ plan made from them."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from opsctl.apply.runtime import Runtime
 from opsctl.base.connerr import is_auth_failure, is_tls_failure
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import ConvergenceError, OpsctlError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Observer, observe, to_facts
 from opsctl.observe.observation import NodeObservation
@@ -165,12 +166,15 @@ def settled_facts(rt: Runtime, with_config: bool = True, timeout: float = SETTLE
         return facts
     print(f"waiting up to {timeout:g}s for " + "; ".join(f"{name}, which {why}" for name, why in waiting.items()),
           file=sys.stderr)
-    deadline = time.monotonic() + timeout
-    with FleetView(rt) as view:
-        while waiting and time.monotonic() < deadline:
-            time.sleep(0.05)
-            waiting = {f.name: why for f in view.facts().values() if (why := in_between(f))}
+    # still in between at the timeout: planned as it is
+    with FleetView(rt) as view, contextlib.suppress(ConvergenceError):
+        wait_for(lambda: _settled(view), timeout, "nodes between states to settle", 0.05)
     return gather_facts(rt, with_config)
+
+
+def _settled(view: FleetView) -> bool | Pending:
+    waiting = [f"{f.name}, which {why}" for f in view.facts().values() if (why := in_between(f))]
+    return Pending("; ".join(waiting)) if waiting else True
 
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
@@ -200,7 +204,7 @@ def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:
     from dataclasses import replace
 
     from opsctl.plan.ports import ephemeral_port_warning
-    from opsctl.providers.local import ephemeral_port_range
+    from opsctl.providers.proc import ephemeral_port_range
 
     ports = ephemeral_port_range()
     warning = ephemeral_port_warning(loaded, *ports) if ports else None

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import datetime
 import ssl
-import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -20,6 +19,7 @@ import redis
 from opsctl.apply.connect import make_connector
 from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
@@ -116,16 +116,17 @@ def _presented(connector: Connector, node: Node) -> str:
 def _restart_sentinel(rt: Runtime, connector: Connector, node: Node, timeout: float = 30.0) -> str:
     rt.provider.stop(node)
     rt.provider.start(node)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answers() -> bool | Pending:
         try:
             with connector.admin(node, timeout=2.0) as admin:
                 admin.client.ping()
-            break
         except (redis.RedisError, OSError) as exc:
-            if time.monotonic() > deadline:
-                raise OpsctlError(f"{node.name} does not answer after its restart", str(exc)) from None
-            time.sleep(0.05)
+            return Pending(str(exc))
+        return True
+
+    wait_for(answers, timeout, f"{node.name} to answer", 0.05,
+             on_timeout=lambda reason: OpsctlError(f"{node.name} does not answer after its restart", reason))
     return f"{node.name}: restarted (Sentinel cannot reload TLS files), presents {_presented(connector, node)}"
 
 

@@ -36,6 +36,7 @@ from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardSaved
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
@@ -98,45 +99,53 @@ def _slots(loaded: LoadedSpec, admin: Admin) -> tuple[tuple[int, int], ...]:
 
 
 def _wait_caught_up(admin: Admin, target: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        offset = int(_info(admin, "replication").get("master_repl_offset", "0"))
-        if offset >= target:
-            return offset
-        if time.monotonic() > deadline:
-            raise OpsctlError(f"replica {admin.name} did not catch up with its master in {timeout:.0f}s",
-                              f"offset {offset}, master at {target}", "look at `opsctl status -f SPEC` (lag)")
-        time.sleep(POLL)
+    def offset() -> int | Pending:
+        at = int(_info(admin, "replication").get("master_repl_offset", "0"))
+        return at if at >= target else Pending(f"offset {at}, master at {target}")
+
+    return wait_for(offset, timeout, f"{admin.name} to catch up", POLL, on_timeout=lambda reason: OpsctlError(
+        f"replica {admin.name} did not catch up with its master in {timeout:.0f}s", reason,
+        "look at `opsctl status -f SPEC` (lag)"))
 
 
 def _bgsave(admin: Admin, timeout: float) -> None:
     """Start our own BGSAVE (one already running began before us: wait for it, then start ours) and wait
-    until it finished; its status must be ok."""
-    deadline = time.monotonic() + timeout
-    while True:
-        # Counted afresh before each try, with no save running: a save that began earlier (before the replica
-        # caught up) and ends while we wait must not pass for ours.
-        persistence = _info(admin, "persistence")
-        before = int(persistence.get("rdb_saves", "0"))
-        try:
-            if persistence.get("rdb_bgsave_in_progress") == "1":
-                raise redis.ResponseError("Background save already in progress")
-            admin.call("BGSAVE", "SCHEDULE")
-            break
-        except redis.ResponseError as exc:
-            if "in progress" not in str(exc) or time.monotonic() > deadline:
-                raise OpsctlError(f"BGSAVE failed on {admin.name}", str(exc), "see the node's log") from None
-            time.sleep(POLL)
-    while True:
-        info = _info(admin, "persistence")
-        if info.get("rdb_bgsave_in_progress") == "0" and int(info.get("rdb_saves", "0")) > before:
-            if info.get("rdb_last_bgsave_status") != "ok":
-                raise OpsctlError(f"BGSAVE on {admin.name} failed (rdb_last_bgsave_status:"
-                                  f"{info.get('rdb_last_bgsave_status')})", hint="see the node's log: disk full?")
-            return
-        if time.monotonic() > deadline:
-            raise OpsctlError(f"BGSAVE on {admin.name} did not finish in {timeout:.0f}s", hint="see the node's log")
-        time.sleep(POLL)
+    until it finished, both within timeout; its status must be ok."""
+    started = time.monotonic()
+    before = wait_for(lambda: _start_bgsave(admin), timeout, f"BGSAVE on {admin.name} to start", POLL,
+                      on_timeout=lambda reason: OpsctlError(f"BGSAVE failed on {admin.name}", reason,
+                                                            "see the node's log"))
+    wait_for(lambda: _saved(admin, before), timeout - (time.monotonic() - started),
+             f"BGSAVE on {admin.name} to finish", POLL, on_timeout=lambda _: OpsctlError(
+                 f"BGSAVE on {admin.name} did not finish in {timeout:.0f}s", hint="see the node's log"))
+
+
+def _start_bgsave(admin: Admin) -> int | Pending:
+    """The node's rdb_saves before the BGSAVE this started; Pending while another save runs."""
+    # Counted afresh before each try, with no save running: a save that began earlier (before the replica
+    # caught up) and ends while we wait must not pass for ours.
+    persistence = _info(admin, "persistence")
+    before = int(persistence.get("rdb_saves", "0"))
+    if persistence.get("rdb_bgsave_in_progress") == "1":
+        return Pending("Background save already in progress")
+    try:
+        admin.call("BGSAVE", "SCHEDULE")
+    except redis.ResponseError as exc:
+        if "in progress" not in str(exc):
+            raise OpsctlError(f"BGSAVE failed on {admin.name}", str(exc), "see the node's log") from None
+        return Pending(str(exc))
+    return before
+
+
+def _saved(admin: Admin, before: int) -> bool | None:
+    """True once a save after `before` ended with status ok (OpsctlError when it failed); None while it runs."""
+    info = _info(admin, "persistence")
+    if info.get("rdb_bgsave_in_progress") != "0" or int(info.get("rdb_saves", "0")) <= before:
+        return None
+    if info.get("rdb_last_bgsave_status") != "ok":
+        raise OpsctlError(f"BGSAVE on {admin.name} failed (rdb_last_bgsave_status:"
+                          f"{info.get('rdb_last_bgsave_status')})", hint="see the node's log: disk full?")
+    return True
 
 
 def _free_folder(to: Path, name: str) -> tuple[Path, Path]:

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import redis
 
 from opsctl.backup.plan import Server, parse_keyspace
 from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import wait_for
 from opsctl.net.connector import unix_client
 from opsctl.observe.parse import parse_info
 from opsctl.providers.binaries import ServerBinary, candidates, probe
@@ -116,22 +116,18 @@ def _command(binary: ServerBinary, folder: Path, databases: int) -> list[str]:
 
 
 def _wait_loaded(scratch: Scratch, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def loaded() -> bool | None:
         if scratch.process.poll() is not None:
             raise OpsctlError(f"{what} did not load into a scratch {scratch.binary.flavor} "
                               f"{scratch.binary.version_text} server", _log_tail(scratch.folder),
                               "the file is damaged or in a format this server cannot read: use another backup")
         try:
-            if scratch.client.ping():
-                return
-        except redis.BusyLoadingError:
-            pass
-        except (redis.ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise OpsctlError(f"{what} still loading after {timeout:.0f}s", _log_tail(scratch.folder))
-        time.sleep(0.01)
+            return True if scratch.client.ping() else None
+        except (redis.BusyLoadingError, redis.ConnectionError, OSError):
+            return None
+
+    wait_for(loaded, timeout, f"{what} to load", 0.01,
+             on_timeout=lambda _: OpsctlError(f"{what} still loading after {timeout:.0f}s", _log_tail(scratch.folder)))
 
 
 def _log_tail(folder: Path) -> str:

@@ -23,11 +23,14 @@ class Pending(Frozen):
     reason: str
 
 
-def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str, interval: float = 0.005,
-             last_reason: Callable[[], str] | None = None) -> T:
-    """Poll check() every `interval` s until it returns a result (anything but None or Pending).
+def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str,
+             interval: float | Callable[[], float] = 0.005, last_reason: Callable[[], str] | None = None,
+             on_timeout: Callable[[str], BaseException] | None = None) -> T:
+    """Poll check() until it returns a result (anything but None or Pending), pausing `interval` s between looks
+    (or interval(), for a pause that grows: a backoff).
 
-    The ConvergenceError on timeout names `what` and the last reason: a returned Pending's, else last_reason().
+    On timeout the error names `what` and the last reason: a returned Pending's, else last_reason(). A wait whose
+    callers know its error by class or words builds it instead: on_timeout(last reason) is raised.
     """
     deadline = time.monotonic() + timeout
     reason = ""
@@ -40,6 +43,8 @@ def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str,
         elif last_reason is not None:
             reason = last_reason()
         if time.monotonic() >= deadline:
+            if on_timeout is not None:
+                raise on_timeout(reason)
             raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", reason or "no reason given",
                                    "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
-        time.sleep(interval)
+        time.sleep(interval() if callable(interval) else interval)

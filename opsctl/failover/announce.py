@@ -24,7 +24,6 @@ failover's end, once INFO shows the other replicas re-pointed (about a second la
 from __future__ import annotations
 
 import contextlib
-import time
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,8 @@ import redis
 from redis.client import PubSub
 
 from opsctl.base.endpoints import canonical_address
+from opsctl.base.errors import ConvergenceError
+from opsctl.base.poll import wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.observer import raw_pipeline
 from opsctl.observe.parse import parse_pairs
@@ -64,21 +65,29 @@ class EpochWatch:
         self.pubsub: PubSub = admin.client.pubsub()
         self.pubsub.subscribe("+new-epoch")
         self.epochs: list[int] = []
-        deadline = time.monotonic() + EPOCH_WAIT
-        while time.monotonic() < deadline:  # the subscription is live once its confirmation arrived
-            message = self.pubsub.get_message(timeout=0.05)
-            if message and message["type"] == "subscribe":
-                return
-        raise redis.TimeoutError("no subscription confirmation for +new-epoch")
+        # the subscription is live once its confirmation arrived
+        wait_for(lambda: True if self._read(0.01) == "subscribe" else None, EPOCH_WAIT,
+                 "the +new-epoch subscription", 0,
+                 on_timeout=lambda _: redis.TimeoutError("no subscription confirmation for +new-epoch"))
+
+    def _read(self, timeout: float) -> str | None:
+        """The type of the next message, read within timeout s (an epoch is collected); None when none came."""
+        message = self.pubsub.get_message(timeout=timeout)
+        if message is None:
+            return None
+        if message["type"] == "message" and str(message["data"]).isdigit():
+            self.epochs.append(int(message["data"]))
+        return str(message["type"])
 
     def drain(self, wait: float = 0.0) -> None:
         """Collect the epochs published so far, waiting up to `wait` s for the first one."""
-        deadline = time.monotonic() + wait
-        while (message := self.pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))) is not None \
-                or time.monotonic() < deadline:
-            if message and message["type"] == "message" and str(message["data"]).isdigit():
-                self.epochs.append(int(message["data"]))
-                deadline = 0.0
+        before = len(self.epochs)
+        if wait > 0:
+            with contextlib.suppress(ConvergenceError):  # none in time: epoch() says so
+                wait_for(lambda: True if self._read(0.01) and len(self.epochs) > before else None, wait,
+                         "the leader's +new-epoch", 0)
+        while self._read(0.0) is not None:
+            pass
 
     def epoch(self) -> int | None:
         """The failover's epoch, once SENTINEL FAILOVER was accepted; None when there is none or more than one."""

@@ -7,6 +7,7 @@ the MIGRATE batches, then the drain, SETSLOT NODE on the target, the source, and
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Command
 from opsctl.net.rawpipe import PIPE_ERRORS
@@ -334,30 +336,38 @@ class KeyMover:
         While one is down and nobody replaced it, wait (doubling pauses, bounded by a few node timeouts);
         EndpointReplaced when the cluster promoted another node of its shard."""
         patience = 3 * self.node_timeout_ms / 1000 + 5
-        deadline = time.monotonic() + patience
-        attempt = 0
-        ends = {"source": self.source, "target": self.target}
-        while True:
-            src_view, tgt_view = self.session.parallel(self.probe, [self.source, self.target])
-            states = {"source": verdict(self.source.node.endpoint, src_view, tgt_view, self._shard(self.source)),
-                      "target": verdict(self.target.node.endpoint, tgt_view, src_view, self._shard(self.target))}
-            for role, state in states.items():
-                if state == REPLACED:
-                    raise EndpointReplaced(role, ends[role].name)
-            if all(state == OK for state in states.values()):
-                return
-            role = next(r for r, state in states.items() if state == DOWN)
-            peer = ends[role]
-            if time.monotonic() >= deadline:
-                raise OpsctlError(f"the {role} {peer.name} ({peer.node.endpoint}) stopped answering in the middle "
-                                  "of a slot move", f"for {patience:.0f}s, and the cluster did not fail it over; "
-                                  "the open slots are journaled",
-                                  "once it answers again (or its replica is promoted), run `opsctl cluster fix "
-                                  "-f SPEC`: it finishes the move")
-            attempt += 1
-            if attempt == 1:
+        failed = itertools.count(1)
+        pauses = (backoff(attempt, 0.05, 1.0) for attempt in itertools.count(1))
+
+        def up() -> bool | Pending:
+            role = self._down_end()
+            if role is None:
+                return True
+            peer = self.source if role == "source" else self.target
+            if next(failed) == 1:
                 self.emit(EndpointDown(role, peer.name))
-            time.sleep(backoff(attempt, 0.05, 1.0))
+            return Pending(f"the {role} {peer.name} ({peer.node.endpoint})")
+
+        wait_for(up, patience, "both ends of the move to answer", lambda: next(pauses),
+                 on_timeout=lambda down: OpsctlError(
+                     f"{down} stopped answering in the middle of a slot move",
+                     f"for {patience:.0f}s, and the cluster did not fail it over; the open slots are journaled",
+                     "once it answers again (or its replica is promoted), run `opsctl cluster fix -f SPEC`: it "
+                     "finishes the move"))
+
+    def _down_end(self) -> str | None:
+        """The end ("source" or "target") that does not answer, None when both answer as their shards' masters;
+        EndpointReplaced when the cluster promoted another node of an end's shard."""
+        src_view, tgt_view = self.session.parallel(self.probe, [self.source, self.target])
+        ends = {"source": self.source, "target": self.target}
+        states = {"source": verdict(self.source.node.endpoint, src_view, tgt_view, self._shard(self.source)),
+                  "target": verdict(self.target.node.endpoint, tgt_view, src_view, self._shard(self.target))}
+        for role, state in states.items():
+            if state == REPLACED:
+                raise EndpointReplaced(role, ends[role].name)
+        if all(state == OK for state in states.values()):
+            return None
+        return next(r for r, state in states.items() if state == DOWN)
 
     def _shard(self, peer: Peer) -> set[str]:
         """The endpoints of peer's shard, without the move's other end (a merge moves within one shard)."""

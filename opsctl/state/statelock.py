@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import wait_for
 from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, trusted_owners
 
 LOCK_NAME = ".lock"
@@ -49,11 +49,8 @@ def _holder(fd: int) -> int | None:
 
 
 def _acquire(fd: int, state_dir: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not _try_lock(fd):
-        if time.monotonic() >= deadline:
-            raise lock_refused(state_dir, _holder(fd))
-        time.sleep(POLL_SECONDS)
+    wait_for(lambda: True if _try_lock(fd) else None, timeout, f"the lock on {state_dir}", POLL_SECONDS,
+             on_timeout=lambda _: lock_refused(state_dir, _holder(fd)))
 
 
 def _open_lock(state_dir: Path) -> int:
