@@ -186,12 +186,10 @@ def _slot_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: Names)
 
 
 def node_groups(views: Mapping[str, Sequence[ClusterNodeLine]]) -> list[list[str]]:
-    """The nodes, by name, in groups that know nothing of each other: two nodes are in one group when a chain of
-    views links them. A link: one node's view shows the other's id, or a handshake with the other's endpoint (a
-    CLUSTER MEET under way: the line has a made-up id until the other answers). One group: one cluster, even while
-    gossip still spreads; several: nodes that no MEET joined (a creation killed before its meets), which no slot
-    can move between and which never converge. A node known only by an id it no longer has (its nodes.conf lost)
-    is apart."""
+    """The nodes, by name, in groups that know nothing of each other: two nodes share a group when a chain of views
+    links them (a view shows the other's id, or a handshake with its endpoint: a MEET under way).
+    One group is one cluster; several never converge, and no slot can move between them. A node known only by an id
+    it no longer has is apart."""
     ids = {me.id: name for name, view in views.items() if (me := myself(view)) is not None}
     endpoints = {me.endpoint: name for name, view in views.items() if (me := myself(view)) is not None}
     groups: list[set[str]] = []

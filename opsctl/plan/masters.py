@@ -13,11 +13,10 @@ Facts = Mapping[str, NodeFacts]
 
 
 def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:
-    """The shard's master now: the one answer for every step and check that points at it. Roles move (a
-    failover, an operator's REPLICAOF NO ONE) and that is fine; when the facts cannot tell, it refuses.
+    """The shard's master now: the one answer for every step and check pointing at it; refused when facts cannot tell.
     In order: the master that serves (replicas, slots), the one holding keys, the declared one if it runs as a
-    master, the one promoted from a replica, the declared one. A master fenced by an interrupted failover is not
-    it while another master exists."""
+    master, the one promoted from a replica, the declared one. A master fenced by an interrupted failover is not it
+    while another master exists."""
     masters = live_masters(shard, facts)
     masters = [m for m in masters if not facts[m].fenced] or masters
     if not masters:
@@ -71,11 +70,10 @@ RENAMED = ("REPLICAOF may run under another name (in password mode opsctl derive
 
 
 def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Facts) -> None:
-    """master takes over from the declared one, and nothing follows it yet: every other node would be emptied by a
-    full sync from it. Refused while a running member holds data it lacks, or while it holds no keys and no
-    running member shows it took the shard's data before its promotion (one promoted before its first sync is
-    empty, while the declared master, down, may have the data on its disk). Once a replica names it (an operator
-    pointed one at it) it serves, and is not asked."""
+    """Refuse `master` taking over from the declared one while nothing follows it and it may lack data: every other node
+    would be emptied by a full sync from it.
+    Refused while a running member holds data it lacks, or while it holds no keys and no running member shows it
+    synced before its promotion. Once a replica names it, it serves and is not asked."""
     f = facts[master]
     others = [m for m in shard.members if m != master and facts[m].reachable]
     unwritable = _fenced_histories(shard, facts)
@@ -117,10 +115,9 @@ def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Fact
 
 
 def _fenced_histories(shard: Shard, facts: Facts) -> set[str]:
-    """Replication ids of fenced masters' streams, which their offsets do not judge. The failover that fenced one
-    promoted a replica once that had caught up, and the fence refuses writes since: what such a master (and its
-    replicas) got past the promotion is heartbeats and expiries (28 bytes 20 s later), no data the promoted one
-    lacks. Keys judge them instead: a replica promoted by hand before it had caught up holds fewer."""
+    """Replication ids of fenced masters' streams, which offsets do not judge (keys judge them instead).
+    A fenced master refused writes since the promotion its failover made, so what it and its replicas got past that
+    point is heartbeats and expiries, no data the promoted one lacks."""
     return {h[0] for m in shard.members if (f := facts[m]).fenced and f.role is not None
             and f.role.kind == "master" and (h := f.history) is not None}
 
@@ -224,10 +221,9 @@ def start_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:
 
 
 def follow_target(layout: Layout, shard: Shard, node: str, facts: Facts) -> str | None:
-    """Whom a running node is pointed at when its step runs: the shard's master in that look (shard_master), not
-    the one the plan named (the plan's own failover may have moved it since). None: node is that master itself.
-    Refused when the look has no master to follow: two serving (shard_master), or the one decided on does not
-    answer as a master (down, or a replica: pointed at it, node would chain behind it or loop with it)."""
+    """Whom a running node is pointed at when its step runs: the shard's master in that look (shard_master), not the one
+    the plan named, which the plan's own failover may have moved. None: node is that master itself.
+    Refused when the look has no master to follow: two serving, or the one decided on does not answer as a master."""
     master = shard_master(layout, shard, facts)
     if master == node:
         return None

@@ -1,11 +1,8 @@
-"""Password rotation, planned first: every node accepts the spec's password (and, during the overlap, the
-previous one) before anything starts to use the new one (masterauth, Sentinel auth-pass). Pure.
+"""Password rotation, planned first: every node accepts the spec's password (and, during the overlap, the previous one)
+before anything uses the new one (masterauth, Sentinel auth-pass). Pure.
 
-The overlap: with auth.previous_password (or users[].previous_password) set, nodes accept both passwords;
-removing it in a later apply drops the old one. ACL mode keeps both hashes in users.acl (ACL LOAD); password
-mode sets requirepass and adds the previous password to the default user in one MULTI (a restart during the
-overlap ends it for that node); sentinels take both through ACL SETUSER and the new sentinel-pass.
-"""
+The overlap lasts while auth.previous_password (or users[].previous_password) is set; a later apply without it drops
+the old password. How ACL mode, password mode and sentinels keep both: docs/rotation.md."""
 
 from __future__ import annotations
 

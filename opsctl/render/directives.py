@@ -161,14 +161,10 @@ def replicas_per_shard(spec: Spec) -> int:
 
 
 def replication(spec: Spec) -> list[Directive]:
-    """Diskless sync. A master forks for a delayed sync only in its once-a-second replication cron (up to 1 s
-    late even when repl-diskless-sync-max-replicas are all there), a sync without delay at once. With one replica
-    per master there is no company to wait for: no delay. With more, a replica coming back from a restart (no
-    cached primary after an AOF load, so a full sync) waits 1 s for company (not the default 5 s), so they share
-    one fork, and sync as soon as every expected replica is connected. A replica saves its sync to disk before
-    loading it (a diskless load leaves it without the data on disk for a while); said explicitly, because a new
-    cluster's replicas load from the socket while it forms (opsctl.cluster.ops), and drift detection must see it
-    if that run died before setting it back."""
+    """Replication: diskless sync, and replicas that save a sync to disk before loading it.
+    repl-diskless-sync-delay is 0 with one replica per master (no company to wait for), else 1, so replicas restarted
+    together share one fork; repl-diskless-load is said explicitly because a new cluster's replicas load from the
+    socket while it forms, and drift must see a run that died before setting it back."""
     per_shard = replicas_per_shard(spec)
     return [("repl-backlog-size", "64mb"), ("repl-diskless-sync", "yes"),
             ("repl-diskless-sync-delay", "1" if per_shard > 1 else "0"),

@@ -1,10 +1,8 @@
-"""Values as the servers' file parsers read them: redis.conf, sentinel.conf and users.acl are split into lines at
-every newline, then each line into arguments by sdssplitargs (quotes, backslash escapes).
+"""Values as the servers' file parsers read them: redis.conf, sentinel.conf and users.acl are split into lines at every
+newline, then each line into arguments by sdssplitargs (quotes, backslash escapes).
 
-Every value a template prints passes through `checked` (the Jinja finalize hook), so a control character
-can never end a line and start another directive, whichever field it came from; `word` and `quoted` make one
-argument of any text.
-"""
+Every value a template prints passes `checked` (the Jinja finalize hook), so no control character can end a line and
+start another directive; `word` and `quoted` make one argument of any text."""
 
 from __future__ import annotations
 

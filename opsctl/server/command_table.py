@@ -1,9 +1,8 @@
 """Which command names and ACL categories a server flavor and version knows (beside opsctl/server/versions.py).
 
-The table (opsctl/server/command_names.py) is generated from COMMAND LIST and ACL CAT of the servers opsctl is tested
-with, and a test keeps it equal to them. For a supported version without its own table, a name is known when any
-table has it: validate then still catches typos and made-up names, never refuses a real command.
-"""
+The table (command_names.py) is generated from COMMAND LIST and ACL CAT of the servers opsctl is tested with, and a
+test keeps it equal to them. A supported version without its own table knows a name any table has: validate still
+catches typos, never refuses a real command."""
 
 from __future__ import annotations
 

@@ -16,12 +16,9 @@ from opsctl.spec.layout import Layout, Shard
 
 
 def unserved_slots(views: Iterable[Sequence[ClusterNodeLine]]) -> set[int]:
-    """Slots that no view shows a master serving (a master's own view shows its slots, also while it fails): a
-    creation killed before every master got its share leaves them. No view at all says nothing.
-    Every view counts, not the most common one: nodes that have not met agree on nothing (each master's view shows
-    its own slots only, and the most common view, shared by the nodes without slots, shows none served), and a
-    stale view that misses an owner must not make its slots look free. A slot one view still shows served is
-    left alone: never given to a second master while a node routes it to a first."""
+    """Slots that no view shows a master serving (a master's view shows its own slots, even failing); no views: none.
+    Every view counts, not the most common one: a slot any view still shows served is left alone, never given to a
+    second master while a node routes it to a first."""
     seen = [view for view in views if view]
     ranges = sorted({r for view in seen for line in view if line.is_master for r in line.slots})
     return set(expand(uncovered(tuple((start, end, "") for start, end in ranges)))) if seen else set()
@@ -85,12 +82,11 @@ def by_share(layout: Layout, slots: Iterable[int]) -> list[tuple[Shard, Ranges]]
 
 
 def cover_owners(layout: Layout, masters: Sequence[str | None], owned: Mapping[str, int]) -> Owners:
-    """Who `cluster fix` gives the slots no master serves (those without keys to follow): as apply's assign-slots,
-    the master of the shard whose share holds them. masters: each shard's master now, in shard order, None where
-    none answers (or apply cannot tell which it is); owned: their slot counts. A share without a master goes,
-    each contiguous range whole, to the shard master with the fewest slots counting those given (the first
-    shard's on a tie). Never another node: a replica that never ran CLUSTER REPLICATE is a master without slots,
-    and so is a node drained for a scale-in."""
+    """Who `cluster fix` gives the slots no master serves (those without keys to follow), as apply's assign-slots: the
+    master of the shard whose share holds them.
+    masters: each shard's master now, in shard order (None: none answers or apply cannot tell); owned: their slot
+    counts. A masterless share goes, range by range, to the shard master with the fewest slots, counting those given
+    (the first on a tie)."""
     master_of = {shard.index: master for shard, master in zip(layout.shards, masters, strict=True)}
     serving = [m for m in masters if m is not None]
 
