@@ -1,13 +1,14 @@
-"""The one printer: events to stderr as text (a redrawn line on a terminal) or JSON lines."""
+"""The one printer: a command's result on stdout (text, or JSON in a versioned envelope) and its events on stderr
+as text (a redrawn line on a terminal) or JSON lines."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from opsctl.base.events import REDRAWN, Event, SlotsDone, as_dict
 from opsctl.base.tty import CLEAR_LINE
@@ -64,3 +65,27 @@ def printing(json_mode: bool, stream: TextIO | None = None) -> Iterator[Printer]
     finally:
         printer.close()
 
+
+
+# The version of every JSON result's shape: raised when a key a reader may rely on changes meaning or goes away
+# (a new key does not raise it).
+FORMAT_VERSION = 1
+
+
+class Result(Protocol):
+    """What a command prints on stdout when it is done: text for people, an object for --output json."""
+
+    def text(self) -> str: ...
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
+def envelope(result: Mapping[str, object]) -> dict[str, object]:
+    """The JSON object a command prints: the result's own keys at the top level, unchanged, and format_version
+    first, so a script can tell which shape it reads."""
+    return {"format_version": FORMAT_VERSION, **result}
+
+
+def print_result(result: Result, output: str) -> None:
+    """A result on stdout: its envelope as indented JSON when output is "json", else its text."""
+    print(json.dumps(envelope(result.to_dict()), indent=2) if output == "json" else result.text())

@@ -34,17 +34,17 @@ def _cluster_spec(path: str) -> LoadedSpec:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    import json
-
     from opsctl.apply.connect import open_connector
-    from opsctl.cluster.check import report_text, summarize
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import ClusterCheckResult
+    from opsctl.cluster.check import summarize
     from opsctl.net.observer import observe
     from opsctl.state.statedir import state_dir_for
 
     loaded = _cluster_spec(args.file)
     with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
         report = summarize(observe(connector, loaded.layout.servers, timeout=args.timeout))
-    print(json.dumps(report.to_dict(), indent=2) if args.output == "json" else report_text(report))
+    print_result(ClusterCheckResult(report), args.output)
     return EXIT_OK if report.healthy else EXIT_ERROR
 
 
@@ -52,9 +52,9 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
     what a killed run left, print."""
     from opsctl.apply.connect import open_connector
-    from opsctl.cli.output import Printer
+    from opsctl.cli.output import Printer, print_result
+    from opsctl.cli.results import SlotsResult
     from opsctl.net.topolock import topology_lock
-    from opsctl.slots.cli import outcome_json, outcome_text
     from opsctl.slots.fix import close_open
     from opsctl.slots.run import MoveOptions, one_cluster
     from opsctl.state.statedir import state_dir_for
@@ -71,7 +71,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)
         outcome = operation(connector, state_dir, emit, options)
-    print(outcome_json(outcome) if args.output == "json" else outcome_text(outcome))
+    print_result(SlotsResult(outcome), args.output)
     return EXIT_OK
 
 

@@ -24,7 +24,8 @@ def _confirm(args: argparse.Namespace) -> None:
 
 def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
-    from opsctl.failover.report import report_text
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import FailoverResult
     from opsctl.failover.runbook import Options, run_failover
     from opsctl.net.topolock import topology_lock
     from opsctl.state.safefs import check_writable_target
@@ -49,7 +50,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
             nullcontext() if args.dry_run else topology_lock(connector):
         report = run_failover(connector, state_dir, opts, say)
-    print(report.json() if json_mode else report_text(report).splitlines()[-1])
+    print_result(FailoverResult(report), args.output)
     return EXIT_OK
 
 

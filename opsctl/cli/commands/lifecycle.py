@@ -16,6 +16,7 @@ from opsctl.cli.options import add_spec_options
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from opsctl.apply.runtime import Runtime
     from opsctl.base.events import Emit
+    from opsctl.cli.results import StatusResult
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
 
@@ -59,7 +60,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from opsctl.apply.gather import compute_plan
-    from opsctl.cli.report import plan_text
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import PlanResult
     from opsctl.state.safefs import check_writable_target, write_private
 
     if args.out:
@@ -70,7 +72,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         write_private(Path(args.out), json.dumps(plan.to_dict(), indent=2) + "\n")
-    print(json.dumps(plan.to_dict(), indent=2) if args.output == "json" else plan_text(plan))
+    print_result(PlanResult(plan), args.output)
     return EXIT_OK if plan.empty else EXIT_CHANGES
 
 
@@ -101,13 +103,11 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 def run_plan(rt: Runtime, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options. Returns the number of
     steps that ran."""
-    import json
-
     from opsctl.apply.executor import execute
-    from opsctl.cli.output import printing
-    from opsctl.cli.report import plan_text
+    from opsctl.cli.output import print_result, printing
+    from opsctl.cli.results import PlanResult
 
-    print(plan_text(plan) if args.output == "text" else json.dumps(plan.to_dict(), indent=2))
+    print_result(PlanResult(plan), args.output)
     if plan.empty:
         return 0
     _confirm(args, question)
@@ -225,24 +225,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(rt: Runtime, output: str) -> bool:
-    import json
+    """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy."""
+    from opsctl.cli.output import print_result
 
+    status = _status(rt)
+    print_result(status, output)
+    if output == "text" and status.hint is not None:
+        print(f"  hint: {status.hint}", file=sys.stderr)
+    return status.healthy
+
+
+def _status(rt: Runtime) -> StatusResult:
     from opsctl.apply.gather import gather_facts
-    from opsctl.cli.report import node_status, status_table
+    from opsctl.cli.report import node_status
+    from opsctl.cli.results import StatusResult
     from opsctl.plan.status import health_hint, health_line
 
     facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
-    rows = node_status(rt.loaded.layout, facts)
     healthy, line = health_line(rt.loaded, facts)
-    if output == "json":
-        print(json.dumps({"spec": rt.loaded.spec.name, "topology": rt.loaded.spec.topology, "healthy": healthy,
-                          "health": line, "nodes": [r.as_dict() for r in rows]}, indent=2))
-    else:
-        print(status_table(rows))
-        print(line)
-        if not healthy:
-            print(f"  hint: {health_hint(facts)}", file=sys.stderr)
-    return healthy
+    return StatusResult(rt.loaded.spec.name, rt.loaded.spec.topology, healthy, line,
+                        tuple(node_status(rt.loaded.layout, facts)), None if healthy else health_hint(facts))
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
