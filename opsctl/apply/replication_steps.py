@@ -1,0 +1,189 @@
+"""The replication and Sentinel steps of a plan: point a replica at its shard's master, point and set up the
+sentinels, fail a master over and finish a failover that was interrupted. Each decides the master from a live look
+when it runs: a failover earlier in the same plan (or by anyone else) moves the master the plan named."""
+
+from __future__ import annotations
+
+from opsctl.apply.execution import Execution
+from opsctl.apply.gather import master_endpoint, shard_facts
+from opsctl.apply.runtime import Runtime
+from opsctl.base.endpoints import endpoint
+from opsctl.base.errors import RefusedError
+from opsctl.base.events import Log
+from opsctl.base.poll import Pending, wait_for
+from opsctl.cluster.ops import myid, replicate
+from opsctl.net.admin import Admin
+from opsctl.observe.parse import parse_cluster_nodes, parse_role
+from opsctl.plan.masters import follow_target, writes_moved_from
+from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
+from opsctl.render import render_node
+from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+
+
+def sentinels_master(rt: Runtime) -> tuple[str, int] | None:
+    """Where sentinels are pointed, from a look at the shard now (runtime.master_endpoint); None outside a Sentinel
+    topology."""
+    return master_endpoint(rt, shard_facts(rt, rt.loaded.layout.shards[0]))
+
+
+
+def sentinel_set(run: Execution, step: Step) -> None:
+    """SENTINEL SET each changed setting; then remember them as applied in the sentinel's record."""
+    assert isinstance(step, SentinelSet)
+    node = run.node(step)
+    name = sentinel_master_name(run.rt.loaded.spec)
+    password = run.rt.loaded.credentials.password.reveal()
+    with run.rt.admin(node) as admin:
+        for key, value in step.settings:
+            admin.call("SENTINEL", "SET", name, *key.split(), password if key == "auth-pass" else value)
+    master = sentinels_master(run.rt)
+    masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
+                         daemonize=run.rt.provider.daemonize, master=master)
+    record = run.rt.provider.load_record(node)
+    record["directives"] = [list(d) for s in masked.sections for d in s.directives]
+    run.rt.provider.save_record(node, record)
+
+
+def fail_over(run: Execution, step: Step) -> None:
+    """The failover runbook (graceful): retried as a dry run until its pre-checks pass, so a replica that was
+    restarted a moment ago has time to catch up; a refusal after that stops the rollout. Each try looks at the
+    shard first: once another node took the master's writes (masters.writes_moved_from: failed over since the plan
+    was made), there is nothing to fail over, and the step says so and goes on."""
+    from opsctl.failover.runbook import Options, run_failover
+
+    assert isinstance(step, Failover)
+    rt = run.rt
+    layout = rt.loaded.layout
+    shard = layout.shard_of(step.node)
+    assert shard is not None, step.node
+
+    def say(text: str) -> None:
+        run.emit(Log(step.title(), text))
+
+    def writer_when_checks_pass() -> str | Pending:
+        try:
+            moved = writes_moved_from(layout, shard, step.node, shard_facts(rt, shard))
+            if moved is not None:
+                return moved
+            run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
+        except RefusedError as exc:
+            return Pending(f"{exc.summary} {exc.detail}".strip())
+        return step.node
+
+    writer = wait_for(writer_when_checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to "
+                      "pass", interval=0.05)
+    if writer != step.node:
+        say(f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, nothing to fail over")
+        return
+    run_failover(rt.connector, rt.state_dir, Options(master=step.node), say)
+
+
+def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
+    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
+    from opsctl.failover.fence import finish
+
+    admins: dict[str, Admin] = {}
+
+    def admin_of(node: Node) -> Admin:
+        if node.name not in admins:
+            admins[node.name] = run.rt.admin(node)
+        return admins[node.name]
+
+    try:
+        finish(run.rt.loaded, admin_of, lambda text: run.emit(Log(step.title(), text)), what)
+    finally:
+        for admin in admins.values():
+            admin.close()
+
+
+
+
+def do_replicate(run: Execution, step: Step) -> None:
+    assert isinstance(step, Replicate)
+    name = _master_now(run, step, step.master)
+    if name is None:
+        run.emit(Log(step.title(), f"{step.node} is the shard's master now: nothing to point"))
+        return
+    node, master = run.node(step), run.rt.node(name)
+    with run.rt.admin(node) as admin, run.rt.admin(master) as master_admin:
+        if run.rt.loaded.spec.topology == "cluster":
+            master_id = myid(master_admin)
+            wait_for(lambda: True if _knows(admin, master_id) else None, 30.0,
+                     f"{node.name} to learn about {master.name} through gossip")
+            replicate(admin, master_id)
+        else:
+            _refuse_if_master_with_data(admin, node)
+            _refuse_unless_master(master_admin, master, node)
+            admin.call("REPLICAOF", master.address, str(master.port))
+            admin.call("CONFIG", "REWRITE")
+
+
+def _master_now(run: Execution, step: Step, planned: str) -> str | None:
+    """The master a step points its node at, from a live look when it runs (masters.follow_target, as _follow_line
+    decides a stopped node's): a failover earlier in the same plan moves the master the plan named."""
+    layout = run.rt.loaded.layout
+    shard = layout.shard_of(step.node)
+    assert shard is not None, step.node
+    master = follow_target(layout, shard, step.node, shard_facts(run.rt, shard))
+    if master is not None and master != planned:
+        run.emit(Log(step.title(), f"{planned} is no longer the shard's master: {step.node} follows {master}, "
+                                   "its master now"))
+    return master
+
+
+def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
+    """The step's precondition, checked again right before REPLICAOF: it would drop a master's data."""
+    role = parse_role(admin.call("ROLE"))
+    keys = int(admin.client.dbsize())
+    if role.kind == "master" and keys > 0:
+        raise RefusedError(f"{node.name} became a master holding {keys} keys since the plan was made",
+                           "REPLICAOF would replace its data with the master's",
+                           "check which node has the data you want, then plan again")
+
+
+def _refuse_unless_master(admin: Admin, master: Node, node: Node) -> None:
+    """Checked again right before REPLICAOF, on the connection that follows: the master the step's look decided on
+    still answers as one. Pointed at a replica, the node would chain behind it, or loop with it if that replica
+    follows the node."""
+    role = parse_role(admin.call("ROLE"))
+    if role.kind != "master":
+        follows = f" of {role.master[0]}:{role.master[1]}" if role.master else ""
+        raise RefusedError(f"{master.name} is a {role.kind}{follows} now, not a master: {node.name} is left as it is",
+                           "the shard's roles changed while the step ran (a failover in flight)",
+                           "apply again once the roles settle (opsctl status shows them)")
+
+
+def _knows(admin: Admin, node_id: str) -> bool:
+    return any(line.id == node_id for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
+
+
+def sentinel_monitor(run: Execution, step: Step) -> None:
+    assert isinstance(step, SentinelMonitor)
+    spec = run.rt.loaded.spec
+    node = run.node(step)
+    address, port = _sentinels_master_now(run, step, step.master)
+    name = sentinel_master_name(spec)
+    topo = spec.sentinel_or_default()
+    with run.rt.admin(node) as admin:
+        admin.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
+        settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
+                    "down-after-milliseconds": str(topo.down_after_ms),
+                    "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
+        if spec.auth.mode == "acl":
+            settings["auth-user"] = spec.auth.admin_user
+        for key, value in settings.items():
+            admin.call("SENTINEL", "SET", name, key, value)
+
+
+def _sentinels_master_now(run: Execution, step: Step, planned: str) -> tuple[str, int]:
+    """Where a sentinel is pointed, from a live look when the step runs (runtime.master_endpoint, as a new
+    sentinel's file): a failover earlier in the same plan moves the master the plan named."""
+    where = sentinels_master(run.rt)
+    assert where is not None
+    now = run.rt.loaded.layout.find(endpoint(*where))
+    if now is None or now.name != planned:
+        run.emit(Log(step.title(), f"{planned} is no longer the shard's master: {step.node} monitors "
+                                   f"{now.name if now else endpoint(*where)}, its master now"))
+    return where
+
+
