@@ -12,7 +12,7 @@ import redis
 
 from opsctl.cli.main import main
 from opsctl.net.connector import Connector
-from opsctl.providers.local import read_proc
+from opsctl.providers.proc import read_proc
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, cluster_check, make_spec, write_spec
 

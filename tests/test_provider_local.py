@@ -19,17 +19,8 @@ from opsctl.base.secrets import Secret
 from opsctl.net.connector import Connector
 from opsctl.providers.base import Provider
 from opsctl.providers.binaries import probe
-from opsctl.providers.local import (
-    LocalProvider,
-    ProcFacts,
-    is_node_process,
-    parse_cmdline,
-    read_proc,
-    server_environment,
-    start_hint,
-    stop_process,
-    tail,
-)
+from opsctl.providers.local import LocalProvider, server_environment, start_hint, stop_process, tail
+from opsctl.providers.proc import ProcFacts, is_node_process, parse_cmdline, read_proc
 from opsctl.render import render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -547,7 +538,7 @@ def test_server_user_root_is_refused_by_validate(tmp_path: Path) -> None:
 
 
 def test_listening_inodes_find_the_socket_that_holds_a_port() -> None:
-    from opsctl.providers.local import holds_port, listening_inodes
+    from opsctl.providers.proc import holds_port, listening_inodes
 
     table = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
              "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000   0        0 111 1\n"
@@ -574,7 +565,7 @@ def test_listening_inodes_find_the_socket_that_holds_a_port() -> None:
 
 def test_sock_diag_names_the_listening_socket_of_a_port_as_the_proc_table_does() -> None:
     from opsctl.providers import sockdiag
-    from opsctl.providers.local import listening_inodes
+    from opsctl.providers.proc import listening_inodes
 
     done = sockdiag.HEADER.pack(sockdiag.HEADER.size, sockdiag.NLMSG_DONE, 0, 1, 0)
     assert sockdiag.parse_replies(done) == ([], True)

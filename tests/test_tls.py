@@ -100,7 +100,7 @@ def test_the_tls_audit_judges_expiry_protocols_and_plaintext() -> None:
 
 
 def test_a_tls_node_with_a_plaintext_port_is_recognised_by_its_title() -> None:
-    from opsctl.providers.local import ProcFacts, is_node_process
+    from opsctl.providers.proc import ProcFacts, is_node_process
 
     titled = ProcFacts(7, "/usr/bin/redis-server", "/s/n1", ("/usr/bin/redis-server", "127.0.0.1:8101"))
     assert is_node_process(titled, "/usr/bin/redis-server", "/s/n1", "/s/n1/redis.conf", 7101, 8101)

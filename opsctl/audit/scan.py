@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -18,6 +17,7 @@ from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKe
 from opsctl.audit.throttle import Throttle
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode
+from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import Reply, RespError, encode, encode_keyed
 from opsctl.observe.parse import parse_info
@@ -248,7 +248,7 @@ def scan_all(connector: Connector, targets: Sequence[LiveNode], wants: ScanWants
     """Every shard in parallel; rate is per node."""
     if not targets:
         return []
-    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+    with Borrowed() as pool:  # all at once, not fan_out's WIDTH: every shard's scan runs from the start
         futures = [pool.submit(scan_node, connector, t, wants, thresholds, rate, progress) for t in targets]
         return [f.result() for f in futures]
 

@@ -14,7 +14,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +39,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
+from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
@@ -312,7 +312,7 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
         emit(saved)
 
     for wave in host_waves([s for s, _, _ in planned]):
-        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+        with Borrowed() as pool:  # the whole wave at once (one saver per host), not fan_out's WIDTH
             for future in [pool.submit(one, saver) for saver in wave]:
                 future.result()
     return files

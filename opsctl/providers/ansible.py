@@ -27,7 +27,7 @@ from opsctl.base.events import Emit
 from opsctl.net.connector import Route
 from opsctl.net.fanout import fan_out
 from opsctl.providers.base import ProcessState, parse_record
-from opsctl.providers.local import ProcFacts, is_node_process, listening_inodes, parse_cmdline
+from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.bundle import plain_name
 from opsctl.providers.remote.inventory import (

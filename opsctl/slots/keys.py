@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.fanout import fan_out
+from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.observer import Command
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
@@ -132,7 +132,8 @@ class KeyMover:
 
     def _move(self, slots: Sequence[int]) -> None:
         parts = waves(slots, self.options.first_wave, self.options.wave_slots)
-        lister = ThreadPoolExecutor(max_workers=LIST_AHEAD)
+        lister = Borrowed()  # at most LIST_AHEAD listings submitted at a time
+        # private, one thread each: waves open and close one at a time, in order (an opening waits for closes)
         opener, behind = ThreadPoolExecutor(max_workers=1), ThreadPoolExecutor(max_workers=1)
         closed: list[Future[None]] = [Future() for _ in parts]
         sizes, most_open = [len(p) for p in parts], OPEN_WAVES * self.options.wave_slots

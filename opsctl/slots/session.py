@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
+from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import Command, Link, Observer, observed_problems, to_facts, wait_converged
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import RespError, encode, encode_keyed
@@ -156,7 +156,7 @@ class Session:
         self.loaded = connector.loaded
         self.nodes = list(nodes)
         self.observer = Observer(connector, self.nodes, timeout=5.0)
-        self.pool = ThreadPoolExecutor(max_workers=max(4, min(32, len(self.nodes))))
+        self.pool = Borrowed()  # a share of the process's I/O threads (net.fanout)
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
         self._probes: dict[str, Link] = {}

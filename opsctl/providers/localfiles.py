@@ -1,0 +1,173 @@
+"""The local provider's files: each node owns `<state_dir>/<node>/` (mode 0700): its config (0600, the only place
+the password lives), users.acl, log, pidfile, data, and opsctl's record.
+
+The state dir and node folders are never followed through a symbolic link and must belong to opsctl's user
+(or root); files are written through safefs (never through a link).
+
+When opsctl runs as root, servers run as an unprivileged user (serveruser: server.user, default the flavor's
+name): the state dir is opened to 0711 for it to pass through, each node folder and the files the server
+reads or rewrites belong to it; opsctl's record stays root's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from opsctl.base.errors import OpsctlError
+from opsctl.providers.base import parse_record
+from opsctl.providers.binaries import ServerBinary
+from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, ensure, lookup
+from opsctl.render import NodePaths, default_paths
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.state.safefs import check_state_path, make_dir, read_bounded, trusted_owners, write_private
+
+STATE_FOLDER = ".opsctl"
+RECORD = "opsctl-node.json"
+FLAVOR_USERS = ("valkey", "redis")  # server.user's defaults
+RECORD_LIMIT = 1024 * 1024
+READ_HINT = "the node's folder holds only what opsctl and the server wrote: remove the odd entry and run apply"
+
+
+def read_text(path: Path, limit: int = RECORD_LIMIT) -> str | None:
+    """A node file's text (None when missing); a link, a folder, a huge or unreadable file is a FileProblem."""
+    return read_bounded(path, READ_HINT, limit)
+
+
+def plain_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise OpsctlError(f"not a plain file name: {name!r}", hint="node files live directly in the node's folder")
+    return name
+
+
+class LocalFiles:
+    """The node folders of a spec's local servers, their files and opsctl's records; who owns them."""
+
+    def __init__(self, loaded: LoadedSpec, state_dir: Path, binary: ServerBinary) -> None:
+        self.loaded = loaded
+        self.state_dir = Path(os.path.abspath(state_dir))  # never resolved: a link in it is refused, not followed
+        self.binary = binary
+        self._user: ServerUser | None = None
+
+    @staticmethod
+    def default_state_dir(spec_file: str | Path, name: str) -> Path:
+        """`<folder of the spec>/.opsctl/<name>`."""
+        return Path(spec_file).resolve().parent / STATE_FOLDER / name
+
+    def node_dir(self, node: Node) -> Path:
+        return self.state_dir / node.name
+
+    def paths(self, node: Node) -> NodePaths:
+        return default_paths(str(self.state_dir), node)
+
+    def server_user(self) -> ServerUser | None:
+        """Who the servers run as: None (opsctl's own user) unless opsctl is root; created when missing."""
+        if os.geteuid() != 0:
+            return None
+        if self._user is None:
+            user = ensure(self.loaded.spec.server.service_user)
+            check_reachable(user, self.state_dir)  # before the first file is written
+            self._user = user
+            self.binary = self._runnable_binary(user)
+            check_reachable(user, self.state_dir, self.binary.path)
+        return self._user
+
+    def _runnable_binary(self, user: ServerUser) -> ServerBinary:
+        """The binary, or a copy of it in the state dir's bin/ when it lies where the server user cannot enter
+        (the embedded server in a virtualenv under root's 0700 home): same bytes, root's, 0755."""
+        if can_run(user, self.binary.path):
+            return self.binary
+        source = Path(self.binary.path)
+        copy = self.state_dir / "bin" / source.name
+        data = source.read_bytes()
+        make_dir(self.state_dir, 0o711, trusted_owners())
+        make_dir(copy.parent, 0o711, trusted_owners())
+        if not _same_file(copy, data):
+            write_private(copy, data, mode=0o755)
+        return replace(self.binary, path=str(copy))
+
+    def _owners(self) -> frozenset[int]:
+        """Who may own a node folder: opsctl's user, root, and the server user (looked up, never created), or
+        the other flavor's default user (a folder from before a flavor change; start hands it over)."""
+        if os.geteuid() != 0:
+            return trusted_owners()
+        names = {self.loaded.spec.server.service_user, *FLAVOR_USERS}
+        return trusted_owners(user.uid for name in names if (user := lookup(name)) is not None)
+
+    def _folder(self, node: Node, hand_over: bool = False) -> Path:
+        """The node's folder, made the server user's when missing. One that exists keeps its owner until the server
+        starts (hand_over): a spec that changes the server user (a flavor change with the default user, redis ->
+        valkey) writes the new files while the old server still runs as the old user, which must go on writing
+        there (log, AOF, nodes.conf, its last RDB: Redis 7.0 does not exit on SIGTERM when it cannot save it, and
+        was SIGKILLed 30 s later)."""
+        user = self.server_user()
+        check_state_path(self.state_dir, owners=trusted_owners())
+        make_dir(self.state_dir, 0o711 if user else 0o700, trusted_owners())
+        folder = self.node_dir(node)
+        new = not os.path.lexists(folder)
+        make_dir(folder, 0o700, self._owners(), chown=user.ids if user and (new or hand_over) else None)
+        return folder
+
+    def _checked_node_dir(self, node: Node) -> Path:
+        """The node's folder, refused when it (or the state dir) is a link or someone else's."""
+        folder = self.node_dir(node)
+        check_state_path(folder, below=self.state_dir.parent, owners=self._owners())
+        return folder
+
+    def write_files(self, node: Node, files: dict[str, str]) -> None:
+        """The files are the folder owner's (the running server's, which may rewrite its config) until the server
+        starts as the spec's user (_hand_over)."""
+        names = [plain_name(name) for name in files]
+        folder = self._folder(node)
+        owner = os.stat(folder) if self.server_user() else None
+        for name in names:
+            write_private(folder / name, files[name], chown=(owner.st_uid, owner.st_gid) if owner else None)
+
+    def _hand_over(self, node: Node, user: ServerUser) -> None:
+        """Give the server user what it writes in its folder (data, logs, configs of an earlier root run);
+        opsctl's record stays root's. Links are changed themselves, never followed, and a file with a second
+        hard link is left alone (it could be any file of the system, planted to be handed over)."""
+        folder = self._folder(node, hand_over=True)
+        for root, dirs, names in os.walk(folder):
+            for name in [*dirs, *names]:
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                hard_linked = stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+                if name != RECORD and st.st_uid != user.uid and not hard_linked:
+                    os.chown(path, *user.ids, follow_symlinks=False)
+
+    def read_file(self, node: Node, name: str) -> str | None:
+        return read_text(self._checked_node_dir(node) / plain_name(name))
+
+    def load_record(self, node: Node) -> dict[str, Any]:
+        path = self._checked_node_dir(node) / RECORD
+        return parse_record(read_text(path), node.name, str(path))
+
+    def save_record(self, node: Node, record: dict[str, Any]) -> None:
+        # one line: json's C encoder (indent= takes the pure-Python one, ~1 ms per record of 70 directives)
+        write_private(self._folder(node) / RECORD, json.dumps(record, sort_keys=True) + "\n")
+
+    def _drop_binary_copy_when_unused(self) -> None:
+        """The state dir's bin/ (_runnable_binary's copy) goes with the last node folder of the spec."""
+        if any(self.node_dir(n).exists() for n in self.loaded.layout.nodes):
+            return
+        copies = self.state_dir / "bin"
+        if copies.is_dir() and not copies.is_symlink():
+            shutil.rmtree(copies)
+
+    def flush(self) -> None:
+        """Files are written at once: nothing is staged."""
+
+
+def _same_file(path: Path, data: bytes) -> bool:
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as handle:
+            return handle.read(len(data) + 1) == data
+    except OSError:
+        return False
