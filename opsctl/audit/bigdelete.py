@@ -15,6 +15,7 @@ from redis.crc import key_slot
 from opsctl.audit.throttle import Throttle
 from opsctl.base.endpoints import endpoint as format_endpoint
 from opsctl.base.errors import OpsctlError
+from opsctl.base.text import as_text
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
@@ -143,14 +144,10 @@ def _size_of(pipe: RawPipe, kind: str, key: bytes) -> int:
     return reply if isinstance(reply, int) else 0
 
 
-def _text(reply: Reply) -> str:
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
-
-
 def make_plan(loaded: LoadedSpec, admin: Admin, pipe: RawPipe, key: bytes, chunk: int, chunked: bool) -> DeletePlan:
-    kind = _text(pipe.call("TYPE", key))
+    kind = as_text(pipe.call("TYPE", key))
     gc = gc_name(key, loaded.spec.topology == "cluster")
-    gc_kind = _text(pipe.call("TYPE", gc))
+    gc_kind = as_text(pipe.call("TYPE", gc))
     config = admin.config_get("lazyfree-lazy-*")
     lazyfree = "yes" in (config.get("lazyfree-lazy-user-del"), config.get("lazyfree-lazy-server-del"))
     method = choose_method(kind, lazyfree, chunked, gc_kind != "none")

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opsctl.base.text import as_text
 from opsctl.observe.findings import Finding, finding
 from opsctl.render.directives import Directive
 
@@ -155,16 +156,12 @@ def slowlog_rows(node: str, entries: Sequence[Sequence[Any]], top: int = 10) -> 
     by: dict[str, dict[str, Any]] = {}
     for entry in entries:
         args = entry[3] if len(entry) > 3 else []
-        name = _text(args[0]).upper() if args else "?"
+        name = as_text(args[0]).upper() if args else "?"
         row = by.setdefault(name, {"node": node, "command": name, "count": 0, "max_us": 0, "total_us": 0})
         row["count"] += 1
         row["max_us"] = max(row["max_us"], int(entry[2]))
         row["total_us"] += int(entry[2])
     return sorted(by.values(), key=lambda r: -r["max_us"])[:top]
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def slowlog_findings(node: str, rows: Sequence[Mapping[str, Any]]) -> list[Finding]:

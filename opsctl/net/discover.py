@@ -29,10 +29,6 @@ class LiveNode:
         return self.node.endpoint if self.role == "master" else (self.master or self.node.endpoint)
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
     """ROLE -> (master|replica|sentinel, master endpoint, link up)."""
     role = parse_role(reply)

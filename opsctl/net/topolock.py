@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.text import as_text
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
@@ -250,7 +251,7 @@ class TopologyLock:
             self.held.pop(name, None)
             pipe.close()
             return []
-        return parse_markers(reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply), name)
+        return parse_markers(as_text(reply), name)
 
     def _kill(self, marker: Marker) -> None:
         try:

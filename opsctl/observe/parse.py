@@ -13,6 +13,7 @@ from typing import Any
 
 from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.text import as_text
 from opsctl.spec.text import split_args
 
 # --- INFO ---------------------------------------------------------------------------------------
@@ -169,21 +170,17 @@ class RoleInfo(Frozen):
     monitors: tuple[str, ...] = ()
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def parse_role(reply: Sequence[Any]) -> RoleInfo:
     """ROLE as redis-py returns it: ['master', off, [[ip, port, off], ...]] | ['slave', ip, port, state, off]
     | ['sentinel', [names]]."""
-    kind = _text(reply[0])
+    kind = as_text(reply[0])
     if kind == "master":
-        replicas = tuple((_text(r[0]), int(r[1]), int(r[2])) for r in reply[2])
+        replicas = tuple((as_text(r[0]), int(r[1]), int(r[2])) for r in reply[2])
         return RoleInfo("master", int(reply[1]), replicas=replicas)
     if kind in ("slave", "replica"):
-        return RoleInfo("replica", int(reply[4]), (_text(reply[1]), int(reply[2])), _text(reply[3]))
+        return RoleInfo("replica", int(reply[4]), (as_text(reply[1]), int(reply[2])), as_text(reply[3]))
     if kind == "sentinel":
-        return RoleInfo("sentinel", monitors=tuple(_text(n) for n in reply[1]))
+        return RoleInfo("sentinel", monitors=tuple(as_text(n) for n in reply[1]))
     raise ValueError(f"unknown ROLE reply {kind!r}")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from opsctl.base.errors import ConvergenceError, OpsctlError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.text import as_text
 from opsctl.observe.parse import parse_pairs, server_of
 from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
 from opsctl.slots.journal import Journal
@@ -23,18 +24,14 @@ FAILED = frozenset({"failed", "cancelled", "canceled"})
 JOB_TIMEOUT = 3600.0
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def parse_migrations(reply: Sequence[Any]) -> list[dict[str, str]]:
     """CLUSTER GETSLOTMIGRATIONS / CLUSTER MIGRATION STATUS: one dict per job. Pure."""
     out = []
     for entry in reply or ():
         if isinstance(entry, Mapping):
-            out.append({_text(k): _text(v) for k, v in entry.items()})
+            out.append({as_text(k): as_text(v) for k, v in entry.items()})
         else:
-            out.append(parse_pairs([_text(x) for x in entry]))
+            out.append(parse_pairs([as_text(x) for x in entry]))
     return out
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.text import as_text
 from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.observation import NodeObservation
@@ -268,7 +269,7 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
             if isinstance(reply, ReplyError) and "BUSYKEY" in str(reply):
                 mine = pipe(node, [("ASKING",), ("DUMP", key)])[1]
                 if mine != pipe(target, [("DUMP", key)])[0]:
-                    label = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+                    label = as_text(key)
                     raise RefusedError(f"key {label!r} of slot {slot} exists on {node.name} (which no longer "
                                        f"serves the slot) and on {target.name} with different values",
                                        "replacing either copy would lose data",
