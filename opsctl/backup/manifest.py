@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from opsctl.base.errors import OpsctlError
+from opsctl.observe.parse import SLOTS
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -167,9 +168,9 @@ class _Fields:
         out = []
         for i, pair in enumerate(self.get(key, list)):
             ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, int) for p in pair)
-                  and 0 <= pair[0] <= pair[1] <= 16383)
+                  and 0 <= pair[0] <= pair[1] < SLOTS)
             if not ok:
-                raise self.bad(f"{self.name(key)}[{i}]", "must be [start, end] with 0 <= start <= end <= 16383")
+                raise self.bad(f"{self.name(key)}[{i}]", f"must be [start, end] with 0 <= start <= end <= {SLOTS - 1}")
             out.append((pair[0], pair[1]))
         return tuple(out)
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from opsctl.base.connerr import AUTH_HINT, is_auth_failure
 from opsctl.base.words import plural
 from opsctl.observe.cluster_state import cluster_problems
+from opsctl.observe.parse import SLOTS
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import replication_problem, sentinel_problem
 from opsctl.spec.layout import sentinel_master_name
@@ -31,7 +32,7 @@ def health_line(loaded: LoadedSpec, facts: Mapping[str, NodeFacts]) -> tuple[boo
             return False, f"cluster degraded: {problems[0].node}: {problems[0].what}" + (
                 f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         masters = sum(1 for n in layout.servers if (r := facts[n.name].role) and r.kind == "master")
-        return True, (f"cluster ok: 16384/16384 slots, {plural(masters, 'master')}, "
+        return True, (f"cluster ok: {SLOTS}/{SLOTS} slots, {plural(masters, 'master')}, "
                       f"{plural(len(layout.servers) - masters, 'replica')}, all nodes agree")
     if topology in ("replication", "sentinel"):
         problem = replication_problem(layout, facts)

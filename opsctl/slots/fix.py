@@ -14,7 +14,7 @@ from opsctl.base.text import as_text
 from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import ClusterNodeLine, server_of
+from opsctl.observe.parse import SLOTS, ClusterNodeLine, server_of
 from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.atomic import wait_idle
@@ -36,7 +36,6 @@ from opsctl.slots.session import (
 )
 from opsctl.spec.layout import Shard
 
-CLUSTER_SLOTS = 16384
 STRAY_TIMEOUT_MS = 5000  # MIGRATE of one stray key to its slot's owner
 STRAY_ROUNDS = 3
 
@@ -255,7 +254,7 @@ def _hand_over_strays(session: Session, node: Peer) -> None:
     already is dropped here only when both copies are equal (else refused, nothing dropped); then STABLE."""
     owner = {s: name for name, slots in session.owned().items() for s in slots if name != node.name}
     auth = auth_args(session)
-    for slot, count in keys_in_slots(node, range(CLUSTER_SLOTS)).items():
+    for slot, count in keys_in_slots(node, range(SLOTS)).items():
         if slot not in owner:
             raise OpsctlError(f"{node.name} holds {count} keys of slot {slot}, which no master serves",
                               "it cannot become a replica without dropping them",
@@ -369,7 +368,7 @@ def _stranded(plan: Cover, follow_keys: bool) -> RefusedError:
 def _cover(session: Session) -> list[str]:
     """Every slot that no view shows served goes to the master holding keys in it, else as apply's assign-slots
     gives it: to its shard's master now by the spec's layout (coverage.cover_owners)."""
-    given = cover(session, range(CLUSTER_SLOTS), _layout_owners(session), follow_keys=True)
+    given = cover(session, range(SLOTS), _layout_owners(session), follow_keys=True)
     return [f"covered {text(to_ranges(s))} with {n}" for n, s in given.items()]
 
 
