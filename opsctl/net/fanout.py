@@ -1,12 +1,8 @@
-"""Run one function per item side by side (threads), for I/O on many nodes: SSH commands, SFTP reads, admin
-round trips. A look at six remote nodes costs one round trip, not six in a row.
+"""Run one function per item side by side (threads), for I/O on many nodes (SSH, SFTP, admin round trips): a look at
+many nodes costs one round trip, not one per node.
 
-The threads are the process's own, kept from one fan-out to the next (shared_pool): a thread started while others
-run costs ~1-3 ms of waiting for the GIL, and a 60-node apply that made a pool per look started ~190 of them (0.6 s
-in Thread.start alone). The pool reuses an idle thread and starts one when none is idle, up to POOL_LIMIT: work
-never waits behind other work (the topology lock's renewal must not wait behind a slow start), and a task that
-fans out again cannot leave every thread waiting on tasks queued behind it. Borrowed is a share of the pool that
-waits for what it submitted, as a pool of its own would on shutdown."""
+One process-wide pool (shared_pool) reuses an idle thread, else starts one, up to POOL_LIMIT: no work waits behind
+other work, nested fan-outs included. Borrowed is a share of the pool that waits for what it submitted."""
 
 from __future__ import annotations
 

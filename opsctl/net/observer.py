@@ -114,8 +114,8 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any])
 
 
 def _fail_fast(admin: Admin) -> Admin:
-    """No client-side retries: redis-py retries a refused connect 3 times with backoff (3.4 s per down node
-    here); observers poll anyway, so one attempt per observation is right."""
+    """One connect attempt per observation, no client-side retries: observers poll anyway, and redis-py's retries with
+    backoff would stall every look at a down node."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
@@ -280,9 +280,8 @@ def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pend
 
 def wait_converged(observer: Observer, timeout: float) -> None:
     """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how.
-    Each poll first asks every node's cluster_state and replica link only (settled_pending); the full look
-    (every view, parsed and compared) runs once all are there, so a new cluster's ~2 s wait and its replicas'
-    first sync cost the servers and opsctl little CPU. A node seen settled is not asked again until the full look."""
+    A poll asks the nodes not yet seen settled for cluster_state and replica link only (settled_pending); the full
+    look (every view, parsed and compared) runs once all are settled, so a long wait costs the servers little."""
     settled: set[str] = set()
 
     def check() -> bool | Pending:

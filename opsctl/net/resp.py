@@ -1,10 +1,8 @@
-"""RESP for deep pipelines: many commands packed into one buffer, and a reader (hiredis, in C) that turns a whole
-buffer of replies into values. Pure: no sockets.
+"""RESP for deep pipelines: many commands packed into one buffer, and a reader (hiredis, in C) that turns a whole buffer
+of replies into values. Pure: no sockets.
 
-redis-py spends microseconds per reply; a scan of a million keys needs replies parsed in bulk. Keys stay bytes:
-they may hold any byte, including the ones the lint looks for. Errors come back as RespError values (one failed
-command in a pipeline must not hide the replies of the others).
-"""
+Keys stay bytes (they may hold any byte). Errors come back as RespError values: one failed command in a pipeline must
+not hide the replies of the others. Why not redis-py: scans of millions of keys need replies parsed in bulk."""
 
 from __future__ import annotations
 

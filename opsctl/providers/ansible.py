@@ -1,14 +1,8 @@
-"""The Ansible provider: nodes on SSH hosts, deployed by playbooks/deploy.yml through ansible-runner.
+"""The Ansible provider: nodes on SSH hosts, deployed by playbooks/deploy.yml (ansible-runner).
 
-Files written with write_files()/save_record() are staged and land in one deploy.yml run (files, service
-user, directories, server install, units), at the latest before the next start/read/stop/close. start, stop
-and purge are single SSH commands (paramiko) on the host's bin/opsctl-node, which wraps systemd where it
-runs; process_state and read_file go over the host's kept SFTP session (no process started there: waits poll
-them), and read_file answers from the staged files first (read your own writes). Node files travel inside
-0600 installers in the private ansible data dir under the state dir, removed right after the run; they are
-never in extra vars, the environment or a command line. Hosts with `admin_via_ssh: true` get their admin
-traffic through a paramiko tunnel per node: admin_route() is the opsctl.net.connector route.
-"""
+Writes are staged and land in one deploy.yml run before the next start/read/stop/close; reads see them first.
+start/stop/purge: one SSH command each; process_state and read_file use the kept SFTP session. Node files travel only
+in 0600 installers (never vars, env, command lines). See docs/remote.md."""
 
 from __future__ import annotations
 
@@ -208,11 +202,10 @@ class AnsibleProvider:
             raise OpsctlError(f"cannot stop {node.name} on host {node.host}", (result.stdout + result.stderr).strip())
 
     def process_state(self, node: Node) -> ProcessState:
-        """Read over the host's kept SFTP session, starting no process there (waits poll this for every node):
-        the pidfile, then /proc/<pid> must show the node's server (binary, port, working folder), not just any
-        live process with that pid. With the pidfile gone or stale while something listens on the node's port,
-        bin/opsctl-node names the listener (one SSH command), checked in /proc the same way: a running server
-        is never called down for want of its pidfile."""
+        """The node's server, read over the host's kept SFTP session (no process started: waits poll this).
+        The pidfile's pid must be the node's server in /proc (binary, port, working folder). With the pidfile gone or
+        stale while something listens on the port, bin/opsctl-node names the listener, checked the same way: a
+        running server is never called down for want of its pidfile."""
         spec, paths = self.loaded.spec, self.paths(node)
 
         def look(sftp: paramiko.SFTPClient) -> tuple[int | None, bool, bool]:

@@ -1,8 +1,6 @@
-"""Which sockets listen on a TCP port, asked of the kernel through sock_diag netlink (what `ss -ltn 'sport = :P'`
-does). The kernel walks only the listening sockets of that port, so an answer costs microseconds however many
-connections the machine holds; reading /proc/net/tcp (tens of thousands of TIME-WAIT lines on a busy machine)
-costs up to ~0.2 s per read. Linux only; None when the kernel does not answer, so callers fall back to /proc.
-"""
+"""Which sockets listen on a TCP port, asked of the kernel through sock_diag netlink (as `ss -ltn 'sport = :P'` does).
+The kernel walks only that port's listening sockets, so the cost does not grow with the machine's connections, as
+reading /proc/net/tcp does. Linux only; None when the kernel does not answer, so callers fall back to /proc."""
 
 from __future__ import annotations
 

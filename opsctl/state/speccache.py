@@ -1,18 +1,8 @@
-"""Validated specs kept beside the state: a run whose spec file has not changed since a run validated it reads
-the validated spec back instead of parsing YAML and validating with pydantic again (most of a plan's or a
-status's start).
+"""Validated specs kept beside the state: a run whose spec file is unchanged skips parsing and validating it.
 
-Where: <spec folder>/.opsctl/spec-cache/<digest of the spec's path>.json, only when .opsctl is there: a run that
-keeps its state next to the spec makes it (plan and apply with their default state dir, once the spec passed
-and their runtime is set up); nothing is created beside a spec for any other run (validate, --state-dir). What: the
-validated spec's JSON form (secret references, never a secret's value), the key it is valid for and a digest of
-itself. The key is a digest of the spec file's bytes, opsctl's version and sources, and the versions of pydantic
-and PyYAML: a spec that changes in any byte, or an opsctl or a library that could judge it otherwise, misses.
-Read back, every field is checked (opsctl.spec.model's from_json); anything unexpected (a link, another format or
-version, another key, a digest or a field that does not match) is a miss, and a miss validates the spec in full,
-which writes the entry anew. The secrets a spec names are read from the environment and files on every run, and
-checked as validation checks them; a problem with them validates in full too, so the error reads as always.
-"""
+An entry (.opsctl/spec-cache/ beside the spec) holds the spec's JSON form (secret references, never values), its key
+and its digest. The key covers the spec's bytes, opsctl's version and sources, pydantic's and PyYAML's versions.
+Anything unexpected is a miss: full validation."""
 
 from __future__ import annotations
 
@@ -37,10 +27,8 @@ LIBRARIES = ("pydantic", "pydantic_core", "yaml")  # what validation runs on bes
 
 def entry_path(spec_path: Path, make_root: bool = False) -> Path | None:
     """Where spec_path's entry lives; None when its folder has no .opsctl folder (or one that is a link).
-    make_root: a run that keeps its state there (its default state dir) makes the folder, once its spec
-    validated, so that its validation is kept: a first `plan` beside a new spec left none, and the `apply` after
-    it validated again. Only in a folder of the user's own: root's plan in another user's checkout would leave a
-    folder that user's apply cannot use."""
+    make_root: make that .opsctl folder (a run keeping its state there, once its spec validated), only in a folder of
+    the user's own, so that no run leaves a folder another user's run cannot use."""
     spec_file = spec_path.resolve()
     root = spec_file.parent / ".opsctl"
     if make_root:

@@ -1,9 +1,8 @@
-"""Certificate files on the machine running opsctl: given ones read from the spec's paths, generated ones kept
-0600 in `<state_dir>/tls/`. The node files that ship with each node's config, and opsctl's own client TLS.
+"""Certificate files on the machine running opsctl: given ones read from the spec's paths, generated ones kept 0600 in
+`<state_dir>/tls/`; the node files shipped with each node's config, and opsctl's own client TLS.
 
-Generated layout: ca.crt + ca.key (the CA that signs now), ca-bundle.crt (every CA the nodes trust: the
-signing one first, then older ones during a CA rotation), nodes/<node>.crt|key, opsctl.crt|key (client).
-"""
+Generated: ca.crt + ca.key (the signing CA), ca-bundle.crt (every CA the nodes trust, the signing one first),
+nodes/<node>.crt|key, opsctl.crt|key (client)."""
 
 from __future__ import annotations
 

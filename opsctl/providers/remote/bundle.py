@@ -1,14 +1,8 @@
-"""What deploy.yml installs on a host, as one self-extracting shell script per host: playbooks/files/
-opsctl-install.sh with tar archives appended (`base`: folders, the control script, a given server binary;
-`node-<node>`: the node's folder, settings and files; `once-<node>`: files written only when missing). Pure:
-data in, bytes out.
+"""What deploy.yml installs on a host: one self-extracting shell script per host (playbooks/files/opsctl-install.sh plus
+tar archives `base`, `node-<node>`, and `once-<node>` for files written only when missing). Pure: data in, bytes out.
 
-One ansible.builtin.script run per host (no Python on the host, one file transfer) replaces a module run per
-folder and per file over SSH. Owner, group and mode of every member are in the archive and every mtime is
-fixed, so GNU tar's compare (tar --diff) finds nothing to change when nothing changed: a second deploy reports
-no change. Owners are names (the host maps them to its ids). sentinel.conf goes in a `once-` archive only:
-Sentinel rewrites it, and a re-apply must not undo that.
-"""
+Every member's owner, group, mode and a fixed mtime are in the archive, so tar --diff finds nothing when nothing
+changed: a second deploy reports no change."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The Ansible inventory of a spec (pure): groups per topology and role, host vars for SSH and the nodes.
 
-Layout on a host: /var/lib/opsctl/<spec>/ (root:<user> 0750) holds bin/ (the server when given as a binary,
-and the opsctl-node control script), nodes/<node>.env (root 0600) and one folder per node (<user> 0700)
-with its config files, data, log and pidfile. No secrets in the inventory: the node files (which hold the
-password) go from opsctl_files_dir as archives (opsctl/providers/remote/bundle.py) through no_log tasks.
-"""
+No secrets in the inventory: the node files (which hold the password) go from opsctl_files_dir as archives
+(opsctl/providers/remote/bundle.py) through no_log tasks. The layout on a host: docs/remote.md, "What lands on a
+host"."""
 
 from __future__ import annotations
 

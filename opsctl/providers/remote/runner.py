@@ -1,10 +1,8 @@
 """Run playbooks through ansible-runner in a private data dir, with a scrubbed environment.
 
-ansible-runner writes its whole environment into artifacts/<ident>/command, so the child gets only PATH,
-HOME, locale and the ANSIBLE_* settings below, never the caller's environment (which may hold the spec's
-password). Extra vars hold paths only. Progress comes from the JSON events ansible-runner prints (-j),
-passed on as typed PlaybookTask events.
-"""
+The child gets only PATH, HOME, locale and the ANSIBLE_* settings below: ansible-runner writes its whole environment
+into artifacts/<ident>/command, and the caller's may hold the spec's password. Extra vars hold paths only. Progress:
+the JSON events ansible-runner prints (-j), as typed PlaybookTask events."""
 
 from __future__ import annotations
 

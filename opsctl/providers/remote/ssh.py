@@ -1,10 +1,8 @@
-"""SSH to hosts with paramiko: connect (known hosts checked, optional bastion), run, put/read files, tunnels.
+"""SSH to hosts with paramiko: connect (known hosts checked, optional bastion), run, read files, tunnels.
 
-Host keys are checked against a known_hosts file; an unknown host is refused unless the caller explicitly
-asks for trust-on-first-use (auto_add=True). A bastion is reached first and the host through a
-`direct-tcpip` channel on it. `Tunnel` forwards a local port to a Redis node's address:port as seen from
-the host, for admin traffic when the node's port is reachable only over SSH.
-"""
+An unknown host key is refused unless the caller asks for trust-on-first-use (auto_add=True). A bastion is reached
+first, the host through a `direct-tcpip` channel on it. `Tunnel` forwards a local port to a node's address:port as
+the host sees it, for admin traffic over SSH."""
 
 from __future__ import annotations
 
