@@ -178,7 +178,8 @@ def _settled(view: FleetView) -> bool | Pending:
 
 
 def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
-    from opsctl.plan.planner import make_plan, refuse_layout_change
+    from opsctl.plan.planner import make_plan
+    from opsctl.plan.refusals import refuse_layout_change
 
     facts = settled_facts(rt)
     if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there

@@ -19,7 +19,7 @@ def node_names(text: str) -> frozenset[str]:
 
 def cmd_restart(args: argparse.Namespace) -> int:
     from opsctl.apply.gather import refuse_silent_nodes, settled_facts, spec_digest
-    from opsctl.plan.planner import restart_plan
+    from opsctl.plan.rolling import restart_plan
 
     with _runtime(args, locked=True) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]

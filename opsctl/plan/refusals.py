@@ -1,0 +1,68 @@
+"""What the planner refuses before it plans a step: a server change that breaks replication mid-rollout, a master
+that would restart empty and be copied, a deployed node the spec makes another. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.base.errors import RefusedError
+from opsctl.plan.masters import Facts, start_master
+from opsctl.plan.node_steps import restarting
+from opsctl.server.versions import Version, rolling_change_problem, server_text
+from opsctl.spec.layout import Layout, deployed_as
+from opsctl.spec.load import LoadedSpec
+
+
+def refuse_unsafe_server_change(facts: Facts, server: tuple[str, Version]) -> None:
+    """A server change that would break replication mid-rollout is refused before anything is touched."""
+    for f in facts.values():
+        running = f.server if f.reachable else None
+        if running is None:
+            continue
+        problem = rolling_change_problem(running, server)
+        if problem:
+            raise RefusedError(f"cannot change {f.name} from {server_text(*running)} to {server_text(*server)}",
+                               problem, "keep the current server version, or migrate the data to a new topology")
+
+
+
+def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
+    """Without persistence a master restarts empty, and its replicas would copy the empty data set; unless another
+    node is the shard's master now (the down ones start as its replicas), even one promoted before it held a key."""
+    persistence = loaded.spec.persistence
+    if persistence.aof != "off" or persistence.rdb:
+        return
+    for shard in loaded.layout.shards:
+        down = [m for m in shard.members if restarting(facts[m])]
+        holding = [m for m in shard.members if facts[m].running and facts[m].role and facts[m].keys > 0]
+        follow = start_master(loaded.layout, shard, facts) if down else None
+        if down and holding and (follow is None or follow in down):
+            raise RefusedError(
+                f"{', '.join(down)} is down and runs without persistence: started now it would come back "
+                f"empty as master, and {', '.join(holding)} would copy the empty data set",
+                "persistence is off (aof: off, rdb: []), so nothing on disk survives a restart",
+                f"promote a replica first (opsctl failover --shard {shard.index} --mode takeover --yes, or "
+                "wait for the cluster or Sentinel to do it), then apply again")
+
+
+def refuse_layout_change(layout: Layout, facts: Facts) -> None:
+    """A deployed node keeps its shard, role, host and port: a spec that derives others for its name (another
+    cluster.replicas_per_master, hosts in another order) would restart it as another node. Compared with the
+    record of what it was deployed as, not with live roles (failovers move those legitimately)."""
+    moved = []
+    for node in layout.servers:
+        was = facts[node.name].record.get("deployed") if node.name in facts else None
+        now = deployed_as(node)
+        if isinstance(was, Mapping) and dict(was) != now:
+            moved.append(f"{node.name}: deployed as {_as_text(was)}, the spec now makes it {_as_text(now)}")
+    if moved:
+        raise RefusedError(f"the spec changes what {len(moved)} deployed node(s) are", "\n".join(moved),
+                           "a running node cannot move to another shard, role, host or port: keep "
+                           "cluster.replicas_per_master and the hosts list as deployed (add shards with "
+                           "cluster.masters); for another shape deploy a new topology and migrate the data")
+
+
+def _as_text(deployed: Mapping[str, object]) -> str:
+    return (f"shard {deployed.get('shard')} {deployed.get('role')} on {deployed.get('host')} "
+            f"port {deployed.get('port')}")
+
