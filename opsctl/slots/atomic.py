@@ -101,14 +101,11 @@ def poll_interval(elapsed: float, first: float = 0.002, most: float = 0.01) -> f
 
 def _wait_job(runner: Peer, status: tuple[Any, ...], known: set[str], what: str) -> str:
     started = time.monotonic()
-    while (state := job_state(parse_migrations(checked(runner, [status], "slot migration status")[0]),
-                              known)) is None:
-        elapsed = time.monotonic() - started
-        if elapsed >= JOB_TIMEOUT:
-            raise ConvergenceError(f"timed out after {JOB_TIMEOUT:g}s waiting for {what}", "still moving",
-                                   "look at both nodes' logs; `opsctl cluster fix -f SPEC` once it ended")
-        time.sleep(poll_interval(elapsed))
-    return state
+    return wait_for(lambda: job_state(parse_migrations(checked(runner, [status], "slot migration status")[0]), known),
+                    JOB_TIMEOUT, what, lambda: poll_interval(time.monotonic() - started),
+                    on_timeout=lambda _: ConvergenceError(
+                        f"timed out after {JOB_TIMEOUT:g}s waiting for {what}", "still moving",
+                        "look at both nodes' logs; `opsctl cluster fix -f SPEC` once it ended"))
 
 
 def wait_idle(peer: Peer, flavor: str, timeout: float = JOB_TIMEOUT) -> None:
