@@ -21,10 +21,10 @@ from opsctl.spec.layout import Node
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
-    """Move what the source still owns of the step's slots (slots already at the target are done: idempotent).
-    Source and target are their shards' masters when the step runs (slots.run.resolve): a failover earlier in the
-    same plan (a master's restart) makes the master the plan named a replica, which owns none of them. A move that
-    fills a shard (a scale-out) journals so first: apply marks it filled once it finished (Journal.filled)."""
+    """Move what the source still owns of the step's slots; slots already at the target are done (idempotent).
+    Source and target are their shards' masters when the step runs (slots.run.resolve): an earlier failover in the
+    plan may have moved them. A move that fills a shard (a scale-out) is journaled as a fill first; apply marks it
+    filled when it finished (Journal.filled)."""
     with topology_lock(rt.connector), open_session(rt.connector) as session:
         notes: list[str] = []
         source, target = resolve(session, step.node, notes), resolve(session, step.target, notes)

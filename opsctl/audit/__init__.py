@@ -1,8 +1,5 @@
 """`opsctl audit`: the Redis development standard checked on live nodes, and safe big-key deletion.
 
-Pure rules: findings, keynames, keyspace, nodechecks, report, resp. Thin I/O: pipe, discover, scan, probe,
-run, bigdelete.
-
-Import the modules themselves: this package imports none of them, so the raw pipe (pipe, resp), which node
-observation and restore use too, comes without the audit's rules and redis-py.
-"""
+Pure rules: keynames, keyspace, nodechecks, report (findings: opsctl.observe.findings). Thin I/O: scan, probe, run,
+bigdelete, throttle. This package imports none of them: import each module itself, so that a command loads only what
+it uses (bigdelete brings redis-py)."""

@@ -1,12 +1,10 @@
-"""The failover commands per topology, each polled (every few ms) until the replica is a master.
+"""The failover commands per topology, polled until the replica is a master.
 
-cluster:     CLUSTER FAILOVER [FORCE|TAKEOVER] on the replica (answers OK before anything happens).
-sentinel:    pause writes on the master, wait until every replica has the master's offset, SENTINEL FAILOVER,
-             then turn the old master into a replica of the new one right away, re-point the other replicas and
-             tell every sentinel (opsctl.failover.announce; see docs/runbooks/failover.md).
-replication: FAILOVER TO on the master where the server has it, else pause writes, wait for the offset,
-             REPLICAOF NO ONE; then re-point the others and CONFIG REWRITE every changed node.
-"""
+cluster: CLUSTER FAILOVER [FORCE|TAKEOVER] on the replica.
+sentinel: pause and fence the master, wait for the replicas, SENTINEL FAILOVER, demote the old master, re-point the
+others, tell sentinels.
+replication: FAILOVER TO if the server has it, else pause, fence, wait, REPLICAOF NO ONE.
+See docs/runbooks/failover.md."""
 
 from __future__ import annotations
 
@@ -99,7 +97,7 @@ def _is_master(admin: Admin) -> bool | Pending:
 
 
 def _caught_up(session: Session, master: str, replicas: list[str]) -> bool | Pending:
-    """Every replica has processed the master's whole stream (their own ROLE, not the 1 s old ACK)."""
+    """Every replica has processed the master's whole stream (its own ROLE, not the master's view of its last ACK)."""
     role = _role(session.admin(master))
     if not role:
         return Pending(f"{master} does not answer ROLE")
@@ -164,11 +162,10 @@ def _sentinel(session: Session, target: Target, timeout: float, notes: list[str]
 
 def _sentinel_promote(session: Session, target: Target, timeout: float,
                       watches: list[EpochWatch]) -> tuple[str, str]:
-    """Pause, fence, wait for the replicas, SENTINEL FAILOVER, demote the old master, lift its fence, unpause.
-    Returns the promoted replica and the sentinel that leads the failover (its epoch watch added to `watches`).
-
-    Once SENTINEL FAILOVER is sent the fence stays until the old master is a replica, whatever happens to
-    opsctl: a re-run (opsctl.failover.fence.finish) or Sentinel's own conversion completes it."""
+    """Pause, fence, wait for the replicas, SENTINEL FAILOVER, demote the old master, lift its fence, unpause. Returns
+    the promoted replica and the sentinel leading the failover (its epoch watch added to `watches`).
+    Once SENTINEL FAILOVER is sent the fence stays until the old master is a replica, whatever happens to opsctl: a
+    re-run (opsctl.failover.fence.finish) or Sentinel completes it."""
     loaded = session.loaded
     shard = loaded.layout.shards[target.shard - 1]
     replicas = [n for n in shard.members if n != target.master]

@@ -119,12 +119,10 @@ def master_side_state(layout: Layout, facts: Facts, master: str, replica: str) -
 
 
 def bus_link_to_master(facts: Facts, replica: str) -> str | None:
-    """The cluster-bus links between the replica and its master, each as its sender sees it (connected,
-    disconnected, unknown; the worse one); None outside a cluster or when the replica's view was not read.
-    CLUSTER FAILOVER sends its request to the master over the replica's link and drops it silently while that
-    link is down; the master sends its paused offset back over its own link to the replica, and without it the
-    replica never starts the election. Either way the failover only times out (a node restarted a moment ago
-    connects its links at its next cluster cron, and its peers reconnect to it at theirs)."""
+    """The cluster-bus links between the replica and its master, each as its sender sees it (connected, disconnected,
+    unknown; the worse one); None outside a cluster or when the replica's view was not read.
+    Why: CLUSTER FAILOVER needs both links (the request goes over the replica's, the paused offset back over the
+    master's); with either down it only times out."""
     lines = facts[replica].cluster_nodes
     me = next((line for line in lines or [] if line.is_myself), None)
     if me is None or me.master_id is None:
@@ -289,10 +287,9 @@ def cluster_size(layout: Layout, facts: Facts) -> int:
 
 def vote_links(layout: Layout, facts: Facts, replica: str) -> dict[str, str]:
     """Each voter -> its own cluster-bus link to the replica as it lists it (connected, disconnected, not listed);
-    'shard N' -> 'no master answers'. A master grants its vote and sends it over that link only: while the link
-    is down the vote is dropped (Redis 7.0 still logs "Failover auth granted"). Each master reconnects to a node
-    restarted a moment ago at its next cluster cron, so right after a restart most votes can be lost; the
-    election then expires and a graceful CLUSTER FAILOVER times out."""
+    'shard N' -> 'no master answers'.
+    Why: a master sends its vote over that link only and drops it while the link is down, so right after a restart an
+    election can expire."""
     me = facts[replica].myself
     links: dict[str, str] = {}
     for shard, voter in voters(layout, facts).items():
@@ -355,11 +352,9 @@ def agreement_check(facts: Facts, layout: Layout) -> Check:
 
 
 def cluster_members(layout: Layout, facts: Facts) -> list[str]:
-    """The nodes in the cluster: the spec's servers that it knows (plan.masters.cluster_endpoints; all of them
-    when no node serving slots answers), and the observed ones the spec no longer has (a scale-in's, which it
-    still knows). A plan restarts the servers first, failing each master over, and only then starts and joins the
-    nodes a scale-out adds and drains and removes those of a scale-in: the first must not hold a failover up
-    (silent, or alone in their own view), the others must answer and agree like any member."""
+    """The nodes in the cluster: the spec's servers it knows (plan.masters.cluster_endpoints; all of them when no node
+    serving slots answers), plus the observed ones the spec no longer has (a scale-in's, still known).
+    Why: nodes a scale-out adds join after the restarts and must not hold a failover up; a scale-in's still count."""
     known = cluster_endpoints(facts)
     return [*(n.name for n in layout.servers if known is None or n.endpoint in known), *retired(layout, facts)]
 

@@ -1,16 +1,8 @@
 """The write fence, I/O part: the old master refuses writes until it is a replica, even if opsctl dies.
 
-A Sentinel or plain-replication failover pauses the master's writes (CLIENT PAUSE WRITE) while a replica takes
-over. The pause is bounded, so a killed opsctl never leaves it behind, but when it lapses before the old master
-is a replica, the old master takes writes again that its demotion later throws away (two writable masters).
-So the failover first fences the old master: `min-replicas-to-write` far above any replica count makes it
-answer NOREPLICAS to every write, and that outlives opsctl. The fence is lifted (the spec's values restored)
-when the old master is a replica, or, if no replica was promoted, when the failover gives up.
-
-A re-run of `opsctl failover` or `opsctl apply` finds a fence (CONFIG GET) and finishes what was interrupted:
-a fenced master next to another master becomes its replica; a fenced replica or a fenced lone master gets the
-spec's values back (a lone master only once no Sentinel failover is in flight).
-"""
+`min-replicas-to-write` above any replica count makes the old master answer NOREPLICAS to every write (Sentinel,
+plain replication); unlike the write pause it outlives opsctl. Lifted once the old master is a replica or nothing was
+promoted; a re-run finishes it (docs/runbooks/killed-failover.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Stream keys from a source to the target masters: SCAN + DUMP + PEXPIRETIME out, RESTORE in, deeply pipelined.
 
-Per source one thread with its own connections. Each round trip to the source carries a page's DUMP and
-PEXPIRETIME and the next page's SCAN; the page's RESTOREs go out before the previous page's replies are read,
-so the source, the targets and this process all work at once. Expiries travel as absolute times, moved from
-the source's clock to each target's (both measured with TIME), so time a key spends queued behind a big one
-does not stretch its TTL.
-"""
+One thread and its own connections per source. A source round trip carries a page's DUMP and PEXPIRETIME and the next
+page's SCAN; RESTOREs go out before earlier replies are read. Expiries travel as absolute times moved between clocks
+(read with TIME): a queued key's TTL does not stretch."""
 
 from __future__ import annotations
 

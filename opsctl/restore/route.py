@@ -1,9 +1,8 @@
-"""The pure parts of a restore: slot routing, DUMP payloads, counts, the resume journal, refusals. Pure.
+"""The pure parts of a restore: slot routing, DUMP payloads, counts, the resume journal, refusals.
 
-A restore copies keys with DUMP on a source (a scratch server holding a backup's RDB, or a live node) and
-RESTORE on the target master that owns the key's slot. Resuming after a kill re-reads every unfinished
-source; a key that is already there (BUSYKEY) counts as restored when its value equals the source's.
-"""
+A key is copied with DUMP on a source (a scratch server holding a backup's RDB, or a live node) and RESTORE on the
+master that owns its slot. Resuming re-reads every unfinished source; a key already there (BUSYKEY) counts as
+restored when its value equals the source's."""
 
 from __future__ import annotations
 

@@ -95,11 +95,10 @@ def closed_first(sizes: Sequence[int], at: int, most_open: int) -> int:
 
 
 def opened_together(sizes: Sequence[int], at: int, most_open: int, most: int, closed: int) -> int:
-    """How many waves from `at` open in one go (one journal line, one look at both ends, one SETSLOT pipeline per
-    end): the waves after it that fit with it in `most` slots and may open already, the waves closed_first wants
-    closed before them being among the `closed` first. An opening costs a fixed ~20-50 ms behind the source's
-    MIGRATE stream, longer than the small first waves take to move: opened one by one, the stream waited for
-    each. The first wave opens alone, so that the stream starts with it. Pure."""
+    """How many waves from `at` open in one go (one journal line, one look at both ends, one SETSLOT pipeline per end):
+    the waves after it that fit with it within `most` slots and need no more than `closed` waves closed first
+    (closed_first). The first wave opens alone, so the stream starts with it. Why: an opening costs more than a small
+    wave takes to move. Pure."""
     if at == 0:
         return 1
     end, total = at + 1, sizes[at]

@@ -1,15 +1,9 @@
-"""Is an endpoint of a slot move still the master of its shard? Pure: views in, a verdict out.
+"""Is an endpoint of a slot move still its shard's master? Pure: views in, verdict out.
 
-A master that stalls longer than the node timeout is failed over by the cluster while opsctl moves slots to or
-from it. Commands queued on its socket run when it wakes, before it learns it was demoted: a SETSLOT NODE then
-gives slots to a node that is no longer its shard's master. So before every SETSLOT NODE (and after any failed
-round) the engine asks both ends and the other side's view, and acts on the verdict:
-
-ok: answers, is a master, nobody flags it, no other node of its shard is a master;
-down: does not answer or is flagged fail/pfail, and nobody replaced it (yet): wait, bounded;
-replaced: another node of its shard is a master with slots and an epoch at least its own (the cluster promoted
-it), or it is a replica now.
-"""
+ok: answers, is a master, unflagged, no other master in its shard.
+down: silent or flagged fail/pfail, not replaced yet: wait, bounded.
+replaced: a replica now, or a node of its shard is a master with slots and an epoch at least its own.
+Why: a stalled master runs a queued SETSLOT NODE even once replaced."""
 
 from __future__ import annotations
 
@@ -38,11 +32,9 @@ def verdict(endpoint: str, own: Sequence[ClusterNodeLine] | None, other: Sequenc
 
 
 def _promoted(view: Sequence[ClusterNodeLine], endpoint: str, shard: Collection[str]) -> bool:
-    """Another node of the shard is a healthy master with slots in this view, and a config epoch at least the
-    judged node's there. A master that stalled past the node timeout can keep the slots it was given just
-    before its replica took over (the replica claims only what it knew its master had): both then serve slots
-    for good, and only the newer epoch is the shard's master (as shard_master picks it), so the older one does
-    not make the newer one 'replaced' (a run that followed the failover stopped on that, and so did fix)."""
+    """Another node of the shard is a healthy master with slots in this view, with a config epoch at least the judged
+    node's. Of two masters serving slots of one shard only the newer epoch is the master (as shard_master picks it),
+    so the older one never makes the newer one 'replaced'."""
     judged = next((line for line in view if line.endpoint == endpoint), None)
     least = judged.config_epoch if judged is not None else -1
     return any(line.endpoint != endpoint and line.endpoint in shard and line.is_master and line.slots

@@ -1,9 +1,7 @@
-"""The slot journal: every slot a run opens is written down (fsync) before it is opened, and marked closed
-after its owner changed everywhere. A killed run leaves open entries; the next `apply` or `cluster fix`
-closes exactly those. A scale-out's moves into a shard are written down too (fill), before the first, and marked
-done (filled) once apply finished: while one is open, apply plans moves into that shard until it holds its share.
-The file is JSON lines in the state dir; the replay decisions are pure.
-"""
+"""The slot journal (JSON lines in the state dir): every slot a run opens is written down (fsync) before it is opened,
+and marked closed once its owner changed everywhere; the next `apply` or `cluster fix` closes exactly the open
+entries a killed run left. A scale-out's fills are journaled too (fill, filled). The replay decisions are pure. See
+docs/slots.md."""
 
 from __future__ import annotations
 
