@@ -25,6 +25,7 @@ from opsctl.render import render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
+from opsctl.state.statedir import state_dir_for
 from opsctl.state.statelock import parse_pid, state_lock
 from tests.support import PASSWORD, loopback_hosts, make_spec, server_binary, write_spec
 
@@ -117,7 +118,7 @@ def test_paths_files_and_records(tmp_path: Path) -> None:
     loaded, provider = setup(tmp_path, "valkey", spec=make_spec("standalone", "valkey", hosts=1))
     _: Provider = provider  # satisfies the contract
     node = loaded.layout.nodes[0]
-    assert LocalProvider.default_state_dir(tmp_path / "topology.yaml", "x") == tmp_path.resolve() / ".opsctl" / "x"
+    assert state_dir_for(loaded, None) == tmp_path.resolve() / ".opsctl" / loaded.spec.name  # the default
     paths = provider.paths(node)
     folder = tmp_path.resolve() / "state" / node.name
     assert (paths.dir, paths.conf, paths.acl) == (str(folder), f"{folder}/redis.conf", f"{folder}/users.acl")

@@ -14,14 +14,13 @@ from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_ans
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.observe.cluster_state import cluster_problems
-from opsctl.plan.facts import NodeFacts
+from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
 from opsctl.plan.slotmath.planning import retired
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 
-Facts = Mapping[str, NodeFacts]
 MODES = ("graceful", "force", "takeover")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import Facts, cluster_endpoints, current_master, has_slots
+from opsctl.plan.facts import Facts, NodeFacts
+from opsctl.plan.masters import cluster_endpoints, current_master, has_slots
 from opsctl.plan.node_steps import restarting
 from opsctl.plan.replication_steps import follows
 from opsctl.plan.slotmath.planning import slot_steps

@@ -109,6 +109,9 @@ class NodeFacts(Frozen):
         return fields_["name"], address, int(port)
 
 
+Facts = Mapping[str, NodeFacts]  # every node's facts by name: what the pure deciders take
+
+
 def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
     """A digest of what the plan depends on; offsets, memory and timings are left out on purpose."""
     summary = {}

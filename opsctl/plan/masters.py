@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
-from opsctl.plan.facts import NodeFacts
+from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.spec.layout import Layout, Shard
-
-Facts = Mapping[str, NodeFacts]
 
 
 def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:

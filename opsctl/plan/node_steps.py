@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from opsctl.base.secrets import MASK
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
-from opsctl.plan.facts import NodeFacts
-from opsctl.plan.masters import Facts
+from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.steps import AclLoad, ConfigSet, RestartNode, StartNode, Step, WriteConfig
 from opsctl.render.tokens import quoted

@@ -10,8 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 from opsctl.plan.cluster_steps import cluster_steps, rejoins
 from opsctl.plan.desired import DesiredNode
-from opsctl.plan.facts import fingerprint
-from opsctl.plan.masters import Facts, current_master
+from opsctl.plan.facts import Facts, fingerprint
+from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
 from opsctl.plan.refusals import refuse_empty_master_restart, refuse_layout_change, refuse_unsafe_server_change
 from opsctl.plan.replication_steps import finish_failover_steps, replication_steps, with_sentinel_steps

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.errors import RefusedError
-from opsctl.plan.masters import Facts, start_master
+from opsctl.plan.facts import Facts
+from opsctl.plan.masters import start_master
 from opsctl.plan.node_steps import restarting
 from opsctl.server.versions import Version, rolling_change_problem, server_text
 from opsctl.spec.layout import Layout, deployed_as

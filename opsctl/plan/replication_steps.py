@@ -8,7 +8,8 @@ from collections.abc import Collection, Mapping, Sequence
 from opsctl.base.errors import RefusedError
 from opsctl.base.secrets import MASK
 from opsctl.plan.desired import DesiredNode, unquote
-from opsctl.plan.masters import Facts, sentinel_agreed_master, shard_master
+from opsctl.plan.facts import Facts
+from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.plan.steps import (
     FinishFailover,
     Replicate,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from opsctl.plan.desired import DesiredNode
-from opsctl.plan.facts import NodeFacts, fingerprint
+from opsctl.plan.facts import Facts, NodeFacts, fingerprint
 from opsctl.plan.fence import FENCE, TO_WRITE
-from opsctl.plan.masters import Facts, start_master, writer_now
+from opsctl.plan.masters import start_master, writer_now
 from opsctl.plan.node_steps import server_steps
 from opsctl.plan.steps import Failover, Plan, RestartNode, StartNode, Step, WaitConverged, WriteConfig
 from opsctl.server.versions import Version

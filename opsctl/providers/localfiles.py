@@ -28,7 +28,6 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, make_dir, read_bounded, trusted_owners, write_private
 
-STATE_FOLDER = ".opsctl"
 RECORD = "opsctl-node.json"
 FLAVOR_USERS = ("valkey", "redis")  # server.user's defaults
 RECORD_LIMIT = 1024 * 1024
@@ -54,11 +53,6 @@ class LocalFiles:
         self.state_dir = Path(os.path.abspath(state_dir))  # never resolved: a link in it is refused, not followed
         self.binary = binary
         self._user: ServerUser | None = None
-
-    @staticmethod
-    def default_state_dir(spec_file: str | Path, name: str) -> Path:
-        """`<folder of the spec>/.opsctl/<name>`."""
-        return Path(spec_file).resolve().parent / STATE_FOLDER / name
 
     def node_dir(self, node: Node) -> Path:
         return self.state_dir / node.name

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from opsctl.spec.load import LoadedSpec
 
+STATE_FOLDER = ".opsctl"  # beside the spec: `<folder of the spec>/.opsctl/<name>` unless --state-dir says otherwise
+
 
 def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
     """The state dir, checked before anything is done: the folders opsctl makes in it (`.opsctl/<name>`, or the
@@ -20,6 +22,6 @@ def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
         check_state_path(path, below=path.parent)
         return path
     spec_folder = Path(loaded.file).resolve().parent
-    path = spec_folder / ".opsctl" / loaded.spec.name
+    path = spec_folder / STATE_FOLDER / loaded.spec.name
     check_state_path(path, below=spec_folder)
     return path

@@ -4,16 +4,14 @@ the spec no longer has. Every step says why, with estimated keys and bytes per m
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 
-from opsctl.plan.facts import NodeFacts
+from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.slotmath.balance import balance_moves, estimate
 from opsctl.plan.slotmath.coverage import by_share, shares, unserved_slots
 from opsctl.plan.slotmath.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
 from opsctl.spec.layout import Layout
-
-Facts = Mapping[str, NodeFacts]
 
 
 def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
