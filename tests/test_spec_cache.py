@@ -13,7 +13,8 @@ import yaml
 
 from opsctl.cli.main import main
 from opsctl.spec import model, pydantic_model
-from opsctl.spec.model import DataMismatch, Record, Spec
+from opsctl.spec.model import Spec
+from opsctl.spec.record import DataMismatch, Record
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 

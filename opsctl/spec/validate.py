@@ -83,7 +83,7 @@ def _validate(data: dict[str, Any]) -> tuple[Spec | None, list[Any]]:
         return None, errors
 
 
-def _plain(validated: pydantic_model.Spec) -> Spec:
+def _plain(validated: pydantic_model.Strict) -> Spec:
     return Spec.from_json(validated.model_dump(mode="json"))
 
 
