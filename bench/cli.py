@@ -90,7 +90,7 @@ def where_time_goes(argv: Sequence[str], wall: float, start: float) -> str:
     interpreter = import_times([sys.executable, "-c", "pass"])
     by_package: dict[str, float] = {}
     for name, ms in import_times(argv).items():
-        if name not in interpreter:  # opsctl by module: opsctl.spec.model's time is pydantic building the models
+        if name not in interpreter:  # opsctl by package and module, libraries by top-level name
             group = ".".join(name.split(".")[:3]) if name.startswith("opsctl.") else name.split(".")[0]
             by_package[group] = by_package.get(group, 0.0) + ms
     total = sum(by_package.values())

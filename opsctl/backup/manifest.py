@@ -14,10 +14,10 @@ from typing import Any
 
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
+from opsctl.spec.model import TOPOLOGIES
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-TOPOLOGIES = ("standalone", "replication", "sentinel", "cluster")
 FLAVORS = ("redis", "valkey")
 MAGICS = {b"REDIS": "redis", b"VALKEY": "valkey"}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
