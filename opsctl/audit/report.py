@@ -1,4 +1,7 @@
-"""Render an audit report as a text table, JSON or a self-contained HTML page. Pure."""
+"""Render an audit report as a text table, JSON or a self-contained HTML page. Pure.
+
+The JSON is the report's own keys: the command line prints them inside its versioned envelope
+(opsctl.cli.output.envelope), so this module decides the text, not the envelope."""
 
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ def _finding_lines(f: Finding) -> list[str]:
 
 
 def render_table(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
+    """The report as text: its checks, scan counts, tables and every finding with its fix (no final newline)."""
     lines = [f"opsctl audit of '{report['spec']}': {', '.join(report['checks'])}"]
     stats = report.get("stats", {})
     if stats.get("keys_scanned") is not None:
@@ -51,11 +55,12 @@ def render_table(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
     lines += ["", plural(len(findings), "finding")]
     for f in ordered(findings):
         lines += _finding_lines(f)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def render_json(report: Mapping[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=False, default=str) + "\n"
+    """The report's keys as indented JSON; a value JSON has no form for prints as its str."""
+    return json.dumps(report, indent=2, sort_keys=False, default=str)
 
 
 def _html_table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -69,6 +74,7 @@ def _html_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_html(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
+    """The report as one self-contained HTML page (no final newline)."""
     title = html.escape(f"opsctl audit of {report['spec']}")
     rows = [{"severity": f.severity, "rule": f.rule, "node": f.node, "message": f.message, "fix": f.fix,
              "source": f.source} for f in ordered(findings)]
@@ -80,12 +86,13 @@ def render_html(report: Mapping[str, Any], findings: Sequence[Finding]) -> str:
         table = report.get("tables", {}).get(name)
         if table:
             parts += [f"<h2>{html.escape(name)}</h2>", _html_table(table)]
-    return "".join(parts) + "</body></html>\n"
+    return "".join(parts) + "</body></html>"
 
 
 def render(report: Mapping[str, Any], findings: Sequence[Finding], output: str) -> str:
+    """The report as a file of the output format (json, html or table), ending in a newline."""
     if output == "json":
-        return render_json(report)
+        return render_json(report) + "\n"
     if output == "html":
-        return render_html(report, findings)
-    return render_table(report, findings)
+        return render_html(report, findings) + "\n"
+    return render_table(report, findings) + "\n"

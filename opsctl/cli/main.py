@@ -27,18 +27,13 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from opsctl.base.words import plural
+    from opsctl.cli.output import print_text
+    from opsctl.cli.results import ValidateResult
     from opsctl.state.specfile import read_spec
 
     loaded = read_spec(args.file, secrets=not args.no_secrets, cached=False)
     refuse_server_without_tls(loaded)
-    nodes = loaded.layout.nodes
-    unchecked = " (secrets not checked)" if args.no_secrets else ""
-    print(f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', "
-          f"{plural(len(nodes), 'node')}{unchecked}")
-    for node in nodes:
-        shard = f" shard {node.shard}" if node.shard else ""
-        print(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
+    print_text(ValidateResult(loaded, secrets=not args.no_secrets))
     return EXIT_OK
 
 

@@ -1,5 +1,6 @@
 """The one printer: a command's result on stdout (text, or JSON in a versioned envelope) and its events on stderr
-as text (a redrawn line on a terminal) or JSON lines."""
+as text (a redrawn line on a terminal) or JSON lines. backup and restore print their JSON event lines on stdout
+instead, the last one being the result: that line carries the envelope's format_version."""
 
 from __future__ import annotations
 
@@ -18,18 +19,23 @@ from opsctl.cli.ttyline import TtyLine
 class Printer:
     """Events on a stream (stderr by default): JSON lines, or text. On a terminal progress (REDRAWN) is one
     bar redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
-    characters. Callable from several threads (parallel slot movers, restore sources)."""
+    characters. results: the kinds of event that end a run with its result (backup, restore): as JSON they
+    print inside the envelope, like every command's result. Callable from several threads (parallel slot
+    movers, restore sources)."""
 
-    def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
+    def __init__(self, json_mode: bool, stream: TextIO | None = None,
+                 results: tuple[type[Event], ...] = ()) -> None:
         self.json_mode = json_mode
         self.stream = stream or sys.stderr
+        self.results = results
         self.bar = TtyLine(self.stream) if not json_mode and self.stream.isatty() else None
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
         with self._lock:
             if self.json_mode:
-                self._line(json.dumps(as_dict(event), default=str))
+                line = as_dict(event)
+                self._line(json.dumps(envelope(line) if isinstance(event, self.results) else line, default=str))
             elif isinstance(event, SlotsDone):
                 if self.bar:
                     self.bar.done(event.line())
@@ -57,14 +63,14 @@ class Printer:
 
 
 @contextmanager
-def printing(json_mode: bool, stream: TextIO | None = None) -> Iterator[Printer]:
+def printing(json_mode: bool, stream: TextIO | None = None,
+             results: tuple[type[Event], ...] = ()) -> Iterator[Printer]:
     """A Printer for the block, its bar erased at the end (also when the block fails)."""
-    printer = Printer(json_mode, stream)
+    printer = Printer(json_mode, stream, results)
     try:
         yield printer
     finally:
         printer.close()
-
 
 
 # The version of every JSON result's shape: raised when a key a reader may rely on changes meaning or goes away
@@ -72,10 +78,14 @@ def printing(json_mode: bool, stream: TextIO | None = None) -> Iterator[Printer]
 FORMAT_VERSION = 1
 
 
-class Result(Protocol):
-    """What a command prints on stdout when it is done: text for people, an object for --output json."""
+class TextResult(Protocol):
+    """What a command without --output json prints on stdout when it is done: text for people."""
 
     def text(self) -> str: ...
+
+
+class Result(TextResult, Protocol):
+    """What a command prints on stdout when it is done: text for people, an object for --output json."""
 
     def to_dict(self) -> Mapping[str, object]: ...
 
@@ -87,5 +97,11 @@ def envelope(result: Mapping[str, object]) -> dict[str, object]:
 
 
 def print_result(result: Result, output: str) -> None:
-    """A result on stdout: its envelope as indented JSON when output is "json", else its text."""
-    print(json.dumps(envelope(result.to_dict()), indent=2) if output == "json" else result.text())
+    """A result on stdout: its envelope as indented JSON when output is "json", else its text. A value JSON has
+    no form for (a path, a timestamp) prints as its str."""
+    print(json.dumps(envelope(result.to_dict()), indent=2, default=str) if output == "json" else result.text())
+
+
+def print_text(result: TextResult) -> None:
+    """A result of a command that prints text only, on stdout."""
+    print(result.text())

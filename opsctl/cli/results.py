@@ -2,8 +2,12 @@
 the object --output json prints (inside opsctl.cli.output.envelope). The keys of each object are the ones scripts
 read today; a result's text is the command's text output, byte for byte.
 
-The cluster, slot and failover results import their text functions when asked, so that plan and status load
-none of those modules."""
+Commands without --output json (validate, bigkey delete) have a text result only. backup and restore print their
+JSON as event lines, the last one being the result (opsctl.cli.output.Printer's results); their text result is
+printed when they are done.
+
+The cluster, slot, failover, audit and backup results import their text functions when asked, so that plan and
+status load none of those modules."""
 
 from __future__ import annotations
 
@@ -13,10 +17,15 @@ from opsctl.base.frozen import Frozen, frozen
 from opsctl.cli.report import NodeStatus, plan_text, status_table
 
 if TYPE_CHECKING:
+    from opsctl.audit.bigdelete import DeleteResult
+    from opsctl.audit.run import AuditReport
+    from opsctl.backup.manifest import Manifest
+    from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
     from opsctl.plan.steps import Plan
     from opsctl.slots.session import Outcome
+    from opsctl.spec.load import LoadedSpec
 
 
 @frozen
@@ -99,3 +108,116 @@ class FailoverResult(Frozen):
 
     def to_dict(self) -> dict[str, Any]:
         return self.report.to_dict()
+
+
+@frozen
+class AuditResult(Frozen):
+    """audit: the findings and tables of the checks that ran; as text a table, or an HTML page when html."""
+
+    report: AuditReport
+    html: bool = False
+
+    def text(self) -> str:
+        from opsctl.audit.report import render_html, render_table
+
+        render = render_html if self.html else render_table
+        return render(self.report.as_dict(), self.report.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.report.as_dict()
+
+
+@frozen
+class BigKeyDeleteResult(Frozen):
+    """bigkey delete: how the key is (or, in a dry run, would be) deleted, and what it took."""
+
+    result: DeleteResult
+    dry_run: bool
+
+    def text(self) -> str:
+        result = self.result
+        lines = [("would delete " if self.dry_run else "") + result.plan.describe()]
+        if not self.dry_run and result.plan.method != "missing":
+            lines.append(f"deleted: {result.removed} elements in {result.round_trips} round trips, "
+                         f"{result.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+@frozen
+class ValidateResult(Frozen):
+    """validate: the spec is valid; its derived nodes, one a line. secrets: whether they were checked too."""
+
+    loaded: LoadedSpec
+    secrets: bool = True
+
+    def text(self) -> str:
+        from opsctl.base.words import plural
+
+        loaded, nodes = self.loaded, self.loaded.layout.nodes
+        unchecked = "" if self.secrets else " (secrets not checked)"
+        lines = [f"{loaded.file}: valid {loaded.spec.topology} spec '{loaded.spec.name}', "
+                 f"{plural(len(nodes), 'node')}{unchecked}"]
+        for node in nodes:
+            shard = f" shard {node.shard}" if node.shard else ""
+            lines.append(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
+        return "\n".join(lines)
+
+
+@frozen
+class BackupResult(Frozen):
+    """backup: the folder made and its manifest, one line per shard file (the JSON is the backup-done event)."""
+
+    folder: str
+    manifest: Manifest
+
+    def text(self) -> str:
+        from opsctl.backup.manifest import describe
+
+        lines = [f"backup {self.folder}: {describe(self.manifest)}"]
+        lines += [f"  {shard.file:<14} {shard.bytes:>12} bytes  {shard.total_keys:>10} keys  from {shard.node} "
+                  f"({shard.role})  sha256 {shard.sha256[:16]}" for shard in self.manifest.shards]
+        return "\n".join(lines)
+
+
+@frozen
+class VerifyResult(Frozen):
+    """backup verify: every checksum and key count of the folder matches its manifest (the JSON is the
+    verify-done event)."""
+
+    folder: str
+    manifest: Manifest
+
+    def text(self) -> str:
+        from opsctl.backup.manifest import describe
+
+        return f"ok {self.folder}: {describe(self.manifest)}; every checksum and key count matches"
+
+
+@frozen
+class RestoreResult(Frozen):
+    """restore: what was copied (or, in a dry run, would be) and how it checked (the JSON is the restore-done or
+    restore-dry-run event)."""
+
+    done: RestoreDone
+
+    def text(self) -> str:
+        done = self.done
+        if done.dry_run and not done.rechecked:
+            return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
+                    "every check passed, nothing was written")
+        resumed = " (resumed)" if done.resumed else ""
+        if done.rechecked:
+            lines = [f"already restored: {done.source} into {done.target} by an earlier run (mode {done.mode}); "
+                     "checked again, nothing copied"]
+        else:
+            lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
+                     f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
+        for key, counts in sorted(done.sources.items()):
+            lines.append(f"  {key:<28} {counts['keys']:>10} read  {counts['restored']:>10} restored  "
+                         f"{counts['existing']:>8} already there  {counts['skipped']:>8} skipped")
+        if done.problems:
+            lines.append("problems:")
+            lines += [f"  {p}" for p in done.problems]
+        else:
+            lines.append(f"verified: key counts match; {done.verified} keys compared with the source, all equal")
+        return "\n".join(lines)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from opsctl.base.tty import human_bytes
 from opsctl.slots.session import Outcome
 
@@ -20,7 +18,3 @@ def outcome_text(outcome: Outcome) -> str:
                      f"({s['keys_per_sec']:.0f} keys/s, {s['mode']})")
     return "\n".join(lines)
 
-
-def outcome_json(outcome: Outcome) -> str:
-    return json.dumps({"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
-                       "notes": outcome.notes}, indent=2)

@@ -27,6 +27,7 @@ from opsctl.spec.model import (
     config_text,
 )
 from opsctl.spec.secretcheck import SecretResolver, check_secrets
+from opsctl.spec.secretpaths import unquoted
 from opsctl.spec.tlsrefs import missing_refs
 
 Finding = tuple[tuple[str | int, ...], str, str]
@@ -307,7 +308,7 @@ def _check_config(spec: Spec, config: dict[str, str | int | bool],
         if DIRECTIVE_NAME.match(directive) and directive not in MANAGED_DIRECTIVES:
             problem = value_problem(flavor, version, directive, config_text(value))
             if problem:
-                yield (at, *problem)
+                yield (at, unquoted(problem[0], config_text(value), at), problem[1])
 
 
 def _check_overrides(spec: Spec) -> Iterator[Finding]:

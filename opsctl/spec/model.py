@@ -11,7 +11,7 @@ already validated (opsctl.state.speccache) starts without it.
 import typing
 from typing import Annotated, Literal
 
-from opsctl.spec.record import Check, Length, Pattern, Range, Record, field
+from opsctl.spec.record import Check, Hidden, Length, Pattern, Range, Record, field
 from opsctl.spec.record import fields_of as _fields_of  # noqa: F401 (tests/test_spec_cache.py reads fields here)
 
 Topology = Literal["standalone", "replication", "sentinel", "cluster"]
@@ -21,6 +21,8 @@ POLICIES = ("volatile-lru", "allkeys-lru", "volatile-lfu", "allkeys-lfu",
 
 LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-server-del",
             "lazyfree-lazy-user-del", "replica-lazy-flush")  # what lazyfree: true turns on
+# Directives whose value is a secret: an error about config: or nodes.<name>.config: never quotes it.
+SECRET_CONFIG = frozenset({"requirepass", "masterauth", "primaryauth", "tls-key-file-pass", "tls-client-key-file-pass"})
 PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
 CLUSTER_BUS_OFFSET = 10000  # a cluster node's bus port is its port + this
 
@@ -47,6 +49,7 @@ def config_text(value: ConfigValue) -> str:
 class SecretRef(Record):
     """Where a secret lives: an environment variable or a file. Never the value itself."""
 
+    SECRET = True
     env: str | None = None
     file: str | None = None
 
@@ -64,12 +67,15 @@ class FileRef(Record):
     file: Annotated[str, Length(1)]
 
 
+KeyFile = Annotated[FileRef, Hidden()]  # a private key's file: a key pasted in its place is never quoted back
+
+
 class TlsFiles(Record):
     """Certificate files for one host or one node (override tls.ca / tls.cert / tls.key)."""
 
     ca: FileRef | None = None
     cert: FileRef | None = None
-    key: FileRef | None = None
+    key: KeyFile | None = None
 
 
 class Tls(Record):
@@ -80,7 +86,7 @@ class Tls(Record):
         "opsctl makes a private CA and one certificate per node (SANs: address and host name) in the state dir"))
     ca: FileRef | None = None
     cert: FileRef | None = None
-    key: FileRef | None = None
+    key: KeyFile | None = None
     client_auth: Literal["required", "optional", "no"] = "required"
     protocols: Annotated[list[TlsProtocol], Length(1)] = field(default_factory=lambda: ["TLSv1.2", "TLSv1.3"])
     plaintext_port: bool = field(False, description=(

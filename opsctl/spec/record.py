@@ -51,6 +51,13 @@ class Check:
         self.name = name
 
 
+class Hidden:
+    """Marker: an error never quotes what this field holds. For a field that names where a secret lives (a file,
+    say), where a mistake may put the secret itself; a field of a secret record's type (Record.SECRET) is one too."""
+
+    __slots__ = ()
+
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -100,6 +107,7 @@ class Record:
     """A frozen value with typed fields, made from JSON-like data that is checked field by field (types only: the
     values' rules are the validator's). Method names follow pydantic's, so call sites read the same either way."""
 
+    SECRET: ClassVar[bool] = False  # a field of this type names a secret: errors never quote what it holds
     # Every field's default, when the record may be left out whole (each field has one, and they pass check()).
     DEFAULTS: ClassVar[Mapping[str, object]] = {}
     _fields: ClassVar[dict[str, RecordField]] = {}  # in declaration order

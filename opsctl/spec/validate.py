@@ -14,6 +14,7 @@ from opsctl.spec import pydantic_model
 from opsctl.spec.checks import check_spec, suggest
 from opsctl.spec.model import Spec
 from opsctl.spec.secretcheck import SecretResolver
+from opsctl.spec.secretpaths import HIDDEN, public_path, secret_hint, shown, unquoted
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
 FIELD_HINTS: dict[str, str] = {
@@ -118,34 +119,44 @@ def _is_internal(part: object) -> bool:
 
 
 def _message(err: Any, path: Path_) -> tuple[str, str]:
-    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
+    """The problem's message and hint; at a secret place (opsctl.spec.secretpaths) neither quotes what was written
+    there, and the hint says how the secret is given instead."""
+    message, hint = _words(err, path, shown(err.get("input"), path))
+    message = unquoted(message, err.get("input"), path)
+    return message, (secret_hint(path) or hint) if HIDDEN in message else hint
+
+
+def _words(err: Any, path: Path_, value: str) -> tuple[str, str]:
+    """The problem's message and hint, quoting the value written as value says."""
+    kind, ctx = err["type"], err.get("ctx", {})
     leaf = str(path[-1]) if path else ""
     if kind == "extra_forbidden":
         allowed = _allowed_fields(path[:-1])
-        return "unknown field", f"{suggest(leaf, allowed)}allowed here: {', '.join(allowed)}"
+        what = "unknown field" if public_path(path) == path else "unknown field (its name is not shown: a secret)"
+        return what, f"{suggest(leaf, allowed)}allowed here: {', '.join(allowed)}"
     if kind == "missing":
         return "is required", FIELD_HINTS.get(f"{leaf}:missing", f"add '{leaf}:'")
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {echo(value)}", FIELD_HINTS.get(leaf, "")
+        return f"must be one of {ctx.get('expected')}, got {value}", FIELD_HINTS.get(leaf, "")
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"must be a whole number, got {echo(value)}", "write the number without quotes"
+        return f"must be a whole number, got {value}", "write the number without quotes"
     if kind == "string_type":
-        return f"must be a string, got {echo(value)}", FIELD_HINTS.get(leaf, "quote the value")
+        return f"must be a string, got {value}", FIELD_HINTS.get(leaf, "quote the value")
     if kind == "bool_type":
-        return f"must be true or false, got {echo(value)}", "write true or false without quotes"
+        return f"must be true or false, got {value}", "write true or false without quotes"
     if kind in ("list_type", "tuple_type"):
-        return f"must be a list, got {echo(value)}", "write it as [a, b] or as '- a' lines"
+        return f"must be a list, got {value}", "write it as [a, b] or as '- a' lines"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"must be a mapping of fields, got {echo(value)}", "write it as 'field: value' lines"
+        return f"must be a mapping of fields, got {value}", "write it as 'field: value' lines"
     if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}, got {echo(value)}", ""
+        return f"must be at least {ctx.get('ge')}, got {value}", ""
     if kind == "less_than_equal":
-        return f"must be at most {ctx.get('le')}, got {echo(value)}", ""
+        return f"must be at most {ctx.get('le')}, got {value}", ""
     if kind == "too_short":
         return (f"needs at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}",
                 FIELD_HINTS.get(leaf, ""))
     if kind == "string_pattern_mismatch":
-        return f"{echo(value)} is not valid", FIELD_HINTS.get(leaf, "")
+        return f"{value} is not valid", FIELD_HINTS.get(leaf, "")
     if kind == "value_error":
         return str(err["msg"]).removeprefix("Value error, "), ""
     return str(err["msg"]), ""

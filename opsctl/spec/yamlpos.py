@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from opsctl.base.errors import SpecProblem, echo
+from opsctl.spec.secretpaths import public_path
 from opsctl.spec.text import MAX_SPEC_CHARS, control_chars
 
 Path_ = tuple[str | int, ...]
@@ -32,9 +33,10 @@ class PositionedDocument:
 
 
 def field_path(path: Path_) -> str:
-    """('hosts', 0, 'name') -> 'hosts[0].name'."""
+    """('hosts', 0, 'name') -> 'hosts[0].name'; below a secret place, only as far as declared fields go (a key
+    written there may be the secret: opsctl.spec.secretpaths)."""
     text = ""
-    for part in path:
+    for part in public_path(path):
         shown = part if isinstance(part, int) or _PLAIN_KEY.match(part) else echo(part)
         text += f"[{shown}]" if isinstance(part, int) else (f".{shown}" if text else str(shown))
     return text

@@ -71,8 +71,9 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 def _audit(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.keyspace import Thresholds
-    from opsctl.audit.report import render
     from opsctl.audit.run import AuditOptions, run_audit
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -92,7 +93,7 @@ def _audit(args: argparse.Namespace) -> int:
     finally:
         if bar:
             bar.close()
-    sys.stdout.write(render(report.as_dict(), report.findings, args.output))
+    print_result(AuditResult(report, html=args.output == "html"), args.output)
     return EXIT_FINDINGS if at_or_above(report.findings, args.fail_on) else EXIT_OK
 
 
@@ -135,6 +136,8 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.bigdelete import delete_big_key
+    from opsctl.cli.output import print_text
+    from opsctl.cli.results import BigKeyDeleteResult
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -142,9 +145,7 @@ def _bigkey_delete(args: argparse.Namespace) -> int:
     with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
         result = delete_big_key(connector, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
                                 args.dry_run, args.max_ops_per_sec)
-    print(("would delete " if args.dry_run else "") + result.plan.describe())
-    if not args.dry_run and result.plan.method != "missing":
-        print(f"deleted: {result.removed} elements in {result.round_trips} round trips, {result.seconds:.2f} s")
+    print_text(BigKeyDeleteResult(result, args.dry_run))
     return EXIT_OK
 
 

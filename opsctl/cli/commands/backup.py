@@ -19,12 +19,15 @@ if TYPE_CHECKING:
     from opsctl.cli.output import Printer
     from opsctl.spec.load import LoadedSpec
 
+
 def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
-    """Events of backup and restore: JSON lines on stdout with --output json (the command's result is the
-    last line); otherwise text on stderr, progress as a bar redrawn on a terminal."""
+    """Events of backup and restore: JSON lines on stdout with --output json, the last one their result (its
+    backup-done, verify-done, restore-done or restore-dry-run event, in the envelope); otherwise text on stderr,
+    progress as a bar redrawn on a terminal, and the text result on stdout when done."""
+    from opsctl.base.events import BackupDone, RestoreDone, VerifyDone
     from opsctl.cli.output import printing
 
-    return printing(json_mode, sys.stdout if json_mode else sys.stderr)
+    return printing(json_mode, sys.stdout if json_mode else sys.stderr, results=(BackupDone, VerifyDone, RestoreDone))
 
 
 @contextmanager
@@ -53,8 +56,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from opsctl.apply.connect import open_connector
-    from opsctl.backup.manifest import describe
     from opsctl.backup.save import BackupOptions, run_backup
+    from opsctl.cli.output import print_text
+    from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -66,20 +70,18 @@ def cmd_backup(args: argparse.Namespace) -> int:
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
             fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
         folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
-    if not json_mode:
-        print(f"backup {folder}: {describe(manifest)}")
-        for shard in manifest.shards:
-            print(f"  {shard.file:<14} {shard.bytes:>12} bytes  {shard.total_keys:>10} keys  from {shard.node} "
-                  f"({shard.role})  sha256 {shard.sha256[:16]}")
+    if not json_mode:  # as JSON, the result was the last event line
+        print_text(BackupResult(str(folder), manifest))
     return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from opsctl.backup.manifest import describe
     from opsctl.backup.verify import verify_backup
     from opsctl.base.events import VerifyDone
+    from opsctl.cli.output import print_text
+    from opsctl.cli.results import VerifyResult
 
     if not args.target or args.file or args.to:
         raise OpsctlError("usage: opsctl backup verify DIR", hint="DIR is a backup directory (it holds manifest.json)")
@@ -87,8 +89,8 @@ def _verify(args: argparse.Namespace) -> int:
     with event_printer(json_mode) as emit:
         manifest = verify_backup(Path(args.target), emit)
         emit(VerifyDone(True, manifest.total_keys))
-    if not json_mode:
-        print(f"ok {args.target}: {describe(manifest)}; every checksum and key count matches")
+    if not json_mode:  # as JSON, the result was the verify-done line
+        print_text(VerifyResult(args.target, manifest))
     return EXIT_OK
 
 

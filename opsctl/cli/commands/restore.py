@@ -4,37 +4,11 @@ from __future__ import annotations
 
 import argparse
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_file, add_state_dir
-
-if TYPE_CHECKING:
-    from opsctl.base.events import RestoreDone
-
-
-def _text(done: RestoreDone) -> str:
-    if done.dry_run and not done.rechecked:
-        return (f"dry run: would restore {done.source} into {done.target} (mode {done.mode}); "
-                "every check passed, nothing was written")
-    resumed = " (resumed)" if done.resumed else ""
-    if done.rechecked:
-        lines = [f"already restored: {done.source} into {done.target} by an earlier run (mode {done.mode}); "
-                 "checked again, nothing copied"]
-    else:
-        lines = [f"restored {done.source} into {done.target}{resumed}: {done.keys} keys in "
-                 f"{done.seconds:.1f}s ({done.keys_per_sec or 0} keys/s), mode {done.mode}"]
-    for key, counts in sorted(done.sources.items()):
-        lines.append(f"  {key:<28} {counts['keys']:>10} read  {counts['restored']:>10} restored  "
-                     f"{counts['existing']:>8} already there  {counts['skipped']:>8} skipped")
-    if done.problems:
-        lines.append("problems:")
-        lines += [f"  {p}" for p in done.problems]
-    else:
-        lines.append(f"verified: key counts match; {done.verified} keys compared with the source, all equal")
-    return "\n".join(lines)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -73,8 +47,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
         report = run_restore(target, prepared, state_dir, options, emit)
         if report.dry_run:
             emit(report.done(RestoreDryRun))
-    if not json_mode:
-        print(_text(report.done()))
+    if not json_mode:  # as JSON, the result was the last event line
+        from opsctl.cli.output import print_text
+        from opsctl.cli.results import RestoreResult
+
+        print_text(RestoreResult(report.done()))
     return EXIT_ERROR if report.problems else EXIT_OK
 
 
