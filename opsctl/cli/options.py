@@ -1,4 +1,5 @@
-"""The options many commands share, each declared here once: the spec file, the state dir and the output format.
+"""The options many commands share, each declared here once: the spec file, the state dir, the output format,
+--auto-approve and --dry-run.
 
 Only argparse is imported: every run builds its parser from these, `--help` and `--version` included."""
 
@@ -9,6 +10,7 @@ import argparse
 SPEC_HELP = "topology spec (YAML)"
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
 STATE_DIR_TUNNELS_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
+AUTO_APPROVE_HELP = "do not ask for confirmation"
 OUTPUTS = ("text", "json")
 
 
@@ -34,3 +36,16 @@ def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STAT
     add_state_dir(parser, state_dir_help)
     if output:
         add_output(parser)
+
+
+def add_auto_approve(parser: argparse.ArgumentParser, about: str = AUTO_APPROVE_HELP,
+                     yes: bool = False) -> None:
+    """--auto-approve (args.auto_approve): change things without asking, as pipelines must. yes: --yes too,
+    listed first (failover, where it also consents to the risks of a forced failover)."""
+    flags = ("--yes", "--auto-approve") if yes else ("--auto-approve",)
+    parser.add_argument(*flags, dest="auto_approve", action="store_true", help=about)
+
+
+def add_dry_run(parser: argparse.ArgumentParser, about: str) -> None:
+    """--dry-run (args.dry_run): check and show, change nothing; about says what this command shows."""
+    parser.add_argument("--dry-run", action="store_true", help=about)

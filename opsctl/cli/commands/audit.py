@@ -12,7 +12,7 @@ from typing import TextIO
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.base.tty import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_options
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_options
 from opsctl.cli.ttyline import TtyLine
 
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
@@ -155,7 +155,7 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d = actions.add_parser("delete", help="delete a big key without blocking the server")
     add_spec_options(d, STATE_DIR_TUNNELS_HELP)
     d.add_argument("key", metavar="KEY")
-    d.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    add_dry_run(d, "show the plan, change nothing")
     d.add_argument("--chunked", action="store_true", help="rename and delete in chunks even when lazyfree is on")
     d.add_argument("--chunk", type=ranged(int, 1, 100_000), default=500, help="elements per delete step (default 500)")
     d.add_argument("--max-ops-per-sec", type=RATE, default=None, help="commands per second")

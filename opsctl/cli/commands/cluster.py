@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import RATE, SLOTS, ranged
-from opsctl.cli.options import add_output, add_spec_file, add_spec_options, add_state_dir
+from opsctl.cli.options import add_dry_run, add_output, add_spec_file, add_spec_options, add_state_dir
 
 if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client or slot module
     from pathlib import Path
@@ -93,14 +93,10 @@ def weight(pair: str) -> tuple[str, float]:
     return name, WEIGHT(value)
 
 
-def _weights(pairs: list[tuple[str, float]]) -> dict[str, float]:
-    return dict(pairs)
-
-
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from opsctl.slots.run import rebalance
 
-    weights = _weights(args.weight)
+    weights = dict(args.weight)
     return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
         connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
 
@@ -118,7 +114,7 @@ def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
     p.add_argument("--max-keys-per-sec", type=RATE, default=None, help="throttle key-by-key moves")
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
     if dry_run:
-        p.add_argument("--dry-run", action="store_true", help="show the moves, change nothing")
+        add_dry_run(p, "show the moves, change nothing")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

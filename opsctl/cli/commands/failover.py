@@ -8,11 +8,11 @@ from contextlib import nullcontext
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.options import add_output, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_output, add_spec_options
 
 
 def _confirm(args: argparse.Namespace) -> None:
-    if args.yes or args.dry_run:
+    if args.auto_approve or args.dry_run:
         return
     if not sys.stdin.isatty():
         raise OpsctlError("refusing to fail over without confirmation", "standard input is not a terminal",
@@ -39,7 +39,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(loaded, args.state_dir)
     _confirm(args)
     opts = Options(shard=args.shard, master=args.master, to=args.to, mode=args.mode, escalate=args.escalate,
-                   dry_run=args.dry_run, force_checks=args.force_checks, yes=args.yes,
+                   dry_run=args.dry_run, force_checks=args.force_checks, yes=args.auto_approve,
                    max_lag_bytes=args.max_lag_bytes, max_lag_seconds=args.max_lag_seconds, timeout=args.timeout,
                    report=args.report, failover_command=not args.no_failover_command)
     json_mode = args.output == "json"
@@ -65,10 +65,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="cluster only; force and takeover can lose acknowledged writes and need --yes")
     p.add_argument("--escalate", action="store_true",
                    help="cluster: if a mode times out, try the next (graceful -> force -> takeover); needs --yes")
-    p.add_argument("--dry-run", action="store_true", help="print the pre-checks and the steps; change nothing")
+    add_dry_run(p, "print the pre-checks and the steps; change nothing")
     p.add_argument("--force-checks", action="store_true", help="go on although a pre-check failed")
-    p.add_argument("--yes", "--auto-approve", dest="yes", action="store_true",
-                   help="do not ask; consent to the risks of force/takeover")
+    add_auto_approve(p, "do not ask; consent to the risks of force/takeover", yes=True)
     p.add_argument("--report", help="also write the JSON report here")
     p.add_argument("--max-lag-bytes", type=ranged(int, 0, 2**50), default=1024 * 1024,
                    help="pre-check limit (default 1 MiB)")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.options import add_spec_options
+from opsctl.cli.options import add_auto_approve, add_spec_options
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from opsctl.apply.runtime import Runtime
@@ -132,7 +132,7 @@ def _follow_playbooks(rt: Runtime, emit: Emit) -> None:
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
     """The options of every command that executes a plan which may restart or fail over nodes."""
-    parser.add_argument("--auto-approve", action="store_true", help="do not ask for confirmation")
+    add_auto_approve(parser)
     parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
     parser.add_argument("--parallel-shards", type=ranged(int, 1, 16384), default=1, metavar="N",
                         help="roll restarts through N shards at once")
@@ -289,6 +289,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
     add_spec_options(p)
-    p.add_argument("--auto-approve", action="store_true")
+    add_auto_approve(p)
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
     p.set_defaults(handler=cmd_destroy)

@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_file, add_state_dir
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     source.add_argument("--from-live", metavar="SOURCE_SPEC", help="the spec of a running topology to copy from")
     p.add_argument("--mode", choices=("fail-if-exists", "replace", "skip-existing"), default="fail-if-exists",
                    help="keys that already exist on the target: refuse before writing (default), overwrite, or keep")
-    p.add_argument("--dry-run", action="store_true", help="run every check, write nothing")
+    add_dry_run(p, "run every check, write nothing")
     p.add_argument("--verify", choices=("sample", "full"), default="sample",
                    help="after the copy compare a sample of keys (default) or every key with the source")
     p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,
