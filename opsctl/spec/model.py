@@ -130,6 +130,10 @@ class Host(Record):
         "provider ansible: opsctl reaches this host's node ports through an SSH tunnel to the host "
         "(for ports open only to the other hosts); see docs/remote.md"))
     tls: TlsFiles | None = None
+    source_address: str | None = field(None, description=(
+        "bind-source-addr of the servers and sentinels on this host: the address their outgoing connections "
+        "(replication, Sentinel, cluster bus) leave from, the host's address or one of its bind addresses; "
+        "default: the kernel's choice (Redis >= 7.0, Valkey)"))
 
 
 class NodeOverride(Record):
@@ -200,6 +204,14 @@ class Hardening(Record):
 class Persistence(Record):
     aof: Literal["always", "everysec", "no", "off"] = "everysec"
     rdb: list[str] = field(default_factory=lambda: ["900 1", "300 10", "60 10000"])
+    min_replicas_to_write: Annotated[int, Range(0, 100)] | None = field(None, description=(
+        "a master refuses writes (NOREPLICAS) while fewer of its replicas than this acknowledged its stream within "
+        "min_replicas_max_lag seconds: bounds the writes a master cut off from its replicas acknowledges and a "
+        "failover then drops. Default: 1 in replication and sentinel topologies with replicas, 0 in a cluster "
+        "(its node timeout bounds a cut-off master); 0 turns it off (docs/runbooks/partitions.md)"))
+    min_replicas_max_lag: Annotated[int, Range(1, 3600)] = field(5, description=(
+        "seconds since a replica's last acknowledgement after which it no longer counts for "
+        "min_replicas_to_write: a master cut off from its replicas stops taking writes within about this + 2 s"))
 
 
 class Memory(Record):
