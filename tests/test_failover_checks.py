@@ -486,4 +486,10 @@ def test_the_fence_is_seen_and_lifted_to_the_spec_values(tmp_path):
 
     loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
     assert fenced({"min-replicas-to-write": FENCE}) and not fenced({"min-replicas-to-write": "0"}) and not fenced(None)
-    assert spec_values(loaded, loaded.layout.servers[0]) == {"min-replicas-to-write": "0", "min-replicas-max-lag": "10"}
+    # issue 23: a Sentinel topology renders min-replicas-to-write 1 and -max-lag 5 by default (was: none, so
+    # the server's 0 and 10); the fence lifts to what the spec renders, the opt-out included
+    assert spec_values(loaded, loaded.layout.servers[0]) == {"min-replicas-to-write": "1", "min-replicas-max-lag": "5"}
+    opted_out = read_spec(write_spec(tmp_path, make_spec("sentinel", persistence={
+        "min_replicas_to_write": 0, "min_replicas_max_lag": 10}), "out.yaml"))
+    assert spec_values(opted_out, opted_out.layout.servers[0]) == {"min-replicas-to-write": "0",
+                                                                   "min-replicas-max-lag": "10"}

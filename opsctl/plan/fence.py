@@ -18,7 +18,7 @@ FENCE = "1000000"  # min-replicas-to-write no real shard reaches: every write ge
 TO_WRITE, MAX_LAG = "min-replicas-to-write", "min-replicas-max-lag"
 DEFAULTS = {TO_WRITE: "0", MAX_LAG: "10"}
 
-__all__ = ["FENCE", "MAX_LAG", "TO_WRITE", "fenced", "spec_values"]
+__all__ = ["FENCE", "MAX_LAG", "TO_WRITE", "fenced", "is_fence", "spec_values"]
 
 
 def fenced(config: Mapping[str, str] | None) -> bool:
@@ -26,8 +26,15 @@ def fenced(config: Mapping[str, str] | None) -> bool:
     return (config or {}).get(TO_WRITE) == FENCE
 
 
+def is_fence(name: str, value: str | None) -> bool:
+    """Is this directive's live or on-disk value the fence? Then it is not drift for a CONFIG SET or a rewritten file
+    to undo: finishing the failover lifts it (back to spec_values), and lifting it earlier makes two masters."""
+    return name == TO_WRITE and value == FENCE
+
+
 def spec_values(loaded: LoadedSpec, node: Node) -> dict[str, str]:
-    """min-replicas-to-write and -max-lag as the spec renders them (the server's defaults when it does not)."""
+    """min-replicas-to-write and -max-lag as the spec renders them (persistence.min_replicas_*; the server's defaults
+    where it renders none): what lifting the fence restores."""
     from opsctl.plan.desired import single_valued
     from opsctl.render import render_sections
     from opsctl.render.directives import NodePaths

@@ -9,6 +9,7 @@ from opsctl.base.secrets import MASK
 from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import Facts, NodeFacts
+from opsctl.plan.fence import is_fence
 from opsctl.plan.ondisk import DIFFERS, canonical
 from opsctl.plan.steps import AclLoad, ConfigSet, RestartNode, StartNode, Step, WriteConfig
 from opsctl.render.tokens import quoted
@@ -43,6 +44,8 @@ def file_drift(want: DesiredNode, f: NodeFacts) -> list[str]:
             if not is_config_directive(name):
                 continue
             have = f.on_disk.get(canonical(name))
+            if is_fence(name, have):
+                continue  # an interrupted failover's, lifted by finishing it
             if have is None or not config_equal(name, value, have):
                 found.append(f"the file on disk has {name} {'(missing)' if have is None else repr(have)}, "
                              f"spec says {value}")
@@ -71,6 +74,8 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         if name == "user":
             continue  # the default user's passwords during a rotation: the rotation phase sets them live
         live = (f.config or {}).get(name)
+        if is_fence(name, live):
+            continue  # FinishFailover lifts it to the spec's value once the failover is decided
         changed_in_spec = f.recorded_digest is not None and recorded.get(name) != value
         drifted = live is not None and not config_equal(name, value, live)
         if not (changed_in_spec or drifted):

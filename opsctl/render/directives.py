@@ -46,13 +46,20 @@ def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
 
 def network(spec: Spec, node: Node) -> list[Directive]:
     """replica-announce-ip: masters and sentinels otherwise see the connection's source address."""
-    return [("bind", _bind(node)), *ports(spec, node), ("replica-announce-ip", word(node.address)),
-            ("protected-mode", "yes"),
+    return [("bind", _bind(node)), *source_address(spec, node), *ports(spec, node),
+            ("replica-announce-ip", word(node.address)), ("protected-mode", "yes"),
             ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
 
 
 def _bind(node: Node) -> str:
     return " ".join(word(address) for address in node.bind)
+
+
+def source_address(spec: Spec, node: Node) -> list[Directive]:
+    """bind-source-addr from the node's host (hosts[].source_address): the address its outgoing connections
+    leave from, so that peers and firewalls tell a multi-homed host's nodes by their source address."""
+    address = next((h.source_address for h in spec.hosts if h.name == node.host), None)
+    return [("bind-source-addr", word(address))] if address else []
 # The node's TLS files, next to its config on its host.
 TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE = "tls-ca.crt", "tls.crt", "tls.key"
 
@@ -170,7 +177,22 @@ def replication(spec: Spec) -> list[Directive]:
             ("repl-diskless-sync-delay", "1" if per_shard > 1 else "0"),
             ("repl-diskless-sync-max-replicas", str(per_shard)), ("repl-diskless-load", "disabled"),
             ("replica-read-only", "yes"),
-            ("replica-serve-stale-data", "yes")]
+            ("replica-serve-stale-data", "yes"), *write_quorum(spec)]
+
+
+def write_quorum(spec: Spec) -> list[Directive]:
+    """min-replicas-to-write and -max-lag (persistence.min_replicas_*): a master refuses writes once fewer replicas
+    than that acknowledged its stream within the lag, so one cut off from its replicas stops acknowledging writes
+    a failover would drop within a bounded time. On by default where replication or Sentinel fail a master over;
+    off by default in a cluster, whose node timeout bounds a cut-off master, and where one replica per master
+    would stop a shard's writes on any replica loss (docs/runbooks/partitions.md)."""
+    if spec.topology == "standalone":
+        return []
+    persistence = spec.persistence
+    to_write = persistence.min_replicas_to_write
+    if to_write is None:
+        to_write = 1 if spec.topology != "cluster" and replicas_per_shard(spec) > 0 else 0
+    return [("min-replicas-to-write", str(to_write)), ("min-replicas-max-lag", str(persistence.min_replicas_max_lag))]
 
 
 def cluster(spec: Spec, node: Node) -> list[Directive]:
@@ -245,7 +267,8 @@ def sentinel_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, master: 
                 for c, new in sorted(loaded.renames.items())]
     own: list[Directive] = [("requirepass", quoted(password)), ("sentinel sentinel-pass", quoted(password))]
     sections = (
-        Section("network", (("bind", _bind(node)), *ports(spec, node), ("protected-mode", "yes"),
+        Section("network", (("bind", _bind(node)), *source_address(spec, node), *ports(spec, node),
+                            ("protected-mode", "yes"),
                             ("sentinel announce-ip", word(node.address)), ("sentinel announce-port", str(node.port)))),
         Section("process", (("daemonize", _yes(daemonize)), ("pidfile", word(paths.pid)),
                             ("logfile", word(paths.log)), ("dir", word(paths.dir)))),

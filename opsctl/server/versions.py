@@ -17,6 +17,7 @@ TESTED: dict[str, Version] = {"redis": (7, 0), "valkey": (9, 1)}
 # Directives absent from some supported versions. Anything not listed exists in every supported version.
 DIRECTIVE_SINCE: dict[str, dict[str, Version | None]] = {
     "enable-protected-configs": {"redis": (7, 0), "valkey": (7, 2)},
+    "bind-source-addr": {"redis": (7, 0), "valkey": (7, 2)},
     "enable-debug-command": {"redis": (7, 0), "valkey": (7, 2)},
     "enable-module-command": {"redis": (7, 0), "valkey": (7, 2)},
     "latency-tracking": {"redis": (7, 0), "valkey": (7, 2)},

@@ -14,15 +14,16 @@ from opsctl.base.endpoints import canonical_address, endpoint
 from opsctl.base.errors import echo
 from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
-from opsctl.server.versions import SUPPORTED, Version, is_supported, parse_version, version_text
+from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
-from opsctl.spec.layout import Layout, layout, replication_hosts, sentinel_hosts
+from opsctl.spec.layout import Layout, host_bind, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
     CLUSTER_BUS_OFFSET,
     LAZYFREE,
     PLAINTEXT_PORT_OFFSET,
     POLICIES,
     TOPOLOGIES,
+    Host,
     Spec,
     config_text,
 )
@@ -98,6 +99,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     nodes = layout(spec)
     yield from _check_ports(spec, nodes)
     yield from _check_tls(spec, nodes)
+    yield from _check_write_quorum(spec, nodes)
 
 
 def _check_version(spec: Spec) -> Iterator[Finding]:
@@ -134,6 +136,7 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
         yield from _check_address(spec, i, host.address, ("hosts", i, "address"))
         for j, address in enumerate(host.bind or []):
             yield from _check_address(spec, i, address, ("hosts", i, "bind", j))
+        yield from _check_source_address(spec, i, host)
         if host.admin_via_ssh and spec.provider != "ansible":
             yield (("hosts", i, "admin_via_ssh"), "admin_via_ssh needs provider: ansible",
                    "the local provider reaches its nodes directly; remove admin_via_ssh")
@@ -155,6 +158,36 @@ def _check_address(spec: Spec, index: int, address: str, path: tuple[str | int, 
     if spec.provider == "local" and not ip.is_loopback:
         yield (path, f"{address} is not a loopback address, but provider is local",
                "use 127.0.0.1, 127.0.0.2, ... for local processes, or provider: ansible for real hosts")
+
+
+def _check_source_address(spec: Spec, index: int, host: Host) -> Iterator[Finding]:
+    """bind-source-addr must be an address of the host's own, or every outgoing connection of its nodes fails."""
+    address, path = host.source_address, ("hosts", index, "source_address")
+    if address is None:
+        return
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        yield (path, f"{echo(address)} is not an IP address", "give the IP address of one of the host's interfaces")
+        return
+    bind = host_bind(host)
+    if canonical_address(address) not in bind and not set(bind) & PUBLIC_BINDS:
+        yield (path, f"{address} is neither the host's address nor one of its bind addresses",
+               "give the address its nodes listen on (address, or one of bind)")
+    if not has_directive(spec.server.flavor, parse_version(spec.server.version), "bind-source-addr"):
+        yield (path, f"{spec.server.flavor} {spec.server.version} has no bind-source-addr",
+               "use Redis >= 7.0 or Valkey, or leave source_address out")
+
+
+def _check_write_quorum(spec: Spec, nodes: Layout) -> Iterator[Finding]:
+    """A master waiting for more replicas than its shard has refuses every write."""
+    wanted, path = spec.persistence.min_replicas_to_write, ("persistence", "min_replicas_to_write")
+    if not wanted:
+        return
+    fewest = min((len(shard.replicas) for shard in nodes.shards), default=0)
+    if wanted > fewest:
+        yield (path, f"{wanted} replicas must acknowledge a write, but a shard has {fewest}: its master would refuse "
+                     "every write", f"set at most {fewest}, or 0 to turn the check off")
 
 
 def _check_references(spec: Spec) -> Iterator[Finding]:
