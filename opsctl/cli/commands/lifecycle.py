@@ -5,55 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
 from opsctl.cli.options import add_auto_approve, add_spec_options
+from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from opsctl.apply.runtime import Runtime
     from opsctl.base.events import Emit
-    from opsctl.cli.results import StatusResult
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
-
-
-def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
-    from opsctl.apply.runtime import make_runtime
-    from opsctl.state.specfile import read_spec_to_keep
-
-    state_dir = getattr(args, "state_dir", None)
-    loaded, keep = read_spec_to_keep(args.file)
-    rt = make_runtime(loaded, state_dir)
-    if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec
-        keep()
-    return rt
-
-
-@contextmanager
-def _runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Runtime]:
-    """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
-    included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
-    then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
-    state-dir lock alone; the topology lock marks each server as soon as it answers. cache_beside: plan and apply,
-    a pipeline's pair, keep the validated spec next to it even on a first run (opsctl.state.speccache)."""
-    rt = _load(args, cache_beside)
-    with ExitStack() as locks:
-        if locked:
-            from opsctl.state.statelock import state_lock
-
-            locks.enter_context(state_lock(rt.state_dir))
-        try:
-            if locked:
-                from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
-
-                locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
-            yield rt
-        finally:
-            rt.provider.close()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -66,7 +30,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable_target(args.out, "--out")
-    with _runtime(args, cache_beside=True) as rt:
+    with open_runtime(args, cache_beside=True) as rt:
         plan, _ = compute_plan(rt)
     if args.out:
         from pathlib import Path
@@ -148,10 +112,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.state.planfile import read_saved_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
-    with _runtime(args, locked=True, cache_beside=True) as rt:
+    with open_runtime(args, locked=True, cache_beside=True) as rt:
         if _apply_plans(rt, args, saved) < 0:
             return EXIT_CHANGES
-        healthy = _print_status(rt, args.output)
+        healthy = print_status(rt, args.output)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
@@ -219,36 +183,13 @@ def _rest_needs_review(args: argparse.Namespace, rest: Plan) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Exit 0 only when the topology is healthy: a node down, a refused password or a cluster not ok is 1."""
-    with _runtime(args) as rt:
-        healthy = _print_status(rt, args.output)
+    with open_runtime(args) as rt:
+        healthy = print_status(rt, args.output)
     return EXIT_OK if healthy else EXIT_ERROR
 
 
-def _print_status(rt: Runtime, output: str) -> bool:
-    """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy."""
-    from opsctl.cli.output import print_result
-
-    status = _status(rt)
-    print_result(status, output)
-    if output == "text" and status.hint is not None:
-        print(f"  hint: {status.hint}", file=sys.stderr)
-    return status.healthy
-
-
-def _status(rt: Runtime) -> StatusResult:
-    from opsctl.apply.gather import gather_facts
-    from opsctl.cli.report import node_status
-    from opsctl.cli.results import StatusResult
-    from opsctl.plan.status import health_hint, health_line
-
-    facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
-    healthy, line = health_line(rt.loaded, facts)
-    return StatusResult(rt.loaded.spec.name, rt.loaded.spec.topology, healthy, line,
-                        tuple(node_status(rt.loaded.layout, facts)), None if healthy else health_hint(facts))
-
-
 def cmd_destroy(args: argparse.Namespace) -> int:
-    with _runtime(args) as rt:
+    with open_runtime(args) as rt:
         _destroy(rt, args)
     return EXIT_OK
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
-from opsctl.cli.commands.lifecycle import _print_status, _runtime, rollout_options, run_plan
+from opsctl.cli.commands.lifecycle import rollout_options, run_plan
 from opsctl.cli.options import add_spec_options
+from opsctl.cli.runtime import open_runtime, print_status
 
 
 def node_names(text: str) -> frozenset[str]:
@@ -21,7 +22,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     from opsctl.apply.gather import refuse_silent_nodes, settled_facts, spec_digest
     from opsctl.plan.rolling import restart_plan
 
-    with _runtime(args, locked=True) as rt:
+    with open_runtime(args, locked=True) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]
         selected = set(args.nodes) if args.nodes is not None else set(names)
         unknown = sorted(selected - set(names))
@@ -31,7 +32,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
         run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")
-        _print_status(rt, args.output)
+        print_status(rt, args.output)
     return EXIT_OK
 
 

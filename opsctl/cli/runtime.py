@@ -1,0 +1,72 @@
+"""The Runtime a command runs on, opened from its -f/--state-dir options under the locks it asks for, and the
+status it prints when done: one place for plan, apply, status, destroy and restart."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
+    from opsctl.apply.runtime import Runtime
+    from opsctl.cli.results import StatusResult
+
+
+def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
+    from opsctl.apply.runtime import make_runtime
+    from opsctl.state.specfile import read_spec_to_keep
+
+    state_dir = getattr(args, "state_dir", None)
+    loaded, keep = read_spec_to_keep(args.file)
+    rt = make_runtime(loaded, state_dir)
+    if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec
+        keep()
+    return rt
+
+
+@contextmanager
+def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Runtime]:
+    """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
+    included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
+    then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
+    state-dir lock alone; the topology lock marks each server as soon as it answers. cache_beside: plan and apply,
+    a pipeline's pair, keep the validated spec next to it even on a first run (opsctl.state.speccache)."""
+    rt = _load(args, cache_beside)
+    with ExitStack() as locks:
+        if locked:
+            from opsctl.state.statelock import state_lock
+
+            locks.enter_context(state_lock(rt.state_dir))
+        try:
+            if locked:
+                from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
+
+                locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
+            yield rt
+        finally:
+            rt.provider.close()
+
+
+def print_status(rt: Runtime, output: str) -> bool:
+    """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy."""
+    from opsctl.cli.output import print_result
+
+    status = _status(rt)
+    print_result(status, output)
+    if output == "text" and status.hint is not None:
+        print(f"  hint: {status.hint}", file=sys.stderr)
+    return status.healthy
+
+
+def _status(rt: Runtime) -> StatusResult:
+    from opsctl.apply.gather import gather_facts
+    from opsctl.cli.report import node_status
+    from opsctl.cli.results import StatusResult
+    from opsctl.plan.status import health_hint, health_line
+
+    facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
+    healthy, line = health_line(rt.loaded, facts)
+    return StatusResult(rt.loaded.spec.name, rt.loaded.spec.topology, healthy, line,
+                        tuple(node_status(rt.loaded.layout, facts)), None if healthy else health_hint(facts))
