@@ -79,7 +79,8 @@ FORMAT_VERSION = 1
 
 
 class TextResult(Protocol):
-    """What a command without --output json prints on stdout when it is done: text for people."""
+    """What a command prints on stdout when it is done, as text for people: the whole result of a command without
+    --output json; backup's and restore's text result (as JSON, theirs is the last event line)."""
 
     def text(self) -> str: ...
 
@@ -103,5 +104,5 @@ def print_result(result: Result, output: str) -> None:
 
 
 def print_text(result: TextResult) -> None:
-    """A result of a command that prints text only, on stdout."""
+    """A text result on stdout."""
     print(result.text())
