@@ -17,7 +17,7 @@ FINDING_COLUMNS = ("severity", "rule", "node", "message")
 TABLE_ORDER = ("shards", "bigkeys", "ttl", "hotkeys", "slowlog", "memory", "tls")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):

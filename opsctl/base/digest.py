@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 
-def digest(value: Any) -> str:
+def digest(value: object) -> str:
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

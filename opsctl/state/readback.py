@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, TypeVar
+from types import EllipsisType
+from typing import Any, NoReturn, TypeVar, overload
 
 from opsctl.state.safefs import READ_LIMIT, FileProblem, read_bounded
 
 T = TypeVar("T")
+D = TypeVar("D")
 KIND_NAMES: dict[type, str] = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
                                list: "a list", dict: "an object"}
 
@@ -29,7 +31,8 @@ def found(value: object) -> str:
     return KIND_NAMES.get(type(value), type(value).__name__).removeprefix("a ").removeprefix("an ")
 
 
-def parse_json(text: str, path: Path | str, hint: str) -> Any:
+def parse_json(text: str, path: Path | str, hint: str) -> object:
+    """A JSON value, not yet checked: Fields checks each field's kind as it is read."""
     if not text.strip():
         raise FileProblem(path, "is empty (truncated?)", hint)
     try:
@@ -41,11 +44,11 @@ def parse_json(text: str, path: Path | str, hint: str) -> Any:
         raise FileProblem(path, "is nested too deeply to be an opsctl file", hint) from None
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_json(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool = True) -> Any:
+def load_json(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool = True) -> object:
     """A JSON file's value; a missing file is a problem too (callers that allow it check first)."""
     text = read_bounded(path, hint, limit, follow=follow)
     if text is None:
@@ -68,7 +71,16 @@ class Fields:
         name = ".".join(p for p in (self.where, key) if p)
         return FileProblem(self.path, f"{name}: {what}" if name else what, self.hint)
 
-    def get(self, key: str, kind: type[T] | tuple[type, ...], default: Any = ...) -> Any:
+    @overload
+    def get(self, key: str, kind: type[T]) -> T: ...
+    @overload
+    def get(self, key: str, kind: type[T], default: D) -> T | D: ...
+    @overload
+    def get(self, key: str, kind: tuple[type, ...], default: object = ...) -> object: ...
+
+    def get(self, key: str, kind: type[T] | tuple[type, ...], default: object = ...) -> object:
+        """The field's value when it is of kind (an int is taken for a float); default when it is missing or
+        null and a default is given; a FileProblem naming the field otherwise."""
         if key not in self.data or (self.data[key] is None and default is not ...):
             if default is ...:
                 raise self.problem("is missing", key)
@@ -85,13 +97,13 @@ class Fields:
             raise self.problem("is not a finite number", key)
         return value
 
-    def strings(self, key: str, default: Any = ...) -> list[str]:
-        values = self.get(key, list, default)
+    def strings(self, key: str, default: list[str] | EllipsisType = ...) -> list[str]:
+        values = self.get(key, list) if isinstance(default, EllipsisType) else self.get(key, list, default)
         if any(not isinstance(v, str) for v in values):
             raise self.problem("expected a list of strings", key)
         return list(values)
 
-    def child(self, key: str, default: Any = ...) -> Fields:
+    def child(self, key: str, default: dict[str, object] | EllipsisType = ...) -> Fields:
         return Fields(self.get(key, dict, default), self.path, self.hint, ".".join(p for p in (self.where, key) if p))
 
     def items(self, key: str) -> list[Fields]:
