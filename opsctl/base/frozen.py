@@ -6,8 +6,14 @@ no attribute can be set. Why: dataclass compiles six methods per class."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar, dataclass_transform
+from typing import Any, ClassVar, TypeVar
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform  # novermin (guarded: 3.11+)
+else:  # Python 3.10: the backport (a dependency there), so type checkers see @frozen classes as dataclasses
+    from typing_extensions import dataclass_transform
 
 T = TypeVar("T")
 

@@ -71,7 +71,8 @@ def _annotation(kind: Any, models: dict[str, type[Strict]]) -> Any:
     if origin is Annotated:
         metadata = [item for marker in args[1:] for item in _metadata(marker, args[0])]
         inner = _annotation(args[0], models)
-        return Annotated[(inner, *metadata)] if metadata else inner
+        parts = (inner, *metadata)  # Annotated[inner, *metadata], without 3.11's star in a subscript
+        return Annotated[parts] if metadata else inner
     if origin is list:
         return list[_annotation(args[0], models)]  # type: ignore[misc]
     if origin is dict:  # keys are text, as JSON's
