@@ -95,12 +95,10 @@ Chain = list[tuple[int, Step]]
 
 
 def _masters_first(run: Execution, wave: list[Chain], following: list[Chain] | None) -> tuple[list[Chain], list[Chain]]:
-    """A node-local wave as (what runs now, what runs beside once the masters were launched). Before a
-    form-cluster step the replicas' chains run beside: they are written and started as soon as the masters were
-    launched, and form-cluster waits for them once the masters are set up and meet (a master's 2 s writable
-    delay runs from its own start, so the masters start first and everything else overlaps it). A provider that
-    stages files writes the replicas' files now all the same: they ship with the masters' in one playbook run,
-    where a second shipment would cost a second run."""
+    """A node-local wave as (what runs now, what runs beside once the masters were launched). Before a form-cluster
+    step the replicas' chains run beside, and form-cluster waits for them once the masters are set up and meet; a
+    provider that stages files writes the replicas' files now, to ship them in the masters' playbook run.
+    Why: a master's writable delay runs from its own start, so the rest overlaps it."""
     if following is None or not isinstance(following[0][0][1], FormCluster):
         return wave, []
     layout = run.rt.loaded.layout
@@ -172,8 +170,8 @@ def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int,
     for index, step in starts:
         run.emit(StepStart(index, total, step.title()))
     nodes = [run.node(step) for _, step in starts]
-    # masters first: a new cluster is ok 2 s after its last master started (the server's writable delay), however
-    # late its replicas start
+    # masters first: a new cluster is ok once its last master's writable delay ran out, however late its replicas
+    # start
     failed = run.rt.provider.start_many(sorted(nodes, key=lambda n: n.role != "master"), launched)
     failed |= wait_answering(run, [n for n in nodes if n.name not in failed])
     errors: list[OpsctlError] = []

@@ -1,8 +1,7 @@
 """TLS on live nodes: certificate rotation without restarts, and what the TLS audit asks each node. I/O shell.
 
-Servers reload their files on `CONFIG SET tls-cert-file ... tls-key-file ... tls-ca-cert-file ...` (the same
-paths: the values are references, so setting them reloads), keeping their pid and every open connection.
-Redis 7.0's Sentinel has no CONFIG command: sentinels restart one at a time (they hold no data).
+A server reloads its files on `CONFIG SET tls-cert-file ... tls-key-file ... tls-ca-cert-file ...` with the same
+paths, keeping its pid and every open connection; sentinels restart one at a time (Redis 7.0's has no CONFIG).
 """
 
 from __future__ import annotations

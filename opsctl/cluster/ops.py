@@ -2,7 +2,7 @@
 or, for form_cluster, through an Observer's raw links.
 
 form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip
-per node; then it polls every few ms (never 1 s sleeps).
+per node; then it polls every few ms, never in redis-cli's whole-second sleeps.
 """
 
 from __future__ import annotations
@@ -40,11 +40,9 @@ def replicate(admin: Admin, master_id: str) -> None:
 def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) -> str | None:
     """Make a node that comes back with a forgotten cluster identity a new node before it meets the cluster.
 
-    A node a scale-in removed keeps its nodes.conf: added again under the same name it starts with its old id and
-    its old view of the cluster, and every node that FORGOT it ignores that id (banned for 60 s) and the gossip
-    never converges. Such a node knows other nodes while the live cluster (live_ids) does not know it. Only an
-    empty node is reset (CLUSTER RESET HARD: new id, epoch 0, forgets every node); keys or slots are refused, so
-    no data is ever dropped. Returns the old id when it reset the node."""
+    Such a node knows others while the live cluster (live_ids) does not know it. Only an empty one is reset (CLUSTER
+    RESET HARD; keys or slots are refused): no data is dropped. Returns the old id when it reset the node.
+    Why: nodes that FORGOT its id ignore it, and the gossip never converges."""
     lines = parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
     me = next((line for line in lines if line.is_myself), None)
     if me is None or me.id in live_ids or len(lines) <= 1:
@@ -104,12 +102,8 @@ def setup_commands(epoch: int, ranges: Sequence[SlotRange], has_range: bool) -> 
 def config_epochs(layout: Layout) -> dict[str, int]:
     """Each node's config epoch at creation: distinct, every replica's below every master's. Pure.
 
-    A node can learn a replica through gossip as a master before it replicates, with its own epoch as its
-    shard's; once it replicates it speaks with its master's epoch, and Valkey 9.1 ignores every packet of it as
-    stale for good when its own epoch was the higher ("Ignore stale message ... gossip config epoch: 35, current
-    config epoch: 36"): a 60-node creation timed out with one node's view of one replica wrong. Equal epochs
-    are no way out: two masters that meet with the same epoch (replicas before they replicate, at 0) make one
-    of them take the cluster's next epoch, above its master's again."""
+    Why: a node that learned a replica through gossip as a master, at an epoch above its master's, ignores it as
+    stale for good once it replicates; equal epochs would make one of them take the cluster's next epoch."""
     replicas = [r for shard in layout.shards for r in shard.replicas]
     masters = [shard.master for shard in layout.shards]
     return {name: epoch for epoch, name in enumerate([*replicas, *masters], start=1)}
@@ -145,16 +139,10 @@ MEETS_AGAIN_AFTER = 1.0  # s: a replica that does not know its master yet this l
 
 def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str],
                           then: Mapping[str, Sequence[Node]], timeout: float) -> None:
-    """Each replica, as soon as it knows its master (its MEET's handshake completes on the servers' 100 ms
-    cluster cron; CLUSTER COUNT-FAILURE-REPORTS answers for a known id only): CLUSTER REPLICATE, and its MEETs of
-    `then` in the same round trip. Its first sync starts as early as it can, and the MEETs go out before it can
-    block: a replica that loads from the socket answers nothing until its load is done.
-
-    A replica that still does not know its master MEETS_AGAIN_AFTER s after its last MEET meets it again: a
-    handshake that gets no answer within the node timeout (a master starved of CPU on a busy machine) is dropped,
-    and the master's own PINGs do not make the replica learn it (only a MEET adds an unknown sender); without
-    another MEET the replica would wait for nothing until the timeout. A MEET while a handshake to the same
-    address is under way is a no-op."""
+    """Each replica, once it knows its master (CLUSTER COUNT-FAILURE-REPORTS answers for a known id only): CLUSTER
+    REPLICATE and its MEETs of `then` in one round trip (its sync starts early, the MEETs go out before a socket
+    load blocks it). One still not knowing it MEETS_AGAIN_AFTER its last MEET meets it again.
+    Why: an unanswered handshake is dropped; only a MEET adds an unknown sender."""
     waiting = {r: ids[shard.master] for shard in layout.shards for r in shard.replicas}
     masters = {r: layout.node(shard.master) for shard in layout.shards for r in shard.replicas}
     met_at = dict.fromkeys(waiting, time.monotonic())
@@ -201,10 +189,9 @@ def expected_lines(layout: Layout, ids: Mapping[str, str]) -> Expected:
 def stale_senders(view: Sequence[ClusterNodeLine], expected: Expected) -> list[str]:
     """The ids of the nodes a view shows with a role or slots other than expected. Pure.
 
-    A node met by another reads the meeter's header only from the meeter's next packet after the handshake, at
-    the ping cadence (cluster-node-timeout/2 later), and a node learned through gossip before it replicated is
-    seen as a master until then: a MEET from the node seen wrong delivers its header at once. Nodes not in the
-    view yet (or still in handshake, under a random id) are not counted: their handshake is under way."""
+    Nodes not in the view yet, or in handshake under a random id, are not counted: their handshake is under way.
+    Why: a node that was met learns its meeter's header only at the ping cadence; a MEET from the node seen wrong
+    delivers it at once."""
     return [line.id for line in view if not line.is_myself and line.id in expected
             and (line.master_id, line.slots) != expected[line.id]]
 
@@ -214,10 +201,9 @@ REPAIR_EVERY = 0.2  # s: how often nodes that are not settled yet have their vie
 
 
 def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float) -> None:
-    """wait_converged that repairs stale views instead of leaving them to the ping cadence: while nodes are not
-    settled (cluster_state ok, replica link up), every REPAIR_EVERY s their views are read, and once all are, the
-    full look's views: each node seen stale (stale_senders) MEETs the node that sees it so, at most every
-    REMEET_AFTER s per pair. A master's cluster_state is ok only once it knows every slot's owner."""
+    """wait_converged that repairs stale views instead of leaving them to the ping cadence: the views of the nodes not
+    settled (cluster_state ok, replica link up) are read every REPAIR_EVERY, then the full look's; each node seen
+    stale (stale_senders) MEETs the node that sees it so, at most every REMEET_AFTER per pair."""
     expected = expected_lines(layout, ids)
     by_id = {node_id: layout.node(name) for name, node_id in ids.items()}
     settled: set[str] = set()
@@ -272,26 +258,18 @@ TO_SOCKET: Command = ("CONFIG", "SET", DISKLESS_LOAD, "on-empty-db")
 def loads_from_disk(reply: TextReply) -> bool:
     """A CONFIG GET repl-diskless-load reply that says disabled. Pure.
 
-    While the cluster forms, such an empty replica is set to load its first sync straight from the socket
-    (on-empty-db: only into an empty data set, so nothing can be lost), and set back once it synced: Valkey 9.1
-    saves a disk sync in a thread and loads it only at its once-a-second replication cron, up to 1 s later.
-    The rendered config says repl-diskless-load, so a run killed before it is set back leaves drift the next
-    plan sets back."""
+    While the cluster forms such an empty replica loads its first sync from the socket (on-empty-db: only into an
+    empty data set, nothing can be lost), set back once synced; a run killed before that leaves drift the next plan
+    sets back. Why: a sync saved to disk is loaded only at the replica's replication cron."""
     return isinstance(reply, list) and len(reply) == 2 and reply[1] == "disabled"
 
 
 def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
                  replicas_started: Callable[[], None] | None = None) -> None:
-    """Create a cluster from fresh empty nodes, each pass one round trip per node, all nodes at once: distinct
-    epochs and even slots per shard master; masters MEET each other and each replica its master; each replica
-    REPLICATEs as soon as it knows its master (its first sync then overlaps the rest, loaded from the socket)
-    and MEETs everyone else in the same round trip, so nobody learns it through a MEET as a master. Then wait
-    until converged (_converge), where a node whose view of another is stale gets a second MEET from it instead
-    of waiting for the ping cadence.
-
-    The masters are set up and meet first, while the caller writes and starts the replicas that do not run yet (a
-    master's 2 s writable delay counts from its own start: the masters start first, and the rest overlaps it);
-    replicas_started waits until they run (raising the caller's error if one did not start)."""
+    """Create a cluster from fresh empty nodes, one round trip per node and pass, all at once: distinct epochs, even
+    slots per master; a replica MEETs its master, REPLICATEs once it knows it, then MEETs the rest; then _converge.
+    Masters go first while the caller starts the replicas; replicas_started waits for those (raising the caller's
+    error). Why: a master's writable delay counts from its own start."""
     servers = list(layout.servers)
     slots = slot_plan(layout)
     server = connector.loaded.spec.server
