@@ -92,10 +92,13 @@ class RecordField:
 def field(default: T, *, description: str | None = None) -> T: ...
 @overload
 def field(*, default_factory: Callable[[], T], description: str | None = None) -> T: ...
+@overload
+def field(*, description: str) -> Any: ...
 def field(default: object = REQUIRED, *, default_factory: Callable[[], object] | None = None,
           description: str | None = None) -> Any:
-    """A field's default and description beyond what `name: type = default` says (pydantic's Field, in short).
-    Any: the class body assigns it to a field of the declared type, which the record's instances hold instead."""
+    """A field's default and description beyond what `name: type = default` says (pydantic's Field, in short);
+    field(description=...) alone: a required field's description. Any: the class body assigns it to a field of the
+    declared type, which the record's instances hold instead."""
     return RecordField(default, default_factory, description)
 
 
