@@ -1,9 +1,8 @@
 """`opsctl backup`: BGSAVE on one node per shard, copy the RDB with its sha256, count its keys, write the manifest.
 
-The backup goes to `<to>/.<name>-<stamp>.partial/` and is renamed to `<to>/<name>-<stamp>/` once the manifest
-is written: a directory without the dot is complete. Every key a client got an acknowledgement for before the
-backup began is in it: a replica saves only after its replication offset reached its master's offset read at
-the start.
+Written to `<to>/.<name>-<stamp>.partial/`, renamed without the dot once the manifest is in: a dotless folder is
+complete. Every write acknowledged before the backup began is in it: a replica saves only once its offset reached
+its master's at the start.
 """
 
 from __future__ import annotations

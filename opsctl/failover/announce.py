@@ -1,24 +1,8 @@
 """Tell every sentinel about a promotion the moment it happened, in the words its leader will use.
 
-The leading sentinel confirms a promotion only through INFO, which it sends the promoted replica once a second
-during a failover (hard-coded in Redis 7.0 and Valkey 9.1): GET-MASTER-ADDR-BY-NAME names the new master up to
-a second after the promotion, and the leader's SENTINEL MASTERS (what redis-py's `Sentinel` reads) only after
-one more INFO of every other replica. Once confirmed, the leader announces the new master with a hello message
-carrying the failover's epoch, and every sentinel adopts a configuration whose epoch is newer than its own.
-
-opsctl sends that same hello (PUBLISH __sentinel__:hello to each sentinel, which takes hellos from its peers
-this way) as soon as the replica answers ROLE master: the leader's failover epoch, read from its +new-epoch event
-during SENTINEL FAILOVER, and, as the sender, a sentinel the receiver already knows (ip, port and run id from its
-own SENTINEL SENTINELS), so no sentinel is added or moved. Nothing else changes: the epoch is the one the leader
-won, the master is the replica the leader promoted (checked: its `promoted` flag in the leader's view, and no
-other +new-epoch since). A sentinel that misses it (down, or opsctl killed half-way) learns the same
-configuration from the others' hellos, as it would have anyway.
-
-PUBLISH answers 1 whether or not the sentinel took the hello, so each sentinel is asked on the same connection
-right after it what it names now. A leader whose INFO confirmed the promotion before the hello arrived ignores
-it (its config epoch is already the failover's, not older), yet holds the same configuration: it names the
-promoted replica in GET-MASTER-ADDR-BY-NAME and its hellos, and moves its SENTINEL MASTERS entry at its
-failover's end, once INFO shows the other replicas re-pointed (about a second later).
+Once the replica answers ROLE master, each sentinel gets the leader's hello (PUBLISH __sentinel__:hello: the
+failover's epoch, a sender it knows) and is then asked what it names. Why: the leader confirms a promotion only
+through a once-a-second INFO. See docs/runbooks/failover.md, "What it costs".
 """
 
 from __future__ import annotations

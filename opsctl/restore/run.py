@@ -1,13 +1,8 @@
-"""`opsctl restore`: refuse what cannot work before writing anything, copy every source in parallel, resume
-from the journal after a kill, then check counts and values.
+"""`opsctl restore`: refuse what cannot work before writing anything, copy every source in parallel, then check
+counts and values. This module runs it and keeps its journal (target, sources, checks, verify: their own modules).
 
-Sources are a backup directory (each RDB loaded into a scratch server whose DUMP payloads the target can
-RESTORE) or a running topology (a linked replica per shard, else its master). The journal in the target's
-state dir names the source and the sources already finished; a re-run of the same command skips those and
-re-reads the rest, counting keys it finds already equal as restored.
-
-This module runs a restore and keeps its journal; the target, the sources, the refusals before a write (checks)
-and the checks after the copy (verify) have their own modules.
+Killed, the same command resumes: it skips the sources the journal names finished and re-reads the rest, counting
+keys already equal as restored (docs/backup.md).
 """
 
 from __future__ import annotations
