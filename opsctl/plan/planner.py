@@ -1,8 +1,8 @@
 """(spec, observed facts) -> Plan. Pure: no I/O, every step with its reason.
 
 This module orders the phases: the refusals (refusals), each shard's steps in rolling order (rolling, node_steps),
-the topology's own (cluster_steps, replication_steps), password rotation, the closing wait. When repairs of a
-killed run decide who takes writes, they are planned alone first and apply plans the rest after them."""
+the topology's own (cluster_steps, replication_steps), password rotation, the closing wait. Repairs of a killed run
+that decide who takes writes are planned alone first; apply plans the rest after them."""
 
 from __future__ import annotations
 
@@ -102,12 +102,10 @@ FINISH_FIRST = ("the interrupted failover is finished first: a restart would lif
 
 
 def _repairs_first(loaded: LoadedSpec, repairs: Sequence[Step], note: str, facts: Facts, spec_digest: str) -> Plan:
-    """Only the repairs of what a killed run left now, when the plan also restarts nodes (in a cluster: fails
-    masters over): they decide which node takes which writes, and so the rolling order, the failover before a
-    master's restart and the master a step names. A slot repair comes before a failover, which refuses while
-    slots are open; an interrupted failover is finished before a restart, which would lift its fence. Open slots
-    are also closed alone while a scale-out is unfinished: the moves that finish it are planned from what closing
-    leaves. Apply observes again once they ran and plans the rest."""
+    """Only the repairs of what a killed run left, when the plan also restarts nodes (in a cluster: fails masters
+    over) or closes slots while a scale-out is unfinished; apply observes again once they ran and plans the rest.
+    Why: they decide who takes which writes (the rolling order, the failover before a restart, the master a step
+    names), and a scale-out's moves are planned from what closing leaves."""
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(repairs), (note,), replan=True)
 
 

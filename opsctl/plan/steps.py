@@ -1,5 +1,5 @@
-"""The steps a plan is made of. Frozen and serialisable; each carries a human reason. (@frozen: dataclasses made
-for a fraction of what @dataclass(frozen=True) costs at import, which every plan and apply paid for 20 classes.)"""
+"""The steps a plan is made of. Frozen and serialisable; each carries a human reason. (@frozen: dataclasses at a
+fraction of the import cost of @dataclass(frozen=True), see opsctl.base.frozen.)"""
 
 from __future__ import annotations
 
