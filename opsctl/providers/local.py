@@ -1,9 +1,8 @@
 """The local provider (embedded default): every node is a daemonized server process on this machine.
 
-Its node folders and files are LocalFiles'; this module starts and stops the servers. A pid is trusted only
-after /proc says it is a Redis/Valkey server working in that node's folder and listening on its port (providers.proc):
-pids get reused. A missing or stale pidfile is not taken as "down" either: /proc is searched for the node's server
-first.
+Files are LocalFiles'; this module starts and stops the servers. A pid counts only once /proc shows the node's
+server in its folder, on its port (providers.proc): pids get reused. A missing or stale pidfile is not "down"
+either: /proc is searched for the node's server first.
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ def tail(text: str, lines: int = LOG_LINES) -> list[str]:
 
 def as_user(user: ServerUser | None, setpriv: str | None) -> list[str]:
     """The argv prefix that runs a server as user through setpriv (none when there is no user to switch to, or
-    no setpriv: Popen switches itself then). Pure. Popen that switches user must fork opsctl, copying its page
-    tables (~3-13 ms a server, serialised); without user arguments it may vfork, and setpriv switches instead."""
+    no setpriv: Popen switches itself then). Pure. Why: Popen that switches user must fork opsctl, copying its
+    page tables; without user arguments it may vfork."""
     if user is None or setpriv is None:
         return []
     return [setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--"]
@@ -241,9 +240,8 @@ class LocalProvider(LocalFiles):
     def _wait_until_up(self, waiting: dict[str, tuple[Node, Launch | None]],
                        failed: dict[str, OpsctlError]) -> None:
         """Poll every launched node until it is up or failed; one /proc scan per round at most. A round asks each
-        node's port only (a refused connect costs little); a node whose port accepts, and every FAILED_EVERY s
-        each node, is looked at in /proc (~1 ms a node): polling 60 starting servers every 5 ms that way took most
-        of a core from their own start-up. A round never sleeps less than it took."""
+        node's port only; a node whose port accepts, and every node every FAILED_EVERY, is looked at in /proc. A
+        round never sleeps less than it took. Why: a refused connect costs little, a look in /proc much more."""
         # not poll.wait_for: a timeout fails each node still waiting on its own (with its log), and a round sleeps
         # as long as it took, not a fixed interval
         deadline = time.monotonic() + self.start_timeout
@@ -291,10 +289,9 @@ class LocalProvider(LocalFiles):
 
     def _find_daemon(self, node: Node, newer_than: float | None) -> int | None:
         """This node's server found through /proc (no pidfile needed): a server process in the node's folder
-        run with its config or on its port. Candidates come from one scan of /proc, reused for SCAN_REUSE_S
-        unless it is older than newer_than (a topology of many stopped nodes costs one scan, not one per node);
-        each candidate is checked again now, so a reused scan can miss a server started since, never name a
-        gone one."""
+        run with its config or on its port. Candidates come from one /proc scan, reused for SCAN_REUSE_S unless
+        older than newer_than (many stopped nodes cost one scan); each is checked again now, so a reused scan can
+        miss a server started since, never name a gone one."""
         folder = os.path.realpath(self.paths(node).dir)
         if not os.path.isdir(folder):  # a new node: no process can work in a folder that does not exist
             return None

@@ -1,12 +1,8 @@
-"""The local provider's files: each node owns `<state_dir>/<node>/` (mode 0700): its config (0600, the only place
-the password lives), users.acl, log, pidfile, data, and opsctl's record.
+"""The local provider's files: each node owns `<state_dir>/<node>/` (0700): its config (0600, the only place
+with the password), users.acl, log, pidfile, data, and opsctl's record.
 
-The state dir and node folders are never followed through a symbolic link and must belong to opsctl's user
-(or root); files are written through safefs (never through a link).
-
-When opsctl runs as root, servers run as an unprivileged user (serveruser: server.user, default the flavor's
-name): the state dir is opened to 0711 for it to pass through, each node folder and the files the server
-reads or rewrites belong to it; opsctl's record stays root's.
+Folders must be opsctl's (or root's), never followed through a link; files go through safefs. Run as root,
+servers run as serveruser's user, who owns the node folders and what a server rewrites; the record stays root's.
 """
 
 from __future__ import annotations
@@ -96,10 +92,8 @@ class LocalFiles:
 
     def _folder(self, node: Node, hand_over: bool = False) -> Path:
         """The node's folder, made the server user's when missing. One that exists keeps its owner until the server
-        starts (hand_over): a spec that changes the server user (a flavor change with the default user, redis ->
-        valkey) writes the new files while the old server still runs as the old user, which must go on writing
-        there (log, AOF, nodes.conf, its last RDB: Redis 7.0 does not exit on SIGTERM when it cannot save it, and
-        was SIGKILLed 30 s later)."""
+        starts (hand_over). Why: a spec that changes the server user writes the new files while the old server,
+        still running as the old user, must go on writing there (log, AOF, nodes.conf, its last RDB)."""
         user = self.server_user()
         check_state_path(self.state_dir, owners=trusted_owners())
         make_dir(self.state_dir, 0o711 if user else 0o700, trusted_owners())
@@ -144,7 +138,7 @@ class LocalFiles:
         return parse_record(read_text(path), node.name, str(path))
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
-        # one line: json's C encoder (indent= takes the pure-Python one, ~1 ms per record of 70 directives)
+        # one line: json's C encoder (indent= takes the pure-Python one, slower per record)
         write_private(self._folder(node) / RECORD, json.dumps(record, sort_keys=True) + "\n")
 
     def _drop_binary_copy_when_unused(self) -> None:
