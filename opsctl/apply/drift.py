@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from opsctl.base.secrets import MASK
 from opsctl.net.admin import DEFAULT_TIMEOUT
 from opsctl.net.fanout import fan_out
-from opsctl.net.observer import Command, Link
+from opsctl.net.observer import Link
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import RespError, TextReply
+from opsctl.net.resp import Command, RespError, TextReply
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.rotation import managed_users

@@ -15,9 +15,9 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
-from opsctl.net.observer import Command, Observer, describe, describe_lines, observed_problems, settled_pending
+from opsctl.net.observer import Observer, describe, describe_lines, observed_problems, settled_pending
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
-from opsctl.net.resp import RespError, TextReply
+from opsctl.net.resp import Command, RespError, TextReply
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.plan.slotmath.planning import slot_plan
 from opsctl.plan.slotmath.ranges import SlotRange, slot_command

@@ -21,7 +21,8 @@ DEFAULT_TIMEOUT = 5.0
 
 
 class Admin:
-    """One node's admin connection. `call` sends a command under its renamed name if the spec renames it."""
+    """One node's admin connection. `call` sends a command under its renamed name if the spec renames it.
+    redis-py, not the raw stack (opsctl.net.rawpipe): its replies come parsed, one command at a time."""
 
     def __init__(self, loaded: LoadedSpec, node: Node, client: redis.Redis) -> None:
         self.loaded = loaded

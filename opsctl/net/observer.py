@@ -15,8 +15,8 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
-from opsctl.net.resp import RespError, TextReply, encode, text
+from opsctl.net.rawpipe import PIPE_ERRORS, NodePipes, link_error
+from opsctl.net.resp import Command, RespError, TextReply, text
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import parse_cluster_nodes, parse_info, parse_pairs, parse_role
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from opsctl.plan.facts import NodeFacts
 
 T = TypeVar("T")
-Command = tuple[Any, ...]
 
 
 def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts]:
@@ -124,38 +123,19 @@ def _fail_fast(admin: Admin) -> Admin:
 
 
 class Link:
-    """One node's raw connection for observing (the connector's route, AUTH and TLS), kept between looks and
-    opened again when it failed or the node closed it (a restart)."""
+    """One node's NodePipes with replies decoded to text: what observing reads (INFO, ROLE, CLUSTER NODES), kept
+    between looks and opened again when it failed or the node closed it (a restart)."""
 
     def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
-        self.connector = connector
         self.node = node
-        self.timeout = timeout
-        self._pipe: RawPipe | None = None
-        self._lock = threading.Lock()
+        self.pipes = NodePipes(connector, node, timeout)
 
     def pipeline(self, commands: Sequence[Command]) -> list[TextReply]:
         """Replies decoded to text, in order; error replies as RespError values. Raises PIPE_ERRORS."""
-        with self._lock:
-            pipe, self._pipe = self._pipe, None
-            if pipe is not None and not pipe.idle():
-                pipe.close()
-                pipe = None
-            pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
-            try:
-                pipe.send(b"".join(encode([pipe.name(str(c[0])), *c[1:]]) for c in commands))
-                replies = [text(reply) for reply in pipe.read(len(commands))]
-            except BaseException:
-                pipe.close()
-                raise
-            self._pipe = pipe
-            return replies
+        return [text(reply) for reply in self.pipes.pipeline(commands)]
 
     def close(self) -> None:
-        with self._lock:
-            if self._pipe is not None:
-                self._pipe.close()
-                self._pipe = None
+        self.pipes.close()
 
 
 class Admins(dict[str, Admin]):

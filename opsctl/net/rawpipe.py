@@ -1,5 +1,5 @@
-"""A raw RESP pipe over an authenticated connector socket: how audit scans, restores and observation talk to
-nodes without redis-py.
+"""Raw RESP over authenticated connector sockets: how audit scans, restores, slot moves and observation talk to
+nodes without redis-py. RawPipe is one connection; NodePipes keeps a node's connections between round trips.
 
 Commands go out as pre-packed bytes and replies come back through a hiredis reader fed whole reads; redis-py's
 per-reply path is too slow for a million keys a few seconds, and importing it costs every `plan` and `status`
@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import islice
 
 import hiredis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import AuthRefused, Connector
-from opsctl.net.resp import INCOMPLETE, Arg, Reply, RespError, encode, reader
+from opsctl.net.resp import INCOMPLETE, Arg, Command, Reply, RespError, encode, reader
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
+
+
+# What goes wrong on a raw connection, in three words (docs/internals.md, "Connections"): the connection broke
+# (PIPE_ERRORS), the node refused a command (NodeRefused), or one reply among others is an error (resp.RespError).
 
 
 class PipeClosed(OpsctlError):
@@ -29,11 +35,11 @@ class PipeClosed(OpsctlError):
 
 class NodeRefused(OpsctlError):
     """A node answered a command with an error reply (a rename the spec does not know, an ACL, a disabled
-    command)."""
+    command, a slot it does not serve), raised naming the node and the command; detail: its words."""
 
 
-# What a pipe raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the TLS
-# handshake, or sends bytes that are not RESP.
+# What a raw connection raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the
+# TLS handshake, or sends bytes that are not RESP.
 PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
 
 
@@ -45,6 +51,13 @@ def link_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def refused(reply: Reply, summary: str, hint: str = "") -> Reply:
+    """reply, where an error reply raises NodeRefused(summary, its words, hint)."""
+    if isinstance(reply, RespError):
+        raise NodeRefused(summary, reply.message, hint)
+    return reply
+
+
 def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
     """A RESP3 map or set (a connection that negotiated RESP3) as the RESP2 reply's flat list."""
     if isinstance(reply, dict):
@@ -54,7 +67,7 @@ def _flat(reply: dict[Reply, Reply] | set[Reply]) -> Reply:
 
 class RawPipe:
     """One dedicated connection from the connector (route, AUTH and TLS done), then bytes out and parsed
-    replies in."""
+    replies in. Its caller owns it whole: a scan or a copy that holds per-connection state (SELECT) or runs long."""
 
     def __init__(self, connector: Connector, node: Node, timeout: float = 30.0) -> None:
         loaded = connector.loaded
@@ -111,11 +124,8 @@ class RawPipe:
 
     def ask(self, command: str, *args: Arg) -> Reply:
         """call, where an error reply raises NodeRefused naming the node and the command."""
-        reply = self.call(command, *args)
-        if isinstance(reply, RespError):
-            words = " ".join(str(a) for a in (command, *args[:1]))
-            raise NodeRefused(f"{self.label} refused {words}", reply.message)
-        return reply
+        words = " ".join(str(a) for a in (command, *args[:1]))
+        return refused(self.call(command, *args), f"{self.label} refused {words}")
 
     def close(self) -> None:
         self._stream.close()
@@ -125,3 +135,71 @@ class RawPipe:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NodePipes:
+    """A node's raw connections kept between round trips (the connector's route, AUTH and TLS). Each caller holds
+    one alone for its round trip, as many at once as callers, with as many commands in flight as it sends. One goes
+    back only whole (every reply read) and idle; a broken one is closed and the next round trip opens another (a
+    node that restarted closed it)."""
+
+    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
+        self.connector, self.node, self.timeout = connector, node, timeout
+        self._idle: list[RawPipe] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def command(self, name: str) -> str:
+        """A command's name as this node knows it (the spec's renames)."""
+        return self.connector.loaded.command_name(self.node, name)
+
+    def packed(self, commands: Sequence[Command]) -> bytes:
+        """Commands under the node's renames, packed in one buffer."""
+        return b"".join(encode([self.command(str(c[0])), *c[1:]]) for c in commands)
+
+    def pipeline(self, commands: Sequence[Command], chunk: int = 0) -> list[Reply]:
+        """One round trip: replies in order, error replies as RespError values. chunk > 0 packs and sends that
+        many at a time, so the server starts on the first commands while the rest are still being packed."""
+        step = chunk or max(1, len(commands))
+
+        def send(pipe: RawPipe) -> None:
+            for at in range(0, len(commands), step):
+                pipe.send(self.packed(commands[at:at + step]))
+
+        return self.round_trip(send, len(commands))
+
+    def round_trip(self, send: Callable[[RawPipe], None], count: int) -> list[Reply]:
+        """What send writes, then count replies in order; error replies as RespError values."""
+        with self.held() as pipe:
+            send(pipe)
+            return pipe.read(count)
+
+    @contextmanager
+    def held(self) -> Iterator[RawPipe]:
+        """A connection for this thread alone until the block ends, so writes and reads may interleave (a stream
+        that keeps the next commands queued while it reads the replies to the ones before). Raises PIPE_ERRORS."""
+        with self._lock:
+            pipe = self._idle.pop() if self._idle else None
+        while pipe is not None and not pipe.idle():
+            pipe.close()
+            with self._lock:
+                pipe = self._idle.pop() if self._idle else None
+        pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
+        try:
+            yield pipe
+        except BaseException:
+            pipe.close()
+            raise
+        with self._lock:
+            if self._closed:
+                pipe.close()
+            else:
+                self._idle.append(pipe)
+
+    def close(self) -> None:
+        """Close the idle connections; one held now is closed when its round trip ends."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for pipe in idle:
+            pipe.close()

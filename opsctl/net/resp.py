@@ -7,21 +7,33 @@ not hide the replies of the others. Why not redis-py: scans of millions of keys 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import hiredis
-
-from opsctl.base.frozen import Frozen, frozen
 
 Arg: TypeAlias = "bytes | str | int"
 
 
-@frozen
-class RespError(Frozen):
-    message: str
+class RespError(Exception):
+    """A node's error reply to one command, as a value among a pipeline's replies (the others' replies stand); an
+    Exception too, so a caller may raise it. Equal by message, as a reply compares."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RespError) and type(other) is type(self) and other.message == self.message
+
+    def __hash__(self) -> int:
+        return hash(self.message)
+
+    def __repr__(self) -> str:
+        return f"RespError(message={self.message!r})"
 
 
 Reply: TypeAlias = "bytes | int | list[Reply] | RespError | None"
+Command: TypeAlias = "tuple[Any, ...]"  # a command's name, then its arguments (Arg values), as callers write them
 
 
 class _Incomplete:
@@ -34,8 +46,8 @@ INCOMPLETE = _Incomplete()
 
 def reader() -> hiredis.Reader:
     """A RESP2 reply reader: feed() it bytes, gets() returns the next reply or INCOMPLETE while none is whole."""
-    # hiredis calls replyError with the message and returns its result; the stub wants an Exception class.
-    return hiredis.Reader(replyError=RespError, notEnoughData=INCOMPLETE)  # type: ignore[arg-type]
+    # hiredis calls replyError with the message and returns its result (a value, not raised)
+    return hiredis.Reader(replyError=RespError, notEnoughData=INCOMPLETE)
 
 
 def encode(args: Sequence[Arg]) -> bytes:

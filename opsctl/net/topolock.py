@@ -45,8 +45,8 @@ from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.text import as_text
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.net.resp import Reply, RespError
+from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe
+from opsctl.net.resp import Reply
 from opsctl.spec.layout import Node
 
 PREFIX = "opsctl-lock"
@@ -60,22 +60,17 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
 
 class Held(NamedTuple):
     """A marked node: the raw connection that holds the marker (no redis-py: slot commands do not load it),
-    and that connection's client id there."""
+    and that connection's client id there. Not NodePipes: the connection is the marker, so it is never pooled or
+    opened again behind the lock's back (a new one would hold no marker)."""
 
     pipe: RawPipe
     client_id: str
 
 
 def _reply(pipe: RawPipe, *words: str) -> Reply:
-    """One CLIENT subcommand on the marker's connection; an error reply raises _Refused."""
-    reply = pipe.call("CLIENT", *words)
-    if isinstance(reply, RespError):
-        raise _Refused(reply.message)
-    return reply
-
-
-class _Refused(Exception):
-    """The node answered CLIENT with an error (disabled in hardening, or an ACL without it)."""
+    """One CLIENT subcommand on the marker's connection; an error reply (CLIENT disabled in hardening, or an ACL
+    without it) raises NodeRefused."""
+    return pipe.ask("CLIENT", *words)
 
 
 @frozen
@@ -222,7 +217,7 @@ class TopologyLock:
         try:
             client_id = str(_reply(pipe, "ID"))
             self._name(pipe)
-        except _Refused as exc:
+        except NodeRefused as exc:
             pipe.close()
             return self._refused(node.name, exc)
         except PIPE_ERRORS:
@@ -231,9 +226,9 @@ class TopologyLock:
         return Held(pipe, client_id)
 
     @staticmethod
-    def _refused(name: str, exc: _Refused) -> OpsctlError:
+    def _refused(name: str, exc: NodeRefused) -> OpsctlError:
         """CLIENT refused on a node (acquire withdraws the markers set so far)."""
-        return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", str(exc),
+        return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", exc.detail,
                            "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
                            "disable CLIENT in hardening (renaming it is fine)")
 
@@ -245,7 +240,7 @@ class TopologyLock:
         no marker any more, the others do)."""
         try:
             reply = _reply(pipe, "LIST")
-        except _Refused as exc:
+        except NodeRefused as exc:
             raise self._refused(name, exc) from None
         except PIPE_ERRORS:
             self.held.pop(name, None)
@@ -256,7 +251,7 @@ class TopologyLock:
     def _kill(self, marker: Marker) -> None:
         try:
             _reply(self.held[marker.node].pipe, "KILL", "ID", marker.client_id)
-        except (_Refused, *PIPE_ERRORS):
+        except (NodeRefused, *PIPE_ERRORS):
             pass  # gone already
 
     def _renew(self) -> None:
@@ -284,7 +279,7 @@ class TopologyLock:
         for name, held in list(self.held.items()):
             try:
                 self._name(held.pipe)
-            except (_Refused, *PIPE_ERRORS):
+            except (NodeRefused, *PIPE_ERRORS):
                 self._drop(name)  # a restarted node: marked again below once it answers
         self._renewed_at = started
         # bounded, so that nodes that do not answer (a host down) cannot delay the next renewal past the lease

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from opsctl.base.errors import OpsctlError
-from opsctl.net.rawpipe import RawPipe
+from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import Reply, RespError, encode
 from opsctl.restore.route import Counts, Router, expiry_of, restore_command, same_payload, shown_key
 
@@ -50,7 +50,8 @@ class Source:
 
 
 class TargetPipes:
-    """One thread's connections to the target masters, each on the right db."""
+    """One thread's connections to the target masters, each on the right db. Not NodePipes: each connection carries
+    its SELECTed db and its clock's offset, and RESTOREs stay in flight on it across pages (opsctl.net.rawpipe)."""
 
     def __init__(self, targets: Targets) -> None:
         self.targets = targets
@@ -81,9 +82,8 @@ def _clock_offset(pipe: RawPipe) -> float:
 
 
 def _ok(reply: Reply, where: str, doing: str) -> Reply:
-    if isinstance(reply, RespError):
-        raise OpsctlError(f"{doing} failed on {where}", reply.message)
-    return reply
+    """reply, where an error reply raises NodeRefused naming what failed where."""
+    return refused(reply, f"{doing} failed on {where}")
 
 
 def _scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:

@@ -18,8 +18,8 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import Borrowed, fan_out
-from opsctl.net.observer import Command
 from opsctl.net.rawpipe import PIPE_ERRORS
+from opsctl.net.resp import Command
 from opsctl.net.topolock import check_held
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
 from opsctl.plan.slotmath.scale import shard_members
@@ -37,7 +37,7 @@ from opsctl.slots.batching import (
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
-from opsctl.slots.session import Peer, Session, checked, errors_as_values, keyed, packed_commands, pipe, stream
+from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
 
 WAVE_SLOTS = 512
 FIRST_WAVE = 16  # the source waits while the first wave is listed and opened: keep it short
@@ -175,7 +175,7 @@ class KeyMover:
                 def collect(i: int) -> None:
                     """Wave i's replies, then its close behind; a close that failed stops the run."""
                     plan = plans.pop(i)
-                    self.received(plan, errors_as_values(link.read(len(plan))))
+                    self.received(plan, link.read(len(plan)))
                     closing.append(behind.submit(finished, i))
                     for done in (f for f in closing if f.done()):
                         done.result()
@@ -212,7 +212,7 @@ class KeyMover:
     def packed_plan(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
         """The wave's keys and MIGRATE batches, read ahead (before or while it opens), and their commands packed."""
         plan = self.prepare(wave)
-        return plan, packed_commands(self.source, [self.command(b) for _, b in plan])
+        return plan, self.source.pipes.packed([self.command(b) for _, b in plan])
 
     def admit(self, wave: Sequence[int]) -> None:
         """The wave journaled (fsync), then opened. The look at both ends that opening starts with runs while

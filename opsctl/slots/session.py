@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -12,9 +11,9 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import Command, Link, Observer, observed_problems, to_facts, wait_converged
-from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import RespError, encode, encode_keyed
+from opsctl.net.observer import Link, Observer, observed_problems, to_facts, wait_converged
+from opsctl.net.rawpipe import NodePipes, NodeRefused
+from opsctl.net.resp import Command, RespError, encode_keyed
 from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import ClusterNodeLine, myself, server_of
@@ -29,67 +28,18 @@ STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
 ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
 
 
-class ReplyError(Exception):
-    """A node's error reply to one command of a pipeline (the others' replies stand)."""
-
-
-def errors_as_values(replies: Sequence[Any]) -> list[Any]:
-    """Replies with each error reply as a ReplyError value."""
-    return [ReplyError(r.message) if isinstance(r, RespError) else r for r in replies]
-
-
-class Pipes:
-    """Raw RESP connections to one node (the connector's route, AUTH and TLS), one per thread that talks to it
-    at a time: a wave is surveyed, streamed and drained side by side. A connection goes back to the pool only
-    after a whole round trip and while nothing unread waits on it (a node that restarted closed it)."""
-
-    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
-        self.connector, self.node, self.timeout = connector, node, timeout
-        self._idle: list[RawPipe] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def round_trip(self, send: Callable[[RawPipe], None], count: int) -> list[Any]:
-        """What send writes, then count replies in order; error replies as ReplyError values."""
-        with self.held() as pipe:
-            send(pipe)
-            replies = pipe.read(count)
-        return errors_as_values(replies)
-
-    @contextmanager
-    def held(self) -> Iterator[RawPipe]:
-        """A connection for this thread alone until the block ends, so writes and reads may interleave (a stream
-        that keeps the next commands queued while it reads the replies to the ones before)."""
-        with self._lock:
-            pipe = self._idle.pop() if self._idle else None
-        while pipe is not None and not pipe.idle():
-            pipe.close()
-            with self._lock:
-                pipe = self._idle.pop() if self._idle else None
-        pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
-        try:
-            yield pipe
-        except BaseException:
-            pipe.close()
-            raise
-        with self._lock:
-            if self._closed:
-                pipe.close()
-            else:
-                self._idle.append(pipe)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for pipe in idle:
-            pipe.close()
+# The slot modules' name for a node's error reply among a pipeline's replies: one type (an Exception, as the
+# key mover tests replies).
+ReplyError = RespError
 
 
 @dataclass
 class Peer:
+    """A master taking part in a slot operation: its node, its id, and its kept raw connections (NodePipes, replies
+    stay bytes: key names are binary)."""
+
     node: Node
-    pipes: Pipes  # replies stay bytes: key names are binary
+    pipes: NodePipes
     id: str
 
     @property
@@ -98,34 +48,17 @@ class Peer:
 
     def command(self, name: str) -> str:
         """A command's name as this node knows it (the spec's renames)."""
-        return self.pipes.connector.loaded.command_name(self.node, name)
-
-
-def packed_commands(peer: Peer, commands: Sequence[Command]) -> bytes:
-    """Commands under peer's renames, packed in one buffer."""
-    return b"".join(encode([peer.command(str(c[0])), *c[1:]]) for c in commands)
-
-
-def _packed(peer: Peer, commands: Sequence[Command], chunk: int) -> Callable[[RawPipe], None]:
-    """Send commands chunk at a time (0: all in one buffer), so the server starts on the first ones while the
-    rest are still being packed."""
-    step = chunk or max(1, len(commands))
-
-    def send(raw: RawPipe) -> None:
-        for at in range(0, len(commands), step):
-            raw.send(packed_commands(peer, commands[at:at + step]))
-
-    return send
+        return self.pipes.command(name)
 
 
 def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
-    """One round trip; error replies come back as ReplyError values."""
-    return peer.pipes.round_trip(_packed(peer, commands, 0), len(commands)) if commands else []
+    """One round trip; error replies come back as RespError values."""
+    return peer.pipes.pipeline(commands) if commands else []
 
 
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
     """Like pipe, but packed and sent in chunks."""
-    return peer.pipes.round_trip(_packed(peer, commands, chunk), len(commands)) if commands else []
+    return peer.pipes.pipeline(commands, chunk) if commands else []
 
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
@@ -138,12 +71,12 @@ def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> l
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
-    """pipe, whose first error reply becomes an OpsctlError naming the node and the command."""
+    """pipe, whose first error reply becomes NodeRefused naming the node and the command."""
     replies = pipe(peer, commands)
     for cmd, reply in zip(commands, replies, strict=True):
-        if isinstance(reply, ReplyError):
+        if isinstance(reply, RespError):
             words = " ".join(str(c) for c in cmd[:4])
-            raise OpsctlError(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
+            raise NodeRefused(f"{doing} failed on {peer.name} ({peer.node.endpoint})", f"{words}: {reply}",
                               "`opsctl cluster fix -f SPEC` closes what this run opened")
     return replies
 
@@ -171,7 +104,7 @@ class Session:
                 node = next(n for n in self.nodes if n.name == name)
                 if name in self.peers:
                     self.peers[name].pipes.close()
-                self.peers[name] = Peer(node, Pipes(self.connector, node, ENGINE_TIMEOUT), me.id)
+                self.peers[name] = Peer(node, NodePipes(self.connector, node, ENGINE_TIMEOUT), me.id)
         return self.seen
 
     def me(self, name: str) -> ClusterNodeLine | None:
