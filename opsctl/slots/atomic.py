@@ -1,7 +1,7 @@
 """Server-side (atomic) slot migration: Valkey >= 9.0 CLUSTER MIGRATESLOTS, Redis >= 8.4 CLUSTER MIGRATION.
 
 The server moves whole ranges itself and flips ownership atomically, so no slot is ever left open; opsctl
-starts the job, polls its state (every 2 to 10 ms), and cancels it on interrupt.
+starts the job, polls its state (poll_interval), and cancels it on interrupt.
 """
 
 from __future__ import annotations
@@ -92,10 +92,9 @@ def atomic_move(source: Peer, target: Peer, slots: Sequence[int], journal: Journ
 
 
 def poll_interval(elapsed: float, first: float = 0.002, most: float = 0.01) -> float:
-    """Seconds until the next look at a job running for `elapsed` s: every 2 ms at first, then a fiftieth of the
-    time taken so far, at most 10 ms, so a job is seen done at most 10 ms (or 2%) late: a whole reshard of a
-    few hundred thousand keys takes about a second, and each look is one short round trip (a hundred a second
-    cost the source well under 1% of its time). Pure."""
+    """Seconds until the next look at a job running for `elapsed` seconds: `first`, then a fiftieth of the time
+    taken so far, at most `most`, so a job is seen done at most `most` (or a fiftieth of its time) late. Pure.
+    Why: a whole reshard can take about a second, and a look is one short round trip."""
     return min(most, max(first, elapsed / 50))
 
 

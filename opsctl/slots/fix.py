@@ -198,12 +198,10 @@ def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable:
 
 def merge_split_shards(session: Session, journal: Journal, emit: Emit,
                        members: Collection[str] | None = None) -> list[str]:
-    """A shard with two masters serving different slots (a stalled master that woke up after its failover and
-    kept or took slots): move the smaller one's slots to the other, key by key, then make it its replica. The
-    shard ends with one master and its replica, and no acknowledged write is dropped (nothing is discarded:
-    keys move). members: only the shards with one of these nodes (a run following a failover of its move).
-    Done before the journal's entries are closed: the promoted replica may hold a copy of keys of a slot the
-    other master serves (replicated before the stall), which reads as a move to finish until the slot is merged."""
+    """A shard with two masters serving different slots: move the smaller one's slots to the other, key by key, then
+    make it its replica: one master and its replica, no acknowledged write dropped. members: only the shards with
+    one of these nodes. Done before the journal's entries close. Why: the promoted replica may hold copies of keys
+    of a slot the other master serves, which read as a move to finish."""
     if not _split_shards(session, members):
         return []
     # a master that just woke up claims its old slots until gossip corrects it: merge only what all agree on
@@ -247,11 +245,10 @@ def _demote(session: Session, node: Peer, master: Peer) -> None:
 
 
 def _hand_over_strays(session: Session, node: Peer) -> None:
-    """Keys node still holds in slots it does not serve (the wave it was importing when it stalled: their copy
-    may be nowhere else if its replica missed them) go to each slot's owner before node may replicate
-    (CLUSTER REPLICATE refuses a master with keys, and a replica's sync would drop them). Per slot: IMPORTING
-    on node from the owner, so that node answers ASKING for it, MIGRATE to the owner; a key the owner has
-    already is dropped here only when both copies are equal (else refused, nothing dropped); then STABLE."""
+    """Keys node still holds in slots it does not serve go to each slot's owner before node may replicate (CLUSTER
+    REPLICATE refuses a master with keys, and a sync would drop them). Per slot: IMPORTING on node from the owner
+    (so node answers ASKING), MIGRATE to the owner, a key the owner has already dropped here only when both copies
+    are equal (else refused, nothing dropped); then STABLE."""
     owner = {s: name for name, slots in session.owned().items() for s in slots if name != node.name}
     auth = auth_args(session)
     for slot, count in keys_in_slots(node, range(SLOTS)).items():
