@@ -119,3 +119,13 @@ def test_a_secret_directive_in_config_is_not_quoted(directive: str, where: Path)
 def test_other_values_are_still_quoted() -> None:
     text = _errors(_put(BASE, ("config", "hz"), ["banana"])).render()
     assert "got ['banana']" in text
+
+
+@pytest.mark.parametrize("path", [p for p, record in PLACES if "env" in fields_of(record)],
+                         ids=[field_path(p) for p, record in PLACES if "env" in fields_of(record)])
+def test_a_secret_pasted_as_the_variable_name_is_not_quoted(path: Path) -> None:
+    """{env: <the secret>}: not a variable's name, refused before anyone looks the variable up (and names it)."""
+    with pytest.raises(SpecError) as caught:
+        validated_spec(yaml.safe_dump(_put(BASE, path, {"env": SECRET})), "spec.yaml", lambda ref: None)
+    text = caught.value.render()
+    assert SECRET not in text and f"{field_path(path)}.env: " in text, text

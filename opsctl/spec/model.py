@@ -39,6 +39,10 @@ Bastion = Annotated[str, Pattern(
     rf"^({LOGIN_PATTERN}@)?([A-Za-z0-9][A-Za-z0-9.-]{{0,252}}|\[[0-9A-Fa-f:.]{{2,45}}\])(:[0-9]{{1,5}})?$")]
 
 
+# An environment variable's name as a shell exports it: a secret pasted in its place fails this, unquoted.
+EnvName = Annotated[str, Pattern(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")]
+
+
 def config_text(value: ConfigValue) -> str:
     """A config value as a server's file writes it (true/false as yes/no)."""
     if isinstance(value, bool):
@@ -50,7 +54,7 @@ class SecretRef(Record):
     """Where a secret lives: an environment variable or a file. Never the value itself."""
 
     SECRET = True
-    env: str | None = field(None, description="the environment variable that holds the secret")
+    env: EnvName | None = field(None, description="the environment variable that holds the secret")
     file: str | None = field(None, description=(
         "the file that holds only the secret, mode 0600 (relative paths: next to the spec)"))
 

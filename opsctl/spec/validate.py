@@ -26,6 +26,7 @@ FIELD_HINTS: dict[str, str] = {
     "aof": "everysec (fsync once a second) is the usual choice; off turns the AOF off",
     "ssh_user": "a login name: letters, digits, '_', '.' and '-', at most 32 characters, e.g. ops",
     "bastion": "[user@]address[:port], e.g. ops@jump.example.com:2222, or the name of a host of the spec",
+    "env": "the name of an environment variable (letters, digits and _), e.g. REDIS_PASSWORD; the secret goes in it",
 }
 
 
@@ -123,7 +124,8 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
     there, and the hint says how the secret is given instead."""
     message, hint = _words(err, path, shown(err.get("input"), path))
     message = unquoted(message, err.get("input"), path)
-    return message, (secret_hint(path) or hint) if HIDDEN in message else hint
+    withheld = HIDDEN in message or public_path(path) != path
+    return message, (secret_hint(public_path(path)) or hint) if withheld else hint
 
 
 def _words(err: Any, path: Path_, value: str) -> tuple[str, str]:
