@@ -13,7 +13,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe, observed_problems
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.parse import server_of
+from opsctl.observe.parse import SLOTS, server_of
 from opsctl.restore.engine import Targets
 from opsctl.restore.route import Router, cluster_router
 from opsctl.server.versions import server_text
@@ -56,7 +56,7 @@ def inspect_target(connector: Connector) -> Target:
         endpoints = [f"{line.address}:{line.port}" for line in lines]
         masters = [_known(loaded, e) for e in endpoints]
         router = cluster_router(lines, endpoints, key_slot)
-        shares = [sum(e - s + 1 for s, e in line.slots) / 16384 for line in lines]
+        shares = [sum(e - s + 1 for s, e in line.slots) / SLOTS for line in lines]
     else:
         masters = [o.node for o in seen.values() if o.reachable and o.role and o.role.kind == "master"]
         if len(masters) != 1:
