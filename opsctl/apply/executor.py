@@ -97,7 +97,7 @@ Chain = list[tuple[int, Step]]
 def _masters_first(run: Execution, wave: list[Chain], following: list[Chain] | None) -> tuple[list[Chain], list[Chain]]:
     """A node-local wave as (what runs now, what runs beside once the masters were launched). Before a form-cluster
     step the replicas' chains run beside, and form-cluster waits for them once the masters are set up and meet; a
-    provider that stages files writes the replicas' files now, to ship them in the masters' playbook run.
+    provider that stages files writes the replicas' files now, to ship them in the masters' playbook.
     Why: a master's writable delay runs from its own start, so the rest overlaps it."""
     if following is None or not isinstance(following[0][0][1], FormCluster):
         return wave, []
