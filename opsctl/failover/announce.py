@@ -18,8 +18,7 @@ from redis.client import PubSub
 from opsctl.base.endpoints import canonical_address
 from opsctl.base.errors import ConvergenceError
 from opsctl.base.poll import wait_for
-from opsctl.net.admin import Admin
-from opsctl.net.observer import raw_pipeline
+from opsctl.net.admin import Admin, raw_pipeline
 from opsctl.observe.parse import parse_pairs
 
 HELLO_CHANNEL = "__sentinel__:hello"

@@ -6,6 +6,7 @@ renames live here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.endpoints import endpoint
@@ -15,6 +16,8 @@ from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
     import redis
+
+    from opsctl.net.resp import Command
 
 
 DEFAULT_TIMEOUT = 5.0
@@ -85,6 +88,44 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:
+    """Send commands (renamed as the spec says) on one of admin's connections (redis-py's pipelining, for a caller
+    that holds an Admin already; the raw stack's is opsctl.net.rawpipe.NodePipes); replies unparsed, in order, errors as
+    exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
+    commands while the client still packs the rest."""
+    step = chunk or max(1, len(commands))
+
+    def send(conn: Any) -> None:
+        for at in range(0, len(commands), step):
+            part = commands[at:at + step]
+            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
+
+    return round_trip(admin, send, len(commands))
+
+
+def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[Any]:
+    """What send writes on one of admin's pooled connections, then count replies, unparsed, errors as exception
+    objects. A connection that broke mid-way is disconnected, not returned to the pool half read."""
+    import redis
+
+    pool = admin.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        send(conn)
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
 
 
 def with_fallback(pool: redis.ConnectionPool, previous: str) -> None:

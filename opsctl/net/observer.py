@@ -37,43 +37,6 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
-def raw_pipeline(admin: Admin, commands: Sequence[Command], chunk: int = 0) -> list[Any]:
-    """Send commands (renamed as the spec says) on one connection; replies unparsed, in order, errors as
-    exception objects. chunk > 0 packs and sends that many at a time, so the server starts on the first
-    commands while the client still packs the rest."""
-    step = chunk or max(1, len(commands))
-
-    def send(conn: Any) -> None:
-        for at in range(0, len(commands), step):
-            part = commands[at:at + step]
-            conn.send_packed_command(conn.pack_commands([(admin.command(c[0]), *c[1:]) for c in part]))
-
-    return round_trip(admin, send, len(commands))
-
-
-def round_trip(admin: Admin, send: Callable[[Any], None], count: int) -> list[Any]:
-    """What send writes on one of admin's pooled connections, then count replies, unparsed, errors as exception
-    objects. A connection that broke mid-way is disconnected, not returned to the pool half read."""
-    import redis
-
-    pool = admin.client.connection_pool
-    conn = pool.get_connection()
-    try:
-        send(conn)
-        replies: list[Any] = []
-        for _ in range(count):
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
 FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.fence)
 
 
