@@ -9,7 +9,7 @@ from opsctl.apply.gather import master_endpoint, shard_facts
 from opsctl.apply.runtime import Runtime
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
-from opsctl.base.events import Log
+from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
@@ -57,15 +57,12 @@ def fail_over(run: Execution, step: Step) -> None:
     shard = layout.shard_of(step.node)
     assert shard is not None, step.node
 
-    def say(text: str) -> None:
-        run.emit(Log(step.title(), text))
-
     def writer_when_checks_pass() -> str | Pending:
         try:
             moved = writes_moved_from(layout, shard, step.node, shard_facts(rt, shard))
             if moved is not None:
                 return moved
-            run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), lambda _: None)
+            run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), ignore)
         except RefusedError as exc:
             return Pending(f"{exc.summary} {exc.detail}".strip())
         return step.node
@@ -73,9 +70,10 @@ def fail_over(run: Execution, step: Step) -> None:
     writer = wait_for(writer_when_checks_pass, run.wait_timeout, f"the failover pre-checks of shard {step.shard} to "
                       "pass", interval=0.05)
     if writer != step.node:
-        say(f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, nothing to fail over")
+        run.emit(Log(step.title(), f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, "
+                                   "nothing to fail over"))
         return
-    run_failover(rt.connector, rt.state_dir, Options(master=step.node), say)
+    run_failover(rt.connector, rt.state_dir, Options(master=step.node), as_log(run.emit, step.title()))
 
 
 def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
@@ -90,7 +88,7 @@ def finish_failover(run: Execution, step: Step, what: str = "interrupted failove
         return admins[node.name]
 
     try:
-        finish(run.rt.loaded, admin_of, lambda text: run.emit(Log(step.title(), text)), what)
+        finish(run.rt.loaded, admin_of, as_log(run.emit, step.title()), what)
     finally:
         for admin in admins.values():
             admin.close()

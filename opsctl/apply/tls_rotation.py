@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import datetime
 import ssl
-from collections.abc import Callable
 from typing import Literal
 
 import redis
@@ -18,6 +17,7 @@ import redis
 from opsctl.apply.connect import make_connector
 from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
@@ -29,7 +29,6 @@ from opsctl.tls.judge import TlsSeen
 from opsctl.tls.material import Generated, node_files
 
 Mode = Literal["certs", "new-ca", "drop-old-ca"]
-Say = Callable[[str], None]
 RELOADED = ("tls-cert-file", "tls-key-file", "tls-ca-cert-file")
 
 
@@ -47,7 +46,7 @@ def handshake(connector: Connector, node: Node, timeout: float = 5.0) -> tuple[C
         sock.close()
 
 
-def rotate(rt: Runtime, mode: Mode, say: Say) -> list[str]:
+def rotate(rt: Runtime, mode: Mode, emit: Emit) -> list[str]:
     """New files on every node (made here for tls.generate, else read again from the spec's paths), then
     each server reloads them live; returns one line per node."""
     loaded = rt.loaded
@@ -62,7 +61,7 @@ def rotate(rt: Runtime, mode: Mode, say: Say) -> list[str]:
     for node in [*loaded.layout.servers, *loaded.layout.sentinels]:
         check_held(rt.connector)  # a run that lost its topology lock touches no further node
         lines.append(_restart_sentinel(rt, connector, node) if node.is_sentinel else _reload(rt, connector, node))
-        say(lines[-1])
+        emit(Note(lines[-1]))
     return lines
 
 

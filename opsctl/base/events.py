@@ -58,6 +58,17 @@ class Log(Frozen):
 
 
 @frozen
+class Note(Frozen):
+    """A line a runbook says as it goes (a pre-check, a promotion, a node reloaded), outside any plan step."""
+
+    kind: ClassVar[str] = "note"
+    text: str
+
+    def line(self) -> str:
+        return self.text
+
+
+@frozen
 class SlotsStart(Frozen):
     """moves: each move's source, target, slots, slot_count, est_keys and est_bytes."""
 
@@ -329,7 +340,7 @@ class PlaybookTask(Frozen):
         return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
 
 
-Event = (StepStart | StepDone | StepFailed | Log | SlotsStart | SlotsProgress | BigKey | MigrateRetry
+Event = (StepStart | StepDone | StepFailed | Log | Note | SlotsStart | SlotsProgress | BigKey | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
          | BackupStart | ShardSaved | BackupDone | ChecksumsOk | ShardVerified | VerifyDone
          | RestoreProgress | RestoreDone | PlaybookTask)
@@ -340,6 +351,11 @@ Emit = Callable[[Event], None]
 def as_dict(event: Event) -> dict[str, object]:
     """The JSON form: {"event": kind, field: value, ...}."""
     return {"event": event.kind, **dataclasses.asdict(event)}
+
+
+def as_log(emit: Emit, step: str) -> Emit:
+    """emit, with a runbook's notes shown as lines of the plan step that runs it."""
+    return lambda event: emit(Log(step, event.text) if isinstance(event, Note) else event)
 
 
 def ignore(event: Event) -> None:

@@ -13,14 +13,13 @@ import redis
 
 from opsctl.base.endpoints import canonical_address, endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.parse import parse_pairs, parse_role
 from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-
-Say = Callable[[str], None]
 
 __all__ = ["Finished", "fence", "fenced_nodes", "finish", "unfence"]
 
@@ -51,7 +50,7 @@ class Finished:
         return f"{self.node}: write fence lifted ({now})"
 
 
-def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say,
+def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], emit: Emit,
            what: str = "interrupted failover finished") -> list[Finished]:
     """Finish every interrupted failover of a replication or Sentinel topology, deciding from live state."""
     if loaded.spec.topology not in ("replication", "sentinel"):
@@ -65,7 +64,7 @@ def finish(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], say: Say,
         _wait_sentinel_failovers(loaded, admin_of, walls, (topo.down_after_ms + topo.failover_timeout_ms) / 1000)
     done = [_finish_one(loaded, node, admin_of, servers) for node in walls]
     for item in done:
-        say(f"{what}: {item.line()}")
+        emit(Note(f"{what}: {item.line()}"))
     return done
 
 

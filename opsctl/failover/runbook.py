@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from opsctl.base.digest import digest
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
@@ -42,7 +43,6 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private
 
-Say = Callable[[str], None]
 ESCALATION = ("graceful", "force", "takeover")
 POLL = 0.003
 
@@ -94,7 +94,7 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def run_failover(connector: Connector, state_dir: Path, opts: Options, say: Say) -> FailoverReport:
+def run_failover(connector: Connector, state_dir: Path, opts: Options, emit: Emit) -> FailoverReport:
     """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure.
     Before acting it leaves an in-progress report, so a run killed mid-way still counts for the cool-down."""
     loaded = connector.loaded
@@ -105,7 +105,7 @@ def run_failover(connector: Connector, state_dir: Path, opts: Options, say: Say)
     session = Session(connector)
     marker: list[Path] = []
     try:
-        _run(session, state_dir, opts, report, say, lambda: marker.extend(write_report(report, state_dir, None)))
+        _run(session, state_dir, opts, report, emit, lambda: marker.extend(write_report(report, state_dir, None)))
     except OpsctlError as exc:
         if report.outcome == "pending":
             report.outcome = "refused" if isinstance(exc, RefusedError) else "failed"
@@ -115,7 +115,7 @@ def run_failover(connector: Connector, state_dir: Path, opts: Options, say: Say)
         session.close()
         report.phases["total"] = time.monotonic() - started
         for path in write_report(report, state_dir, opts.report):
-            say(f"report: {path}")
+            emit(Note(f"report: {path}"))
         for path in marker:
             path.unlink(missing_ok=True)
     return report
@@ -127,11 +127,11 @@ def _phase(report: FailoverReport, name: str, started: float) -> float:
     return now
 
 
-def _run(session: Session, state_dir: Path, opts: Options, report: FailoverReport, say: Say,
+def _run(session: Session, state_dir: Path, opts: Options, report: FailoverReport, emit: Emit,
          mark: Callable[[], None]) -> None:
     loaded = session.loaded
     t = time.monotonic()
-    if _finish_interrupted(session, opts, report, say):
+    if _finish_interrupted(session, opts, report, emit):
         return
     facts = session.facts()
     report.before = topology(facts)
@@ -140,28 +140,28 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     checks = _prechecks(session, facts, target, opts, state_dir)
     report.prechecks = checks
     t = _phase(report, "prechecks", t)
-    say(f"pre-checks for shard {target.shard}: {target.promotion()}")
+    emit(Note(f"pre-checks for shard {target.shard}: {target.promotion()}"))
     for check in checks:
-        say(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else ""))
-    _gate(report, checks, opts, say)
+        emit(Note(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else "")))
+    _gate(report, checks, opts, emit)
     modes = _modes(loaded, opts)
     if opts.dry_run:
         report.outcome = "dry-run"
         for step in actions.describe(loaded, target, modes):
-            say(f"  would: {step}")
+            emit(Note(f"  would: {step}"))
         return
     check_held(session.connector)  # paused past the lock's lease after the checks: another run may have acted
     report.outcome = "in-progress"
     mark()
     report.outcome = "pending"
-    new_master = _failover(session, target, modes, report, say, opts.timeout)
+    new_master = _failover(session, target, modes, report, emit, opts.timeout)
     t = _phase(report, "failover", t)
     report.postchecks, after = _wait_postchecks(session, target.master, new_master, opts.timeout)
     report.after = topology(after)
     _phase(report, "postchecks", t)
     report.new_master = new_master
     for check in report.postchecks:
-        say(f"  {check.line()}")
+        emit(Note(f"  {check.line()}"))
     if failed(report.postchecks):
         report.outcome = "failed"
         raise OpsctlError(f"the failover to {new_master} happened but post-checks failed",
@@ -170,22 +170,23 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     report.outcome = "succeeded"
 
 
-def _finish_interrupted(session: Session, opts: Options, report: FailoverReport, say: Say) -> bool:
+def _finish_interrupted(session: Session, opts: Options, report: FailoverReport, emit: Emit) -> bool:
     """A fence left by a killed run: finish that failover first. True when it had promoted a replica (then this
     run stops there: the failover asked for has happened; run again to fail over once more)."""
     admin_of = lambda node: session.admin(node.name)  # noqa: E731
     if opts.dry_run:
         for node in fence.fenced_nodes(session.loaded, admin_of):
-            say(f"{node.name} is fenced by an interrupted failover: a real run finishes that failover first")
+            emit(Note(f"{node.name} is fenced by an interrupted failover: a real run finishes that failover first"))
         return False
-    done = fence.finish(session.loaded, admin_of, say)
+    done = fence.finish(session.loaded, admin_of, emit)
     switched = [f for f in done if f.master]
     if not switched:
         return False
     report.outcome, report.new_master = "resumed", switched[0].master
     report.warnings += [f"interrupted failover finished: {f.line()}" for f in done]
     report.after = topology(session.facts())
-    say(f"not failing over again: {switched[0].master} is the master now; run the command again for another failover")
+    emit(Note(f"not failing over again: {switched[0].master} is the master now; "
+              "run the command again for another failover"))
     return True
 
 
@@ -204,7 +205,7 @@ def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, op
                       hint="use a replication, sentinel or cluster topology")
 
 
-def _gate(report: FailoverReport, checks: list[Check], opts: Options, say: Say) -> None:
+def _gate(report: FailoverReport, checks: list[Check], opts: Options, emit: Emit) -> None:
     bad = failed(checks)
     if bad and not opts.force_checks:
         raise RefusedError(f"{len(bad)} pre-check(s) failed; nothing was changed",
@@ -212,7 +213,7 @@ def _gate(report: FailoverReport, checks: list[Check], opts: Options, say: Say) 
                            "fix what the checks name, or pass --force-checks if you accept the risk")
     if bad:
         report.warnings.append(f"--force-checks: went on despite {', '.join(c.name for c in bad)}")
-        say(f"warning: {report.warnings[-1]}")
+        emit(Note(f"warning: {report.warnings[-1]}"))
 
 
 def _modes(loaded: LoadedSpec, opts: Options) -> tuple[str, ...]:
@@ -227,7 +228,7 @@ def _modes(loaded: LoadedSpec, opts: Options) -> tuple[str, ...]:
     return modes
 
 
-def _failover(session: Session, target: Target, modes: tuple[str, ...], report: FailoverReport, say: Say,
+def _failover(session: Session, target: Target, modes: tuple[str, ...], report: FailoverReport, emit: Emit,
               timeout: float) -> str:
     last = ""
     for mode in modes:
@@ -237,7 +238,7 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
         if mode in ("force", "takeover"):
             warning = f"{mode} failover can lose acknowledged writes"
             report.warnings.append(warning)
-            say(f"warning: {warning}")
+            emit(Note(f"warning: {warning}"))
         check_held(session.connector)
         started = time.monotonic()
         try:
@@ -245,12 +246,12 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
         except ConvergenceError as exc:
             attempt.outcome, attempt.seconds = f"timed out: {exc.detail}", time.monotonic() - started
             last = f"{mode} {exc.summary} ({exc.detail})"
-            say(f"{mode}: {attempt.outcome}")
+            emit(Note(f"{mode}: {attempt.outcome}"))
             continue
         attempt.outcome, attempt.seconds = "promoted", time.monotonic() - started
-        say(f"{mode}: {new_master} promoted in {attempt.seconds * 1000:.0f} ms")
+        emit(Note(f"{mode}: {new_master} promoted in {attempt.seconds * 1000:.0f} ms"))
         for note in attempt.notes:
-            say(f"  {note}")
+            emit(Note(f"  {note}"))
         return new_master
     raise OpsctlError(f"the failover of shard {target.shard} did not complete", last,
                       "read the report; the nodes' logs say why the election failed")

@@ -24,7 +24,7 @@ def _confirm(args: argparse.Namespace) -> None:
 
 def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
-    from opsctl.cli.output import print_result
+    from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import FailoverResult
     from opsctl.failover.runbook import Options, run_failover
     from opsctl.net.topolock import topology_lock
@@ -44,12 +44,11 @@ def cmd_failover(args: argparse.Namespace) -> int:
                    report=args.report, failover_command=not args.no_failover_command)
     json_mode = args.output == "json"
 
-    def say(line: str) -> None:
-        print(line, file=sys.stderr if json_mode else sys.stdout, flush=True)
-
-    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+    # a run's notes go where a person reads them: stdout in text, stderr beside the JSON result
+    with printing(json_mode, sys.stderr if json_mode else sys.stdout) as emit, \
+            state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
             nullcontext() if args.dry_run else topology_lock(connector):
-        report = run_failover(connector, state_dir, opts, say)
+        report = run_failover(connector, state_dir, opts, emit)
     print_result(FailoverResult(report), args.output)
     return EXIT_OK
 

@@ -24,6 +24,7 @@ def _ca(args: argparse.Namespace) -> int:
 def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
+    from opsctl.cli.output import printing
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statelock import state_lock
@@ -31,8 +32,9 @@ def _rotate(args: argparse.Namespace) -> int:
     rt = make_runtime(read_spec(args.file), args.state_dir)
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
     try:
-        with state_lock(rt.state_dir), topology_lock(rt.connector):  # one run per topology, whatever its state dir
-            lines = rotate(rt, mode, lambda line: print(line, flush=True))
+        # one run per topology, whatever its state dir; each node's line on stdout as it is done
+        with state_lock(rt.state_dir), topology_lock(rt.connector), printing(False, sys.stdout) as emit:
+            lines = rotate(rt, mode, emit)
     finally:
         rt.provider.close()
     print(f"rotated: {len(lines)} node(s), no server restarted"
