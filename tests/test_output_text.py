@@ -30,6 +30,7 @@ from opsctl.base.events import (
     RestoreDone,
     RestoreDryRun,
     RestoreProgress,
+    ScanProgress,
     ShardSaved,
     ShardVerified,
     SlotsClosed,
@@ -187,7 +188,8 @@ EVERY_KIND: list[Event] = [
     RestoreDone("backup /b/x-1", "t", "replace", False, False, True, 100, 100, 0, 0, 0, 5.0, 20, 10, (),
                 {"shard-1": {"keys": 100, "restored": 100, "existing": 0, "skipped": 0, "conflicts": 0}}),
     RestoreDryRun("backup /b/x-1", "t", "replace", True, False, True, 0, 0, 0, 0, 0, 0.0, None, 0, (), {}),
-    PlaybookTask("deploy.yml", "h1", "copy files", "changed"), Note("pre-checks for shard 1")]
+    Note("pre-checks for shard 1"), ScanProgress("n1", 10, 100),
+    PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
 REDRAWN_KINDS = 4  # slots-progress, shard-saved, restore-progress, playbook-task: on terminals only
 
 

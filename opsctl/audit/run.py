@@ -9,8 +9,9 @@ from typing import Any
 
 from opsctl.audit.keynames import style_findings
 from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
-from opsctl.audit.scan import NodeScan, Progress, ScanWants, scan_all
+from opsctl.audit.scan import NodeScan, ScanWants, scan_all
 from opsctl.base.errors import OpsctlError
+from opsctl.base.events import Emit
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, scan_targets, unreachable
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
@@ -108,7 +109,7 @@ def masked(text: str, loaded: LoadedSpec) -> str:
     return text
 
 
-def run_audit(connector: Connector, options: AuditOptions, progress: Progress | None = None) -> AuditReport:
+def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None = None) -> AuditReport:
     loaded = connector.loaded
     report = AuditReport(loaded.spec.name, options.checks)
     started = time.monotonic()
@@ -147,7 +148,7 @@ def _tls(connector: Connector, report: AuditReport) -> None:
 
 
 def _scan(connector: Connector, live: Sequence[LiveNode], options: AuditOptions, lfu: bool, report: AuditReport,
-          progress: Progress | None) -> None:
+          progress: Emit | None) -> None:
     targets, problems = scan_targets(live, options.allow_masters)
     report.findings += problems
     wants = wants_for(options, lfu)

@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
 from opsctl.audit.throttle import Throttle
+from opsctl.base.events import Emit, ScanProgress
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import Reply, RespError, encode, encode_keyed
 from opsctl.observe.parse import parse_info
-
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class _Scanner:
     wants: ScanWants
     result: NodeScan
     throttle: Throttle
-    progress: Progress | None
+    progress: Emit | None
     pending: list[bytes] = field(default_factory=list)
     retype: list[bytes] = field(default_factory=list)
     sized: dict[str, list[bytes]] = field(default_factory=dict)
@@ -169,7 +168,7 @@ class _Scanner:
                 r.names.add(key)
         r.keys += n
         if self.progress:
-            self.progress(r.node, r.keys, r.dbsize)
+            self.progress(ScanProgress(r.node, r.keys, r.dbsize))
 
     def _on_strlen(self, keys: list[bytes], replies: list[Reply]) -> None:
         """STRLEN's answers: sizes of strings; the keys that are not strings go to TYPE."""
@@ -225,7 +224,7 @@ def _describe_big(pipe: RawPipe, result: NodeScan) -> None:
 
 
 def scan_node(connector: Connector, target: LiveNode, wants: ScanWants, thresholds: Thresholds,
-              rate: float | None = None, progress: Progress | None = None) -> NodeScan:
+              rate: float | None = None, progress: Emit | None = None) -> NodeScan:
     result = NodeScan(target.node.name, target.shard_key, thresholds)
     started = time.monotonic()
     with RawPipe(connector, target.node) as pipe:
@@ -244,7 +243,7 @@ def scan_node(connector: Connector, target: LiveNode, wants: ScanWants, threshol
 
 
 def scan_all(connector: Connector, targets: Sequence[LiveNode], wants: ScanWants, thresholds: Thresholds,
-             rate: float | None = None, progress: Progress | None = None) -> list[NodeScan]:
+             rate: float | None = None, progress: Emit | None = None) -> list[NodeScan]:
     """Every shard in parallel; rate is per node."""
     if not targets:
         return []

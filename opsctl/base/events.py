@@ -69,6 +69,19 @@ class Note(Frozen):
 
 
 @frozen
+class ScanProgress(Frozen):
+    """Keys an audit scan has read on one node so far, of the node's DBSIZE when it started."""
+
+    kind: ClassVar[str] = "scan-progress"
+    node: str
+    done: int
+    total: int
+
+    def line(self) -> str:
+        return f"{self.node}: {self.done}/{self.total} keys scanned"
+
+
+@frozen
 class SlotsStart(Frozen):
     """moves: each move's source, target, slots, slot_count, est_keys and est_bytes."""
 
@@ -340,7 +353,8 @@ class PlaybookTask(Frozen):
         return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
 
 
-Event = (StepStart | StepDone | StepFailed | Log | Note | SlotsStart | SlotsProgress | BigKey | MigrateRetry
+Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsStart | SlotsProgress | BigKey
+         | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
          | BackupStart | ShardSaved | BackupDone | ChecksumsOk | ShardVerified | VerifyDone
          | RestoreProgress | RestoreDone | PlaybookTask)

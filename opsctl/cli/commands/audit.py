@@ -7,13 +7,16 @@ import os
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK
 from opsctl.base.tty import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_options
 from opsctl.cli.ttyline import TtyLine
+
+if TYPE_CHECKING:
+    from opsctl.base.events import Event
 
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
@@ -46,6 +49,13 @@ class ProgressBar:
         with self.lock:
             self.counts[node] = (done, total)
             self.line.show(self._text())
+
+    def emit(self, event: Event) -> None:
+        """The audit's progress events, each node's latest count folded into the one line."""
+        from opsctl.base.events import ScanProgress  # not at import: `opsctl --help` loads this module
+
+        if isinstance(event, ScanProgress):
+            self(event.node, event.done, event.total)
 
     def close(self) -> None:
         """The final counts on a line of their own (nothing when no node was scanned)."""
@@ -89,7 +99,7 @@ def _audit(args: argparse.Namespace) -> int:
     bar = ProgressBar() if sys.stderr.isatty() and args.output == "table" else None
     try:
         with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
-            report = run_audit(connector, options, bar)
+            report = run_audit(connector, options, bar.emit if bar else None)
     finally:
         if bar:
             bar.close()
