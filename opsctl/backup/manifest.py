@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
@@ -24,6 +24,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FILE = re.compile(r"^shard-[0-9]{1,5}\.rdb$")
 _VERSION = re.compile(r"^[0-9]{1,3}\.[0-9]{1,3}$")
 MAX_DBS = 1 << 16
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class _Fields:
     def name(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
-    def get(self, key: str, kind: type) -> Any:
+    def get(self, key: str, kind: type[T]) -> T:
         if key not in self.data:
             raise self.bad(self.name(key), "is missing")
         value = self.data[key]

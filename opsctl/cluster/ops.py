@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from concurrent.futures import Executor
+from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
@@ -23,6 +24,8 @@ from opsctl.plan.slotmath.planning import slot_plan
 from opsctl.plan.slotmath.ranges import SlotRange, slot_command
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import Layout, Node
+
+T = TypeVar("T")
 
 
 def myid(admin: Admin) -> str:
@@ -129,7 +132,7 @@ def replica_meets(layout: Layout) -> dict[str, list[Node]]:
             + [other for other, _ in replicas[i + 1:]] for i, (node, master) in enumerate(replicas)}
 
 
-def _parallel(pool: Any, fn: Callable[[Node], Any], nodes: Sequence[Node]) -> dict[str, Any]:
+def _parallel(pool: Executor, fn: Callable[[Node], T], nodes: Sequence[Node]) -> dict[str, T]:
     futures = {n.name: pool.submit(fn, n) for n in nodes}
     return {name: f.result() for name, f in futures.items()}
 

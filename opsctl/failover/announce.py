@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from redis.client import PubSub
@@ -88,7 +87,7 @@ def _entries(admin: Admin, what: str, name: str) -> list[dict[str, str]]:
     return [parse_pairs(entry) for entry in admin.client.execute_command("SENTINEL", what, name)]
 
 
-def names_promoted(address_reply: Any, master_reply: Any, promoted: tuple[str, int], epoch: int) -> bool:
+def names_promoted(address_reply: object, master_reply: object, promoted: tuple[str, int], epoch: int) -> bool:
     """Does a sentinel hold the failover's configuration, by its GET-MASTER-ADDR-BY-NAME and SENTINEL MASTER
     replies: the promoted replica at the leader's epoch? GET-MASTER-ADDR-BY-NAME, not SENTINEL MASTER's address:
     a leader that confirmed the promotion itself names the promoted replica there at once, the old master in

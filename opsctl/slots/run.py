@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,7 @@ def _merge_split(session: Session, journal: Journal, emit: Emit, members: set[st
     return bool(merged)
 
 
-def _guarded(errors: list[BaseException], fn: Any, *args: Any) -> None:
+def _guarded(errors: list[BaseException], fn: Callable[..., object], *args: object) -> None:
     try:
         fn(*args)
     except BaseException as exc:  # re-raised by the caller's thread

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,9 @@ FIELD_HINTS: dict[str, str] = {
     "bastion": "[user@]address[:port], e.g. ops@jump.example.com:2222, or the name of a host of the spec",
     "env": "the name of an environment variable (letters, digits and _), e.g. REDIS_PASSWORD; the secret goes in it",
 }
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 
 def validated_spec(text: str, file: str, resolve: SecretResolver | None) -> Spec:
@@ -89,10 +92,12 @@ def _plain(validated: pydantic_model.Strict) -> Spec:
     return Spec.from_json(validated.model_dump(mode="json"))
 
 
-def _prune(data: Any, path: Path_) -> None:
+def _prune(data: object, path: Path_) -> None:
     for part in path[:-1]:
-        inside_list = isinstance(data, list) and isinstance(part, int) and part < len(data)
-        if not (inside_list or (isinstance(data, dict) and part in data)):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+            continue
+        if not (isinstance(data, list) and isinstance(part, int) and part < len(data)):
             return
         data = data[part]
     if path and isinstance(data, dict):
@@ -108,7 +113,7 @@ def _dedupe(problems: list[SpecProblem]) -> list[SpecProblem]:
     return [p for p in problems if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
 
 
-def _problem(doc: PositionedDocument, err: Any) -> SpecProblem:
+def _problem(doc: PositionedDocument, err: ErrorDetails) -> SpecProblem:
     path = _clean_loc(err["loc"])
     message, hint = _message(err, path)
     return SpecProblem(doc.file, doc.line_of(path), field_path(path), message, hint)
@@ -119,7 +124,7 @@ def _is_internal(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("str", "int", "bool"))
 
 
-def _message(err: Any, path: Path_) -> tuple[str, str]:
+def _message(err: ErrorDetails, path: Path_) -> tuple[str, str]:
     """The problem's message and hint; at a secret place (opsctl.spec.secretpaths) neither quotes what was written
     there, and the hint says how the secret is given instead."""
     message, hint = _words(err, path, shown(err.get("input"), path))
@@ -128,7 +133,7 @@ def _message(err: Any, path: Path_) -> tuple[str, str]:
     return message, (secret_hint(public_path(path)) or hint) if withheld else hint
 
 
-def _words(err: Any, path: Path_, value: str) -> tuple[str, str]:
+def _words(err: ErrorDetails, path: Path_, value: str) -> tuple[str, str]:
     """The problem's message and hint, quoting the value written as value says."""
     kind, ctx = err["type"], err.get("ctx", {})
     leaf = str(path[-1]) if path else ""
