@@ -5,9 +5,9 @@ Prints the median wall time of several runs of each command, in one run:
   peer    `redis-cli --version` for --version/--help, `redis-cli --cluster check` for plan/status;
   opsctl  `opsctl --version`, `--help`, and `plan`/`status` of a running 6-node cluster.
 Goals: --version/--help <= 100 ms; plan/status of 6 nodes <= 400 ms. plan and status read the spec validated by
-an earlier run back from the state folder (opsctl.state.speccache); "plan, spec edited" changes the spec (a comment
-line)
-before each run, so every run validates it in full (PyYAML and pydantic, as the first run after an edit does).
+an earlier run back from the state folder (opsctl.state.speccache); "plan, spec edited" changes the spec
+(a comment line) before each run, so every run validates it in full (PyYAML and pydantic, as the first run
+after an edit does).
 For a goal not met, one more run under `python -X importtime` splits the time: interpreter start, imports (by
 top-level package), and the rest (parse the spec, validate it, talk to the nodes, print).
 
