@@ -91,10 +91,12 @@ def _help_width() -> int:
 
 class Parser(argparse.ArgumentParser):
     """Usage errors exit 1 like every other bad input (argparse's 2 means "plan has changes" here). Subcommand
-    parsers are made of this class too, so they share the formatter."""
+    parsers are made of this class too, so they share the formatter, and none takes a prefix of an option for the
+    option (`--pur` is not `--purge`: a typo must not run a destructive flag)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", Formatter)
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
