@@ -24,7 +24,7 @@ from opsctl.audit.report import render
 from opsctl.audit.throttle import throttle_delay
 from opsctl.net.discover import LiveNode, role_summary, scan_targets
 from opsctl.net.resp import INCOMPLETE, RespError, encode, encode_keyed, reader, replies
-from opsctl.observe.findings import RULES, at_or_above, finding
+from opsctl.observe.findings import BEST_PRACTICES, RULES, SOURCES, at_or_above, finding
 from opsctl.spec.layout import Node
 
 
@@ -201,14 +201,14 @@ def test_roles_and_scan_targets() -> None:
 
 
 def test_findings_cite_rules_and_reports_render() -> None:
-    assert all(rule.source.startswith(("seeds/", "digest")) for rule in RULES.values())
+    assert all(rule.source.startswith(SOURCES) and "seeds/" not in rule.source for rule in RULES.values())
     items = [finding("key-special-chars", "medium", "n1", "prefix <b>: 1 key", "rename", prefix="<b>"),
              finding("hotkey", "info", "n1", "not measured", "use lfu")]
     assert len(at_or_above(items, "low")) == 1
     report = {"spec": "s", "checks": ["keys"], "stats": {}, "findings": [f.as_dict() for f in items],
               "tables": {"ttl": [{"prefix": "a", "keys": 3}]}}
     assert "[MEDIUM  ] key-special-chars  n1" in render(report, items, "table")
-    assert json.loads(render(report, items, "json"))["findings"][0]["source"].startswith("seeds/000")
+    assert json.loads(render(report, items, "json"))["findings"][0]["source"].startswith(BEST_PRACTICES)
     page = render(report, items, "html")
     assert "&lt;b&gt;" in page and "<b>" not in page
 

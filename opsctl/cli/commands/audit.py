@@ -7,9 +7,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK
+from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.base.tty import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_options
@@ -17,7 +18,9 @@ from opsctl.cli.ttyline import TtyLine
 
 if TYPE_CHECKING:
     from opsctl.base.events import Event
+    from opsctl.observe.findings import Finding
 
+UNREAD_RULE = "reachable"  # opsctl.observe.findings: a node of the spec that the audit could not read
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
 
@@ -104,7 +107,20 @@ def _audit(args: argparse.Namespace) -> int:
         if bar:
             bar.close()
     print_result(AuditResult(report, html=args.output == "html"), args.output)
+    refuse_unread(report.findings)
     return EXIT_FINDINGS if at_or_above(report.findings, args.fail_on) else EXIT_OK
+
+
+def refuse_unread(findings: Sequence[Finding]) -> None:
+    """A node the audit could not read (down, refusing the password, failing mid-scan) is an error, exit 1, not a
+    finding's exit 4: the report printed above is incomplete, and a pipeline must not read it as a verdict."""
+    from opsctl.base.words import plural
+
+    unread = sorted({f.node for f in findings if f.rule == UNREAD_RULE})
+    if unread:
+        raise OpsctlError(f"the audit could not read {plural(len(unread), 'node')} ({', '.join(unread)}): "
+                          "its results are incomplete", "the report above says why for each (rule: reachable)",
+                          "start or fix those nodes (`opsctl status -f SPEC` shows them), then audit again")
 
 
 def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
