@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +35,7 @@ from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardSaved
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.tty import human_bytes
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
@@ -44,7 +45,7 @@ from opsctl.net.observer import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.state.safefs import FileProblem, open_dir, trusted_owners, write_private
+from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
 
 Sink = Callable[[bytes], None]
 Fetch = Callable[[Node, str, Sink], None]
@@ -61,13 +62,22 @@ class BackupOptions:
 
 def local_fetch(node: Node, path: str, sink: Sink) -> None:
     """The node runs on this machine (local provider): read its file in chunks."""
+    for chunk in _chunks(node, path):
+        sink(chunk)  # a write that fails here is the backup folder's problem, said by the sink
+
+
+def _chunks(node: Node, path: str) -> Iterator[bytes]:
     try:
         with open(path, "rb") as handle:
             while chunk := handle.read(CHUNK):
-                sink(chunk)
+                yield chunk
     except OSError as exc:
-        raise OpsctlError(f"cannot read the RDB of {node.name}", f"{path}: {exc}",
-                          "does this machine see the node's data directory?") from None
+        raise _unreadable(node, path, exc) from None
+
+
+def _unreadable(node: Node, path: str, exc: OSError) -> OpsctlError:
+    return OpsctlError(f"cannot read the RDB of {node.name}", f"{path}: {exc}",
+                       "does this machine see the node's data directory?")
 
 
 def _info(admin: Admin, section: str) -> dict[str, str]:
@@ -158,17 +168,32 @@ def _free_folder(to: Path, name: str) -> tuple[Path, Path]:
     raise OpsctlError(f"{to / name} and 98 more folders of that second exist already", hint="clean up --to")
 
 
-def _copy(fetch: Fetch, node: Node, path: str, dest: Path) -> tuple[int, str]:
+def _copy(fetch: Fetch, node: Node, path: str, dest: Path, estimate: int) -> tuple[int, str]:
+    """The node's RDB copied to dest with its size and sha256. A full disk on this side is named as such, with
+    the space needed (estimate: the shard's data in memory; its RDB is usually smaller), never as the node's
+    file being unreadable."""
     digest = hashlib.sha256()
     size = 0
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        def sink(chunk: bytes) -> None:
-            nonlocal size
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-        fetch(node, path, sink)
+
+    def full(exc: OSError) -> BaseException:
+        problem = disk_full(dest, exc, max(estimate, size), f" ({human_bytes(size)} of {node.name}'s RDB copied)",
+                            about=True)
+        return problem or FileProblem(dest, f"cannot be written: {exc.strerror}", "check the backup folder (--to)")
+
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            def sink(chunk: bytes) -> None:
+                nonlocal size
+                digest.update(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise full(exc) from None
+                size += len(chunk)
+            fetch(node, path, sink)
+    except OSError as exc:  # creating the file, or the last flush on close
+        raise full(exc) from None
     return size, digest.hexdigest()
 
 
@@ -185,7 +210,7 @@ def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tu
         config.update(admin.config_get("dbfilename"))
     path = f"{config['dir'].rstrip('/')}/{config['dbfilename']}"
     name = shard_file_name(saver.shard)
-    size, sha = _copy(fetch, node, path, folder / name)
+    size, sha = _copy(fetch, node, path, folder / name, dataset)
     return ShardFile(saver.shard, saver.node, saver.role, slots, name, size, sha, {}, {}, at_save, offset,
                      saved_at, dataset)
 

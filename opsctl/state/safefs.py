@@ -15,8 +15,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.tty import human_bytes
 
 READ_LIMIT = 16 * 1024 * 1024
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 LINK_HINT = "opsctl never follows a symbolic link it did not get on the command line: remove the link"
 
 
@@ -26,6 +28,31 @@ class FileProblem(OpsctlError):
     def __init__(self, path: Path | str, what: str, hint: str) -> None:
         super().__init__(f"{path}: {what}", hint=hint)
         self.path = str(path)
+
+
+def free_bytes(folder: Path | str) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of folder (None when it cannot be asked)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_full(path: Path | str, exc: OSError, needed: int | None, what: str = "",
+              about: bool = False) -> FileProblem | None:
+    """The FileProblem for a write that failed because path's file system is full (ENOSPC) or the user's quota is
+    spent (EDQUOT): which folder, the free space there and the space needed; None for any other error."""
+    if exc.errno not in FULL_ERRNOS:
+        return None
+    folder = Path(path).parent
+    free = free_bytes(folder)
+    cause = "the disk is full" if exc.errno == errno.ENOSPC else "the disk quota is used up"
+    need = f", {'about ' if about else ''}{human_bytes(needed)} needed" if needed is not None else ""
+    return FileProblem(path, f"cannot be written{what}: {cause} where {folder} is ("
+                       f"{'unknown' if free is None else human_bytes(free)} free{need})",
+                       f"free space there (`df -h {folder}`), or point opsctl at a folder on another disk, "
+                       "then run the same command again")
 
 
 def trusted_owners(extra: Iterable[int] = ()) -> frozenset[int]:
@@ -94,10 +121,15 @@ def make_dir(path: Path, mode: int = 0o700, owners: frozenset[int] | None = None
     try:
         os.lstat(path)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with suppress(FileExistsError):
-            os.mkdir(path, mode)
-            created = True
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with suppress(FileExistsError):
+                os.mkdir(path, mode)
+                created = True
+        except OSError as exc:
+            if (problem := disk_full(path, exc, None)) is not None:
+                raise problem from None
+            raise
     except OSError as exc:
         raise FileProblem(path, f"cannot be inspected: {exc.strerror}", "check its permissions") from None
     with open_dir(path, owners) as fd:
@@ -115,6 +147,27 @@ def write_private(path: Path, text: str | bytes, chown: tuple[int, int] | None =
     path = Path(path)
     _make_parents(path)
     data = text.encode("utf-8") if isinstance(text, str) else text
+    try:
+        _write_new(path, data, chown, mode)
+    except OSError as exc:
+        if (problem := disk_full(path, exc, len(data))) is not None:
+            raise problem from None
+        raise
+
+
+def rewrite_open(fd: int, path: Path | str, data: bytes) -> None:
+    """Replace the content of a file opsctl holds open (a lock file's holder) with data; a full disk is a
+    FileProblem naming it, as for write_private."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError as exc:
+        if (problem := disk_full(path, exc, len(data))) is not None:
+            raise problem from None
+        raise
+
+
+def _write_new(path: Path, data: bytes, chown: tuple[int, int] | None, mode: int) -> None:
     with open_dir(path.parent) as folder:
         _refuse_odd_target(path, folder)
         # os.urandom, as secrets.token_hex does, without that module's imports (random, base64) in every run
@@ -137,6 +190,8 @@ def _make_parents(path: Path) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
+        if (problem := disk_full(path.parent, exc, None)) is not None:
+            raise problem from None
         where = next((p for p in [path.parent, *path.parent.parents] if p.exists() and not p.is_dir()), path.parent)
         what = "is not a folder" if where.exists() else f"cannot be created: {exc.strerror}"
         raise FileProblem(where, what, f"move it away, or write {path.name} somewhere else") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import wait_for
-from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, trusted_owners
+from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, rewrite_open, trusted_owners
 
 LOCK_NAME = ".lock"
 POLL_SECONDS = 0.01
@@ -70,8 +70,7 @@ def state_lock(state_dir: Path, timeout: float = 0) -> Iterator[None]:
     fd = _open_lock(state_dir)
     try:
         _acquire(fd, state_dir, timeout)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        rewrite_open(fd, state_dir / LOCK_NAME, f"{os.getpid()}\n".encode())
         try:
             yield
         finally:
