@@ -65,8 +65,8 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     emit = Printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
     dry_run = getattr(args, "dry_run", False)
-    with state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
-            nullcontext() if dry_run else topology_lock(connector):
+    with nullcontext() if dry_run else state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if dry_run else topology_lock(connector):  # a dry run locks and writes nothing
         seen = one_cluster(connector)
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)

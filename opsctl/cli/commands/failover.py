@@ -44,9 +44,10 @@ def cmd_failover(args: argparse.Namespace) -> int:
                    report=args.report, failover_command=not args.no_failover_command)
     json_mode = args.output == "json"
 
-    # a run's notes go where a person reads them: stdout in text, stderr beside the JSON result
+    # a run's notes go where a person reads them: stdout in text, stderr beside the JSON result; a dry run takes no
+    # lock, so it writes nothing (not even the state dir)
     with printing(json_mode, sys.stderr if json_mode else sys.stdout) as emit, \
-            state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if args.dry_run else state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
             nullcontext() if args.dry_run else topology_lock(connector):
         report = run_failover(connector, state_dir, opts, emit)
     print_result(FailoverResult(report), args.output)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.options import add_auto_approve, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
 from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan 
     from opsctl.base.events import Emit
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
+    from opsctl.spec.layout import Node
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -195,21 +196,62 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 
 def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
+    """Stop (and with --purge delete) exactly the nodes that run or have files, and say so node by node. A topology
+    with nothing to do is left alone: no question, no lock, nothing written (a lock file would be a lie of
+    'deployed'); a dry run prints what would be done and changes nothing either."""
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
     layout = rt.loaded.layout
     order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
              *[n for n in layout.servers if n.role == "master"]]
+    todo = [(node, running, files) for node, running, files in _presence(rt, order) if running or
+            (args.purge and files)]
+    name = rt.loaded.spec.name
+    if not todo or args.dry_run:
+        for node, running, files in todo:
+            print(_destroy_words(node.name, running, args.purge and files, dry_run=True))
+        if not todo:
+            print(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
+                  f"{' or has files' if args.purge else ''}")
+        return
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
-    _confirm(args, f"This will {what} of '{rt.loaded.spec.name}'.")
+    _confirm(args, f"This will {what} of '{name}'.")
     with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
-        for node in order:
+        for node, _, _ in todo:
             check_held(rt.connector)
-            rt.provider.stop(node)
+            running = rt.provider.process_state(node).running  # again, under the locks
+            if running:
+                rt.provider.stop(node)
             if args.purge:
                 rt.provider.purge(node)
-            print(f"stopped {node.name}{' and purged its data' if args.purge else ''}")
+            print(_destroy_words(node.name, running, args.purge))
+
+
+def _presence(rt: Runtime, nodes: list[Node]) -> list[tuple[Node, bool, bool]]:
+    """Each node, whether its server runs, and whether it has files where the provider keeps them (its config is
+    the first file a deployment writes), all nodes at once."""
+    from pathlib import PurePath
+
+    from opsctl.net.fanout import fan_out
+
+    def look(node: Node) -> tuple[Node, bool, bool]:
+        conf = PurePath(rt.provider.paths(node).conf).name
+        return node, rt.provider.process_state(node).running, rt.provider.read_file(node, conf) is not None
+
+    return fan_out(look, nodes)
+
+
+def _destroy_words(name: str, stopped: bool, purged: bool, dry_run: bool = False) -> str:
+    """What destroy did (or, in a dry run, would do) to a node, and only that: 'stopped N', 'stopped N and purged its
+    data', 'purged the data of N' (a node that was down), or that it was down already (it stopped since destroy
+    looked)."""
+    if dry_run:
+        return f"would purge the data of {name}" if not stopped else \
+            f"would stop {name}{' and purge its data' if purged else ''}"
+    if not stopped:
+        return f"purged the data of {name}" if purged else f"{name} was down already"
+    return f"stopped {name}{' and purged its data' if purged else ''}"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -231,5 +273,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
     add_spec_options(p)
     add_auto_approve(p)
+    add_dry_run(p, "print what would be stopped and purged; change nothing")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
     p.set_defaults(handler=cmd_destroy)

@@ -27,7 +27,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     options = RestoreOptions(args.mode, args.dry_run, args.verify, args.sample)
     json_mode = args.output == "json"
     with ExitStack() as stack:
-        stack.enter_context(state_lock(state_dir))
+        if not args.dry_run:  # a dry run reads the journal (replaced whole, never half-written) and writes nothing
+            stack.enter_context(state_lock(state_dir))
         connector = stack.enter_context(open_connector(loaded, state_dir))
         if not args.dry_run:  # one run per target topology, whatever its state dir
             stack.enter_context(topology_lock(connector))
