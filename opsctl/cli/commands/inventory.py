@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import EXIT_OK
+from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.options import add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from opsctl.spec.load import LoadedSpec
 
 
 def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
@@ -24,6 +27,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.tls.material import node_files
 
     loaded = read_spec(spec_file)
+    refuse_local(loaded)  # before anything is written
     name = loaded.spec.name
     files_dir = (output / f"{name}.files").resolve()
     inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
@@ -37,8 +41,30 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
                                                             daemonize=True).files,
                                               **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
         lines.append(f"wrote one installer per host (mode 0600, they hold the password) under {files_dir}")
-    lines.append(f"run: ansible-playbook -i {target} playbooks/deploy.yml")
+    lines.append(playbook_command(spec_file, output, target, with_files))
     return lines
+
+
+def refuse_local(loaded: LoadedSpec) -> None:
+    """An inventory is for SSH hosts: a provider: local spec's nodes run on this machine, deployed by apply."""
+    if loaded.spec.provider != "ansible":
+        raise OpsctlError(f"{loaded.file} has provider: {loaded.spec.provider}: an inventory is for a provider: "
+                          "ansible spec", "its nodes run on this machine, where `opsctl apply` deploys them",
+                          f"opsctl apply -f {shlex.quote(str(loaded.file))}, or set provider: ansible and SSH "
+                          "hosts (docs/remote.md)")
+
+
+def playbook_command(spec_file: str, output: Path, target: Path, with_files: bool) -> str:
+    """The command that deploys with the inventory just written: the deploy playbook by its installed path (it ships
+    in the package, a checkout's playbooks/ exists only in a checkout), and, without --with-files, the run that
+    writes the installers it needs first."""
+    from opsctl.base.resources import data_dir
+
+    run = f"ansible-playbook -i {shlex.quote(str(target))} {shlex.quote(str(data_dir('playbooks') / 'deploy.yml'))}"
+    if with_files:
+        return f"run: {run}"
+    first = f"opsctl inventory -f {shlex.quote(spec_file)} -o {shlex.quote(str(output))} --with-files"
+    return f"run: {first} && {run}  (deploy.yml installs the node files --with-files writes)"
 
 
 def _inventory(args: argparse.Namespace) -> int:
