@@ -34,12 +34,14 @@ class Runtime:
 
 
 def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
+    """The runtime over the spec placed where its nodes are deployed (placed): every command sees one layout."""
     directory = state_dir_for(loaded, state_dir)
     spec = loaded.spec
     if spec.provider == "ansible":
         from opsctl.providers.ansible import AnsibleProvider
 
         remote = AnsibleProvider(loaded, directory)
+        loaded = remote.loaded = placed(loaded, remote)
         return Runtime(loaded, remote, directory, make_connector(loaded, directory, remote.admin_route()))
     from opsctl.providers.binaries import find_server, require_tls
     from opsctl.providers.local import LocalProvider
@@ -47,5 +49,17 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     binary = find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary)
     if spec.tls.enabled:
         require_tls(binary)
-    return Runtime(loaded, LocalProvider(loaded, directory, binary), directory, make_connector(loaded, directory))
+    local = LocalProvider(loaded, directory, binary)
+    loaded = local.loaded = placed(loaded, local)
+    return Runtime(loaded, local, directory, make_connector(loaded, directory))
+
+
+def placed(loaded: LoadedSpec, provider: Provider) -> LoadedSpec:
+    """The spec's layout given the records of what is deployed (opsctl.spec.placement): a deployed node keeps its
+    name, host, port and shard; the records are read on the hosts, so a fresh state dir places the same."""
+    if loaded.spec.topology != "cluster":
+        return loaded
+    from opsctl.spec.placement import with_placement
+
+    return with_placement(loaded, provider.deployed_records())
 

@@ -13,7 +13,13 @@ from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
-from opsctl.plan.refusals import refuse_empty_master_restart, refuse_layout_change, refuse_unsafe_server_change
+from opsctl.plan.placing import summary, with_placement_reasons
+from opsctl.plan.refusals import (
+    refuse_empty_master_restart,
+    refuse_layout_change,
+    refuse_removed_hosts,
+    refuse_unsafe_server_change,
+)
 from opsctl.plan.replication_steps import finish_failover_steps, replication_steps, with_sentinel_steps
 from opsctl.plan.rolling import shard_steps
 from opsctl.plan.rotation import after_rotation, rotation_steps
@@ -31,6 +37,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     refuse_unsafe_server_change(facts, server)
     refuse_empty_master_restart(loaded, facts)
     if loaded.spec.topology == "cluster":
+        refuse_removed_hosts(layout)
         refuse_layout_change(layout, facts)
     together = renames_changed(layout, desired, facts)
     steps: list[Step] = []
@@ -70,7 +77,9 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
                                    "(started a moment ago, or a run stopped before it settled): wait until linked"))
     notes = (CLOSE_THEN_MOVES,) if replan else () if steps else (_why_nothing(loaded, facts),)
-    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes, replan=replan)
+    steps = with_placement_reasons(layout, steps)
+    return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes, replan=replan,
+                summary=summary(layout, facts, steps))
 
 
 def _masters_coming_back(layout: Layout, facts: Facts) -> list[str]:

@@ -67,3 +67,14 @@ def _as_text(deployed: Mapping[str, object]) -> str:
     return (f"shard {deployed.get('shard')} {deployed.get('role')} on {deployed.get('host')} "
             f"port {deployed.get('port')}")
 
+
+
+def refuse_removed_hosts(layout: Layout) -> None:
+    """Deployed nodes on a host the spec no longer lists: draining a host is not done by apply yet, and its nodes
+    cannot be placed (their address is gone with the host's entry)."""
+    if layout.orphans:
+        raise RefusedError(f"{', '.join(layout.orphans)} run on a host the spec no longer lists",
+                           "removing a host from the spec means draining it (replace each node elsewhere, fail "
+                           "masters over, then forget and stop them), which apply does not do yet",
+                           "put the host back in hosts; change cluster.masters and replicas_per_master, or add "
+                           "hosts, as you need (docs/changing-the-fleet.md)")

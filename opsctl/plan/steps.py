@@ -205,6 +205,7 @@ class Plan(Frozen):
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     replan: bool = False  # these steps come first: apply observes again after them and plans the rest
+    summary: str = ""  # one line of counts: "3 to add, 1 to fail over, 2 to retire, 4 unchanged"
 
     @property
     def empty(self) -> bool:
@@ -213,4 +214,5 @@ class Plan(Frozen):
     def to_dict(self) -> dict[str, Any]:
         return {"format": 1, "spec": self.spec_name, "spec_digest": self.spec_digest,
                 "fingerprint": self.fingerprint, "steps": [s.to_dict() for s in self.steps],
-                "notes": list(self.notes), "warnings": list(self.warnings), "replan": self.replan}
+                "notes": list(self.notes), "warnings": list(self.warnings), "replan": self.replan,
+                **({"summary": self.summary} if self.summary else {})}

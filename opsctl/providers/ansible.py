@@ -39,6 +39,7 @@ from opsctl.render.directives import plaintext_port
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
+from opsctl.spec.placement import name_index
 from opsctl.tls.material import node_files
 
 RECORD = "opsctl-node.json"
@@ -152,6 +153,39 @@ class AnsibleProvider:
 
     def load_record(self, node: Node) -> dict[str, Any]:
         return parse_record(self.read_file(node, RECORD), node.name, f"{RECORD} on host {node.host}")
+
+    def deployed_records(self) -> dict[str, dict[str, Any]]:
+        """The records of the spec's server folders on every host (one SFTP listing of the spec's root each, then
+        each record): a fresh state dir finds what is deployed where it runs."""
+        spec = self.loaded.spec
+        if spec.topology != "cluster":
+            return {}
+        root = remote_root(spec)
+
+        def on_host(host: Host) -> dict[str, dict[str, Any]]:
+            probe = Node(f"{spec.name}-0", host.name, host.address, 0, "master")
+
+            def look(sftp: paramiko.SFTPClient) -> dict[str, dict[str, Any]]:
+                try:
+                    entries = sorted(sftp.listdir(root))
+                except OSError:
+                    return {}
+                found = {}
+                for entry in entries:
+                    if name_index(spec, entry) is None:
+                        continue
+                    record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"), entry,
+                                          f"{RECORD} of {entry} on host {host.name}")
+                    if record:
+                        found[entry] = record
+                return found
+
+            return self._over_sftp(probe, look, f"list {root} on")
+
+        merged: dict[str, dict[str, Any]] = {}
+        for found in fan_out(on_host, list(spec.hosts)):
+            merged.update(found)
+        return merged
 
     def start(self, node: Node) -> None:
         self.flush()

@@ -54,6 +54,10 @@ class Provider(Protocol):
 
     def load_record(self, node: Node) -> dict[str, Any]: ...
 
+    def deployed_records(self) -> dict[str, dict[str, Any]]:
+        """Every record of the spec's server folders where they are deployed (each host), by node name: what
+        placement keeps (opsctl.spec.placement), read from the hosts, not from the state dir alone."""
+
     def save_record(self, node: Node, record: dict[str, Any]) -> None: ...
 
     def flush(self) -> object:

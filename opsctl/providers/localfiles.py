@@ -22,6 +22,7 @@ from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, en
 from opsctl.render import NodePaths, default_paths
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.placement import name_index
 from opsctl.state.safefs import check_state_path, make_dir, read_bounded, trusted_owners, write_private
 
 RECORD = "opsctl-node.json"
@@ -136,6 +137,23 @@ class LocalFiles:
     def load_record(self, node: Node) -> dict[str, Any]:
         path = self._checked_node_dir(node) / RECORD
         return parse_record(read_text(path), node.name, str(path))
+
+    def deployed_records(self) -> dict[str, dict[str, Any]]:
+        """The records of the spec's server folders in the state dir (<spec>-<k>/opsctl-node.json): this machine
+        is every host, and its nodes live there."""
+        spec = self.loaded.spec
+        if spec.topology != "cluster" or not self.state_dir.is_dir():
+            return {}
+        found: dict[str, dict[str, Any]] = {}
+        for entry in sorted(os.listdir(self.state_dir)):
+            folder = self.state_dir / entry
+            if name_index(spec, entry) is None or folder.is_symlink() or not folder.is_dir():
+                continue
+            path = folder / RECORD
+            record = parse_record(read_text(path), entry, str(path))
+            if record:
+                found[entry] = record
+        return found
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
         # one line: json's C encoder (indent= takes the pure-Python one, slower per record)

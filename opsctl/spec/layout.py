@@ -55,6 +55,9 @@ class Layout(Frozen):
     nodes: tuple[Node, ...]
     shards: tuple[Shard, ...] = ()
     problems: tuple[str, ...] = field(default=())
+    retired: tuple[Node, ...] = ()  # deployed nodes the spec no longer has (spec.placement): drained, then removed
+    reasons: tuple[tuple[str, str], ...] = ()  # node name -> why placement added or retired it
+    orphans: tuple[str, ...] = ()  # deployed nodes whose host the spec no longer lists
 
     @property
     def servers(self) -> tuple[Node, ...]:
@@ -78,6 +81,10 @@ class Layout(Frozen):
     def shard_of(self, name: str) -> Shard | None:
         return next((s for s in self.shards if name in s.members), None)
 
+    def reason(self, name: str) -> str | None:
+        """Why placement added or retired the node (None: it stands where it stood)."""
+        return dict(self.reasons).get(name)
+
 
 def deployed_as(node: Node) -> dict[str, str | int | None]:
     """What a node is in the layout, kept in its record when its config is written: a later spec that derives
@@ -89,7 +96,8 @@ def host_bind(host: Host) -> tuple[str, ...]:
     return tuple(canonical_address(a) for a in host.bind) if host.bind else (canonical_address(host.address),)
 
 
-def _node(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int | None) -> Node:
+def node_on(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int | None) -> Node:
+    """The node name on host at port (nodes.<name>.port wins), with its per-node config."""
     override = spec.nodes.get(name)
     return Node(
         name=name,
@@ -119,7 +127,7 @@ def cluster_layout(spec: Spec, masters: int | None = None) -> Layout:
             k = s * per_shard + r + 1
             host = spec.hosts[(s + r) % len(spec.hosts)]
             name = f"{spec.name}-{k}"
-            nodes.append(_node(spec, name, host, topo.base_port + k - 1, "master" if r == 0 else "replica", s + 1))
+            nodes.append(node_on(spec, name, host, topo.base_port + k - 1, "master" if r == 0 else "replica", s + 1))
             members.append(name)
         shards.append(Shard(s + 1, members[0], tuple(members[1:])))
     return Layout(tuple(nodes), tuple(shards))
@@ -129,7 +137,7 @@ def standalone_layout(spec: Spec) -> Layout:
     topo = spec.standalone_or_default()
     hosts = _hosts_by_name(spec)
     host = hosts.get(topo.host or spec.hosts[0].name, spec.hosts[0])
-    node = _node(spec, f"{spec.name}-1", host, topo.port, "master", 1)
+    node = node_on(spec, f"{spec.name}-1", host, topo.port, "master", 1)
     return Layout((node,), (Shard(1, node.name, ()),))
 
 
@@ -154,13 +162,13 @@ def sentinel_hosts(spec: Spec) -> list[Host]:
 def replication_layout(spec: Spec) -> Layout:
     base = spec.replication_or_default().base_port
     master_host, replica_hosts = replication_hosts(spec)
-    nodes = [_node(spec, f"{spec.name}-1", master_host, base, "master", 1)]
+    nodes = [node_on(spec, f"{spec.name}-1", master_host, base, "master", 1)]
     for i, host in enumerate(replica_hosts, start=1):
-        nodes.append(_node(spec, f"{spec.name}-{i + 1}", host, base + i, "replica", 1))
+        nodes.append(node_on(spec, f"{spec.name}-{i + 1}", host, base + i, "replica", 1))
     if spec.topology == "sentinel":
         port = spec.sentinel_or_default().port
         for i, host in enumerate(sentinel_hosts(spec), start=1):
-            nodes.append(_node(spec, f"{spec.name}-{SENTINEL_PREFIX}-{i}", host, port, "sentinel", None))
+            nodes.append(node_on(spec, f"{spec.name}-{SENTINEL_PREFIX}-{i}", host, port, "sentinel", None))
     shard = Shard(1, nodes[0].name, tuple(n.name for n in nodes[1:] if n.role == "replica"))
     return Layout(tuple(nodes), (shard,))
 

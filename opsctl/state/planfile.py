@@ -24,7 +24,7 @@ def parse_plan(data: object, path: Path | str) -> Plan:
         raise plan.problem(f"format {plan.data['format']} is not 1: not a plan this opsctl wrote", "format")
     return Plan(plan.get("spec", str), plan.get("spec_digest", str), plan.get("fingerprint", str),
                 tuple(_step(step) for step in plan.items("steps")), tuple(plan.strings("notes", [])),
-                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False))
+                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False), plan.get("summary", str, ""))
 
 
 def _step(step: Fields) -> Step:

@@ -1,0 +1,187 @@
+"""Placement from (spec, what is deployed): a deployed node keeps its name, host, port and shard for life. Pure.
+
+While every deployed node stands where the spec's positional layout (spec.layout) puts it, that layout is the
+answer: a first deploy, a killed creation and a change of cluster.masters plan exactly as before. Once a record
+disagrees (cluster.replicas_per_master or the hosts list changed since), the deployed nodes stay as recorded, the
+surplus ones retire, and each missing member gets a new name above every name ever used, on the least-loaded host
+that holds no member of its shard, on a free port. The records are read by the shell (providers).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.layout import Layout, Node, Shard, cluster_layout, deployed_as, layout, node_on
+from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
+
+
+@frozen
+class Deployed(Frozen):
+    """What a node's record on its host says it was deployed as; retired: purged, its name kept from reuse."""
+
+    name: str
+    host: str
+    port: int
+    role: str
+    shard: int | None
+    retired: bool = False
+
+
+def name_index(spec: Spec, name: str) -> int | None:
+    """k of a server name <spec>-k, None for any other name."""
+    found = re.fullmatch(re.escape(spec.name) + r"-(\d+)", name)
+    return int(found.group(1)) if found else None
+
+
+def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[Deployed]:
+    """The records' deployed placements (a record without one, from before placements were kept, is left out)."""
+    found = []
+    for name, record in sorted(records.items()):
+        was = record.get("deployed")
+        if isinstance(was, Mapping) and isinstance(was.get("host"), str) and isinstance(was.get("port"), int):
+            shard = was.get("shard")
+            found.append(Deployed(name, str(was["host"]), int(str(was["port"])), str(was.get("role")),
+                                  shard if isinstance(shard, int) else None, bool(record.get("retired"))))
+    return found
+
+
+def placed_layout(spec: Spec, deployed: Sequence[Deployed]) -> Layout:
+    """The layout of spec given what is deployed (see the module's docstring); other topologies: spec's layout."""
+    if spec.topology != "cluster":
+        return layout(spec)
+    live = [d for d in deployed if not d.retired and d.shard is not None and name_index(spec, d.name)]
+    deepest = max([spec.cluster_or_default().masters, *(d.shard or 0 for d in live)])
+    wide = cluster_layout(spec, masters=deepest)
+    if all(_stands(wide, d) for d in live) and not any(d.retired for d in deployed):
+        return _positional(spec, wide, live)
+    return _Placer(spec, deployed).layout()
+
+
+def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]]) -> LoadedSpec:
+    """loaded with its layout placed from the nodes' records (what the provider found deployed)."""
+    placed = placed_layout(loaded.spec, deployed_from_records(records))
+    return loaded if placed == loaded.layout else replace(loaded, layout=placed)
+
+
+def _stands(wide: Layout, d: Deployed) -> bool:
+    node = wide.find(d.name)
+    return node is not None and deployed_as(node) == {"host": d.host, "port": d.port, "role": d.role,
+                                                      "shard": d.shard}
+
+
+def _positional(spec: Spec, wide: Layout, live: Iterable[Deployed]) -> Layout:
+    """Today's layout, and the deployed nodes of shards past cluster.masters as retired."""
+    now = cluster_layout(spec)
+    names = {n.name for n in now.nodes}
+    retired = tuple(wide.node(d.name) for d in live if d.name not in names)
+    return Layout(now.nodes, now.shards, retired=retired)
+
+
+class _Placer:
+    """One placement: deployed members kept, surplus retired, missing members placed (in shard order)."""
+
+    def __init__(self, spec: Spec, deployed: Sequence[Deployed]) -> None:
+        self.spec = spec
+        self.topo = spec.cluster_or_default()
+        self.hosts = {h.name: h for h in spec.hosts}
+        self.live = [d for d in deployed if not d.retired and d.shard is not None]
+        used = [name_index(spec, d.name) or 0 for d in deployed]
+        self.next_index = max([0, *used]) + 1
+        self.load = {h.name: 0 for h in spec.hosts}
+        self.masters = {h.name: 0 for h in spec.hosts}
+        self.ports: dict[str, set[int]] = {h.name: set() for h in spec.hosts}
+        self.reasons: dict[str, str] = {}
+        self.orphans = tuple(d.name for d in self.live if d.host not in self.hosts)
+
+    def layout(self) -> Layout:
+        kept, retired = self._kept()
+        nodes: list[Node] = []
+        shards: list[Shard] = []
+        standing = {index: [self._keep(d, index) for d in kept.get(index, [])]
+                    for index in range(1, self.topo.masters + 1)}  # every host's load known before a new node
+        for index, placed in standing.items():
+            had = len(placed)
+            while len(placed) < self.topo.replicas_per_master + 1:
+                placed.append(self._new(index, placed, had))
+            nodes += placed
+            shards.append(Shard(index, placed[0].name, tuple(n.name for n in placed[1:])))
+        gone = tuple(self._retired(d) for d in retired if d.host in self.hosts)
+        return Layout(tuple(nodes), tuple(shards), retired=gone, reasons=tuple(sorted(self.reasons.items())),
+                      orphans=self.orphans)
+
+    def _kept(self) -> tuple[dict[int, list[Deployed]], list[Deployed]]:
+        """Deployed members by shard (recorded master first), and the ones to retire: shards past cluster.masters
+        and a shard's surplus replicas (one sharing a host with another member first, then the newest)."""
+        by_shard: dict[int, list[Deployed]] = {}
+        retired: list[Deployed] = []
+        for d in sorted(self.live, key=lambda d: (d.role != "master", name_index(self.spec, d.name) or 0)):
+            if d.host not in self.hosts:
+                continue
+            if (d.shard or 0) > self.topo.masters:
+                retired.append(d)
+            else:
+                by_shard.setdefault(d.shard or 0, []).append(d)
+        for index, members in by_shard.items():
+            surplus = len(members) - (self.topo.replicas_per_master + 1)
+            if surplus <= 0:
+                continue
+            hosts = [m.host for m in members]
+            ranked = sorted(members[1:], key=lambda m: (hosts.count(m.host) > 1, name_index(self.spec, m.name) or 0))
+            for d in ranked[-surplus:]:
+                members.remove(d)
+                retired.append(d)
+                self.reasons[d.name] = (f"{d.name} on {d.host}: surplus replica of shard {index}, retired "
+                                        f"(replicas_per_master {len(hosts) - 1} -> {self.topo.replicas_per_master})")
+        return by_shard, retired
+
+    def _keep(self, d: Deployed, index: int) -> Node:
+        self._take(d.host, d.port, d.role == "master")
+        return self._node(d.name, self.hosts[d.host], d.port, d.role, index)
+
+    def _retired(self, d: Deployed) -> Node:
+        self._take(d.host, d.port, False)
+        return self._node(d.name, self.hosts[d.host], d.port, d.role, d.shard)
+
+    def _node(self, name: str, host: Host, port: int, role: str, shard: int | None) -> Node:
+        return node_on(self.spec, name, host, port, "master" if role == "master" else "replica", shard)
+
+    def _take(self, host: str, port: int, master: bool) -> None:
+        self.load[host] = self.load.get(host, 0) + 1
+        self.masters[host] = self.masters.get(host, 0) + int(master)
+        self.ports.setdefault(host, set()).add(port)
+
+    def _new(self, index: int, placed: list[Node], had: int) -> Node:
+        master = not placed
+        taken = {n.host for n in placed}
+        eligible = [h for h in self.spec.hosts if h.name not in taken]
+        if not eligible:  # spec checks refuse more members than hosts; placed anyway, never silently dropped
+            eligible = list(self.spec.hosts)
+        order = list(self.spec.hosts)
+        host = min(eligible, key=lambda h: ((self.masters[h.name] if master else 0), self.load[h.name],
+                                            order.index(h)))
+        k = self.next_index
+        self.next_index += 1
+        name = f"{self.spec.name}-{k}"
+        port = self._free_port(host.name, self.topo.base_port + k - 1)
+        self._take(host.name, port, master)
+        if master:
+            why = f"{name} on {host.name}: master of new shard {index} (cluster.masters is {self.topo.masters})"
+        elif had == 0:
+            why = f"{name} on {host.name}: replica of new shard {index}"
+        else:
+            why = (f"{name} on {host.name}: new replica of shard {index} "
+                   f"(replicas_per_master {had - 1} -> {self.topo.replicas_per_master})")
+        self.reasons[name] = why
+        return self._node(name, host, port, "master" if master else "replica", index)
+
+    def _free_port(self, host: str, port: int) -> int:
+        """port, or the next one up whose own and bus port no node on host uses (either way round)."""
+        used = self.ports.get(host, set())
+        taken = used | {p + CLUSTER_BUS_OFFSET for p in used} | {p - CLUSTER_BUS_OFFSET for p in used}
+        while port in taken or port + CLUSTER_BUS_OFFSET in taken:
+            port += 1
+        return port
