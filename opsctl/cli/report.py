@@ -21,6 +21,7 @@ def plan_text(plan: Plan) -> str:
     if plan.empty:
         return "\n".join(["Plan: no changes.", *(f"  {note}" for note in plan.notes)])
     lines = [f"Plan: {plural(len(plan.steps), 'step')} for '{plan.spec_name}':"]
+    lines += [f"  {plan.summary}"] if plan.summary else []
     for i, step in enumerate(plan.steps, start=1):
         lines.append(f"  {i:>3}. {step.title()}")
         lines.append(f"       why: {step.reason}")
