@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
+from opsctl.base.stop import installed as stop_on_signals
 from opsctl.cli.options import add_spec_file
 
 # Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
@@ -146,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = MaskingStream(sys.stdout)
         sys.stderr = MaskingStream(sys.stderr)
     try:
-        return handler(args)
+        with stop_on_signals():  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
+            return handler(args)
     except OpsctlError as exc:
         print(exc.render(), file=sys.stderr)
         return exc.exit_code

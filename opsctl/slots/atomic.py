@@ -10,11 +10,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opsctl.base import stop
 from opsctl.base.errors import ConvergenceError, OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.text import as_text
 from opsctl.observe.parse import parse_pairs, server_of
-from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
+from opsctl.plan.slotmath.ranges import Ranges, count, text, to_ranges
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
 from opsctl.slots.session import Peer, checked, pipe
@@ -22,6 +23,7 @@ from opsctl.slots.session import Peer, checked, pipe
 DONE = frozenset({"success", "completed"})
 FAILED = frozenset({"failed", "cancelled", "canceled"})
 JOB_TIMEOUT = 3600.0
+CANCEL_TIMEOUT = 30.0
 
 
 def parse_migrations(reply: Sequence[Any]) -> list[dict[str, str]]:
@@ -81,6 +83,13 @@ def atomic_move(source: Peer, target: Peer, slots: Sequence[int], journal: Journ
     checked(runner, [command], "atomic slot migration")
     try:
         result = _wait_job(runner, status, known, f"the slot migration {source.name} -> {target.name} to finish")
+    except stop.Stopped as exc:  # undo the step in flight: the server cancels, the slots stay with the source
+        pipe(runner, [cancel_command(flavor)])
+        wait_idle(runner, flavor, CANCEL_TIMEOUT)
+        journal.closed(slots)
+        raise stop.Stopped(exc.signum, f"the server-side move of slots {text(ranges)} {source.name} -> "
+                           f"{target.name} was cancelled: the slots it had not handed over stay with the source",
+                           exc.hint) from None
     except BaseException:
         pipe(runner, [cancel_command(flavor)])
         raise
@@ -99,8 +108,14 @@ def poll_interval(elapsed: float, first: float = 0.002, most: float = 0.01) -> f
 
 
 def _wait_job(runner: Peer, status: tuple[Any, ...], known: set[str], what: str) -> str:
+    """The job's end state; each look is a safe point for a stop request (opsctl.base.stop)."""
     started = time.monotonic()
-    return wait_for(lambda: job_state(parse_migrations(checked(runner, [status], "slot migration status")[0]), known),
+
+    def state() -> str | None:
+        stop.check()
+        return job_state(parse_migrations(checked(runner, [status], "slot migration status")[0]), known)
+
+    return wait_for(state,
                     JOB_TIMEOUT, what, lambda: poll_interval(time.monotonic() - started),
                     on_timeout=lambda _: ConvergenceError(
                         f"timed out after {JOB_TIMEOUT:g}s waiting for {what}", "still moving",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.base.poll import Pending, wait_for
@@ -148,6 +149,11 @@ class KeyMover:
                 earlier.result()
             if stopped.is_set():
                 raise OpsctlError("the move stopped before this wave opened")
+            try:
+                stop.check()  # the safe point: a stop request opens no more slots
+            except stop.Stopped:
+                stopped.set()
+                raise
             count = opened_together(sizes, i, most_open, self.options.wave_slots, _closed_so_far(closed))
             try:
                 self.admit([slot for wave in parts[i:i + count] for slot in wave])
@@ -165,6 +171,7 @@ class KeyMover:
             closed[i].set_result(None)
 
         failed = True
+        stopped_at: tuple[int, stop.Stopped] | None = None
         try:
             listed = [lister.submit(self.packed_plan, wave) for wave in parts[:LIST_AHEAD]]
             opened = [opener.submit(admitted, i) for i in range(len(parts))]  # each as soon as it may
@@ -181,7 +188,11 @@ class KeyMover:
                         done.result()
 
                 for i in range(len(parts)):
-                    opened[i].result()
+                    try:
+                        opened[i].result()
+                    except stop.Stopped as asked:  # the waves open so far move and close, then it stops
+                        stopped_at = (i, asked)
+                        break
                     plan, packed = listed[i].result()
                     if i + LIST_AHEAD < len(parts):
                         listed.append(lister.submit(self.packed_plan, parts[i + LIST_AHEAD]))
@@ -192,14 +203,19 @@ class KeyMover:
                     plans[i] = plan
                     if i and not self.options.max_keys_per_sec:
                         collect(i - 1)  # its replies read while this wave is queued behind it
-                if parts:
-                    collect(len(parts) - 1)
+                for i in sorted(plans):
+                    collect(i)
             for done in closing:
                 done.result()
             failed = False
+            if stopped_at is not None:
+                at, request = stopped_at
+                raise stop.Stopped(request.signum, f"moved {sum(sizes[:at])} of {len(slots)} slots from "
+                                   f"{self.source.name} to {self.target.name}; every slot it opened is closed "
+                                   "(journaled)", request.hint)
         finally:
-            if failed:  # what runs ends, what waits is dropped: no wave opens after this; the waves that
-                # opened stay journaled
+            if failed or stopped_at is not None:  # what runs ends, what waits is dropped: no wave opens after
+                # this; the waves that opened stay journaled
                 stopped.set()
                 for pool in (behind, opener, lister):
                     pool.shutdown(wait=False, cancel_futures=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opsctl.base import stop
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
@@ -92,7 +93,14 @@ def describe_move(session: Session, move: Move) -> dict[str, Any]:
 
 def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
               options: MoveOptions) -> dict[str, Any]:
-    """Execute moves: disjoint (source, target) pairs at once; every slot journaled; look again after."""
+    """Execute moves: disjoint (source, target) pairs at once; every slot journaled; look again after. A stop
+    request (opsctl.base.stop) lets the slots open finish, then raises Stopped saying how much moved."""
+    with stop.finishing("the slot move"):
+        return _run_moves(session, moves, journal, emit, options)
+
+
+def _run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
+               options: MoveOptions) -> dict[str, Any]:
     wait_stable(session)
     atomic = session.atomic() and not options.key_by_key
     described = [describe_move(session, m) for m in moves]
@@ -101,6 +109,9 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
     estimates = {(d["source"], d["target"]): d["est_keys"] for d in described}
     failed_over: set[str] = set()  # the members of the shards whose failover a move followed
     for group in split_for_parallel(moves):
+        signum = stop.requested()
+        if signum is not None:  # the safe point between groups of moves
+            raise _stopped(session, journal, progress, stop.Stopped(signum))
         errors: list[BaseException] = []
         threads = [threading.Thread(target=_guarded, args=(errors, _move_one, session, m, journal, progress,
                                                            emit, options, atomic, estimates[(m.source, m.target)],
@@ -110,14 +121,29 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
             t.start()
         for t in threads:
             t.join()
+        failures = [e for e in errors if not isinstance(e, stop.Stopped)]
+        if failures:
+            raise failures[0]
         if errors:
-            raise errors[0]
+            raise _stopped(session, journal, progress, next(e for e in errors if isinstance(e, stop.Stopped)))
     session.refresh()
     if failed_over:  # a woken target may have split its shard after the failover was followed
         _merge_split(session, journal, emit, failed_over)
     journal.compact()
     wait_stable(session)
     return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
+
+
+def _stopped(session: Session, journal: Journal, progress: Progress, exc: stop.Stopped) -> stop.Stopped:
+    """The whole operation's stop, once every mover stopped at its safe point: what moved, and how to go on."""
+    session.refresh()
+    journal.compact()
+    left = progress.slots_total - progress.slots_done
+    summary = f"in all: moved {progress.slots_done} of {progress.slots_total} slots, {left} not moved; no slot is open"
+    return stop.Stopped(exc.signum, "\n".join(filter(None, (exc.detail, summary))),
+                        f"to move the rest, run the same `cluster reshard` with --slots {left}; `cluster rebalance` "
+                        "and `apply` plan again from what the nodes serve; `opsctl cluster check -f SPEC` shows "
+                        "the slot map")
 
 
 def _merge_split(session: Session, journal: Journal, emit: Emit, members: set[str]) -> bool:
