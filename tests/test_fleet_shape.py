@@ -1,0 +1,99 @@
+"""The fleet changes shape in place (issue 22): one spec edit 3 hosts -> 4, replicas_per_master 1 -> 2 and masters
+3 -> 4, in one apply, under a concurrent writer; then replicas_per_master back to 1. Real servers on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsctl.cli.main import main
+from opsctl.state.specfile import read_spec
+from tests.lifecycle import deployed, plan_json, run
+from tests.support import cluster_check
+from tests.test_scale_cluster import kept_everything
+from tests.test_slots_reshard import preload
+from tests.writer import Writer, cluster_client, dataset_checksum
+
+pytestmark = pytest.mark.integration
+
+
+def records(spec: Path) -> dict[str, dict[str, object]]:
+    """Each node folder's deployed placement (the local provider's records in the state dir)."""
+    state = spec.parent / ".opsctl" / yaml.safe_load(spec.read_text())["name"]
+    found = {}
+    for record in state.glob("*/opsctl-node.json"):
+        found[record.parent.name] = json.loads(record.read_text())["deployed"]
+    return found
+
+
+def members_apart(spec: Path) -> None:
+    """No shard has two members on one host (anti-affinity), as the nodes' records say."""
+    loaded = read_spec(spec)
+    placed = records(spec)
+    names = {n.name for n in loaded.layout.nodes} | set(placed)
+    by_shard: dict[object, list[object]] = {}
+    for name in names:
+        if name in placed:
+            by_shard.setdefault(placed[name]["shard"], []).append(placed[name]["host"])
+    for shard, hosts in by_shard.items():
+        assert len(hosts) == len(set(hosts)), f"shard {shard} has two members on one host: {hosts}"
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_one_edit_adds_a_host_a_replica_per_shard_and_a_shard_and_loses_nothing(tmp_path, capsys, flavor) -> None:
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        before_records = records(spec)
+        fourth = data["hosts"][0]["address"].rsplit(".", 1)[0] + ".4"
+        grown = {**data, "hosts": [*data["hosts"], {"name": "h4", "address": fourth}],
+                 "cluster": {**data["cluster"], "masters": 4, "replicas_per_master": 2}}
+        try:
+            preload(loaded, 4000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(grown))
+                code, out, err = run(capsys, "plan", "-f", str(spec))
+                assert code == 2, err + out
+                assert "to add" in out and "new replica of shard 2 (replicas_per_master 1 -> 2)" in out, out
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "4 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+                after = records(spec)
+                assert all(after[name] == was for name, was in before_records.items()), (before_records, after)
+                assert len(after) == 12 and any(r["host"] == "h4" for r in after.values())
+                members_apart(spec)
+
+                state = spec.parent / ".opsctl" / data["name"]  # the state dir with the node folders only
+                aside = tmp_path / "fresh"
+                aside.mkdir(mode=0o700)
+                for entry in state.iterdir():
+                    if not entry.name.startswith(data["name"] + "-"):
+                        entry.rename(aside / entry.name)
+                try:
+                    assert plan_json(capsys, spec)["steps"] == []
+                finally:
+                    for entry in aside.iterdir():
+                        entry.rename(state / entry.name)
+
+                shrunk = {**grown, "cluster": {**grown["cluster"], "replicas_per_master": 1}}
+                spec.write_text(yaml.safe_dump(shrunk))
+                plan = plan_json(capsys, spec)
+                removed = [s["node"] for s in plan["steps"] if s["kind"] == "remove-node"]
+                assert len(removed) == 4, plan["steps"]
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "4 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            kept_everything(spec, writer, before, "4 masters")
+            cluster_check(read_spec(spec).layout.nodes[0].endpoint)
+        finally:
+            spec.write_text(yaml.safe_dump(grown))
+            main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
+            shutil.rmtree(tmp_path / "fresh", ignore_errors=True)
+            capsys.readouterr()
