@@ -251,7 +251,7 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
     a, b = admins
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     cli = [redis_cli(), "--cluster", "reshard", admins[a].endpoint, "--cluster-slots", str(slots), "--cluster-yes"]
-    opsctl = [*OPSCTL, "cluster", "reshard", "-f", str(path), "--slots", str(slots)]
+    opsctl = [*OPSCTL, "cluster", "reshard", "--auto-approve", "-f", str(path), "--slots", str(slots)]
     runs: list[tuple[str, str, list[str]]] = [  # label, source, argv
         ("opsctl", a, [*opsctl, "--from", a, "--to", b]),
         ("redis-cli (default pipeline 10)", b, [*cli, "--cluster-from", ids[b], "--cluster-to", ids[a]]),
@@ -350,7 +350,7 @@ def tls_compare(keys: int, rounds: int = 2) -> int:
                     a, b = (s.master for s in read_spec(path).layout.shards[:2])
                     source, target = (a, b) if turn % 2 == 0 else (b, a)
                     seconds = timed([*OPSCTL, "cluster", "reshard", "-f", str(path), "--slots", "5462", "--from",
-                                     source, "--to", target], dict(os.environ))
+                                     source, "--to", target, "--auto-approve"], dict(os.environ))
                     rates[label].append(written / seconds)
                     print(f"{label:>9} {source} -> {target}: {seconds:6.2f}s {written / seconds:>9.0f} keys/s",
                           flush=True)

@@ -158,7 +158,7 @@ def test_masters_left_with_and_without_their_slots_are_finished_by_the_next_appl
     source, target = layout.shards[1].master, layout.shards[0].master
     try:
         _killed_while_masters_set_up(spec, met=False)
-        for command in (["fix"], ["reshard", "--from", source, "--to", target, "--slots", "10"],
+        for command in (["fix"], ["reshard", "--auto-approve", "--from", source, "--to", target, "--slots", "10"],
                         ["rebalance", "--dry-run"]):
             started = time.monotonic()
             code, out, err = run(capsys, "cluster", *command, "-f", str(spec))

@@ -231,7 +231,7 @@ def failover_then_reshard(capsys: pytest.CaptureFixture[str], spec: Path, loaded
     after_failover = masters_and_slots(capsys, spec)
     assert shard1.master not in after_failover and after_failover[promoted] == before[shard1.master], after_failover
     code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", promoted, "--to", shard2.master,
-                         "--slots", str(RESHARD_SLOTS))
+                         "--auto-approve", "--slots", str(RESHARD_SLOTS))
     assert code == 0, out + err
     after = masters_and_slots(capsys, spec)
     assert after[promoted] == before[shard1.master] - RESHARD_SLOTS, after
@@ -470,7 +470,7 @@ def test_tls_through_ansible_and_ssh_tunnels(ssh_env: netns.Lab, tmp_path: Path,
         folder = f"/var/lib/opsctl/{loaded.spec.name}/{node.name}"
         modes = lab.ssh(lab.hosts[0], f"stat -c '%a %U' {folder}/tls.key {folder}/tls.crt").stdout.split("\n")
         assert [m.split()[0] for m in modes if m] == ["600", "600"], modes
-        code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+        code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec))
         assert code == 0 and out.count(": reloaded, presents") == 3, out + err
         code, out, err = run(capsys, "audit", "-f", str(spec), "tls", "config")
         assert code == 0 and "0 findings" in out, out + err

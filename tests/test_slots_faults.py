@@ -30,8 +30,9 @@ def pid_of(spec: Path, loaded: LoadedSpec, name: str) -> int:
 
 def reshard(spec: Path, source: str, target: str, slots: int, rate: int) -> subprocess.Popen[str]:
     env = {**os.environ, PASSWORD_ENV: PASSWORD}
-    return subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "cluster", "reshard", "-f", str(spec), "--from",
-                             source, "--to", target, "--slots", str(slots), "--max-keys-per-sec", str(rate)],
+    return subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "cluster", "reshard", "-f", str(spec),
+                             "--auto-approve", "--from", source, "--to", target, "--slots", str(slots),
+                             "--max-keys-per-sec", str(rate)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -68,14 +68,14 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         holder = subprocess.Popen([sys.executable, "-c", HOLD, str(spec)], env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+            code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", source.name,
                                  "--to", target.name, "--slots", "10", "--state-dir", str(tmp_path / "b"))
             assert code == 3 and "another opsctl run holds this topology" in err and f"pid{holder.pid}" in err, err
             holder.send_signal(signal.SIGKILL)
             holder.wait()
         finally:
             holder.kill()
-        code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+        code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", source.name,
                              "--to", target.name, "--slots", "10", "--state-dir", str(tmp_path / "b"))
         assert code == 0 and "moved 10 slots" in out, err + out
 
@@ -99,7 +99,7 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
             rep.call("CLUSTER", "MEET", target.address, target.port)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+            code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", source.name,
                                  "--to", replica.name, "--slots", "5", "--state-dir", str(tmp_path / "b"))
             if code == 0:
                 break
@@ -140,7 +140,7 @@ def test_fix_gives_an_unreachable_masters_slots_away_only_on_consent(tmp_path, c
                 signal.SIGKILL)
         code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
         assert code == 3 and "belong to unreachable master" in err and "--reassign-unreachable" in err, err + out
-        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec), "--reassign-unreachable")
+        code, out, err = run(capsys, "cluster", "fix", "-f", str(spec), "--reassign-unreachable", "--auto-approve")
         assert code == 0 and f"gave 5461 slots of unreachable master(s) to {fewest.name}" in out, err + out
         deadline = time.monotonic() + 10  # the first master learns the new owner from its pings (node timeout 2 s)
         for node in (first, fewest):

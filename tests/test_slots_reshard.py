@@ -52,19 +52,19 @@ def test_reshard_and_rebalance_with_a_concurrent_writer(tmp_path, capsys, flavor
         client = cluster_client(loaded)
         before = dataset_checksum(client, "pre:*")
         a, b = loaded.layout.shards[0].master, loaded.layout.shards[1]
-        code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", a,
+        code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", a,
                              "--to", loaded.layout.node(b.master).endpoint, "--slots", "1500", "--dry-run")
         assert code == 0 and "Would move: 1" in out and "1500 slots" in out, err
         with Writer(lambda: cluster_client(loaded)) as writer:
             writer.wait_for_writes(200)
             code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", a, "--to", b.master,
-                                 "--slots", "1500", "--output", "json")
+                                 "--auto-approve", "--slots", "1500", "--output", "json")
             assert code == 0, err
             events = [json.loads(line) for line in err.splitlines()]
             mode = "atomic" if flavor == "valkey" else "key-by-key"
             assert events[0]["event"] == "slots-start" and events[0]["mode"] == mode
             assert events[-1]["event"] == "slots-done" and events[-1]["slots_done"] == 1500
-            code, out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--threshold", "1")
+            code, out, err = run(capsys, "cluster", "rebalance", "--auto-approve", "-f", str(spec), "--threshold", "1")
             assert code == 0 and "moved 1500 slots" in out, err + out
             writer.wait_for_writes(len(writer.acked) + 200)
         assert writer.verify(client) == []
@@ -105,7 +105,7 @@ def test_busykey_equal_replaced_different_refused_then_fix_and_a_big_hash(tmp_pa
             code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
             assert code == 0 and "busy-key-equal" in err and "found open" in out, err + out
             _ask_set(tgt, source_id, top - 1, differ, "target-value")
-            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+            code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", source.name,
                                  "--to", target.name, "--slots", "1")
             assert code == 3 and "different values" in err and differ in err, err
             assert src.client.get(differ) == "source-value"
@@ -114,7 +114,7 @@ def test_busykey_equal_replaced_different_refused_then_fix_and_a_big_hash(tmp_pa
             _ask_set(tgt, source_id, top - 1, differ, None)
             code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
             assert code == 0, err + out
-            code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source.name,
+            code, out, err = run(capsys, "cluster", "reshard", "--auto-approve", "-f", str(spec), "--from", source.name,
                                  "--to", target.name, "--slots", "1")
             assert code == 0 and "moved 1 slots, 1 keys" in out, err + out
         assert client.get(same) == "equal" and client.get(differ) == "source-value"
@@ -133,8 +133,9 @@ def test_sigkill_mid_reshard_then_apply_recovers(tmp_path, capsys) -> None:
         with Writer(lambda: cluster_client(loaded)) as writer:
             for source, target in ((a, b), (b, a)):
                 proc = subprocess.Popen(
+                    # ~2.4k keys: >2 s
                     [sys.executable, "-m", "opsctl.cli.main", "cluster", "reshard", "-f", str(spec), "--from", source,
-                     "--to", target, "--slots", "2000", "--max-keys-per-sec", "1000"],  # ~2.4k keys: >2 s
+                     "--to", target, "--slots", "2000", "--max-keys-per-sec", "1000", "--auto-approve"],
                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 deadline = time.monotonic() + 30
                 while not journal.exists() and time.monotonic() < deadline:

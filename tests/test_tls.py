@@ -180,13 +180,13 @@ def _rotate_the_ca(capsys, spec: Path, loaded: LoadedSpec, state: Path) -> None:
     """--new-ca (trust both), rotate (certs from the new CA), --drop-old-ca; dropping early is refused."""
     old_ca = (state / "tls" / "ca.crt").read_text()
     pids = _pids(state, loaded)
-    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--new-ca")
+    code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec), "--new-ca")
     assert code == 0 and len(facts((state / "tls" / "ca-bundle.crt").read_text())) == 2, out + err
-    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--drop-old-ca")
+    code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec), "--drop-old-ca")
     assert code == 3 and "still come from an older CA" in err, out + err
-    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+    code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec))
     assert code == 0, out + err
-    code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--drop-old-ca")
+    code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec), "--drop-old-ca")
     assert code == 0 and (state / "tls" / "ca-bundle.crt").read_text() != old_ca, out + err
     assert len(facts((state / "tls" / "ca-bundle.crt").read_text())) == 1 and _pids(state, loaded) == pids
     _assert_tls_only(loaded, state)
@@ -201,7 +201,7 @@ def test_sentinel_with_tls_fails_over_and_rotates(tmp_path: Path, capsys) -> Non
         code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
         assert code == 0, out + err
         before = _pids(state, loaded)
-        code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+        code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec))
         assert code == 0 and "restarted (Sentinel cannot reload TLS files)" in out, out + err
         after = _pids(state, loaded)
         assert all(before[n.name] == after[n.name] for n in loaded.layout.servers)
@@ -224,11 +224,11 @@ def test_tls_cluster_under_a_writer_fails_over_reshards_rotates_and_restarts(tmp
             code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--yes")
             assert code == 0, out + err
             code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", masters[1], "--to",
-                                 masters[2], "--slots", "300")
+                                 masters[2], "--slots", "300", "--auto-approve")
             assert code == 0, out + err
             writer.wait_for_writes(len(writer.acked) + 300)
             errors, pids = len(writer.errors), _pids(state, loaded)
-            code, out, err = run(capsys, "tls", "rotate", "-f", str(spec))
+            code, out, err = run(capsys, "tls", "rotate", "--auto-approve", "-f", str(spec))
             assert code == 0 and out.count(": reloaded, presents") == 6, out + err
             writer.wait_for_writes(len(writer.acked) + 300)
             assert _pids(state, loaded) == pids and len(writer.errors) == errors, writer.errors[errors:]

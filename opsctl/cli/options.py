@@ -38,12 +38,10 @@ def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STAT
         add_output(parser)
 
 
-def add_auto_approve(parser: argparse.ArgumentParser, about: str = AUTO_APPROVE_HELP,
-                     yes: bool = False) -> None:
-    """--auto-approve (args.auto_approve): change things without asking, as pipelines must. yes: --yes too,
-    listed first (failover, where it also consents to the risks of a forced failover)."""
-    flags = ("--yes", "--auto-approve") if yes else ("--auto-approve",)
-    parser.add_argument(*flags, dest="auto_approve", action="store_true", help=about)
+def add_auto_approve(parser: argparse.ArgumentParser, about: str = AUTO_APPROVE_HELP) -> None:
+    """--auto-approve, alias --yes (args.auto_approve): change things without asking, as pipelines must. Every
+    command that changes something has both (opsctl.cli.confirm asks otherwise)."""
+    parser.add_argument("--auto-approve", "--yes", dest="auto_approve", action="store_true", help=about)
 
 
 def add_dry_run(parser: argparse.ArgumentParser, about: str) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.base.tty import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_options
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_dry_run, add_output, add_spec_options
 from opsctl.cli.ttyline import TtyLine
 
 if TYPE_CHECKING:
@@ -162,12 +162,15 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.bigdelete import delete_big_key
+    from opsctl.base.errors import echo
+    from opsctl.cli.confirm import confirm
     from opsctl.cli.output import print_text
     from opsctl.cli.results import BigKeyDeleteResult
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
+    confirm(args, f"Delete the key {echo(args.key)} of '{loaded.spec.name}'? Its value is gone for good.")
     with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
         result = delete_big_key(connector, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
                                 args.dry_run, args.max_ops_per_sec)
@@ -182,6 +185,7 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_spec_options(d, STATE_DIR_TUNNELS_HELP)
     d.add_argument("key", metavar="KEY")
     add_dry_run(d, "show the plan, change nothing")
+    add_auto_approve(d, "do not ask before deleting the key")
     d.add_argument("--chunked", action="store_true", help="rename and delete in chunks even when lazyfree is on")
     d.add_argument("--chunk", type=ranged(int, 1, 100_000), default=500, help="elements per delete step (default 500)")
     d.add_argument("--max-ops-per-sec", type=RATE, default=None, help="commands per second")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import RATE, SLOTS, ranged
-from opsctl.cli.options import add_dry_run, add_output, add_spec_file, add_spec_options, add_state_dir
+from opsctl.cli.confirm import confirm
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_output, add_spec_file, add_spec_options, add_state_dir
 
 if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client or slot module
     from pathlib import Path
@@ -78,6 +80,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
 def cmd_reshard(args: argparse.Namespace) -> int:
     from opsctl.slots.run import reshard
 
+    confirm(args, f"Move {args.slots} slot(s) and their keys from {args.source} to {args.target}?")
     return _slot_op(args, lambda connector, state_dir, emit, options: reshard(
         connector, state_dir, args.source, args.target, args.slots, emit, options, args.dry_run))
 
@@ -97,6 +100,7 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     from opsctl.slots.run import rebalance
 
     weights = dict(args.weight)
+    confirm(args, "Move slots and their keys between masters to reach the balance?")
     return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
         connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
 
@@ -104,17 +108,30 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
 def cmd_fix(args: argparse.Namespace) -> int:
     from opsctl.slots.fix import fix
 
+    if args.dry_run:
+        return _fix_dry_run(args)
+    if args.reassign_unreachable:
+        confirm(args, "Give the slots of unreachable masters to others? The keys those masters hold are LOST.")
     return _slot_op(args, lambda connector, state_dir, emit, options: fix(
         connector, state_dir, emit, args.reassign_unreachable), resume=False)
 
 
-def _slot_args(p: argparse.ArgumentParser, dry_run: bool = True) -> None:
+def _fix_dry_run(args: argparse.Namespace) -> int:
+    """What fix would act on: the check's open slots (closed as journaled) and uncovered slots; nothing changes."""
+    print("dry run: fix closes the open slots and covers the uncovered slots the check below names",
+          file=sys.stderr)
+    args.timeout = 2.0
+    cmd_check(args)
+    return EXIT_OK
+
+
+def _slot_args(p: argparse.ArgumentParser, dry_run: str = "show the moves, change nothing") -> None:
     add_spec_options(p, "where local state and the slot journal live")
     add_output(p, about="json: JSON events on stderr")
     p.add_argument("--max-keys-per-sec", type=RATE, default=None, help="throttle key-by-key moves")
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
-    if dry_run:
-        add_dry_run(p, "show the moves, change nothing")
+    add_dry_run(p, dry_run)
+    add_auto_approve(p, "do not ask before moving slots (keys move; a fault mid-way needs `cluster fix`)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -143,7 +160,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_rebalance)
 
     p = commands.add_parser("fix", help="close open slots (journaled ones exactly), cover uncovered slots")
-    _slot_args(p, dry_run=False)
+    _slot_args(p, "show the cluster's open and uncovered slots (what fix acts on); change nothing")
     p.add_argument("--reassign-unreachable", action="store_true",
                    help="give the slots of an unreachable master to others (its data is LOST)")
     p.set_defaults(handler=cmd_fix)

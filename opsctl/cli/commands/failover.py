@@ -6,20 +6,10 @@ import argparse
 import sys
 from contextlib import nullcontext
 
-from opsctl.base.errors import EXIT_OK, OpsctlError, RefusedError
+from opsctl.base.errors import EXIT_OK
 from opsctl.cli.argtypes import SECONDS, ranged
+from opsctl.cli.confirm import confirm
 from opsctl.cli.options import add_auto_approve, add_dry_run, add_output, add_spec_options
-
-
-def _confirm(args: argparse.Namespace) -> None:
-    if args.auto_approve or args.dry_run:
-        return
-    if not sys.stdin.isatty():
-        raise OpsctlError("refusing to fail over without confirmation", "standard input is not a terminal",
-                          "pass --yes in scripts (run with --dry-run first to see the checks)")
-    answer = input("Fail over now? Clients reconnect to the new master. Only 'yes' is accepted: ")
-    if answer.strip() != "yes":
-        raise RefusedError("cancelled, nothing changed")
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
@@ -37,7 +27,8 @@ def cmd_failover(args: argparse.Namespace) -> int:
         check_writable_target(args.report, "--report")  # before the failover, not after it succeeded
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
-    _confirm(args)
+    confirm(args, "Fail over now? Clients reconnect to the new master.",
+            "pass --auto-approve (or --yes) in scripts (run with --dry-run first to see the checks)")
     opts = Options(shard=args.shard, master=args.master, to=args.to, mode=args.mode, escalate=args.escalate,
                    dry_run=args.dry_run, force_checks=args.force_checks, yes=args.auto_approve,
                    max_lag_bytes=args.max_lag_bytes, max_lag_seconds=args.max_lag_seconds, timeout=args.timeout,
@@ -67,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="cluster: if a mode times out, try the next (graceful -> force -> takeover); needs --yes")
     add_dry_run(p, "print the pre-checks and the steps; change nothing")
     p.add_argument("--force-checks", action="store_true", help="go on although a pre-check failed")
-    add_auto_approve(p, "do not ask; consent to the risks of force/takeover", yes=True)
+    add_auto_approve(p, "do not ask; consent to the risks of force/takeover")
     p.add_argument("--report", help="also write the JSON report here")
     p.add_argument("--max-lag-bytes", type=ranged(int, 0, 2**50), default=1024 * 1024,
                    help="pre-check limit (default 1 MiB)")

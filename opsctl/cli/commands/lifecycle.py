@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
+from opsctl.cli.confirm import confirm
 from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
 from opsctl.cli.runtime import open_runtime, print_status
 
@@ -54,17 +55,6 @@ def _saved_plan(path: str, saved: Plan, current: Plan) -> Plan:
     return saved
 
 
-def _confirm(args: argparse.Namespace, question: str) -> None:
-    if args.auto_approve:
-        return
-    if not sys.stdin.isatty():
-        raise OpsctlError("refusing to change anything without confirmation",
-                          "standard input is not a terminal", "pass --auto-approve in pipelines")
-    answer = input(f"{question} Only 'yes' is accepted: ")
-    if answer.strip() != "yes":
-        raise RefusedError("cancelled, nothing changed")
-
-
 def run_plan(rt: Runtime, plan: Plan, args: argparse.Namespace, question: str, done: str) -> int:
     """Show the plan; unless it is empty, confirm and execute it with the rollout options. Returns the number of
     steps that ran."""
@@ -73,9 +63,9 @@ def run_plan(rt: Runtime, plan: Plan, args: argparse.Namespace, question: str, d
     from opsctl.cli.results import PlanResult
 
     print_result(PlanResult(plan), args.output)
-    if plan.empty:
+    if plan.empty or args.dry_run:
         return 0
-    _confirm(args, question)
+    confirm(args, question)
     with printing(args.output == "json") as emit:
         _follow_playbooks(rt, emit)
         began = time.monotonic()
@@ -98,6 +88,7 @@ def _follow_playbooks(rt: Runtime, emit: Emit) -> None:
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
     """The options of every command that executes a plan which may restart or fail over nodes."""
     add_auto_approve(parser)
+    add_dry_run(parser, "print the plan, change nothing (no lock, nothing written)")
     parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
     parser.add_argument("--parallel-shards", type=ranged(int, 1, 16384), default=1, metavar="N",
                         help="roll restarts through N shards at once")
@@ -113,6 +104,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from opsctl.state.planfile import read_saved_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
+    if args.dry_run:
+        return _apply_dry_run(args, saved)
     with open_runtime(args, locked=True, cache_beside=True) as rt:
         if _apply_plans(rt, args, saved) < 0:
             return EXIT_CHANGES
@@ -121,6 +114,21 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
     return EXIT_OK
+
+
+def _apply_dry_run(args: argparse.Namespace, saved: Plan | None) -> int:
+    """The plan apply would run first (a saved one checked against the live state), as plan prints it; exit 2 when
+    it has steps. No lock is taken and nothing is written."""
+    from opsctl.apply.gather import compute_plan
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import PlanResult
+
+    with open_runtime(args) as rt:
+        plan, _ = compute_plan(rt)
+    if saved is not None:
+        plan = _saved_plan(args.plan, saved, plan)
+    print_result(PlanResult(plan), args.output)
+    return EXIT_OK if plan.empty else EXIT_CHANGES
 
 
 def _apply_plans(rt: Runtime, args: argparse.Namespace, saved: Plan | None) -> int:
@@ -216,7 +224,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
                   f"{' or has files' if args.purge else ''}")
         return
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
-    _confirm(args, f"This will {what} of '{name}'.")
+    confirm(args, f"This will {what} of '{name}'.")
     with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
         for node, _, _ in todo:
             check_held(rt.connector)

@@ -22,7 +22,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     from opsctl.apply.gather import refuse_silent_nodes, settled_facts, spec_digest
     from opsctl.plan.rolling import restart_plan
 
-    with open_runtime(args, locked=True) as rt:
+    with open_runtime(args, locked=not args.dry_run) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]
         selected = set(args.nodes) if args.nodes is not None else set(names)
         unknown = sorted(selected - set(names))
@@ -32,7 +32,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
         refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
         run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")
-        print_status(rt, args.output)
+        if not args.dry_run:
+            print_status(rt, args.output)
     return EXIT_OK
 
 

@@ -8,12 +8,20 @@ from contextlib import ExitStack
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_dry_run, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_auto_approve,
+    add_dry_run,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.base.events import RestoreDryRun
+    from opsctl.cli.confirm import confirm
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.run import run_restore
     from opsctl.restore.sources import RestoreOptions, backup_sources, live_sources, refuse_same_servers
@@ -23,6 +31,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
+    if args.mode == "replace":
+        confirm(args, f"Overwrite the keys of '{loaded.spec.name}' that the source also holds? Their values are lost.")
     state_dir = state_dir_for(loaded, args.state_dir)
     options = RestoreOptions(args.mode, args.dry_run, args.verify, args.sample)
     json_mode = args.output == "json"
@@ -65,6 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--mode", choices=("fail-if-exists", "replace", "skip-existing"), default="fail-if-exists",
                    help="keys that already exist on the target: refuse before writing (default), overwrite, or keep")
     add_dry_run(p, "run every check, write nothing")
+    add_auto_approve(p, "do not ask (--mode replace asks before overwriting keys)")
     p.add_argument("--verify", choices=("sample", "full"), default="sample",
                    help="after the copy compare a sample of keys (default) or every key with the source")
     p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,

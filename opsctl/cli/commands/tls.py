@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-from opsctl.cli.options import add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
 
 
 def _ca(args: argparse.Namespace) -> int:
@@ -24,13 +24,20 @@ def _ca(args: argparse.Namespace) -> int:
 def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
+    from opsctl.cli.confirm import confirm
     from opsctl.cli.output import printing
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statelock import state_lock
 
-    rt = make_runtime(read_spec(args.file), args.state_dir)
+    loaded = read_spec(args.file)
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
+    nodes = ", ".join(n.name for n in loaded.layout.nodes)
+    if args.dry_run:
+        print(f"dry run: would rotate ({mode}) the certificates of {nodes}; nothing changed")
+        return EXIT_OK
+    confirm(args, f"Rotate ({mode}) the certificates of {nodes}? Clients that do not trust the new files are cut off.")
+    rt = make_runtime(loaded, args.state_dir)
     try:
         # one run per topology, whatever its state dir; each node's line on stdout as it is done
         with state_lock(rt.state_dir), topology_lock(rt.connector), printing(False, sys.stdout) as emit:
@@ -55,4 +62,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="generated CA: make a new CA and trust it next to the old one (step 1 of 3)")
     step.add_argument("--drop-old-ca", action="store_true",
                       help="generated CA: trust only the newest CA (step 3, after a plain rotate)")
+    add_dry_run(p, "name the nodes and the step; change nothing")
+    add_auto_approve(p, "do not ask before rotating")
     p.set_defaults(handler=_rotate)
