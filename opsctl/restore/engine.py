@@ -47,6 +47,7 @@ class Source:
     sample_every: int = 1000
     samples: list[Entry] = field(default_factory=list)
     kept: set[tuple[int, bytes]] = field(default_factory=set)  # samples skip-existing left as the target had them
+    confirm: Callable[[], str | None] | None = None  # a referee besides the source itself: a problem, or None
 
 
 class TargetPipes:

@@ -21,6 +21,7 @@ from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
 from opsctl.restore.checks import existing_keys, refuse_unsafe
 from opsctl.restore.engine import Side, Source, copy_source
+from opsctl.restore.offsets import durable
 from opsctl.restore.route import JOURNAL, Counts, Journal, journal_json, landed_problem, parse_journal
 from opsctl.restore.sources import Prepared, RestoreOptions
 from opsctl.restore.target import Target
@@ -157,7 +158,8 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
         for future in [pool.submit(one, s) for s in todo]:
             future.result()
     report.seconds = time.monotonic() - started
-    report.problems = count_problems(report.sources, prepared)
+    report.problems = durability_problems(target) + count_problems(report.sources, prepared)
+    report.problems += [p for s in todo if s.confirm is not None and (p := s.confirm()) is not None]
     started_empty = journal_was_new and target.keys == 0  # else restored keys may have replaced others
     if started_empty and (problem := landed_problem(0, target_keys(target), report.total)):
         report.problems.append(problem)
@@ -169,6 +171,18 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     save_journal(state_dir, journal)
     emit(report.done())
     return report
+
+
+def durability_problems(target: Target) -> list[str]:
+    """Each target master's writes held by a replica (where its shard has or should have one): an acknowledged
+    RESTORE on a master cut off from its replicas is lost when a replica takes over."""
+    layout = target.loaded.layout
+    wanted = [bool((shard := layout.shard_of(m.name)) and shard.replicas) for m in target.masters]
+    problems = durable(target.connector, target.masters, wanted)
+    if problems:
+        problems.append("not durable: re-run the same command once every master's replica is linked again (it "
+                        "resumes and copies what a failover threw away)")
+    return problems
 
 
 def recheck_finished(target: Target, prepared: Prepared, state_dir: Path, options: RestoreOptions,

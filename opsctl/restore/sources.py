@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from opsctl.backup.manifest import ShardFile, describe
@@ -14,9 +15,11 @@ from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.discover import LiveNode, discover, scan_targets
 from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.parse import parse_info
 from opsctl.restore.engine import Source
+from opsctl.restore.offsets import caught_up, confirmed
 from opsctl.restore.target import Target, one_server
 from opsctl.server.versions import reads_rdb, server_text
 from opsctl.spec.layout import Node
@@ -86,9 +89,8 @@ def refuse_same_servers(target: LoadedSpec, source: LoadedSpec) -> None:
 
 @contextmanager
 def live_sources(source: Connector, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
-    """A running topology: per shard a linked replica (else the master), read with DUMP as its server writes."""
-    from opsctl.net.discover import discover, scan_targets
-
+    """A running topology: per shard a linked replica caught up with its master (else the master), read with DUMP
+    as its server writes."""
     chosen, problems = scan_targets(discover(source), allow_masters=True)
     if problems or not chosen:
         raise OpsctlError("the source topology has a shard without a reachable node",
@@ -97,16 +99,17 @@ def live_sources(source: Connector, target: Target, options: RestoreOptions) -> 
         raise RefusedError("source and target are the same nodes", hint="--from-live names another topology's spec")
     sources, dataset, infos = [], 0, []
     for ln in chosen:
-        with source.admin(ln.node) as admin:
+        node, confirm, note = fresh_node(source, ln)
+        with source.admin(node) as admin:
             info = parse_info(admin.info())
         infos.append(info)
         if target.cluster and set(parse_keyspace(info)) - {0}:
-            raise RefusedError(f"{ln.node.name} holds keys in databases other than 0; a cluster has only "
+            raise RefusedError(f"{node.name} holds keys in databases other than 0; a cluster has only "
                                "database 0 (nothing was written)", hint="restore into a standalone topology")
         keys = sum(k for k, _ in parse_keyspace(info).values())
         dataset += int(info.get("used_memory_dataset", "0"))
-        sources.append(Source(ln.node.name, f"{ln.node.name} ({ln.node.endpoint})", _live_opener(source, ln.node),
-                              sorted(parse_keyspace(info)), _sample_every(keys, options.sample)))
+        sources.append(Source(ln.node.name, f"{node.name} ({node.endpoint}){note}", _live_opener(source, node),
+                              sorted(parse_keyspace(info)), _sample_every(keys, options.sample), confirm=confirm))
     server = one_server(infos, "source")
     written = rdb_written_by(server)
     if written is None or not reads_rdb(*target.server, written):
@@ -116,6 +119,19 @@ def live_sources(source: Connector, target: Target, options: RestoreOptions) -> 
     spec = source.loaded.spec
     yield Prepared(f"live:{source.loaded.file}", f"running topology {spec.name} ({spec.topology}, "
                    f"{len(sources)} shards)", sources, dataset)
+
+
+def fresh_node(source: Connector, ln: LiveNode) -> tuple[Node, Callable[[], str | None] | None, str]:
+    """The node to read a shard from, the check its master confirms after the copy, and a note for its label:
+    the replica once it reached its master's offset now (every write acknowledged before the restore began),
+    else the master itself (a replica cut off from its master still says its link is up until repl-timeout)."""
+    master = source.loaded.layout.find(ln.master) if ln.role == "replica" and ln.master else None
+    if master is None:
+        return ln.node, None, ""
+    start = caught_up(source, ln.node, master)
+    if start is None:
+        return master, None, f", its replica {ln.node.name} lagged behind"
+    return ln.node, partial(confirmed, source, ln.node, master, start), ""
 
 
 def _live_opener(connector: Connector, node: Node) -> Callable[[], RawPipe]:
