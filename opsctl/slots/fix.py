@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
+from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
@@ -62,17 +63,60 @@ def close_in_session(session: Session, journal: Journal, emit: Emit,
     """Close the journal's open entries (each resolved to its shards' current masters), then any slot a master
     shows open that nobody journaled. `only`: close just the entries it accepts, and no unjournaled slot
     (a run recovering one move while others are under way)."""
-    done = [] if only is not None else merge_split_shards(session, journal, emit)  # before: see merge_split_shards
-    for entry in journal.pending():
-        if only is None or only(entry):
-            done.append(_close_entry(session, journal, entry, emit, journaled=True))
-    session.refresh()
-    if only is None:
-        for entry in live_open_slots(session):
-            done.append(_close_entry(session, journal, entry, emit, journaled=False))
-        journal.compact()
-    session.refresh()
+    with stop.finishing("closing open slots"):
+        done = [] if only is not None else merge_split_shards(session, journal, emit)  # before: merge_split_shards
+        for entry in journal.pending():
+            if only is None or only(entry):
+                done.append(_close_entry(session, journal, entry, emit, journaled=True))
+        session.refresh()
+        if only is None:
+            done += _release_owned_imports(session)
+            for entry in live_open_slots(session):
+                done.append(_close_entry(session, journal, entry, emit, journaled=False))
+            journal.compact()
+            session.refresh()
+            done += _clear_replica_flags(session)
+        session.refresh()
     return done
+
+
+def _release_owned_imports(session: Session) -> list[str]:
+    """SETSLOT STABLE for a slot a master imports while it serves it already, from a node that no longer migrates
+    it to it (a source failed over mid-move: Redis 7.0 ignores every owner update for a slot it imports, so the flag
+    never clears, and IMPORTING again is refused: "I'm already the owner"). The keys it holds are its own."""
+    migrating = {(peer.id, slot) for peer in session.masters() if (me := session.me(peer.name)) is not None
+                 for slot in me.migrating}
+    notes = []
+    for peer in session.masters():
+        me = session.me(peer.name)
+        stale = sorted(s for s, source in (me.importing.items() if me is not None else ())
+                       if _owns(me, s) and (source, s) not in migrating)
+        if stale:
+            checked(peer, [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
+            notes.append(f"{peer.name} served {text(to_ranges(stale))} while still importing them from a node "
+                         "that no longer moves them: cleared")
+    return notes
+
+
+def _clear_replica_flags(session: Session) -> list[str]:
+    """A replica that shows a slot MIGRATING or IMPORTING its master does not (a run ended between the master's
+    change and its replication): SETSLOT STABLE on the master, which replicates it (Valkey >= 8; a replica refuses
+    SETSLOT from a client)."""
+    notes = []
+    for name in list(session.peers):
+        me = session.me(name)
+        if me is None or me.is_master or me.master_id is None:
+            continue
+        master = next((p for p in session.masters() if p.id == me.master_id), None)
+        line = session.me(master.name) if master is not None else None
+        if master is None or line is None:
+            continue
+        stale = sorted(s for s in {*me.migrating, *me.importing} if s not in line.migrating and s not in line.importing)
+        if stale:
+            checked(master, [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale], "SETSLOT STABLE")
+            notes.append(f"replica {name} showed {text(to_ranges(stale))} open, its master {master.name} did not: "
+                         "cleared through the master")
+    return notes
 
 
 def live_open_slots(session: Session) -> list[OpenSlots]:

@@ -22,7 +22,7 @@ from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.resp import Command
 from opsctl.net.topolock import check_held
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes
 from opsctl.plan.slotmath.scale import shard_members
 from opsctl.slots.batching import (
     Batch,
@@ -112,6 +112,7 @@ class KeyMover:
         self.base_ms = base_timeout_ms(self.node_timeout_ms)
         self.started = time.monotonic()
         self.moved = 0
+        self.target_serves: frozenset[int] = frozenset()  # by the target's own view at the last look at both ends
         self._moved_lock = threading.Lock()
 
     def move(self, slots: Sequence[int]) -> None:
@@ -286,8 +287,10 @@ class KeyMover:
         masters (looked: the caller just made sure)."""
         if not looked:
             self.ensure_endpoints()
-        self.control(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave],
-                     "SETSLOT IMPORTING")
+        # never re-open a slot the target serves (a source failed over mid-move may still claim it): the server
+        # refuses it ("already the owner"); its keys left on the source move all the same, under MIGRATING
+        self.control(self.target, [("CLUSTER", "SETSLOT", s, "IMPORTING", self.source.id) for s in wave
+                                   if s not in self.target_serves], "SETSLOT IMPORTING")
         self.control(self.source, [("CLUSTER", "SETSLOT", s, "MIGRATING", self.target.id) for s in wave],
                      "SETSLOT MIGRATING")
 
@@ -376,6 +379,8 @@ class KeyMover:
         """The end ("source" or "target") that does not answer, None when both answer as their shards' masters;
         EndpointReplaced when the cluster promoted another node of an end's shard."""
         src_view, tgt_view = self.session.parallel(self.probe, [self.source, self.target])
+        mine = myself(tgt_view or [])
+        self.target_serves = frozenset(s for a, b in mine.slots for s in range(a, b + 1)) if mine else frozenset()
         ends = {"source": self.source, "target": self.target}
         states = {"source": verdict(self.source.node.endpoint, src_view, tgt_view, self._shard(self.source)),
                   "target": verdict(self.target.node.endpoint, tgt_view, src_view, self._shard(self.target))}
