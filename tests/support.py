@@ -78,8 +78,12 @@ def _free(address: str, port: int) -> bool:
 EPHEMERAL_FIRST = 32768
 
 
+DEFAULT_PORTS = frozenset({6379, 26379})  # refused by the spec unless hardening.allow_default_port
+
+
 def free_base_port(addresses: list[str], count: int, bus: bool = True) -> int:
-    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address, all
+    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address, none a
+    default port, all
     below Linux's default ephemeral range (32768-60999): a client's or a cluster bus's outgoing connection must
     never hold a node's port when that node (re)starts and binds it."""
     highest = EPHEMERAL_FIRST - 1 - count - (10000 if bus else 0)
@@ -88,7 +92,7 @@ def free_base_port(addresses: list[str], count: int, bus: bool = True) -> int:
         ports = [base + i for i in range(count)]
         if bus:
             ports += [p + 10000 for p in ports]
-        if all(_free(a, p) for a in addresses for p in ports):
+        if DEFAULT_PORTS.isdisjoint(ports) and all(_free(a, p) for a in addresses for p in ports):
             return base
     raise RuntimeError("no free port range found")
 

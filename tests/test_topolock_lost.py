@@ -15,6 +15,7 @@ import pytest
 from opsctl.apply.runtime import make_runtime
 from opsctl.apply.tls_rotation import rotate
 from opsctl.base.errors import OpsctlError
+from opsctl.base.events import Event
 from opsctl.net.topolock import LEASE_ENV, topology_lock
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
@@ -62,8 +63,8 @@ def test_tls_rotate_checks_the_lock_before_each_node(tmp_path: Path, capsys: pyt
             with pytest.raises(OpsctlError, match="lost the topology lock") as lost, \
                     topology_lock(rt.connector, lease=30.0) as lock:
 
-                def say(line: str) -> None:
-                    said.append(line)
+                def say(note: Event) -> None:  # rotate's notes: one line per node reloaded
+                    said.append(note.line())
                     lock._renewed_at -= 60  # what a SIGSTOP of a minute looks like to the lock
 
                 rotate(rt, "certs", say)
