@@ -83,9 +83,8 @@ DEFAULT_PORTS = frozenset({6379, 26379})  # refused by the spec unless hardening
 
 def free_base_port(addresses: list[str], count: int, bus: bool = True) -> int:
     """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address, none a
-    default port, all
-    below Linux's default ephemeral range (32768-60999): a client's or a cluster bus's outgoing connection must
-    never hold a node's port when that node (re)starts and binds it."""
+    default port, all below Linux's default ephemeral range (32768-60999): a client's or a cluster bus's outgoing
+    connection must never hold a node's port when that node (re)starts and binds it."""
     highest = EPHEMERAL_FIRST - 1 - count - (10000 if bus else 0)
     for _ in range(200):
         base = random.randint(12000, highest)
