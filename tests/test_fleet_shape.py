@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -96,4 +97,63 @@ def test_one_edit_adds_a_host_a_replica_per_shard_and_a_shard_and_loses_nothing(
             spec.write_text(yaml.safe_dump(grown))
             main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
             shutil.rmtree(tmp_path / "fresh", ignore_errors=True)
+            capsys.readouterr()
+
+
+def served_slots(endpoint: str, address: str, port: int) -> int:
+    """How many slots the node at address:port serves in the cluster's view from endpoint."""
+    check = cluster_check(endpoint)
+    assert check.returncode == 0, check.stdout
+    mine = [line for line in check.stdout.splitlines() if f"{address}:{port}" in line and line.startswith("M:")]
+    if not mine:
+        return 0
+    index = check.stdout.splitlines().index(mine[0])
+    slots_line = check.stdout.splitlines()[index + 1]
+    return int(slots_line.split("(")[1].split(" slots")[0]) if "slots:" in slots_line else 0
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_fewer_replicas_after_a_failover_keep_the_shards_master_and_retire_a_replica(tmp_path, capsys,
+                                                                                    flavor) -> None:
+    """Shard 1 is failed over by hand to the replica placement would retire by its records (the newest); then
+    replicas_per_master 2 -> 1: that node stays the shard's master with its slots, another member retires."""
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        wide = {**data, "cluster": {**data["cluster"], "replicas_per_master": 2}}
+        try:
+            spec.write_text(yaml.safe_dump(wide))
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 0, err + out
+            placed = records(spec)
+            shard1 = sorted((n for n, r in placed.items() if r["shard"] == 1), key=lambda n: int(n.rsplit("-")[1]))
+            promoted = shard1[-1]  # the newest: the member the records alone would retire
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--to", promoted, "--auto-approve")
+            assert code == 0, err + out
+            preload(loaded, 4000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            address = next(h["address"] for h in data["hosts"] if h["name"] == placed[promoted]["host"])
+            port = int(str(placed[promoted]["port"]))
+            first = loaded.layout.servers[0].endpoint
+            slots = served_slots(first, address, port)
+            assert slots > 0
+            started = time.monotonic()
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump({**wide, "cluster": {**wide["cluster"], "replicas_per_master": 1}}))
+                plan = plan_json(capsys, spec)
+                kinds = {s["kind"] for s in plan["steps"]}
+                removed = [s["node"] for s in plan["steps"] if s["kind"] == "remove-node"]
+                assert "move-slots" not in kinds and promoted not in removed and len(removed) == 3, plan["steps"]
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            took = time.monotonic() - started
+            assert served_slots(first, address, port) == slots  # still the shard's master, its slots kept
+            kept_everything(spec, writer, before, "3 masters")
+            with capsys.disabled():
+                print(f"\n[{flavor}] failover then replicas 2 -> 1: keys {before[0]}, acked {len(writer.acked)}, "
+                      f"lost 0, time {took:.1f} s, max write gap {writer.max_gap_ms:.0f} ms, retired {removed}")
+        finally:
+            spec.write_text(yaml.safe_dump(wide))
             capsys.readouterr()

@@ -4,7 +4,7 @@ free ports and hosts that keep a shard's members apart (issue 22, stable identit
 from __future__ import annotations
 
 from opsctl.spec.layout import Layout, cluster_layout, deployed_as
-from opsctl.spec.placement import Deployed, placed_layout
+from opsctl.spec.placement import Deployed, placed_layout, surplus_members
 from tests.support import make_spec
 from tests.test_planner import load_dict
 
@@ -75,3 +75,22 @@ def test_fewer_replicas_retire_the_newest_and_names_are_never_reused() -> None:
     new = {n.name for n in back.servers} - kept
     assert not new & {n.name for n in placed.retired}  # a retired node's name is not given again
     assert min(int(n.rsplit("-", 1)[1]) for n in new) == 13
+
+
+def test_the_shards_master_now_is_never_the_surplus_member_retired() -> None:
+    """After a failover a recorded replica serves: lowering replicas_per_master retires another member, never it."""
+    spec2 = load_dict(with_fourth_host(spec_with(masters=4, replicas_per_master=2))).spec
+    deployed = records_of(placed_layout(spec2, records_of(cluster_layout(load_dict(spec_with()).spec))))
+    spec1 = load_dict(with_fourth_host(spec_with(masters=4, replicas_per_master=1))).spec
+    blind = placed_layout(spec1, deployed)
+    retired = {n.name for n in blind.retired}
+    serving = sorted(retired)[:1]  # one of them was promoted by hand
+    assert surplus_members(blind) == list(blind.retired)
+    placed = placed_layout(spec1, deployed, serving)
+    assert serving[0] in {n.name for n in placed.servers}
+    assert serving[0] not in {n.name for n in placed.retired} and len(placed.retired) == 4
+    shard = placed.shard_of(serving[0])
+    assert shard is not None and len(shard.members) == 2
+    kept = {n.name: n for n in placed.servers}
+    assert deployed_as(kept[serving[0]])["role"] == "replica"  # its record stays as deployed: roles are not drift
+    assert placed_layout(spec1, deployed, [n.name for n in blind.servers]) == blind  # the recorded masters serve

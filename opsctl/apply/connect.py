@@ -23,15 +23,25 @@ def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = No
 @contextmanager
 def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
     """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
-    audit). When hosts have admin_via_ssh, an AnsibleProvider supplies the SSH-tunnel route for the block
-    and closes its tunnels and connections afterwards."""
-    if loaded.spec.provider != "ansible" or not any(h.admin_via_ssh for h in loaded.spec.hosts):
-        yield make_connector(loaded, state_dir)
+    audit), over the spec placed where its nodes are deployed (apply.placing: the layout every command sees).
+    An Ansible spec's records are read on the hosts; when hosts have admin_via_ssh, the provider also supplies the
+    SSH-tunnel route for the block and closes its tunnels and connections afterwards."""
+    from opsctl.apply.placing import place_from
+
+    if loaded.spec.provider != "ansible":
+        from opsctl.providers.localfiles import deployed_records_in
+
+        connector = make_connector(loaded, state_dir)
+        connector.loaded = place_from(loaded, deployed_records_in(loaded, state_dir), connector)
+        yield connector
         return
     from opsctl.providers.ansible import AnsibleProvider
 
     provider = AnsibleProvider(loaded, state_dir)
     try:
-        yield make_connector(loaded, state_dir, provider.admin_route())
+        connector = make_connector(loaded, state_dir, provider.admin_route())
+        if loaded.spec.topology == "cluster":
+            connector.loaded = provider.loaded = place_from(loaded, provider.deployed_records(), connector)
+        yield connector
     finally:
         provider.close()

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.apply.connect import make_connector
+from opsctl.apply.placing import placed
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.providers.base import Provider
@@ -41,8 +42,9 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
         from opsctl.providers.ansible import AnsibleProvider
 
         remote = AnsibleProvider(loaded, directory)
-        loaded = remote.loaded = placed(loaded, remote)
-        return Runtime(loaded, remote, directory, make_connector(loaded, directory, remote.admin_route()))
+        connector = make_connector(loaded, directory, remote.admin_route())
+        loaded = remote.loaded = connector.loaded = placed(loaded, remote, connector)
+        return Runtime(loaded, remote, directory, connector)
     from opsctl.providers.binaries import find_server, require_tls
     from opsctl.providers.local import LocalProvider
 
@@ -50,16 +52,7 @@ def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
     if spec.tls.enabled:
         require_tls(binary)
     local = LocalProvider(loaded, directory, binary)
-    loaded = local.loaded = placed(loaded, local)
-    return Runtime(loaded, local, directory, make_connector(loaded, directory))
-
-
-def placed(loaded: LoadedSpec, provider: Provider) -> LoadedSpec:
-    """The spec's layout given the records of what is deployed (opsctl.spec.placement): a deployed node keeps its
-    name, host, port and shard; the records are read on the hosts, so a fresh state dir places the same."""
-    if loaded.spec.topology != "cluster":
-        return loaded
-    from opsctl.spec.placement import with_placement
-
-    return with_placement(loaded, provider.deployed_records())
+    connector = make_connector(loaded, directory)
+    loaded = local.loaded = connector.loaded = placed(loaded, local, connector)
+    return Runtime(loaded, local, directory, connector)
 

@@ -42,6 +42,25 @@ def plain_name(name: str) -> str:
     return name
 
 
+def deployed_records_in(loaded: LoadedSpec, state_dir: Path) -> dict[str, dict[str, Any]]:
+    """The records of the spec's server folders in the state dir (<spec>-<k>/opsctl-node.json): this machine is
+    every host, and its nodes live there (Provider.deployed_records; also read without a provider)."""
+    spec = loaded.spec
+    state_dir = Path(os.path.abspath(state_dir))
+    if spec.topology != "cluster" or not state_dir.is_dir():
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    for entry in sorted(os.listdir(state_dir)):
+        folder = state_dir / entry
+        if name_index(spec, entry) is None or folder.is_symlink() or not folder.is_dir():
+            continue
+        path = folder / RECORD
+        record = parse_record(read_text(path), entry, str(path))
+        if record:
+            found[entry] = record
+    return found
+
+
 class LocalFiles:
     """The node folders of a spec's local servers, their files and opsctl's records; who owns them."""
 
@@ -139,21 +158,7 @@ class LocalFiles:
         return parse_record(read_text(path), node.name, str(path))
 
     def deployed_records(self) -> dict[str, dict[str, Any]]:
-        """The records of the spec's server folders in the state dir (<spec>-<k>/opsctl-node.json): this machine
-        is every host, and its nodes live there."""
-        spec = self.loaded.spec
-        if spec.topology != "cluster" or not self.state_dir.is_dir():
-            return {}
-        found: dict[str, dict[str, Any]] = {}
-        for entry in sorted(os.listdir(self.state_dir)):
-            folder = self.state_dir / entry
-            if name_index(spec, entry) is None or folder.is_symlink() or not folder.is_dir():
-                continue
-            path = folder / RECORD
-            record = parse_record(read_text(path), entry, str(path))
-            if record:
-                found[entry] = record
-        return found
+        return deployed_records_in(self.loaded, self.state_dir)
 
     def save_record(self, node: Node, record: dict[str, Any]) -> None:
         # one line: json's C encoder (indent= takes the pure-Python one, slower per record)

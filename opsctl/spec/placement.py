@@ -10,7 +10,7 @@ that holds no member of its shard, on a free port. The records are read by the s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from opsctl.base.frozen import Frozen, frozen
@@ -49,8 +49,10 @@ def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[D
     return found
 
 
-def placed_layout(spec: Spec, deployed: Sequence[Deployed]) -> Layout:
-    """The layout of spec given what is deployed (see the module's docstring); other topologies: spec's layout."""
+def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = ()) -> Layout:
+    """The layout of spec given what is deployed (see the module's docstring); other topologies: spec's layout.
+    serving: the nodes that are their shard's master now (the shell asks the cluster): never retired as surplus,
+    because a retired master would be drained of its slots like a removed shard instead of staying its master."""
     if spec.topology != "cluster":
         return layout(spec)
     live = [d for d in deployed if not d.retired and d.shard is not None and name_index(spec, d.name)]
@@ -58,13 +60,22 @@ def placed_layout(spec: Spec, deployed: Sequence[Deployed]) -> Layout:
     wide = cluster_layout(spec, masters=deepest)
     if all(_stands(wide, d) for d in live) and not any(d.retired for d in deployed):
         return _positional(spec, wide, live)
-    return _Placer(spec, deployed).layout()
+    return _Placer(spec, deployed, serving).layout()
 
 
-def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]]) -> LoadedSpec:
-    """loaded with its layout placed from the nodes' records (what the provider found deployed)."""
-    placed = placed_layout(loaded.spec, deployed_from_records(records))
+def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]],
+                   serving: Collection[str] = ()) -> LoadedSpec:
+    """loaded with its layout placed from the nodes' records (what the provider found deployed); serving: see
+    placed_layout."""
+    placed = placed_layout(loaded.spec, deployed_from_records(records), serving)
     return loaded if placed == loaded.layout else replace(loaded, layout=placed)
+
+
+def surplus_members(layout: Layout) -> list[Node]:
+    """Retired members of shards the layout keeps (a replica count went down): which one retires depends on who is
+    the shard's master now, so the shell asks the cluster before it trusts the choice (placed_layout's serving)."""
+    kept = {s.index for s in layout.shards}
+    return [n for n in layout.retired if n.shard in kept]
 
 
 def _stands(wide: Layout, d: Deployed) -> bool:
@@ -84,8 +95,9 @@ def _positional(spec: Spec, wide: Layout, live: Iterable[Deployed]) -> Layout:
 class _Placer:
     """One placement: deployed members kept, surplus retired, missing members placed (in shard order)."""
 
-    def __init__(self, spec: Spec, deployed: Sequence[Deployed]) -> None:
+    def __init__(self, spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = ()) -> None:
         self.spec = spec
+        self.serving = set(serving)
         self.topo = spec.cluster_or_default()
         self.hosts = {h.name: h for h in spec.hosts}
         self.live = [d for d in deployed if not d.retired and d.shard is not None]
@@ -115,7 +127,8 @@ class _Placer:
 
     def _kept(self) -> tuple[dict[int, list[Deployed]], list[Deployed]]:
         """Deployed members by shard (recorded master first), and the ones to retire: shards past cluster.masters
-        and a shard's surplus replicas (one sharing a host with another member first, then the newest)."""
+        and a shard's surplus members (one sharing a host with another member first, then the newest), never the
+        shard's master now (serving; without word from the cluster, the recorded master)."""
         by_shard: dict[int, list[Deployed]] = {}
         retired: list[Deployed] = []
         for d in sorted(self.live, key=lambda d: (d.role != "master", name_index(self.spec, d.name) or 0)):
@@ -130,7 +143,9 @@ class _Placer:
             if surplus <= 0:
                 continue
             hosts = [m.host for m in members]
-            ranked = sorted(members[1:], key=lambda m: (hosts.count(m.host) > 1, name_index(self.spec, m.name) or 0))
+            head = next((m for m in members if m.name in self.serving), members[0])
+            ranked = sorted((m for m in members if m is not head), key=lambda m: (
+                hosts.count(m.host) > 1, m.role != "master", name_index(self.spec, m.name) or 0))
             for d in ranked[-surplus:]:
                 members.remove(d)
                 retired.append(d)

@@ -1,0 +1,46 @@
+"""The shell of placement (opsctl.spec.placement): the records read where the nodes are deployed, and, when a
+replica count went down, who is each shard's master now, so the member retired is never the one serving."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opsctl.net.connector import Connector
+from opsctl.providers.base import Provider
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.spec.placement import surplus_members, with_placement
+
+
+def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> LoadedSpec:
+    """The spec's layout given the records of what is deployed: a deployed node keeps its name, host, port and
+    shard; the records are read on the hosts, so a fresh state dir places the same. Every command places so."""
+    if loaded.spec.topology != "cluster":
+        return loaded
+    return place_from(loaded, provider.deployed_records(), connector)
+
+
+def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], connector: Connector) -> LoadedSpec:
+    """with_placement, asking the cluster who serves first when the choice of a surplus member depends on it (a
+    failover since the records were written makes a recorded replica the master)."""
+    first = with_placement(loaded, records)
+    doubtful = surplus_members(first.layout)
+    if not doubtful:
+        return first
+    shards = {n.shard for n in doubtful}
+    members = [n for n in first.layout.servers if n.shard in shards] + doubtful
+    serving = serving_masters(connector, members)
+    return with_placement(loaded, records, serving) if serving else first
+
+
+def serving_masters(connector: Connector, nodes: list[Node]) -> set[str]:
+    """The nodes that say they are a master serving slots (each from its own CLUSTER NODES line); one that does not
+    answer says nothing (placement then keeps the recorded master)."""
+    from opsctl.net.observer import observe  # a client library only when a replica count went down
+
+    found = set()
+    for name, seen in observe(connector, nodes).items():
+        me = next((line for line in seen.cluster_nodes or () if line.is_myself), None)
+        if me is not None and me.is_master and me.slots:
+            found.add(name)
+    return found
