@@ -359,12 +359,9 @@ def cluster_members(layout: Layout, facts: Facts) -> list[str]:
 
 
 def cooldown_check(target: Target, history: Sequence[PastFailover], now: float, limits: Thresholds) -> Check:
-    """Two server rules, from opsctl's own reports (automatic failovers are not in them):
-
-    - voters refuse a second vote about the same master within 2 x node timeout (voted_time);
-    - a replica that won an election keeps that election's state for 2 x max(2 s, 2 x node timeout): Redis 7.0
-      then "wins" again at once with the old, lower epoch and is demoted back a moment later (seen here).
-    """
+    """Refuses a failover of a master opsctl's own reports show replaced, or to a replica they show promoted, within
+    its cool-down. Why: the servers would refuse that election (a voter's voted_time) or undo it (a replica keeps its
+    last election's state). The windows: docs/runbooks/failover.md, "The pre-checks"."""
     threshold = f"{target.master} not replaced for {limits.cooldown_s:g} s" + (
         f", {target.replica} not promoted for {limits.retry_s:g} s" if target.replica else "")
     waits = [(limits.cooldown_s - (now - p.finished), f"{target.master} was replaced {_ago(p, now)}")

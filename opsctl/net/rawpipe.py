@@ -1,9 +1,6 @@
-"""Raw RESP over authenticated connector sockets: how audit scans, restores, slot moves and observation talk to
-nodes without redis-py. RawPipe is one connection; NodePipes keeps a node's connections between round trips.
-
-Commands go out as pre-packed bytes and replies come back through a hiredis reader fed whole reads; redis-py's
-per-reply path is too slow for a million keys a few seconds, and importing it costs every `plan` and `status`
-more than their whole look at the nodes.
+"""Raw RESP over authenticated connector sockets, for the audit's scans, restores, slot moves and observation.
+RawPipe is one connection; NodePipes keeps a node's connections between round trips. Commands go out pre-packed and
+hiredis parses replies from whole reads: redis-py's per-reply path is too slow for a scan of millions of keys.
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
-"""A lock held by the topology itself, so two opsctl runs never interleave on one cluster, whatever state dir
-(checkout, host, --state-dir) each uses. The state-dir flock (opsctl.state.statelock) only covers one state dir.
-
-The marker is not a key: a key would sit in a slot that may be moving, could be evicted under maxmemory, would
-fail with OOM under noeviction, and would show up as data (counts, audits, backups). Instead the run holds one
-connection to every reachable node of the topology, named with CLIENT SETNAME `opsctl-lock:<owner>:<lease>`
-(lease in whole seconds), and renews it every LEASE/3 seconds. A run that dies loses its connections (the
-kernel closes them) and with them the lock; a run that hangs or is cut off stops renewing, and once its
-connection has been idle longer than its lease a later run may take over (it kills the stale connection).
-Staleness is the server's own `idle` of that connection (CLIENT LIST), never a wall clock of the holder's
-machine: two operator hosts whose clocks disagree cannot see each other's live lock as expired.
-
-Protocol: set the marker on every node first, then list every node's clients. If any other live marker is
-seen, withdraw and refuse (exit 3, owner named). Two runs that start at once may both refuse, but both can
-never proceed: the one that lists second always sees the other's marker on any node they share.
-
-A node that restarts drops its marker with the connection; so does a node that was not running when the lock
-was taken (a fresh topology, a scale-out). The renewer marks such a node again as soon as it answers (within
-RETRY_UNHELD seconds), by the same protocol: a live marker of another run there means this run lost the lock.
-A run that was paused longer than its lease (SIGSTOP, a suspended laptop) may have been taken over in the
-meantime: it counts its lock as lost. A lost lock stops the run before its next topology-changing step
-(`check`, called by the executor before each step, by slot movers before each wave and by tls rotate before
-each node), and a run that ends while its lock is lost (lost during its last step) fails saying so.
-
-Within one run the lock is reentrant: `topology_lock` on a connector whose run holds it already yields that
-lock (apply holds it for the whole run, its slot steps take it again).
+"""A lock held by the topology itself: one marked connection per node (CLIENT SETNAME `opsctl-lock:<owner>:<lease>`),
+renewed every third of the lease, stale once the server says it idled longer. Why: the state-dir flock covers one
+state dir, and a key would be data. Set first, then list: two runs may both refuse, never both proceed. See
+docs/slots.md, "One run per topology".
 """
 
 from __future__ import annotations

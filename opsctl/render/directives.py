@@ -182,10 +182,9 @@ def replication(spec: Spec) -> list[Directive]:
 
 def write_quorum(spec: Spec) -> list[Directive]:
     """min-replicas-to-write and -max-lag (persistence.min_replicas_*): a master refuses writes once fewer replicas
-    than that acknowledged its stream within the lag, so one cut off from its replicas stops acknowledging writes
-    a failover would drop within a bounded time. On by default where replication or Sentinel fail a master over;
-    off by default in a cluster, whose node timeout bounds a cut-off master, and where one replica per master
-    would stop a shard's writes on any replica loss (docs/runbooks/partitions.md)."""
+    than that acknowledged its stream within the lag, so a cut-off master stops acknowledging writes a failover
+    would drop. On by default where replication or Sentinel fail a master over, off in a cluster
+    (docs/internals.md)."""
     if spec.topology == "standalone":
         return []
     persistence = spec.persistence

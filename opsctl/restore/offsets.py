@@ -1,9 +1,7 @@
-"""Replication offsets, the masters' own word on what their replicas hold (issue 23, classes 3 and 4).
-
-A live source's replica is read only once it reached the offset its master had when the restore began, so every
-write acknowledged before then is copied (as `backup` does); the master, not the replica, confirms it after the copy.
-A restore is called durable only when a replica of each target master acknowledged the master's offset after the
-copy: a master cut off from its replicas still answers OK to every RESTORE.
+"""Replication offsets, the masters' own word on what their replicas hold. A live source's replica is read only
+once it reached its master's offset at the start, and the master confirms it after the copy; a restore is durable
+only once a replica of each target master acknowledged the master's offset. Why: a cut-off master still answers
+OK to every RESTORE.
 """
 
 from __future__ import annotations

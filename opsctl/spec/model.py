@@ -1,11 +1,6 @@
-"""The topology spec, declared once: the classes every command works on, as frozen plain values. Field names are
-part of the user contract.
-
-Each field is declared here once: its type, its constraints (Annotated markers of opsctl.spec.record), its default
-and what it means; a class's check() is its rule across fields. opsctl.spec.pydantic_model derives the pydantic
-models that validate a spec and give its JSON Schema from these classes, and opsctl.spec.checks checks across
-them. A validated spec is handed on as these values; they import no pydantic, so a run that finds its spec
-already validated (opsctl.state.speccache) starts without it.
+"""The topology spec, declared once as frozen plain values: each field's type, constraints (opsctl.spec.record's
+markers), default and meaning; a class's check() is its rule across fields. Field names are part of the user
+contract. Plain values because a validated spec is handed on without pydantic (docs/internals.md).
 """
 
 import typing

@@ -1,7 +1,6 @@
-"""What a valid spec is, in pydantic's terms: one pydantic model per record of opsctl.spec.model, derived from its
-declaration (fields, types, markers, defaults, descriptions, check()) when this module is imported, that is when a
-spec is validated or its JSON Schema is asked for. The models validate a spec's fields (opsctl.spec.checks checks
-across them) and give its JSON Schema; a validated spec is handed on as opsctl.spec.model's plain values."""
+"""One pydantic model per record of opsctl.spec.model, derived from its declaration (fields, types, markers,
+defaults, descriptions, check()) when this module is imported, that is when a spec is validated or its JSON Schema
+is asked for. Derived, so the schema is declared once, in opsctl.spec.model."""
 
 from __future__ import annotations
 

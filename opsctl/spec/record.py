@@ -1,8 +1,7 @@
-"""Frozen records declared once: each field's type (its constraints as Annotated markers), its default and its
-description, in a class body. A record is made from JSON-like data checked field by field for its types
-(Record.from_json); what a valid value is beyond its type (the markers, the record's check()) is the validator's,
-which derives pydantic models from the records (opsctl.spec.pydantic_model). Nothing here imports pydantic: a run
-whose spec was validated before reads it back without it."""
+"""Frozen records declared once in a class body: each field's type (constraints as Annotated markers), default and
+description. Record.from_json checks JSON-like data field by field for its types only; the markers and check() are
+the validator's (opsctl.spec.pydantic_model). Nothing here imports pydantic: a spec validated before is read back
+without it."""
 
 import inspect
 import types

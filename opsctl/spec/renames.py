@@ -1,13 +1,7 @@
-"""The commands each node runs under another name: the spec's hardening.renamed_commands, plus, in password
-mode, the commands that let any client holding the password take a node over (point it at another master, ship
-keys to any address, add users, stop it, promote a replica). Admin, the rendered rename-command lines and
-Sentinel's rename-command lines all take the names from here, so opsctl keeps using what it renamed.
-
-Names are derived, not stored: OPS_<COMMAND>_<16 hex digits of HMAC-SHA256>, keyed by hardening.rename_key (a
-secret) when given, else by the spec's name. Every run and every checkout derives the same names, so plans stay
-empty. Without rename_key the names hide the commands from clients and tools that only hold the password, not from
-someone who has the spec and reads this file: set rename_key for names nobody can derive, or better, use
-auth.mode: acl, where each user gets only the commands it needs.
+"""The commands each node runs under another name: hardening.renamed_commands, plus in password mode the commands
+that let a password holder take a node over. Admin and the rename-command lines (servers' and Sentinel's) take the
+names from here, so opsctl keeps using what it renamed. Names are an HMAC keyed by rename_key, else the spec's
+name: every run derives the same. See docs/internals.md.
 """
 
 from __future__ import annotations

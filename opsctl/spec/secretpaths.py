@@ -1,7 +1,7 @@
-"""Which places of a spec hold secrets, read from the declared types of opsctl.spec.model: a field of a secret
-record's type (SecretRef), a field marked Hidden (a private key's file) and the secret directives of a config
-mapping. An error about such a place never quotes what was written there, nor a key written below it: a secret
-written inline is what such an error is about, and CI logs keep error output."""
+"""Which places of a spec hold secrets, read from opsctl.spec.model's declared types: a SecretRef field, a field
+marked Hidden (a private key's file) and a config mapping's secret directives. An error about such a place never
+quotes what was written there, nor a key below it: an inline secret is what such an error is about, and CI logs
+keep error output."""
 
 from __future__ import annotations
 
