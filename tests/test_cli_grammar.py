@@ -21,7 +21,7 @@ MUTATING = {"apply", "destroy", "restart", "failover", "cluster reshard", "clust
 # Whose -o/--output names a folder to write (a different option from the result's format, kept for compatibility)
 # or that print one fixed format (schema: JSON Schema).
 OUTPUT_IS_A_FOLDER = {"render", "inventory"}
-NO_OUTPUT_FORMAT = {"schema", "validate", "destroy", "bigkey delete", "tls ca", "tls rotate"}
+NO_OUTPUT_FORMAT = {"schema"}
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:

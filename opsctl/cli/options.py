@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-SPEC_HELP = "topology spec (YAML)"
+SPEC_HELP = "topology spec (YAML; '-' reads it from standard input, then give --state-dir where the command has it)"
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
 STATE_DIR_TUNNELS_HELP = "where local state lives (default: .opsctl/<name> next to the spec; SSH tunnels use it)"
 AUTO_APPROVE_HELP = "do not ask for confirmation"
@@ -47,3 +47,14 @@ def add_auto_approve(parser: argparse.ArgumentParser, about: str = AUTO_APPROVE_
 def add_dry_run(parser: argparse.ArgumentParser, about: str) -> None:
     """--dry-run (args.dry_run): check and show, change nothing; about says what this command shows."""
     parser.add_argument("--dry-run", action="store_true", help=about)
+
+
+def check_stdin_spec(args: argparse.Namespace) -> None:
+    """-f - (the spec on standard input) has no folder, the default state dir's place: a command that has
+    --state-dir needs it given, before anything is read (opsctl.state.specfile.STDIN_RULE)."""
+    if getattr(args, "file", None) == "-" and hasattr(args, "state_dir") and args.state_dir is None:
+        from opsctl.base.errors import OpsctlError
+        from opsctl.state.specfile import STDIN_RULE
+
+        raise OpsctlError("-f - needs --state-dir for this command", STDIN_RULE,
+                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)")

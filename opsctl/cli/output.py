@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from opsctl.base.events import REDRAWN, Event, SlotsDone, as_dict
+from opsctl.base.events import REDRAWN, Event, Note, SlotsDone, as_dict
 from opsctl.base.tty import CLEAR_LINE
 from opsctl.cli.ttyline import TtyLine
 
@@ -106,3 +106,20 @@ def print_result(result: Result, output: str) -> None:
 def print_text(result: TextResult) -> None:
     """A text result on stdout."""
     print(result.text())
+
+
+class Lines:
+    """What a command did, told node by node as it goes (destroy): as text each line on stdout at once (the result,
+    printed as it forms); as JSON each line an event on stderr, and all of them again in the result at the end."""
+
+    def __init__(self, output: str) -> None:
+        self.json_mode = output == "json"
+        self.lines: list[str] = []
+        self._events = Printer(True) if self.json_mode else None
+
+    def __call__(self, line: str) -> None:
+        self.lines.append(line)
+        if self._events is not None:
+            self._events(Note(line))
+        else:
+            print(line, flush=True)

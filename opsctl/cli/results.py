@@ -2,9 +2,8 @@
 the object --output json prints (inside opsctl.cli.output.envelope). The keys of each object are the ones scripts
 read today; a result's text is the command's text output, byte for byte.
 
-Commands without --output json (validate, bigkey delete) have a text result only. backup and restore print their
-JSON as event lines, the last one being the result (opsctl.cli.output.Printer's results); their text result is
-printed when they are done.
+Every command that prints a result has --output text|json. backup and restore print their JSON as event lines, the
+last one being the result (opsctl.cli.output.Printer's results); their text result is printed when they are done.
 
 The cluster, slot, failover, audit and backup results import their text functions when asked, so that plan and
 status load none of those modules."""
@@ -142,6 +141,14 @@ class BigKeyDeleteResult(Frozen):
                          f"{result.seconds:.2f} s")
         return "\n".join(lines)
 
+    def to_dict(self) -> dict[str, Any]:
+        plan, result = self.result.plan, self.result
+        return {"key": plan.key.decode("utf-8", "backslashreplace"), "node": plan.node, "endpoint": plan.endpoint,
+                "type": plan.type, "size": plan.size, "method": plan.method, "dry_run": self.dry_run,
+                "removed": 0 if self.dry_run else result.removed,
+                "round_trips": 0 if self.dry_run else result.round_trips,
+                "seconds": 0.0 if self.dry_run else round(result.seconds, 3)}
+
 
 @frozen
 class ValidateResult(Frozen):
@@ -161,6 +168,41 @@ class ValidateResult(Frozen):
             shard = f" shard {node.shard}" if node.shard else ""
             lines.append(f"  {node.name:<24} {node.role:<9}{shard:<9} {node.host:<16} {node.endpoint}")
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        loaded = self.loaded
+        return {"valid": True, "file": str(loaded.file), "name": loaded.spec.name,
+                "topology": loaded.spec.topology, "secrets_checked": self.secrets,
+                "nodes": [{"name": n.name, "role": n.role, "shard": n.shard, "host": n.host, "endpoint": n.endpoint}
+                          for n in loaded.layout.nodes]}
+
+
+@frozen
+class LinesResult(Frozen):
+    """destroy and tls rotate: what was done (or, in a dry run, would be), one line per node as the text printed them
+    while they ran, and the facts a script reads."""
+
+    lines: tuple[str, ...]
+    facts: tuple[tuple[str, object], ...]
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dict(self.facts), "lines": list(self.lines)}
+
+
+@frozen
+class TlsCaResult(Frozen):
+    """tls ca: the CA certificates clients must trust, PEM (as text, exactly the PEM)."""
+
+    pem: str
+
+    def text(self) -> str:
+        return self.pem.removesuffix("\n")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pem": self.pem}
 
 
 @frozen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -17,6 +18,12 @@ from opsctl.state.safefs import FileProblem, read_bounded
 
 SPEC_LIMIT = MAX_SPEC_CHARS
 SECRET_FILE_LIMIT = 64 * 1024
+STDIN = "-"  # -f -: the spec comes on standard input
+STDIN_NAME = "<stdin>"  # its name in messages; as a path its folder is the working directory
+STDIN_RULE = ("a spec on standard input (-f -) has no folder of its own: relative paths in it (secret files, "
+              "server.binary, TLS files) start at the working directory, and commands that keep state need "
+              "--state-dir")
+_stdin_read: list[bool] = []  # standard input holds one spec: a second read of it is refused, not empty
 
 
 def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
@@ -24,7 +31,8 @@ def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: b
     """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
     cached: a spec validated before is read back from opsctl.state.speccache (its secrets checked again); False
     validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
-    is stored for the next run where its folder has a .opsctl folder."""
+    is stored for the next run where its folder has a .opsctl folder. path "-" (STDIN) reads the spec from standard
+    input (STDIN_RULE: relative paths start at the working directory; nothing is cached)."""
     return read_spec_to_keep(path, env, secrets, cached)[0]
 
 
@@ -33,8 +41,10 @@ def read_spec_to_keep(path: str | Path, env: Mapping[str, str] | None = None, se
     """read_spec, and what keeps a spec validated in full beside it where no .opsctl folder was yet (making it):
     plan and apply call it once their runtime is set up, so that a spec or a machine they refuse leaves nothing
     behind, and `plan` then `apply` of a new topology validate once. A no-op where nothing is left to keep."""
-    spec_path = Path(path)
-    text = read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
+    from_stdin = str(path) == STDIN
+    spec_path = Path(STDIN_NAME if from_stdin else path)
+    text = _stdin_text() if from_stdin else \
+        read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
     if text is None:
         raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f")
 
@@ -43,7 +53,10 @@ def read_spec_to_keep(path: str | Path, env: Mapping[str, str] | None = None, se
         return read_secret_file(secret_path)
 
     resolve = make_resolver(os.environ if env is None else env, read_file) if secrets else None
-    loaded, keep = _validated(text, spec_path, resolve, cached)
+    if from_stdin:  # validated in full every time: it has no folder to keep the result in
+        loaded, keep = load_spec(text, STDIN_NAME, resolve), _nothing
+    else:
+        loaded, keep = _validated(text, spec_path, resolve, cached)
     for secret in loaded.credentials.all():
         remember(secret)
     return loaded, keep
@@ -74,6 +87,22 @@ def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
 
 def _nothing() -> None:
     return None
+
+
+def _stdin_text() -> str:
+    """The spec on standard input, read once (at most SPEC_LIMIT bytes of UTF-8)."""
+    hint = "pipe one topology spec (YAML, UTF-8) into -f -"
+    if _stdin_read:
+        raise OpsctlError("standard input holds one spec and it was read already", hint=(
+            "give '-' to one spec option only; pass the other spec as a file"))
+    _stdin_read.append(True)
+    data = sys.stdin.buffer.read(SPEC_LIMIT + 1)
+    if len(data) > SPEC_LIMIT:
+        raise OpsctlError(f"{STDIN_NAME}: the spec is too big (more than {SPEC_LIMIT} bytes)", hint=hint)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OpsctlError(f"{STDIN_NAME}: the spec is not UTF-8 text (byte {exc.start})", hint=hint) from None
 
 
 def read_secret_file(path: Path) -> str | None:

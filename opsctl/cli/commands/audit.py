@@ -164,7 +164,7 @@ def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.audit.bigdelete import delete_big_key
     from opsctl.base.errors import echo
     from opsctl.cli.confirm import confirm
-    from opsctl.cli.output import print_text
+    from opsctl.cli.output import print_result
     from opsctl.cli.results import BigKeyDeleteResult
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -174,7 +174,7 @@ def _bigkey_delete(args: argparse.Namespace) -> int:
     with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
         result = delete_big_key(connector, args.key.encode("utf-8", "surrogateescape"), args.chunk, args.chunked,
                                 args.dry_run, args.max_ops_per_sec)
-    print_text(BigKeyDeleteResult(result, args.dry_run))
+    print_result(BigKeyDeleteResult(result, args.dry_run), args.output)
     return EXIT_OK
 
 
@@ -182,7 +182,7 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("bigkey", help="big-key operations")
     actions = p.add_subparsers(dest="bigkey_action", required=True, metavar="ACTION")
     d = actions.add_parser("delete", help="delete a big key without blocking the server")
-    add_spec_options(d, STATE_DIR_TUNNELS_HELP)
+    add_spec_options(d, STATE_DIR_TUNNELS_HELP, output=True)
     d.add_argument("key", metavar="KEY")
     add_dry_run(d, "show the plan, change nothing")
     add_auto_approve(d, "do not ask before deleting the key")

@@ -17,6 +17,7 @@ from opsctl.cli.runtime import open_runtime, print_status
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from opsctl.apply.runtime import Runtime
     from opsctl.base.events import Emit
+    from opsctl.cli.output import Lines
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
     from opsctl.spec.layout import Node
@@ -198,15 +199,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
+    from opsctl.cli.output import Lines, print_result
+    from opsctl.cli.results import LinesResult
+
+    say = Lines(args.output)
     with open_runtime(args) as rt:
-        _destroy(rt, args)
+        found = _destroy(rt, args, say)
+    if say.json_mode:
+        facts = (("name", rt.loaded.spec.name), ("dry_run", args.dry_run), ("purge", args.purge),
+                 ("nothing_to_do", not found))
+        print_result(LinesResult(tuple(say.lines), facts), "json")
     return EXIT_OK
 
 
-def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
+def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     """Stop (and with --purge delete) exactly the nodes that run or have files, and say so node by node. A topology
     with nothing to do is left alone: no question, no lock, nothing written (a lock file would be a lie of
-    'deployed'); a dry run prints what would be done and changes nothing either."""
+    'deployed'); a dry run prints what would be done and changes nothing either. Returns whether there was any."""
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -218,11 +227,11 @@ def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
     name = rt.loaded.spec.name
     if not todo or args.dry_run:
         for node, running, files in todo:
-            print(_destroy_words(node.name, running, args.purge and files, dry_run=True))
+            say(_destroy_words(node.name, running, args.purge and files, dry_run=True))
         if not todo:
-            print(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
-                  f"{' or has files' if args.purge else ''}")
-        return
+            say(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
+                f"{' or has files' if args.purge else ''}")
+        return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
     with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
@@ -233,7 +242,8 @@ def _destroy(rt: Runtime, args: argparse.Namespace) -> None:
                 rt.provider.stop(node)
             if args.purge:
                 rt.provider.purge(node)
-            print(_destroy_words(node.name, running, args.purge))
+            say(_destroy_words(node.name, running, args.purge))
+    return True
 
 
 def _presence(rt: Runtime, nodes: list[Node]) -> list[tuple[Node, bool, bool]]:
@@ -279,7 +289,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
-    add_spec_options(p)
+    add_spec_options(p, output=True)
     add_auto_approve(p)
     add_dry_run(p, "print what would be stopped and purged; change nothing")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")

@@ -10,6 +10,8 @@ from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
 
 
 def _ca(args: argparse.Namespace) -> int:
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import TlsCaResult
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import ca_text
@@ -17,7 +19,11 @@ def _ca(args: argparse.Namespace) -> int:
     loaded = read_spec(args.file)
     if not loaded.spec.tls.enabled:
         raise OpsctlError(f"{loaded.file} has no TLS", hint="set tls.enabled: true (and tls.generate: true)")
-    sys.stdout.write(ca_text(loaded, state_dir_for(loaded, args.state_dir)))
+    pem = ca_text(loaded, state_dir_for(loaded, args.state_dir))
+    if args.output == "json":
+        print_result(TlsCaResult(pem), "json")
+    else:
+        sys.stdout.write(pem)  # the PEM as it is, for `> ca.pem`
     return EXIT_OK
 
 
@@ -25,27 +31,38 @@ def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
     from opsctl.cli.confirm import confirm
-    from opsctl.cli.output import printing
+    from opsctl.cli.output import print_result, printing
+    from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
-    nodes = ", ".join(n.name for n in loaded.layout.nodes)
+    names = [n.name for n in loaded.layout.nodes]
+    nodes = ", ".join(names)
     if args.dry_run:
-        print(f"dry run: would rotate ({mode}) the certificates of {nodes}; nothing changed")
+        line = f"dry run: would rotate ({mode}) the certificates of {nodes}; nothing changed"
+        print_result(LinesResult((line,), (("mode", mode), ("dry_run", True), ("nodes", names))), args.output)
         return EXIT_OK
     confirm(args, f"Rotate ({mode}) the certificates of {nodes}? Clients that do not trust the new files are cut off.")
     rt = make_runtime(loaded, args.state_dir)
     try:
-        # one run per topology, whatever its state dir; each node's line on stdout as it is done
-        with state_lock(rt.state_dir), topology_lock(rt.connector), printing(False, sys.stdout) as emit:
+        # one run per topology, whatever its state dir; each node's line as it is done (as text on stdout, as JSON
+        # an event on stderr)
+        json_mode = args.output == "json"
+        with state_lock(rt.state_dir), topology_lock(rt.connector), \
+                printing(json_mode, None if json_mode else sys.stdout) as emit:
             lines = rotate(rt, mode, emit)
     finally:
         rt.provider.close()
-    print(f"rotated: {len(lines)} node(s), no server restarted"
-          if not rt.loaded.layout.sentinels else f"rotated: {len(lines)} node(s)")
+    done = (f"rotated: {len(lines)} node(s), no server restarted"
+            if not rt.loaded.layout.sentinels else f"rotated: {len(lines)} node(s)")
+    if json_mode:
+        facts = (("mode", mode), ("dry_run", False), ("nodes", names), ("rotated", len(lines)))
+        print_result(LinesResult((*lines, done), facts), "json")
+    else:
+        print(done)
     return EXIT_OK
 
 
@@ -53,10 +70,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("tls", help="TLS certificates: the CA to trust, live rotation")
     actions = group.add_subparsers(dest="tls_action", required=True, metavar="ACTION")
     p = actions.add_parser("ca", help="print the CA certificate(s) clients must trust (PEM)")
-    add_spec_options(p)
+    add_spec_options(p, output=True)
     p.set_defaults(handler=_ca)
     p = actions.add_parser("rotate", help="new certificate files on every node, reloaded live (same pids)")
-    add_spec_options(p)
+    add_spec_options(p, output=True)
     step = p.add_mutually_exclusive_group()
     step.add_argument("--new-ca", action="store_true",
                       help="generated CA: make a new CA and trust it next to the old one (step 1 of 3)")
