@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +16,7 @@ import pytest
 import yaml
 
 from opsctl.cli.main import main
+from opsctl.failover.actions import KILL_AT
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import cluster_check
@@ -112,6 +117,14 @@ def served_slots(endpoint: str, address: str, port: int) -> int:
     return int(slots_line.split("(")[1].split(" slots")[0]) if "slots:" in slots_line else 0
 
 
+def tombstones(spec: Path, names: list[str]) -> None:
+    """Each retired node's folder was purged down to its record, marked retired (its name is kept from reuse)."""
+    state = spec.parent / ".opsctl" / yaml.safe_load(spec.read_text())["name"]
+    for name in names:
+        assert [p.name for p in (state / name).iterdir()] == ["opsctl-node.json"], name
+        assert json.loads((state / name / "opsctl-node.json").read_text())["retired"] is True
+
+
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_fewer_replicas_after_a_failover_keep_the_shards_master_and_retire_a_replica(tmp_path, capsys,
                                                                                     flavor) -> None:
@@ -151,9 +164,55 @@ def test_fewer_replicas_after_a_failover_keep_the_shards_master_and_retire_a_rep
             took = time.monotonic() - started
             assert served_slots(first, address, port) == slots  # still the shard's master, its slots kept
             kept_everything(spec, writer, before, "3 masters")
+            tombstones(spec, removed)
+            spec.write_text(yaml.safe_dump(wide))  # back to 2 replicas: new names, never a retired one
+            added = {s["node"] for s in plan_json(capsys, spec)["steps"] if s["kind"] == "start"}
+            assert len(added) == 3 and not added & set(removed), added
             with capsys.disabled():
                 print(f"\n[{flavor}] failover then replicas 2 -> 1: keys {before[0]}, acked {len(writer.acked)}, "
                       f"lost 0, time {took:.1f} s, max write gap {writer.max_gap_ms:.0f} ms, retired {removed}")
         finally:
             spec.write_text(yaml.safe_dump(wide))
             capsys.readouterr()
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_fewer_replicas_killed_after_a_forget_are_purged_by_the_next_apply(tmp_path, capsys, flavor) -> None:
+    """replicas_per_master 2 -> 1, opsctl SIGKILLed once the first surplus replica is forgotten, before its purge:
+    the next plan purges it (no node of the cluster knows it) and retires the rest; nothing acknowledged lost."""
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        wide = {**data, "cluster": {**data["cluster"], "replicas_per_master": 2}}
+        try:
+            spec.write_text(yaml.safe_dump(wide))
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 0, err + out
+            preload(loaded, 4000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            started = time.monotonic()
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(data))
+                removed = sorted(s["node"] for s in plan_json(capsys, spec)["steps"] if s["kind"] == "remove-node")
+                killed = subprocess.run([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec),
+                                         "--auto-approve"], env={**os.environ, KILL_AT: "remove-node-forgotten"},
+                                        capture_output=True, text=True, timeout=120, check=False)
+                assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+                steps = plan_json(capsys, spec)["steps"]
+                again = sorted(s["node"] for s in steps if s["kind"] == "remove-node")
+                assert again == removed and all(s["purge"] for s in steps if s["kind"] == "remove-node"), steps
+                assert any("no node of the cluster knows it" in s["reason"] for s in steps), steps
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            took = time.monotonic() - started
+            kept_everything(spec, writer, before, "3 masters")
+            tombstones(spec, removed)
+            with capsys.disabled():
+                print(f"\n[{flavor}] replicas 2 -> 1 killed after a forget: keys {before[0]}, acked "
+                      f"{len(writer.acked)}, lost 0, time {took:.1f} s, max write gap {writer.max_gap_ms:.0f} ms")
+        finally:
+            spec.write_text(yaml.safe_dump(wide))
+            capsys.readouterr()
+

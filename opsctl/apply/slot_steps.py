@@ -17,7 +17,7 @@ from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
 from opsctl.slots.run import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, deployed_as
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
@@ -71,8 +71,20 @@ def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
         checkpoint("remove-node-stopped")
         others = [p for p in session.peers.values() if p.name != node.name]
         session.parallel(lambda p: _forget(p, ids), others)
+    checkpoint("remove-node-forgotten")
     if step.purge:
-        rt.provider.purge(node)
+        retire(rt, node)
+
+
+def retire(rt: Runtime, node: Node) -> None:
+    """Purge a stopped, forgotten node's folder and leave its record as a tombstone (what it was deployed as,
+    retired: true): placement reads it and never gives the name again. Killed between the two, the name may be
+    given again; nothing else is lost (the node was forgotten and its data is no one's)."""
+    was = rt.provider.load_record(node).get("deployed")
+    rt.provider.purge(node)
+    checkpoint("remove-node-purged")
+    rt.provider.save_record(node, {"deployed": was if isinstance(was, dict) else deployed_as(node), "retired": True})
+    rt.provider.flush()
 
 
 def _ids_of(session: Session, node: Node) -> set[str]:

@@ -12,6 +12,7 @@ from opsctl.plan.slotmath.coverage import by_share, shares, unserved_slots
 from opsctl.plan.slotmath.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
 from opsctl.spec.layout import Layout
+from opsctl.spec.placement import surplus_members
 
 
 def slot_plan(layout: Layout) -> dict[str, list[SlotRange]]:
@@ -61,10 +62,18 @@ def slot_steps(layout: Layout, facts: Facts, masters: Sequence[str], filling: Co
     draining = [n for n in gone if _is_master(facts[n])]
     to_fill = [m for shard, m in zip(layout.shards, masters, strict=True) if shard.index in filling]
     steps: list[Step] = [*assigned, *move_steps(facts, masters, draining, assigned, to_fill)]
+    surplus = {n.name for n in surplus_members(layout)}
     for name in gone:  # a stopped one too: the cluster still knows it (a run was killed before it forgot it)
         steps.append(RemoveNode(name, f"not in the spec any more ({len(masters)} shards): stop it, then forget "
-                                      "it on every node (its data folder is kept)"))
+                                      f"it on every node{PURGED if name in surplus else KEPT}", name in surplus))
+    for name in sorted(surplus - set(gone)):  # forgotten, but a run stopped before its purge
+        steps.append(RemoveNode(name, f"retired, and no node of the cluster knows it any more: stop it if it "
+                                      f"runs{PURGED}", True))
     return steps
+
+
+KEPT = " (its data folder is kept)"
+PURGED = ", then purge its folder (its record stays as a tombstone: the name is never given again)"
 
 
 def _is_master(f: NodeFacts) -> bool:
