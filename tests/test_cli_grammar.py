@@ -19,9 +19,9 @@ from tests.test_cli_abbrev import parsers
 MUTATING = {"apply", "destroy", "restart", "failover", "cluster reshard", "cluster rebalance", "cluster fix",
             "bigkey delete", "restore", "tls rotate"}
 # Whose -o/--output names a folder to write (a different option from the result's format, kept for compatibility)
-# or that print one fixed format (schema: JSON Schema).
+# or that print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script).
 OUTPUT_IS_A_FOLDER = {"render", "inventory"}
-NO_OUTPUT_FORMAT = {"schema"}
+NO_OUTPUT_FORMAT = {"schema", "help", "completion"}
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:
