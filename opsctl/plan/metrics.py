@@ -1,0 +1,153 @@
+"""What Prometheus reads about a fleet: file_sd target groups for the redis_exporter beside each node, and the
+node_exporter textfile that opsctl's own runs leave behind (docs/monitoring.md). Pure: state.textfile writes it.
+
+Target labels are topology, node, host, kind (server | sentinel) and shard (servers only). There is no `role`
+label: the exporter's redis_instance_info carries the live role under that name, a target label would rename it to
+exported_role, and the role placement gave a node is stale after the first failover (a shard keeps its members).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal, TypedDict
+
+from opsctl.base.endpoints import endpoint
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.layout import Layout, Node
+from opsctl.spec.model import CLUSTER_BUS_OFFSET
+
+EXPORTER_PORT_OFFSET = 1000  # a node's exporter listens on the node's address at its port + this
+MAX_PORT = 65535
+
+Outcome = Literal["ok", "error", "refused"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
+
+METRIC_HELP = {
+    "opsctl_last_run_timestamp_seconds": "When the last run of this opsctl command on this topology ended (unix time).",
+    "opsctl_last_run_duration_seconds": "How long the last run of this opsctl command took.",
+    "opsctl_last_run_outcome": "1 for the outcome of the last run (ok, error, refused), 0 for the others.",
+    "opsctl_last_success_timestamp_seconds": "When the last successful run ended (unix time); 0: none yet.",
+    "opsctl_last_run_keys_moved": "Keys the last run moved, backed up or restored.",
+}
+_SUCCESS_LINE = re.compile(r"^opsctl_last_success_timestamp_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
+
+
+class TargetGroup(TypedDict):
+    """One entry of a Prometheus file_sd file: the targets share these labels."""
+
+    targets: list[str]
+    labels: dict[str, str]
+
+
+@frozen
+class RunSignal(Frozen):
+    """One finished opsctl run as its textfile reports it: finished and duration in seconds (unix time, elapsed);
+    keys_moved None when the command moves no keys."""
+
+    command: str
+    topology: str
+    finished: float
+    duration: float
+    outcome: Outcome
+    keys_moved: int | None = None
+
+
+def exporter_port(node: Node, offset: int = EXPORTER_PORT_OFFSET) -> int:
+    """The port of the node's exporter: beside the node, so each node on a host gets its own."""
+    return node.port + offset
+
+
+def exporter_port_problems(layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[str]:
+    """Exporter ports that cannot be bound: past 65535, or on an address where a node or a cluster bus listens."""
+    taken: dict[tuple[str, int], str] = {}
+    for node in layout.nodes:
+        taken[(node.address, node.port)] = f"{node.name}'s port"
+        taken[(node.address, node.port + CLUSTER_BUS_OFFSET)] = f"{node.name}'s cluster bus port"
+    problems = []
+    for node in layout.nodes:
+        port = exporter_port(node, offset)
+        if port > MAX_PORT:
+            problems.append(f"{node.name}: exporter port {port} (port {node.port} + {offset}) is above {MAX_PORT}")
+        elif (clash := taken.get((node.address, port))) is not None:
+            problems.append(f"{node.name}: exporter port {port} on {node.address} is {clash}")
+    return problems
+
+
+def target_labels(topology: str, node: Node) -> dict[str, str]:
+    labels = {"topology": topology, "node": node.name, "host": node.host,
+              "kind": "sentinel" if node.is_sentinel else "server"}
+    if node.shard is not None:
+        labels["shard"] = str(node.shard)
+    return labels
+
+
+def target_groups(topology: str, layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[TargetGroup]:
+    """One group per node of the layout (servers and Sentinels), in layout order: each has its own labels."""
+    return [TargetGroup(targets=[endpoint(n.address, exporter_port(n, offset))], labels=target_labels(topology, n))
+            for n in layout.nodes]
+
+
+def file_sd_json(groups: list[TargetGroup]) -> str:
+    return json.dumps(groups, indent=2) + "\n"
+
+
+def outcome_of(exit_code: int) -> Outcome:
+    """0 ok and 2 (it did its steps; more are left to plan) are ok, 3 a safety refusal, anything else an error."""
+    return "ok" if exit_code in (0, 2) else "refused" if exit_code == 3 else "error"
+
+
+def textfile_name(topology: str, command: str) -> str:
+    """One file per topology and command (node_exporter reads *.prom only), so runs never overwrite each other."""
+    return f"opsctl_{_slug(topology)}_{_slug(command)}.prom"
+
+
+def last_success_in(previous: str | None) -> float | None:
+    """The last success time a previous textfile recorded (None: no file, no success line, or not a number)."""
+    match = _SUCCESS_LINE.search(previous or "")
+    if match is None:
+        return None
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        return None
+    return value if value == value and value >= 0 else None  # value == value: not NaN
+
+
+def render_textfile(run: RunSignal, previous: str | None = None) -> str:
+    """The run's textfile; the last success time is the run's own when it succeeded, else the previous file's
+    (0 when there was none), so a failed run never hides how old the last good one is."""
+    labels = {"command": run.command, "topology": run.topology}
+    success = run.finished if run.outcome == "ok" else (last_success_in(previous) or 0.0)
+    samples: list[tuple[str, dict[str, str], str]] = [
+        ("opsctl_last_run_timestamp_seconds", labels, _number(run.finished)),
+        ("opsctl_last_run_duration_seconds", labels, _number(run.duration)),
+        *[("opsctl_last_run_outcome", {**labels, "outcome": o}, "1" if o == run.outcome else "0") for o in OUTCOMES],
+        ("opsctl_last_success_timestamp_seconds", labels, _number(success)),
+    ]
+    if run.keys_moved is not None:
+        samples.append(("opsctl_last_run_keys_moved", labels, str(run.keys_moved)))
+    return _exposition(samples)
+
+
+def _exposition(samples: list[tuple[str, dict[str, str], str]]) -> str:
+    lines: list[str] = []
+    for name, labels, value in samples:
+        if not lines or not lines[-1].startswith(f"{name}{{"):
+            lines += [f"# HELP {name} {METRIC_HELP[name]}", f"# TYPE {name} gauge"]
+        pairs = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
+        lines.append(f"{name}{{{pairs}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    """A label value in the text exposition format: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "_", text.lower()).strip("_") or "_"
