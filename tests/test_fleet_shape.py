@@ -216,3 +216,54 @@ def test_fewer_replicas_killed_after_a_forget_are_purged_by_the_next_apply(tmp_p
             spec.write_text(yaml.safe_dump(wide))
             capsys.readouterr()
 
+
+def killed_at(spec: Path, marker: str) -> None:
+    """Run apply in a child opsctl and SIGKILL it as soon as a step naming marker starts ("[i/N] <step> ...")."""
+    child = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    seen = []
+    assert child.stdout is not None
+    for line in child.stdout:
+        seen.append(line)
+        if line.lstrip().startswith("[") and marker in line:
+            child.send_signal(signal.SIGKILL)
+            break
+    child.stdout.close()
+    assert child.wait(timeout=120) == -signal.SIGKILL, "".join(seen)
+
+
+@pytest.mark.parametrize("marker", ["replicate ", "move-slots "])
+def test_one_shape_edit_killed_at_a_step_converges_on_the_next_apply(tmp_path, capsys, marker) -> None:
+    """hosts 3 -> 4, replicas_per_master 1 -> 2 and masters 3 -> 4, opsctl SIGKILLed when a step starts: the next
+    apply converges (next plan empty, every deployed node's record unchanged), nothing acknowledged lost."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        data = yaml.safe_load(spec.read_text())
+        before_records = records(spec)
+        fourth = data["hosts"][0]["address"].rsplit(".", 1)[0] + ".4"
+        grown = {**data, "hosts": [*data["hosts"], {"name": "h4", "address": fourth}],
+                 "cluster": {**data["cluster"], "masters": 4, "replicas_per_master": 2}}
+        try:
+            preload(loaded, 4000)
+            before = dataset_checksum(cluster_client(loaded), "pre:*")
+            started = time.monotonic()
+            with Writer(lambda: cluster_client(read_spec(spec))) as writer:
+                writer.wait_for_writes(100)
+                spec.write_text(yaml.safe_dump(grown))
+                killed_at(spec, marker)
+                code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+                assert code == 0 and "4 masters" in out, err + out
+                assert plan_json(capsys, spec)["steps"] == []
+                writer.wait_for_writes(len(writer.acked) + 100)
+            took = time.monotonic() - started
+            after = records(spec)
+            assert all(after[name] == was for name, was in before_records.items()), (before_records, after)
+            assert len(after) == 12
+            members_apart(spec)
+            kept_everything(spec, writer, before, "4 masters")
+            with capsys.disabled():
+                print(f"\n[valkey] grow killed at {marker.strip()}: keys {before[0]}, acked {len(writer.acked)}, "
+                      f"lost 0, time {took:.1f} s, max write gap {writer.max_gap_ms:.0f} ms")
+        finally:
+            spec.write_text(yaml.safe_dump(grown))
+            capsys.readouterr()
