@@ -1,10 +1,6 @@
 """`opsctl completion bash|zsh`: a completion script generated from the argument parser itself, so it offers exactly
-the commands, options and choices this opsctl has. Pure: a parser in, shell text out.
-
-The script finds the command path (`cluster reshard`) among the words typed, then offers that command's
-subcommands, options and positional choices; after an option that takes a value it offers the option's choices,
-files for a path-like option (no type: -f, --state-dir, --out, ...), and nothing for a number. zsh runs the same
-function through bashcompinit, which zsh ships for this."""
+the commands, options and choices this opsctl has. Pure: a parser in, shell text out. One bash function serves
+zsh too (through bashcompinit), so the two shells cannot disagree. What it offers where: docs/internals.md."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from opsctl.base.stop import installed as stop_on_signals
 from opsctl.cli.options import add_output, add_spec_file, check_stdin_spec
 
 # Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
-# every object the run made (0.2-0.4 s of CPU after a cluster apply on a busy machine; the kernel frees it).
+# every object the run made (the kernel frees them; docs/internals.md).
 atexit.register(gc.freeze)
 
 if TYPE_CHECKING:
@@ -106,8 +106,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or, given the command a run names, of the built-in ones and that one only
-    (all of them: ~150 options, ~15 ms of every run)."""
+    """The parser of every command, or, given the command a run names, of the built-in ones and that one only:
+    building them all is a noticeable part of every run's start."""
     parser: argparse.ArgumentParser = Parser(prog="opsctl", description="Declarative Redis and Valkey fleets.")
     parser.add_argument("--version", action="version", version=f"opsctl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -17,11 +17,10 @@ from opsctl.cli.ttyline import TtyLine
 
 
 class Printer:
-    """Events on a stream (stderr by default): JSON lines, or text. On a terminal progress (REDRAWN) is one
-    bar redrawn in place and cleared before any other line; elsewhere only the final counts, and no control
-    characters. results: the kinds of event that end a run with its result (backup, restore): as JSON they
-    print inside the envelope, like every command's result. Callable from several threads (parallel slot
-    movers, restore sources)."""
+    """Events on a stream (stderr by default): JSON lines, or text; on a terminal progress (REDRAWN) is one bar
+    redrawn in place, elsewhere only the final counts, never a control character. results: the events that end a
+    run (backup, restore), printed inside the envelope as every result is. Thread-safe: slot movers and restore
+    sources print at once."""
 
     def __init__(self, json_mode: bool, stream: TextIO | None = None,
                  results: tuple[type[Event], ...] = ()) -> None:

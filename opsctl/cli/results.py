@@ -1,12 +1,6 @@
 """What each command prints when it is done, as a typed value (opsctl.cli.output.Result): its text for people and
-the object --output json prints (inside opsctl.cli.output.envelope). The keys of each object are the ones scripts
-read today; a result's text is the command's text output, byte for byte.
-
-Every command that prints a result has --output text|json. backup and restore print their JSON as event lines, the
-last one being the result (opsctl.cli.output.Printer's results); their text result is printed when they are done.
-
-The cluster, slot, failover, audit and backup results import their text functions when asked, so that plan and
-status load none of those modules."""
+the object --output json prints (inside opsctl.cli.output.envelope). A result's keys and text stay what scripts
+and people read already: one value, so the two outputs cannot drift apart. More: docs/internals.md."""
 
 from __future__ import annotations
 

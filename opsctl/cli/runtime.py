@@ -28,11 +28,10 @@ def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
 
 @contextmanager
 def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: bool = False) -> Iterator[Runtime]:
-    """The runtime, under the state-dir lock and the topology lock if asked (for the whole run: planning
-    included). Its provider is closed at the end, inside the locks (a staging provider ships what it staged
-    then, and drops its SSH connections). A topology none of whose servers answers yet is started under the
-    state-dir lock alone; the topology lock marks each server as soon as it answers. cache_beside: plan and apply,
-    a pipeline's pair, keep the validated spec next to it even on a first run (opsctl.state.speccache)."""
+    """The runtime, under the state-dir lock and the topology lock if asked, for the whole run (planning
+    included), so no other run changes the topology between the plan and its steps; its provider is closed inside
+    the locks. cache_beside: keep the validated spec beside it even on a first run (plan and apply, a pipeline's
+    pair). More: docs/internals.md."""
     rt = _load(args, cache_beside)
     with ExitStack() as locks:
         if locked:

@@ -1,9 +1,6 @@
 """What Prometheus reads about a fleet: file_sd target groups for the redis_exporter beside each node, and the
 node_exporter textfile that opsctl's own runs leave behind (docs/monitoring.md). Pure: state.textfile writes it.
-
-Target labels are topology, node, host, kind (server | sentinel) and shard (servers only). There is no `role`
-label: the exporter's redis_instance_info carries the live role under that name, a target label would rename it to
-exported_role, and the role placement gave a node is stale after the first failover (a shard keeps its members).
+Target labels never include `role`: the exporter reports the live role under that name (docs/monitoring.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Placement from (spec, what is deployed): a deployed node keeps its name, host, port and shard for life. Pure.
-
-While every deployed node stands where the spec's positional layout (spec.layout) puts it, that layout is the
-answer: a first deploy, a killed creation and a change of cluster.masters plan exactly as before. Once a record
-disagrees (cluster.replicas_per_master or the hosts list changed since), the deployed nodes stay as recorded, the
-surplus ones retire, and each missing member gets a new name above every name ever used, on the least-loaded host
-that holds no member of its shard, on a free port. The records are read by the shell (providers).
+"""Placement from (spec, what is deployed): a deployed node keeps its name, host, port and shard for life, and a
+retired name is never given again. Why: a node's data, files and cluster identity live where it was deployed. Pure:
+the shell (opsctl.apply.placing) reads the records. The rules: docs/changing-the-fleet.md, "Identity".
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""opsctl's own signals on disk: one node_exporter textfile per topology and command, replaced atomically.
-
-The folder is node_exporter's --collector.textfile.directory and must exist: opsctl never creates it (a folder it
-made would be 0700, closed to node_exporter). The file is 0644 for the same reason; its temp name ends in .tmp,
-which the collector skips, so a scrape sees the old file or the new one, never half of one.
+"""opsctl's own signals on disk: one node_exporter textfile per topology and command, replaced atomically (its
+temp name ends in .tmp, which the collector skips), so a scrape never sees half of one. The folder must exist and
+the file is 0644: node_exporter, another user, reads both. More: docs/internals.md.
 """
 
 from __future__ import annotations
