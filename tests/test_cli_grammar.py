@@ -19,9 +19,10 @@ from tests.test_cli_abbrev import parsers
 MUTATING = {"apply", "destroy", "restart", "failover", "cluster reshard", "cluster rebalance", "cluster fix",
             "bigkey delete", "restore", "tls rotate"}
 # Whose -o/--output names a folder to write (a different option from the result's format, kept for compatibility)
-# or that print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script).
+# or that print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script; metrics
+# targets: Prometheus file_sd JSON, written to a file with -o/--out as plan --out does).
 OUTPUT_IS_A_FOLDER = {"render", "inventory"}
-NO_OUTPUT_FORMAT = {"schema", "help", "completion"}
+NO_OUTPUT_FORMAT = {"schema", "help", "completion", "metrics targets"}
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:

@@ -58,3 +58,11 @@ def check_stdin_spec(args: argparse.Namespace) -> None:
 
         raise OpsctlError("-f - needs --state-dir for this command", STDIN_RULE,
                           "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)")
+
+
+def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:
+    """--metrics-textfile DIR (args.metrics_textfile): the run's own signals for node_exporter's textfile collector,
+    written at its end whatever its outcome (opsctl.cli.runsignals)."""
+    parser.add_argument("--metrics-textfile", metavar="DIR",
+                        help="write this run's outcome, duration and keys moved to DIR/opsctl_<topology>_<command>"
+                             ".prom for node_exporter's textfile collector (the folder must exist)")

@@ -16,10 +16,12 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
 
 def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
     from opsctl.apply.runtime import make_runtime
+    from opsctl.cli.runsignals import note_run
     from opsctl.state.specfile import read_spec_to_keep
 
     state_dir = getattr(args, "state_dir", None)
     loaded, keep = read_spec_to_keep(args.file)
+    note_run(args, loaded.spec.name)  # --metrics-textfile names it, however the run ends
     rt = make_runtime(loaded, state_dir)
     if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec
         keep()

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backup": ("backup", "register"),
     "restore": ("restore", "register"),
     "tls": ("tls", "register"),
+    "metrics": ("metrics", "register"),
     "help": ("help", "register_help"),
     "completion": ("help", "register_completion"),
 }

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
+from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -64,12 +65,14 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
             fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
         folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
+    note_run(args, keys=manifest.total_keys)
     if not json_mode:  # as JSON, the result was the last event line
         print_text(BackupResult(str(folder), manifest))
     return EXIT_OK
@@ -107,4 +110,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds a replica may take to reach its master's offset before saving (default 60)")
     p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,
                    help="seconds a BGSAVE may take (default 3600)")
-    p.set_defaults(handler=cmd_backup)
+    add_metrics_textfile(p)
+    p.set_defaults(handler=recorded("backup", cmd_backup))

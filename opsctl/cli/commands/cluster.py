@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import RATE, SLOTS, ranged
 from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_output, add_spec_file, add_spec_options, add_state_dir
+from opsctl.cli.options import (
+    add_auto_approve,
+    add_dry_run,
+    add_metrics_textfile,
+    add_output,
+    add_spec_file,
+    add_spec_options,
+    add_state_dir,
+)
+from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client or slot module
     from pathlib import Path
@@ -63,6 +72,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     from opsctl.state.statelock import state_lock
 
     loaded = _cluster_spec(args.file)
+    note_run(args, loaded.spec.name)
     state_dir = state_dir_for(loaded, args.state_dir)
     emit = Printer(args.output == "json")
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
@@ -73,6 +83,8 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)
         outcome = operation(connector, state_dir, emit, options)
+    keys = outcome.summary.get("keys", 0)
+    note_run(args, keys=keys if isinstance(keys, int) else 0)
     print_result(SlotsResult(outcome), args.output)
     return EXIT_OK
 
@@ -132,6 +144,7 @@ def _slot_args(p: argparse.ArgumentParser, dry_run: str = "show the moves, chang
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
     add_dry_run(p, dry_run)
     add_auto_approve(p, "do not ask before moving slots (keys move; a fault mid-way needs `cluster fix`)")
+    add_metrics_textfile(p)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,7 +162,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--from", dest="source", required=True, help="source master: node name or address:port")
     p.add_argument("--to", dest="target", required=True, help="target master: node name or address:port")
     p.add_argument("--slots", type=SLOTS, required=True, help="how many slots to move (1..16384)")
-    p.set_defaults(handler=cmd_reshard)
+    p.set_defaults(handler=recorded("cluster reshard", cmd_reshard))
 
     p = commands.add_parser("rebalance", help="move the fewest slots that reach a weighted balance")
     _slot_args(p)
@@ -157,10 +170,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="relative share (default 1)")
     p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=2.0, metavar="PCT",
                    help="leave masters within PCT%% of their share alone (default 2)")
-    p.set_defaults(handler=cmd_rebalance)
+    p.set_defaults(handler=recorded("cluster rebalance", cmd_rebalance))
 
     p = commands.add_parser("fix", help="close open slots (journaled ones exactly), cover uncovered slots")
     _slot_args(p, "show the cluster's open and uncovered slots (what fix acts on); change nothing")
     p.add_argument("--reassign-unreachable", action="store_true",
                    help="give the slots of an unreachable master to others (its data is LOST)")
-    p.set_defaults(handler=cmd_fix)
+    p.set_defaults(handler=recorded("cluster fix", cmd_fix))

@@ -9,7 +9,8 @@ from contextlib import nullcontext
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.argtypes import SECONDS, ranged
 from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_output, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_metrics_textfile, add_output, add_spec_options
+from opsctl.cli.runsignals import note_run, recorded
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
@@ -26,6 +27,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     if args.report:
         check_writable_target(args.report, "--report")  # before the failover, not after it succeeded
     loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
     state_dir = state_dir_for(loaded, args.state_dir)
     confirm(args, "Fail over now? Clients reconnect to the new master.",
             "pass --auto-approve (or --yes) in scripts (run with --dry-run first to see the checks)")
@@ -68,4 +70,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-failover-command", action="store_true",
                    help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
     add_output(p)
-    p.set_defaults(handler=cmd_failover)
+    add_metrics_textfile(p)
+    p.set_defaults(handler=recorded("failover", cmd_failover))

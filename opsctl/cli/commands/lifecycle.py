@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
 from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_metrics_textfile, add_spec_options
+from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
@@ -282,7 +283,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_spec_options(p, output=True)
     p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
     rollout_options(p, "allow restarting a master in place (one without a replica to fail over to)")
-    p.set_defaults(handler=cmd_apply)
+    add_metrics_textfile(p)
+    p.set_defaults(handler=recorded("apply", cmd_apply))
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
     add_spec_options(p, output=True)

@@ -12,10 +12,12 @@ from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_auto_approve,
     add_dry_run,
+    add_metrics_textfile,
     add_output,
     add_spec_file,
     add_state_dir,
 )
+from opsctl.cli.runsignals import note_run, recorded
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -31,6 +33,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
     if args.mode == "replace":
         confirm(args, f"Overwrite the keys of '{loaded.spec.name}' that the source also holds? Their values are lost.")
     state_dir = state_dir_for(loaded, args.state_dir)
@@ -56,6 +59,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             prepared = stack.enter_context(live_sources(source_connector, target, options))
         emit = stack.enter_context(event_printer(json_mode))
         report = run_restore(target, prepared, state_dir, options, emit)
+        note_run(args, keys=report.done().restored)
         if report.dry_run:
             emit(report.done(RestoreDryRun))
     if not json_mode:  # as JSON, the result was the last event line
@@ -82,4 +86,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="keys per source compared with --verify sample (default 1000)")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
-    p.set_defaults(handler=cmd_restore)
+    add_metrics_textfile(p)
+    p.set_defaults(handler=recorded("restore", cmd_restore))
