@@ -11,11 +11,10 @@ from typing import Literal, TypedDict
 
 from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.exporters import EXPORTER_PORT_OFFSET, exporter_port, exporter_port_problems
 from opsctl.spec.layout import Layout, Node
-from opsctl.spec.model import CLUSTER_BUS_OFFSET
 
-EXPORTER_PORT_OFFSET = 1000  # a node's exporter listens on the node's address at its port + this
-MAX_PORT = 65535
+__all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
 
 Outcome = Literal["ok", "error", "refused"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
@@ -48,27 +47,6 @@ class RunSignal(Frozen):
     duration: float
     outcome: Outcome
     keys_moved: int | None = None
-
-
-def exporter_port(node: Node, offset: int = EXPORTER_PORT_OFFSET) -> int:
-    """The port of the node's exporter: beside the node, so each node on a host gets its own."""
-    return node.port + offset
-
-
-def exporter_port_problems(layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[str]:
-    """Exporter ports that cannot be bound: past 65535, or on an address where a node or a cluster bus listens."""
-    taken: dict[tuple[str, int], str] = {}
-    for node in layout.nodes:
-        taken[(node.address, node.port)] = f"{node.name}'s port"
-        taken[(node.address, node.port + CLUSTER_BUS_OFFSET)] = f"{node.name}'s cluster bus port"
-    problems = []
-    for node in layout.nodes:
-        port = exporter_port(node, offset)
-        if port > MAX_PORT:
-            problems.append(f"{node.name}: exporter port {port} (port {node.port} + {offset}) is above {MAX_PORT}")
-        elif (clash := taken.get((node.address, port))) is not None:
-            problems.append(f"{node.name}: exporter port {port} on {node.address} is {clash}")
-    return problems
 
 
 def target_labels(topology: str, node: Node) -> dict[str, str]:

@@ -16,6 +16,7 @@ from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
 from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
+from opsctl.spec.exporters import exporter_port_problems
 from opsctl.spec.layout import Layout, host_bind, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
     CLUSTER_BUS_OFFSET,
@@ -100,6 +101,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     yield from _check_ports(spec, nodes)
     yield from _check_tls(spec, nodes)
     yield from _check_write_quorum(spec, nodes)
+    yield from _check_exporters(spec, nodes)
 
 
 def _check_version(spec: Spec) -> Iterator[Finding]:
@@ -454,3 +456,14 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        f"{PLAINTEXT_PORT_OFFSET}) is {'above 65535' if plain > 65535 else 'taken by another node'}",
                        "lower the base port, or leave plaintext_port off")
                 return
+
+
+def _check_exporters(spec: Spec, nodes: Layout) -> Iterator[Finding]:
+    """metrics.exporter: every exporter's port can be bound (opsctl.spec.exporters); the first problem is named."""
+    if not spec.metrics.exporter:
+        return
+    problems = exporter_port_problems(nodes, spec.metrics.port_offset, spec.tls.enabled and spec.tls.plaintext_port)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        yield (("metrics", "port_offset"), problems[0] + more,
+               "pick another metrics.port_offset, or move the base port so no node listens on another's exporter port")

@@ -263,6 +263,14 @@ class Memory(Record):
     policy: str = field("volatile-lru", description="maxmemory-policy: what goes when the limit is reached")
 
 
+class Metrics(Record):
+    exporter: bool = field(False, description=(
+        "run one redis_exporter (Debian prometheus-redis-exporter) beside each server and Sentinel, logged in as its "
+        "own least-privilege ACL user (docs/monitoring.md)"))
+    port_offset: Annotated[int, Range(1, 64534)] = field(1000, description=(
+        "each exporter listens on its node's address at the node's port + this (opsctl metrics targets lists them)"))
+
+
 class Spec(Record):
     name: Name = field(description=(
         "the topology's name: it names the nodes (<name>-1, ...), the state dir and the inventory groups"))
@@ -289,6 +297,8 @@ class Spec(Record):
         "without allow_unsafe"))
     nodes: dict[str, NodeOverride] = field(default_factory=dict, description=(
         "per-node overrides by node name, e.g. {orders-4: {port: 7204, config: {hz: 20}}}"))
+    metrics: Metrics = field(default_factory=Metrics, description=(
+        "Prometheus: the redis_exporters beside the nodes (docs/monitoring.md)"))
 
     def cluster_or_default(self) -> ClusterTopology:
         return self.cluster or ClusterTopology()
