@@ -13,11 +13,13 @@ export ORDERS_REDIS_PASSWORD ?= demo-only-$(shell whoami)-change-me-0123456789
 $(BIN)/opsctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip uninstall -q -y opsctl 2>/dev/null || true  # this checkout's old distribution name (now opsctl-redis)
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# The tests drive provider: ansible too, so they install its extra (ansible-runner, ansible-core, paramiko).
 $(VENV)/.dev: $(BIN)/opsctl
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ansible]'
 	touch $@
 
 venv: $(BIN)/opsctl
@@ -58,7 +60,7 @@ test-py310:
 	  [ "$${CI:-}" = true ] && exit 1; exit 0; fi; \
 	if [ ! -x $(VENV310)/bin/python ] || [ pyproject.toml -nt $(VENV310)/.installed ]; then \
 	  "$$py" -m venv --clear $(VENV310) && $(VENV310)/bin/pip install -q --upgrade pip && \
-	  $(VENV310)/bin/pip install -q -e . 'pytest>=8' 'pytest-xdist>=3.5' 'jsonschema>=4' && \
+	  $(VENV310)/bin/pip install -q -e '.[ansible]' 'pytest>=8' 'pytest-xdist>=3.5' 'jsonschema>=4' && \
 	  touch $(VENV310)/.installed || exit 1; fi; \
 	$(VENV310)/bin/python -m pytest -q -n 2 --dist loadfile -m "not integration and not remote" tests
 

@@ -21,9 +21,12 @@ def _setting(name: str) -> str:
 
 
 def _dependencies() -> set[str]:
-    block = re.search(r"^dependencies = \[(.*?)^\]", PYPROJECT, re.MULTILINE | re.DOTALL)
-    assert block
-    names = re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block.group(1), re.MULTILINE)
+    """The dependencies and the ansible extra's (provider: ansible imports those only: tests/test_ansible_extra.py)."""
+    names: list[str] = []
+    for key in ("dependencies", "ansible"):
+        block = re.search(rf"^{key} = \[(.*?)^\]", PYPROJECT, re.MULTILINE | re.DOTALL)
+        assert block, key
+        names += re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block.group(1), re.MULTILINE)
     return {_normal(name) for name in names}
 
 

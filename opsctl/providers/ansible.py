@@ -14,13 +14,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import paramiko
+try:
+    import paramiko
+except ImportError as exc:  # provider: ansible without its extra: say which to install, not a traceback
+    from opsctl.providers.extra import ansible_extra_error, missing_ansible_libraries
+
+    raise ansible_extra_error(missing_ansible_libraries()) from exc
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit
 from opsctl.net.connector import Route
 from opsctl.net.fanout import fan_out
 from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.bundle import plain_name
@@ -66,6 +72,7 @@ class AnsibleProvider:
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
                  on_event: Emit | None = None) -> None:
+        require_ansible()  # paramiko imported, ansible-runner or ansible-core may still be missing
         self.loaded = loaded
         self.state_dir = Path(state_dir).resolve()
         self.known_hosts = ssh.known_hosts_path(known_hosts)

@@ -16,7 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
+try:
+    import paramiko
+except ImportError as exc:  # provider: ansible without its extra: say which to install, not a traceback
+    from opsctl.providers.extra import ansible_extra_error, missing_ansible_libraries
+
+    raise ansible_extra_error(missing_ansible_libraries()) from exc
 
 from opsctl.base.errors import OpsctlError
 from opsctl.providers.remote.inventory import parse_bastion
