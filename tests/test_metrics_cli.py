@@ -132,3 +132,11 @@ def test_a_failing_write_never_hides_the_runs_own_error(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="the run's own"):
         recorded("backup", _handler(error=RuntimeError("the run's own")))(_args(folder))
+
+
+def test_targets_need_no_secret(spec: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A Prometheus host lists the targets without holding the fleet's password."""
+    monkeypatch.delenv(PASSWORD_ENV)
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec))
+    assert code == EXIT_OK and len(json.loads(out)) == 6, err
