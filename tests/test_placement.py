@@ -4,6 +4,7 @@ free ports and hosts that keep a shard's members apart (issue 22, stable identit
 from __future__ import annotations
 
 from opsctl.spec.layout import Layout, cluster_layout, deployed_as
+from opsctl.spec.model import Spec
 from opsctl.spec.placement import Deployed, placed_layout, surplus_members
 from tests.support import make_spec
 from tests.test_planner import load_dict
@@ -94,3 +95,40 @@ def test_the_shards_master_now_is_never_the_surplus_member_retired() -> None:
     kept = {n.name: n for n in placed.servers}
     assert deployed_as(kept[serving[0]])["role"] == "replica"  # its record stays as deployed: roles are not drift
     assert placed_layout(spec1, deployed, [n.name for n in blind.servers]) == blind  # the recorded masters serve
+
+
+def drained_spec() -> tuple[Spec, list[Deployed], Spec]:
+    """3 hosts deployed (records with addresses), then h4 added and h2 removed."""
+    before = load_dict(spec_with()).spec
+    deployed = [Deployed(n.name, n.host, n.port, n.role, n.shard, address=n.address)
+                for n in cluster_layout(before).servers]
+    data = with_fourth_host(spec_with())
+    after = load_dict({**data, "hosts": [h for h in data["hosts"] if h["name"] != "h2"]}).spec
+    return before, deployed, after
+
+
+def test_a_removed_host_is_drained_its_nodes_replaced_elsewhere_by_new_names() -> None:
+    before, deployed, after = drained_spec()
+    placed = placed_layout(after, deployed)
+    on_h2 = {d.name for d in deployed if d.host == "h2"}
+    assert {n.name for n in placed.retired} == on_h2 and not placed.orphans
+    assert all(n.address == before.hosts[1].address for n in placed.retired)  # stopped and forgotten by address
+    for d in deployed:
+        if d.host != "h2":
+            assert deployed_as(placed.node(d.name)) == {"host": d.host, "port": d.port, "role": d.role,
+                                                        "shard": d.shard}
+    new = [n for n in placed.servers if n.name not in {d.name for d in deployed}]
+    assert len(new) == len(on_h2) and all(n.host != "h2" for n in new)
+    assert sorted(int(n.name.rsplit("-", 1)[1]) for n in new) == [7, 8]
+    for shard in placed.shards:
+        hosts = [placed.node(m).host for m in shard.members]
+        assert len(hosts) == len(set(hosts)) == 2, shard
+    for name in on_h2:
+        why = placed.reason(name) or ""
+        assert "h2 removed from the spec" in why and "replaced by" in why, why
+
+
+def test_a_removed_host_without_addresses_in_its_records_is_an_orphan() -> None:
+    _before, deployed, after = drained_spec()
+    placed = placed_layout(after, [Deployed(d.name, d.host, d.port, d.role, d.shard) for d in deployed])
+    assert set(placed.orphans) == {d.name for d in deployed if d.host == "h2"}

@@ -23,7 +23,7 @@ from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
 from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig
 from opsctl.render import render_node, render_sections
-from opsctl.spec.layout import Node, deployed_as
+from opsctl.spec.layout import Node, deployed_record
 from opsctl.tls.material import node_files
 
 START_TIMEOUT = 60.0
@@ -96,7 +96,8 @@ def write_config(run: Execution, step: Step) -> None:
     sections = render_sections(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                                daemonize=run.rt.provider.daemonize)
     directives = [list(d) for s in sections for d in s.directives]
-    record = {"digest": step.digest, "directives": directives, "applied": time.time(), "deployed": deployed_as(node)}
+    record = {"digest": step.digest, "directives": directives, "applied": time.time(),
+              "deployed": deployed_record(node)}
     if run.restarts(node.name) and run.rt.provider.process_state(node).running:
         record["pending_restart"] = True  # cleared by the restart; a later plan restarts it if this run dies
     run.rt.provider.save_record(node, record)

@@ -4,6 +4,8 @@ when it runs: a failover earlier in the same plan (or by anyone else) moves the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from opsctl.apply.execution import Execution
 from opsctl.apply.gather import master_endpoint, shard_facts
 from opsctl.apply.runtime import Runtime
@@ -18,6 +20,7 @@ from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
 from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.spec.placement import with_member
 
 
 def sentinels_master(rt: Runtime) -> tuple[str, int] | None:
@@ -55,7 +58,8 @@ def fail_over(run: Execution, step: Step) -> None:
     rt = run.rt
     layout = rt.loaded.layout
     shard = layout.shard_of(step.node)
-    assert shard is not None, step.node
+    if shard is None:
+        return _fail_over_drained(run, step)
 
     def writer_when_checks_pass() -> str | Pending:
         try:
@@ -74,6 +78,23 @@ def fail_over(run: Execution, step: Step) -> None:
                                    "nothing to fail over"))
         return
     run_failover(rt.connector, rt.state_dir, Options(master=step.node), as_log(run.emit, step.title()))
+
+
+def _fail_over_drained(run: Execution, step: Failover) -> None:
+    """A failover away from a node on a host the spec removed (spec.placement.drained): the runbook and the
+    step's checks look at its shard with it back as a member (spec.placement.with_member), for this step only,
+    without the members not started yet (its replacements: the post-checks would wait for them to follow)."""
+    rt, connector = run.rt, run.rt.connector
+    layout = rt.loaded.layout
+    members = [rt.node(m) for s in layout.shards if s.index == step.shard for m in s.members]
+    absent = [n.name for n in members if not rt.provider.process_state(n).running]
+    view = replace(rt.loaded, layout=with_member(layout, step.node, absent))
+    placed = connector.loaded
+    connector.loaded = view
+    try:
+        fail_over(replace(run, rt=replace(rt, loaded=view)), step)
+    finally:
+        connector.loaded = placed
 
 
 def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:

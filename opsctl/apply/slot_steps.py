@@ -17,7 +17,7 @@ from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
 from opsctl.slots.run import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
-from opsctl.spec.layout import Node, deployed_as
+from opsctl.spec.layout import Node, deployed_record
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
@@ -83,7 +83,8 @@ def retire(rt: Runtime, node: Node) -> None:
     was = rt.provider.load_record(node).get("deployed")
     rt.provider.purge(node)
     checkpoint("remove-node-purged")
-    rt.provider.save_record(node, {"deployed": was if isinstance(was, dict) else deployed_as(node), "retired": True})
+    deployed = was if isinstance(was, dict) else deployed_record(node)
+    rt.provider.save_record(node, {"deployed": deployed, "retired": True})
     rt.provider.flush()
 
 

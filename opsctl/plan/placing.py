@@ -6,8 +6,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from opsctl.plan.facts import Facts
-from opsctl.plan.steps import Failover, RemoveNode, StartNode, Step, WriteConfig
+from opsctl.plan.steps import Failover, RemoveNode, Replicate, StartNode, Step, WaitConverged, WriteConfig
 from opsctl.spec.layout import Layout
+from opsctl.spec.model import Spec
+from opsctl.spec.placement import drained
 
 NEW = "new node"
 
@@ -39,3 +41,34 @@ def summary(layout: Layout, facts: Facts, steps: Sequence[Step]) -> str:
     counts = ((len(added), "to add"), (len(failing), "to fail over"), (len(retiring), "to retire"),
               (len(changing), "to change"), (len(names) - len(touched & set(names)), "unchanged"))
     return ", ".join(f"{count} {what}" for count, what in counts if count)
+
+
+DRAIN_FIRST = ("a master on a host removed from the spec fails over first, to a synced member elsewhere (it stays "
+               "a replica of its shard until its replacement synced); apply then observes again and plans the rest")
+
+
+def drain_failovers(spec: Spec, layout: Layout, facts: Facts) -> list[Failover]:
+    """A graceful failover away from each drained node (spec.placement.drained) that serves its shard's slots and
+    has a linked replica the spec keeps: a retired master would otherwise be emptied by slot moves. Without such a
+    replica (replicas_per_master 0) its slots move instead."""
+    steps = []
+    for node in drained(spec, layout):
+        me = facts[node.name].myself if node.name in facts else None
+        if me is None or not me.is_master or not me.slots:
+            continue
+        shard = next(s for s in layout.shards if s.index == node.shard)
+        if any((m := facts[n].myself) and m.master_id == me.id for n in shard.members if n in facts):
+            steps.append(Failover(node.name, f"{layout.reason(node.name) or node.name}: its shard's master now, "
+                                             "failed over to a synced member elsewhere first", shard=shard.index))
+    return steps
+
+
+def synced_before_retiring(spec: Spec, layout: Layout, steps: Sequence[Step]) -> list[Step]:
+    """A wait before the first removal of a drained node when the plan adds replicas: their replacements have
+    synced before they go, so a shard never has fewer synced replicas than replicas_per_master during the move."""
+    gone = {n.name for n in drained(spec, layout)}
+    at = next((i for i, s in enumerate(steps) if isinstance(s, RemoveNode) and s.node in gone), None)
+    if at is None or not any(isinstance(s, Replicate) for s in steps[:at]):
+        return list(steps)
+    wait = WaitConverged(layout.nodes[0].name, "wait until the replacements synced, before the nodes they replace go")
+    return [*steps[:at], wait, *steps[at:]]

@@ -13,7 +13,7 @@ from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
-from opsctl.plan.placing import summary, with_placement_reasons
+from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.refusals import (
     refuse_empty_master_restart,
     refuse_layout_change,
@@ -39,6 +39,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     if loaded.spec.topology == "cluster":
         refuse_removed_hosts(layout)
         refuse_layout_change(layout, facts)
+        if failovers := drain_failovers(loaded.spec, layout, facts):
+            return _repairs_first(loaded, failovers, DRAIN_FIRST, facts, spec_digest)
     together = renames_changed(layout, desired, facts)
     steps: list[Step] = []
     for shard in layout.shards:
@@ -57,7 +59,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         closing = any(isinstance(s, CloseSlots) for s in repairs)  # the moves are planned once nothing is open
         if closing and any(shard.index in filling for shard in layout.shards):
             return _repairs_first(loaded, repairs, FILL_AFTER_REPAIRS, facts, spec_digest)
-        steps += cluster
+        steps += synced_before_retiring(loaded.spec, layout, cluster)
         replan = closing
     elif topology in ("replication", "sentinel"):
         finish = finish_failover_steps(layout, facts)

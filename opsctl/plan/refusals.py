@@ -54,7 +54,7 @@ def refuse_layout_change(layout: Layout, facts: Facts) -> None:
     for node in layout.servers:
         was = facts[node.name].record.get("deployed") if node.name in facts else None
         now = deployed_as(node)
-        if isinstance(was, Mapping) and dict(was) != now:
+        if isinstance(was, Mapping) and {k: v for k, v in was.items() if k != "address"} != now:
             moved.append(f"{node.name}: deployed as {_as_text(was)}, the spec now makes it {_as_text(now)}")
     if moved:
         raise RefusedError(f"the spec changes what {len(moved)} deployed node(s) are", "\n".join(moved),
@@ -70,11 +70,13 @@ def _as_text(deployed: Mapping[str, object]) -> str:
 
 
 def refuse_removed_hosts(layout: Layout) -> None:
-    """Deployed nodes on a host the spec no longer lists: draining a host is not done by apply yet, and its nodes
-    cannot be placed (their address is gone with the host's entry)."""
+    """Deployed nodes on a host the spec no longer lists whose record has no address (written before opsctl kept
+    one): the host's entry held it, so nothing could stop or forget them once they are drained elsewhere."""
     if layout.orphans:
-        raise RefusedError(f"{', '.join(layout.orphans)} run on a host the spec no longer lists",
-                           "removing a host from the spec means draining it (replace each node elsewhere, fail "
-                           "masters over, then forget and stop them), which apply does not do yet",
-                           "put the host back in hosts; change cluster.masters and replicas_per_master, or add "
-                           "hosts, as you need (docs/changing-the-fleet.md)")
+        raise RefusedError(f"{', '.join(layout.orphans)} run on a host the spec no longer lists, and their records "
+                           "do not say at which address",
+                           "removing a host drains it (each node replaced elsewhere, masters failed over, then "
+                           "forgotten, stopped and purged), which needs each node's address: records written before "
+                           "opsctl kept addresses lack it",
+                           "put the host back in hosts and apply once with a config change (the records are rewritten "
+                           "with the address), then remove it again (docs/changing-the-fleet.md)")

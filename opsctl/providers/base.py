@@ -81,7 +81,7 @@ def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
     if record.data.get("deployed") is not None:
         deployed = record.child("deployed")
         deployed.get("host", str), deployed.get("port", int), deployed.get("role", str)
-        deployed.get("shard", int, None)
+        deployed.get("shard", int, None), deployed.get("address", str, None)
     directives = record.get("directives", list, [])
     for index, pair in enumerate(directives):
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):

@@ -92,6 +92,12 @@ def deployed_as(node: Node) -> dict[str, str | int | None]:
     return {"host": node.host, "port": node.port, "role": node.role, "shard": node.shard}
 
 
+def deployed_record(node: Node) -> dict[str, str | int | None]:
+    """deployed_as plus the host's address, which is data, not identity (refusals compare deployed_as only): a
+    drained host's nodes are stopped and forgotten by it once the host has left the spec."""
+    return {**deployed_as(node), "address": node.address}
+
+
 def host_bind(host: Host) -> tuple[str, ...]:
     return tuple(canonical_address(a) for a in host.bind) if host.bind else (canonical_address(host.address),)
 

@@ -9,8 +9,9 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.layout import Layout, Node, Shard, cluster_layout, deployed_as, layout, node_on
+from opsctl.spec.layout import Layout, Node, Role, Shard, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
 
@@ -25,6 +26,7 @@ class Deployed(Frozen):
     role: str
     shard: int | None
     retired: bool = False
+    address: str | None = None  # where the node listens: data, not identity (None in records from before it)
 
 
 def name_index(spec: Spec, name: str) -> int | None:
@@ -40,8 +42,10 @@ def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[D
         was = record.get("deployed")
         if isinstance(was, Mapping) and isinstance(was.get("host"), str) and isinstance(was.get("port"), int):
             shard = was.get("shard")
+            address = was.get("address")
             found.append(Deployed(name, str(was["host"]), int(str(was["port"])), str(was.get("role")),
-                                  shard if isinstance(shard, int) else None, bool(record.get("retired"))))
+                                  shard if isinstance(shard, int) else None, bool(record.get("retired")),
+                                  address if isinstance(address, str) else None))
     return found
 
 
@@ -103,7 +107,11 @@ class _Placer:
         self.masters = {h.name: 0 for h in spec.hosts}
         self.ports: dict[str, set[int]] = {h.name: set() for h in spec.hosts}
         self.reasons: dict[str, str] = {}
-        self.orphans = tuple(d.name for d in self.live if d.host not in self.hosts)
+        self.orphans = tuple(d.name for d in self.live if d.host not in self.hosts and not d.address)
+        self.drained = [d for d in self.live if d.host not in self.hosts and d.address]
+        self.replacing: dict[int, list[Deployed]] = {}
+        for d in self.drained:
+            self.replacing.setdefault(d.shard or 0, []).append(d)
 
     def layout(self) -> Layout:
         kept, retired = self._kept()
@@ -117,7 +125,7 @@ class _Placer:
                 placed.append(self._new(index, placed, had))
             nodes += placed
             shards.append(Shard(index, placed[0].name, tuple(n.name for n in placed[1:])))
-        gone = tuple(self._retired(d) for d in retired if d.host in self.hosts)
+        gone = tuple(self._retired(d) for d in retired if d.host in self.hosts) + tuple(map(self._drain, self.drained))
         return Layout(tuple(nodes), tuple(shards), retired=gone, reasons=tuple(sorted(self.reasons.items())),
                       orphans=self.orphans)
 
@@ -157,6 +165,13 @@ class _Placer:
         self._take(d.host, d.port, False)
         return self._node(d.name, self.hosts[d.host], d.port, d.role, d.shard)
 
+    def _drain(self, d: Deployed) -> Node:
+        """A node on a host the spec no longer lists, at its recorded address: retired once replaced elsewhere."""
+        address = canonical_address(d.address or "")
+        role: Role = "master" if d.role == "master" else "replica"
+        self.reasons.setdefault(d.name, f"{d.name} on {d.host}: retired, {d.host} removed from the spec")
+        return Node(d.name, d.host, address, d.port, role, d.shard, bind=(address,))
+
     def _node(self, name: str, host: Host, port: int, role: str, shard: int | None) -> Node:
         return node_on(self.spec, name, host, port, "master" if role == "master" else "replica", shard)
 
@@ -186,6 +201,12 @@ class _Placer:
         else:
             why = (f"{name} on {host.name}: new replica of shard {index} "
                    f"(replicas_per_master {had - 1} -> {self.topo.replicas_per_master})")
+        lost = self.replacing.get(index)
+        if lost:
+            old = lost.pop(0)
+            why = f"{name} on {host.name}: replaces {old.name} of shard {index} ({old.host} removed from the spec)"
+            self.reasons[old.name] = (f"{old.name} on {old.host}: replaced by {name} on {host.name}, then retired: "
+                                      f"{old.host} removed from the spec")
         self.reasons[name] = why
         return self._node(name, host, port, "master" if master else "replica", index)
 
@@ -196,3 +217,20 @@ class _Placer:
         while port in taken or port + CLUSTER_BUS_OFFSET in taken:
             port += 1
         return port
+
+
+def drained(spec: Spec, layout: Layout) -> list[Node]:
+    """The retired nodes on hosts the spec no longer lists (a removed host being drained), in a shard it keeps."""
+    hosts = {h.name for h in spec.hosts}
+    kept = {s.index for s in layout.shards}
+    return [n for n in layout.retired if n.host not in hosts and n.shard in kept]
+
+
+def with_member(layout: Layout, name: str, absent: Collection[str] = ()) -> Layout:
+    """layout with the retired node name back in its shard as a replica member and without the absent ones (its
+    replacements not started yet): the view a failover away from it needs while it is still the shard's master."""
+    node = Layout(layout.retired).node(name)
+    shards = tuple(replace(s, replicas=(*(r for r in s.replicas if r not in absent), name))
+                   if s.index == node.shard else s for s in layout.shards)
+    return replace(layout, nodes=(*layout.nodes, node), shards=shards,
+                   retired=tuple(n for n in layout.retired if n.name != name))
