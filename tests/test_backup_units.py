@@ -35,7 +35,7 @@ from opsctl.restore.route import (
 
 
 def shard(n: int = 1, **changes: object) -> ShardFile:
-    base = ShardFile(n, f"o-{n}", "replica", ((0, 5460),), shard_file_name(n), 120, "a" * 64, {0: 10}, {0: 2},
+    base = ShardFile(n, f"o-{n}", "replica", ((0, 5460),), shard_file_name(n), 120, f"{n:x}" * 64, {0: 10}, {0: 2},
                      {0: 11}, 4242, "2026-11-22T23:59:59Z", 5000)
     return ShardFile(**{**base.__dict__, **changes})  # type: ignore[arg-type]
 
@@ -64,6 +64,15 @@ def test_manifest_round_trip() -> None:
     (lambda d: d["shards"][0].update(expires={"0": 99}), "larger than the key count"),
     (lambda d: d["shards"][0].update(saved_at="yesterday"), "not an ISO time"),
     (lambda d: d["shards"].append(d["shards"][0]), "lists a shard twice"),
+    (lambda d: d["shards"].append({**d["shards"][0], "shard": 2, "file": "shard-2.rdb"}),
+     "shards[1].node names the node of shards[0]"),
+    (lambda d: d["shards"].append({**d["shards"][0], "shard": 2, "file": "shard-2.rdb", "node": "o-2",
+                                   "slots": [[5461, 16383]]}), "shards[1].sha256 is the file of shards[0]"),
+    (lambda d: d["shards"].append({**d["shards"][0], "shard": 2, "file": "shard-2.rdb", "node": "o-2",
+                                   "sha256": "b" * 64, "slots": [[6000, 6001], [5000, 5460]]}),
+     "shards[1].slots overlap those of shards[0]"),
+    (lambda d: d.update(topology="sentinel", shards=[*d["shards"], {**d["shards"][0], "shard": 2, "node": "o-2",
+                        "file": "shard-2.rdb", "sha256": "b" * 64, "slots": []}]), "a sentinel backup holds one"),
 ])
 def test_manifest_damage_is_named(edit, message) -> None:
     data = json.loads(manifest_json(manifest()))

@@ -206,20 +206,37 @@ def parse_manifest(text: str, where: str) -> Manifest:
     manifest = Manifest(name=f.text("name"), topology=f.text("topology", choices=TOPOLOGIES),
                         flavor=f.text("flavor", choices=FLAVORS), version=f.text("version", _VERSION),
                         rdb_version=f.count("rdb_version", 255), created_at=f.time("created_at"), shards=shards)
-    _check_shards(f, manifest.shards)
+    _check_shards(f, manifest.topology, manifest.shards)
     return manifest
 
 
-def _check_shards(f: _Fields, shards: tuple[ShardFile, ...]) -> None:
+def _check_shards(f: _Fields, topology: str, shards: tuple[ShardFile, ...]) -> None:
+    """A shard once: one file per shard number, node, content and slot; one shard outside a cluster."""
     if not shards:
         raise f.bad("shards", "is empty")
     numbers = [s.shard for s in shards]
     if len(set(numbers)) != len(numbers):
         raise f.bad("shards", f"lists a shard twice: {sorted(numbers)}")
-    for shard in shards:
+    if topology != "cluster" and len(shards) > 1:
+        raise f.bad("shards", f"lists {len(shards)} shards; a {topology} backup holds one")
+    for i, shard in enumerate(shards):
         for db, count in shard.expires.items():
             if count > shard.keys.get(db, 0):
-                raise f.bad(f"shards[{shard.shard}].expires.{db}", "is larger than the key count")
+                raise f.bad(f"shards[{i}].expires.{db}", "is larger than the key count")
+        for j, other in enumerate(shards[:i]):
+            _refuse_twice(f, (i, shard), (j, other))
+
+
+def _refuse_twice(f: _Fields, one: tuple[int, ShardFile], earlier: tuple[int, ShardFile]) -> None:
+    """A shard whose node, file content or slots an earlier one has already: a copied entry or file."""
+    (i, shard), (j, other) = one, earlier
+    if shard.node == other.node:
+        raise f.bad(f"shards[{i}].node", f"names the node of shards[{j}] ({shard.node!r}): one file per node")
+    if shard.sha256 == other.sha256:
+        raise f.bad(f"shards[{i}].sha256", f"is the file of shards[{j}]: a shard's file copied")
+    for start, end in shard.slots:
+        if any(start <= b and a <= end for a, b in other.slots):
+            raise f.bad(f"shards[{i}].slots", f"overlap those of shards[{j}]: a slot belongs to one shard")
 
 
 def describe(manifest: Manifest) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from opsctl.base.poll import wait_for
 from opsctl.net.connector import unix_client
 from opsctl.observe.parse import parse_info
 from opsctl.providers.binaries import ServerBinary, candidates, probe
+from opsctl.state.safefs import FileProblem, open_regular
 
 LOAD_TIMEOUT = 600.0
 PREFIX = "opsctl-scratch-"
@@ -100,12 +102,18 @@ def sweep_stale(root: Path) -> None:
 
 def _place(rdb: Path, folder: Path) -> None:
     """The server reads folder/dump.rdb: a hard link to the backup's file when possible (a server replaces its
-    dbfilename by rename, never writes into it, and this one never saves), else a copy."""
+    dbfilename by rename, never writes into it, and this one never saves), else a copy; never a link's target
+    (a backup file swapped for a link after its checks is refused, not followed)."""
     target = folder / "dump.rdb"
+    hint = "a backup holds plain files and never links: use another backup"
     try:
-        os.link(rdb, target)
+        os.link(rdb, target, follow_symlinks=False)
     except OSError:
-        shutil.copyfile(rdb, target)
+        with open_regular(rdb, hint) as (source, _), open(target, "xb") as out:
+            shutil.copyfileobj(source, out)
+        return
+    if not stat.S_ISREG(os.lstat(target).st_mode):
+        raise FileProblem(rdb, "is not a regular file", hint)
 
 
 def _command(binary: ServerBinary, folder: Path, databases: int) -> list[str]:

@@ -4,59 +4,50 @@ keys counted against the manifest."""
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
 from opsctl.backup.plan import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import ChecksumsOk, Emit, ShardVerified
-from opsctl.state.safefs import read_bounded
+from opsctl.state.safefs import FileProblem, open_regular, read_bounded
 
 CHUNK = 1 << 20
-
-
-def _regular(path: Path, what: str) -> os.stat_result:
-    """A regular file, not a symlink; an OpsctlError naming it otherwise."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise OpsctlError(f"{path}: {what} is missing", hint="the backup is incomplete: use another backup") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise OpsctlError(f"{path}: {what} is not a regular file", hint="a backup holds plain files, never links")
-    return info
+MANIFEST_LIMIT = 64 << 20
+DAMAGED = "a backup holds plain files and never links: use another backup, or take a new one"
 
 
 def read_manifest(folder: Path) -> Manifest:
     if not folder.is_dir():
         raise OpsctlError(f"{folder} is not a directory", hint="pass the backup's directory (it holds manifest.json)")
     path = folder / MANIFEST
-    _regular(path, "the manifest")
-    text = read_bounded(path, "the backup is damaged: use another backup", limit=64 << 20)
-    return parse_manifest(text or "", str(path))
+    text = read_bounded(path, DAMAGED, limit=MANIFEST_LIMIT)
+    if text is None:
+        raise FileProblem(path, "is missing: the backup did not finish", DAMAGED)
+    return parse_manifest(text, str(path))
 
 
-def sha256_of(path: Path) -> str:
+def _sha256(handle: BinaryIO) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
+    while chunk := handle.read(CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
 def file_problem(folder: Path, shard: ShardFile) -> str | None:
-    """Why a shard's file cannot be trusted (missing, size or checksum), or None."""
+    """Why a shard's file cannot be trusted (missing, a link, size or checksum), or None. Size and checksum come
+    from the one open file: a file swapped for a link after a check is never read."""
     path = folder / shard.file
     try:
-        size = _regular(path, "the RDB file").st_size
-    except OpsctlError as exc:
+        with open_regular(path, DAMAGED) as (handle, size):
+            if size != shard.bytes:
+                return f"{path}: {size} bytes, the manifest says {shard.bytes}"
+            if _sha256(handle) != shard.sha256:
+                return f"{path}: sha256 differs from the manifest (the file is corrupt)"
+    except FileProblem as exc:
         return exc.summary
-    if size != shard.bytes:
-        return f"{path}: {size} bytes, the manifest says {shard.bytes}"
-    if sha256_of(path) != shard.sha256:
-        return f"{path}: sha256 differs from the manifest (the file is corrupt)"
     return None
 
 

@@ -13,6 +13,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.tty import human_bytes
@@ -231,9 +232,9 @@ def check_writable_target(path: Path | str, what: str) -> None:
         raise FileProblem(target, "exists and is not a regular file", hint)
 
 
-def read_bounded(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool = False) -> str | None:
-    """A text file's content, None when it does not exist. A link (unless follow), a folder, a device, an
-    unreadable, oversized or non-UTF-8 file is a FileProblem naming the file, with hint saying how to fix it."""
+def _open_regular(path: Path | str, hint: str, follow: bool = False) -> tuple[int, os.stat_result] | None:
+    """An fd of a regular file and its stat, None when it does not exist; never a link unless follow, never a
+    folder, fifo or device (O_NONBLOCK: opening a fifo does not wait for a writer)."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -248,6 +249,28 @@ def read_bounded(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: b
         os.close(fd)
         raise FileProblem(path, "is a folder, not a file" if stat.S_ISDIR(st.st_mode) else "is not a regular file",
                           hint)
+    return fd, st
+
+
+@contextmanager
+def open_regular(path: Path | str, hint: str) -> Iterator[tuple[BinaryIO, int]]:
+    """(the file open for reading, its size): a regular file read through no link, checked on the open file
+    itself, so a file swapped for a link after a check is never followed; a FileProblem naming it otherwise."""
+    opened = _open_regular(path, hint)
+    if opened is None:
+        raise FileProblem(path, "is missing", hint)
+    fd, st = opened
+    with os.fdopen(fd, "rb") as handle:
+        yield handle, st.st_size
+
+
+def read_bounded(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool = False) -> str | None:
+    """A text file's content, None when it does not exist. A link (unless follow), a folder, a device, an
+    unreadable, oversized or non-UTF-8 file is a FileProblem naming the file, with hint saying how to fix it."""
+    opened = _open_regular(path, hint, follow)
+    if opened is None:
+        return None
+    fd, st = opened
     with os.fdopen(fd, "rb") as handle:
         if st.st_size > limit:
             raise FileProblem(path, f"is too big ({st.st_size} bytes, at most {limit})", hint)
