@@ -21,6 +21,7 @@ from opsctl.apply.cluster_steps import (
     wait_converged,
 )
 from opsctl.apply.execution import Execution
+from opsctl.apply.exporter_steps import start_exporter, stop_exporter
 from opsctl.apply.node_steps import (
     acl_load,
     after_start,
@@ -39,6 +40,7 @@ from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
 from opsctl.net.fanout import Borrowed
 from opsctl.net.topolock import check_held
 from opsctl.plan.steps import (
+    NODE_LOCAL,
     AclLoad,
     AssignSlots,
     CloseSlots,
@@ -55,8 +57,10 @@ from opsctl.plan.steps import (
     SentinelMonitor,
     SentinelSet,
     SetPasswords,
+    StartExporter,
     StartNode,
     Step,
+    StopExporter,
     StopNode,
     WaitConverged,
     WriteConfig,
@@ -110,8 +114,6 @@ def _masters_first(run: Execution, wave: list[Chain], following: list[Chain] | N
     starts = [[s for s in chain if isinstance(s[1], StartNode)] for chain in replicas]
     return masters + [c for c in writes if c], [c for c in starts if c]
 
-
-NODE_LOCAL = (WriteConfig, StartNode)
 
 
 def waves(numbered: list[tuple[int, Step]]) -> list[list[list[tuple[int, Step]]]]:
@@ -250,4 +252,5 @@ HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, AssignSlots: assign_slots, CloseSlots: close_slots, RemoveNode: remove_node,
+    StartExporter: start_exporter, StopExporter: stop_exporter,
 }

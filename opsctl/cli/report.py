@@ -18,6 +18,10 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec 
 
 
 def plan_text(plan: Plan) -> str:
+    """The plan for people: a summary line, each step with why, and each setting a write changes, before -> after
+    (secrets as verdicts or ***, as the step holds them)."""
+    from opsctl.plan.steps import WriteConfig
+
     if plan.empty:
         return "\n".join(["Plan: no changes.", *(f"  {note}" for note in plan.notes)])
     lines = [f"Plan: {plural(len(plan.steps), 'step')} for '{plan.spec_name}':"]
@@ -25,6 +29,8 @@ def plan_text(plan: Plan) -> str:
     for i, step in enumerate(plan.steps, start=1):
         lines.append(f"  {i:>3}. {step.title()}")
         lines.append(f"       why: {step.reason}")
+        if isinstance(step, WriteConfig):
+            lines += [f"       {name}: {before} -> {after}" for name, before, after in step.changes]
     lines += [f"  warning: {w}" for w in plan.warnings]
     lines += [f"  then: {note}" for note in plan.notes if plan.replan]
     return "\n".join(lines)

@@ -10,8 +10,9 @@ from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_d
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.fence import is_fence
-from opsctl.plan.ondisk import DIFFERS, canonical
-from opsctl.plan.steps import AclLoad, ConfigSet, RestartNode, StartNode, Step, WriteConfig
+from opsctl.plan.ondisk import DIFFERS, PREVIOUS, canonical
+from opsctl.plan.steps import UNSET, AclLoad, Change, ConfigSet, RestartNode, StartNode, Step, WriteConfig
+from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.render.tokens import quoted
 from opsctl.server.defaults import SERVER_DEFAULTS
 from opsctl.server.versions import Version, server_text
@@ -27,7 +28,7 @@ def server_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             new = f.recorded_digest is None
             why = "new node" if new else _summary(stale) if stale and f.recorded_digest == want.digest else \
                 "rendered config changed"
-            steps.append(WriteConfig(node.name, why, want.digest))
+            steps.append(WriteConfig(node.name, why, want.digest, config_changes(want, f)))
         reason = "new node" if f.recorded_digest is None else f"process is not running ({f.process_detail or 'died'})"
         return [*steps, StartNode(node.name, reason)]
     return config_steps(node, want, f, is_master, server)
@@ -84,7 +85,7 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             restart_for.append(name)
         else:
             why = f"spec changed {name}" if changed_in_spec else f"live {name} is {live!r}, spec says {value}"
-            live_changes.append(ConfigSet(node.name, why, name, value))
+            live_changes.append(ConfigSet(node.name, why, name, value, shown(name, live)))
     for step_or_reason in dropped_config_steps(node, wanted, recorded, f, server[0]):
         if isinstance(step_or_reason, str):
             restart_for.append(step_or_reason)
@@ -100,9 +101,9 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
     stale = file_drift(want, f)
     if f.recorded_digest != want.digest:
         steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
-                                 "no record of the applied config", want.digest))
+                                 "no record of the applied config", want.digest, config_changes(want, f)))
     elif stale:
-        steps.append(WriteConfig(node.name, _summary(stale), want.digest))
+        steps.append(WriteConfig(node.name, _summary(stale), want.digest, config_changes(want, f)))
     steps += live_changes
     if f.acl_on_disk is not None and f.acl_on_disk != MASK and not restart_for:
         steps.append(AclLoad(node.name, "users.acl on disk differs from the spec: load the rewritten file"))
@@ -130,8 +131,41 @@ def dropped_config_steps(node: Node, wanted: Mapping[str, str], recorded: Mappin
             result.append(f"{name} (left the spec)")
         else:
             result.append(ConfigSet(node.name, f"{name} left the spec: back to the server default {default!r}",
-                                    name, quoted(default)))
+                                    name, quoted(default), shown(name, live)))
     return result
+
+
+def config_changes(want: DesiredNode, f: NodeFacts) -> tuple[Change, ...]:
+    """Each single-valued setting the write changes, before -> after: against the last applied rendering, then
+    what the file on disk says where it drifted from the spec. None for a node without a record (all new)."""
+    if f.recorded_digest is None:
+        return ()
+    wanted = {k: v for k, v in single_valued(want.directives).items() if k != "user"}  # users: rotation's words
+    recorded = {k: v for k, v in single_valued(f.recorded_directives).items() if k != "user"}
+    changes = {name: (recorded.get(name, UNSET), wanted.get(name, UNSET))
+               for name in [*wanted, *sorted(set(recorded) - set(wanted))]
+               if recorded.get(name) != wanted.get(name)}
+    for name, value in wanted.items():
+        have = (f.on_disk or {}).get(canonical(name))
+        if name in changes or f.on_disk is None or not is_config_directive(name) or is_fence(name, have):
+            continue
+        if have is None or not config_equal(name, value, have):
+            changes[name] = (UNSET if have is None else have, value)
+    listed = ((name, shown(name, before), shown(name, after)) for name, (before, after) in changes.items())
+    return tuple(change for change in listed if change[1] != change[2])  # two masked values read the same
+
+
+VERDICTS = frozenset({MASK, DIFFERS, PREVIOUS, UNSET})
+
+
+def shown(name: str, value: str | None) -> str:
+    """A setting's value as a plan may print it: a secret directive's only as a verdict or the mask; an empty
+    value as "" (so it reads as a value, not as a missing one)."""
+    if value is None:
+        return ""
+    if name in SECRET_DIRECTIVES and value not in VERDICTS:
+        return MASK
+    return value if value else '""'
 
 
 def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, str]]:

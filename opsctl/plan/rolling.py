@@ -10,7 +10,7 @@ from opsctl.plan.facts import Facts, NodeFacts, fingerprint
 from opsctl.plan.fence import FENCE, TO_WRITE
 from opsctl.plan.masters import start_master, writer_now
 from opsctl.plan.node_steps import server_steps
-from opsctl.plan.steps import Failover, Plan, RestartNode, StartNode, Step, WaitConverged, WriteConfig
+from opsctl.plan.steps import NODE_LOCAL, Failover, Plan, RestartNode, StartNode, Step, WaitConverged, WriteConfig
 from opsctl.server.versions import Version
 from opsctl.spec.layout import Layout, Node, Shard
 from opsctl.spec.load import LoadedSpec
@@ -52,13 +52,18 @@ def _start_as_replica(layout: Layout, node: Node, f: NodeFacts, follow: str | No
 
 def rolling(layout: Layout, shard: Shard, facts: Facts, steps_of: NodeSteps, fail_over: bool = True) -> list[Step]:
     """One shard: replicas first, then the master; a master that must restart is failed over first
-    (unless names change: clients and Sentinel use one name per command, so all nodes switch together)."""
+    (unless names change: clients and Sentinel use one name per command, so all nodes switch together). A shard
+    whose steps only write files and start nodes (a new shard, say) lists its master first: apply runs such steps
+    side by side, so the order is the reader's, and a master reads before its replicas."""
     writer = writer_now(layout, shard, facts)
     ordered = [m for m in shard.members if m != writer] + ([writer] if writer else [])
+    per_node = [steps_of(node, node.name == writer) for node in map(layout.node, ordered)]
+    if writer and all(isinstance(s, NODE_LOCAL) for node_steps in per_node for s in node_steps):
+        per_node = [per_node[-1], *per_node[:-1]]  # files and starts only: run side by side, listed master first
+        ordered = [writer, *ordered[:-1]]
     steps: list[Step] = []
-    for node in map(layout.node, ordered):
-        node_steps = steps_of(node, node.name == writer)
-        steps += _fail_over_before_restart(node_steps, shard, facts, node.name) if fail_over else \
+    for name, node_steps in zip(ordered, per_node, strict=True):
+        steps += _fail_over_before_restart(node_steps, shard, facts, name) if fail_over else \
             [_in_shard(s, shard.index) for s in node_steps]
     return steps
 

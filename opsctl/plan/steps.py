@@ -7,6 +7,8 @@ from dataclasses import asdict, field
 from typing import Any, ClassVar
 
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.secrets import MASK
+from opsctl.render.directives import SECRET_DIRECTIVES
 
 
 @frozen
@@ -19,13 +21,28 @@ class Step(Frozen):
         return f"{self.kind} {self.node}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **asdict(self)}
+        """JSON's shape: tuples as lists (what the plan file reader takes back into tuples)."""
+        return {"kind": self.kind, **{k: _listed(v) for k, v in asdict(self).items()}}
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, tuple) else value
+
+
+UNSET = "(unset)"  # a setting's side of a change where the file has no such line
+
+Change = tuple[str, str, str]  # (directive, before, after): secrets as verdicts or "***", never their values
 
 
 @frozen
 class WriteConfig(Step):
+    """Write the node's files. changes: each single-valued setting that differs, before -> after (before: the last
+    applied rendering, or the file on disk when it drifted), so a plan shows what changes instead of a digest;
+    empty for a new node, whose every line is new."""
+
     kind: ClassVar[str] = "write-config"
     digest: str = ""
+    changes: tuple[Change, ...] = ()
 
 
 @frozen
@@ -58,12 +75,17 @@ class Failover(Step):
 
 @frozen
 class ConfigSet(Step):
+    """CONFIG SET directive value on a running node; before: its live value (a secret's as a verdict)."""
+
     kind: ClassVar[str] = "config-set"
     directive: str = ""
     value: str = ""
+    before: str = ""
 
     def title(self) -> str:
-        return f"{self.kind} {self.node} {self.directive} {self.value}"
+        value = MASK if self.directive in SECRET_DIRECTIVES else self.value  # the mask, whatever its quoting
+        change = f"{self.before} -> {value}" if self.before else value
+        return f"{self.kind} {self.node} {self.directive} {change}"
 
 
 @frozen
@@ -190,9 +212,26 @@ class RemoveNode(Step):
     purge: bool = False
 
 
+@frozen
+class StartExporter(Step):
+    """(Re)start the node's redis_exporter with the settings of digest (plan.exporters), its ACL user set first."""
+
+    kind: ClassVar[str] = "start-exporter"
+    digest: str = ""
+
+
+@frozen
+class StopExporter(Step):
+    kind: ClassVar[str] = "stop-exporter"
+
+
+# Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.
+NODE_LOCAL = (WriteConfig, StartNode)
+
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
+    StartExporter, StopExporter,
     FinishFailover, SetPasswords)}
 
 
