@@ -7,12 +7,14 @@ its master's at the start.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -285,21 +287,53 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     final, partial = _free_folder(to, f"{loaded.spec.name}-{utc_stamp(started)}")
     planned = _plan(connector)
     emit(BackupStart(len(planned), str(final), {s.shard: s.node for s, _, _ in planned}))
-    _make_folders(to, partial)
-    try:
-        files = _save_all(connector, planned, partial, fetch, emit, options)
-        manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
-                            loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
-                            tuple(sorted(files, key=lambda f: f.shard)))
-        manifest = count_keys(manifest, partial)
-        write_private(partial / MANIFEST, manifest_json(manifest))
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    os.rename(partial, final)
+    with _claimed(to, partial, loaded.spec.name):
+        try:
+            files = _save_all(connector, planned, partial, fetch, emit, options)
+            manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
+                                loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
+                                tuple(sorted(files, key=lambda f: f.shard)))
+            manifest = count_keys(manifest, partial)
+            write_private(partial / MANIFEST, manifest_json(manifest))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        os.rename(partial, final)
     emit(BackupDone(str(final), manifest.total_keys, sum(s.bytes for s in manifest.shards),
                     round(time.time() - started.timestamp(), 3)))
     return final, manifest
+
+
+@contextmanager
+def _claimed(to: Path, partial: Path, name: str) -> Iterator[None]:
+    """The partial folder made and held (flock on the folder itself) until the block ends; first the partial
+    folders of this topology's killed runs are removed: a lock nobody holds means its run is gone."""
+    _make_folders(to, partial)
+    _sweep_partials(to, name, partial)
+    fd = os.open(partial, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _sweep_partials(to: Path, name: str, mine: Path) -> None:
+    for folder in to.glob(f".{name}-*.partial"):
+        if folder == mine:
+            continue
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # a link or not a folder: not ours to remove
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a run still writing it
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _make_folders(to: Path, partial: Path) -> None:
