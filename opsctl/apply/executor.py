@@ -21,6 +21,7 @@ from opsctl.apply.cluster_steps import (
     wait_converged,
 )
 from opsctl.apply.execution import Execution
+from opsctl.apply.exporter_steps import start_exporter, stop_exporter
 from opsctl.apply.node_steps import (
     acl_load,
     after_start,
@@ -56,8 +57,10 @@ from opsctl.plan.steps import (
     SentinelMonitor,
     SentinelSet,
     SetPasswords,
+    StartExporter,
     StartNode,
     Step,
+    StopExporter,
     StopNode,
     WaitConverged,
     WriteConfig,
@@ -249,4 +252,5 @@ HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, AssignSlots: assign_slots, CloseSlots: close_slots, RemoveNode: remove_node,
+    StartExporter: start_exporter, StopExporter: stop_exporter,
 }

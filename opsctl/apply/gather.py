@@ -45,6 +45,9 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
         from opsctl.apply.drift import with_disk_facts
 
         facts = with_disk_facts(rt, facts)
+        from opsctl.apply.exporter_steps import with_exporter_facts
+
+        facts = with_exporter_facts(rt, facts)
     return {**facts, **_retired_facts(rt, facts, with_config)}
 
 

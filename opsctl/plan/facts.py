@@ -30,6 +30,7 @@ class NodeFacts(Frozen):
     acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
     accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
+    exporter: str | None = None  # the settings digest its running redis_exporter was started with; None: none runs
 
     @classmethod
     def from_observation(cls, name: str, seen: NodeObservation | None, running: bool | None = None,
@@ -127,5 +128,6 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
             "on_disk": dict(sorted((f.on_disk or {}).items())), "acl_on_disk": f.acl_on_disk,
             "sentinel": dict(sorted((f.sentinel_config or {}).items())),
             "accepts": dict(sorted((f.accepts or {}).items())),
+            "exporter": f.exporter,
         }
     return digest(summary)

@@ -10,6 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from opsctl.plan.cluster_steps import cluster_steps, rejoins
 from opsctl.plan.desired import DesiredNode
+from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
@@ -78,6 +79,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     elif topology != "cluster" and not steps and (linking := _linking(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
                                    "(started a moment ago, or a run stopped before it settled): wait until linked"))
+    steps += exporter_steps(loaded, desired, facts)  # last: an exporter needs its node's files and user, not more
     notes = (CLOSE_THEN_MOVES,) if replan else () if steps else (_why_nothing(loaded, facts),)
     steps = with_placement_reasons(layout, steps)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes, replan=replan,

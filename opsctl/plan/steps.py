@@ -215,9 +215,23 @@ class RemoveNode(Step):
 # Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.
 NODE_LOCAL = (WriteConfig, StartNode)
 
+@frozen
+class StartExporter(Step):
+    """(Re)start the node's redis_exporter with the settings of digest (plan.exporters), its ACL user set first."""
+
+    kind: ClassVar[str] = "start-exporter"
+    digest: str = ""
+
+
+@frozen
+class StopExporter(Step):
+    kind: ClassVar[str] = "stop-exporter"
+
+
 STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
+    StartExporter, StopExporter,
     FinishFailover, SetPasswords)}
 
 

@@ -11,6 +11,7 @@ from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.resources import data_dir
 from opsctl.base.secrets import MASK, Secret
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
+from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words
 from opsctl.render.tokens import checked, checked_arguments, word
 from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name
@@ -80,11 +81,17 @@ def render_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bo
             master = (first.address, first.port)
         return sentinel_sections(loaded, node, paths, master, password, daemonize)
     sections = server_sections(loaded, node, paths, password, daemonize)
-    overlap = rotation_overlap(loaded, reveal)
-    if overlap is None:
+    users = [line for line in (rotation_overlap(loaded, reveal), _exporter_user_line(loaded, reveal)) if line]
+    if not users:
         return sections
-    return tuple(Section(s.title, (*s.directives, ("user", overlap))) if s.title == "security" else s
-                 for s in sections)
+    return tuple(Section(s.title, (*s.directives, *(("user", line) for line in users)))
+                 if s.title == "security" else s for s in sections)
+
+
+def _exporter_user_line(loaded: LoadedSpec, reveal: bool) -> str | None:
+    """Password mode: the exporter's ACL user as a `user` line beside requirepass (ACL mode: in users.acl)."""
+    words = exporter_acl_words(loaded, reveal) if loaded.spec.auth.mode == "password" else None
+    return " ".join([EXPORTER_USER, *words]) if words else None
 
 
 def rotation_overlap(loaded: LoadedSpec, reveal: bool) -> str | None:
@@ -124,14 +131,17 @@ def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
               for (name, secret), user in zip(loaded.credentials.users, spec.auth.users, strict=True)]
     previous = {spec.auth.admin_user: loaded.credentials.previous, **dict(loaded.credentials.users_previous)}
     lines = []
+    exporter = exporter_acl_words(loaded, reveal)
     for name, secret, rules in users:
         accepted = [secret, *[p for p in [previous.get(name)] if p is not None and p.reveal() and p != secret]]
         line = {"name": word(name), "rules": " ".join(word(rule) for rule in [*rules, *denied]),
                 "hash": " #".join(_password_hash(s) if reveal else MASK for s in accepted)}
         checked_arguments("user", f"{line['name']} {line['rules']}")
         lines.append(line)
-    return _filled("users.acl.tmpl", body={"users": "\n".join(
-        f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}" for u in lines)})
+    texts = [f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}" for u in lines]
+    if exporter is not None:
+        texts.append(" ".join(["user", EXPORTER_USER, *(_printed(w) for w in [*exporter, *denied])]))
+    return _filled("users.acl.tmpl", body={"users": "\n".join(texts)})
 
 
 def _password_hash(secret: Secret) -> str:

@@ -217,6 +217,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     """Stop (and with --purge delete) exactly the nodes that run or have files, and say so node by node. A topology
     with nothing to do is left alone: no question, no lock, nothing written (a lock file would be a lie of
     'deployed'); a dry run prints what would be done and changes nothing either. Returns whether there was any."""
+    from opsctl.apply.exporter_steps import remove_exporter
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -241,6 +242,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
             running = rt.provider.process_state(node).running  # again, under the locks
             if running:
                 rt.provider.stop(node)
+            remove_exporter(rt, node)
             if args.purge:
                 rt.provider.purge(node)
             say(_destroy_words(node.name, running, args.purge))

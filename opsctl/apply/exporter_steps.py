@@ -1,0 +1,80 @@
+"""The exporter steps (plan.exporters): set the exporter's ACL user on its node, then (re)start or stop the
+redis_exporter beside it through the provider; and the exporter facts drift compares. Only the local provider runs
+exporters so far: another provider with metrics.exporter on is refused before anything is planned."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from opsctl.apply.execution import Execution
+from opsctl.apply.runtime import Runtime
+from opsctl.base.errors import OpsctlError
+from opsctl.base.secrets import remember
+from opsctl.net.fanout import fan_out
+from opsctl.plan.desired import desired_node
+from opsctl.plan.exporters import exporter_run
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.steps import StartExporter, Step
+from opsctl.providers.local import LocalProvider
+from opsctl.providers.localexporter import LocalExporters
+from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words
+from opsctl.spec.layout import Node
+
+
+def exporters_of(rt: Runtime) -> LocalExporters | None:
+    """The provider's exporters; None for a provider that runs none (an error when the spec asks for them)."""
+    if isinstance(rt.provider, LocalProvider):
+        return LocalExporters(rt.provider)
+    if rt.loaded.spec.metrics.exporter:
+        raise OpsctlError(f"metrics.exporter is not deployed by provider {rt.loaded.spec.provider} yet",
+                          hint="set metrics.exporter: false and run redis_exporter yourself (docs/monitoring.md, "
+                               "\"The exporter's user\"), or use provider: local")
+    return None
+
+
+def with_exporter_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
+    """Each node's facts with the digest its running exporter was started with (None: none runs)."""
+    exporters = exporters_of(rt)
+    if exporters is None:
+        return facts
+    nodes = [n for n in rt.loaded.layout.nodes if n.name in facts]
+    states = fan_out(exporters.state, nodes)
+    return {**facts, **{n.name: replace(facts[n.name], exporter=s) for n, s in zip(nodes, states, strict=True)}}
+
+
+def start_exporter(run: Execution, step: Step) -> None:
+    """The exporter's ACL user set live (ACL SETUSER: the rendered users.acl or `user` line keeps it across a
+    restart), then the exporter (re)started with the settings the step was planned for."""
+    assert isinstance(step, StartExporter)
+    rt = run.rt
+    node = run.node(step)
+    exporters = exporters_of(rt)
+    if exporters is None:
+        return
+    exporter = exporter_run(rt.loaded, desired_node(rt.loaded, node, rt.provider.paths(node), rt.provider.daemonize))
+    remember(exporter.password)
+    if exporter.digest != step.digest:
+        raise OpsctlError(f"the exporter settings of {node.name} changed since the plan was made",
+                          hint="run `opsctl plan` again")
+    set_exporter_user(rt, node)
+    exporters.start(node, exporter)
+
+
+def set_exporter_user(rt: Runtime, node: Node) -> None:
+    words = exporter_acl_words(rt.loaded, reveal=True)
+    if words is None:
+        return
+    with rt.admin(node) as admin:
+        admin.call("ACL", "SETUSER", EXPORTER_USER, "reset", *words)
+
+
+def stop_exporter(run: Execution, step: Step) -> None:
+    exporters = exporters_of(run.rt)
+    if exporters is not None:
+        exporters.remove(run.node(step))
+
+
+def remove_exporter(rt: Runtime, node: Node) -> None:
+    """destroy: the node's exporter stopped and its password file gone, whatever metrics.exporter says now."""
+    if isinstance(rt.provider, LocalProvider):
+        LocalExporters(rt.provider).remove(node)

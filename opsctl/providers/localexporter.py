@@ -1,0 +1,140 @@
+"""The local provider's redis_exporters (metrics.exporter): one process per server, beside it in the node's folder,
+as the server's user. An exporter counts as the node's only when /proc shows the exporter binary working in the
+node's folder (pids get reused); the digest it was started with (plan.exporters) lies in exporter.state.
+
+Its password reaches it through exporter-password.json (0600, the server user's) alone: never its command line,
+never its environment (which is emptied)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import Pending, wait_for
+from opsctl.base.secrets import mask_text
+from opsctl.net.connector import port_accepts
+from opsctl.plan.exporters import EXPORTER_BINARY, EXPORTER_PACKAGE, PASSWORD_FILE, ExporterRun
+from opsctl.providers.local import KILL_WAIT, LocalProvider, as_user, setpriv, stop_process, tail
+from opsctl.providers.proc import read_proc, working_below
+from opsctl.spec.exporters import exporter_port
+from opsctl.spec.layout import Node
+from opsctl.state.safefs import FileProblem, write_private
+
+STATE_FILE = "exporter.state"
+LOG_FILE = "exporter.log"
+START_TIMEOUT = 10.0
+ENVIRONMENT = {"PATH": "/usr/bin:/bin"}  # nothing of opsctl's: the exporter reads REDIS_PASSWORD and more from it
+
+
+def exporter_binary() -> str:
+    """The Debian package's exporter, or an error naming the package."""
+    if not os.access(EXPORTER_BINARY, os.X_OK):
+        raise OpsctlError(f"metrics.exporter is on, but there is no redis_exporter at {EXPORTER_BINARY}",
+                          hint=f"install Debian's {EXPORTER_PACKAGE} (apt-get install {EXPORTER_PACKAGE}), "
+                               "or set metrics.exporter: false")
+    return EXPORTER_BINARY
+
+
+class LocalExporters:
+    """Start, stop and look at the exporters of a LocalProvider's nodes."""
+
+    def __init__(self, provider: LocalProvider) -> None:
+        self.provider = provider
+
+    def _pids(self, node: Node) -> list[int]:
+        """The exporters working in the node's folder, from one /proc scan."""
+        folder = os.path.realpath(self.provider.node_dir(node))
+        if not os.path.isdir(folder):
+            return []
+        binary = os.path.realpath(EXPORTER_BINARY)
+        pids = working_below(os.path.realpath(self.provider.state_dir)).get(folder, [])
+        return [pid for pid in pids if (facts := read_proc(pid)) and facts.cwd == folder and
+                facts.exe.removesuffix(" (deleted)") == binary]
+
+    def state(self, node: Node) -> str | None:
+        """The digest the node's running exporter was started with; None when none runs ("" when one runs whose
+        start opsctl did not finish recording: it is restarted)."""
+        if not self._pids(node):
+            return None
+        try:
+            text = self.provider.read_file(node, STATE_FILE)
+        except FileProblem:
+            return ""
+        return (text or "").strip()
+
+    def start(self, node: Node, run: ExporterRun) -> None:
+        """Stop the node's exporter, write its password file, start it with run's arguments as the server's user and
+        return once its port accepts; then record run's digest."""
+        binary = exporter_binary()
+        self.stop(node)
+        self.provider.write_files(node, {PASSWORD_FILE: run.password_file})
+        folder = self.provider.node_dir(node)
+        user = self.provider.server_user()
+        log = folder / LOG_FILE
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            if user is not None:
+                os.fchown(fd, *user.ids)
+            offset = os.fstat(fd).st_size
+            switch = as_user(user, setpriv())
+            itself = None if switch else user
+            process = subprocess.Popen(
+                [*switch, binary, *run.args], stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=folder,
+                env=ENVIRONMENT, start_new_session=True, close_fds=True, umask=0o077,
+                user=itself.uid if itself else None, group=itself.gid if itself else None,
+                extra_groups=[] if itself else None)
+        finally:
+            os.close(fd)
+        port = exporter_port(node, self.provider.loaded.spec.metrics.port_offset)
+
+        def up() -> bool | Pending:
+            if process.poll() is not None:
+                raise self._failed(node, run, log, offset, f"it exited with code {process.returncode}")
+            return True if port_accepts(node.address, port) else Pending(f"port {port} does not accept yet")
+
+        try:
+            wait_for(up, START_TIMEOUT, f"the redis_exporter of {node.name} to listen on {node.address}:{port}", 0.02)
+        except OpsctlError as exc:
+            self.stop(node)
+            raise exc if exc.summary.startswith("the redis_exporter") else \
+                self._failed(node, run, log, offset, exc.summary) from None
+        write_private(folder / STATE_FILE, run.digest + "\n")
+
+    def _failed(self, node: Node, run: ExporterRun, log: Path, offset: int, reason: str) -> OpsctlError:
+        text = ""
+        try:
+            with log.open("rb") as handle:
+                handle.seek(offset)
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            pass
+        lines = [f"command: {EXPORTER_BINARY} {' '.join(run.args)}", f"last lines of {log}:",
+                 *(f"  {line}" for line in tail(text))]
+        detail = mask_text("\n".join(lines), [*self.provider.loaded.credentials.all(), run.password])
+        return OpsctlError(f"the redis_exporter of {node.name} did not start: {reason}", detail,
+                           "`ss -ltnp` shows who holds its port (metrics.port_offset moves it)"
+                           if "address already in use" in text else f"the full log is {log}")
+
+    def stop(self, node: Node, timeout: float = KILL_WAIT) -> None:
+        """SIGTERM the node's exporters (SIGKILL after timeout); drop their recorded digest."""
+        for pid in self._pids(node):
+            try:
+                handle = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                facts = read_proc(pid)  # again with the pidfd held: the pid cannot change owner now
+                if facts is not None and facts.exe.removesuffix(" (deleted)") == os.path.realpath(EXPORTER_BINARY):
+                    stop_process(handle, timeout)
+            finally:
+                os.close(handle)
+        if self.provider.node_dir(node).is_dir():
+            self.provider._checked_node_dir(node).joinpath(STATE_FILE).unlink(missing_ok=True)
+
+    def remove(self, node: Node) -> None:
+        """Stop the exporter and delete its password file (destroy: no secret stays behind for a stopped node)."""
+        self.stop(node)
+        if self.provider.node_dir(node).is_dir():
+            self.provider._checked_node_dir(node).joinpath(PASSWORD_FILE).unlink(missing_ok=True)

@@ -1,0 +1,42 @@
+"""The redis_exporter's own ACL user (docs/monitoring.md, "The exporter's user"): its name, its least-privilege
+rules and its password, derived from the admin password so that rotating that one rotates this one. Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from opsctl.base.secrets import MASK, Secret
+from opsctl.spec.load import LoadedSpec
+
+EXPORTER_USER = "opsctl-exporter"
+# What redis_exporter runs per scrape with -config-command - (CONFIG GET would hand it requirepass in clear text)
+EXPORTER_RULES = ("-@all", "+info", "+client|setname", "+cluster|info", "+slowlog|get", "+slowlog|len",
+                  "+latency|latest")
+
+
+def exporter_secret(topology: str, admin: Secret) -> Secret:
+    """HMAC-SHA256(admin password, "<topology>\\0exporter"): never stored in the spec, the same on every run, and new
+    whenever the admin password is."""
+    mac = hmac.new(admin.reveal().encode(), f"{topology}\0exporter".encode(), hashlib.sha256)
+    return Secret(mac.hexdigest())
+
+
+def exporter_secrets(loaded: LoadedSpec) -> list[Secret]:
+    """The passwords the exporter's user accepts: the current one, plus the one derived from auth.previous_password
+    during a rotation's overlap (an exporter started before the rotation keeps logging in)."""
+    credentials = loaded.credentials
+    current = exporter_secret(loaded.spec.name, credentials.password)
+    previous = credentials.previous
+    if previous is None or not previous.reveal() or previous == credentials.password:
+        return [current]
+    return [current, exporter_secret(loaded.spec.name, previous)]
+
+
+def exporter_acl_words(loaded: LoadedSpec, reveal: bool) -> list[str] | None:
+    """The ACL words after the user's name (`on #<sha256>... -@all +info ...`); None when no exporter runs."""
+    if not loaded.spec.metrics.exporter:
+        return None
+    hashes = [f"#{hashlib.sha256(s.reveal().encode()).hexdigest() if reveal else MASK}"
+              for s in exporter_secrets(loaded)]
+    return ["on", *hashes, *EXPORTER_RULES]
