@@ -76,6 +76,7 @@ def close_in_session(session: Session, journal: Journal, emit: Emit,
             journal.compact()
             session.refresh()
             done += _clear_replica_flags(session)
+            done += hand_over_strays(session)
         session.refresh()
     return done
 
@@ -288,14 +289,32 @@ def _demote(session: Session, node: Peer, master: Peer) -> None:
                               "`opsctl cluster fix -f SPEC` merges the shard again")
 
 
-def _hand_over_strays(session: Session, node: Peer) -> None:
+def hand_over_strays(session: Session, members: Collection[str] | None = None) -> list[str]:
+    """Keys a master holds in slots another master serves (a source's replica promoted mid-move still has the keys
+    of waves its old master had handed over): each goes to its slot's owner, or is dropped there when the owner's
+    copy is equal (_hand_over_strays). Unreachable until then, and they would shadow the owner's after a move back.
+    members: only these masters."""
+    notes = []
+    for peer in session.masters():
+        if members is not None and peer.name not in members:
+            continue
+        mine = set(session.owned().get(peer.name, ()))
+        stray = keys_in_slots(peer, [s for s in range(SLOTS) if s not in mine])
+        if stray:
+            _hand_over_strays(session, peer, stray)
+            notes.append(f"{peer.name} held {sum(stray.values())} keys of slots it does not serve "
+                         f"({text(to_ranges(stray))}): handed to their owners")
+    return notes
+
+
+def _hand_over_strays(session: Session, node: Peer, stray: Mapping[int, int] | None = None) -> None:
     """Keys node still holds in slots it does not serve go to each slot's owner before node may replicate (CLUSTER
     REPLICATE refuses a master with keys, and a sync would drop them). Per slot: IMPORTING on node from the owner
     (so node answers ASKING), MIGRATE to the owner, a key the owner has already dropped here only when both copies
     are equal (else refused, nothing dropped); then STABLE."""
     owner = {s: name for name, slots in session.owned().items() for s in slots if name != node.name}
     auth = auth_args(session)
-    for slot, count in keys_in_slots(node, range(SLOTS)).items():
+    for slot, count in (keys_in_slots(node, range(SLOTS)) if stray is None else stray).items():
         if slot not in owner:
             raise OpsctlError(f"{node.name} holds {count} keys of slot {slot}, which no master serves",
                               "it cannot become a replica without dropping them",

@@ -138,11 +138,14 @@ def decide(state: SlotState) -> str:
     """How to close a journaled slot. Pure.
 
     finish: move what is left and give the slot to the target (keys may sit on both sides: never go back);
-    assign: the target already owns it, tell the others; cancel: nothing moved yet, clear the flags;
-    none: nothing is open.
+    assign: the target already owns it, tell the others (keys on a source that neither owns nor migrates the slot,
+    a promoted replica's copies, cannot be migrated: `cluster fix` hands such strays over); cancel: nothing moved
+    yet, clear the flags; none: nothing is open.
     """
     if state.target_owns:
-        return "finish" if state.source_keys else ("assign" if state.migrating or state.source_owns else "none")
+        if state.source_keys and (state.source_owns or state.migrating):
+            return "finish"
+        return "assign" if state.migrating or state.source_owns or state.source_keys else "none"
     if state.migrating or state.target_keys:
         return "finish"
     if state.importing:

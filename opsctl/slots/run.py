@@ -129,6 +129,7 @@ def _run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: 
     session.refresh()
     if failed_over:  # a woken target may have split its shard after the failover was followed
         _merge_split(session, journal, emit, failed_over)
+        _hand_over_strays(session, emit, failed_over)
     journal.compact()
     wait_stable(session)
     return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
@@ -156,6 +157,14 @@ def _merge_split(session: Session, journal: Journal, emit: Emit, members: set[st
     for note in merged:
         emit(Log("slots", note))
     return bool(merged)
+
+
+def _hand_over_strays(session: Session, emit: Emit, members: set[str]) -> None:
+    """A promoted source still holds the keys of the waves its old master had handed over: to their owners."""
+    from opsctl.slots.fix import hand_over_strays
+
+    for note in hand_over_strays(session, members):
+        emit(Log("slots", note))
 
 
 def _guarded(errors: list[BaseException], fn: Callable[..., object], *args: object) -> None:

@@ -1,0 +1,32 @@
+"""Issue 23, class 2, under a real split (tests/partition_reshard.py): the source master's host is cut off in the
+middle of a reshard, its replica is promoted, the cut heals. The reshard may fail (it says how to go on), but what
+an operator runs next, `cluster fix` and then `apply`, must converge: every slot served (redis-cli --cluster check),
+an empty plan, no acknowledged write lost but those the cut-off source took before it saw itself cut (the node
+timeout bounds them), the preloaded keys intact. On Redis 7.0 (key by key) it left slots IMPORTING that nothing
+healed; Valkey 9.1 moves atomically."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.partition import unavailable
+from tests.partition_reshard import ReshardRun, run_in_namespace
+from tests.support import missing, server_binary
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("flavor", ["redis", "valkey"])
+def test_a_reshard_cut_off_from_its_source_is_healed_by_fix_and_apply(flavor: str) -> None:
+    if (lacking := unavailable()) is not None:
+        missing(lacking)
+    server_binary(flavor)
+    result = ReshardRun(**run_in_namespace(flavor, seed=1))
+    print(result)
+    assert "Traceback" not in result.reshard_out and "internal error" not in result.reshard_out, result
+    assert result.fix_rc == 0, result
+    assert result.applies is not None, result
+    assert result.check_ok, result
+    assert result.preload_equal, result
+    # only what the server itself cannot keep: writes the cut-off source acknowledged before it saw itself cut
+    assert result.first_lost >= -0.5 and result.last_lost <= result.loss_bound, result
