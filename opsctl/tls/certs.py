@@ -114,6 +114,18 @@ def facts(pem: Pem) -> list[CertFacts]:
     return out
 
 
+def key_fits(issued: Issued) -> bool:
+    """Whether the key is the certificate's own: a run killed between writing the two files leaves a new key
+    beside the old certificate, a pair no TLS library loads."""
+    try:
+        key = serialization.load_pem_private_key(issued.key.encode(), None)
+        cert = x509.load_pem_x509_certificate(issued.cert.encode())
+    except ValueError:
+        return False
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
+
+
 def issuer_of(pem: Pem) -> str:
     return x509.load_pem_x509_certificate(pem.encode()).issuer.rfc4514_string()
 

@@ -87,19 +87,29 @@ class Generated:
                 self._save("ca", ca)
                 write_private(self._path("ca-bundle.crt"), ca.cert)
             if self._stale("opsctl", ()):
-                self._save("opsctl", issue(ca, "opsctl", (), now()))
+                self._save("opsctl", issue(self._signing(ca), "opsctl", (), now()))
             for node in self.loaded.layout.nodes:
                 if self._stale(f"nodes/{node.name}", node_names(node)):
-                    self._save(f"nodes/{node.name}", issue(ca, node.name, node_names(node), now()))
+                    self._save(f"nodes/{node.name}", issue(self._signing(ca), node.name, node_names(node), now()))
 
     def _stale(self, stem: str, names: tuple[str, ...]) -> bool:
-        from opsctl.tls.certs import covers, facts
+        from opsctl.tls.certs import covers, facts, key_fits
 
         issued = self._issued(stem)
         if issued is None:
             return True
         fact = facts(issued.cert)[0]
-        return not covers(fact, names) or fact.days_left(now()) < RENEW_DAYS
+        return not covers(fact, names) or fact.days_left(now()) < RENEW_DAYS or not key_fits(issued)
+
+    def _signing(self, ca: Issued) -> Issued:
+        """The CA, refused when its key is not its certificate's (it would sign certificates nobody trusts)."""
+        from opsctl.tls.certs import key_fits
+
+        if not key_fits(ca):
+            raise OpsctlError(f"{self._path('ca.key')} is not the key of {self._path('ca.crt')}",
+                              "a CA rotation was stopped between writing the two files",
+                              "make a new CA the nodes trust beside the old one: `opsctl tls rotate -f SPEC --new-ca`")
+        return ca
 
     def reissue(self) -> None:
         """New certificates for every node and for opsctl, from the signing CA."""
@@ -109,6 +119,7 @@ class Generated:
             ca = self._issued("ca")
             if ca is None:
                 raise OpsctlError("no generated CA yet", hint="run `opsctl apply -f SPEC` first")
+            ca = self._signing(ca)
             self._save("opsctl", issue(ca, "opsctl", (), now()))
             for node in self.loaded.layout.nodes:
                 self._save(f"nodes/{node.name}", issue(ca, node.name, node_names(node), now()))
