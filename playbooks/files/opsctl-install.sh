@@ -1,5 +1,5 @@
 #!/bin/sh
-# opsctl-install start|nostart all|only [NODE...]: what deploy.yml installs on one host, in one script run (no
+# opsctl-install start|nostart|check all|only [NODE...]: what deploy.yml installs on one host, in one script run (no
 # Python on the host): the service user and group when missing (an existing user, e.g. the OS package's redis, is used as it
 # is: usermod fails while it runs a server), then the tar archives opsctl appended to this script
 # (opsctl/providers/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
@@ -9,7 +9,9 @@
 # other hosts' nodes are ignored; none: the base archive alone). Prints `changed: WHAT` per change, then
 # `init: systemd|other`, never a file's content (the archives hold passwords). With `start`, where systemd does
 # not run, the script then starts its nodes (bin/opsctl-node start: `started PID` or `running PID` each), so a
-# deploy needs one SSH task per host. OPSCTL_INSTALL_ROOT (default /) is for tests.
+# deploy needs one SSH task per host. With `check` it changes nothing and prints `would change: WHAT` per change,
+# with tar's lines naming each differing file below it (Ansible's --check). OPSCTL_INSTALL_ROOT (default /) is for
+# tests.
 set -eu
 OPSCTL_USER=@USER@
 OPSCTL_ROOT=@ROOT@
@@ -28,9 +30,15 @@ part() {
 
 has_part() { printf '%s\n' "$PARTS" | grep -q "^$1 "; }
 
-# install NAME: extract the archive where the host differs from it (mode, owner, size, content, missing file)
+# install NAME: extract the archive where the host differs from it (mode, owner, size, content, missing file); in
+# check mode name the archive and tar's lines about its differing members (paths and reasons, never content)
 install() {
-  if ! part "$1" | tar --diff -C "$dest" -f - >/dev/null 2>&1; then
+  if [ "$start" = check ]; then
+    if ! differs=$(part "$1" | LC_ALL=C tar --diff -C "$dest" -f - 2>&1); then
+      echo "would change: $1"
+      printf '%s\n' "$differs" | sed 's/^tar: //; s/^/  /'
+    fi
+  elif ! part "$1" | tar --diff -C "$dest" -f - >/dev/null 2>&1; then
     part "$1" | tar --extract --same-owner --same-permissions -C "$dest" -f -
     echo "changed: $1"
   fi
@@ -43,15 +51,17 @@ install_once() {
   for path in $(part "$1" | tar --list -f -); do  # paths of plain names: no spaces
     if [ ! -e "$dest/$path" ]; then missing=yes; fi
   done
-  if [ -n "$missing" ]; then
+  if [ -n "$missing" ] && [ "$start" = check ]; then
+    echo "would change: $1"
+  elif [ -n "$missing" ]; then
     part "$1" | tar --extract --same-owner --same-permissions -C "$dest" -f -
     echo "changed: $1"
   fi
 }
 
-usage() { echo "usage: $0 start|nostart all|only [NODE...]" >&2; exit 2; }
+usage() { echo "usage: $0 start|nostart|check all|only [NODE...]" >&2; exit 2; }
 case "${1:-}" in
-  start | nostart) start=$1; shift ;;
+  start | nostart | check) start=$1; shift ;;
   *) usage ;;
 esac
 case "${1:-}" in
@@ -61,11 +71,15 @@ case "${1:-}" in
   *) usage ;;
 esac
 
-if ! getent group "$OPSCTL_USER" >/dev/null; then
+if ! getent group "$OPSCTL_USER" >/dev/null && [ "$start" = check ]; then
+  echo "would change: group $OPSCTL_USER"
+elif ! getent group "$OPSCTL_USER" >/dev/null; then
   groupadd --system "$OPSCTL_USER"
   echo "changed: group $OPSCTL_USER"
 fi
-if ! getent passwd "$OPSCTL_USER" >/dev/null; then
+if ! getent passwd "$OPSCTL_USER" >/dev/null && [ "$start" = check ]; then
+  echo "would change: user $OPSCTL_USER"
+elif ! getent passwd "$OPSCTL_USER" >/dev/null; then
   useradd --system --gid "$OPSCTL_USER" --shell /usr/sbin/nologin --home-dir /nonexistent --no-create-home \
     "$OPSCTL_USER"
   echo "changed: user $OPSCTL_USER"

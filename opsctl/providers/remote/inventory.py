@@ -119,7 +119,8 @@ def group_name(text: str) -> str:
 
 def build_inventory(loaded: LoadedSpec, files_dir: str, known_hosts: str,
                     only: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """The inventory as data. only: node name -> file names, to deploy just those (default: all nodes)."""
+    """The inventory as data. only: node name -> file names, to deploy just those (default: all nodes). Every group
+    name starts with opsctl_<spec>_ (masters, replicas, sentinels, the topology): inventories merge without a clash."""
     spec = loaded.spec
     nodes = [n for n in loaded.layout.nodes if only is None or n.name in only]
     hosts: dict[str, Any] = {}
@@ -132,10 +133,11 @@ def build_inventory(loaded: LoadedSpec, files_dir: str, known_hosts: str,
                             "opsctl_nodes": [node_vars(spec, n, only.get(n.name) if only else None) for n in mine]}
         for n in mine:
             roles[ROLE_GROUPS[n.role]][host.name] = None
-    children = {group: {"hosts": members} for group, members in roles.items() if members}
+    prefix = group_name(f"opsctl_{spec.name}")
+    children = {f"{prefix}_{group}": {"hosts": members} for group, members in roles.items() if members}
     top = {"vars": group_vars(loaded, files_dir),
-           "children": {spec.topology: {"hosts": {h: None for h in hosts}}, **children}}
-    return {"all": {"hosts": hosts, "children": {group_name(f"opsctl_{spec.name}"): top}}}
+           "children": {f"{prefix}_{spec.topology}": {"hosts": {h: None for h in hosts}}, **children}}
+    return {"all": {"hosts": hosts, "children": {prefix: top}}}
 
 
 def group_vars(loaded: LoadedSpec, files_dir: str) -> dict[str, Any]:

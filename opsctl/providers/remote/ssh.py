@@ -2,7 +2,8 @@
 
 An unknown host key is refused unless the caller asks for trust-on-first-use (auto_add=True). A bastion is reached
 first, the host through a `direct-tcpip` channel on it. `Tunnel` forwards a local port to a node's address:port as
-the host sees it, for admin traffic over SSH."""
+the host sees it, for admin traffic over SSH. A login other than root escalates as Ansible's become does: commands
+and the SFTP server run through `sudo -n` (never a prompt: it would hang the channel)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextlib
 import logging
 import os
 import select
+import shlex
 import socket
 import threading
 from collections.abc import Callable
@@ -34,6 +36,9 @@ logging.getLogger("paramiko").propagate = False
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 CONNECT_TIMEOUT = 10.0
+# Where distributions put OpenSSH's SFTP server (Debian/Ubuntu, RHEL/Fedora/SUSE, Arch, Alpine/BSD).
+SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server",
+                "/usr/libexec/sftp-server")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,12 @@ class SshTarget:
     user: str = "root"
     key: str | None = None
     bastion: SshTarget | None = None
+
+    @property
+    def become(self) -> bool:
+        """Privileged work on this host goes through sudo: the login is not root (the deploy folders are root's
+        and the service user's, /proc of the servers is theirs)."""
+        return self.user != "root"
 
     def describe(self) -> str:
         via = f" via {self.bastion.describe()}" if self.bastion else ""
@@ -74,6 +85,25 @@ def target_for(spec: Spec, host: Host) -> SshTarget:
             login, address, port = parse_bastion(host.bastion, user)
             bastion = SshTarget(f"bastion {address}", address, port, login, host.ssh_key)
     return SshTarget(host.name, host.address, host.ssh_port, user, host.ssh_key, bastion)
+
+
+def become_command(command: str) -> str:
+    """command as root through `sudo -n` (fails at once where sudo wants a password, rather than hanging)."""
+    return f"sudo -n -- sh -c {shlex.quote(command)}"
+
+
+def sftp_server_command() -> str:
+    """The host's SFTP server as root: the first of SFTP_SERVERS there, else a message on stderr and status 127."""
+    probes = " ".join(shlex.quote(p) for p in SFTP_SERVERS)
+    return become_command(f'for p in {probes}; do if [ -x "$p" ]; then exec "$p"; fi; done; '
+                          f'echo "no sftp-server in {" ".join(SFTP_SERVERS)}" >&2; exit 127')
+
+
+def become_error(target: SshTarget, detail: str) -> OpsctlError:
+    return OpsctlError(f"cannot become root on host {target.describe()}", detail or "sudo -n failed",
+                       f"opsctl runs `sudo -n` where ssh_user is not root, as Ansible's become does: give "
+                       f"{target.user} passwordless sudo (a line `{target.user} ALL=(root) NOPASSWD: ALL` in "
+                       "/etc/sudoers.d/), or log in as root")
 
 
 def known_hosts_path(explicit: str | None = None) -> str:
@@ -149,9 +179,28 @@ def close(client: paramiko.SSHClient) -> None:
         jump.close()
 
 
-def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0) -> CommandResult:
-    """Run a command (never with a secret in it: the host's process list shows it)."""
-    _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+def open_sftp(client: paramiko.SSHClient, target: SshTarget) -> paramiko.SFTPClient:
+    """An SFTP session on the host: the login's own, or root's through sudo when the target becomes root (its
+    reads see the node folders and /proc of the servers). Raises OpsctlError when sudo refuses."""
+    if not target.become:
+        return client.open_sftp()
+    transport = client.get_transport()
+    if transport is None:
+        raise EOFError()
+    channel = transport.open_session()
+    channel.exec_command(sftp_server_command())
+    try:
+        return paramiko.SFTPClient(channel)
+    except GONE:
+        detail = channel.makefile_stderr("rb").read(4096).decode("utf-8", "replace").strip()
+        channel.close()
+        raise become_error(target, detail) from None
+
+
+def run(client: paramiko.SSHClient, command: str, timeout: float = 60.0, become: bool = False) -> CommandResult:
+    """Run a command, as root through sudo when become (never with a secret in it: the host's process list
+    shows it)."""
+    _stdin, stdout, stderr = client.exec_command(become_command(command) if become else command, timeout=timeout)
     out = stdout.read().decode("utf-8", "replace")
     err = stderr.read().decode("utf-8", "replace")
     return CommandResult(stdout.channel.recv_exit_status(), out, err)
@@ -187,11 +236,11 @@ def realpath(sftp: paramiko.SFTPClient, path: str) -> str | None:
         return None
 
 
-def stream_file(client: paramiko.SSHClient, path: str, sink: Callable[[bytes], object],
+def stream_file(client: paramiko.SSHClient, target: SshTarget, path: str, sink: Callable[[bytes], object],
                 window: int = 8 << 20, block: int = 32 << 10) -> int:
     """Feed path's bytes to sink in order, `window` bytes in flight at a time (never the whole file in memory).
     The size is taken at open: a file replaced by rename meanwhile is still read whole from the open handle."""
-    with client.open_sftp() as sftp, sftp.open(path, "rb") as handle:
+    with open_sftp(client, target) as sftp, sftp.open(path, "rb") as handle:
         size = handle.stat().st_size or 0
         offset = 0
         while offset < size:
