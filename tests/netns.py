@@ -30,6 +30,9 @@ from typing import Any
 
 STATE_ROOT = Path(os.environ.get("OPSCTL_NETNS_STATE", "/tmp/opsctl-netns"))
 DEPLOY_DIRS = ("/var/lib/opsctl", "/home")
+# Kernel settings of the whole machine, not of a network namespace (vm.overcommit_memory, transparent huge pages):
+# read-only in every host, so a deploy's host tuning reports them refused instead of changing this machine.
+READ_ONLY = ("/proc/sys/vm", "/sys/kernel/mm")
 LOGIN_USER = "ops"  # the unprivileged login of every lab host: it escalates through sudo (Ansible's become)
 SSHD = "/usr/sbin/sshd"
 READY_TIMEOUT = 15.0
@@ -122,11 +125,12 @@ def login_user_steps(authorized: Path, user: str = LOGIN_USER) -> list[str]:
 
 
 def host_script(host_dir: Path, config: Path, authorized: Path) -> str:
-    """What runs inside the host's mount namespace: private /etc (overlay), tmpfs deploy dirs and /home, the login
-    user, then sshd."""
+    """What runs inside the host's mount namespace: private /etc (overlay), tmpfs deploy dirs and /home, the
+    machine-wide kernel settings read-only, the login user, then sshd."""
     upper, work = host_dir / "etc-upper", host_dir / "etc-work"
     mounts = [f"mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc"]
     mounts += [f"mkdir -p {d} && mount -t tmpfs -o mode=0755 tmpfs {d}" for d in DEPLOY_DIRS]
+    mounts += [f"mount --bind {d} {d} && mount -o remount,bind,ro {d}" for d in READ_ONLY]
     steps = ["set -e", f"hostname {host_dir.name}", f"mkdir -p {upper} {work} /run/sshd", *mounts,
              f"printf '127.0.1.1 %s\\n' {host_dir.name} >> /etc/hosts", *login_user_steps(authorized)]
     return " && ".join([*steps, f"exec {SSHD} -D -e -f {config}"])

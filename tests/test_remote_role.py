@@ -71,6 +71,7 @@ def test_the_role_from_a_site_playbook_with_check_and_become(lab: netns.Lab, tmp
     spec_data["provider"] = "ansible"
     spec_data["hosts"] = lab.spec_hosts(netns.LOGIN_USER)
     spec_data["server"]["binary"] = server_binary("valkey")
+    spec_data["config"] = {"tcp-backlog": 8192}  # above the lab's somaxconn (4096): the deploy raises it
     spec = write_spec(tmp_path, spec_data)
     loaded = read_spec(spec)
     name, node = loaded.spec.name, loaded.layout.nodes[0]
@@ -85,8 +86,11 @@ def test_the_role_from_a_site_playbook_with_check_and_become(lab: netns.Lab, tmp
         assert "would change: base" in checked and f"would change: node-{node.name}" in checked, checked
         assert PASSWORD not in checked
         assert lab.ssh(host, f"test -e {root}").returncode == 1  # --check changed nothing
+        overcommit = Path("/proc/sys/vm/overcommit_memory").read_text()
         deployed = ansible_playbook(inventory, site)
         assert recap_changed(deployed) > 0 and "Report each node's state" in deployed
+        assert_host_settings(lab, host, name, deployed)
+        assert Path("/proc/sys/vm/overcommit_memory").read_text() == overcommit  # this machine's, untouched
         client = redis.Redis(host=node.address, port=node.port, password=PASSWORD, socket_timeout=5)
         assert client.ping()
         client.close()
@@ -95,3 +99,16 @@ def test_the_role_from_a_site_playbook_with_check_and_become(lab: netns.Lab, tmp
     finally:
         assert main(["destroy", "-f", str(spec), "--auto-approve", "--purge"]) == 0
     assert lab.ssh(host, f"test -e {root}").returncode == 1
+    assert lab.ssh(host, f"ls /etc/sysctl.d/60-opsctl-{name}.conf /etc/logrotate.d/opsctl-{name}").returncode != 0
+
+
+def assert_host_settings(lab: netns.Lab, host: netns.TestHost, name: str, output: str) -> None:
+    """The files under /etc are written; somaxconn (the host's network namespace's own) is raised to the spec's
+    tcp-backlog; what the lab keeps read-only (vm.*, transparent huge pages: this machine's) is reported, not
+    fatal."""
+    files = lab.ssh(host, f"cat /etc/sysctl.d/60-opsctl-{name}.conf /etc/tmpfiles.d/opsctl-{name}-thp.conf "
+                          f"/etc/logrotate.d/opsctl-{name}; cat /proc/sys/net/core/somaxconn")
+    assert files.returncode == 0, files.stderr
+    assert "vm.overcommit_memory = 1" in files.stdout and "copytruncate" in files.stdout
+    assert files.stdout.splitlines()[-1] == "8192"
+    assert "Report host settings the host refuses" in output and "not tuned: vm.overcommit_memory" in output

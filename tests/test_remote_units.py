@@ -242,3 +242,36 @@ def test_a_login_other_than_root_escalates_through_sudo(tmp_path):
     error = ssh.become_error(ssh.SshTarget("h1", "10.0.0.1", 22, "ops"), "sudo: a password is required")
     assert error.summary == "cannot become root on host h1 (ops@10.0.0.1:22)"
     assert "ops ALL=(root) NOPASSWD: ALL" in error.hint and error.detail == "sudo: a password is required"
+
+
+def test_purge_removes_the_specs_host_settings_with_its_last_node(tmp_path):
+    """sysctl.d, tmpfiles.d and logrotate.d files of the spec go with the spec folder, not before."""
+    from opsctl.providers.ansible import purge_command
+
+    root, etc = tmp_path / "spec", tmp_path / "etc"
+    etc.mkdir()
+    settings = [etc / "60-opsctl-x.conf", etc / "opsctl-x"]
+    for path in settings:
+        path.write_text("x\n")
+    for node in ("n-1", "n-2"):
+        (root / node).mkdir(parents=True)
+        (root / "nodes").mkdir(exist_ok=True)
+        (root / "nodes" / f"{node}.env").write_text("")
+    purge = lambda node: subprocess.run(  # noqa: E731
+        ["sh", "-c", purge_command(str(root), str(root / node), node, f"opsctl-{node}", [str(p) for p in settings])],
+        capture_output=True, text=True, check=False)
+    assert purge("n-1").returncode == 0 and all(p.exists() for p in settings)
+    assert purge("n-2").returncode == 0 and not root.exists() and not any(p.exists() for p in settings)
+
+
+def test_host_settings_follow_the_specs_tcp_backlog(tmp_path):
+    from opsctl.providers.remote.hostsettings import logrotate_text, sysctl_text, tmpfiles_text
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    loaded = remote(tmp_path / "a", "standalone", config={"tcp-backlog": 8192})
+    assert sysctl_text(loaded.spec).splitlines()[1:] == ["vm.overcommit_memory = 1", "net.core.somaxconn = 8192"]
+    assert "net.core.somaxconn = 1024" in sysctl_text(remote(tmp_path / "b", "standalone").spec)
+    assert "w /sys/kernel/mm/transparent_hugepage/enabled - - - - never" in tmpfiles_text(loaded.spec)
+    rotate = logrotate_text(loaded.spec)
+    assert f"/var/lib/opsctl/{loaded.spec.name}/*/server.log {{" in rotate and "    copytruncate\n" in rotate

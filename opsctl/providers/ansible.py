@@ -30,6 +30,7 @@ from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.bundle import plain_name
+from opsctl.providers.remote.hostsettings import host_setting_paths
 from opsctl.providers.remote.inventory import (
     binary_path,
     build_inventory,
@@ -297,8 +298,9 @@ class AnsibleProvider:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                f"{node.host}:{self.paths(node).dir}", "stop the node first")
         self._pending.pop(node.name, None)
-        result = self._run(node, purge_command(remote_root(self.loaded.spec), self.paths(node).dir, node.name,
-                                               unit_name(node)))
+        spec = self.loaded.spec
+        result = self._run(node, purge_command(remote_root(spec), self.paths(node).dir, node.name, unit_name(node),
+                                               host_setting_paths(spec)))
         if result.status != 0:
             raise OpsctlError(f"cannot delete the folder of {node.name} on host {node.host}", result.stderr.strip())
 
@@ -420,14 +422,16 @@ def control_command(root: str, action: str, node: str) -> str:
     return f"if [ -x {script} ]; then exec {script} {action} {shlex.quote(node)}; else echo absent; fi"
 
 
-def purge_command(root: str, node_dir: str, node: str, unit: str) -> str:
-    """Delete a stopped node's folder, settings and unit; the spec folder too once no node is left there."""
+def purge_command(root: str, node_dir: str, node: str, unit: str, host_files: Sequence[str] = ()) -> str:
+    """Delete a stopped node's folder, settings and unit; the spec folder and the spec's host settings (host_files)
+    too once no node is left there."""
     q = shlex.quote
     unit_file = q(f"/etc/systemd/system/{unit}.service")
+    with_root = " ".join(q(path) for path in [root, *host_files])
     return "; ".join([
         f"rm -rf -- {q(node_dir)} {q(f'{root}/nodes/{node}.env')} || exit 1",
         f"if [ -f {unit_file} ]; then systemctl disable {q(unit)} >/dev/null 2>&1; rm -f -- {unit_file}; "
         "systemctl daemon-reload >/dev/null 2>&1; fi",
-        f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {q(root)}; fi",
+        f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {with_root}; fi",
         "true",
     ])

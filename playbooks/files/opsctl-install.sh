@@ -4,7 +4,9 @@
 # is: usermod fails while it runs a server), then the tar archives opsctl appended to this script
 # (opsctl/providers/remote/bundle.py). `base`: the spec's folders, bin/opsctl-node and a given server binary; `node-NODE`:
 # the node's folder, settings and files; `once-NODE`: files written only when missing (sentinel.conf: Sentinel
-# rewrites it). An archive is extracted only where GNU tar's compare finds a difference (mode, owner, size,
+# rewrites it). `base` also holds the spec's host settings under /etc (sysctl.d, tmpfiles.d, logrotate.d), whose
+# kernel settings the script then applies, reporting `not tuned: WHAT` for any the host refuses. An archive is
+# extracted only where GNU tar's compare finds a difference (mode, owner, size,
 # content, a missing file), so a second run changes nothing. `only` narrows the run to the named nodes (names of
 # other hosts' nodes are ignored; none: the base archive alone). Prints `changed: WHAT` per change, then
 # `init: systemd|other`, never a file's content (the archives hold passwords). With `start`, where systemd does
@@ -85,7 +87,45 @@ elif ! getent passwd "$OPSCTL_USER" >/dev/null; then
   echo "changed: user $OPSCTL_USER"
 fi
 
+# tune_sysctl KEY WANTED eq|min: the kernel setting now (the sysctl.d file keeps it across reboots). A setting the
+# host does not let root change (a container, a read-only /proc/sys) is reported, never fatal.
+tune_sysctl() {
+  file=/proc/sys/$(printf '%s' "$1" | tr . /)
+  now=$(cat "$file" 2>/dev/null) || { echo "not tuned: $1 (not on this host)"; return 0; }
+  if [ "$now" = "$2" ] || { [ "$3" = min ] && [ "$now" -ge "$2" ]; }; then return 0; fi
+  if [ "$start" = check ] && [ -w "$file" ]; then
+    echo "would change: $1 $now -> $2"
+  elif [ "$start" != check ] && (printf '%s\n' "$2" >"$file") 2>/dev/null; then
+    echo "changed: $1 $now -> $2"
+  else
+    echo "not tuned: $1 (now $now, wanted $2: the host refuses it)"
+  fi
+}
+
+# tune_thp FILE: transparent huge pages off now (the tmpfiles.d file keeps them off across reboots)
+tune_thp() {
+  now=$(cat "$1" 2>/dev/null) || return 0
+  case $now in *"[never]"*) return 0 ;; esac
+  if [ "$start" = check ] && [ -w "$1" ]; then
+    echo "would change: $1 -> never"
+  elif [ "$start" != check ] && (echo never >"$1") 2>/dev/null; then
+    echo "changed: $1 -> never"
+  else
+    echo "not tuned: $1 (now $now, wanted never: the host refuses it)"
+  fi
+}
+
 install base
+# on the host itself only: OPSCTL_INSTALL_ROOT (tests) never touches this machine's kernel
+if [ "$dest" = / ]; then
+  part base | tar --extract --to-stdout --wildcards -f - 'etc/sysctl.d/*' | while read -r key _eq value; do
+    case $key in '' | '#'*) continue ;; net.core.somaxconn) mode=min ;; *) mode=eq ;; esac
+    tune_sysctl "$key" "$value" "$mode"
+  done
+  for thp in /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag; do
+    tune_thp "$thp"
+  done
+fi
 mine=""
 for node; do
   if has_part "node-$node"; then install "node-$node"; mine="$mine $node"; fi

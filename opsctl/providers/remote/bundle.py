@@ -13,6 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opsctl.base.errors import OpsctlError
+from opsctl.providers.remote.hostsettings import (
+    logrotate_path,
+    logrotate_text,
+    sysctl_path,
+    sysctl_text,
+    tmpfiles_path,
+    tmpfiles_text,
+)
 from opsctl.providers.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
 from opsctl.spec.layout import Node
 from opsctl.spec.model import Spec
@@ -62,6 +70,13 @@ def host_members(spec: Spec, script: bytes, binary: bytes | None) -> list[Member
     return members
 
 
+def setting_members(spec: Spec) -> list[Member]:
+    """The host's settings for the spec under /etc (root's, world-readable as those folders expect)."""
+    return [Member(path, "root", "root", 0o644, text.encode()) for path, text in (
+        (sysctl_path(spec), sysctl_text(spec)), (tmpfiles_path(spec), tmpfiles_text(spec)),
+        (logrotate_path(spec), logrotate_text(spec)))]
+
+
 def node_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Member]:
     """The node's folder, its settings and its files (all but those written once)."""
     folder, user = node_vars(spec, node)["dir"], service_user(spec)
@@ -100,9 +115,9 @@ def once_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Membe
 
 def host_parts(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], script: bytes,
                binary: bytes | None) -> list[tuple[str, bytes]]:
-    """The archives of one host's installer, in order: `base`, then `node-<node>` and `once-<node>` per node
-    (a `once-` archive only where the node has such a file)."""
-    parts = [("base", archive(host_members(spec, script, binary)))]
+    """The archives of one host's installer, in order: `base` (with the host's settings under /etc), then
+    `node-<node>` and `once-<node>` per node (a `once-` archive only where the node has such a file)."""
+    parts = [("base", archive([*host_members(spec, script, binary), *setting_members(spec)]))]
     for node in nodes:
         named = files.get(node.name, {})
         parts.append((f"node-{node.name}", archive(node_members(spec, node, named))))
