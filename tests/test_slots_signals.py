@@ -54,8 +54,8 @@ def open_slots(loaded: LoadedSpec) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("sig", "mode"), [(signal.SIGTERM, "key-by-key"), (signal.SIGINT, "key-by-key"),
-                                           (signal.SIGTERM, "atomic")],
-                         ids=["sigterm-key-by-key", "sigint-key-by-key", "sigterm-atomic"])
+                                           (signal.SIGTERM, "atomic"), (signal.SIGINT, "atomic")],
+                         ids=["sigterm-key-by-key", "sigint-key-by-key", "sigterm-atomic", "sigint-atomic"])
 def test_a_signal_mid_reshard_stops_cleanly_and_the_rerun_finishes(tmp_path, capsys, sig, mode) -> None:
     with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
         preload(loaded, 60000 if mode == "atomic" else 20000)
