@@ -8,7 +8,7 @@ SPEC ?= examples/cluster.yaml
 DEMO_STATE := $(if $(filter 0,$(shell id -u)),--state-dir /var/lib/opsctl/demo,)
 export ORDERS_REDIS_PASSWORD ?= demo-only-$(shell whoami)-change-me-0123456789
 
-.PHONY: venv dev demo demo-down test test-fast test-py310 lint typecheck bench clean system-deps
+.PHONY: venv dev demo demo-down test test-fast test-py310 partitions lint typecheck bench clean system-deps
 
 $(BIN)/opsctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,13 +39,17 @@ system-deps:
 # Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
 test: dev system-deps
 	@rc=0; \
-	$(BIN)/pytest -n 2 --dist loadfile --durations=15 tests || rc=1; \
+	$(BIN)/pytest -n 2 --dist loadfile --durations=15 -m "not soak" tests || rc=1; \
 	$(BIN)/ruff check opsctl tests bench || rc=1; \
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc
 
 test-fast: dev
-	$(BIN)/pytest -n 2 --dist loadfile -m "not remote" tests
+	$(BIN)/pytest -n 2 --dist loadfile -m "not remote and not soak" tests
+
+# The long and timing-sensitive fault runs (network partitions): bench/partitions.py measures more of them.
+partitions: dev system-deps
+	$(BIN)/pytest -v -m soak tests
 
 # The unit tests on the lowest Python that requires-python claims (3.10), in their own venv: PY310=/path/to/python
 # picks the interpreter, else the first python3.10 on PATH or under pyenv that runs. None found: skipped, except
