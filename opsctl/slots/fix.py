@@ -295,11 +295,13 @@ def hand_over_strays(session: Session, members: Collection[str] | None = None) -
     copy is equal (_hand_over_strays). Unreachable until then, and they would shadow the owner's after a move back.
     members: only these masters."""
     notes = []
+    # a slot no master serves is not a stray's: cover gives it to the master holding its keys
+    served = {s for slots in session.owned().values() for s in slots}
     for peer in session.masters():
         if members is not None and peer.name not in members:
             continue
         mine = set(session.owned().get(peer.name, ()))
-        stray = keys_in_slots(peer, [s for s in range(SLOTS) if s not in mine])
+        stray = keys_in_slots(peer, sorted(served - mine))
         if stray:
             _hand_over_strays(session, peer, stray)
             notes.append(f"{peer.name} held {sum(stray.values())} keys of slots it does not serve "
