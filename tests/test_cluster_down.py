@@ -50,18 +50,27 @@ def test_stopped_nodes_rejoin_with_their_slots_and_data(tmp_path, capsys, down) 
         assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout
 
 
-def test_a_spec_that_renumbers_deployed_nodes_is_refused_and_nothing_is_done(tmp_path, capsys) -> None:
-    """replicas_per_master 1 -> 2 would make t-3 (shard 2 master on h2) shard 1's replica on h3: refused before
-    anything is observed as silent or touched (exit 3, like every plan-time safety refusal)."""
+def test_a_spec_that_would_renumber_deployed_nodes_keeps_them(tmp_path, capsys) -> None:
+    """replicas_per_master 1 -> 2 once made t-3 (shard 2 master on h2) shard 1's replica on h3 and was refused
+    (exit 3); a deployed node now keeps its name, host, port and shard for life (issue 22): the apply adds one new
+    replica per shard under new names, and every node deployed before stands where it stood."""
     with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
-        fingerprint = plan_json(capsys, spec)["fingerprint"]
+        before = {n.name: (n.host, n.port, n.shard) for n in loaded.layout.servers}
         spec.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], "replicas_per_master": 2}}))
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-        assert code == 3 and "changes what 4 deployed node(s) are" in err and "Traceback" not in err, err + out
-        assert f"{loaded.spec.name}-3: deployed as shard 2 master on h2" in err, err
-        spec.write_text(yaml.safe_dump(data))
-        assert plan_json(capsys, spec) == {**plan_json(capsys, spec), "steps": [], "fingerprint": fingerprint}
+        assert code == 0 and "Traceback" not in err, err + out
+        placed = make_runtime(read_spec(spec))
+        try:
+            layout = placed.loaded.layout
+        finally:
+            placed.provider.close()
+        assert {n.name: (n.host, n.port, n.shard) for n in layout.servers if n.name in before} == before
+        assert len(layout.servers) == 9
+        for shard in layout.shards:
+            hosts = [layout.node(m).host for m in shard.members]
+            assert len(set(hosts)) == len(hosts), shard
+        assert plan_json(capsys, spec)["steps"] == []
         check = cluster_check(loaded.layout.servers[0].endpoint)
         assert check.returncode == 0 and "3 masters" in check.stdout and "[ERR]" not in check.stdout, check.stdout
 
