@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.cli.main import build_parser, main
+from tests.support import missing
 from tests.test_cli_abbrev import parsers
 
 
@@ -36,9 +37,11 @@ def test_bash_parses_it(tmp_path: Path, bash_script: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_parses_it(tmp_path: Path) -> None:
     from opsctl.cli.completion import script
+
+    if shutil.which("zsh") is None:
+        missing("zsh (apt-get install zsh)")
 
     (tmp_path / "_opsctl").write_text(script(build_parser(), "zsh"))
     done = subprocess.run(["zsh", "-n", str(tmp_path / "_opsctl")], capture_output=True, text=True, check=False)
