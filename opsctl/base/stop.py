@@ -1,12 +1,8 @@
-"""A stop request: SIGTERM and SIGINT ask a long command to stop, cleanly, at its next safe point.
+"""A stop request: SIGTERM and SIGINT stop a long command at its next safe point.
 
-The CLI installs the handler for the whole run (installed()). Outside a region that must finish (finishing()), the
-first signal raises Stopped at once in the main thread, as Ctrl-C always did, so every command's own cleanup runs.
-Inside one (a slot move), engines poll check() at their safe points (before opening more slots, between looks at a
-server-side job), finish or undo what is in flight, journal it and raise Stopped saying how to go on; a region that
-ends with the request unanswered raises it then, so no next step starts. A second signal raises at once, anywhere.
-Stopped exits 128 + the signal's number (130 SIGINT, 143 SIGTERM), as a shell reports a process the signal ended.
-"""
+Outside a region that must finish (finishing()) the first signal raises Stopped at once, so each command's cleanup
+runs; inside one (a slot move) engines poll check(), finish or undo what is in flight, journal it and say how to go
+on. A second signal raises at once. Exit 128 + signal (130, 143), as a shell reports it."""
 
 from __future__ import annotations
 

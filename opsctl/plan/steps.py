@@ -25,7 +25,7 @@ class Step(Frozen):
         return {"kind": self.kind, **{k: _listed(v) for k, v in asdict(self).items()}}
 
 
-def _listed(value: Any) -> Any:
+def _listed(value: object) -> object:
     return [_listed(v) for v in value] if isinstance(value, tuple) else value
 
 

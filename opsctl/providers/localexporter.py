@@ -1,9 +1,8 @@
-"""The local provider's redis_exporters (metrics.exporter): one process per server, beside it in the node's folder,
-as the server's user. An exporter counts as the node's only when /proc shows the exporter binary working in the
-node's folder (pids get reused); the digest it was started with (plan.exporters) lies in exporter.state.
+"""The local provider's redis_exporters (metrics.exporter): one per server, in the node's folder, as its user.
 
-Its password reaches it through exporter-password.json (0600, the server user's) alone: never its command line,
-never its environment (which is emptied)."""
+An exporter is the node's only when /proc shows the binary working in that folder (pids get reused); its start
+digest lies in exporter.state. The password reaches it through exporter-password.json (0600) alone: never argv,
+never the environment (emptied)."""
 
 from __future__ import annotations
 

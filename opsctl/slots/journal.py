@@ -137,11 +137,9 @@ class SlotState:
 def decide(state: SlotState) -> str:
     """How to close a journaled slot. Pure.
 
-    finish: move what is left and give the slot to the target (keys may sit on both sides: never go back);
-    assign: the target already owns it, tell the others (keys on a source that neither owns nor migrates the slot,
-    a promoted replica's copies, cannot be migrated: `cluster fix` hands such strays over); cancel: nothing moved
-    yet, clear the flags; none: nothing is open.
-    """
+    finish: move what is left, give the slot to the target (never go back); assign: the target owns it already, tell
+    the others (a promoted replica's leftover copies are `cluster fix`'s strays); cancel: nothing moved, clear the
+    flags; none: nothing is open."""
     if state.target_owns:
         if state.source_keys and (state.source_owns or state.migrating):
             return "finish"

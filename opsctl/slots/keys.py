@@ -1,9 +1,8 @@
-"""Key-by-key slot migration, for servers without atomic migration. I/O shell around opsctl.slots.batching.
+"""Key-by-key slot migration, for servers without atomic migration; the I/O shell of opsctl.slots.batching.
 
-Per wave of slots, every control step is one pipelined round trip per node (not 5 + masters round trips per
-slot): the keys listed and sized (GETKEYSINSLOT, then MEMORY USAGE), IMPORTING on the target, MIGRATING on the source,
-the MIGRATE batches, then the drain, SETSLOT NODE on the target, the source, and every other master in parallel.
-"""
+Per wave of slots each control step is one pipelined round trip per node, not several per slot: list and size the
+keys, IMPORTING, MIGRATING, the MIGRATE batches, the drain, then SETSLOT NODE on the target, the source and every
+other master."""
 
 from __future__ import annotations
 
@@ -116,13 +115,10 @@ class KeyMover:
         self._moved_lock = threading.Lock()
 
     def move(self, slots: Sequence[int]) -> None:
-        """Wave by wave, so that the source never waits for opsctl between waves. Four things run at once,
-        each on its own connections: the keys of the next LIST_AHEAD waves are listed and sized (`packed_plan`),
-        the next wave is journaled and opened (`admit`), one wave's MIGRATE batches stream (`send`) and the waves
-        before are drained and closed (`finish`). Keys listed before (or while) their slot opened are only a
-        head start: `drain`, once MIGRATING is set, lists again until the slot is empty, so keys written
-        meanwhile move too. At most OPEN_WAVES full waves' slots are open at once, each wave journaled before it
-        opens; each slot keeps its own order."""
+        """Wave by wave, so that the source never waits for opsctl. Listing ahead (`packed_plan`), journaling
+        and opening (`admit`), streaming MIGRATEs (`send`) and draining/closing (`finish`) run at once on their own
+        connections. A slot is journaled before it opens; `drain` lists again once MIGRATING is set, so keys
+        written meanwhile move too."""
         try:
             self._move(slots)
         except PIPE_ERRORS as exc:

@@ -28,11 +28,9 @@ _stdin_read: list[bool] = []  # standard input holds one spec: a second read of 
 
 def read_spec(path: str | Path, env: Mapping[str, str] | None = None, secrets: bool = True,
               cached: bool = True) -> LoadedSpec:
-    """secrets=False (validate --no-secrets): everything is checked except the secrets, which stay unresolved.
-    cached: a spec validated before is read back from opsctl.state.speccache (its secrets checked again); False
-    validates it in full whatever is stored (validate). Either way a spec validated in full, secrets included,
-    is stored for the next run where its folder has a .opsctl folder. path "-" (STDIN) reads the spec from standard
-    input (STDIN_RULE: relative paths start at the working directory; nothing is cached)."""
+    """The spec at path, validated. secrets=False checks all but the secrets; cached reads a spec validated before back
+    from opsctl.state.speccache (secrets checked again), else validates it in full and stores it where its folder has a
+    .opsctl folder. path "-" reads standard input (relative paths from the working directory; nothing cached)."""
     return read_spec_to_keep(path, env, secrets, cached)[0]
 
 

@@ -1,7 +1,6 @@
 """The host settings a deploy writes beside the nodes (pure): the kernel settings the Redis documentation asks for
-and the rotation of the servers' logs. Written under /etc by the installer's `host` archive, one file of each per
-spec (a purge of the spec's last node on a host removes them); the installer also applies the kernel settings at
-once and reports what the host refuses (docs/remote.md, "Host settings")."""
+and log rotation, one file of each per spec under /etc (the spec's last node purged removes them). The installer
+applies the kernel settings at once and reports what a host refuses (docs/remote.md, "Host settings")."""
 
 from __future__ import annotations
 

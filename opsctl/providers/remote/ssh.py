@@ -1,9 +1,8 @@
 """SSH to hosts with paramiko: connect (known hosts checked, optional bastion), run, read files, tunnels.
 
-An unknown host key is refused unless the caller asks for trust-on-first-use (auto_add=True). A bastion is reached
-first, the host through a `direct-tcpip` channel on it. `Tunnel` forwards a local port to a node's address:port as
-the host sees it, for admin traffic over SSH. A login other than root escalates as Ansible's become does: commands
-and the SFTP server run through `sudo -n` (never a prompt: it would hang the channel)."""
+An unknown host key is refused unless trust-on-first-use is asked for. `Tunnel` forwards a local port to a node as
+the host sees it. A login other than root runs commands and the SFTP server through `sudo -n`, as Ansible's become
+does (never a prompt: it would hang the channel)."""
 
 from __future__ import annotations
 
