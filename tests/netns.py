@@ -7,7 +7,7 @@ to these hosts and to loopback. Each host runs
 so users and units it creates and the files opsctl deploys stay private to it. Each host has an unprivileged login
 `ops` (LOGIN_USER, home on a private tmpfs) with passwordless sudo, as a real host gives its deploy account.
 
-As a pytest fixture: `lab = netns_lab(request, count=3)` (torn down by a finalizer, even on failure).
+As a module fixture: `yield from tests.support.netns_lab(3)` (torn down afterwards, even on failure).
 By hand: `python -m tests.netns up [N]` prints the lab as JSON; `python -m tests.netns down [ID]` removes one
 lab or every lab recorded under STATE_ROOT.
 """

@@ -22,6 +22,7 @@ from opsctl.net.connector import Connector
 from opsctl.providers.binaries import find_server
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from tests import netns
 
 PASSWORD_ENV = "OPSCTL_TEST_PASSWORD"
 PASSWORD = "test-pw-8c1f4e2a9b7d"
@@ -188,3 +189,20 @@ def admin_for(connector: Connector | LoadedSpec, node: Node, timeout: float = DE
     if isinstance(connector, LoadedSpec):
         connector = Connector(connector)
     return connector.admin(node, timeout, decode)
+
+
+def netns_lab(count: int) -> Iterator[netns.Lab]:
+    """A network-namespace lab of count hosts for a module fixture (`yield from netns_lab(3)`), removed afterwards
+    even when a test failed; a machine that cannot host one is a missing part (fails under CI=true)."""
+    why = netns.unavailable()
+    if why:
+        missing(why)
+    try:
+        created = netns.up(count)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        missing(f"a network-namespace lab ({exc})")
+        raise
+    try:
+        yield created
+    finally:
+        netns.down(created.id)

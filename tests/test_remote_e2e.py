@@ -36,7 +36,7 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import PASSWORD, cluster_check, make_spec, missing, server_binary, write_spec
+from tests.support import PASSWORD, cluster_check, make_spec, netns_lab, server_binary, write_spec
 from tests.test_slots_reshard import preload
 from tests.writer import cluster_client, dataset_checksum
 
@@ -50,18 +50,7 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[netns.Lab]:
-    why = netns.unavailable()
-    if why:
-        missing(why)
-    try:
-        created = netns.up(3)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        missing(f"a network-namespace lab ({exc})")
-        raise
-    try:
-        yield created
-    finally:
-        netns.down(created.id)
+    yield from netns_lab(3)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import redis
 from opsctl.cli.main import main
 from opsctl.state.specfile import read_spec
 from tests import netns
-from tests.support import PASSWORD, make_spec, missing, server_binary, write_spec
+from tests.support import PASSWORD, make_spec, netns_lab, server_binary, write_spec
 
 pytestmark = pytest.mark.remote
 REPO = Path(__file__).resolve().parents[1]
@@ -25,18 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[netns.Lab]:
-    why = netns.unavailable()
-    if why:
-        missing(why)
-    try:
-        created = netns.up(1)
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        missing(f"a network-namespace lab ({exc})")
-        raise
-    try:
-        yield created
-    finally:
-        netns.down(created.id)
+    yield from netns_lab(1)
 
 
 def site_playbook(tmp_path: Path, group: str) -> Path:
