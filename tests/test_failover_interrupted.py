@@ -72,9 +72,9 @@ def _killed_then_rerun(capsys: pytest.CaptureFixture[str], spec: Path, loaded: L
     old = next(n for n, r in _roles(loaded).items() if r == "master")
     with Writer(lambda: _client(loaded, old)) as writer:
         writer.wait_for_writes(200)
-        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", *failover, kill_at=point)
+        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "1.5", *failover, kill_at=point)
         assert killed.returncode == -9, killed.stdout + killed.stderr
-        time.sleep(3.0)  # the pause (timeout + 2 s) has lapsed: an unfenced old master would take writes now
+        time.sleep(4.0)  # the pause (timeout + 2 s) has lapsed: an unfenced old master would take writes now
         again = _opsctl(*rerun, "-f", str(spec), "--yes" if rerun[0] == "failover" else "--auto-approve")
         writer.wait_for_writes(len(writer.acked) + 50, timeout=1.0)
     return old, writer, again
@@ -128,7 +128,7 @@ def test_after_a_failover_killed_past_the_promotion_the_plan_and_a_steps_look_fo
     pointed other at the fenced old master."""
     with deployed(tmp_path, capsys, "replication", "redis", config={"repl-ping-replica-period": 1}) as (spec, loaded):
         old, target, other = loaded.layout.shards[0].members
-        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", "--to", target,
+        killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "2", "--to", target,
                          "--no-failover-command", kill_at="promoted")
         assert killed.returncode == -9, killed.stdout + killed.stderr
         promoted_at = int(_client(loaded, target).info("replication")["second_repl_offset"]) - 1
@@ -189,7 +189,7 @@ def test_a_fence_stays_while_a_node_that_may_have_been_promoted_does_not_answer(
         pid = int((tmp_path / ".opsctl" / loaded.spec.name / target / "server.pid").read_text())
         with Writer(lambda: _client(loaded, old)) as writer:
             writer.wait_for_writes(200)
-            killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "0.5", "--to", target,
+            killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "2", "--to", target,
                              "--no-failover-command", kill_at="promoted")
             assert killed.returncode == -9, killed.stdout + killed.stderr
             os.kill(pid, signal.SIGSTOP)
