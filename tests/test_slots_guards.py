@@ -184,5 +184,5 @@ def test_a_journal_that_cannot_be_written_says_so(tmp_path, monkeypatch) -> None
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(FileProblem, match=r"slots-journal\.jsonl: cannot be written: No space left on device"):
+    with pytest.raises(FileProblem, match=r"slots-journal\.jsonl: cannot be written: the disk is full where .* free"):
         Journal(tmp_path).opened("a", "id-a", "b", "id-b", [1, 2, 3])

@@ -6,7 +6,6 @@ docs/slots.md."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
 from opsctl.plan.slotmath.ranges import Ranges, expand, to_ranges
-from opsctl.state.safefs import FileProblem, make_dir, open_dir, read_bounded, trusted_owners
+from opsctl.state.safefs import append_private, make_dir, read_bounded, trusted_owners
 
 JOURNAL = "slots-journal.jsonl"
 MODES = ("keys", "atomic")
@@ -172,22 +171,9 @@ class Journal:
 
     def _append(self, entry: dict[str, Any]) -> None:
         make_dir(self.path.parent, 0o700, trusted_owners(), enforce=False)  # the provider may have opened it to 0711
-        with open_dir(self.path.parent) as folder:
-            try:
-                fd = os.open(self.path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=folder)
-            except OSError as exc:
-                raise FileProblem(self.path, f"cannot be written: {exc.strerror}",
-                                  "it must be a regular file (not a link) in the state dir") from None
-            try:
-                os.write(fd, (json.dumps({**entry, "t": round(time.time(), 3)}) + "\n").encode())
-                os.fsync(fd)
-            except OSError as exc:  # a full disk: said as such, never taken for a node's lost connection
-                raise FileProblem(self.path, f"cannot be written: {exc.strerror}",
-                                  "free space in the state dir, then `opsctl cluster fix -f SPEC` closes what "
-                                  "this run opened") from None
-            finally:
-                os.close(fd)
+        line = json.dumps({**entry, "t": round(time.time(), 3)}) + "\n"
+        append_private(self.path, line.encode(), "it must be a regular file in the state dir: move it away, then "
+                       "`opsctl cluster fix -f SPEC` closes what this run opened")
 
     def opened(self, source: str, source_id: str, target: str, target_id: str, slots: Sequence[int],
                mode: str = "keys") -> None:

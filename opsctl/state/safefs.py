@@ -168,6 +168,49 @@ def rewrite_open(fd: int, path: Path | str, data: bytes) -> None:
         raise
 
 
+def append_private(path: Path, data: bytes, hint: str, mode: int = 0o600) -> None:
+    """Append data to path (created 0600) and fsync it, all or nothing: never through a link, never to a fifo,
+    device or folder; a write that fails (a full disk: said as such) is cut back off, so no torn line stays."""
+    path = Path(path)
+    with open_dir(path.parent) as folder:
+        fd = _open_append(path, folder, mode, hint)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError as exc:
+                with suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise disk_full(path, exc, len(data)) or FileProblem(
+                    path, f"cannot be written: {exc.strerror}", hint) from None
+        finally:
+            os.close(fd)
+
+
+def _open_append(path: Path, folder: int, mode: int, hint: str) -> int:
+    """An fd appending to the regular file path.name in folder (O_NONBLOCK: a fifo planted there never blocks)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path.name, flags, mode, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileProblem(path, "is a symbolic link", LINK_HINT) from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise FileProblem(path, "exists and is not a regular file", hint) from None
+        raise disk_full(path, exc, None) or FileProblem(path, f"cannot be written: {exc.strerror}", hint) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileProblem(path, "exists and is not a regular file", hint)
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _write_new(path: Path, data: bytes, chown: tuple[int, int] | None, mode: int) -> None:
     with open_dir(path.parent) as folder:
         _refuse_odd_target(path, folder)
@@ -180,7 +223,10 @@ def _write_new(path: Path, data: bytes, chown: tuple[int, int] | None, mode: int
                 if chown is not None:
                     os.fchown(fd, *chown)
                 handle.write(data)
+                handle.flush()
+                os.fsync(fd)  # the content is on disk before the name points at it
             os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+            os.fsync(folder)
         except BaseException:
             with suppress(OSError):
                 os.unlink(tmp, dir_fd=folder)
