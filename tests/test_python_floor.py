@@ -21,9 +21,10 @@ def _setting(name: str) -> str:
 
 
 def _dependencies() -> set[str]:
-    """The dependencies and the ansible extra's (provider: ansible imports those only: tests/test_ansible_extra.py)."""
+    """The dependencies and the ansible extra's (provider: ansible imports those only: tests/test_ansible_extra.py),
+    and the s3 extra's (s3:// backup locations import boto3 only: tests/test_backup_store.py)."""
     names: list[str] = []
-    for key in ("dependencies", "ansible"):
+    for key in ("dependencies", "ansible", "s3"):
         block = re.search(rf"^{key} = \[(.*?)^\]", PYPROJECT, re.MULTILINE | re.DOTALL)
         assert block, key
         names += re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block.group(1), re.MULTILINE)

@@ -48,8 +48,9 @@ def _sample_every(keys: int, sample: int) -> int:
 
 
 @contextmanager
-def backup_sources(folder: Path, target: Target, options: RestoreOptions) -> Iterator[Prepared]:
-    """Every RDB of the backup checked and loaded into a scratch server the target can take payloads from."""
+def backup_sources(folder: Path, target: Target, options: RestoreOptions, origin: str = "") -> Iterator[Prepared]:
+    """Every RDB of the backup checked and loaded into a scratch server the target can take payloads from. origin:
+    where the folder was copied from (an s3:// URL), named in the report and the journal instead of the copy."""
     manifest = read_manifest(folder)
     check_files(folder, manifest)
     if target.cluster and manifest.dbs() - {0}:
@@ -70,8 +71,8 @@ def backup_sources(folder: Path, target: Target, options: RestoreOptions) -> Ite
             sources.append(Source(key, shard.file, _scratch_opener(scratch.socket, shard.file), dbs,
                                   _sample_every(shard.total_keys, options.sample)))
             expected[key] = shard
-        text = f"backup {folder} ({describe(manifest)})"
-        yield Prepared(f"backup:{folder.resolve()}:{manifest.created_at}", text, sources, dataset, expected)
+        text = f"backup {origin or folder} ({describe(manifest)})"
+        yield Prepared(f"backup:{origin or folder.resolve()}:{manifest.created_at}", text, sources, dataset, expected)
 
 
 def _scratch_opener(socket_path: str, label: str) -> Callable[[], RawPipe]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -16,8 +17,12 @@ from opsctl.cli.runsignals import note_run, recorded
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from opsctl.backup.save import Fetch
+    from opsctl.backup.manifest import Manifest
+    from opsctl.backup.save import BackupOptions, Fetch
+    from opsctl.backup.store import Store
+    from opsctl.base.events import Emit
     from opsctl.cli.output import Printer
+    from opsctl.net.connector import Connector
     from opsctl.spec.load import LoadedSpec
 
 
@@ -57,7 +62,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from opsctl.apply.connect import open_connector
+    from opsctl.backup.offsite import open_store, staging_dir
     from opsctl.backup.save import BackupOptions, run_backup
+    from opsctl.backup.store import parse_location
     from opsctl.cli.output import print_text
     from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
@@ -69,13 +76,46 @@ def cmd_backup(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
+    location = parse_location(args.to)
+    store = open_store(location) if location.remote else None  # boto3 missing: said before any BGSAVE
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
             fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
-        folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
+        if store is None:
+            folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
+            where = str(folder)
+        else:
+            folder, manifest, where = _offsite(store, connector, staging_dir(state_dir), fetch, emit, options)
     note_run(args, keys=manifest.total_keys)
     if not json_mode:  # as JSON, the result was the last event line
-        print_text(BackupResult(str(folder), manifest))
+        print_text(BackupResult(where, manifest))
     return EXIT_OK
+
+
+def _offsite(store: Store, connector: Connector, staging: Path, fetch: Fetch, emit: Emit,
+             options: BackupOptions) -> tuple[Path, Manifest, str]:
+    """A backup staged in a private folder, then uploaded: its backup-done event (the result) is held back until
+    the upload finished and names the URL; the staged copy is removed whatever happened."""
+    from dataclasses import replace
+
+    from opsctl.backup.offsite import upload_backup
+    from opsctl.backup.save import run_backup
+    from opsctl.base.events import BackupDone, Event
+
+    done: list[BackupDone] = []
+
+    def held(event: Event) -> None:
+        if isinstance(event, BackupDone):
+            done.append(event)
+        else:
+            emit(event)
+
+    try:
+        folder, manifest = run_backup(connector, staging, fetch, held, options)
+        where = upload_backup(store, folder, manifest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    emit(replace(done[0], dir=where))
+    return folder, manifest, where
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -103,7 +143,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("action", nargs="?", choices=("verify",), help="verify: check a backup directory")
     p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
     add_spec_file(p, required=False)  # not with `backup verify DIR`
-    p.add_argument("--to", help="directory that receives <name>-<UTC timestamp>/")
+    p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
+                   help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
+                        "<name>-<UTC timestamp>/")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
     p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,

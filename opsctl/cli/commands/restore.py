@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
-from opsctl.base.errors import EXIT_ERROR, EXIT_OK
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
 from opsctl.cli.options import (
@@ -47,9 +49,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
             stack.enter_context(topology_lock(connector))
         target = inspect_target(connector)
         if args.from_dir:
-            from pathlib import Path
-
-            prepared = stack.enter_context(backup_sources(Path(args.from_dir), target, options))
+            folder, origin = stack.enter_context(fetched(args.from_dir, state_dir))
+            prepared = stack.enter_context(backup_sources(folder, target, options, origin))
         else:
             source = read_spec(args.from_live)
             refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
@@ -70,11 +71,37 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.problems else EXIT_OK
 
 
+@contextmanager
+def fetched(source: str, state_dir: Path) -> Iterator[tuple[Path, str]]:
+    """(a backup folder, where it came from): the folder itself, or an s3:// backup downloaded into a private
+    folder in the state dir (removed after) with every file checked against its manifest. Downloaded first, not
+    streamed: the scratch server loads each RDB from a file, and every checksum is known good before a key moves."""
+    import tempfile
+    from dataclasses import replace
+
+    from opsctl.backup.offsite import download_backup, open_store
+    from opsctl.backup.store import parse_location
+
+    location = parse_location(source)
+    if location.folder is not None:
+        yield location.folder, ""
+        return
+    parent, _, name = location.prefix.rpartition("/")
+    if not name:
+        raise OpsctlError(f"{source} names a bucket, not a backup",
+                          hint="--from s3://BUCKET/PREFIX/<name>-<UTC time> (`opsctl backup list --from URL`)")
+    store = open_store(replace(location, prefix=parent))
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".restore-", dir=state_dir) as into:
+        yield download_backup(store, name, Path(into)), source
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("restore", help="copy a backup or a running topology into the topology SPEC describes")
     add_spec_file(p, about="the target's topology spec (YAML)")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--from", dest="from_dir", metavar="DIR", help="a backup directory (holds manifest.json)")
+    source.add_argument("--from", dest="from_dir", metavar="DIR|URL",
+                        help="a backup directory (holds manifest.json), or s3://BUCKET/PREFIX/<name>-<time>")
     source.add_argument("--from-live", metavar="SOURCE_SPEC", help="the spec of a running topology to copy from")
     p.add_argument("--mode", choices=("fail-if-exists", "replace", "skip-existing"), default="fail-if-exists",
                    help="keys that already exist on the target: refuse before writing (default), overwrite, or keep")

@@ -1,0 +1,76 @@
+"""A backup folder copied to a store, and back: the RDBs first, the manifest last (an object set without a manifest
+is an unfinished backup, as a folder without one is); on the way back every file's size and sha256 are checked
+against the manifest before anything reads it.
+
+A backup to a remote store is taken into a private staging folder first and uploaded from there: the manifest's key
+counts come from the files themselves (their heads, or a scratch server loading them), which needs them on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
+from opsctl.backup.store import FolderStore, Location, Store
+from opsctl.backup.verify import MANIFEST_LIMIT, check_files
+from opsctl.base.errors import OpsctlError
+
+STAGING = "backup-staging"
+
+
+def staging_dir(state_dir: Path) -> Path:
+    """`<state dir>/backup-staging/`, emptied: under the topology lock nothing else stages there, so what a killed
+    run left is stale."""
+    folder = state_dir / STAGING
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700, parents=True)
+    return folder
+
+
+def open_store(location: Location) -> Store:
+    """The store of a location; an s3 one needs boto3 (the `s3` extra), named when missing."""
+    if location.folder is not None:
+        return FolderStore(location)
+    from opsctl.backup.s3 import S3Store
+
+    return S3Store(location)
+
+
+def upload_backup(store: Store, folder: Path, manifest: Manifest) -> str:
+    """The backup's files as `<folder name>/<file>` objects, the manifest last; the backup's URL."""
+    for shard in manifest.shards:
+        store.put_file(f"{folder.name}/{shard.file}", folder / shard.file)
+    store.put_file(f"{folder.name}/{MANIFEST}", folder / MANIFEST)
+    return store.where(folder.name)
+
+
+def read_remote_manifest(store: Store, name: str) -> tuple[Manifest, bytes]:
+    """The manifest of backup `name` and its bytes as read (one read: the copy kept is the one checked)."""
+    data = store.get_bytes(f"{name}/{MANIFEST}", MANIFEST_LIMIT)
+    if data is None:
+        raise OpsctlError(f"{store.where(name)} holds no {MANIFEST}: not a backup, or one that did not finish",
+                          hint="`opsctl backup list --from URL` lists the complete backups")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OpsctlError(f"{store.where(name + '/' + MANIFEST)} is not UTF-8 text",
+                          hint="the backup is damaged: use another backup") from None
+    return parse_manifest(text, store.where(f"{name}/{MANIFEST}")), data
+
+
+def download_backup(store: Store, name: str, into: Path) -> Path:
+    """The backup `name` as a folder under `into` (a private folder), every file checked against its manifest."""
+    manifest, data = read_remote_manifest(store, name)
+    folder = into / Path(name).name
+    folder.mkdir(mode=0o700)
+    for shard in manifest.shards:
+        store.get_file(f"{name}/{shard.file}", folder / shard.file)
+        (folder / shard.file).chmod(0o600)
+    (folder / MANIFEST).write_bytes(data)
+    try:
+        check_files(folder, manifest)
+    except OpsctlError as exc:  # name the objects, not the private copies
+        raise OpsctlError(exc.summary.replace(str(folder), store.where(name)),
+                          exc.detail.replace(str(folder), store.where(name)), exc.hint) from None
+    return folder

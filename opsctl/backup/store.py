@@ -1,0 +1,156 @@
+"""Where backups live: a folder, or a bucket prefix of any S3-compatible store (`s3://bucket/prefix`).
+
+A store holds objects by relative name (`orders-20261127T140000Z/shard-1.rdb`); nothing else about the place
+reaches the rest of the package. Object names and contents carry no secret: credentials stay with boto3's own
+configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ~/.aws/config), never on a command line or in an object.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from opsctl.base.errors import OpsctlError, echo
+from opsctl.state.safefs import FileProblem, read_bounded, write_private
+
+S3 = "s3://"
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]*$")
+LIMIT = 64 << 20
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed --to/--from: a folder, or a bucket with a key prefix (no leading or trailing slash)."""
+
+    text: str
+    folder: Path | None = None
+    bucket: str = ""
+    prefix: str = ""
+
+    @property
+    def remote(self) -> bool:
+        return self.folder is None
+
+    def child(self, name: str) -> Location:
+        """The location of one backup inside this one."""
+        if self.folder is not None:
+            return Location(str(self.folder / name), self.folder / name)
+        prefix = f"{self.prefix}/{name}" if self.prefix else name
+        return Location(f"{S3}{self.bucket}/{prefix}", None, self.bucket, prefix)
+
+
+def parse_location(text: str) -> Location:
+    """`s3://bucket[/prefix]` or a folder path; an s3 URL with a bad bucket or empty path parts is refused."""
+    if not text.startswith(S3):
+        return Location(text, Path(text))
+    bucket, _, prefix = text[len(S3):].partition("/")
+    prefix = prefix.strip("/")
+    if not _BUCKET.match(bucket):
+        raise OpsctlError(f"{echo(text)}: {echo(bucket)} is not an S3 bucket name",
+                          hint="write s3://BUCKET/PREFIX (a bucket name is 3-63 lower-case letters, digits, . or -)")
+    if prefix and (not _NAME.match(prefix) or "//" in prefix or any(p in (".", "..") for p in prefix.split("/"))):
+        raise OpsctlError(f"{echo(text)}: the prefix {echo(prefix)} has characters or parts opsctl does not write",
+                          hint="use letters, digits, '.', '_', '-' and single '/' between parts")
+    return Location(text, None, bucket, prefix)
+
+
+def check_name(name: str) -> str:
+    """A relative object name opsctl writes: no empty, '.' or '..' part, nothing a shell or a store treats oddly."""
+    if not _NAME.match(name) or "//" in name or any(p in (".", "..") for p in name.split("/")):
+        raise OpsctlError(f"{echo(name)} is not an object name opsctl writes")
+    return name
+
+
+class Store(Protocol):
+    """Objects by relative name. put_* replaces whole objects (a reader sees the old or the new one, never half);
+    names() lists every object under a name prefix, sorted."""
+
+    location: Location
+
+    def put_file(self, name: str, path: Path) -> None: ...
+
+    def put_bytes(self, name: str, data: bytes) -> None: ...
+
+    def get_file(self, name: str, dest: Path) -> None: ...
+
+    def get_bytes(self, name: str, limit: int = LIMIT) -> bytes | None: ...
+
+    def names(self, prefix: str = "") -> list[str]: ...
+
+    def delete(self, names: list[str]) -> None: ...
+
+    def where(self, name: str) -> str: ...
+
+
+class FolderStore:
+    """A folder on this machine: objects are 0600 files (written through a temp file and renamed) in 0700 folders."""
+
+    def __init__(self, location: Location) -> None:
+        assert location.folder is not None
+        self.location, self.root = location, location.folder
+
+    def _path(self, name: str) -> Path:
+        return self.root / check_name(name)
+
+    def put_file(self, name: str, path: Path) -> None:
+        self.put_bytes(name, path.read_bytes())
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        for folder in reversed([p for p in path.parents if p.is_relative_to(self.root)]):
+            folder.mkdir(mode=0o700, exist_ok=True)  # each level 0700 (mkdir(parents=True) leaves them 0755)
+        write_private(path, data)
+
+    def get_file(self, name: str, dest: Path) -> None:
+        with open(self._path(name), "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+
+    def get_bytes(self, name: str, limit: int = LIMIT) -> bytes | None:
+        path = self._path(name)
+        if not path.exists():
+            return None
+        if path.is_symlink() or not path.is_file():
+            raise FileProblem(path, "is not a plain file", "a backup holds plain files and never links")
+        if path.stat().st_size > limit:
+            raise FileProblem(path, f"is too big (at most {limit} bytes)", "use another backup")
+        return path.read_bytes()
+
+    def read_text(self, name: str) -> str | None:
+        return read_bounded(self._path(name), "use another backup")
+
+    def names(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(n for n in _walk(self.root, "") if n.startswith(prefix))
+
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            path = self._path(name)
+            path.unlink(missing_ok=True)
+            for parent in path.parents:  # folders left empty go too, up to the root
+                if parent == self.root or not parent.is_relative_to(self.root):
+                    break
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+
+    def where(self, name: str) -> str:
+        return str(self.root / name)
+
+
+def _walk(root: Path, under: str) -> Iterator[str]:
+    for entry in os.scandir(root / under if under else root):
+        name = f"{under}/{entry.name}" if under else entry.name
+        if entry.name.startswith("."):
+            continue  # a .partial backup in the making, a temp file: not an object
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(root, name)
+        elif entry.is_file(follow_symlinks=False):
+            yield name
