@@ -5,7 +5,9 @@ exporter whose settings differ from the running one's and stops one that should 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +15,12 @@ from opsctl.base.secrets import MASK, Secret
 from opsctl.plan.desired import desired_nodes
 from opsctl.plan.exporters import exporter_run, exporter_steps
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.node_steps import config_steps
+from opsctl.plan.ondisk import PREVIOUS
+from opsctl.plan.rotation import managed_users, rotation_steps, wanted_accepts
 from opsctl.render import default_paths, render_node
-from opsctl.render.exporter import EXPORTER_USER, exporter_secret
+from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words, exporter_secret
+from opsctl.server.versions import parse_version
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
@@ -73,3 +79,68 @@ def test_steps_start_what_differs_and_stop_what_should_not_run(tmp_path: Path) -
     off = read_spec(str(write_spec(tmp_path, spec, "off.yaml")))
     assert [(s.kind, s.node) for s in exporter_steps(off, desired, facts)] == \
         [("stop-exporter", name) for name in servers if name != servers[2]]
+
+
+def test_every_sentinel_gets_an_exporter_with_the_sentinel_rules(tmp_path: Path) -> None:
+    loaded = read_spec(str(write_spec(tmp_path, make_spec("sentinel", metrics={"exporter": True}))))
+    desired = desired_nodes(loaded, lambda n: default_paths(str(tmp_path), n), True)
+    facts = {n.name: NodeFacts(n.name, True) for n in loaded.layout.nodes}
+    steps = exporter_steps(loaded, desired, facts)
+    assert [(s.kind, s.node) for s in steps] == [("start-exporter", n.name) for n in loaded.layout.nodes]
+    sentinel = loaded.layout.sentinels[0]
+    run = exporter_run(loaded, desired[sentinel.name])
+    assert run.args[run.args.index("-redis.addr") + 1] == f"redis://{sentinel.address}:{sentinel.port}"
+    words = exporter_acl_words(loaded, reveal=False, sentinel=True)
+    assert words is not None and words[2:] == ["-@all", "+info", "+client|setname", "+sentinel|masters",
+                                               "+sentinel|slaves", "+sentinel|sentinels", "+sentinel|ckquorum"]
+    assert not any(w.startswith("+config") or w.startswith("+acl") or w == "+sentinel" for w in words)
+
+
+def _rotating(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous: bool,
+              base: dict[str, Any] | None = None) -> LoadedSpec:
+    """A sentinel fleet's spec rotating to a new password (previous: during the overlap); base: the same fleet."""
+    monkeypatch.setenv("OPSCTL_TEST_NEW_PASSWORD", "new-pw-for-the-test")
+    auth: dict[str, object] = {"mode": "password", "password": {"env": "OPSCTL_TEST_NEW_PASSWORD"}}
+    if previous:
+        auth["previous_password"] = {"env": PASSWORD_ENV}
+    spec = {**(base or make_spec("sentinel", metrics={"exporter": True})), "auth": auth}
+    return read_spec(str(write_spec(tmp_path, spec, f"rotating-{previous}.yaml")))
+
+
+@pytest.mark.parametrize("previous", [True, False], ids=["overlap", "end"])
+def test_rotation_covers_the_exporter_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, previous: bool) -> None:
+    """The exporter's user is a managed user: during the overlap it accepts both derived passwords; after it, a node
+    where it still accepts the old one gets a set-passwords step. A node without the user yet gets none."""
+    loaded = _rotating(tmp_path, monkeypatch, previous)
+    server, sentinel = loaded.layout.servers[0], loaded.layout.sentinels[0]
+    for node in (server, sentinel):
+        current, old = managed_users(loaded, node)[EXPORTER_USER]
+        assert current == exporter_secret(loaded.spec.name, Secret("new-pw-for-the-test"))
+        assert old == (exporter_secret(loaded.spec.name, Secret(PASSWORD)) if previous else None)
+    want = wanted_accepts(loaded, server)
+    desired = desired_nodes(loaded, lambda n: default_paths(str(tmp_path), n), True)
+    stale = {"default": want["default"], EXPORTER_USER: tuple(sorted((MASK, PREVIOUS)))}
+    facts = {n.name: NodeFacts(n.name, True, reachable=True, config={"requirepass": MASK},
+                               sentinel_config={"sentinel-pass": MASK}, accepts=stale)
+             for n in loaded.layout.nodes}
+    steps = rotation_steps(loaded, desired, facts)
+    assert [(s.kind, s.node) for s in steps] == ([] if previous else
+                                                 [("set-passwords", n.name) for n in loaded.layout.nodes])
+    missing = {n: replace(f, accepts={"default": want["default"]}) for n, f in facts.items()}
+    assert rotation_steps(loaded, desired, missing) == []
+
+
+def test_a_changed_user_line_restarts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rotation's overlap changes the exporter's `user` line (a second hash): written to the file, set live
+    by the rotation phase, never a reason to restart or to switch rename-command names."""
+    base = make_spec("sentinel", metrics={"exporter": True})
+    before = _rotating(tmp_path, monkeypatch, previous=False, base=base)
+    after = _rotating(tmp_path, monkeypatch, previous=True, base=base)
+    node = after.layout.servers[0]
+    old = desired_nodes(before, lambda n: default_paths(str(tmp_path), n), True)[node.name]
+    new = desired_nodes(after, lambda n: default_paths(str(tmp_path), n), True)[node.name]
+    assert [d for d in old.directives if d[0] == "user"] != [d for d in new.directives if d[0] == "user"]
+    facts = NodeFacts(node.name, True, {}, {"digest": old.digest, "directives": [list(d) for d in old.directives]},
+                      reachable=True, config={})
+    steps = config_steps(node, new, facts, True, ("redis", parse_version("7.0")))
+    assert [s.kind for s in steps] == ["write-config"]

@@ -61,11 +61,15 @@ def start_exporter(run: Execution, step: Step) -> None:
 
 
 def set_exporter_user(rt: Runtime, node: Node) -> None:
-    words = exporter_acl_words(rt.loaded, reveal=True)
+    """The user set live; a Sentinel then writes it into its own file (FLUSHCONFIG), which it owns after its
+    first start, so a restart keeps it."""
+    words = exporter_acl_words(rt.loaded, reveal=True, sentinel=node.is_sentinel)
     if words is None:
         return
     with rt.admin(node) as admin:
         admin.call("ACL", "SETUSER", EXPORTER_USER, "reset", *words)
+        if node.is_sentinel:
+            admin.call("SENTINEL", "FLUSHCONFIG")
 
 
 def stop_exporter(run: Execution, step: Step) -> None:

@@ -12,6 +12,7 @@ from opsctl.apply.waits import wait_back_in_place
 from opsctl.base.connerr import is_auth_failure
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.secrets import Secret, remember
 from opsctl.net.admin import Admin
 from opsctl.net.connector import AuthRefused
 from opsctl.net.observer import Observer
@@ -21,6 +22,7 @@ from opsctl.observe.parse import parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
+from opsctl.plan.rotation import managed_users
 from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig
 from opsctl.render import render_node, render_sections
 from opsctl.spec.layout import Node, deployed_record
@@ -240,20 +242,28 @@ def set_passwords(run: Execution, step: Step) -> None:
     """The node accepts the spec's password (and the previous one during the overlap). A server takes
     requirepass and the extra password in one MULTI, so no client is ever refused in between."""
     node = run.node(step)
-    credentials = run.rt.loaded.credentials
-    new = credentials.password.reveal()
-    previous = credentials.previous.reveal() if credentials.previous else ""
-    extra = [f">{previous}"] if previous and previous != new else []
+    users = managed_users(run.rt.loaded, node)
+    new = users["default"][0].reveal()
     with run.rt.admin(node) as admin:
         if node.is_sentinel:
-            admin.call("ACL", "SETUSER", "default", "resetpass", f">{new}", *extra)
+            for user, secrets in users.items():
+                admin.call("ACL", "SETUSER", user, "resetpass", *_password_words(*secrets))
             admin.call("SENTINEL", "CONFIG", "SET", "sentinel-pass", new)
             admin.call("SENTINEL", "FLUSHCONFIG")
             return
         pipe = admin.client.pipeline(transaction=True)
         pipe.execute_command(admin.command("CONFIG"), "SET", "requirepass", new)  # the value CONFIG REWRITE keeps
-        pipe.execute_command(admin.command("ACL"), "SETUSER", "default", "resetpass", f">{new}", *extra)
+        for user, secrets in users.items():
+            pipe.execute_command(admin.command("ACL"), "SETUSER", user, "resetpass", *_password_words(*secrets))
         pipe.execute()
+
+
+def _password_words(secret: Secret, previous: Secret | None) -> list[str]:
+    """ACL SETUSER's words for a user accepting secret, and previous during the overlap."""
+    accepted = [secret, *([previous] if previous is not None and previous.reveal() and previous != secret else [])]
+    for one in accepted:
+        remember(one)  # masked wherever an error would echo it
+    return [f">{one.reveal()}" for one in accepted]
 
 
 def acl_load(run: Execution, step: Step) -> None:

@@ -1,5 +1,5 @@
-"""The redis_exporter beside each server (metrics.exporter): the command line it runs with, the password file it
-reads, the digest of both, and the steps that bring a running exporter to them. Pure.
+"""The redis_exporter beside each server and Sentinel (metrics.exporter): the command line it runs with, the
+password file it reads, the digest of both, and the steps that bring a running exporter to them. Pure.
 
 The digest is what drift compares: the provider keeps the digest an exporter was started with, so a changed port
 offset, TLS setting or (rotated) password shows in `plan` as a start-exporter step."""
@@ -43,8 +43,8 @@ class ExporterRun(Frozen):
 
 
 def exporter_nodes(loaded: LoadedSpec) -> list[Node]:
-    """The nodes that get an exporter: every server (Sentinels not yet: docs/monitoring.md)."""
-    return list(loaded.layout.servers) if loaded.spec.metrics.exporter else []
+    """The nodes that get an exporter: every server and every Sentinel."""
+    return list(loaded.layout.nodes) if loaded.spec.metrics.exporter else []
 
 
 def exporter_run(loaded: LoadedSpec, want: DesiredNode) -> ExporterRun:

@@ -169,8 +169,10 @@ def shown(name: str, value: str | None) -> str:
 
 
 def _repeated(directives: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The repeated lines a change of needs a restart (rename-command): `user` lines are not among them, the
+    rotation phase and the start-exporter step set those users live."""
     single = single_valued(list(directives))
-    return sorted(d for d in directives if d[0] not in single)
+    return sorted(d for d in directives if d[0] not in single and d[0] != "user")
 
 
 

@@ -13,6 +13,7 @@ from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS
 from opsctl.plan.steps import AclLoad, ConfigSet, Failover, RestartNode, SetPasswords, Step, WriteConfig
+from opsctl.render.exporter import EXPORTER_USER, exporter_secrets
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -20,13 +21,22 @@ WORDS = {MASK: "the spec's password", PREVIOUS: "the previous password", DIFFERS
 
 
 def managed_users(loaded: LoadedSpec, node: Node) -> dict[str, tuple[Secret, Secret | None]]:
-    """The users whose passwords opsctl sets on a node: user -> (spec's secret, previous secret or None)."""
+    """The users whose passwords opsctl sets on a node: user -> (spec's secret, previous secret or None); the
+    exporter's user too when metrics.exporter is on (its passwords follow the admin's)."""
     credentials = loaded.credentials
+    exporter = _exporter_user(loaded)
     if node.is_sentinel or loaded.spec.auth.mode == "password":
-        return {"default": (credentials.password, credentials.previous)}
+        return {"default": (credentials.password, credentials.previous), **exporter}
     previous = dict(credentials.users_previous)
     return {loaded.spec.auth.admin_user: (credentials.password, credentials.previous),
-            **{name: (secret, previous.get(name)) for name, secret in credentials.users}}
+            **{name: (secret, previous.get(name)) for name, secret in credentials.users}, **exporter}
+
+
+def _exporter_user(loaded: LoadedSpec) -> dict[str, tuple[Secret, Secret | None]]:
+    if not loaded.spec.metrics.exporter:
+        return {}
+    secrets = exporter_secrets(loaded)
+    return {EXPORTER_USER: (secrets[0], secrets[1] if len(secrets) > 1 else None)}
 
 
 def wanted_accepts(loaded: LoadedSpec, node: Node) -> dict[str, tuple[str, ...]]:
@@ -45,6 +55,8 @@ def _mismatch(loaded: LoadedSpec, node: Node, f: NodeFacts) -> str | None:
         return None
     for user, want in wanted_accepts(loaded, node).items():
         have = f.accepts.get(user, ())
+        if user == EXPORTER_USER and not have:
+            continue  # no such user yet: its start-exporter step creates it
         if have != want:
             return f"user {user} accepts {_describe(have)}, the spec wants {_describe(want)}"
     return None

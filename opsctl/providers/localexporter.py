@@ -1,4 +1,5 @@
-"""The local provider's redis_exporters (metrics.exporter): one per server, in the node's folder, as its user.
+"""The local provider's redis_exporters (metrics.exporter): one per server and Sentinel, in the node's folder, as
+its user.
 
 An exporter is the node's only when /proc shows the binary working in that folder (pids get reused); its start
 digest lies in exporter.state. The password reaches it through exporter-password.json (0600) alone: never argv,

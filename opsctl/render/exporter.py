@@ -13,6 +13,9 @@ EXPORTER_USER = "opsctl-exporter"
 # What redis_exporter runs per scrape with -config-command - (CONFIG GET would hand it requirepass in clear text)
 EXPORTER_RULES = ("-@all", "+info", "+client|setname", "+cluster|info", "+slowlog|get", "+slowlog|len",
                   "+latency|latest")
+# What it runs on a Sentinel (found from ACL LOG on Redis 7.0 and Valkey 9.1 sentinels: docs/monitoring.md)
+SENTINEL_EXPORTER_RULES = ("-@all", "+info", "+client|setname", "+sentinel|masters", "+sentinel|slaves",
+                           "+sentinel|sentinels", "+sentinel|ckquorum")
 
 
 def exporter_secret(topology: str, admin: Secret) -> Secret:
@@ -33,10 +36,11 @@ def exporter_secrets(loaded: LoadedSpec) -> list[Secret]:
     return [current, exporter_secret(loaded.spec.name, previous)]
 
 
-def exporter_acl_words(loaded: LoadedSpec, reveal: bool) -> list[str] | None:
-    """The ACL words after the user's name (`on #<sha256>... -@all +info ...`); None when no exporter runs."""
+def exporter_acl_words(loaded: LoadedSpec, reveal: bool, sentinel: bool = False) -> list[str] | None:
+    """The ACL words after the user's name (`on #<sha256>... -@all +info ...`, a Sentinel's rules for sentinel);
+    None when no exporter runs."""
     if not loaded.spec.metrics.exporter:
         return None
     hashes = [f"#{hashlib.sha256(s.reveal().encode()).hexdigest() if reveal else MASK}"
               for s in exporter_secrets(loaded)]
-    return ["on", *hashes, *EXPORTER_RULES]
+    return ["on", *hashes, *(SENTINEL_EXPORTER_RULES if sentinel else EXPORTER_RULES)]
