@@ -41,13 +41,13 @@ def fixed_spec(topology: str) -> dict:
 
 def test_cluster_targets_are_labelled_per_node_beside_the_node() -> None:
     loaded = load_dict(fixed_spec("cluster"))
-    groups = target_groups(loaded.spec.name, loaded.layout)
+    groups = target_groups(loaded.spec, loaded.layout)
     assert len(groups) == 6
     assert groups[0] == {"targets": [f"127.0.0.1:{7101 + EXPORTER_PORT_OFFSET}"],
                          "labels": {"topology": "orders", "node": "orders-1", "host": "h1", "kind": "server",
-                                    "shard": "1"}}
+                                    "shard": "1", "maxclients": "10000"}}
     assert groups[1]["labels"] == {"topology": "orders", "node": "orders-2", "host": "h2", "kind": "server",
-                                   "shard": "1"}
+                                   "shard": "1", "maxclients": "10000"}
     assert [g["labels"]["shard"] for g in groups] == ["1", "1", "2", "2", "3", "3"]
     assert all("role" not in g["labels"] for g in groups)  # the exporter's own role label stays live
     assert json.loads(file_sd_json(groups)) == groups
@@ -55,16 +55,28 @@ def test_cluster_targets_are_labelled_per_node_beside_the_node() -> None:
 
 def test_sentinels_are_targets_without_a_shard() -> None:
     loaded = load_dict(fixed_spec("sentinel"))
-    groups = target_groups(loaded.spec.name, loaded.layout)
+    groups = target_groups(loaded.spec, loaded.layout)
     sentinels = [g for g in groups if g["labels"]["kind"] == "sentinel"]
     assert len(sentinels) == 3 and all("shard" not in g["labels"] for g in sentinels)
+    assert all("maxclients" not in g["labels"] for g in sentinels)  # a Sentinel's is not the spec's
     assert sentinels[0]["targets"] == [f"127.0.0.1:{7301 + EXPORTER_PORT_OFFSET}"]
     assert {g["labels"]["shard"] for g in groups if g["labels"]["kind"] == "server"} == {"1"}
 
 
 def test_ipv6_targets_are_bracketed_and_the_offset_is_a_parameter() -> None:
     layout = Layout((Node("a-1", "h1", "::1", 7000, "master", 1),))
-    assert target_groups("a", layout, offset=5)[0]["targets"] == ["[::1]:7005"]
+    spec = load_dict({**fixed_spec("cluster"), "metrics": {"port_offset": 5}}).spec
+    assert target_groups(spec, layout)[0]["targets"] == ["[::1]:7005"]
+
+
+def test_a_server_is_labelled_with_the_maxclients_it_is_rendered_with() -> None:
+    """The exporter's user cannot read maxclients (no CONFIG GET): the target label is where RedisTooManyClients
+    finds it; the spec's config and a node override change it."""
+    spec = {**fixed_spec("cluster"), "config": {"maxclients": 500},
+            "nodes": {"orders-2": {"config": {"maxclients": 70}}}}
+    loaded = load_dict(spec)
+    assert [g["labels"]["maxclients"] for g in target_groups(loaded.spec, loaded.layout)] == \
+        ["500", "70", "500", "500", "500", "500"]
 
 
 def test_exporter_ports_that_cannot_be_bound_are_named() -> None:

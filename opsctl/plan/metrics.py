@@ -11,8 +11,10 @@ from typing import Literal, TypedDict
 
 from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.render.directives import maxclients
 from opsctl.spec.exporters import EXPORTER_PORT_OFFSET, exporter_port, exporter_port_problems
 from opsctl.spec.layout import Layout, Node
+from opsctl.spec.model import Spec
 
 __all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
 
@@ -49,17 +51,23 @@ class RunSignal(Frozen):
     keys_moved: int | None = None
 
 
-def target_labels(topology: str, node: Node) -> dict[str, str]:
-    labels = {"topology": topology, "node": node.name, "host": node.host,
+def target_labels(spec: Spec, node: Node) -> dict[str, str]:
+    """A server's labels carry the maxclients it is rendered with: its exporter cannot read it (no CONFIG GET for a
+    least-privilege user) and RedisTooManyClients needs it."""
+    labels = {"topology": spec.name, "node": node.name, "host": node.host,
               "kind": "sentinel" if node.is_sentinel else "server"}
     if node.shard is not None:
         labels["shard"] = str(node.shard)
+    limit = None if node.is_sentinel else maxclients(spec, node)
+    if limit is not None:
+        labels["maxclients"] = str(limit)
     return labels
 
 
-def target_groups(topology: str, layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[TargetGroup]:
+def target_groups(spec: Spec, layout: Layout) -> list[TargetGroup]:
     """One group per node of the layout (servers and Sentinels), in layout order: each has its own labels."""
-    return [TargetGroup(targets=[endpoint(n.address, exporter_port(n, offset))], labels=target_labels(topology, n))
+    offset = spec.metrics.port_offset
+    return [TargetGroup(targets=[endpoint(n.address, exporter_port(n, offset))], labels=target_labels(spec, n))
             for n in layout.nodes]
 
 

@@ -44,11 +44,21 @@ def supported(spec: Spec, directives: list[Directive]) -> tuple[Directive, ...]:
     return tuple(d for d in directives if has_directive(spec.server.flavor, version, d[0]))
 
 
+MAXCLIENTS = "10000"  # what opsctl renders unless the spec's config says otherwise
+
+
 def network(spec: Spec, node: Node) -> list[Directive]:
     """replica-announce-ip: masters and sentinels otherwise see the connection's source address."""
     return [("bind", _bind(node)), *source_address(spec, node), *ports(spec, node),
             ("replica-announce-ip", word(node.address)), ("protected-mode", "yes"),
-            ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", "10000")]
+            ("tcp-backlog", "511"), ("timeout", "0"), ("tcp-keepalive", "300"), ("maxclients", MAXCLIENTS)]
+
+
+def maxclients(spec: Spec, node: Node) -> int | None:
+    """The maxclients a server is rendered with (the spec's config, a node override, else MAXCLIENTS); None when
+    it is not a number."""
+    value = dict(extra(spec, node)).get("maxclients", MAXCLIENTS)
+    return int(value) if value.isdigit() else None
 
 
 def _bind(node: Node) -> str:

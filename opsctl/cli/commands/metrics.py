@@ -17,7 +17,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     if args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
-    text = file_sd_json(target_groups(loaded.spec.name, loaded.layout, loaded.spec.metrics.port_offset))
+    text = file_sd_json(target_groups(loaded.spec, loaded.layout))
     if args.out in (None, "-"):
         print(text, end="")
     else:
