@@ -2,7 +2,8 @@
 
 Written to `<to>/.<name>-<stamp>.partial/`, renamed without the dot once the manifest is in: a dotless folder is
 complete. Every write acknowledged before the backup began is in it: a replica saves only once its offset reached
-its master's at the start.
+its master's at the start. SIGTERM/SIGINT stop it at the next chunk or poll (opsctl.base.stop): the partial folder
+goes, nothing is kept.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from opsctl.backup.manifest import (
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
+from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardSaved
 from opsctl.base.poll import Pending, wait_for
@@ -111,6 +113,7 @@ def _slots(loaded: LoadedSpec, admin: Admin) -> tuple[tuple[int, int], ...]:
 
 def _wait_caught_up(admin: Admin, target: int, timeout: float) -> int:
     def offset() -> int | Pending:
+        stop.check()
         at = int(_info(admin, "replication").get("master_repl_offset", "0"))
         return at if at >= target else Pending(f"offset {at}, master at {target}")
 
@@ -135,6 +138,7 @@ def _start_bgsave(admin: Admin) -> int | Pending:
     """The node's rdb_saves before the BGSAVE this started; Pending while another save runs."""
     # Counted afresh before each try, with no save running: a save that began earlier (before the replica
     # caught up) and ends while we wait must not pass for ours.
+    stop.check()
     persistence = _info(admin, "persistence")
     before = int(persistence.get("rdb_saves", "0"))
     if persistence.get("rdb_bgsave_in_progress") == "1":
@@ -150,6 +154,7 @@ def _start_bgsave(admin: Admin) -> int | Pending:
 
 def _saved(admin: Admin, before: int) -> bool | None:
     """True once a save after `before` ended with status ok (OpsctlError when it failed); None while it runs."""
+    stop.check()
     info = _info(admin, "persistence")
     if info.get("rdb_bgsave_in_progress") != "0" or int(info.get("rdb_saves", "0")) <= before:
         return None
@@ -187,6 +192,7 @@ def _copy(fetch: Fetch, node: Node, path: str, dest: Path, estimate: int) -> tup
         with os.fdopen(fd, "wb") as out:
             def sink(chunk: bytes) -> None:
                 nonlocal size
+                stop.check()  # a safe point: the partial folder goes anyway
                 digest.update(chunk)
                 try:
                     out.write(chunk)
@@ -289,12 +295,18 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     emit(BackupStart(len(planned), str(final), {s.shard: s.node for s, _, _ in planned}))
     with _claimed(to, partial, loaded.spec.name):
         try:
-            files = _save_all(connector, planned, partial, fetch, emit, options)
-            manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
-                                loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
-                                tuple(sorted(files, key=lambda f: f.shard)))
-            manifest = count_keys(manifest, partial)
-            write_private(partial / MANIFEST, manifest_json(manifest))
+            with stop.finishing("the backup"):  # savers poll stop.check(); the region's end is the last safe point
+                files = _save_all(connector, planned, partial, fetch, emit, options)
+                manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
+                                    loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
+                                    tuple(sorted(files, key=lambda f: f.shard)))
+                manifest = count_keys(manifest, partial)
+                write_private(partial / MANIFEST, manifest_json(manifest))
+        except stop.Stopped as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise stop.Stopped(exc.signum, f"nothing was kept: {partial} is removed (a BGSAVE this run started may "
+                               "still finish on its node, which is harmless)",
+                               "run the same `opsctl backup` again: it starts afresh") from None
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -370,6 +382,7 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
         emit(saved)
 
     for wave in host_waves([s for s, _, _ in planned]):
+        stop.check()
         with Borrowed() as pool:  # the whole wave at once (one saver per host), not fan_out's WIDTH
             for future in [pool.submit(one, saver) for saver in wave]:
                 future.result()

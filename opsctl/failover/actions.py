@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from opsctl.base import stop
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
@@ -97,7 +98,9 @@ def _is_master(admin: Admin) -> bool | Pending:
 
 
 def _caught_up(session: Session, master: str, replicas: list[str]) -> bool | Pending:
-    """Every replica has processed the master's whole stream (its own ROLE, not the master's view of its last ACK)."""
+    """Every replica has processed the master's whole stream (its own ROLE, not the master's view of its last ACK).
+    A safe point: a stop request before the promotion lifts the fence (the callers' finally) and stops."""
+    stop.check("nothing was promoted: the fence on the master is lifted", "run the same failover again")
     role = _role(session.admin(master))
     if not role:
         return Pending(f"{master} does not answer ROLE")
@@ -295,9 +298,11 @@ def _lift(old: Admin, values: dict[str, str]) -> None:
 
 
 def checkpoint(name: str) -> None:
-    """Test hook: OPSCTL_FAILOVER_KILL_AT=name kills opsctl here (SIGKILL), as a crash at that moment would."""
-    if os.environ.get(KILL_AT) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Test hook: OPSCTL_FAILOVER_KILL_AT=name kills opsctl here (SIGKILL), as a crash at that moment would;
+    name:SIGTERM (or :SIGINT) sends that signal instead, as an operator's kill at that moment would."""
+    point, _, sig = os.environ.get(KILL_AT, "").partition(":")
+    if point == name:
+        os.kill(os.getpid(), signal.Signals[sig] if sig else signal.SIGKILL)
 
 
 def _repoint_others(session: Session, target: Target, new: Admin) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 from redis.crc import key_slot
 
+from opsctl.base import stop
 from opsctl.base.digest import digest
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
@@ -154,9 +155,22 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     report.outcome = "in-progress"
     mark()
     report.outcome = "pending"
-    new_master = _failover(session, target, modes, report, emit, opts.timeout)
+    try:
+        with stop.finishing("the failover"):  # a stop request: the promotion finishes or its fence is lifted
+            _act(session, target, modes, report, emit, opts.timeout, t)
+    except stop.Stopped as exc:
+        if report.outcome != "succeeded":
+            raise
+        raise stop.Stopped(exc.signum, f"the failover finished first: {report.new_master} is the master, "
+                           "post-checks passed", "nothing is left to do (`opsctl status -f SPEC` shows it)") from None
+
+
+def _act(session: Session, target: Target, modes: tuple[str, ...], report: FailoverReport, emit: Emit,
+         timeout: float, t: float) -> None:
+    """Fail over, then wait for the post-checks; the report's outcome says how it ended."""
+    new_master = _failover(session, target, modes, report, emit, timeout)
     t = _phase(report, "failover", t)
-    report.postchecks, after = _wait_postchecks(session, target.master, new_master, opts.timeout)
+    report.postchecks, after = _wait_postchecks(session, target.master, new_master, timeout)
     report.after = topology(after)
     _phase(report, "postchecks", t)
     report.new_master = new_master
@@ -232,6 +246,8 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
               timeout: float) -> str:
     last = ""
     for mode in modes:
+        if last:  # a safe point: the previous mode promoted nothing and left no fence
+            stop.check(f"nothing was promoted: {last}", "run the same failover again")
         reason = "requested" if not last else f"previous mode did not complete: {last}"
         attempt = Attempt(mode, reason)
         report.attempts.append(attempt)

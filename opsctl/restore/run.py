@@ -2,7 +2,8 @@
 counts and values. This module runs it and keeps its journal (target, sources, checks, verify: their own modules).
 
 Killed, the same command resumes: it skips the sources the journal names finished and re-reads the rest, counting
-keys already equal as restored (docs/backup.md).
+keys already equal as restored (docs/backup.md). SIGTERM/SIGINT stop the copy after the page in flight
+(opsctl.base.stop): the finished sources are journaled and the run says how many keys it wrote.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, RestoreDone, RestoreProgress
 from opsctl.net.fanout import Borrowed
@@ -137,6 +139,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     def written(keys: int) -> None:
         check_held(target.connector)  # paused past the lock's lease: stop before writing more (a re-run resumes)
         meter(keys)
+        stop.check()  # a safe point: the page sent is collected, the next one not sent
     lock = threading.Lock()
 
     def one(source: Source) -> None:
@@ -154,9 +157,12 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
             report.sources[source.key] = counts
             save_journal(state_dir, journal)
 
-    with Borrowed() as pool:  # every source at once, on shared threads; waits for all before an error is raised
-        for future in [pool.submit(one, s) for s in todo]:
-            future.result()
+    try:
+        with stop.finishing("the restore's copy"), Borrowed() as pool:  # every source at once; waits for all
+            for future in [pool.submit(one, s) for s in todo]:
+                future.result()
+    except stop.Stopped as exc:
+        raise _stopped(exc, meter.done, len(journal.done), len(prepared.sources), journal_path(state_dir)) from None
     report.seconds = time.monotonic() - started
     report.problems = durability_problems(target) + count_problems(report.sources, prepared)
     report.problems += [p for s in todo if s.confirm is not None and (p := s.confirm()) is not None]
@@ -171,6 +177,13 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
     save_journal(state_dir, journal)
     emit(report.done())
     return report
+
+
+def _stopped(exc: stop.Stopped, keys: int, finished: int, sources: int, journal: Path) -> stop.Stopped:
+    """What a stopped copy did: keys written, sources finished (journaled in journal), and how it resumes."""
+    return stop.Stopped(exc.signum, f"wrote {keys} keys; {finished} of {sources} sources finished, journaled in "
+                        f"{journal}; not verified", "run the same command again: it resumes (skips the finished "
+                        "sources, counts keys already there and equal as restored) and verifies")
 
 
 def durability_problems(target: Target) -> list[str]:
