@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "opsctl"
 # Each package may import from those before it, never after. The top-level `opsctl` is the package face
 # (its version); it imports nothing of opsctl, so every package may read it.
 ORDER = ("base", "server", "spec", "observe", "render", "plan", "state", "net", "tls", "stream", "providers", "slots",
-         "failover", "cluster", "apply", "backup", "restore", "audit", "cli")
+         "failover", "cluster", "apply", "backup", "restore", "migrate", "audit", "cli")
 # The pure core: what these reach decides nothing about the world outside the process but files the caller names.
 CORE = ORDER[: ORDER.index("plan") + 1]
 IO_LIBRARIES = {"redis", "socket", "select", "ssl", "subprocess", "paramiko", "ansible_runner", "threading",

@@ -20,10 +20,12 @@ from opsctl.base.events import (
     BusyKeyEqual,
     ChecksumsOk,
     Closed,
+    CutoverDone,
     EndpointDown,
     EndpointReplacedEvent,
     Event,
     Log,
+    MigrateLag,
     MigrateRetry,
     Note,
     PlaybookTask,
@@ -189,8 +191,11 @@ EVERY_KIND: list[Event] = [
                 {"shard-1": {"keys": 100, "restored": 100, "existing": 0, "skipped": 0, "conflicts": 0}}),
     RestoreDryRun("backup /b/x-1", "t", "replace", True, False, True, 0, 0, 0, 0, 0, 0.0, None, 0, (), {}),
     Note("pre-checks for shard 1"), ScanProgress("n1", 10, 100),
+    MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 10, "lag_seconds": 0.1, "applied": 5},
+                "shard-2": {"phase": "snapshot", "copied": 7}}),
+    CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
-REDRAWN_KINDS = 4  # slots-progress, shard-saved, restore-progress, playbook-task: on terminals only
+REDRAWN_KINDS = 5  # slots-progress, shard-saved, restore-progress, playbook-task, migrate-lag: on terminals only
 
 
 class Terminal(io.StringIO):

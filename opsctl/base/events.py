@@ -340,6 +340,50 @@ class RestoreDryRun(RestoreDone):
 
 
 @frozen
+class MigrateLag(Frozen):
+    """A live migration's progress: per source shard its phase, keys copied, commands applied, and how far the
+    target trails the source (bytes of stream, seconds since the oldest unapplied command arrived)."""
+
+    kind: ClassVar[str] = "migrate-lag"
+    shards: Mapping[str, Mapping[str, object]]
+
+    def line(self) -> str:
+        parts = []
+        for name, s in self.shards.items():
+            if s.get("phase") == "stream":
+                parts.append(f"{name}: lag {human_bytes(int(str(s.get('lag_bytes', 0))))} "
+                             f"{float(str(s.get('lag_seconds', 0.0))):.2f}s, {s.get('applied', 0)} applied")
+            else:
+                parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
+        return "  ".join(parts)
+
+
+@frozen
+class CutoverDone(Frozen):
+    """A cutover's report: counted from fencing the source, the target applied every shard's final offset after
+    caught_up_s and was verified and ready after pause_s (the least write pause clients see)."""
+
+    kind: ClassVar[str] = "cutover-done"
+    ok: bool
+    pause_s: float
+    caught_up_s: float
+    source_keys: int
+    target_keys: int
+    verified: int
+    final_offsets: Mapping[str, int]
+    point_to: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    def line(self) -> str:
+        if not self.ok:
+            return ("cutover failed verification; the source's write fence is lifted, it serves writes again:\n"
+                    + "\n".join(f"  {p}" for p in self.problems))
+        return (f"cutover done: write pause {self.pause_s:.3f}s (caught up after {self.caught_up_s:.3f}s), "
+                f"{self.target_keys} keys ({self.source_keys} on the source), {self.verified} sampled keys equal; "
+                f"point clients at {', '.join(self.point_to)}")
+
+
+@frozen
 class PlaybookTask(Frozen):
     """A task of an Ansible playbook finished on a host: ok, changed, failed, unreachable or skipped."""
 
@@ -357,8 +401,9 @@ Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsSt
          | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
          | BackupStart | ShardSaved | BackupDone | ChecksumsOk | ShardVerified | VerifyDone
-         | RestoreProgress | RestoreDone | PlaybookTask)
-REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask)  # a bar on a terminal, nothing elsewhere
+         | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag | CutoverDone)
+# a bar on a terminal, nothing elsewhere
+REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag)
 Emit = Callable[[Event], None]
 
 

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inventory": ("inventory", "register"),
     "backup": ("backup", "register"),
     "restore": ("restore", "register"),
+    "migrate": ("migrate", "register"),
     "tls": ("tls", "register"),
     "metrics": ("metrics", "register"),
     "help": ("help", "register_help"),

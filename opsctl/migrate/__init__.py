@@ -1,0 +1,1 @@
+"""Live migration: a running topology followed through its replication stream into any target shape."""

@@ -1,0 +1,109 @@
+"""The cutover: fence every source master against writes (clients get NOREPLICAS, not a silent OK), wait until
+the target applied each shard's final offset, stop the stream, verify, and report the write pause and where
+clients must point. A failed check lifts the fence (the source serves again; the target got nothing since).
+
+The fence is the failover's (opsctl.failover.fence): min-replicas-to-write far above any replica count. It
+outlives opsctl: a cutover killed mid-way leaves the source fenced (docs/migrate.md, "Roll back").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from opsctl.base.errors import OpsctlError
+from opsctl.base.events import CutoverDone
+from opsctl.base.poll import Pending, wait_for
+from opsctl.failover.fence import fence, unfence
+from opsctl.migrate.apply import Applier
+from opsctl.migrate.shard import ShardRun
+from opsctl.migrate.verify import count_problem, sample_problems
+from opsctl.net.connector import Connector
+from opsctl.net.discover import live_node
+from opsctl.net.rawpipe import RawPipe
+from opsctl.observe.parse import parse_info
+from opsctl.plan.fence import MAX_LAG, TO_WRITE
+from opsctl.restore.target import Target
+from opsctl.spec.layout import Node
+
+CATCH_UP_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class CutoverOptions:
+    sample: int = 200
+    timeout: float = CATCH_UP_TIMEOUT
+
+
+def shard_master(source: Connector, shard: ShardRun) -> Node:
+    for node in shard.members:
+        if live_node(source, node).role == "master":
+            return node
+    raise OpsctlError(f"source {shard.key} has no master answering now", hint="re-run the cutover once it has one")
+
+
+def master_offset(source: Connector, node: Node) -> int:
+    with RawPipe(source, node, 10.0) as pipe:
+        reply = pipe.call("INFO", "replication")
+    return int(parse_info(reply.decode() if isinstance(reply, bytes) else "").get("master_repl_offset", "0"))
+
+
+def cut_over(source: Connector, target: Target, shards: Sequence[ShardRun], stop: Callable[[], None],
+             options: CutoverOptions) -> CutoverDone:
+    masters = {s.key: shard_master(source, s) for s in shards}
+    saved: dict[str, dict[str, str]] = {}
+    started = time.monotonic()
+    try:
+        for key, node in masters.items():
+            with source.admin(node) as admin:
+                saved[key] = {k: v for k, v in admin.config_get("min-replicas-*").items() if k in (TO_WRITE, MAX_LAG)}
+                fence(admin)
+        finals = {key: master_offset(source, node) for key, node in masters.items()}
+        wait_for(lambda: _caught_up(shards, finals), options.timeout, "the target to apply the source's last writes")
+        caught_up = time.monotonic() - started
+        stop()
+        report = _verify(source, target, shards, masters, options, caught_up, finals, started)
+    except BaseException:
+        _lift(source, masters, saved)
+        raise
+    if not report.ok:
+        _lift(source, masters, saved)
+    return report
+
+
+def _caught_up(shards: Sequence[ShardRun], finals: dict[str, int]) -> bool | Pending:
+    behind = [f"{s.key} at {s.position.offset if s.position else 0} of {finals[s.key]}" for s in shards
+              if s.position is None or s.position.offset < finals[s.key]]
+    return Pending("; ".join(behind)) if behind else True
+
+
+def _lift(source: Connector, masters: dict[str, Node], saved: dict[str, dict[str, str]]) -> None:
+    for key, values in saved.items():
+        with source.admin(masters[key]) as admin:
+            unfence(admin, values, rewrite=False)
+
+
+def _verify(source: Connector, target: Target, shards: Sequence[ShardRun], masters: dict[str, Node],
+            options: CutoverOptions, caught_up: float, finals: dict[str, int], started: float) -> CutoverDone:
+    targets = target.targets()
+    with ExitStack() as stack:
+        src = [stack.enter_context(RawPipe(source, node, 60.0)) for node in masters.values()]
+        dst = [stack.enter_context(targets.open(i)) for i in range(len(targets.names))]
+        appliers = [Applier(targets, shards[0].journal.journal.id, s.key, 0, 0.0) for s in shards]
+        markers = sum(1 for a in appliers for pipe, key in zip(dst, a.markers, strict=True)
+                      if pipe.call("EXISTS", key) == 1)
+        prefix = b"opsctl-migrate:"
+        source_keys, target_keys, problem = count_problem(src, dst, markers, prefix)
+        shift = shards[0].shift_ms if shards else 0
+        verified, problems = sample_problems(src, targets, dst, max(1, options.sample // max(1, len(src))), shift)
+        problems = ([problem] if problem else []) + problems
+        if not problems:
+            for applier in appliers:
+                applier.drop_markers()
+        for applier in appliers:
+            applier.close()
+    point_to = tuple(m.endpoint for m in target.masters)
+    return CutoverDone(not problems, round(time.monotonic() - started, 3), round(caught_up, 3), source_keys,
+                       target_keys, verified, finals, point_to, tuple(problems))

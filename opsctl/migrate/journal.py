@@ -1,0 +1,97 @@
+"""A migration's journal in the target's state dir: per source shard its phase and the stream position applied.
+
+Written whole through opsctl.state.safefs after every applied batch (a temp file renamed over it), so a killed
+migrate finds the last position every target shard had taken. The target holds a marker per source shard and
+target master that is written in the same script as the batch: a resumed run skips what a marker says is in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.plan.streamcmd import Position, position_from
+from opsctl.state.safefs import read_bounded, write_private
+
+JOURNAL = "migrate-journal.json"
+REQUEST = "migrate-cutover.request"
+RESULT = "migrate-cutover.json"
+HINT = "remove it to start the migration over (the target must be emptied first)"
+
+
+@dataclass
+class ShardState:
+    phase: str  # snapshot (the copy is under way from position) | stream (position applied)
+    position: Position
+
+
+@dataclass
+class Journal:
+    id: str
+    source: str
+    shards: dict[str, ShardState] = field(default_factory=dict)
+    finished: bool = False
+
+
+class JournalFile:
+    """The journal and its lock: shard threads save their own shard's position, one write at a time."""
+
+    def __init__(self, state_dir: Path, journal: Journal) -> None:
+        self.path = state_dir / JOURNAL
+        self.journal = journal
+        self._lock = threading.Lock()
+
+    def save(self, shard: str | None = None, state: ShardState | None = None) -> None:
+        with self._lock:
+            if shard is not None and state is not None:
+                self.journal.shards[shard] = state
+            write_private(self.path, journal_json(self.journal))
+
+    def position(self, shard: str) -> ShardState | None:
+        with self._lock:
+            return self.journal.shards.get(shard)
+
+
+def journal_json(journal: Journal) -> str:
+    return json.dumps({"id": journal.id, "source": journal.source, "finished": journal.finished,
+                       "shards": {k: {"phase": s.phase, **s.position.to_json()} for k, s in journal.shards.items()}},
+                      indent=1)
+
+
+def parse_journal(text: str, where: str) -> Journal:
+    try:
+        data = json.loads(text)
+        shards = {k: ShardState(v["phase"], position_from(v, f"{where}: shards.{k}"))
+                  for k, v in data["shards"].items()}
+        return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OpsctlError(f"{where}: not a migration journal ({type(exc).__name__})", hint=HINT) from None
+
+
+def load_journal(state_dir: Path, source: str) -> Journal | None:
+    """This migration's journal (None: none yet, or a finished one); another source's unfinished one refuses."""
+    path = state_dir / JOURNAL
+    text = read_bounded(path, HINT)
+    if text is None:
+        return None
+    journal = parse_journal(text, str(path))
+    if journal.finished:
+        return None
+    if journal.source != source:
+        raise RefusedError("an unfinished migration from another source is recorded for this target",
+                           f"{path}: source {journal.source}", "finish it (re-run it), or " + HINT)
+    return journal
+
+
+def new_journal(source: str) -> Journal:
+    return Journal(os.urandom(4).hex(), source)
+
+
+def marker_name(migration: str, shard: str, tag: str) -> bytes:
+    """The target key that says how far a source shard's stream is applied on one target master; tag hashes
+    to a slot that master owns."""
+    return f"opsctl-migrate:{{{tag}}}:{migration}:{shard}".encode()

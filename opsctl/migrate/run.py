@@ -1,0 +1,163 @@
+"""`opsctl migrate`: every source shard copied and followed at once, progress shown, then the cutover, started
+by `--cutover auto` once every shard's lag is under the bound, or by `opsctl migrate cutover` from another
+terminal, which leaves a request file in the target's state dir that this run watches (docs/migrate.md).
+
+Killed at any point, the same command resumes from the journal: a shard whose snapshot was being copied copies it
+again (its keys replace themselves), a streaming shard continues with a partial resync.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
+from opsctl.migrate.cutover import CutoverOptions, cut_over, master_offset, shard_master
+from opsctl.migrate.journal import REQUEST, RESULT, JournalFile, load_journal, new_journal
+from opsctl.migrate.shard import ShardRun
+from opsctl.net.connector import Connector
+from opsctl.net.fanout import Borrowed
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.restore.target import Target, inspect_target
+from opsctl.state.safefs import write_private
+
+CLOCK_BOUND_MS = 1000  # a snapshot's expiries are in the source's clock: a wider skew would move them
+AUTO_LAG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class MigrateOptions:
+    cutover: str = "manual"  # auto | manual
+    lag_bound: float = 1.0  # seconds: --cutover auto starts once every shard trails by less
+    sample: int = 200
+    interval: float = 0.5
+
+
+def clock_offset_ms(connector: Connector, node: object) -> float:
+    """The node's clock minus ours, in ms (within half a round trip)."""
+    from opsctl.spec.layout import Node
+
+    assert isinstance(node, Node)
+    with RawPipe(connector, node, 10.0) as pipe:
+        before = time.time()
+        reply = pipe.call("TIME")
+        after = time.time()
+    if not isinstance(reply, list) or len(reply) != 2:
+        raise OpsctlError(f"unexpected TIME reply from {node.name}")
+    theirs = int(reply[0]) * 1000 + int(reply[1]) / 1000  # type: ignore[arg-type]
+    return theirs - (before + after) * 500
+
+
+def source_id(source: Connector) -> str:
+    return f"{source.loaded.spec.name}:{','.join(sorted(n.endpoint for n in source.loaded.layout.servers))}"
+
+
+def prepare(source: Connector, target_connector: Connector, state_dir: Path) -> tuple[Target, JournalFile, bool]:
+    """The target inspected and the journal (resumed, or new when the target is empty)."""
+    target = inspect_target(target_connector)
+    if {n.endpoint for n in source.loaded.layout.servers} & {m.endpoint for m in target.masters}:
+        raise RefusedError("source and target are the same nodes", hint="--from names another topology's spec")
+    journal = load_journal(state_dir, source_id(source))
+    resumed = journal is not None
+    if journal is None:
+        if target.keys:
+            raise RefusedError(f"the target holds {target.keys} keys; a migration starts into an empty target "
+                               "(nothing was written)", hint="empty it, or migrate into another topology")
+        journal = new_journal(source_id(source))
+    files = JournalFile(state_dir, journal)
+    files.save()
+    for name in (REQUEST, RESULT):
+        (state_dir / name).unlink(missing_ok=True)
+    return target, files, resumed
+
+
+def shard_runs(source: Connector, target: Target, journal: JournalFile, state_dir: Path) -> list[ShardRun]:
+    layout = source.loaded.layout
+    first = layout.find(layout.shards[0].master)
+    assert first is not None
+    source_ms = clock_offset_ms(source, first)
+    target_ms = clock_offset_ms(target.connector, target.masters[0])
+    if abs(source_ms) > CLOCK_BOUND_MS:
+        raise RefusedError(f"the source's clock is {source_ms / 1000:+.1f}s off this host's",
+                           "the snapshot's expiry times are the source's and are read here",
+                           "sync the clocks (NTP), then run again")
+    runs = []
+    for shard in layout.shards:
+        members = [n for name in shard.members if (n := layout.find(name)) is not None]
+        runs.append(ShardRun(f"shard-{shard.index}", members, source, target.targets, journal, state_dir,
+                             round(target_ms - source_ms), source_ms))
+    return runs
+
+
+def run_migrate(source: Connector, target_connector: Connector, state_dir: Path, options: MigrateOptions,
+                emit: Emit) -> CutoverDone:
+    target, journal, resumed = prepare(source, target_connector, state_dir)
+    if resumed:
+        emit(Note(f"resuming the migration recorded in {journal.path}"))
+    shards = shard_runs(source, target, journal, state_dir)
+    with Borrowed() as pool:
+        futures = [pool.submit(s.run) for s in shards]
+        try:
+            report = _watch(source, target, shards, futures, state_dir, options, emit)
+        finally:
+            for s in shards:
+                s.stop.set()
+    if report.ok:
+        journal.journal.finished = True
+        journal.save()
+    write_private(state_dir / RESULT, report.line())
+    (state_dir / REQUEST).unlink(missing_ok=True)
+    emit(report)
+    return report
+
+
+def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], futures: Sequence[Future[None]],
+           state_dir: Path, options: MigrateOptions, emit: Emit) -> CutoverDone:
+    """Progress until the cutover; a shard's error stops the run."""
+    while True:
+        for future in futures:
+            if future.done():
+                future.result()  # raises the shard's error
+                raise OpsctlError("a shard stopped without an error")  # never: shards run until told
+        lags = _lags(source, shards)
+        emit(MigrateLag({s.key: lags[s.key] for s in shards}))
+        if _cutover_due(shards, lags, state_dir, options):
+            emit(Note("cutover: fencing the source against writes"))
+
+            def stop() -> None:
+                for s in shards:
+                    s.stop.set()
+                for f in futures:
+                    f.result()
+            return cut_over(source, target, shards, stop, CutoverOptions(options.sample))
+        time.sleep(options.interval)
+
+
+def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for s in shards:
+        row: dict[str, object] = {"phase": "stream" if s.streaming else "snapshot", "copied": s.copied,
+                                  "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3)}
+        if s.streaming and s.position is not None:
+            try:
+                row["lag_bytes"] = max(0, master_offset(source, shard_master(source, s)) - s.position.offset)
+            except (OpsctlError, *PIPE_ERRORS):
+                row["lag_bytes"] = -1
+        out[s.key] = row
+    return out
+
+
+def _cutover_due(shards: Sequence[ShardRun], lags: dict[str, dict[str, object]], state_dir: Path,
+                 options: MigrateOptions) -> bool:
+    if not all(s.streaming for s in shards):
+        return False
+    if (state_dir / REQUEST).exists():
+        return True
+    if options.cutover != "auto":
+        return False
+    return all(0 <= int(str(r.get("lag_bytes", -1))) < AUTO_LAG_BYTES and float(str(r["lag_seconds"])) <
+               options.lag_bound for r in lags.values())

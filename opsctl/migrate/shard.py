@@ -1,0 +1,195 @@
+"""One source shard's migration: attach to a member as a replica, copy the snapshot into the target by slot, then
+follow the stream until told to stop. A lost link (a failover, a restart) re-attaches to whichever member
+serves the shard now and continues from the journaled position (a promoted replica keeps the history)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsctl.backup.manifest import rdb_header
+from opsctl.backup.plan import pick_scratch, rdb_written_by
+from opsctl.backup.scratch import scratch_binaries, scratch_server
+from opsctl.base.errors import OpsctlError
+from opsctl.migrate.apply import Applier, EdgeRefused
+from opsctl.migrate.journal import JournalFile, ShardState
+from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.discover import live_node
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.observe.parse import parse_info, server_of
+from opsctl.plan.streamcmd import Position, StreamProtocolError
+from opsctl.restore.engine import Side, Source, Targets, copy_source
+from opsctl.server.versions import reads_rdb
+from opsctl.spec.layout import Node
+from opsctl.stream.reader import Stream, open_stream
+
+REATTACH_TIMEOUT = 60.0  # how long a shard without a member to attach to is waited for before the run stops
+LINK_TIMEOUT = 30.0
+
+
+@dataclass
+class ShardRun:
+    """A source shard's worker and what the progress display reads (offsets, lag)."""
+
+    key: str
+    members: list[Node]
+    source: Connector
+    targets: Callable[[], Targets]
+    journal: JournalFile
+    state_dir: Path
+    shift_ms: int
+    source_ms: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    node: Node | None = None
+    position: Position | None = None
+    lag_seconds: float = 0.0
+    applied: int = 0
+    copied: int = 0
+    streaming: bool = False
+    attaches: int = 0
+
+    @property
+    def rdb(self) -> Path:
+        return self.state_dir / f"migrate-{self.key}.rdb"
+
+    def run(self) -> None:
+        state = self.journal.position(self.key)
+        if state is None or (state.phase == "snapshot" and not self.rdb.exists()):
+            state = self._take_snapshot()
+        if state.phase == "snapshot":
+            self._copy_snapshot()
+            state = ShardState("stream", state.position)
+            self.journal.save(self.key, state)
+            self.rdb.unlink(missing_ok=True)
+        self._follow(state.position)
+
+    # -- attach ----------------------------------------------------------------------------------------------------
+
+    def attach_node(self) -> Node:
+        """A linked replica of the shard, else its master (what answers now, not what the spec says)."""
+        live = [live_node(self.source, n) for n in self.members]
+        replica = next((ln.node for ln in live if ln.role == "replica" and ln.linked), None)
+        master = next((ln.node for ln in live if ln.role == "master"), None)
+        node = replica or master
+        if node is None:
+            raise OpsctlError(f"source {self.key}: no member answers", "; ".join(ln.error for ln in live),
+                              "start them (`opsctl status -f SOURCE_SPEC`), then re-run: it resumes")
+        return node
+
+    def _take_snapshot(self) -> ShardState:
+        node = self.attach_node()
+        with open_stream(self.source, node, since=None, rdb_to=self.rdb, timeout=LINK_TIMEOUT) as stream:
+            start = stream.start
+        state = ShardState("snapshot", start)
+        self.journal.save(self.key, state)
+        return state
+
+    # -- the copy ----------------------------------------------------------------------------------------------------
+
+    def _copy_snapshot(self) -> None:
+        """The snapshot loaded into a scratch server of the source's own server (or one the target can read), then
+        every key written into the target by slot (the restore engine; replace: the target held none of these)."""
+        targets = self.targets()
+        with open(self.rdb, "rb") as handle:
+            header = rdb_header(handle.read(9))
+        if header is None:
+            raise OpsctlError(f"{self.rdb}: the snapshot is not an RDB", hint="remove it and re-run")
+        binaries = scratch_binaries()
+        server = self._source_server()
+        target_server = _target_server(targets)
+        if server not in binaries or not _readable(server, target_server):
+            server = pick_scratch(list(binaries), header[1], target_server, f"the snapshot of source {self.key}")
+        with scratch_server(binaries[server], self.rdb, f"the snapshot of source {self.key}") as scratch:
+            dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
+            if targets.cluster and set(dbs) - {0}:
+                raise EdgeRefused(f"source {self.key} holds keys in databases {sorted(set(dbs) - {0})}; a cluster "
+                                  "has only database 0 (nothing was written)",
+                                  hint="move the keys to db 0 first, or migrate into a standalone topology")
+            path = scratch.socket
+
+            def opener() -> RawPipe:
+                return RawPipe.on_socket(unix_socket(path, 120.0), f"snapshot of {self.key}")
+
+            source = Source(self.key, f"snapshot of {self.key}", opener, dbs, 1 << 62)
+            side = Side(opener, targets.open)
+            try:
+                counts = copy_source(source, targets, "replace", self._copied, side)
+            finally:
+                side.close()
+        if counts.conflicts:
+            raise OpsctlError(f"source {self.key}: {counts.conflicts} keys could not be written to the target")
+
+    def _copied(self, keys: int) -> None:
+        self.copied += keys
+
+    def _source_server(self) -> tuple[str, tuple[int, int]] | None:
+        node = self.attach_node()
+        with RawPipe(self.source, node, 10.0) as pipe:
+            reply = pipe.call("INFO", "server")
+        return server_of(parse_info(reply.decode() if isinstance(reply, bytes) else ""))
+
+    # -- the stream --------------------------------------------------------------------------------------------------
+
+    def _follow(self, position: Position) -> None:
+        """Apply the stream from position until stop; re-attach after a lost link, within REATTACH_TIMEOUT."""
+        last_good = time.monotonic()
+        self.position = position
+        while not self.stop.is_set():
+            applier: Applier | None = None
+            try:
+                applier = Applier(self.targets(), self.journal.journal.id, self.key, self.shift_ms, self.source_ms)
+                node = self.attach_node()
+                with open_stream(self.source, node, since=self.position, rdb_to=self.rdb,
+                                 timeout=LINK_TIMEOUT) as stream:
+                    self.node, self.streaming = node, True
+                    self.attaches += 1
+                    applier.restart(self.position.offset)
+                    self._apply(stream, applier)
+                    last_good = time.monotonic()
+            except (*PIPE_ERRORS, StreamProtocolError) as exc:
+                if time.monotonic() - last_good > REATTACH_TIMEOUT:
+                    raise OpsctlError(f"source {self.key}: the replication link stayed lost",
+                                      f"{type(exc).__name__}: {exc}", "re-run the same command: it resumes") from None
+                self.streaming = False
+                time.sleep(0.2)
+            except OpsctlError as exc:
+                if "no member answers" not in exc.summary or time.monotonic() - last_good > REATTACH_TIMEOUT:
+                    raise
+                self.streaming = False
+                time.sleep(0.2)
+            finally:
+                if applier is not None:
+                    applier.close()
+
+    def _apply(self, stream: Stream, applier: Applier) -> None:
+        assert self.position is not None
+        while not self.stop.is_set():
+            applier.feed(stream.read(0.05))
+            settled = applier.flush()
+            self.lag_seconds, self.applied = applier.lag, self.applied + applier.applied
+            applier.applied = 0
+            replid = stream.position.replid
+            if settled > self.position.offset or replid != self.position.replid:
+                self.position = Position(replid, max(settled, self.position.offset))
+                self.journal.save(self.key, ShardState("stream", self.position))
+                stream.ack(self.position.offset)
+
+
+def _target_server(targets: Targets) -> tuple[str, tuple[int, int]] | None:
+    pipe = targets.open(0)
+    try:
+        reply = pipe.call("INFO", "server")
+    finally:
+        pipe.close()
+    return server_of(parse_info(reply.decode() if isinstance(reply, bytes) else ""))
+
+
+def _readable(server: tuple[str, tuple[int, int]] | None, target: tuple[str, tuple[int, int]] | None) -> bool:
+    """Whether target can RESTORE what server DUMPs."""
+    if server is None or target is None:
+        return False
+    written = rdb_written_by(server)
+    return written is not None and reads_rdb(target[0], target[1], written)

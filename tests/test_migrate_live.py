@@ -1,0 +1,189 @@
+"""opsctl migrate against real servers: a standalone Redis 7.0 under a writer moved into a 3-master Valkey 9.1
+cluster and cut over from another terminal (every acknowledged write in the target, writes after the fence
+refused, the pause measured); a migrate SIGKILLed mid-stream resumed without a second full copy; the edges
+refused at their offset."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from opsctl.spec.load import LoadedSpec
+from tests.lifecycle import deployed, run
+from tests.support import PASSWORD, cluster_check
+from tests.writer import Writer, cluster_client
+
+pytestmark = pytest.mark.integration
+
+TARGET = ("cluster", "valkey", {"cluster": {"masters": 3, "replicas_per_master": 0}})
+SOURCE = ("standalone", "redis", {})
+
+
+@contextmanager
+def pair(tmp_path: Path, capsys: pytest.CaptureFixture[str], source: tuple[str, str, dict[str, Any]] = SOURCE,
+         target: tuple[str, str, dict[str, Any]] = TARGET) -> Iterator[tuple[Path, LoadedSpec, Path, LoadedSpec]]:
+    with ExitStack() as stack:
+        found = []
+        for name, (topology, flavor, sections) in (("src", source), ("dst", target)):
+            folder = tmp_path / name
+            folder.mkdir()
+            found.append(stack.enter_context(deployed(folder, capsys, topology, flavor, **sections)))
+        (s, s_loaded), (t, t_loaded) = found
+        yield s, s_loaded, t, t_loaded
+
+
+def source_client(loaded: LoadedSpec) -> redis.Redis:
+    node = next(n for n in loaded.layout.servers if n.role == "master")
+    return redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True)
+
+
+class Migrate:
+    """opsctl migrate as a subprocess, its JSON events read as they come."""
+
+    def __init__(self, target: Path, source: Path, *extra: str) -> None:
+        argv = [sys.executable, "-m", "opsctl.cli.main", "migrate", "-f", str(target), "--from", str(source),
+                "--auto-approve", "--output", "json", *extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=os.environ.copy())
+        self.events: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with suppress(ValueError):
+                self.events.append(json.loads(line))
+
+    def streaming(self, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lags = [e for e in self.events if e.get("event") == "migrate-lag"]
+            if lags and all(s["phase"] == "stream" for s in lags[-1]["shards"].values()):
+                return lags[-1]
+            assert self.proc.poll() is None, self.stderr()
+            time.sleep(0.05)
+        raise AssertionError(f"not streaming after {timeout}s: {self.events[-3:]}")
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout)
+        self.thread.join(5)
+        return code
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+
+    def done(self) -> dict[str, Any]:
+        return next(e for e in self.events if e.get("event") == "cutover-done")
+
+
+def fill(client: redis.Redis, count: int = 2000) -> None:
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.set(f"s:{i}", f"v{i}")
+        if i % 10 == 0:
+            pipe.pexpire(f"s:{i}", 600_000)
+    for i in range(20):
+        pipe.hset(f"h:{i}", mapping={f"f{j}": j for j in range(i + 1)})
+        pipe.rpush(f"l:{i}", *range(i + 1))
+    pipe.execute()
+
+
+def test_standalone_redis_into_a_valkey_cluster_with_a_writer_and_a_cutover(tmp_path, capsys) -> None:
+    with pair(tmp_path, capsys) as (s, s_loaded, t, t_loaded):
+        src = source_client(s_loaded)
+        fill(src)
+        with Writer(lambda: source_client(s_loaded)) as writer:
+            writer.wait_for_writes(500)
+            migrate = Migrate(t, s)
+            migrate.streaming()
+            src.execute_command("INCR", "counter")  # not idempotent: applied exactly once
+            src.set("ttl:rel", "x", ex=300)
+            time.sleep(1.5)  # the stream under the writer
+            code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
+            assert code == 0 and "cutover done" in out, out + err
+            time.sleep(0.3)  # writes after the fence: refused
+        assert migrate.wait() == 0, migrate.stderr()
+        done = migrate.done()
+        assert done["ok"] and done["source_keys"] == done["target_keys"], done
+        assert 0 < done["pause_s"] < 5, done
+        with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
+            src.set("after-fence", 1)
+        assert writer.errors and all("NOREPLICAS" in e for e in writer.errors), writer.errors[:3]
+        dst = cluster_client(t_loaded)
+        assert writer.verify(dst) == [], "acknowledged writes missing in the target"
+        assert dst.get("counter") == "1" and dst.get("s:5") == "v5" and dst.lrange("l:3", 0, -1) == list("0123")
+        assert 290_000 < dst.pttl("ttl:rel") <= 300_000 and 590_000 < dst.pttl("s:10") <= 600_000
+        assert not [k for k in dst.scan_iter("opsctl-migrate:*")], "markers left on the target"
+        assert cluster_check(f"{t_loaded.layout.servers[0].address}:{t_loaded.layout.servers[0].port}").returncode \
+            == 0
+        with capsys.disabled():
+            print(f"\nmigrate: {len(writer.acked)} acked writes, pause {done['pause_s']}s, caught up after "
+                  f"{done['caught_up_s']}s, {done['target_keys']} keys")
+
+
+def test_a_killed_migrate_resumes_without_a_second_full_copy(tmp_path, capsys) -> None:
+    with pair(tmp_path, capsys) as (s, s_loaded, t, t_loaded):
+        src = source_client(s_loaded)
+        fill(src, 500)
+        with Writer(lambda: source_client(s_loaded)) as writer:
+            migrate = Migrate(t, s)
+            migrate.streaming()
+            for i in range(200):
+                src.execute_command("INCR", "counter")
+                src.rpush("list", i)
+            time.sleep(0.5)
+            migrate.proc.send_signal(signal.SIGKILL)
+            migrate.wait()
+            syncs = int(src.info("stats")["sync_full"])
+            for i in range(200):
+                src.execute_command("INCR", "counter")
+                src.rpush("list", i + 200)
+            migrate = Migrate(t, s, "--cutover", "auto")
+            assert migrate.wait() == 0, migrate.stderr()
+        assert int(src.info("stats")["sync_full"]) == syncs, "the resumed run took a second full copy"
+        assert int(src.info("stats")["sync_partial_ok"]) >= 1
+        assert migrate.done()["ok"], migrate.done()
+        dst = cluster_client(t_loaded)
+        assert writer.verify(dst) == []
+        assert dst.get("counter") == "400" and dst.lrange("list", 0, -1) == [str(i) for i in range(400)]
+
+
+@pytest.mark.parametrize("edge, expect", [
+    (("FLUSHALL",), "FLUSHALL"),
+    (("SELECT", "3"), "a cluster has only database 0"),
+    (("MULTI-SPAN",), "touches keys on"),
+])
+def test_the_edges_stop_at_their_offset(tmp_path, capsys, edge, expect) -> None:
+    flushable = ("standalone", "redis", {"hardening": {"disabled_commands": ["KEYS"]}})
+    with pair(tmp_path, capsys, flushable, TARGET) as (s, s_loaded, t, t_loaded):
+        src = source_client(s_loaded)
+        fill(src, 100)
+        migrate = Migrate(t, s)
+        migrate.streaming()
+        src.set("before-edge", 1)
+        if edge == ("MULTI-SPAN",):
+            with src.pipeline(transaction=True) as pipe:
+                pipe.set("a", 1).set("b", 2).set("c", 3).set("d", 4).execute()
+        elif edge == ("SELECT", "3"):
+            other = redis.Redis(host=s_loaded.layout.servers[0].address, port=s_loaded.layout.servers[0].port,
+                                password=PASSWORD, db=3)
+            other.set("x", 1)
+        else:
+            src.execute_command("FLUSHALL")
+        assert migrate.wait() == 3, migrate.events[-2:]
+        err = migrate.stderr()
+        assert expect in err and "replication offset" in err, err
+        assert cluster_client(t_loaded).get("before-edge") == "1"
