@@ -53,13 +53,18 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _prometheus(tmp_path: Path, targets: Path) -> Iterator[str]:
-    """A real Prometheus on loopback scraping the file_sd targets every second; yields its URL."""
+def _prometheus(tmp_path: Path, targets: Path, rules: Path | None = None,
+                static: list[str] | None = None) -> Iterator[str]:
+    """A real Prometheus on loopback scraping the file_sd targets every second (and the static targets as job
+    `opsctl`; rules evaluated every second); yields its URL."""
     port = _free_port()
     config = tmp_path / "prometheus.yml"
+    scrapes: list[dict[str, object]] = [{"job_name": "redis", "file_sd_configs": [{"files": [str(targets)]}]}]
+    if static:
+        scrapes.append({"job_name": "opsctl", "static_configs": [{"targets": static}]})
     config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "redis", "file_sd_configs": [{"files": [str(targets)]}]}]}))
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)] if rules else [], "scrape_configs": scrapes}))
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(
         ["/usr/bin/prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
