@@ -91,12 +91,18 @@ def _apply(capsys: pytest.CaptureFixture[str], spec: Path) -> None:
     assert NEW not in out + err and PASSWORD not in out + err
 
 
-@pytest.mark.parametrize("flavor", ["redis", "valkey"])
-def test_exporters_beside_sentinels_and_through_a_rotation(tmp_path: Path, flavor: str,
+# password mode on both servers; ACL mode (users.acl on the servers, requirepass on the Sentinels) on Valkey 9.1
+CASES = {"redis-password": ("redis", {}), "valkey-password": ("valkey", {}),
+         "valkey-acl": ("valkey", {"auth": {"mode": "acl", "password": {"env": "OPSCTL_TEST_PASSWORD"}}})}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exporters_beside_sentinels_and_through_a_rotation(tmp_path: Path, case: str,
                                                            capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     _needs(EXPORTER_BINARY, "prometheus-redis-exporter")
-    with deployed(tmp_path, capsys, "sentinel", flavor, metrics={"exporter": True}) as (spec, loaded):
+    flavor, sections = CASES[case]
+    with deployed(tmp_path, capsys, "sentinel", flavor, metrics={"exporter": True}, **sections) as (spec, loaded):
         offset = loaded.spec.metrics.port_offset
         sentinels = loaded.layout.sentinels
         assert sentinels
