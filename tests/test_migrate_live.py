@@ -187,3 +187,58 @@ def test_the_edges_stop_at_their_offset(tmp_path, capsys, edge, expect) -> None:
         err = migrate.stderr()
         assert expect in err and "replication offset" in err, err
         assert cluster_client(t_loaded).get("before-edge") == "1"
+
+
+def test_a_three_master_cluster_into_five_masters_cut_over_by_itself(tmp_path, capsys) -> None:
+    source = ("cluster", "valkey", {"cluster": {"masters": 3, "replicas_per_master": 0}})
+    target = ("cluster", "valkey", {"cluster": {"masters": 5, "replicas_per_master": 0}})
+    with pair(tmp_path, capsys, source, target) as (s, s_loaded, t, t_loaded):
+        src = cluster_client(s_loaded)
+        for i in range(1000):
+            src.set(f"c:{i}", i)
+        with Writer(lambda: cluster_client(s_loaded)) as writer:
+            writer.wait_for_writes(200)
+            migrate = Migrate(t, s, "--cutover", "auto", "--lag-bound", "0.5")
+            assert migrate.wait() == 0, migrate.stderr()
+            time.sleep(0.2)
+        done = migrate.done()
+        assert done["ok"] and len(done["final_offsets"]) == 3 and len(done["point_to"]) == 5, done
+        dst = cluster_client(t_loaded)
+        assert writer.verify(dst) == [] and dst.get("c:999") == "999"
+        assert writer.errors, "no write reached the fenced source after the cutover"
+        node = t_loaded.layout.servers[0]
+        assert cluster_check(f"{node.address}:{node.port}").returncode == 0
+
+
+def test_a_source_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
+    source = ("replication", "redis", {"hosts": 2})
+    with pair(tmp_path, capsys, source, TARGET) as (s, s_loaded, t, t_loaded):
+        old, new = s_loaded.layout.servers[0], s_loaded.layout.servers[1]
+        old_c, new_c = (redis.Redis(host=n.address, port=n.port, password=PASSWORD, decode_responses=True)
+                        for n in (old, new))
+        config = s_loaded.command_name(old, "CONFIG")
+        replicaof = s_loaded.command_name(old, "REPLICAOF")
+        with Writer(lambda: old_c) as before:
+            migrate = Migrate(t, s)
+            migrate.streaming()
+            time.sleep(0.5)
+        offset = int(old_c.info("replication")["master_repl_offset"])
+        deadline = time.monotonic() + 10
+        while int(new_c.info("replication")["master_repl_offset"]) < offset:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stats = new_c.info("stats")
+        new_c.execute_command(replicaof, "NO", "ONE")
+        new_c.execute_command(config, "SET", "min-replicas-to-write", "0")
+        old_c.execute_command(replicaof, new.address, new.port)
+        with Writer(lambda: new_c, prefix="after") as after:
+            after.wait_for_writes(300)
+            time.sleep(1.0)
+            code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
+            assert code == 0, out + err
+        assert migrate.wait() == 0, migrate.stderr()
+        now = new_c.info("stats")
+        assert now["sync_full"] == stats["sync_full"], "the promoted replica had to send a full copy"
+        assert now["sync_partial_ok"] > stats["sync_partial_ok"]
+        dst = cluster_client(t_loaded)
+        assert before.verify(dst) == [] and after.verify(dst) == []
