@@ -116,5 +116,10 @@ def remove_node(run: Execution, step: Step) -> None:
     from opsctl.apply import slot_steps as handlers
 
     assert isinstance(step, RemoveNode)
+    if run.rt.loaded.spec.topology != "cluster":
+        from opsctl.apply.shape_steps import remove_replicated
+
+        remove_replicated(run, step)
+        return
     handlers.remove_node(run.rt, step, run.emit)
 

@@ -40,7 +40,7 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
     provider = AnsibleProvider(loaded, state_dir)
     try:
         connector = make_connector(loaded, state_dir, provider.admin_route())
-        if loaded.spec.topology == "cluster":
+        if loaded.spec.topology != "standalone":
             connector.loaded = provider.loaded = place_from(loaded, provider.deployed_records(), connector)
         yield connector
     finally:

@@ -93,12 +93,16 @@ def shard_facts(rt: Runtime, shard: Shard) -> dict[str, NodeFacts]:
 
 
 def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) -> dict[str, NodeFacts]:
-    """Nodes a larger spec had that the cluster still knows (scale-in): observed so the plan drains them."""
-    if rt.loaded.spec.topology != "cluster":
+    """Nodes a larger spec had that the cluster still knows (scale-in), or that a replication or Sentinel spec's
+    placement retired (spec.replplacement): observed so the plan drains them."""
+    if rt.loaded.spec.topology == "standalone":
         return {}
-    from opsctl.plan.slotmath.scale import retired_nodes
+    if rt.loaded.spec.topology == "cluster":
+        from opsctl.plan.slotmath.scale import retired_nodes
 
-    extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
+        extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
+    else:
+        extra = [n for n in rt.loaded.layout.retired if n.name not in facts]
     states = dict(zip([n.name for n in extra], fan_out(rt.provider.process_state, extra), strict=True))
     running = [n for n in extra if states[n.name].running]
     seen = observe(rt.connector, running, with_config=with_config) if running else {}

@@ -15,7 +15,7 @@ from opsctl.spec.placement import surplus_members, with_placement
 def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> LoadedSpec:
     """The spec's layout given the records of what is deployed: a deployed node keeps its name, host, port and
     shard; the records are read on the hosts, so a fresh state dir places the same. Every command places so."""
-    if loaded.spec.topology != "cluster":
+    if loaded.spec.topology == "standalone":
         return loaded
     return place_from(loaded, provider.deployed_records(), connector)
 

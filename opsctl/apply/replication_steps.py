@@ -19,7 +19,7 @@ from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
-from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.spec.layout import Layout, Node, sentinel_master_name, sentinel_quorum
 from opsctl.spec.placement import with_member
 
 
@@ -88,13 +88,20 @@ def _fail_over_drained(run: Execution, step: Failover) -> None:
     layout = rt.loaded.layout
     members = [rt.node(m) for s in layout.shards if s.index == step.shard for m in s.members]
     absent = [n.name for n in members if not rt.provider.process_state(n).running]
-    view = replace(rt.loaded, layout=with_member(layout, step.node, absent))
+    view = replace(rt.loaded, layout=_without_idle_sentinels(rt, with_member(layout, step.node, absent)))
     placed = connector.loaded
     connector.loaded = view
     try:
         fail_over(replace(run, rt=replace(rt, loaded=view)), step)
     finally:
         connector.loaded = placed
+
+
+def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:
+    """layout without the sentinels not started yet (placed by this spec): the runbook asks every sentinel of its
+    layout for CKQUORUM, and a new one starts after the failover, pointed at the master it made."""
+    idle = {n.name for n in layout.sentinels if not rt.provider.process_state(n).running}
+    return replace(layout, nodes=tuple(n for n in layout.nodes if n.name not in idle)) if idle else layout
 
 
 def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:

@@ -109,6 +109,15 @@ class NodeFacts(Frozen):
         address, port = fields_["address"].rsplit(":", 1)
         return fields_["name"], address, int(port)
 
+    @property
+    def sentinel_knows(self) -> tuple[int, int] | None:
+        """(replicas, sentinels counting itself) a sentinel knows of its master, from INFO's master0 line: a
+        stopped replica or sentinel stays counted until SENTINEL RESET."""
+        raw = self.info.get("master0", "")
+        fields_ = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
+        replicas, sentinels = fields_.get("slaves", ""), fields_.get("sentinels", "")
+        return (int(replicas), int(sentinels)) if replicas.isdigit() and sentinels.isdigit() else None
+
 
 Facts = Mapping[str, NodeFacts]  # every node's facts by name: what the pure deciders take
 

@@ -42,9 +42,11 @@ def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str |
 
 
 def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name: str) -> str | None:
-    """Every sentinel sees the same master, status ok, all replicas and all other sentinels."""
+    """Every sentinel sees the same master, status ok, all replicas and all other sentinels; while placement retires
+    nodes (spec.replplacement) they may count those too, until the plan's SENTINEL RESET."""
     sentinels = layout.sentinels
     replicas = len(layout.shards[0].replicas)
+    leaving = sum(1 for n in layout.retired if not n.is_sentinel), sum(1 for n in layout.retired if n.is_sentinel)
     masters: set[tuple[str, int]] = set()
     for node in sentinels:
         f = facts[node.name]
@@ -55,15 +57,20 @@ def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name
             return f"{node.name} does not monitor '{master_name}'"
         if line.get("status") != "ok":
             return f"{node.name} sees master status {line.get('status')}"
-        if int(line.get("slaves", "0")) != replicas:
-            return f"{node.name} sees {line.get('slaves')} replicas, expected {replicas}"
-        if int(line.get("sentinels", "0")) != len(sentinels):
-            return f"{node.name} sees {line.get('sentinels')} sentinels, expected {len(sentinels)}"
+        if not replicas <= int(line.get("slaves", "0")) <= replicas + leaving[0]:
+            return f"{node.name} sees {line.get('slaves')} replicas, expected {_counted(replicas, leaving[0])}"
+        if not len(sentinels) <= int(line.get("sentinels", "0")) <= len(sentinels) + leaving[1]:
+            return (f"{node.name} sees {line.get('sentinels')} sentinels, expected "
+                    f"{_counted(len(sentinels), leaving[1])}")
         address, port = line["address"].rsplit(":", 1)
         masters.add((address, int(port)))
     if len(masters) > 1:
         return f"sentinels disagree about the master: {sorted(masters)}"
     return _sentinels_behind(layout, facts)
+
+
+def _counted(count: int, leaving: int) -> str:
+    return f"{count} to {count + leaving} (the retired ones until SENTINEL RESET)" if leaving else str(count)
 
 
 def _sentinels_behind(layout: Layout, facts: Mapping[str, NodeFacts]) -> str | None:

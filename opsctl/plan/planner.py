@@ -22,6 +22,9 @@ from opsctl.plan.refusals import (
     refuse_unsafe_server_change,
 )
 from opsctl.plan.replication_steps import finish_failover_steps, replication_steps, with_sentinel_steps
+from opsctl.plan.replshape import DRAIN_FIRST as REPLICATED_DRAIN_FIRST
+from opsctl.plan.replshape import drain_failovers as replicated_drains
+from opsctl.plan.replshape import retire_steps
 from opsctl.plan.rolling import shard_steps
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.steps import AssignSlots, CloseSlots, Failover, FormCluster, Plan, RestartNode, Step, WaitConverged
@@ -37,8 +40,11 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     refuse_unsafe_server_change(facts, server)
     refuse_empty_master_restart(loaded, facts)
-    if loaded.spec.topology == "cluster":
+    if loaded.spec.topology != "standalone":
         refuse_removed_hosts(layout)
+    if loaded.spec.topology in ("replication", "sentinel") and (drains := replicated_drains(layout, facts)):
+        return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
+    if loaded.spec.topology == "cluster":
         refuse_layout_change(layout, facts)
         if failovers := drain_failovers(loaded.spec, layout, facts):
             return _repairs_first(loaded, failovers, DRAIN_FIRST, facts, spec_digest)
@@ -69,6 +75,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps += finish + replication_steps(layout, facts, moving)
     if topology == "sentinel":
         steps = with_sentinel_steps(loaded, desired, facts, steps, moving)
+    if topology in ("replication", "sentinel"):
+        steps += retire_steps(layout, facts, steps)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
     if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself

@@ -88,12 +88,16 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
 
 def with_sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, steps: list[Step],
                          moving: Collection[str]) -> list[Step]:
-    """Settings first, then the servers' steps, then the sentinels'. A failover in the plan waits for every
-    sentinel to answer CKQUORUM OK (its sentinel-quorum pre-check): then the sentinels to start or to point at the
-    master go before the servers' steps (they learn of the failover like the others); restarts stay last."""
+    """Settings first (a raised quorum last), then the servers' steps, then the sentinels'. A failover in the plan
+    waits for every sentinel to answer CKQUORUM OK (its sentinel-quorum pre-check): then the sentinels to start or
+    to point at the master go before the servers' steps (they learn of the failover like the others);
+    restarts stay last."""
     sentinels = sentinel_steps(loaded, desired, facts)
     first = [s for s in sentinels if not isinstance(s, RestartNode)] if moving else []
-    return [*sentinel_setting_steps(loaded, desired, facts), *first, *steps, *(s for s in sentinels if s not in first)]
+    settings = sentinel_setting_steps(loaded, desired, facts)
+    raising = [s for s in settings if raises_quorum(s, facts)]  # after the new sentinels start
+    return [*(s for s in settings if s not in raising), *first, *steps, *(s for s in sentinels if s not in first),
+            *raising]
 
 
 SENTINEL_SETTINGS = ("down-after-milliseconds", "failover-timeout", "parallel-syncs", "auth-pass", "auth-user")
@@ -143,3 +147,12 @@ def sentinel_drift(want: Mapping[str, str], seen: Mapping[str, str] | None) -> d
     return {k: v for k, v in want.items() if k in seen or k == "auth-pass"
             if seen.get(k) != v and not (k == "auth-pass" and seen.get(k) == MASK)}
 
+
+def raises_quorum(step: Step, facts: Facts) -> bool:
+    """A SENTINEL SET that raises the quorum: it waits for the new sentinels to start, so the quorum never exceeds
+    the sentinels running."""
+    if not isinstance(step, SentinelSet) or step.node not in facts:
+        return False
+    want = dict(step.settings).get("quorum")
+    had = sentinel_settings(facts[step.node].recorded_directives).get("quorum")
+    return want is not None and had is not None and want.isdigit() and had.isdigit() and int(want) > int(had)

@@ -212,6 +212,14 @@ class RemoveNode(Step):
     purge: bool = False
 
 
+@frozen
+class SentinelReset(Step):
+    """SENTINEL RESET on every running sentinel, one at a time, each waited for until it knows the fleet again:
+    stopped replicas and sentinels are forgotten while the others keep a quorum."""
+
+    kind: ClassVar[str] = "sentinel-reset"
+
+
 # Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.
 NODE_LOCAL = (WriteConfig, StartNode)
 
@@ -232,7 +240,7 @@ STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
     StartExporter, StopExporter,
-    FinishFailover, SetPasswords)}
+    FinishFailover, SetPasswords, SentinelReset)}
 
 
 @frozen

@@ -43,10 +43,10 @@ from opsctl.providers.remote.runner import PlaybookResult, private_dir, run_play
 from opsctl.providers.remote.staging import stage
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import plaintext_port
+from opsctl.spec.deployed import is_node_name
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
-from opsctl.spec.placement import name_index
 from opsctl.tls.material import node_files
 
 RECORD = "opsctl-node.json"
@@ -166,7 +166,7 @@ class AnsibleProvider:
         """The records of the spec's server folders on every host (one SFTP listing of the spec's root each, then
         each record): a fresh state dir finds what is deployed where it runs."""
         spec = self.loaded.spec
-        if spec.topology != "cluster":
+        if spec.topology == "standalone":
             return {}
         root = remote_root(spec)
 
@@ -180,7 +180,7 @@ class AnsibleProvider:
                     return {}
                 found = {}
                 for entry in entries:
-                    if name_index(spec, entry) is None:
+                    if not is_node_name(spec, entry):
                         continue
                     record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"), entry,
                                           f"{RECORD} of {entry} on host {host.name}")

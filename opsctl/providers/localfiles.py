@@ -20,9 +20,9 @@ from opsctl.providers.base import parse_record
 from opsctl.providers.binaries import ServerBinary
 from opsctl.providers.serveruser import ServerUser, can_run, check_reachable, ensure, lookup
 from opsctl.render import NodePaths, default_paths
+from opsctl.spec.deployed import is_node_name
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.placement import name_index
 from opsctl.state.safefs import check_state_path, make_dir, read_bounded, trusted_owners, write_private
 
 RECORD = "opsctl-node.json"
@@ -47,12 +47,12 @@ def deployed_records_in(loaded: LoadedSpec, state_dir: Path) -> dict[str, dict[s
     every host, and its nodes live there (Provider.deployed_records; also read without a provider)."""
     spec = loaded.spec
     state_dir = Path(os.path.abspath(state_dir))
-    if spec.topology != "cluster" or not state_dir.is_dir():
+    if spec.topology == "standalone" or not state_dir.is_dir():
         return {}
     found: dict[str, dict[str, Any]] = {}
     for entry in sorted(os.listdir(state_dir)):
         folder = state_dir / entry
-        if name_index(spec, entry) is None or folder.is_symlink() or not folder.is_dir():
+        if not is_node_name(spec, entry) or folder.is_symlink() or not folder.is_dir():
             continue
         path = folder / RECORD
         record = parse_record(read_text(path), entry, str(path))

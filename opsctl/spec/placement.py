@@ -5,54 +5,24 @@ the shell (opsctl.apply.placing) reads the records. The rules: docs/changing-the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from opsctl.base.endpoints import canonical_address
-from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.deployed import Deployed, deployed_from_records, name_index
 from opsctl.spec.layout import Layout, Node, Role, Shard, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
-
-
-@frozen
-class Deployed(Frozen):
-    """What a node's record on its host says it was deployed as; retired: purged, its name kept from reuse."""
-
-    name: str
-    host: str
-    port: int
-    role: str
-    shard: int | None
-    retired: bool = False
-    address: str | None = None  # where the node listens: data, not identity (None in records from before it)
-
-
-def name_index(spec: Spec, name: str) -> int | None:
-    """k of a server name <spec>-k, None for any other name."""
-    found = re.fullmatch(re.escape(spec.name) + r"-(\d+)", name)
-    return int(found.group(1)) if found else None
-
-
-def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[Deployed]:
-    """The records' deployed placements (a record without one, from before placements were kept, is left out)."""
-    found = []
-    for name, record in sorted(records.items()):
-        was = record.get("deployed")
-        if isinstance(was, Mapping) and isinstance(was.get("host"), str) and isinstance(was.get("port"), int):
-            shard = was.get("shard")
-            address = was.get("address")
-            found.append(Deployed(name, str(was["host"]), int(str(was["port"])), str(was.get("role")),
-                                  shard if isinstance(shard, int) else None, bool(record.get("retired")),
-                                  address if isinstance(address, str) else None))
-    return found
+from opsctl.spec.replplacement import replication_placed
 
 
 def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = ()) -> Layout:
-    """The layout of spec given what is deployed (see the module's docstring); other topologies: spec's layout.
+    """The layout of spec given what is deployed (see the module's docstring; replication and Sentinel:
+    spec.replplacement); standalone: spec's layout.
     serving: the nodes that are their shard's master now (the shell asks the cluster): never retired as surplus,
     because a retired master would be drained of its slots like a removed shard instead of staying its master."""
+    if spec.topology in ("replication", "sentinel"):
+        return replication_placed(spec, deployed)
     if spec.topology != "cluster":
         return layout(spec)
     live = [d for d in deployed if not d.retired and d.shard is not None and name_index(spec, d.name)]

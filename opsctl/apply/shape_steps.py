@@ -1,0 +1,78 @@
+"""The steps of a replication or Sentinel topology changing shape (plan.replshape): a retired node stopped, purged
+and kept as a tombstone; the sentinels told to forget it (SENTINEL RESET), one at a time, each waited for until it
+knows the fleet again, so the others keep a quorum meanwhile."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from opsctl.apply.execution import Execution
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.poll import Pending, wait_for
+from opsctl.net.admin import Admin
+from opsctl.observe.parse import parse_info, parse_role
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.steps import RemoveNode, Step
+from opsctl.spec.layout import Layout, Node, sentinel_master_name
+
+
+def remove_replicated(run: Execution, step: Step) -> None:
+    """Stop a retired server or sentinel, then purge it (its record stays as a tombstone). A server that is a master
+    with replicas is refused: the plan fails it over first, and a failover since the plan was made would have
+    moved the writes to it."""
+    from opsctl.apply.slot_steps import retire  # with the failover machinery: only when a node goes
+    from opsctl.failover.actions import checkpoint
+
+    assert isinstance(step, RemoveNode)
+    rt = run.rt
+    node = Layout(rt.loaded.layout.retired).find(step.node)
+    if node is None:
+        raise OpsctlError(f"cannot find the retired node {step.node}", hint="plan again")
+    if not node.is_sentinel and rt.provider.process_state(node).running:
+        with rt.admin(node) as admin:
+            _refuse_serving_master(admin, node)
+    rt.provider.stop(node)
+    checkpoint("remove-node-stopped")
+    retire(rt, node)
+
+
+def _refuse_serving_master(admin: Admin, node: Node) -> None:
+    role = parse_role(admin.call("ROLE"))
+    if role.kind == "master" and role.replicas:
+        raise RefusedError(f"{node.name} is a master with {len(role.replicas)} replica(s) now",
+                           "removing it would stop the shard's writes and drop what only it holds",
+                           "apply again: the plan fails it over first")
+
+
+def sentinel_reset(run: Execution, step: Step) -> None:
+    """SENTINEL RESET on each running sentinel in turn, each waited for until it counts the running sentinels again
+    (hellos, every 2 s) before the next one forgets, so a majority always knows its peers; then until every one
+    counts the running replicas again (its next INFO to the master, every 10 s: waited for in parallel, not per
+    sentinel)."""
+    rt = run.rt
+    layout = rt.loaded.layout
+    name = sentinel_master_name(rt.loaded.spec)
+    running = [n for n in layout.nodes if rt.provider.process_state(n).running]
+    replicas = sum(1 for n in running if n.name in layout.shards[0].replicas)
+    sentinels = [n for n in running if n.is_sentinel]
+    admins = [rt.admin(n) for n in sentinels]
+    try:
+        for node, admin in zip(sentinels, admins, strict=True):
+            admin.call("SENTINEL", "RESET", name)
+            wait_for(partial(_knows, [admin], None, len(sentinels)), run.wait_timeout,
+                     f"{node.name} to count {len(sentinels)} sentinel(s) again after SENTINEL RESET", interval=0.1)
+        wait_for(partial(_knows, admins, replicas, len(sentinels)), run.wait_timeout,
+                 f"the sentinels to count {replicas} replica(s) again after SENTINEL RESET", interval=0.1)
+    finally:
+        for admin in admins:
+            admin.close()
+
+
+def _knows(admins: list[Admin], replicas: int | None, sentinels: int) -> bool | Pending:
+    """Every admin's sentinel counts `sentinels` sentinels (itself included) and, unless None, `replicas` replicas."""
+    for admin in admins:
+        knows = NodeFacts("sentinel", True, info=parse_info(admin.info("sentinel"))).sentinel_knows
+        if knows is None or knows[1] != sentinels or (replicas is not None and knows[0] != replicas):
+            seen = f"{knows[0]} replica(s) and {knows[1]} sentinel(s)" if knows else "no master"
+            return Pending(f"{admin.endpoint} counts {seen}")
+    return True

@@ -1,0 +1,55 @@
+"""What a node's record on its host says it was deployed as, read into plain values: placement's input (opsctl.spec
+.placement, opsctl.spec.replplacement). Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.spec.layout import SENTINEL_PREFIX
+from opsctl.spec.model import Spec
+
+
+@frozen
+class Deployed(Frozen):
+    """What a node's record on its host says it was deployed as; retired: purged, its name kept from reuse."""
+
+    name: str
+    host: str
+    port: int
+    role: str
+    shard: int | None
+    retired: bool = False
+    address: str | None = None  # where the node listens: data, not identity (None in records from before it)
+
+
+def name_index(spec: Spec, name: str) -> int | None:
+    """k of a server name <spec>-k, None for any other name."""
+    found = re.fullmatch(re.escape(spec.name) + r"-(\d+)", name)
+    return int(found.group(1)) if found else None
+
+
+def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[Deployed]:
+    """The records' deployed placements (a record without one, from before placements were kept, is left out)."""
+    found = []
+    for name, record in sorted(records.items()):
+        was = record.get("deployed")
+        if isinstance(was, Mapping) and isinstance(was.get("host"), str) and isinstance(was.get("port"), int):
+            shard = was.get("shard")
+            address = was.get("address")
+            found.append(Deployed(name, str(was["host"]), int(str(was["port"])), str(was.get("role")),
+                                  shard if isinstance(shard, int) else None, bool(record.get("retired")),
+                                  address if isinstance(address, str) else None))
+    return found
+
+
+def sentinel_index(spec: Spec, name: str) -> int | None:
+    """i of a sentinel name <spec>-sentinel-i, None for any other name."""
+    found = re.fullmatch(re.escape(f"{spec.name}-{SENTINEL_PREFIX}-") + r"(\d+)", name)
+    return int(found.group(1)) if found else None
+
+
+def is_node_name(spec: Spec, name: str) -> bool:
+    """A server's or a sentinel's name of spec: the node folders whose records placement reads."""
+    return name_index(spec, name) is not None or sentinel_index(spec, name) is not None
