@@ -1,9 +1,10 @@
 """The rules and the dashboard against a real Prometheus (issue 24, "must show"): a 3+3 cluster and a Sentinel fleet,
 both with metrics.exporter, scraped by Debian's Prometheus through `opsctl metrics targets`, and opsctl's own signals
 (a real `opsctl backup --metrics-textfile`) through Debian's node_exporter. Every query of the dashboard returns a
-series; killing a cluster master makes RedisNodeDown fire for it, and killing its shard's last node makes
-RedisClusterStateFail and RedisClusterSlotsNotCovered fire. The rules are monitoring/prometheus/alerts.yml with every
-`for:` cut to FOR so the test stays short. Fails (not skips) under CI=true without the Debian packages."""
+series; killing a cluster master makes RedisNodeDown fire for it, killing its shard's last node makes
+RedisClusterStateFail and RedisClusterSlotsNotCovered fire, and a stalled (SIGSTOPped) Sentinel is a node down too.
+The rules are monitoring/prometheus/alerts.yml with every `for:` cut to FOR so the test stays short. Fails (not
+skips) under CI=true without the Debian packages."""
 
 from __future__ import annotations
 
@@ -161,7 +162,16 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         os.kill(_pid(cluster_spec, cluster, replica), signal.SIGKILL)  # the shard's last node: its slots are gone
         state = _wait_for_alert(url, "RedisClusterStateFail", {"topology": cluster.spec.name}, killed)
         slots = _wait_for_alert(url, "RedisClusterSlotsNotCovered", {"topology": cluster.spec.name}, killed)
+        sentinel = fleet.layout.sentinels[0]
+        pid = _pid(sentinel_spec, fleet, sentinel)
+        stalled = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)  # a stalled node: its exporter's scrape outlasts the scrape timeout
+        try:
+            stall = _wait_for_alert(url, "RedisNodeDown", {"node": sentinel.name}, stalled)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         with capsys.disabled():
             print(f"RedisNodeDown fired {down:.1f} s after the master's SIGKILL; RedisClusterStateFail {state:.1f} s "
                   f"and RedisClusterSlotsNotCovered {slots:.1f} s after its shard's last node's (for: {FOR}, "
-                  f"node_timeout {cluster.spec.cluster_or_default().node_timeout_ms} ms, 1 s scrapes)")
+                  f"node_timeout {cluster.spec.cluster_or_default().node_timeout_ms} ms, 1 s scrapes); "
+                  f"RedisNodeDown {stall:.1f} s after a Sentinel's SIGSTOP")
