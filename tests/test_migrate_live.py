@@ -161,6 +161,22 @@ def test_a_killed_migrate_resumes_without_a_second_full_copy(tmp_path, capsys) -
         assert dst.get("counter") == "400" and dst.lrange("list", 0, -1) == [str(i) for i in range(400)]
 
 
+def test_a_resume_past_the_backlog_says_it_must_start_over(tmp_path, capsys) -> None:
+    with pair(tmp_path, capsys) as (s, s_loaded, t, _t_loaded):
+        src = source_client(s_loaded)
+        fill(src, 100)
+        migrate = Migrate(t, s)
+        migrate.streaming()
+        migrate.proc.send_signal(signal.SIGKILL)
+        migrate.wait()
+        src.execute_command(s_loaded.command_name(s_loaded.layout.servers[0], "CONFIG"), "SET", "repl-backlog-size",
+                            "16384")
+        for i in range(300):
+            src.set(f"fill:{i}", "x" * 10_000)
+        code, out, err = run(capsys, "migrate", "-f", str(t), "--from", str(s), "--auto-approve")
+        assert code == 3 and "must start over: backlog overrun" in err, out + err
+
+
 @pytest.mark.parametrize("edge, expect", [
     (("FLUSHALL",), "FLUSHALL"),
     (("SELECT", "3"), "a cluster has only database 0"),

@@ -61,3 +61,13 @@ def test_per_key_commands_split_by_target() -> None:
 ])
 def test_expiries_become_absolute_in_the_targets_clock(command, expected) -> None:
     assert absolute_expiry(args(*command), 100, 5000) == args(*expected)
+
+
+def test_a_cutover_without_a_running_migration_says_so(tmp_path, capsys) -> None:
+    from tests.lifecycle import run
+    from tests.support import make_spec, write_spec
+
+    spec = write_spec(tmp_path, make_spec("standalone"))
+    code, out, err = run(capsys, "migrate", "cutover", "-f", str(spec), "--state-dir", str(tmp_path / "state"))
+    assert code == 1 and "no migration into" in err and "opsctl migrate -f" in err, out + err
+    assert not (tmp_path / "state" / "migrate-cutover.request").exists()

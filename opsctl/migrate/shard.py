@@ -13,7 +13,7 @@ from pathlib import Path
 from opsctl.backup.manifest import rdb_header
 from opsctl.backup.plan import pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.apply import Applier, EdgeRefused
 from opsctl.migrate.journal import JournalFile, ShardState
 from opsctl.net.connector import Connector, unix_socket
@@ -24,7 +24,7 @@ from opsctl.plan.streamcmd import Position, StreamProtocolError
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
-from opsctl.stream.reader import Stream, open_stream
+from opsctl.stream.reader import Stream, StreamGap, open_stream
 
 REATTACH_TIMEOUT = 60.0  # how long a shard without a member to attach to is waited for before the run stops
 LINK_TIMEOUT = 30.0
@@ -149,6 +149,11 @@ class ShardRun:
                     applier.restart(self.position.offset)
                     self._apply(stream, applier)
                     last_good = time.monotonic()
+            except StreamGap as gap:
+                raise RefusedError(f"source {self.key}: must start over: {gap.reason}",
+                                   f"{gap.summary}\n{gap.detail}", "remove the journal "
+                                   f"({self.journal.path}), empty the target and run again; a larger "
+                                   "repl-backlog-size on the source keeps more history") from None
             except (*PIPE_ERRORS, StreamProtocolError) as exc:
                 if time.monotonic() - last_good > REATTACH_TIMEOUT:
                     raise OpsctlError(f"source {self.key}: the replication link stayed lost",

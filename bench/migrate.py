@@ -1,0 +1,154 @@
+"""bench/migrate: a standalone under a steady write load moved into a 3-master cluster by `opsctl migrate --cutover
+auto`, against `redis-cli --cluster import --cluster-copy` (no live phase) and against the physical reference of
+the same run: a bare replica's full sync of the same data (REPLICAOF on an empty server, until
+master_link_status:up), as keys/s and ratios; then opsctl's stream lag and cutover write pause under the load.
+
+    .venv/bin/python bench/migrate.py [valkey|redis] [--keys 1000000] [--peer-keys 200000] [--rate 10000]
+
+Goals (issue 26): initial copy >= 0.5x the bare full sync's keys/s; lag under 1 s and a cutover pause <= 1 s at
+10k writes/s. redis-cli moves one key per MIGRATE, so it copies --peer-keys keys from its own source: compared by
+rate. The load average is printed before and after: compare runs only on a similar machine state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+
+from bench.restore import OPSCTL, cluster_keys, fill, load, master, timed, topology
+from opsctl.state.specfile import read_spec
+from tests.support import PASSWORD, PASSWORD_ENV, bare_server, redis_cli, server_binary, server_tmpdir
+
+
+class Load:
+    """SETs of `load:<n>` at about rate per second, in pipelines of 10, until stopped; errors (the fence) counted."""
+
+    def __init__(self, client: redis.Redis, rate: int) -> None:
+        self.client, self.rate = client, rate
+        self.written = self.errors = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        started, n = time.monotonic(), 0
+        while not self.stop.is_set():
+            pipe = self.client.pipeline(transaction=False)
+            for _ in range(10):
+                pipe.set(f"load:{n}", n)
+                n += 1
+            try:
+                pipe.execute()
+                self.written += 10
+            except redis.RedisError:
+                self.errors += 1
+                time.sleep(0.01)
+            ahead = n / self.rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[float, float, dict[str, object]]:
+    """(seconds until every shard streams, the worst lag seen while streaming, the cutover report)."""
+    argv = [*OPSCTL, "migrate", "-f", str(target), "--from", str(source), "--auto-approve", "--cutover", "auto",
+            "--output", "json"]
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    copied_at, worst, report = 0.0, 0.0, {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        event = json.loads(line)
+        if event.get("event") == "migrate-lag":
+            shards = event["shards"].values()
+            if all(s["phase"] == "stream" for s in shards):
+                copied_at = copied_at or time.monotonic() - started
+                worst = max([worst, *(float(s["lag_seconds"]) for s in shards)])
+        elif event.get("event") == "cutover-done":
+            report = event
+    if proc.wait() != 0:
+        raise RuntimeError(f"opsctl migrate failed: {proc.stderr.read()[-800:] if proc.stderr else ''}")
+    return copied_at, worst, report
+
+
+def bare_full_sync(source: Path, keys: int) -> float:
+    """Seconds for an empty server to become the source's replica with every key."""
+    node = read_spec(source).layout.servers[0]
+    with server_tmpdir("opsctl-bench-replica-") as folder, bare_server(read_spec(source).spec.server.flavor,
+                                                                       Path(folder)) as client:
+        client.config_set("masterauth", PASSWORD)
+        started = time.monotonic()
+        client.execute_command("REPLICAOF", node.address, node.port)
+        while client.info("replication").get("master_link_status") != "up" or client.dbsize() < keys:
+            time.sleep(0.005)
+        seconds = time.monotonic() - started
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    return seconds
+
+
+def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
+    server_binary(flavor)
+    os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "opsctl"), quiet=1)
+    env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
+    print(f"load before: {load()}")
+    with ExitStack() as stack:
+        root = stack.enter_context(server_tmpdir("opsctl-bench-"))
+        source = stack.enter_context(topology(root, "source", flavor, "standalone"))
+        peer_source = stack.enter_context(topology(root, "peer-source", flavor, "standalone",
+                                                   hardening={"rename_takeover_commands": False}))
+        target = stack.enter_context(topology(root, "target", flavor, "cluster"))
+        peer_target = stack.enter_context(topology(root, "peer", flavor, "cluster"))
+        fill(source, keys)
+        fill(peer_source, peer_keys)
+        bare = bare_full_sync(source, keys)
+        print(f"bare replica full sync: {keys} keys in {bare:.2f}s = {keys / bare:.0f} keys/s")
+
+        with Load(master(source), rate) as writes:
+            copied, lag, report = opsctl_migrate(source, target, env)
+        ours = keys / copied
+        print(f"opsctl migrate: initial copy {keys} keys in {copied:.2f}s = {ours:.0f} keys/s; "
+              f"{writes.written / max(copied, 1e-6):.0f} writes/s offered during the copy")
+        print(f"opsctl migrate: worst lag while streaming {lag:.3f}s; cutover write pause {report['pause_s']}s "
+              f"(caught up after {report['caught_up_s']}s), {report['target_keys']} keys, "
+              f"{writes.errors} write batches refused by the fence")
+        assert report["ok"] and cluster_keys(target) == report["target_keys"]
+
+        src = read_spec(peer_source).layout.servers[0]
+        dst = read_spec(peer_target).layout.servers[0]
+        seconds, _ = timed([redis_cli(), "--cluster", "import", dst.endpoint, "--cluster-from", src.endpoint,
+                            "--cluster-from-pass", PASSWORD, "--cluster-copy"], env)
+        peer = peer_keys / seconds
+        print(f"redis-cli --cluster import --cluster-copy: {peer_keys} keys in {seconds:.1f}s = {peer:.0f} "
+              "keys/s (no live phase)")
+        print(f"ratios: opsctl copy {ours / (keys / bare):.2f}x the bare full sync (goal >= 0.5), "
+              f"{ours / peer:.1f}x redis-cli")
+    print(f"load after: {load()}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("flavor", nargs="?", choices=("valkey", "redis"), default="valkey")
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--peer-keys", type=int, default=200_000)
+    parser.add_argument("--rate", type=int, default=10_000)
+    args = parser.parse_args()
+    run(args.flavor, args.keys, args.peer_keys, args.rate)
