@@ -46,7 +46,8 @@ def test_records_without_addresses_or_too_few_hosts_are_refused_before_anything_
         too_few = {**data, "hosts": data["hosts"][:1]}
         spec.write_text(yaml.safe_dump(too_few))
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
-        assert code == 1 and "replicas_per_master" in err and "Traceback" not in err, err + out
+        assert code == 3 and "anti-affinity" in err and "replicas_per_master" in err and "Traceback" not in err, \
+            err + out
         for path in record_files(spec).values():  # records written before addresses were kept
             record = json.loads(path.read_text())
             record["deployed"].pop("address")

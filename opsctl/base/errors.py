@@ -61,6 +61,7 @@ class SpecProblem(NamedTuple):
     field: str
     message: str
     hint: str = ""
+    refusal: bool = False  # a safety rule the spec breaks (e.g. anti-affinity), not malformed input
 
     def render(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
@@ -77,6 +78,8 @@ class SpecError(OpsctlError):
         file = problems[0].file if problems else "spec"
         super().__init__(f"{file}: {count} problem{'s' if count != 1 else ''} in the spec")
         self.problems = problems
+        if problems and all(p.refusal for p in problems):
+            self.exit_code = EXIT_REFUSED  # only safety rules broken: refused (3), as a plan's refusal would be
 
     def render(self) -> str:
         return "\n".join([f"error: {self.summary}", *(p.render() for p in self.problems)])

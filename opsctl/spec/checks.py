@@ -34,6 +34,10 @@ from opsctl.spec.tlsrefs import missing_refs
 
 Finding = tuple[tuple[str | int, ...], str, str]
 
+
+class Refusal(tuple[tuple[str | int, ...], str, str]):
+    """A finding that breaks a safety rule rather than the spec's form: alone, it exits 3 (refused), not 1."""
+
 DEFAULT_PORTS = {6379, 26379}
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
@@ -216,9 +220,11 @@ def _check_placement(spec: Spec) -> Iterator[Finding]:
     if spec.topology == "cluster":
         topo = spec.cluster_or_default()
         if len(spec.hosts) < topo.replicas_per_master + 1:
-            yield (("hosts",), f"{len(spec.hosts)} host(s) cannot keep each of {topo.replicas_per_master} "
-                   "replica(s) per master off its master's host and off each other's",
-                   f"add hosts (at least {topo.replicas_per_master + 1}) or lower cluster.replicas_per_master")
+            yield Refusal((("hosts",), f"refused by the anti-affinity rule (no two members of a shard on one "
+                           f"host): {len(spec.hosts)} host(s) cannot hold the declared shape, each of "
+                           f"{topo.replicas_per_master} replica(s) per master off its master's host and off each "
+                           "other's", f"add hosts (at least {topo.replicas_per_master + 1}) or lower "
+                           "cluster.replicas_per_master"))
         return
     if spec.topology in ("replication", "sentinel"):
         yield from _check_replication_placement(spec)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from opsctl.base.errors import SpecError, SpecProblem, echo
 from opsctl.spec import pydantic_model
-from opsctl.spec.checks import check_spec, suggest
+from opsctl.spec.checks import Refusal, check_spec, suggest
 from opsctl.spec.model import Spec
 from opsctl.spec.secretcheck import SecretResolver
 from opsctl.spec.secretpaths import HIDDEN, public_path, secret_hint, shown, unquoted
@@ -45,8 +45,8 @@ def validated_spec(text: str, file: str, resolve: SecretResolver | None) -> Spec
     problems += [_problem(doc, err) for err in errors]
     if spec is not None:
         broken = [_clean_loc(err["loc"]) for err in errors]
-        problems += [SpecProblem(file, doc.line_of(path), field_path(path), msg, hint)
-                     for path, msg, hint in check_spec(spec, resolve)
+        problems += [SpecProblem(file, doc.line_of(path), field_path(path), msg, hint, isinstance(f, Refusal))
+                     for f in check_spec(spec, resolve) for path, msg, hint in (f,)
                      if not any(path[: len(b)] == b for b in broken)]
     if problems or spec is None or errors:
         raise SpecError(sorted(_dedupe(problems), key=lambda p: p.line or 0))
