@@ -33,6 +33,7 @@ from opsctl.base.events import (
     RestoreDryRun,
     RestoreProgress,
     ScanProgress,
+    SegmentArchived,
     ShardSaved,
     ShardVerified,
     SlotsClosed,
@@ -185,7 +186,8 @@ EVERY_KIND: list[Event] = [
     EndpointDown("target", "n3"), EndpointReplacedEvent("target", "n3"),
     StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom"),
     BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
-    BackupDone("/b/x-1", 100, 2 << 20, 1.5), ChecksumsOk(2), ShardVerified(1, "shard-1.rdb", 50),
+    BackupDone("/b/x-1", 100, 2 << 20, 1.5), SegmentArchived(1, "x.seg", 0, 90, 3, 200, 1.0, 1.5, 2.0),
+    ChecksumsOk(2), ShardVerified(1, "shard-1.rdb", 50),
     VerifyDone(True, 100), RestoreProgress(40, 100, 20, 2.0),
     RestoreDone("backup /b/x-1", "t", "replace", False, False, True, 100, 100, 0, 0, 0, 5.0, 20, 10, (),
                 {"shard-1": {"keys": 100, "restored": 100, "existing": 0, "skipped": 0, "conflicts": 0}}),
@@ -195,7 +197,8 @@ EVERY_KIND: list[Event] = [
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
-REDRAWN_KINDS = 5  # slots-progress, shard-saved, restore-progress, playbook-task, migrate-lag: on terminals only
+REDRAWN_KINDS = 6  # slots-progress, shard-saved, restore-progress, playbook-task, migrate-lag, segment-archived:
+# on terminals only
 
 
 class Terminal(io.StringIO):

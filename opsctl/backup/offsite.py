@@ -9,12 +9,18 @@ counts come from the files themselves (their heads, or a scratch server loading 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
+from opsctl.backup.save import BackupOptions, Fetch, run_backup
 from opsctl.backup.store import FolderStore, Location, Store
 from opsctl.backup.verify import MANIFEST_LIMIT, check_files
 from opsctl.base.errors import OpsctlError
+from opsctl.base.events import BackupDone, Emit, Event
+from opsctl.net.connector import Connector
 
 STAGING = "backup-staging"
 
@@ -43,6 +49,33 @@ def upload_backup(store: Store, folder: Path, manifest: Manifest) -> str:
         store.put_file(f"{folder.name}/{shard.file}", folder / shard.file)
     store.put_file(f"{folder.name}/{MANIFEST}", folder / MANIFEST)
     return store.where(folder.name)
+
+
+@contextmanager
+def staged_backup(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
+                  options: BackupOptions) -> Iterator[tuple[Path, Manifest]]:
+    """A backup into the store, its files on disk for the block: a folder store's own, or a staged copy uploaded
+    before the block and removed after it whatever happens. The backup-done event (a command's result) is held
+    back until the upload finished, and names the URL."""
+    if isinstance(store, FolderStore):
+        yield run_backup(connector, store.root, fetch, emit, options)
+        return
+    staging = staging_dir(state_dir)
+    done: list[BackupDone] = []
+
+    def held(event: Event) -> None:
+        if isinstance(event, BackupDone):
+            done.append(event)
+        else:
+            emit(event)
+
+    try:
+        folder, manifest = run_backup(connector, staging, fetch, held, options)
+        where = upload_backup(store, folder, manifest)
+        emit(replace(done[0], dir=where))
+        yield folder, manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_remote_manifest(store: Store, name: str) -> tuple[Manifest, bytes]:

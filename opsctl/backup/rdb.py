@@ -1,4 +1,4 @@
-"""The first database's key counts from an RDB file's head, without loading it. Pure.
+"""The first database's key counts and the replication position from an RDB file's head, without loading it. Pure.
 
 A server writes RESIZEDB (keys, keys with a TTL) at the start of each database it saves, counted at the fork:
 exact for the file. Only the first database's comes before any key, so this answers for a file whose only
@@ -47,6 +47,15 @@ class _Head:
             return int.from_bytes(self.take(8), "big"), False
         raise _Short
 
+    def string(self) -> bytes:
+        """A string as the server wrote it: raw, or an integer encoding given as its digits (LZF: _Short)."""
+        size, special = self.length()
+        if not special:
+            return self.take(size)
+        if size in (0, 1, 2):
+            return str(int.from_bytes(self.take(1 << size), "little", signed=True)).encode()
+        raise _Short
+
     def skip_string(self) -> None:
         size, special = self.length()
         if not special:
@@ -86,3 +95,19 @@ def db0_counts(head: bytes) -> tuple[int, int] | None:
                 return None
     except _Short:
         return None
+
+
+def repl_position(head: bytes) -> tuple[str, int] | None:
+    """(replication id, offset) a server wrote in the file's aux fields: the exact point of its history the file
+    holds (a master with a backlog, or a replica, writes them on BGSAVE); None when the head does not say."""
+    reader, found = _Head(head), {}
+    try:
+        while reader.byte() == AUX:
+            key = reader.string()
+            found[key] = reader.string()
+    except _Short:
+        return None
+    replid, offset = found.get(b"repl-id", b""), found.get(b"repl-offset", b"")
+    if len(replid) != 40 or not offset.isdigit():
+        return None
+    return replid.decode("ascii", "replace"), int(offset)

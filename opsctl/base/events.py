@@ -254,6 +254,27 @@ class BackupDone(Frozen):
 
 
 @frozen
+class SegmentArchived(Frozen):
+    """A segment of a shard's replication stream is durable in the store (continuous archive). first/last: when its
+    first and last command were read; durable: when the store confirmed it (all unix times)."""
+
+    kind: ClassVar[str] = "segment-archived"
+    shard: int
+    name: str
+    start: int
+    end: int
+    entries: int
+    bytes: int
+    first: float
+    last: float
+    durable: float
+
+    def line(self) -> str:
+        return (f"shard {self.shard}: {self.entries} commands archived (offsets {self.start}..{self.end}, "
+                f"{human_bytes(self.bytes)}), {self.durable - self.first:.2f}s after the first was read")
+
+
+@frozen
 class ChecksumsOk(Frozen):
     kind: ClassVar[str] = "checksums-ok"
     files: int
@@ -400,10 +421,10 @@ class PlaybookTask(Frozen):
 Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsStart | SlotsProgress | BigKey
          | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
-         | BackupStart | ShardSaved | BackupDone | ChecksumsOk | ShardVerified | VerifyDone
+         | BackupStart | ShardSaved | BackupDone | SegmentArchived | ChecksumsOk | ShardVerified | VerifyDone
          | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag | CutoverDone)
 # a bar on a terminal, nothing elsewhere
-REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag)
+REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived)
 Emit = Callable[[Event], None]
 
 

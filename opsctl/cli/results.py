@@ -12,6 +12,7 @@ from opsctl.cli.report import NodeStatus, plan_text, status_table
 if TYPE_CHECKING:
     from opsctl.audit.bigdelete import DeleteResult
     from opsctl.audit.run import AuditReport
+    from opsctl.backup.catalog import Listed
     from opsctl.backup.manifest import Manifest
     from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
@@ -213,6 +214,39 @@ class BackupResult(Frozen):
         lines += [f"  {shard.file:<14} {shard.bytes:>12} bytes  {shard.total_keys:>10} keys  from {shard.node} "
                   f"({shard.role})  sha256 {shard.sha256[:16]}" for shard in self.manifest.shards]
         return "\n".join(lines)
+
+
+@frozen
+class CatalogResult(Frozen):
+    """backup list / prune: every base of a location, oldest first, with what each shard's archive covers; after a
+    prune, the bases it dropped."""
+
+    where: str
+    listed: tuple[Listed, ...]
+    dropped: tuple[str, ...] | None
+
+    def text(self) -> str:
+        from opsctl.backup.timeline import iso
+
+        lines = [f"dropped {len(self.dropped)} base(s) and their segments: {', '.join(self.dropped) or 'none'}"
+                 ] if self.dropped is not None else []
+        lines.append(f"{self.where}: {len(self.listed)} base(s)")
+        for item in self.listed:
+            b = item.base
+            kind = ("archive base" if b.archived else "backup") if b.complete else "unfinished (never restored from)"
+            lines.append(f"  {b.name}  {kind}, serves from {iso(b.taken)}")
+            lines += [f"    shard {s.shard}: {s.segments} segments to offset {s.offset}"
+                      + (f", complete until {iso(s.until)}" if s.until else "")
+                      + (f"; {s.problem}" if s.problem else "") for s in item.spans]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"location": self.where, "dropped": list(self.dropped) if self.dropped is not None else None,
+                "bases": [{"name": i.base.name, "spec": i.base.spec, "complete": i.base.complete,
+                           "archive": i.base.archived, "serves_from": i.base.taken,
+                           "shards": [{"shard": s.shard, "segments": s.segments, "offset": s.offset,
+                                       "until": s.until, "problem": s.problem} for s in i.spans]}
+                          for i in self.listed]}
 
 
 @frozen

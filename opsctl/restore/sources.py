@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -48,9 +48,12 @@ def _sample_every(keys: int, sample: int) -> int:
 
 
 @contextmanager
-def backup_sources(folder: Path, target: Target, options: RestoreOptions, origin: str = "") -> Iterator[Prepared]:
+def backup_sources(folder: Path, target: Target, options: RestoreOptions, origin: str = "",
+                   replay: Callable[[ShardFile, str], None] | None = None) -> Iterator[Prepared]:
     """Every RDB of the backup checked and loaded into a scratch server the target can take payloads from. origin:
-    where the folder was copied from (an s3:// URL), named in the report and the journal instead of the copy."""
+    where the folder was copied from (an s3:// URL), named in the report and the journal instead of the copy.
+    replay(shard, scratch socket): commands run on a shard's scratch server before the copy (a restore to a time);
+    its keys are counted from the scratch server then."""
     manifest = read_manifest(folder)
     check_files(folder, manifest)
     if target.cluster and manifest.dbs() - {0}:
@@ -65,6 +68,11 @@ def backup_sources(folder: Path, target: Target, options: RestoreOptions, origin
         servers = stack.enter_context(scratch_servers(binaries[server], [folder / s.file for s in manifest.shards],
                                                       databases))
         for shard, scratch in zip(manifest.shards, servers, strict=True):
+            if replay is not None:
+                replay(shard, scratch.socket)
+                space = scratch.keyspace()
+                shard = replace(shard, keys={db: k for db, (k, _) in space.items()},
+                                expires={db: e for db, (_, e) in space.items()})
             dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
             dataset += scratch.dataset_bytes()
             key = f"shard-{shard.shard}"

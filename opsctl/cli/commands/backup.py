@@ -1,9 +1,8 @@
-"""`opsctl backup -f SPEC --to DIR` and `opsctl backup verify DIR`."""
+"""`opsctl backup -f SPEC --to DIR|URL [--continuous]`, `opsctl backup verify DIR`, `opsctl backup list|prune`."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -17,12 +16,9 @@ from opsctl.cli.runsignals import note_run, recorded
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from opsctl.backup.manifest import Manifest
     from opsctl.backup.save import BackupOptions, Fetch
     from opsctl.backup.store import Store
-    from opsctl.base.events import Emit
     from opsctl.cli.output import Printer
-    from opsctl.net.connector import Connector
     from opsctl.spec.load import LoadedSpec
 
 
@@ -56,14 +52,14 @@ def fetcher(loaded: LoadedSpec, state_dir: Path) -> Iterator[Fetch]:
 def cmd_backup(args: argparse.Namespace) -> int:
     if args.action == "verify":
         return _verify(args)
+    if args.action in ("list", "prune"):
+        return _catalog(args)
     if args.action is not None or not args.file or not args.to:
-        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR | opsctl backup verify DIR",
-                          hint="opsctl backup --help shows every option")
-    from pathlib import Path
-
+        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | opsctl backup verify DIR | "
+                          "opsctl backup list|prune --from DIR|URL", hint="opsctl backup --help shows every option")
     from opsctl.apply.connect import open_connector
-    from opsctl.backup.offsite import open_store, staging_dir
-    from opsctl.backup.save import BackupOptions, run_backup
+    from opsctl.backup.offsite import open_store, staged_backup
+    from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import parse_location
     from opsctl.cli.output import print_text
     from opsctl.cli.results import BackupResult
@@ -76,46 +72,50 @@ def cmd_backup(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
-    location = parse_location(args.to)
-    store = open_store(location) if location.remote else None  # boto3 missing: said before any BGSAVE
+    store = open_store(parse_location(args.to))  # boto3 missing: said before any BGSAVE
+    if args.continuous:
+        return _continuous(args, loaded, state_dir, store, options)
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
-            fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit:
-        if store is None:
-            folder, manifest = run_backup(connector, Path(args.to), fetch, emit, options)
-            where = str(folder)
-        else:
-            folder, manifest, where = _offsite(store, connector, staging_dir(state_dir), fetch, emit, options)
+            fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit, \
+            staged_backup(connector, store, state_dir, fetch, emit, options) as (folder, manifest):
+        where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
     if not json_mode:  # as JSON, the result was the last event line
         print_text(BackupResult(where, manifest))
     return EXIT_OK
 
 
-def _offsite(store: Store, connector: Connector, staging: Path, fetch: Fetch, emit: Emit,
-             options: BackupOptions) -> tuple[Path, Manifest, str]:
-    """A backup staged in a private folder, then uploaded: its backup-done event (the result) is held back until
-    the upload finished and names the URL; the staged copy is removed whatever happened."""
-    from dataclasses import replace
+def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, store: Store,
+                options: BackupOptions) -> int:
+    """The archive in the foreground until stopped (SIGTERM/SIGINT: Stopped, exit 143/130); the topology lock is
+    held only while a base is taken, so reshards and failovers run beside it."""
+    from opsctl.apply.connect import open_connector
+    from opsctl.backup.archive import ArchiveOptions, run_archive
+    from opsctl.net.topolock import topology_lock
 
-    from opsctl.backup.offsite import upload_backup
-    from opsctl.backup.save import run_backup
-    from opsctl.base.events import BackupDone, Event
+    archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, options)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open_connector(loaded, state_dir) as connector, fetcher(loaded, state_dir) as fetch, \
+            event_printer(args.output == "json") as emit:
+        run_archive(connector, store, state_dir, fetch, emit, archive, lambda: topology_lock(connector))
+    return EXIT_OK
 
-    done: list[BackupDone] = []
 
-    def held(event: Event) -> None:
-        if isinstance(event, BackupDone):
-            done.append(event)
-        else:
-            emit(event)
+def _catalog(args: argparse.Namespace) -> int:
+    """backup list / prune --from DIR|URL."""
+    from opsctl.backup.catalog import catalog, prune
+    from opsctl.backup.offsite import open_store
+    from opsctl.backup.store import parse_location
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import CatalogResult
 
-    try:
-        folder, manifest = run_backup(connector, staging, fetch, held, options)
-        where = upload_backup(store, folder, manifest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    emit(replace(done[0], dir=where))
-    return folder, manifest, where
+    if not args.from_ or args.file or args.to or (args.action == "prune" and args.keep_days is None):
+        raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
+                          + (" --keep-days N" if args.action == "prune" else ""))
+    store = open_store(parse_location(args.from_))
+    dropped = tuple(prune(store, args.keep_days)) if args.action == "prune" else None
+    print_result(CatalogResult(store.location.text, tuple(catalog(store)), dropped), args.output)
+    return EXIT_OK
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -139,13 +139,27 @@ def _verify(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify DIR` checks one",
-                       description="opsctl backup -f SPEC --to DIR   |   opsctl backup verify DIR")
-    p.add_argument("action", nargs="?", choices=("verify",), help="verify: check a backup directory")
+                       description="opsctl backup -f SPEC --to DIR|s3://BUCKET/PREFIX [--continuous]   |   "
+                                   "opsctl backup verify DIR   |   opsctl backup list|prune --from DIR|URL")
+    p.add_argument("action", nargs="?", choices=("verify", "list", "prune"),
+                   help="verify: check a backup directory; list: what a location holds; prune: drop what is "
+                        "older than --keep-days")
     p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
     add_spec_file(p, required=False)  # not with `backup verify DIR`
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
                         "<name>-<UTC timestamp>/")
+    p.add_argument("--from", dest="from_", metavar="DIR|URL", help="the location `backup list` and `prune` read")
+    p.add_argument("--keep-days", type=ranged(float, 0, 36500),
+                   help="backup prune: keep what a restore to any time of the last N days needs")
+    p.add_argument("--continuous", action="store_true",
+                   help="after the base backup, archive every shard's replication stream until stopped")
+    p.add_argument("--segment-seconds", type=ranged(float, 0.1, 60), default=1.0,
+                   help="--continuous: close a segment this long after its first command (default 1)")
+    p.add_argument("--segment-bytes", type=ranged(int, 4096, 1 << 30), default=8 << 20,
+                   help="--continuous: or once it holds this many bytes (default 8 MiB)")
+    p.add_argument("--reconnect-timeout", type=ranged(float, 1, 3600), default=120.0,
+                   help="--continuous: seconds to find a shard's master again after its stream broke (default 120)")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
     p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,

@@ -1,0 +1,254 @@
+"""`opsctl backup --continuous`: a base backup, then every shard's replication stream in segments, until stopped.
+
+Each shard's stream is read from its master (opsctl.stream) from the exact point its base RDB holds (the position
+the saving server wrote into the file), cut into segments closed every --segment-seconds or --segment-bytes, and
+acknowledged to the master only once its segment is durable in the store. Killed, the same command resumes after
+the last archived segment; a stream the master can no longer continue (StreamGap) starts a new base, said as such.
+SIGTERM/SIGINT close every open segment, then stop (exit 143/130).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opsctl.backup.manifest import MANIFEST, Manifest
+from opsctl.backup.offsite import staged_backup
+from opsctl.backup.rdb import repl_position
+from opsctl.backup.save import BackupOptions, Fetch
+from opsctl.backup.segment import chain, decode_segment, encode_segment, parse_name
+from opsctl.backup.store import Store
+from opsctl.backup.timeline import ARCHIVE, STREAM, Base, archive_json, base_of, group, parse_archive
+from opsctl.base import stop
+from opsctl.base.errors import OpsctlError
+from opsctl.base.events import Emit, Note, SegmentArchived
+from opsctl.base.poll import Pending, wait_for
+from opsctl.net.connector import Connector
+from opsctl.net.discover import discover
+from opsctl.net.rawpipe import PIPE_ERRORS
+from opsctl.plan.streamcmd import Entry, Position
+from opsctl.spec.layout import Node
+from opsctl.stream import Stream, StreamGap, open_stream
+
+HEAD_BYTES = 1 << 20
+RESUME_HINT = "run the same command again: it resumes after the last archived segment"
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    segment_seconds: float = 1.0
+    segment_bytes: int = 8 << 20
+    reconnect_timeout: float = 120.0
+    backup: BackupOptions = field(default_factory=BackupOptions)
+
+
+@dataclass
+class Link:
+    """One shard's stream: archived up to `position`; `pending` read but not yet archived."""
+
+    shard: int
+    base: str
+    position: Position
+    stream: Stream | None = None
+    pending: list[Entry] = field(default_factory=list)
+    pending_bytes: int = 0
+    resumed: bool = True  # the next segment is the first since this link (re)attached
+
+    def prefix(self) -> str:
+        return f"{self.base}/{STREAM}/shard-{self.shard}/"
+
+
+def segment_prefix(base: str, shard: int) -> str:
+    return f"{base}/{STREAM}/shard-{shard}/"
+
+
+# --- bases ---------------------------------------------------------------------------------------------------------
+
+
+def take_base(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
+              options: BackupOptions) -> Base:
+    """A backup into the store, then archive.json: each shard's position read from its RDB's head (the exact
+    point its file holds), and the time from which the base serves a restore (every fork is behind it)."""
+    with staged_backup(connector, store, state_dir, fetch, emit, options) as (folder, manifest):
+        taken = time.time()
+        positions = {shard.shard: _position_in(folder, shard.file) for shard in manifest.shards}
+        store.put_bytes(f"{folder.name}/{ARCHIVE}", archive_json(taken, positions).encode())
+    names = [f"{folder.name}/{MANIFEST}", f"{folder.name}/{ARCHIVE}"]
+    emit(Note(f"base {store.where(folder.name)}: {_shards_text(manifest)}"))
+    return base_of(folder.name, names, (taken, positions))
+
+
+def _shards_text(manifest: Manifest) -> str:
+    return f"{len(manifest.shards)} shard(s), {manifest.total_keys} keys; archiving each shard's stream from here"
+
+
+def _position_in(folder: Path, file: str) -> Position:
+    with open(folder / file, "rb") as handle:
+        found = repl_position(handle.read(HEAD_BYTES))
+    if found is None:
+        raise OpsctlError(f"{file} carries no replication position (repl-id, repl-offset)",
+                          hint="a continuous archive needs each shard saved by a replica or by a master with a "
+                               "replication backlog; give every shard a replica")
+    return Position(*found)
+
+
+def latest_base(store: Store, spec: str) -> Base | None:
+    """The newest complete archive base of spec in the store, with its objects; None when there is none."""
+    grouped = group(store.names(f"{spec}-"))
+    for name in sorted(grouped, reverse=True):
+        objects = grouped[name]
+        if f"{name}/{ARCHIVE}" in objects and f"{name}/{MANIFEST}" in objects:
+            data = store.get_bytes(f"{name}/{ARCHIVE}") or b""
+            base = base_of(name, objects, parse_archive(data.decode("utf-8", "replace"), store.where(name)))
+            if base.spec == spec:
+                return base
+    return None
+
+
+def resume_position(store: Store, base: Base, shard: int) -> Position:
+    """Where a shard's archive ends: after its last segment (checked), else at its base."""
+    start = base.positions[shard]
+    names = [n for o in base.objects if o.startswith(segment_prefix(base.name, shard)) and (n := parse_name(o))]
+    segments = chain(start.offset, names, store.where(segment_prefix(base.name, shard)))
+    if not segments:
+        return start
+    last = segments[-1]
+    where = store.where(segment_prefix(base.name, shard) + last.text)
+    header, _ = decode_segment(last, store.get_bytes(segment_prefix(base.name, shard) + last.text) or b"", where)
+    return Position(header.replid, last.end)
+
+
+# --- the streams ---------------------------------------------------------------------------------------------------
+
+
+def shard_masters(connector: Connector) -> dict[int, Node]:
+    """Each shard's master now (after a failover, the promoted replica), by the spec's shard number."""
+    out: dict[int, Node] = {}
+    for live in discover(connector):
+        shard = connector.loaded.layout.shard_of(live.node.name) if live.role == "master" else None
+        if shard is not None:
+            out[shard.index] = live.node
+    return out
+
+
+def attach(connector: Connector, link: Link, state_dir: Path, timeout: float) -> None:
+    """The link's stream opened on its shard's master, continuing after link.position; retried (a failover in
+    progress, a restarting master) until timeout. StreamGap passes through: the history is gone."""
+    def attempt() -> Stream | Pending:
+        try:
+            node = shard_masters(connector).get(link.shard)
+            if node is None:
+                return Pending(f"shard {link.shard} has no master")
+            return open_stream(connector, node, since=link.position, rdb_to=state_dir / "unused.rdb", timeout=10.0)
+        except StreamGap:
+            raise
+        except (OpsctlError, *PIPE_ERRORS) as exc:
+            stop.check(f"shard {link.shard} is archived up to offset {link.position.offset}", RESUME_HINT)
+            return Pending(f"{type(exc).__name__}: {exc}")
+
+    link.stream = wait_for(attempt, timeout, f"shard {link.shard}'s stream", 0.5, on_timeout=lambda reason:
+                           OpsctlError(f"cannot attach to shard {link.shard}'s master for {timeout:.0f}s", reason,
+                                       RESUME_HINT))
+    link.resumed = True
+
+
+def flush(store: Store, link: Link, emit: Emit) -> None:
+    """The pending commands as one segment, durable in the store, then acknowledged to the master."""
+    if not link.pending:
+        return
+    assert link.stream is not None
+    name, data = encode_segment(link.shard, link.stream.position.replid, link.position.offset, link.pending,
+                                time.time(), link.resumed)
+    store.put_bytes(link.prefix() + name.text, data)
+    durable = time.time()
+    link.stream.ack(name.end)
+    emit(SegmentArchived(link.shard, name.text, name.start, name.end, len(link.pending), len(data),
+                         link.pending[0].arrived, link.pending[-1].arrived, durable))
+    link.position = Position(link.stream.position.replid, name.end)
+    link.pending, link.pending_bytes, link.resumed = [], 0, False
+
+
+def _due(link: Link, options: ArchiveOptions, now: float) -> bool:
+    return bool(link.pending) and (now - link.pending[0].arrived >= options.segment_seconds
+                                   or link.pending_bytes >= options.segment_bytes)
+
+
+def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path, emit: Emit,
+         options: ArchiveOptions) -> None:
+    """Read every shard's stream round the clock, closing segments when due, until a stop is asked for (every
+    open segment closed first: Stopped) or a shard's history is gone (StreamGap, segments closed first)."""
+    wait = min(0.05, options.segment_seconds / 10)
+    with stop.finishing("the continuous archive"):
+        while True:
+            try:
+                for link in links:
+                    _read(connector, store, link, state_dir, emit, options, wait)
+            except StreamGap:
+                for link in links:
+                    flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
+                raise
+            if stop.requested() is not None:
+                for link in links:
+                    flush(store, link, emit)
+                stop.check("every segment read is archived: " + ", ".join(
+                    f"shard {link.shard} up to offset {link.position.offset}" for link in links), RESUME_HINT)
+
+
+def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit: Emit, options: ArchiveOptions,
+          wait: float) -> None:
+    if link.stream is None:
+        flush(store, link, emit)
+        attach(connector, link, state_dir, options.reconnect_timeout)
+    assert link.stream is not None
+    try:
+        entries = link.stream.read(wait)
+    except (OpsctlError, *PIPE_ERRORS) as exc:
+        emit(Note(f"shard {link.shard}: the stream broke ({type(exc).__name__}: {exc}); attaching again"))
+        flush(store, link, emit)  # what was read is archived before the link goes
+        link.stream.close()
+        link.stream = None
+        return
+    link.pending += entries
+    link.pending_bytes += sum(sum(len(a) for a in e.args) + 16 for e in entries)
+    if _due(link, options, time.time()):
+        flush(store, link, emit)
+
+
+def close_all(links: list[Link]) -> None:
+    for link in links:
+        if link.stream is not None:
+            link.stream.close()
+            link.stream = None
+
+
+def run_archive(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
+                options: ArchiveOptions, locked: Callable[[], AbstractContextManager[object]]) -> None:
+    """Base, streams, until stopped; a gap is reported and answered with a new base. Never returns normally.
+    locked(): the topology's lock, held while a base is taken (not while streams are read: other runs go on)."""
+    spec = connector.loaded.spec.name
+    base = latest_base(store, spec)
+    masters = shard_masters(connector)
+    if base is not None and set(base.positions) != set(masters):
+        emit(Note(f"the newest base {base.name} has shards {sorted(base.positions)}, the topology "
+                  f"{sorted(masters)} now: taking a new base"))
+        base = None
+    while True:
+        if base is None:
+            with locked():
+                base = take_base(connector, store, state_dir, fetch, emit, options.backup)
+            links = [Link(n, base.name, p) for n, p in sorted(base.positions.items())]
+        else:
+            links = [Link(n, base.name, resume_position(store, base, n)) for n in sorted(base.positions)]
+            emit(Note(f"resuming the archive of base {base.name}: " + ", ".join(
+                f"shard {k.shard} after offset {k.position.offset}" for k in links)))
+        try:
+            pump(connector, store, links, state_dir, emit, options)
+        except StreamGap as gap:
+            emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
+                      "taking a new base"))
+            base = None
+        finally:
+            close_all(links)

@@ -1,0 +1,137 @@
+"""What a backup location holds over time, and the decisions on it: which base a restore to a time starts from,
+which bases and segments retention drops. Pure (the store is read by opsctl.backup.archive).
+
+Objects of a location: `<spec>-<UTC stamp>/manifest.json` and its RDBs (a base, complete once the manifest is
+there), `<base>/archive.json` (the base of a continuous archive: each shard's stream position in its RDB, and the
+time from which it serves a restore), `<base>/stream/shard-<n>/<segment>` (each shard's stream after the base), and
+`retention/<spec>.json` (what `backup prune` dropped, so a restore to a dropped time is refused by name).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from opsctl.backup.manifest import MANIFEST
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.plan.streamcmd import Position, position_from
+
+ARCHIVE = "archive.json"
+STREAM = "stream"
+_BASE = re.compile(r"^(?P<spec>.+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-[0-9]{1,2})?$")
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Base:
+    """A backup in a location. taken: from when it serves a restore (an archive's every RDB was saved by then;
+    a plain backup's name time); positions: per shard, where its stream continues (archive bases only)."""
+
+    name: str
+    spec: str
+    taken: float
+    complete: bool
+    positions: dict[int, Position] = field(default_factory=dict)
+    objects: tuple[str, ...] = ()
+
+    @property
+    def archived(self) -> bool:
+        return bool(self.positions)
+
+
+def stamp_time(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def iso(moment: float) -> str:
+    """`2026-11-27T14:01:00.250Z`: milliseconds, UTC."""
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float:
+    """An ISO 8601 time with a zone (`2026-11-27T14:01:00Z`, `...+01:00`) as a unix time; a time without a zone is
+    refused (a restore to the wrong hour would look fine)."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise OpsctlError(f"{text[:40]!r} is not an ISO 8601 time", hint="write e.g. 2026-11-27T14:01:00Z") from None
+    if moment.tzinfo is None:
+        raise OpsctlError(f"{text[:40]!r} has no time zone", hint="add Z for UTC: e.g. 2026-11-27T14:01:00Z")
+    return moment.timestamp()
+
+
+def group(names: Sequence[str]) -> dict[str, list[str]]:
+    """A location's objects by their first path part (a base's name), base-shaped names only."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        top = name.split("/", 1)[0]
+        if _BASE.match(top) and "/" in name:
+            out.setdefault(top, []).append(name)
+    return out
+
+
+def archive_json(taken: float, positions: dict[int, Position]) -> str:
+    return json.dumps({"format": 1, "taken": taken,
+                       "shards": {str(n): p.to_json() for n, p in sorted(positions.items())}}, indent=2) + "\n"
+
+
+def parse_archive(text: str, where: str) -> tuple[float, dict[int, Position]]:
+    try:
+        data = json.loads(text)
+        taken = data["taken"]
+        shards = data["shards"]
+        assert data["format"] == 1 and isinstance(taken, (int, float)) and isinstance(shards, dict)
+        positions = {int(n): position_from(p, f"{where} shard {n}") for n, p in shards.items()}
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise OpsctlError(f"{where}: not an archive description opsctl wrote",
+                          hint="the archive is damaged: restore from another base") from None
+    return float(taken), positions
+
+
+def base_of(name: str, objects: list[str], archive: tuple[float, dict[int, Position]] | None) -> Base:
+    match = _BASE.match(name)
+    assert match is not None
+    complete = f"{name}/{MANIFEST}" in objects
+    taken, positions = archive if archive and complete else (stamp_time(match.group("stamp")), {})
+    return Base(name, match.group("spec"), taken, complete, positions, tuple(objects))
+
+
+def base_for(bases: Sequence[Base], until: float, spec: str, dropped_before: float | None) -> Base:
+    """The newest complete archive base of spec that serves a restore to `until`; a time before every base is
+    refused, by retention's name when `backup prune` dropped it."""
+    mine = sorted((b for b in bases if b.spec == spec and b.archived and b.complete), key=lambda b: b.taken)
+    before = [b for b in mine if b.taken <= until]
+    if before:
+        return before[-1]
+    if dropped_before is not None and until < dropped_before:
+        raise RefusedError(f"{iso(until)} was dropped by retention: `backup prune` removed the bases and segments "
+                           f"before {iso(dropped_before)} (nothing was written)",
+                           hint="pick a later time (`opsctl backup list --from URL` shows what is kept)")
+    first = f"the first archive base serves from {iso(mine[0].taken)}" if mine else "it holds no archive base"
+    raise RefusedError(f"no archive of {spec} reaches back to {iso(until)}: {first} (nothing was written)",
+                       hint="`opsctl backup list --from URL` shows what the location holds")
+
+
+def to_prune(bases: Sequence[Base], now: float, keep_days: float) -> list[Base]:
+    """The bases (with their segments) a retention of keep_days drops: everything older than the cutoff except the
+    newest archive base before it (a restore to the cutoff starts there) and the newest complete base of each spec
+    (never an empty location). Unfinished bases older than the cutoff go too."""
+    cutoff = now - keep_days * DAY
+    keep: set[str] = set()
+    for spec in {b.spec for b in bases}:
+        mine = sorted((b for b in bases if b.spec == spec), key=lambda b: b.taken)
+        complete = [b for b in mine if b.complete]
+        if complete:
+            keep.add(complete[-1].name)
+        older = [b for b in complete if b.archived and b.taken < cutoff]
+        if older:
+            keep.add(older[-1].name)
+    return [b for b in bases if b.taken < cutoff and b.name not in keep]
+
+
+def earliest_kept(bases: Sequence[Base], spec: str) -> float | None:
+    kept = [b.taken for b in bases if b.spec == spec and b.archived and b.complete]
+    return min(kept) if kept else None

@@ -1,0 +1,120 @@
+"""Restore to a time: the newest archive base that serves it, plus each shard's archived stream up to it, replayed
+into the shard's scratch server before the usual copy routes every key by slot into the target's shape.
+
+Every segment needed is downloaded and checked (checksum, chain without a hole, coverage of the time) before a
+scratch server starts: a tampered, cut or missing segment is refused by name with nothing written. The time is when
+the archiver read a command; a time inside a window where no archiver ran is refused (its commands carry the time
+they were read, not written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opsctl.backup.catalog import dropped_before, read_bases
+from opsctl.backup.segment import SegmentProblem, applied, chain, cut, decode_segment, parse_name
+from opsctl.backup.store import Store
+from opsctl.backup.timeline import Base, base_for, iso
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.connector import unix_socket
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import RespError, encode
+from opsctl.plan.streamcmd import Entry, Position
+
+SEGMENT_LIMIT = 1 << 30
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class ShardPoint:
+    """The exact point a shard is restored to: its stream position, and when its last replayed command was read
+    (None: the base itself)."""
+
+    shard: int
+    position: Position
+    last_read: float | None
+    commands: int
+
+    def text(self) -> str:
+        when = f"last command read {iso(self.last_read)}" if self.last_read else "the base itself"
+        return (f"shard-{self.shard} at {self.position.replid}:{self.position.offset} ({when}, "
+                f"{self.commands} commands replayed)")
+
+
+@dataclass
+class TimePlan:
+    base: Base
+    until: float
+    replays: dict[int, list[tuple[bytes, ...]]]
+    points: dict[int, ShardPoint]
+
+    def text(self) -> str:
+        return f" replayed to {iso(self.until)}: " + "; ".join(p.text() for _, p in sorted(self.points.items()))
+
+
+def plan_to_time(store: Store, until: float) -> TimePlan:
+    """The base and each shard's commands up to `until`, every segment checked. RefusedError (nothing written)
+    for a time no archive serves, SegmentProblem naming a damaged or missing segment."""
+    bases = read_bases(store)
+    specs = sorted({b.spec for b in bases if b.archived})
+    if len(specs) > 1:
+        raise RefusedError(f"{store.location.text} holds the archives of {', '.join(specs)}",
+                           hint="archive each topology under its own prefix (--to s3://BUCKET/PREFIX/NAME)")
+    spec = specs[0] if specs else ""
+    base = base_for(bases, until, spec, dropped_before(store, spec) if spec else None)
+    replays, points = {}, {}
+    for shard, start in sorted(base.positions.items()):
+        entries, replids = shard_entries(store, base, shard, until)
+        keep = cut(entries, until)
+        replays[shard] = applied(entries[:keep])
+        position = Position(replids[keep - 1], entries[keep - 1].end) if keep else start
+        points[shard] = ShardPoint(shard, position, entries[keep - 1].arrived if keep else None,
+                                   len(replays[shard]))
+    return TimePlan(base, until, replays, points)
+
+
+def shard_entries(store: Store, base: Base, shard: int, until: float) -> tuple[list[Entry], list[str]]:
+    """The shard's commands from its base up to the first segment read after `until` (and each one's replication
+    id), the chain and coverage of `until` checked."""
+    prefix = f"{base.name}/stream/shard-{shard}/"
+    where = store.where(prefix)
+    names = chain(base.positions[shard].offset,
+                  [n for o in base.objects if o.startswith(prefix) and (n := parse_name(o))], where)
+    entries: list[Entry] = []
+    replids: list[str] = []
+    known_until = base.taken  # nothing read by then is missing
+    for name in names:
+        data = store.get_bytes(prefix + name.text, SEGMENT_LIMIT)
+        if data is None:
+            raise SegmentProblem(store.where(prefix + name.text), "is missing")
+        header, found = decode_segment(name, data, store.where(prefix + name.text))
+        if header.resumed and known_until < until < header.first:
+            raise RefusedError(f"{iso(until)} falls where no archiver read shard {shard}'s stream (from "
+                               f"{iso(known_until)} to {iso(header.first)}): the commands of that window carry the "
+                               "time they were read, not written (nothing was written)",
+                               hint=f"restore to {iso(known_until)} or to {iso(header.first)} or later")
+        if header.first > until:
+            return entries, replids
+        entries += found
+        replids += [header.replid] * len(found)
+        known_until = header.closed
+    if known_until < until:
+        raise RefusedError(f"shard {shard}'s archive is complete only until {iso(known_until)}, before "
+                           f"{iso(until)} (the archiver stopped or has not closed that segment yet; nothing was "
+                           "written)", hint=f"restore to {iso(known_until)} or earlier, or wait for the archiver")
+    return entries, replids
+
+
+def replay(socket_path: str, label: str, commands: Sequence[tuple[bytes, ...]]) -> None:
+    """The commands run in order on a scratch server, pipelined; a refused one is named (the archive holds what
+    the master ran, so this is a scratch server that cannot, e.g. an older version)."""
+    with RawPipe.on_socket(unix_socket(socket_path, 120.0), label) as pipe:
+        for at in range(0, len(commands), BATCH):
+            batch = commands[at:at + BATCH]
+            pipe.send(b"".join(encode(list(c)) for c in batch))
+            for i, reply in enumerate(pipe.read(len(batch))):
+                if isinstance(reply, RespError):
+                    args = " ".join(a[:40].decode("utf-8", "replace") for a in batch[i][:3])
+                    raise OpsctlError(f"replaying {label}: command {at + i + 1} ({args}) was refused: {reply}",
+                                      hint="restore with the server version the archive was taken from")

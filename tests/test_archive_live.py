@@ -1,0 +1,180 @@
+"""Point-in-time recovery on real servers and a real local S3 server (issue 27): a 3-master Valkey cluster (one
+replica each) under a writer that records each acknowledged write with its time, `backup --continuous` to s3://,
+the archiver SIGKILLed twice and resumed (no gap reported), a burst of deletes at T, then `restore --to-time T-1s`
+into a 5-master cluster: every write acknowledged before T-1s is there with its value, none of the deletes. A
+tampered segment is refused by name with nothing written; a time before the archive and a time retention dropped
+are refused; SIGTERM closes the open segments (exit 143). The RPO (acknowledgement to segment durable) is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.backup.catalog import read_bases
+from opsctl.backup.offsite import open_store
+from opsctl.backup.segment import decode_segment, parse_name
+from opsctl.backup.store import parse_location
+from opsctl.backup.timeline import iso
+from tests.lifecycle import run
+from tests.s3server import SECRET, S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
+from tests.support import PASSWORD, cluster_check
+from tests.test_restore_live import clients, cluster, restore, topologies
+from tests.writer import Writer, cluster_client
+
+pytestmark = pytest.mark.integration
+
+MARGIN = 0.25  # s: a write acknowledged this close before the cut may be read by the archiver just after it
+
+
+class Archiver:
+    """`opsctl backup --continuous` as its own process, its JSON events in a file."""
+
+    def __init__(self, spec: Path, url: str, log: Path) -> None:
+        argv = [sys.executable, "-m", "opsctl.cli.main", "backup", "-f", str(spec), "--to", url, "--continuous",
+                "--output", "json"]
+        self.log = log
+        self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=log.with_suffix(".err").open("wb"),
+                                     env=os.environ.copy())
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def wait_segments(self, count: int, timeout: float = 60.0, after: float = 0.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.with_suffix(".err").read_text()
+            done = [e for e in self.events() if e["event"] == "segment-archived" and e["durable"] >= after]
+            if len({e["shard"] for e in done}) == 3 and len(done) >= count:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"no {count} segments in {timeout}s: {self.log.read_text()[-2000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(60)
+
+
+def say(capsys, text: str) -> None:
+    """A measurement, shown with -s (docs/backup.md quotes them)."""
+    with capsys.disabled():
+        print(text)
+
+
+def segments_of(url: str) -> dict[str, list]:
+    """Every archived segment's commands, by object name."""
+    store = open_store(parse_location(url))
+    out = {}
+    for name in store.names():
+        seg = parse_name(name)
+        if seg is not None and "/stream/" in name:
+            out[name.rpartition("/")[2]] = decode_segment(seg, store.get_bytes(name) or b"", name)[1]
+    return out
+
+
+def rpo(acked: dict[str, float], events: list[dict], url: str, since: float, until: float) -> list[float]:
+    """For each write acknowledged in [since, until): its segment's durable time minus its acknowledgement."""
+    durable = {e["name"]: e["durable"] for e in events if e["event"] == "segment-archived"}
+    lags = []
+    for name, entries in segments_of(url).items():
+        for entry in entries:
+            at = acked.get(entry.args[1].decode()) if entry.args[0].upper() == b"SET" else None
+            if at is not None and since <= at < until and name in durable:
+                lags.append(durable[name] - at)
+    return sorted(lags)
+
+
+def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S3Server, s3_prefix) -> None:
+    shapes = ("cluster", {}), cluster(5), cluster(3)
+    with topologies(tmp_path, capsys, "valkey", *shapes) as ((src, src_loaded), (dst, dst_loaded), (other, o_loaded)):
+        code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(time.time()))
+        assert code == 3 and "no archive" in err and "nothing was written" in err, err + out
+
+        seed = cluster_client(src_loaded)
+        for i in range(2000):
+            seed.set(f"pre:{i}", i)
+        clock = time.time() - time.monotonic()
+        with Writer(lambda: cluster_client(src_loaded), pause=0.001) as writer:
+            first = Archiver(src, s3_prefix, tmp_path / "a1.jsonl")
+            first.wait_segments(6)
+            assert first.kill() == -signal.SIGKILL
+            time.sleep(0.5)
+            second = Archiver(src, s3_prefix, tmp_path / "a2.jsonl")
+            second.wait_segments(3)
+            assert second.kill() == -signal.SIGKILL
+            third = Archiver(src, s3_prefix, tmp_path / "a3.jsonl")
+            third.wait_segments(6)
+            resumed_at = time.time()
+            time.sleep(3.0)
+            cut_at = time.time()  # T: the burst of deletes
+            doomed = [k for k, t in zip(writer.acked, writer.ack_times, strict=False) if t + clock < cut_at - 2][:500]
+            pipe = seed.pipeline()
+            for key in doomed:
+                pipe.delete(key)
+            pipe.execute()
+            writer.wait_for_writes(len(writer.acked) + 500)
+        acked = {k: t + clock for k, t in zip(writer.acked, writer.ack_times, strict=True)}
+        written = dict(writer.acked)
+        third.wait_segments(3, after=time.time() + 1.5)
+        assert third.kill(signal.SIGTERM) == 128 + signal.SIGTERM  # open segments closed, then stopped
+        notes = [e["text"] for e in first.events() + second.events() + third.events() if e["event"] == "note"]
+        assert sum("resuming the archive" in n for n in notes) == 2 and not [n for n in notes if "gap" in n], notes
+        out_all = "".join(p.read_text() for p in tmp_path.glob("a*.json*")) + "".join(
+            p.read_text() for p in tmp_path.glob("a*.err"))
+        assert SECRET not in out_all and PASSWORD not in out_all
+
+        lags = rpo(acked, third.events(), s3_prefix, resumed_at, cut_at)
+        rate = sum(resumed_at <= t < cut_at for t in acked.values()) / (cut_at - resumed_at)
+        say(capsys, f"RPO at {rate:.0f} acknowledged writes/s: {len(lags)} writes, median {lags[len(lags) // 2]:.3f}s, "
+              f"p99 {lags[int(len(lags) * 0.99)]:.3f}s, max {lags[-1]:.3f}s")
+        assert lags and lags[-1] < 3.0
+
+        until = cut_at - 1.0
+        code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(until))
+        assert code == 0 and "verified" in out and "replayed to" in out, err + out
+        assert out.count("shard-") >= 3 and "last command read" in out
+        assert cluster_check(dst_loaded.layout.servers[0].endpoint).returncode == 0
+        target = cluster_client(dst_loaded)
+        before = [k for k, t in acked.items() if t <= until - MARGIN]
+        values = target.mget_nonatomic(before)
+        lost = [k for k, v in zip(before, values, strict=True) if v != written[k]]
+        assert not lost, lost[:10]
+        assert all(target.get(k) is not None for k in doomed)  # none of the deletes
+        assert all(target.get(f"pre:{i}") == str(i) for i in range(0, 2000, 97))
+        after = [k for k, t in acked.items() if t > until + MARGIN]
+        assert sum(target.get(k) is not None for k in after[:300]) == 0  # nothing read after the time
+        grey = [k for k, t in acked.items() if until - MARGIN < t <= until]
+        say(capsys, out.splitlines()[0])
+        say(capsys, f"restore to {iso(until)}: {len(before)} writes acknowledged before it present; "
+              f"{sum(target.get(k) is None for k in grey)} of {len(grey)} in the last {MARGIN}s before it missing")
+
+        tampered_segment_is_refused(capsys, other, o_loaded, s3_prefix, until)
+        retention_refuses_by_name(capsys, other, s3_prefix, until)
+
+
+def tampered_segment_is_refused(capsys, spec: Path, loaded, url: str, until: float) -> None:
+    store = open_store(parse_location(url))
+    name = next(n for n in store.names() if "/stream/shard-2/" in n)
+    data = store.get_bytes(name) or b""
+    store.put_bytes(name, data[: len(data) - 7])  # cut short
+    code, out, err = restore(capsys, spec, "--from", url, "--to-time", iso(until))
+    assert code == 1 and store.where(name) in err and "sha256" in err, err + out
+    assert sum(c.dbsize() for c in clients(loaded)) == 0  # nothing written
+    store.put_bytes(name, data)
+
+
+def retention_refuses_by_name(capsys, spec: Path, url: str, until: float) -> None:
+    code, out, err = run(capsys, "backup", "list", "--from", url)
+    assert code == 0 and "archive base" in out and "complete until" in out, err + out
+    bases = read_bases(open_store(parse_location(url)))
+    assert len(bases) == 1
+    code, out, err = run(capsys, "backup", "prune", "--from", url, "--keep-days", "0")
+    assert code == 0 and "dropped 0 base(s)" in out, err + out  # the newest base always stays
+    code, out, err = restore(capsys, spec, "--from", url, "--to-time", iso(bases[0].taken - 60))
+    assert code == 3 and "reaches back" in err, err
