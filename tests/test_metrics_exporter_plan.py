@@ -144,3 +144,17 @@ def test_a_changed_user_line_restarts_nothing(tmp_path: Path, monkeypatch: pytes
                       reachable=True, config={})
     steps = config_steps(node, new, facts, True, ("redis", parse_version("7.0")))
     assert [s.kind for s in steps] == ["write-config"]
+
+
+def test_a_running_exporter_whose_user_is_gone_is_started_again(tmp_path: Path) -> None:
+    """Deleted behind opsctl's back (ACL DELUSER): ACL GETUSER shows no password, and the step sets the user again."""
+    loaded = _loaded(tmp_path, metrics={"exporter": True})
+    desired = desired_nodes(loaded, lambda n: default_paths(str(tmp_path), n), True)
+    servers = [n.name for n in loaded.layout.servers]
+    facts = {name: NodeFacts(name, True, exporter=exporter_run(loaded, desired[name]).digest,
+                             accepts={"default": (MASK,), EXPORTER_USER: (MASK,)}) for name in servers}
+    assert exporter_steps(loaded, desired, facts) == []
+    facts[servers[0]] = replace(facts[servers[0]], accepts={"default": (MASK,), EXPORTER_USER: ()})
+    steps = exporter_steps(loaded, desired, facts)
+    assert [(s.kind, s.node) for s in steps] == [("start-exporter", servers[0])]
+    assert EXPORTER_USER in steps[0].reason

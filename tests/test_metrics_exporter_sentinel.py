@@ -1,9 +1,9 @@
 """metrics.exporter: true on a Sentinel fleet (issue 24): apply runs a redis_exporter beside every server and every
 Sentinel, each Sentinel's logged in as opsctl-exporter with the Sentinel rules (nothing refused in ACL LOG, SENTINEL
-SET/FAILOVER/RESET and ACL refused); a Sentinel killed and started again from its own file keeps the user; a changed
-port_offset plans a start-exporter step per node; a password rotation, overlap and end, leaves every exporter
-scraping and the old exporter password refused everywhere; destroy leaves no exporter. Real Redis 7.0 and Valkey 9.1
-servers and sentinels, Debian's prometheus-redis-exporter."""
+SET/FAILOVER/RESET and ACL refused); a Sentinel killed and started again from its own file keeps the user; a user
+deleted behind opsctl's back is set again; a changed port_offset plans a start-exporter step per node; a password
+rotation, overlap and end, leaves every exporter scraping and the old exporter password refused everywhere; destroy
+leaves no exporter. Real Redis 7.0 and Valkey 9.1 servers and sentinels, Debian's prometheus-redis-exporter."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ def _logs_in(node: Node, password: str) -> bool:
 
 def _admin(node: Node, password: str = PASSWORD) -> redis.Redis:
     return redis.Redis(node.address, node.port, password=password, socket_timeout=5, decode_responses=True)
+
+
+def _delete_exporter_user(loaded: LoadedSpec, node: Node) -> None:
+    """ACL DELUSER as an operator would: the admin (ACL mode servers) or the default user, under ACL's renamed name."""
+    acl_mode = loaded.spec.auth.mode == "acl" and not node.is_sentinel
+    client = redis.Redis(node.address, node.port, username=loaded.spec.auth.admin_user if acl_mode else None,
+                         password=PASSWORD, socket_timeout=5)
+    command = "ACL" if node.is_sentinel else loaded.renames.get("ACL", "ACL")
+    assert client.execute_command(command, "DELUSER", EXPORTER_USER) == 1
+    client.close()
 
 
 def _sentinel_refusals(loaded: LoadedSpec, sentinel: Node) -> None:
@@ -118,6 +128,14 @@ def test_exporters_beside_sentinels_and_through_a_rotation(tmp_path: Path, case:
         _apply(capsys, spec)
         _all_up(loaded, offset)
         assert _logs_in(sentinels[0], exporter_secret(loaded.spec.name, Secret(PASSWORD)).reveal())
+
+        gone = [sentinels[1], loaded.layout.servers[1]]  # the user deleted behind opsctl's back: plan sets it again
+        for node in gone:
+            _delete_exporter_user(loaded, node)
+        steps = plan_json(capsys, spec)["steps"]
+        assert sorted((s["kind"], s["node"]) for s in steps) == sorted(("start-exporter", n.name) for n in gone)
+        _apply(capsys, spec)
+        _all_up(loaded, offset)
 
         changed = yaml.safe_load(spec.read_text())
         changed["metrics"]["port_offset"] = offset + 11

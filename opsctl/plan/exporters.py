@@ -86,4 +86,13 @@ def exporter_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
         if running != run.digest:
             why = "no redis_exporter runs beside it" if running is None else "its redis_exporter's settings changed"
             steps.append(StartExporter(node.name, why, run.digest))
+        elif f is not None and _user_missing(f):
+            steps.append(StartExporter(node.name, f"its redis_exporter runs, but the node has no {EXPORTER_USER} user",
+                                       run.digest))
     return steps
+
+
+def _user_missing(f: NodeFacts) -> bool:
+    """The node answered ACL GETUSER for the exporter's user with no password at all: the user is gone (deleted
+    behind opsctl's back), and the exporter cannot log in; its step sets the user again."""
+    return f.accepts is not None and EXPORTER_USER in f.accepts and not f.accepts[EXPORTER_USER]
