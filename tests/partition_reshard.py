@@ -52,6 +52,8 @@ class ReshardRun:
     preload_equal: bool
     preload: str
     cut_at: float
+    cut: float = CUT
+    reshard_ended: float | None = None  # seconds after the cut; None: it ran past the heal
 
     @property
     def loss_bound(self) -> float:
@@ -60,10 +62,12 @@ class ReshardRun:
         return 1.5 * NODE_TIMEOUT_MS / 1000 + ACK_BOUND_SLACK
 
 
-def run_in_namespace(flavor: str, seed: int) -> dict[str, Any]:
+def run_in_namespace(flavor: str, seed: int, opsctl_cut: float = 0.0) -> dict[str, Any]:
+    """opsctl_cut > 0: opsctl and the clients are on the majority's side, cut off from the source that long."""
     with namespace() as name:
         child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", "tests.partition_reshard",
-                                "--flavor", flavor, "--seed", str(seed)], capture_output=True, text=True,
+                                "--flavor", flavor, "--seed", str(seed), "--opsctl-cut", str(opsctl_cut)],
+                               capture_output=True, text=True,
                                timeout=RUN_TIMEOUT, cwd=ROOT, check=False)
     lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT)]
     if child.returncode != 0 or not lines:
@@ -93,7 +97,7 @@ def preload(loaded: Any, count: int) -> None:
     client.close()
 
 
-def split_reshard(tmp: Path, flavor: str, seed: int) -> ReshardRun:
+def split_reshard(tmp: Path, flavor: str, seed: int, opsctl_cut: float = 0.0) -> ReshardRun:
     import redis
 
     from opsctl.base.errors import ConvergenceError
@@ -118,6 +122,9 @@ def split_reshard(tmp: Path, flavor: str, seed: int) -> ReshardRun:
         before = dataset_checksum(client, "pre:*")
         source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
         others = sorted({n.address for n in loaded.layout.servers} - {source.address})
+        cut = opsctl_cut or CUT
+        if opsctl_cut:  # opsctl and the writer connect from 127.0.0.1 (the loopback route's source address)
+            others.append("127.0.0.1")
         extra = ["--max-keys-per-sec", "2000"] if flavor == "redis" else []
         partition = Partition()
         try:
@@ -135,7 +142,10 @@ def split_reshard(tmp: Path, flavor: str, seed: int) -> ReshardRun:
                 cut_wall = time.monotonic()
                 cut_at = cut_wall - started
                 partition.cut([source.address], others)
-                time.sleep(CUT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(cut)
+                reshard_ended = None if proc.returncode is None else round(time.monotonic() - cut_wall, 3)
+                time.sleep(max(0.0, cut - (time.monotonic() - cut_wall)))
                 partition.heal()
                 out, _ = proc.communicate(timeout=180)
                 fix_rc, fix_out = opsctl("cluster", "fix", "-f", str(path))
@@ -151,7 +161,7 @@ def split_reshard(tmp: Path, flavor: str, seed: int) -> ReshardRun:
         except redis.RedisError as exc:  # said in the result, with the checker's view
             return ReshardRun(flavor, seed, proc.returncode, "\n".join(out.splitlines()[-12:]), fix_rc, fix_out,
                               applies, False, f"{exc}\n{check.stdout[-3000:]}", -1, len(writer.acked), 0, 0, False,
-                              str(_checksum(loaded)), round(cut_at, 3))
+                              str(_checksum(loaded)), round(cut_at, 3), cut, reshard_ended)
         when = dict(zip(writer.acked, writer.ack_times, strict=True))
         lost_at = sorted(when[key] - cut_wall for key, _ in lost) or [0.0]
         after = _checksum(loaded)
@@ -159,7 +169,7 @@ def split_reshard(tmp: Path, flavor: str, seed: int) -> ReshardRun:
                           applies, check.returncode == 0 and "[ERR]" not in check.stdout,
                           "\n".join(check.stdout.splitlines()[-8:]), len(lost), len(writer.acked),
                           round(lost_at[0], 3), round(lost_at[-1], 3), after == before, str(after),
-                          round(cut_at, 3))
+                          round(cut_at, 3), cut, reshard_ended)
     finally:
         main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
 
@@ -194,10 +204,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.partition_reshard")
     parser.add_argument("--flavor", default="redis", choices=["valkey", "redis"])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--opsctl-cut", type=float, default=0.0)
     args = parser.parse_args(argv)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     with server_tmpdir("opsctl-partition-") as tmp:
-        run = split_reshard(Path(tmp), args.flavor, args.seed)
+        run = split_reshard(Path(tmp), args.flavor, args.seed, args.opsctl_cut)
     print(RESULT + json.dumps(asdict(run)), flush=True)
     return 0
 

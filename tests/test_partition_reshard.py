@@ -31,3 +31,20 @@ def test_a_reshard_cut_off_from_its_source_is_healed_by_fix_and_apply(flavor: st
     assert result.preload_equal, result
     # only what the server itself cannot keep: writes the cut-off source acknowledged before it saw itself cut
     assert result.first_lost >= -0.5 and result.last_lost <= result.loss_bound, result
+
+
+# every wait bounded: a split that also cuts opsctl off from the source (DROP: no reset, no reply) must not hold a
+# round trip until the heal; the engine connections gave up only after 300 s (slots.batching.engine_timeout_s)
+@pytest.mark.soak
+def test_a_reshard_cut_off_from_its_source_with_opsctl_on_the_other_side_ends_before_the_heal() -> None:
+    if (lacking := unavailable()) is not None:
+        missing(lacking)
+    server_binary("redis")
+    result = ReshardRun(**run_in_namespace("redis", seed=1, opsctl_cut=45.0))
+    print(result)
+    assert "Traceback" not in result.reshard_out and "internal error" not in result.reshard_out, result
+    assert result.reshard_ended is not None and result.reshard_ended < 40.0, result
+    assert result.fix_rc == 0, result
+    assert result.applies is not None, result
+    assert result.check_ok, result
+    assert result.preload_equal, result

@@ -91,6 +91,10 @@ class RawPipe:
     def send(self, data: bytes) -> None:
         self._stream.sendall(data)
 
+    def settimeout(self, seconds: float) -> None:
+        """How long one send or read may wait for the node (a silent peer: a split that drops packets)."""
+        self._stream.settimeout(seconds)
+
     def read(self, count: int) -> list[Reply]:
         out: list[Reply] = []
         gets = self._reader.gets
@@ -154,22 +158,28 @@ class NodePipes:
         """Commands under the node's renames, packed in one buffer."""
         return b"".join(encode([self.command(str(c[0])), *c[1:]]) for c in commands)
 
-    def pipeline(self, commands: Sequence[Command], chunk: int = 0) -> list[Reply]:
+    def pipeline(self, commands: Sequence[Command], chunk: int = 0, timeout: float | None = None) -> list[Reply]:
         """One round trip: replies in order, error replies as RespError values. chunk > 0 packs and sends that
-        many at a time, so the server starts on the first commands while the rest are still being packed."""
+        many at a time, so the server starts on the first commands while the rest are still being packed;
+        timeout: this trip's wait for each reply, when it may be longer than the connection's (a big MIGRATE)."""
         step = chunk or max(1, len(commands))
 
         def send(pipe: RawPipe) -> None:
             for at in range(0, len(commands), step):
                 pipe.send(self.packed(commands[at:at + step]))
 
-        return self.round_trip(send, len(commands))
+        return self.round_trip(send, len(commands), timeout)
 
-    def round_trip(self, send: Callable[[RawPipe], None], count: int) -> list[Reply]:
+    def round_trip(self, send: Callable[[RawPipe], None], count: int, timeout: float | None = None) -> list[Reply]:
         """What send writes, then count replies in order; error replies as RespError values."""
         with self.held() as pipe:
+            if timeout is not None:
+                pipe.settimeout(timeout)
             send(pipe)
-            return pipe.read(count)
+            replies = pipe.read(count)
+            if timeout is not None:
+                pipe.settimeout(self.timeout)
+            return replies
 
     @contextmanager
     def held(self) -> Iterator[RawPipe]:

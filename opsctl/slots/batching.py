@@ -30,6 +30,19 @@ def base_timeout_ms(node_timeout_ms: int) -> int:
     return max(200, min(BASE_TIMEOUT_MS, node_timeout_ms // 2))
 
 
+def engine_timeout_s(node_timeout_ms: int) -> float:
+    """How long an engine connection waits for a node's next reply: a MIGRATE the node may be running for another
+    of our connections, three node timeouts and a margin; a silent node (a split) then fails the round trip, and
+    the mover looks at both ends (follows a failover) instead of waiting for the split to heal. Pure."""
+    return max(15.0, base_timeout_ms(node_timeout_ms) / 1000 + 3 * node_timeout_ms / 1000 + 5)
+
+
+def trip_timeout_s(plan_timeouts_ms: Sequence[int], node_timeout_ms: int) -> float:
+    """The wait for each reply of a stream of MIGRATEs: its longest MIGRATE timeout (a big key's) on top of the
+    engine's. Pure."""
+    return max(plan_timeouts_ms, default=0) / 1000 + engine_timeout_s(node_timeout_ms)
+
+
 def batches(keys: Sequence[bytes], sizes: Sequence[int | None], max_bytes: int = MAX_BATCH_BYTES,
             max_keys: int = MAX_BATCH_KEYS, big_bytes: int = BIG_KEY_BYTES,
             base_ms: int = BASE_TIMEOUT_MS) -> list[Batch]:

@@ -199,6 +199,7 @@ def _close_entry_once(session: Session, journal: Journal, entry: OpenSlots, emit
         groups.setdefault(decide(state), []).append(slot)
     mover = KeyMover(session, source, target, journal, Progress(emit, len(slots)), emit, Options())
     if groups.get("finish"):
+        _mend_import_view(session, source, target, groups["finish"])
         mover.move(groups["finish"])
     if groups.get("assign"):
         mover.close(groups["assign"])
@@ -211,6 +212,22 @@ def _close_entry_once(session: Session, journal: Journal, entry: OpenSlots, emit
     moved = "" if (source.name, target.name) == (entry.source, entry.target) else \
         f" (now {source.name} -> {target.name}: the shard failed over)"
     return f"{origin} {entry.source} -> {entry.target}{moved}: {what}"
+
+
+def _mend_import_view(session: Session, source: Peer, target: Peer, slots: Sequence[int]) -> list[int]:
+    """SETSLOT NODE source on the target for the slots it imports whose owner, in its own view, is not the source
+    that serves them: the old source demoted after a split took them along, and Redis 7.0 ignores every owner
+    update for a slot it imports, so the target stayed cluster_state:fail and refused every MIGRATE
+    (CLUSTERDOWN). The IMPORTING flag stays; the move then finishes as usual."""
+    src, tgt, seen = session.me(source.name), session.me(target.name), session.seen.get(target.name)
+    if src is None or tgt is None or seen is None:
+        return []
+    owner = {slot: line.id for line in seen.cluster_nodes or () if line.is_master
+             for a, b in line.slots for slot in range(a, b + 1)}
+    wrong = [s for s in slots if s in tgt.importing and _owns(src, s) and owner.get(s) != source.id]
+    if wrong:
+        checked(target, [("CLUSTER", "SETSLOT", s, "NODE", source.id) for s in wrong], "SETSLOT NODE")
+    return wrong
 
 
 def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> None:

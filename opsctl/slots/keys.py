@@ -32,6 +32,7 @@ from opsctl.slots.batching import (
     opened_together,
     rate_delay,
     timeout_ms,
+    trip_timeout_s,
     waves,
 )
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
@@ -174,6 +175,7 @@ class KeyMover:
             opened = [opener.submit(admitted, i) for i in range(len(parts))]  # each as soon as it may
             closing: list[Future[None]] = []
             plans: dict[int, Plan] = {}
+            trip = self.session.engine_timeout
             with self.source.pipes.held() as link:
 
                 def collect(i: int) -> None:
@@ -196,12 +198,15 @@ class KeyMover:
                     if i and self.options.max_keys_per_sec:
                         collect(i - 1)  # throttled: one wave at a time
                     self.announce(plan)
+                    trip = max(trip, self.trip_timeout(plan))  # the longest MIGRATE of the waves in flight
+                    link.settimeout(trip)
                     link.send(packed)
                     plans[i] = plan
                     if i and not self.options.max_keys_per_sec:
                         collect(i - 1)  # its replies read while this wave is queued behind it
                 for i in sorted(plans):
                     collect(i)
+                link.settimeout(self.session.engine_timeout)  # back in the pool as it came out
             for done in closing:
                 done.result()
             failed = False
@@ -398,7 +403,12 @@ class KeyMover:
     def send(self, plan: Plan) -> bool:
         """Report big keys, then stream every MIGRATE batch on one connection. False if any failed."""
         self.announce(plan)
-        return self.received(plan, stream(self.source, [self.command(b) for _, b in plan]))
+        return self.received(plan, stream(self.source, [self.command(b) for _, b in plan],
+                                          timeout=self.trip_timeout(plan)))
+
+    def trip_timeout(self, plan: Plan) -> float:
+        """Each reply's wait on a stream of plan's MIGRATEs (never the 300 s that outlasted a split)."""
+        return trip_timeout_s([b.timeout_ms for _, b in plan], self.node_timeout_ms)
 
     def announce(self, plan: Plan) -> None:
         """Big keys are reported before they travel."""

@@ -20,12 +20,12 @@ from opsctl.observe.parse import ClusterNodeLine, myself, server_of
 from opsctl.plan.slotmath.ranges import expand
 from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
 from opsctl.server.versions import has_capability, parse_version
+from opsctl.slots.batching import engine_timeout_s
 from opsctl.slots.endpoints import flagged_ids, shard_master
 from opsctl.spec.layout import Node
 
 T = TypeVar("T")
 STREAM_CHUNK = 32  # commands packed and sent at a time by stream()
-ENGINE_TIMEOUT = 300.0  # socket timeout of engine connections: longer than any MIGRATE timeout we send
 
 
 # The slot modules' name for a node's error reply among a pipeline's replies: one type (an Exception, as the
@@ -56,9 +56,10 @@ def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
     return peer.pipes.pipeline(commands) if commands else []
 
 
-def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK) -> list[Any]:
-    """Like pipe, but packed and sent in chunks."""
-    return peer.pipes.pipeline(commands, chunk) if commands else []
+def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK,
+           timeout: float | None = None) -> list[Any]:
+    """Like pipe, but packed and sent in chunks; timeout: each reply's wait, when longer than the connection's."""
+    return peer.pipes.pipeline(commands, chunk, timeout) if commands else []
 
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
@@ -89,6 +90,7 @@ class Session:
         self.loaded = connector.loaded
         self.nodes = list(nodes)
         self.observer = Observer(connector, self.nodes, timeout=5.0)
+        self.engine_timeout = engine_timeout_s(self.loaded.spec.cluster_or_default().node_timeout_ms)
         self.pool = Borrowed()  # a share of the process's I/O threads (net.fanout)
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
@@ -104,7 +106,7 @@ class Session:
                 node = next(n for n in self.nodes if n.name == name)
                 if name in self.peers:
                     self.peers[name].pipes.close()
-                self.peers[name] = Peer(node, NodePipes(self.connector, node, ENGINE_TIMEOUT), me.id)
+                self.peers[name] = Peer(node, NodePipes(self.connector, node, self.engine_timeout), me.id)
         return self.seen
 
     def me(self, name: str) -> ClusterNodeLine | None:
