@@ -1,7 +1,9 @@
 """opsctl migrate against real servers: a standalone Redis 7.0 under a writer moved into a 3-master Valkey 9.1
 cluster and cut over from another terminal (every acknowledged write in the target, writes after the fence
-refused, the pause measured); a migrate SIGKILLed mid-stream resumed without a second full copy; the edges
-refused at their offset."""
+refused, the pause measured); a 3-master cluster into 5 masters with --cutover auto; a migrate SIGKILLed
+mid-stream resumed without a second full copy; a resume past the backlog refused; the edges refused at their
+offset; a source failed over by hand and a Sentinel source whose master is SIGKILLed, both followed; TLS and ACL
+users on both sides (Redis 7.0: the Valkey wheel has no TLS) with no secret in the output."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 import redis
 
 from opsctl.spec.load import LoadedSpec
+from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, cluster_check
 from tests.writer import Writer, cluster_client
@@ -177,32 +180,36 @@ def test_a_resume_past_the_backlog_says_it_must_start_over(tmp_path, capsys) -> 
         assert code == 3 and "must start over: backlog overrun" in err, out + err
 
 
-@pytest.mark.parametrize("edge, expect", [
-    (("FLUSHALL",), "FLUSHALL"),
-    (("SELECT", "3"), "a cluster has only database 0"),
-    (("MULTI-SPAN",), "touches keys on"),
-])
-def test_the_edges_stop_at_their_offset(tmp_path, capsys, edge, expect) -> None:
-    flushable = ("standalone", "redis", {"hardening": {"disabled_commands": ["KEYS"]}})
-    with pair(tmp_path, capsys, flushable, TARGET) as (s, s_loaded, t, t_loaded):
-        src = source_client(s_loaded)
-        fill(src, 100)
-        migrate = Migrate(t, s)
-        migrate.streaming()
-        src.set("before-edge", 1)
-        if edge == ("MULTI-SPAN",):
-            with src.pipeline(transaction=True) as pipe:
-                pipe.set("a", 1).set("b", 2).set("c", 3).set("d", 4).execute()
-        elif edge == ("SELECT", "3"):
-            other = redis.Redis(host=s_loaded.layout.servers[0].address, port=s_loaded.layout.servers[0].port,
-                                password=PASSWORD, db=3)
-            other.set("x", 1)
-        else:
-            src.execute_command("FLUSHALL")
-        assert migrate.wait() == 3, migrate.events[-2:]
-        err = migrate.stderr()
-        assert expect in err and "replication offset" in err, err
-        assert cluster_client(t_loaded).get("before-edge") == "1"
+EDGES = [("FLUSHALL", "FLUSHALL"), ("SELECT 3", "a cluster has only database 0"), ("MULTI", "touches keys on")]
+
+
+def test_the_edges_stop_at_their_offset(tmp_path, capsys) -> None:
+    """One pair of topologies for every edge: after each refusal the journal goes and both sides are emptied."""
+    flushable = {"hardening": {"disabled_commands": ["KEYS"]}}
+    target = (TARGET[0], TARGET[1], {**TARGET[2], **flushable})
+    with pair(tmp_path, capsys, ("standalone", "redis", flushable), target) as (s, s_loaded, t, t_loaded):
+        src, dst = source_client(s_loaded), cluster_client(t_loaded)
+        node = s_loaded.layout.servers[0]
+        for edge, expect in EDGES:
+            src.flushall()
+            for master in dst.get_primaries():
+                dst.get_redis_connection(master).flushall()
+            (state_dir_for(t_loaded, None) / "migrate-journal.json").unlink(missing_ok=True)
+            fill(src, 100)
+            migrate = Migrate(t, s)
+            migrate.streaming()
+            src.set("before-edge", 1)
+            if edge == "MULTI":
+                with src.pipeline(transaction=True) as pipe:
+                    pipe.set("a", 1).set("b", 2).set("c", 3).set("d", 4).execute()
+            elif edge == "SELECT 3":
+                redis.Redis(host=node.address, port=node.port, password=PASSWORD, db=3).set("x", 1)
+            else:
+                src.execute_command("FLUSHALL")
+            assert migrate.wait() == 3, (edge, migrate.events[-2:])
+            err = migrate.stderr()
+            assert expect in err and "replication offset" in err, err
+            assert dst.get("before-edge") == "1", edge
 
 
 def test_a_three_master_cluster_into_five_masters_cut_over_by_itself(tmp_path, capsys) -> None:
@@ -256,5 +263,67 @@ def test_a_source_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
         now = new_c.info("stats")
         assert now["sync_full"] == stats["sync_full"], "the promoted replica had to send a full copy"
         assert now["sync_partial_ok"] > stats["sync_partial_ok"]
+        dst = cluster_client(t_loaded)
+        assert before.verify(dst) == [] and after.verify(dst) == []
+
+
+def test_tls_and_acl_users_on_both_sides_and_no_secret_in_the_output(tmp_path, capsys) -> None:
+    from tests.support import PASSWORD_ENV, tls_client_options
+
+    acl = {"auth": {"mode": "acl", "password": {"env": PASSWORD_ENV}}}
+    source = ("standalone", "redis", {**acl, "tls": {"enabled": True, "generate": True}})
+    target = ("cluster", "redis", {**acl, "tls": {"enabled": True, "generate": True},
+                                    "cluster": {"masters": 3, "replicas_per_master": 0}})
+    with pair(tmp_path, capsys, source, target) as (s, s_loaded, t, t_loaded):
+        node = s_loaded.layout.servers[0]
+
+        def client() -> redis.Redis:
+            return redis.Redis(host=node.address, port=node.port, username=s_loaded.spec.auth.admin_user,
+                               password=PASSWORD, decode_responses=True,
+                               **tls_client_options(state_dir_for(s_loaded, None)))
+        fill(client(), 200)
+        with Writer(client) as writer:
+            migrate = Migrate(t, s, "--cutover", "auto")
+            assert migrate.wait() == 0, migrate.stderr()
+        assert migrate.done()["ok"] and PASSWORD not in json.dumps(migrate.events) + migrate.stderr()
+        dst = cluster_client(t_loaded, username=t_loaded.spec.auth.admin_user,
+                             **tls_client_options(state_dir_for(t_loaded, None)))
+        assert writer.verify(dst) == [] and dst.get("s:7") == "v7"
+
+
+def test_a_sentinel_source_whose_master_dies_mid_stream_is_followed(tmp_path, capsys) -> None:
+    from opsctl.base.poll import wait_for
+
+    with pair(tmp_path, capsys, ("sentinel", "redis", {}), TARGET) as (s, s_loaded, t, t_loaded):
+        servers = s_loaded.layout.servers
+
+        def client(node: Any) -> redis.Redis:
+            return redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True,
+                               socket_timeout=2.0)
+
+        def master_now() -> Any:
+            for node in servers:
+                with suppress(redis.RedisError, OSError):
+                    if client(node).execute_command("ROLE")[0] == "master":
+                        return node
+            return None
+
+        old = master_now()
+        with Writer(lambda: client(old)) as before:
+            migrate = Migrate(t, s)
+            migrate.streaming()
+            time.sleep(0.5)
+        offset = int(client(old).info("replication")["master_repl_offset"])
+        replicas = [n for n in servers if n != old]
+        wait_for(lambda: all(int(client(n).info("replication")["master_repl_offset"]) >= offset for n in replicas)
+                 or None, 10, "the replicas to catch up")
+        os.kill(int(client(old).info("server")["process_id"]), signal.SIGKILL)
+        new = wait_for(lambda: (n if (n := master_now()) not in (None, old) else None), 30, "Sentinel's failover")
+        with Writer(lambda: client(new), prefix="after") as after:
+            after.wait_for_writes(300)
+            time.sleep(1.0)
+            code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
+            assert code == 0, out + err
+        assert migrate.wait() == 0, migrate.stderr()
         dst = cluster_client(t_loaded)
         assert before.verify(dst) == [] and after.verify(dst) == []

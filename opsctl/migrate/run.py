@@ -103,6 +103,11 @@ def run_migrate(source: Connector, target_connector: Connector, state_dir: Path,
         futures = [pool.submit(s.run) for s in shards]
         try:
             report = _watch(source, target, shards, futures, state_dir, options, emit)
+        except OpsctlError as exc:
+            if (state_dir / REQUEST).exists():  # the waiting `migrate cutover` learns why, not just that
+                write_private(state_dir / RESULT, f"cutover failed: {exc.summary}\n")
+                (state_dir / REQUEST).unlink(missing_ok=True)
+            raise
         finally:
             for s in shards:
                 s.stop.set()
