@@ -46,12 +46,12 @@ class Archiver:
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
 
-    def wait_segments(self, count: int, timeout: float = 60.0, after: float = 0.0) -> None:
+    def wait_segments(self, count: int, timeout: float = 60.0, after: float = 0.0, shards: int = 3) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.with_suffix(".err").read_text()
             done = [e for e in self.events() if e["event"] == "segment-archived" and e["durable"] >= after]
-            if len({e["shard"] for e in done}) == 3 and len(done) >= count:
+            if len({e["shard"] for e in done}) == shards and len(done) >= count:
                 return
             time.sleep(0.1)
         raise AssertionError(f"no {count} segments in {timeout}s: {self.log.read_text()[-2000:]}")
@@ -178,3 +178,49 @@ def retention_refuses_by_name(capsys, spec: Path, url: str, until: float) -> Non
     assert code == 0 and "dropped 0 base(s)" in out, err + out  # the newest base always stays
     code, out, err = restore(capsys, spec, "--from", url, "--to-time", iso(bases[0].taken - 60))
     assert code == 3 and "reaches back" in err, err
+
+
+def test_a_gap_starts_a_new_base_and_retention_refuses_by_name(tmp_path, capsys, s3_server: S3Server,
+                                                               s3_prefix) -> None:
+    """Replication topology (a master, two replicas): the archiver stopped while the master writes more than its
+    backlog holds; restarted, it reports the gap and takes a new base. Prune then drops the first base (time moved
+    two days on), and a restore to a time only it served is refused naming retention; a later time restores."""
+    from opsctl.backup.catalog import prune
+    from opsctl.backup.timeline import DAY
+    from tests.support import admin_for
+
+    shapes = ("replication", {}), ("standalone", {})
+    with topologies(tmp_path, capsys, "valkey", *shapes) as ((src, src_loaded), (dst, dst_loaded)):
+        master = next(n for n in src_loaded.layout.servers if n.role == "master")
+        client = clients(src_loaded)[0]
+        client.set("early", "1")
+        first = Archiver(src, s3_prefix, tmp_path / "g1.jsonl")
+        first.wait_segments(1, shards=1)
+        client.set("in-first", "1")
+        first.wait_segments(1, shards=1, after=time.time() + 0.5)
+        in_first = time.time()
+        assert first.kill(signal.SIGTERM) == 128 + signal.SIGTERM
+        with admin_for(src_loaded, master) as admin:
+            admin.config_set("repl-backlog-size", "16384")
+        for i in range(300):
+            client.set(f"bulk:{i}", "x" * 10_000)  # 3 MB: far past the backlog
+        second = Archiver(src, s3_prefix, tmp_path / "g2.jsonl")
+        second.wait_segments(1, shards=1)
+        client.set("late", "1")
+        second.wait_segments(1, shards=1, after=time.time() + 0.5)
+        assert second.kill(signal.SIGTERM) == 128 + signal.SIGTERM
+        notes = [e["text"] for e in second.events() if e["event"] == "note"]
+        assert any("gap:" in n and "backlog overrun" in n and "new base" in n for n in notes), notes
+        store = open_store(parse_location(s3_prefix))
+        bases = sorted(read_bases(store), key=lambda b: b.taken)
+        assert len(bases) == 2 and all(b.archived for b in bases)
+
+        dropped = prune(store, keep_days=1, now=time.time() + 2 * DAY)
+        assert dropped == [bases[0].name]
+        code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(in_first))
+        assert code == 3 and "dropped by retention" in err and "nothing was written" in err, err + out
+        last = max(e["last"] for e in second.events() if e["event"] == "segment-archived")
+        code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(last + 0.001))
+        assert code == 0 and bases[1].name in out, err + out
+        restored = clients(dst_loaded)[0]
+        assert restored.get("late") == b"1" and restored.get("bulk:299") == b"x" * 10_000
