@@ -1,10 +1,7 @@
-"""Apply one source shard's replication stream to the target masters, in order, each command on the master that
-owns its keys.
-
-A batch for a target master goes out as one script that runs its commands and then sets that master's marker to
-the offset of its last command: the batch and the marker land together or not at all, so a resumed run re-reads
-the stream from the journal and skips, per master, what its marker says is in (exactly once). A transaction goes
-whole into one script. What cannot be carried stops the run at its offset (opsctl.plan.streamkeys).
+"""Apply one source shard's replication stream to the target masters in order, each command on the master owning
+its keys. A batch and its master's marker (the offset of its last command) go out as one script, landing together
+or not at all: a resumed run skips exactly what a marker says is in (docs/internals.md). What cannot be carried
+stops the run at its offset (opsctl.plan.streamkeys).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The cutover: fence every source master against writes (clients get NOREPLICAS, not a silent OK), wait until
-the target applied each shard's final offset, stop the stream, verify, and report the write pause and where
-clients must point. A failed check lifts the fence (the source serves again; the target got nothing since).
-
-The fence is the failover's (opsctl.failover.fence): min-replicas-to-write far above any replica count. It
-outlives opsctl: a cutover killed mid-way leaves the source fenced (docs/migrate.md, "Roll back").
+"""The cutover: fence every source master (the failover's fence: clients get NOREPLICAS, not a silent OK), wait
+until the target applied each shard's final offset, stop, verify, report the write pause and where clients must
+point. A failed check lifts the fence: the source serves again, the target got nothing since. The fence outlives
+opsctl (docs/migrate.md, "Roll back").
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""`opsctl migrate`: every source shard copied and followed at once, progress shown, then the cutover, started
-by `--cutover auto` once every shard's lag is under the bound, or by `opsctl migrate cutover` from another
-terminal, which leaves a request file in the target's state dir that this run watches (docs/migrate.md).
-
-Killed at any point, the same command resumes from the journal: a shard whose snapshot was being copied copies it
-again (its keys replace themselves), a streaming shard continues with a partial resync.
+"""`opsctl migrate`: every source shard copied and followed at once, then the cutover, started by `--cutover
+auto` under the lag bound or by the request file `opsctl migrate cutover` leaves in the target's state dir.
+Killed, the same command resumes from the journal: a snapshot copy starts again, a stream continues with a partial
+resync (docs/migrate.md).
 """
 
 from __future__ import annotations
