@@ -23,8 +23,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.apply.connect import open_connector
-    from opsctl.cli.commands.backup import event_printer
+    from opsctl.base.events import CutoverDone, Event
     from opsctl.cli.confirm import confirm
+    from opsctl.cli.output import printing
     from opsctl.migrate.run import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
@@ -43,9 +44,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         stack.enter_context(topology_lock(target_connector))
         source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
         stack.enter_context(topology_lock(source_connector))  # no opsctl run reshards the source meanwhile
-        emit = stack.enter_context(event_printer(args.output == "json"))
+        json_mode = args.output == "json"
+        printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
+
+        def emit(event: Event) -> None:  # as text, the report goes to stdout at the end, not among the events
+            if json_mode or not isinstance(event, CutoverDone):
+                printer(event)
         report = run_migrate(source_connector, target_connector, state_dir, options, emit)
-    if args.output != "json":
+    if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
 
