@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -50,13 +51,13 @@ def _wait_port(host: str, port: int, process: subprocess.Popen[bytes], timeout: 
     raise RuntimeError("moto_server did not listen within 30 s")
 
 
-@pytest.fixture(scope="session", name="s3_server")
-def s3_server_fixture() -> Iterator[S3Server]:
-    try:
-        import boto3  # noqa: F401
-        import moto.server  # noqa: F401
-    except ImportError:
-        missing("moto[server] and boto3 (pip install -e '.[dev]')")
+@contextmanager
+def moto_server() -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port, boto3 pointed at it through the environment, the test bucket made;
+    the environment as it was afterwards. Raises ImportError without moto."""
+    import boto3  # noqa: F401
+    import moto.server  # noqa: F401
+
     host = "127.0.0.1"
     port = free_base_port([host], 1, bus=False)
     process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
@@ -81,6 +82,17 @@ def s3_server_fixture() -> Iterator[S3Server]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session", name="s3_server")
+def s3_server_fixture() -> Iterator[S3Server]:
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError:
+        missing("moto[server] and boto3 (pip install -e '.[dev]')")
+    with moto_server() as server:
+        yield server
 
 
 @pytest.fixture(name="s3_prefix")

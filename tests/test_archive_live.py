@@ -36,9 +36,9 @@ MARGIN = 0.25  # s: a write acknowledged this close before the cut may be read b
 class Archiver:
     """`opsctl backup --continuous` as its own process, its JSON events in a file."""
 
-    def __init__(self, spec: Path, url: str, log: Path) -> None:
+    def __init__(self, spec: Path, url: str, log: Path, extra: list[str] | None = None) -> None:
         argv = [sys.executable, "-m", "opsctl.cli.main", "backup", "-f", str(spec), "--to", url, "--continuous",
-                "--output", "json"]
+                "--output", "json", *(extra or [])]
         self.log = log
         self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=log.with_suffix(".err").open("wb"),
                                      env=os.environ.copy())
