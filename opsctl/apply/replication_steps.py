@@ -66,7 +66,8 @@ def fail_over(run: Execution, step: Step) -> None:
             moved = writes_moved_from(layout, shard, step.node, shard_facts(rt, shard))
             if moved is not None:
                 return moved
-            run_failover(rt.connector, rt.state_dir, Options(master=step.node, dry_run=True), ignore)
+            run_failover(rt.connector, rt.state_dir, Options(master=step.node, to=step.to or None, dry_run=True),
+                         ignore)
         except RefusedError as exc:
             return Pending(f"{exc.summary} {exc.detail}".strip())
         return step.node
@@ -77,7 +78,8 @@ def fail_over(run: Execution, step: Step) -> None:
         run.emit(Log(step.title(), f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, "
                                    "nothing to fail over"))
         return
-    run_failover(rt.connector, rt.state_dir, Options(master=step.node), as_log(run.emit, step.title()))
+    run_failover(rt.connector, rt.state_dir, Options(master=step.node, to=step.to or None),
+                 as_log(run.emit, step.title()))
 
 
 def _fail_over_drained(run: Execution, step: Failover) -> None:

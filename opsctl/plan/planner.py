@@ -12,6 +12,7 @@ from opsctl.plan.cluster_steps import cluster_steps, rejoins
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
+from opsctl.plan.maintenance import maintenance_failovers, refuse_unmovable
 from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
 from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
@@ -42,6 +43,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     refuse_empty_master_restart(loaded, facts)
     if loaded.spec.topology != "standalone":
         refuse_removed_hosts(layout)
+        refuse_unmovable(loaded.spec, layout)
     if loaded.spec.topology in ("replication", "sentinel") and (drains := replicated_drains(layout, facts)):
         return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
     if loaded.spec.topology == "cluster":
@@ -56,6 +58,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     waiting = _masters_coming_back(layout, facts) if topology == "cluster" else []
     if waiting:
         return _start_first(loaded, steps, waiting, facts, spec_digest)
+    if topology != "standalone":  # after the shards' config steps: the held hosts' replicas are never promoted
+        steps += maintenance_failovers(loaded.spec, layout, facts, {s.node for s in steps if isinstance(s, Failover)})
     moving = {s.node for s in steps if isinstance(s, Failover)}
     replan = False
     if topology == "cluster":

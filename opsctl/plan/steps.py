@@ -68,9 +68,10 @@ class Failover(Step):
 
     kind: ClassVar[str] = "failover"
     shard: int = 0
+    to: str = ""  # the replica to promote ("": the runbook's or Sentinel's choice)
 
     def title(self) -> str:
-        return f"{self.kind} shard {self.shard} away from {self.node}"
+        return f"{self.kind} shard {self.shard} away from {self.node}" + (f" to {self.to}" if self.to else "")
 
 
 @frozen

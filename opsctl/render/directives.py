@@ -242,7 +242,17 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
         sections.append(Section("cluster", supported(spec, cluster(spec, node))))
     if spec.tls.enabled:
         sections.append(Section("tls", tuple(tls(spec, paths))))
-    return with_overrides(sections, extra(spec, node))
+    held = maintenance(spec, node)
+    return with_overrides(sections, [*(d for d in extra(spec, node) if d[0] not in dict(held)), *held])
+
+
+def maintenance(spec: Spec, node: Node) -> list[Directive]:
+    """A server on a host marked maintenance is never promoted by Sentinel or by its cluster's own failover: a
+    graceful failover opsctl runs still picks its target (opsctl.plan.maintenance)."""
+    host = next((h for h in spec.hosts if h.name == node.host), None)
+    if host is None or not host.maintenance:
+        return []
+    return [("cluster-replica-no-failover", "yes")] if spec.topology == "cluster" else [("replica-priority", "0")]
 
 
 def with_overrides(sections: list[Section], overrides: list[Directive]) -> tuple[Section, ...]:

@@ -148,6 +148,10 @@ class Host(Record):
         "bind-source-addr of the servers and sentinels on this host: the address their outgoing connections "
         "(replication, Sentinel, cluster bus) leave from, the host's address or one of its bind addresses; "
         "default: the kernel's choice (Redis >= 7.0, Valkey)"))
+    maintenance: bool = field(False, description=(
+        "the host keeps its nodes but serves no master: apply fails its masters over gracefully to members on other "
+        "hosts, and its replicas are never promoted (replica-priority 0; in a cluster cluster-replica-no-failover), "
+        "until the mark is removed (docs/changing-the-fleet.md)"))
 
 
 class NodeOverride(Record):
