@@ -1,9 +1,11 @@
-"""Point-in-time recovery on real servers and a real local S3 server (issue 27): a 3-master Valkey cluster (one
-replica each) under a writer that records each acknowledged write with its time, `backup --continuous` to s3://,
-the archiver SIGKILLed twice and resumed (no gap reported), a burst of deletes at T, then `restore --to-time T-1s`
-into a 5-master cluster: every write acknowledged before T-1s is there with its value, none of the deletes. A
-tampered segment is refused by name with nothing written; a time before the archive and a time retention dropped
-are refused; SIGTERM closes the open segments (exit 143). The RPO (acknowledgement to segment durable) is printed."""
+"""Point-in-time recovery on real servers and a real local S3 server (issue 27): a 3-master cluster (one replica
+each; Valkey 9.1 and Redis 7.0) under a writer that records each acknowledged write with its time, `backup
+--continuous` to s3://, the archiver SIGKILLed twice and resumed (no gap reported), shard 1 failed over under it
+(followed), a burst of deletes at T, then `restore --to-time T-1s` into a 5-master cluster: every write
+acknowledged before T-1s is there with its value, none of the deletes. A tampered segment is refused by name with
+nothing written; a time before the archive is refused; SIGTERM closes the open segments (exit 143). The RPO
+(acknowledgement to segment durable) is printed with -s. A gap starts a new base; a time retention dropped is
+refused by name."""
 
 from __future__ import annotations
 
@@ -90,9 +92,10 @@ def rpo(acked: dict[str, float], events: list[dict], url: str, since: float, unt
     return sorted(lags)
 
 
-def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S3Server, s3_prefix) -> None:
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S3Server, s3_prefix, flavor) -> None:
     shapes = ("cluster", {}), cluster(5), cluster(3)
-    with topologies(tmp_path, capsys, "valkey", *shapes) as ((src, src_loaded), (dst, dst_loaded), (other, o_loaded)):
+    with topologies(tmp_path, capsys, flavor, *shapes) as ((src, src_loaded), (dst, dst_loaded), (other, o_loaded)):
         code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(time.time()))
         assert code == 3 and "no archive" in err and "nothing was written" in err, err + out
 
@@ -110,6 +113,8 @@ def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S
             assert second.kill() == -signal.SIGKILL
             third = Archiver(src, s3_prefix, tmp_path / "a3.jsonl")
             third.wait_segments(6)
+            promoted = fail_over_shard_1(src_loaded)
+            third.wait_segments(3, after=time.time() + 1.0)
             resumed_at = time.time()
             time.sleep(3.0)
             cut_at = time.time()  # T: the burst of deletes
@@ -125,6 +130,8 @@ def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S
         assert third.kill(signal.SIGTERM) == 128 + signal.SIGTERM  # open segments closed, then stopped
         notes = [e["text"] for e in first.events() + second.events() + third.events() if e["event"] == "note"]
         assert sum("resuming the archive" in n for n in notes) == 2 and not [n for n in notes if "gap" in n], notes
+        assert any("shard 1: the stream broke" in n for n in notes), notes  # the failover, followed
+        assert cluster_check(promoted.endpoint).returncode == 0
         out_all = "".join(p.read_text() for p in tmp_path.glob("a*.json*")) + "".join(
             p.read_text() for p in tmp_path.glob("a*.err"))
         assert SECRET not in out_all and PASSWORD not in out_all
@@ -156,6 +163,20 @@ def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S
 
         tampered_segment_is_refused(capsys, other, o_loaded, s3_prefix, until)
         retention_refuses_by_name(capsys, other, s3_prefix, until)
+
+
+def fail_over_shard_1(loaded):
+    """A graceful CLUSTER FAILOVER of shard 1 while the archiver reads it; the promoted replica."""
+    from tests.support import admin_for
+
+    replica = loaded.layout.node(loaded.layout.shards[0].replicas[0])
+    with admin_for(loaded, replica) as admin:
+        admin.call("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + 30
+        while admin.call("ROLE")[0] not in (b"master", "master"):
+            assert time.monotonic() < deadline, "the failover did not happen in 30 s"
+            time.sleep(0.05)
+    return replica
 
 
 def tampered_segment_is_refused(capsys, spec: Path, loaded, url: str, until: float) -> None:
