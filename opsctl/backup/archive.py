@@ -1,10 +1,7 @@
 """`opsctl backup --continuous`: a base backup, then every shard's replication stream in segments, until stopped.
 
-Each shard's stream is read from its master (opsctl.stream) from the exact point its base RDB holds (the position
-the saving server wrote into the file), cut into segments closed every --segment-seconds or --segment-bytes, and
-acknowledged to the master only once its segment is durable in the store. Killed, the same command resumes after
-the last archived segment; a stream the master can no longer continue (StreamGap) starts a new base, said as such.
-SIGTERM/SIGINT close every open segment, then stop (exit 143/130).
+Segments are acknowledged to the master once durable; a kill resumes after the last one; a StreamGap starts a new
+base, said as such; SIGTERM/SIGINT close every open segment first (docs/internals.md, "The continuous archive").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A backup folder copied to a store, and back: the RDBs first, the manifest last (an object set without a manifest
-is an unfinished backup, as a folder without one is); on the way back every file's size and sha256 are checked
-against the manifest before anything reads it.
-
-A backup to a remote store is taken into a private staging folder first and uploaded from there: the manifest's key
-counts come from the files themselves (their heads, or a scratch server loading them), which needs them on disk.
-"""
+"""A backup copied to a store (RDBs first, manifest last: no manifest, an unfinished backup) and back (each file's
+size and sha256 checked against the manifest before anything reads it). A remote backup is staged in the state dir
+first: the manifest's key counts read the files."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The first database's key counts and the replication position from an RDB file's head, without loading it. Pure.
-
-A server writes RESIZEDB (keys, keys with a TTL) at the start of each database it saves, counted at the fork:
-exact for the file. Only the first database's comes before any key, so this answers for a file whose only
-database is db 0 (a cluster's) and says None when the head holds anything it does not know.
-"""
+"""From an RDB file's head, without loading it: db 0's key counts (RESIZEDB, exact at the fork, when db 0 comes
+first) and the replication position the saving server wrote (aux repl-id/repl-offset). Pure; None when the head
+does not say."""
 
 from __future__ import annotations
 

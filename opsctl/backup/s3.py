@@ -1,9 +1,6 @@
-"""The S3 store: any S3-compatible object store through boto3 (the `s3` extra, imported only when a URL asks).
-
-Endpoint, region and credentials come from boto3's usual configuration (AWS_ENDPOINT_URL, AWS_PROFILE,
-AWS_REGION, ~/.aws/config and credentials): opsctl takes none of them on its command line, so none reaches a shell
-history, a process list or an error message. Big files go up in parts (TransferConfig), in parallel.
-"""
+"""The S3 store through boto3 (the `s3` extra, imported only when an s3:// URL is given). Endpoint, region and
+credentials come from boto3's usual configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ~/.aws), never from opsctl's
+command line; big files go up in parts."""
 
 from __future__ import annotations
 

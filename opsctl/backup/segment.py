@@ -1,9 +1,7 @@
-"""A segment of a shard's archived replication stream: its file format, its object name, how segments chain, and
-where a restore to a time cuts them. Pure.
+"""One segment of a shard's archived stream: file format, object name, chaining, the cut at a time. Pure.
 
-A segment file is a magic line, one JSON header line, then per command `<end offset> <arrival µs> <size>\\n` and
-the command as RESP (size bytes). Its object name carries its first and last offset and the sha256 of the whole
-file: any byte changed or cut is refused by name before anything is applied.
+A magic line, a JSON header line, then per command `<end offset> <arrival µs> <size>\\n` and its RESP; the name
+carries the offsets and the file's sha256, so a changed or cut segment is refused by name.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Where backups live: a folder, or a bucket prefix of any S3-compatible store (`s3://bucket/prefix`).
-
-A store holds objects by relative name (`orders-20261127T140000Z/shard-1.rdb`); nothing else about the place
-reaches the rest of the package. Object names and contents carry no secret: credentials stay with boto3's own
-configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ~/.aws/config), never on a command line or in an object.
-"""
+"""Where backups live: a folder, or an S3-compatible bucket prefix (`s3://bucket/prefix`), behind one small
+interface of objects by relative name. Names and contents carry no secret: credentials stay in boto3's own
+configuration."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""What a backup location holds over time, and the decisions on it: which base a restore to a time starts from,
-which bases and segments retention drops. Pure (the store is read by opsctl.backup.archive).
-
-Objects of a location: `<spec>-<UTC stamp>/manifest.json` and its RDBs (a base, complete once the manifest is
-there), `<base>/archive.json` (the base of a continuous archive: each shard's stream position in its RDB, and the
-time from which it serves a restore), `<base>/stream/shard-<n>/<segment>` (each shard's stream after the base), and
-`retention/<spec>.json` (what `backup prune` dropped, so a restore to a dropped time is refused by name).
-"""
+"""A location's bases over time, and the decisions on them: the base a restore to a time starts from, what
+retention drops. Pure; the object layout is in docs/internals.md ("The continuous archive")."""
 
 from __future__ import annotations
 

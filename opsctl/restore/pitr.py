@@ -1,11 +1,6 @@
-"""Restore to a time: the newest archive base that serves it, plus each shard's archived stream up to it, replayed
-into the shard's scratch server before the usual copy routes every key by slot into the target's shape.
-
-Every segment needed is downloaded and checked (checksum, chain without a hole, coverage of the time) before a
-scratch server starts: a tampered, cut or missing segment is refused by name with nothing written. The time is when
-the archiver read a command; a time inside a window where no archiver ran is refused (its commands carry the time
-they were read, not written).
-"""
+"""Restore to a time: the newest archive base serving it, each shard's archived commands up to it replayed into
+its scratch server, then the usual copy into any shape. Every segment is checked before a scratch server starts;
+a time no archiver covered is refused (docs/internals.md, "The continuous archive")."""
 
 from __future__ import annotations
 
