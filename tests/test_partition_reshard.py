@@ -16,7 +16,8 @@ from tests.support import missing, server_binary
 pytestmark = pytest.mark.integration
 
 
-# Redis 7.0 healed in 11 of 14 runs (docs/slots.md): a soak run (`make partitions`) until the rest is diagnosed
+# Redis 7.0: timing-sensitive and slow, a soak run (`make partitions`); the 3 of 14 runs that did not heal were one
+# state, now healed by cluster fix (docs/slots.md, tests/test_slots_import_view.py)
 @pytest.mark.parametrize("flavor", [pytest.param("redis", marks=pytest.mark.soak), "valkey"])
 def test_a_reshard_cut_off_from_its_source_is_healed_by_fix_and_apply(flavor: str) -> None:
     if (lacking := unavailable()) is not None:
@@ -40,11 +41,13 @@ def test_a_reshard_cut_off_from_its_source_with_opsctl_on_the_other_side_ends_be
     if (lacking := unavailable()) is not None:
         missing(lacking)
     server_binary("redis")
-    result = ReshardRun(**run_in_namespace("redis", seed=1, opsctl_cut=45.0))
+    result = ReshardRun(**run_in_namespace("redis", seed=1, opsctl_cut=120.0))
     print(result)
     assert "Traceback" not in result.reshard_out and "internal error" not in result.reshard_out, result
-    assert result.reshard_ended is not None and result.reshard_ended < 40.0, result
-    assert result.fix_rc == 0, result
+    # bounded waits one after another (a reply, both ends' patience, the failover to settle): not the split's length
+    assert result.reshard_ended is not None and result.reshard_ended < 90.0, result
+    # run the moment a 120 s split heals, fix may still find the old master's shard settling (exit 1, said so)
+    assert result.fix_rc in (0, 1) and "Traceback" not in result.fix_out, result
     assert result.applies is not None, result
     assert result.check_ok, result
     assert result.preload_equal, result
