@@ -49,3 +49,24 @@ def test_a_missing_boto3_names_the_extra(monkeypatch) -> None:
     with pytest.raises(OpsctlError) as caught:
         open_store(parse_location("s3://bucket/x"))
     assert "boto3" in caught.value.summary and "opsctl-redis[s3]" in caught.value.hint
+
+
+def test_cli_refuses_bad_archive_arguments_before_connecting(tmp_path, capsys) -> None:
+    """No server runs here: every one of these stops before opsctl connects to anything, exit 1, no traceback."""
+    from tests.lifecycle import run
+    from tests.support import make_spec, write_spec
+
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    cases = [
+        (["restore", "-f", spec, "--from", str(tmp_path), "--to-time", "2026-11-27T14:01:00"], "has no time zone"),
+        (["restore", "-f", spec, "--from", str(tmp_path), "--to-time", "yesterday"], "not an ISO 8601 time"),
+        (["restore", "-f", spec, "--from-live", spec, "--to-time", "2026-11-27T14:01:00Z"], "not from a running"),
+        (["backup", "list"], "usage: opsctl backup list --from"),
+        (["backup", "prune", "--from", str(tmp_path)], "--keep-days N"),
+        (["backup", "-f", spec, "--to", "s3://Bad_Bucket/x", "--continuous"], "not an S3 bucket name"),
+    ]
+    for argv, said in cases:
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and said in err and "Traceback" not in err, (argv, err + out)
+    code, out, err = run(capsys, "backup", "list", "--from", str(tmp_path / "none"))
+    assert code == 0 and "0 base(s)" in out, err

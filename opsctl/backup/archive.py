@@ -140,7 +140,7 @@ def attach(connector: Connector, link: Link, state_dir: Path, timeout: float) ->
             if node is None:
                 return Pending(f"shard {link.shard} has no master")
             return open_stream(connector, node, since=link.position, rdb_to=state_dir / "unused.rdb", timeout=10.0)
-        except StreamGap:
+        except (StreamGap, stop.Stopped):
             raise
         except (OpsctlError, *PIPE_ERRORS) as exc:
             stop.check(f"shard {link.shard} is archived up to offset {link.position.offset}", RESUME_HINT)
@@ -202,6 +202,8 @@ def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit:
     assert link.stream is not None
     try:
         entries = link.stream.read(wait)
+    except stop.Stopped:
+        raise  # a second signal: stop at once
     except (OpsctlError, *PIPE_ERRORS) as exc:
         emit(Note(f"shard {link.shard}: the stream broke ({type(exc).__name__}: {exc}); attaching again"))
         flush(store, link, emit)  # what was read is archived before the link goes

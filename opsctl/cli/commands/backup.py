@@ -111,7 +111,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
     if not args.from_ or args.file or args.to or (args.action == "prune" and args.keep_days is None):
         raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
-                          + (" --keep-days N" if args.action == "prune" else ""))
+                          + (" --keep-days N" if args.action == "prune" else ""),
+                          hint="--from names the location backups went to (--to), a folder or s3://BUCKET/PREFIX")
     store = open_store(parse_location(args.from_))
     dropped = tuple(prune(store, args.keep_days)) if args.action == "prune" else None
     print_result(CatalogResult(store.location.text, tuple(catalog(store)), dropped), args.output)

@@ -42,6 +42,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
+    until = _until(args)
     if args.mode == "replace":
         confirm(args, f"Overwrite the keys of '{loaded.spec.name}' that the source also holds? Their values are lost.")
     state_dir = state_dir_for(loaded, args.state_dir)
@@ -54,8 +55,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if not args.dry_run:  # one run per target topology, whatever its state dir
             stack.enter_context(topology_lock(connector))
         target = inspect_target(connector)
-        if args.to_time:
-            prepared = stack.enter_context(to_time(args.from_dir, args.to_time, target, state_dir, options))
+        if until is not None:
+            prepared = stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))
         elif args.from_dir:
             folder, origin = stack.enter_context(fetched(args.from_dir, state_dir))
             prepared = stack.enter_context(backup_sources(folder, target, options, origin))
@@ -79,8 +80,20 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.problems else EXIT_OK
 
 
+def _until(args: argparse.Namespace) -> float | None:
+    """--to-time as a unix time, checked before anything is opened; it needs --from (an archive location)."""
+    if not args.to_time:
+        return None
+    from opsctl.backup.timeline import parse_time
+
+    if not args.from_dir:
+        raise OpsctlError("--to-time restores from an archive, not from a running topology",
+                          hint="--from DIR|s3://BUCKET/PREFIX: where `backup --continuous` archives")
+    return parse_time(args.to_time)
+
+
 @contextmanager
-def to_time(source: str | None, when: str, target: Target, state_dir: Path,
+def to_time(source: str, until: float, target: Target, state_dir: Path,
             options: RestoreOptions) -> Iterator[Prepared]:
     """An archive location restored to a time: every segment needed fetched and checked first (a damaged one is
     refused by name before anything is written), then the base, each shard's commands replayed into its scratch
@@ -89,13 +102,10 @@ def to_time(source: str | None, when: str, target: Target, state_dir: Path,
 
     from opsctl.backup.offsite import download_backup, open_store
     from opsctl.backup.store import parse_location
-    from opsctl.backup.timeline import iso, parse_time
+    from opsctl.backup.timeline import iso
     from opsctl.restore.pitr import plan_to_time, replay
     from opsctl.restore.sources import backup_sources
 
-    if source is None:
-        raise OpsctlError("--to-time restores from an archive: give its location with --from DIR|s3://BUCKET/PREFIX")
-    until = parse_time(when)
     store = open_store(parse_location(source))
     plan = plan_to_time(store, until)
 
