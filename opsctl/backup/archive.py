@@ -18,7 +18,7 @@ from opsctl.backup.rdb import repl_position
 from opsctl.backup.save import BackupOptions, Fetch
 from opsctl.backup.segment import chain, decode_segment, encode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import ARCHIVE, STREAM, Base, archive_json, base_of, group, parse_archive
+from opsctl.backup.timeline import ARCHIVE, Base, archive_json, base_of, group, parse_archive, segment_prefix
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit, Note, SegmentArchived
@@ -55,11 +55,7 @@ class Link:
     resumed: bool = True  # the next segment is the first since this link (re)attached
 
     def prefix(self) -> str:
-        return f"{self.base}/{STREAM}/shard-{self.shard}/"
-
-
-def segment_prefix(base: str, shard: int) -> str:
-    return f"{base}/{STREAM}/shard-{shard}/"
+        return segment_prefix(self.base, self.shard)
 
 
 # --- bases ---------------------------------------------------------------------------------------------------------

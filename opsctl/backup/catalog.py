@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from opsctl.backup.manifest import MANIFEST
 from opsctl.backup.segment import SegmentProblem, chain, decode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import ARCHIVE, Base, base_of, earliest_kept, group, parse_archive, to_prune
+from opsctl.backup.timeline import (
+    ARCHIVE,
+    Base,
+    base_of,
+    earliest_kept,
+    group,
+    parse_archive,
+    segment_prefix,
+    to_prune,
+)
 from opsctl.base.errors import OpsctlError
 
 RETENTION = "retention"
@@ -51,7 +60,7 @@ def read_bases(store: Store) -> list[Base]:
 
 
 def span(store: Store, base: Base, shard: int) -> ShardSpan:
-    prefix = f"{base.name}/stream/shard-{shard}/"
+    prefix = segment_prefix(base.name, shard)
     start = base.positions[shard].offset
     names = [n for o in base.objects if o.startswith(prefix) and (n := parse_name(o))]
     try:

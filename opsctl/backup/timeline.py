@@ -36,6 +36,11 @@ class Base:
         return bool(self.positions)
 
 
+def segment_prefix(base: str, shard: int) -> str:
+    """Where a shard's segments after a base live: `<base>/stream/shard-<n>/`."""
+    return f"{base}/{STREAM}/shard-{shard}/"
+
+
 def stamp_time(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from opsctl.backup.catalog import dropped_before, read_bases
 from opsctl.backup.segment import SegmentProblem, applied, chain, cut, decode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import Base, base_for, iso
+from opsctl.backup.timeline import Base, base_for, iso, segment_prefix
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
@@ -72,7 +72,7 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
 def shard_entries(store: Store, base: Base, shard: int, until: float) -> tuple[list[Entry], list[str]]:
     """The shard's commands from its base up to the first segment read after `until` (and each one's replication
     id), the chain and coverage of `until` checked."""
-    prefix = f"{base.name}/stream/shard-{shard}/"
+    prefix = segment_prefix(base.name, shard)
     where = store.where(prefix)
     names = chain(base.positions[shard].offset,
                   [n for o in base.objects if o.startswith(prefix) and (n := parse_name(o))], where)
