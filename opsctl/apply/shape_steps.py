@@ -12,7 +12,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.parse import parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import RemoveNode, Step
+from opsctl.plan.steps import ForgetNodes, RemoveNode, Step
 from opsctl.spec.layout import Layout, Node, sentinel_master_name
 
 
@@ -76,3 +76,22 @@ def _knows(admins: list[Admin], replicas: int | None, sentinels: int) -> bool | 
             seen = f"{knows[0]} replica(s) and {knows[1]} sentinel(s)" if knows else "no master"
             return Pending(f"{admin.endpoint} counts {seen}")
     return True
+
+
+def forget_nodes(run: Execution, step: Step) -> None:
+    """CLUSTER FORGET of the dead ids on every running node, side by side (a node that still knows one would gossip
+    it back to the others once their 60 s ban ends), repeated until no running node knows any of them."""
+    from opsctl.apply.slot_steps import _forget
+    from opsctl.slots.session import open_session
+
+    assert isinstance(step, ForgetNodes)
+    dead = set(step.ids)
+    with open_session(run.rt.connector) as session:
+        def forgotten() -> bool | Pending:
+            peers = list(session.peers.values())
+            session.parallel(lambda p: _forget(p, dead), peers)
+            session.refresh()
+            knowing = sorted(name for name, view in session.views().items() if dead & {line.id for line in view})
+            return True if not knowing else Pending(f"{', '.join(knowing)} still know them")
+
+        wait_for(forgotten, run.wait_timeout, f"every node to forget {len(dead)} dead node(s)", interval=0.2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from opsctl.plan.cluster_steps import cluster_steps, rejoins
+from opsctl.plan.deadnodes import forget_dead, refuse_lost_shards
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
@@ -48,6 +49,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
     if loaded.spec.topology == "cluster":
         refuse_layout_change(layout, facts)
+        refuse_lost_shards(layout, facts)
         if failovers := drain_failovers(loaded.spec, layout, facts):
             return _repairs_first(loaded, failovers, DRAIN_FIRST, facts, spec_digest)
     together = renames_changed(layout, desired, facts)
@@ -70,7 +72,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         closing = any(isinstance(s, CloseSlots) for s in repairs)  # the moves are planned once nothing is open
         if closing and any(shard.index in filling for shard in layout.shards):
             return _repairs_first(loaded, repairs, FILL_AFTER_REPAIRS, facts, spec_digest)
-        steps += synced_before_retiring(loaded.spec, layout, cluster)
+        steps += [*synced_before_retiring(loaded.spec, layout, cluster), *forget_dead(layout, facts)]
         replan = closing
     elif topology in ("replication", "sentinel"):
         finish = finish_failover_steps(layout, facts)

@@ -221,6 +221,14 @@ class SentinelReset(Step):
     kind: ClassVar[str] = "sentinel-reset"
 
 
+@frozen
+class ForgetNodes(Step):
+    """CLUSTER FORGET of dead nodes' ids on every running node, until none knows them (a dead host replaced)."""
+
+    kind: ClassVar[str] = "forget-nodes"
+    ids: tuple[str, ...] = ()
+
+
 # Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.
 NODE_LOCAL = (WriteConfig, StartNode)
 
@@ -241,7 +249,7 @@ STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
     StartExporter, StopExporter,
-    FinishFailover, SetPasswords, SentinelReset)}
+    FinishFailover, SetPasswords, SentinelReset, ForgetNodes)}
 
 
 @frozen

@@ -1,0 +1,51 @@
+"""Dead cluster nodes (issue 22, item 4): ids the running nodes flag as failed at an endpoint no node of the spec
+has (a host replaced: its old address is gone with its nodes) are forgotten everywhere; a shard whose slots only a
+failed node holds lost every member and is refused with the way on. Pure."""
+
+from __future__ import annotations
+
+from opsctl.base.errors import RefusedError
+from opsctl.plan.facts import Facts
+from opsctl.plan.steps import ForgetNodes
+from opsctl.spec.layout import Layout
+
+
+def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
+    """id -> endpoint of every node a running server flags fail or fail? (not yet agreed), that serves no slot, at an
+    endpoint none of the layout's servers or retired nodes has: no node of the spec, nothing to wait for."""
+    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
+    found: dict[str, str] = {}
+    for f in facts.values():
+        for line in f.cluster_nodes or ():
+            if line.is_failing and not line.slots and line.endpoint not in ours:
+                found[line.id] = line.endpoint
+    return found
+
+
+def forget_dead(layout: Layout, facts: Facts) -> list[ForgetNodes]:
+    """One CLUSTER FORGET step for the dead nodes (after the replacements joined: they learn the cluster's view)."""
+    dead = dead_nodes(layout, facts)
+    if not dead:
+        return []
+    where = ", ".join(sorted(set(dead.values())))
+    return [ForgetNodes(layout.servers[0].name, f"{len(dead)} failed node(s) at {where}, an address no node of "
+                                                "the spec has: forgotten on every node", tuple(sorted(dead)))]
+
+
+def refuse_lost_shards(layout: Layout, facts: Facts) -> None:
+    """Slots that only a failed node at an endpoint the spec no longer has serves: that shard's data is gone from the
+    fleet (a replica would have been promoted by now); a replacement would start empty."""
+    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}  # those come back from their nodes.conf
+    lost: dict[str, str] = {}
+    for f in facts.values():
+        for line in f.cluster_nodes or ():
+            if line.is_failing and line.is_master and line.slots and line.endpoint not in ours:
+                lost[line.id] = line.endpoint
+    if lost:
+        where = ", ".join(sorted(set(lost.values())))
+        raise RefusedError(f"slots are served only by failed node(s) at {where}: their shard lost every member, or "
+                           "its replica is not promoted yet",
+                           "starting a replacement there would serve those slots empty",
+                           "wait for the cluster to promote a replica (cluster.node_timeout_ms) and apply again; "
+                           "if the shard lost every member, restore that shard from a backup (opsctl restore, "
+                           "docs/backup.md), then apply again")

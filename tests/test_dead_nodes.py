@@ -1,0 +1,45 @@
+"""Dead cluster nodes, the pure parts (issue 22, item 4): which ids are forgotten after a host is replaced at a new
+address, and the refusal when slots are held only by failed nodes the spec no longer has."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.base.errors import RefusedError
+from opsctl.observe.parse import ClusterNodeLine
+from opsctl.plan.deadnodes import dead_nodes, forget_dead, refuse_lost_shards
+from opsctl.plan.facts import NodeFacts
+from tests.support import make_spec
+from tests.test_planner import load_dict
+
+
+def line(node_id: str, endpoint: str, *flags: str, slots: tuple[tuple[int, int], ...] = ()) -> ClusterNodeLine:
+    address, port = endpoint.rsplit(":", 1)
+    return ClusterNodeLine(node_id, address, int(port), int(port) + 10000, frozenset(flags), None, 0, "connected",
+                           slots)
+
+
+def test_failed_nodes_at_an_address_the_spec_lost_are_forgotten_once() -> None:
+    loaded = load_dict(make_spec("cluster", hosts=3))
+    first = loaded.layout.servers[0]
+    view = (line("me", first.endpoint, "myself", "master", slots=((0, 5460),)),
+            line("dead1", "127.9.9.9:7001", "master", "fail"), line("dead2", "127.9.9.9:7002", "slave", "fail"),
+            line("flaky", "127.9.9.9:7003", "slave", "fail?"), line("ours", loaded.layout.servers[1].endpoint,
+                                                                    "slave", "fail"))
+    facts = {first.name: NodeFacts(first.name, True, reachable=True, cluster_nodes=view)}
+    assert dead_nodes(loaded.layout, facts) == {"dead1": "127.9.9.9:7001", "dead2": "127.9.9.9:7002",
+                                                "flaky": "127.9.9.9:7003"}
+    assert [s.ids for s in forget_dead(loaded.layout, facts)] == [("dead1", "dead2", "flaky")]
+    refuse_lost_shards(loaded.layout, facts)  # no slot is held by a failed node
+
+
+def test_slots_held_only_by_a_failed_node_are_refused_with_the_way_on() -> None:
+    loaded = load_dict(make_spec("cluster", hosts=3))
+    first = loaded.layout.servers[0]
+    view = (line("me", first.endpoint, "myself", "master", slots=((0, 5460),)),
+            line("dead", "127.9.9.9:7001", "master", "fail?", slots=((5461, 10922),)))
+    facts = {first.name: NodeFacts(first.name, True, reachable=True, cluster_nodes=view)}
+    with pytest.raises(RefusedError) as refused:
+        refuse_lost_shards(loaded.layout, facts)
+    assert refused.value.exit_code == 3 and "restore that shard from a backup" in refused.value.hint
+    assert dead_nodes(loaded.layout, facts) == {}  # never forgotten while it holds slots
