@@ -13,6 +13,7 @@ and stops every server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -32,9 +33,10 @@ CUT = 6.0
 @dataclass(frozen=True)
 class ScaleRun:
     """restart_rc, restart_out: the scale-out's apply under the cut; again_rc, again_out: the same apply run
-    again after the heal; shares: each master's slot count at the end; applies: `apply` runs until the plan was empty
-    (None: it never was); check_ok: redis-cli's check passed; lost: acknowledged writes missing, the first and
-    last of them in seconds after the cut; cut_host: the address cut off; cut_at: seconds into the restart."""
+    again after the heal, once `status` is healthy (an old master's resync); shares: each master's slot count at
+    the end; applies: `apply` runs until the plan was empty (None: it never was); check_ok: redis-cli's check
+    passed; lost: acknowledged writes missing, the first and last of them in seconds after the cut; cut_host: the
+    address cut off; cut_at: seconds into the move."""
 
     flavor: str
     seed: int
@@ -53,6 +55,7 @@ class ScaleRun:
     cut_at: float
     shares: list[int]
     preload_equal: bool
+    settled: float  # seconds from the first apply's end until `status` said healthy (at most 60)
 
     @property
     def loss_bound(self) -> float:
@@ -76,6 +79,7 @@ def run_in_namespace(flavor: str, seed: int) -> dict[str, Any]:
 def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
     import yaml
 
+    from opsctl.base.errors import ConvergenceError
     from opsctl.base.poll import wait_for
     from opsctl.cli.main import main
     from opsctl.state.specfile import read_spec
@@ -115,6 +119,10 @@ def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
                 time.sleep(CUT)
                 partition.heal()
                 out, _ = proc.communicate(timeout=180)
+                healed = time.monotonic()
+                with contextlib.suppress(ConvergenceError):  # the old master's full resync after the heal
+                    wait_for(lambda: opsctl("status", "-f", str(path))[0] == 0 or None, 60, "status ok", 1.0)
+                settled = round(time.monotonic() - healed, 3)
                 again_rc, again_out = opsctl("apply", "-f", str(path), "--auto-approve", timeout=180)
                 applies = converge(path)
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
@@ -132,7 +140,7 @@ def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
                           check.returncode == 0 and "[ERR]" not in check.stdout,
                           "\n".join(check.stdout.splitlines()[-6:]), len(lost), len(writer.acked),
                           round(lost_at[0], 3), round(lost_at[-1], 3), victim, round(cut_wall - started, 3), shares,
-                          dataset_checksum(cluster_client(loaded), "pre:*") == before)
+                          dataset_checksum(cluster_client(loaded), "pre:*") == before, settled)
     finally:
         main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
 
