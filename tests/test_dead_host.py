@@ -97,3 +97,46 @@ def test_a_dead_host_given_a_new_address_is_healed(tmp_path, capsys, flavor) -> 
             print(f"\ndead host replaced {flavor}: keys {before[0]}, writes acknowledged {len(writer.acked)}, "
                   f"lost {len(lost)}{f' (acknowledged within {window_ms:.0f} ms before the SIGKILL)' if lost else ''}, "
                   f"apply {took:.1f} s, longest write gap {writer.max_gap_ms:.0f} ms", file=sys.stderr)
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_dead_sentinel_master_host_given_a_new_address_is_healed(tmp_path, capsys, flavor) -> None:
+    """h1 (the master and a sentinel) dies; Sentinel promotes a replica; h1 gets a new address: its server comes back
+    as a replica of the promoted master, its sentinel monitors it, and SENTINEL RESET makes the others forget the
+    dead ones."""
+    from tests.test_fleet_shape_sentinel import live, sentinel_client, sentinels_know, synced
+    from tests.test_fleet_shape_sentinel import preload as preload_master
+
+    with deployed(tmp_path, capsys, "sentinel", flavor) as (spec, _loaded):
+        data = yaml.safe_load(spec.read_text())
+        old_address = next(h["address"] for h in data["hosts"] if h["name"] == "h1")
+        new_address = old_address.rsplit(".", 1)[0] + ".4"
+        preload_master(sentinel_client(spec), 2000)
+        with Writer(lambda: sentinel_client(spec)) as writer:
+            writer.wait_for_writes(2000)
+            dead, killed_at = kill_host(spec, "h1")
+            deadline = time.monotonic() + 30
+            while not any(r["role"] != "sentinel" and r["host"] != "h1" and
+                          redis.Redis(host=r["address"], port=r["port"], password=PASSWORD).execute_command("ROLE")[0]
+                          == b"master" for r in live(spec).values()):
+                assert time.monotonic() < deadline, "Sentinel did not fail over"
+                time.sleep(0.05)
+            spec.write_text(yaml.safe_dump({**data, "hosts": [{**h, "address": new_address} if h["name"] == "h1"
+                                                              else h for h in data["hosts"]]}))
+            started = time.monotonic()
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            took = time.monotonic() - started
+            assert code == 0, err + out
+            assert plan_json(capsys, spec)["steps"] == []
+            writer.wait_for_writes(len(writer.acked) + 200)
+        when = dict(zip(writer.acked, writer.ack_times, strict=True))
+        lost = [key for key, _ in writer.lost(sentinel_client(spec))]
+        assert [k for k in lost if when[k] > killed_at] == []  # only the kill's window
+        window_ms = (killed_at - min((when[k] for k in lost), default=killed_at)) * 1000
+        synced(spec, 2000)
+        sentinels_know(spec, 2, 3)
+        assert sorted(n for n, r in live(spec).items() if r["host"] == "h1") == dead
+        with capsys.disabled():
+            print(f"\ndead sentinel master host replaced {flavor}: keys 2000, writes acknowledged {len(writer.acked)}, "
+                  f"lost {len(lost)}{f' (acknowledged within {window_ms:.0f} ms before the SIGKILL)' if lost else ''}"
+                  f", apply {took:.1f} s, longest write gap {writer.max_gap_ms:.0f} ms", file=sys.stderr)

@@ -111,3 +111,16 @@ def test_a_raised_quorum_waits_for_the_new_sentinels() -> None:
     assert raises_quorum(SentinelSet(name, "spec", (("quorum", "3"),)), {name: had})
     assert not raises_quorum(SentinelSet(name, "spec", (("quorum", "2"),)), {name: had})
     assert not raises_quorum(SentinelSet(name, "spec", (("down-after-milliseconds", "9"),)), {name: had})
+
+
+def test_a_replacement_at_a_new_address_makes_the_dead_one_stale() -> None:
+    """A dead host's server replaced at a new address: the sentinels still count the dead one at the old address,
+    so once the replacement joins they count one too many; the plan resets them. A plain scale-up does not."""
+    spec = load_dict(BASE).spec
+    layout = replication_layout(spec)
+    first, replica = layout.sentinels[0].name, layout.shards[0].replicas[0]
+    two, one = ({"master0": f"name=x,status=ok,slaves={n},sentinels=3"} for n in (2, 1))
+    facts = {first: NodeFacts(first, True, reachable=True, info=two), replica: NodeFacts(replica, False)}
+    assert [type(s) for s in retire_steps(layout, facts, [StartNode(replica, "new node")])] == [SentinelReset]
+    counting = {first: NodeFacts(first, True, reachable=True, info=one), replica: NodeFacts(replica, False)}
+    assert retire_steps(layout, counting, [StartNode(replica, "new node")]) == []

@@ -51,16 +51,21 @@ def retire_steps(layout: Layout, facts: Facts, planned: Sequence[Step]) -> list[
     if gone and any(isinstance(s, StartNode) and s.node in servers for s in planned):
         gone.insert(0, WaitConverged(layout.nodes[0].name, "wait until the new replicas synced, before the nodes "
                                                            "they replace go"))
-    stale = stale_sentinels(layout, facts)
+    fresh = {s.node for s in planned if isinstance(s, StartNode) and (s.node not in facts
+                                                                        or facts[s.node].recorded_digest is None)}
+    adding = (len(fresh & set(layout.shards[0].replicas)), len(fresh & {n.name for n in layout.sentinels}))
+    stale = stale_sentinels(layout, facts, adding)
     if layout.sentinels and (any(isinstance(s, RemoveNode) for s in gone) or stale):
-        why = f"{', '.join(stale)} still count nodes that are gone" if stale else "forget the nodes removed"
+        why = f"{', '.join(stale)} count nodes that are gone" if stale else "forget the nodes removed"
         gone.append(SentinelReset(layout.sentinels[0].name, f"{why}: SENTINEL RESET, one sentinel at a time"))
     return gone
 
 
-def stale_sentinels(layout: Layout, facts: Facts) -> list[str]:
-    """Running sentinels that count more replicas or sentinels than the layout has (removed ones not forgotten)."""
+def stale_sentinels(layout: Layout, facts: Facts, adding: tuple[int, int] = (0, 0)) -> list[str]:
+    """Running sentinels that will count more replicas or sentinels than the layout has once the plan's new ones
+    (adding: replicas, sentinels) joined: removed or dead ones not forgotten (a dead host's nodes replaced at a new
+    address stay counted at the old one)."""
     replicas, sentinels = len(layout.shards[0].replicas), len(layout.sentinels)
     return [n.name for n in layout.sentinels if n.name in facts and (k := facts[n.name].sentinel_knows)
-            and (k[0] > replicas or k[1] > sentinels)]
+            and (k[0] + adding[0] > replicas or k[1] + adding[1] > sentinels)]
 
