@@ -140,3 +140,19 @@ def test_a_dead_sentinel_master_host_given_a_new_address_is_healed(tmp_path, cap
             print(f"\ndead sentinel master host replaced {flavor}: keys 2000, writes acknowledged {len(writer.acked)}, "
                   f"lost {len(lost)}{f' (acknowledged within {window_ms:.0f} ms before the SIGKILL)' if lost else ''}"
                   f", apply {took:.1f} s, longest write gap {writer.max_gap_ms:.0f} ms", file=sys.stderr)
+
+
+def test_a_shard_that_lost_every_member_is_refused_with_the_way_on(tmp_path, capsys) -> None:
+    """h1 and h2 die (shard 1's master and replica, and shard 2's master): both get new addresses. No replica of
+    shard 1 is left to promote, so apply refuses (exit 3) and names the way on; nothing is started."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, _loaded):
+        data = yaml.safe_load(spec.read_text())
+        dead = kill_host(spec, "h1")[0] + kill_host(spec, "h2")[0]
+        time.sleep(3)  # past cluster.node_timeout_ms: the survivors flag them
+        moved = {h["name"]: h["address"].rsplit(".", 1)[0] + (".4" if h["name"] == "h1" else ".5") for h in
+                 data["hosts"] if h["name"] in ("h1", "h2")}
+        spec.write_text(yaml.safe_dump({**data, "hosts": [{**h, "address": moved.get(h["name"], h["address"])}
+                                                          for h in data["hosts"]]}))
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 3 and "restore that shard from a backup" in err and "Traceback" not in err, err + out
+        assert not any(name in record_files(spec) for name in dead)  # nothing started in their place
