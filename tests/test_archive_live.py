@@ -245,3 +245,53 @@ def test_a_gap_starts_a_new_base_and_retention_refuses_by_name(tmp_path, capsys,
         assert code == 0 and bases[1].name in out, err + out
         restored = clients(dst_loaded)[0]
         assert restored.get("late") == b"1" and restored.get("bulk:299") == b"x" * 10_000
+
+
+def test_bases_taken_while_archiving_overlap_their_streams(tmp_path, capsys, s3_server: S3Server,
+                                                          s3_prefix) -> None:
+    """--base-every: a new base is taken in the background while the old chain goes on, so a restore to any
+    moment around the switch is served (by the older chain where the new one has not begun) and a later one starts
+    from the new base."""
+    import threading
+
+    shapes = ("replication", {}), ("standalone", {}), ("standalone", {})
+    with topologies(tmp_path, capsys, "valkey", *shapes) as ((src, src_loaded), (dst, dst_loaded), (late, l_loaded)):
+        client = clients(src_loaded)[0]
+        acked: dict[str, float] = {}
+        done = threading.Event()
+
+        def write() -> None:
+            n = 0
+            while not done.is_set():
+                client.set(f"k:{n}", n)
+                acked[f"k:{n}"] = time.time()
+                n += 1
+                time.sleep(0.005)
+
+        archiver = Archiver(src, s3_prefix, tmp_path / "b.jsonl", ["--base-every", "0.002"])  # every 7.2 s
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            deadline = time.monotonic() + 90
+            while sum(e["event"] == "note" and e["text"].startswith("base ") for e in archiver.events()) < 2:
+                assert time.monotonic() < deadline and archiver.proc.poll() is None, archiver.log.read_text()
+                time.sleep(0.2)
+            archiver.wait_segments(2, shards=1, after=time.time() + 1.0)
+        finally:
+            done.set()
+            writer.join()
+        archiver.wait_segments(1, shards=1, after=time.time() + 1.0)
+        assert archiver.kill(signal.SIGTERM) == 128 + signal.SIGTERM
+        bases = sorted((b for b in read_bases(open_store(parse_location(s3_prefix))) if b.archived),
+                       key=lambda b: b.taken)
+        assert len(bases) >= 2
+        switch = bases[1].taken + 0.02  # the switch: the new chain, or the older one where the new has not begun
+        code, out, err = restore(capsys, dst, "--from", s3_prefix, "--to-time", iso(switch))
+        assert code == 0 and (bases[0].name in out or bases[1].name in out), err + out
+        restored = clients(dst_loaded)[0]
+        wanted = [k for k, t in acked.items() if t <= switch - MARGIN]
+        assert wanted and all(v is not None for v in restored.mget(wanted))
+        last = max(e["last"] for e in archiver.events() if e["event"] == "segment-archived")
+        code, out, err = restore(capsys, late, "--from", s3_prefix, "--to-time", iso(last + 0.001))
+        assert code == 0 and bases[-1].name in out, err + out
+        assert clients(l_loaded)[0].dbsize() >= len(acked) - 5

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +26,14 @@ from opsctl.base.events import Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
+from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.layout import Node
 from opsctl.stream import Stream, StreamGap, open_stream
 
 HEAD_BYTES = 1 << 20
+HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed
 RESUME_HINT = "run the same command again: it resumes after the last archived segment"
 
 
@@ -39,6 +42,7 @@ class ArchiveOptions:
     segment_seconds: float = 1.0
     segment_bytes: int = 8 << 20
     reconnect_timeout: float = 120.0
+    base_every: float | None = None  # seconds between bases taken while the streams keep being archived
     backup: BackupOptions = field(default_factory=BackupOptions)
 
 
@@ -170,12 +174,19 @@ def _due(link: Link, options: ArchiveOptions, now: float) -> bool:
 
 
 def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path, emit: Emit,
-         options: ArchiveOptions) -> None:
+         options: ArchiveOptions, next_base: Callable[[], Future[Base] | None]) -> Base:
     """Read every shard's stream round the clock, closing segments when due, until a stop is asked for (every
-    open segment closed first: Stopped) or a shard's history is gone (StreamGap, segments closed first)."""
+    open segment closed first: Stopped), a shard's history is gone (StreamGap, segments closed first) or a base
+    next_base() started in the background is there (returned, the old segments closed: the chains overlap)."""
     wait = min(0.05, options.segment_seconds / 10)
+    future: Future[Base] | None = None
     with stop.finishing("the continuous archive"):
         while True:
+            future = future or next_base()
+            if future is not None and future.done():
+                if (new := _finished(future, emit)) is not None:
+                    return new  # the old links stay open: hand_over ends them once the new ones read
+                future = None
             try:
                 for link in links:
                     _read(connector, store, link, state_dir, emit, options, wait)
@@ -188,6 +199,17 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                     flush(store, link, emit)
                 stop.check("every segment read is archived: " + ", ".join(
                     f"shard {link.shard} up to offset {link.position.offset}" for link in links), RESUME_HINT)
+
+
+def _finished(future: Future[Base], emit: Emit) -> Base | None:
+    """The base a background run took; None (said) when it failed: the archive goes on with the old one."""
+    try:
+        return future.result()
+    except stop.Stopped:
+        raise
+    except OpsctlError as exc:
+        emit(Note(f"a new base failed ({exc.summary}); archiving on from the current base"))
+        return None
 
 
 def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit: Emit, options: ArchiveOptions,
@@ -221,8 +243,9 @@ def close_all(links: list[Link]) -> None:
 
 def run_archive(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
                 options: ArchiveOptions, locked: Callable[[], AbstractContextManager[object]]) -> None:
-    """Base, streams, until stopped; a gap is reported and answered with a new base. Never returns normally.
-    locked(): the topology's lock, held while a base is taken (not while streams are read: other runs go on)."""
+    """Base, streams, until stopped; a gap is reported and answered with a new base; with base_every a new base
+    is taken in the background as often. Never returns normally. locked(): the topology's lock, held while a base
+    is taken (not while streams are read: other runs go on)."""
     spec = connector.loaded.spec.name
     base = latest_base(store, spec)
     masters = shard_masters(connector)
@@ -230,20 +253,63 @@ def run_archive(connector: Connector, store: Store, state_dir: Path, fetch: Fetc
         emit(Note(f"the newest base {base.name} has shards {sorted(base.positions)}, the topology "
                   f"{sorted(masters)} now: taking a new base"))
         base = None
-    while True:
-        if base is None:
-            with locked():
-                base = take_base(connector, store, state_dir, fetch, emit, options.backup)
-            links = [Link(n, base.name, p) for n, p in sorted(base.positions.items())]
-        else:
-            links = [Link(n, base.name, resume_position(store, base, n)) for n in sorted(base.positions)]
-            emit(Note(f"resuming the archive of base {base.name}: " + ", ".join(
-                f"shard {k.shard} after offset {k.position.offset}" for k in links)))
+
+    def based() -> Base:
+        with locked():
+            return take_base(connector, store, state_dir, fetch, emit, options.backup)
+
+    links: list[Link] = []
+    new: list[Link] = []
+    with Borrowed() as pool:
+        fresh = base is None
         try:
-            pump(connector, store, links, state_dir, emit, options)
-        except StreamGap as gap:
-            emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
-                      "taking a new base"))
-            base = None
+            while True:
+                base = base or based()
+                new = [Link(n, base.name, p if fresh else resume_position(store, base, n))
+                       for n, p in sorted(base.positions.items())]
+                if not fresh:
+                    emit(Note(f"resuming the archive of base {base.name}: " + ", ".join(
+                        f"shard {k.shard} after offset {k.position.offset}" for k in new)))
+                every = options.base_every
+                due = [time.time() + every] if every else []
+
+                def next_base(due: list[float] = due, every: float = every or 0.0) -> Future[Base] | None:
+                    """A base in the background once due; the next one (or a retry after a failure) a period
+                    later."""
+                    if not due or time.time() < due[0]:
+                        return None
+                    due[0] = time.time() + every
+                    return pool.submit(based)
+
+                try:
+                    links = hand_over(connector, store, links, new, state_dir, emit, options)
+                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base), True
+                except StreamGap as gap:
+                    emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
+                              "taking a new base"))
+                    base, fresh = None, True
+                    for link in links + new:
+                        flush(store, link, emit)  # what was read is archived before the streams go
+                    close_all(links + new)
+                    links = []
         finally:
-            close_all(links)
+            close_all(links + new)
+
+
+def hand_over(connector: Connector, store: Store, old: list[Link], new: list[Link], state_dir: Path, emit: Emit,
+              options: ArchiveOptions) -> list[Link]:
+    """The new base's streams attached and read once before the old ones are read a last time and closed: the
+    old chains end after the new ones began, so every moment is covered by one chain whose commands carry the time
+    they were read as they were written."""
+    wait = min(0.05, options.segment_seconds / 10)
+    for link in new:
+        _read(connector, store, link, state_dir, emit, options, wait)
+    until = time.monotonic() + HAND_OVER
+    for link in old:  # a command read now closes the old chain after the new began (an idle shard: up to 0.5 s)
+        read_from = len(link.pending)
+        while link.stream is not None and len(link.pending) == read_from and time.monotonic() < until:
+            _read(connector, store, link, state_dir, emit, options, wait)
+            read_from = min(read_from, len(link.pending))
+        flush(store, link, emit)
+    close_all(old)
+    return new

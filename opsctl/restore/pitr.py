@@ -57,7 +57,20 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
         raise RefusedError(f"{store.location.text} holds the archives of {', '.join(specs)}",
                            hint="archive each topology under its own prefix (--to s3://BUCKET/PREFIX/NAME)")
     spec = specs[0] if specs else ""
-    base = base_for(bases, until, spec, dropped_before(store, spec) if spec else None)
+    newest = base_for(bases, until, spec, dropped_before(store, spec) if spec else None)
+    older = sorted((b for b in bases if b.spec == spec and b.archived and b.complete and b.taken < newest.taken),
+                   key=lambda b: b.taken, reverse=True)
+    first: RefusedError | None = None
+    for base in [newest, *older]:  # a newer base's first moments are covered by the older chain it overlaps
+        try:
+            return _plan(store, base, until)
+        except RefusedError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
+def _plan(store: Store, base: Base, until: float) -> TimePlan:
     replays, points = {}, {}
     for shard, start in sorted(base.positions.items()):
         entries, replids = shard_entries(store, base, shard, until)

@@ -93,7 +93,8 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     from opsctl.backup.archive import ArchiveOptions, run_archive
     from opsctl.net.topolock import topology_lock
 
-    archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, options)
+    every = args.base_every * 3600 if args.base_every else None
+    archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_connector(loaded, state_dir) as connector, fetcher(loaded, state_dir) as fetch, \
             event_printer(args.output == "json") as emit:
@@ -159,6 +160,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="--continuous: close a segment this long after its first command (default 1)")
     p.add_argument("--segment-bytes", type=ranged(int, 4096, 1 << 30), default=8 << 20,
                    help="--continuous: or once it holds this many bytes (default 8 MiB)")
+    p.add_argument("--base-every", type=ranged(float, 0.001, 8760), metavar="HOURS",
+                   help="--continuous: take a new base this often while the streams go on (restores download less, "
+                        "prune drops more; default: only at start and after a gap)")
     p.add_argument("--reconnect-timeout", type=ranged(float, 1, 3600), default=120.0,
                    help="--continuous: seconds to find a shard's master again after its stream broke (default 120)")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
