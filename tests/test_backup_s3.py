@@ -70,6 +70,9 @@ def test_backup_to_s3_and_restore_from_it_into_another_shape(tmp_path, capsys, s
             assert SECRET.encode() not in client.get_object(Bucket=location.bucket, Key=key)["Body"].read()
         assert not list((tmp_path / "t0").rglob("backup-staging/*"))  # the staged copy is gone
 
+        code, out, err = run(capsys, "backup", "verify", url)
+        assert code == 0 and f"ok {url}" in out, err + out
+
         code, out, err = restore(capsys, b, "--from", url)  # 3 masters -> 5, from the store
         assert code == 0 and "verified" in out and url in out, err + out
         same_data(source, snapshot(b_loaded))
@@ -81,6 +84,8 @@ def test_backup_to_s3_and_restore_from_it_into_another_shape(tmp_path, capsys, s
         client.put_object(Bucket=location.bucket, Key=key, Body=bytes(raw))
         code, out, err = restore(capsys, c, "--from", url)
         assert code == 1 and f"{url}/shard-2.rdb" in err and "sha256" in err, err + out
+        code, out, err = run(capsys, "backup", "verify", url)
+        assert code == 1 and f"{url}/shard-2.rdb" in err, err + out
         assert sum(cl.dbsize() for cl in clients(c_loaded)) == 0  # refused before writing
 
         code, out, err = run(capsys, "backup", "-f", str(a), "--to", "s3://Bad_Bucket/x")

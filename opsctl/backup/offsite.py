@@ -5,6 +5,7 @@ first: the manifest's key counts read the files."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
 from opsctl.backup.save import BackupOptions, Fetch, run_backup
-from opsctl.backup.store import FolderStore, Location, Store
+from opsctl.backup.store import FolderStore, Location, Store, parse_location
 from opsctl.backup.verify import MANIFEST_LIMIT, check_files
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import BackupDone, Emit, Event
@@ -103,3 +104,23 @@ def download_backup(store: Store, name: str, into: Path) -> Path:
         raise OpsctlError(exc.summary.replace(str(folder), store.where(name)),
                           exc.detail.replace(str(folder), store.where(name)), exc.hint) from None
     return folder
+
+
+@contextmanager
+def fetched(source: str, work: Path | None) -> Iterator[tuple[Path, str]]:
+    """(a backup folder, where it came from): the folder itself, or an s3:// backup downloaded (every file checked
+    against its manifest) into a private temp folder under work (the system's temp dir when None), removed after.
+    Downloaded, not streamed: a scratch server loads each RDB from a file, and every checksum is known good first."""
+    location = parse_location(source)
+    if location.folder is not None:
+        yield location.folder, ""
+        return
+    parent, _, name = location.prefix.rpartition("/")
+    if not name:
+        raise OpsctlError(f"{source} names a bucket, not a backup",
+                          hint="give s3://BUCKET/PREFIX/<name>-<UTC time> (`opsctl backup list --from URL`)")
+    store = open_store(replace(location, prefix=parent))
+    if work is not None:
+        work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".restore-", dir=work) as into:
+        yield download_backup(store, name, Path(into)), source

@@ -121,18 +121,18 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from opsctl.backup.offsite import fetched
     from opsctl.backup.verify import verify_backup
     from opsctl.base.events import VerifyDone
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult
 
     if not args.target or args.file or args.to:
-        raise OpsctlError("usage: opsctl backup verify DIR", hint="DIR is a backup directory (it holds manifest.json)")
+        raise OpsctlError("usage: opsctl backup verify DIR|URL",
+                          hint="a backup directory (it holds manifest.json), or s3://BUCKET/PREFIX/<name>-<time>")
     json_mode = args.output == "json"
-    with event_printer(json_mode) as emit:
-        manifest = verify_backup(Path(args.target), emit)
+    with event_printer(json_mode) as emit, fetched(args.target, None) as (folder, _):
+        manifest = verify_backup(folder, emit)
         emit(VerifyDone(True, manifest.total_keys))
     if not json_mode:  # as JSON, the result was the verify-done line
         print_text(VerifyResult(args.target, manifest))
@@ -146,7 +146,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("action", nargs="?", choices=("verify", "list", "prune"),
                    help="verify: check a backup directory; list: what a location holds; prune: drop what is "
                         "older than --keep-days")
-    p.add_argument("target", nargs="?", metavar="DIR", help="the backup directory to verify")
+    p.add_argument("target", nargs="?", metavar="DIR|URL", help="the backup (directory or s3:// URL) to verify")
     add_spec_file(p, required=False)  # not with `backup verify DIR`
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "

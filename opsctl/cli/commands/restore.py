@@ -58,6 +58,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if until is not None:
             prepared = stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))
         elif args.from_dir:
+            from opsctl.backup.offsite import fetched
+
             folder, origin = stack.enter_context(fetched(args.from_dir, state_dir))
             prepared = stack.enter_context(backup_sources(folder, target, options, origin))
         else:
@@ -120,31 +122,6 @@ def to_time(source: str, until: float, target: Target, state_dir: Path,
             prepared.id += f"@{iso(until)}"
             prepared.text += plan.text()
             yield prepared
-
-
-@contextmanager
-def fetched(source: str, state_dir: Path) -> Iterator[tuple[Path, str]]:
-    """(a backup folder, where it came from): the folder itself, or an s3:// backup downloaded into a private
-    folder in the state dir (removed after) with every file checked against its manifest. Downloaded first, not
-    streamed: the scratch server loads each RDB from a file, and every checksum is known good before a key moves."""
-    import tempfile
-    from dataclasses import replace
-
-    from opsctl.backup.offsite import download_backup, open_store
-    from opsctl.backup.store import parse_location
-
-    location = parse_location(source)
-    if location.folder is not None:
-        yield location.folder, ""
-        return
-    parent, _, name = location.prefix.rpartition("/")
-    if not name:
-        raise OpsctlError(f"{source} names a bucket, not a backup",
-                          hint="--from s3://BUCKET/PREFIX/<name>-<UTC time> (`opsctl backup list --from URL`)")
-    store = open_store(replace(location, prefix=parent))
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".restore-", dir=state_dir) as into:
-        yield download_backup(store, name, Path(into)), source
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
