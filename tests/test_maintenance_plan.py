@@ -55,3 +55,15 @@ def test_the_held_hosts_servers_are_never_promoted() -> None:
     on = {n.host: maintenance(cluster.spec, n) for n in cluster.layout.servers}
     assert on["h1"] == [("cluster-replica-no-failover", "yes")] and on["h2"] == []
     assert maintenance(sentinel.spec, sentinel.layout.servers[0]) == [("replica-priority", "0")]
+
+
+def test_a_new_shard_master_is_not_placed_on_a_held_host() -> None:
+    from opsctl.spec.placement import Deployed, placed_layout
+
+    base = make_spec("cluster", hosts=3)
+    deployed = [Deployed(n.name, n.host, n.port, n.role, n.shard) for n in load_dict(base).layout.servers]
+    spec = {**base, "hosts": [*base["hosts"], {"name": "h4", "address": base["hosts"][0]["address"][:-1] + "4",
+                                               "maintenance": True}],
+            "cluster": {**base["cluster"], "masters": 4, "replicas_per_master": 2}}
+    placed = placed_layout(load_dict(spec).spec, deployed)
+    assert placed.node(placed.shards[3].master).host != "h4"  # h4, with no master, would win without the mark

@@ -157,8 +157,8 @@ class _Placer:
         if not eligible:  # spec checks refuse more members than hosts; placed anyway, never silently dropped
             eligible = list(self.spec.hosts)
         order = list(self.spec.hosts)
-        host = min(eligible, key=lambda h: ((self.masters[h.name] if master else 0), self.load[h.name],
-                                            order.index(h)))
+        host = min(eligible, key=lambda h: ((h.maintenance, self.masters[h.name]) if master else (False, 0),
+                                            self.load[h.name], order.index(h)))  # a held host serves no master
         k = self.next_index
         self.next_index += 1
         name = f"{self.spec.name}-{k}"
