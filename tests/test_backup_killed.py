@@ -44,7 +44,7 @@ def test_a_killed_backup_leaves_nothing_taken_for_a_backup(tmp_path, capsys) -> 
         start = time.monotonic()
         assert _killed_backup(spec, to, 600.0, until_done=True) == 0
         took = time.monotonic() - start
-        delays = [took * i / 6 + rng.uniform(0, took / 6) for i in range(6)]  # spread over the whole run
+        delays = [took * (i + rng.random()) / 7.5 for i in range(6)]  # over 0-80% of the run: the last one mid-save
         codes = [_killed_backup(spec, to, delay) for delay in delays]
         half = [p.name for p in to.iterdir() if p.name.endswith(".partial")]
         assert codes.count(-signal.SIGKILL) >= 4 and half, (delays, codes)  # most runs killed, some mid-save

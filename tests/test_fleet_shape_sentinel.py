@@ -15,6 +15,7 @@ import redis
 import yaml
 from redis.sentinel import Sentinel
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
@@ -41,7 +42,19 @@ def sentinel_client(spec: Path) -> redis.Redis:
     return client
 
 
+def _takes_writes(client: redis.Redis) -> bool | None:
+    try:
+        client.set("pre:probe", "1")
+    except redis.ResponseError as e:  # NOREPLICAS until a replica's first ack (min-replicas-to-write 1 by default)
+        if "NOREPLICAS" not in str(e):
+            raise
+        return None
+    client.delete("pre:probe")
+    return True
+
+
 def preload(client: redis.Redis, count: int) -> None:
+    wait_for(lambda: _takes_writes(client), 30, "the master to take writes")
     pipe = client.pipeline(transaction=False)
     for i in range(count):
         pipe.set(f"pre:{i}", str(i))
