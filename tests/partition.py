@@ -94,15 +94,20 @@ def _pids(name: str) -> list[int]:
 
 
 def run_in_namespace(scenario: str, **options: object) -> dict[str, Any]:
-    """Run one fault in a fresh namespace; its result (a SplitResult as a dict). Raises with the child's output
-    when it gives none."""
+    """Run one fault in a fresh namespace; its result (a SplitResult as a dict)."""
     argv = [scenario, *(f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None)]
+    return run_module_in_namespace("tests.partition", argv)
+
+
+def run_module_in_namespace(module: str, argv: list[str]) -> dict[str, Any]:
+    """Run `python -m module argv` in a fresh namespace; the JSON of its last RESULT line. Raises with the child's
+    output when it gives none."""
     with namespace() as name:
-        child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", "tests.partition", *argv],
+        child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", module, *argv],
                                capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT, check=False)
     lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT)]
     if child.returncode != 0 or not lines:
-        raise RuntimeError(f"partition run {argv} failed (rc {child.returncode}):\n{child.stdout[-3000:]}\n"
+        raise RuntimeError(f"{module} {argv} failed (rc {child.returncode}):\n{child.stdout[-3000:]}\n"
                            f"{child.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1][len(RESULT):])
     return result

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, RUN_TIMEOUT, Partition, namespace
+from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, Partition, run_module_in_namespace
 
 NODE_TIMEOUT_MS = 2000
 CUT = 6.0  # three node timeouts: the source's replica is promoted while the source is cut off
@@ -64,17 +64,8 @@ class ReshardRun:
 
 def run_in_namespace(flavor: str, seed: int, opsctl_cut: float = 0.0) -> dict[str, Any]:
     """opsctl_cut > 0: opsctl and the clients are on the majority's side, cut off from the source that long."""
-    with namespace() as name:
-        child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", "tests.partition_reshard",
-                                "--flavor", flavor, "--seed", str(seed), "--opsctl-cut", str(opsctl_cut)],
-                               capture_output=True, text=True,
-                               timeout=RUN_TIMEOUT, cwd=ROOT, check=False)
-    lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT)]
-    if child.returncode != 0 or not lines:
-        raise RuntimeError(f"reshard split failed (rc {child.returncode}):\n{child.stdout[-3000:]}\n"
-                           f"{child.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len(RESULT):])
-    return result
+    return run_module_in_namespace("tests.partition_reshard",
+                                   ["--flavor", flavor, "--seed", str(seed), "--opsctl-cut", str(opsctl_cut)])
 
 
 # --- inside the namespace ---

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.partition import RESULT, ROOT, RUN_TIMEOUT, Partition, namespace
+from tests.partition import RESULT, ROOT, Partition, run_module_in_namespace
 
 LATE = 1000
 TARGET_KEYS = 150_000
@@ -40,15 +40,7 @@ class RestoreRun:
 
 
 def run_in_namespace(scenario: str) -> dict[str, Any]:
-    with namespace() as name:
-        child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", "tests.partition_restore",
-                                scenario], capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=ROOT, check=False)
-    lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT)]
-    if child.returncode != 0 or not lines:
-        raise RuntimeError(f"{scenario} failed (rc {child.returncode}):\n{child.stdout[-3000:]}\n"
-                           f"{child.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len(RESULT):])
-    return result
+    return run_module_in_namespace("tests.partition_restore", [scenario])
 
 
 # --- inside the namespace ---

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, RUN_TIMEOUT, Partition, namespace
+from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, Partition, run_module_in_namespace
 from tests.partition_reshard import NODE_TIMEOUT_MS, converge, opsctl
 
 CUT = 6.0
@@ -57,16 +57,7 @@ class RollingRun:
 
 
 def run_in_namespace(flavor: str, seed: int) -> dict[str, Any]:
-    with namespace() as name:
-        child = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-m", "tests.partition_rolling",
-                                "--flavor", flavor, "--seed", str(seed)], capture_output=True, text=True,
-                               timeout=RUN_TIMEOUT, cwd=ROOT, check=False)
-    lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT)]
-    if child.returncode != 0 or not lines:
-        raise RuntimeError(f"rolling split failed (rc {child.returncode}):\n{child.stdout[-3000:]}\n"
-                           f"{child.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len(RESULT):])
-    return result
+    return run_module_in_namespace("tests.partition_rolling", ["--flavor", flavor, "--seed", str(seed)])
 
 
 def split_rolling(tmp: Path, flavor: str, seed: int) -> RollingRun:
