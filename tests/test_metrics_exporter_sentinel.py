@@ -25,9 +25,9 @@ from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD
 from tests.test_metrics_exporter_live import _needs, _proc_texts, _redis_up, _scrape
+from tests.test_rotation import NEW, _rotate
 
 pytestmark = pytest.mark.integration
-NEW = "rotated-pw-3b8e1f0c6a2d"
 
 
 def _all_up(loaded: LoadedSpec, offset: int) -> None:
@@ -83,16 +83,6 @@ def _kill_sentinel(tmp_path: Path, loaded: LoadedSpec, sentinel: Node) -> None:
     deadline = time.monotonic() + 10
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _rotate(spec: Path, monkeypatch: pytest.MonkeyPatch, keep_previous: bool) -> None:
-    monkeypatch.setenv("OPSCTL_TEST_NEW_PASSWORD", NEW)
-    data = yaml.safe_load(spec.read_text())
-    data["auth"]["password"] = {"env": "OPSCTL_TEST_NEW_PASSWORD"}
-    data["auth"].pop("previous_password", None)
-    if keep_previous:
-        data["auth"]["previous_password"] = {"env": "OPSCTL_TEST_PASSWORD"}
-    spec.write_text(yaml.safe_dump(data))
 
 
 def _apply(capsys: pytest.CaptureFixture[str], spec: Path) -> None:
