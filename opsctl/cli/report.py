@@ -39,7 +39,8 @@ def plan_text(plan: Plan) -> str:
 @frozen
 class NodeStatus(Frozen):
     """One node's row. offset: its replication offset. lag: a replica's bytes behind its master (None when the
-    master is unknown or silent); a master's slowest replica's lag (None without replicas)."""
+    master is unknown or silent); a master's slowest replica's lag (None without replicas). ops_per_sec: the
+    server's own instantaneous_ops_per_sec (None for a node that does not answer)."""
 
     name: str
     endpoint: str
@@ -53,6 +54,7 @@ class NodeStatus(Frozen):
     keys: int
     slots: int
     shard: int | None
+    ops_per_sec: int | None = None
 
     def as_dict(self) -> dict[str, str | int | None]:
         return dict(self.__dict__)
@@ -80,8 +82,14 @@ def node_status(layout: Layout, facts: Mapping[str, NodeFacts]) -> list[NodeStat
             offset=role.offset if role and role.kind != "sentinel" else None,
             lag=_lag(layout, facts, node.endpoint, role),
             memory=f"{f.info.get('used_memory_human', '-')}/{_maxmemory(f.info)}",
-            keys=f.keys, slots=sum(b - a + 1 for a, b in me.slots) if me else 0, shard=node.shard))
+            keys=f.keys, slots=sum(b - a + 1 for a, b in me.slots) if me else 0, shard=node.shard,
+            ops_per_sec=_ops_per_sec(f.info) if f.reachable else None))
     return rows
+
+
+def _ops_per_sec(info: Mapping[str, str]) -> int | None:
+    value = info.get("instantaneous_ops_per_sec", "")
+    return int(value) if value.isdigit() else None
 
 
 def _lag(layout: Layout, facts: Mapping[str, NodeFacts], endpoint: str, role: RoleInfo | None) -> int | None:
@@ -110,11 +118,13 @@ def _master_role(layout: Layout, facts: Mapping[str, NodeFacts], master: tuple[s
     return role if role and role.kind == "master" else None
 
 
-def status_table(rows: list[NodeStatus]) -> str:
+def status_table(rows: list[NodeStatus], with_ops: bool = False) -> str:
+    """The status table; with_ops adds an OPS/S column (status --watch: a rate means something when it moves)."""
     header = f"{'NODE':<22} {'ENDPOINT':<22} {'STATE':<8} {'ROLE':<9} {'LINK':<10} {'LAG':>8} " \
-             f"{'MEMORY':<16} {'KEYS':>8} {'SLOTS':>6}"
+             f"{'MEMORY':<16} {'KEYS':>8} {'SLOTS':>6}" + (f" {'OPS/S':>8}" if with_ops else "")
     lines = [header]
     for r in rows:
+        ops = f" {'-' if r.ops_per_sec is None else r.ops_per_sec:>8}" if with_ops else ""
         lines.append(f"{r.name:<22} {r.endpoint:<22} {r.state:<8} {r.role:<9} {r.link:<10} {r.lag_text:>8} "
-                     f"{r.memory:<16} {r.keys:>8} {r.slots:>6}")
+                     f"{r.memory:<16} {r.keys:>8} {r.slots:>6}{ops}")
     return "\n".join(lines)

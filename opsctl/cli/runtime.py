@@ -54,14 +54,15 @@ def print_status(rt: Runtime, output: str) -> bool:
     """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy."""
     from opsctl.cli.output import print_result
 
-    status = _status(rt)
+    status = status_result(rt)
     print_result(status, output)
     if output == "text" and status.hint is not None:
         print(f"  hint: {status.hint}", file=sys.stderr)
     return status.healthy
 
 
-def _status(rt: Runtime) -> StatusResult:
+def status_result(rt: Runtime) -> StatusResult:
+    """What status reports: one look at every node (no config read), the health line and its hint."""
     from opsctl.apply.gather import gather_facts
     from opsctl.cli.report import node_status
     from opsctl.cli.results import StatusResult

@@ -98,6 +98,8 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
                         help="how long a restarted node may take to be back in place, or a failover's checks to pass")
 
 
+WATCH_SECONDS = ranged(float, 0.5, 3600.0)  # status --watch: faster than 0.5 s is a load, not a view
+
 REPLANS = 4  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first),
 # open slots closed (the moves are planned once nothing is open), the rest
 
@@ -195,6 +197,10 @@ def _rest_needs_review(args: argparse.Namespace, rest: Plan) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Exit 0 only when the topology is healthy: a node down, a refused password or a cluster not ok is 1."""
     with open_runtime(args) as rt:
+        if args.watch is not None:
+            from opsctl.cli.watch import watch_status
+
+            return watch_status(rt, args.output, args.watch)
         healthy = print_status(rt, args.output)
     return EXIT_OK if healthy else EXIT_ERROR
 
@@ -290,6 +296,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
     add_spec_options(p, output=True)
+    p.add_argument("--watch", nargs="?", const=2.0, default=None, type=WATCH_SECONDS, metavar="SECONDS",
+                   help="refresh every SECONDS (default 2, 0.5..3600) with ops/s, until Ctrl-C; redrawn in place on "
+                        "a terminal, one JSON line per refresh with --output json")
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
