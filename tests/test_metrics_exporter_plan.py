@@ -19,7 +19,7 @@ from opsctl.plan.node_steps import config_steps
 from opsctl.plan.ondisk import PREVIOUS
 from opsctl.plan.rotation import managed_users, rotation_steps, wanted_accepts
 from opsctl.render import default_paths, render_node
-from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words, exporter_secret
+from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
 from opsctl.server.versions import parse_version
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
@@ -158,3 +158,20 @@ def test_a_running_exporter_whose_user_is_gone_is_started_again(tmp_path: Path) 
     steps = exporter_steps(loaded, desired, facts)
     assert [(s.kind, s.node) for s in steps] == [("start-exporter", servers[0])]
     assert EXPORTER_USER in steps[0].reason
+
+
+def test_an_exporter_user_whose_rules_changed_live_is_set_again(tmp_path: Path) -> None:
+    """Rules widened (or narrowed) behind opsctl's back are drift, named word by word; the order Redis 7.0 reports
+    them in is not."""
+    loaded = _loaded(tmp_path, metrics={"exporter": True})
+    desired = desired_nodes(loaded, lambda n: default_paths(str(tmp_path), n), True)
+    servers = [n.name for n in loaded.layout.servers]
+    rules = exporter_rule_words(sentinel=False)
+    facts = {name: NodeFacts(name, True, exporter=exporter_run(loaded, desired[name]).digest,
+                             exporter_rules=tuple(reversed(rules))) for name in servers}
+    assert exporter_steps(loaded, desired, facts) == []
+    facts[servers[1]] = replace(facts[servers[1]], exporter_rules=(*rules, "+@all", "~*"))
+    facts[servers[2]] = replace(facts[servers[2]], exporter_rules=tuple(w for w in rules if w != "+info"))
+    steps = exporter_steps(loaded, desired, facts)
+    assert [(s.kind, s.node) for s in steps] == [("start-exporter", servers[1]), ("start-exporter", servers[2])]
+    assert "(has +@all, has ~*)" in steps[0].reason and "(lacks +info)" in steps[1].reason

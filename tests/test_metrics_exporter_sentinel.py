@@ -50,14 +50,21 @@ def _admin(node: Node, password: str = PASSWORD) -> redis.Redis:
     return redis.Redis(node.address, node.port, password=password, socket_timeout=5, decode_responses=True)
 
 
-def _delete_exporter_user(loaded: LoadedSpec, node: Node) -> None:
-    """ACL DELUSER as an operator would: the admin (ACL mode servers) or the default user, under ACL's renamed name."""
+def _acl_as_operator(loaded: LoadedSpec, node: Node, *words: str) -> object:
+    """An ACL command as an operator would run it: as the admin (ACL mode servers) or the default user, under ACL's
+    renamed name."""
     acl_mode = loaded.spec.auth.mode == "acl" and not node.is_sentinel
     client = redis.Redis(node.address, node.port, username=loaded.spec.auth.admin_user if acl_mode else None,
                          password=PASSWORD, socket_timeout=5)
     command = "ACL" if node.is_sentinel else loaded.renames.get("ACL", "ACL")
-    assert client.execute_command(command, "DELUSER", EXPORTER_USER) == 1
-    client.close()
+    try:
+        return client.execute_command(command, *words)
+    finally:
+        client.close()
+
+
+def _delete_exporter_user(loaded: LoadedSpec, node: Node) -> None:
+    assert _acl_as_operator(loaded, node, "DELUSER", EXPORTER_USER) == 1
 
 
 def _sentinel_refusals(loaded: LoadedSpec, sentinel: Node) -> None:
@@ -126,6 +133,21 @@ def test_exporters_beside_sentinels_and_through_a_rotation(tmp_path: Path, case:
         assert sorted((s["kind"], s["node"]) for s in steps) == sorted(("start-exporter", n.name) for n in gone)
         _apply(capsys, spec)
         _all_up(loaded, offset)
+
+        widened = [sentinels[2], loaded.layout.servers[0]]  # its rules widened behind opsctl's back: plan narrows them
+        for node in widened:
+            _acl_as_operator(loaded, node, "SETUSER", EXPORTER_USER, "+@all", "~*")
+        steps = plan_json(capsys, spec)["steps"]
+        assert sorted((s["kind"], s["node"]) for s in steps) == sorted(("start-exporter", n.name) for n in widened)
+        assert all("has +@all" in s["reason"] and "has ~*" in s["reason"] for s in steps), steps
+        _apply(capsys, spec)
+        for node in widened:  # narrowed again: what +@all allowed is refused
+            client = redis.Redis(node.address, node.port, username=EXPORTER_USER,
+                                 password=exporter_secret(loaded.spec.name, Secret(PASSWORD)).reveal())
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*(("ACL", "LIST") if node.is_sentinel else ("SET", "k", "v")))
+            client.close()
+        assert plan_json(capsys, spec)["steps"] == []
 
         changed = yaml.safe_load(spec.read_text())
         changed["metrics"]["port_offset"] = offset + 11

@@ -18,6 +18,7 @@ from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values,
 from opsctl.plan.rotation import managed_users
 from opsctl.render import render_acl
 from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.render.exporter import EXPORTER_USER, RULE_FIELDS, acl_rule_words
 from opsctl.spec.layout import Node, sentinel_master_name
 
 if TYPE_CHECKING:
@@ -48,19 +49,24 @@ def server_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
     if rt.loaded.spec.auth.mode == "acl":
         acl_text = rt.provider.read_file(node, "users.acl")
         acl = MASK if acl_text == render_acl(rt.loaded, reveal=True) else DIFFERS
-    return dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl, accepts=accepted_passwords(rt, node, f))
+    return live_users(rt, node, dataclasses.replace(f, on_disk=on_disk, acl_on_disk=acl))
 
 
-def accepted_passwords(rt: Runtime, node: Node, f: NodeFacts) -> dict[str, tuple[str, ...]] | None:
-    """Which passwords each managed user accepts on the live node, as verdicts (ACL GETUSER)."""
+def live_users(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
+    """f with which passwords each managed user accepts on the live node, as verdicts, and the exporter user's
+    live rules (ACL GETUSER, one round trip); unchanged when the node does not answer."""
     if not f.reachable:
-        return None
+        return f
     users = managed_users(rt.loaded, node)
     replies = _ask(rt, node, [("ACL", "GETUSER", user) for user in users])
     if replies is None:
-        return None
-    return {user: password_verdicts(_field(reply, "passwords"), secret, previous)
-            for (user, (secret, previous)), reply in zip(users.items(), replies, strict=True)}
+        return f
+    by_user = dict(zip(users, replies, strict=True))
+    accepts = {user: password_verdicts(_field(by_user[user], "passwords"), secret, previous)
+               for user, (secret, previous) in users.items()}
+    exporter = by_user.get(EXPORTER_USER)
+    rules = acl_rule_words(*(_words(exporter, name) for name in RULE_FIELDS)) if exporter else None
+    return dataclasses.replace(f, accepts=accepts, exporter_rules=rules)
 
 
 def _ask(rt: Runtime, node: Node, commands: Sequence[Command]) -> list[TextReply] | None:
@@ -81,6 +87,12 @@ def _field(reply: TextReply, name: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
+def _words(reply: TextReply, name: str) -> str:
+    """A field of ACL GETUSER as one string of words: flags come as a list, commands/keys/channels as a string."""
+    value = dict(zip(reply[::2], reply[1::2], strict=False)).get(name, "") if isinstance(reply, list) else ""
+    return " ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
 def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
     if not f.reachable:
         return f
@@ -92,4 +104,4 @@ def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
         return dataclasses.replace(f, sentinel_config=settings)
     pairs = dict(zip(replies[0][::2], replies[0][1::2], strict=False))
     settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
-    return dataclasses.replace(f, sentinel_config=settings, accepts=accepted_passwords(rt, node, f))
+    return live_users(rt, node, dataclasses.replace(f, sentinel_config=settings))

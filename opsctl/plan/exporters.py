@@ -17,7 +17,7 @@ from opsctl.base.secrets import Secret
 from opsctl.plan.desired import DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step, StopExporter
-from opsctl.render.exporter import EXPORTER_USER, exporter_secret
+from opsctl.render.exporter import EXPORTER_USER, exporter_rule_words, exporter_secret
 from opsctl.spec.exporters import exporter_port
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -89,7 +89,21 @@ def exporter_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
         elif f is not None and _user_missing(f):
             steps.append(StartExporter(node.name, f"its redis_exporter runs, but the node has no {EXPORTER_USER} user",
                                        run.digest))
+        elif f is not None and (changed := _rules_changed(f, node.is_sentinel)):
+            steps.append(StartExporter(node.name, f"its {EXPORTER_USER} user's rules changed live ({changed}): set "
+                                                  "them again", run.digest))
     return steps
+
+
+def _rules_changed(f: NodeFacts, sentinel: bool) -> str:
+    """What the exporter user may do live beyond or short of its rules, as words; "" when it matches or was not
+    read. A denial beyond them is no drift: users.acl adds the disabled commands after -@all (ACL mode), which
+    only repeats what -@all denies. Passwords are not rules: they are compared as verdicts (accepts)."""
+    if f.exporter_rules is None:
+        return ""
+    live, wanted = set(f.exporter_rules), set(exporter_rule_words(sentinel))
+    extra, lacking = sorted(w for w in live - wanted if not w.startswith("-")), sorted(wanted - live)
+    return ", ".join([*(f"has {w}" for w in extra), *(f"lacks {w}" for w in lacking)])
 
 
 def _user_missing(f: NodeFacts) -> bool:

@@ -31,6 +31,7 @@ class NodeFacts(Frozen):
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
     accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
     exporter: str | None = None  # the settings digest its running redis_exporter was started with; None: none runs
+    exporter_rules: tuple[str, ...] | None = None  # its exporter user's live ACL words (render.exporter); None: unread
 
     @classmethod
     def from_observation(cls, name: str, seen: NodeObservation | None, running: bool | None = None,
@@ -137,6 +138,6 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
             "on_disk": dict(sorted((f.on_disk or {}).items())), "acl_on_disk": f.acl_on_disk,
             "sentinel": dict(sorted((f.sentinel_config or {}).items())),
             "accepts": dict(sorted((f.accepts or {}).items())),
-            "exporter": f.exporter,
+            "exporter": f.exporter, "exporter_rules": f.exporter_rules,
         }
     return digest(summary)

@@ -18,6 +18,23 @@ SENTINEL_EXPORTER_RULES = ("-@all", "+info", "+client|setname", "+sentinel|maste
                            "+sentinel|sentinels", "+sentinel|ckquorum")
 
 
+RULE_FIELDS = ("flags", "commands", "keys", "channels")  # the ACL GETUSER fields that say what a user may do
+
+
+PAYLOAD_FLAGS = frozenset({"sanitize-payload", "skip-sanitize-payload"})  # follow sanitize-dump-payload, not us
+
+
+def acl_rule_words(*fields: str) -> tuple[str, ...]:
+    """What a user may do as a sorted set of words (Redis 7.0 reorders the command rules it reports, Valkey keeps
+    them as set): the exporter's rules only add commands after -@all, so their order carries no meaning."""
+    return tuple(sorted({word for text in fields for word in text.split()} - PAYLOAD_FLAGS))
+
+
+def exporter_rule_words(sentinel: bool) -> tuple[str, ...]:
+    """The exporter user's rules as ACL GETUSER reports them live, in acl_rule_words' form: on, no key or channel."""
+    return acl_rule_words("on", *(SENTINEL_EXPORTER_RULES if sentinel else EXPORTER_RULES))
+
+
 def exporter_secret(topology: str, admin: Secret) -> Secret:
     """HMAC-SHA256(admin password, "<topology>\\0exporter"): never stored in the spec, the same on every run, and new
     whenever the admin password is."""
