@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.net.connector import Connector
+from opsctl.plan.spread import placement_moves, rebalancing
 from opsctl.providers.base import Provider
+from opsctl.spec.deployed import deployed_from_records
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.placement import surplus_members, with_placement
@@ -24,6 +26,8 @@ def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], 
     """with_placement, asking the cluster who serves first when the choice of a surplus member depends on it (a
     failover since the records were written makes a recorded replica the master)."""
     first = with_placement(loaded, records)
+    if rebalancing(loaded.spec):
+        return _rebalanced(loaded, records, first, connector)
     doubtful = surplus_members(first.layout)
     if not doubtful:
         return first
@@ -31,6 +35,15 @@ def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], 
     members = [n for n in first.layout.servers if n.shard in shards] + doubtful
     serving = serving_masters(connector, members)
     return with_placement(loaded, records, serving) if serving else first
+
+
+def _rebalanced(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], first: LoadedSpec,
+                connector: Connector) -> LoadedSpec:
+    """Placed with the moves that even out the hosts' load (plan.spread), from who serves now: a master moved
+    earlier by a failover counts where it is, and a move a stopped run left half done is finished, not redone."""
+    serving = serving_masters(connector, [*first.layout.servers, *surplus_members(first.layout)])
+    moves = placement_moves(loaded.spec, deployed_from_records(records), serving)
+    return with_placement(loaded, records, serving, moves) if moves or serving else first
 
 
 def serving_masters(connector: Connector, nodes: list[Node]) -> set[str]:

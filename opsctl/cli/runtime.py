@@ -21,6 +21,10 @@ def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
 
     state_dir = getattr(args, "state_dir", None)
     loaded, keep = read_spec_to_keep(args.file)
+    if getattr(args, "rebalance_placement", False):  # `cluster rebalance --placement`: for this run only
+        from opsctl.plan.spread import with_rebalancing
+
+        loaded = with_rebalancing(loaded)
     note_run(args, loaded.spec.name)  # --metrics-textfile names it, however the run ends
     rt = make_runtime(loaded, state_dir)
     if cache_beside and state_dir is None:  # its state goes beside the spec: so does the validated spec

@@ -28,23 +28,27 @@ def with_placement_reasons(layout: Layout, steps: Sequence[Step]) -> list[Step]:
 
 
 def summary(layout: Layout, facts: Facts, steps: Sequence[Step]) -> str:
-    """"N to add, N to fail over, N to retire, N to change, N unchanged" over the layout's nodes and the retired
-    ones the plan removes (zero counts left out); "" for an empty plan."""
+    """"N to move, N to add, N to fail over, N to retire, N to change, N unchanged" over the layout's nodes and the
+    retired ones the plan removes (zero counts left out; a move also counts its replacement added and itself
+    retired); "" for an empty plan."""
     if not steps:
         return ""
-    touched = {s.node for s in steps}
+    touched = {s.node for s in steps if not isinstance(s, WaitConverged)}  # a wait changes nothing
     names = [n.name for n in layout.nodes]
     added = {n for n in names if n in touched and not facts[n].recorded_digest and not facts[n].running}
     failing = {s.node for s in steps if isinstance(s, Failover)}
     retiring = {s.node for s in steps if isinstance(s, RemoveNode)}
     changing = {n for n in names if n in touched} - added - failing
-    counts = ((len(added), "to add"), (len(failing), "to fail over"), (len(retiring), "to retire"),
-              (len(changing), "to change"), (len(names) - len(touched & set(names)), "unchanged"))
+    moving = {s.node for s in steps if isinstance(s, (RemoveNode, Failover)) and s.node in layout.moved}
+    counts = ((len(moving), "to move"), (len(added), "to add"), (len(failing), "to fail over"),
+              (len(retiring), "to retire"), (len(changing), "to change"),
+              (len(names) - len(touched & set(names)), "unchanged"))
     return ", ".join(f"{count} {what}" for count, what in counts if count)
 
 
-DRAIN_FIRST = ("a master on a host removed from the spec fails over first, to a synced member elsewhere (it stays "
-               "a replica of its shard until its replacement synced); apply then observes again and plans the rest")
+DRAIN_FIRST = ("a master on a host removed from the spec (or moved to even out load) fails over first, to a synced "
+               "member elsewhere (it stays a replica of its shard until its replacement synced); apply then observes "
+               "again and plans the rest")
 
 
 def drain_failovers(spec: Spec, layout: Layout, facts: Facts) -> list[Failover]:
@@ -68,7 +72,8 @@ def synced_before_retiring(spec: Spec, layout: Layout, steps: Sequence[Step]) ->
     synced before they go, so a shard never has fewer synced replicas than replicas_per_master during the move."""
     gone = {n.name for n in drained(spec, layout)}
     at = next((i for i, s in enumerate(steps) if isinstance(s, RemoveNode) and s.node in gone), None)
-    if at is None or not any(isinstance(s, Replicate) for s in steps[:at]):
+    moved = any(isinstance(s, RemoveNode) and s.node in layout.moved for s in steps)  # a resumed move's new one
+    if at is None or not (moved or any(isinstance(s, Replicate) for s in steps[:at])):
         return list(steps)
     wait = WaitConverged(layout.nodes[0].name, "wait until the replacements synced, before the nodes they replace go")
     return [*steps[:at], wait, *steps[at:]]

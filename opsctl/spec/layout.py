@@ -58,6 +58,7 @@ class Layout(Frozen):
     retired: tuple[Node, ...] = ()  # deployed nodes the spec no longer has (spec.placement): drained, then removed
     reasons: tuple[tuple[str, str], ...] = ()  # node name -> why placement added or retired it
     orphans: tuple[str, ...] = ()  # deployed nodes whose host the spec no longer lists
+    moved: tuple[str, ...] = ()  # retired nodes replaced on another host to even out load (spec.placement.Move)
 
     @property
     def servers(self) -> tuple[Node, ...]:

@@ -177,6 +177,10 @@ class ClusterTopology(Record):
         "timeout does not fail over"))
     allow_reads_when_down: bool = field(False, description=(
         "cluster-allow-reads-when-down: nodes still answer reads while the cluster is down"))
+    rebalance_placement: bool = field(False, description=(
+        "apply moves existing members onto the least-loaded hosts (an added host, say) until members per host "
+        "differ by at most one, each by a new replica there, synced, a master failed over first, then the old "
+        "member retired; `opsctl cluster rebalance --placement` does it once (docs/changing-the-fleet.md)"))
 
 
 class StandaloneTopology(Record):

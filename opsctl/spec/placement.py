@@ -9,6 +9,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from opsctl.base.endpoints import canonical_address
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.deployed import Deployed, deployed_from_records, name_index
 from opsctl.spec.layout import Layout, Node, Role, Shard, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
@@ -16,11 +17,25 @@ from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
 from opsctl.spec.replplacement import replication_placed
 
 
-def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = ()) -> Layout:
+@frozen
+class Move(Frozen):
+    """A cluster member moved to another host to even out load (opsctl.plan.spread): replaced there by a new name,
+    then retired as a drained one is; target "" when its replacement is deployed already (a run stopped part way)."""
+
+    name: str
+    shard: int
+    source: str
+    target: str
+    reason: str
+
+
+def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = (),
+                  moves: Sequence[Move] = ()) -> Layout:
     """The layout of spec given what is deployed (see the module's docstring; replication and Sentinel:
     spec.replplacement); standalone: spec's layout.
     serving: the nodes that are their shard's master now (the shell asks the cluster): never retired as surplus,
-    because a retired master would be drained of its slots like a removed shard instead of staying its master."""
+    because a retired master would be drained of its slots like a removed shard instead of staying its master.
+    moves: the members to move to even out load (cluster only)."""
     if spec.topology in ("replication", "sentinel"):
         return replication_placed(spec, deployed)
     if spec.topology != "cluster":
@@ -28,16 +43,16 @@ def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[
     live = [d for d in deployed if not d.retired and d.shard is not None and name_index(spec, d.name)]
     deepest = max([spec.cluster_or_default().masters, *(d.shard or 0 for d in live)])
     wide = cluster_layout(spec, masters=deepest)
-    if all(_stands(wide, d) for d in live) and not any(d.retired for d in deployed):
+    if not moves and all(_stands(wide, d) for d in live) and not any(d.retired for d in deployed):
         return _positional(spec, wide, live)
-    return _Placer(spec, deployed, serving).layout()
+    return _Placer(spec, deployed, serving, moves).layout()
 
 
 def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]],
-                   serving: Collection[str] = ()) -> LoadedSpec:
-    """loaded with its layout placed from the nodes' records (what the provider found deployed); serving: see
-    placed_layout."""
-    placed = placed_layout(loaded.spec, deployed_from_records(records), serving)
+                   serving: Collection[str] = (), moves: Sequence[Move] = ()) -> LoadedSpec:
+    """loaded with its layout placed from the nodes' records (what the provider found deployed); serving, moves:
+    see placed_layout."""
+    placed = placed_layout(loaded.spec, deployed_from_records(records), serving, moves)
     return loaded if placed == loaded.layout else replace(loaded, layout=placed)
 
 
@@ -65,8 +80,14 @@ def _positional(spec: Spec, wide: Layout, live: Iterable[Deployed]) -> Layout:
 class _Placer:
     """One placement: deployed members kept, surplus retired, missing members placed (in shard order)."""
 
-    def __init__(self, spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = ()) -> None:
+    def __init__(self, spec: Spec, deployed: Sequence[Deployed], serving: Collection[str] = (),
+                 moves: Sequence[Move] = ()) -> None:
         self.spec = spec
+        self.moves = {m.name: m for m in moves}
+        self.moving_to: dict[int, list[Move]] = {}
+        for m in moves:
+            if m.target:
+                self.moving_to.setdefault(m.shard, []).append(m)
         self.serving = set(serving)
         self.topo = spec.cluster_or_default()
         self.hosts = {h.name: h for h in spec.hosts}
@@ -97,7 +118,7 @@ class _Placer:
             shards.append(Shard(index, placed[0].name, tuple(n.name for n in placed[1:])))
         gone = tuple(self._retired(d) for d in retired if d.host in self.hosts) + tuple(map(self._drain, self.drained))
         return Layout(tuple(nodes), tuple(shards), retired=gone, reasons=tuple(sorted(self.reasons.items())),
-                      orphans=self.orphans)
+                      orphans=self.orphans, moved=tuple(sorted(n.name for n in gone if n.name in self.moves)))
 
     def _kept(self) -> tuple[dict[int, list[Deployed]], list[Deployed]]:
         """Deployed members by shard (recorded master first), and the ones to retire: shards past cluster.masters
@@ -110,6 +131,9 @@ class _Placer:
                 continue
             if (d.shard or 0) > self.topo.masters:
                 retired.append(d)
+            elif d.name in self.moves:
+                retired.append(d)
+                self.reasons[d.name] = self.moves[d.name].reason
             else:
                 by_shard.setdefault(d.shard or 0, []).append(d)
         for index, members in by_shard.items():
@@ -159,6 +183,8 @@ class _Placer:
         order = list(self.spec.hosts)
         host = min(eligible, key=lambda h: ((h.maintenance, self.masters[h.name]) if master else (False, 0),
                                             self.load[h.name], order.index(h)))  # a held host serves no master
+        if (moved := self.moving_to.get(index)) and moved[0].target in self.hosts:
+            host = self.hosts[moved[0].target]  # the move's target: chosen by load, apart from the shard
         k = self.next_index
         self.next_index += 1
         name = f"{self.spec.name}-{k}"
@@ -172,7 +198,11 @@ class _Placer:
             why = (f"{name} on {host.name}: new replica of shard {index} "
                    f"(replicas_per_master {had - 1} -> {self.topo.replicas_per_master})")
         lost = self.replacing.get(index)
-        if lost:
+        if moved := self.moving_to.get(index):
+            mover = moved.pop(0)
+            why = f"{name} on {host.name}: replaces {mover.name} of shard {index} (moved off {mover.source})"
+            self.reasons[mover.name] = f"{mover.reason}: replaced by {name}, synced, then retired"
+        elif lost:
             old = lost.pop(0)
             why = f"{name} on {host.name}: replaces {old.name} of shard {index} ({old.host} removed from the spec)"
             self.reasons[old.name] = (f"{old.name} on {old.host}: replaced by {name} on {host.name}, then retired: "
@@ -190,10 +220,11 @@ class _Placer:
 
 
 def drained(spec: Spec, layout: Layout) -> list[Node]:
-    """The retired nodes on hosts the spec no longer lists (a removed host being drained), in a shard it keeps."""
+    """The retired nodes on hosts the spec no longer lists (a removed host being drained), or moved off their host to
+    even out load (layout.moved), in a shard it keeps."""
     hosts = {h.name for h in spec.hosts}
     kept = {s.index for s in layout.shards}
-    return [n for n in layout.retired if n.host not in hosts and n.shard in kept]
+    return [n for n in layout.retired if (n.host not in hosts or n.name in layout.moved) and n.shard in kept]
 
 
 def with_member(layout: Layout, name: str, absent: Collection[str] = ()) -> Layout:

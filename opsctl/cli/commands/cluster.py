@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
-from opsctl.cli.argtypes import RATE, SLOTS, ranged
+from opsctl.cli.argtypes import RATE, SECONDS, SLOTS, ranged
 from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
     add_auto_approve,
@@ -98,6 +98,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 
 
 WEIGHT = ranged(float, 0.0, 1e6)
+THRESHOLD = 2.0
 
 
 def weight(pair: str) -> tuple[str, float]:
@@ -111,10 +112,29 @@ def weight(pair: str) -> tuple[str, float]:
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from opsctl.slots.run import rebalance
 
+    if args.placement:
+        return _rebalance_placement(args)
     weights = dict(args.weight)
     confirm(args, "Move slots and their keys between masters to reach the balance?")
     return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
         connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
+
+
+def _rebalance_placement(args: argparse.Namespace) -> int:
+    """`cluster rebalance --placement`: apply with cluster.rebalance_placement on for this run (members move to
+    even out the hosts' load; --dry-run shows the moves). It moves members, not slots: --weight and --threshold
+    are refused with it."""
+    from opsctl.cli.commands.lifecycle import cmd_apply
+
+    if args.weight or args.threshold != THRESHOLD:
+        raise OpsctlError("--weight and --threshold weigh slots: --placement moves members between hosts instead",
+                          hint="run `cluster rebalance --placement` without them, or the slot rebalance without "
+                               "--placement")
+    _cluster_spec(args.file)
+    args.rebalance_placement = True
+    for name, default in (("plan", None), ("allow_downtime", False), ("parallel_shards", 1)):
+        setattr(args, name, default)
+    return cmd_apply(args)
 
 
 def cmd_fix(args: argparse.Namespace) -> int:
@@ -168,8 +188,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _slot_args(p)
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NODE=W",
                    help="relative share (default 1)")
-    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=2.0, metavar="PCT",
+    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=THRESHOLD, metavar="PCT",
                    help="leave masters within PCT%% of their share alone (default 2)")
+    p.add_argument("--placement", action="store_true",
+                   help="move members between hosts instead of slots, until members per host differ by at most "
+                        "one (each a new replica, synced, a master failed over first, the old one retired)")
+    p.add_argument("--wait-timeout", type=SECONDS, default=60.0, metavar="S",
+                   help="--placement: how long a failover's checks or a new replica's sync may take")
     p.set_defaults(handler=recorded("cluster rebalance", cmd_rebalance))
 
     p = commands.add_parser("fix", help="close open slots (journaled ones exactly), cover uncovered slots")
