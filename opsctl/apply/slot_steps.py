@@ -17,6 +17,7 @@ from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
 from opsctl.slots.run import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
+from opsctl.spec.deployed import PURGING
 from opsctl.spec.layout import Node, deployed_record
 
 
@@ -77,13 +78,17 @@ def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
 
 
 def retire(rt: Runtime, node: Node) -> None:
-    """Purge a stopped, forgotten node's folder and leave its record as a tombstone (what it was deployed as,
-    retired: true): placement reads it and never gives the name again. Killed between the two, the name may be
-    given again; nothing else is lost (the node was forgotten and its data is no one's)."""
+    """Turn a stopped, forgotten node's record into a tombstone (what it was deployed as, retired: true), written
+    and flushed before its folder is purged down to that record: placement never gives a tombstone's name again, so
+    a run killed at any point never lets the name be reused. The tombstone says `purging` until the purge is done;
+    placement retires such a node again, so the next plan finishes the purge."""
     was = rt.provider.load_record(node).get("deployed")
-    rt.provider.purge(node)
-    checkpoint("remove-node-purged")
     deployed = was if isinstance(was, dict) else deployed_record(node)
+    rt.provider.save_record(node, {"deployed": deployed, "retired": True, PURGING: True})
+    rt.provider.flush()
+    checkpoint("remove-node-tombstoned")
+    rt.provider.purge(node, keep_record=True)
+    checkpoint("remove-node-purged")
     rt.provider.save_record(node, {"deployed": deployed, "retired": True})
     rt.provider.flush()
 

@@ -292,15 +292,17 @@ class AnsibleProvider:
             return None
         return pid if self._over_sftp(node, lambda sftp: self._is_server(sftp, node, pid), "look at") else None
 
-    def purge(self, node: Node) -> None:
+    def purge(self, node: Node, keep_record: bool = False) -> None:
         state = self.process_state(node)
         if state.running:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                f"{node.host}:{self.paths(node).dir}", "stop the node first")
+        if keep_record:
+            self.flush()  # the tombstone lands before anything goes
         self._pending.pop(node.name, None)
         spec = self.loaded.spec
         result = self._run(node, purge_command(remote_root(spec), self.paths(node).dir, node.name, unit_name(node),
-                                               host_setting_paths(spec)))
+                                               host_setting_paths(spec), keep=RECORD if keep_record else None))
         if result.status != 0:
             raise OpsctlError(f"cannot delete the folder of {node.name} on host {node.host}", result.stderr.strip())
 
@@ -422,16 +424,20 @@ def control_command(root: str, action: str, node: str) -> str:
     return f"if [ -x {script} ]; then exec {script} {action} {shlex.quote(node)}; else echo absent; fi"
 
 
-def purge_command(root: str, node_dir: str, node: str, unit: str, host_files: Sequence[str] = ()) -> str:
+def purge_command(root: str, node_dir: str, node: str, unit: str, host_files: Sequence[str] = (),
+                  keep: str | None = None) -> str:
     """Delete a stopped node's folder, settings and unit; the spec folder and the spec's host settings (host_files)
-    too once no node is left there."""
+    too once no node is left there. keep: a file of the folder that stays (a retired node's tombstone record), and
+    then the spec folder stays too."""
     q = shlex.quote
     unit_file = q(f"/etc/systemd/system/{unit}.service")
     with_root = " ".join(q(path) for path in [root, *host_files])
+    folder = (f"rm -rf -- {q(node_dir)}" if keep is None else f"if [ -d {q(node_dir)} ]; then find {q(node_dir)} "
+              f"-mindepth 1 -maxdepth 1 ! -name {q(keep)} -exec rm -rf -- {{}} + || exit 1; fi; rm -f --")
     return "; ".join([
-        f"rm -rf -- {q(node_dir)} {q(f'{root}/nodes/{node}.env')} || exit 1",
+        f"{folder} {q(f'{root}/nodes/{node}.env')} || exit 1",
         f"if [ -f {unit_file} ]; then systemctl disable {q(unit)} >/dev/null 2>&1; rm -f -- {unit_file}; "
         "systemctl daemon-reload >/dev/null 2>&1; fi",
-        f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {with_root}; fi",
+        *([f"if rmdir {q(f'{root}/nodes')} 2>/dev/null; then rm -rf -- {with_root}; fi"] if keep is None else []),
         "true",
     ])

@@ -50,7 +50,8 @@ class Provider(Protocol):
 
     def process_state(self, node: Node) -> ProcessState: ...
 
-    def purge(self, node: Node) -> None: ...
+    def purge(self, node: Node, keep_record: bool = False) -> None:
+        """Delete a stopped node's folder (keep_record: all but its record, which a retired node's tombstone is)."""
 
     def load_record(self, node: Node) -> dict[str, Any]: ...
 

@@ -27,7 +27,7 @@ from opsctl.base.secrets import mask_text
 from opsctl.net.connector import port_accepts
 from opsctl.providers.base import ProcessState
 from opsctl.providers.binaries import ServerBinary, server_environment
-from opsctl.providers.localfiles import LocalFiles, read_text
+from opsctl.providers.localfiles import LocalFiles, empty_but_record, read_text
 from opsctl.providers.proc import ProcFacts, holds_port, is_node_process, read_proc, working_below
 from opsctl.providers.serveruser import ServerUser
 from opsctl.render import NodePaths
@@ -334,13 +334,15 @@ class LocalProvider(LocalFiles):
         if self.node_dir(node).is_dir():
             Path(self._checked_node_dir(node) / Path(self.paths(node).pid).name).unlink(missing_ok=True)
 
-    def purge(self, node: Node) -> None:
+    def purge(self, node: Node, keep_record: bool = False) -> None:
         state = self._state(node, fresh=True)
         if state.running:
             raise RefusedError(f"refusing to delete the folder of {node.name}: its server runs as pid {state.pid}",
                                str(self.node_dir(node)), "stop the node first")
         folder = self._checked_node_dir(node)
-        if folder.exists():
+        if keep_record:
+            empty_but_record(folder)
+        elif folder.exists():
             shutil.rmtree(folder)
         self._drop_binary_copy_when_unused()
 

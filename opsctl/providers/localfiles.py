@@ -61,6 +61,20 @@ def deployed_records_in(loaded: LoadedSpec, state_dir: Path) -> dict[str, dict[s
     return found
 
 
+def empty_but_record(folder: Path) -> None:
+    """Delete everything in a node's folder but its record (a retired node's tombstone, written first: a run killed
+    part way leaves the record, so the name is never given again). Links are removed, never followed."""
+    if not folder.is_dir():
+        return
+    for entry in os.scandir(folder):
+        if entry.name == RECORD:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
 class LocalFiles:
     """The node folders of a spec's local servers, their files and opsctl's records; who owns them."""
 

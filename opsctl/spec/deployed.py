@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.layout import SENTINEL_PREFIX
 from opsctl.spec.model import Spec
 
+PURGING = "purging"  # a tombstone's mark until its folder was purged (apply.slot_steps.retire)
+
 
 @frozen
 class Deployed(Frozen):
-    """What a node's record on its host says it was deployed as; retired: purged, its name kept from reuse."""
+    """What a node's record on its host says it was deployed as; retired: a tombstone, its name kept from reuse
+    (purging: its folder's purge not done yet, so placement retires it again)."""
 
     name: str
     host: str
@@ -22,6 +25,7 @@ class Deployed(Frozen):
     shard: int | None
     retired: bool = False
     address: str | None = None  # where the node listens: data, not identity (None in records from before it)
+    purging: bool = False
 
 
 def name_index(spec: Spec, name: str) -> int | None:
@@ -40,7 +44,8 @@ def deployed_from_records(records: Mapping[str, Mapping[str, object]]) -> list[D
             address = was.get("address")
             found.append(Deployed(name, str(was["host"]), int(str(was["port"])), str(was.get("role")),
                                   shard if isinstance(shard, int) else None, bool(record.get("retired")),
-                                  address if isinstance(address, str) else None))
+                                  address if isinstance(address, str) else None,
+                                  bool(record.get("retired") and record.get(PURGING))))
     return found
 
 
@@ -48,6 +53,11 @@ def sentinel_index(spec: Spec, name: str) -> int | None:
     """i of a sentinel name <spec>-sentinel-i, None for any other name."""
     found = re.fullmatch(re.escape(f"{spec.name}-{SENTINEL_PREFIX}-") + r"(\d+)", name)
     return int(found.group(1)) if found else None
+
+
+def unpurged(deployed: Sequence[Deployed]) -> list[Deployed]:
+    """Tombstones whose folder's purge a killed run left undone: retired again (never a member, name kept)."""
+    return [d for d in deployed if d.retired and d.purging]
 
 
 def is_node_name(spec: Spec, name: str) -> bool:

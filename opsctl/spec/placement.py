@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.deployed import Deployed, deployed_from_records, name_index
+from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, unpurged
 from opsctl.spec.layout import Layout, Node, Role, Shard, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
@@ -91,6 +91,7 @@ class _Placer:
         self.serving = set(serving)
         self.topo = spec.cluster_or_default()
         self.hosts = {h.name: h for h in spec.hosts}
+        self.deployed = deployed
         self.live = [d for d in deployed if not d.retired and d.shard is not None]
         used = [name_index(spec, d.name) or 0 for d in deployed]
         self.next_index = max([0, *used]) + 1
@@ -117,6 +118,7 @@ class _Placer:
             nodes += placed
             shards.append(Shard(index, placed[0].name, tuple(n.name for n in placed[1:])))
         gone = tuple(self._retired(d) for d in retired if d.host in self.hosts) + tuple(map(self._drain, self.drained))
+        gone += tuple(self._unpurged())
         return Layout(tuple(nodes), tuple(shards), retired=gone, reasons=tuple(sorted(self.reasons.items())),
                       orphans=self.orphans, moved=tuple(sorted(n.name for n in gone if n.name in self.moves)))
 
@@ -154,6 +156,16 @@ class _Placer:
     def _keep(self, d: Deployed, index: int) -> Node:
         self._take(d.host, d.port, d.role == "master")
         return self._node(d.name, self.hosts[d.host], d.port, d.role, index)
+
+    def _unpurged(self) -> list[Node]:
+        """Tombstones whose purge a killed run left undone: retired again, so the plan purges them."""
+        out = []
+        for d in unpurged(self.deployed):
+            if d.shard is None or not (d.host in self.hosts or d.address):
+                continue
+            out.append(self._retired(d) if d.host in self.hosts else self._drain(d))
+            self.reasons[d.name] = f"{d.name} on {d.host}: retired, its purge was left undone by a run that stopped"
+        return out
 
     def _retired(self, d: Deployed) -> Node:
         self._take(d.host, d.port, False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from opsctl.base.endpoints import canonical_address
-from opsctl.spec.deployed import Deployed, name_index, sentinel_index
+from opsctl.spec.deployed import Deployed, name_index, sentinel_index, unpurged
 from opsctl.spec.layout import (
     SENTINEL_PREFIX,
     Layout,
@@ -53,6 +53,7 @@ class _Placer:
     def __init__(self, spec: Spec, deployed: Sequence[Deployed]) -> None:
         self.spec = spec
         self.hosts = {h.name: h for h in spec.hosts}
+        self.deployed = deployed
         self.live = [d for d in deployed if not d.retired]
         self.next_server = max([0, *(name_index(spec, d.name) or 0 for d in deployed)]) + 1
         self.next_sentinel = max([0, *(sentinel_index(spec, d.name) or 0 for d in deployed)]) + 1
@@ -69,6 +70,11 @@ class _Placer:
             watching = self._place(sentinels, sentinel_hosts(self.spec), self._new_sentinel)
             nodes += watching
             retired += self._retired(sentinels, watching)
+        undone = self._retired(unpurged(self.deployed), [])  # tombstones whose purge a killed run left undone
+        for node in undone:
+            self.reasons[node.name] = f"{node.name} on {node.host}: retired, its purge was left undone by a run " \
+                                      "that stopped"
+        retired += undone
         shard = Shard(1, nodes[0].name, tuple(n.name for n in nodes[1:] if not n.is_sentinel))
         orphans = tuple(d.name for d in self.live if d.host not in self.hosts and not d.address)
         return Layout(tuple(nodes), (shard,), retired=tuple(retired), reasons=tuple(sorted(self.reasons.items())),
