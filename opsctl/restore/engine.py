@@ -7,6 +7,7 @@ page's SCAN; RESTOREs go out before earlier replies are read. Expiries travel as
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,6 +18,7 @@ from opsctl.net.resp import Reply, RespError, encode
 from opsctl.restore.route import Counts, Router, expiry_of, restore_command, same_payload, shown_key
 
 PAGE = 1000
+AHEAD = 2  # pages of RESTOREs in flight on each target before the oldest page's replies are read
 TTL_SLACK_MS = 2000
 
 
@@ -87,7 +89,7 @@ def _ok(reply: Reply, where: str, doing: str) -> Reply:
     return refused(reply, f"{doing} failed on {where}")
 
 
-def _scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
+def scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
     _ok(reply, label, "SCAN")
     if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes)
             and isinstance(reply[1], list)):
@@ -96,32 +98,51 @@ def _scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
 
 
 def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
-    """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out)."""
-    scan, dump = src.name("SCAN"), src.name("DUMP")
+    """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out).
+    The next page's DUMPs go out before this page is handed over: the source reads them while the caller writes."""
+    scan = src.name("SCAN")
     _ok(src.call("SELECT", db), label, "SELECT")
     offset = _clock_offset(src)
     absolute = not isinstance(src.call("PEXPIRETIME", b"opsctl:probe"), RespError)  # Redis 6.2 lacks it
-    pttl = src.name("PEXPIRETIME" if absolute else "PTTL")
+    ask = _asker(src, scan, src.name("DUMP"), src.name("PEXPIRETIME" if absolute else "PTTL"))
     src.send(encode([scan, b"0", b"COUNT", PAGE]))
-    cursor, keys = _scan_reply(src.read(1)[0], label)
+    cursor, keys = scan_reply(src.read(1)[0], label)
+    more = ask(keys, cursor)
     while True:
-        more = cursor != b"0"
-        dump_head, pttl_head = b"*2\r\n$%d\r\n%s\r\n" % (len(dump), dump), b"*2\r\n$%d\r\n%s\r\n" % (len(pttl), pttl)
-        out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k) for k in keys)
-        src.send(out + (encode([scan, cursor, b"COUNT", PAGE]) if more else b""))
         replies = src.read(2 * len(keys) + (1 if more else 0))
         now = time.time() * 1000
-        page = []
-        for i, key in enumerate(keys):
-            payload, expires = replies[2 * i], expiry_of(replies[2 * i + 1], absolute, offset, now)
-            if isinstance(payload, bytes) and expires is not None:
-                page.append(Entry(db, key, payload, expires))
-            elif isinstance(payload, RespError):
-                raise OpsctlError(f"DUMP failed on {label}", payload.message)
-        yield page
+        page_keys = keys
+        if more:
+            cursor, keys = scan_reply(replies[-1], label)
+            following = ask(keys, cursor)
+        yield _page(db, page_keys, replies, label, partial(expiry_of, absolute=absolute, offset_ms=offset, now_ms=now))
         if not more:
             return
-        cursor, keys = _scan_reply(replies[-1], label)
+        more = following
+
+
+def _asker(src: RawPipe, scan: bytes, dump: bytes, pttl: bytes) -> Callable[[list[bytes], bytes], bool]:
+    """Sends each key's DUMP and expiry, then the SCAN after cursor (none once it is 0); says whether it did."""
+    dump_head, pttl_head = b"*2\r\n$%d\r\n%s\r\n" % (len(dump), dump), b"*2\r\n$%d\r\n%s\r\n" % (len(pttl), pttl)
+
+    def ask(keys: list[bytes], cursor: bytes) -> bool:
+        more = cursor != b"0"
+        out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k) for k in keys)
+        src.send(out + (encode([scan, cursor, b"COUNT", PAGE]) if more else b""))
+        return more
+    return ask
+
+
+def _page(db: int, keys: list[bytes], replies: list[Reply], label: str,
+          expiry: Callable[[Reply], float | None]) -> list[Entry]:
+    page = []
+    for i, key in enumerate(keys):
+        payload, expires = replies[2 * i], expiry(replies[2 * i + 1])
+        if isinstance(payload, bytes) and expires is not None:
+            page.append(Entry(db, key, payload, expires))
+        elif isinstance(payload, RespError):
+            raise OpsctlError(f"DUMP failed on {label}", payload.message)
+    return page
 
 
 def _expires_at(entry: Entry, offset_ms: float) -> int:
@@ -161,12 +182,12 @@ def _collect(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: S
             else:
                 message = reply.message if isinstance(reply, RespError) else repr(reply)
                 raise OpsctlError(f"RESTORE of {shown_key(entry.key)!r} failed on {pipe.label}", message,
-                                  _restore_hint(message))
+                                  restore_hint(message))
         if busy:
             _settle_busy(busy, mode, counts, compare, index, source)
 
 
-def _restore_hint(message: str) -> str:
+def restore_hint(message: str) -> str:
     if message.startswith(("MOVED", "ASK", "CLUSTERDOWN")):
         return "the target cluster changed during the restore: re-run the same command when it is stable (it resumes)"
     if message.startswith("OOM"):
@@ -190,6 +211,12 @@ def _settle_busy(busy: list[Entry], mode: str, counts: Counts, side: Side, targe
                 counts.conflict_keys.append(shown_key(entry.key))
 
 
+def _settle(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: Side, source: Source,
+            progress: Callable[[int], None]) -> None:
+    _collect(tp, sent, mode, counts, compare, source)
+    progress(sum(map(len, sent.per_target)))
+
+
 def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[[int], None],
                 compare: Side) -> Counts:
     """Every key of source onto the targets; the counts say what happened to each."""
@@ -200,7 +227,7 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
     try:
         for db in source.dbs:
             tp.select(db)
-            pending: _Sent | None = None
+            pending: deque[_Sent] = deque()
             for page in pages(src, db, source.label):
                 counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
                 for entry in page:
@@ -208,14 +235,11 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
                     counts.volatile += entry.expires > 0
                     if seen % source.sample_every == 0:
                         source.samples.append(entry)
-                sent = _send(tp, page, mode == "replace")
-                if pending is not None:
-                    _collect(tp, pending, mode, counts, compare, source)
-                    progress(sum(map(len, pending.per_target)))
-                pending = sent
-            if pending is not None:
-                _collect(tp, pending, mode, counts, compare, source)
-                progress(sum(map(len, pending.per_target)))
+                pending.append(_send(tp, page, mode == "replace"))
+                if len(pending) > AHEAD:
+                    _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
+            while pending:
+                _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
     finally:
         src.close()
         tp.close()
