@@ -49,6 +49,8 @@ def sentinel_reset(run: Execution, step: Step) -> None:
     (hellos, every 2 s) before the next one forgets, so a majority always knows its peers; then until every one
     counts the running replicas again (its next INFO to the master, every 10 s: waited for in parallel, not per
     sentinel)."""
+    from opsctl.failover.actions import checkpoint
+
     rt = run.rt
     layout = rt.loaded.layout
     name = sentinel_master_name(rt.loaded.spec)
@@ -61,6 +63,7 @@ def sentinel_reset(run: Execution, step: Step) -> None:
             admin.call("SENTINEL", "RESET", name)
             wait_for(partial(_knows, [admin], None, len(sentinels)), run.wait_timeout,
                      f"{node.name} to count {len(sentinels)} sentinel(s) again after SENTINEL RESET", interval=0.1)
+            checkpoint("sentinel-reset-one")
         wait_for(partial(_knows, admins, replicas, len(sentinels)), run.wait_timeout,
                  f"the sentinels to count {replicas} replica(s) again after SENTINEL RESET", interval=0.1)
     finally:
@@ -82,6 +85,7 @@ def forget_nodes(run: Execution, step: Step) -> None:
     """CLUSTER FORGET of the dead ids on every running node, side by side (a node that still knows one would gossip
     it back to the others once their 60 s ban ends), repeated until no running node knows any of them."""
     from opsctl.apply.slot_steps import _forget
+    from opsctl.failover.actions import checkpoint
     from opsctl.slots.session import open_session
 
     assert isinstance(step, ForgetNodes)
@@ -90,6 +94,7 @@ def forget_nodes(run: Execution, step: Step) -> None:
         def forgotten() -> bool | Pending:
             peers = list(session.peers.values())
             session.parallel(lambda p: _forget(p, dead), peers)
+            checkpoint("forget-nodes-once")
             session.refresh()
             knowing = sorted(name for name, view in session.views().items() if dead & {line.id for line in view})
             return True if not knowing else Pending(f"{', '.join(knowing)} still know them")

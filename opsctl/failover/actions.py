@@ -240,11 +240,13 @@ def _failover_command(session: Session, target: Target, timeout: float) -> str:
     assert target.replica is not None
     new = session.admin(target.replica)
     old = session.admin(target.master)
-    old.call("FAILOVER", "TO", new.address, str(new.port), "TIMEOUT", str(int(timeout * 1000)))
-    checkpoint("asked")
+    wait_for(lambda: _no_failover(old), timeout + 2, f"the FAILOVER already running on {target.master} to end", POLL)
+    if _is_master(new) is not True:  # a run killed after it asked may have left that one to finish it
+        old.call("FAILOVER", "TO", new.address, str(new.port), "TIMEOUT", str(int(timeout * 1000)))
+        checkpoint("asked")
 
     def done() -> bool | Pending:
-        state = str(old.info("replication")).split("master_failover_state:", 1)[-1].split()[0]
+        state = _failover_state(old)
         promoted = _is_master(new)
         if state == "no-failover" and promoted is not True:
             raise OpsctlError(f"FAILOVER on {target.master} ended without promoting {target.replica}",
@@ -257,6 +259,17 @@ def _failover_command(session: Session, target: Target, timeout: float) -> str:
         admin.call("CONFIG", "REWRITE")
     _repoint_others(session, target, new)
     return target.replica
+
+
+def _failover_state(admin: Admin) -> str:
+    """master_failover_state of INFO replication: no-failover, waiting-for-sync or failover-in-progress."""
+    return str(admin.info("replication")).split("master_failover_state:", 1)[-1].split()[0]
+
+
+def _no_failover(admin: Admin) -> bool | Pending:
+    """No FAILOVER runs on admin's server (one a killed run asked for finishes by itself, within its timeout)."""
+    state = _failover_state(admin)
+    return True if state == "no-failover" else Pending(f"{admin.endpoint} failover state {state}")
 
 
 def _manual(session: Session, target: Target, timeout: float) -> str:

@@ -90,9 +90,16 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
                                    f"{', '.join(settling)} (a run stopped before it settled): wait until it is"))
+    elif topology == "cluster" and not steps and (unaware := _unaware(layout, facts)):
+        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(unaware)} not known to every node yet (a run "
+                                   "stopped before gossip spread them): wait until every node knows them"))
     elif topology != "cluster" and not steps and (linking := _linking(layout, facts)):
         steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
                                    "(started a moment ago, or a run stopped before it settled): wait until linked"))
+    elif topology == "sentinel" and not steps and (recounting := _recounting(layout, facts)):
+        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(recounting)} count fewer replicas or sentinels "
+                                   "than run (a run stopped after a SENTINEL RESET): wait until they count them "
+                                   "again (hellos every 2 s, the master's INFO every 10 s)"))
     steps += exporter_steps(loaded, desired, facts)  # last: an exporter needs its node's files and user, not more
     notes = (CLOSE_THEN_MOVES,) if replan else () if steps else (_why_nothing(loaded, facts),)
     steps = with_placement_reasons(layout, steps)
@@ -146,6 +153,25 @@ def _linking(layout: Layout, facts: Facts) -> list[str]:
     """Replicas that answer, but whose link to their master is not up (yet)."""
     return [n.name for n in layout.servers
             if facts[n.name].reachable and (r := facts[n.name].role) and r.kind == "replica" and r.link != "connected"]
+
+
+def _unaware(layout: Layout, facts: Facts) -> list[str]:
+    """Running cluster nodes some other running node does not list yet (gossip still spreading a node the cluster
+    met: every node learns it within a few pings)."""
+    ids = {n.name: me.id for n in layout.servers if facts[n.name].reachable and (me := facts[n.name].myself)}
+    unaware = set()
+    for name in ids:
+        known = {line.id for line in facts[name].cluster_nodes or ()}
+        unaware |= {other for other, node_id in ids.items() if node_id not in known}
+    return sorted(unaware)
+
+
+def _recounting(layout: Layout, facts: Facts) -> list[str]:
+    """Sentinels that answer but count fewer replicas or sentinels than run: reset, still learning them again."""
+    replicas = sum(1 for n in layout.shards[0].replicas if facts[n].running)
+    sentinels = sum(1 for n in layout.sentinels if facts[n.name].running)
+    return [n.name for n in layout.sentinels if facts[n.name].reachable and (k := facts[n.name].sentinel_knows)
+            and (k[0] < replicas or k[1] < sentinels)]
 
 
 def _why_nothing(loaded: LoadedSpec, facts: Facts) -> str:
