@@ -55,11 +55,12 @@ def source_client(loaded: LoadedSpec) -> redis.Redis:
 class Migrate:
     """opsctl migrate as a subprocess, its JSON events read as they come."""
 
-    def __init__(self, target: Path, source: Path, *extra: str) -> None:
-        argv = [sys.executable, "-m", "opsctl.cli.main", "migrate", "-f", str(target), "--from", str(source),
-                "--auto-approve", "--output", "json", *extra]
+    def __init__(self, target: Path, source: Path | None, *extra: str, env: dict[str, str] | None = None) -> None:
+        """source None: the source is in extra (--from-endpoints ...); env: added to opsctl's environment."""
+        argv = [sys.executable, "-m", "opsctl.cli.main", "migrate", "-f", str(target),
+                *(["--from", str(source)] if source else []), "--auto-approve", "--output", "json", *extra]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=os.environ.copy())
+                                     env={**os.environ, **(env or {})})
         self.events: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

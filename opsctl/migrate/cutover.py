@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import CutoverDone
 from opsctl.base.poll import Pending, wait_for
+from opsctl.failover.actions import checkpoint
 from opsctl.failover.fence import fence, unfence
 from opsctl.migrate.apply import Applier
+from opsctl.migrate.journal import JournalFile
 from opsctl.migrate.shard import ShardRun
 from opsctl.migrate.verify import count_problem, sample_problems
 from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.parse import parse_info
-from opsctl.plan.fence import MAX_LAG, TO_WRITE
+from opsctl.plan.fence import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.target import Target
 from opsctl.spec.layout import Node
 
@@ -49,38 +51,64 @@ def master_offset(source: Connector, node: Node) -> int:
 
 
 def cut_over(source: Connector, target: Target, shards: Sequence[ShardRun], stop: Callable[[], None],
-             options: CutoverOptions) -> CutoverDone:
+             options: CutoverOptions, journal: JournalFile) -> CutoverDone:
     masters = {s.key: shard_master(source, s) for s in shards}
-    saved: dict[str, dict[str, str]] = {}
+    record_settings(source, list(masters.values()), journal)
     started = time.monotonic()
     try:
-        for key, node in masters.items():
+        for node in masters.values():
             with source.admin(node) as admin:
-                saved[key] = {k: v for k, v in admin.config_get("min-replicas-*").items() if k in (TO_WRITE, MAX_LAG)}
                 fence(admin)
+        checkpoint("migrate-fenced")
         finals = {key: master_offset(source, node) for key, node in masters.items()}
         wait_for(lambda: _caught_up(shards, finals), options.timeout, "the target to apply the source's last writes")
         caught_up = time.monotonic() - started
         stop()
         report = _verify(source, target, shards, masters, options, caught_up, finals, started)
+        checkpoint("migrate-verified")
     except BaseException:
-        _lift(source, masters, saved)
+        lift_fence(source, journal)
         raise
     if not report.ok:
-        _lift(source, masters, saved)
+        lift_fence(source, journal)
     return report
+
+
+def record_settings(source: Connector, masters: Sequence[Node], journal: JournalFile) -> None:
+    """Each master's min-replicas-* values journaled before any is fenced; values an earlier, interrupted cutover
+    journaled stay (the master shows the fence now, not what to restore)."""
+    known = dict(journal.journal.fence or {})
+    for node in masters:
+        if node.endpoint in known:
+            continue
+        with source.admin(node) as admin:
+            values = {k: v for k, v in admin.config_get("min-replicas-*").items() if k in (TO_WRITE, MAX_LAG)}
+        known[node.endpoint] = spec_values(source.loaded, node) if fenced(values) else values
+    journal.journal.fence = known
+    journal.save()
+
+
+def lift_fence(source: Connector, journal: JournalFile) -> list[str]:
+    """The journaled values back on every master a cutover fenced (the source serves writes again); the record is
+    dropped once every one is lifted. Returns the masters lifted."""
+    lifted: list[str] = []
+    for address, values in sorted((journal.journal.fence or {}).items()):
+        node = source.loaded.layout.find(address)
+        if node is None:
+            raise OpsctlError(f"the journal names a fenced source master {address} the source does not list",
+                              hint=f"lift it by hand: CONFIG SET {TO_WRITE} {values.get(TO_WRITE, '0')}")
+        with source.admin(node) as admin:
+            unfence(admin, values, rewrite=False)
+        lifted.append(address)
+    journal.journal.fence = None
+    journal.save()
+    return lifted
 
 
 def _caught_up(shards: Sequence[ShardRun], finals: dict[str, int]) -> bool | Pending:
     behind = [f"{s.key} at {s.position.offset if s.position else 0} of {finals[s.key]}" for s in shards
               if s.position is None or s.position.offset < finals[s.key]]
     return Pending("; ".join(behind)) if behind else True
-
-
-def _lift(source: Connector, masters: dict[str, Node], saved: dict[str, dict[str, str]]) -> None:
-    for key, values in saved.items():
-        with source.admin(masters[key]) as admin:
-            unfence(admin, values, rewrite=False)
 
 
 def _verify(source: Connector, target: Target, shards: Sequence[ShardRun], masters: dict[str, Node],

@@ -31,10 +31,17 @@ class ShardState:
 
 @dataclass
 class Journal:
+    """source: what the source is (a spec's name and endpoints); source_ref: how a later run reaches it again (the
+    command's --from* options, references to secrets, never a secret); fence: each fenced source master's
+    min-replicas-* values from before the cutover fenced it (by endpoint), kept from before the first fence until
+    the fence is lifted: a cutover killed mid-way leaves the source fenced and a re-run must know what to restore."""
+
     id: str
     source: str
     shards: dict[str, ShardState] = field(default_factory=dict)
     finished: bool = False
+    source_ref: dict[str, str] = field(default_factory=dict)
+    fence: dict[str, dict[str, str]] | None = None
 
 
 class JournalFile:
@@ -58,8 +65,8 @@ class JournalFile:
 
 def journal_json(journal: Journal) -> str:
     return json.dumps({"id": journal.id, "source": journal.source, "finished": journal.finished,
-                       "shards": {k: {"phase": s.phase, **s.position.to_json()} for k, s in journal.shards.items()}},
-                      indent=1)
+                       "shards": {k: {"phase": s.phase, **s.position.to_json()} for k, s in journal.shards.items()},
+                       "source_ref": journal.source_ref, "fence": journal.fence}, indent=1)
 
 
 def parse_journal(text: str, where: str) -> Journal:
@@ -67,28 +74,35 @@ def parse_journal(text: str, where: str) -> Journal:
         data = json.loads(text)
         shards = {k: ShardState(v["phase"], position_from(v, f"{where}: shards.{k}"))
                   for k, v in data["shards"].items()}
-        return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")))
+        ref = {str(k): str(v) for k, v in dict(data.get("source_ref") or {}).items()}
+        fence = data.get("fence")
+        fenced = None if fence is None else {str(e): {str(k): str(v) for k, v in dict(values).items()}
+                                             for e, values in dict(fence).items()}
+        return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")), ref, fenced)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise OpsctlError(f"{where}: not a migration journal ({type(exc).__name__})", hint=HINT) from None
 
 
-def load_journal(state_dir: Path, source: str) -> Journal | None:
-    """This migration's journal (None: none yet, or a finished one); another source's unfinished one refuses."""
+def read_journal(state_dir: Path) -> Journal | None:
+    """The journal in state_dir, finished or not (None: none)."""
     path = state_dir / JOURNAL
     text = read_bounded(path, HINT)
-    if text is None:
-        return None
-    journal = parse_journal(text, str(path))
-    if journal.finished:
+    return None if text is None else parse_journal(text, str(path))
+
+
+def load_journal(state_dir: Path, source: str) -> Journal | None:
+    """This migration's journal (None: none yet, or a finished one); another source's unfinished one refuses."""
+    journal = read_journal(state_dir)
+    if journal is None or journal.finished:
         return None
     if journal.source != source:
         raise RefusedError("an unfinished migration from another source is recorded for this target",
-                           f"{path}: source {journal.source}", "finish it (re-run it), or " + HINT)
+                           f"{state_dir / JOURNAL}: source {journal.source}", "finish it (re-run it), or " + HINT)
     return journal
 
 
-def new_journal(source: str) -> Journal:
-    return Journal(os.urandom(4).hex(), source)
+def new_journal(source: str, source_ref: dict[str, str]) -> Journal:
+    return Journal(os.urandom(4).hex(), source, source_ref=source_ref)
 
 
 def marker_name(migration: str, shard: str, tag: str) -> bytes:

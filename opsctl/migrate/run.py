@@ -54,18 +54,20 @@ def source_id(source: Connector) -> str:
     return f"{source.loaded.spec.name}:{','.join(sorted(n.endpoint for n in source.loaded.layout.servers))}"
 
 
-def prepare(source: Connector, target_connector: Connector, state_dir: Path) -> tuple[Target, JournalFile, bool]:
+def prepare(source: Connector, target_connector: Connector, state_dir: Path,
+            source_ref: dict[str, str]) -> tuple[Target, JournalFile, bool]:
     """The target inspected and the journal (resumed, or new when the target is empty)."""
     target = inspect_target(target_connector)
     if {n.endpoint for n in source.loaded.layout.servers} & {m.endpoint for m in target.masters}:
         raise RefusedError("source and target are the same nodes", hint="--from names another topology's spec")
-    journal = load_journal(state_dir, source_id(source))
+    sid = f"endpoints:{source_ref['from_endpoints']}" if "from_endpoints" in source_ref else source_id(source)
+    journal = load_journal(state_dir, sid)
     resumed = journal is not None
     if journal is None:
         if target.keys:
             raise RefusedError(f"the target holds {target.keys} keys; a migration starts into an empty target "
                                "(nothing was written)", hint="empty it, or migrate into another topology")
-        journal = new_journal(source_id(source))
+        journal = new_journal(sid, source_ref)
     files = JournalFile(state_dir, journal)
     files.save()
     for name in (REQUEST, RESULT):
@@ -92,15 +94,18 @@ def shard_runs(source: Connector, target: Target, journal: JournalFile, state_di
 
 
 def run_migrate(source: Connector, target_connector: Connector, state_dir: Path, options: MigrateOptions,
-                emit: Emit) -> CutoverDone:
-    target, journal, resumed = prepare(source, target_connector, state_dir)
+                emit: Emit, source_ref: dict[str, str] | None = None) -> CutoverDone:
+    """source_ref: the --from* options that reach the source again, kept in the journal (no secret in them)."""
+    target, journal, resumed = prepare(source, target_connector, state_dir, source_ref or {})
     if resumed:
         emit(Note(f"resuming the migration recorded in {journal.path}"))
+    if journal.journal.fence is not None:
+        emit(Note("an interrupted cutover left the source fenced: cutting over as soon as every shard streams"))
     shards = shard_runs(source, target, journal, state_dir)
     with Borrowed() as pool:
         futures = [pool.submit(s.run) for s in shards]
         try:
-            report = _watch(source, target, shards, futures, state_dir, options, emit)
+            report = _watch(source, target, shards, futures, state_dir, options, emit, journal)
         except OpsctlError as exc:
             if (state_dir / REQUEST).exists():  # the waiting `migrate cutover` learns why, not just that
                 write_private(state_dir / RESULT, f"cutover failed: {exc.summary}\n")
@@ -119,7 +124,7 @@ def run_migrate(source: Connector, target_connector: Connector, state_dir: Path,
 
 
 def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], futures: Sequence[Future[None]],
-           state_dir: Path, options: MigrateOptions, emit: Emit) -> CutoverDone:
+           state_dir: Path, options: MigrateOptions, emit: Emit, journal: JournalFile) -> CutoverDone:
     """Progress until the cutover; a shard's error stops the run."""
     while True:
         for future in futures:
@@ -128,7 +133,7 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
                 raise OpsctlError("a shard stopped without an error")  # never: shards run until told
         lags = _lags(source, shards)
         emit(MigrateLag({s.key: lags[s.key] for s in shards}))
-        if _cutover_due(shards, lags, state_dir, options):
+        if _cutover_due(shards, lags, state_dir, options, journal.journal.fence is not None):
             emit(Note("cutover: fencing the source against writes"))
 
             def stop() -> None:
@@ -136,7 +141,7 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
                     s.stop.set()
                 for f in futures:
                     f.result()
-            return cut_over(source, target, shards, stop, CutoverOptions(options.sample))
+            return cut_over(source, target, shards, stop, CutoverOptions(options.sample), journal)
         time.sleep(options.interval)
 
 
@@ -155,10 +160,12 @@ def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, 
 
 
 def _cutover_due(shards: Sequence[ShardRun], lags: dict[str, dict[str, object]], state_dir: Path,
-                 options: MigrateOptions) -> bool:
+                 options: MigrateOptions, fenced: bool) -> bool:
+    """Every shard streams, and: a cutover was asked for, one was interrupted (the source is fenced), or --cutover
+    auto finds every lag under the bound."""
     if not all(s.streaming for s in shards):
         return False
-    if (state_dir / REQUEST).exists():
+    if fenced or (state_dir / REQUEST).exists():
         return True
     if options.cutover != "auto":
         return False

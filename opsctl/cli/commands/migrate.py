@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
@@ -14,17 +18,33 @@ from opsctl.cli.runsignals import note_run, recorded
 
 CUTOVER_WAIT = 120.0
 
+if TYPE_CHECKING:
+    from opsctl.net.connector import Connector
+
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     if args.action == "cutover":
         return _request_cutover(args)
-    if not args.from_spec:
-        raise OpsctlError("opsctl migrate needs --from SOURCE_SPEC", hint="opsctl migrate -f TARGET --from SOURCE")
+    from opsctl.cli.confirm import confirm
+    from opsctl.state.specfile import read_spec
+
+    if bool(args.from_spec) == bool(args.from_endpoints):
+        raise OpsctlError("opsctl migrate needs one source: --from SOURCE_SPEC or --from-endpoints HOST:PORT[,...]",
+                          hint="opsctl migrate -f TARGET --from SOURCE, or -f TARGET --from-endpoints HOST:PORT "
+                               "--from-password-file PATH")
+    loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
+    shown = f"'{read_spec(args.from_spec).spec.name}'" if args.from_spec else args.from_endpoints
+    confirm(args, f"Migrate {shown} into '{loaded.spec.name}' (the target must be empty)?")
+    return _migrate(args)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """The migration from the source args names into the target spec, in the foreground, until its cutover."""
     from contextlib import ExitStack
 
     from opsctl.apply.connect import open_connector
     from opsctl.base.events import CutoverDone, Event
-    from opsctl.cli.confirm import confirm
     from opsctl.cli.output import printing
     from opsctl.migrate.run import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
@@ -33,57 +53,130 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
-    source = read_spec(args.from_spec)
-    note_run(args, loaded.spec.name)
-    confirm(args, f"Migrate '{source.spec.name}' into '{loaded.spec.name}' (the target must be empty)?")
     state_dir = state_dir_for(loaded, args.state_dir)
     options = MigrateOptions(args.cutover, args.lag_bound, args.sample)
     with ExitStack() as stack:
         stack.enter_context(state_lock(state_dir))
+        source_connector, ref = _source(args, state_dir, stack)
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
         stack.enter_context(topology_lock(target_connector))
-        source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
-        stack.enter_context(topology_lock(source_connector))  # no opsctl run reshards the source meanwhile
         json_mode = args.output == "json"
         printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
 
         def emit(event: Event) -> None:  # as text, the report goes to stdout at the end, not among the events
             if json_mode or not isinstance(event, CutoverDone):
                 printer(event)
-        report = run_migrate(source_connector, target_connector, state_dir, options, emit)
+        report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
     if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:
+    """The source's connector and the options that reach it again. A spec's topology lock is held (no opsctl run
+    reshards it meanwhile); a store given by endpoints has none."""
+    from opsctl.apply.connect import make_connector, open_connector
+    from opsctl.net.topolock import topology_lock
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    if args.from_endpoints:
+        from opsctl.migrate.foreign import ForeignSource, foreign_loaded, parse_endpoints
+
+        foreign = ForeignSource(parse_endpoints(args.from_endpoints), args.from_password_file,
+                                args.from_password_env, args.from_user)
+        return make_connector(foreign_loaded(foreign, state_dir), state_dir), foreign.ref()
+    source = read_spec(args.from_spec)
+    connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
+    stack.enter_context(topology_lock(connector))
+    return connector, {} if args.from_spec == "-" else {"from_spec": os.path.abspath(args.from_spec)}
+
+
+def _running(state_dir: Path) -> bool:
+    """Whether a migrate into this target runs now (it holds the target's state lock)."""
+    from opsctl.state.statelock import state_lock
+
+    try:
+        with state_lock(state_dir):
+            return False
+    except OpsctlError:
+        return True
+
+
 def _request_cutover(args: argparse.Namespace) -> int:
-    """Leave the request file for the running migration, then wait for its report file."""
-    from opsctl.migrate.journal import REQUEST, RESULT
+    """Leave the request file for the running migration, then wait for its report file. With no migration running
+    but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
+    from opsctl.migrate.journal import REQUEST, RESULT, read_journal
     from opsctl.state.safefs import read_bounded, write_private
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = read_spec(args.file)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    if not _running(state_dir):
+        journal = read_journal(state_dir)
+        if journal is not None and not journal.finished and journal.fence is not None:
+            return _interrupted(args, journal.source_ref)
+        raise OpsctlError(f"no migration into '{loaded.spec.name}' is running",
+                          hint=f"start it: opsctl migrate -f {args.file} --from SOURCE_SPEC")
+    if args.lift_fence:
+        raise OpsctlError("a migration is running: --lift-fence is for a cutover that was interrupted",
+                          hint="stop the migration first (Ctrl-C), or let it cut over")
+    (state_dir / RESULT).unlink(missing_ok=True)
+    write_private(state_dir / REQUEST, f"{time.time()}\n")
+    deadline, looked = time.monotonic() + CUTOVER_WAIT, time.monotonic()
+    while time.monotonic() < deadline:
+        text = read_bounded(state_dir / RESULT, "it is the running migration's report")
+        if text is not None:
+            print(text)
+            return EXIT_OK if text.startswith("cutover done") else EXIT_ERROR
+        if time.monotonic() - looked > 0.5:
+            looked = time.monotonic()
+            if not _running(state_dir) and read_bounded(state_dir / RESULT, "the report") is None:
+                (state_dir / REQUEST).unlink(missing_ok=True)
+                raise OpsctlError("the migration stopped before it reported on the cutover",
+                                  hint=f"run `opsctl migrate cutover -f {args.file}` again: it finishes an "
+                                       "interrupted cutover (or `--lift-fence` lifts the source's fence)")
+        time.sleep(0.05)
+    print("the running migration did not report within 120s; its own output shows why", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _interrupted(args: argparse.Namespace, ref: dict[str, str]) -> int:
+    """A cutover killed mid-way left the source fenced: resume the migration and cut over at once (the source
+    takes no writes, so its last offset is known), or lift the fence."""
+    if not ref:
+        raise OpsctlError("a cutover was interrupted and the source is fenced, but the journal does not say how to "
+                          "reach the source (its spec came on standard input)",
+                          hint="run the same `opsctl migrate -f TARGET --from SOURCE_SPEC` again: it cuts over")
+    resumed = argparse.Namespace(**{**vars(args), "from_spec": None, "from_endpoints": None,
+                                    "from_password_file": None, "from_password_env": None, "from_user": None, **ref})
+    if args.lift_fence:
+        return _lift(resumed)
+    print("a cutover was interrupted (the source is fenced): resuming the migration to finish it", file=sys.stderr)
+    return _migrate(resumed)
+
+
+def _lift(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from opsctl.migrate.cutover import lift_fence
+    from opsctl.migrate.journal import JournalFile, read_journal
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
-    try:
-        with state_lock(state_dir):
-            raise OpsctlError(f"no migration into '{loaded.spec.name}' is running",
-                              hint=f"start it: opsctl migrate -f {args.file} --from SOURCE_SPEC")
-    except OpsctlError as exc:
-        if "no migration" in exc.summary:
-            raise
-    (state_dir / RESULT).unlink(missing_ok=True)
-    write_private(state_dir / REQUEST, f"{time.time()}\n")
-    deadline = time.monotonic() + CUTOVER_WAIT
-    while time.monotonic() < deadline:
-        text = read_bounded(state_dir / RESULT, "it is the running migration's report")
-        if text is not None:
-            print(text)
-            return EXIT_OK if text.startswith("cutover done") else EXIT_ERROR
-        time.sleep(0.05)
-    print("the running migration did not report within 120s; its own output shows why", file=sys.stderr)
-    return EXIT_ERROR
+    with ExitStack() as stack:
+        stack.enter_context(state_lock(state_dir))
+        journal = read_journal(state_dir)
+        assert journal is not None
+        source, _ = _source(args, state_dir, stack)
+        lifted = lift_fence(source, JournalFile(state_dir, journal))
+    print(f"fence lifted on {', '.join(lifted) or 'no master'}: the source serves writes again; the target is as "
+          f"the interrupted cutover left it (re-run `opsctl migrate` to resume, or empty it)")
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,6 +185,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="cutover: ask the running migration into SPEC to fence the source and cut over")
     add_spec_file(p, about="the target's topology spec (YAML)")
     p.add_argument("--from", dest="from_spec", metavar="SOURCE_SPEC", help="the spec of the running source")
+    p.add_argument("--from-endpoints", metavar="HOST:PORT[,HOST:PORT]", help=(
+        "instead of --from: a source opsctl did not deploy, by one or more of its servers' endpoints (a cluster's "
+        "members are found with CLUSTER NODES, a master's replicas with INFO replication)"))
+    p.add_argument("--from-password-file", metavar="PATH", help=(
+        "with --from-endpoints: a file holding only the source's password (mode 0600)"))
+    p.add_argument("--from-password-env", metavar="VAR", help=(
+        "with --from-endpoints: the environment variable holding the source's password"))
+    p.add_argument("--from-user", metavar="NAME", help="with --from-endpoints: the source's ACL user (default: none)")
+    p.add_argument("--lift-fence", action="store_true", help=(
+        "cutover: a cutover that was interrupted left the source fenced; lift the fence instead of finishing it"))
     p.add_argument("--cutover", choices=("auto", "manual"), default="manual",
                    help="auto: cut over once every shard trails by less than --lag-bound; manual (default): "
                         "when `opsctl migrate cutover -f SPEC` asks")

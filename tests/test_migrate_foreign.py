@@ -1,0 +1,91 @@
+"""opsctl migrate from a store opsctl did not deploy (issue 26, item 1): a standalone Redis 7.0 the test starts
+itself with requirepass, given as --from-endpoints with --from-password-file, moved under a writer into a
+3-master Valkey 9.1 cluster and cut over: every acknowledged write in the target, verification OK, redis-cli's
+check passes, and the password appears in no output and on no child's command line."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.lifecycle import deployed, run
+from tests.support import cluster_check, free_base_port, loopback_hosts, server_binary
+from tests.test_migrate_live import TARGET, Migrate, fill
+from tests.writer import Writer, cluster_client
+
+pytestmark = pytest.mark.integration
+
+SECRET = "foreign-pw-5e0b7c1d93a4"
+
+
+@contextmanager
+def foreign_redis(folder: Path) -> Iterator[tuple[str, int]]:
+    """A Redis 7.0 of the test's own (not opsctl's), password in its config file, not on its command line."""
+    address = loopback_hosts(1)[0]
+    port = free_base_port([address], 1, bus=False)
+    conf = folder / "redis.conf"
+    conf.write_text(f"bind {address}\nport {port}\nrequirepass {SECRET}\nsave \"\"\nappendonly no\n"
+                    f"dir {folder}\nrepl-backlog-size 64mb\n")
+    proc = subprocess.Popen([server_binary("redis"), str(conf)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(host=address, port=port, password=SECRET)
+    try:
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        yield address, port
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def children_argv() -> str:
+    """Every process's command line on the machine (opsctl, the scratch servers it started, ...)."""
+    return subprocess.run(["ps", "-e", "-o", "args="], capture_output=True, text=True, check=False).stdout
+
+
+def test_a_standalone_redis_given_by_endpoints_into_a_valkey_cluster(tmp_path, capsys) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    secret_file = tmp_path / "source.pw"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+    topology, flavor, sections = TARGET
+    with foreign_redis(tmp_path / "src") as (address, port), \
+            deployed(tmp_path / "dst", capsys, topology, flavor, **sections) as (t, t_loaded):
+
+        def source() -> redis.Redis:
+            return redis.Redis(host=address, port=port, password=SECRET, decode_responses=True)
+        src = source()
+        fill(src)
+        with Writer(source) as writer:
+            writer.wait_for_writes(300)
+            migrate = Migrate(t, None, "--from-endpoints", f"{address}:{port}", "--from-password-file",
+                              str(secret_file))
+            migrate.streaming()
+            assert SECRET not in children_argv(), "the source's password on a command line"
+            src.execute_command("INCR", "counter")
+            time.sleep(1.0)
+            code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
+            assert code == 0 and "cutover done" in out, out + err
+            time.sleep(0.2)
+        assert migrate.wait() == 0, migrate.stderr()
+        done = migrate.done()
+        assert done["ok"] and done["source_keys"] == done["target_keys"], done
+        assert writer.errors and all("NOREPLICAS" in e for e in writer.errors), writer.errors[:3]
+        dst = cluster_client(t_loaded)
+        assert writer.verify(dst) == [], "acknowledged writes missing in the target"
+        assert dst.get("counter") == "1" and dst.get("s:5") == "v5"
+        node = t_loaded.layout.servers[0]
+        assert cluster_check(f"{node.address}:{node.port}").returncode == 0
+        shown = "".join(str(e) for e in migrate.events) + migrate.stderr() + out + err
+        assert SECRET not in shown, "the source's password in the output"

@@ -1,0 +1,88 @@
+"""The pure parts of a migration from a store opsctl did not deploy (--from-endpoints): the layout from what its
+servers say, the options refused before anything is touched, and the journal keeping the source's options and a
+cutover's fence across a kill."""
+
+from __future__ import annotations
+
+import os
+
+from opsctl.migrate.foreign import (
+    ForeignSource,
+    cluster_layout_of,
+    parse_endpoints,
+    replicas_of,
+    replication_layout_of,
+)
+from opsctl.migrate.journal import Journal, ShardState, journal_json, parse_journal
+from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.plan.streamcmd import Position
+from tests.lifecycle import run
+
+SECRET = "foreign-pw-5e0b7c1d93a4"
+
+NODES = """\
+a1 10.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-8191
+a2 10.0.0.2:7001@17001 master - 0 0 2 connected 8192-16383
+b1 10.0.0.3:7002@17002 slave a1 0 0 1 connected
+b2 10.0.0.4:7003@17003 slave a2 0 0 2 connected
+b3 10.0.0.5:7004@17004 slave,fail a2 0 0 2 disconnected
+"""
+
+
+def test_a_cluster_source_becomes_one_shard_per_master_with_its_live_replicas() -> None:
+    layout = cluster_layout_of(parse_cluster_nodes(NODES))
+    assert [(s.index, layout.node(s.master).endpoint, [layout.node(r).endpoint for r in s.replicas])
+            for s in layout.shards] == [(1, "10.0.0.1:7000", ["10.0.0.3:7002"]),
+                                        (2, "10.0.0.2:7001", ["10.0.0.4:7003"])]
+
+
+def test_a_replication_source_lists_online_replicas_that_listen() -> None:
+    info = {"role": "master", "slave0": "ip=10.0.0.2,port=7001,state=online,offset=5,lag=0",
+            "slave1": "ip=10.0.0.9,port=0,state=online,offset=5,lag=0",  # a stream reader such as opsctl's
+            "slave2": "ip=10.0.0.3,port=7002,state=wait_bgsave,offset=0,lag=0"}
+    assert replicas_of(info) == [("10.0.0.2", 7001)]
+    layout = replication_layout_of(("10.0.0.1", 7000), replicas_of(info))
+    assert [n.role for n in layout.servers] == ["master", "replica"] and len(layout.shards) == 1
+
+
+def test_the_source_options_kept_for_a_rerun_hold_no_secret() -> None:
+    source = ForeignSource(parse_endpoints("10.0.0.1:7000, [::1]:7001"), password_env="SRC_PW", user="mover")
+    assert source.ref() == {"from_endpoints": "10.0.0.1:7000,[::1]:7001", "from_password_env": "SRC_PW",
+                            "from_user": "mover"}
+
+
+def test_the_journal_keeps_the_source_options_and_the_fence() -> None:
+    journal = Journal("ab12", "endpoints:10.0.0.1:7000", source_ref={"from_spec": "/x/old.yaml"},
+                      fence={"10.0.0.1:7000": {"min-replicas-to-write": "0", "min-replicas-max-lag": "10"}})
+    journal.shards["shard-1"] = ShardState("stream", Position("f" * 40, 123))
+    back = parse_journal(journal_json(journal), "j")
+    assert back == journal
+    old = parse_journal('{"id": "x", "source": "s", "shards": {}}', "j")  # a journal written before these fields
+    assert old.fence is None and old.source_ref == {}
+
+
+def test_endpoint_options_refused_clearly(tmp_path, capsys) -> None:
+    """Bad --from-endpoints input: exit 1, what and how to fix, no traceback, nothing written, no secret shown."""
+    from tests.support import make_spec, write_spec
+
+    spec = write_spec(tmp_path, make_spec("standalone"))
+    state = str(tmp_path / "state")
+    base = ["migrate", "-f", str(spec), "--state-dir", state, "--auto-approve"]
+    cases = [
+        (["--from-endpoints", "nohost"], "is not HOST:PORT"),
+        (["--from-endpoints", "127.0.0.1:1"], "exactly one of --from-password-file"),
+        (["--from-endpoints", "127.0.0.1:1", "--from-password-env", "OPSCTL_T_UNSET_VAR"], "not set or empty"),
+        (["--from-endpoints", "127.0.0.1:1", "--from-password-file", str(tmp_path / "none")], "missing or empty"),
+        (["--from", str(spec), "--from-endpoints", "127.0.0.1:1"], "needs one source"),
+    ]
+    for extra, words in cases:
+        code, out, err = run(capsys, *base, *extra)
+        assert code == 1 and words in err and "Traceback" not in err, (extra, out + err)
+    os.environ["OPSCTL_T_SECRET_VAR"] = SECRET
+    try:
+        code, out, err = run(capsys, *base, "--from-endpoints", "127.0.0.1:1", "--from-password-env",
+                             "OPSCTL_T_SECRET_VAR")
+    finally:
+        del os.environ["OPSCTL_T_SECRET_VAR"]
+    assert code == 1 and "no endpoint of the source answers" in err and SECRET not in out + err, out + err
+    assert not (tmp_path / "state" / "migrate-journal.json").exists()
