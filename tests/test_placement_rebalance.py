@@ -87,12 +87,13 @@ def test_two_hosts_added_then_members_moved_onto_them_under_a_writer(tmp_path, c
                   file=sys.stderr)
 
 
-@pytest.mark.parametrize("killed", ["", f"{KILL_AT}=asked", "remove-node "])
-def test_a_master_moves_by_a_graceful_failover_set_in_the_spec(tmp_path, capsys, killed) -> None:
+@pytest.mark.parametrize(("flavor", "killed"), [("valkey", ""), ("redis", ""), ("valkey", f"{KILL_AT}=asked"),
+                                               ("valkey", "remove-node ")])
+def test_a_master_moves_by_a_graceful_failover_set_in_the_spec(tmp_path, capsys, flavor, killed) -> None:
     """Shard 3 failed over to its replica on h1 (h1 serves two masters); h4 appended with cluster.rebalance_placement:
     apply moves that master off h1 (failed over to its old master on h3 first, never restarted elsewhere). Killed
     once CLUSTER FAILOVER was asked, or when the old master's removal starts: the next apply finishes it."""
-    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
         name = data["name"]
         code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--to", f"{name}-6")
@@ -118,8 +119,8 @@ def test_a_master_moves_by_a_graceful_failover_set_in_the_spec(tmp_path, capsys,
         tombstones(spec, [f"{name}-6"])
         assert max(int(n.rsplit("-", 1)[1]) for n in record_files(spec)) == 7  # one replacement, never redone
         with capsys.disabled():
-            print(f"\nplacement rebalance, a master moved (killed: {killed or 'no'}): keys {before[0]}, writes "
-                  f"acknowledged {len(writer.acked)}, lost 0, time {took:.1f} s, longest write gap "
+            print(f"\nplacement rebalance {flavor}, a master moved (killed: {killed or 'no'}): keys {before[0]}, "
+                  f"writes acknowledged {len(writer.acked)}, lost 0, time {took:.1f} s, longest write gap "
                   f"{writer.max_gap_ms:.0f} ms",
                   file=sys.stderr)
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts
 from opsctl.plan.placing import drained, summary
 from opsctl.plan.spread import placement_moves, rebalancing, with_rebalancing
@@ -181,3 +182,37 @@ def test_placement_rebalance_refuses_slot_weights_before_reading_anything(capsys
     code = main(["cluster", "rebalance", "--placement", "--weight", "t-1=2", "-f", "missing.yaml", "--dry-run"])
     err = capsys.readouterr().err
     assert code == 1 and "--placement moves members" in err and "Traceback" not in err, err
+
+
+def test_a_failover_under_way_counts_the_recorded_roles() -> None:
+    """Shard 3's replica on h1 was just promoted (both members still say master, a moment after CLUSTER FAILOVER,
+    a run killed there): the recorded roles decide, so the re-run moves the same member as the killed run."""
+    spec = cluster(4)
+    name = [f"{spec.name}-{k}" for k in range(1, 7)]
+    deployed = deployed_on(3)
+    first = placement_moves(spec, deployed, {name[0], name[2], name[5]})  # shard 3 failed over to h1 earlier
+    assert [m.name for m in first] == [name[5]]
+    assert placement_moves(spec, deployed, {name[0], name[2], name[4], name[5]}) == (
+        placement_moves(spec, deployed, {name[0], name[2], name[4]}))
+    assert [m.name for m in placement_moves(spec, deployed, {name[0], name[2], name[4], name[5]})] == [name[5]]
+
+
+def test_a_moved_master_fails_over_first_and_is_refused_while_a_failover_is_under_way() -> None:
+    """The moved member serves its shard: a graceful failover first (the drain's). When its shard's other member
+    says it serves the same slots too (a run killed after CLUSTER FAILOVER was asked, the old master's view not
+    updated yet), refused (exit 3): slots moved off the stale master failed on real servers ("atomic slot migration
+    failed"); the shell waits for one master per shard before it places, so a re-run meets this only past that."""
+    from opsctl.plan.placing import drain_failovers
+    from tests.test_planner import formed_cluster
+
+    three = load_dict({**spec_with(), "hosts": hosts(3)})
+    name = [f"{three.spec.name}-{k}" for k in range(1, 7)]
+    before, swapped = formed_cluster(three), formed_cluster(three, swap_shard=3)  # shard 3's master: name[5], on h1
+    spec = cluster(4)
+    moves = placement_moves(spec, deployed_on(3), {name[0], name[2], name[5]})
+    placed = placed_layout(spec, deployed_on(3), {name[0], name[2], name[5]}, moves)
+    assert placed.moved == (name[5],)
+    assert [type(s) for s in drain_failovers(spec, placed, swapped)] == [Failover]
+    under_way = {**swapped, name[4]: before[name[4]]}  # name[4] promoted, name[5] still says it is the master
+    with pytest.raises(RefusedError, match="both say they serve shard 3's slots"):
+        drain_failovers(spec, placed, under_way)

@@ -4,7 +4,9 @@ replica count went down, who is each shard's master now, so the member retired i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 
+from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.plan.spread import placement_moves, rebalancing
 from opsctl.providers.base import Provider
@@ -40,9 +42,22 @@ def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], 
 def _rebalanced(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], first: LoadedSpec,
                 connector: Connector) -> LoadedSpec:
     """Placed with the moves that even out the hosts' load (plan.spread), from who serves now: a master moved
-    earlier by a failover counts where it is, and a move a stopped run left half done is finished, not redone."""
-    serving = serving_masters(connector, [*first.layout.servers, *surplus_members(first.layout)])
-    moves = placement_moves(loaded.spec, deployed_from_records(records), serving)
+    earlier by a failover counts where it is, and a move a stopped run left half done is finished, not redone.
+    While two members of a shard say they serve it (a run killed after asking a failover: the old master learns of
+    the new one a moment later), placement waits, bounded: the moves and the plan are made from one master each."""
+    deployed = deployed_from_records(records)
+    nodes = [*first.layout.servers, *surplus_members(first.layout)]
+    shard_of = {d.name: d.shard for d in deployed}
+    timeout = 2 * loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
+
+    def one_each() -> set[str] | Pending:
+        serving = serving_masters(connector, nodes)
+        claims = sorted((shard_of.get(name) or 0, name) for name in serving)
+        twice = [f"{a} and {b}" for (s, a), (t, b) in pairwise(claims) if s and s == t]
+        return Pending(f"{twice[0]} both say they serve one shard's slots") if twice else serving
+
+    serving = wait_for(one_each, timeout, "a failover under way to end (one master per shard)", interval=0.1)
+    moves = placement_moves(loaded.spec, deployed, serving)
     return with_placement(loaded, records, serving, moves) if moves or serving else first
 
 

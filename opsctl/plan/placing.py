@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts
 from opsctl.plan.steps import Failover, RemoveNode, Replicate, StartNode, Step, WaitConverged, WriteConfig
 from opsctl.spec.layout import Layout
@@ -54,13 +55,21 @@ DRAIN_FIRST = ("a master on a host removed from the spec (or moved to even out l
 def drain_failovers(spec: Spec, layout: Layout, facts: Facts) -> list[Failover]:
     """A graceful failover away from each drained node (spec.placement.drained) that serves its shard's slots and
     has a linked replica the spec keeps: a retired master would otherwise be emptied by slot moves. Without such a
-    replica (replicas_per_master 0) its slots move instead."""
+    replica (replicas_per_master 0) its slots move instead. Refused while a member the spec keeps serves the same
+    slots (a failover under way, a run killed after asking it): the drained node's own view is stale, and its slots
+    would be moved from a node that no longer holds them."""
     steps = []
     for node in drained(spec, layout):
         me = facts[node.name].myself if node.name in facts else None
         if me is None or not me.is_master or not me.slots:
             continue
         shard = next(s for s in layout.shards if s.index == node.shard)
+        taking = [n for n in shard.members if n in facts and (m := facts[n].myself) and m.is_master and m.slots]
+        if taking:
+            raise RefusedError(f"{node.name} and {taking[0]} both say they serve shard {shard.index}'s slots",
+                               "a failover of the shard is under way (a run stopped after asking it, or the cluster "
+                               "itself): moving its slots or failing it over again now would act on a stale view",
+                               "apply again in a few seconds, once `opsctl cluster check -f SPEC` shows one master")
         if any((m := facts[n].myself) and m.master_id == me.id for n in shard.members if n in facts):
             steps.append(Failover(node.name, f"{layout.reason(node.name) or node.name}: its shard's master now, "
                                              "failed over to a synced member elsewhere first", shard=shard.index))

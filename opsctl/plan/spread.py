@@ -60,9 +60,17 @@ def _members(spec: Spec, deployed: Sequence[Deployed], serving: Collection[str])
     hosts = {h.name for h in spec.hosts}
     masters = spec.cluster_or_default().masters
     live = [d for d in deployed if not d.retired and d.host in hosts and d.shard and 1 <= d.shard <= masters]
-    now = set(serving) & {d.name for d in live}
-    return [_Member(d.name, d.shard or 0, d.host, d.name in now if now else d.role == "master",
-                    name_index(spec, d.name) or 0) for d in live]
+    return [_Member(d.name, d.shard or 0, d.host, _is_master(d, live, set(serving)), name_index(spec, d.name) or 0)
+            for d in live]
+
+
+def _is_master(d: Deployed, live: list[Deployed], serving: set[str]) -> bool:
+    """d serves its shard now; the recorded role when no member of the shard says so, or when two do (a failover
+    under way: the promoted one's word reaches the old master a moment later)."""
+    claiming = [m for m in live if m.shard == d.shard and m.name in serving]
+    if len(claiming) == 1:
+        return d is claiming[0]
+    return d.role == "master" and (not claiming or d in claiming)
 
 
 def _finishing(members: list[_Member], load: dict[str, int], size: int) -> list[Move]:
