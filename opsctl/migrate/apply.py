@@ -40,6 +40,14 @@ class EdgeRefused(RefusedError):
     """A command the target cannot take as the source did, at its replication offset; nothing after it applied."""
 
 
+class TargetChanged(OpsctlError):
+    """A target master answered as a master no more (a failover, a reshard under way): the batch did not land; the
+    shard re-reads the target and applies again from its journaled position (the markers skip what landed)."""
+
+
+MOVED_ON = ("MOVED", "ASK", "CLUSTERDOWN", "READONLY", "TRYAGAIN", "LOADING", "MASTERDOWN")
+
+
 @dataclass
 class Batch:
     db: int
@@ -174,6 +182,9 @@ class Applier:
             sent.append((target, count))
         for target, count in sent:
             for reply in self.pipes[target].read(count):
+                if isinstance(reply, RespError) and reply.message.startswith(MOVED_ON):
+                    raise TargetChanged(f"target {self.targets.names[target]} no longer takes the writes of "
+                                        f"source {self.label}", reply.message[:300])
                 if isinstance(reply, RespError):
                     raise OpsctlError(f"target {self.targets.names[target]} refused a write of source {self.label}",
                                       reply.message[:300], "the target changed under the migration (a reshard, "

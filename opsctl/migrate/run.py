@@ -10,16 +10,19 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
+from opsctl.migrate.apply import TargetChanged
 from opsctl.migrate.cutover import CutoverOptions, cut_over, master_offset, shard_master
 from opsctl.migrate.journal import REQUEST, RESULT, JournalFile, load_journal, new_journal
 from opsctl.migrate.shard import ShardRun
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.restore.engine import Targets
 from opsctl.restore.target import Target, inspect_target
 from opsctl.state.safefs import write_private
 
@@ -88,9 +91,18 @@ def shard_runs(source: Connector, target: Target, journal: JournalFile, state_di
     runs = []
     for shard in layout.shards:
         members = [n for name in shard.members if (n := layout.find(name)) is not None]
-        runs.append(ShardRun(f"shard-{shard.index}", members, source, target.targets, journal, state_dir,
-                             round(target_ms - source_ms), source_ms))
+        runs.append(ShardRun(f"shard-{shard.index}", members, source, partial(fresh_targets, target.connector),
+                             journal, state_dir, round(target_ms - source_ms), source_ms))
     return runs
+
+
+def fresh_targets(connector: Connector) -> Targets:
+    """The target's masters and routing as they are now; not converged (a failover under way): TargetChanged,
+    which a shard waits out like a lost link."""
+    try:
+        return inspect_target(connector).targets()
+    except RefusedError as exc:
+        raise TargetChanged(exc.summary, exc.detail) from None
 
 
 def run_migrate(source: Connector, target_connector: Connector, state_dir: Path, options: MigrateOptions,
@@ -141,7 +153,8 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
                     s.stop.set()
                 for f in futures:
                     f.result()
-            return cut_over(source, target, shards, stop, CutoverOptions(options.sample), journal)
+            now = inspect_target(target.connector)  # its masters now: a target failover since the start
+            return cut_over(source, now, shards, stop, CutoverOptions(options.sample), journal)
         time.sleep(options.interval)
 
 

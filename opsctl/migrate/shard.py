@@ -1,6 +1,7 @@
 """One source shard's migration: attach to a member as a replica, copy the snapshot into the target by slot, then
 follow the stream until told to stop. A lost link (a failover, a restart) re-attaches to whichever member
-serves the shard now and continues from the journaled position (a promoted replica keeps the history)."""
+serves the shard now and continues from the journaled position (a promoted replica keeps the history); a target
+master that failed over is found again the same way (the target is read afresh on every attach)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from opsctl.backup.manifest import rdb_header
 from opsctl.backup.plan import pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.migrate.apply import Applier, EdgeRefused
+from opsctl.migrate.apply import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.journal import JournalFile, ShardState
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node
@@ -154,7 +155,7 @@ class ShardRun:
                                    f"{gap.summary}\n{gap.detail}", "remove the journal "
                                    f"({self.journal.path}), empty the target and run again; a larger "
                                    "repl-backlog-size on the source keeps more history") from None
-            except (*PIPE_ERRORS, StreamProtocolError) as exc:
+            except (*PIPE_ERRORS, StreamProtocolError, TargetChanged) as exc:
                 if time.monotonic() - last_good > REATTACH_TIMEOUT:
                     raise OpsctlError(f"source {self.key}: the replication link stayed lost",
                                       f"{type(exc).__name__}: {exc}", "re-run the same command: it resumes") from None
