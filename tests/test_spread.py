@@ -216,3 +216,28 @@ def test_a_moved_master_fails_over_first_and_is_refused_while_a_failover_is_unde
     under_way = {**swapped, name[4]: before[name[4]]}  # name[4] promoted, name[5] still says it is the master
     with pytest.raises(RefusedError, match="both say they serve shard 3's slots"):
         drain_failovers(spec, placed, under_way)
+
+
+def test_a_moved_members_removal_says_why_without_not_in_the_spec() -> None:
+    from opsctl.plan.placing import with_placement_reasons
+
+    spec = cluster(5)
+    placed = placed_layout(spec, deployed_on(3), moves=placement_moves(spec, deployed_on(3)))
+    gone = placed.moved[0]
+    step = RemoveNode(gone, "not in the spec any more (3 shards): stop it, then forget it on every node", True)
+    (said,) = with_placement_reasons(placed, [step])
+    assert said.reason == f"{placed.reason(gone)}: stop it, then forget it on every node"
+    assert "moved to h" in said.reason and "not in the spec" not in said.reason
+
+
+def test_no_move_while_the_shape_changes_in_the_same_run_then_the_rest_is_evened() -> None:
+    """h4, h5 and replicas_per_master 1 -> 2 in one edit: this run only adds the new replicas (on the least loaded
+    hosts); the next one evens out what is left, if anything."""
+    spec = cluster(5, replicas=2)
+    deployed = deployed_on(3)
+    assert placement_moves(spec, deployed) == ()
+    placed = placed_layout(spec, deployed)
+    after_run = records_of(placed)
+    done = after(after_run, placement_moves(spec, after_run))
+    spread = loads(spec, done)
+    assert max(spread) - min(spread) <= 1 and apart(done)

@@ -23,9 +23,15 @@ def with_placement_reasons(layout: Layout, steps: Sequence[Step]) -> list[Step]:
         why = layout.reason(step.node)
         new = isinstance(step, (StartNode, WriteConfig)) and step.reason == NEW
         if why and (new or isinstance(step, RemoveNode)):
-            step = replace(step, reason=why if step.reason == NEW else f"{why}: {step.reason}")
+            step = replace(step, reason=why if step.reason == NEW else f"{why}: {_how(layout, step)}")
         out.append(step)
     return out
+
+
+def _how(layout: Layout, step: Step) -> str:
+    """A removal's own reason; for a moved member without "not in the spec any more (N shards)": its shard is."""
+    gone, _, how = step.reason.partition("): ")
+    return how if step.node in layout.moved and gone.startswith("not in the spec any more (") and how else step.reason
 
 
 def summary(layout: Layout, facts: Facts, steps: Sequence[Step]) -> str:
