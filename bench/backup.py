@@ -1,11 +1,15 @@
 """bench/backup: `opsctl backup` against `redis-cli --cluster backup` on the same 3-master cluster with one replica
 per master, in one run: seconds, and how many times each tool made a master fork (INFO stats total_forks).
 
-    .venv/bin/python bench/backup.py [valkey|redis] [--keys 500000]
+    .venv/bin/python bench/backup.py [valkey|redis] [--keys 500000] [--rounds N] [--baseline DIR]
 
 Goal: opsctl no slower, and no master forked (the replicas save). redis-cli fetches each master's RDB over the
-replication protocol, which forks every master. opsctl's time includes what redis-cli does not do: loading
-every file into a scratch server to count its keys for the manifest (reported separately as `verify`).
+replication protocol, which forks every master. opsctl's time includes what redis-cli does not do: starting a
+Python process, the topology lock, the slot check, each replica's catch-up and the key counts for the manifest.
+
+--rounds N times each tool N times, in turns, and prints the min and the median (on a shared machine one run says
+little). --baseline DIR also times the opsctl package in DIR (a checkout of an earlier commit, e.g.
+`git archive <commit> opsctl | tar -x -C DIR`) in the same turns: before and after on the same cluster and load.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import argparse
 import compileall
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -79,11 +85,38 @@ def load() -> list[str]:
     return open("/proc/loadavg").read().split(" ", 3)[:3]
 
 
-def run(flavor: str, keys: int) -> None:
+def opsctl_backup(spec: Path, to: Path, env: dict[str, str], package: Path) -> tuple[float, int, list[str]]:
+    """(seconds, master forks, roles of the savers) of one `opsctl backup`, run from package's folder."""
+    before = forks(spec, "master")
+    argv = [*OPSCTL, "backup", "-f", str(spec), "--to", str(to), "--output", "json"]
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=package, capture_output=True, text=True, timeout=3600, check=False)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"opsctl backup from {package} failed ({done.returncode}): {done.stderr[-800:]}")
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    return seconds, forks(spec, "master") - before, [e["role"] for e in events if e["event"] == "shard-saved"]
+
+
+def peer_backup(spec: Path, to: Path, env: dict[str, str]) -> tuple[float, int]:
+    before = forks(spec, "master")
+    to.mkdir(parents=True)
+    first = read_spec(spec).layout.servers[0].endpoint
+    seconds, _ = timed([redis_cli(), "--cluster", "backup", first, str(to)], env)
+    return seconds, forks(spec, "master") - before
+
+
+def summary(name: str, times: list[float]) -> str:
+    return f"{name}: min {min(times):.2f}s, median {statistics.median(times):.2f}s over {len(times)}"
+
+
+def run(flavor: str, keys: int, rounds: int, baseline: Path | None) -> None:
     server_binary(flavor)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    here = Path(__file__).resolve().parent.parent
     # As installed: with bytecode (PYTHONDONTWRITEBYTECODE would make every opsctl run compile its modules).
-    compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "opsctl"), quiet=1)
+    for package in [here, *([baseline] if baseline else [])]:
+        compileall.compile_dir(str(package / "opsctl"), quiet=1)
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     print(f"load before: {load()}")
     with server_tmpdir("opsctl-bench-") as root:
@@ -91,28 +124,39 @@ def run(flavor: str, keys: int) -> None:
         spec.write_text(yaml.safe_dump(make_spec("cluster", flavor, memory={"maxmemory": "1gb",
                                                                            "policy": "noeviction"}),
                                        sort_keys=False))
+        # The baseline reads a copy of the spec: its own spec-cache entry (each tree's entry is keyed by its sources).
+        other = spec.with_name("baseline.yaml")
+        shutil.copyfile(spec, other)
         if opsctl_main(["apply", "-f", str(spec), "--auto-approve"]) != 0:
             raise RuntimeError("apply failed")
         try:
             fill(spec, keys)
-            settle(spec)
-            before = forks(spec, "master")
-            seconds, out = timed([*OPSCTL, "backup", "-f", str(spec), "--to", f"{root}/opsctl", "--output",
-                                  "json"], env)
-            events = [json.loads(line) for line in out.splitlines()]
-            master_forks = forks(spec, "master") - before
-            roles = [e["role"] for e in events if e["event"] == "shard-saved"]
-            print(f"opsctl backup: {keys} keys in {seconds:.1f}s, saved by {roles}, masters forked "
-                  f"{master_forks} times ({events[-1]['bytes']} bytes)")
-            settle(spec)
-            os.makedirs(f"{root}/redis-cli")
-            before = forks(spec, "master")
-            first = read_spec(spec).layout.servers[0].endpoint
-            peer, _ = timed([redis_cli(), "--cluster", "backup", first, f"{root}/redis-cli"], env)
-            peer_forks = forks(spec, "master") - before
-            print(f"redis-cli --cluster backup: {peer:.1f}s, masters forked {peer_forks} times")
-            print(f"ratio: opsctl takes {seconds / peer:.2f}x redis-cli's time (goal <= 1), "
+            times: dict[str, list[float]] = {"opsctl": [], "baseline": [], "redis-cli": []}
+            for turn in range(rounds):
+                settle(spec)
+                seconds, master_forks, roles = opsctl_backup(spec, Path(root) / f"opsctl-{turn}", env, here)
+                times["opsctl"].append(seconds)
+                print(f"opsctl backup: {keys} keys in {seconds:.2f}s, saved by {roles}, masters forked "
+                      f"{master_forks} times (load {load()[0]})")
+                if baseline:
+                    settle(spec)
+                    seconds, base_forks, _ = opsctl_backup(other, Path(root) / f"base-{turn}", env, baseline)
+                    times["baseline"].append(seconds)
+                    print(f"baseline opsctl ({baseline}): {seconds:.2f}s, masters forked {base_forks} times")
+                settle(spec)
+                peer, peer_forks = peer_backup(spec, Path(root) / f"redis-cli-{turn}", env)
+                times["redis-cli"].append(peer)
+                print(f"redis-cli --cluster backup: {peer:.2f}s, masters forked {peer_forks} times")
+            for name, values in times.items():
+                if values:
+                    print(summary(name, values))
+            ours, theirs = statistics.median(times["opsctl"]), statistics.median(times["redis-cli"])
+            print(f"ratio: opsctl takes {ours / theirs:.2f}x redis-cli's time by median, "
+                  f"{min(times['opsctl']) / min(times['redis-cli']):.2f}x by min (goal <= 1), "
                   f"master forks {master_forks} vs {peer_forks} (goal 0)")
+            if baseline:
+                print(f"ratio: the baseline takes {statistics.median(times['baseline']) / theirs:.2f}x redis-cli's "
+                      f"time by median, {min(times['baseline']) / min(times['redis-cli']):.2f}x by min")
         finally:
             opsctl_main(["destroy", "-f", str(spec), "--auto-approve", "--purge"])
     print(f"load after: {load()}")
@@ -122,5 +166,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("flavor", nargs="?", choices=("valkey", "redis"), default="valkey")
     parser.add_argument("--keys", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--baseline", type=Path, help="a folder holding another opsctl package to time as well")
     args = parser.parse_args()
-    run(args.flavor, args.keys)
+    run(args.flavor, args.keys, args.rounds, args.baseline.resolve() if args.baseline else None)

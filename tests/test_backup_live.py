@@ -138,3 +138,30 @@ def test_a_save_that_began_before_the_backup_is_not_taken_for_its_own(tmp_path, 
         folder, _data = backup(capsys, spec, tmp_path / "backups")
         keys = keys_in_backup(folder, "valkey")
         assert {f"new:{i}".encode() for i in range(20)} <= keys
+
+
+def test_the_copy_comes_from_the_replicas_fork_at_its_exact_offset(tmp_path, capsys) -> None:
+    """Under a writer, each shard's copy is sent by its replica straight from its fork (nothing written to the
+    node's own disk: a BGSAVE rewrote dump.rdb), and the manifest's offset is the point the file holds (its
+    repl-offset aux field), not an offset read before the save."""
+    from opsctl.backup.rdb import repl_position
+
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        preload(loaded, 2000)
+        replicas = [n for n in loaded.layout.servers if n.role == "replica"]
+        dumps = {}
+        for node in replicas:
+            with admin_for(loaded, node) as admin:
+                config = admin.config_get("dir")
+            dumps[node.name] = Path(config["dir"]) / "dump.rdb"
+        before = {name: path.stat().st_mtime_ns if path.exists() else None for name, path in dumps.items()}
+        with Writer(lambda: cluster_client(loaded)) as writer:
+            writer.wait_for_writes(200)
+            folder, _data = backup(capsys, spec, tmp_path / "backups")
+            writer.wait_for_writes(len(writer.acked) + 50)
+        after = {name: path.stat().st_mtime_ns if path.exists() else None for name, path in dumps.items()}
+        assert after == before
+        manifest = parse_manifest((folder / MANIFEST).read_text(), "m")
+        for shard in manifest.shards:
+            position = repl_position((folder / shard.file).read_bytes()[: 1 << 20])
+            assert position is not None and position[1] == shard.repl_offset, (shard.file, position, shard.repl_offset)

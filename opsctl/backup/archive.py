@@ -16,7 +16,7 @@ from pathlib import Path
 from opsctl.backup.manifest import MANIFEST, Manifest
 from opsctl.backup.offsite import staged_backup
 from opsctl.backup.rdb import repl_position
-from opsctl.backup.save import BackupOptions, Fetch
+from opsctl.backup.save import BackupOptions
 from opsctl.backup.segment import chain, decode_segment, encode_segment, parse_name
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import ARCHIVE, Base, archive_json, base_of, group, parse_archive, segment_prefix
@@ -65,11 +65,10 @@ class Link:
 # --- bases ---------------------------------------------------------------------------------------------------------
 
 
-def take_base(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
-              options: BackupOptions) -> Base:
+def take_base(connector: Connector, store: Store, state_dir: Path, emit: Emit, options: BackupOptions) -> Base:
     """A backup into the store, then archive.json: each shard's position read from its RDB's head (the exact
     point its file holds), and the time from which the base serves a restore (every fork is behind it)."""
-    with staged_backup(connector, store, state_dir, fetch, emit, options) as (folder, manifest):
+    with staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         taken = time.time()
         positions = {shard.shard: _position_in(folder, shard.file) for shard in manifest.shards}
         store.put_bytes(f"{folder.name}/{ARCHIVE}", archive_json(taken, positions).encode())
@@ -241,8 +240,8 @@ def close_all(links: list[Link]) -> None:
             link.stream = None
 
 
-def run_archive(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
-                options: ArchiveOptions, locked: Callable[[], AbstractContextManager[object]]) -> None:
+def run_archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, options: ArchiveOptions,
+                locked: Callable[[], AbstractContextManager[object]]) -> None:
     """Base, streams, until stopped; a gap is reported and answered with a new base; with base_every a new base
     is taken in the background as often. Never returns normally. locked(): the topology's lock, held while a base
     is taken (not while streams are read: other runs go on)."""
@@ -256,7 +255,7 @@ def run_archive(connector: Connector, store: Store, state_dir: Path, fetch: Fetc
 
     def based() -> Base:
         with locked():
-            return take_base(connector, store, state_dir, fetch, emit, options.backup)
+            return take_base(connector, store, state_dir, emit, options.backup)
 
     links: list[Link] = []
     new: list[Link] = []

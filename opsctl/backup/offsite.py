@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
-from opsctl.backup.save import BackupOptions, Fetch, run_backup
+from opsctl.backup.save import BackupOptions, run_backup
 from opsctl.backup.store import FolderStore, Location, Store, parse_location
 from opsctl.backup.verify import MANIFEST_LIMIT, check_files
 from opsctl.base.errors import OpsctlError
@@ -49,13 +49,13 @@ def upload_backup(store: Store, folder: Path, manifest: Manifest) -> str:
 
 
 @contextmanager
-def staged_backup(connector: Connector, store: Store, state_dir: Path, fetch: Fetch, emit: Emit,
+def staged_backup(connector: Connector, store: Store, state_dir: Path, emit: Emit,
                   options: BackupOptions) -> Iterator[tuple[Path, Manifest]]:
     """A backup into the store, its files on disk for the block: a folder store's own, or a staged copy uploaded
     before the block and removed after it whatever happens. The backup-done event (a command's result) is held
     back until the upload finished, and names the URL."""
     if isinstance(store, FolderStore):
-        yield run_backup(connector, store.root, fetch, emit, options)
+        yield run_backup(connector, store.root, emit, options)
         return
     staging = staging_dir(state_dir)
     done: list[BackupDone] = []
@@ -67,7 +67,7 @@ def staged_backup(connector: Connector, store: Store, state_dir: Path, fetch: Fe
             emit(event)
 
     try:
-        folder, manifest = run_backup(connector, staging, fetch, held, options)
+        folder, manifest = run_backup(connector, staging, held, options)
         where = upload_backup(store, folder, manifest)
         emit(replace(done[0], dir=where))
         yield folder, manifest

@@ -1,9 +1,10 @@
-"""`opsctl backup`: BGSAVE on one node per shard, copy the RDB with its sha256, count its keys, write the manifest.
+"""`opsctl backup`: one node per shard sends a copy of its data (a replica when it has one), received with its
+sha256 in one pass; its keys counted, the manifest written.
 
 Written to `<to>/.<name>-<stamp>.partial/`, renamed without the dot once the manifest is in: a dotless folder is
-complete. Every write acknowledged before the backup began is in it: a replica saves only once its offset reached
-its master's at the start. SIGTERM/SIGINT stop it at the next chunk or poll (opsctl.base.stop): the partial folder
-goes, nothing is kept.
+complete. Every write acknowledged before the backup began is in it: a replica is asked for its copy only once its
+offset reached its master's at the start, and the copy's own offset is checked against it. SIGTERM/SIGINT stop it
+at the next received chunk or poll (opsctl.base.stop): the partial folder goes, nothing is kept.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,41 +48,23 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe, observed_problems
 from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
+from opsctl.plan.streamcmd import Position
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
+from opsctl.stream.reader import copy_snapshot
 
-Sink = Callable[[bytes], None]
-Fetch = Callable[[Node, str, Sink], None]
-CHUNK = 1 << 20
 HEAD_BYTES = 1 << 20
+WRITE_BLOCK = 1 << 20
 POLL = 0.02
+RECEIVE_TIMEOUT = 60.0  # s one receive may wait: a node preparing a copy sends a newline every second
+COPY_TRIES = 3  # a copy that began before the backup's start (joined to another replica's save) is asked again
 
 
 @dataclass(frozen=True)
 class BackupOptions:
     catch_up_timeout: float = 60.0
     save_timeout: float = 3600.0
-
-
-def local_fetch(node: Node, path: str, sink: Sink) -> None:
-    """The node runs on this machine (local provider): read its file in chunks."""
-    for chunk in _chunks(node, path):
-        sink(chunk)  # a write that fails here is the backup folder's problem, said by the sink
-
-
-def _chunks(node: Node, path: str) -> Iterator[bytes]:
-    try:
-        with open(path, "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                yield chunk
-    except OSError as exc:
-        raise _unreadable(node, path, exc) from None
-
-
-def _unreadable(node: Node, path: str, exc: OSError) -> OpsctlError:
-    return OpsctlError(f"cannot read the RDB of {node.name}", f"{path}: {exc}",
-                       "does this machine see the node's data directory?")
 
 
 def _info(admin: Admin, section: str) -> dict[str, str]:
@@ -122,46 +105,101 @@ def _wait_caught_up(admin: Admin, target: int, timeout: float) -> int:
         "look at `opsctl status -f SPEC` (lag)"))
 
 
-def _bgsave(admin: Admin, timeout: float) -> None:
-    """Start our own BGSAVE (one already running began before us: wait for it, then start ours) and wait
-    until it finished, both within timeout; its status must be ok."""
-    started = time.monotonic()
-    before = wait_for(lambda: _start_bgsave(admin), timeout, f"BGSAVE on {admin.name} to start", POLL,
-                      on_timeout=lambda reason: OpsctlError(f"BGSAVE failed on {admin.name}", reason,
-                                                            "see the node's log"))
-    wait_for(lambda: _saved(admin, before), timeout - (time.monotonic() - started),
-             f"BGSAVE on {admin.name} to finish", POLL, on_timeout=lambda _: OpsctlError(
-                 f"BGSAVE on {admin.name} did not finish in {timeout:.0f}s", hint="see the node's log"))
+def _copies_diskless(admin: Admin) -> bool:
+    """Whether the node sends a copy straight from its fork: diskless sync with no delay. Where it delays diskless
+    copies to wait for more replicas (repl-diskless-sync-delay), the file form is served at once instead."""
+    config = admin.config_get("repl-diskless-sync*")
+    return config.get("repl-diskless-sync") == "yes" and config.get("repl-diskless-sync-delay", "0") == "0"
 
 
-def _start_bgsave(admin: Admin) -> int | Pending:
-    """The node's rdb_saves before the BGSAVE this started; Pending while another save runs."""
-    # Counted afresh before each try, with no save running: a save that began earlier (before the replica
-    # caught up) and ends while we wait must not pass for ours.
-    stop.check()
-    persistence = _info(admin, "persistence")
-    before = int(persistence.get("rdb_saves", "0"))
-    if persistence.get("rdb_bgsave_in_progress") == "1":
-        return Pending("Background save already in progress")
-    try:
-        admin.call("BGSAVE", "SCHEDULE")
-    except redis.ResponseError as exc:
-        if "in progress" not in str(exc):
-            raise OpsctlError(f"BGSAVE failed on {admin.name}", str(exc), "see the node's log") from None
-        return Pending(str(exc))
-    return before
+class _Copy:
+    """A copy's bytes into a new 0600 file (never through a link), hashed and its head kept as they arrive: the
+    file is read once. A full disk on this side is named as such, with the space needed (estimate: the shard's data
+    in memory; its RDB is usually smaller), never as the node's failure."""
+
+    def __init__(self, node: Node, dest: Path, estimate: int) -> None:
+        self.node, self.dest, self.estimate = node, dest, estimate
+        self.digest = hashlib.sha256()
+        self.head = b""
+        self.size = 0
+        try:
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise self.full(exc) from None
+        # a diskless copy arrives in pieces of 16 KiB: written in big blocks, not a system call each
+        self.out = os.fdopen(fd, "wb", buffering=WRITE_BLOCK)
+
+    def write(self, data: bytes, /) -> None:
+        self.digest.update(data)
+        if len(self.head) < HEAD_BYTES:
+            self.head += data[:HEAD_BYTES - len(self.head)]
+        try:
+            self.out.write(data)
+        except OSError as exc:
+            raise self.full(exc) from None
+        self.size += len(data)
+
+    def close(self) -> None:
+        """Flushed and on disk before the manifest can name it."""
+        try:
+            with self.out:
+                self.out.flush()
+                os.fsync(self.out.fileno())
+        except OSError as exc:
+            raise self.full(exc) from None
+
+    def abandon(self) -> None:
+        """Closed as it is: a copy cut short goes with the partial folder."""
+        with suppress(OSError):
+            self.out.close()
+
+    def full(self, exc: OSError) -> BaseException:
+        problem = disk_full(self.dest, exc, max(self.estimate, self.size),
+                            f" ({human_bytes(self.size)} of {self.node.name}'s RDB copied)", about=True)
+        return problem or FileProblem(self.dest, f"cannot be written: {exc.strerror}", "check the backup folder (--to)")
 
 
-def _saved(admin: Admin, before: int) -> bool | None:
-    """True once a save after `before` ended with status ok (OpsctlError when it failed); None while it runs."""
-    stop.check()
-    info = _info(admin, "persistence")
-    if info.get("rdb_bgsave_in_progress") != "0" or int(info.get("rdb_saves", "0")) <= before:
-        return None
-    if info.get("rdb_last_bgsave_status") != "ok":
-        raise OpsctlError(f"BGSAVE on {admin.name} failed (rdb_last_bgsave_status:"
-                          f"{info.get('rdb_last_bgsave_status')})", hint="see the node's log: disk full?")
-    return True
+def _receive(connector: Connector, node: Node, dest: Path, estimate: int, diskless: bool, target: int,
+             timeout: float) -> tuple[_Copy, Position]:
+    """node's copy in dest, with its position: at or after target (a copy joined to a save that began earlier is
+    asked for again), within timeout in all."""
+    deadline = time.monotonic() + timeout
+
+    def tick() -> None:
+        stop.check()  # a safe point: the partial folder goes anyway
+        if time.monotonic() > deadline:
+            raise OpsctlError(f"{node.name} did not send its copy in {timeout:.0f}s",
+                              hint="see the node's log; --save-timeout gives a big dataset more time")
+
+    for _ in range(COPY_TRIES):
+        copy = _Copy(node, dest, estimate)
+        try:
+            position = copy_snapshot(connector, node, copy, diskless=diskless, timeout=RECEIVE_TIMEOUT, tick=tick)
+        except BaseException:
+            copy.abandon()
+            raise
+        copy.close()
+        if position.offset >= target:
+            return copy, position
+        dest.unlink()
+    raise OpsctlError(f"{node.name} sent copies older than the backup's start (offset {position.offset}, the "
+                      f"master was at {target})", hint="run the backup again once its other copies are done")
+
+
+def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
+               folder: Path, options: BackupOptions) -> tuple[ShardFile, bytes]:
+    """The shard's file and its head (the first HEAD_BYTES, for the counts and the format)."""
+    node = connector.loaded.layout.node(saver.node)
+    with connector.admin(node, timeout=30.0) as admin:
+        _wait_caught_up(admin, master_offset, options.catch_up_timeout)
+        at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(admin, "keyspace")).items()}
+        dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
+        diskless = _copies_diskless(admin)
+    name = shard_file_name(saver.shard)
+    copy, position = _receive(connector, node, folder / name, dataset, diskless, master_offset, options.save_timeout)
+    shard = ShardFile(saver.shard, saver.node, saver.role, slots, name, copy.size, copy.digest.hexdigest(), {}, {},
+                      at_save, position.offset, utc_iso(datetime.now(timezone.utc)), dataset)
+    return shard, copy.head
 
 
 def _free_folder(to: Path, name: str) -> tuple[Path, Path]:
@@ -173,54 +211,6 @@ def _free_folder(to: Path, name: str) -> tuple[Path, Path]:
         if not final.exists() and not partial.exists():
             return final, partial
     raise OpsctlError(f"{to / name} and 98 more folders of that second exist already", hint="clean up --to")
-
-
-def _copy(fetch: Fetch, node: Node, path: str, dest: Path, estimate: int) -> tuple[int, str]:
-    """The node's RDB copied to dest with its size and sha256. A full disk on this side is named as such, with
-    the space needed (estimate: the shard's data in memory; its RDB is usually smaller), never as the node's
-    file being unreadable."""
-    digest = hashlib.sha256()
-    size = 0
-
-    def full(exc: OSError) -> BaseException:
-        problem = disk_full(dest, exc, max(estimate, size), f" ({human_bytes(size)} of {node.name}'s RDB copied)",
-                            about=True)
-        return problem or FileProblem(dest, f"cannot be written: {exc.strerror}", "check the backup folder (--to)")
-
-    try:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            def sink(chunk: bytes) -> None:
-                nonlocal size
-                stop.check()  # a safe point: the partial folder goes anyway
-                digest.update(chunk)
-                try:
-                    out.write(chunk)
-                except OSError as exc:
-                    raise full(exc) from None
-                size += len(chunk)
-            fetch(node, path, sink)
-    except OSError as exc:  # creating the file, or the last flush on close
-        raise full(exc) from None
-    return size, digest.hexdigest()
-
-
-def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
-               folder: Path, fetch: Fetch, options: BackupOptions) -> ShardFile:
-    node = connector.loaded.layout.node(saver.node)
-    with connector.admin(node, timeout=30.0) as admin:
-        offset = _wait_caught_up(admin, master_offset, options.catch_up_timeout)
-        at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(admin, "keyspace")).items()}
-        dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
-        _bgsave(admin, options.save_timeout)
-        saved_at = utc_iso(datetime.now(timezone.utc))
-        config = admin.config_get("dir")
-        config.update(admin.config_get("dbfilename"))
-    path = f"{config['dir'].rstrip('/')}/{config['dbfilename']}"
-    name = shard_file_name(saver.shard)
-    size, sha = _copy(fetch, node, path, folder / name, dataset)
-    return ShardFile(saver.shard, saver.node, saver.role, slots, name, size, sha, {}, {}, at_save, offset,
-                     saved_at, dataset)
 
 
 def refuse_open_slots(connector: Connector) -> None:
@@ -248,19 +238,18 @@ def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int],
     return out
 
 
-def header_counts(shard: ShardFile, folder: Path) -> ShardFile | None:
+def header_counts(shard: ShardFile, head: bytes) -> ShardFile | None:
     """The shard with its keys counted from its file's head (exact at the fork), when the node held db 0 only."""
     if set(shard.keys_at_save) - {0}:
         return None
-    with open(folder / shard.file, "rb") as handle:
-        counts = db0_counts(handle.read(HEAD_BYTES))
+    counts = db0_counts(head)
     return None if counts is None else replace(shard, keys={0: counts[0]}, expires={0: counts[1]})
 
 
-def count_keys(manifest: Manifest, folder: Path) -> Manifest:
-    """Every file's exact keys and keys with a TTL per db: from its head when it holds db 0 only, else by
-    loading it into a scratch server."""
-    counted = [header_counts(shard, folder) for shard in manifest.shards]
+def count_keys(manifest: Manifest, folder: Path, heads: dict[int, bytes]) -> Manifest:
+    """Every file's exact keys and keys with a TTL per db: from its head (heads: by shard) when it holds db 0 only,
+    else by loading it into a scratch server."""
+    counted = [header_counts(shard, heads[shard.shard]) for shard in manifest.shards]
     if all(counted):
         return replace(manifest, shards=tuple(s for s in counted if s))
     binaries = scratch_binaries()
@@ -274,18 +263,18 @@ def count_keys(manifest: Manifest, folder: Path) -> Manifest:
     return replace(manifest, shards=tuple(shards))
 
 
-def _rdb_version(folder: Path, files: list[ShardFile]) -> int:
+def _rdb_version(folder: Path, files: list[ShardFile], heads: dict[int, bytes]) -> int:
     versions = set()
     for shard in files:
-        with open(folder / shard.file, "rb") as handle:
-            header = rdb_header(handle.read(9))
+        header = rdb_header(heads[shard.shard][:9])
         if header is None:
-            raise OpsctlError(f"{folder / shard.file} is not an RDB file", hint="look at the node's dbfilename")
+            raise OpsctlError(f"{folder / shard.file} is not an RDB file",
+                              hint=f"{shard.node} sent something else as its copy: see its log")
         versions.add(header[1])
     return max(versions)
 
 
-def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
+def run_backup(connector: Connector, to: Path, emit: Emit,
                options: BackupOptions | None = None) -> tuple[Path, Manifest]:
     loaded = connector.loaded
     options = options or BackupOptions()
@@ -296,24 +285,31 @@ def run_backup(connector: Connector, to: Path, fetch: Fetch, emit: Emit,
     with _claimed(to, partial, loaded.spec.name):
         try:
             with stop.finishing("the backup"):  # savers poll stop.check(); the region's end is the last safe point
-                files = _save_all(connector, planned, partial, fetch, emit, options)
+                files, heads = _save_all(connector, planned, partial, emit, options)
                 manifest = Manifest(loaded.spec.name, loaded.spec.topology, loaded.spec.server.flavor,
-                                    loaded.spec.server.version, _rdb_version(partial, files), utc_iso(started),
-                                    tuple(sorted(files, key=lambda f: f.shard)))
-                manifest = count_keys(manifest, partial)
+                                    loaded.spec.server.version, _rdb_version(partial, files, heads),
+                                    utc_iso(started), tuple(sorted(files, key=lambda f: f.shard)))
+                manifest = count_keys(manifest, partial, heads)
                 write_private(partial / MANIFEST, manifest_json(manifest))
         except stop.Stopped as exc:
             shutil.rmtree(partial, ignore_errors=True)
-            raise stop.Stopped(exc.signum, f"nothing was kept: {partial} is removed (a BGSAVE this run started may "
-                               "still finish on its node, which is harmless)",
+            raise stop.Stopped(exc.signum, f"nothing was kept: {partial} is removed (a copy a node was still "
+                               "forking for ends on its own, which is harmless)",
                                "run the same `opsctl backup` again: it starts afresh") from None
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-        os.rename(partial, final)
+        _publish(partial, final)
     emit(BackupDone(str(final), manifest.total_keys, sum(s.bytes for s in manifest.shards),
                     round(time.time() - started.timestamp(), 3)))
     return final, manifest
+
+
+def _publish(partial: Path, final: Path) -> None:
+    """The complete folder under its final name, the rename on disk (the files and manifest are already)."""
+    os.rename(partial, final)
+    with open_dir(final.parent) as folder:
+        os.fsync(folder)
 
 
 @contextmanager
@@ -362,22 +358,24 @@ def _make_folders(to: Path, partial: Path) -> None:
 
 
 def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[int, int], ...]]], folder: Path,
-              fetch: Fetch, emit: Emit, options: BackupOptions) -> list[ShardFile]:
-    """Wave by wave (one fork per host at a time), the shards of a wave in parallel."""
+              emit: Emit, options: BackupOptions) -> tuple[list[ShardFile], dict[int, bytes]]:
+    """Wave by wave (one fork per host at a time), the shards of a wave in parallel; each file with its head."""
     by_saver = {id(s): (o, slots) for s, o, slots in planned}
     files: list[ShardFile] = []
+    heads: dict[int, bytes] = {}
     lock = threading.Lock()
 
     def one(saver: Saver) -> None:
         offset, slots = by_saver[id(saver)]
         try:
-            shard = save_shard(connector, saver, offset, slots, folder, fetch, options)
+            shard, head = save_shard(connector, saver, offset, slots, folder, options)
         except (redis.RedisError, OSError) as exc:
             raise OpsctlError(f"saving shard {saver.shard} on {saver.node} failed: {type(exc).__name__}: {exc}",
                               hint="nothing was kept; run the backup again (`opsctl status -f SPEC` shows the "
                                    "nodes)") from None
         with lock:
             files.append(shard)
+            heads[shard.shard] = head
             saved = ShardSaved(shard.shard, shard.node, shard.role, shard.bytes, len(files), len(planned))
         emit(saved)
 
@@ -386,4 +384,4 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
         with Borrowed() as pool:  # the whole wave at once (one saver per host), not fan_out's WIDTH
             for future in [pool.submit(one, saver) for saver in wave]:
                 future.result()
-    return files
+    return files, heads

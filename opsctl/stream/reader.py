@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError
 from opsctl.net.connector import Connector
@@ -39,6 +39,16 @@ READ_SIZE = 1 << 20
 ACK_EVERY = 1.0  # a replica acknowledges every second; a master counts a silent one as lagging (min-replicas-max-lag)
 
 
+class Writable(Protocol):
+    """Where a snapshot's bytes go, in order: a file, or a writer that also hashes them."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
+def _no_tick() -> None:
+    return None
+
+
 class StreamGap(OpsctlError):
     """Asked to continue from a position the node no longer serves: it answered FULLRESYNC. reason is "backlog
     overrun" (the offset left its backlog) or "history changed" (the replication id is unknown to it)."""
@@ -59,9 +69,10 @@ class Stream:
     """An attached replication link. full: whether a snapshot came; start: where its stream begins; position:
     after the last Entry handed over. Not thread-safe: one reader at a time."""
 
-    def __init__(self, sock: socket.socket, label: str) -> None:
+    def __init__(self, sock: socket.socket, label: str, tick: Callable[[], None] = _no_tick) -> None:
         self._link = sock
         self.label = label
+        self._tick = tick  # before each receive: the caller's stop check and deadline (raises to give up)
         self._buffer = b""
         self.full = False
         self.start = Position("", 0)
@@ -83,6 +94,7 @@ class Stream:
             self._fill()
 
     def _fill(self) -> None:
+        self._tick()
         chunk = self._link.recv(READ_SIZE)
         if not chunk:
             raise PipeClosed(f"{self.label} closed the replication link", "the node stopped, restarted or dropped "
@@ -128,18 +140,37 @@ class Stream:
         self.position = self.start
         self.ack(self.start.offset)
 
+    def snapshot(self, out: Writable, diskless: bool) -> Position:
+        """Only a snapshot: REPLCONF rdb-only (the node forks, sends its RDB and lets the link go, keeping no
+        backlog for it; a server without the option sends its stream on, and the caller closes), then PSYNC ? -1.
+        The RDB's bytes go to out; its position (the node's history and offset at the fork) is returned.
+        diskless=False leaves out `capa eof`: the node saves to its disk and sends the file, at once even where
+        repl-diskless-sync-delay holds diskless copies back to wait for more replicas."""
+        self._ask(b"REPLCONF", *((b"capa", b"eof") if diskless else ()), b"capa", b"psync2")
+        with suppress(OpsctlError):
+            self._ask(b"REPLCONF", b"rdb-only", b"1")
+        kind, replid, offset = parse_psync_reply(self._ask(*psync_args(None)))
+        if kind != "FULLRESYNC" or offset is None:
+            raise StreamProtocolError(f"{self.label} answered a full-copy request with {kind}",
+                                      hint="run the same command again")
+        self._copy_rdb(out)
+        return Position(replid, offset)
+
     def _receive_rdb(self, rdb_to: Path) -> None:
         """The snapshot into rdb_to: a new private temp file in its folder, fsynced, renamed over it; on any failure
         the temp file is gone (no half snapshot is left behind)."""
-        length, mark = parse_bulk_header(self._line())
         with _private_file(rdb_to) as out:
-            if length is not None:
-                self._copy_counted(out, length)
-            else:
-                assert mark is not None
-                self._copy_marked(out, mark)
+            self._copy_rdb(out)
 
-    def _copy_counted(self, out: BinaryIO, length: int) -> None:
+    def _copy_rdb(self, out: Writable) -> None:
+        length, mark = parse_bulk_header(self._line())
+        if length is not None:
+            self._copy_counted(out, length)
+        else:
+            assert mark is not None
+            self._copy_marked(out, mark)
+
+    def _copy_counted(self, out: Writable, length: int) -> None:
         left = length
         while left > 0:
             if not self._buffer:
@@ -148,7 +179,7 @@ class Stream:
             out.write(piece)
             left -= len(piece)
 
-    def _copy_marked(self, out: BinaryIO, mark: bytes) -> None:
+    def _copy_marked(self, out: Writable, mark: bytes) -> None:
         """Diskless form: the data ends with the 40-byte mark; hold back the last 40 bytes until more comes."""
         keep = len(mark)
         while True:
@@ -217,6 +248,15 @@ def open_stream(connector: Connector, node: Node, *, since: Position | None, rdb
         stream.close()
         raise
     return stream
+
+
+def copy_snapshot(connector: Connector, node: Node, out: Writable, *, diskless: bool, timeout: float,
+                  tick: Callable[[], None]) -> Position:
+    """node's data as one RDB written to out, the way a replica receives its first copy (Stream.snapshot); the
+    node forks for it, nothing else. tick runs before each receive (at least once a second: a node preparing a
+    copy sends a newline every second); timeout bounds each receive."""
+    with Stream(connector.socket(node, timeout), node.name, tick) as stream:
+        return stream.snapshot(out, diskless)
 
 
 @contextmanager

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
@@ -16,7 +15,7 @@ from opsctl.cli.runsignals import note_run, recorded
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from opsctl.backup.save import BackupOptions, Fetch
+    from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import Store
     from opsctl.cli.output import Printer
     from opsctl.spec.load import LoadedSpec
@@ -30,23 +29,6 @@ def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     from opsctl.cli.output import printing
 
     return printing(json_mode, sys.stdout if json_mode else sys.stderr, results=(BackupDone, VerifyDone, RestoreDone))
-
-
-@contextmanager
-def fetcher(loaded: LoadedSpec, state_dir: Path) -> Iterator[Fetch]:
-    """How RDB files come here: a file copy (local provider) or SFTP over the provider's SSH connection."""
-    from opsctl.backup.save import local_fetch
-
-    if loaded.spec.provider != "ansible":
-        yield local_fetch
-        return
-    from opsctl.providers.ansible import AnsibleProvider
-
-    provider = AnsibleProvider(loaded, state_dir)
-    try:
-        yield provider.fetch_file
-    finally:
-        provider.close()
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -72,12 +54,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
-    store = open_store(parse_location(args.to))  # boto3 missing: said before any BGSAVE
+    store = open_store(parse_location(args.to))  # boto3 missing: said before any node forks
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
-    with open_connector(loaded, state_dir) as connector, topology_lock(connector), \
-            fetcher(loaded, state_dir) as fetch, event_printer(json_mode) as emit, \
-            staged_backup(connector, store, state_dir, fetch, emit, options) as (folder, manifest):
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector), event_printer(json_mode) as emit, \
+            staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
     if not json_mode:  # as JSON, the result was the last event line
@@ -96,9 +77,8 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open_connector(loaded, state_dir) as connector, fetcher(loaded, state_dir) as fetch, \
-            event_printer(args.output == "json") as emit:
-        run_archive(connector, store, state_dir, fetch, emit, archive, lambda: topology_lock(connector))
+    with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
+        run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
     return EXIT_OK
 
 
@@ -170,6 +150,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,
                    help="seconds a replica may take to reach its master's offset before saving (default 60)")
     p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,
-                   help="seconds a BGSAVE may take (default 3600)")
+                   help="seconds a node may take to send its copy (default 3600)")
     add_metrics_textfile(p)
     p.set_defaults(handler=recorded("backup", cmd_backup))
