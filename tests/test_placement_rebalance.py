@@ -145,12 +145,14 @@ def killed_rebalance(spec: Path, marker: str, *argv: str) -> str:
     return "".join(seen)
 
 
-@pytest.mark.parametrize("marker", ["replicate ", "remove-node ", f"{KILL_AT}=remove-node-forgotten"])
-def test_a_rebalance_killed_mid_move_is_finished_by_the_next_run(tmp_path, capsys, marker) -> None:
+@pytest.mark.parametrize(("flavor", "marker"), [("valkey", "replicate "), ("valkey", "remove-node "),
+                                               ("valkey", f"{KILL_AT}=remove-node-forgotten"),
+                                               ("redis", "remove-node ")])
+def test_a_rebalance_killed_mid_move_is_finished_by_the_next_run(tmp_path, capsys, flavor, marker) -> None:
     """SIGKILLed when a step starts (a replacement joined but not replicating yet; or synced, the old one not
     removed) or once the first old member was forgotten everywhere, still running: the same command again finishes
     the moves (no name past the two replacements is ever given: nothing redone); nothing lost, no third member."""
-    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, loaded):
         data = yaml.safe_load(spec.read_text())
         spec.write_text(yaml.safe_dump(with_hosts(data, 4, 5)))
         preload(loaded, 4000)
@@ -168,5 +170,5 @@ def test_a_rebalance_killed_mid_move_is_finished_by_the_next_run(tmp_path, capsy
         assert sorted(live_loads(spec).values()) == [1, 1, 1, 1, 2], live_loads(spec)
         assert max(int(n.rsplit("-", 1)[1]) for n in record_files(spec)) == 8
         with capsys.disabled():
-            print(f"\nplacement rebalance killed at {marker.strip()}: keys {before[0]}, writes acknowledged "
+            print(f"\nplacement rebalance {flavor} killed at {marker.strip()}: keys {before[0]}, writes acknowledged "
                   f"{len(writer.acked)}, lost 0", file=sys.stderr)
