@@ -142,10 +142,11 @@ def test_a_dead_sentinel_master_host_given_a_new_address_is_healed(tmp_path, cap
                   f", apply {took:.1f} s, longest write gap {writer.max_gap_ms:.0f} ms", file=sys.stderr)
 
 
-def test_a_shard_that_lost_every_member_is_refused_with_the_way_on(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_shard_that_lost_every_member_is_refused_with_the_way_on(tmp_path, capsys, flavor) -> None:
     """h1 and h2 die (shard 1's master and replica, and shard 2's master): both get new addresses. No replica of
     shard 1 is left to promote, so apply refuses (exit 3) and names the way on; nothing is started."""
-    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, _loaded):
+    with deployed(tmp_path, capsys, "cluster", flavor) as (spec, _loaded):
         data = yaml.safe_load(spec.read_text())
         dead = kill_host(spec, "h1")[0] + kill_host(spec, "h2")[0]
         time.sleep(3)  # past cluster.node_timeout_ms: the survivors flag them

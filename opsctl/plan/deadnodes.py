@@ -1,8 +1,11 @@
 """Dead cluster nodes (issue 22, item 4): ids the running nodes flag as failed at an endpoint no node of the spec
-has (a host replaced: its old address is gone with its nodes) are forgotten everywhere; a shard whose slots only a
+has (a host replaced: its old address is gone with its nodes), or at a spec node's endpoint whose identity went with
+its folder (a new machine at a dead host's address), are forgotten everywhere; a shard whose slots only such a
 failed node holds lost every member and is refused with the way on. Pure."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts
@@ -11,15 +14,31 @@ from opsctl.spec.layout import Layout
 
 
 def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
-    """id -> endpoint of every node a running server flags fail or fail? (not yet agreed), that serves no slot, at an
-    endpoint none of the layout's servers or retired nodes has: no node of the spec, nothing to wait for."""
-    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
+    """id -> endpoint of every node a running server flags fail or fail? (not yet agreed), that serves no slot, and
+    is gone (_gone): no node of the spec, nothing to wait for."""
+    gone = _gone(layout, facts)
     found: dict[str, str] = {}
     for f in facts.values():
         for line in f.cluster_nodes or ():
-            if line.is_failing and not line.slots and line.endpoint not in ours:
+            if line.is_failing and not line.slots and gone(line.endpoint, line.id):
                 found[line.id] = line.endpoint
     return found
+
+
+def _gone(layout: Layout, facts: Facts) -> Callable[[str, str], bool]:
+    """Whether a failing (endpoint, id) is a node that will never answer: at an endpoint none of the layout's servers
+    or retired nodes has, or at one whose node has another identity now: it runs with another id, or it is down and
+    has no record (its folder went with its machine: a new machine at the dead host's address). A node that is down
+    with its record comes back with its nodes.conf, its id unchanged."""
+    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
+    now: dict[str, str | None] = {}
+    for node in layout.servers:
+        f = facts.get(node.name)
+        if f is not None and f.running and f.myself is not None:
+            now[node.endpoint] = f.myself.id
+        elif f is not None and not f.running and f.recorded_digest is None:
+            now[node.endpoint] = None
+    return lambda endpoint, node_id: endpoint not in ours or (endpoint in now and now[endpoint] != node_id)
 
 
 def forget_dead(layout: Layout, facts: Facts) -> list[ForgetNodes]:
@@ -28,18 +47,19 @@ def forget_dead(layout: Layout, facts: Facts) -> list[ForgetNodes]:
     if not dead:
         return []
     where = ", ".join(sorted(set(dead.values())))
-    return [ForgetNodes(layout.servers[0].name, f"{len(dead)} failed node(s) at {where}, an address no node of "
-                                                "the spec has: forgotten on every node", tuple(sorted(dead)))]
+    return [ForgetNodes(layout.servers[0].name, f"{len(dead)} failed node(s) at {where}, gone with their machine "
+                                                "(an address no node of the spec has, or a node there with a new "
+                                                "identity): forgotten on every node", tuple(sorted(dead)))]
 
 
 def refuse_lost_shards(layout: Layout, facts: Facts) -> None:
     """Slots that only a failed node at an endpoint the spec no longer has serves: that shard's data is gone from the
     fleet (a replica would have been promoted by now); a replacement would start empty."""
-    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}  # those come back from their nodes.conf
+    gone = _gone(layout, facts)  # the others come back from their nodes.conf
     lost: dict[str, str] = {}
     for f in facts.values():
         for line in f.cluster_nodes or ():
-            if line.is_failing and line.is_master and line.slots and line.endpoint not in ours:
+            if line.is_failing and line.is_master and line.slots and gone(line.endpoint, line.id):
                 lost[line.id] = line.endpoint
     if lost:
         where = ", ".join(sorted(set(lost.values())))

@@ -19,6 +19,7 @@ from opsctl.plan.node_steps import renames_changed
 from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.refusals import (
     refuse_empty_master_restart,
+    refuse_empty_master_start,
     refuse_layout_change,
     refuse_removed_hosts,
     refuse_unsafe_server_change,
@@ -42,6 +43,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
     refuse_unsafe_server_change(facts, server)
     refuse_empty_master_restart(loaded, facts)
+    refuse_empty_master_start(loaded, facts)
     if loaded.spec.topology != "standalone":
         refuse_removed_hosts(layout)
         refuse_unmovable(loaded.spec, layout)

@@ -46,6 +46,29 @@ def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
                 "wait for the cluster or Sentinel to do it), then apply again")
 
 
+def refuse_empty_master_start(loaded: LoadedSpec, facts: Facts) -> None:
+    """A replication or Sentinel server that lost its folder (a dead host replaced: not running, no record) would
+    start as the master when no running server is one, and the replicas holding the data would copy its empty data
+    set. A replica is promoted first; the replacement then starts as its replica."""
+    if loaded.spec.topology not in ("replication", "sentinel"):
+        return
+    for shard in loaded.layout.shards:
+        fresh = [m for m in shard.members if not facts[m].running and facts[m].recorded_digest is None]
+        holding = sorted((m for m in shard.members if facts[m].running and facts[m].role and facts[m].keys > 0),
+                         key=lambda m: -facts[m].keys)
+        follow = start_master(loaded.layout, shard, facts) if fresh else None
+        if fresh and holding and (follow is None or follow in fresh):
+            raise RefusedError(
+                f"{', '.join(fresh)} would start empty as the master: no running server is the master, and "
+                f"{', '.join(holding)} ({facts[holding[0]].keys} keys) would copy the empty data set",
+                f"{', '.join(fresh)} has no record and does not run (its host was replaced and its data went with "
+                "it); a replication topology without Sentinel promotes no replica by itself",
+                f"promote the replica holding the data by hand first: REPLICAOF NO ONE on {holding[0]} (in "
+                "password mode under its derived name: `opsctl render -f SPEC -o -` prints it; with Sentinel, wait "
+                "until it promotes one), then apply again: the others and the replacement become its replicas "
+                "(docs/runbooks/failover.md)")
+
+
 def refuse_layout_change(layout: Layout, facts: Facts) -> None:
     """A deployed node keeps its shard, role, host and port: a spec that derives others for its name (another
     cluster.replicas_per_master, hosts in another order) would restart it as another node. Compared with the
