@@ -89,3 +89,22 @@ def test_purges_keep_the_record_when_asked(tmp_path) -> None:
     (root / "n-2" / "link").symlink_to(root / "n-2" / "redis.conf")
     empty_but_record(root / "n-2")
     assert sorted(p.name for p in (root / "n-2").iterdir()) == [RECORD]
+
+
+def test_a_parked_shard_comes_back_as_the_same_placement_and_its_names_go_to_no_other_node() -> None:
+    """cluster.masters down parks the last shard (records kept, no tombstone); up again, the same names, hosts, ports
+    and shard; a replica added meanwhile to the other shards gets a name above the parked ones."""
+    from opsctl.spec.layout import cluster_layout, deployed_as
+
+    four = load_dict(with_fourth_host(spec_with(masters=4))).spec
+    deployed = records_of(cluster_layout(four))
+    parked = {n.name: deployed_as(n) for n in cluster_layout(four).servers if n.shard == 4}
+    three_wider = load_dict(with_fourth_host(spec_with(masters=3, replicas_per_master=2))).spec
+    down = placed_layout(three_wider, deployed)
+    assert set(parked) <= {n.name for n in down.retired}  # parked: drained and stopped, never a member
+    new = {n.name for n in down.servers} - {d.name for d in deployed}
+    assert not new & set(parked) and min(int(n.rsplit("-", 1)[1]) for n in new) > max(
+        int(n.rsplit("-", 1)[1]) for n in parked)
+    now = [*records_of(down), *(d for d in deployed if d.name in parked)]  # the servers run, the parked kept
+    back = placed_layout(load_dict(with_fourth_host(spec_with(masters=4, replicas_per_master=2))).spec, now)
+    assert {n: deployed_as(back.node(n)) for n in parked} == parked
