@@ -59,7 +59,8 @@ def copy(rdb: Path, target_spec: Path, flavor: str, profile: str | None) -> tupl
             def opener() -> RawPipe:
                 return RawPipe.on_socket(unix_socket(path, 120.0), "snapshot")
 
-            source = Source("shard-1", "snapshot", opener, [0], 1 << 62)
+            unexpiring = frozenset(db for db, (_, expires) in scratch.keyspace().items() if not expires)
+            source = Source("shard-1", "snapshot", opener, [0], 1 << 62, unexpiring=unexpiring)
             side = Side(opener, targets.open)
             profiler = cProfile.Profile() if profile else None
             started, cpu = time.monotonic(), time.process_time()

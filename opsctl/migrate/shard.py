@@ -104,7 +104,8 @@ class ShardRun:
         if server not in binaries or not _readable(server, target_server):
             server = pick_scratch(list(binaries), header[1], target_server, f"the snapshot of source {self.key}")
         with scratch_server(binaries[server], self.rdb, f"the snapshot of source {self.key}") as scratch:
-            dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
+            keyspace = scratch.keyspace()
+            dbs = sorted(db for db, (keys, _) in keyspace.items() if keys)
             if targets.cluster and set(dbs) - {0}:
                 raise EdgeRefused(f"source {self.key} holds keys in databases {sorted(set(dbs) - {0})}; a cluster "
                                   "has only database 0 (nothing was written)",
@@ -114,7 +115,8 @@ class ShardRun:
             def opener() -> RawPipe:
                 return RawPipe.on_socket(unix_socket(path, 120.0), f"snapshot of {self.key}")
 
-            source = Source(self.key, f"snapshot of {self.key}", opener, dbs, 1 << 62)
+            source = Source(self.key, f"snapshot of {self.key}", opener, dbs, 1 << 62,
+                            unexpiring=frozenset(db for db, (_, expires) in keyspace.items() if not expires))
             side = Side(opener, targets.open)
             try:
                 counts = copy_source(source, targets, "replace", self._copied, side)

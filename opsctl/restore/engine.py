@@ -15,7 +15,7 @@ from functools import partial
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import Reply, RespError, encode
-from opsctl.restore.route import Counts, Router, expiry_of, restore_command, same_payload, shown_key
+from opsctl.restore.route import Counts, Router, expiry_of, restore_bytes, same_payload, shown_key
 
 PAGE = 1000
 AHEAD = 2  # pages of RESTOREs in flight on each target before the oldest page's replies are read
@@ -50,6 +50,7 @@ class Source:
     samples: list[Entry] = field(default_factory=list)
     kept: set[tuple[int, bytes]] = field(default_factory=set)  # samples skip-existing left as the target had them
     confirm: Callable[[], str | None] | None = None  # a referee besides the source itself: a problem, or None
+    unexpiring: frozenset[int] = frozenset()  # dbs without a key with a TTL on a source no one writes: none read
 
 
 class TargetPipes:
@@ -97,47 +98,59 @@ def scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
     return reply[0], [k for k in reply[1] if isinstance(k, bytes)]
 
 
-def pages(src: RawPipe, db: int, label: str) -> Iterator[list[Entry]]:
+def pages(src: RawPipe, db: int, label: str, expiries: bool = True) -> Iterator[list[Entry]]:
     """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out).
-    The next page's DUMPs go out before this page is handed over: the source reads them while the caller writes."""
+    The next page's DUMPs go out before this page is handed over: the source reads them while the caller writes.
+    expiries False: none is read (a db its server says holds no key with a TTL, and no one writes)."""
     scan = src.name("SCAN")
     _ok(src.call("SELECT", db), label, "SELECT")
     offset = _clock_offset(src)
     absolute = not isinstance(src.call("PEXPIRETIME", b"opsctl:probe"), RespError)  # Redis 6.2 lacks it
-    ask = _asker(src, scan, src.name("DUMP"), src.name("PEXPIRETIME" if absolute else "PTTL"))
+    pttl = src.name("PEXPIRETIME" if absolute else "PTTL") if expiries else None
+    ask = _asker(src, scan, src.name("DUMP"), pttl)
     src.send(encode([scan, b"0", b"COUNT", PAGE]))
     cursor, keys = scan_reply(src.read(1)[0], label)
     more = ask(keys, cursor)
     while True:
-        replies = src.read(2 * len(keys) + (1 if more else 0))
+        replies = src.read((2 if expiries else 1) * len(keys) + (1 if more else 0))
         now = time.time() * 1000
         page_keys = keys
         if more:
             cursor, keys = scan_reply(replies[-1], label)
             following = ask(keys, cursor)
-        yield _page(db, page_keys, replies, label, partial(expiry_of, absolute=absolute, offset_ms=offset, now_ms=now))
+        expiry = partial(expiry_of, absolute=absolute, offset_ms=offset, now_ms=now) if expiries else None
+        yield _page(db, page_keys, replies, label, expiry)
         if not more:
             return
         more = following
 
 
-def _asker(src: RawPipe, scan: bytes, dump: bytes, pttl: bytes) -> Callable[[list[bytes], bytes], bool]:
-    """Sends each key's DUMP and expiry, then the SCAN after cursor (none once it is 0); says whether it did."""
-    dump_head, pttl_head = b"*2\r\n$%d\r\n%s\r\n" % (len(dump), dump), b"*2\r\n$%d\r\n%s\r\n" % (len(pttl), pttl)
+def _asker(src: RawPipe, scan: bytes, dump: bytes, pttl: bytes | None) -> Callable[[list[bytes], bytes], bool]:
+    """Sends each key's DUMP and expiry (pttl None: no expiry), then the SCAN after cursor (none once it is 0);
+    says whether it did."""
+    dump_head = b"*2\r\n$%d\r\n%s\r\n" % (len(dump), dump)
+    pttl_head = b"" if pttl is None else b"*2\r\n$%d\r\n%s\r\n" % (len(pttl), pttl)
 
     def ask(keys: list[bytes], cursor: bytes) -> bool:
         more = cursor != b"0"
-        out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k) for k in keys)
+        if pttl is None:
+            out = b"".join(b"%s$%d\r\n%s\r\n" % (dump_head, len(k), k) for k in keys)
+        else:
+            out = b"".join(b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (dump_head, len(k), k, pttl_head, len(k), k)
+                           for k in keys)
         src.send(out + (encode([scan, cursor, b"COUNT", PAGE]) if more else b""))
         return more
     return ask
 
 
 def _page(db: int, keys: list[bytes], replies: list[Reply], label: str,
-          expiry: Callable[[Reply], float | None]) -> list[Entry]:
+          expiry: Callable[[Reply], float | None] | None) -> list[Entry]:
+    """expiry None: the replies are DUMPs only, every key without a TTL."""
     page = []
+    step = 1 if expiry is None else 2
     for i, key in enumerate(keys):
-        payload, expires = replies[2 * i], expiry(replies[2 * i + 1])
+        payload = replies[step * i]
+        expires = 0.0 if expiry is None else expiry(replies[step * i + 1])
         if isinstance(payload, bytes) and expires is not None:
             page.append(Entry(db, key, payload, expires))
         elif isinstance(payload, RespError):
@@ -163,7 +176,7 @@ def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
     for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
         if entries:
             name = pipe.name("RESTORE")
-            pipe.send(b"".join(encode(restore_command(name, e.key, _expires_at(e, offset), e.payload, replace))
+            pipe.send(b"".join(restore_bytes(name, e.key, _expires_at(e, offset), e.payload, replace)
                                for e in entries))
     return _Sent(routed)
 
@@ -228,7 +241,7 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
         for db in source.dbs:
             tp.select(db)
             pending: deque[_Sent] = deque()
-            for page in pages(src, db, source.label):
+            for page in pages(src, db, source.label, db not in source.unexpiring):
                 counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
                 for entry in page:
                     seen += 1

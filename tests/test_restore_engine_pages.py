@@ -1,0 +1,42 @@
+"""The restore engine's source side against a real server: the pages read without expiries (a db its server says
+holds no key with a TTL) are the pages read with them, and a page's RESTOREs packed in one step are the bytes the
+generic encoder makes."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from opsctl.net.rawpipe import RawPipe
+from opsctl.net.resp import encode
+from opsctl.restore.engine import PAGE, pages
+from opsctl.restore.route import restore_bytes, restore_command
+from tests.support import bare_server, server_tmpdir
+
+
+@pytest.mark.parametrize("args", [
+    (b"RESTORE", b"k", 0, b"p", False), (b"R", b"k" * 300, 17, b"p\x00" * 1000, True), (b"RESTORE", b"", 5, b"", False),
+    (b"X", b"k", 0, b"pp", True), (b"X", b"k", -3, b"pp", True),
+])
+def test_restore_bytes_are_the_encoded_command(args) -> None:
+    assert restore_bytes(*args) == encode(restore_command(*args))
+
+
+@pytest.mark.integration
+def test_pages_without_expiries_match_pages_with_them() -> None:
+    with server_tmpdir("opsctl-pages-") as folder, bare_server("valkey", Path(folder)) as client:
+        pipe = client.pipeline(transaction=False)
+        for i in range(PAGE * 2 + 345):
+            pipe.set(f"k:{i}", f"v{i}")
+        pipe.execute()
+        kwargs = client.connection_pool.connection_kwargs
+
+        def read(expiries: bool) -> list[tuple[bytes, bytes, float]]:
+            sock = socket.create_connection((kwargs["host"], kwargs["port"]), timeout=10)
+            with RawPipe.on_socket(sock, "bare") as src:
+                return sorted((e.key, e.payload, e.expires) for page in pages(src, 0, "bare", expiries) for e in page)
+        without, with_them = read(False), read(True)
+        assert len(without) == PAGE * 2 + 345 and without == with_them
+        assert all(expires == 0 for _, _, expires in without)
