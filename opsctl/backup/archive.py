@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opsctl.backup.lease import Lease, archive_lease
 from opsctl.backup.manifest import MANIFEST, Manifest
 from opsctl.backup.offsite import staged_backup
 from opsctl.backup.rdb import repl_position
@@ -173,14 +174,16 @@ def _due(link: Link, options: ArchiveOptions, now: float) -> bool:
 
 
 def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path, emit: Emit,
-         options: ArchiveOptions, next_base: Callable[[], Future[Base] | None]) -> Base:
+         options: ArchiveOptions, next_base: Callable[[], Future[Base] | None], lease: Lease) -> Base:
     """Read every shard's stream round the clock, closing segments when due, until a stop is asked for (every
     open segment closed first: Stopped), a shard's history is gone (StreamGap, segments closed first) or a base
-    next_base() started in the background is there (returned, the old segments closed: the chains overlap)."""
+    next_base() started in the background is there (returned, the old segments closed: the chains overlap). The
+    lease lost to another archiver stops it before another segment is written (LeaseLost)."""
     wait = min(0.05, options.segment_seconds / 10)
     future: Future[Base] | None = None
     with stop.finishing("the continuous archive"):
         while True:
+            lease.check()
             future = future or next_base()
             if future is not None and future.done():
                 if (new := _finished(future, emit)) is not None:
@@ -246,6 +249,13 @@ def run_archive(connector: Connector, store: Store, state_dir: Path, emit: Emit,
     is taken in the background as often. Never returns normally. locked(): the topology's lock, held while a base
     is taken (not while streams are read: other runs go on)."""
     spec = connector.loaded.spec.name
+    with archive_lease(store, spec, emit) as lease:
+        _archive(connector, store, state_dir, emit, options, locked, lease)
+
+
+def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, options: ArchiveOptions,
+             locked: Callable[[], AbstractContextManager[object]], lease: Lease) -> None:
+    spec = connector.loaded.spec.name
     base = latest_base(store, spec)
     masters = shard_masters(connector)
     if base is not None and set(base.positions) != set(masters):
@@ -282,7 +292,7 @@ def run_archive(connector: Connector, store: Store, state_dir: Path, emit: Emit,
 
                 try:
                     links = hand_over(connector, store, links, new, state_dir, emit, options)
-                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base), True
+                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base, lease), True
                 except StreamGap as gap:
                     emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
                               "taking a new base"))
