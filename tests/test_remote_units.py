@@ -120,7 +120,7 @@ def test_playbooks_pass_syntax_check_and_lint():
 
     bindir = Path(sys.executable).parent
     playbooks = Path(__file__).resolve().parent.parent / "playbooks"
-    names = ["deploy.yml", "restart.yml", "destroy.yml"]
+    names = ["deploy.yml", "restart.yml", "destroy.yml", "exporters.yml"]
     check = subprocess.run([str(bindir / "ansible-playbook"), "--syntax-check", "-i", "localhost,", *names],
                            cwd=playbooks, capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr

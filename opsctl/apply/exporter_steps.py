@@ -1,10 +1,11 @@
 """The exporter steps (plan.exporters): set the exporter's ACL user on its node, then (re)start or stop the
-redis_exporter beside it through the provider; and the exporter facts drift compares. Only the local provider runs
-exporters so far: another provider with metrics.exporter on is refused before anything is planned."""
+redis_exporter beside it through the provider; and the exporter facts drift compares. The local and Ansible
+providers run exporters: another provider with metrics.exporter on is refused before anything is planned."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 from opsctl.apply.execution import Execution
 from opsctl.apply.runtime import Runtime
@@ -12,7 +13,7 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
 from opsctl.net.fanout import fan_out
 from opsctl.plan.desired import desired_node
-from opsctl.plan.exporters import exporter_run
+from opsctl.plan.exporters import ExporterRun, exporter_run
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step
 from opsctl.providers.local import LocalProvider
@@ -21,10 +22,26 @@ from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words
 from opsctl.spec.layout import Node
 
 
-def exporters_of(rt: Runtime) -> LocalExporters | None:
+class Exporters(Protocol):
+    """What a provider's exporters offer the exporter steps (providers.localexporter, providers.ansibleexporter)."""
+
+    def state(self, node: Node) -> str | None: ...
+
+    def start(self, node: Node, run: ExporterRun) -> None: ...
+
+    def remove(self, node: Node) -> None: ...
+
+
+def exporters_of(rt: Runtime) -> Exporters | None:
     """The provider's exporters; None for a provider that runs none (an error when the spec asks for them)."""
     if isinstance(rt.provider, LocalProvider):
         return LocalExporters(rt.provider)
+    if rt.loaded.spec.provider == "ansible":
+        from opsctl.providers.ansible import AnsibleProvider
+        from opsctl.providers.ansibleexporter import AnsibleExporters  # paramiko: only with provider: ansible
+
+        if isinstance(rt.provider, AnsibleProvider):
+            return AnsibleExporters(rt.provider)
     if rt.loaded.spec.metrics.exporter:
         raise OpsctlError(f"metrics.exporter is not deployed by provider {rt.loaded.spec.provider} yet",
                           hint="set metrics.exporter: false and run redis_exporter yourself (docs/monitoring.md, "
@@ -80,5 +97,7 @@ def stop_exporter(run: Execution, step: Step) -> None:
 
 def remove_exporter(rt: Runtime, node: Node) -> None:
     """destroy: the node's exporter stopped and its password file gone, whatever metrics.exporter says now."""
-    if isinstance(rt.provider, LocalProvider):
-        LocalExporters(rt.provider).remove(node)
+    known = isinstance(rt.provider, LocalProvider) or rt.loaded.spec.provider == "ansible"
+    exporters = exporters_of(rt) if known else None
+    if exporters is not None:
+        exporters.remove(node)

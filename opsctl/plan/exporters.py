@@ -47,22 +47,34 @@ def exporter_nodes(loaded: LoadedSpec) -> list[Node]:
     return list(loaded.layout.nodes) if loaded.spec.metrics.exporter else []
 
 
+def exporter_home(loaded: LoadedSpec, node: Node, node_dir: str) -> str:
+    """The folder of a node's exporter (its password file, and with TLS its copies of the node's TLS files): the
+    node's own folder where the exporter runs as the server's user (provider local), else, where it runs as a user
+    of its own that cannot enter the node's folder (provider ansible), `<spec folder>.exporters/<node>` beside the
+    spec's folder (a spec name holds no dot, so no spec's folder is named so)."""
+    if loaded.spec.provider != "ansible":
+        return node_dir
+    return f"{node_dir.rsplit('/', 1)[0]}.exporters/{node.name}"
+
+
 def exporter_run(loaded: LoadedSpec, want: DesiredNode) -> ExporterRun:
     """The exporter of want's node: it talks to the node as EXPORTER_USER (TLS with the node's CA and certificate
     when tls.enabled) and listens on the node's address at the node's port + metrics.port_offset; its password file
-    lies in the node's folder (the server's `dir`)."""
+    (and TLS files) lie in its folder (exporter_home)."""
     node = want.node
     tls = loaded.spec.tls.enabled
     address = f"{'rediss' if tls else 'redis'}://{endpoint(node.address, node.port)}"
     directives = single_valued(want.directives)
-    folder = unquote(directives["dir"])
+    node_dir = unquote(directives["dir"])
+    folder = exporter_home(loaded, node, node_dir)
     args = ["-redis.addr", address, "-redis.user", EXPORTER_USER,
             "-redis.password-file", f"{folder}/{PASSWORD_FILE}",
             "-web.listen-address", endpoint(node.address, exporter_port(node, loaded.spec.metrics.port_offset)),
             "-config-command", "-", "-connection-timeout", CONNECTION_TIMEOUT]
     if tls:
         for flag, directive in TLS_FLAGS:
-            args += [flag, unquote(directives[directive])]
+            path = unquote(directives[directive])
+            args += [flag, path if folder == node_dir else f"{folder}/{path.rsplit('/', 1)[-1]}"]
     password = exporter_secret(loaded.spec.name, loaded.credentials.password)
     settings = {"args": args, "password": hashlib.sha256(password.reveal().encode()).hexdigest()}
     return ExporterRun(node.name, tuple(args), json.dumps({address: password.reveal()}) + "\n", password,

@@ -2,7 +2,8 @@
 # opsctl-node ACTION NODE: start, stop or report one opsctl-managed node (installed by playbooks/deploy.yml).
 # Settings come from the root-owned nodes/NODE.env beside this script's bin/ directory. Prints one word first:
 # started|running|stopped|absent|failed, then the pid. Where systemd runs and the node has a unit, systemd does
-# the work.
+# the work. A node whose settings say OPSCTL_FOREGROUND=yes (a redis_exporter beside a node) does not daemonize:
+# it is started in the background here, and its pidfile written for it.
 #
 # Exactly one party starts a node: start and stop hold a lock on the node's folder (flock), so the installer,
 # restart.yml and opsctl's own start never launch a second server beside the first (it would fail with
@@ -81,13 +82,29 @@ start() {
   rm -f "$OPSCTL_PID"
   if use_systemd; then
     systemctl start "$OPSCTL_UNIT"
+  elif [ "${OPSCTL_FOREGROUND:-}" = yes ]; then
+    cd "$OPSCTL_DIR"
+    set -f  # the arguments are words without spaces; an IPv6 [address] must not glob
+    # shellcheck disable=SC2016,SC2086 # a process that does not daemonize (a redis_exporter): started in its own
+    # session with an empty environment, it writes its pidfile and log as its user; the subshell execs it, so no
+    # shell of this script stays behind holding the lock
+    (
+      exec </dev/null >/dev/null 2>&1 9<&-
+      exec setpriv --reuid="$OPSCTL_USER" --regid="$OPSCTL_USER" --init-groups --inh-caps=-all setsid sh -c \
+        'umask 077; printf "%s\n" "$$" >"$1"; log=$2; shift 2; exec env -i PATH=/usr/bin:/bin "$@" >>"$log" 2>&1' \
+        sh "$OPSCTL_PID" "$OPSCTL_LOG" "$OPSCTL_BIN" $OPSCTL_ARGS
+    ) &
+    set +f
   else
     cd "$OPSCTL_DIR"
     # shellcheck disable=SC2086
     as_user "$OPSCTL_BIN" "$OPSCTL_CONF" $OPSCTL_ARGS </dev/null >/dev/null 2>&1 9<&-
   fi
   if ! wait_until settled || ! up; then failed_start; fi
-  echo "started $(server_pid)"
+  p=$(server_pid)
+  # shellcheck disable=SC2016 # a unit's process found on its port: its pidfile names it from now on
+  [ "$(pid_of)" = "$p" ] || as_user sh -c 'printf "%s\n" "$1" >"$2"' sh "$p" "$OPSCTL_PID"
+  echo "started $p"
 }
 
 stop() {

@@ -1,5 +1,6 @@
-"""`opsctl metrics targets -f SPEC [-o FILE]`: the Prometheus file_sd target groups of the spec's exporters
-(opsctl.plan.metrics), printed, or written atomically so that Prometheus, which watches the file, never reads half."""
+"""`opsctl metrics targets -f SPEC [-o FILE | --write-to HOST:PATH]`: the Prometheus file_sd target groups of the
+spec's exporters (opsctl.plan.metrics), printed, or written atomically (here, or over SSH on the host where Prometheus
+runs) so that Prometheus, which watches the file, never reads half."""
 
 from __future__ import annotations
 
@@ -14,11 +15,19 @@ def cmd_targets(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec
 
-    if args.out not in (None, "-"):
+    if args.write_to is not None:
+        from opsctl.providers.remote.publish import parse_write_to
+
+        parse_write_to(args.write_to)  # before the spec is read: a malformed target changes nothing
+    elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
     text = file_sd_json(target_groups(loaded.spec, loaded.layout))
-    if args.out in (None, "-"):
+    if args.write_to is not None:
+        from opsctl.providers.remote.publish import write_over_ssh
+
+        write_over_ssh(loaded.spec, args.write_to, text.encode())
+    elif args.out in (None, "-"):
         print(text, end="")
     else:
         from pathlib import Path
@@ -32,6 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = group.add_subparsers(dest="metrics_command", required=True, metavar="SUBCOMMAND")
     p = commands.add_parser("targets", help="print the exporters as Prometheus file_sd JSON, labelled by node")
     add_spec_file(p)
-    p.add_argument("-o", "--out", metavar="FILE",
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-o", "--out", metavar="FILE",
                    help="write it to FILE atomically (temp file + rename: Prometheus watches it) instead of stdout")
+    where.add_argument("--write-to", metavar="HOST:PATH",
+                   help="write it over SSH to PATH on HOST (a host of the spec, or [user@]address), atomically, "
+                        "mode 0644: where Prometheus runs")
     p.set_defaults(handler=cmd_targets)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
 import shlex
 import socket
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 try:
     import paramiko
@@ -110,6 +112,8 @@ def known_hosts_path(explicit: str | None = None) -> str:
     chosen = explicit or os.environ.get("OPSCTL_SSH_KNOWN_HOSTS") or DEFAULT_KNOWN_HOSTS
     return os.path.expanduser(chosen)
 
+
+Sftp: TypeAlias = paramiko.SFTPClient  # for modules that take a session without importing paramiko themselves
 
 GONE = (OSError, EOFError, paramiko.SSHException)
 """What paramiko or a socket raises when a host cannot be reached or the SSH connection drops: paramiko raises a
@@ -217,6 +221,22 @@ def read_bytes(sftp: paramiko.SFTPClient, path: str, limit: int | None = None) -
 def read_file(sftp: paramiko.SFTPClient, path: str) -> str | None:
     data = read_bytes(sftp, path)
     return None if data is None else data.decode("utf-8", "replace")
+
+
+def replace_file(sftp: paramiko.SFTPClient, path: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace path atomically: a new temp file in its folder (created with mode, never through a link), then
+    renamed over it (posix-rename@openssh.com), so a reader (Prometheus watching a file_sd file) never sees half."""
+    folder, _, name = path.rpartition("/")
+    temp = f"{folder}/.{name}.{secrets.token_hex(6)}.tmp"
+    try:
+        with sftp.open(temp, "wx") as handle:
+            handle.chmod(mode)
+            handle.write(data)
+        sftp.posix_rename(temp, path)
+    except BaseException:
+        with contextlib.suppress(*GONE):
+            sftp.remove(temp)
+        raise
 
 
 def readlink(sftp: paramiko.SFTPClient, path: str) -> str:
