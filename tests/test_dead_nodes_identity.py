@@ -44,3 +44,31 @@ def test_slots_held_only_by_a_dead_id_at_a_replaced_endpoint_are_refused() -> No
     with pytest.raises(RefusedError):
         refuse_lost_shards(layout, _facts(NodeFacts(other.name, False), failed))
     refuse_lost_shards(layout, _facts(NodeFacts(other.name, False, record={"digest": "abc"}), failed))
+
+
+def test_a_replication_master_without_its_folder_is_not_started_empty_over_the_data() -> None:
+    """The master's host died and was replaced (no record, not running) while the replicas hold the data and none is
+    the master: refused. Not refused when a master runs (a retired one too: it fails over first), when the master
+    comes back from its files, or when no running replica holds a key."""
+    from opsctl.observe.parse import RoleInfo
+    from opsctl.plan.refusals import refuse_empty_master_start
+
+    loaded = load_dict(make_spec("replication", hosts=3))
+    shard = loaded.layout.shards[0]
+    dead = ("127.9.9.9", 7000)  # the dead master's old address
+
+    def facts(master: NodeFacts, keys: int = 5) -> dict[str, NodeFacts]:
+        out = {shard.master: master}
+        for name in shard.replicas:
+            out[name] = NodeFacts(name, True, record={"digest": "d"}, reachable=True, info={"db0": f"keys={keys}"},
+                                  role=RoleInfo("replica", master=dead, link="connect"))
+        return out
+
+    with pytest.raises(RefusedError) as refused:
+        refuse_empty_master_start(loaded, facts(NodeFacts(shard.master, False)))
+    assert refused.value.exit_code == 3 and "REPLICAOF NO ONE" in refused.value.hint
+    returning = NodeFacts(shard.master, False, record={"digest": "d", "deployed": {"role": "master"}})
+    refuse_empty_master_start(loaded, facts(returning))  # it comes back with its data
+    refuse_empty_master_start(loaded, facts(NodeFacts(shard.master, False), keys=0))  # nothing to lose
+    running = NodeFacts(shard.master, True, reachable=True, role=RoleInfo("master"))
+    refuse_empty_master_start(loaded, facts(running))

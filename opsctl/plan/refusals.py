@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.errors import RefusedError
-from opsctl.plan.facts import Facts
+from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.masters import start_master
 from opsctl.plan.node_steps import restarting
 from opsctl.server.versions import Version, rolling_change_problem, server_text
@@ -48,16 +48,21 @@ def refuse_empty_master_restart(loaded: LoadedSpec, facts: Facts) -> None:
 
 def refuse_empty_master_start(loaded: LoadedSpec, facts: Facts) -> None:
     """A replication or Sentinel server that lost its folder (a dead host replaced: not running, no record) would
-    start as the master when no running server is one, and the replicas holding the data would copy its empty data
-    set. A replica is promoted first; the replacement then starts as its replica."""
+    start as the master when no running server is one (a retired one counts: it is failed over first) and none comes
+    back from its files as the master, and the replicas holding the data would copy its empty data set. A replica is
+    promoted first; the replacement then starts as its replica."""
+    layout = loaded.layout
     if loaded.spec.topology not in ("replication", "sentinel"):
         return
-    for shard in loaded.layout.shards:
+    for shard in layout.shards:
         fresh = [m for m in shard.members if not facts[m].running and facts[m].recorded_digest is None]
         holding = sorted((m for m in shard.members if facts[m].running and facts[m].role and facts[m].keys > 0),
                          key=lambda m: -facts[m].keys)
-        follow = start_master(loaded.layout, shard, facts) if fresh else None
-        if fresh and holding and (follow is None or follow in fresh):
+        serving = [n for n in (*shard.members, *(r.name for r in layout.retired))  # a retired one drains first
+                   if n in facts and facts[n].running and (role := facts[n].role) and role.kind == "master"]
+        returning = [m for m in shard.members if restarting(facts[m]) and _recorded_role(facts[m]) == "master"]
+        follow = start_master(layout, shard, facts) if fresh else None
+        if fresh and holding and not serving and not returning and (follow is None or follow in fresh):
             raise RefusedError(
                 f"{', '.join(fresh)} would start empty as the master: no running server is the master, and "
                 f"{', '.join(holding)} ({facts[holding[0]].keys} keys) would copy the empty data set",
@@ -67,6 +72,11 @@ def refuse_empty_master_start(loaded: LoadedSpec, facts: Facts) -> None:
                 "password mode under its derived name: `opsctl render -f SPEC -o -` prints it; with Sentinel, wait "
                 "until it promotes one), then apply again: the others and the replacement become its replicas "
                 "(docs/runbooks/failover.md)")
+
+
+def _recorded_role(f: NodeFacts) -> object:
+    was = f.record.get("deployed")
+    return was.get("role") if isinstance(was, Mapping) else None
 
 
 def refuse_layout_change(layout: Layout, facts: Facts) -> None:
