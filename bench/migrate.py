@@ -68,17 +68,22 @@ class Load:
 
 
 def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[float, float, dict[str, object]]:
-    """(seconds until every shard streams, the worst lag seen while streaming, the cutover report)."""
+    """(seconds until every shard streams, the worst lag seen while streaming, the cutover report); prints when
+    the first key was copied (before it: start, attach, the RDB's transfer, the scratch server's load)."""
     argv = [*OPSCTL, "migrate", "-f", str(target), "--from", str(source), "--auto-approve", "--cutover", "auto",
             "--output", "json"]
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    copied_at, worst, report = 0.0, 0.0, {}
+    copied_at, worst, report, first = 0.0, 0.0, {}, 0.0
     assert proc.stdout is not None
     for line in proc.stdout:
         event = json.loads(line)
         if event.get("event") == "migrate-lag":
             shards = event["shards"].values()
+            if not first and any(int(s["copied"]) for s in shards):
+                first = time.monotonic() - started
+                print(f"opsctl migrate: first keys copied {first:.2f}s after the start (attach, RDB transfer, "
+                      "scratch load, within the 0.5 s progress interval)")
             if all(s["phase"] == "stream" for s in shards):
                 copied_at = copied_at or time.monotonic() - started
                 worst = max([worst, *(float(s["lag_seconds"]) for s in shards)])
