@@ -1,7 +1,8 @@
 """opsctl migrate from a store opsctl did not deploy (issue 26, item 1): a standalone Redis 7.0 the test starts
 itself with requirepass, given as --from-endpoints with --from-password-file, moved under a writer into a
 3-master Valkey 9.1 cluster and cut over: every acknowledged write in the target, verification OK, redis-cli's
-check passes, and the password appears in no output and on no child's command line."""
+check passes, and the password appears in no output and on no child's command line. Then a 3x1 Valkey cluster
+and a Redis replication topology given only by one replica's endpoint: every shard found and followed."""
 
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def test_a_standalone_redis_given_by_endpoints_into_a_valkey_cluster(tmp_path, c
         assert cluster_check(f"{node.address}:{node.port}").returncode == 0
         shown = "".join(str(e) for e in migrate.events) + migrate.stderr() + out + err
         assert SECRET not in shown, "the source's password in the output"
+
+
+UNRENAMED = {"hardening": {"renamed_commands": {}, "rename_takeover_commands": False}}
+
+
+@pytest.mark.parametrize("source", [
+    ("cluster", "valkey", {"cluster": {"masters": 3, "replicas_per_master": 1}, **UNRENAMED}),
+    ("replication", "redis", UNRENAMED),
+])
+def test_a_cluster_or_replication_source_found_from_one_endpoint(tmp_path, capsys, source) -> None:
+    """Deployed here, but given only as one replica's endpoint and a password variable: the members are found on
+    the servers (CLUSTER NODES, or the replica's master and its replicas), the stream follows every shard."""
+    from tests.support import PASSWORD, PASSWORD_ENV
+    from tests.test_migrate_live import pair
+
+    with pair(tmp_path, capsys, source, TARGET) as (_, s_loaded, t, t_loaded):
+        replica = next(n for n in s_loaded.layout.servers if n.role == "replica")
+        if source[0] == "cluster":
+            src = cluster_client(s_loaded)
+        else:
+            master = next(n for n in s_loaded.layout.servers if n.role == "master")
+            src = redis.Redis(host=master.address, port=master.port, password=PASSWORD, decode_responses=True)
+        for i in range(500):
+            src.set(f"s:{i}", f"v{i}")
+        migrate = Migrate(t, None, "--from-endpoints", replica.endpoint, "--from-password-env", PASSWORD_ENV)
+        lag = migrate.streaming()
+        assert len(lag["shards"]) == len(s_loaded.layout.shards), lag
+        src.incr("counter")
+        time.sleep(0.5)
+        code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
+        assert code == 0 and "cutover done" in out, out + err
+        assert migrate.wait() == 0, migrate.stderr()
+        done = migrate.done()
+        assert done["ok"] and done["source_keys"] == done["target_keys"] == 501, done
+        dst = cluster_client(t_loaded)
+        assert dst.get("counter") == "1" and dst.get("s:499") == "v499"
