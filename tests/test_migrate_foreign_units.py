@@ -75,9 +75,13 @@ def test_endpoint_options_refused_clearly(tmp_path, capsys) -> None:
         (["--from-endpoints", "127.0.0.1:1", "--from-password-file", str(tmp_path / "none")], "missing or empty"),
         (["--from", str(spec), "--from-endpoints", "127.0.0.1:1"], "needs one source"),
     ]
+    loose = tmp_path / "loose.pw"
+    loose.write_text(SECRET)
+    loose.chmod(0o644)
+    cases.append((["--from-endpoints", "127.0.0.1:1", "--from-password-file", str(loose)], "open to group or others"))
     for extra, words in cases:
         code, out, err = run(capsys, *base, *extra)
-        assert code == 1 and words in err and "Traceback" not in err, (extra, out + err)
+        assert code == 1 and words in err and "internal error" not in err and SECRET not in out + err, (extra, err)
     os.environ["OPSCTL_T_SECRET_VAR"] = SECRET
     try:
         code, out, err = run(capsys, *base, "--from-endpoints", "127.0.0.1:1", "--from-password-env",

@@ -21,6 +21,7 @@ from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_inf
 from opsctl.spec.layout import Layout, Node, Role, Shard
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.spec.model import Auth, Hardening, Host, SecretRef, Spec
+from opsctl.spec.secretcheck import SecretUnusable
 from opsctl.state.specfile import read_secret_file
 
 NAME = "source"
@@ -66,7 +67,10 @@ def read_password(source: ForeignSource) -> Secret:
         raise OpsctlError("--from-endpoints needs exactly one of --from-password-file and --from-password-env",
                           hint=HINT)
     if source.password_file:
-        value = (read_secret_file(Path(source.password_file)) or "").strip()
+        try:
+            value = (read_secret_file(Path(source.password_file)) or "").strip()
+        except SecretUnusable as exc:
+            raise OpsctlError(f"--from-password-file {source.password_file}: {exc.what}", hint=exc.hint) from None
         if not value:
             raise OpsctlError(f"--from-password-file {source.password_file}: missing or empty",
                               hint="a file holding only the password, mode 0600")
