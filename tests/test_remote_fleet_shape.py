@@ -9,6 +9,7 @@ redis-cli --cluster check passes, the next plan is empty, no shard has two membe
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -59,6 +60,17 @@ def members_apart(placed: dict[str, dict[str, Any]]) -> None:
         assert len(hosts) == len(set(hosts)), f"shard {shard} has two members on one host: {hosts}"
 
 
+def fresh_runner_steps(capsys: pytest.CaptureFixture[str], spec: Path, tmp_path: Path) -> list[Any]:
+    """The plan's steps from an empty state dir (a pipeline on a fresh runner): what is deployed is read from the
+    records on the hosts over SSH, so it must plan what the deploying state dir plans."""
+    empty = tmp_path / f"fresh-{time.monotonic_ns()}"
+    empty.mkdir()
+    code, out, err = run(capsys, "plan", "-f", str(spec), "--state-dir", str(empty), "--output", "json")
+    assert code in (0, 2), err + out
+    steps: list[Any] = json.loads(out)["steps"]
+    return steps
+
+
 def applied(capsys: pytest.CaptureFixture[str], spec: Path, masters: str) -> float:
     started = time.monotonic()
     code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
@@ -83,11 +95,13 @@ def test_a_host_added_takes_the_new_shard(lab: netns.Lab, tmp_path: Path, capsys
         before = dataset_checksum(cluster_client(loaded), "pre:*")
         first = live(deployed_records(spec, lab.known_hosts))
         assert len(first) == 6
+        assert fresh_runner_steps(capsys, spec, tmp_path) == []
         with Writer(lambda: cluster_client(read_spec(spec))) as writer:
             writer.wait_for_writes(100)
             grown = {**data, "hosts": all_hosts, "cluster": {**data["cluster"], "masters": 4}}
             spec.write_text(yaml.safe_dump(grown))
             added = applied(capsys, spec, "4 masters")
+            assert fresh_runner_steps(capsys, spec, tmp_path) == []
             writer.wait_for_writes(len(writer.acked) + 100)
             placed = live(deployed_records(spec, lab.known_hosts))
             assert all(placed[name] == was for name, was in first.items()), (first, placed)
