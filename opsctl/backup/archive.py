@@ -35,6 +35,12 @@ from opsctl.stream import Stream, StreamGap, open_stream
 
 HEAD_BYTES = 1 << 20
 HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed
+BACKOFF_FIRST, BACKOFF_MOST = 0.5, 10.0  # s between tries of a store that failed: doubling, capped
+OUTAGE_LIMIT = 86400.0  # s to keep trying a failed store (the masters' backlogs run out long before)
+
+
+class StoreDown(OpsctlError):
+    """A segment could not be written to the store; the caller closes the streams and waits for the store."""
 RESUME_HINT = "run the same command again: it resumes after the last archived segment"
 
 
@@ -159,7 +165,11 @@ def flush(store: Store, link: Link, emit: Emit) -> None:
     assert link.stream is not None
     name, data = encode_segment(link.shard, link.stream.position.replid, link.position.offset, link.pending,
                                 time.time(), link.resumed)
-    store.put_bytes(link.prefix() + name.text, data)
+    try:
+        store.put_bytes(link.prefix() + name.text, data)
+    except (OpsctlError, OSError) as exc:
+        raise StoreDown(f"shard {link.shard}'s segment {name.text} could not be stored: "
+                        f"{getattr(exc, 'summary', exc)}", hint=RESUME_HINT) from None
     durable = time.time()
     link.stream.ack(name.end)
     emit(SegmentArchived(link.shard, name.text, name.start, name.end, len(link.pending), len(data),
@@ -196,11 +206,66 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                 for link in links:
                     flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
                 raise
+            except StoreDown as down:
+                ride_out(store, links, emit, lease, down)
+                continue
             if stop.requested() is not None:
-                for link in links:
-                    flush(store, link, emit)
+                try:
+                    for link in links:
+                        flush(store, link, emit)
+                except StoreDown as down:
+                    stop.check(f"{down.summary}: what was read and not stored is still in the masters' backlogs",
+                               RESUME_HINT)
                 stop.check("every segment read is archived: " + ", ".join(
                     f"shard {link.shard} up to offset {link.position.offset}" for link in links), RESUME_HINT)
+
+
+def ride_out(store: Store, links: list[Link], emit: Emit, lease: Lease, down: StoreDown) -> None:
+    """A store that failed a write: every stream closed and what was read since each shard's last stored segment
+    let go (the masters' backlogs hold it), the store tried again with a doubling pause (a renewal of the lease:
+    a write) until it answers, then each shard's position taken from what the store holds (a segment stored
+    although its write was reported failed is kept, not written twice). The links attach again on the next read:
+    from the backlog when it still holds the position, else StreamGap, a new base, said."""
+    started = time.monotonic()
+    emit(Note(f"the store failed ({down.summary}); the streams are closed and read again from the last stored "
+              "segment once the store answers (trying again with backoff)"))
+    close_all(links)
+    for link in links:
+        link.pending, link.pending_bytes = [], 0
+    pause = [BACKOFF_FIRST]
+
+    def answers() -> bool | Pending:
+        stop.check("nothing read is lost: the masters' backlogs hold what was not stored", RESUME_HINT)
+        try:
+            lease.renew()
+        except (OpsctlError, OSError) as exc:
+            return Pending(f"{getattr(exc, 'summary', exc)}")
+        lease.check()
+        return True
+
+    def backoff() -> float:
+        now = pause[0]
+        pause[0] = min(now * 2, BACKOFF_MOST)
+        return now
+
+    wait_for(answers, OUTAGE_LIMIT, "the store", backoff)
+    for link in links:
+        link.position = stored_position(store, link)
+    emit(Note(f"the store answers again after {time.monotonic() - started:.1f}s; reading each shard again from its "
+              "last stored segment: " + ", ".join(f"shard {k.shard} after offset {k.position.offset}"
+                                                   for k in links)))
+
+
+def stored_position(store: Store, link: Link) -> Position:
+    """Where the store says a link's archive ends: after the segment that begins at its position when one is
+    there (written, its acknowledgement lost), else its position."""
+    stored = [n for o in store.names(link.prefix()) if (n := parse_name(o)) and n.start == link.position.offset]
+    if not stored:
+        return link.position
+    last = max(stored, key=lambda n: n.end)
+    where = store.where(link.prefix() + last.text)
+    header, _ = decode_segment(last, store.get_bytes(link.prefix() + last.text) or b"", where)
+    return Position(header.replid, last.end)
 
 
 def _finished(future: Future[Base], emit: Emit) -> Base | None:
