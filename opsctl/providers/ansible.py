@@ -29,7 +29,7 @@ from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
-from opsctl.providers.remote.bundle import plain_name
+from opsctl.providers.remote.bundle import HOSTS_FILE, parse_hosts_table, plain_name
 from opsctl.providers.remote.hostsettings import host_setting_paths
 from opsctl.providers.remote.inventory import (
     binary_path,
@@ -84,6 +84,7 @@ class AnsibleProvider:
         self._host_locks: dict[tuple[str, str], threading.Lock] = {}
         self._host_locks_guard = threading.Lock()  # not self._lock: admin_endpoint connects while holding that
         self._node_dirs: dict[str, str] = {}
+        self._removed: dict[str, Host] = {}  # hosts the spec no longer has that hold live nodes (deployed_records)
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
@@ -109,9 +110,10 @@ class AnsibleProvider:
         chosen = self.rendered() if files is None else files
         staging = private_dir(self.data_dir) / "files"
         try:
-            stage(self.loaded, staging, chosen)
+            stage(self.loaded, staging, chosen, [*self.loaded.spec.hosts, *self._removed.values()])
             inventory = build_inventory(self.loaded, str(staging), self.known_hosts,
-                                        only={node: sorted(named) for node, named in chosen.items()})
+                                        only={node: sorted(named) for node, named in chosen.items()},
+                                        removed=list(self._removed.values()))
             self.last_result = run_playbook("deploy.yml", self.data_dir, inventory, {"opsctl_start": start},
                                             self.on_event)
         finally:
@@ -120,7 +122,8 @@ class AnsibleProvider:
 
     def playbook(self, name: str, extravars: dict[str, Any] | None = None) -> PlaybookResult:
         """restart.yml or destroy.yml over every node of the spec."""
-        inventory = build_inventory(self.loaded, str(self.data_dir / "files"), self.known_hosts)
+        inventory = build_inventory(self.loaded, str(self.data_dir / "files"), self.known_hosts,
+                                    removed=list(self._removed.values()))
         self.last_result = run_playbook(name, self.data_dir, inventory, extravars, self.on_event)
         return self.last_result
 
@@ -164,36 +167,52 @@ class AnsibleProvider:
 
     def deployed_records(self) -> dict[str, dict[str, Any]]:
         """The records of the spec's server folders on every host (one SFTP listing of the spec's root each, then
-        each record): a fresh state dir finds what is deployed where it runs."""
+        each record): a fresh state dir finds what is deployed where it runs. A host the spec no longer has is
+        found in the hosts table its base archive left on the others (hosts.json): its records are read too, and
+        while it holds a live node it stays reachable (drained by apply); one that cannot be reached is left out."""
         spec = self.loaded.spec
         if spec.topology == "standalone":
             return {}
-        root = remote_root(spec)
-
-        def on_host(host: Host) -> dict[str, dict[str, Any]]:
-            probe = Node(f"{spec.name}-0", host.name, host.address, 0, "master")
-
-            def look(sftp: paramiko.SFTPClient) -> dict[str, dict[str, Any]]:
-                try:
-                    entries = sorted(sftp.listdir(root))
-                except OSError:
-                    return {}
-                found = {}
-                for entry in entries:
-                    if not is_node_name(spec, entry):
-                        continue
-                    record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"), entry,
-                                          f"{RECORD} of {entry} on host {host.name}")
-                    if record:
-                        found[entry] = record
-                return found
-
-            return self._over_sftp(probe, look, f"list {root} on")
-
         merged: dict[str, dict[str, Any]] = {}
-        for found in fan_out(on_host, list(spec.hosts)):
+        listed: list[Host] = []
+        for found, table in fan_out(self._records_on, list(spec.hosts)):
+            merged.update(found)
+            listed += table
+        names = {h.name for h in spec.hosts}
+        removed = {h.name: h for h in listed if h.name not in names}
+        self._removed.update(removed)
+        for host in removed.values():
+            try:
+                found, _ = self._records_on(host)
+            except OpsctlError:
+                found = {}
+            if not any(not record.get("retired") for record in found.values()):
+                self._removed.pop(host.name, None)
             merged.update(found)
         return merged
+
+    def _records_on(self, host: Host) -> tuple[dict[str, dict[str, Any]], list[Host]]:
+        """The node records under the spec's root on host, and the hosts table lying there."""
+        spec = self.loaded.spec
+        root = remote_root(spec)
+        probe = Node(f"{spec.name}-0", host.name, host.address, 0, "master")
+
+        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, dict[str, Any]], list[Host]]:
+            try:
+                entries = sorted(sftp.listdir(root))
+            except OSError:
+                return {}, []
+            found = {}
+            for entry in entries:
+                if not is_node_name(spec, entry):
+                    continue
+                record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"), entry,
+                                      f"{RECORD} of {entry} on host {host.name}")
+                if record:
+                    found[entry] = record
+            return found, parse_hosts_table(ssh.read_file(sftp, f"{root}/{HOSTS_FILE}"))
+
+        return self._over_sftp(probe, look, f"list {root} on")
 
     def start(self, node: Node) -> None:
         self.flush()
@@ -325,7 +344,12 @@ class AnsibleProvider:
     # --- SSH -----------------------------------------------------------------------------------------------
 
     def _host(self, node: Node) -> Host:
-        return next(h for h in self.loaded.spec.hosts if h.name == node.host)
+        """The node's host: the spec's, else a removed one deployed_records found (a host being drained)."""
+        host = next((h for h in self.loaded.spec.hosts if h.name == node.host), None) or self._removed.get(node.host)
+        if host is None:
+            raise OpsctlError(f"host {node.host} of {node.name} is not in the spec, and no host of the spec names "
+                              "its SSH settings", hint=f"put host {node.host} back in the spec, then apply again")
+        return host
 
     def _target(self, node: Node) -> ssh.SshTarget:
         return ssh.target_for(self.loaded.spec, self._host(node))

@@ -7,6 +7,7 @@ changed: a second deploy reports no change."""
 from __future__ import annotations
 
 import io
+import json
 import shlex
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -23,9 +24,11 @@ from opsctl.providers.remote.hostsettings import (
 )
 from opsctl.providers.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
 from opsctl.spec.layout import Node
-from opsctl.spec.model import Spec
+from opsctl.spec.model import Host, Spec
 
 WRITTEN_ONCE = frozenset({"sentinel.conf"})
+HOSTS_FILE = "hosts.json"  # in the spec's root on each host: the hosts table (hosts_table)
+HOST_KEYS = ("name", "address", "ssh_user", "ssh_key", "ssh_port", "bastion", "admin_via_ssh")
 FIXED_MTIME = 0
 
 
@@ -59,15 +62,33 @@ def settings_text(spec: Spec, node: Node) -> str:
     return "\n".join(lines) + "\n"
 
 
-def host_members(spec: Spec, script: bytes, binary: bytes | None) -> list[Member]:
-    """The spec's root and its shared folders, the control script, and the server binary when one is given."""
+def host_members(spec: Spec, script: bytes, binary: bytes | None, hosts: bytes | None = None) -> list[Member]:
+    """The spec's root and its shared folders, the control script, the server binary when one is given, and the
+    hosts table (HOSTS_FILE) when given."""
     root, user = remote_root(spec), service_user(spec)
     members = [Member(root.rsplit("/", 1)[0], "root", "root", 0o755), Member(root, "root", user, 0o750),
                Member(f"{root}/bin", "root", user, 0o750), Member(f"{root}/nodes", "root", "root", 0o700),
                Member(f"{root}/bin/opsctl-node", "root", "root", 0o700, script)]
     if binary is not None:
         members.append(Member(binary_path(spec), "root", user, 0o750, binary))
+    if hosts is not None:
+        members.append(Member(f"{root}/{HOSTS_FILE}", "root", "root", 0o600, hosts))
     return members
+
+
+def hosts_table(hosts: Sequence[Host]) -> bytes:
+    """HOSTS_FILE: how to reach each host that holds the spec's nodes (name, address and SSH settings; no secret:
+    ssh_key is a path on the control machine). A host later removed from the spec is found through it, to drain."""
+    return (json.dumps([{key: h.model_dump()[key] for key in HOST_KEYS} for h in hosts], indent=1) + "\n").encode()
+
+
+def parse_hosts_table(text: str | None) -> list[Host]:
+    """The hosts HOSTS_FILE names; [] for none or an unreadable file (it is a hint for finding hosts, not state)."""
+    try:
+        data = json.loads(text or "[]")
+        return [Host(**{key: entry[key] for key in HOST_KEYS}) for entry in data] if isinstance(data, list) else []
+    except (ValueError, TypeError, KeyError, OpsctlError):
+        return []
 
 
 def setting_members(spec: Spec) -> list[Member]:
@@ -77,12 +98,13 @@ def setting_members(spec: Spec) -> list[Member]:
         (logrotate_path(spec), logrotate_text(spec)))]
 
 
-def node_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Member]:
-    """The node's folder, its settings and its files (all but those written once)."""
+def node_members(spec: Spec, node: Node, files: Mapping[str, str], retired: bool = False) -> list[Member]:
+    """The node's folder, its settings (none for a retired node: nothing starts it) and its files (all but those
+    written once)."""
     folder, user = node_vars(spec, node)["dir"], service_user(spec)
-    settings = settings_text(spec, node).encode()
-    members = [Member(folder, user, user, 0o700),
-               Member(settings_path(spec, node), "root", "root", 0o600, settings)]
+    members = [Member(folder, user, user, 0o700)]
+    if not retired:
+        members.append(Member(settings_path(spec, node), "root", "root", 0o600, settings_text(spec, node).encode()))
     members += [Member(f"{folder}/{plain_name(name)}", user, user, 0o600, text.encode())
                 for name, text in sorted(files.items()) if name not in WRITTEN_ONCE]
     return members
@@ -114,13 +136,14 @@ def once_members(spec: Spec, node: Node, files: Mapping[str, str]) -> list[Membe
 
 
 def host_parts(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], script: bytes,
-               binary: bytes | None) -> list[tuple[str, bytes]]:
+               binary: bytes | None, hosts: bytes | None = None,
+               retired: frozenset[str] = frozenset()) -> list[tuple[str, bytes]]:
     """The archives of one host's installer, in order: `base` (with the host's settings under /etc), then
     `node-<node>` and `once-<node>` per node (a `once-` archive only where the node has such a file)."""
-    parts = [("base", archive([*host_members(spec, script, binary), *setting_members(spec)]))]
+    parts = [("base", archive([*host_members(spec, script, binary, hosts), *setting_members(spec)]))]
     for node in nodes:
         named = files.get(node.name, {})
-        parts.append((f"node-{node.name}", archive(node_members(spec, node, named))))
+        parts.append((f"node-{node.name}", archive(node_members(spec, node, named, node.name in retired))))
         once = once_members(spec, node, named)
         if once:
             parts.append((f"once-{node.name}", archive(once)))
@@ -147,9 +170,10 @@ def installer(body: str, user: str, root: str, parts: Sequence[tuple[str, bytes]
 
 
 def host_installers(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mapping[str, str]], body: str,
-                    script: bytes, binary: bytes | None) -> dict[str, bytes]:
+                    script: bytes, binary: bytes | None, hosts: bytes | None = None,
+                    retired: frozenset[str] = frozenset()) -> dict[str, bytes]:
     """`install-<host>.sh` -> the installer for that host's nodes among `nodes` (byte for byte the same for the
-    same input)."""
-    hosts = sorted({n.host for n in nodes})
+    same input); hosts: the hosts table every base archive carries; retired: nodes that get their record only."""
+    names = sorted({n.host for n in nodes})
     return {f"install-{host}.sh": installer(body, service_user(spec), remote_root(spec), host_parts(
-        spec, [n for n in nodes if n.host == host], files, script, binary)) for host in hosts}
+        spec, [n for n in nodes if n.host == host], files, script, binary, hosts, retired)) for host in names}

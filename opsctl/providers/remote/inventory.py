@@ -7,6 +7,7 @@ host"."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -118,14 +119,17 @@ def group_name(text: str) -> str:
 
 
 def build_inventory(loaded: LoadedSpec, files_dir: str, known_hosts: str,
-                    only: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """The inventory as data. only: node name -> file names, to deploy just those (default: all nodes). Every group
-    name starts with opsctl_<spec>_ (masters, replicas, sentinels, the topology): inventories merge without a clash."""
+                    only: dict[str, list[str]] | None = None, removed: Sequence[Host] = ()) -> dict[str, Any]:
+    """The inventory as data. only: node name -> file names, to deploy just those (default: all nodes; a retired
+    node's tombstone only when named). removed: hosts the spec no longer has that still hold its nodes (being
+    drained). Every group name starts with opsctl_<spec>_ (masters, replicas, sentinels, the topology): inventories
+    merge without a clash."""
     spec = loaded.spec
     nodes = [n for n in loaded.layout.nodes if only is None or n.name in only]
+    nodes += [n for n in loaded.layout.retired if only is not None and n.name in only]
     hosts: dict[str, Any] = {}
     roles: dict[str, dict[str, None]] = {group: {} for group in ROLE_GROUPS.values()}
-    for host in spec.hosts:
+    for host in [*spec.hosts, *removed]:
         mine = [n for n in nodes if n.host == host.name]
         if not mine:
             continue

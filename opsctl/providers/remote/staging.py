@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.resources import data_dir
-from opsctl.providers.remote.bundle import host_installers
+from opsctl.providers.remote.bundle import host_installers, hosts_table
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import Host
 from opsctl.state.safefs import write_private
 
 FileMap = Mapping[str, Mapping[str, str]]
@@ -37,13 +38,16 @@ def read_binary(path: str) -> bytes:
         return handle.read(BINARY_LIMIT + 1)[:BINARY_LIMIT]
 
 
-def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap) -> None:
-    """Write the installers for these nodes (node name -> file name -> text) under files_dir, 0600."""
+def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap, hosts: Sequence[Host] = ()) -> None:
+    """Write the installers for these nodes (node name -> file name -> text; retired nodes' tombstones too) under
+    files_dir, 0600; hosts: the hosts table their base archives carry (none without)."""
     spec = loaded.spec
-    nodes = [n for n in loaded.layout.nodes if n.name in files]
+    nodes = [n for n in [*loaded.layout.nodes, *loaded.layout.retired] if n.name in files]
     scripts = data_dir("playbooks") / "files"
     body = (scripts / "opsctl-install.sh").read_text()
     control = (scripts / "opsctl-node.sh").read_bytes()
     binary = read_binary(loaded.server_binary) if loaded.server_binary else None
-    for name, data in host_installers(spec, nodes, files, body, control, binary).items():
+    table = hosts_table(hosts) if hosts else None
+    retired = frozenset(n.name for n in loaded.layout.retired)
+    for name, data in host_installers(spec, nodes, files, body, control, binary, table, retired).items():
         write_private(files_dir / name, data)
