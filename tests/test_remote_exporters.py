@@ -177,3 +177,35 @@ def written_targets(capsys: pytest.CaptureFixture[str], lab: netns.Lab, spec: Pa
     assert lab.ssh(host, f"cat {path}").stdout == printed
     assert lab.ssh(host, f"stat -c %a {path}; rm {path}").stdout.strip() == "644"
     assert json.loads(printed)[0]["labels"]["topology"] == loaded.spec.name
+
+
+def test_exporters_speak_tls_with_the_topology_ca(lab: netns.Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """tls.enabled with generated certificates (Redis 7.0 from the OS package): each exporter talks rediss:// to its
+    node with its own 0600 copies of the topology's CA bundle and the node's certificate and key, never skipping
+    verification, and answers redis_up 1 from nodes that refuse a plaintext client."""
+    monkeypatch.setenv("OPSCTL_SSH_KNOWN_HOSTS", lab.known_hosts)
+    data = remote_spec(lab, "replication", "redis", tls={"enabled": True, "generate": True},
+                       metrics={"exporter": True})
+    data["server"]["user"] = "valkey"  # as test_remote_e2e's TLS test: a user whose attributes already match
+    spec = write_spec(tmp_path, data)
+    loaded = read_spec(spec)
+    offset = loaded.spec.metrics.port_offset
+    with cleanup(spec):
+        apply(capsys, spec)
+        for node in loaded.layout.nodes:
+            assert redis_up(scrape(node, offset)) == "1", node.name
+            host, home = host_of(lab, node), exporter_home(loaded, node)
+            pid = exporter_pid(lab, loaded, node)
+            argv = lab.ssh(host, f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+            assert f"rediss://{node.address}:{node.port}" in argv and f"-tls-ca-cert-file {home}/tls-ca.crt" in argv
+            assert "skip-tls-verification" not in argv, argv
+            modes = lab.ssh(host, f"stat -c '%a %U' {home}/tls.key {home}/tls-ca.crt").stdout.split("\n")
+            assert modes[:2] == ["600 opsctl-exporter", "600 opsctl-exporter"], modes
+            with pytest.raises(redis.exceptions.ConnectionError):
+                redis.Redis(node.address, node.port, socket_timeout=3).ping()
+        key = (state_dir(loaded) / "tls" / "nodes" / f"{loaded.layout.nodes[0].name}.key").read_text().splitlines()[1]
+        artifacts = state_dir(loaded) / "ansible" / "artifacts"
+        assert not any(key in f.read_text(errors="replace") for f in artifacts.rglob("*") if f.is_file())
+        code, _, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
+        assert code == 0, err
