@@ -27,7 +27,7 @@ from opsctl.base.events import Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
-from opsctl.net.fanout import Borrowed
+from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.layout import Node
@@ -201,7 +201,8 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                 future = None
             try:
                 for link in links:
-                    _read(connector, store, link, state_dir, emit, options, wait)
+                    _read(connector, store, link, state_dir, emit, options, wait, flush_when_due=False)
+                flush_due(store, links, options, emit)
             except StreamGap:
                 for link in links:
                     flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
@@ -279,8 +280,15 @@ def _finished(future: Future[Base], emit: Emit) -> Base | None:
         return None
 
 
+def flush_due(store: Store, links: list[Link], options: ArchiveOptions, emit: Emit) -> None:
+    """Every shard's due segment stored side by side: one store round trip for all shards, not one after another
+    (a failure is raised once the others ended; those stored count)."""
+    now = time.time()
+    fan_out(lambda link: flush(store, link, emit), [link for link in links if _due(link, options, now)])
+
+
 def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit: Emit, options: ArchiveOptions,
-          wait: float) -> None:
+          wait: float, flush_when_due: bool = True) -> None:
     if link.stream is None:
         flush(store, link, emit)
         attach(connector, link, state_dir, options.reconnect_timeout)
@@ -297,7 +305,7 @@ def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit:
         return
     link.pending += entries
     link.pending_bytes += sum(sum(len(a) for a in e.args) + 16 for e in entries)
-    if _due(link, options, time.time()):
+    if flush_when_due and _due(link, options, time.time()):
         flush(store, link, emit)
 
 
