@@ -29,7 +29,7 @@ from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
-from opsctl.providers.remote.bundle import HOSTS_FILE, parse_hosts_table, plain_name
+from opsctl.providers.remote.bundle import HOSTS_FILE, parse_hosts_table, parse_tombstones, plain_name
 from opsctl.providers.remote.hostsettings import host_setting_paths
 from opsctl.providers.remote.inventory import (
     binary_path,
@@ -85,6 +85,7 @@ class AnsibleProvider:
         self._host_locks_guard = threading.Lock()  # not self._lock: admin_endpoint connects while holding that
         self._node_dirs: dict[str, str] = {}
         self._removed: dict[str, Host] = {}  # hosts the spec no longer has that hold live nodes (deployed_records)
+        self._tombstones: dict[str, dict[str, Any]] = {}  # retired names -> placement, carried in every hosts table
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
@@ -110,7 +111,7 @@ class AnsibleProvider:
         chosen = self.rendered() if files is None else files
         staging = private_dir(self.data_dir) / "files"
         try:
-            stage(self.loaded, staging, chosen, [*self.loaded.spec.hosts, *self._removed.values()])
+            stage(self.loaded, staging, chosen, [*self.loaded.spec.hosts, *self._removed.values()], self._tombstones)
             inventory = build_inventory(self.loaded, str(staging), self.known_hosts,
                                         only={node: sorted(named) for node, named in chosen.items()},
                                         removed=list(self._removed.values()))
@@ -175,33 +176,39 @@ class AnsibleProvider:
             return {}
         merged: dict[str, dict[str, Any]] = {}
         listed: list[Host] = []
-        for found, table in fan_out(self._records_on, list(spec.hosts)):
+        carried: dict[str, dict[str, Any]] = {}
+        for found, table, tombstones in fan_out(self._records_on, list(spec.hosts)):
             merged.update(found)
             listed += table
+            carried.update(tombstones)
         names = {h.name for h in spec.hosts}
         removed = {h.name: h for h in listed if h.name not in names}
         self._removed.update(removed)
         for host in removed.values():
             try:
-                found, _ = self._records_on(host)
+                found, _, tombstones = self._records_on(host)
             except OpsctlError:
-                found = {}
+                found, tombstones = {}, {}
+            carried.update(tombstones)
             if not any(not record.get("retired") for record in found.values()):
                 self._removed.pop(host.name, None)
             merged.update(found)
+        merged = {**carried, **merged}  # a record on its host wins over the copy a table carries
+        self._tombstones = {name: record["deployed"] for name, record in merged.items()
+                            if record.get("retired") and isinstance(record.get("deployed"), dict)}
         return merged
 
-    def _records_on(self, host: Host) -> tuple[dict[str, dict[str, Any]], list[Host]]:
-        """The node records under the spec's root on host, and the hosts table lying there."""
+    def _records_on(self, host: Host) -> tuple[dict[str, dict[str, Any]], list[Host], dict[str, dict[str, Any]]]:
+        """The node records under the spec's root on host, and the hosts and tombstones of the table lying there."""
         spec = self.loaded.spec
         root = remote_root(spec)
         probe = Node(f"{spec.name}-0", host.name, host.address, 0, "master")
 
-        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, dict[str, Any]], list[Host]]:
+        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, dict[str, Any]], list[Host], dict[str, dict[str, Any]]]:
             try:
                 entries = sorted(sftp.listdir(root))
             except OSError:
-                return {}, []
+                return {}, [], {}
             found = {}
             for entry in entries:
                 if not is_node_name(spec, entry):
@@ -210,7 +217,8 @@ class AnsibleProvider:
                                       f"{RECORD} of {entry} on host {host.name}")
                 if record:
                     found[entry] = record
-            return found, parse_hosts_table(ssh.read_file(sftp, f"{root}/{HOSTS_FILE}"))
+            table = ssh.read_file(sftp, f"{root}/{HOSTS_FILE}")
+            return found, parse_hosts_table(table), parse_tombstones(table)
 
         return self._over_sftp(probe, look, f"list {root} on")
 

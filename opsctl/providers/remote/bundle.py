@@ -76,19 +76,41 @@ def host_members(spec: Spec, script: bytes, binary: bytes | None, hosts: bytes |
     return members
 
 
-def hosts_table(hosts: Sequence[Host]) -> bytes:
+def hosts_table(hosts: Sequence[Host], tombstones: Mapping[str, Mapping[str, object]] | None = None) -> bytes:
     """HOSTS_FILE: how to reach each host that holds the spec's nodes (name, address and SSH settings; no secret:
-    ssh_key is a path on the control machine). A host later removed from the spec is found through it, to drain."""
-    return (json.dumps([{key: h.model_dump()[key] for key in HOST_KEYS} for h in hosts], indent=1) + "\n").encode()
+    ssh_key is a path on the control machine). A host later removed from the spec is found through it, to drain.
+    tombstones: retired nodes' placements (name -> their record's `deployed`), carried on every host the deploy
+    touches, so a run with a fresh state dir never gives a retired name again once the host that held its
+    tombstone is gone from the spec (docs/changing-the-fleet.md). Without any, the table is the plain list."""
+    entries = [{key: h.model_dump()[key] for key in HOST_KEYS} for h in hosts]
+    data: object = entries if not tombstones else {
+        "hosts": entries, "retired": {name: dict(placed) for name, placed in sorted(tombstones.items())}}
+    return (json.dumps(data, indent=1, sort_keys=isinstance(data, dict)) + "\n").encode()
 
 
 def parse_hosts_table(text: str | None) -> list[Host]:
     """The hosts HOSTS_FILE names; [] for none or an unreadable file (it is a hint for finding hosts, not state)."""
     try:
         data = json.loads(text or "[]")
-        return [Host(**{key: entry[key] for key in HOST_KEYS}) for entry in data] if isinstance(data, list) else []
-    except (ValueError, TypeError, KeyError, OpsctlError):
+        entries = data.get("hosts", []) if isinstance(data, dict) else data
+        return [Host(**{key: entry[key] for key in HOST_KEYS}) for entry in entries] if isinstance(entries, list) \
+            else []
+    except (ValueError, TypeError, KeyError, AttributeError, OpsctlError):
         return []
+
+
+def parse_tombstones(text: str | None) -> dict[str, dict[str, object]]:
+    """The retired nodes' placements HOSTS_FILE carries, as tombstone records ({retired, deployed}); {} for none or
+    an unreadable file."""
+    try:
+        data = json.loads(text or "[]")
+    except ValueError:
+        return {}
+    retired = data.get("retired") if isinstance(data, dict) else None
+    if not isinstance(retired, dict):
+        return {}
+    return {str(name): {"retired": True, "deployed": dict(placed)} for name, placed in retired.items()
+            if isinstance(placed, dict)}
 
 
 def setting_members(spec: Spec) -> list[Member]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from opsctl.base.errors import OpsctlError
 from opsctl.base.resources import data_dir
 from opsctl.providers.remote.bundle import host_installers, hosts_table
+from opsctl.spec.layout import deployed_record
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
 from opsctl.state.safefs import write_private
@@ -38,16 +39,19 @@ def read_binary(path: str) -> bytes:
         return handle.read(BINARY_LIMIT + 1)[:BINARY_LIMIT]
 
 
-def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap, hosts: Sequence[Host] = ()) -> None:
+def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap, hosts: Sequence[Host] = (),
+          tombstones: Mapping[str, Mapping[str, object]] | None = None) -> None:
     """Write the installers for these nodes (node name -> file name -> text; retired nodes' tombstones too) under
-    files_dir, 0600; hosts: the hosts table their base archives carry (none without)."""
+    files_dir, 0600; hosts: the hosts table their base archives carry (none without), with the tombstones known
+    (name -> placement) and those of the nodes this run retires."""
     spec = loaded.spec
     nodes = [n for n in [*loaded.layout.nodes, *loaded.layout.retired] if n.name in files]
     scripts = data_dir("playbooks") / "files"
     body = (scripts / "opsctl-install.sh").read_text()
     control = (scripts / "opsctl-node.sh").read_bytes()
     binary = read_binary(loaded.server_binary) if loaded.server_binary else None
-    table = hosts_table(hosts) if hosts else None
+    retiring = {n.name: deployed_record(n) for n in loaded.layout.retired}
+    table = hosts_table(hosts, {**(tombstones or {}), **retiring}) if hosts else None
     retired = frozenset(n.name for n in loaded.layout.retired)
     for name, data in host_installers(spec, nodes, files, body, control, binary, table, retired).items():
         write_private(files_dir / name, data)
