@@ -414,7 +414,7 @@ def test_unreachable_host_names_host_and_task(lab: netns.Lab, tmp_path: Path) ->
 
 
 def test_backup_and_restore_over_ssh(ssh_env: netns.Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A replication topology on the lab: the backup is saved by a replica and its RDB streamed back over SFTP;
+    """A replication topology on the lab: the backup is a replica's copy, sent as to a replica would be;
     keys deleted afterwards come back with `opsctl restore --from DIR` (keys, values and TTLs)."""
     import redis
 

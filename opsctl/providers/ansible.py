@@ -156,13 +156,6 @@ class AnsibleProvider:
         path = f"{self.paths(node).dir}/{name}"
         return self._over_sftp(node, lambda sftp: ssh.read_file(sftp, path), f"read {path} on")
 
-    def fetch_file(self, node: Node, path: str, sink: Callable[[bytes], object]) -> None:
-        """Stream a file of the node's host (its RDB) over this provider's SSH connection (SFTP)."""
-        try:
-            ssh.stream_file(self._client(node), self._target(node), path, sink)
-        except ssh.GONE as exc:
-            raise ssh.ssh_error(self._target(node), exc, f"read {path} on") from None
-
     def load_record(self, node: Node) -> dict[str, Any]:
         return parse_record(self.read_file(node, RECORD), node.name, f"{RECORD} on host {node.host}")
 

@@ -255,21 +255,6 @@ def realpath(sftp: paramiko.SFTPClient, path: str) -> str | None:
         return None
 
 
-def stream_file(client: paramiko.SSHClient, target: SshTarget, path: str, sink: Callable[[bytes], object],
-                window: int = 8 << 20, block: int = 32 << 10) -> int:
-    """Feed path's bytes to sink in order, `window` bytes in flight at a time (never the whole file in memory).
-    The size is taken at open: a file replaced by rename meanwhile is still read whole from the open handle."""
-    with open_sftp(client, target) as sftp, sftp.open(path, "rb") as handle:
-        size = handle.stat().st_size or 0
-        offset = 0
-        while offset < size:
-            end = min(size, offset + window)
-            for data in handle.readv([(o, min(block, end - o)) for o in range(offset, end, block)]):
-                sink(bytes(data))
-            offset = end
-    return size
-
-
 class Tunnel:
     """Forward 127.0.0.1:<local_port> to remote_address:remote_port as the SSH host sees it."""
 
