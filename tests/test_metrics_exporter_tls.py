@@ -14,7 +14,7 @@ import redis
 from opsctl.base.poll import wait_for
 from opsctl.plan.exporters import EXPORTER_BINARY
 from opsctl.render.exporter import EXPORTER_USER
-from tests.lifecycle import deployed, plan_json
+from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD
 from tests.test_metrics_exporter_live import _needs, _proc_texts, _redis_up, _scrape
 
@@ -50,4 +50,12 @@ def test_the_exporter_scrapes_a_tls_node_with_the_topology_ca(tmp_path: Path,
             with pytest.raises(redis.exceptions.ConnectionError):
                 plain.ping()  # the node speaks TLS only: the exporter's redis_up 1 came over TLS
             plain.close()
+        assert plan_json(capsys, spec)["steps"] == []
+
+        for step in ([], ["--new-ca"], [], ["--drop-old-ca"]):  # a whole CA rotation: each exporter keeps scraping
+            code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), *step, "--auto-approve")
+            assert code == 0, err + out
+            for node in loaded.layout.nodes:
+                wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", 15.0,
+                         f"redis_up 1 from {node.name} after tls rotate {' '.join(step)}")
         assert plan_json(capsys, spec)["steps"] == []

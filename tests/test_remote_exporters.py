@@ -23,6 +23,7 @@ import pytest
 import redis
 import yaml
 
+from opsctl.base.poll import wait_for
 from opsctl.base.secrets import Secret
 from opsctl.plan.exporters import EXPORTER_BINARY, PASSWORD_FILE
 from opsctl.render.exporter import EXPORTER_USER, exporter_secret
@@ -205,6 +206,13 @@ def test_exporters_speak_tls_with_the_topology_ca(lab: netns.Lab, tmp_path: Path
             with pytest.raises(redis.exceptions.ConnectionError):
                 redis.Redis(node.address, node.port, socket_timeout=3).ping()
         key = (state_dir(loaded) / "tls" / "nodes" / f"{loaded.layout.nodes[0].name}.key").read_text().splitlines()[1]
+        for step in (["--new-ca"], [], ["--drop-old-ca"]):  # a whole CA rotation: the exporters' copies follow
+            code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), *step, "--auto-approve")
+            assert code == 0, err + out
+            for node in loaded.layout.nodes:
+                wait_for(lambda n=node: redis_up(scrape(n, offset)) == "1", 20.0,
+                         f"redis_up 1 from {node.name} after tls rotate {' '.join(step)}")
+        assert plan_json(capsys, spec)["steps"] == []
         artifacts = state_dir(loaded) / "ansible" / "artifacts"
         assert not any(key in f.read_text(errors="replace") for f in artifacts.rglob("*") if f.is_file())
         code, _, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")

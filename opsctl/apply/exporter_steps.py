@@ -31,6 +31,9 @@ class Exporters(Protocol):
 
     def remove(self, node: Node) -> None: ...
 
+    def renew_tls(self) -> None:
+        """After `tls rotate`: the exporters use the nodes' new TLS files (a copy-holding provider redeploys)."""
+
 
 def exporters_of(rt: Runtime) -> Exporters | None:
     """The provider's exporters; None for a provider that runs none (an error when the spec asks for them)."""
@@ -101,3 +104,10 @@ def remove_exporter(rt: Runtime, node: Node) -> None:
     exporters = exporters_of(rt) if known else None
     if exporters is not None:
         exporters.remove(node)
+
+
+def exporters_follow_tls(rt: Runtime) -> None:
+    """After `tls rotate` changed the nodes' TLS files: exporters that hold copies of them get the new ones."""
+    exporters = exporters_of(rt)
+    if exporters is not None and rt.loaded.spec.metrics.exporter:
+        exporters.renew_tls()

@@ -15,6 +15,7 @@ from typing import Literal
 import redis
 
 from opsctl.apply.connect import make_connector
+from opsctl.apply.exporter_steps import exporters_follow_tls
 from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
@@ -62,6 +63,7 @@ def rotate(rt: Runtime, mode: Mode, emit: Emit) -> list[str]:
         check_held(rt.connector)  # a run that lost its topology lock touches no further node
         lines.append(_restart_sentinel(rt, connector, node) if node.is_sentinel else _reload(rt, connector, node))
         emit(Note(lines[-1]))
+    exporters_follow_tls(rt)
     return lines
 
 

@@ -106,6 +106,11 @@ class AnsibleExporters:
             shutil.rmtree(staging, ignore_errors=True)
         _DEPLOYED[provider] = True
 
+    def renew_tls(self) -> None:
+        """Each exporter holds copies of its node's TLS files: exporters.yml ships the new ones and restarts the
+        exporters whose files changed."""
+        self.deploy()
+
     def remove(self, node: Node) -> None:
         """Stop the node's exporter and delete its folder (password file included), settings and unit."""
         result = self.provider._run(node, remote.remove_command(self.loaded, node))

@@ -43,6 +43,9 @@ class LocalExporters:
     def __init__(self, provider: LocalProvider) -> None:
         self.provider = provider
 
+    def renew_tls(self) -> None:
+        """Nothing: a local exporter reads the node's own TLS files, which `tls rotate` renewed in place."""
+
     def _pids(self, node: Node) -> list[int]:
         """The exporters working in the node's folder, from one /proc scan."""
         folder = os.path.realpath(self.provider.node_dir(node))
