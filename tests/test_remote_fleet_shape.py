@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from opsctl.providers.ansible import AnsibleProvider
 from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import netns_lab, write_spec
+from tests.support import PASSWORD, netns_lab, write_spec
 from tests.test_remote_e2e import cleanup, remote_spec, state_dir
 from tests.test_scale_cluster import kept_everything
 from tests.test_slots_reshard import preload
@@ -69,6 +70,16 @@ def fresh_runner_steps(capsys: pytest.CaptureFixture[str], spec: Path, tmp_path:
     assert code in (0, 2), err + out
     steps: list[Any] = json.loads(out)["steps"]
     return steps
+
+
+def known_addresses(placed: dict[str, dict[str, Any]]) -> set[str]:
+    """The address of every node any live node's CLUSTER NODES lists (itself included)."""
+    seen = set()
+    for where in placed.values():
+        client = redis.Redis(host=where["address"], port=where["port"], password=PASSWORD, decode_responses=True)
+        lines = str(client.execute_command("CLUSTER", "NODES")).splitlines()
+        seen |= {line.split()[1].rsplit(":", 1)[0] for line in lines if line}
+    return seen
 
 
 def applied(capsys: pytest.CaptureFixture[str], spec: Path, masters: str) -> float:
@@ -148,6 +159,8 @@ def test_a_host_removed_from_the_spec_is_drained(lab: netns.Lab, tmp_path: Path,
         members_apart(left)
         h2 = next(h for h in lab.hosts if h.name == "h2")
         assert lab.processes(h2) == ["sshd"], lab.processes(h2)
+        known = known_addresses(left)  # h2's nodes forgotten on every node
+        assert h2.address not in known and {where["address"] for where in left.values()} <= known, known
         kept_everything(spec, writer, before, "3 masters")
         with capsys.disabled():  # the figures for the issue's closing note
             print(f"\nlab drain valkey: keys {KEYS}, writes acknowledged {len(writer.acked)}, lost 0, "
