@@ -21,6 +21,8 @@ from opsctl.backup.catalog import read_bases
 from opsctl.backup.offsite import open_store
 from opsctl.backup.segment import chain, decode_segment, parse_name
 from opsctl.backup.store import parse_location
+from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import Pending, wait_for
 from tests.s3server import S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
 from tests.support import admin_for, free_base_port
 from tests.test_archive_live import Archiver
@@ -159,10 +161,19 @@ def test_an_outage_of_the_store_is_ridden_out_and_a_long_one_starts_a_new_base(t
         notes = _notes(archiver)
         assert any("the store failed" in n for n in notes) and not any("gap:" in n for n in notes), notes
         base = read_bases(open_store(parse_location(s3_prefix)))[0].name
-        stored = stored_writes(s3_prefix, base)
-        assert len(stored) == len(set(stored)), "a write stored twice"
-        first = min(stored)  # writes before the base's copy are in the base, not in a segment
-        missing = [i for i in acked if i > first and i not in set(stored)]
+        client.set("flush", 1)  # the stream moves on past the last acknowledged write: its segment closes
+
+        def missing_writes() -> list[int]:
+            """Acknowledged writes not (yet) in a stored segment: the last ones may be in the segment still open."""
+            stored = stored_writes(s3_prefix, base)
+            assert len(stored) == len(set(stored)), "a write stored twice"
+            first = min(stored)  # writes before the base's copy are in the base, not in a segment
+            return [i for i in acked if i > first and i not in set(stored)]
+
+        with suppress(OpsctlError):
+            wait_for(lambda: missing_writes() == [] or Pending("the last segment is not stored yet"), 10.0,
+                     "every acknowledged write in a stored segment", 0.2)
+        missing = missing_writes()
         assert missing == [], missing[:20]
 
         master = next(n for n in loaded.layout.servers if n.role == "master")
