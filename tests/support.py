@@ -8,8 +8,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -156,25 +156,33 @@ def tls_client_options(state_dir: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def bare_server(flavor: str, directory: Path) -> Iterator[Any]:
-    """A server with no config of opsctl's (no auth, no persistence) on a fresh loopback address, for tests
-    that read what the server itself answers (its command table, its directives); a client while it runs."""
-    import time
-
+def bare_server(flavor: str, directory: Path, conf_lines: Sequence[str] = (), password: str | None = None) \
+        -> Iterator[Any]:
+    """A server with no config of opsctl's (no persistence; no auth unless conf_lines set one) on a fresh loopback
+    address, for tests that read what the server itself answers (its command table, its directives) or that need a
+    store opsctl did not deploy; a client while it runs. Its settings go in a config file in directory, so a
+    password in conf_lines is on no command line."""
     import redis
+
+    from opsctl.base.poll import Pending, wait_for
 
     address = loopback_hosts(1)[0]
     port = free_base_port([address], 1, bus=False)
-    proc = subprocess.Popen([server_binary(flavor), "--bind", address, "--port", str(port), "--save", "",
-                             "--appendonly", "no", "--dir", str(directory)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(host=address, port=port, decode_responses=True)
+    conf = directory / "bare.conf"
+    conf.write_text("\n".join([f"bind {address}", f"port {port}", 'save ""', "appendonly no", f"dir {directory}",
+                               *conf_lines]) + "\n")
+    proc = subprocess.Popen([server_binary(flavor), str(conf)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(host=address, port=port, password=password, decode_responses=True)
+
+    def answers() -> bool | Pending:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError as exc:
+            return Pending(str(exc))
+
     try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
+        with suppress(OpsctlError):  # a server that never answers fails the test at its first command
+            wait_for(answers, 4.0, f"the {flavor} server at {address}:{port}", 0.02)
         yield client
     finally:
         client.close()

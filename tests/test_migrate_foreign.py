@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.lifecycle import deployed, run
-from tests.support import cluster_check, free_base_port, loopback_hosts, server_binary
+from tests.support import bare_server, cluster_check
 from tests.test_migrate_live import TARGET, Migrate, fill
 from tests.writer import Writer, cluster_client
 
@@ -28,25 +28,9 @@ SECRET = "foreign-pw-5e0b7c1d93a4"
 @contextmanager
 def foreign_redis(folder: Path) -> Iterator[tuple[str, int]]:
     """A Redis 7.0 of the test's own (not opsctl's), password in its config file, not on its command line."""
-    address = loopback_hosts(1)[0]
-    port = free_base_port([address], 1, bus=False)
-    conf = folder / "redis.conf"
-    conf.write_text(f"bind {address}\nport {port}\nrequirepass {SECRET}\nsave \"\"\nappendonly no\n"
-                    f"dir {folder}\nrepl-backlog-size 64mb\n")
-    proc = subprocess.Popen([server_binary("redis"), str(conf)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(host=address, port=port, password=SECRET)
-    try:
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        yield address, port
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
+    with bare_server("redis", folder, [f"requirepass {SECRET}", "repl-backlog-size 64mb"], SECRET) as client:
+        where = client.connection_pool.connection_kwargs
+        yield str(where["host"]), int(where["port"])
 
 
 def children_argv() -> str:

@@ -20,6 +20,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
+from opsctl.backup.manifest import utc_iso
 from opsctl.backup.store import FolderStore, Store
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
@@ -44,7 +45,7 @@ class LeaseRecord:
     renewed: float
 
     def text(self, now: float) -> str:
-        at = datetime.fromtimestamp(self.renewed, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        at = utc_iso(datetime.fromtimestamp(self.renewed, timezone.utc))
         return (f"archiver {self.owner} on host {self.host}, pid {self.pid}, last renewed {at} "
                 f"({now - self.renewed:.0f}s ago)")
 
