@@ -31,6 +31,10 @@ REATTACH_TIMEOUT = 60.0  # how long a shard without a member to attach to is wai
 LINK_TIMEOUT = 30.0
 
 
+class NoMemberAnswers(OpsctlError):
+    """No member of a source shard answers now: while streaming, a failover in progress is waited out."""
+
+
 @dataclass
 class ShardRun:
     """A source shard's worker and what the progress display reads (offsets, lag)."""
@@ -76,7 +80,7 @@ class ShardRun:
         master = next((ln.node for ln in live if ln.role == "master"), None)
         node = replica or master
         if node is None:
-            raise OpsctlError(f"source {self.key}: no member answers", "; ".join(ln.error for ln in live),
+            raise NoMemberAnswers(f"source {self.key}: no member answers", "; ".join(ln.error for ln in live),
                               "start them (`opsctl status -f SOURCE_SPEC`), then re-run: it resumes")
         return node
 
@@ -163,8 +167,8 @@ class ShardRun:
                                       f"{type(exc).__name__}: {exc}", "re-run the same command: it resumes") from None
                 self.streaming = False
                 time.sleep(0.2)
-            except OpsctlError as exc:
-                if "no member answers" not in exc.summary or time.monotonic() - last_good > REATTACH_TIMEOUT:
+            except NoMemberAnswers:
+                if time.monotonic() - last_good > REATTACH_TIMEOUT:
                     raise
                 self.streaming = False
                 time.sleep(0.2)
