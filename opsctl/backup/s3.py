@@ -83,7 +83,8 @@ class S3Store:
                 reply = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
                 data = reply["Body"].read(limit + 1)
         except OpsctlError as exc:
-            if isinstance(exc.__context__, ClientError) and "NoSuchKey" in exc.summary:
+            cause = exc.__context__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "NoSuchKey":
                 return None
             raise
         if len(data) > limit:

@@ -97,12 +97,13 @@ class LocalExporters:
                 raise self._failed(node, run, log, offset, f"it exited with code {process.returncode}")
             return True if port_accepts(node.address, port) else Pending(f"port {port} does not accept yet")
 
+        what = f"the redis_exporter of {node.name} to listen on {node.address}:{port}"
         try:
-            wait_for(up, START_TIMEOUT, f"the redis_exporter of {node.name} to listen on {node.address}:{port}", 0.02)
-        except OpsctlError as exc:
+            wait_for(up, START_TIMEOUT, what, 0.02, on_timeout=lambda _: self._failed(
+                node, run, log, offset, f"timed out after {START_TIMEOUT:g}s waiting for {what}"))
+        except OpsctlError:
             self.stop(node)
-            raise exc if exc.summary.startswith("the redis_exporter") else \
-                self._failed(node, run, log, offset, exc.summary) from None
+            raise
         write_private(folder / STATE_FILE, run.digest + "\n")
 
     def _failed(self, node: Node, run: ExporterRun, log: Path, offset: int, reason: str) -> OpsctlError:
