@@ -47,6 +47,12 @@ def test_a_killed_backup_leaves_nothing_taken_for_a_backup(tmp_path, capsys) -> 
         delays = [took * (i + rng.random()) / 7.5 for i in range(6)]  # over 0-80% of the run: the last one mid-save
         codes = [_killed_backup(spec, to, delay) for delay in delays]
         half = [p.name for p in to.iterdir() if p.name.endswith(".partial")]
+        for _ in range(6):  # none landed mid-save (a fast save's window is short): more kills inside the save
+            if half:
+                break
+            delays.append(took * (0.4 + 0.4 * rng.random()))
+            codes.append(_killed_backup(spec, to, delays[-1]))
+            half = [p.name for p in to.iterdir() if p.name.endswith(".partial")]
         assert codes.count(-signal.SIGKILL) >= 4 and half, (delays, codes)  # most runs killed, some mid-save
         code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(to), "--output", "json")
         assert code == 0, err + out
