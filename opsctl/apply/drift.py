@@ -13,7 +13,7 @@ from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Link
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.resp import Command, RespError, TextReply
-from opsctl.plan.facts import NodeFacts
+from opsctl.plan.facts import NodeFacts, SentinelEntry
 from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.rotation import managed_users
 from opsctl.render import render_acl
@@ -104,4 +104,7 @@ def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
         return dataclasses.replace(f, sentinel_config=settings)
     pairs = dict(zip(replies[0][::2], replies[0][1::2], strict=False))
     settings |= {key: str(pairs[key]) for key in SENTINEL_LIVE if key in pairs}
-    return live_users(rt, node, dataclasses.replace(f, sentinel_config=settings))
+    epoch = str(pairs.get("config-epoch", ""))
+    entry = SentinelEntry(int(epoch), "failover_in_progress" in str(pairs.get("flags", "")).split(",")) \
+        if epoch.isdigit() else None
+    return live_users(rt, node, dataclasses.replace(f, sentinel_config=settings, sentinel_entry=entry))

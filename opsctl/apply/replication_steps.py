@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import redis
+
 from opsctl.apply.execution import Execution
 from opsctl.apply.gather import master_endpoint, shard_facts
 from opsctl.apply.runtime import Runtime
@@ -17,6 +19,7 @@ from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
 from opsctl.observe.parse import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
+from opsctl.plan.replication_steps import sentinel_settings
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
 from opsctl.spec.layout import Layout, Node, sentinel_master_name, sentinel_quorum
@@ -192,15 +195,29 @@ def sentinel_monitor(run: Execution, step: Step) -> None:
     address, port = _sentinels_master_now(run, step, step.master)
     name = sentinel_master_name(spec)
     topo = spec.sentinel_or_default()
+    masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
+                         daemonize=run.rt.provider.daemonize, master=(address, port))
+    renames = {k: v for k, v in sentinel_settings([d for s in masked.sections for d in s.directives]).items()
+               if k.startswith("rename-command ")}
     with run.rt.admin(node) as admin:
+        if _monitors(admin, name):
+            admin.call("SENTINEL", "REMOVE", name)  # a stale view (plan.replication_steps.stale_view)
         admin.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
         settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
                     "down-after-milliseconds": str(topo.down_after_ms),
                     "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
         if spec.auth.mode == "acl":
             settings["auth-user"] = spec.auth.admin_user
-        for key, value in settings.items():
-            admin.call("SENTINEL", "SET", name, key, value)
+        for key, value in [*settings.items(), *renames.items()]:
+            admin.call("SENTINEL", "SET", name, *key.split(), value)
+
+
+def _monitors(admin: Admin, name: str) -> bool:
+    try:
+        admin.call("SENTINEL", "MASTER", name)
+    except redis.ResponseError:  # ERR No such master with that name
+        return False
+    return True
 
 
 def _sentinels_master_now(run: Execution, step: Step, planned: str) -> tuple[str, int]:

@@ -14,6 +14,15 @@ from opsctl.plan import fence as fencing
 
 
 @frozen
+class SentinelEntry(Frozen):
+    """A sentinel's SENTINEL MASTER entry beyond its address: the configuration epoch it holds and whether it
+    runs a failover of that master now (its entry names the old master until the failover ends)."""
+
+    config_epoch: int
+    failing_over: bool
+
+
+@frozen
 class NodeFacts(Frozen):
     name: str
     running: bool
@@ -32,6 +41,7 @@ class NodeFacts(Frozen):
     accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
     exporter: str | None = None  # the settings digest its running redis_exporter was started with; None: none runs
     exporter_rules: tuple[str, ...] | None = None  # its exporter user's live ACL words (render.exporter); None: unread
+    sentinel_entry: SentinelEntry | None = None  # a sentinel's epoch and failover state; None: unread
 
     @classmethod
     def from_observation(cls, name: str, seen: NodeObservation | None, running: bool | None = None,

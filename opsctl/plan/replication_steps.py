@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
 from opsctl.base.secrets import MASK
 from opsctl.plan.desired import DesiredNode, unquote
@@ -21,7 +22,7 @@ from opsctl.plan.steps import (
     WriteConfig,
 )
 from opsctl.server.versions import parse_version, server_text
-from opsctl.spec.layout import Layout, sentinel_master_name
+from opsctl.spec.layout import Layout, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 
 
@@ -81,9 +82,37 @@ def sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts
                                    else f"process is not running ({f.process_detail or 'died'})"))
         elif not f.sentinel_master or f.sentinel_master[0] != name:
             steps.append(SentinelMonitor(node.name, f"does not monitor '{name}'", master))
+        elif (stale := stale_view(layout, facts, node.name, master, sentinel_quorum(loaded.spec))) is not None:
+            steps.append(SentinelMonitor(node.name, stale, master))
         elif f.server and f.server != server:
             steps.append(RestartNode(node.name, f"server {server_text(*f.server)} -> {server_text(*server)}"))
     return steps
+
+
+def stale_view(layout: Layout, facts: Facts, sentinel: str, master: str, quorum: int) -> str | None:
+    """Why a sentinel must monitor the master afresh, or None: it names a node that is not a master while at least
+    quorum other sentinels name the master, at a configuration epoch no older than its own. Sentinel takes another
+    sentinel's configuration only at a newer epoch, so it keeps such a view for good (seen when the promoted replica
+    of a failover died: the leader got the others' newer epoch while its own failover still named the old master,
+    then ended that failover on the dead replica). Monitoring afresh is what the others' hellos would have done.
+    Never while it runs a failover (its entry names the old master until that ends)."""
+    f, lead = facts[sentinel], layout.node(master)
+    named, entry, where = f.sentinel_master, f.sentinel_entry, (lead.address, lead.port)
+    if named is None or entry is None or entry.failing_over or named[1:] == where:
+        return None
+    if (role := facts[master].role) is None or role.kind != "master":
+        return None
+    seen = layout.find(f"{named[1]}:{named[2]}")
+    if seen is not None and seen.name in facts and (other := facts[seen.name].role) and other.kind == "master":
+        return None  # two masters: not a stale view (the server steps refuse or settle that)
+    agreeing = [n.name for n in layout.sentinels if n.name != sentinel
+                if (g := facts[n.name]).sentinel_master is not None and g.sentinel_master[1:] == where
+                and g.sentinel_entry is not None and g.sentinel_entry.config_epoch >= entry.config_epoch]
+    if len(agreeing) < quorum:
+        return None
+    return (f"names {seen.name if seen else endpoint(*named[1:])} as master, which is not one, while "
+            f"{', '.join(agreeing)} name {master} (config epoch {entry.config_epoch} or newer): a sentinel takes "
+            "the others' configuration only at a newer epoch, so it is monitored afresh")
 
 
 def with_sentinel_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts, steps: list[Step],
