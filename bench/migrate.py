@@ -6,7 +6,14 @@ master_link_status:up), as keys/s and ratios; then opsctl's stream lag and cutov
     .venv/bin/python bench/migrate.py [valkey|redis] [--keys 1000000] [--peer-keys 200000] [--rate 10000]
 
 Goals (issue 26): initial copy >= 0.5x the bare full sync's keys/s; lag under 1 s and a cutover pause <= 1 s at
-10k writes/s. redis-cli moves one key per MIGRATE, so it copies --peer-keys keys from its own source: compared by
+10k writes/s. The sides of any key-by-key copier are measured in the same run, with no Python in the timed path:
+the read side, `redis-cli --pipe` of a DUMP per key into the source; the write side, the same keys' DUMP payloads
+replayed as RESTOREs by `redis-cli --pipe` into a fresh cluster of the target's shape, one pipe per master at once.
+The ceiling of the design issue 26 prescribes (a server of the source's flavor parses the snapshot, then keys go
+over by slot) is printed from them: opsctl's pre-copy (about one bare full sync: attach, RDB, scratch load) plus
+the write side, which keeps both cores busy; the read side only lowers it further.
+
+redis-cli moves one key per MIGRATE, so it copies --peer-keys keys from its own source: compared by
 rate. The load average is printed before and after: compare runs only on a similar machine state.
 """
 
@@ -26,10 +33,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
+from redis.crc import key_slot
 
 from bench.restore import OPSCTL, cluster_keys, fill, load, master, timed, topology
+from opsctl.net.resp import encode
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, bare_server, redis_cli, server_binary, server_tmpdir
+
+CORES = os.cpu_count() or 1
 
 
 class Load:
@@ -67,8 +78,9 @@ class Load:
         self.thread.join(10)
 
 
-def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[float, float, dict[str, object]]:
-    """(seconds until every shard streams, the worst lag seen while streaming, the cutover report); prints when
+def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[float, float, float, dict[str, object]]:
+    """(seconds until every shard streams, seconds until the first key was copied, the worst lag seen while
+    streaming, the cutover report); prints when
     the first key was copied (before it: start, attach, the RDB's transfer, the scratch server's load)."""
     argv = [*OPSCTL, "migrate", "-f", str(target), "--from", str(source), "--auto-approve", "--cutover", "auto",
             "--output", "json"]
@@ -91,7 +103,7 @@ def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[flo
             report = event
     if proc.wait() != 0:
         raise RuntimeError(f"opsctl migrate failed: {proc.stderr.read()[-800:] if proc.stderr else ''}")
-    return copied_at, worst, report
+    return copied_at, first, worst, report
 
 
 def bare_full_sync(source: Path, keys: int) -> float:
@@ -109,6 +121,69 @@ def bare_full_sync(source: Path, keys: int) -> float:
     return seconds
 
 
+def server_cpu(spec: Path) -> float:
+    """CPU seconds (user + system) the topology's servers have used, from INFO cpu."""
+    total = 0.0
+    for node in read_spec(spec).layout.servers:
+        cpu = redis.Redis(host=node.address, port=node.port, password=PASSWORD).info("cpu")
+        total += float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    return total
+
+
+def dump_side(source: Path, folder: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(seconds, server CPU seconds) for the source to answer a DUMP of each of its keys, sent by
+    `redis-cli --pipe`."""
+    client, keys = master(source), folder / "dump.resp"
+    with keys.open("wb") as file:
+        for key in client.scan_iter(count=10_000):
+            file.write(encode((b"DUMP", key if isinstance(key, bytes) else key.encode())))
+    node = read_spec(source).layout.servers[0]
+    cpu, started = server_cpu(source), time.monotonic()
+    with keys.open("rb") as commands:
+        subprocess.run([redis_cli(), "-h", node.address, "-p", str(node.port), "--pipe"], stdin=commands, env=env,
+                       stdout=subprocess.DEVNULL, check=True)
+    return time.monotonic() - started, server_cpu(source) - cpu
+
+
+def restore_bound(source: Path, target: Path, folder: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(seconds, server CPU seconds) for the target's masters to absorb every source key as a RESTORE from
+    precomputed payloads: what the target's write path allows a copier that writes key by key (the bare full sync
+    loads an RDB instead)."""
+    client, owners = master(source), _slot_owners(target)
+    files = {endpoint: (folder / f"restore-{endpoint.replace(':', '-')}.resp").open("wb")
+             for endpoint in owners.values()}
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, count=10_000)
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.dump(key)
+        for name, payload in zip(keys, pipe.execute(), strict=True):
+            key = name if isinstance(name, bytes) else name.encode()
+            files[owners[key_slot(key)]].write(encode((b"RESTORE", key, b"0", payload)))
+        if cursor == 0:
+            break
+    for file in files.values():
+        file.close()
+    cpu, started = server_cpu(target), time.monotonic()
+    pipes = [subprocess.Popen([redis_cli(), "-h", endpoint.rsplit(":", 1)[0], "-p", endpoint.rsplit(":", 1)[1],
+                               "--pipe"], stdin=file.open("rb"), env=env, stdout=subprocess.DEVNULL)
+             for endpoint, file in ((e, Path(f.name)) for e, f in files.items())]
+    if any(p.wait() != 0 for p in pipes):
+        raise RuntimeError("redis-cli --pipe of the RESTOREs failed")
+    return time.monotonic() - started, server_cpu(target) - cpu
+
+
+def _slot_owners(spec: Path) -> dict[int, str]:
+    """slot -> the endpoint of the master that owns it."""
+    node = read_spec(spec).layout.servers[0]
+    owners: dict[int, str] = {}
+    for first, last, owner, *_ in redis.Redis(host=node.address, port=node.port, password=PASSWORD).execute_command(
+            "CLUSTER", "SLOTS"):
+        owners |= dict.fromkeys(range(first, last + 1), f"{owner[0].decode()}:{owner[1]}")
+    return owners
+
+
 def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
     server_binary(flavor)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
@@ -121,17 +196,34 @@ def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
         peer_source = stack.enter_context(topology(root, "peer-source", flavor, "standalone",
                                                    hardening={"rename_takeover_commands": False}))
         target = stack.enter_context(topology(root, "target", flavor, "cluster"))
+        bound_target = stack.enter_context(topology(root, "bound", flavor, "cluster"))
         peer_target = stack.enter_context(topology(root, "peer", flavor, "cluster"))
         fill(source, keys)
         fill(peer_source, peer_keys)
         bare = bare_full_sync(source, keys)
         print(f"bare replica full sync: {keys} keys in {bare:.2f}s = {keys / bare:.0f} keys/s")
+        dumps, dump_cpu = dump_side(source, Path(root), env)
+        print(f"read side: {keys} DUMPs answered by the source in {dumps:.2f}s = {keys / dumps:.0f} keys/s "
+              f"({dump_cpu:.2f} CPU-s in the server)")
+        bound, restore_cpu = restore_bound(source, bound_target, Path(root), env)
+        print(f"write side (key-by-key bound): {keys} precomputed RESTOREs absorbed by the target's masters in "
+              f"{bound:.2f}s = {keys / bound:.0f} keys/s = {bare / bound:.2f}x the bare full sync "
+              f"({restore_cpu:.2f} CPU-s in the servers)")
 
         with Load(master(source), rate) as writes:
-            copied, lag, report = opsctl_migrate(source, target, env)
+            copied, first, lag, report = opsctl_migrate(source, target, env)
         ours = keys / copied
-        print(f"opsctl migrate: initial copy {keys} keys in {copied:.2f}s = {ours:.0f} keys/s; "
-              f"{writes.written / max(copied, 1e-6):.0f} writes/s offered during the copy")
+        # the servers' own work of both sides on this machine's cores, or the write side's time if longer;
+        # any copier's own CPU and the write load come on top
+        servers = max(bound, (dump_cpu + restore_cpu) / CORES)
+        ceiling = keys / (first + servers)
+        print(f"ceiling of the prescribed design on this machine: pre-copy {first:.2f}s + the servers' DUMP and "
+              f"RESTORE work {servers:.2f}s (max of the write side's time and ({dump_cpu:.2f} + {restore_cpu:.2f}) "
+              f"CPU-s / {CORES} cores) = {keys / ceiling:.2f}s = {ceiling:.0f} keys/s = "
+              f"{ceiling / (keys / bare):.2f}x the bare full sync, with a copier that costs nothing")
+        print(f"opsctl migrate: initial copy {keys} keys in {copied:.2f}s = {ours:.0f} keys/s; from the first key "
+              f"copied {keys / max(copied - first, 1e-6):.0f} keys/s = {bound / max(copied - first, 1e-6):.2f}x the "
+              f"write side's time; {writes.written / max(copied, 1e-6):.0f} writes/s offered during the copy")
         print(f"opsctl migrate: worst lag while streaming {lag:.3f}s; cutover write pause {report['pause_s']}s "
               f"(caught up after {report['caught_up_s']}s), {report['target_keys']} keys, "
               f"{writes.errors} write batches refused by the fence")
@@ -144,7 +236,8 @@ def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
         peer = peer_keys / seconds
         print(f"redis-cli --cluster import --cluster-copy: {peer_keys} keys in {seconds:.1f}s = {peer:.0f} "
               "keys/s (no live phase)")
-        print(f"ratios: opsctl copy {ours / (keys / bare):.2f}x the bare full sync (goal >= 0.5), "
+        print(f"ratios: opsctl copy {ours / (keys / bare):.2f}x the bare full sync (goal >= 0.5; the design's "
+              f"ceiling here {ceiling / (keys / bare):.2f}x; opsctl at {ours / ceiling:.2f} of it), "
               f"{ours / peer:.1f}x redis-cli")
     print(f"load after: {load()}")
 
