@@ -117,6 +117,7 @@ class Applier:
         self.db = db
 
     def _refuse(self, end: int, args: tuple[bytes, ...], why: str) -> None:
+        self.flush()  # the commands before it land first, as the error says
         shown = b" ".join(a[:40] for a in args[:3]).decode("utf-8", "replace")
         raise EdgeRefused(f"source {self.label}: the command ending at replication offset {end} cannot be carried: "
                           f"{shown}", why, "everything before it is applied and journaled; the target is not "
