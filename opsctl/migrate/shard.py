@@ -1,13 +1,16 @@
-"""One source shard's migration: attach to a member as a replica, copy the snapshot into the target by slot, then
-follow the stream until told to stop. A lost link (a failover, a restart) re-attaches to whichever member
+"""One source shard's migration: attach to a member as a replica, copy the snapshot into the target by slot while
+the link stays attached and its stream goes to a spool (opsctl.migrate.spool), apply the spool, then follow the
+stream until told to stop. A lost link (a failover, a restart) re-attaches to whichever member
 serves the shard now and continues from the journaled position (a promoted replica keeps the history); a target
 master that failed over is found again the same way (the target is read afresh on every attach)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,16 +20,18 @@ from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.apply import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.journal import JournalFile, ShardState
+from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.observe.parse import parse_info, server_of
-from opsctl.plan.streamcmd import Position, StreamProtocolError
+from opsctl.plan.streamcmd import Entry, Position, StreamProtocolError
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
 from opsctl.stream.reader import Stream, StreamGap, open_stream
 
+CAUGHT_UP = 2000  # a spool read with fewer commands than this: the writer is stopped and the rest taken
 REATTACH_TIMEOUT = 60.0  # how long a shard without a member to attach to is waited for before the run stops
 LINK_TIMEOUT = 30.0
 
@@ -60,16 +65,29 @@ class ShardRun:
     def rdb(self) -> Path:
         return self.state_dir / f"migrate-{self.key}.rdb"
 
+    @property
+    def spool_path(self) -> Path:
+        return self.state_dir / f"migrate-{self.key}.spool"
+
     def run(self) -> None:
         state = self.journal.position(self.key)
+        writer: SpoolWriter | None = None
         if state is None or (state.phase == "snapshot" and not self.rdb.exists()):
-            state = self._take_snapshot()
+            state, writer = self._take_snapshot()
         if state.phase == "snapshot":
-            self._copy_snapshot()
+            writer = writer or self._spool_again(state.position)
+            try:
+                self._copy_snapshot()
+            except BaseException:
+                if writer is not None:
+                    with suppress(Exception):
+                        writer.stop()
+                    writer.stream.close()
+                raise
             state = ShardState("stream", state.position)
             self.journal.save(self.key, state)
             self.rdb.unlink(missing_ok=True)
-        self._follow(state.position)
+        self._follow(state.position, writer)
 
     # -- attach ----------------------------------------------------------------------------------------------------
 
@@ -84,13 +102,43 @@ class ShardRun:
                               "start them (`opsctl status -f SOURCE_SPEC`), then re-run: it resumes")
         return node
 
-    def _take_snapshot(self) -> ShardState:
+    def _take_snapshot(self) -> tuple[ShardState, SpoolWriter]:
+        """The snapshot into the rdb file; the link stays attached and its stream goes to the spool meanwhile."""
         node = self.attach_node()
-        with open_stream(self.source, node, since=None, rdb_to=self.rdb, timeout=LINK_TIMEOUT) as stream:
-            start = stream.start
-        state = ShardState("snapshot", start)
-        self.journal.save(self.key, state)
-        return state
+        stream = open_stream(self.source, node, since=None, rdb_to=self.rdb, timeout=LINK_TIMEOUT)
+        try:
+            state = ShardState("snapshot", stream.start)
+            spool = Spool(self.spool_path, stream.start)
+            fd = spool.create()
+            self.journal.save(self.key, state)
+        except BaseException:
+            stream.close()
+            raise
+        self.node = node
+        return state, SpoolWriter(stream, spool, fd).start()
+
+    def _spool_again(self, start: Position) -> SpoolWriter | None:
+        """A run resumed during the copy: attached again after what the spool holds, spooling on; None when no
+        member answers now (the stream is then read from the backlog after the copy)."""
+        spool = Spool(self.spool_path, start)
+        fd, since = spool.reopen() if spool.exists() else (spool.create(), start.offset)
+        try:
+            node = self.attach_node()
+            stream = open_stream(self.source, node, since=Position(start.replid, since), rdb_to=self.rdb,
+                                 timeout=LINK_TIMEOUT)
+        except StreamGap as gap:
+            os.close(fd)
+            raise self._start_over(gap) from None
+        except (*PIPE_ERRORS, StreamProtocolError, NoMemberAnswers):
+            os.close(fd)
+            return None
+        self.node = node
+        return SpoolWriter(stream, spool, fd).start()
+
+    def _start_over(self, gap: StreamGap) -> RefusedError:
+        return RefusedError(f"source {self.key}: must start over: {gap.reason}", f"{gap.summary}\n{gap.detail}",
+                            f"remove the journal ({self.journal.path}), empty the target and run again; a larger "
+                            "repl-backlog-size on the source keeps more history")
 
     # -- the copy ----------------------------------------------------------------------------------------------------
 
@@ -140,27 +188,30 @@ class ShardRun:
 
     # -- the stream --------------------------------------------------------------------------------------------------
 
-    def _follow(self, position: Position) -> None:
-        """Apply the stream from position until stop; re-attach after a lost link, within REATTACH_TIMEOUT."""
+    def _follow(self, position: Position, writer: SpoolWriter | None = None) -> None:
+        """Apply the spool, then the stream, from position until stop; re-attach after a lost link, within
+        REATTACH_TIMEOUT."""
         last_good = time.monotonic()
         self.position = position
+        attached = self._drain_spool(writer)
         while not self.stop.is_set():
             applier: Applier | None = None
             try:
                 applier = Applier(self.targets(), self.journal.journal.id, self.key, self.shift_ms, self.source_ms)
-                node = self.attach_node()
-                with open_stream(self.source, node, since=self.position, rdb_to=self.rdb,
-                                 timeout=LINK_TIMEOUT) as stream:
-                    self.node, self.streaming = node, True
+                if attached is not None:
+                    stream, attached = attached, None
+                else:
+                    self.node = self.attach_node()
+                    stream = open_stream(self.source, self.node, since=self.position, rdb_to=self.rdb,
+                                         timeout=LINK_TIMEOUT)
+                with stream:
+                    self.streaming = True
                     self.attaches += 1
                     applier.restart(self.position.offset)
                     self._apply(stream, applier)
                     last_good = time.monotonic()
             except StreamGap as gap:
-                raise RefusedError(f"source {self.key}: must start over: {gap.reason}",
-                                   f"{gap.summary}\n{gap.detail}", "remove the journal "
-                                   f"({self.journal.path}), empty the target and run again; a larger "
-                                   "repl-backlog-size on the source keeps more history") from None
+                raise self._start_over(gap) from None
             except (*PIPE_ERRORS, StreamProtocolError, TargetChanged) as exc:
                 if time.monotonic() - last_good > REATTACH_TIMEOUT:
                     raise OpsctlError(f"source {self.key}: the replication link stayed lost",
@@ -176,18 +227,73 @@ class ShardRun:
                 if applier is not None:
                     applier.close()
 
-    def _apply(self, stream: Stream, applier: Applier) -> None:
+    def _drain_spool(self, writer: SpoolWriter | None) -> Stream | None:
+        """What the spool holds after self.position applied in order, the writer stopped once it is nearly caught
+        up; then the spool is gone. Returns the writer's stream when it is still attached after the spool's last
+        command (the stream goes on from there), else None (re-attach from self.position)."""
+        spool = writer.spool if writer is not None else Spool(self.spool_path, None)
+        if writer is None and not spool.exists():
+            return None
         assert self.position is not None
+        applier = Applier(self.targets(), self.journal.journal.id, self.key, self.shift_ms, self.source_ms)
+        live = False
+        try:
+            applier.restart(self.position.offset)
+            if writer is not None:
+                while len(entries := spool.read()) >= CAUGHT_UP:
+                    self._settle_spooled(applier, entries)
+                self._settle_spooled(applier, entries)
+                live = writer.stop()
+            self._settle_spooled(applier, spool.read())
+        except BaseException:
+            if writer is not None:
+                with suppress(Exception):
+                    writer.stop()
+                writer.stream.close()
+            raise
+        finally:
+            applier.close()
+        if self.position.offset < spool.end:
+            raise OpsctlError(f"source {self.key}: the spool ends at offset {spool.end}, after the position applied "
+                              f"({self.position.offset})", hint="re-run the same command: it resumes")
+        spool.remove()
+        if writer is not None and not live:
+            writer.stream.close()
+        return writer.stream if writer is not None and live else None
+
+    def _settle_spooled(self, applier: Applier, entries: list[Entry]) -> None:
+        assert self.position is not None
+        entries = [e for e in entries if e.end > self.position.offset]
+        if entries:
+            self._settle(applier, entries, self.position.replid)
+
+    def _apply(self, stream: Stream, applier: Applier) -> None:
         while not self.stop.is_set():
-            applier.feed(stream.read(0.05))
-            settled = applier.flush()
-            self.lag_seconds, self.applied = applier.lag, self.applied + applier.applied
-            applier.applied = 0
-            replid = stream.position.replid
-            if settled > self.position.offset or replid != self.position.replid:
-                self.position = Position(replid, max(settled, self.position.offset))
-                self.journal.save(self.key, ShardState("stream", self.position))
+            if self._settle(applier, stream.read(0.05), stream.position.replid):
+                assert self.position is not None
                 stream.ack(self.position.offset)
+
+    def _settle(self, applier: Applier, entries: list[Entry], replid: str) -> bool:
+        """entries applied and the position journaled; whether it moved. An edge is journaled at the offset
+        before it (the applier applied everything before it) and raised."""
+        assert self.position is not None
+        try:
+            applier.feed(entries)
+        except EdgeRefused:
+            self._journal(applier.flush(), replid)
+            raise
+        settled = applier.flush()
+        self.lag_seconds, self.applied = applier.lag, self.applied + applier.applied
+        applier.applied = 0
+        return self._journal(settled, replid)
+
+    def _journal(self, settled: int, replid: str) -> bool:
+        assert self.position is not None
+        if settled <= self.position.offset and replid == self.position.replid:
+            return False
+        self.position = Position(replid, max(settled, self.position.offset))
+        self.journal.save(self.key, ShardState("stream", self.position))
+        return True
 
 
 def _target_server(targets: Targets) -> tuple[str, tuple[int, int]] | None:

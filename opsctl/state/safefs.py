@@ -177,7 +177,7 @@ def append_private(path: Path, data: bytes, hint: str, mode: int = 0o600) -> Non
         try:
             size = os.fstat(fd).st_size
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             except OSError as exc:
                 with suppress(OSError):
@@ -205,7 +205,8 @@ def _open_append(path: Path, folder: int, mode: int, hint: str) -> int:
     return fd
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """All of data to fd (os.write may take only part of it)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
