@@ -182,3 +182,13 @@ def _wait_copying(migrate: Migrate, timeout: float = 60.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"no key copied after {timeout}s: {migrate.events[-3:]}")
+
+
+def test_a_spool_that_is_a_link_is_not_followed(tmp_path) -> None:
+    (tmp_path / "elsewhere").write_bytes(b"")
+    (tmp_path / "s.spool").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OpsctlError, match="cannot be opened"):
+        Spool(tmp_path / "s.spool", START).read()
+    with pytest.raises(OpsctlError, match="cannot be opened"):
+        Spool(tmp_path / "s.spool", START).reopen()
+    assert (tmp_path / "elsewhere").read_bytes() == b""

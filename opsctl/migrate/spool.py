@@ -42,11 +42,9 @@ class Spool:
 
     def create(self) -> int:
         """A new spool (any old one removed); returns its fd for appending."""
-        with open_dir(self.path.parent) as folder:
-            with suppress(FileNotFoundError):
-                os.unlink(self.path.name, dir_fd=folder)
-            fd = os.open(self.path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                         | os.O_APPEND, 0o600, dir_fd=folder)
+        with open_dir(self.path.parent) as folder, suppress(FileNotFoundError):
+            os.unlink(self.path.name, dir_fd=folder)
+        fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         write_all(fd, encode((MAGIC, self.start.replid.encode(), b"%d" % self.start.offset)))
         return fd
 
@@ -55,13 +53,20 @@ class Spool:
         away), and the offset the stream continues from (after that command)."""
         kept = self._scan_whole()
         continue_at = self.end
-        with open_dir(self.path.parent) as folder:
-            fd = os.open(self.path.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = self._open(os.O_WRONLY)
         os.ftruncate(fd, kept)
         os.lseek(fd, 0, os.SEEK_END)
         self._read_at, self._buffer, self._header_seen = 0, b"", False
         self.end = self.start.offset
         return fd, continue_at
+
+    def _open(self, flags: int) -> int:
+        """The spool itself, never a link's target (O_NOFOLLOW in a folder opened the same way)."""
+        try:
+            with open_dir(self.path.parent) as folder:
+                return os.open(self.path.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        except OSError as exc:
+            raise OpsctlError(f"{self.path}: cannot be opened: {exc.strerror}", hint=HINT) from None
 
     def exists(self) -> bool:
         return self.path.is_file() and not self.path.is_symlink()
@@ -73,8 +78,7 @@ class Spool:
 
     def read(self) -> list[Entry]:
         """The whole commands written since the last read, in order."""
-        with open_dir(self.path.parent) as folder:
-            fd = os.open(self.path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        fd = self._open(os.O_RDONLY)
         try:
             os.lseek(fd, self._read_at, os.SEEK_SET)
             while chunk := os.read(fd, READ_CHUNK):
