@@ -15,6 +15,7 @@ from functools import partial
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import Reply, RespError, encode
+from opsctl.restore.functions import carry_functions
 from opsctl.restore.route import Counts, Router, expiry_of, restore_bytes, same_payload, shown_key
 
 PAGE = 1000
@@ -238,6 +239,7 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
     tp = TargetPipes(targets)
     seen = 0
     try:
+        counts.libraries = carry_functions(src, tp.pipes)
         for db in source.dbs:
             tp.select(db)
             pending: deque[_Sent] = deque()

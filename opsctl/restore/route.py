@@ -95,6 +95,7 @@ class Counts:
     conflicts: int = 0
     conflict_keys: list[str] = field(default_factory=list)
     volatile: int = 0
+    libraries: int = 0  # function libraries the source holds, carried onto every target master
 
     @property
     def total(self) -> int:
@@ -108,6 +109,7 @@ class Counts:
         self.skipped += other.skipped
         self.conflicts += other.conflicts
         self.volatile += other.volatile
+        self.libraries = max(self.libraries, other.libraries)  # each source shard holds its own copy
         self.conflict_keys = (self.conflict_keys + other.conflict_keys)[:5]
 
     def balance_problem(self) -> str | None:

@@ -59,7 +59,8 @@ class RestoreReport:
                     round(total.total / self.seconds) if self.seconds > 0 else None, self.verified,
                     tuple(self.problems),
                     {k: {"keys": c.total, "restored": c.restored, "existing": c.existing, "skipped": c.skipped,
-                         "conflicts": c.conflicts} for k, c in self.sources.items()}, self.rechecked)
+                         "conflicts": c.conflicts, "libraries": c.libraries} for k, c in self.sources.items()},
+                    self.rechecked)
 
 
 # --- the journal -------------------------------------------------------------------------------------------------
