@@ -25,6 +25,7 @@ from opsctl.plan.exporters import EXPORTER_BINARY
 from opsctl.render.exporter import EXPORTER_USER, exporter_secret
 from opsctl.spec.exporters import exporter_port
 from opsctl.spec.layout import Node
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, missing
 
@@ -166,3 +167,29 @@ def test_apply_runs_a_least_privilege_exporter_beside_every_server(tmp_path: Pat
     exporters = [pid for pid, name, text in _proc_texts() if name == "cmdline" and str(tmp_path).encode() in text
                  and b"exporter" in text]
     assert exporters == []
+
+
+def test_an_exporter_whose_port_another_process_holds_is_not_counted_as_started(tmp_path: Path, capsys) -> None:
+    """The port accepts (another process's socket), yet the exporter fails to bind it and exits: apply says so with
+    the exporter's own words and records nothing; once the port is free, apply starts it."""
+    _needs(EXPORTER_BINARY, "prometheus-redis-exporter")
+    with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
+        node = loaded.layout.servers[0]
+        text = yaml.safe_load(spec.read_text())
+        text["metrics"] = {"exporter": True}
+        spec.write_text(yaml.safe_dump(text, sort_keys=False))
+        offset = read_spec(spec).spec.metrics.port_offset
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind((node.address, exporter_port(node, offset)))
+        squatter.listen()
+        try:
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 1 and "did not start" in err and "address already in use" in err, out + err
+            assert "ss -ltnp" in err
+        finally:
+            squatter.close()
+        assert [s["kind"] for s in plan_json(capsys, spec)["steps"]] == ["start-exporter"]
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert _redis_up(_scrape(node, offset)) == "1"

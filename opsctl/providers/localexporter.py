@@ -17,7 +17,7 @@ from opsctl.base.secrets import mask_text
 from opsctl.net.connector import port_accepts
 from opsctl.plan.exporters import EXPORTER_BINARY, EXPORTER_PACKAGE, PASSWORD_FILE, ExporterRun
 from opsctl.providers.local import KILL_WAIT, LocalProvider, as_user, setpriv, stop_process, tail
-from opsctl.providers.proc import read_proc, working_below
+from opsctl.providers.proc import holds_port, read_proc, working_below
 from opsctl.spec.exporters import exporter_port
 from opsctl.spec.layout import Node
 from opsctl.state.safefs import FileProblem, write_private
@@ -95,7 +95,11 @@ class LocalExporters:
         def up() -> bool | Pending:
             if process.poll() is not None:
                 raise self._failed(node, run, log, offset, f"it exited with code {process.returncode}")
-            return True if port_accepts(node.address, port) else Pending(f"port {port} does not accept yet")
+            if not port_accepts(node.address, port):
+                return Pending(f"port {port} does not accept yet")
+            # another process's port accepts too: the exporter exits once it fails to bind (poll above)
+            return True if holds_port(process.pid, node.address, port) else Pending(
+                f"port {port} accepts, but not on the exporter's socket")
 
         what = f"the redis_exporter of {node.name} to listen on {node.address}:{port}"
         try:
