@@ -6,6 +6,7 @@ and a Redis replication topology given only by one replica's endpoint: every sha
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -110,3 +111,33 @@ def test_a_cluster_or_replication_source_found_from_one_endpoint(tmp_path, capsy
         assert done["ok"] and done["source_keys"] == done["target_keys"] == 501, done
         dst = cluster_client(t_loaded)
         assert dst.get("counter") == "1" and dst.get("s:499") == "v499"
+
+
+def test_a_tls_source_given_by_endpoints_with_its_ca_and_a_client_certificate(tmp_path, capsys) -> None:
+    """--from-tls-ca/--from-tls-cert/--from-tls-key: a Redis 7.0 that speaks TLS only and asks clients for a
+    certificate (here one opsctl deployed, its files named by path as for any store) is found, migrated and cut
+    over; without the TLS options it is refused as not answering, and nothing is written."""
+    from opsctl.state.statedir import state_dir_for
+    from tests.support import PASSWORD, tls_client_options
+    from tests.test_migrate_live import pair
+
+    source = ("standalone", "redis", {**UNRENAMED, "tls": {"enabled": True, "generate": True}})
+    with pair(tmp_path, capsys, source) as (_, s_loaded, t, t_loaded):
+        node = s_loaded.layout.servers[0]
+        options = tls_client_options(state_dir_for(s_loaded, None))
+        fill(redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True, **options),
+             300)
+        secret_file = tmp_path / "source.pw"
+        secret_file.write_text(PASSWORD + "\n")
+        secret_file.chmod(0o600)
+        argv = ("--from-endpoints", node.endpoint, "--from-password-file", str(secret_file))
+        plain = Migrate(t, None, *argv)
+        assert plain.wait() == 1 and "no endpoint of the source answers" in plain.stderr(), plain.stderr()
+        tls = ("--from-tls-ca", options["ssl_ca_certs"], "--from-tls-cert", options["ssl_certfile"],
+               "--from-tls-key", options["ssl_keyfile"])
+        migrate = Migrate(t, None, *argv, *tls, "--cutover", "auto")
+        assert migrate.wait() == 0, migrate.stderr()
+        done = migrate.done()
+        assert done["ok"] and done["source_keys"] == done["target_keys"] >= 300, done
+        assert cluster_client(t_loaded).get("s:5") == "v5"
+        assert PASSWORD not in json.dumps(migrate.events) + migrate.stderr() + plain.stderr()

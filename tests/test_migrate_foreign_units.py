@@ -46,9 +46,11 @@ def test_a_replication_source_lists_online_replicas_that_listen() -> None:
 
 
 def test_the_source_options_kept_for_a_rerun_hold_no_secret() -> None:
-    source = ForeignSource(parse_endpoints("10.0.0.1:7000, [::1]:7001"), password_env="SRC_PW", user="mover")
+    source = ForeignSource(parse_endpoints("10.0.0.1:7000, [::1]:7001"), password_env="SRC_PW", user="mover",
+                           tls_ca="ca.pem", tls_cert="/etc/c.pem", tls_key="/etc/k.pem")
     assert source.ref() == {"from_endpoints": "10.0.0.1:7000,[::1]:7001", "from_password_env": "SRC_PW",
-                            "from_user": "mover"}
+                            "from_user": "mover", "from_tls_ca": os.path.abspath("ca.pem"),
+                            "from_tls_cert": "/etc/c.pem", "from_tls_key": "/etc/k.pem"}
 
 
 def test_the_journal_keeps_the_source_options_and_the_fence() -> None:
@@ -74,6 +76,17 @@ def test_endpoint_options_refused_clearly(tmp_path, capsys) -> None:
         (["--from-endpoints", "127.0.0.1:1", "--from-password-env", "OPSCTL_T_UNSET_VAR"], "not set or empty"),
         (["--from-endpoints", "127.0.0.1:1", "--from-password-file", str(tmp_path / "none")], "missing or empty"),
         (["--from", str(spec), "--from-endpoints", "127.0.0.1:1"], "needs one source"),
+    ]
+    good = tmp_path / "good.pw"
+    good.write_text(SECRET)
+    good.chmod(0o600)
+    with_password = ["--from-endpoints", "127.0.0.1:1", "--from-password-file", str(good)]
+    cases += [
+        ([*with_password, "--from-tls-cert", str(good)], "--from-tls-cert and --from-tls-key go together"),
+        ([*with_password, "--from-tls-cert", str(good), "--from-tls-key", str(good)], "needs --from-tls-ca"),
+        ([*with_password, "--from-tls-ca", str(tmp_path / "no-ca.pem")], "no-ca.pem: no such file"),
+        (["--from", str(spec), "--from-tls-ca", str(good)], "go with --from-endpoints, not --from"),
+        (["--from", str(spec), "--from-password-file", str(good)], "go with --from-endpoints, not --from"),
     ]
     loose = tmp_path / "loose.pw"
     loose.write_text(SECRET)

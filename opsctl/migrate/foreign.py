@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.apply.connect import make_connector
 from opsctl.base.endpoints import split_endpoint
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import Secret, remember
-from opsctl.net.connector import Connector
+from opsctl.net.connector import ClientTLS, Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Layout, Node, Role, Shard
@@ -26,6 +25,8 @@ from opsctl.state.specfile import read_secret_file
 
 NAME = "source"
 HINT = "--from-endpoints HOST:PORT[,HOST:PORT...] with --from-password-file PATH or --from-password-env VAR"
+TLS_HINT = "a TLS source: --from-tls-ca PATH, and --from-tls-cert PATH --from-tls-key PATH when it asks clients " \
+    "for a certificate"
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class ForeignSource:
     password_file: str | None = None
     password_env: str | None = None
     user: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def ref(self) -> dict[str, str]:
         """The options that reach this source again (a re-run's, from the journal): references, no secret."""
@@ -46,6 +50,10 @@ class ForeignSource:
             ref["from_password_env"] = self.password_env
         if self.user:
             ref["from_user"] = self.user
+        for option, path in (("from_tls_ca", self.tls_ca), ("from_tls_cert", self.tls_cert),
+                             ("from_tls_key", self.tls_key)):
+            if path:
+                ref[option] = os.path.abspath(path)
         return ref
 
 
@@ -84,12 +92,29 @@ def read_password(source: ForeignSource) -> Secret:
     return secret
 
 
-def foreign_loaded(source: ForeignSource, state_dir: Path) -> LoadedSpec:
-    """The source described as a spec whose layout is what its servers say now."""
-    password = read_password(source)
-    given = _loaded(_given_layout(source.endpoints), password, source)
-    connector = make_connector(given, state_dir)
-    return _loaded(_discover(connector, given.layout.servers), password, source)
+def source_tls(source: ForeignSource) -> ClientTLS | None:
+    """How to speak TLS to the source (None: plaintext): its CA, and a client certificate when it asks for one
+    (tls-auth-clients yes, the servers' default)."""
+    if (source.tls_cert is None) != (source.tls_key is None):
+        raise OpsctlError("--from-tls-cert and --from-tls-key go together", hint=TLS_HINT)
+    if source.tls_ca is None:
+        if source.tls_cert is not None:
+            raise OpsctlError("--from-tls-cert needs --from-tls-ca (the CA the source's certificates chain to)",
+                              hint=TLS_HINT)
+        return None
+    for option, path in (("--from-tls-ca", source.tls_ca), ("--from-tls-cert", source.tls_cert),
+                         ("--from-tls-key", source.tls_key)):
+        if path is not None and not os.path.isfile(path):
+            raise OpsctlError(f"{option} {path}: no such file", hint=TLS_HINT)
+    return ClientTLS(os.path.abspath(source.tls_ca), source.tls_cert and os.path.abspath(source.tls_cert),
+                     source.tls_key and os.path.abspath(source.tls_key))
+
+
+def foreign_connector(source: ForeignSource) -> Connector:
+    """The source described as a spec whose layout is what its servers say now, and the connector to it."""
+    password, tls = read_password(source), source_tls(source)
+    given = Connector(_loaded(_given_layout(source.endpoints), password, source), None, tls)
+    return Connector(_loaded(_discover(given, given.loaded.layout.servers), password, source), None, tls)
 
 
 def _spec(source: ForeignSource, addresses: Sequence[str]) -> Spec:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from opsctl.net.connector import Connector
 
 
+ENDPOINT_OPTIONS = ("from_password_file", "from_password_env", "from_user", "from_tls_ca", "from_tls_cert",
+                    "from_tls_key")
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     if args.action == "cutover":
         return _request_cutover(args)
@@ -32,6 +36,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         raise OpsctlError("opsctl migrate needs one source: --from SOURCE_SPEC or --from-endpoints HOST:PORT[,...]",
                           hint="opsctl migrate -f TARGET --from SOURCE, or -f TARGET --from-endpoints HOST:PORT "
                                "--from-password-file PATH")
+    stray = [f"--{name.replace('_', '-')}" for name in ENDPOINT_OPTIONS if getattr(args, name)]
+    if args.from_spec and stray:
+        raise OpsctlError(f"{', '.join(stray)} go with --from-endpoints, not --from",
+                          hint="a source spec names its own password and TLS files; drop the option")
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
     shown = f"'{read_spec(args.from_spec).spec.name}'" if args.from_spec else args.from_endpoints
@@ -75,17 +83,18 @@ def _migrate(args: argparse.Namespace) -> int:
 def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:
     """The source's connector and the options that reach it again. A spec's topology lock is held (no opsctl run
     reshards it meanwhile); a store given by endpoints has none."""
-    from opsctl.apply.connect import make_connector, open_connector
+    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
     if args.from_endpoints:
-        from opsctl.migrate.foreign import ForeignSource, foreign_loaded, parse_endpoints
+        from opsctl.migrate.foreign import ForeignSource, foreign_connector, parse_endpoints
 
         foreign = ForeignSource(parse_endpoints(args.from_endpoints), args.from_password_file,
-                                args.from_password_env, args.from_user)
-        return make_connector(foreign_loaded(foreign, state_dir), state_dir), foreign.ref()
+                                args.from_password_env, args.from_user, args.from_tls_ca, args.from_tls_cert,
+                                args.from_tls_key)
+        return foreign_connector(foreign), foreign.ref()
     source = read_spec(args.from_spec)
     connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
     stack.enter_context(topology_lock(connector))
@@ -150,7 +159,7 @@ def _interrupted(args: argparse.Namespace, ref: dict[str, str]) -> int:
                           "reach the source (its spec came on standard input)",
                           hint="run the same `opsctl migrate -f TARGET --from SOURCE_SPEC` again: it cuts over")
     resumed = argparse.Namespace(**{**vars(args), "from_spec": None, "from_endpoints": None,
-                                    "from_password_file": None, "from_password_env": None, "from_user": None, **ref})
+                                    **dict.fromkeys(ENDPOINT_OPTIONS), **ref})
     if args.lift_fence:
         return _lift(resumed)
     print("a cutover was interrupted (the source is fenced): resuming the migration to finish it", file=sys.stderr)
@@ -193,6 +202,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--from-password-env", metavar="VAR", help=(
         "with --from-endpoints: the environment variable holding the source's password"))
     p.add_argument("--from-user", metavar="NAME", help="with --from-endpoints: the source's ACL user (default: none)")
+    p.add_argument("--from-tls-ca", metavar="PATH", help=(
+        "with --from-endpoints: the source speaks TLS; the CA bundle its certificates chain to"))
+    p.add_argument("--from-tls-cert", metavar="PATH", help=(
+        "with --from-tls-ca: opsctl's client certificate, for a source that asks for one (tls-auth-clients)"))
+    p.add_argument("--from-tls-key", metavar="PATH", help="with --from-tls-cert: its private key's file")
     p.add_argument("--lift-fence", action="store_true", help=(
         "cutover: a cutover that was interrupted left the source fenced; lift the fence instead of finishing it"))
     p.add_argument("--cutover", choices=("auto", "manual"), default="manual",
