@@ -12,7 +12,7 @@ import pytest
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.restore.engine import PAGE, pages
-from opsctl.restore.route import restore_bytes, restore_command
+from opsctl.restore.route import restore_batch, restore_bytes, restore_command
 from tests.support import bare_server, server_tmpdir
 
 
@@ -22,6 +22,13 @@ from tests.support import bare_server, server_tmpdir
 ])
 def test_restore_bytes_are_the_encoded_command(args) -> None:
     assert restore_bytes(*args) == encode(restore_command(*args))
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_restore_batch_is_the_encoded_commands_joined(replace: bool) -> None:
+    keys = [(b"k", 0, b"p"), (b"k" * 300, 17, b"p\x00" * 1000), (b"", 0, b""), (b"x", -3, b"pp"), (b"\r\n", 0, b"z")]
+    assert restore_batch(b"RESTORE", keys, replace) == \
+        b"".join(encode(restore_command(b"RESTORE", k, t, p, replace)) for k, t, p in keys)
 
 
 @pytest.mark.integration

@@ -11,20 +11,23 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import Reply, RespError, encode
 from opsctl.restore.functions import carry_functions
-from opsctl.restore.route import Counts, Router, expiry_of, restore_bytes, same_payload, shown_key
+from opsctl.restore.route import Counts, Router, expiry_of, restore_batch, same_payload, shown_key
 
 PAGE = 1000
 AHEAD = 2  # pages of RESTOREs in flight on each target before the oldest page's replies are read
 TTL_SLACK_MS = 2000
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """One key as read from a source (a tuple: a copy makes one per key, a frozen dataclass costs three times as
+    much to build)."""
+
     db: int
     key: bytes
     payload: bytes
@@ -146,17 +149,30 @@ def _asker(src: RawPipe, scan: bytes, dump: bytes, pttl: bytes | None) -> Callab
 
 def _page(db: int, keys: list[bytes], replies: list[Reply], label: str,
           expiry: Callable[[Reply], float | None] | None) -> list[Entry]:
-    """expiry None: the replies are DUMPs only, every key without a TTL."""
+    """expiry None: the replies are DUMPs only, every key without a TTL. replies may go on past the keys' (the next
+    page's SCAN)."""
+    count = len(keys)
+    if expiry is None:
+        page = [Entry(db, key, payload, 0.0) for key, payload in zip(keys, replies[:count], strict=True)
+                if isinstance(payload, bytes)]
+        if len(page) < count:
+            _refused_dump(replies[:count], label)
+        return page
     page = []
-    step = 1 if expiry is None else 2
-    for i, key in enumerate(keys):
-        payload = replies[step * i]
-        expires = 0.0 if expiry is None else expiry(replies[step * i + 1])
+    for key, payload, ttl in zip(keys, replies[0:2 * count:2], replies[1:2 * count:2], strict=True):
+        expires = expiry(ttl)
         if isinstance(payload, bytes) and expires is not None:
             page.append(Entry(db, key, payload, expires))
         elif isinstance(payload, RespError):
             raise OpsctlError(f"DUMP failed on {label}", payload.message)
     return page
+
+
+def _refused_dump(replies: list[Reply], label: str) -> None:
+    """A DUMP that answered an error (a key gone meanwhile answers nil and is left out)."""
+    error = next((r for r in replies if isinstance(r, RespError)), None)
+    if error is not None:
+        raise OpsctlError(f"DUMP failed on {label}", error.message)
 
 
 def _expires_at(entry: Entry, offset_ms: float) -> int:
@@ -171,14 +187,18 @@ class _Sent:
 
 def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
     """RESTORE each entry on its target, with its expiry in the target's clock."""
-    routed: list[list[Entry]] = [[] for _ in tp.pipes]
-    for entry in page:
-        routed[tp.targets.router.target(entry.key)].append(entry)
+    router = tp.targets.router
+    if router.table is None or router.key_slot is None:
+        routed: list[list[Entry]] = [list(page)] + [[] for _ in tp.pipes[1:]]
+    else:
+        routed = [[] for _ in tp.pipes]
+        table, key_slot = router.table, router.key_slot
+        for entry in page:
+            routed[table[key_slot(entry.key)]].append(entry)
     for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
         if entries:
-            name = pipe.name("RESTORE")
-            pipe.send(b"".join(restore_bytes(name, e.key, _expires_at(e, offset), e.payload, replace)
-                               for e in entries))
+            pipe.send(restore_batch(pipe.name("RESTORE"), [(e.key, _expires_at(e, offset) if e.expires else 0,
+                                                            e.payload) for e in entries], replace))
     return _Sent(routed)
 
 
@@ -245,11 +265,11 @@ def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[
             pending: deque[_Sent] = deque()
             for page in pages(src, db, source.label, db not in source.unexpiring):
                 counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
-                for entry in page:
-                    seen += 1
-                    counts.volatile += entry.expires > 0
-                    if seen % source.sample_every == 0:
-                        source.samples.append(entry)
+                if db not in source.unexpiring:
+                    counts.volatile += sum(1 for entry in page if entry.expires > 0)
+                # every sample_every-th key read, counting across pages
+                source.samples += page[(-seen - 1) % source.sample_every::source.sample_every]
+                seen += len(page)
                 pending.append(_send(tp, page, mode == "replace"))
                 if len(pending) > AHEAD:
                     _settle(tp, pending.popleft(), mode, counts, compare, source, progress)

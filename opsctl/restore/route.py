@@ -68,6 +68,18 @@ def restore_bytes(restore: bytes, key: bytes, expires_at: int, payload: bytes, r
         tail)
 
 
+def restore_batch(restore: bytes, keys: Sequence[tuple[bytes, int, bytes]], replace: bool) -> bytes:
+    """restore_bytes for many (key, expires_at, payload), joined: the same bytes, with what does not depend on the
+    key formatted once (a copy packs a million of them)."""
+    tail = b"$7\r\nREPLACE\r\n" if replace else b""
+    plain = b"*%d\r\n$%d\r\n%s\r\n$" % (4 + replace, len(restore), restore)
+    never = b"\r\n$1\r\n0\r\n$"
+    return b"".join(
+        b"%s%d\r\n%s%s%d\r\n%s\r\n%s" % (plain, len(key), key, never, len(payload), payload, tail)
+        if not expires_at else restore_bytes(restore, key, expires_at, payload, replace)
+        for key, expires_at, payload in keys)
+
+
 def expiry_of(reply: object, absolute: bool, offset_ms: float, now_ms: float) -> float | None:
     """A key's expiry in our clock (unix ms; 0: none; None: the key is gone) from PEXPIRETIME (absolute, in the
     source's clock, offset_ms ahead of ours) or, where the source lacks it, PTTL read at now_ms."""
