@@ -1,9 +1,11 @@
-"""bench/migrate: a standalone under a steady write load moved into a 3-master cluster by `opsctl migrate --cutover
-auto`, against `redis-cli --cluster import --cluster-copy` (no live phase) and against the physical reference of
-the same run: a bare replica's full sync of the same data (REPLICAOF on an empty server, until
-master_link_status:up), as keys/s and ratios; then opsctl's stream lag and cutover write pause under the load.
+"""bench/migrate: a standalone under a steady write load moved into a 3-master cluster by `opsctl migrate` and
+`opsctl migrate cutover`, against `redis-cli --cluster import --cluster-copy` (no live phase) and against the
+physical reference of the same run: a bare replica's full sync of the same data (REPLICAOF on an empty server,
+until master_link_status:up), as keys/s and ratios; then opsctl's stream lag, watched for --watch seconds of streaming
+under the load, and the write pause of the cutover asked for after it.
 
     .venv/bin/python bench/migrate.py [valkey|redis] [--keys 1000000] [--peer-keys 200000] [--rate 10000]
+        [--watch 5]
 
 Goals (issue 26): initial copy >= 0.5x the bare full sync's keys/s; lag under 1 s and a cutover pause <= 1 s at
 10k writes/s. The sides of any key-by-key copier are measured in the same run, with no Python in the timed path:
@@ -51,6 +53,7 @@ class Load:
         self.written = self.errors = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self.began = self.ended = 0.0
 
     def _run(self) -> None:
         started, n = time.monotonic(), 0
@@ -70,23 +73,31 @@ class Load:
                 time.sleep(ahead)
 
     def __enter__(self) -> Load:
+        self.began = time.monotonic()
         self.thread.start()
         return self
+
+    @property
+    def achieved(self) -> float:
+        """Writes per second while it ran."""
+        return self.written / max(self.ended - self.began, 1e-6)
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(10)
+        self.ended = time.monotonic()
 
 
-def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[float, float, float, dict[str, object]]:
+def opsctl_migrate(source: Path, target: Path, env: dict[str, str], watch_s: float) \
+        -> tuple[float, float, float, dict[str, object]]:
     """(seconds until every shard streams, seconds until the first key was copied, the worst lag seen while
-    streaming, the cutover report); prints when
-    the first key was copied (before it: start, attach, the RDB's transfer, the scratch server's load)."""
-    argv = [*OPSCTL, "migrate", "-f", str(target), "--from", str(source), "--auto-approve", "--cutover", "auto",
-            "--output", "json"]
+    streaming for watch_s seconds, the cutover report); the cutover is asked for (`migrate cutover`) after
+    watching: the lag is the steady state's under the load, not one sample at the copy's end. Prints when the
+    first key was copied (before it: start, attach, the RDB's transfer, the scratch server's load)."""
+    argv = [*OPSCTL, "migrate", "-f", str(target), "--from", str(source), "--auto-approve", "--output", "json"]
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    copied_at, worst, report, first = 0.0, 0.0, {}, 0.0
+    copied_at, worst, report, first, asked = 0.0, 0.0, {}, 0.0, False
     assert proc.stdout is not None
     for line in proc.stdout:
         event = json.loads(line)
@@ -99,6 +110,9 @@ def opsctl_migrate(source: Path, target: Path, env: dict[str, str]) -> tuple[flo
             if all(s["phase"] == "stream" for s in shards):
                 copied_at = copied_at or time.monotonic() - started
                 worst = max([worst, *(float(s["lag_seconds"]) for s in shards)])
+                if not asked and time.monotonic() - started > copied_at + watch_s:
+                    timed([*OPSCTL, "migrate", "cutover", "-f", str(target)], env)
+                    asked = True
         elif event.get("event") == "cutover-done":
             report = event
     if proc.wait() != 0:
@@ -184,7 +198,7 @@ def _slot_owners(spec: Path) -> dict[int, str]:
     return owners
 
 
-def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
+def run(flavor: str, keys: int, peer_keys: int, rate: int, watch: float) -> None:
     server_binary(flavor)
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     compileall.compile_dir(str(Path(__file__).resolve().parent.parent / "opsctl"), quiet=1)
@@ -211,7 +225,7 @@ def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
               f"({restore_cpu:.2f} CPU-s in the servers)")
 
         with Load(master(source), rate) as writes:
-            copied, first, lag, report = opsctl_migrate(source, target, env)
+            copied, first, lag, report = opsctl_migrate(source, target, env, watch)
         ours = keys / copied
         # the servers' own work of both sides on this machine's cores, or the write side's time if longer;
         # any copier's own CPU and the write load come on top
@@ -223,8 +237,9 @@ def run(flavor: str, keys: int, peer_keys: int, rate: int) -> None:
               f"{ceiling / (keys / bare):.2f}x the bare full sync, with a copier that costs nothing")
         print(f"opsctl migrate: initial copy {keys} keys in {copied:.2f}s = {ours:.0f} keys/s; from the first key "
               f"copied {keys / max(copied - first, 1e-6):.0f} keys/s = {bound / max(copied - first, 1e-6):.2f}x the "
-              f"write side's time; {writes.written / max(copied, 1e-6):.0f} writes/s offered during the copy")
-        print(f"opsctl migrate: worst lag while streaming {lag:.3f}s; cutover write pause {report['pause_s']}s "
+              f"write side's time; {writes.achieved:.0f} writes/s under the load")
+        print(f"opsctl migrate: worst lag while streaming {watch:g}s under the load {lag:.3f}s; "
+              f"cutover write pause {report['pause_s']}s "
               f"(caught up after {report['caught_up_s']}s), {report['target_keys']} keys, "
               f"{writes.errors} write batches refused by the fence")
         assert report["ok"] and cluster_keys(target) == report["target_keys"]
@@ -248,5 +263,6 @@ if __name__ == "__main__":
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--peer-keys", type=int, default=200_000)
     parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--watch", type=float, default=5.0, help="seconds of streaming watched before the cutover")
     args = parser.parse_args()
-    run(args.flavor, args.keys, args.peer_keys, args.rate)
+    run(args.flavor, args.keys, args.peer_keys, args.rate, args.watch)
