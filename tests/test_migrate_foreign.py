@@ -34,6 +34,14 @@ def foreign_redis(folder: Path) -> Iterator[tuple[str, int]]:
         yield str(where["host"]), int(where["port"])
 
 
+def password_file(folder: Path, secret: str = SECRET) -> Path:
+    """The source's password in a 0600 file (what --from-password-file names)."""
+    path = folder / "source.pw"
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def children_argv() -> str:
     """Every process's command line on the machine (opsctl, the scratch servers it started, ...)."""
     return subprocess.run(["ps", "-e", "-o", "args="], capture_output=True, text=True, check=False).stdout
@@ -42,9 +50,7 @@ def children_argv() -> str:
 def test_a_standalone_redis_given_by_endpoints_into_a_valkey_cluster(tmp_path, capsys) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "dst").mkdir()
-    secret_file = tmp_path / "source.pw"
-    secret_file.write_text(SECRET + "\n")
-    secret_file.chmod(0o600)
+    secret_file = password_file(tmp_path)
     topology, flavor, sections = TARGET
     with foreign_redis(tmp_path / "src") as (address, port), \
             deployed(tmp_path / "dst", capsys, topology, flavor, **sections) as (t, t_loaded):
@@ -127,10 +133,7 @@ def test_a_tls_source_given_by_endpoints_with_its_ca_and_a_client_certificate(tm
         options = tls_client_options(state_dir_for(s_loaded, None))
         fill(redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True, **options),
              300)
-        secret_file = tmp_path / "source.pw"
-        secret_file.write_text(PASSWORD + "\n")
-        secret_file.chmod(0o600)
-        argv = ("--from-endpoints", node.endpoint, "--from-password-file", str(secret_file))
+        argv = ("--from-endpoints", node.endpoint, "--from-password-file", str(password_file(tmp_path, PASSWORD)))
         plain = Migrate(t, None, *argv)
         assert plain.wait() == 1 and "no endpoint of the source answers" in plain.stderr(), plain.stderr()
         tls = ("--from-tls-ca", options["ssl_ca_certs"], "--from-tls-cert", options["ssl_certfile"],

@@ -21,7 +21,7 @@ from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
 from tests.support import bare_server
-from tests.test_migrate_foreign import SECRET
+from tests.test_migrate_foreign import SECRET, password_file
 from tests.test_migrate_live import TARGET, Migrate, fill
 from tests.writer import Writer, cluster_client
 
@@ -109,9 +109,7 @@ def foreign(tmp_path: Path, capsys: pytest.CaptureFixture[str], backlog: str, ke
     """A Redis 7.0 of the test's own with this backlog and keys, the options that name it, and a deployed target."""
     (tmp_path / "src").mkdir()
     (tmp_path / "dst").mkdir()
-    secret_file = tmp_path / "source.pw"
-    secret_file.write_text(SECRET + "\n")
-    secret_file.chmod(0o600)
+    secret_file = password_file(tmp_path)
     topology, flavor, sections = TARGET
     conf = [f"requirepass {SECRET}", f"repl-backlog-size {backlog}"]
     with bare_server("redis", tmp_path / "src", conf, SECRET) as client, \

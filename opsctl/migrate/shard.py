@@ -10,7 +10,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,9 +79,7 @@ class ShardRun:
                 self._copy_snapshot()
             except BaseException:
                 if writer is not None:
-                    with suppress(Exception):
-                        writer.stop()
-                    writer.stream.close()
+                    writer.abandon()
                 raise
             state = ShardState("stream", state.position)
             self.journal.save(self.key, state)
@@ -247,9 +244,7 @@ class ShardRun:
             self._settle_spooled(applier, spool.read())
         except BaseException:
             if writer is not None:
-                with suppress(Exception):
-                    writer.stop()
-                writer.stream.close()
+                writer.abandon()
             raise
         finally:
             applier.close()

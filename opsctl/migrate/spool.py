@@ -172,10 +172,19 @@ class SpoolWriter:
                 "resumes") from None
 
     def stop(self) -> bool:
-        """Stops the thread; whether the stream is still attached after the spool's last command."""
+        """Stops the thread (once; again, a no-op); whether the stream is still attached after the spool's last
+        command."""
         self._stop.set()
         self._thread.join()
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self._failed is not None:
             raise self._failed
         return self.lost is None
+
+    def abandon(self) -> None:
+        """For a run that fails: the thread stopped whatever it ran into, the link closed."""
+        with suppress(Exception):
+            self.stop()
+        self.stream.close()
