@@ -190,21 +190,21 @@ class ShardRun:
         REATTACH_TIMEOUT."""
         last_good = time.monotonic()
         self.position = position
-        attached = self._drain_spool(writer)
         while not self.stop.is_set():
             applier: Applier | None = None
             try:
                 applier = Applier(self.targets(), self.journal.journal.id, self.key, self.shift_ms, self.source_ms)
-                if attached is not None:
-                    stream, attached = attached, None
-                else:
+                applier.restart(self.position.offset)
+                spooling, writer = writer, None  # a failed drain is read again from the spool's file
+                stream = self._drain_spool(applier, spooling)
+                if stream is None:
                     self.node = self.attach_node()
                     stream = open_stream(self.source, self.node, since=self.position, rdb_to=self.rdb,
                                          timeout=LINK_TIMEOUT)
+                    applier.restart(self.position.offset)  # a new link: an open transaction comes again whole
                 with stream:
                     self.streaming = True
                     self.attaches += 1
-                    applier.restart(self.position.offset)
                     self._apply(stream, applier)
                     last_good = time.monotonic()
             except StreamGap as gap:
@@ -224,18 +224,16 @@ class ShardRun:
                 if applier is not None:
                     applier.close()
 
-    def _drain_spool(self, writer: SpoolWriter | None) -> Stream | None:
-        """What the spool holds after self.position applied in order, the writer stopped once it is nearly caught
-        up; then the spool is gone. Returns the writer's stream when it is still attached after the spool's last
-        command (the stream goes on from there), else None (re-attach from self.position)."""
+    def _drain_spool(self, applier: Applier, writer: SpoolWriter | None) -> Stream | None:
+        """What the spool holds after self.position applied in order through applier, the writer stopped once it
+        is nearly caught up; then the spool is gone. Returns the writer's stream when it is still attached right
+        after the spool's last command: the same applier goes on with it (a transaction the spool ends inside is
+        completed from the stream). Else None: re-attach from self.position (before any open transaction)."""
         spool = writer.spool if writer is not None else Spool(self.spool_path, None)
         if writer is None and not spool.exists():
             return None
-        assert self.position is not None
-        applier = Applier(self.targets(), self.journal.journal.id, self.key, self.shift_ms, self.source_ms)
         live = False
         try:
-            applier.restart(self.position.offset)
             if writer is not None:
                 while len(entries := spool.read()) >= CAUGHT_UP:
                     self._settle_spooled(applier, entries)
@@ -246,15 +244,12 @@ class ShardRun:
             if writer is not None:
                 writer.abandon()
             raise
-        finally:
-            applier.close()
-        if self.position.offset < spool.end:
-            raise OpsctlError(f"source {self.key}: the spool ends at offset {spool.end}, after the position applied "
-                              f"({self.position.offset})", hint="re-run the same command: it resumes")
         spool.remove()
-        if writer is not None and not live:
+        if writer is None:
+            return None
+        if not live:
             writer.stream.close()
-        return writer.stream if writer is not None and live else None
+        return writer.stream if live else None
 
     def _settle_spooled(self, applier: Applier, entries: list[Entry]) -> None:
         assert self.position is not None
