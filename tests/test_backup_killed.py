@@ -36,6 +36,18 @@ def _killed_backup(spec: Path, to: Path, after: float, until_done: bool = False)
         return proc.wait()
 
 
+def _killed_when_saving(spec: Path, to: Path) -> int:
+    """The backup SIGKILLed as soon as a new half-written folder appears (polled every millisecond)."""
+    before = set(to.iterdir())
+    argv = [sys.executable, "-m", "opsctl.cli.main", "backup", "-f", str(spec), "--to", str(to)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    while proc.poll() is None and not any(p.name.endswith(".partial") for p in set(to.iterdir()) - before):
+        time.sleep(0.001)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    return proc.wait()
+
+
 def test_a_killed_backup_leaves_nothing_taken_for_a_backup(tmp_path, capsys) -> None:
     rng = random.Random(23)
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
@@ -47,11 +59,10 @@ def test_a_killed_backup_leaves_nothing_taken_for_a_backup(tmp_path, capsys) -> 
         delays = [took * (i + rng.random()) / 7.5 for i in range(6)]  # over 0-80% of the run: the last one mid-save
         codes = [_killed_backup(spec, to, delay) for delay in delays]
         half = [p.name for p in to.iterdir() if p.name.endswith(".partial")]
-        for _ in range(6):  # none landed mid-save (a fast save's window is short): more kills inside the save
+        for _ in range(10):  # none landed mid-save (its window is short; the start's time varies with the load)
             if half:
                 break
-            delays.append(took * (0.4 + 0.4 * rng.random()))
-            codes.append(_killed_backup(spec, to, delays[-1]))
+            codes.append(_killed_when_saving(spec, to))
             half = [p.name for p in to.iterdir() if p.name.endswith(".partial")]
         assert codes.count(-signal.SIGKILL) >= 4 and half, (delays, codes)  # most runs killed, some mid-save
         code, out, err = run(capsys, "backup", "-f", str(spec), "--to", str(to), "--output", "json")
