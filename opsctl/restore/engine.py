@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import NamedTuple
 
 from opsctl.base.errors import OpsctlError
@@ -187,18 +188,11 @@ class _Sent:
 
 def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
     """RESTORE each entry on its target, with its expiry in the target's clock."""
-    router = tp.targets.router
-    if router.table is None or router.key_slot is None:
-        routed: list[list[Entry]] = [list(page)] + [[] for _ in tp.pipes[1:]]
-    else:
-        routed = [[] for _ in tp.pipes]
-        table, key_slot = router.table, router.key_slot
-        for entry in page:
-            routed[table[key_slot(entry.key)]].append(entry)
+    routed = tp.targets.router.split(page, attrgetter("key"), len(tp.pipes))
     for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
         if entries:
-            pipe.send(restore_batch(pipe.name("RESTORE"), [(e.key, _expires_at(e, offset) if e.expires else 0,
-                                                            e.payload) for e in entries], replace))
+            pipe.send(restore_batch(pipe.name("RESTORE"), [(e.key, _expires_at(e, offset), e.payload)
+                                                           for e in entries], replace))
     return _Sent(routed)
 
 
@@ -324,9 +318,7 @@ def value_of(pipe: RawPipe, db: int, key: bytes) -> object:
 def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side, kept: bool = False) -> list[str]:
     """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL.
     kept: any of them may be a key skip-existing left as the target had it, so only presence is checked."""
-    routed: list[list[Entry]] = [[] for _ in tp.pipes]
-    for entry in page:
-        routed[tp.targets.router.target(entry.key)].append(entry)
+    routed = tp.targets.router.split(page, attrgetter("key"), len(tp.pipes))
     problems = []
     for index, (pipe, entries) in enumerate(zip(tp.pipes, routed, strict=True)):
         if not entries:

@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.resp import Arg
 from opsctl.observe.parse import SLOTS, ClusterNodeLine
+
+T = TypeVar("T")
 
 MODES = ("fail-if-exists", "replace", "skip-existing")
 TRAILER = 10  # a DUMP payload ends with the RDB version (2 bytes) and a CRC64 (8 bytes)
@@ -35,6 +38,18 @@ class Router:
         if self.table is None or self.key_slot is None:
             return 0
         return self.table[self.key_slot(key)]
+
+    def split(self, items: Sequence[T], key: Callable[[T], bytes], targets: int) -> list[list[T]]:
+        """items grouped by the target that owns each one's key, in order (a copy routes a million keys: the
+        table is read here directly, not through target() per key)."""
+        routed: list[list[T]] = [[] for _ in range(targets)]
+        if self.table is None or self.key_slot is None:
+            routed[0].extend(items)
+            return routed
+        table, key_slot = self.table, self.key_slot
+        for item in items:
+            routed[table[key_slot(key(item))]].append(item)
+        return routed
 
 
 def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str], key_slot: KeySlot) -> Router:
