@@ -43,3 +43,19 @@ def test_slots_held_only_by_a_failed_node_are_refused_with_the_way_on() -> None:
         refuse_lost_shards(loaded.layout, facts)
     assert refused.value.exit_code == 3 and "restore that shard from a backup" in refused.value.hint
     assert dead_nodes(loaded.layout, facts) == {}  # never forgotten while it holds slots
+
+
+def test_an_unlinked_node_at_an_address_the_spec_lost_is_forgotten_before_it_is_flagged() -> None:
+    """A killed host's members go failing one by one (each after node_timeout without a PONG): one that no node has
+    flagged yet when apply looks, but that nothing links to, is forgotten with the rest (else the closing wait timed
+    out on it). A linked, unflagged node there is not, nor an unlinked one at a spec node's address."""
+    loaded = load_dict(make_spec("cluster", hosts=3))
+    first, second = loaded.layout.servers[:2]
+    unlinked = ClusterNodeLine("late", "127.9.9.9", 7002, 17002, frozenset({"slave"}), None, 0, "disconnected", ())
+    answering = ClusterNodeLine("live", "127.9.9.9", 7003, 17003, frozenset({"slave"}), None, 0, "connected", ())
+    restarting = ClusterNodeLine("ours", second.address, second.port, second.port + 10000, frozenset({"slave"}),
+                                 None, 0, "disconnected", ())
+    view = (line("me", first.endpoint, "myself", "master", slots=((0, 5460),)),
+            line("dead", "127.9.9.9:7001", "slave", "fail"), unlinked, answering, restarting)
+    facts = {first.name: NodeFacts(first.name, True, reachable=True, cluster_nodes=view)}
+    assert dead_nodes(loaded.layout, facts) == {"dead": "127.9.9.9:7001", "late": "127.9.9.9:7002"}

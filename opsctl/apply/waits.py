@@ -39,14 +39,20 @@ def wait_sentinels(rt: Runtime, timeout: float) -> None:
 
 
 def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
+    """Each sentinel can reach a quorum (CKQUORUM) and runs no failover: one still running names the old master
+    in its entry and may reconfigure replicas after apply has looked."""
     import redis
 
     for node in rt.loaded.layout.sentinels:
         try:
             with rt.admin(node, timeout=2.0) as admin:
                 admin.call("SENTINEL", "CKQUORUM", name)
+                entry = admin.call("SENTINEL", "MASTER", name)
         except redis.RedisError as exc:
             return f"{node.name}: SENTINEL CKQUORUM {name}: {exc}"
+        pairs = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=False))
+        if "failover_in_progress" in str(pairs.get("flags", "")).split(","):
+            return f"{node.name} runs a failover of {name} ({pairs.get('failover-state', '?')})"
     return None
 
 

@@ -54,11 +54,21 @@ def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: b
             rt.provider.close()
 
 
-def print_status(rt: Runtime, output: str) -> bool:
-    """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy."""
+def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:
+    """Print the status; as text, how to get healthy on stderr when it is not. Returns whether it is healthy.
+    settle: seconds an unhealthy look is looked at again (apply: what the servers finish on their own, a role
+    gossiped, a replica's first ACK, a sentinel's replica reconfigured, is not a failed apply); a refused password
+    is not waited for."""
+    import time
+
+    from opsctl.base.connerr import AUTH_HINT
     from opsctl.cli.output import print_result
 
+    deadline = time.monotonic() + settle
     status = status_result(rt)
+    while not status.healthy and status.hint != AUTH_HINT and time.monotonic() < deadline:
+        time.sleep(0.25)  # a look opens a connection per node: four a second is plenty for what gossip does
+        status = status_result(rt)
     print_result(status, output)
     if output == "text" and status.hint is not None:
         print(f"  hint: {status.hint}", file=sys.stderr)

@@ -14,6 +14,7 @@ from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_ans
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.observe.cluster_state import cluster_problems
+from opsctl.observe.replicas import listed_replicas
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
@@ -89,13 +90,8 @@ def thresholds_for(loaded: LoadedSpec, max_lag_bytes: int = MAX_LAG_BYTES, max_l
 def _listed(layout: Layout, facts: Facts, master: str, replica: str) -> dict[str, str] | None:
     """The master's INFO replication entry for the replica (ip, port, state, offset, lag); None: not listed."""
     node = layout.node(replica)
-    for key, value in facts[master].info.items():
-        if not key.startswith("slave") or not key[5:].isdigit():
-            continue
-        fields = dict(p.split("=", 1) for p in value.split(",") if "=" in p)
-        if fields.get("ip") == node.address and fields.get("port") == str(node.port):
-            return fields
-    return None
+    return next((fields for fields in listed_replicas(facts[master].info)
+                 if fields.get("ip") == node.address and fields.get("port") == str(node.port)), None)
 
 
 def replica_lag(layout: Layout, facts: Facts, master: str, replica: str) -> tuple[int | None, int | None]:

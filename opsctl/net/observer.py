@@ -20,6 +20,7 @@ from opsctl.net.resp import Command, RespError, TextReply, text
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
 from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import parse_cluster_nodes, parse_info, parse_pairs, parse_role
+from opsctl.observe.replicas import master_side_problems
 from opsctl.plan.fence import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -211,6 +212,8 @@ def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pend
         if info.get("role") == "slave" and info.get("master_link_status") != "up":
             return f"replica link to {info.get('master_host')}:{info.get('master_port')} is " \
                    f"{info.get('master_link_status', '?')}"
+        if master_side := master_side_problems(info):
+            return "; ".join(master_side)
         return ""
 
     asked = [n for n in observer.nodes if settled is None or n.name not in settled]

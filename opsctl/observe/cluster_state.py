@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
+from opsctl.observe.replicas import master_side_problems
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted
 
@@ -127,6 +128,7 @@ def _state_problems(infos: Mapping[str, Mapping[str, str]]) -> list[Disagreement
         if info.get("role") == "slave" and info.get("master_link_status", "up") != "up":
             out.append(Disagreement(name, f"replica link to {info.get('master_host')}:{info.get('master_port')} "
                                           f"is {info.get('master_link_status')}"))
+        out += [Disagreement(name, what) for what in master_side_problems(info)]
     return out
 
 

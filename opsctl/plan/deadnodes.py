@@ -14,13 +14,17 @@ from opsctl.spec.layout import Layout
 
 
 def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
-    """id -> endpoint of every node a running server flags fail or fail? (not yet agreed), that serves no slot, and
-    is gone (_gone): no node of the spec, nothing to wait for."""
+    """id -> endpoint of every node that serves no slot, is gone (_gone: no node of the spec, nothing to wait for)
+    and that a running server flags fail or fail? (not yet agreed), or, at an address no node of the spec or retired
+    one has, has no link to: the members of a killed host go failing one by one (each after node_timeout without a
+    PONG), and one not flagged yet when apply looks would be left known everywhere."""
+    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
     gone = _gone(layout, facts)
     found: dict[str, str] = {}
     for f in facts.values():
         for line in f.cluster_nodes or ():
-            if line.is_failing and not line.slots and gone(line.endpoint, line.id):
+            unlinked = line.link_state != "connected" and line.endpoint not in ours and not line.is_myself
+            if (line.is_failing or unlinked) and not line.slots and gone(line.endpoint, line.id):
                 found[line.id] = line.endpoint
     return found
 

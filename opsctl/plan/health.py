@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.connerr import auth_failed, is_auth_failure, not_answering
+from opsctl.observe.replicas import listed_replicas, master_side_problems
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.spec.layout import Layout, Node
@@ -38,7 +39,8 @@ def replication_problem(layout: Layout, facts: Mapping[str, NodeFacts]) -> str |
             return f"{name}'s link to {master} is {role.link}"
         if master_role.offset - role.offset > MAX_LAG_BYTES:
             return f"{name} lags {master_role.offset - role.offset} bytes behind {master}"
-    return None
+    counted = master_side_problems(facts[master].info)
+    return f"{master} {counted[0]}" if counted else None
 
 
 def sentinel_problem(layout: Layout, facts: Mapping[str, NodeFacts], master_name: str) -> str | None:
@@ -103,4 +105,8 @@ def node_problem(loaded: LoadedSpec, facts: Mapping[str, NodeFacts], node: Node)
     master_role = facts[upstream.name].role if upstream else None
     if master_role and master_role.offset - role.offset > MAX_LAG_BYTES:
         return f"{node.name} lags {master_role.offset - role.offset} bytes behind its master"
-    return None
+    if upstream is None:
+        return None
+    state = next((r.get("state") for r in listed_replicas(facts[upstream.name].info)
+                  if r.get("ip") == node.address and r.get("port") == str(node.port)), "online")
+    return None if state == "online" else f"{upstream.name} lists {node.name} as {state} (its sync is not done)"

@@ -98,6 +98,9 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
                         help="how long a restarted node may take to be back in place, or a failover's checks to pass")
 
 
+SETTLE_SECONDS = 10.0  # how long apply's closing look waits for what the servers settle on their own (gossip takes
+# about node_timeout / 2 to reach every node; a replica's first ACK, 1 s), before "not healthy"
+
 WATCH_SECONDS = ranged(float, 0.5, 3600.0)  # status --watch: faster than 0.5 s is a load, not a view
 
 REPLANS = 4  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first),
@@ -113,7 +116,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with open_runtime(args, locked=True, cache_beside=True) as rt:
         if _apply_plans(rt, args, saved) < 0:
             return EXIT_CHANGES
-        healthy = print_status(rt, args.output)
+        healthy = print_status(rt, args.output, settle=SETTLE_SECONDS)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
