@@ -59,3 +59,8 @@ def test_an_unlinked_node_at_an_address_the_spec_lost_is_forgotten_before_it_is_
             line("dead", "127.9.9.9:7001", "slave", "fail"), unlinked, answering, restarting)
     facts = {first.name: NodeFacts(first.name, True, reachable=True, cluster_nodes=view)}
     assert dead_nodes(loaded.layout, facts) == {"dead": "127.9.9.9:7001", "late": "127.9.9.9:7002"}
+    lost = ClusterNodeLine("gone", "127.9.9.9", 7004, 17004, frozenset({"master"}), None, 0, "disconnected",
+                           ((5461, 10922),))
+    with pytest.raises(RefusedError):
+        refuse_lost_shards(loaded.layout, {first.name: NodeFacts(first.name, True, reachable=True,
+                                                                 cluster_nodes=(*view, lost))})

@@ -85,6 +85,7 @@ def test_full_copy_offsets_resume_failover_and_gap(tmp_path: Path, capsys: pytes
         connector = Connector(loaded)
         m, r = client(loaded, master), client(loaded, replica)
         set_once_replicas_count(m, "before", "snapshot")
+        wait_offset(r, offset_of(m))  # the replica's snapshot holds it: the stream starts after it
         rdb = tmp_path / "snap.rdb"
 
         # a full copy from the replica: the snapshot file, then commands at the master's offsets

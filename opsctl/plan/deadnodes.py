@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opsctl.base.errors import RefusedError
+from opsctl.observe.parse import ClusterNodeLine
 from opsctl.plan.facts import Facts
 from opsctl.plan.steps import ForgetNodes
 from opsctl.spec.layout import Layout
@@ -18,15 +19,21 @@ def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
     and that a running server flags fail or fail? (not yet agreed), or, at an address no node of the spec or retired
     one has, has no link to: the members of a killed host go failing one by one (each after node_timeout without a
     PONG), and one not flagged yet when apply looks would be left known everywhere."""
-    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
-    gone = _gone(layout, facts)
+    gone, down = _gone(layout, facts), _down(layout)
     found: dict[str, str] = {}
     for f in facts.values():
         for line in f.cluster_nodes or ():
-            unlinked = line.link_state != "connected" and line.endpoint not in ours and not line.is_myself
-            if (line.is_failing or unlinked) and not line.slots and gone(line.endpoint, line.id):
+            if down(line) and not line.slots and gone(line.endpoint, line.id):
                 found[line.id] = line.endpoint
     return found
+
+
+def _down(layout: Layout) -> Callable[[ClusterNodeLine], bool]:
+    """Whether a running node's view counts a peer as down: flagged fail or fail?, or, at an address no node of the
+    spec or retired one has, not linked to (nothing there to come back)."""
+    ours = {n.endpoint for n in (*layout.servers, *layout.retired)}
+    return lambda line: line.is_failing or (line.link_state != "connected" and line.endpoint not in ours
+                                            and not line.is_myself)
 
 
 def _gone(layout: Layout, facts: Facts) -> Callable[[str, str], bool]:
@@ -59,11 +66,11 @@ def forget_dead(layout: Layout, facts: Facts) -> list[ForgetNodes]:
 def refuse_lost_shards(layout: Layout, facts: Facts) -> None:
     """Slots that only a failed node at an endpoint the spec no longer has serves: that shard's data is gone from the
     fleet (a replica would have been promoted by now); a replacement would start empty."""
-    gone = _gone(layout, facts)  # the others come back from their nodes.conf
+    gone, down = _gone(layout, facts), _down(layout)  # the others come back from their nodes.conf
     lost: dict[str, str] = {}
     for f in facts.values():
         for line in f.cluster_nodes or ():
-            if line.is_failing and line.is_master and line.slots and gone(line.endpoint, line.id):
+            if down(line) and line.is_master and line.slots and gone(line.endpoint, line.id):
                 lost[line.id] = line.endpoint
     if lost:
         where = ", ".join(sorted(set(lost.values())))

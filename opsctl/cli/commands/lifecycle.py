@@ -100,6 +100,8 @@ def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None
 
 SETTLE_SECONDS = 10.0  # how long apply's closing look waits for what the servers settle on their own (gossip takes
 # about node_timeout / 2 to reach every node; a replica's first ACK, 1 s), before "not healthy"
+SENTINEL_SETTLE_SECONDS = 20.0  # Sentinel also ends a failover it runs: a live old master is converted to a replica
+# 8 s (4 hello periods) after the switch
 
 WATCH_SECONDS = ranged(float, 0.5, 3600.0)  # status --watch: faster than 0.5 s is a load, not a view
 
@@ -116,7 +118,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
     with open_runtime(args, locked=True, cache_beside=True) as rt:
         if _apply_plans(rt, args, saved) < 0:
             return EXIT_CHANGES
-        healthy = print_status(rt, args.output, settle=SETTLE_SECONDS)
+        settle = SENTINEL_SETTLE_SECONDS if rt.loaded.spec.topology == "sentinel" else SETTLE_SECONDS
+        healthy = print_status(rt, args.output, settle=settle)
     if not healthy:
         raise OpsctlError("apply finished, but the topology is not healthy (see the status above)",
                           hint="apply again once the node named above answers; `opsctl status` shows every node")
