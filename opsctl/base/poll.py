@@ -1,7 +1,8 @@
 """The one way to wait: poll a check until it gives a result or the time runs out, and say why it did not.
 
 Every wait in opsctl is a check that returns its result, or Pending with the reason it is not there yet; the
-reason of the last look is what a timeout reports (a wait that says only "timed out" leaves the operator guessing).
+reason of the last look, and the ones before it with when, is what a timeout reports (a wait that says only "timed
+out" leaves the operator guessing, and one that says only the last state hides how it got there).
 """
 
 from __future__ import annotations
@@ -29,22 +30,65 @@ def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str,
     """Poll check() until it returns a result (anything but None or Pending), pausing `interval` s between looks
     (or interval(), for a pause that grows: a backoff).
 
-    On timeout the error names `what` and the last reason: a returned Pending's, else last_reason(). A wait whose
-    callers know its error by class or words builds it instead: on_timeout(last reason) is raised.
+    On timeout the error names `what`, the last reason (a returned Pending's, else last_reason()) and the reasons
+    seen before it with when, so a wait that went through several states says which. A wait whose callers know
+    its error by class or words builds it instead: on_timeout(last reason) is raised.
     """
-    deadline = time.monotonic() + timeout
-    reason = ""
+    start = time.monotonic()
+    deadline = start + timeout
+    seen = ReasonLog(start)
     while True:
         result = check()
         if isinstance(result, Pending):
-            reason = result.reason
+            seen.note(result.reason)
         elif result is not None:
             return result
         elif last_reason is not None:
-            reason = last_reason()
+            seen.note(last_reason())
         if time.monotonic() >= deadline:
             if on_timeout is not None:
-                raise on_timeout(reason)
-            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", reason or "no reason given",
+                raise on_timeout(seen.last)
+            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", seen.render(),
                                    "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
         time.sleep(interval() if callable(interval) else interval)
+
+
+class ReasonLog:
+    """The distinct reasons a wait saw, in order, each with when it was first and last seen (seconds into the
+    wait). Only the last EARLIER_KEPT before the current one are kept: a timeout's message stays short."""
+
+    EARLIER_KEPT = 4
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.spans: list[tuple[str, float, float]] = []  # (reason, first seen, last seen)
+
+    @property
+    def last(self) -> str:
+        return self.spans[-1][0] if self.spans else ""
+
+    def note(self, reason: str) -> None:
+        now = time.monotonic() - self.start
+        if self.spans and self.spans[-1][0] == reason:
+            self.spans[-1] = (reason, self.spans[-1][1], now)
+            return
+        self.spans.append((reason, now, now))
+        del self.spans[:-(self.EARLIER_KEPT + 1)]
+
+    def render(self) -> str:
+        """The last reason whole; before it, each earlier one's first line with its span."""
+        if not self.spans:
+            return "no reason given"
+        *earlier, (last, since, _) = self.spans
+        last = last or "no reason given"
+        if not earlier:
+            return last
+        lines = [last, f"(since {since:.1f} s into the wait; before that:"]
+        lines += [f"  {first:.1f}-{until:.1f} s: {_first_line(reason)}" for reason, first, until in earlier]
+        return "\n".join(lines) + ")"
+
+
+def _first_line(reason: str) -> str:
+    head, _, rest = reason.partition("\n")
+    more = rest.count("\n") + 1 if rest else 0
+    return f"{head} (+{more} more line{'s' if more != 1 else ''})" if more else head
