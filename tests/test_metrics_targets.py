@@ -58,7 +58,8 @@ def test_sentinels_are_targets_without_a_shard() -> None:
     groups = target_groups(loaded.spec, loaded.layout)
     sentinels = [g for g in groups if g["labels"]["kind"] == "sentinel"]
     assert len(sentinels) == 3 and all("shard" not in g["labels"] for g in sentinels)
-    assert all("maxclients" not in g["labels"] for g in sentinels)  # a Sentinel's is not the spec's
+    # a Sentinel renders no maxclients: it runs with the built-in 10000 (INFO clients says so; CONFIG is refused)
+    assert all(g["labels"]["maxclients"] == "10000" for g in sentinels)
     assert sentinels[0]["targets"] == [f"127.0.0.1:{7301 + EXPORTER_PORT_OFFSET}"]
     assert {g["labels"]["shard"] for g in groups if g["labels"]["kind"] == "server"} == {"1"}
 

@@ -12,6 +12,7 @@ from typing import Literal, TypedDict
 from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render.directives import maxclients
+from opsctl.server.defaults import SERVER_DEFAULTS
 from opsctl.spec.exporters import EXPORTER_PORT_OFFSET, exporter_port, exporter_port_problems
 from opsctl.spec.layout import Layout, Node
 from opsctl.spec.model import Spec
@@ -52,13 +53,14 @@ class RunSignal(Frozen):
 
 
 def target_labels(spec: Spec, node: Node) -> dict[str, str]:
-    """A server's labels carry the maxclients it is rendered with: its exporter cannot read it (no CONFIG GET for a
-    least-privilege user) and RedisTooManyClients needs it."""
+    """Every target carries the maxclients its node runs with: its exporter cannot read it (no CONFIG GET for a
+    least-privilege user; a Sentinel has no CONFIG) and RedisTooManyClients needs it. A server's is the rendered
+    one; a Sentinel renders none, so it runs with its flavor's built-in value."""
     labels = {"topology": spec.name, "node": node.name, "host": node.host,
               "kind": "sentinel" if node.is_sentinel else "server"}
     if node.shard is not None:
         labels["shard"] = str(node.shard)
-    limit = None if node.is_sentinel else maxclients(spec, node)
+    limit = int(SERVER_DEFAULTS[spec.server.flavor]["maxclients"]) if node.is_sentinel else maxclients(spec, node)
     if limit is not None:
         labels["maxclients"] = str(limit)
     return labels
