@@ -58,3 +58,35 @@ def test_a_migration_loads_the_libraries_on_every_target_master(tmp_path, capsys
                    if n.role == "master"]
         assert [_greets(m) for m in masters] == [b"hi there"] * len(masters)
         assert cluster_client(t_loaded).get("a") == "1"
+
+
+def test_source_shards_whose_libraries_differ_are_refused_before_any_shard_copies(tmp_path, capsys) -> None:
+    """Each shard of a cluster holds its own copy of a library; one that differs would stop only its own shard's
+    copy, after the others wrote their keys: the whole restore is refused first (and migrate, through the same
+    check_libraries)."""
+    three = ("cluster", {"cluster": {"masters": 3, "replicas_per_master": 0}})
+    with topologies(tmp_path, capsys, "valkey", three, three) as [(s, s_loaded), (t, t_loaded)]:
+        masters = clients(s_loaded)
+        for master, code in zip(masters, (LIBRARY, LIBRARY, OTHER), strict=True):
+            master.function_load(code)
+        cluster_client(s_loaded).mset_nonatomic({f"k:{i}": i for i in range(300)})
+        code, out, err = restore(capsys, t, "--from-live", str(s))
+        assert code == 3 and "'shop' differs between" in err and "nothing was written" in err, err + out
+        assert sum(m.dbsize() for m in clients(t_loaded)) == 0, "a shard copied before the refusal"
+        assert all(m.function_list() == [] for m in clients(t_loaded)), "a library loaded before the refusal"
+
+
+def test_a_migration_from_shards_whose_libraries_differ_is_refused_before_any_shard_copies(tmp_path, capsys) -> None:
+    three = ("cluster", "valkey", {"cluster": {"masters": 3, "replicas_per_master": 0}})
+    with pair(tmp_path, capsys, three, three) as (s, s_loaded, t, t_loaded):
+        masters = clients(s_loaded)
+        for master, code in zip(masters, (LIBRARY, OTHER, LIBRARY), strict=True):
+            master.function_load(code)
+        cluster_client(s_loaded).mset_nonatomic({f"k:{i}": i for i in range(300)})
+        migrate = Migrate(t, s, "--cutover", "auto")
+        assert migrate.wait() == 3
+        err = migrate.stderr()
+        assert "'shop' differs between source shard-" in err and "nothing was written" in err, err
+        assert sum(m.dbsize() for m in clients(t_loaded)) == 0, "a shard copied before the refusal"
+        assert all(m.function_list() == [] for m in clients(t_loaded)), "a library loaded before the refusal"
+        assert PASSWORD not in err

@@ -18,11 +18,12 @@ from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
 from opsctl.migrate.apply import TargetChanged
 from opsctl.migrate.cutover import CutoverOptions, cut_over, master_offset, shard_master
 from opsctl.migrate.journal import REQUEST, RESULT, JournalFile, load_journal, new_journal
-from opsctl.migrate.shard import ShardRun
+from opsctl.migrate.shard import NoMemberAnswers, ShardRun
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.restore.engine import Targets
+from opsctl.restore.functions import check_libraries
 from opsctl.restore.target import Target, inspect_target
 from opsctl.state.safefs import write_private
 
@@ -96,6 +97,19 @@ def shard_runs(source: Connector, target: Target, journal: JournalFile, state_di
     return runs
 
 
+def check_source_libraries(source: Connector, shards: Sequence[ShardRun], targets: Targets) -> None:
+    """A function library that differs between source shards, or from the target's, refused before any shard
+    copies a key (each shard's copy would find it only on its own turn). A shard with no member answering is
+    left to its run, which waits it out."""
+    openers = {}
+    for shard in shards:
+        try:
+            openers[f"source {shard.key}"] = partial(RawPipe, source, shard.attach_node(), 10.0)
+        except NoMemberAnswers:
+            continue
+    check_libraries(openers, [partial(targets.open, index) for index in range(len(targets.names))])
+
+
 def fresh_targets(connector: Connector) -> Targets:
     """The target's masters and routing as they are now; not converged (a failover under way): TargetChanged,
     which a shard waits out like a lost link."""
@@ -114,6 +128,8 @@ def run_migrate(source: Connector, target_connector: Connector, state_dir: Path,
     if journal.journal.fence is not None:
         emit(Note("an interrupted cutover left the source fenced: cutting over as soon as every shard streams"))
     shards = shard_runs(source, target, journal, state_dir)
+    if not resumed:
+        check_source_libraries(source, shards, target.targets())
     with Borrowed() as pool:
         futures = [pool.submit(s.run) for s in shards]
         try:

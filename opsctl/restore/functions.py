@@ -1,14 +1,15 @@
 """A source's function libraries carried onto every target master: Redis 7 and later keep them with the data (the
 RDB holds them), so a copy that moved only keys would drop them silently. Each library goes by its code
 (FUNCTION LIST WITHCODE, then FUNCTION LOAD), which every server of 7 or later parses whatever wrote it. A
-library a target holds already with the same code is left as it is; with other code it is refused by name."""
+library a target holds already with the same code is left as it is; with other code it is refused by name, and
+check_libraries says so for every source before any of them writes a key (a shard copied first is not half a copy)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.base.errors import RefusedError
-from opsctl.net.rawpipe import RawPipe
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.net.resp import Reply, RespError
 
 
@@ -50,6 +51,45 @@ def carry_functions(source: RawPipe, targets: Sequence[RawPipe]) -> int:
                                    f"make them the same (FUNCTION LOAD REPLACE on {pipe.label}, or FUNCTION "
                                    "DELETE there), then re-run: it resumes")
     return len(wanted)
+
+
+def library_conflicts(sources: Mapping[str, Mapping[bytes, bytes]],
+                      targets: Mapping[str, Mapping[bytes, bytes]]) -> list[str]:
+    """Each library whose code differs between two sources, or between a source and a target that holds it
+    already: loading it would stop the copy after other sources' keys were written. Pure."""
+    problems: list[str] = []
+    first_seen: dict[bytes, tuple[str, bytes]] = {}  # library -> (the first source holding it, its code there)
+    for label, held in sources.items():
+        for name, code in held.items():
+            where, known = first_seen.setdefault(name, (label, code))
+            if known != code:
+                problems.append(f"the function library {_shown(name)} differs between {where} and {label}")
+    for label, held in targets.items():
+        problems += [f"the function library {_shown(name)} differs between {where} and {label}"
+                     for name, (where, code) in first_seen.items() if name in held and held[name] != code]
+    return problems
+
+
+def check_libraries(sources: Mapping[str, Callable[[], RawPipe]], targets: Sequence[Callable[[], RawPipe]]) -> None:
+    """Refuse, before any key is written, a copy whose function libraries conflict (library_conflicts). A node
+    that cannot be read here (down, or its user lacks FUNCTION) is left to the copy's own check: this adds a
+    refusal, never a new way to fail."""
+    def listed(open_pipe: Callable[[], RawPipe]) -> tuple[str, dict[bytes, bytes]] | None:
+        try:
+            with open_pipe() as pipe:
+                return pipe.label, {name: code for name, code in libraries(pipe).items() if name}
+        except (RefusedError, *PIPE_ERRORS):
+            return None
+
+    source_libraries = {label: found[1] for label, open_pipe in sources.items() if (found := listed(open_pipe))}
+    if not any(source_libraries.values()):
+        return
+    target_libraries = dict(found for open_pipe in targets if (found := listed(open_pipe)))
+    problems = library_conflicts(source_libraries, target_libraries)
+    if problems:
+        raise RefusedError(problems[0], "\n".join(problems[1:]) or "loading it would replace the code already there",
+                           "make them the same (FUNCTION LOAD REPLACE, or FUNCTION DELETE where it should not be), "
+                           "then re-run; nothing was written")
 
 
 def _shown(name: bytes) -> str:

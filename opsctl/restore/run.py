@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -23,6 +24,7 @@ from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
 from opsctl.restore.checks import existing_keys, refuse_unsafe
 from opsctl.restore.engine import Side, Source, copy_source
+from opsctl.restore.functions import check_libraries
 from opsctl.restore.offsets import durable
 from opsctl.restore.route import JOURNAL, Counts, Journal, journal_json, landed_problem, parse_journal
 from opsctl.restore.sources import Prepared, RestoreOptions
@@ -125,6 +127,9 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
             return recheck_finished(target, prepared, state_dir, options, journal, existing, emit)
         journal = None  # replace and skip-existing run again in full; so does a target without the source's keys
     refuse_unsafe(prepared, target, options, journal is not None)
+    targets = target.targets()
+    check_libraries({s.label: s.open for s in prepared.sources},
+                    [partial(targets.open, index) for index in range(len(targets.names))])
     report = RestoreReport(prepared.text, target.loaded.spec.name, options.mode, options.dry_run, journal is not None,
                            dict(journal.done) if journal else {})
     if options.dry_run:
