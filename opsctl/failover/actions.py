@@ -3,7 +3,8 @@
 cluster: CLUSTER FAILOVER [FORCE|TAKEOVER] on the replica.
 sentinel: pause and fence the master, wait for the replicas, SENTINEL FAILOVER, demote the old master, re-point the
 others, tell sentinels.
-replication: FAILOVER TO if the server has it, else pause, fence, wait, REPLICAOF NO ONE.
+replication: FAILOVER TO if the server has it, else pause, fence, wait, REPLICAOF NO ONE; with the master gone
+(--mode force), REPLICAOF NO ONE on the replica holding the most and the others re-pointed.
 See docs/runbooks/failover.md."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.checks import Target
 from opsctl.net.admin import Admin
+from opsctl.observe.parse import parse_info
 from opsctl.plan.fence import spec_values
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import sentinel_master_name
@@ -54,6 +56,11 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
                 "hello for the new master (its failover epoch)",
                 "post-checks: writes, roles, links, every sentinel reports the new master"]
     endpoint = layout.node(target.replica).endpoint if target.replica else "?"
+    if modes[0] == "promote":
+        return [f"REPLICAOF NO ONE + CONFIG REWRITE on {replica}; poll ROLE until it is master",
+                f"REPLICAOF {endpoint} + CONFIG REWRITE on the other replicas that answer",
+                f"post-checks: writes, roles, links; {target.master} stays down: `opsctl apply` starts it as a "
+                f"replica of {replica}, dropping what it took past the promotion"]
     if modes[0] == "failover-command":
         return [f"FAILOVER TO {endpoint} on {target.master} (pauses writes, waits for the replica)",
                 f"REPLICAOF {endpoint} + CONFIG REWRITE on the other replicas; CONFIG REWRITE on both",
@@ -77,6 +84,8 @@ def perform(session: Session, target: Target, mode: str, timeout: float, notes: 
         return _failover_command(session, target, timeout)
     if mode == "manual":
         return _manual(session, target, timeout)
+    if mode == "promote":
+        return _promote(session, target, timeout, notes)
     admin = session.admin(target.replica)
     admin.call("CLUSTER", "FAILOVER", *(() if mode == "graceful" else (mode.upper(),)))
     checkpoint("asked")
@@ -296,6 +305,35 @@ def _manual(session: Session, target: Target, timeout: float) -> str:
         _unpause(old)
     _repoint_others(session, target, new)
     return target.replica
+
+
+def _promote(session: Session, target: Target, timeout: float, notes: list[str]) -> str:
+    """The master is gone (the pre-checks saw it silent): promote the replica holding the most, then re-point the
+    others that answer (a silent one, and the old master, follow at the next apply)."""
+    assert target.replica is not None
+    new = session.admin(target.replica)
+    offset = _offset(new)
+    if _is_master(new) is not True:  # a run killed after its REPLICAOF NO ONE left it promoted already
+        _replicate(new, None)
+        checkpoint("promoted")
+    wait_for(lambda: _is_master(new), timeout, f"{target.replica} to answer as master", POLL)
+    notes.append(f"{target.replica} promoted at offset {offset} of {target.master}'s stream: writes {target.master} "
+                 "acknowledged past it reached no replica and are lost")
+    shard = session.loaded.layout.shards[target.shard - 1]
+    for name in shard.members:
+        if name in (target.master, target.replica):
+            continue
+        try:
+            _replicate(session.admin(name), new)
+        except (redis.RedisError, OSError) as exc:
+            notes.append(f"{name} not re-pointed ({type(exc).__name__}): `opsctl apply` points it at {target.replica}")
+    return target.replica
+
+
+def _offset(admin: Admin) -> str:
+    """master_repl_offset of INFO replication: how far into its master's stream a replica got (kept with the link
+    down)."""
+    return parse_info(admin.info("replication")).get("master_repl_offset", "unknown")
 
 
 def _demote(old: Admin, new: Admin, values: dict[str, str]) -> None:

@@ -181,8 +181,9 @@ def _server(layout: Layout, ref: str) -> tuple[str, Shard]:
 
 
 def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, master: str | None = None,
-                   to: str | None = None) -> Target:
-    """Exactly one of shard, master (a node now master) or to (the replica to promote)."""
+                   to: str | None = None, promote: bool = False) -> Target:
+    """Exactly one of shard, master (a node now master) or to (the replica to promote). promote: a forced
+    promotion with the master gone, which picks by data held (choose_promotable), not by link and lag."""
     layout = loaded.layout
     sentinel = loaded.spec.topology == "sentinel"
     if to is not None:
@@ -206,8 +207,9 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
         now = shard_master(layout, found, facts)
     if sentinel:
         return Target(found.index, now, None)
-    replica = choose_replica(layout, found, now, facts)
-    return Target(found.index, now, replica, "" if replica else no_replica_reason(found, now, facts))
+    replica = choose_promotable(layout, found, now, facts) if promote else choose_replica(layout, found, now, facts)
+    why = f"no replica of {now} answers" if promote else no_replica_reason(found, now, facts)
+    return Target(found.index, now, replica, "" if replica else why)
 
 
 # --- pre-checks ---------------------------------------------------------------------------------
@@ -380,15 +382,80 @@ def _ago(past: PastFailover, now: float) -> str:
 def replication_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds) -> list[Check]:
     layout = loaded.layout
     m = facts[target.master]
+    gone = "Sentinel promotes a replica by itself once the master is down for down_after_ms" \
+        if loaded.spec.topology == "sentinel" else \
+        f"if it is gone for good: `opsctl failover --shard {target.shard} --mode force --yes` promotes the replica " \
+        "holding the most data"
     checks = [Check("master-reachable", m.reachable and bool(m.role and m.role.kind == "master"),
                     f"{target.master} {'answers as master' if m.reachable else 'does not answer'}",
-                    "the master answers", "use a forced promotion only when the master is gone for good")]
+                    "the master answers", gone)]
     shard = layout.shards[target.shard - 1]
     replicas = [target.replica] if target.replica else [n for n in shard.members if n != target.master]
     for name in replicas:
         checks += [_named(link_check(layout, facts, name, target.master), name),
                    _named(lag_check(layout, facts, name, target.master, limits), name)]
     return checks
+
+
+def promotion_prechecks(layout: Layout, facts: Facts, target: Target) -> list[Check]:
+    """A forced promotion in a replication topology (the master is gone): the master must not answer (else two
+    masters take writes), and the replica promoted must hold the most data of the replicas (every one answering:
+    one that does not may hold more)."""
+    m = facts[target.master]
+    if m.reachable:
+        role = m.role.kind if m.role else "a node that does not say its role"
+        master = Check("master-down", False, f"{target.master} answers as {role}", "the master does not answer",
+                       "a promotion beside a running master makes two masters taking writes: use the default "
+                       "graceful mode, which loses nothing (a forced promotion cut short left this one promoted: "
+                       "`opsctl apply` points the others at it)")
+    elif is_auth_failure(m.error):
+        master = Check("master-down", False, f"{auth_failed(target.master)}: it runs", "the master does not answer",
+                       AUTH_HINT)
+    else:
+        down = [f"{n} lost it {since} s ago" for n in layout.shards[target.shard - 1].members
+                if (since := facts[n].info.get("master_link_down_since_seconds")) and facts[n].reachable]
+        master = Check("master-down", True, f"{not_answering(target.master, m.error)}"
+                       + (f"; {', '.join(down)}" if down else ""), "the master does not answer")
+    return [master, _promotable_check(layout, facts, target)]
+
+
+def _promotable_check(layout: Layout, facts: Facts, target: Target) -> Check:
+    threshold = "a replica of the master, and no other replica holds more of its stream"
+    if target.replica is None:
+        return Check("most-data", False, target.no_replica or "no replica to promote", threshold,
+                     "start a replica of the shard (opsctl status shows which run)")
+    shard = layout.shards[target.shard - 1]
+    offsets = promotable_offsets(layout, shard, facts, target.master)
+    if target.replica not in offsets:
+        return Check("most-data", False, f"{target.replica} is not a replica of {target.master} "
+                     f"({_role_text(facts[target.replica])})", threshold, "pick another one with --to")
+    silent = [n for n in shard.members if n not in offsets and n != target.master and not facts[n].reachable]
+    best = max(offsets.values())
+    value = "; ".join([*(f"{n} at offset {o}" for n, o in sorted(offsets.items(), key=lambda i: -i[1])),
+                       *(f"{n} does not answer" for n in silent)])
+    if offsets[target.replica] < best:
+        leader = max(offsets, key=lambda n: offsets[n])
+        return Check("most-data", False, value, threshold, f"promote {leader} (--to {leader}): promoting "
+                     f"{target.replica} would drop the {best - offsets[target.replica]} bytes of writes it lacks")
+    return Check("most-data", not silent, value, threshold,
+                 "start the replicas that do not answer first (one of them may hold more), or pass --force-checks "
+                 "to promote without them")
+
+
+def promotable_offsets(layout: Layout, shard: Shard, facts: Facts, master: str) -> dict[str, int]:
+    """Each answering replica of master (link up or not) with how far into its stream it got (INFO
+    master_repl_offset: kept while the link is down, where ROLE says -1)."""
+    m = layout.node(master)
+    return {n: history[1] for n in shard.members if n != master
+            and (f := facts[n]).reachable and (role := f.role) is not None and role.kind == "replica"
+            and role.master == (m.address, m.port) and (history := f.history) is not None}
+
+
+def choose_promotable(layout: Layout, shard: Shard, master: str, facts: Facts) -> str | None:
+    """The replica holding the most of master's stream, preferring one on another host; None: no replica answers."""
+    offsets = promotable_offsets(layout, shard, facts, master)
+    host = layout.node(master).host
+    return min(offsets, key=lambda n: (-offsets[n], layout.node(n).host == host, n)) if offsets else None
 
 
 def _named(check: Check, node: str | None) -> Check:
@@ -411,8 +478,11 @@ def sentinel_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits:
 # --- post-checks --------------------------------------------------------------------------------
 
 
-def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: str, wrote: str) -> list[Check]:
-    """After the failover: new master serves writes, old master (and every other member) replicates it."""
+def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: str, wrote: str,
+               forced: bool = False) -> list[Check]:
+    """After the failover: new master serves writes, old master (and every other member) replicates it. forced (a
+    failover without the master's handshake): a member that does not answer passes, named: the old master was
+    gone, which is why it was forced, and each follows the new master when it runs again."""
     layout = loaded.layout
     new = facts[new_master]
     checks = [Check("new-master-writes", wrote == "OK" and bool(new.role and new.role.kind == "master"),
@@ -422,6 +492,10 @@ def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: st
     for name in shard.members if shard else ():
         if name != new_master:
             label = "old-master-replica" if name == old_master else f"replica-repointed({name})"
+            if forced and not facts[name].reachable and not is_auth_failure(facts[name].error):
+                checks.append(Check(label, True, f"{_role_text(facts[name])}: it follows {new_master} when it runs "
+                                    "again (opsctl apply starts it so)", f"replica of {new_master}, or down"))
+                continue
             checks.append(Check(label, linked_to(layout, facts, name, new_master), _role_text(facts[name]),
                                 f"replica of {new_master}, link connected",
                                 "it follows the new master within seconds; if not, opsctl apply re-points it"))

@@ -31,6 +31,7 @@ from opsctl.failover.checks import (
     failed,
     postchecks,
     probe_key,
+    promotion_prechecks,
     replication_prechecks,
     resolve_target,
     sentinel_prechecks,
@@ -136,7 +137,8 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
         return
     facts = session.facts()
     report.before = topology(facts)
-    target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to)
+    modes = _modes(loaded, opts)
+    target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to, promote=modes == ("promote",))
     report.target = target
     checks = _prechecks(session, facts, target, opts, state_dir)
     report.prechecks = checks
@@ -145,7 +147,12 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     for check in checks:
         emit(Note(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else "")))
     _gate(report, checks, opts, emit)
-    modes = _modes(loaded, opts)
+    if target.replica is None and modes != ("sentinel",):  # --force-checks cannot make one
+        gone = modes[0] in ("failover-command", "manual") and not facts[target.master].reachable
+        raise RefusedError(f"shard {target.shard} has no replica to promote: {target.no_replica}",
+                           "nothing was changed", "the master is gone: `--mode force --yes` promotes the replica "
+                           "holding the most data (docs/runbooks/failover.md)" if gone else
+                           "start or repair a replica (opsctl status shows them), then re-run")
     if opts.dry_run:
         report.outcome = "dry-run"
         for step in actions.describe(loaded, target, modes):
@@ -170,7 +177,8 @@ def _act(session: Session, target: Target, modes: tuple[str, ...], report: Failo
     """Fail over, then wait for the post-checks; the report's outcome says how it ended."""
     new_master = _failover(session, target, modes, report, emit, timeout)
     t = _phase(report, "failover", t)
-    report.postchecks, after = _wait_postchecks(session, target.master, new_master, timeout)
+    forced = report.attempts[-1].mode in ("force", "takeover", "promote")
+    report.postchecks, after = _wait_postchecks(session, target.master, new_master, timeout, forced)
     report.after = topology(after)
     _phase(report, "postchecks", t)
     report.new_master = new_master
@@ -213,6 +221,8 @@ def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, op
         return cluster_prechecks(loaded, facts, target, limits, load_history(state_dir), time.time())
     if topo == "sentinel":
         return sentinel_prechecks(loaded, facts, target, limits, session.quorum())
+    if topo == "replication" and opts.mode == "force":
+        return promotion_prechecks(loaded.layout, facts, target)
     if topo == "replication":
         return replication_prechecks(loaded, facts, target, limits)
     raise OpsctlError("a standalone topology has no replica to fail over to",
@@ -231,12 +241,28 @@ def _gate(report: FailoverReport, checks: list[Check], opts: Options, emit: Emit
 
 
 def _modes(loaded: LoadedSpec, opts: Options) -> tuple[str, ...]:
-    if loaded.spec.topology != "cluster":
-        return ("sentinel",) if loaded.spec.topology == "sentinel" else (
-            "failover-command" if opts.failover_command and actions.has_failover_command(loaded) else "manual",)
-    modes = ESCALATION[ESCALATION.index(opts.mode):] if opts.escalate else (opts.mode,)
+    """The modes to try in order. replication: one handover (FAILOVER, else the manual one) or, with --mode force,
+    "promote" (the master is gone); sentinel: one; cluster: the mode asked, or the escalation from it."""
+    topo = loaded.spec.topology
+    offered = {"cluster": ESCALATION, "replication": ("graceful", "force")}.get(topo, ("graceful",))
+    if opts.mode not in offered or (opts.escalate and topo != "cluster"):
+        raise OpsctlError(f"{'--escalate' if opts.escalate else f'--mode {opts.mode}'} is not for a {topo} topology",
+                          "Sentinel promotes a replica by itself once the master is down for down_after_ms; "
+                          "opsctl's sentinel failover is the graceful one" if topo == "sentinel" else
+                          "a replication topology has the graceful handover and, with the master gone, "
+                          "`--mode force` (no vote to escalate through)",
+                          "drop the option" if topo == "sentinel" else "use --mode force --yes once the master is "
+                          "gone for good, or the default mode while it answers")
+    if topo == "sentinel":
+        return ("sentinel",)
+    if topo == "replication" and opts.mode != "force":
+        return ("failover-command" if opts.failover_command and actions.has_failover_command(loaded) else "manual",)
+    modes = ("promote",) if topo == "replication" else \
+        ESCALATION[ESCALATION.index(opts.mode):] if opts.escalate else (opts.mode,)
     if set(modes) - {"graceful"} and not opts.yes and not opts.dry_run:
         raise RefusedError(f"mode {' -> '.join(modes)} can lose acknowledged writes",
+                           "the master is gone: what it acknowledged and no replica received is lost"
+                           if modes == ("promote",) else
                            "force does not wait for the replica to catch up; takeover skips the vote as well",
                            "pass --yes to accept that, or use the default graceful mode")
     return modes
@@ -251,8 +277,9 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
         reason = "requested" if not last else f"previous mode did not complete: {last}"
         attempt = Attempt(mode, reason)
         report.attempts.append(attempt)
-        if mode in ("force", "takeover"):
-            warning = f"{mode} failover can lose acknowledged writes"
+        if mode in ("force", "takeover", "promote"):
+            warning = f"{'forced promotion' if mode == 'promote' else mode + ' failover'} can lose acknowledged " \
+                "writes"
             report.warnings.append(warning)
             emit(Note(f"warning: {warning}"))
         check_held(session.connector)
@@ -273,7 +300,8 @@ def _failover(session: Session, target: Target, modes: tuple[str, ...], report: 
                       "read the report; the nodes' logs say why the election failed")
 
 
-def _wait_postchecks(session: Session, old: str, new: str, timeout: float) -> tuple[list[Check], dict[str, NodeFacts]]:
+def _wait_postchecks(session: Session, old: str, new: str, timeout: float,
+                     forced: bool) -> tuple[list[Check], dict[str, NodeFacts]]:
     loaded = session.loaded
     wrote = ["not tried"]
     last: list[tuple[list[Check], dict[str, NodeFacts]]] = []
@@ -282,7 +310,7 @@ def _wait_postchecks(session: Session, old: str, new: str, timeout: float) -> tu
         facts = session.facts()
         if wrote[0] != "OK":
             wrote[0] = _probe_write(session, new, facts)
-        checks = postchecks(loaded, facts, old, new, wrote[0])
+        checks = postchecks(loaded, facts, old, new, wrote[0], forced)
         last[:] = [(checks, facts)]
         bad = failed(checks)
         return Pending("; ".join(c.line() for c in bad)) if bad else True

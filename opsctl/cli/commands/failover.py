@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which.add_argument("--master", help="fail over the shard whose master is this node (name or address:port)")
     which.add_argument("--to", help="promote this replica (name or address:port)")
     p.add_argument("--mode", choices=("graceful", "force", "takeover"), default="graceful",
-                   help="cluster only; force and takeover can lose acknowledged writes and need --yes")
+                   help="cluster: graceful, force or takeover; replication: force promotes a replica with the "
+                        "master gone; force and takeover can lose acknowledged writes and need --yes")
     p.add_argument("--escalate", action="store_true",
                    help="cluster: if a mode times out, try the next (graceful -> force -> takeover); needs --yes")
     add_dry_run(p, "print the pre-checks and the steps; change nothing")

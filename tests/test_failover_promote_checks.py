@@ -1,0 +1,84 @@
+"""The forced promotion of a replication topology whose master is gone: whom it promotes, what it checks first,
+which options it takes (pure; the live run is tests/test_failover_promote.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.failover.checks import Target, failed, postchecks, promotion_prechecks, resolve_target
+from opsctl.failover.runbook import Options, _modes
+from opsctl.plan.facts import NodeFacts
+from tests.test_failover_checks import facts_for, spec
+
+
+def _gone(loaded, offsets: dict[str, int], down: tuple[str, ...] = ()) -> dict[str, NodeFacts]:
+    """The master dead, each replica's link down, at the offset it got to."""
+    shard = loaded.layout.shards[0]
+    facts = facts_for(loaded, down=(shard.master, *down), link_down=shard.replicas)
+    for name, offset in offsets.items():
+        info = {**facts[name].info, "master_replid": "a" * 40, "master_repl_offset": str(offset),
+                "master_link_down_since_seconds": "12"}
+        facts[name] = replace(facts[name], info=info)
+    return facts
+
+
+def test_the_replica_holding_the_most_is_promoted_and_a_lesser_one_is_refused(tmp_path: Path) -> None:
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    first, second = shard.replicas
+    facts = _gone(loaded, {first: 900, second: 1000})
+    target = resolve_target(loaded, facts, shard=1, promote=True)
+    assert target == Target(1, shard.master, second)
+    assert failed(promotion_prechecks(loaded.layout, facts, target)) == []
+    checks = promotion_prechecks(loaded.layout, facts, resolve_target(loaded, facts, to=first, promote=True))
+    [most] = failed(checks)
+    assert most.name == "most-data" and f"--to {second}" in most.hint and "100 bytes" in most.hint
+    assert f"{first} lost it 12 s ago" in checks[0].value
+    assert resolve_target(loaded, facts, shard=1) == Target(1, shard.master, None,
+                                                           f"{shard.master} does not answer and no replica is "
+                                                           "linked to it")
+
+
+def test_a_silent_replica_or_a_master_that_answers_fails_the_checks(tmp_path: Path) -> None:
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    first, second = shard.replicas
+    facts = _gone(loaded, {first: 1000}, down=(second,))
+    [most] = failed(promotion_prechecks(loaded.layout, facts, resolve_target(loaded, facts, shard=1, promote=True)))
+    assert most.name == "most-data" and f"{second} does not answer" in most.value
+    alive = facts_for(loaded)
+    master = failed(promotion_prechecks(loaded.layout, alive, Target(1, shard.master, first)))[0]
+    assert master.name == "master-down" and "graceful" in master.hint
+    nobody = _gone(loaded, {}, down=(first, second))
+    target = resolve_target(loaded, nobody, shard=1, promote=True)
+    assert target.no_replica == f"no replica of {shard.master} answers"
+    assert [c.name for c in failed(promotion_prechecks(loaded.layout, nobody, target))] == ["most-data"]
+
+
+def test_a_forced_failover_passes_with_the_old_master_down_and_a_graceful_one_does_not(tmp_path: Path) -> None:
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    new = shard.replicas[0]
+    facts = facts_for(loaded, masters={1: new}, down=[shard.master])
+    assert failed(postchecks(loaded, facts, shard.master, new, "OK", forced=True)) == []
+    assert [c.name for c in failed(postchecks(loaded, facts, shard.master, new, "OK"))] == ["old-master-replica"]
+
+
+def test_each_topology_takes_only_its_own_modes(tmp_path: Path) -> None:
+    (tmp_path / "r").mkdir()
+    (tmp_path / "s").mkdir()
+    replication = spec(tmp_path / "r", "replication")
+    assert _modes(replication, Options(mode="force", yes=True)) == ("promote",)
+    with pytest.raises(RefusedError, match="can lose acknowledged writes"):
+        _modes(replication, Options(mode="force"))
+    for options in (Options(mode="takeover", yes=True), Options(escalate=True, yes=True)):
+        with pytest.raises(OpsctlError, match="not for a replication topology"):
+            _modes(replication, options)
+    sentinel = spec(tmp_path / "s", "sentinel")
+    with pytest.raises(OpsctlError, match="--mode force is not for a sentinel topology") as refused:
+        _modes(sentinel, Options(mode="force", yes=True))
+    assert "Sentinel promotes a replica by itself" in refused.value.detail
