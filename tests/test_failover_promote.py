@@ -17,10 +17,11 @@ import pytest
 import redis
 
 from opsctl.failover.actions import KILL_AT
+from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
-from tests.writer import Writer
+from tests.support import PASSWORD, cluster_check
+from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +111,33 @@ def test_a_promotion_killed_after_its_replicaof_is_finished_by_apply(tmp_path, c
             {n: f"slave:{port}" for n in shard.members if n != promoted[0]}
         assert plan_json(capsys, spec)["steps"] == []
         assert {_client(loaded, n).dbsize() for n in shard.members} == {200}
+
+
+def test_a_cluster_master_that_is_gone_is_replaced_by_force(tmp_path, capsys) -> None:
+    """The cluster did not fail over by itself (here: its replica has cluster-replica-no-failover, as one cut off
+    past its validity factor would refuse): --mode force promotes it without a link to the dead master."""
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        shard = loaded.layout.shards[1]
+        old, replica = shard.master, shard.replicas[0]
+        with Connector(loaded).admin(loaded.layout.node(replica)) as admin:
+            admin.call("CONFIG", "SET", "cluster-replica-no-failover", "yes")
+        with Writer(lambda: cluster_client(loaded)) as writer:
+            writer.wait_for_writes(500)
+            killed_at = time.monotonic()
+            _kill(tmp_path, loaded, old)
+            time.sleep(0.5)
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "2", "--yes")
+            assert code == 3 and "[FAIL] target-linked" in out and "--mode force --yes" in out, out + err
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "2", "--mode", "force", "--yes")
+            assert code == 0 and "[pass] most-data" in out and f"({old} left out" in out, out + err
+            writer.wait_for_writes(len(writer.acked) + 300)
+        lost = writer.lost(cluster_client(loaded))
+        acked_at = dict(zip(writer.acked, writer.ack_times, strict=True))
+        assert all(killed_at - acked_at[key] < 0.5 for key, _ in lost), lost[:5]
+        check = cluster_check(loaded.layout.node(replica).endpoint)
+        assert check.returncode == 0, check.stdout + check.stderr
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert _role(loaded, old) == f"slave:{loaded.layout.node(replica).port}"
+        check = cluster_check(loaded.layout.node(old).endpoint)
+        assert check.returncode == 0, check.stdout + check.stderr

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.failover.checks import Target, failed, postchecks, promotion_prechecks, resolve_target
+from opsctl.failover.checks import (
+    Target,
+    Thresholds,
+    cluster_prechecks,
+    failed,
+    postchecks,
+    promotion_prechecks,
+    resolve_target,
+)
 from opsctl.failover.runbook import Options, _modes
 from opsctl.plan.facts import NodeFacts
 from tests.test_failover_checks import facts_for, spec
@@ -82,3 +90,24 @@ def test_each_topology_takes_only_its_own_modes(tmp_path: Path) -> None:
     with pytest.raises(OpsctlError, match="--mode force is not for a sentinel topology") as refused:
         _modes(sentinel, Options(mode="force", yes=True))
     assert "Sentinel promotes a replica by itself" in refused.value.detail
+
+
+def test_a_cluster_force_with_the_master_gone_judges_the_replica_by_its_data(tmp_path: Path) -> None:
+    loaded = spec(tmp_path, "cluster")
+    s2 = loaded.layout.shards[1]
+    replica = s2.replicas[0]
+    facts = facts_for(loaded, down=[s2.master], link_down=[replica])
+    dead = loaded.layout.node(s2.master)
+    facts[replica] = replace(facts[replica], info={**facts[replica].info, "master_replid": "b" * 40,
+                                                   "master_repl_offset": "500", "master_host": dead.address,
+                                                   "master_port": str(dead.port)})
+    assert resolve_target(loaded, facts, shard=2).replica is None  # graceful: nobody is linked
+    target = resolve_target(loaded, facts, shard=2, promote=True)
+    assert target == Target(2, s2.master, replica)
+    graceful = {c.name: c for c in cluster_prechecks(loaded, facts, target, Thresholds(), [], 0.0)}
+    assert not graceful["target-linked"].passed and "--mode force --yes" in graceful["target-linked"].hint
+    assert not graceful["cluster-agrees"].passed
+    forced = cluster_prechecks(loaded, facts, target, Thresholds(), [], 0.0, forced=True)
+    assert failed(forced) == [], [c.line() for c in failed(forced)]
+    assert forced[0].name == "most-data"
+    assert f"({s2.master} left out: it does not answer)" in next(c.value for c in forced if c.name == "cluster-agrees")

@@ -7,7 +7,7 @@ says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failove
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
@@ -182,8 +182,8 @@ def _server(layout: Layout, ref: str) -> tuple[str, Shard]:
 
 def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, master: str | None = None,
                    to: str | None = None, promote: bool = False) -> Target:
-    """Exactly one of shard, master (a node now master) or to (the replica to promote). promote: a forced
-    promotion with the master gone, which picks by data held (choose_promotable), not by link and lag."""
+    """Exactly one of shard, master (a node now master) or to (the replica to promote). promote: a forced mode;
+    with the master gone it picks by data held (choose_promotable), not by link and lag."""
     layout = loaded.layout
     sentinel = loaded.spec.topology == "sentinel"
     if to is not None:
@@ -207,8 +207,9 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
         now = shard_master(layout, found, facts)
     if sentinel:
         return Target(found.index, now, None)
-    replica = choose_promotable(layout, found, now, facts) if promote else choose_replica(layout, found, now, facts)
-    why = f"no replica of {now} answers" if promote else no_replica_reason(found, now, facts)
+    by_data = promote and not facts[now].reachable  # no replica is linked to a dead master: none has a lag
+    replica = choose_promotable(layout, found, now, facts) if by_data else choose_replica(layout, found, now, facts)
+    why = f"no replica of {now} answers" if by_data else no_replica_reason(found, now, facts)
     return Target(found.index, now, replica, "" if replica else why)
 
 
@@ -302,7 +303,8 @@ def voters_check(layout: Layout, facts: Facts, replica: str | None) -> Check:
     shards = cluster_size(layout, facts)
     threshold = f"> {shards // 2} of {shards} masters with their cluster bus link to the replica connected"
     if replica is None or facts[replica].myself is None:
-        return Check("voters-linked", False, f"unknown: {replica or 'no replica'} gave no cluster view", threshold,
+        return Check("voters-linked", False, f"unknown: {replica} gave no cluster view" if replica else
+                     "unknown: no replica to ask", threshold,
                      "a failover needs a replica that answers (see target-linked)")
     links = vote_links(layout, facts, replica)
     linked = [voter for voter, state in links.items() if state == "connected"]
@@ -314,36 +316,51 @@ def voters_check(layout: Layout, facts: Facts, replica: str | None) -> Check:
 
 
 def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: Thresholds,
-                      history: Sequence[PastFailover], now: float) -> list[Check]:
+                      history: Sequence[PastFailover], now: float, forced: bool = False) -> list[Check]:
+    """forced (force or takeover) with the master gone: the replica is judged by the data it holds (no link, no lag
+    to measure) and the cluster's agreement without the dead master (its slots fail until the promotion)."""
     layout = loaded.layout
+    gone = target.master if forced and not facts[target.master].reachable else None
+    linked = link_check(layout, facts, target.replica, target.master, target.no_replica)
+    if not facts[target.master].reachable and not linked.passed:
+        linked = replace(linked, hint=f"{target.master} does not answer: if the cluster does not fail over by itself "
+                         "(its replica cut off too long, or set not to), `--mode force --yes` promotes the replica "
+                         "holding the most data")
+    replica_checks = [_promotable_check(layout, facts, target)] if gone else [
+        linked, lag_check(layout, facts, target.replica, target.master, limits)]
     shards = cluster_size(layout, facts)
     answering = sum(1 for voter in voters(layout, facts).values() if voter)
     open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
                          for s in (*me.migrating, *me.importing)})
     answering_nodes = sum(1 for n in layout.servers if facts[n.name].reachable)
     return [
-        link_check(layout, facts, target.replica, target.master, target.no_replica),
-        lag_check(layout, facts, target.replica, target.master, limits),
+        *replica_checks,
         Check("masters-reachable", answering > shards // 2, f"{answering}/{shards} masters answer",
               f"> {shards // 2}", "a failover needs a majority of masters to vote; bring the masters back first"),
         voters_check(layout, facts, target.replica),
         Check("no-open-slots", not open_slots and answering_nodes > 0,
               ", ".join(open_slots[:5]) or ("none" if answering_nodes else "unknown: no node answers"), "none",
               "finish or roll back the slot migration (opsctl plan shows it) before failing over"),
-        agreement_check(facts, layout),
+        agreement_check(facts, layout, gone, before=True),
         cooldown_check(target, history, now, limits),
     ]
 
 
-def agreement_check(facts: Facts, layout: Layout) -> Check:
+def agreement_check(facts: Facts, layout: Layout, gone: str | None = None, before: bool = False) -> Check:
+    """gone: a dead master a forced failover replaces, left out with what the others say of it (before the
+    promotion its slots fail too: before)."""
     members = cluster_members(layout, facts)
     views = {n: list(facts[n].cluster_nodes or []) for n in members if facts[n].reachable}
     infos = {n: facts[n].info for n in views}
     problems = [p for p in cluster_problems(views, infos) if "is open:" not in p.what]
-    down = [n for n in members if not facts[n].reachable]
+    down = [n for n in members if not facts[n].reachable and n != gone]
+    if gone is not None:
+        dead = layout.node(gone).endpoint
+        problems = [p for p in problems if dead not in p.what and not (before and p.what.startswith("cluster_state"))]
     value = "no node answers" if not views else \
         "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
-    return Check("cluster-agrees", not problems and not down, value or f"all {len(views)} nodes agree",
+    agree = f"all {len(views)} nodes agree" + (f" ({gone} left out: it does not answer)" if gone else "")
+    return Check("cluster-agrees", not problems and not down, value or agree,
                  "every node answers, cluster_state ok, one slot map, roles agree",
                  "opsctl cluster check -f SPEC names the node that disagrees; wait for gossip or repair it")
 
@@ -500,7 +517,8 @@ def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: st
                                 f"replica of {new_master}, link connected",
                                 "it follows the new master within seconds; if not, opsctl apply re-points it"))
     if loaded.spec.topology == "cluster":
-        checks.append(agreement_check(facts, layout))
+        checks.append(agreement_check(facts, layout, old_master if forced and not facts[old_master].reachable
+                                      else None))
     if loaded.spec.topology == "sentinel":
         agreed = sentinel_agreed_master(layout, facts)
         checks.append(Check("sentinels-agree", agreed == new_master, f"sentinels see {agreed or 'different masters'}",

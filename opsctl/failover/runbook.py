@@ -138,9 +138,10 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
     facts = session.facts()
     report.before = topology(facts)
     modes = _modes(loaded, opts)
-    target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to, promote=modes == ("promote",))
+    forced = modes[0] in ("force", "takeover", "promote")
+    target = resolve_target(loaded, facts, opts.shard, opts.master, opts.to, promote=forced)
     report.target = target
-    checks = _prechecks(session, facts, target, opts, state_dir)
+    checks = _prechecks(session, facts, target, opts, state_dir, forced)
     report.prechecks = checks
     t = _phase(report, "prechecks", t)
     emit(Note(f"pre-checks for shard {target.shard}: {target.promotion()}"))
@@ -148,7 +149,7 @@ def _run(session: Session, state_dir: Path, opts: Options, report: FailoverRepor
         emit(Note(f"  {check.line()}" + (f"\n      hint: {check.hint}" if not check.passed and check.hint else "")))
     _gate(report, checks, opts, emit)
     if target.replica is None and modes != ("sentinel",):  # --force-checks cannot make one
-        gone = modes[0] in ("failover-command", "manual") and not facts[target.master].reachable
+        gone = not forced and not facts[target.master].reachable
         raise RefusedError(f"shard {target.shard} has no replica to promote: {target.no_replica}",
                            "nothing was changed", "the master is gone: `--mode force --yes` promotes the replica "
                            "holding the most data (docs/runbooks/failover.md)" if gone else
@@ -213,12 +214,12 @@ def _finish_interrupted(session: Session, opts: Options, report: FailoverReport,
 
 
 def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, opts: Options,
-               state_dir: Path) -> list[Check]:
+               state_dir: Path, forced: bool) -> list[Check]:
     loaded = session.loaded
     limits = thresholds_for(loaded, opts.max_lag_bytes, opts.max_lag_seconds)
     topo = loaded.spec.topology
     if topo == "cluster":
-        return cluster_prechecks(loaded, facts, target, limits, load_history(state_dir), time.time())
+        return cluster_prechecks(loaded, facts, target, limits, load_history(state_dir), time.time(), forced)
     if topo == "sentinel":
         return sentinel_prechecks(loaded, facts, target, limits, session.quorum())
     if topo == "replication" and opts.mode == "force":
