@@ -5,6 +5,7 @@ replication's window, measured here)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +35,14 @@ def _client(loaded: LoadedSpec, name: str) -> redis.Redis:
 
 def _kill(tmp_path: Path, loaded: LoadedSpec, name: str) -> None:
     os.kill(int((tmp_path / ".opsctl" / loaded.spec.name / name / "server.pid").read_text()), signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """The process exited (a zombie counts: its parent here is the test, which started the servers)."""
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
 
 
 def _role(loaded: LoadedSpec, name: str) -> str:
@@ -141,3 +150,26 @@ def test_a_cluster_master_that_is_gone_is_replaced_by_force(tmp_path, capsys) ->
         assert _role(loaded, old) == f"slave:{loaded.layout.node(replica).port}"
         check = cluster_check(loaded.layout.node(old).endpoint)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_stalled_master_is_stopped_before_its_replica_is_promoted(tmp_path, capsys) -> None:
+    """Silent is not dead: a master stalled (SIGSTOP) that resumed after the promotion would be a second master
+    taking writes. The forced promotion stops its process through the provider first."""
+    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+        shard = loaded.layout.shards[0]
+        _client(loaded, shard.master).mset({f"k:{i}": i for i in range(100)})
+        time.sleep(0.3)
+        pid = int((tmp_path / ".opsctl" / loaded.spec.name / shard.master / "server.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--mode", "force", "--yes")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        assert code == 0 and "[pass] master-down" in out, out + err
+        assert f"{shard.master} ran without answering" in out and "stopped, so it cannot take writes again" in out
+        assert _gone(pid), f"the stalled master (pid {pid}) still runs"
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, out + err
+        assert plan_json(capsys, spec)["steps"] == []
+        assert {_client(loaded, n).dbsize() for n in shard.members} == {100}

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 POLL = 0.002
 KILL_AT = "OPSCTL_FAILOVER_KILL_AT"
+STOP_SILENT_S = 2.0  # SIGTERM's grace for a master that stopped answering (a stalled one gets SIGKILL after it)
 GRACEFUL_LIMIT = 6.0  # the server gives up a manual failover after 5 s (CLUSTER_MF_TIMEOUT)
 
 __all__ = ["describe", "has_failover_command", "perform"]
@@ -57,7 +58,9 @@ def describe(loaded: LoadedSpec, target: Target, modes: tuple[str, ...]) -> list
                 "post-checks: writes, roles, links, every sentinel reports the new master"]
     endpoint = layout.node(target.replica).endpoint if target.replica else "?"
     if modes[0] == "promote":
-        return [f"REPLICAOF NO ONE + CONFIG REWRITE on {replica}; poll ROLE until it is master",
+        return [f"stop {target.master}'s process if its host answers (silent is not dead: one that resumes would "
+                "be a second master)",
+                f"REPLICAOF NO ONE + CONFIG REWRITE on {replica}; poll ROLE until it is master",
                 f"REPLICAOF {endpoint} + CONFIG REWRITE on the other replicas that answer",
                 f"post-checks: writes, roles, links; {target.master} stays down: `opsctl apply` starts it as a "
                 f"replica of {replica}, dropping what it took past the promotion"]
@@ -313,6 +316,8 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
     assert target.replica is not None
     new = session.admin(target.replica)
     offset = _offset(new)
+    notes.append(_stop_silent_master(session, target))
+    checkpoint("old-master-stopped")
     if _is_master(new) is not True:  # a run killed after its REPLICAOF NO ONE left it promoted already
         _replicate(new, None)
         checkpoint("promoted")
@@ -328,6 +333,24 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
         except (redis.RedisError, OSError) as exc:
             notes.append(f"{name} not re-pointed ({type(exc).__name__}): `opsctl apply` points it at {target.replica}")
     return target.replica
+
+
+def _stop_silent_master(session: Session, target: Target) -> str:
+    """Stop the old master's process where its host can be reached: silent is not dead (a stalled process, a cut
+    link), and one that resumes is a second master taking writes its conversion drops. What happened, for the
+    report; a host that cannot be reached is said, not an error (the operator forced a master that is gone)."""
+    if session.provider is None:
+        return f"{target.master} not stopped: no provider to reach its host"
+    node = session.loaded.layout.node(target.master)
+    try:
+        state = session.provider.process_state(node)
+        if not state.running:
+            return f"{target.master} does not run ({state.detail})"
+        session.provider.stop(node, timeout=STOP_SILENT_S)
+    except OpsctlError as exc:
+        return (f"{target.master}'s process could not be looked at or stopped ({exc.summary}): if it runs on, it is a "
+                f"second master until `opsctl apply` makes it a replica of {target.replica}")
+    return f"{target.master} ran without answering ({state.detail}): stopped, so it cannot take writes again"
 
 
 def _offset(admin: Admin) -> str:

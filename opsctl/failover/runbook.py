@@ -42,6 +42,7 @@ from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.facts import NodeFacts
+from opsctl.providers.base import Provider
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private
 
@@ -96,15 +97,17 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def run_failover(connector: Connector, state_dir: Path, opts: Options, emit: Emit) -> FailoverReport:
+def run_failover(connector: Connector, state_dir: Path, opts: Options, emit: Emit,
+                 provider: Provider | None = None) -> FailoverReport:
     """The whole runbook; always writes the report (except a dry run's to the state dir), then raises on failure.
-    Before acting it leaves an in-progress report, so a run killed mid-way still counts for the cool-down."""
+    Before acting it leaves an in-progress report, so a run killed mid-way still counts for the cool-down.
+    provider: a replication topology's forced promotion stops the silent old master's process through it."""
     loaded = connector.loaded
     report = FailoverReport(loaded.spec.name, loaded.spec.topology, _who(), time.time(), opts.mode, opts.dry_run,
                             spec_file=str(loaded.file), spec_digest=digest(loaded.spec.model_dump(mode="json")),
                             timeout=opts.timeout)
     started = time.monotonic()
-    session = Session(connector)
+    session = Session(connector, provider)
     marker: list[Path] = []
     try:
         _run(session, state_dir, opts, report, emit, lambda: marker.extend(write_report(report, state_dir, None)))

@@ -9,6 +9,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, to_facts
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.slotmath.scale import cluster_members
+from opsctl.providers.base import Provider
 from opsctl.spec.layout import sentinel_master_name
 
 
@@ -17,8 +18,11 @@ class Session:
     also to the nodes a larger spec had that the cluster still knows (a scale-in's, drained after the restarts):
     they vote and must agree like the others (looked for once; a second Observer only when there are some)."""
 
-    def __init__(self, connector: Connector) -> None:
+    def __init__(self, connector: Connector, provider: Provider | None = None) -> None:
+        """provider: where the servers run, to stop a master that is gone from the network but may still run
+        (a forced promotion's fence); None: not asked for (every other failover)."""
         self.connector = connector
+        self.provider = provider
         self.loaded = connector.loaded
         self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
         if self.loaded.spec.topology == "cluster":

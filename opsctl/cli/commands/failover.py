@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.argtypes import SECONDS, ranged
@@ -12,9 +15,13 @@ from opsctl.cli.confirm import confirm
 from opsctl.cli.options import add_auto_approve, add_dry_run, add_metrics_textfile, add_output, add_spec_options
 from opsctl.cli.runsignals import note_run, recorded
 
+if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
+    from opsctl.net.connector import Connector
+    from opsctl.providers.base import Provider
+    from opsctl.spec.load import LoadedSpec
+
 
 def cmd_failover(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import FailoverResult
     from opsctl.failover.runbook import Options, run_failover
@@ -39,12 +46,32 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
     # a run's notes go where a person reads them: stdout in text, stderr beside the JSON result; a dry run takes no
     # lock, so it writes nothing (not even the state dir)
+    promoting = opts.mode == "force" and not args.dry_run
     with printing(json_mode, sys.stderr if json_mode else sys.stdout) as emit, \
-            nullcontext() if args.dry_run else state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
+            nullcontext() if args.dry_run else state_lock(state_dir), \
+            _reaching(loaded, state_dir, promoting) as (connector, provider), \
             nullcontext() if args.dry_run else topology_lock(connector):
-        report = run_failover(connector, state_dir, opts, emit)
+        report = run_failover(connector, state_dir, opts, emit, provider)
     print_result(FailoverResult(report), args.output)
     return EXIT_OK
+
+
+@contextmanager
+def _reaching(loaded: LoadedSpec, state_dir: Path, promoting: bool) -> Iterator[tuple[Connector, Provider | None]]:
+    """The connector, and with it the provider where a replication topology's forced promotion stops the old
+    master's process (the runtime's: its hosts are reached as apply reaches them)."""
+    from opsctl.apply.connect import open_connector
+    from opsctl.apply.runtime import make_runtime
+
+    if not promoting or loaded.spec.topology != "replication":
+        with open_connector(loaded, state_dir) as connector:
+            yield connector, None
+        return
+    runtime = make_runtime(loaded, str(state_dir))
+    try:
+        yield runtime.connector, runtime.provider
+    finally:
+        runtime.provider.close()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
