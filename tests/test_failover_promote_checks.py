@@ -14,6 +14,7 @@ from opsctl.failover.checks import (
     Thresholds,
     cluster_prechecks,
     failed,
+    names_endpoint,
     postchecks,
     promotion_prechecks,
     resolve_target,
@@ -111,3 +112,10 @@ def test_a_cluster_force_with_the_master_gone_judges_the_replica_by_its_data(tmp
     assert failed(forced) == [], [c.line() for c in failed(forced)]
     assert forced[0].name == "most-data"
     assert f"({s2.master} left out: it does not answer)" in next(c.value for c in forced if c.name == "cluster-agrees")
+
+
+def test_the_dead_master_is_left_out_by_its_whole_endpoint() -> None:
+    assert names_endpoint("replica link to 10.0.0.1:700 is down", "10.0.0.1:700")
+    assert names_endpoint("knows 48674329… (10.0.0.1:700), which is not an observed node", "10.0.0.1:700")
+    assert not names_endpoint("replica link to 10.0.0.1:7001 is down", "10.0.0.1:700")
+    assert not names_endpoint("knows ab… (110.0.0.1:700)", "10.0.0.1:700")

@@ -6,6 +6,7 @@ says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failove
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -356,13 +357,19 @@ def agreement_check(facts: Facts, layout: Layout, gone: str | None = None, befor
     down = [n for n in members if not facts[n].reachable and n != gone]
     if gone is not None:
         dead = layout.node(gone).endpoint
-        problems = [p for p in problems if dead not in p.what and not (before and p.what.startswith("cluster_state"))]
+        problems = [p for p in problems if not names_endpoint(p.what, dead)
+                    and not (before and p.what.startswith("cluster_state"))]
     value = "no node answers" if not views else \
         "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
     agree = f"all {len(views)} nodes agree" + (f" ({gone} left out: it does not answer)" if gone else "")
     return Check("cluster-agrees", not problems and not down, value or agree,
                  "every node answers, cluster_state ok, one slot map, roles agree",
                  "opsctl cluster check -f SPEC names the node that disagrees; wait for gossip or repair it")
+
+
+def names_endpoint(text: str, endpoint: str) -> bool:
+    """text names endpoint whole: 10.0.0.1:700 is not named by 10.0.0.1:7001 or 110.0.0.1:700."""
+    return re.search(rf"(?<![\w.]){re.escape(endpoint)}(?!\d)", text) is not None
 
 
 def cluster_members(layout: Layout, facts: Facts) -> list[str]:
