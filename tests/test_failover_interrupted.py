@@ -23,7 +23,7 @@ from opsctl.failover.actions import KILL_AT
 from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
 from opsctl.plan.fence import FENCE
-from opsctl.plan.steps import Plan, Replicate
+from opsctl.plan.steps import Failover, Plan, Replicate
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
@@ -147,6 +147,36 @@ def test_after_a_failover_killed_past_the_promotion_the_plan_and_a_steps_look_fo
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0 and "interrupted failover finished" in out + err, out + err
         assert _fenced(loaded) == [] and _master(loaded) == target
+        assert plan_json(capsys, spec)["steps"] == []
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_failover_step_finds_it_done_and_repoints_the_replica_left_behind(tmp_path, capsys, flavor) -> None:
+    """A maintenance failover step whose FAILOVER TO a killed run asked for ended between the plan and the step
+    (CI saw it under load): the step has nothing to fail over, but the shard's other replica still follows the
+    demoted master (FAILOVER TO re-points only the two it swaps) and the plan has no step for it. The step points
+    it at the new master; before, the plan's wait-converged timed out (60 s, exit 1)."""
+    from opsctl.spec.renames import command_renames
+
+    with deployed(tmp_path, capsys, "replication", flavor) as (spec, loaded):
+        old, target, other = loaded.layout.shards[0].members
+        node = loaded.layout.node(target)
+        renamed = command_renames(loaded.spec, None).get("FAILOVER", "FAILOVER")
+        _client(loaded, old).execute_command(renamed, "TO", node.address, str(node.port), "TIMEOUT", "20000")
+        wait_for(lambda: (_roles(loaded)[old] == "slave" and _roles(loaded)[target] == "master") or None, 20,
+                 "the server's FAILOVER to end")
+        assert int(_client(loaded, other).execute_command("ROLE")[2]) == loaded.layout.node(old).port
+        assert ("replicate", other) in [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]
+        rt, events = make_runtime(read_spec(spec)), []
+        try:  # a failover step of a plan made before FAILOVER ended
+            execute(rt, Plan(loaded.spec.name, "d", "f", (Failover(old, "maintenance", shard=1, to=target),)),
+                    events.append)
+        finally:
+            rt.provider.close()
+        logs = [e.text for e in events if isinstance(e, Log)]
+        assert f"{other} followed {old}: pointed at {target}" in logs, logs
+        role = _client(loaded, other).execute_command("ROLE")
+        assert role[0] == "slave" and int(role[2]) == node.port, role
         assert plan_json(capsys, spec)["steps"] == []
 
 

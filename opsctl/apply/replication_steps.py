@@ -4,6 +4,8 @@ when it runs: a failover earlier in the same plan (or by anyone else) moves the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import redis
@@ -80,6 +82,8 @@ def fail_over(run: Execution, step: Step) -> None:
     if writer != step.node:
         run.emit(Log(step.title(), f"{step.node} is no longer shard {shard.index}'s master: {writer} took its writes, "
                                    "nothing to fail over"))
+        if rt.loaded.spec.topology == "replication":
+            _repoint_behind(run, step, writer)
         return
     run_failover(rt.connector, rt.state_dir, Options(master=step.node, to=step.to or None),
                  as_log(run.emit, step.title()))
@@ -109,10 +113,27 @@ def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:
     return replace(layout, nodes=tuple(n for n in layout.nodes if n.name not in idle)) if idle else layout
 
 
-def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
-    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
-    from opsctl.failover.fence import finish
+def _repoint_behind(run: Execution, step: Failover, writer: str) -> None:
+    """A failover another run finished (one killed right after its FAILOVER TO) leaves the shard's other replicas
+    following the demoted master: they are pointed at the writer here, as the runbook would have, since the plan
+    made before that failover ended has no step for them. Left alone while the old master answers as a master."""
+    from opsctl.failover.fence import repoint_followers
 
+    with _admins(run) as admin_of:
+        old = run.rt.node(step.node)
+        try:
+            kind = parse_role(admin_of(old).call("ROLE")).kind
+        except (redis.RedisError, OSError):
+            kind = "silent"
+        if kind == "master":
+            return
+        for name in repoint_followers(run.rt.loaded, old, run.rt.node(writer), admin_of):
+            run.emit(Log(step.title(), f"{name} followed {step.node}: pointed at {writer}"))
+
+
+@contextmanager
+def _admins(run: Execution) -> Iterator[Callable[[Node], Admin]]:
+    """One admin connection per node asked for, all closed at the end."""
     admins: dict[str, Admin] = {}
 
     def admin_of(node: Node) -> Admin:
@@ -121,10 +142,18 @@ def finish_failover(run: Execution, step: Step, what: str = "interrupted failove
         return admins[node.name]
 
     try:
-        finish(run.rt.loaded, admin_of, as_log(run.emit, step.title()), what)
+        yield admin_of
     finally:
         for admin in admins.values():
             admin.close()
+
+
+def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
+    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
+    from opsctl.failover.fence import finish
+
+    with _admins(run) as admin_of:
+        finish(run.rt.loaded, admin_of, as_log(run.emit, step.title()), what)
 
 
 

@@ -21,7 +21,7 @@ from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
-__all__ = ["Finished", "fence", "fenced_nodes", "finish", "unfence"]
+__all__ = ["Finished", "fence", "fenced_nodes", "finish", "repoint_followers", "unfence"]
 
 
 def fence(admin: Admin) -> None:
@@ -116,7 +116,7 @@ def _finish_one(loaded: LoadedSpec, node: Node, admin_of: Callable[[Node], Admin
     admin.call("REPLICAOF", master.address, str(master.port))
     unfence(admin, values)
     if loaded.spec.topology == "replication":  # Sentinel re-points the others itself
-        _repoint_followers(loaded, node, master, admin_of)
+        repoint_followers(loaded, node, master, admin_of)
     return Finished(node.name, "demoted", master.name)
 
 
@@ -155,12 +155,17 @@ def _node_at(loaded: LoadedSpec, address: tuple[str, int] | None) -> Node | None
     return loaded.layout.find(endpoint(*address)) if address else None
 
 
-def _repoint_followers(loaded: LoadedSpec, old: Node, master: Node, admin_of: Callable[[Node], Admin]) -> None:
+def repoint_followers(loaded: LoadedSpec, old: Node, master: Node, admin_of: Callable[[Node], Admin]) -> list[str]:
+    """The servers still following old, a demoted master, pointed at master (plain replication: FAILOVER TO and a
+    REPLICAOF leave them chained behind old, and no Sentinel re-points them); their names."""
+    moved = []
     for other in loaded.layout.servers:
         role = _role_of(admin_of(other)) if other not in (old, master) else None
         if role and _node_at(loaded, role[1]) == old:
             admin_of(other).call("REPLICAOF", master.address, str(master.port))
             admin_of(other).call("CONFIG", "REWRITE")
+            moved.append(other.name)
+    return moved
 
 
 def _wait_sentinel_failovers(loaded: LoadedSpec, admin_of: Callable[[Node], Admin], walls: Sequence[Node],
