@@ -90,3 +90,6 @@ def test_a_migration_from_shards_whose_libraries_differ_is_refused_before_any_sh
         assert sum(m.dbsize() for m in clients(t_loaded)) == 0, "a shard copied before the refusal"
         assert all(m.function_list() == [] for m in clients(t_loaded)), "a library loaded before the refusal"
         assert PASSWORD not in err
+        again = Migrate(t, s, "--cutover", "auto")  # the refusal left no journal a re-run would resume past it
+        assert again.wait() == 3 and "differs between source shard-" in again.stderr(), again.stderr()
+        assert sum(m.dbsize() for m in clients(t_loaded)) == 0, "the re-run copied past the refusal"

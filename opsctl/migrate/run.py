@@ -60,23 +60,25 @@ def source_id(source: Connector) -> str:
 
 def prepare(source: Connector, target_connector: Connector, state_dir: Path,
             source_ref: dict[str, str]) -> tuple[Target, JournalFile, bool]:
-    """The target inspected and the journal (resumed, or new when the target is empty)."""
+    """The target inspected and the journal: resumed once a shard has begun (its first save precedes any key it
+    writes), else new or not begun, when the target must be empty. Not saved here: run_migrate saves it once the
+    checks before the copy passed, so a refused start leaves nothing behind that a re-run would take for a begun
+    migration and skip those checks."""
     target = inspect_target(target_connector)
     if {n.endpoint for n in source.loaded.layout.servers} & {m.endpoint for m in target.masters}:
         raise RefusedError("source and target are the same nodes", hint="--from names another topology's spec")
     sid = f"endpoints:{source_ref['from_endpoints']}" if "from_endpoints" in source_ref else source_id(source)
     journal = load_journal(state_dir, sid)
-    resumed = journal is not None
-    if journal is None:
+    resumed = journal is not None and bool(journal.shards)
+    if not resumed:
         if target.keys:
             raise RefusedError(f"the target holds {target.keys} keys; a migration starts into an empty target "
                                "(nothing was written)", hint="empty it, or migrate into another topology")
-        journal = new_journal(sid, source_ref)
-    files = JournalFile(state_dir, journal)
-    files.save()
+        journal = journal or new_journal(sid, source_ref)
+    assert journal is not None
     for name in (REQUEST, RESULT):
         (state_dir / name).unlink(missing_ok=True)
-    return target, files, resumed
+    return target, JournalFile(state_dir, journal), resumed
 
 
 def shard_runs(source: Connector, target: Target, journal: JournalFile, state_dir: Path) -> list[ShardRun]:
@@ -130,6 +132,7 @@ def run_migrate(source: Connector, target_connector: Connector, state_dir: Path,
     shards = shard_runs(source, target, journal, state_dir)
     if not resumed:
         check_source_libraries(source, shards, target.targets())
+    journal.save()
     with Borrowed() as pool:
         futures = [pool.submit(s.run) for s in shards]
         try:
