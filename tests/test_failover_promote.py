@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
@@ -154,14 +155,23 @@ def test_a_cluster_master_that_is_gone_is_replaced_by_force(tmp_path, capsys) ->
 
 def test_a_stalled_master_is_stopped_before_its_replica_is_promoted(tmp_path, capsys) -> None:
     """Silent is not dead: a master stalled (SIGSTOP) that resumed after the promotion would be a second master
-    taking writes. The forced promotion stops its process through the provider first."""
-    with deployed(tmp_path, capsys, "replication", "redis") as (spec, loaded):
+    taking writes. While its replicas heard from it within its ping period (6 s here, 2 s of grace) it may run,
+    cut off from opsctl only: refused, --force-checks or not. After that, the forced promotion stops its process
+    through the provider first."""
+    with deployed(tmp_path, capsys, "replication", "redis", config={"repl-ping-replica-period": 6}) as (spec, loaded):
         shard = loaded.layout.shards[0]
         _client(loaded, shard.master).mset({f"k:{i}": i for i in range(100)})
         time.sleep(0.3)
         pid = int((tmp_path / ".opsctl" / loaded.spec.name / shard.master / "server.pid").read_text())
         os.kill(pid, signal.SIGSTOP)
         try:
+            code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--mode", "force", "--yes",
+                                 "--force-checks")
+            assert code == 3 and "heard from it" in out + err and "cannot override" in out + err, out + err
+            assert not _gone(pid) and all(_role(loaded, n) != "master" for n in shard.replicas)
+            replica = _client(loaded, shard.replicas[0])
+            wait_for(lambda: int(replica.info("replication")["master_last_io_seconds_ago"]) > 8 or None, 30,
+                     "the replica to have heard nothing for the ping period and its grace")
             code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--mode", "force", "--yes")
         finally:
             with contextlib.suppress(ProcessLookupError):

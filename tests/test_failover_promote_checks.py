@@ -10,8 +10,10 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.failover.checks import (
+    Check,
     Target,
     Thresholds,
+    about_gone,
     cluster_prechecks,
     failed,
     names_endpoint,
@@ -19,7 +21,8 @@ from opsctl.failover.checks import (
     promotion_prechecks,
     resolve_target,
 )
-from opsctl.failover.runbook import Options, _modes
+from opsctl.failover.report import FailoverReport
+from opsctl.failover.runbook import Options, _gate, _modes
 from opsctl.plan.facts import NodeFacts
 from tests.test_failover_checks import facts_for, spec
 
@@ -119,3 +122,70 @@ def test_the_dead_master_is_left_out_by_its_whole_endpoint() -> None:
     assert names_endpoint("knows 48674329… (10.0.0.1:700), which is not an observed node", "10.0.0.1:700")
     assert not names_endpoint("replica link to 10.0.0.1:7001 is down", "10.0.0.1:700")
     assert not names_endpoint("knows ab… (110.0.0.1:700)", "10.0.0.1:700")
+    assert not names_endpoint("knows ab… (db-redis-1:7000)", "redis-1:7000")
+
+
+def test_only_what_is_said_of_the_gone_master_itself_is_left_out() -> None:
+    """Its own failing state is expected while it is gone; it named as a slot owner or as someone's master, after
+    the promotion, is gossip still to settle (clients would still be sent to it)."""
+    dead = "10.0.0.1:700"
+    for before in (True, False):
+        assert about_gone("sees 4867… (10.0.0.1:700) as fail", dead, before)
+        assert about_gone("does not know 4867… (10.0.0.1:700)", dead, before)
+        assert about_gone("knows 4867… (10.0.0.1:700), which is not an observed node", dead, before)
+        assert not about_gone("sees slots 0-5460 owned by 4867… (10.0.0.1:700) but n2 (and 3 more) sees "
+                              "10.0.0.2:700 (n4) owning them", dead, before)
+        assert not about_gone("sees 10.0.0.2:700 (n4) as a replica of 4867… (10.0.0.1:700) but it is a master", dead,
+                              before)
+        assert not about_gone("does not know 4867… (10.0.0.1:7001)", dead, before)
+    assert about_gone("replica link to 10.0.0.1:700 is down", dead, True)
+    assert not about_gone("replica link to 10.0.0.1:700 is down", dead, False)  # not following the new one yet
+
+
+def _heard(loaded, facts: dict[str, NodeFacts], name: str, seconds_ago: int) -> None:
+    """name's link to the (silent to opsctl) master up, last heard from it seconds_ago."""
+    m = loaded.layout.node(loaded.layout.shards[0].master)
+    facts[name] = replace(facts[name], role=replace(facts[name].role, master=(m.address, m.port), link="connected"),
+                          info={**facts[name].info, "master_link_status": "up",
+                                "master_last_io_seconds_ago": str(seconds_ago)})
+
+
+def test_a_master_its_replica_heard_lately_is_not_gone_and_force_checks_cannot_say_it_is(tmp_path: Path) -> None:
+    """Silent to opsctl is not gone: a replica that heard from the master within its ping period (10 s, 2 s of
+    grace) says it runs, cut off from opsctl only. Binding: --force-checks does not override it."""
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    first, second = shard.replicas
+    facts = _gone(loaded, {first: 1000, second: 900})
+    _heard(loaded, facts, second, 3)
+    target = resolve_target(loaded, facts, shard=1, promote=True)
+    [master] = failed(promotion_prechecks(loaded.layout, facts, target))
+    assert master.name == "master-down" and master.binding and f"{second} heard from it 3 s ago" in master.value
+    assert "12 s of its last word" in master.hint
+    report = FailoverReport("t", "replication", "me", 0.0, "force", False)
+    with pytest.raises(RefusedError, match="pre-check") as refused:
+        _gate(report, promotion_prechecks(loaded.layout, facts, target), Options(force_checks=True), lambda _: None)
+    assert "--force-checks cannot override it" in refused.value.hint
+    _heard(loaded, facts, second, 13)  # stalled or dead: the link stays up until repl-timeout, silent
+    assert failed(promotion_prechecks(loaded.layout, facts, target)) == []
+    assert failed(promotion_prechecks(loaded.layout, facts, target, ping_period=20.0))[0].binding
+    overridable = [Check("most-data", False, "x")]
+    _gate(report, overridable, Options(force_checks=True), lambda _: None)  # what --force-checks is for
+    assert report.warnings == ["--force-checks: went on despite most-data"]
+
+
+def test_the_second_incident_on_a_shard_finds_the_master_its_replicas_follow(tmp_path: Path) -> None:
+    """After a failover to first, first dies: the declared master is a replica of first (answering), so the shard's
+    master by the declared fallback would be it; the forced promotion takes the one the replicas follow."""
+    loaded = spec(tmp_path, "replication")
+    shard = loaded.layout.shards[0]
+    first, second = shard.replicas
+    facts = facts_for(loaded, masters={1: first}, down=[first], link_down=[shard.master, second])
+    for name, offset in ((shard.master, 800), (second, 900)):
+        facts[name] = replace(facts[name], info={**facts[name].info, "master_replid": "a" * 40,
+                                                 "master_repl_offset": str(offset)})
+    target = resolve_target(loaded, facts, shard=1, promote=True)
+    assert target == Target(1, first, second)
+    assert failed(promotion_prechecks(loaded.layout, facts, target)) == []
+    assert resolve_target(loaded, facts, master=first, promote=True) == target
+    assert resolve_target(loaded, facts, to=shard.master, promote=True).master == first

@@ -315,10 +315,11 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
     others that answer (a silent one, and the old master, follow at the next apply)."""
     assert target.replica is not None
     new = session.admin(target.replica)
-    offset = _offset(new)
     notes.append(_stop_silent_master(session, target))
     checkpoint("old-master-stopped")
+    offset = _offset(new)  # read once the old master can send nothing more
     if _is_master(new) is not True:  # a run killed after its REPLICAOF NO ONE left it promoted already
+        _refuse_if_overtaken(session, target, offset)
         _replicate(new, None)
         checkpoint("promoted")
     wait_for(lambda: _is_master(new), timeout, f"{target.replica} to answer as master", POLL)
@@ -335,6 +336,25 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
     return target.replica
 
 
+def _refuse_if_overtaken(session: Session, target: Target, offset: str) -> None:
+    """The pre-checks chose the replica holding the most while the old master might still stream; read again once
+    it is stopped, another replica that holds more is the one to promote (promoting this one would drop what that
+    one has past it, at its full sync)."""
+    shard = session.loaded.layout.shards[target.shard - 1]
+    for name in shard.members:
+        if name in (target.master, target.replica):
+            continue
+        try:
+            theirs = _offset(session.admin(name))
+        except (redis.RedisError, OSError):
+            continue
+        if theirs.isdigit() and offset.isdigit() and int(theirs) > int(offset):
+            raise OpsctlError(f"{name} now holds more of {target.master}'s stream than {target.replica} "
+                              f"(offset {theirs} against {offset}): nothing was promoted",
+                              f"{target.master} sent it more before it stopped",
+                              "run the same command again: the pre-checks choose by the data held now")
+
+
 def _stop_silent_master(session: Session, target: Target) -> str:
     """Stop the old master's process where its host can be reached: silent is not dead (a stalled process, a cut
     link), and one that resumes is a second master taking writes its conversion drops. What happened, for the
@@ -347,8 +367,9 @@ def _stop_silent_master(session: Session, target: Target) -> str:
         if not state.running:
             return f"{target.master} does not run ({state.detail})"
         session.provider.stop(node, timeout=STOP_SILENT_S)
-    except OpsctlError as exc:
-        return (f"{target.master}'s process could not be looked at or stopped ({exc.summary}): if it runs on, it is a "
+    except (OpsctlError, OSError) as exc:  # OSError: a signal the provider may not send (another user's process)
+        why = exc.summary if isinstance(exc, OpsctlError) else type(exc).__name__
+        return (f"{target.master}'s process could not be looked at or stopped ({why}): if it runs on, it is a "
                 f"second master until `opsctl apply` makes it a replica of {target.replica}")
     return f"{target.master} ran without answering ({state.detail}): stopped, so it cannot take writes again"
 

@@ -33,6 +33,7 @@ class Check:
     value: str
     threshold: str = ""
     hint: str = ""
+    binding: bool = False  # --force-checks cannot override it: what it guards is two masters taking writes
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,25 +194,39 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
                               "Sentinel ranks replicas by replica-priority, then replication offset",
                               "set replica-priority under nodes.<name>.config, apply, then failover --shard 1")
         name, found = _server(layout, to)
-        now = shard_master(layout, found, facts)
+        now = _master_of(layout, found, facts, promote)
         if name == now:
             raise RefusedError(f"{name} is already the master of shard {found.index}", hint="nothing to do")
         return Target(found.index, now, name)
     if master is not None:
         name, found = _server(layout, master)
-        now = shard_master(layout, found, facts)
+        now = _master_of(layout, found, facts, promote)
         if name != now:
             raise RefusedError(f"{name} is not a master now; shard {found.index}'s master is {now}",
                                hint=f"use --master {now}, or --to to pick the replica")
     else:
         found = _shard_by_number(layout, shard or 1)
-        now = shard_master(layout, found, facts)
+        now = _master_of(layout, found, facts, promote)
     if sentinel:
         return Target(found.index, now, None)
     by_data = promote and not facts[now].reachable  # no replica is linked to a dead master: none has a lag
     replica = choose_promotable(layout, found, now, facts) if by_data else choose_replica(layout, found, now, facts)
     why = f"no replica of {now} answers" if by_data else no_replica_reason(found, now, facts)
     return Target(found.index, now, replica, "" if replica else why)
+
+
+def _master_of(layout: Layout, shard: Shard, facts: Facts, promote: bool) -> str:
+    """The shard's master now (shard_master). For a forced promotion with no member answering as master, the one
+    its answering replicas follow when they all follow the same member: shard_master falls back to the declared
+    master, which an earlier failover may have made a replica (the second incident on a shard)."""
+    now = shard_master(layout, shard, facts)
+    if not promote or any(facts[n].reachable and (role := facts[n].role) is not None and role.kind == "master"
+                          for n in shard.members):
+        return now
+    followed = {found.name for n in shard.members if (role := facts[n].role) is not None and role.kind == "replica"
+                and facts[n].reachable and role.master is not None
+                and (found := layout.find(endpoint(*role.master))) is not None}
+    return next(iter(followed)) if len(followed) == 1 and followed <= set(shard.members) else now
 
 
 # --- pre-checks ---------------------------------------------------------------------------------
@@ -357,7 +372,7 @@ def agreement_check(facts: Facts, layout: Layout, gone: str | None = None, befor
     down = [n for n in members if not facts[n].reachable and n != gone]
     if gone is not None:
         dead = layout.node(gone).endpoint
-        problems = [p for p in problems if not names_endpoint(p.what, dead)
+        problems = [p for p in problems if not about_gone(p.what, dead, before)
                     and not (before and p.what.startswith("cluster_state"))]
     value = "no node answers" if not views else \
         "; ".join([*(f"{n}: unreachable" for n in down), *(p.render() for p in problems[:3])])
@@ -368,8 +383,20 @@ def agreement_check(facts: Facts, layout: Layout, gone: str | None = None, befor
 
 
 def names_endpoint(text: str, endpoint: str) -> bool:
-    """text names endpoint whole: 10.0.0.1:700 is not named by 10.0.0.1:7001 or 110.0.0.1:700."""
-    return re.search(rf"(?<![\w.]){re.escape(endpoint)}(?!\d)", text) is not None
+    """text names endpoint whole: 10.0.0.1:700 is not named by 10.0.0.1:7001 or 110.0.0.1:700, redis-1:7000 not by
+    db-redis-1:7000."""
+    return re.search(rf"(?<![\w.-]){re.escape(endpoint)}(?!\d)", text) is not None
+
+
+def about_gone(what: str, endpoint: str, before: bool) -> bool:
+    """A disagreement about the gone master's own state (seen failing, not known, not observed; before the
+    promotion also its replicas' links to it down): expected while it is gone. One naming it as a slot's owner or
+    as someone's master is gossip still to settle, and is kept; so is a replica still linked to it afterwards."""
+    label = r"(\S+(?: \([^)]*\))?)"  # observe.cluster_state.Names.label: "endpoint (name)" or "id… (endpoint)"
+    subject = re.fullmatch(rf"(?:sees {label} as .*|does not know {label}|knows {label}, which .*)", what)
+    if subject is not None:
+        return names_endpoint(next(g for g in subject.groups() if g), endpoint)
+    return before and what.startswith("replica link to ") and names_endpoint(what, endpoint)
 
 
 def cluster_members(layout: Layout, facts: Facts) -> list[str]:
@@ -421,26 +448,54 @@ def replication_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limi
     return checks
 
 
-def promotion_prechecks(layout: Layout, facts: Facts, target: Target) -> list[Check]:
+def promotion_prechecks(layout: Layout, facts: Facts, target: Target, ping_period: float = 10.0) -> list[Check]:
     """A forced promotion in a replication topology (the master is gone): the master must not answer (else two
     masters take writes), and the replica promoted must hold the most data of the replicas (every one answering:
-    one that does not may hold more)."""
-    m = facts[target.master]
+    one that does not may hold more). ping_period: the master's repl-ping-replica-period, how often a live master
+    that takes no writes is still heard by its replicas."""
+    return [_master_down_check(layout, facts, target, ping_period), _promotable_check(layout, facts, target)]
+
+
+def _master_down_check(layout: Layout, facts: Facts, target: Target, ping_period: float) -> Check:
+    """Binding: a master that answers opsctl, or that a replica heard from within its ping period, runs (silent to
+    opsctl is not gone: a cut link between them, while its clients and replicas still reach it)."""
+    m, threshold = facts[target.master], "the master does not answer, and no replica has heard from it lately"
     if m.reachable:
         role = m.role.kind if m.role else "a node that does not say its role"
-        master = Check("master-down", False, f"{target.master} answers as {role}", "the master does not answer",
-                       "a promotion beside a running master makes two masters taking writes: use the default "
-                       "graceful mode, which loses nothing (a forced promotion cut short left this one promoted: "
-                       "`opsctl apply` points the others at it)")
-    elif is_auth_failure(m.error):
-        master = Check("master-down", False, f"{auth_failed(target.master)}: it runs", "the master does not answer",
-                       AUTH_HINT)
-    else:
-        down = [f"{n} lost it {since} s ago" for n in layout.shards[target.shard - 1].members
-                if (since := facts[n].info.get("master_link_down_since_seconds")) and facts[n].reachable]
-        master = Check("master-down", True, f"{not_answering(target.master, m.error)}"
-                       + (f"; {', '.join(down)}" if down else ""), "the master does not answer")
-    return [master, _promotable_check(layout, facts, target)]
+        return Check("master-down", False, f"{target.master} answers as {role}", threshold,
+                     "a promotion beside a running master makes two masters taking writes: use the default "
+                     "graceful mode, which loses nothing (a forced promotion cut short left this one promoted: "
+                     "`opsctl apply` points the others at it)", binding=True)
+    if is_auth_failure(m.error):
+        return Check("master-down", False, f"{auth_failed(target.master)}: it runs", threshold, AUTH_HINT,
+                     binding=True)
+    members = [n for n in layout.shards[target.shard - 1].members if n != target.master and facts[n].reachable]
+    heard = [f"{n} heard from it {info.get('master_last_io_seconds_ago')} s ago" for n in members
+             if _hears(layout, facts[n], target.master, ping_period) and (info := facts[n].info)]
+    if heard:
+        return Check("master-down", False, f"{not_answering(target.master, m.error)}, but {', '.join(heard)}",
+                     threshold, "it runs, cut off from opsctl only: two masters would take writes. Restore the "
+                     "link and use the graceful mode; a master that has stopped is heard of no more within "
+                     f"{ping_period + PING_GRACE_S:g} s of its last word (repl-ping-replica-period), then run again",
+                     binding=True)
+    down = [f"{n} lost it {since} s ago" for n in members
+            if (since := facts[n].info.get("master_link_down_since_seconds"))]
+    lost = f"; {', '.join(down)}" if down else ""
+    return Check("master-down", True, not_answering(target.master, m.error) + lost, threshold)
+
+
+PING_GRACE_S = 2.0  # beyond the ping period: the master's cron and the replica's read are not on the second
+
+
+def _hears(layout: Layout, replica: NodeFacts, master: str, ping_period: float) -> bool:
+    """replica's link to master is up and carried something within the ping period (a live master pings its
+    replicas every period; a stopped or stalled one leaves the link up until repl-timeout, silent)."""
+    m, role, info = layout.node(master), replica.role, replica.info
+    if role is None or role.kind != "replica" or role.master != (m.address, m.port):
+        return False
+    last_io = info.get("master_last_io_seconds_ago", "")
+    return info.get("master_link_status") == "up" and last_io.lstrip("-").isdigit() and \
+        float(last_io) <= ping_period + PING_GRACE_S
 
 
 def _promotable_check(layout: Layout, facts: Facts, target: Target) -> Check:

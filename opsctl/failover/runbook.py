@@ -41,6 +41,7 @@ from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_pas
 from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
+from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
 from opsctl.providers.base import Provider
 from opsctl.spec.load import LoadedSpec
@@ -48,6 +49,7 @@ from opsctl.state.safefs import check_state_path, write_private
 
 ESCALATION = ("graceful", "force", "takeover")
 POLL = 0.003
+PING_PERIOD = "repl-ping-replica-period"  # how often a master pings its replicas: master-down's "heard lately"
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,8 @@ def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, op
     if topo == "sentinel":
         return sentinel_prechecks(loaded, facts, target, limits, session.quorum())
     if topo == "replication" and opts.mode == "force":
-        return promotion_prechecks(loaded.layout, facts, target)
+        period = rendered_values(loaded, loaded.layout.node(target.master), {PING_PERIOD: "10"})[PING_PERIOD]
+        return promotion_prechecks(loaded.layout, facts, target, float(period))
     if topo == "replication":
         return replication_prechecks(loaded, facts, target, limits)
     raise OpsctlError("a standalone topology has no replica to fail over to",
@@ -235,9 +238,12 @@ def _prechecks(session: Session, facts: dict[str, NodeFacts], target: Target, op
 
 def _gate(report: FailoverReport, checks: list[Check], opts: Options, emit: Emit) -> None:
     bad = failed(checks)
-    if bad and not opts.force_checks:
+    binding = [c for c in bad if c.binding]
+    if bad and (binding or not opts.force_checks):
         raise RefusedError(f"{len(bad)} pre-check(s) failed; nothing was changed",
                            "\n".join(f"{c.line()}\n  hint: {c.hint}" for c in bad),
+                           f"{', '.join(c.name for c in binding)}: --force-checks cannot override it (two masters "
+                           "would take writes); fix what it names" if binding else
                            "fix what the checks name, or pass --force-checks if you accept the risk")
     if bad:
         report.warnings.append(f"--force-checks: went on despite {', '.join(c.name for c in bad)}")

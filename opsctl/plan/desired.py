@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.render import NodePaths, render_node
+from opsctl.render import NodePaths, render_node, render_sections
 from opsctl.render.directives import Directive
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -42,6 +42,13 @@ def single_valued(directives: tuple[Directive, ...] | list[Directive]) -> dict[s
     for name, _ in directives:
         counts[name] = counts.get(name, 0) + 1
     return {name: value for name, value in directives if counts[name] == 1}
+
+
+def rendered_values(loaded: LoadedSpec, node: Node, defaults: Mapping[str, str]) -> dict[str, str]:
+    """These directives as the spec renders them for node; defaults: the server's own where it renders none."""
+    paths = NodePaths("-", "-", "-", "-", "-")
+    rendered = single_valued([d for s in render_sections(loaded, node, paths, reveal=False) for d in s.directives])
+    return {name: rendered.get(name, default) for name, default in defaults.items()}
 
 
 def unquote(value: str) -> str:

@@ -35,10 +35,6 @@ def is_fence(name: str, value: str | None) -> bool:
 def spec_values(loaded: LoadedSpec, node: Node) -> dict[str, str]:
     """min-replicas-to-write and -max-lag as the spec renders them (persistence.min_replicas_*; the server's defaults
     where it renders none): what lifting the fence restores."""
-    from opsctl.plan.desired import single_valued
-    from opsctl.render import render_sections
-    from opsctl.render.directives import NodePaths
+    from opsctl.plan.desired import rendered_values
 
-    paths = NodePaths("-", "-", "-", "-", "-")
-    rendered = single_valued([d for s in render_sections(loaded, node, paths, reveal=False) for d in s.directives])
-    return {name: rendered.get(name, default) for name, default in DEFAULTS.items()}
+    return rendered_values(loaded, node, DEFAULTS)
