@@ -46,7 +46,19 @@ def test_apply_waits_for_a_silent_node_then_plans_from_what_it_became(
         assert code == 0, err + out
         assert f"waiting up to 30s for {replica.name}, which runs but does not answer" in err, err
         assert (f"start {replica.name}" in out) == (then == signal.SIGKILL), out
-        assert run(capsys, "status", "-f", str(spec))[0] == 0
+        _healthy_within(capsys, spec, 10.0)  # apply's own closing look settles as long
+
+
+def _healthy_within(capsys: pytest.CaptureFixture[str], spec: Path, seconds: float) -> None:
+    """status exits 0 within seconds (one look is a point in time: under a loaded CI machine one look at a node
+    just resumed once found it unhealthy right after apply's look had found it healthy)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        code, out, err = run(capsys, "status", "-f", str(spec))
+        if code == 0:
+            return
+        assert time.monotonic() < deadline, out + err
+        time.sleep(0.25)
 
 
 def test_apply_waits_for_a_master_shutting_down_then_starts_it(tmp_path: Path,

@@ -294,7 +294,10 @@ def test_a_promoted_replica_that_dies_right_after_the_announcement_is_failed_ove
             ((_, newest), count), = Counter(_view(m)[:2] for m in masters.values()).most_common(1)
             return True if count >= 2 and newest > epoch else None
 
-        wait_for(failed_over, 30, "the sentinels to fail the dead master over")
+        # Sentinel's own pace: ~3.3 s here; a split vote waits 2 x failover_timeout (10 s) before the next
+        # election, and a loaded CI machine once needed more than the two tries 30 s allow
+        wait_for(failed_over, 60, "the sentinels to fail the dead master over",
+                 on_timeout=lambda last: AssertionError(f"{last}\n{_sentinel_diagnosis(tmp_path, loaded, sentinels)}"))
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, out + err + _sentinel_diagnosis(tmp_path, loaded, sentinels)
         assert "sentinel ok" in _wait_healthy(capsys, spec)
