@@ -116,18 +116,11 @@ def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:
 def _repoint_behind(run: Execution, step: Failover, writer: str) -> None:
     """A failover another run finished (one killed right after its FAILOVER TO) leaves the shard's other replicas
     following the demoted master: they are pointed at the writer here, as the runbook would have, since the plan
-    made before that failover ended has no step for them. Left alone while the old master answers as a master."""
+    made before that failover ended has no step for them."""
     from opsctl.failover.fence import repoint_followers
 
     with _admins(run) as admin_of:
-        old = run.rt.node(step.node)
-        try:
-            kind = parse_role(admin_of(old).call("ROLE")).kind
-        except (redis.RedisError, OSError):
-            kind = "silent"
-        if kind == "master":
-            return
-        for name in repoint_followers(run.rt.loaded, old, run.rt.node(writer), admin_of):
+        for name in repoint_followers(run.rt.loaded, run.rt.node(step.node), run.rt.node(writer), admin_of):
             run.emit(Log(step.title(), f"{name} followed {step.node}: pointed at {writer}"))
 
 

@@ -157,7 +157,10 @@ def _node_at(loaded: LoadedSpec, address: tuple[str, int] | None) -> Node | None
 
 def repoint_followers(loaded: LoadedSpec, old: Node, master: Node, admin_of: Callable[[Node], Admin]) -> list[str]:
     """The servers still following old, a demoted master, pointed at master (plain replication: FAILOVER TO and a
-    REPLICAOF leave them chained behind old, and no Sentinel re-points them); their names."""
+    REPLICAOF leave them chained behind old, and no Sentinel re-points them); their names. None while old answers
+    as a master: then they are its replicas, not chained (two masters are for the checks to judge)."""
+    if (role := _role_of(admin_of(old))) is not None and role[0] == "master":
+        return []
     moved = []
     for other in loaded.layout.servers:
         role = _role_of(admin_of(other)) if other not in (old, master) else None
