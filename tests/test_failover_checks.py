@@ -13,9 +13,6 @@ from redis.crc import key_slot
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.failover.checks import (
-    PastFailover,
-    Target,
-    Thresholds,
     choose_replica,
     cluster_prechecks,
     cooldown_check,
@@ -30,6 +27,7 @@ from opsctl.failover.checks import (
 )
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
+from opsctl.failover.verdicts import PastFailover, Target, Thresholds
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts

@@ -10,19 +10,17 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.failover.checks import (
-    Check,
-    Target,
-    Thresholds,
     about_gone,
     cluster_prechecks,
     failed,
     names_endpoint,
     postchecks,
-    promotion_prechecks,
     resolve_target,
 )
+from opsctl.failover.promotion import promotion_prechecks
 from opsctl.failover.report import FailoverReport
 from opsctl.failover.runbook import Options, _gate, _modes
+from opsctl.failover.verdicts import Check, Target, Thresholds
 from opsctl.plan.facts import NodeFacts
 from tests.test_failover_checks import facts_for, spec
 

@@ -21,7 +21,7 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
-from opsctl.failover.checks import Target
+from opsctl.failover.verdicts import Target
 from opsctl.net.admin import Admin
 from opsctl.observe.parse import parse_info
 from opsctl.plan.fence import spec_values

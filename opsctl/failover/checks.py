@@ -1,6 +1,6 @@
 """Pure failover logic: which replica to promote, and pre/post-checks from observed facts.
 
-Every check is a Check(name, passed, value, threshold, hint): the value is what was measured, so a report
+Every check is a verdicts.Check(name, passed, value, threshold, hint): the value is what was measured, so a report
 says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failover.runbook observes and acts.
 """
 
@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.failover.promotion import choose_promotable, followed_master, promotable_check
+from opsctl.failover.verdicts import Check, PastFailover, Target, Thresholds, role_text
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.replicas import listed_replicas
-from opsctl.plan.facts import Facts, NodeFacts
+from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
 from opsctl.plan.slotmath.planning import retired
@@ -24,61 +25,6 @@ from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 
 MODES = ("graceful", "force", "takeover")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    value: str
-    threshold: str = ""
-    hint: str = ""
-    binding: bool = False  # --force-checks cannot override it: what it guards is two masters taking writes
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        limit = f" (want {self.threshold})" if self.threshold else ""
-        return f"[{'pass' if self.passed else 'FAIL'}] {self.name}: {self.value}{limit}"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    max_lag_bytes: int = MAX_LAG_BYTES
-    max_lag_seconds: int = 3
-    cooldown_s: float = 10.0  # voters: no second vote about the same master within 2 x cluster-node-timeout
-    retry_s: float = 20.0  # the candidate: no new election within 2 x max(2 s, 2 x cluster-node-timeout)
-
-
-@dataclass(frozen=True)
-class Target:
-    """The failover: shard, its master now, and the replica to promote (None: Sentinel chooses, or, with
-    no_replica saying why, there is none to promote)."""
-
-    shard: int
-    master: str
-    replica: str | None
-    no_replica: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def promotion(self) -> str:
-        """`m -> r`, `m -> chosen by Sentinel`, or `m -> none (why)`."""
-        if self.replica:
-            return f"{self.master} -> {self.replica}"
-        return f"{self.master} -> " + (f"none ({self.no_replica})" if self.no_replica else "chosen by Sentinel")
-
-
-@dataclass(frozen=True)
-class PastFailover:
-    """A finished failover from an earlier report: when (epoch s) and which master it replaced."""
-
-    finished: float
-    old_master: str
-    new_master: str
-    interrupted: bool = False  # from the in-progress report of a killed run: finished is its deadline
 
 
 def thresholds_for(loaded: LoadedSpec, max_lag_bytes: int = MAX_LAG_BYTES, max_lag_seconds: int = 3) -> Thresholds:
@@ -216,17 +162,10 @@ def resolve_target(loaded: LoadedSpec, facts: Facts, shard: int | None = None, m
 
 
 def _master_of(layout: Layout, shard: Shard, facts: Facts, promote: bool) -> str:
-    """The shard's master now (shard_master). For a forced promotion with no member answering as master, the one
-    its answering replicas follow when they all follow the same member: shard_master falls back to the declared
-    master, which an earlier failover may have made a replica (the second incident on a shard)."""
+    """The shard's master now (shard_master); for a forced promotion, the one its replicas follow when no member
+    answers as master (promotion.followed_master)."""
     now = shard_master(layout, shard, facts)
-    if not promote or any(facts[n].reachable and (role := facts[n].role) is not None and role.kind == "master"
-                          for n in shard.members):
-        return now
-    followed = {found.name for n in shard.members if (role := facts[n].role) is not None and role.kind == "replica"
-                and facts[n].reachable and role.master is not None
-                and (found := layout.find(endpoint(*role.master))) is not None}
-    return next(iter(followed)) if len(followed) == 1 and followed <= set(shard.members) else now
+    return (followed_master(layout, shard, facts) if promote else None) or now
 
 
 # --- pre-checks ---------------------------------------------------------------------------------
@@ -342,7 +281,7 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
         linked = replace(linked, hint=f"{target.master} does not answer: if the cluster does not fail over by itself "
                          "(its replica cut off too long, or set not to), `--mode force --yes` promotes the replica "
                          "holding the most data")
-    replica_checks = [_promotable_check(layout, facts, target)] if gone else [
+    replica_checks = [promotable_check(layout, facts, target)] if gone else [
         linked, lag_check(layout, facts, target.replica, target.master, limits)]
     shards = cluster_size(layout, facts)
     answering = sum(1 for voter in voters(layout, facts).values() if voter)
@@ -448,95 +387,6 @@ def replication_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limi
     return checks
 
 
-def promotion_prechecks(layout: Layout, facts: Facts, target: Target, ping_period: float = 10.0) -> list[Check]:
-    """A forced promotion in a replication topology (the master is gone): the master must not answer (else two
-    masters take writes), and the replica promoted must hold the most data of the replicas (every one answering:
-    one that does not may hold more). ping_period: the master's repl-ping-replica-period, how often a live master
-    that takes no writes is still heard by its replicas."""
-    return [_master_down_check(layout, facts, target, ping_period), _promotable_check(layout, facts, target)]
-
-
-def _master_down_check(layout: Layout, facts: Facts, target: Target, ping_period: float) -> Check:
-    """Binding: a master that answers opsctl, or that a replica heard from within its ping period, runs (silent to
-    opsctl is not gone: a cut link between them, while its clients and replicas still reach it)."""
-    m, threshold = facts[target.master], "the master does not answer, and no replica has heard from it lately"
-    if m.reachable:
-        role = m.role.kind if m.role else "a node that does not say its role"
-        return Check("master-down", False, f"{target.master} answers as {role}", threshold,
-                     "a promotion beside a running master makes two masters taking writes: use the default "
-                     "graceful mode, which loses nothing (a forced promotion cut short left this one promoted: "
-                     "`opsctl apply` points the others at it)", binding=True)
-    if is_auth_failure(m.error):
-        return Check("master-down", False, f"{auth_failed(target.master)}: it runs", threshold, AUTH_HINT,
-                     binding=True)
-    members = [n for n in layout.shards[target.shard - 1].members if n != target.master and facts[n].reachable]
-    heard = [f"{n} heard from it {info.get('master_last_io_seconds_ago')} s ago" for n in members
-             if _hears(layout, facts[n], target.master, ping_period) and (info := facts[n].info)]
-    if heard:
-        return Check("master-down", False, f"{not_answering(target.master, m.error)}, but {', '.join(heard)}",
-                     threshold, "it runs, cut off from opsctl only: two masters would take writes. Restore the "
-                     "link and use the graceful mode; a master that has stopped is heard of no more within "
-                     f"{ping_period + PING_GRACE_S:g} s of its last word (repl-ping-replica-period), then run again",
-                     binding=True)
-    down = [f"{n} lost it {since} s ago" for n in members
-            if (since := facts[n].info.get("master_link_down_since_seconds"))]
-    lost = f"; {', '.join(down)}" if down else ""
-    return Check("master-down", True, not_answering(target.master, m.error) + lost, threshold)
-
-
-PING_GRACE_S = 2.0  # beyond the ping period: the master's cron and the replica's read are not on the second
-
-
-def _hears(layout: Layout, replica: NodeFacts, master: str, ping_period: float) -> bool:
-    """replica's link to master is up and carried something within the ping period (a live master pings its
-    replicas every period; a stopped or stalled one leaves the link up until repl-timeout, silent)."""
-    m, role, info = layout.node(master), replica.role, replica.info
-    if role is None or role.kind != "replica" or role.master != (m.address, m.port):
-        return False
-    last_io = info.get("master_last_io_seconds_ago", "")
-    return info.get("master_link_status") == "up" and last_io.lstrip("-").isdigit() and \
-        float(last_io) <= ping_period + PING_GRACE_S
-
-
-def _promotable_check(layout: Layout, facts: Facts, target: Target) -> Check:
-    threshold = "a replica of the master, and no other replica holds more of its stream"
-    if target.replica is None:
-        return Check("most-data", False, target.no_replica or "no replica to promote", threshold,
-                     "start a replica of the shard (opsctl status shows which run)")
-    shard = layout.shards[target.shard - 1]
-    offsets = promotable_offsets(layout, shard, facts, target.master)
-    if target.replica not in offsets:
-        return Check("most-data", False, f"{target.replica} is not a replica of {target.master} "
-                     f"({_role_text(facts[target.replica])})", threshold, "pick another one with --to")
-    silent = [n for n in shard.members if n not in offsets and n != target.master and not facts[n].reachable]
-    best = max(offsets.values())
-    value = "; ".join([*(f"{n} at offset {o}" for n, o in sorted(offsets.items(), key=lambda i: -i[1])),
-                       *(f"{n} does not answer" for n in silent)])
-    if offsets[target.replica] < best:
-        leader = max(offsets, key=lambda n: offsets[n])
-        return Check("most-data", False, value, threshold, f"promote {leader} (--to {leader}): promoting "
-                     f"{target.replica} would drop the {best - offsets[target.replica]} bytes of writes it lacks")
-    return Check("most-data", not silent, value, threshold,
-                 "start the replicas that do not answer first (one of them may hold more), or pass --force-checks "
-                 "to promote without them")
-
-
-def promotable_offsets(layout: Layout, shard: Shard, facts: Facts, master: str) -> dict[str, int]:
-    """Each answering replica of master (link up or not) with how far into its stream it got (INFO
-    master_repl_offset: kept while the link is down, where ROLE says -1)."""
-    m = layout.node(master)
-    return {n: history[1] for n in shard.members if n != master
-            and (f := facts[n]).reachable and (role := f.role) is not None and role.kind == "replica"
-            and role.master == (m.address, m.port) and (history := f.history) is not None}
-
-
-def choose_promotable(layout: Layout, shard: Shard, master: str, facts: Facts) -> str | None:
-    """The replica holding the most of master's stream, preferring one on another host; None: no replica answers."""
-    offsets = promotable_offsets(layout, shard, facts, master)
-    host = layout.node(master).host
-    return min(offsets, key=lambda n: (-offsets[n], layout.node(n).host == host, n)) if offsets else None
-
-
 def _named(check: Check, node: str | None) -> Check:
     return Check(f"{check.name}({node})", check.passed, check.value, check.threshold, check.hint)
 
@@ -572,10 +422,10 @@ def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: st
         if name != new_master:
             label = "old-master-replica" if name == old_master else f"replica-repointed({name})"
             if forced and not facts[name].reachable and not is_auth_failure(facts[name].error):
-                checks.append(Check(label, True, f"{_role_text(facts[name])}: it follows {new_master} when it runs "
+                checks.append(Check(label, True, f"{role_text(facts[name])}: it follows {new_master} when it runs "
                                     "again (opsctl apply starts it so)", f"replica of {new_master}, or down"))
                 continue
-            checks.append(Check(label, linked_to(layout, facts, name, new_master), _role_text(facts[name]),
+            checks.append(Check(label, linked_to(layout, facts, name, new_master), role_text(facts[name]),
                                 f"replica of {new_master}, link connected",
                                 "it follows the new master within seconds; if not, opsctl apply re-points it"))
     if loaded.spec.topology == "cluster":
@@ -586,15 +436,6 @@ def postchecks(loaded: LoadedSpec, facts: Facts, old_master: str, new_master: st
         checks.append(Check("sentinels-agree", agreed == new_master, f"sentinels see {agreed or 'different masters'}",
                             new_master, "sentinels learn the new master from each other within a second or two"))
     return checks
-
-
-def _role_text(f: NodeFacts) -> str:
-    role = f.role
-    if not f.reachable or role is None:
-        return "authentication failed" if is_auth_failure(f.error) else f"does not answer ({f.error or 'not running'})"
-    if role.kind == "replica" and role.master:
-        return f"replica of {endpoint(*role.master)}, link {role.link}"
-    return role.kind
 
 
 def failed(checks: Sequence[Check]) -> list[Check]:

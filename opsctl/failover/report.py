@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.base.endpoints import endpoint
-from opsctl.failover.checks import Check, PastFailover, Target
+from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
 from opsctl.state.readback import Fields, load_json
 from opsctl.state.safefs import FileProblem

@@ -24,21 +24,19 @@ from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
-    Check,
-    PastFailover,
-    Target,
     cluster_prechecks,
     failed,
     postchecks,
     probe_key,
-    promotion_prechecks,
     replication_prechecks,
     resolve_target,
     sentinel_prechecks,
     thresholds_for,
 )
+from opsctl.failover.promotion import promotion_prechecks
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.session import Session
+from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
