@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from opsctl.render.directives import listen_ports
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.model import CLUSTER_BUS_OFFSET
 
 
 def ephemeral_port_warning(loaded: LoadedSpec, first: int, last: int) -> str | None:
@@ -19,4 +18,11 @@ def ephemeral_port_warning(loaded: LoadedSpec, first: int, last: int) -> str | N
     verb = "listens" if len(clashing) == 1 else "listen"
     return (f"{', '.join(clashing[:3])}{more} {verb} inside this machine's ephemeral port range {first}-{last} "
             "(net.ipv4.ip_local_port_range): an outgoing connection can hold such a port when the node restarts "
-            f"and binds it; pick ports below the range (cluster bus ports are port + {CLUSTER_BUS_OFFSET})")
+            f"and binds it; pick ports below the range{_bus_note(loaded)}")
+
+
+def _bus_note(loaded: LoadedSpec) -> str:
+    if loaded.spec.topology != "cluster":
+        return ""
+    offset = loaded.spec.cluster_or_default().bus_port_offset
+    return f" (cluster bus ports are port + {offset}: cluster.bus_port_offset)"
