@@ -1,0 +1,112 @@
+"""The cluster bus port is a spec field (issue 33, item 4): cluster.bus_port_offset (default 10000, the servers' own).
+A cluster on another offset forms, and every port a node binds (its port, its bus port, its exporter's) is range- and
+clash-checked against every other on its address, named on both sides with file:line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opsctl.base.errors import OpsctlError
+from opsctl.cluster.ops import meet_command
+from opsctl.migrate.foreign import parse_endpoints
+from opsctl.net.connector import Connector
+from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.render import default_paths, render_node
+from tests.lifecycle import applied, plan_json, run
+from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, free_base_port, make_spec, write_spec
+from tests.test_metrics_targets import fixed_spec
+from tests.test_planner import load_dict
+
+OFFSET = 20  # the bus right above the spec's own ports: base + 20 .. base + 25
+
+
+@pytest.fixture(autouse=True)
+def password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_cluster_on_another_bus_offset_forms_and_shows_its_bus_ports(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str],
+                                                                      flavor: str) -> None:
+    spec = make_spec("cluster", flavor)
+    addresses = [h["address"] for h in spec["hosts"]]
+    spec["cluster"] |= {"base_port": free_base_port(addresses, 6, bus_offset=OFFSET), "bus_port_offset": OFFSET}
+    with applied(tmp_path, capsys, spec) as (spec_path, loaded):
+        check = cluster_check(loaded.layout.servers[0].endpoint)
+        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+        connector = Connector(loaded)
+        want = {(n.address, n.port): n.port + OFFSET for n in loaded.layout.servers}
+        for node in loaded.layout.servers:
+            with connector.admin(node) as admin:
+                view = parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
+                assert {(line.address, line.port): line.bus_port for line in view} == want, view
+        assert plan_json(capsys, spec_path)["steps"] == []  # the live cluster-port is the rendered one
+        code, _, err = run(capsys, "status", "-f", str(spec_path))
+        assert code == 0, err
+
+
+def test_the_bus_port_is_rendered_only_off_the_default() -> None:
+    spec = fixed_spec("cluster")
+    default = load_dict(spec)
+    moved = load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 5000}})
+    node = moved.layout.servers[0]
+    conf = render_node(moved, node, default_paths("/var/lib/opsctl/orders", node)).files["redis.conf"]
+    assert f"\ncluster-port {node.port + 5000}\n" in conf
+    node = default.layout.servers[0]
+    conf = render_node(default, node, default_paths("/var/lib/opsctl/orders", node)).files["redis.conf"]
+    assert "cluster-port" not in conf
+
+
+def test_meet_names_the_bus_port_only_off_the_default() -> None:
+    spec = fixed_spec("cluster")
+    node = load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 5000}}).layout.servers[1]
+    assert meet_command(node) == ("CLUSTER", "MEET", "127.0.0.2", 7102, 12102)
+    assert meet_command(load_dict(spec).layout.servers[1]) == ("CLUSTER", "MEET", "127.0.0.2", 7102)
+
+
+def _validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, object]) -> tuple[int, str]:
+    code, out, err = run(capsys, "validate", "-f", str(write_spec(tmp_path, spec)), "--no-secrets")
+    assert out == "" or code == 0, out
+    assert "Traceback" not in err and "internal error" not in err, err
+    return code, err
+
+
+def test_an_exporter_on_another_nodes_bus_port_is_named_with_both(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """orders-1 (7101) and orders-6 (7106) share 127.0.0.1: 7106 + 995 is orders-1's exporter port 7101 + 1000."""
+    spec = fixed_spec("cluster")
+    spec["cluster"]["bus_port_offset"] = 995
+    spec["metrics"] = {"exporter": True}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1, err
+    assert "exporter port 8101 on 127.0.0.1 is orders-6's cluster bus port" in err and "orders-1" in err, err
+    assert "topology.yaml:" in err and "metrics.port_offset" in err, err
+
+
+def test_replication_and_sentinels_have_no_bus_an_exporter_could_clash_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: every node's port + 10000 counted as a cluster bus port, so an exporter there was refused."""
+    spec = fixed_spec("sentinel")
+    spec["metrics"] = {"exporter": True, "port_offset": 10000}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 0, err
+
+
+def test_a_bastion_port_outside_the_range_is_a_located_error(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    spec = make_spec("standalone", provider="ansible")
+    spec["hosts"][0] |= {"address": "10.0.0.1", "bastion": "ops@jump.example.com:99999"}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1 and "hosts[0].bastion: bastion port 99999 is outside 1..65535" in err, err
+    spec["hosts"][0]["bastion"] = "ops@jump.example.com:2222"
+    assert _validate(tmp_path, capsys, spec)[0] == 0
+
+
+@pytest.mark.parametrize("text", ["10.0.0.1:0", "10.0.0.1:70000", "[::1]:99999"])
+def test_a_migrate_endpoint_port_outside_the_range_is_an_error(text: str) -> None:
+    with pytest.raises(OpsctlError, match=r"outside 1\.\.65535"):
+        parse_endpoints(text)
