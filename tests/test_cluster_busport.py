@@ -9,17 +9,20 @@ from pathlib import Path
 import pytest
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import meet_command
 from opsctl.migrate.foreign import parse_endpoints
 from opsctl.net.connector import Connector
 from opsctl.observe.parse import parse_cluster_nodes
 from opsctl.render import default_paths, render_node
+from opsctl.spec.load import LoadedSpec
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, free_base_port, make_spec, write_spec
 from tests.test_metrics_targets import fixed_spec
 from tests.test_planner import load_dict
 
-OFFSET = 20  # the bus right above the spec's own ports: base + 20 .. base + 25
+OFFSET, MOVED = 20, 30  # the bus right above the spec's own ports: base + 20 .. base + 25, then base + 30 ..
 
 
 @pytest.fixture(autouse=True)
@@ -27,26 +30,41 @@ def password(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
 
 
+def _bus_ports_seen(loaded: LoadedSpec, offset: int) -> bool | Pending:
+    """True once every node's CLUSTER NODES gives every node the bus port port + offset."""
+    want = {(n.address, n.port): n.port + offset for n in loaded.layout.servers}
+    connector = Connector(loaded)
+    for node in loaded.layout.servers:
+        with connector.admin(node) as admin:
+            seen = {(line.address, line.port): line.bus_port
+                    for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))}
+        if seen != want:
+            return Pending(f"{node.name} sees bus ports {sorted(seen.values())}, want {sorted(want.values())}")
+    return True
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
-def test_a_cluster_on_another_bus_offset_forms_and_shows_its_bus_ports(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str],
-                                                                      flavor: str) -> None:
+def test_a_cluster_on_another_bus_offset_forms_and_moves_to_a_third(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    flavor: str) -> None:
+    """Formed on offset 20 (MEET names the bus port), then moved to 30 by apply (a rolling restart): every node's
+    CLUSTER NODES shows the bus ports, redis-cli --cluster check passes, and a plan after each is empty."""
     spec = make_spec("cluster", flavor)
     addresses = [h["address"] for h in spec["hosts"]]
-    spec["cluster"] |= {"base_port": free_base_port(addresses, 6, bus_offset=OFFSET), "bus_port_offset": OFFSET}
+    spec["cluster"] |= {"base_port": free_base_port(addresses, 6 + MOVED, bus=False), "bus_port_offset": OFFSET}
     with applied(tmp_path, capsys, spec) as (spec_path, loaded):
-        check = cluster_check(loaded.layout.servers[0].endpoint)
-        assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
-        connector = Connector(loaded)
-        want = {(n.address, n.port): n.port + OFFSET for n in loaded.layout.servers}
-        for node in loaded.layout.servers:
-            with connector.admin(node) as admin:
-                view = parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
-                assert {(line.address, line.port): line.bus_port for line in view} == want, view
-        assert plan_json(capsys, spec_path)["steps"] == []  # the live cluster-port is the rendered one
-        code, _, err = run(capsys, "status", "-f", str(spec_path))
-        assert code == 0, err
+        for offset in (OFFSET, MOVED):
+            if offset == MOVED:
+                spec["cluster"]["bus_port_offset"] = MOVED
+                write_spec(tmp_path, spec)
+                code, out, err = run(capsys, "apply", "-f", str(spec_path), "--auto-approve")
+                assert code == 0, err + out
+                loaded = read_spec(spec_path)
+            wait_for(lambda lo=loaded, o=offset: _bus_ports_seen(lo, o), 30, f"every node to see bus ports +{offset}")
+            check = cluster_check(loaded.layout.servers[0].endpoint)
+            assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
+            assert plan_json(capsys, spec_path)["steps"] == []  # the live cluster-port is the rendered one
 
 
 def test_the_bus_port_is_rendered_only_off_the_default() -> None:
