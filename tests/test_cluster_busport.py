@@ -128,3 +128,13 @@ def test_a_bastion_port_outside_the_range_is_a_located_error(tmp_path: Path,
 def test_a_migrate_endpoint_port_outside_the_range_is_an_error(text: str) -> None:
     with pytest.raises(OpsctlError, match=r"outside 1\.\.65535"):
         parse_endpoints(text)
+
+
+def test_a_plaintext_port_on_a_bus_port_names_what_takes_it(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    spec = fixed_spec("cluster")
+    spec["cluster"]["bus_port_offset"] = 1000
+    spec["tls"] = {"enabled": True, "generate": True, "plaintext_port": True}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1, err
+    assert "orders-1's plaintext port 8101 (port + 1000) is taken by orders-1's cluster bus port" in err, err

@@ -412,11 +412,11 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        "or let opsctl make them: tls.generate: true")
                 return
     if tls.plaintext_port:
-        used = {(n.address, p) for n in nodes.nodes for p, _ in own_ports(n)}
+        used = {(n.address, p): what for n in nodes.nodes for p, what in own_ports(n)}
         for node in nodes.nodes:
             plain = node.port + PLAINTEXT_PORT_OFFSET
             if plain > 65535 or (node.address, plain) in used:
+                why = "above 65535" if plain > 65535 else f"taken by {used[(node.address, plain)]}"
                 yield (("tls", "plaintext_port"), f"{node.name}'s plaintext port {plain} (port + "
-                       f"{PLAINTEXT_PORT_OFFSET}) is {'above 65535' if plain > 65535 else 'taken by another node'}",
-                       "lower the base port, or leave plaintext_port off")
+                       f"{PLAINTEXT_PORT_OFFSET}) is {why}", "lower the base port, or leave plaintext_port off")
                 return
