@@ -12,6 +12,7 @@ import pytest
 from opsctl.base.resources import monitoring_files
 from tests.lifecycle import run
 from tests.monitoring import ALERTS, DASHBOARD, MONITORING, RULE_TESTS, promtool
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -77,3 +78,14 @@ def test_a_dir_that_is_not_a_folder_is_a_clear_error(kind: str, tmp_path: Path,
     assert code == 1 and out == "" and f"{target}: {said}" in err and "hint:" in err, err
     assert "Traceback" not in err and "internal error" not in err, err
     assert not target.exists() if kind == "missing" else kind == "file" or not any((tmp_path / "real").iterdir())
+
+
+def test_targets_past_65535_are_an_error_even_without_exporters(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33's class "a port escapes the checks": without metrics.exporter the offset is not validated, but a
+    target port past 65535 was printed as if it were one."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    spec = write_spec(tmp_path, make_spec("standalone", standalone={"port": 65000}, metrics={"port_offset": 1000}))
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec))
+    assert code == 1 and out == "" and "Traceback" not in err, err
+    assert "metrics.port_offset" in err and "exporter port 66000 (port 65000 + 1000) is above 65535" in err, err

@@ -28,8 +28,19 @@ def exporter_port_problems(layout: Layout, offset: int = EXPORTER_PORT_OFFSET, p
     problems = []
     for node in layout.nodes:
         port = exporter_port(node, offset)
-        if port > MAX_PORT:
-            problems.append(f"{node.name}: exporter port {port} (port {node.port} + {offset}) is above {MAX_PORT}")
+        if (too_high := _above_range(node, offset)) is not None:
+            problems.append(too_high)
         elif (clash := taken.get((node.address, port))) is not None:
             problems.append(f"{node.name}: exporter port {port} on {node.address} is {clash}")
     return problems
+
+
+def exporter_ports_above_range(layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[str]:
+    """The exporter ports past 65535: no target can name one, whoever runs the exporters."""
+    return [problem for node in layout.nodes if (problem := _above_range(node, offset)) is not None]
+
+
+def _above_range(node: Node, offset: int) -> str | None:
+    port = exporter_port(node, offset)
+    return f"{node.name}: exporter port {port} (port {node.port} + {offset}) is above {MAX_PORT}" \
+        if port > MAX_PORT else None

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.options import add_output, add_spec_file
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
 
 RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. /etc/prometheus/opsctl"
 
@@ -28,6 +31,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
+    _refuse_ports_above_range(loaded.spec.metrics.port_offset, loaded)
     text = file_sd_json(target_groups(loaded.spec, loaded.layout))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
@@ -40,6 +44,20 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
         write_private(Path(args.out), text, mode=0o644)  # Prometheus, another user, reads it; it holds no secret
     return EXIT_OK
+
+
+def _refuse_ports_above_range(offset: int, loaded: LoadedSpec) -> None:
+    """Without metrics.exporter validation leaves the offset alone (the exporters are someone else's), but a target
+    past 65535 is no endpoint at all."""
+    from opsctl.base.errors import OpsctlError
+    from opsctl.spec.exporters import exporter_ports_above_range
+
+    above = exporter_ports_above_range(loaded.layout, offset)
+    if above:
+        more = f" (and {len(above) - 1} more)" if len(above) > 1 else ""
+        raise OpsctlError(f"{loaded.file}: metrics.port_offset: {above[0]}{more}",
+                          hint="lower metrics.port_offset (or the ports) so every node's port + the offset is at most "
+                               "65535")
 
 
 class RulesResult(NamedTuple):
