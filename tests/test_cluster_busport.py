@@ -138,3 +138,14 @@ def test_a_plaintext_port_on_a_bus_port_names_what_takes_it(tmp_path: Path,
     code, err = _validate(tmp_path, capsys, spec)
     assert code == 1, err
     assert "orders-1's plaintext port 8101 (port + 1000) is taken by orders-1's cluster bus port" in err, err
+
+
+def test_the_ephemeral_range_warning_counts_bus_and_exporter_ports_at_their_offsets() -> None:
+    from opsctl.plan.ports import ephemeral_port_warning
+
+    spec = fixed_spec("cluster")
+    loaded = load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 30000},
+                        "metrics": {"exporter": True, "port_offset": 40000}})
+    warning = ephemeral_port_warning(loaded, 37101, 47101) or ""
+    assert warning.startswith("orders-1 (37101, 47101), ") and "6 more" not in warning, warning
+    assert "port + 30000 (cluster.bus_port_offset)" in warning and "port + 40000 (metrics.port_offset)" in warning
