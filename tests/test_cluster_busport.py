@@ -45,22 +45,24 @@ def _bus_ports_seen(loaded: LoadedSpec, offset: int) -> bool | Pending:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
-def test_a_cluster_on_another_bus_offset_forms_and_moves_to_a_third(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str],
-                                                                    flavor: str) -> None:
-    """Formed on offset 20 (MEET names the bus port), then moved to 30 by apply (a rolling restart): every node's
-    CLUSTER NODES shows the bus ports, redis-cli --cluster check passes, and a plan after each is empty."""
+def test_a_cluster_on_another_bus_offset_forms_moves_to_a_third_and_grows(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          flavor: str) -> None:
+    """Formed on offset 20 (MEET names the bus port), moved to 30 by apply (a rolling restart), then a fourth shard
+    joins (its nodes MEET a member at its bus port): after each, every node's CLUSTER NODES shows every bus port,
+    redis-cli --cluster check passes, and a plan is empty."""
     spec = make_spec("cluster", flavor)
     addresses = [h["address"] for h in spec["hosts"]]
-    spec["cluster"] |= {"base_port": free_base_port(addresses, 6 + MOVED, bus=False), "bus_port_offset": OFFSET}
+    spec["cluster"] |= {"base_port": free_base_port(addresses, 8 + MOVED, bus=False), "bus_port_offset": OFFSET}
     with applied(tmp_path, capsys, spec) as (spec_path, loaded):
-        for offset in (OFFSET, MOVED):
-            if offset == MOVED:
-                spec["cluster"]["bus_port_offset"] = MOVED
+        for change in ({}, {"bus_port_offset": MOVED}, {"masters": 4}):
+            if change:
+                spec["cluster"] |= change
                 write_spec(tmp_path, spec)
                 code, out, err = run(capsys, "apply", "-f", str(spec_path), "--auto-approve")
                 assert code == 0, err + out
                 loaded = read_spec(spec_path)
+            offset = spec["cluster"]["bus_port_offset"]
             wait_for(lambda lo=loaded, o=offset: _bus_ports_seen(lo, o), 30, f"every node to see bus ports +{offset}")
             check = cluster_check(loaded.layout.servers[0].endpoint)
             assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
