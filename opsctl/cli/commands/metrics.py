@@ -31,7 +31,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
-    _refuse_ports_above_range(loaded.spec.metrics.port_offset, loaded)
+    _refuse_ports_above_range(loaded)
     text = file_sd_json(target_groups(loaded.spec, loaded.layout))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
@@ -46,13 +46,13 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _refuse_ports_above_range(offset: int, loaded: LoadedSpec) -> None:
+def _refuse_ports_above_range(loaded: LoadedSpec) -> None:
     """Without metrics.exporter validation leaves the offset alone (the exporters are someone else's), but a target
     past 65535 is no endpoint at all."""
     from opsctl.base.errors import OpsctlError
     from opsctl.spec.exporters import exporter_ports_above_range
 
-    above = exporter_ports_above_range(loaded.layout, offset)
+    above = exporter_ports_above_range(loaded.layout, loaded.spec.metrics.port_offset)
     if above:
         more = f" (and {len(above) - 1} more)" if len(above) > 1 else ""
         raise OpsctlError(f"{loaded.file}: metrics.port_offset: {above[0]}{more}",
