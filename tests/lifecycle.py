@@ -33,8 +33,16 @@ def plan_json(capsys: pytest.CaptureFixture[str], spec: Path) -> dict[str, Any]:
 def deployed(tmp_path: Path, capsys: pytest.CaptureFixture[str], topology: str, flavor: str,
              **sections: Any) -> Iterator[tuple[Path, LoadedSpec]]:
     """Apply a fresh spec; always destroy and purge afterwards, even when the test fails."""
-    server_binary(flavor)
-    spec_path = write_spec(tmp_path, make_spec(topology, flavor, **sections))
+    with applied(tmp_path, capsys, make_spec(topology, flavor, **sections)) as result:
+        yield result
+
+
+@contextmanager
+def applied(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+            spec: dict[str, Any]) -> Iterator[tuple[Path, LoadedSpec]]:
+    """Apply spec (a make_spec dict the test adjusted); always destroy and purge afterwards."""
+    server_binary(spec["server"]["flavor"])
+    spec_path = write_spec(tmp_path, spec)
     original = spec_path.read_text()
     try:
         code, out, err = run(capsys, "apply", "-f", str(spec_path), "--auto-approve")

@@ -82,17 +82,18 @@ EPHEMERAL_FIRST = 32768
 DEFAULT_PORTS = frozenset({6379, 26379})  # refused by the spec unless hardening.allow_default_port
 
 
-def free_base_port(addresses: list[str], count: int, bus: bool = True, taken: range = range(0)) -> int:
-    """A base port p such that p..p+count-1 (and +10000 for the cluster bus) are free on every address, none a
+def free_base_port(addresses: list[str], count: int, bus: bool = True, taken: range = range(0),
+                   bus_offset: int = 10000) -> int:
+    """A base port p such that p..p+count-1 (and + bus_offset for the cluster bus) are free on every address, none a
     default port nor in taken (ports the same spec gives other nodes, not bound yet), all below Linux's default
     ephemeral range (32768-60999): a client's or a cluster bus's outgoing connection must never hold a node's port
     when that node (re)starts and binds it."""
-    highest = EPHEMERAL_FIRST - 1 - count - (10000 if bus else 0)
+    highest = EPHEMERAL_FIRST - 1 - count - (bus_offset if bus else 0)
     for _ in range(200):
         base = random.randint(12000, highest)
         ports = [base + i for i in range(count)]
         if bus:
-            ports += [p + 10000 for p in ports]
+            ports += [p + bus_offset for p in ports]
         if DEFAULT_PORTS.isdisjoint(ports) and not any(p in taken for p in ports) and \
                 all(_free(a, p) for a in addresses for p in ports):
             return base

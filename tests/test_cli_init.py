@@ -1,7 +1,7 @@
 """`opsctl init` and the package as users install it (issue 25, convention 9): init writes the example of a topology
-shipped in the package, never over an existing file; the wheel holds the templates, playbooks, examples and the
-LICENSE, and installed into a fresh venv without the ansible extra it runs --version, init, validate and a local
-plan, while an ansible command names the extra."""
+shipped in the package, never over an existing file; the wheel holds the templates, playbooks, examples, the
+monitoring files (issue 33) and the LICENSE, and installed into a fresh venv without the ansible extra it runs
+--version, init, validate, a local plan and metrics rules, while an ansible command names the extra."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.integration
 def test_the_wheel_holds_the_data_files_and_the_license(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder in ("templates", "playbooks", "examples"):
+    for folder in ("templates", "playbooks", "examples", "monitoring"):
         shipped = {p.relative_to(ROOT / folder).as_posix() for p in (ROOT / folder).rglob("*") if p.is_file()}
         assert shipped and {f"opsctl/_data/{folder}/{n}" for n in shipped} <= names, folder
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
@@ -98,6 +98,9 @@ def test_the_wheel_installed_without_the_extra(wheel: Path, tmp_path: Path) -> N
     assert opsctl("validate", "-f", "topology.yaml").returncode == 0
     plan = opsctl("plan", "-f", "topology.yaml", "--state-dir", str(tmp_path / "state"))
     assert plan.returncode == 2 and "to add" in plan.stdout, plan.stderr
+    (tmp_path / "rules").mkdir()  # the monitoring files come from the installed package, not a checkout
+    assert opsctl("metrics", "rules", "--dir", str(tmp_path / "rules")).returncode == 0
+    assert (tmp_path / "rules" / "alerts.yml").read_bytes() == (ROOT / "monitoring/prometheus/alerts.yml").read_bytes()
     remote = tmp_path / "remote.yaml"
     remote.write_text((tmp_path / "topology.yaml").read_text() + "provider: ansible\n")
     refused = opsctl("plan", "-f", str(remote), "--state-dir", str(tmp_path / "state2"))

@@ -81,10 +81,10 @@ def test_a_server_is_labelled_with_the_maxclients_it_is_rendered_with() -> None:
 
 
 def test_exporter_ports_that_cannot_be_bound_are_named() -> None:
-    layout = Layout((Node("a-1", "h1", "127.0.0.1", 7000, "master", 1),
-                     Node("a-2", "h1", "127.0.0.1", 8000, "replica", 1),
+    layout = Layout((Node("a-1", "h1", "127.0.0.1", 7000, "master", 1, bus_port=17000),
+                     Node("a-2", "h1", "127.0.0.1", 8000, "replica", 1, bus_port=18000),
                      Node("a-3", "h1", "127.0.0.1", 65000, "replica", 1),
-                     Node("a-4", "h2", "127.0.0.2", 7000, "master", 2)))
+                     Node("a-4", "h2", "127.0.0.2", 7000, "master", 2, bus_port=17000)))
     assert exporter_port_problems(layout) == [
         "a-1: exporter port 8000 on 127.0.0.1 is a-2's port",
         "a-3: exporter port 66000 (port 65000 + 1000) is above 65535"]

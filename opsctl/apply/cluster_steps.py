@@ -35,7 +35,7 @@ def join_cluster(run: Execution, step: Step) -> None:
         if old_id is not None:
             run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
                                        "reset it to a new empty node (CLUSTER RESET HARD)"))
-        meet(admin, via.address, via.port)
+        meet(admin, via)
 
 
 @frozen

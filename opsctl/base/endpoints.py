@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 
+MAX_PORT = 65535  # TCP's last port: every port opsctl derives or is given is checked against it
+
 
 def canonical_address(address: str) -> str:
     """An IP address in its canonical text (compressed IPv6, no brackets); a host name in lowercase."""

@@ -24,6 +24,7 @@ from opsctl.plan.slotmath.planning import slot_plan
 from opsctl.plan.slotmath.ranges import SlotRange, slot_command
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import Layout, Node
+from opsctl.spec.model import CLUSTER_BUS_OFFSET
 
 T = TypeVar("T")
 
@@ -32,8 +33,14 @@ def myid(admin: Admin) -> str:
     return str(admin.call("CLUSTER", "MYID"))
 
 
-def meet(admin: Admin, address: str, port: int) -> None:
-    admin.call("CLUSTER", "MEET", address, port)
+def meet(admin: Admin, node: Node) -> None:
+    admin.call(*meet_command(node))
+
+
+def meet_command(node: Node) -> Command:
+    """CLUSTER MEET node; its bus port only when not port + 10000, which MEET assumes (Redis 6.2's takes none)."""
+    other_bus = node.bus_port is not None and node.bus_port != node.port + CLUSTER_BUS_OFFSET
+    return ("CLUSTER", "MEET", node.address, node.port, *([node.bus_port] if other_bus else []))
 
 
 def replicate(admin: Admin, master_id: str) -> None:
@@ -113,7 +120,7 @@ def config_epochs(layout: Layout) -> dict[str, int]:
 
 
 def meet_commands(targets: Sequence[Node]) -> list[Command]:
-    return [("CLUSTER", "MEET", n.address, n.port) for n in targets]
+    return [meet_command(n) for n in targets]
 
 
 def first_meets(layout: Layout) -> dict[str, list[Node]]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.base.endpoints import split_endpoint
+from opsctl.base.endpoints import MAX_PORT, split_endpoint
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.connector import ClientTLS, Connector
@@ -63,6 +63,8 @@ def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
         parsed = split_endpoint(part)
         if parsed is None:
             raise OpsctlError(f"--from-endpoints: {part!r} is not HOST:PORT", hint=HINT)
+        if not 1 <= parsed[1] <= MAX_PORT:
+            raise OpsctlError(f"--from-endpoints: {part!r} has port {parsed[1]}, outside 1..{MAX_PORT}", hint=HINT)
         found.append(parsed)
     if not found:
         raise OpsctlError("--from-endpoints names no endpoint", hint=HINT)

@@ -85,9 +85,7 @@ def listen_ports(spec: Spec, node: Node) -> list[int]:
     """Every port node listens on: its port, its plaintext port (tls.plaintext_port), its cluster bus port."""
     plain = plaintext_port(spec, node)
     extra = [plain] if plain is not None and plain != node.port else []
-    if spec.topology == "cluster" and not node.is_sentinel:
-        extra.append(node.port + CLUSTER_BUS_OFFSET)
-    return [node.port, *extra]
+    return [node.port, *extra, *([node.bus_port] if node.bus_port is not None else [])]
 
 
 def ports(spec: Spec, node: Node) -> list[Directive]:
@@ -207,12 +205,19 @@ def write_quorum(spec: Spec) -> list[Directive]:
 def cluster(spec: Spec, node: Node) -> list[Directive]:
     topo = spec.cluster_or_default()
     return [("cluster-enabled", "yes"), ("cluster-config-file", "nodes.conf"),
-            ("cluster-announce-ip", word(node.address)),
+            ("cluster-announce-ip", word(node.address)), *bus_port(node),
             ("cluster-node-timeout", str(topo.node_timeout_ms)),
             ("cluster-require-full-coverage", _yes(topo.require_full_coverage)),
             ("cluster-allow-replica-migration", "no"),
             ("cluster-replica-validity-factor", str(topo.replica_validity_factor)),
             ("cluster-allow-reads-when-down", _yes(topo.allow_reads_when_down))]
+
+
+def bus_port(node: Node) -> list[Directive]:
+    """cluster-port where the bus is not at the servers' own port + 10000 (the default renders as it always did)."""
+    if node.bus_port is None or node.bus_port == node.port + CLUSTER_BUS_OFFSET:
+        return []
+    return [("cluster-port", str(node.bus_port))]
 
 
 def monitoring() -> list[Directive]:

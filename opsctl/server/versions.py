@@ -24,6 +24,7 @@ DIRECTIVE_SINCE: dict[str, dict[str, Version | None]] = {
     "hide-user-data-from-log": {"redis": (7, 4), "valkey": (8, 0)},
     "repl-diskless-sync-max-replicas": {"redis": (7, 0), "valkey": (7, 2)},
     "cluster-announce-human-nodename": {"redis": (7, 2), "valkey": (7, 2)},
+    "cluster-port": {"redis": (7, 0), "valkey": (7, 2)},
     "locale-collate": {"redis": (7, 2), "valkey": (7, 2)},
     "cluster-slot-stats-enabled": {"redis": None, "valkey": (8, 0)},
     "availability-zone": {"redis": None, "valkey": (8, 0)},

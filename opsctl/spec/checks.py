@@ -10,16 +10,14 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.base.endpoints import canonical_address, endpoint
+from opsctl.base.endpoints import canonical_address
 from opsctl.base.errors import echo
 from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
 from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
-from opsctl.spec.exporters import exporter_port_problems
 from opsctl.spec.layout import Layout, host_bind, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
-    CLUSTER_BUS_OFFSET,
     LAZYFREE,
     PLAINTEXT_PORT_OFFSET,
     POLICIES,
@@ -28,6 +26,7 @@ from opsctl.spec.model import (
     Spec,
     config_text,
 )
+from opsctl.spec.portchecks import check_bastion_port, check_bus_offset, check_exporter_ports, check_ports, own_ports
 from opsctl.spec.secretcheck import SecretResolver, check_secrets
 from opsctl.spec.secretpaths import unquoted
 from opsctl.spec.tlsrefs import missing_refs
@@ -38,7 +37,6 @@ Finding = tuple[tuple[str | int, ...], str, str]
 class Refusal(tuple[tuple[str | int, ...], str, str]):
     """A finding that breaks a safety rule rather than the spec's form: alone, it exits 3 (refused), not 1."""
 
-DEFAULT_PORTS = {6379, 26379}
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
@@ -57,12 +55,18 @@ MANAGED_DIRECTIVES = {
     "rename-command": "hardening.renamed_commands / hardening.disabled_commands",
     "appendonly": "persistence.aof", "appendfsync": "persistence.aof", "save": "persistence.rdb",
     "maxmemory": "memory.maxmemory", "maxmemory-policy": "memory.policy",
-    "cluster-enabled": "topology", "cluster-config-file": "topology",
+    "cluster-enabled": "topology", "cluster-config-file": "topology", "cluster-port": "cluster.bus_port_offset",
     "cluster-node-timeout": "cluster.node_timeout_ms",
     "cluster-require-full-coverage": "cluster.require_full_coverage",
     "cluster-replica-validity-factor": "cluster.replica_validity_factor",
     "cluster-allow-reads-when-down": "cluster.allow_reads_when_down",
     "replicaof": "replication.master", "slaveof": "replication.master",
+    # What a node announces is its address and ports in the spec: opsctl finds nodes, replicas and peers by them.
+    **{name: "hosts[].address" for name in ("cluster-announce-ip", "replica-announce-ip", "slave-announce-ip")},
+    **{name: "the node's port (a node announces the port it listens on)" for name in (
+        "cluster-announce-port", "cluster-announce-tls-port", "cluster-announce-client-port",
+        "cluster-announce-client-tls-port", "replica-announce-port", "slave-announce-port")},
+    "cluster-announce-bus-port": "cluster.bus_port_offset",
     "dir": "the provider's state directory", "pidfile": "the provider", "logfile": "the provider",
     "daemonize": "the provider", "include": "nothing: one rendered file per node",
     **{name: "the tls section" for name in ("tls-port", "tls-cert-file", "tls-key-file", "tls-ca-cert-file",
@@ -102,10 +106,11 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     if resolve is not None:
         yield from check_secrets(spec, resolve)
     nodes = layout(spec)
-    yield from _check_ports(spec, nodes)
+    yield from check_ports(spec, nodes)
+    yield from check_bus_offset(spec)
     yield from _check_tls(spec, nodes)
     yield from _check_write_quorum(spec, nodes)
-    yield from _check_exporters(spec, nodes)
+    yield from check_exporter_ports(spec, nodes)
 
 
 def _check_version(spec: Spec) -> Iterator[Finding]:
@@ -143,6 +148,7 @@ def _check_hosts(spec: Spec) -> Iterator[Finding]:
         for j, address in enumerate(host.bind or []):
             yield from _check_address(spec, i, address, ("hosts", i, "bind", j))
         yield from _check_source_address(spec, i, host)
+        yield from check_bastion_port(i, host)
         if host.admin_via_ssh and spec.provider != "ansible":
             yield (("hosts", i, "admin_via_ssh"), "admin_via_ssh needs provider: ansible",
                    "the local provider reaches its nodes directly; remove admin_via_ssh")
@@ -392,54 +398,6 @@ def _server_knows(spec: Spec) -> Callable[[str], bool]:
     return knows
 
 
-def _check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
-    """Default ports, ports above 65535 and clashes; findings on one field are grouped into one problem."""
-    taken: dict[tuple[str, int], str] = {}
-    default: dict[tuple[str | int, ...], list[str]] = {}
-    too_high: dict[tuple[str | int, ...], list[tuple[str, int, bool]]] = {}
-    cluster = spec.topology == "cluster"
-    for node in nodes.nodes:
-        path = _port_path(spec, node.name, node.is_sentinel)
-        if node.port in DEFAULT_PORTS and not spec.hardening.allow_default_port:
-            default.setdefault(path, []).append(node.name)
-        ports = [node.port, node.port + CLUSTER_BUS_OFFSET] if cluster and not node.is_sentinel else [node.port]
-        for port in ports:
-            if port > 65535:
-                too_high.setdefault(path, []).append((node.name, port, port != node.port))
-                continue
-            other = taken.get((node.address, port))
-            if other:
-                yield (path, f"{node.name} and {other} both use {endpoint(node.address, port)}",
-                       "change a base port, or nodes.<name>.port")
-            taken.setdefault((node.address, port), node.name)
-    for path, names in default.items():
-        yield (path, f"{_names(names)} would listen on the default port {nodes.node(names[0]).port}",
-               "pick another port (scanners try the default first) or set hardening.allow_default_port: true")
-    for path, high in too_high.items():
-        yield _too_high(path, high)
-
-
-def _names(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
-def _too_high(path: tuple[str | int, ...], high: list[tuple[str, int, bool]]) -> Finding:
-    name, port, bus = high[0]
-    what = f"{name}'s cluster bus port {port} (port + {CLUSTER_BUS_OFFSET})" if bus else f"{name}'s port {port}"
-    more = f" (and {len(high) - 1} more)" if len(high) > 1 else ""
-    limit = f"a cluster node's port + {CLUSTER_BUS_OFFSET} must stay at or below 65535" if bus else "ports end at 65535"
-    return (path, f"{what} is above 65535{more}", f"lower it: {limit}")
-
-
-def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
-    if name in spec.nodes and spec.nodes[name].port:
-        return ("nodes", name, "port")
-    if sentinel:
-        return ("sentinel", "port")
-    section = {"cluster": "cluster", "standalone": "standalone"}.get(spec.topology, "replication")
-    return (section, "port" if section == "standalone" else "base_port")
-
-
 def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
     """Given certificates: every node needs a CA, a certificate and a key. plaintext_port: port + 1000 free."""
     tls = spec.tls
@@ -454,22 +412,11 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        "or let opsctl make them: tls.generate: true")
                 return
     if tls.plaintext_port:
-        used = {(n.address, p) for n in nodes.nodes for p in (n.port, n.port + CLUSTER_BUS_OFFSET)}
+        used = {(n.address, p): what for n in nodes.nodes for p, what in own_ports(n)}
         for node in nodes.nodes:
             plain = node.port + PLAINTEXT_PORT_OFFSET
             if plain > 65535 or (node.address, plain) in used:
+                why = "above 65535" if plain > 65535 else f"taken by {used[(node.address, plain)]}"
                 yield (("tls", "plaintext_port"), f"{node.name}'s plaintext port {plain} (port + "
-                       f"{PLAINTEXT_PORT_OFFSET}) is {'above 65535' if plain > 65535 else 'taken by another node'}",
-                       "lower the base port, or leave plaintext_port off")
+                       f"{PLAINTEXT_PORT_OFFSET}) is {why}", "lower the base port, or leave plaintext_port off")
                 return
-
-
-def _check_exporters(spec: Spec, nodes: Layout) -> Iterator[Finding]:
-    """metrics.exporter: every exporter's port can be bound (opsctl.spec.exporters); the first problem is named."""
-    if not spec.metrics.exporter:
-        return
-    problems = exporter_port_problems(nodes, spec.metrics.port_offset, spec.tls.enabled and spec.tls.plaintext_port)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        yield (("metrics", "port_offset"), problems[0] + more,
-               "pick another metrics.port_offset, or move the base port so no node listens on another's exporter port")

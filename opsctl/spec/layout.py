@@ -29,6 +29,7 @@ class Node(Frozen):
     shard: int | None = None
     bind: tuple[str, ...] = ()
     config: tuple[tuple[str, str | int | bool], ...] = ()
+    bus_port: int | None = None  # a cluster server's bus port (port + cluster.bus_port_offset); None: no bus
 
     @property
     def endpoint(self) -> str:
@@ -106,16 +107,25 @@ def host_bind(host: Host) -> tuple[str, ...]:
 def node_on(spec: Spec, name: str, host: Host, port: int, role: Role, shard: int | None) -> Node:
     """The node name on host at port (nodes.<name>.port wins), with its per-node config."""
     override = spec.nodes.get(name)
+    port = override.port if override and override.port else port
     return Node(
         name=name,
         host=host.name,
         address=canonical_address(host.address),
-        port=override.port if override and override.port else port,
+        port=port,
         role=role,
         shard=shard,
         bind=host_bind(host),
         config=tuple(sorted(override.config.items())) if override else (),
+        bus_port=bus_port(spec, port, role),
     )
+
+
+def bus_port(spec: Spec, port: int, role: Role) -> int | None:
+    """The cluster bus port of a node at port: port + cluster.bus_port_offset in a cluster, else None (no bus)."""
+    if spec.topology != "cluster" or role == "sentinel":
+        return None
+    return port + spec.cluster_or_default().bus_port_offset
 
 
 def _hosts_by_name(spec: Spec) -> dict[str, Host]:

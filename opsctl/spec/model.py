@@ -19,7 +19,7 @@ LAZYFREE = ("lazyfree-lazy-eviction", "lazyfree-lazy-expire", "lazyfree-lazy-ser
 # Directives whose value is a secret: an error about config: or nodes.<name>.config: never quotes it.
 SECRET_CONFIG = frozenset({"requirepass", "masterauth", "primaryauth", "tls-key-file-pass", "tls-client-key-file-pass"})
 PLAINTEXT_PORT_OFFSET = 1000  # tls.plaintext_port: the plaintext port is the node's port + this
-CLUSTER_BUS_OFFSET = 10000  # a cluster node's bus port is its port + this
+CLUSTER_BUS_OFFSET = 10000  # cluster.bus_port_offset's default: the servers' own (a node's bus port is its port + this)
 
 TlsProtocol = Literal["TLSv1.2", "TLSv1.3"]
 Name = Annotated[str, Pattern(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")]
@@ -167,7 +167,10 @@ class ClusterTopology(Record):
     replicas_per_master: Annotated[int, Range(0, 5)] = field(1, description=(
         "replicas of each master, each on a host other than its master's and its shard's other replicas'"))
     base_port: Port = field(7101, description=(
-        "node k (<name>-k) listens on base_port + k - 1, its cluster bus on that port + 10000"))
+        "node k (<name>-k) listens on base_port + k - 1, its cluster bus on that port + bus_port_offset"))
+    bus_port_offset: Annotated[int, Range(1, 65534)] = field(CLUSTER_BUS_OFFSET, description=(
+        "cluster-port: each node's cluster bus port is its port + this, at most 65535, free on its host and open "
+        "between the hosts (docs/remote.md); apply changes it by restarting the nodes one at a time"))
     node_timeout_ms: Annotated[int, Range(500, 600000)] = field(5000, description=(
         "cluster-node-timeout: how long a node may not answer before the cluster counts it as failing"))
     require_full_coverage: bool = field(True, description=(

@@ -11,9 +11,9 @@ from dataclasses import replace
 from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, unpurged
-from opsctl.spec.layout import Layout, Node, Role, Shard, cluster_layout, deployed_as, layout, node_on
+from opsctl.spec.layout import Layout, Node, Role, Shard, bus_port, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
+from opsctl.spec.model import Host, Spec
 from opsctl.spec.replplacement import replication_placed
 
 
@@ -176,7 +176,8 @@ class _Placer:
         address = canonical_address(d.address or "")
         role: Role = "master" if d.role == "master" else "replica"
         self.reasons.setdefault(d.name, f"{d.name} on {d.host}: retired, {d.host} removed from the spec")
-        return Node(d.name, d.host, address, d.port, role, d.shard, bind=(address,))
+        return Node(d.name, d.host, address, d.port, role, d.shard, bind=(address,),
+                    bus_port=bus_port(self.spec, d.port, role))
 
     def _node(self, name: str, host: Host, port: int, role: str, shard: int | None) -> Node:
         return node_on(self.spec, name, host, port, "master" if role == "master" else "replica", shard)
@@ -224,9 +225,9 @@ class _Placer:
 
     def _free_port(self, host: str, port: int) -> int:
         """port, or the next one up whose own and bus port no node on host uses (either way round)."""
-        used = self.ports.get(host, set())
-        taken = used | {p + CLUSTER_BUS_OFFSET for p in used} | {p - CLUSTER_BUS_OFFSET for p in used}
-        while port in taken or port + CLUSTER_BUS_OFFSET in taken:
+        used, offset = self.ports.get(host, set()), self.topo.bus_port_offset
+        taken = used | {p + offset for p in used} | {p - offset for p in used}
+        while port in taken or port + offset in taken:
             port += 1
         return port
 

@@ -1,13 +1,22 @@
 """`opsctl metrics targets -f SPEC [-o FILE | --write-to HOST:PATH]`: the Prometheus file_sd target groups of the
 spec's exporters (opsctl.plan.metrics), printed, or written atomically (here, or over SSH on the host where Prometheus
-runs) so that Prometheus, which watches the file, never reads half."""
+runs) so that Prometheus, which watches the file, never reads half.
+`opsctl metrics rules --dir DIR [--force]`: the alert rules, their promtool tests and the Grafana dashboard shipped in
+the package, written into DIR."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_OK
-from opsctl.cli.options import add_spec_file
+from opsctl.cli.options import add_output, add_spec_file
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
+
+RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. /etc/prometheus/opsctl"
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
@@ -22,6 +31,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
+    _refuse_ports_above_range(loaded)
     text = file_sd_json(target_groups(loaded.spec, loaded.layout))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
@@ -36,6 +46,106 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refuse_ports_above_range(loaded: LoadedSpec) -> None:
+    """Without metrics.exporter validation leaves the offset alone (the exporters are someone else's), but a target
+    past 65535 is no endpoint at all."""
+    from opsctl.base.errors import OpsctlError
+    from opsctl.spec.exporters import exporter_ports_above_range
+
+    above = exporter_ports_above_range(loaded.layout, loaded.spec.metrics.port_offset)
+    if above:
+        more = f" (and {len(above) - 1} more)" if len(above) > 1 else ""
+        raise OpsctlError(f"{loaded.file}: metrics.port_offset: {above[0]}{more}",
+                          hint="lower metrics.port_offset (or the ports) so every node's port + the offset is at most "
+                               "65535")
+
+
+class RulesResult(NamedTuple):
+    """What metrics rules wrote into folder (names inside it) and which of them it replaced (--force).
+    A NamedTuple: this module is imported to build every parser, and dataclasses costs `opsctl --help` its import."""
+
+    folder: str
+    files: tuple[str, ...]
+    replaced: tuple[str, ...]
+
+    def text(self) -> str:
+        replaced = f" ({len(self.replaced)} replaced)" if self.replaced else ""
+        return "\n".join([f"wrote {len(self.files)} files to {self.folder}{replaced}: {', '.join(self.files)}",
+                          f"  check them:     promtool test rules {self.folder}/tests/*.yml",
+                          f"  prometheus.yml: rule_files: [{self.folder}/alerts.yml]",
+                          f"  Grafana:        Dashboards > New > Import > {self.folder}/opsctl-redis.json"])
+
+    def to_dict(self) -> dict[str, object]:
+        return {"dir": self.folder, "files": list(self.files), "replaced": list(self.replaced)}
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    """Every target checked before the first is written: a refused run writes nothing."""
+    from opsctl.base.resources import monitoring_files
+    from opsctl.cli.output import print_result
+    from opsctl.state.safefs import make_dir, write_private
+
+    folder = Path(args.dir)
+    _check_rules_dir(folder)
+    files = monitoring_files()
+    replaced = _existing_targets(folder, [name for _, name in files], args.force)
+    make_dir(folder / "tests", mode=0o755, enforce=False)
+    for source, name in files:
+        write_private(folder / name, source.read_bytes(), mode=0o644)  # Prometheus and Grafana, other users, read it
+    print_result(RulesResult(str(folder), tuple(name for _, name in files), tuple(replaced)), args.output)
+    return EXIT_OK
+
+
+def _check_rules_dir(folder: Path) -> None:
+    import os
+    import stat
+
+    from opsctl.state.safefs import FileProblem
+
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        raise FileProblem(folder, "does not exist", RULES_HINT) from None
+    except OSError as exc:
+        raise FileProblem(folder, f"cannot be inspected: {exc.strerror}", RULES_HINT) from None
+    if stat.S_ISLNK(mode):
+        raise FileProblem(folder, "is a symbolic link: metrics rules writes into a real folder only",
+                          "give --dir the folder it points to (readlink -f DIR)")
+    if not stat.S_ISDIR(mode):
+        raise FileProblem(folder, "is not a folder", RULES_HINT)
+
+
+def _existing_targets(folder: Path, names: list[str], force: bool) -> list[str]:
+    """The names already in folder: refused without force; with it, only regular files (never a link)."""
+    import os
+    import stat
+
+    from opsctl.base.errors import OpsctlError
+    from opsctl.state.safefs import LINK_HINT, FileProblem
+
+    existing: list[str] = []
+    for name in ["tests", *names]:
+        try:
+            mode = os.lstat(folder / name).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise FileProblem(folder / name, "is a symbolic link", LINK_HINT)
+        if name == "tests":
+            if not stat.S_ISDIR(mode):
+                raise FileProblem(folder / name, "is not a folder", "move it away: the rule tests go into DIR/tests")
+            continue
+        if not stat.S_ISREG(mode):
+            raise FileProblem(folder / name, "exists and is not a regular file", "move it away, or give another --dir")
+        existing.append(name)
+    if existing and not force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise OpsctlError(f"{folder / existing[0]}{more} {'exist' if more else 'exists'} already: metrics rules "
+                          "writes no file over another",
+                          hint="give --force to replace them with the shipped ones, or another --dir")
+    return existing
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("metrics", help="what Prometheus needs to scrape a fleet (docs/monitoring.md)")
     commands = group.add_subparsers(dest="metrics_command", required=True, metavar="SUBCOMMAND")
@@ -48,3 +158,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write it over SSH to PATH on HOST (a host of the spec, or [user@]address), atomically, "
                         "mode 0644: where Prometheus runs")
     p.set_defaults(handler=cmd_targets)
+    p = commands.add_parser("rules", help="write the alert rules, their promtool tests and the Grafana dashboard "
+                                          "shipped with opsctl into a folder")
+    p.add_argument("--dir", required=True, metavar="DIR",
+                   help="an existing folder: alerts.yml, tests/*.yml (promtool test rules), opsctl-redis.json")
+    p.add_argument("--force", action="store_true", help="replace those files where they exist already")
+    add_output(p)
+    p.set_defaults(handler=cmd_rules)
