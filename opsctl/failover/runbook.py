@@ -39,7 +39,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.promotion import promotion_prechecks
+from opsctl.plan.promotion import PING_PERIOD, promotion_prechecks
 from opsctl.plan.verdicts import Check, PastFailover, Target
 from opsctl.providers.base import Provider
 from opsctl.spec.load import LoadedSpec
@@ -47,7 +47,6 @@ from opsctl.state.safefs import check_state_path, write_private
 
 ESCALATION = ("graceful", "force", "takeover")
 POLL = 0.003
-PING_PERIOD = "repl-ping-replica-period"  # how often a master pings its replicas: master-down's "heard lately"
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def _master_down_check(layout: Layout, facts: Facts, target: Target, ping_period
     return Check("master-down", True, not_answering(target.master, m.error) + lost, threshold)
 
 
+PING_PERIOD = "repl-ping-replica-period"  # how often a master pings its replicas: master-down's "heard lately"
 PING_GRACE_S = 2.0  # beyond the ping period: the master's cron and the replica's read are not on the second
 
 
