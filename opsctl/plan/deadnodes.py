@@ -172,7 +172,11 @@ def _no_member_left(layout: Layout, facts: Facts, lines: list[ClusterNodeLine],
 
 
 def _shard_named(layout: Layout, facts: Facts, line: ClusterNodeLine, replicas: list[str]) -> str:
-    """"shard N: " where the spec tells which: a replica of the dead master, or a node of the spec at its endpoint."""
+    """"shard N: " where the spec tells which: a replica of the dead master, a node of the spec at its endpoint, or the
+    one shard every member of which is down without a record (gone with their machines)."""
     node = next((n.name for n in layout.servers if n.endpoint == line.endpoint), None)
     shard = layout.shard_of(replicas[0] if replicas else node or "")
+    fresh = [s for s in layout.shards if all((f := facts.get(m)) is not None and not f.running
+                                             and f.recorded_digest is None for m in s.members)]
+    shard = shard or (fresh[0] if len(fresh) == 1 else None)
     return f"shard {shard.index}: " if shard else ""
