@@ -11,6 +11,7 @@ from opsctl.apply.execution import Execution
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
+from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.slotmath import ranges
@@ -137,11 +138,11 @@ def _owns_in_majority(views: dict[str, list[ClusterNodeLine]], node_id: str, wan
                       name: str) -> bool | Pending:
     """node_id is a master serving every wanted slot in its own view and in more than half of the views of the
     masters that serve slots (the voters of any later election; cluster_size counts each one once)."""
-    voters = {me.id: view for view in views.values() if (me := myself(view)) and me.is_master and me.slots}
-    serving = {line.id for view in voters.values() for line in view if line.is_master and line.slots}
-    agree = [voter for voter, view in voters.items() if any(
+    answering, serving = voting_masters(views.values())
+    voters = [view for view in views.values() if (me := myself(view)) is not None and me.id in answering]
+    agree = [view for view in voters if any(
         line.id == node_id and line.is_master and wanted <= set(ranges.expand(line.slots)) for line in view)]
-    if node_id in voters and len(agree) > len(serving) // 2:
+    if node_id in answering and len(agree) > len(serving) // 2:
         return True
     return Pending(f"{name} serves the slots in {len(agree)} of {len(serving)} slot-owning masters' views"
-                   + ("" if node_id in voters else ", and not yet in its own"))
+                   + ("" if node_id in answering else ", and not yet in its own"))

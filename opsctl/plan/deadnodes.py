@@ -6,10 +6,11 @@ item 3), waited for when they are one, and a shard with no member left is refuse
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from opsctl.base.errors import RefusedError
+from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.parse import ClusterNodeLine
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
@@ -120,12 +121,22 @@ def _orphaned(layout: Layout, facts: Facts, dead: str) -> list[str]:
 
 
 def _voters(facts: Facts) -> tuple[int, int]:
-    """(slot-owning masters that answer, slot-owning masters) as the running nodes see them: an election needs more
-    than half of the second (the servers' cluster_size)."""
-    serving = {line.id for f in facts.values() if f.reachable for line in f.cluster_nodes or ()
-               if line.is_master and line.slots}
-    answering = {me.id for f in facts.values() if f.reachable and (me := f.myself) is not None and me.id in serving}
+    """(slot-owning masters that answer, slot-owning masters) as the running nodes see them."""
+    answering, serving = voting_masters(f.cluster_nodes for f in facts.values() if f.reachable and f.cluster_nodes)
     return len(answering), len(serving)
+
+
+def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str:
+    """The way on for a shard whose master does not answer, from the views of the nodes that do: the cluster's own
+    election while the slot-owning masters that answer are a majority; without one it never comes, and waiting for
+    it is a dead end (issue 33, item 3)."""
+    answering, serving = (len(ids) for ids in voting_masters(views))
+    if answering > serving // 2:
+        return f"wait for the cluster to promote a replica (or start the node again), then {then}"
+    return (f"the cluster cannot promote a replica: {answering} of {serving} slot-owning masters answer, an election "
+            f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
+            "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "
+            f"replica holding the most data (CLUSTER FAILOVER TAKEOVER) and replaces the host; then {then}")
 
 
 def _promotion(layout: Layout, facts: Facts, dead: ClusterNodeLine, replicas: list[str], votes: tuple[int, int],
