@@ -105,3 +105,15 @@ def test_a_replica_that_heard_its_master_lately_is_not_promoted() -> None:
     with pytest.raises(RefusedError) as refused:
         make_plan(loaded, desired(loaded), facts, "d")
     assert "master-down" in refused.value.detail and "heard from it 1 s ago" in refused.value.detail
+    assert "its host is not gone" in refused.value.hint and "12 s" in refused.value.hint  # ping period 10 s + 2 s
+
+
+def test_a_down_replica_that_comes_back_is_named_before_the_restore() -> None:
+    """The dead master's only replica is down but comes back (its record kept): no member answers, and the refusal
+    names starting it before restoring from a backup."""
+    loaded, facts = _fleet({1, 6, 7})
+    name = loaded.layout.servers[1].name
+    facts[name] = NodeFacts(name, False, record={"digest": "abc"})
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "no member left" in refused.value.summary and f"if {name}" in refused.value.hint, refused.value

@@ -14,7 +14,7 @@ from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.parse import ClusterNodeLine
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.plan.promotion import PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks
+from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks
 from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica
 from opsctl.plan.verdicts import Target
@@ -157,7 +157,9 @@ def _promotion(layout: Layout, facts: Facts, dead: ClusterNodeLine, replicas: li
     if failing:
         raise RefusedError(f"shard {index}: its master at {label} is gone with its host, and the cluster cannot elect "
                            f"a replica ({votes[0]} of {votes[1]} slot-owning masters answer), but opsctl cannot "
-                           "promote one either", "; ".join(c.line() for c in failing), failing[0].hint)
+                           "promote one either", "; ".join(c.line() for c in failing),
+                           UNPROMOTABLE[failing[0].name].format(period=ping_period + PING_GRACE_S)
+                           if failing[0].name in UNPROMOTABLE else failing[0].hint)
     assert target.replica is not None  # most-data fails without one
     offsets = promotable_offsets(view, judged, seen, label)
     slots = ranges.text(dead.slots)
@@ -169,6 +171,17 @@ def _promotion(layout: Layout, facts: Facts, dead: ClusterNodeLine, replicas: li
                           index, dead.id, label, slots)
 
 
+# The way on when a check the forced failover shares refuses the promotion (its own hints name failover's options).
+UNPROMOTABLE = {
+    "master-down": "a replica still hears that master: it runs, and its host is not gone (a promotion beside it "
+                   "makes two masters taking writes). Stop it, or give its host its address back in the spec; a "
+                   "master that has stopped is heard of no more within {period:g} s of its last word "
+                   "(repl-ping-replica-period), then apply again",
+    "most-data": "start the replicas of that shard that do not answer (one of them may hold more of the stream), "
+                 "then apply again",
+}
+
+
 def _no_member_left(layout: Layout, facts: Facts, lines: list[ClusterNodeLine],
                     orphans: dict[str, list[str]]) -> RefusedError:
     where = "; ".join(f"{_shard_named(layout, facts, line, orphans[line.id])}slots {ranges.text(line.slots)} at "
@@ -176,8 +189,8 @@ def _no_member_left(layout: Layout, facts: Facts, lines: list[ClusterNodeLine],
     silent = sorted({r for line in lines for r in orphans[line.id]})
     start = f"if {', '.join(silent)} (its replica, down) still has its data, start it (or its host) and apply " \
         "again; " if silent else ""
-    return RefusedError(f"a shard lost every member: {where} served only by a failed node gone with its host, and "
-                        "no replica of it answers", "starting a replacement there would serve those slots empty",
+    return RefusedError(f"a shard has no member left that answers: {where}, served only by a failed master gone with "
+                        "its host", "starting a replacement there would serve those slots empty",
                         f"{start}otherwise restore that shard from a backup (opsctl restore, docs/backup.md), then "
                         "apply again")
 
