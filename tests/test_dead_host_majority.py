@@ -21,18 +21,12 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
-from tests.test_dead_host import kill_host, known_endpoints
+from tests.test_dead_host import flagged, kill_host, known_endpoints, node_client
 from tests.test_drain_host import record_files
 from tests.test_shape_killed import cluster_kept, cluster_writer, converged, killed_apply
 from tests.writer import cluster_client
 
 pytestmark = pytest.mark.integration
-
-
-def node_client(loaded: LoadedSpec, name: str) -> redis.Redis:
-    node = loaded.layout.node(name)
-    return redis.Redis(host=node.address, port=node.port, password=PASSWORD, decode_responses=True)
 
 
 def replicated_barrier(loaded: LoadedSpec, masters: list[str]) -> float:
@@ -49,16 +43,6 @@ def replicated_barrier(loaded: LoadedSpec, masters: list[str]) -> float:
                 continue
         assert client.execute_command("WAIT", 1, 10_000) == 1
     return began
-
-
-def flagged(loaded: LoadedSpec, survivors: list[str], address: str) -> bool | Pending:
-    """Every survivor counts the dead host's nodes as failing (fail?: without a majority never fail)."""
-    for name in survivors:
-        lines = str(node_client(loaded, name).execute_command("CLUSTER", "NODES")).splitlines()
-        dead = [w for w in (line.split() for line in lines) if w[1].startswith(address + ":")]
-        if not dead or not all("fail" in w[2] for w in dead):
-            return Pending(f"{name} does not flag every node at {address} yet")
-    return True
 
 
 def rerun_after_a_takeover(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec, survivors: list[str],

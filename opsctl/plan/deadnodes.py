@@ -188,10 +188,10 @@ def _no_member_left(layout: Layout, facts: Facts, lines: list[ClusterNodeLine],
                       f"{line.endpoint}" for line in sorted(lines, key=lambda line: line.endpoint))
     silent = sorted({r for line in lines for r in orphans[line.id]})
     start = f"if {', '.join(silent)} (its replica, down) still has its data, start it (or its host) and apply " \
-        "again; " if silent else ""
+        "again; otherwise " if silent else ""
     return RefusedError(f"a shard has no member left that answers: {where}, served only by a failed master gone with "
                         "its host", "starting a replacement there would serve those slots empty",
-                        f"{start}otherwise restore that shard from a backup (opsctl restore, docs/backup.md), then "
+                        f"{start}restore that shard from a backup (opsctl restore, docs/backup.md), then "
                         "apply again")
 
 
