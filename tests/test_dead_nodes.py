@@ -7,7 +7,7 @@ import pytest
 
 from opsctl.base.errors import RefusedError
 from opsctl.observe.parse import ClusterNodeLine
-from opsctl.plan.deadnodes import dead_nodes, forget_dead, refuse_lost_shards
+from opsctl.plan.deadnodes import dead_nodes, forget_dead, promote_orphans
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec
 from tests.test_planner import load_dict
@@ -30,7 +30,7 @@ def test_failed_nodes_at_an_address_the_spec_lost_are_forgotten_once() -> None:
     assert dead_nodes(loaded.layout, facts) == {"dead1": "127.9.9.9:7001", "dead2": "127.9.9.9:7002",
                                                 "flaky": "127.9.9.9:7003"}
     assert [s.ids for s in forget_dead(loaded.layout, facts)] == [("dead1", "dead2", "flaky")]
-    refuse_lost_shards(loaded.layout, facts)  # no slot is held by a failed node
+    assert promote_orphans(loaded, facts) == []  # no slot is held by a failed node
 
 
 def test_slots_held_only_by_a_failed_node_are_refused_with_the_way_on() -> None:
@@ -40,7 +40,7 @@ def test_slots_held_only_by_a_failed_node_are_refused_with_the_way_on() -> None:
             line("dead", "127.9.9.9:7001", "master", "fail?", slots=((5461, 10922),)))
     facts = {first.name: NodeFacts(first.name, True, reachable=True, cluster_nodes=view)}
     with pytest.raises(RefusedError) as refused:
-        refuse_lost_shards(loaded.layout, facts)
+        promote_orphans(loaded, facts)
     assert refused.value.exit_code == 3 and "restore that shard from a backup" in refused.value.hint
     assert dead_nodes(loaded.layout, facts) == {}  # never forgotten while it holds slots
 
@@ -62,5 +62,5 @@ def test_an_unlinked_node_at_an_address_the_spec_lost_is_forgotten_before_it_is_
     lost = ClusterNodeLine("gone", "127.9.9.9", 7004, 17004, frozenset({"master"}), None, 0, "disconnected",
                            ((5461, 10922),))
     with pytest.raises(RefusedError):
-        refuse_lost_shards(loaded.layout, {first.name: NodeFacts(first.name, True, reachable=True,
+        promote_orphans(loaded, {first.name: NodeFacts(first.name, True, reachable=True,
                                                                  cluster_nodes=(*view, lost))})

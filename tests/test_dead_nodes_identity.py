@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.plan.deadnodes import dead_nodes, refuse_lost_shards
+from opsctl.plan.deadnodes import dead_nodes, promote_orphans
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec
 from tests.test_dead_nodes import line
@@ -38,12 +38,12 @@ def test_an_id_at_a_replaced_nodes_endpoint_is_dead_only_when_its_identity_went(
 
 
 def test_slots_held_only_by_a_dead_id_at_a_replaced_endpoint_are_refused() -> None:
-    layout = load_dict(make_spec("cluster", hosts=3)).layout
-    other = layout.servers[1]
+    loaded = load_dict(make_spec("cluster", hosts=3))
+    other = loaded.layout.servers[1]
     failed = line("old", other.endpoint, "master", "fail", slots=((5461, 10922),))
     with pytest.raises(RefusedError):
-        refuse_lost_shards(layout, _facts(NodeFacts(other.name, False), failed))
-    refuse_lost_shards(layout, _facts(NodeFacts(other.name, False, record={"digest": "abc"}), failed))
+        promote_orphans(loaded, _facts(NodeFacts(other.name, False), failed))
+    assert promote_orphans(loaded, _facts(NodeFacts(other.name, False, record={"digest": "abc"}), failed)) == []
 
 
 def test_a_replication_master_without_its_folder_is_not_started_empty_over_the_data() -> None:

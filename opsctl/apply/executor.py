@@ -35,7 +35,7 @@ from opsctl.apply.node_steps import (
 )
 from opsctl.apply.replication_steps import do_replicate, fail_over, finish_failover, sentinel_monitor, sentinel_set
 from opsctl.apply.runtime import Runtime
-from opsctl.apply.shape_steps import forget_nodes, sentinel_reset
+from opsctl.apply.shape_steps import forget_nodes, promote_replica, sentinel_reset
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
 from opsctl.net.fanout import Borrowed
@@ -53,6 +53,7 @@ from opsctl.plan.steps import (
     JoinCluster,
     MoveSlots,
     Plan,
+    PromoteReplica,
     RemoveNode,
     Replicate,
     RestartNode,
@@ -256,5 +257,5 @@ HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
     SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
     MoveSlots: move_slots, AssignSlots: assign_slots, CloseSlots: close_slots, RemoveNode: remove_node,
     StartExporter: start_exporter, StopExporter: stop_exporter, SentinelReset: sentinel_reset,
-    ForgetNodes: forget_nodes,
+    ForgetNodes: forget_nodes, PromoteReplica: promote_replica,
 }

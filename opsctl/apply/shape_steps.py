@@ -1,6 +1,7 @@
 """The steps of a replication or Sentinel topology changing shape (plan.replshape): a retired node stopped, purged
 and kept as a tombstone; the sentinels told to forget it (SENTINEL RESET), one at a time, each waited for until it
-knows the fleet again, so the others keep a quorum meanwhile."""
+knows the fleet again, so the others keep a quorum meanwhile. In a cluster: dead nodes forgotten everywhere, and the
+replica of a master gone with its host promoted (TAKEOVER) when no majority is left to elect it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from opsctl.apply.execution import Execution
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
-from opsctl.observe.parse import parse_info, parse_role
+from opsctl.observe.cluster_state import voting_masters
+from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import ForgetNodes, RemoveNode, Step
+from opsctl.plan.slotmath import ranges
+from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, Step
 from opsctl.spec.layout import Layout, Node, sentinel_master_name
 
 
@@ -100,3 +103,46 @@ def forget_nodes(run: Execution, step: Step) -> None:
             return True if not knowing else Pending(f"{', '.join(knowing)} still know them")
 
         wait_for(forgotten, run.wait_timeout, f"every node to forget {len(dead)} dead node(s)", interval=0.2)
+
+
+def promote_replica(run: Execution, step: Step) -> None:
+    """CLUSTER FAILOVER TAKEOVER on the replica the plan chose, unless it is a master already (a run killed after it
+    asked: never asked twice), then until it answers as a master and a majority of the slot-owning masters' views give
+    it the dead master's slots. One that follows another master now is left alone (the roles changed since the plan)."""
+    from opsctl.failover.actions import checkpoint
+    from opsctl.slots.session import open_session
+
+    assert isinstance(step, PromoteReplica)
+    with run.rt.admin(run.node(step)) as admin:
+        me = myself(parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
+        if me is None or (not me.is_master and me.master_id != step.dead):
+            raise RefusedError(f"{step.node} is no longer a replica of the gone master at {step.was}",
+                               f"it is {'not in a cluster' if me is None else 'a replica of ' + str(me.master_id)} "
+                               "now: the shard's roles changed since the plan was made",
+                               "apply again: it plans from the roles now")
+        if not me.is_master:
+            admin.call("CLUSTER", "FAILOVER", "TAKEOVER")
+            checkpoint("promote-replica-asked")
+        node_id = me.id
+    wanted = set(ranges.expand(ranges.parse(step.slots)))
+    with open_session(run.rt.connector) as session:
+        def promoted() -> bool | Pending:
+            session.refresh()
+            return _owns_in_majority(session.views(), node_id, wanted, step.node)
+
+        wait_for(promoted, run.wait_timeout, f"{step.node} to serve shard {step.shard}'s slots as a master in a "
+                 "majority of the masters' views", interval=0.05)
+
+
+def _owns_in_majority(views: dict[str, list[ClusterNodeLine]], node_id: str, wanted: set[int],
+                      name: str) -> bool | Pending:
+    """node_id is a master serving every wanted slot in its own view and in more than half of the views of the
+    masters that serve slots (the voters of any later election; cluster_size counts each one once)."""
+    answering, serving = voting_masters(views.values())
+    voters = [view for view in views.values() if (me := myself(view)) is not None and me.id in answering]
+    agree = [view for view in voters if any(
+        line.id == node_id and line.is_master and wanted <= set(ranges.expand(line.slots)) for line in view)]
+    if node_id in answering and len(agree) > len(serving) // 2:
+        return True
+    return Pending(f"{name} serves the slots in {len(agree)} of {len(serving)} slot-owning masters' views"
+                   + ("" if node_id in answering else ", and not yet in its own"))

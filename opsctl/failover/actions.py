@@ -21,10 +21,10 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
-from opsctl.failover.verdicts import Target
 from opsctl.net.admin import Admin
 from opsctl.observe.parse import parse_info
 from opsctl.plan.fence import spec_values
+from opsctl.plan.verdicts import Target
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec

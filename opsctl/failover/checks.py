@@ -13,14 +13,14 @@ from dataclasses import replace
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.failover.promotion import choose_promotable, followed_master, promotable_check
-from opsctl.failover.verdicts import Check, PastFailover, Target, Thresholds, role_text
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.replicas import listed_replicas
 from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
+from opsctl.plan.promotion import choose_promotable, followed_master, promotable_check
 from opsctl.plan.slotmath.planning import retired
+from opsctl.plan.verdicts import Check, PastFailover, Target, Thresholds, role_text
 from opsctl.spec.layout import Layout, Shard
 from opsctl.spec.load import LoadedSpec
 
@@ -276,22 +276,25 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
     to measure) and the cluster's agreement without the dead master (its slots fail until the promotion)."""
     layout = loaded.layout
     gone = target.master if forced and not facts[target.master].reachable else None
+    shards = cluster_size(layout, facts)
+    answering = sum(1 for voter in voters(layout, facts).values() if voter)
     linked = link_check(layout, facts, target.replica, target.master, target.no_replica)
     if not facts[target.master].reachable and not linked.passed:
         linked = replace(linked, hint=f"{target.master} does not answer: if the cluster does not fail over by itself "
                          "(its replica cut off too long, or set not to), `--mode force --yes` promotes the replica "
-                         "holding the most data")
+                         "holding the most data" if answering > shards // 2 else f"{target.master} does not answer, "
+                         f"and the cluster cannot elect a replica ({answering}/{shards} masters answer): "
+                         f"{NO_VOTES_HINT}")
     replica_checks = [promotable_check(layout, facts, target)] if gone else [
         linked, lag_check(layout, facts, target.replica, target.master, limits)]
-    shards = cluster_size(layout, facts)
-    answering = sum(1 for voter in voters(layout, facts).values() if voter)
     open_slots = sorted({f"{n}:{s}" for n, f in facts.items() if (me := f.myself)
                          for s in (*me.migrating, *me.importing)})
     answering_nodes = sum(1 for n in layout.servers if facts[n.name].reachable)
     return [
         *replica_checks,
         Check("masters-reachable", answering > shards // 2, f"{answering}/{shards} masters answer",
-              f"> {shards // 2}", "a failover needs a majority of masters to vote; bring the masters back first"),
+              f"> {shards // 2}", f"a failover needs a majority of masters to vote: bring the masters back first; "
+              f"if they are gone for good, {NO_VOTES_HINT}"),
         voters_check(layout, facts, target.replica),
         Check("no-open-slots", not open_slots and answering_nodes > 0,
               ", ".join(open_slots[:5]) or ("none" if answering_nodes else "unknown: no node answers"), "none",
@@ -299,6 +302,11 @@ def cluster_prechecks(loaded: LoadedSpec, facts: Facts, target: Target, limits: 
         agreement_check(facts, layout, gone, before=True),
         cooldown_check(target, history, now, limits),
     ]
+
+
+NO_VOTES_HINT = ("only `--mode takeover --yes --force-checks` promotes without votes (the replica holding the most "
+                 "data; what it lacks is lost); a host gone with its disk: give its entry in the spec the new "
+                 "machine's address (or remove it) and `opsctl apply` promotes and replaces it")
 
 
 def agreement_check(facts: Facts, layout: Layout, gone: str | None = None, before: bool = False) -> Check:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.base.endpoints import endpoint
-from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.verdicts import Check, PastFailover, Target
 from opsctl.state.readback import Fields, load_json
 from opsctl.state.safefs import FileProblem
 

@@ -33,21 +33,20 @@ from opsctl.failover.checks import (
     sentinel_prechecks,
     thresholds_for,
 )
-from opsctl.failover.promotion import promotion_prechecks
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.session import Session
-from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
+from opsctl.plan.promotion import PING_PERIOD, promotion_prechecks
+from opsctl.plan.verdicts import Check, PastFailover, Target
 from opsctl.providers.base import Provider
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private
 
 ESCALATION = ("graceful", "force", "takeover")
 POLL = 0.003
-PING_PERIOD = "repl-ping-replica-period"  # how often a master pings its replicas: master-down's "heard lately"
 
 
 @dataclass(frozen=True)

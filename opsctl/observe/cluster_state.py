@@ -7,7 +7,7 @@ differs, so "[ERR] Nodes don't agree about configuration" becomes "orders-4 sees
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
@@ -260,3 +260,12 @@ def cluster_problems(views: Mapping[str, Sequence[ClusterNodeLine]],
     names = Names(views)
     return [*_state_problems(infos), *_open_slot_problems(views, names), *_slot_problems(views, names),
             *_membership_problems(views, names), *_role_problems(views, names), *_epoch_problems(views, names)]
+
+
+def voting_masters(views: Iterable[Sequence[ClusterNodeLine]]) -> tuple[set[str], set[str]]:
+    """(ids of the slot-owning masters among the views' own nodes: those that answer, ids of every master any view
+    shows serving slots: the servers' cluster_size). An election, and a failure flag, need more than half of the
+    second to answer; without that the cluster never promotes a replica by itself."""
+    views = list(views)
+    serving = {line.id for view in views for line in view if line.is_master and line.slots}
+    return {me.id for view in views if (me := myself(view)) is not None and me.id in serving}, serving

@@ -1,17 +1,25 @@
 """Dead cluster nodes (issue 22, item 4): ids the running nodes flag as failed at an endpoint no node of the spec
 has (a host replaced: its old address is gone with its nodes), or at a spec node's endpoint whose identity went with
-its folder (a new machine at a dead host's address), are forgotten everywhere; a shard whose slots only such a
-failed node holds lost every member and is refused with the way on. Pure."""
+its folder (a new machine at a dead host's address), are forgotten everywhere. A shard whose slots only such a
+failed master holds: its replica is promoted (TAKEOVER) when the masters that answer are no majority (issue 33,
+item 3), waited for when they are one, and a shard with no member left is refused with the way on. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from opsctl.base.errors import RefusedError
+from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.parse import ClusterNodeLine
-from opsctl.plan.facts import Facts
-from opsctl.plan.steps import ForgetNodes
-from opsctl.spec.layout import Layout
+from opsctl.plan.desired import rendered_values
+from opsctl.plan.facts import Facts, NodeFacts
+from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks
+from opsctl.plan.slotmath import ranges
+from opsctl.plan.steps import ForgetNodes, PromoteReplica
+from opsctl.plan.verdicts import Target
+from opsctl.spec.layout import Layout, Node, Shard
+from opsctl.spec.load import LoadedSpec
 
 
 def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
@@ -63,20 +71,136 @@ def forget_dead(layout: Layout, facts: Facts) -> list[ForgetNodes]:
                                                 "identity): forgotten on every node", tuple(sorted(dead)))]
 
 
-def refuse_lost_shards(layout: Layout, facts: Facts) -> None:
-    """Slots that only a failed node at an endpoint the spec no longer has serves: that shard's data is gone from the
-    fleet (a replica would have been promoted by now); a replacement would start empty."""
+def promote_orphans(loaded: LoadedSpec, facts: Facts) -> list[PromoteReplica]:
+    """The shards whose master went with its host (it serves slots, is down and gone: _lost), as (issue 33, item 3):
+    - refused where no member of the shard answers: its data is gone from the fleet (restore it from a backup);
+    - refused while the slot-owning masters that answer are a majority: the cluster elects a replica by itself once
+      they flag the master fail (cluster.node_timeout_ms), so apply waits for it, as before;
+    - otherwise a TAKEOVER of the replica holding the most of the master's stream (on another host if possible),
+      judged by the forced promotion's checks (master-down, most-data): without a majority nobody can elect it."""
+    layout = loaded.layout
+    lost = _lost(layout, facts)
+    if not lost:
+        return []
+    orphans = {dead: _orphaned(layout, facts, dead) for dead in lost}
+    bare = [dead for dead, replicas in orphans.items() if not any(facts[r].reachable for r in replicas)]
+    if bare:
+        raise _no_member_left(layout, facts, [lost[dead] for dead in bare], orphans)
+    answering, serving = _voters(facts)
+    if answering > serving // 2:
+        where = ", ".join(sorted({line.endpoint for line in lost.values()}))
+        raise RefusedError(f"slots are served only by failed node(s) at {where}: their replica is not promoted yet",
+                           f"{answering} of {serving} slot-owning masters answer, a majority: the cluster promotes a "
+                           "replica by itself once they flag the master fail; starting a replacement there now "
+                           "would serve those slots empty",
+                           "wait for the cluster to promote a replica (cluster.node_timeout_ms) and apply again")
+    first = layout.node(orphans[next(iter(lost))][0])
+    period = float(rendered_values(loaded, first, {PING_PERIOD: "10"})[PING_PERIOD])
+    return [_promotion(layout, facts, lost[dead], orphans[dead], (answering, serving), period) for dead in sorted(lost)]
+
+
+def _lost(layout: Layout, facts: Facts) -> dict[str, ClusterNodeLine]:
+    """id -> line of each master serving slots that is down and gone, as the running nodes list it; not where a master
+    that answers claims all those slots in its own view (a promotion gossip is still spreading)."""
     gone, down = _gone(layout, facts), _down(layout)  # the others come back from their nodes.conf
-    lost: dict[str, str] = {}
-    for f in facts.values():
-        for line in f.cluster_nodes or ():
-            if down(line) and line.is_master and line.slots and gone(line.endpoint, line.id):
-                lost[line.id] = line.endpoint
-    if lost:
-        where = ", ".join(sorted(set(lost.values())))
-        raise RefusedError(f"slots are served only by failed node(s) at {where}: their shard lost every member, or "
-                           "its replica is not promoted yet",
-                           "starting a replacement there would serve those slots empty",
-                           "wait for the cluster to promote a replica (cluster.node_timeout_ms) and apply again; "
-                           "if the shard lost every member, restore that shard from a backup (opsctl restore, "
-                           "docs/backup.md), then apply again")
+    claimed = {s for f in facts.values() if f.reachable and (me := f.myself) and me.is_master
+               for s in ranges.expand(me.slots)}
+    return {line.id: line for f in facts.values() for line in f.cluster_nodes or ()
+            if down(line) and line.is_master and line.slots and gone(line.endpoint, line.id)
+            and not set(ranges.expand(line.slots)) <= claimed}
+
+
+def _orphaned(layout: Layout, facts: Facts, dead: str) -> list[str]:
+    """The spec's servers that replicate the dead master: each answering one by its own view, each silent one that
+    comes back (not gone) by another's view (it may hold more of the stream: most-data waits for it)."""
+    gone = _gone(layout, facts)
+    named = {line.endpoint for f in facts.values() for line in f.cluster_nodes or ()
+             if line.master_id == dead and not gone(line.endpoint, line.id)}
+    return [n.name for n in layout.servers if (f := facts.get(n.name)) is not None
+            and (((me := f.myself) is not None and me.master_id == dead) or (not f.reachable and n.endpoint in named))]
+
+
+def _voters(facts: Facts) -> tuple[int, int]:
+    """(slot-owning masters that answer, slot-owning masters) as the running nodes see them."""
+    answering, serving = voting_masters(f.cluster_nodes for f in facts.values() if f.reachable and f.cluster_nodes)
+    return len(answering), len(serving)
+
+
+def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str:
+    """The way on for a shard whose master does not answer, from the views of the nodes that do: the cluster's own
+    election while the slot-owning masters that answer are a majority; without one it never comes, and waiting for
+    it is a dead end (issue 33, item 3)."""
+    answering, serving = (len(ids) for ids in voting_masters(views))
+    if answering > serving // 2:
+        return f"wait for the cluster to promote a replica (or start the node again), then {then}"
+    return (f"the cluster cannot promote a replica: {answering} of {serving} slot-owning masters answer, an election "
+            f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
+            "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "
+            f"replica holding the most data (CLUSTER FAILOVER TAKEOVER) and replaces the host; then {then}")
+
+
+def _promotion(layout: Layout, facts: Facts, dead: ClusterNodeLine, replicas: list[str], votes: tuple[int, int],
+               ping_period: float) -> PromoteReplica:
+    """The TAKEOVER of the replica the forced promotion would choose, judged as it would be: the shard seen with the
+    dead master at its old endpoint (the spec now puts its replacement elsewhere, or a new machine there)."""
+    shard = layout.shard_of(replicas[0])
+    index = shard.index if shard else 0
+    label = dead.endpoint
+    host = next((n.host for n in layout.servers if n.address == dead.address), "(gone)")  # a new machine there
+    was = Node(label, host, dead.address, dead.port, "master", index)
+    judged = Shard(index, label, tuple(replicas))
+    view = replace(layout, nodes=(*layout.nodes, was),
+                   shards=tuple(judged if s.index == index else s for s in layout.shards))
+    seen = {**facts, label: NodeFacts(label, False)}
+    target = Target(index, label, choose_promotable(view, judged, label, seen))
+    failing = [c for c in promotion_prechecks(view, seen, target, ping_period) if not c.passed]
+    if failing:
+        raise RefusedError(f"shard {index}: its master at {label} is gone with its host, and the cluster cannot elect "
+                           f"a replica ({votes[0]} of {votes[1]} slot-owning masters answer), but opsctl cannot "
+                           "promote one either", "; ".join(c.line() for c in failing),
+                           UNPROMOTABLE[failing[0].name].format(period=ping_period + PING_GRACE_S)
+                           if failing[0].name in UNPROMOTABLE else failing[0].hint)
+    assert target.replica is not None  # most-data fails without one
+    offsets = promotable_offsets(view, judged, seen, label)
+    slots = ranges.text(dead.slots)
+    return PromoteReplica(target.replica, f"shard {index}'s master at {label} (slots {slots}) is gone with its host, "
+                          f"and only {votes[0]} of {votes[1]} slot-owning masters answer: no majority is left to "
+                          f"elect a replica (it needs {votes[1] // 2 + 1}). CLUSTER FAILOVER TAKEOVER on "
+                          f"{target.replica}, the replica holding the most of its stream (offset "
+                          f"{offsets[target.replica]}): writes the master acknowledged past it reached no replica",
+                          index, dead.id, label, slots)
+
+
+# The way on when a check the forced failover shares refuses the promotion (its own hints name failover's options).
+UNPROMOTABLE = {
+    "master-down": "a replica still hears that master: it runs, and its host is not gone (a promotion beside it "
+                   "makes two masters taking writes). Stop it, or give its host its address back in the spec; a "
+                   "master that has stopped is heard of no more within {period:g} s of its last word "
+                   "(repl-ping-replica-period), then apply again",
+    "most-data": "start the replicas of that shard that do not answer (one of them may hold more of the stream), "
+                 "then apply again",
+}
+
+
+def _no_member_left(layout: Layout, facts: Facts, lines: list[ClusterNodeLine],
+                    orphans: dict[str, list[str]]) -> RefusedError:
+    where = "; ".join(f"{_shard_named(layout, facts, line, orphans[line.id])}slots {ranges.text(line.slots)} at "
+                      f"{line.endpoint}" for line in sorted(lines, key=lambda line: line.endpoint))
+    silent = sorted({r for line in lines for r in orphans[line.id]})
+    start = f"if {', '.join(silent)} (its replica, down) still has its data, start it (or its host) and apply " \
+        "again; otherwise " if silent else ""
+    return RefusedError(f"a shard has no member left that answers: {where}, served only by a failed master gone with "
+                        "its host", "starting a replacement there would serve those slots empty",
+                        f"{start}restore that shard from a backup (opsctl restore, docs/backup.md), then "
+                        "apply again")
+
+
+def _shard_named(layout: Layout, facts: Facts, line: ClusterNodeLine, replicas: list[str]) -> str:
+    """"shard N: " where the spec tells which: a replica of the dead master, a node of the spec at its endpoint, or the
+    one shard every member of which is down without a record (gone with their machines)."""
+    node = next((n.name for n in layout.servers if n.endpoint == line.endpoint), None)
+    shard = layout.shard_of(replicas[0] if replicas else node or "")
+    fresh = [s for s in layout.shards if all((f := facts.get(m)) is not None and not f.running
+                                             and f.recorded_digest is None for m in s.members)]
+    shard = shard or (fresh[0] if len(fresh) == 1 else None)
+    return f"shard {shard.index}: " if shard else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from opsctl.plan.cluster_steps import cluster_steps, rejoins
-from opsctl.plan.deadnodes import forget_dead, refuse_lost_shards
+from opsctl.plan.deadnodes import forget_dead, promote_orphans
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
@@ -51,7 +51,8 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
     if loaded.spec.topology == "cluster":
         refuse_layout_change(layout, facts)
-        refuse_lost_shards(layout, facts)
+        if promotions := promote_orphans(loaded, facts):
+            return _repairs_first(loaded, promotions, PROMOTE_FIRST, facts, spec_digest)
         if failovers := drain_failovers(loaded.spec, layout, facts):
             return _repairs_first(loaded, failovers, DRAIN_FIRST, facts, spec_digest)
     together = renames_changed(layout, desired, facts)
@@ -133,6 +134,9 @@ FILL_AFTER_REPAIRS = ("slots a killed run left open are closed first: the moves 
 CLOSE_THEN_MOVES = ("slots a killed run left open are closed in this plan; the moves and removals still to make (a "
                     "scale-in's drain, say) are planned from what closing leaves: apply then observes again and "
                     "plans them")
+PROMOTE_FIRST = ("the shards whose master went with its host get a master first: without a majority of masters the "
+                 "cluster cannot elect one; apply then observes again and replaces the host's nodes (start, join, "
+                 "replicate, forget the dead ids)")
 FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
                 "writes), and finishing it decides the master; apply then observes again and plans the rest")
 

@@ -229,6 +229,22 @@ class ForgetNodes(Step):
     ids: tuple[str, ...] = ()
 
 
+@frozen
+class PromoteReplica(Step):
+    """CLUSTER FAILOVER TAKEOVER on node, a replica of a master gone with its host (id dead, at endpoint was), while
+    the masters that answer are no majority: the cluster cannot elect it. Done once node answers as a master and a
+    majority of the serving masters' views give it slots (ranges as text, e.g. "0-4095")."""
+
+    kind: ClassVar[str] = "promote-replica"
+    shard: int = 0
+    dead: str = ""
+    was: str = ""
+    slots: str = ""
+
+    def title(self) -> str:
+        return f"{self.kind} {self.node} (shard {self.shard}, in place of {self.was})"
+
+
 # Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.
 NODE_LOCAL = (WriteConfig, StartNode)
 
@@ -249,7 +265,7 @@ STEP_TYPES: dict[str, type[Step]] = {cls.kind: cls for cls in (
     WriteConfig, StartNode, StopNode, RestartNode, ConfigSet, FormCluster, JoinCluster, Replicate,
     SentinelMonitor, WaitConverged, MoveSlots, AssignSlots, CloseSlots, RemoveNode, Failover, SentinelSet, AclLoad,
     StartExporter, StopExporter,
-    FinishFailover, SetPasswords, SentinelReset, ForgetNodes)}
+    FinishFailover, SetPasswords, SentinelReset, ForgetNodes, PromoteReplica)}
 
 
 @frozen

@@ -16,6 +16,7 @@ from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import slot_map
 from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import SLOTS, ClusterNodeLine, server_of
+from opsctl.plan.deadnodes import no_master_hint
 from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.atomic import wait_idle
@@ -147,8 +148,7 @@ def shard_master_peer(session: Session, name: str) -> Peer:
     master = session.current_master(name)
     if master is None:
         raise OpsctlError(f"the shard of {name} has no reachable master", "the open slots stay journaled",
-                          "wait for the cluster to promote a replica (or start the node again), then run "
-                          "`opsctl cluster fix -f SPEC`")
+                          no_master_hint(session.views().values(), "run `opsctl cluster fix -f SPEC`"))
     return session.peers[master]
 
 

@@ -1,13 +1,13 @@
 """The forced promotion's judging, with the master gone: who the master was, whether it is gone, and which
 replica holds the most of its stream. Pure; opsctl.failover.checks uses it for resolve_target and the cluster's
-forced pre-checks."""
+forced pre-checks, the planner for the promotion of a replica whose master went with its host (plan.deadnodes)."""
 
 from __future__ import annotations
 
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.endpoints import endpoint
-from opsctl.failover.verdicts import Check, Target, role_text
 from opsctl.plan.facts import Facts, NodeFacts
+from opsctl.plan.verdicts import Check, Target, role_text
 from opsctl.spec.layout import Layout, Shard
 
 
@@ -60,6 +60,7 @@ def _master_down_check(layout: Layout, facts: Facts, target: Target, ping_period
     return Check("master-down", True, not_answering(target.master, m.error) + lost, threshold)
 
 
+PING_PERIOD = "repl-ping-replica-period"  # how often a master pings its replicas: master-down's "heard lately"
 PING_GRACE_S = 2.0  # beyond the ping period: the master's cron and the replica's read are not on the second
 
 

@@ -1,0 +1,119 @@
+"""A dead host that held half the masters, the planner's part (issue 33, item 3): recorded facts of a 4-master,
+1-replica cluster over 3 hosts whose h1 (the masters of shards 1 and 4, shard 3's replica) was SIGKILLed with its
+disk and given a new address. No majority left: the plan promotes the orphaned replicas first (promote-replica,
+said in text and JSON, round-tripped through a saved plan); a majority left: the wait refusal as before; a shard
+with no member left: refused, naming the shard and the restore. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from opsctl.base.errors import RefusedError
+from opsctl.cli.report import plan_text
+from opsctl.observe.cluster_state import even_slot_ranges
+from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.plan.facts import NodeFacts
+from opsctl.plan.planner import PROMOTE_FIRST, make_plan
+from opsctl.plan.steps import PromoteReplica
+from opsctl.spec.load import LoadedSpec
+from opsctl.state.planfile import parse_plan
+from tests.support import make_spec
+from tests.test_planner import desired, load_dict
+
+NEW_ADDRESS = "127.250.250.4"
+OFFSETS = {2: 9000, 8: 7000}  # how far each orphaned replica got into its dead master's stream
+
+
+def _fleet(dead: set[int]) -> tuple[LoadedSpec, dict[str, NodeFacts]]:
+    """The spec with h1 readdressed, and every node's facts: the nodes k in dead were at h1's old address (gone),
+    the others answer; a replica of a dead master has its link down and its offset kept."""
+    data = make_spec("cluster", cluster={"masters": 4})
+    old = data["hosts"][0]["address"]
+    loaded = load_dict({**data, "hosts": [{**data["hosts"][0], "address": NEW_ADDRESS}, *data["hosts"][1:]]})
+    servers = loaded.layout.servers
+    slots = even_slot_ranges(4)
+
+    def ident(k: int) -> str:
+        return f"d{k}" if k in dead else f"n{k}"
+
+    def endpoint(k: int) -> tuple[str, int]:
+        node = servers[k - 1]
+        return (old if k in dead and node.host == "h1" else node.address), node.port
+
+    lines = []
+    for k in range(1, 9):
+        master = k % 2 == 1
+        flags = {"master" if master else "slave"} | ({"fail?"} if k in dead else set())
+        address, port = endpoint(k)
+        lines.append(ClusterNodeLine(ident(k), address, port, port + 10000, frozenset(flags),
+                                     None if master else ident(k - 1), 1, "disconnected" if k in dead else "connected",
+                                     (slots[k // 2],) if master else ()))
+    facts = {}
+    for k, node in enumerate(servers, start=1):
+        if k in dead:
+            facts[node.name] = NodeFacts(node.name, False)  # not running, no record: gone with its machine
+            continue
+        view = tuple(ClusterNodeLine(**{**line.__dict__, "flags": line.flags | {"myself"}}) if line.id == ident(k)
+                     else line for line in lines)
+        master_gone = k % 2 == 0 and k - 1 in dead
+        role = RoleInfo("master") if k % 2 else RoleInfo("replica", master=endpoint(k - 1),
+                                                         link="connect" if master_gone else "connected")
+        info = {"master_replid": f"r{k // 2}", "master_repl_offset": str(OFFSETS.get(k, 5000)),
+                "master_link_status": "down" if master_gone else "up"}
+        facts[node.name] = NodeFacts(node.name, True, reachable=True, info=info, role=role, cluster_nodes=view)
+    return loaded, facts
+
+
+def test_no_majority_left_plans_the_promotions_first() -> None:
+    loaded, facts = _fleet({1, 6, 7})
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    names = [n.name for n in loaded.layout.servers]
+    assert [(type(s), s.node, s.shard) for s in plan.steps] == [(PromoteReplica, names[1], 1),
+                                                                  (PromoteReplica, names[7], 4)]
+    assert plan.replan and plan.notes == (PROMOTE_FIRST,)
+    first = plan.steps[0]
+    assert isinstance(first, PromoteReplica) and first.dead == "d1" and first.slots == "0-4095"
+    assert "2 of 4 slot-owning masters answer: no majority" in first.reason and "offset 9000" in first.reason
+    text = plan_text(plan)
+    assert f"promote-replica {names[1]} (shard 1, in place of {first.was})" in text and "then: " in text, text
+    assert parse_plan(plan.to_dict(), "plan.json") == plan  # a saved plan runs the same steps
+
+
+def test_a_majority_left_waits_for_the_clusters_own_election() -> None:
+    loaded, facts = _fleet({1, 6})  # only shard 1's master went: 3 of 4 answer
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "3 of 4 slot-owning masters answer, a majority" in refused.value.detail
+    assert "wait for the cluster to promote a replica" in refused.value.hint
+
+
+def test_a_shard_with_no_member_left_is_refused_naming_the_restore() -> None:
+    loaded, facts = _fleet({1, 2, 6, 7})  # shard 1's replica gone too (no record: its machine with it)
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert refused.value.exit_code == 3 and "shard 1: slots 0-4095" in refused.value.summary
+    assert "restore that shard from a backup" in refused.value.hint
+
+
+def test_a_replica_that_heard_its_master_lately_is_not_promoted() -> None:
+    """master-down, binding as in a forced failover: a replica whose link is up and heard the master within its ping
+    period says it runs (cut off from opsctl only); the plan refuses instead of making two masters."""
+    loaded, facts = _fleet({1, 6, 7})
+    name = loaded.layout.servers[1].name
+    info = {**facts[name].info, "master_link_status": "up", "master_last_io_seconds_ago": "1"}
+    facts[name] = NodeFacts(**{**facts[name].__dict__, "info": info})
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "master-down" in refused.value.detail and "heard from it 1 s ago" in refused.value.detail
+    assert "its host is not gone" in refused.value.hint and "12 s" in refused.value.hint  # ping period 10 s + 2 s
+
+
+def test_a_down_replica_that_comes_back_is_named_before_the_restore() -> None:
+    """The dead master's only replica is down but comes back (its record kept): no member answers, and the refusal
+    names starting it before restoring from a backup."""
+    loaded, facts = _fleet({1, 6, 7})
+    name = loaded.layout.servers[1].name
+    facts[name] = NodeFacts(name, False, record={"digest": "abc"})
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "no member left" in refused.value.summary and f"if {name}" in refused.value.hint, refused.value
