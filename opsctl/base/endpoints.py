@@ -19,10 +19,19 @@ def endpoint(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+PORTS = range(1, 65536)  # a port above 65535 would quietly become another one in a socket call
+
+
+def valid_port(text: str) -> bool:
+    """1..65535 written in ASCII digits: no sign, no blank, no other script's digits."""
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) in PORTS
+
+
 def split_endpoint(text: str) -> tuple[str, int] | None:
-    """'host:port', '[v6]:port' or 'v6:port' (the last colon separates the port) -> (canonical address, port)."""
+    """'host:port', '[v6]:port' or 'v6:port' (the last colon separates the port) -> (canonical address, port); None
+    for anything else: an empty host, a blank inside, a port outside 1..65535 or not in plain digits."""
     address, _, port = text.strip().rpartition(":")
-    if not address or not port.isdigit():
+    if not address or any(c.isspace() for c in address) or address in ("[]",) or not valid_port(port):
         return None
     return canonical_address(address), int(port)
 
