@@ -59,10 +59,11 @@ def parse_location(text: str) -> Location:
     bucket, _, prefix = text[len(S3):].partition("/")
     prefix = prefix.strip("/")
     if not _BUCKET.match(bucket):
-        raise OpsctlError(f"{echo(text)}: {echo(bucket)} is not an S3 bucket name",
+        raise OpsctlError(f"{echo(mask_url(text))}: {echo(mask_url(S3 + bucket)[len(S3):])} is not an S3 bucket name",
                           hint="write s3://BUCKET/PREFIX (a bucket name is 3-63 lower-case letters, digits, . or -)")
     if prefix and (not _NAME.match(prefix) or "//" in prefix or any(p in (".", "..") for p in prefix.split("/"))):
-        raise OpsctlError(f"{echo(text)}: the prefix {echo(prefix)} has characters or parts opsctl does not write",
+        raise OpsctlError(f"{echo(mask_url(text))}: the prefix {echo(mask_url(text)[len(S3) + len(bucket) + 1:])} has "
+                          "characters or parts opsctl does not write",
                           hint="use letters, digits, '.', '_', '-' and single '/' between parts")
     return Location(text, None, bucket, prefix)
 

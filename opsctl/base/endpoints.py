@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 
 def canonical_address(address: str) -> str:
@@ -29,11 +30,25 @@ def valid_port(text: str) -> bool:
 
 def split_endpoint(text: str) -> tuple[str, int] | None:
     """'host:port', '[v6]:port' or 'v6:port' (the last colon separates the port) -> (canonical address, port); None
-    for anything else: an empty host, a blank inside, a port outside 1..65535 or not in plain digits."""
+    for anything else: a host that is no address or name (empty, user@, a blank inside), a port outside 1..65535 or not
+    in plain digits."""
     address, _, port = text.strip().rpartition(":")
-    if not address or any(c.isspace() for c in address) or address in ("[]",) or not valid_port(port):
+    if not valid_port(port) or not valid_host(address):
         return None
     return canonical_address(address), int(port)
+
+
+def valid_host(text: str) -> bool:
+    """An IP address (IPv6 with or without brackets) or a DNS name: letters, digits, '.', '-', '_' only (no
+    user@, no path, no blank: what would reach a resolver as something else)."""
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]") if text.startswith("[") else text)
+        return True
+    except ValueError:
+        return bool(_HOST.match(text))
+
+
+_HOST = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._\-]{0,252}[A-Za-z0-9_])?$")
 
 
 def same_endpoint(a: str, b: str) -> bool:

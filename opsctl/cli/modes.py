@@ -15,11 +15,12 @@ def flag(dest: str) -> str:
     return "--" + dest.rstrip("_").replace("_", "-")
 
 
-def refuse_given(args: argparse.Namespace, dests: tuple[str, ...], why: str, hint: str) -> None:
-    """Refuse every option of dests the command line gave (not None, not False): `--x, --y <why>`."""
+def refuse_given(args: argparse.Namespace, dests: tuple[str, ...], goes_with: str, hint: str) -> None:
+    """Refuse every option of dests the command line gave (not None, not False): `--x, --y go with <goes_with>`."""
     given = [flag(dest) for dest in dests if getattr(args, dest, None) not in (None, False)]
     if given:
-        raise OpsctlError(f"{', '.join(given)} {why}", hint=hint)
+        verb = "goes" if len(given) == 1 else "go"
+        raise OpsctlError(f"{', '.join(given)} {verb} with {goes_with}", hint=hint)
 
 
 def fill_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> None:

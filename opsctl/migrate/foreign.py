@@ -64,7 +64,8 @@ def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
         if parsed is None:
             port = part.rpartition(":")[2]
             why = "" if not port or valid_port(port) else " (the port must be a number from 1 to 65535)"
-            raise OpsctlError(f"--from-endpoints: {echo(part)} is not HOST:PORT{why}", hint=HINT)
+            shown = "***@" + part.rpartition("@")[2] if "@" in part else part  # user:password@ never echoed
+            raise OpsctlError(f"--from-endpoints: {echo(shown)} is not HOST:PORT{why}", hint=HINT)
         found.append(parsed)
     if not found:
         raise OpsctlError("--from-endpoints names no endpoint", hint=HINT)

@@ -292,8 +292,9 @@ def check_writable_folder(path: Path | str, hint: str, missing_ok: bool = False)
         raise FileProblem(folder, "does not exist", hint) from None
     except OSError as exc:
         raise FileProblem(folder, f"cannot be inspected: {exc.strerror}", hint) from None
-    if stat.S_ISLNK(st.st_mode):
-        raise FileProblem(folder, "is a symbolic link, not a folder", LINK_HINT)
+    if stat.S_ISLNK(st.st_mode):  # the link could be turned to another folder between the check and the write
+        raise FileProblem(folder, "is a symbolic link, not a folder",
+                          f"give the folder itself (`realpath {folder}` names it), not a link to it")
     if not stat.S_ISDIR(st.st_mode):
         raise FileProblem(folder, "is not a folder", hint)
     if not os.access(folder, os.W_OK | os.X_OK):

@@ -7,7 +7,7 @@ import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
 from opsctl.cli.runsignals import note_run, recorded
@@ -39,20 +39,23 @@ def check_mode(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
     from opsctl.cli.modes import fill_defaults, refuse_given
 
+    if args.target is not None and args.action != "verify":
+        raise OpsctlError(f"{echo(args.target)}: only `backup verify` takes a location without an option",
+                          hint="opsctl backup -f SPEC --to DIR|URL, or opsctl backup list|prune --from DIR|URL")
     if args.action is None:
-        refuse_given(args, ("from_", "keep_days", "target"), "go with `backup list|prune|verify`, not with a backup",
+        refuse_given(args, ("from_", "keep_days"), "`backup list|prune`, not with a backup",
                      "opsctl backup -f SPEC --to DIR|URL takes --to, not --from")
         if not args.continuous:
-            refuse_given(args, tuple(CONTINUOUS), "go with --continuous", "add --continuous, or drop the option")
+            refuse_given(args, tuple(CONTINUOUS), "--continuous", "add --continuous, or drop the option")
     else:
         saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile")
-        refuse_given(args, saving, f"go with a backup (-f SPEC --to DIR|URL), not with `backup {args.action}`",
+        refuse_given(args, saving, f"a backup (-f SPEC --to DIR|URL), not with `backup {args.action}`",
                      "drop the option")
         if args.action != "prune":
-            refuse_given(args, ("keep_days",), "goes with `backup prune`", "drop the option")
-        if args.action != "verify":
-            refuse_given(args, ("target",), f"`backup {args.action}` reads --from, not a positional location",
-                         f"opsctl backup {args.action} --from DIR|URL")
+            refuse_given(args, ("keep_days",), "`backup prune`", "drop the option")
+        if args.action == "verify":
+            refuse_given(args, ("from_",), "`backup list|prune`: `backup verify DIR|URL` names the backup itself",
+                         "opsctl backup verify DIR|URL")
     fill_defaults(args, {**CONTINUOUS, **SAVING})
 
 

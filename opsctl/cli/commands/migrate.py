@@ -35,13 +35,13 @@ def check_mode(args: argparse.Namespace) -> None:
     from opsctl.cli.modes import fill_defaults, refuse_given
 
     if args.action == "cutover":
-        refuse_given(args, ("from_spec", "from_endpoints", *ENDPOINT_OPTIONS, *MIGRATING), "go with `opsctl migrate`, "
+        refuse_given(args, ("from_spec", "from_endpoints", *ENDPOINT_OPTIONS, *MIGRATING), "`opsctl migrate`, "
                      "not with `migrate cutover` (the running migration has its source and settings)",
                      "opsctl migrate cutover -f TARGET_SPEC [--lift-fence]")
     else:
-        refuse_given(args, ("lift_fence",), "goes with `opsctl migrate cutover`", "drop --lift-fence")
+        refuse_given(args, ("lift_fence",), "`opsctl migrate cutover`", "drop --lift-fence")
         if args.cutover != "auto":
-            refuse_given(args, ("lag_bound",), "goes with --cutover auto", "add --cutover auto, or drop --lag-bound")
+            refuse_given(args, ("lag_bound",), "--cutover auto", "add --cutover auto, or drop --lag-bound")
     fill_defaults(args, MIGRATING)
 
 

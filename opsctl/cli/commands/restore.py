@@ -93,7 +93,7 @@ def _check_options(args: argparse.Namespace) -> None:
     from opsctl.cli.modes import fill_defaults, refuse_given
 
     if args.verify != "sample":
-        refuse_given(args, ("sample",), "goes with --verify sample (the default), not --verify full",
+        refuse_given(args, ("sample",), "--verify sample (the default), not --verify full",
                      "drop --sample: --verify full compares every key")
     fill_defaults(args, {"sample": 1000})
 
