@@ -92,6 +92,9 @@ def staged_backup(connector: Connector, store: Store, state_dir: Path, emit: Emi
 def read_remote_manifest(store: Store, name: str) -> tuple[Manifest, bytes]:
     """The manifest of backup `name` and its bytes as read (one read: the copy kept is the one checked)."""
     data = store.get_bytes(f"{name}/{MANIFEST}", MANIFEST_LIMIT)
+    if data is None and not store.names(f"{name}/"):  # nothing there at all: not an unfinished backup either
+        raise OpsctlError(f"no backup at {store.where(name)}: the store holds nothing under this name",
+                          hint="`opsctl backup list --from URL` lists the complete backups")
     if data is None:
         raise OpsctlError(f"{store.where(name)} holds no {MANIFEST}: not a backup, or one that did not finish",
                           hint="`opsctl backup list --from URL` lists the complete backups")
