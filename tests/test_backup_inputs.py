@@ -307,3 +307,22 @@ def test_options_of_another_mode_are_refused_not_ignored(tmp_path: Path, capsys:
         code, _, err = run(capsys, *argv)
         assert code == 1 and said in err and "Traceback" not in err and "internal error" not in err, (argv, err)
     assert not (tmp_path / "b").exists()  # nothing was made for a refused run
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("AWS_ENDPOINT_URL", "http://127.0.0.1:70000", "AWS_ENDPOINT_URL="),
+    ("AWS_ENDPOINT_URL_S3", "http://u:TOPSECRET@127.0.0.1:+9", "AWS_ENDPOINT_URL_S3="),
+    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 50"),
+    ("AWS_METADATA_SERVICE_TIMEOUT", "x", "boto3 cannot read its configuration"),
+])
+def test_aws_settings_boto3_cannot_use_are_said_before_any_request(monkeypatch: pytest.MonkeyPatch, variable: str,
+                                                                     value: str, said: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(OpsctlError) as caught:
+        S3Store(parse_location("s3://bucket/p"))
+    assert said in caught.value.render() and "TOPSECRET" not in caught.value.render()

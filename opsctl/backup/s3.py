@@ -134,6 +134,7 @@ def check_endpoint_url(variable: str, url: str) -> None:
         raise OpsctlError(f"{shown}: the port after ':' is empty", hint=hint)
 
 
+MAX_ATTEMPTS = 50  # tries per request: beyond, a store that is down keeps a run waiting for hours
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
@@ -150,6 +151,10 @@ def _check_environment() -> None:
         if url:
             check_endpoint_url(variable, url)
             remember(Secret(urlsplit(url).password or ""))
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS")
+    if attempts is not None and not (attempts.isascii() and attempts.isdigit() and 1 <= int(attempts) <= MAX_ATTEMPTS):
+        raise OpsctlError(f"AWS_MAX_ATTEMPTS={echo(attempts)} is not a number from 1 to {MAX_ATTEMPTS}",
+                          hint="set it to the tries boto3 makes per request (its default is 3 or 5), or unset it")
 
 
 class S3Store:
@@ -163,8 +168,12 @@ class S3Store:
             raise OpsctlError("s3:// locations need boto3, which is not installed",
                               hint=f"pip install '{EXTRA}' (or pip install boto3), or use a folder") from None
         _check_environment()
-        with _answered(f"cannot use {location.text}"):  # a missing profile, a bad region: said here
-            self.client = boto3.session.Session().client("s3")  # typed by boto3-stubs (dev) as the S3 client
+        try:
+            with _answered(f"cannot use {location.text}"):  # a missing profile, a bad region: said here
+                self.client = boto3.session.Session().client("s3")  # typed by boto3-stubs (dev) as the S3 client
+        except ValueError as exc:  # botocore reads its settings with int()/float(): a value it cannot read
+            raise OpsctlError(f"cannot use {location.text}: boto3 cannot read its configuration ({exc})",
+                              hint="check the AWS_* variables and ~/.aws/config") from None
         self.transfer = transfer or transfer_config()
 
     def probe(self, writing: bool) -> None:
