@@ -326,3 +326,17 @@ def test_aws_settings_boto3_cannot_use_are_said_before_any_request(monkeypatch: 
     with pytest.raises(OpsctlError) as caught:
         S3Store(parse_location("s3://bucket/p"))
     assert said in caught.value.render() and "TOPSECRET" not in caught.value.render()
+
+
+@pytest.mark.parametrize(("field", "value"), [("restored", True), ("existing", 10 ** 40), ("volatile", -1),
+                                              ("scanned", {"٣": 1}), ("scanned", {"0": 1e30})])
+def test_a_restore_journal_with_impossible_counts_is_refused_by_name(field: str, value: object) -> None:
+    from opsctl.restore.route import Counts, Journal, journal_json
+    from opsctl.restore.route import parse_journal as parse_restore_journal
+
+    text = journal_json(Journal("s3://b/p/x-20261201T000000Z", "replace", {"shard-1": Counts({0: 3}, 3)}))
+    assert parse_restore_journal(text, "restore.json").done["shard-1"].restored == 3
+    data = json.loads(text)
+    data["done"]["shard-1"][field] = value
+    with pytest.raises(OpsctlError, match=r"^restore\.json: a finished source's counts are malformed"):
+        parse_restore_journal(json.dumps(data), "restore.json")
