@@ -67,9 +67,10 @@ def test_mask_url_masks_user_info_and_query_strings() -> None:
 
 @pytest.mark.parametrize(("url", "said"), [
     ("http://127.0.0.1:70000", "1 to 65535"), ("http://127.0.0.1:+80", "1 to 65535"),
-    ("http://127.0.0.1:0", "1 to 65535"), ("http://h:", "empty"), ("ftp://h", "http"), ("h:9000", "http"),
-    ("http://h :9000", "blanks"), (" http://h", "blanks"), ("http://", "http"),
-    ("http://u:TOPSECRET@h:99999", "1 to 65535"),
+    ("http://127.0.0.1:0", "1 to 65535"), ("ftp://h", "http"), ("h:9000", "http"),
+    ("http://h :9000", "blanks"), (" http://h", "blanks"), ("http://", "host"), ("http://h:", "1 to 65535"),
+    ("http://u:TOPSECRET@h:99999", "1 to 65535"), ("http://[::1", "IPv6"), ("http://[zz]:80", "host"),
+    ("http://[::1]x", "IPv6"), ("http://h:80:90", "1 to 65535"), ("https://h/p?X-Amz-Signature=TOPSECRET", "query"),
 ])
 def test_an_endpoint_url_is_checked_before_boto3_reads_it(url: str, said: str) -> None:
     with pytest.raises(OpsctlError) as caught:
@@ -78,7 +79,7 @@ def test_an_endpoint_url_is_checked_before_boto3_reads_it(url: str, said: str) -
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9000", "https://s3.eu-west-1.amazonaws.com", "http://[::1]:9000",
-                                 "https://minio.internal/", "http://u:p@h:1"])
+                                 "https://minio.internal/", "http://u:p@h:1", "http://[::1]", "HTTPS://h/base"])
 def test_good_endpoint_urls_pass(url: str) -> None:
     check_endpoint_url("AWS_ENDPOINT_URL", url)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.backup.store import LIMIT, Location, check_name
+from opsctl.base.endpoints import valid_host, valid_port
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, mask_url, remember
 
@@ -106,32 +107,30 @@ def _answered(what: str) -> Iterator[None]:
 
 
 def check_endpoint_url(variable: str, url: str) -> None:
-    """An endpoint URL from the environment: http(s)://HOST[:PORT][/PATH], the port 1..65535 written in digits
-    (urllib takes `:+80` and botocore passes a port above 65535 on), no blanks. Pure."""
-    from urllib.parse import urlsplit
-
+    """An endpoint URL from the environment: http(s)://HOST[:PORT][/PATH], the host an address or a DNS name, the
+    port 1..65535 written in digits (urllib takes `:+80` and botocore passes a port above 65535 on), no blanks, no
+    query or fragment. Pure."""
     shown = f"{variable}={echo(mask_url(url))}"
     hint = f"set {variable} to http(s)://HOST[:PORT], e.g. https://s3.eu-west-1.amazonaws.com, or unset it"
-    parts = urlsplit(url.strip())
-    if url != url.strip() or any(c.isspace() for c in url):
+    if any(c.isspace() for c in url):
         raise OpsctlError(f"{shown}: the URL holds blanks", hint=hint)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    scheme, sep, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not sep:
         raise OpsctlError(f"{shown}: not an http:// or https:// URL", hint=hint)
-    hostport = parts.netloc.rpartition("@")[2]
-    host, port = hostport, ""
+    if "?" in rest or "#" in rest:
+        raise OpsctlError(f"{shown}: an endpoint has no query or fragment", hint=hint)
+    hostport = rest.partition("/")[0].rpartition("@")[2]
     if hostport.startswith("["):
-        host, _, rest = hostport.partition("]")
-        host, port = host + "]", rest.removeprefix(":") if rest.startswith(":") else rest
-        if rest and not rest.startswith(":"):
-            raise OpsctlError(f"{shown}: {echo(hostport)} is not HOST[:PORT]", hint=hint)
-    elif ":" in hostport:
-        host, _, port = hostport.rpartition(":")
-    if not host or host in ("[]",):
-        raise OpsctlError(f"{shown}: no host", hint=hint)
-    if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        inside, close, tail = hostport.partition("]")
+        host, colon, port = inside + close, tail[:1], tail[1:]
+        if not close or tail[:1] not in ("", ":"):
+            raise OpsctlError(f"{shown}: {echo(hostport)} is not [IPv6]:PORT", hint=hint)
+    else:
+        host, colon, port = hostport.partition(":")
+    if not valid_host(host):
+        raise OpsctlError(f"{shown}: {echo(host)} is not a host name or address", hint=hint)
+    if colon and not valid_port(port):
         raise OpsctlError(f"{shown}: the port {echo(port)} is not a number from 1 to 65535", hint=hint)
-    if ":" in hostport and not port:
-        raise OpsctlError(f"{shown}: the port after ':' is empty", hint=hint)
 
 
 MAX_ATTEMPTS = 50  # tries per request: beyond, a store that is down keeps a run waiting for hours
