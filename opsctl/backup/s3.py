@@ -39,8 +39,8 @@ _CREDENTIALS = "check the credentials boto3 reads (AWS_ACCESS_KEY_ID/AWS_SECRET_
     "~/.aws/credentials)"
 _REGION = "set the bucket's own region (AWS_REGION or AWS_DEFAULT_REGION, or region in ~/.aws/config)"
 _BUCKET = "the bucket does not exist: create it, or fix the bucket name in the URL"
-_DENIED = "this identity may not use the bucket: check its IAM and bucket policy (s3:ListBucket, s3:GetObject, " \
-    "s3:PutObject, s3:DeleteObject)"
+_DENIED = "this identity may not use the bucket (or the credentials are another's): check its IAM and bucket " \
+    "policy (s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject)"
 _BY_CODE = {
     "NoSuchBucket": _BUCKET, "404": _BUCKET, "NotFound": _BUCKET,
     "AccessDenied": _DENIED, "403": _DENIED, "Forbidden": _DENIED, "AllAccessDisabled": _DENIED,
