@@ -69,4 +69,7 @@ def test_cli_refuses_bad_archive_arguments_before_connecting(tmp_path, capsys) -
         code, out, err = run(capsys, *argv)
         assert code == 1 and said in err and "Traceback" not in err, (argv, err + out)
     code, out, err = run(capsys, "backup", "list", "--from", str(tmp_path / "none"))
+    assert code == 1 and "no backup at" in err and "does not exist" in err, err  # not read as an empty location
+    (tmp_path / "empty").mkdir()
+    code, out, err = run(capsys, "backup", "list", "--from", str(tmp_path / "empty"))
     assert code == 0 and "0 base(s)" in out, err

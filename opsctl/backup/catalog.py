@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from opsctl.backup.manifest import MANIFEST
+from opsctl.backup.moments import stored_time
 from opsctl.backup.segment import SegmentProblem, chain, decode_segment, parse_name
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import (
@@ -85,8 +86,13 @@ def dropped_before(store: Store, spec: str) -> float | None:
         return None
     try:
         value = json.loads(data)["dropped_before"]
-        return float(value) if value is not None else None
-    except (ValueError, KeyError, TypeError):
+        if value is None:
+            return None
+        moment = stored_time(value, time.time())  # not NaN, not 1e308, not a string: a time from 1970 to now
+        if moment is None:
+            raise ValueError(value)
+        return moment
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise OpsctlError(f"{store.where(f'{RETENTION}/{spec}.json')} is not a retention record opsctl wrote",
                           hint="remove it: `backup prune` writes it again") from None
 

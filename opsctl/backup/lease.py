@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from opsctl.backup.manifest import utc_iso
+from opsctl.backup.moments import stored_time
 from opsctl.backup.store import FolderStore, Store
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
@@ -50,6 +51,9 @@ class LeaseRecord:
                 f"({now - self.renewed:.0f}s ago)")
 
 
+MAX_PID = 1 << 22  # Linux's highest pid_max
+
+
 def lease_name(spec: str) -> str:
     return f"{LEASE_FOLDER}/{spec}.json"
 
@@ -60,7 +64,11 @@ def parse_lease(data: bytes) -> LeaseRecord | None:
         raw = json.loads(data.decode("utf-8"))
         record = LeaseRecord(str(raw["owner"]), str(raw["host"]), int(raw["pid"]), float(raw["started"]),
                              float(raw["renewed"]))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, OverflowError):
+        return None
+    now = time.time()  # a pid os.kill cannot take, a renewal at NaN or in 9999 (held forever): not a lease
+    if not 1 <= record.pid <= MAX_PID or stored_time(record.started, now) is None \
+            or stored_time(record.renewed, now) is None:
         return None
     return record
 

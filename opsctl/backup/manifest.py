@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+from opsctl.backup.moments import stored_iso
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.parse import SLOTS
 from opsctl.spec.model import TOPOLOGIES
@@ -148,11 +150,10 @@ class _Fields:
         return value
 
     def time(self, key: str) -> str:
+        """An ISO time with a zone, after 1970 and not in the future (a day of clock skew allowed)."""
         value = self.text(key)
-        try:
-            datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise self.bad(self.name(key), f"is not an ISO time: {value[:40]!r}") from None
+        if stored_iso(value, time.time()) is None:
+            raise self.bad(self.name(key), f"is not an ISO time from 1970 to now: {value[:40]!r}")
         return value
 
     def per_db(self, key: str) -> dict[int, int]:

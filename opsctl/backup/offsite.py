@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,20 +31,34 @@ def staging_dir(state_dir: Path) -> Path:
     return folder
 
 
-def open_store(location: Location) -> Store:
-    """The store of a location; an s3 one needs boto3 (the `s3` extra), named when missing."""
+def open_store(location: Location, probe: str = "") -> Store:
+    """The store of a location; an s3 one needs boto3 (the `s3` extra), named when missing. probe "write": the
+    location takes writes (a missing bucket, denied access, a wrong region, an unreachable endpoint, a folder that
+    is a file: said before any work); "read": it exists and holds something (never read as an empty one)."""
+    store: Store
     if location.folder is not None:
-        return FolderStore(location)
-    from opsctl.backup.s3 import S3Store
+        store = FolderStore(location)
+    else:
+        from opsctl.backup.s3 import S3Store
 
-    return S3Store(location)
+        store = S3Store(location)
+    if probe:
+        store.probe(writing=probe == "write")
+    return store
 
 
 def upload_backup(store: Store, folder: Path, manifest: Manifest) -> str:
-    """The backup's files as `<folder name>/<file>` objects, the manifest last; the backup's URL."""
-    for shard in manifest.shards:
-        store.put_file(f"{folder.name}/{shard.file}", folder / shard.file)
-    store.put_file(f"{folder.name}/{MANIFEST}", folder / MANIFEST)
+    """The backup's files as `<folder name>/<file>` objects, the manifest last; the backup's URL. An upload that
+    fails removes what it stored (best effort; without its manifest it never reads as a backup anyway)."""
+    stored: list[str] = []
+    try:
+        for name in [*(shard.file for shard in manifest.shards), MANIFEST]:
+            stored.append(f"{folder.name}/{name}")
+            store.put_file(stored[-1], folder / name)
+    except BaseException:
+        with suppress(OpsctlError, OSError):  # the upload's failure is the error; what a failed delete leaves has
+            store.delete(stored)  # no manifest: never read as a backup, and `backup prune` removes it
+        raise
     return store.where(folder.name)
 
 
@@ -78,6 +92,9 @@ def staged_backup(connector: Connector, store: Store, state_dir: Path, emit: Emi
 def read_remote_manifest(store: Store, name: str) -> tuple[Manifest, bytes]:
     """The manifest of backup `name` and its bytes as read (one read: the copy kept is the one checked)."""
     data = store.get_bytes(f"{name}/{MANIFEST}", MANIFEST_LIMIT)
+    if data is None and not store.names(f"{name}/"):  # nothing there at all: not an unfinished backup either
+        raise OpsctlError(f"no backup at {store.where(name)}: the store holds nothing under this name",
+                          hint="`opsctl backup list --from URL` lists the complete backups")
     if data is None:
         raise OpsctlError(f"{store.where(name)} holds no {MANIFEST}: not a backup, or one that did not finish",
                           hint="`opsctl backup list --from URL` lists the complete backups")

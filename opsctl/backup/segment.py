@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from opsctl.backup.moments import stored_time
 from opsctl.base.errors import OpsctlError
-from opsctl.plan.streamcmd import Entry, StreamProtocolError, frame, is_heartbeat
+from opsctl.plan.streamcmd import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
 
 MAGIC = b"OPSCTL-SEGMENT 1\n"
 SUFFIX = ".seg"
@@ -85,11 +87,13 @@ def decode_segment(name: SegmentName, data: bytes, where: str) -> tuple[Header, 
     if not data.startswith(MAGIC):
         raise SegmentProblem(where, "is not an opsctl stream segment")
     line_end = data.find(b"\n", len(MAGIC))
+    if line_end < 0:
+        raise SegmentProblem(where, "has no header line")
     header = _header(data[len(MAGIC):line_end], where)
     if (header.start, header.end) != (name.start, name.end):
         raise SegmentProblem(where, f"says offsets {header.start}..{header.end}, its name {name.start}..{name.end}")
     entries = _entries(data, line_end + 1, header, where)
-    if len(entries) != header.entries or entries[-1].end != header.end:
+    if len(entries) != header.entries or not entries or entries[-1].end != header.end:
         raise SegmentProblem(where, f"holds {len(entries)} commands ending at {entries[-1].end if entries else '-'}; "
                                     f"its header says {header.entries} ending at {header.end}")
     return header, entries
@@ -99,17 +103,23 @@ def _header(raw: bytes, where: str) -> Header:
     try:
         fields = json.loads(raw)
         header = Header(**fields)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise SegmentProblem(where, f"has an unreadable header ({exc})") from None
     numbers = (header.shard, header.start, header.end, header.entries)
-    if not all(isinstance(n, int) and n >= 0 for n in numbers) or header.end <= header.start:
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_OFFSET for n in numbers) \
+            or header.end <= header.start:
         raise SegmentProblem(where, "has a header with impossible offsets")
+    now = time.time()
+    if any(stored_time(t, now) is None for t in (header.first, header.last, header.closed)):
+        raise SegmentProblem(where, "has a header whose times are not times from 1970 to now")
+    if not isinstance(header.replid, str) or not isinstance(header.resumed, bool):
+        raise SegmentProblem(where, "has a header with fields of the wrong type")
     return header
 
 
 def _entries(data: bytes, at: int, header: Header, where: str) -> list[Entry]:
     entries: list[Entry] = []
-    offset = header.start
+    offset, now = header.start, time.time()
     while at < len(data):
         eol = data.find(b"\n", at)
         match = _RECORD.match(data[at:eol]) if eol > 0 else None
@@ -125,7 +135,10 @@ def _entries(data: bytes, at: int, header: Header, where: str) -> list[Entry]:
         end = int(match.group(1))
         if end <= offset:
             raise SegmentProblem(where, f"command {len(entries) + 1} ends at {end}, not after {offset}")
-        entries.append(Entry(framed[0][0], end, int(match.group(2)) / 1e6))
+        arrived = stored_time(int(match.group(2)) / 1e6, now)
+        if arrived is None or end > MAX_OFFSET:
+            raise SegmentProblem(where, f"command {len(entries) + 1} has an impossible time or offset")
+        entries.append(Entry(framed[0][0], end, arrived))
         offset, at = end, eol + 1 + size
     return entries
 

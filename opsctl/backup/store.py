@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Protocol
 
 from opsctl.base.errors import OpsctlError, echo
-from opsctl.state.safefs import FileProblem, read_bounded, write_private
+from opsctl.base.secrets import mask_url
+from opsctl.state.safefs import FileProblem, check_writable_folder, read_bounded, write_private
 
 S3 = "s3://"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # `s4://`, `S3:/`, `file:/`: a URL, never a folder's name
+LOCATION_HINT = "write s3://BUCKET/PREFIX (lower-case s3, two slashes), or a folder path (./name for a folder " \
+                "whose name holds a colon)"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]*$")
 LIMIT = 64 << 20
@@ -42,16 +46,24 @@ class Location:
 
 
 def parse_location(text: str) -> Location:
-    """`s3://bucket[/prefix]` or a folder path; an s3 URL with a bad bucket or empty path parts is refused."""
+    """`s3://bucket[/prefix]` or a folder path; an s3 URL with a bad bucket or empty path parts is refused, and so
+    is any other scheme (`s4://`, `S3:/`, `s3:/bucket`, `file:/`): a typo must not become a local folder."""
+    if not text.strip():
+        raise OpsctlError("the location is empty", hint=LOCATION_HINT)
     if not text.startswith(S3):
+        if _SCHEME.match(text):
+            scheme = text.partition(":")[0]
+            raise OpsctlError(f"{echo(mask_url(text))}: {echo(scheme + ':')} is not a location scheme opsctl knows",
+                              hint=LOCATION_HINT)
         return Location(text, Path(text))
     bucket, _, prefix = text[len(S3):].partition("/")
     prefix = prefix.strip("/")
     if not _BUCKET.match(bucket):
-        raise OpsctlError(f"{echo(text)}: {echo(bucket)} is not an S3 bucket name",
+        raise OpsctlError(f"{echo(mask_url(text))}: {echo(mask_url(S3 + bucket)[len(S3):])} is not an S3 bucket name",
                           hint="write s3://BUCKET/PREFIX (a bucket name is 3-63 lower-case letters, digits, . or -)")
     if prefix and (not _NAME.match(prefix) or "//" in prefix or any(p in (".", "..") for p in prefix.split("/"))):
-        raise OpsctlError(f"{echo(text)}: the prefix {echo(prefix)} has characters or parts opsctl does not write",
+        raise OpsctlError(f"{echo(mask_url(text))}: the prefix {echo(mask_url(text)[len(S3) + len(bucket) + 1:])} has "
+                          "characters or parts opsctl does not write",
                           hint="use letters, digits, '.', '_', '-' and single '/' between parts")
     return Location(text, None, bucket, prefix)
 
@@ -68,6 +80,11 @@ class Store(Protocol):
     names() lists every object under a name prefix, sorted."""
 
     location: Location
+
+    def probe(self, writing: bool) -> None:
+        """Before any work: the location answers, exists (or, writing, can be made) and takes a write when
+        writing; a clear error naming it otherwise."""
+        ...
 
     def put_file(self, name: str, path: Path) -> None: ...
 
@@ -93,6 +110,17 @@ class FolderStore:
 
     def _path(self, name: str) -> Path:
         return self.root / check_name(name)
+
+    def probe(self, writing: bool) -> None:
+        if writing:
+            check_writable_folder(self.root, "give --to a folder opsctl may write (it is created when missing)",
+                                  missing_ok=True)
+        elif self.root.is_symlink():  # read through a link, the backup could change between checks and reads
+            raise FileProblem(self.root, "is a symbolic link, not a folder",
+                              f"give the folder itself (`realpath {self.root}` names it), not a link to it")
+        elif not self.root.is_dir():
+            raise OpsctlError(f"no backup at {self.root}: it {_not_a_folder(self.root)}",
+                              hint="give the folder backups went to (`backup --to DIR`)")
 
     def put_file(self, name: str, path: Path) -> None:
         self.put_bytes(name, path.read_bytes())
@@ -140,6 +168,10 @@ class FolderStore:
 
     def where(self, name: str) -> str:
         return str(self.root / name)
+
+
+def _not_a_folder(path: Path) -> str:
+    return "is not a folder" if path.exists() else "does not exist"
 
 
 def _walk(root: Path, under: str) -> Iterator[str]:

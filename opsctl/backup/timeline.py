@@ -4,19 +4,24 @@ retention drops. Pure; the object layout is in docs/internals.md ("The continuou
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from opsctl.backup.manifest import MANIFEST
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.backup.moments import FLOOR, stored_time
+from opsctl.base.errors import OpsctlError, RefusedError, echo
 from opsctl.plan.streamcmd import Position, position_from
 
 ARCHIVE = "archive.json"
 STREAM = "stream"
 _BASE = re.compile(r"^(?P<spec>.+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-[0-9]{1,2})?$")
 DAY = 86400.0
+MAX_SHARDS = 1 << 16  # the shard numbers a manifest takes
+TO_TIME_AHEAD = 60.0  # s a --to-time may lie ahead of this clock (typed "now" on a host whose clock runs ahead)
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,12 @@ def segment_prefix(base: str, shard: int) -> str:
     return f"{base}/{STREAM}/shard-{shard}/"
 
 
-def stamp_time(stamp: str) -> float:
-    return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+def stamp_time(stamp: str) -> float | None:
+    """A base name's UTC stamp as a unix time; None for one that is no date (20261399T...)."""
+    try:
+        return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
 
 
 def iso(moment: float) -> str:
@@ -50,24 +59,36 @@ def iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def parse_time(text: str) -> float:
+def parse_time(text: str, now: float | None = None) -> float:
     """An ISO 8601 time with a zone (`2026-11-27T14:01:00Z`, `...+01:00`) as a unix time; a time without a zone is
-    refused (a restore to the wrong hour would look fine)."""
+    refused (a restore to the wrong hour would look fine), and so is one after now (no archive reaches it yet: the
+    report would name a point that was never archived) or before 1970."""
+    now = time.time() if now is None else now
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise OpsctlError(f"{text[:40]!r} is not an ISO 8601 time", hint="write e.g. 2026-11-27T14:01:00Z") from None
+        raise OpsctlError(f"--to-time {echo(text, 40)} is not an ISO 8601 time",
+                          hint="write e.g. 2026-11-27T14:01:00Z") from None
     if moment.tzinfo is None:
-        raise OpsctlError(f"{text[:40]!r} has no time zone", hint="add Z for UTC: e.g. 2026-11-27T14:01:00Z")
-    return moment.timestamp()
+        raise OpsctlError(f"--to-time {echo(text, 40)} has no time zone",
+                          hint="add Z for UTC: e.g. 2026-11-27T14:01:00Z")
+    try:
+        until = moment.timestamp()
+    except (OverflowError, OSError, ValueError):
+        until = math.inf
+    if not (math.isfinite(until) and FLOOR <= until <= now + TO_TIME_AHEAD):
+        raise OpsctlError(f"--to-time {echo(text, 40)} is {'before 1970' if until < FLOOR else 'in the future'}",
+                          hint=f"give a time from the archive's past, at most now ({iso(now)})")
+    return until
 
 
 def group(names: Sequence[str]) -> dict[str, list[str]]:
-    """A location's objects by their first path part (a base's name), base-shaped names only."""
+    """A location's objects by their first path part (a base's name), base-shaped names with a real date only."""
     out: dict[str, list[str]] = {}
     for name in names:
         top = name.split("/", 1)[0]
-        if _BASE.match(top) and "/" in name:
+        match = _BASE.match(top)
+        if match and "/" in name and stamp_time(match.group("stamp")) is not None:
             out.setdefault(top, []).append(name)
     return out
 
@@ -77,24 +98,32 @@ def archive_json(taken: float, positions: dict[int, Position]) -> str:
                        "shards": {str(n): p.to_json() for n, p in sorted(positions.items())}}, indent=2) + "\n"
 
 
-def parse_archive(text: str, where: str) -> tuple[float, dict[int, Position]]:
+def parse_archive(text: str, where: str, now: float | None = None) -> tuple[float, dict[int, Position]]:
+    """archive.json: its format, the time it serves from (a real time, not NaN or 9999), each shard's number
+    (1..16384) and position; anything else is refused by the file's name."""
+    problem = OpsctlError(f"{where}: not an archive description opsctl wrote",
+                          hint="the archive is damaged: restore from another base")
     try:
         data = json.loads(text)
-        taken = data["taken"]
+        taken = stored_time(data["taken"], time.time() if now is None else now)
         shards = data["shards"]
-        assert data["format"] == 1 and isinstance(taken, (int, float)) and isinstance(shards, dict)
+        if data["format"] != 1 or taken is None or not isinstance(shards, dict) or not shards or \
+                not all(isinstance(n, str) and n.isascii() and n.isdigit() and 0 <= int(n) <= MAX_SHARDS
+                        for n in shards):
+            raise problem
         positions = {int(n): position_from(p, f"{where} shard {n}") for n, p in shards.items()}
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise OpsctlError(f"{where}: not an archive description opsctl wrote",
-                          hint="the archive is damaged: restore from another base") from None
-    return float(taken), positions
+    except (ValueError, KeyError, TypeError):
+        raise problem from None
+    return taken, positions
 
 
 def base_of(name: str, objects: list[str], archive: tuple[float, dict[int, Position]] | None) -> Base:
     match = _BASE.match(name)
     assert match is not None
     complete = f"{name}/{MANIFEST}" in objects
-    taken, positions = archive if archive and complete else (stamp_time(match.group("stamp")), {})
+    stamped = stamp_time(match.group("stamp"))
+    assert stamped is not None  # group() keeps only names with a real date
+    taken, positions = archive if archive and complete else (stamped, {})
     return Base(name, match.group("spec"), taken, complete, positions, tuple(objects))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
@@ -68,3 +69,13 @@ def mask_text(text: str, secrets: list[Secret]) -> str:
     for value in sorted((s.reveal() for s in secrets if s.reveal()), key=len, reverse=True):
         text = text.replace(value, MASK)
     return text
+
+
+def mask_url(text: str) -> str:
+    """text with the secret parts of every URL in it masked: user:password@ and query strings (signatures)."""
+    text = _USERINFO.sub(r"\1***@", text)
+    return _QUERY.sub(r"\1?***", text)
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s\"'`]*@")  # up to the last @ of the authority
+_QUERY = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'`?]*)\?[^\s\"'`]*")

@@ -27,9 +27,10 @@ def recorded(command: str, handler: Handler) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         folder = getattr(args, "metrics_textfile", None)
+        if folder is not None:  # a dry run's too: a wrong folder is said whatever the mode
+            _check_folder(folder)
         if folder is None or getattr(args, "dry_run", False):  # a dry run is no run: it leaves no signal
             return handler(args)
-        _check_folder(folder)
         started, code, failing = time.monotonic(), 1, True
         try:
             code = handler(args)
@@ -45,13 +46,11 @@ def recorded(command: str, handler: Handler) -> Handler:
 
 
 def _check_folder(folder: str) -> None:
-    from pathlib import Path
-
-    from opsctl.state.safefs import FileProblem
+    """Before the run: a folder, not a link, this user may write (a run that worked must not end in an error)."""
+    from opsctl.state.safefs import check_writable_folder
     from opsctl.state.textfile import HINT
 
-    if not Path(folder).is_dir():
-        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    check_writable_folder(folder, HINT)
 
 
 def _write(args: argparse.Namespace, folder: str, command: str, duration: float, code: int, failing: bool) -> None:

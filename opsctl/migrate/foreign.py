@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.base.endpoints import MAX_PORT, split_endpoint
-from opsctl.base.errors import OpsctlError
+from opsctl.base.endpoints import split_endpoint, valid_port
+from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.connector import ClientTLS, Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
@@ -62,9 +62,10 @@ def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
     for part in (p.strip() for p in text.split(",")):
         parsed = split_endpoint(part)
         if parsed is None:
-            raise OpsctlError(f"--from-endpoints: {part!r} is not HOST:PORT", hint=HINT)
-        if not 1 <= parsed[1] <= MAX_PORT:
-            raise OpsctlError(f"--from-endpoints: {part!r} has port {parsed[1]}, outside 1..{MAX_PORT}", hint=HINT)
+            port = part.rpartition(":")[2]
+            why = "" if not port or valid_port(port) else " (the port must be a number from 1 to 65535)"
+            shown = "***@" + part.rpartition("@")[2] if "@" in part else part  # user:password@ never echoed
+            raise OpsctlError(f"--from-endpoints: {echo(shown)} is not HOST:PORT{why}", hint=HINT)
         found.append(parsed)
     if not found:
         raise OpsctlError("--from-endpoints names no endpoint", hint=HINT)
@@ -110,6 +111,13 @@ def source_tls(source: ForeignSource) -> ClientTLS | None:
             raise OpsctlError(f"{option} {path}: no such file", hint=TLS_HINT)
     return ClientTLS(os.path.abspath(source.tls_ca), source.tls_cert and os.path.abspath(source.tls_cert),
                      source.tls_key and os.path.abspath(source.tls_key))
+
+
+def check_source(source: ForeignSource) -> None:
+    """What the command line says about the source, checked before anything connects: the password is there, the
+    TLS files go together and exist (the endpoints were parsed into source)."""
+    read_password(source)
+    source_tls(source)
 
 
 def foreign_connector(source: ForeignSource) -> Connector:

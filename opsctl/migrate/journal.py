@@ -20,6 +20,9 @@ from opsctl.state.safefs import read_bounded, write_private
 JOURNAL = "migrate-journal.json"
 REQUEST = "migrate-cutover.request"
 RESULT = "migrate-cutover.json"
+PHASES = ("snapshot", "stream")
+REF_OPTIONS = {"from_spec", "from_endpoints", "from_password_file", "from_password_env", "from_user", "from_tls_ca",
+               "from_tls_cert", "from_tls_key"}  # the options ForeignSource.ref() and a spec's path record
 HINT = "remove it to start the migration over (the target must be emptied first)"
 
 
@@ -72,15 +75,23 @@ def journal_json(journal: Journal) -> str:
 def parse_journal(text: str, where: str) -> Journal:
     try:
         data = json.loads(text)
-        shards = {k: ShardState(v["phase"], position_from(v, f"{where}: shards.{k}"))
+        shards = {k: ShardState(_phase(v["phase"]), position_from(v, f"{where}: shards.{k}"))
                   for k, v in data["shards"].items()}
         ref = {str(k): str(v) for k, v in dict(data.get("source_ref") or {}).items()}
+        if not set(ref) <= REF_OPTIONS:  # a re-run takes these as its options: no other option comes from a file
+            raise ValueError(sorted(set(ref) - REF_OPTIONS))
         fence = data.get("fence")
         fenced = None if fence is None else {str(e): {str(k): str(v) for k, v in dict(values).items()}
                                              for e, values in dict(fence).items()}
         return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")), ref, fenced)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise OpsctlError(f"{where}: not a migration journal ({type(exc).__name__})", hint=HINT) from None
+
+
+def _phase(value: object) -> str:
+    if value not in PHASES:
+        raise ValueError(value)
+    return str(value)
 
 
 def read_journal(state_dir: Path) -> Journal | None:

@@ -40,11 +40,15 @@ class StreamProtocolError(OpsctlError):
     """The replication stream held bytes that are not a RESP array of bulk strings."""
 
 
+MAX_OFFSET = (1 << 63) - 1  # a server's replication offset is a signed 64-bit number
+
+
 def position_from(data: object, where: str) -> Position:
     """A Position from its JSON form (a journal's), or a StreamProtocolError naming where it came from."""
     if isinstance(data, dict):
         replid, offset = data.get("replid"), data.get("offset")
-        if isinstance(replid, str) and len(replid) == REPLID_LENGTH and isinstance(offset, int) and offset >= 0:
+        if isinstance(replid, str) and len(replid) == REPLID_LENGTH and replid.isascii() and replid.isalnum() \
+                and isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= MAX_OFFSET:
             return Position(replid, offset)
     raise StreamProtocolError(f"{where}: not a replication position", json.dumps(data)[:200],
                               "it holds {\"replid\": <40 hex>, \"offset\": <n>}; remove the file to start over")

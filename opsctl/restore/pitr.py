@@ -56,8 +56,13 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
     if len(specs) > 1:
         raise RefusedError(f"{store.location.text} holds the archives of {', '.join(specs)}",
                            hint="archive each topology under its own prefix (--to s3://BUCKET/PREFIX/NAME)")
-    spec = specs[0] if specs else ""
-    newest = base_for(bases, until, spec, dropped_before(store, spec) if spec else None)
+    if not specs:
+        raise OpsctlError(f"{store.location.text} holds no continuous archive ({len(bases)} plain backup(s)): "
+                          "--to-time needs one (nothing was written)",
+                          hint="give the location `backup --continuous` archives to; restore a plain backup with "
+                               "--from URL/<name>-<time> and no --to-time")
+    spec = specs[0]
+    newest = base_for(bases, until, spec, dropped_before(store, spec))
     older = sorted((b for b in bases if b.spec == spec and b.archived and b.complete and b.taken < newest.taken),
                    key=lambda b: b.taken, reverse=True)
     first: RefusedError | None = None

@@ -200,19 +200,24 @@ def journal_json(journal: Journal) -> str:
 
 def _counts(raw: object, where: str) -> Counts:
     fields = ("restored", "existing", "skipped", "conflicts")
-    ok = (isinstance(raw, dict) and all(isinstance(raw.get(f), int) and raw[f] >= 0 for f in fields)
+    ok = (isinstance(raw, dict) and all(_count(raw.get(f)) for f in fields)
           and isinstance(raw.get("scanned"), dict)
-          and all(isinstance(k, str) and k.isdigit() and isinstance(v, int) and v >= 0
+          and all(isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 5 and _count(v)
                   for k, v in raw["scanned"].items())
           and isinstance(raw.get("conflict_keys"), list))
     if not ok:
         raise _bad(where, "a finished source's counts are malformed")
     assert isinstance(raw, dict)
     volatile = raw.get("volatile", 0)
-    if not isinstance(volatile, int) or volatile < 0:
+    if not _count(volatile):
         raise _bad(where, "a finished source's counts are malformed")
     return Counts({int(k): v for k, v in raw["scanned"].items()}, raw["restored"], raw["existing"], raw["skipped"],
                   raw["conflicts"], [str(k) for k in raw["conflict_keys"]][:5], volatile)
+
+
+def _count(value: object) -> bool:
+    """A key count as a journal holds it: a whole number (not a bool) from 0 to 2**62."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 62
 
 
 def _bad(where: str, what: str) -> OpsctlError:

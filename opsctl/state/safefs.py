@@ -279,6 +279,28 @@ def check_writable_target(path: Path | str, what: str) -> None:
         raise FileProblem(target, "exists and is not a regular file", hint)
 
 
+def check_writable_folder(path: Path | str, hint: str, missing_ok: bool = False) -> None:
+    """Up-front check of an output folder (--to DIR, --metrics-textfile DIR): a folder, not a link, writable; one
+    that does not exist is refused, or with missing_ok its nearest existing parent must be such a folder (opsctl
+    creates the rest)."""
+    folder = Path(path)
+    while missing_ok and not os.path.lexists(folder) and folder.parent != folder:
+        folder = folder.parent
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        raise FileProblem(folder, "does not exist", hint) from None
+    except OSError as exc:
+        raise FileProblem(folder, f"cannot be inspected: {exc.strerror}", hint) from None
+    if stat.S_ISLNK(st.st_mode):  # the link could be turned to another folder between the check and the write
+        raise FileProblem(folder, "is a symbolic link, not a folder",
+                          f"give the folder itself (`realpath {folder}` names it), not a link to it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise FileProblem(folder, "is not a folder", hint)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise FileProblem(folder, "is not writable by this user", hint)
+
+
 def _open_regular(path: Path | str, hint: str, follow: bool = False) -> tuple[int, os.stat_result] | None:
     """An fd of a regular file and its stat, None when it does not exist; never a link unless follow, never a
     folder, fifo or device (O_NONBLOCK: opening a fifo does not wait for a writer)."""

@@ -7,7 +7,7 @@ import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
 from opsctl.cli.runsignals import note_run, recorded
@@ -31,7 +31,36 @@ def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     return printing(json_mode, sys.stdout if json_mode else sys.stderr, results=(BackupDone, VerifyDone, RestoreDone))
 
 
+CONTINUOUS = {"segment_seconds": 1.0, "segment_bytes": 8 << 20, "base_every": None, "reconnect_timeout": 120.0}
+SAVING = {"catch_up_timeout": 60.0, "save_timeout": 3600.0}
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
+    from opsctl.cli.modes import fill_defaults, refuse_given
+
+    if args.target is not None and args.action != "verify":
+        raise OpsctlError(f"{echo(args.target)}: only `backup verify` takes a location without an option",
+                          hint="opsctl backup -f SPEC --to DIR|URL, or opsctl backup list|prune --from DIR|URL")
+    if args.action is None:
+        refuse_given(args, ("from_", "keep_days"), "`backup list|prune`, not with a backup",
+                     "opsctl backup -f SPEC --to DIR|URL takes --to, not --from")
+        if not args.continuous:
+            refuse_given(args, tuple(CONTINUOUS), "--continuous", "add --continuous, or drop the option")
+    else:
+        saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile")
+        refuse_given(args, saving, f"a backup (-f SPEC --to DIR|URL), not with `backup {args.action}`",
+                     "drop the option")
+        if args.action != "prune":
+            refuse_given(args, ("keep_days",), "`backup prune`", "drop the option")
+        if args.action == "verify":
+            refuse_given(args, ("from_",), "`backup list|prune`: `backup verify DIR|URL` names the backup itself",
+                         "opsctl backup verify DIR|URL")
+    fill_defaults(args, {**CONTINUOUS, **SAVING})
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
+    check_mode(args)
     if args.action == "verify":
         return _verify(args)
     if args.action in ("list", "prune"):
@@ -54,7 +83,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
-    store = open_store(parse_location(args.to))  # boto3 missing: said before any node forks
+    store = open_store(parse_location(args.to), probe="write")  # no bucket, no access: said before any fork
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
     with open_connector(loaded, state_dir) as connector, topology_lock(connector), event_printer(json_mode) as emit, \
@@ -94,7 +123,7 @@ def _catalog(args: argparse.Namespace) -> int:
         raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
                           + (" --keep-days N" if args.action == "prune" else ""),
                           hint="--from names the location backups went to (--to), a folder or s3://BUCKET/PREFIX")
-    store = open_store(parse_location(args.from_))
+    store = open_store(parse_location(args.from_), probe="read")  # a location that is not there is no empty one
     dropped = tuple(prune(store, args.keep_days)) if args.action == "prune" else None
     print_result(CatalogResult(store.location.text, tuple(catalog(store)), dropped), args.output)
     return EXIT_OK
@@ -136,20 +165,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="backup prune: keep what a restore to any time of the last N days needs")
     p.add_argument("--continuous", action="store_true",
                    help="after the base backup, archive every shard's replication stream until stopped")
-    p.add_argument("--segment-seconds", type=ranged(float, 0.1, 60), default=1.0,
+    p.add_argument("--segment-seconds", type=ranged(float, 0.1, 60),
                    help="--continuous: close a segment this long after its first command (default 1)")
-    p.add_argument("--segment-bytes", type=ranged(int, 4096, 1 << 30), default=8 << 20,
+    p.add_argument("--segment-bytes", type=ranged(int, 4096, 1 << 30),
                    help="--continuous: or once it holds this many bytes (default 8 MiB)")
     p.add_argument("--base-every", type=ranged(float, 0.001, 8760), metavar="HOURS",
                    help="--continuous: take a new base this often while the streams go on (restores download less, "
                         "prune drops more; default: only at start and after a gap)")
-    p.add_argument("--reconnect-timeout", type=ranged(float, 1, 3600), default=120.0,
+    p.add_argument("--reconnect-timeout", type=ranged(float, 1, 3600),
                    help="--continuous: seconds to find a shard's master again after its stream broke (default 120)")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
-    p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600), default=60.0,
+    p.add_argument("--catch-up-timeout", type=ranged(float, 1, 3600),
                    help="seconds a replica may take to reach its master's offset before saving (default 60)")
-    p.add_argument("--save-timeout", type=ranged(float, 1, 86400), default=3600.0,
+    p.add_argument("--save-timeout", type=ranged(float, 1, 86400),
                    help="seconds a node may take to send its copy (default 3600)")
     add_metrics_textfile(p)
     p.set_defaults(handler=recorded("backup", cmd_backup))

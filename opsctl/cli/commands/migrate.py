@@ -19,6 +19,7 @@ from opsctl.cli.runsignals import note_run, recorded
 CUTOVER_WAIT = 120.0
 
 if TYPE_CHECKING:
+    from opsctl.migrate.foreign import ForeignSource
     from opsctl.net.connector import Connector
 
 
@@ -26,7 +27,26 @@ ENDPOINT_OPTIONS = ("from_password_file", "from_password_env", "from_user", "fro
                     "from_tls_key")
 
 
+MIGRATING = {"lag_bound": 1.0, "sample": 200}  # defaults of options that go with `opsctl migrate` only
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """Options of the other mode refused, not ignored, before anything is read; the defaults filled in."""
+    from opsctl.cli.modes import fill_defaults, refuse_given
+
+    if args.action == "cutover":
+        refuse_given(args, ("from_spec", "from_endpoints", *ENDPOINT_OPTIONS, *MIGRATING), "`opsctl migrate`, "
+                     "not with `migrate cutover` (the running migration has its source and settings)",
+                     "opsctl migrate cutover -f TARGET_SPEC [--lift-fence]")
+    else:
+        refuse_given(args, ("lift_fence",), "`opsctl migrate cutover`", "drop --lift-fence")
+        if args.cutover != "auto":
+            refuse_given(args, ("lag_bound",), "--cutover auto", "add --cutover auto, or drop --lag-bound")
+    fill_defaults(args, MIGRATING)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
+    check_mode(args)
     if args.action == "cutover":
         return _request_cutover(args)
     from opsctl.cli.confirm import confirm
@@ -40,6 +60,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.from_spec and stray:
         raise OpsctlError(f"{', '.join(stray)} go with --from-endpoints, not --from",
                           hint="a source spec names its own password and TLS files; drop the option")
+    if args.from_endpoints:  # endpoints, password, TLS files: checked before any spec, lock or connection
+        from opsctl.migrate.foreign import check_source
+
+        check_source(_foreign(args))
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
     shown = f"'{read_spec(args.from_spec).spec.name}'" if args.from_spec else args.from_endpoints
@@ -89,16 +113,21 @@ def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tupl
     from opsctl.state.statedir import state_dir_for
 
     if args.from_endpoints:
-        from opsctl.migrate.foreign import ForeignSource, foreign_connector, parse_endpoints
+        from opsctl.migrate.foreign import foreign_connector
 
-        foreign = ForeignSource(parse_endpoints(args.from_endpoints), args.from_password_file,
-                                args.from_password_env, args.from_user, args.from_tls_ca, args.from_tls_cert,
-                                args.from_tls_key)
+        foreign = _foreign(args)
         return foreign_connector(foreign), foreign.ref()
     source = read_spec(args.from_spec)
     connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
     stack.enter_context(topology_lock(connector))
     return connector, {} if args.from_spec == "-" else {"from_spec": os.path.abspath(args.from_spec)}
+
+
+def _foreign(args: argparse.Namespace) -> ForeignSource:
+    from opsctl.migrate.foreign import ForeignSource, parse_endpoints
+
+    return ForeignSource(parse_endpoints(args.from_endpoints), args.from_password_file, args.from_password_env,
+                         args.from_user, args.from_tls_ca, args.from_tls_cert, args.from_tls_key)
 
 
 def _running(state_dir: Path) -> bool:
@@ -212,9 +241,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cutover", choices=("auto", "manual"), default="manual",
                    help="auto: cut over once every shard trails by less than --lag-bound; manual (default): "
                         "when `opsctl migrate cutover -f SPEC` asks")
-    p.add_argument("--lag-bound", type=ranged(float, 0.01, 60.0), default=1.0,
+    p.add_argument("--lag-bound", type=ranged(float, 0.01, 60.0),
                    help="seconds of lag under which --cutover auto starts the cutover (default 1)")
-    p.add_argument("--sample", type=ranged(int, 1, 1_000_000), default=200,
+    p.add_argument("--sample", type=ranged(int, 1, 1_000_000),
                    help="random keys compared between source and target at the cutover (default 200)")
     add_auto_approve(p, "do not ask")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)

@@ -40,11 +40,17 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
+    until = _until(args)
+    _check_options(args)
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
-    until = _until(args)
     if args.mode == "replace":
         confirm(args, f"Overwrite the keys of '{loaded.spec.name}' that the source also holds? Their values are lost.")
+    if args.from_dir:  # before any lock: a source that is not there blames no run, and nothing is touched
+        from opsctl.backup.offsite import open_store
+        from opsctl.backup.store import parse_location
+
+        open_store(parse_location(args.from_dir), probe="read")
     state_dir = state_dir_for(loaded, args.state_dir)
     options = RestoreOptions(args.mode, args.dry_run, args.verify, args.sample)
     json_mode = args.output == "json"
@@ -82,6 +88,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_ERROR if report.problems else EXIT_OK
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Options of another mode refused, not ignored: --sample counts keys for --verify sample only."""
+    from opsctl.cli.modes import fill_defaults, refuse_given
+
+    if args.verify != "sample":
+        refuse_given(args, ("sample",), "--verify sample (the default), not --verify full",
+                     "drop --sample: --verify full compares every key")
+    fill_defaults(args, {"sample": 1000})
+
+
 def _until(args: argparse.Namespace) -> float | None:
     """--to-time as a unix time, checked before anything is opened; it needs --from (an archive location)."""
     if not args.to_time:
@@ -108,7 +124,7 @@ def to_time(source: str, until: float, target: Target, state_dir: Path,
     from opsctl.restore.pitr import plan_to_time, replay
     from opsctl.restore.sources import backup_sources
 
-    store = open_store(parse_location(source))
+    store = open_store(parse_location(source), probe="read")
     plan = plan_to_time(store, until)
 
     def replayed(shard: ShardFile, socket_path: str) -> None:
@@ -140,7 +156,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_auto_approve(p, "do not ask (--mode replace asks before overwriting keys)")
     p.add_argument("--verify", choices=("sample", "full"), default="sample",
                    help="after the copy compare a sample of keys (default) or every key with the source")
-    p.add_argument("--sample", type=ranged(int, 1, 10_000_000), default=1000,
+    p.add_argument("--sample", type=ranged(int, 1, 10_000_000),
                    help="keys per source compared with --verify sample (default 1000)")
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from opsctl.base.endpoints import valid_host, valid_port
+from opsctl.base.errors import OpsctlError, echo
 from opsctl.render import NodePaths
 from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
 from opsctl.spec.layout import Node
@@ -70,16 +72,19 @@ def node_vars(spec: Spec, node: Node, files: list[str] | None = None) -> dict[st
 
 
 def parse_bastion(text: str, user: str) -> tuple[str, str, int]:
-    """`[user@]address[:port]` (a bracketed IPv6 address may carry a port) as (user, address, port)."""
+    """`[user@]address[:port]` (a bracketed IPv6 address may carry a port) as (user, address, port); a port that is
+    not 1..65535 in plain digits, or no address, is refused (never a socket call to another port)."""
     login, _, rest = text.rpartition("@")
-    address, port = rest, 22
+    address, port_text = rest, "22"
     if rest.startswith("["):
         address, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else 22
+        port_text = tail[1:] if tail.startswith(":") else "22" if not tail else ""
     elif rest.count(":") == 1:
         address, _, port_text = rest.partition(":")
-        port = int(port_text)
-    return login or user, address, port
+    if not valid_port(port_text) or not address or not valid_host(address):
+        raise OpsctlError(f"{echo(text)} is not [user@]address[:port] with a port from 1 to 65535",
+                          hint="e.g. ops@jump.example.com:2222, or the name of a host of the spec")
+    return login or user, address, int(port_text)
 
 
 def ssh_options(known_hosts: str, key: str | None) -> list[str]:

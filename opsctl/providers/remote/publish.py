@@ -3,7 +3,7 @@ file_sd targets where Prometheus runs. HOST is a host of the spec (its SSH setti
 
 from __future__ import annotations
 
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import OpsctlError, echo
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.spec.model import Spec
@@ -16,8 +16,10 @@ def parse_write_to(text: str) -> tuple[str, str]:
     """HOST:PATH as (host, path); the path must be absolute (the first `:/` ends the host, an address may hold
     colons)."""
     host, sep, rest = text.partition(":/")
-    if not sep or not host or not rest or rest.endswith("/"):
-        raise OpsctlError(f"--write-to {text!r} is not HOST:/PATH", hint=WRITE_TO_HINT)
+    if not sep or not host or not rest or rest.endswith("/") or any(ord(c) < 32 for c in rest) \
+            or any(part in (".", "..") for part in rest.split("/")):
+        raise OpsctlError(f"--write-to {echo(text)} is not HOST:/PATH", hint=WRITE_TO_HINT)
+    parse_bastion(host, "root")  # a port out of range or a malformed address: said before the spec is read
     return host, "/" + rest
 
 

@@ -1,0 +1,343 @@
+"""Issue 33's adversarial classes on the backup, restore and migrate surfaces, pure (no server, no store but a
+folder): S3 locations and schemes, URLs with secrets, the AWS endpoint settings, boto3's errors by code, ports,
+options of another mode, destinations checked first, and every record read back range-checked by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from opsctl.backup.catalog import RETENTION, dropped_before
+from opsctl.backup.lease import parse_lease
+from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, manifest_json, parse_manifest
+from opsctl.backup.offsite import upload_backup
+from opsctl.backup.s3 import _answered, check_endpoint_url, client_problem
+from opsctl.backup.segment import MAGIC, SegmentName, SegmentProblem, decode_segment, encode_segment
+from opsctl.backup.store import FolderStore, parse_location
+from opsctl.backup.timeline import group, parse_archive, parse_time
+from opsctl.base.endpoints import split_endpoint
+from opsctl.base.errors import OpsctlError
+from opsctl.base.secrets import mask_url
+from opsctl.migrate.foreign import parse_endpoints
+from opsctl.migrate.journal import parse_journal
+from opsctl.plan.streamcmd import Entry
+from opsctl.providers.remote.inventory import parse_bastion
+from opsctl.providers.remote.publish import parse_write_to
+from tests.lifecycle import run
+from tests.support import make_spec, write_spec
+
+REPLID = "b" * 40
+NOW = time.time()
+
+
+# --- locations, URLs, the AWS settings ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["s4://bucket/x", "S3://bucket/x", "s3:/bucket/x", "s3:bucket", "file:/tmp/x",
+                                  "file:///tmp/x", "https://bucket.s3.amazonaws.com/x", "gs://bucket/x", ""])
+def test_a_location_with_an_unknown_scheme_is_refused_not_taken_as_a_folder(text: str) -> None:
+    with pytest.raises(OpsctlError) as caught:
+        parse_location(text)
+    assert "s3://BUCKET/PREFIX" in caught.value.hint
+
+
+def test_folders_and_s3_urls_still_parse() -> None:
+    assert parse_location("./a:b").folder == Path("./a:b")
+    assert parse_location("/srv/backups").folder == Path("/srv/backups")
+    assert parse_location("s3://my-bucket/a/b/").prefix == "a/b"
+
+
+@pytest.mark.parametrize("text", ["s3://user:TOPSECRET@bucket/x", "s3://bucket/x?X-Amz-Signature=TOPSECRET",
+                                  "s4://user:TOPSECRET@bucket/x", "file://u:TOPSECRET@h/x"])
+def test_a_secret_inside_a_location_is_never_echoed(text: str) -> None:
+    with pytest.raises(OpsctlError) as caught:
+        parse_location(text)
+    assert "TOPSECRET" not in caught.value.render() and "***" in caught.value.render()
+
+
+def test_mask_url_masks_user_info_and_query_strings() -> None:
+    text = 'got "http://u:p@ss@h:9000/b/k?X-Amz-Signature=abc&X-Amz-Credential=def" and https://h/x'
+    assert mask_url(text) == 'got "http://***@h:9000/b/k?***" and https://h/x'
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://127.0.0.1:70000", "1 to 65535"), ("http://127.0.0.1:+80", "1 to 65535"),
+    ("http://127.0.0.1:0", "1 to 65535"), ("ftp://h", "http"), ("h:9000", "http"),
+    ("http://h :9000", "blanks"), (" http://h", "blanks"), ("http://", "host"), ("http://h:", "1 to 65535"),
+    ("http://u:TOPSECRET@h:99999", "1 to 65535"), ("http://[::1", "IPv6"), ("http://[zz]:80", "host"),
+    ("http://[::1]x", "IPv6"), ("http://h:80:90", "1 to 65535"), ("https://h/p?X-Amz-Signature=TOPSECRET", "query"),
+])
+def test_an_endpoint_url_is_checked_before_boto3_reads_it(url: str, said: str) -> None:
+    with pytest.raises(OpsctlError) as caught:
+        check_endpoint_url("AWS_ENDPOINT_URL", url)
+    assert said in caught.value.summary and "TOPSECRET" not in caught.value.render()
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9000", "https://s3.eu-west-1.amazonaws.com", "http://[::1]:9000",
+                                 "https://minio.internal/", "http://u:p@h:1", "http://[::1]", "HTTPS://h/base"])
+def test_good_endpoint_urls_pass(url: str) -> None:
+    check_endpoint_url("AWS_ENDPOINT_URL", url)
+
+
+@pytest.mark.parametrize(("code", "hint"), [
+    ("NoSuchBucket", "does not exist"), ("404", "does not exist"), ("AccessDenied", "policy"), ("403", "policy"),
+    ("PermanentRedirect", "region"), ("AuthorizationHeaderMalformed", "region"), ("301", "region"),
+    ("InvalidAccessKeyId", "credentials"), ("SignatureDoesNotMatch", "credentials"), ("SlowDown", "endpoint"),
+])
+def test_s3_error_codes_become_errors_with_the_hint_of_their_cause(code: str, hint: str) -> None:
+    error = client_problem("cannot upload s3://b/p/x", code, "see http://u:TOPSECRET@h/b?sig=TOPSECRET")
+    assert error.summary.startswith("cannot upload s3://b/p/x: " + code) and hint in error.hint
+    assert "TOPSECRET" not in error.render()
+
+
+def test_boto3_transfer_and_connection_errors_are_answered_not_internal() -> None:
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ParamValidationError
+
+    cases = [
+        (S3UploadFailedError("Failed to upload /x to b/k: An error occurred (NoSuchBucket) when calling the "
+                             "PutObject operation: The specified bucket does not exist"), "no such bucket"),
+        (EndpointConnectionError(endpoint_url="http://u:TOPSECRET@127.0.0.1:1/b"), "does not answer"),
+        (NoCredentialsError(), "credentials"),
+        (ParamValidationError(report="Invalid bucket name"), "ParamValidationError"),
+    ]
+    for raised, said in cases:
+        with pytest.raises(OpsctlError) as caught, _answered("cannot use s3://b/p"):
+            raise raised
+        text = caught.value.render()
+        assert said in text and "s3://b/p" in text and "TOPSECRET" not in text, text
+
+
+def test_an_upload_that_fails_midway_removes_what_it_stored(tmp_path: Path) -> None:
+    folder = tmp_path / "orders-20261201T000000Z"
+    folder.mkdir()
+    for name in ("shard-1.rdb", "shard-2.rdb", MANIFEST):
+        (folder / name).write_bytes(b"x")
+    manifest = _manifest()
+
+    class Failing(FolderStore):
+        def put_file(self, name: str, path: Path) -> None:
+            if name.endswith(MANIFEST):
+                raise OpsctlError("cannot upload the manifest")
+            super().put_file(name, path)
+
+    store = Failing(parse_location(str(tmp_path / "store")))
+    with pytest.raises(OpsctlError, match="manifest"):
+        upload_backup(store, folder, manifest)
+    assert store.names() == []  # no shard left behind as if it were part of a backup
+
+
+# --- ports and hosts ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["h:70000", "h:0", "h:+80", "h: 80", "h:٣", "h:", ":80", "a b:1", "u:pw@h:1",
+                                  "h/x:1", "h:1e3"])
+def test_an_endpoint_outside_1_to_65535_or_malformed_is_refused(text: str) -> None:
+    assert split_endpoint(text) is None
+    with pytest.raises(OpsctlError) as caught:
+        parse_endpoints(text)
+    assert "pw" not in caught.value.summary
+
+
+def test_good_endpoints_parse() -> None:
+    assert parse_endpoints("10.0.0.1:6379,[::1]:7000, db-1.example.com:65535") == (
+        ("10.0.0.1", 6379), ("::1", 7000), ("db-1.example.com", 65535))
+
+
+@pytest.mark.parametrize("text", ["jump:70000", "ops@jump:x", "[::1]:99999", "ops@:22", "[::1]x"])
+def test_a_bastion_or_write_to_host_with_a_bad_port_is_an_error_not_a_valueerror(text: str) -> None:
+    with pytest.raises(OpsctlError):
+        parse_bastion(text, "root")
+    with pytest.raises(OpsctlError):
+        parse_write_to(f"{text}:/etc/prometheus/targets.json")
+    assert parse_bastion("ops@jump:2222", "root") == ("ops", "jump", 2222)
+
+
+@pytest.mark.parametrize("text", ["prom:/etc/../x.json", "prom:/etc/p/\nx.json", "prom:/etc/./x.json"])
+def test_a_write_to_path_with_odd_parts_is_refused(text: str) -> None:
+    with pytest.raises(OpsctlError):
+        parse_write_to(text)
+
+
+# --- records read back -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("taken", ["NaN", "Infinity", "1e308", "-5", '"1000"', "true", "253402300799"])
+def test_an_archive_description_with_an_impossible_time_is_refused_by_name(taken: str) -> None:
+    text = f'{{"format": 1, "taken": {taken}, "shards": {{"1": {{"replid": "{REPLID}", "offset": 3}}}}}}'
+    with pytest.raises(OpsctlError, match=r"a/archive.json: not an archive description"):
+        parse_archive(text, "a/archive.json", NOW)
+
+
+@pytest.mark.parametrize("shards", ['{"x": {}}', '{"-1": {}}', "{}",
+                                    *(f'{{"1": {{"replid": "{REPLID}", "offset": {offset}}}}}'
+                                      for offset in ("true", "1e30", "99999999999999999999", "-1"))])
+def test_an_archive_description_with_impossible_shards_is_refused_by_name(shards: str) -> None:
+    with pytest.raises(OpsctlError, match=r"a/archive.json"):
+        parse_archive(f'{{"format": 1, "taken": 1000, "shards": {shards}}}', "a/archive.json", NOW)
+
+
+def _entries() -> list[Entry]:
+    return [Entry((b"SET", b"k", b"v"), 131, NOW - 10), Entry((b"DEL", b"k"), 150, NOW - 5)]
+
+
+def _tampered(field: str, value: object) -> tuple[SegmentName, bytes]:
+    _, data = encode_segment(1, REPLID, 100, _entries(), NOW, False)
+    line_end = data.index(b"\n", len(MAGIC))
+    header = json.loads(data[len(MAGIC):line_end])
+    header[field] = value
+    data = MAGIC + json.dumps(header).encode() + data[line_end:]
+    return SegmentName(100, 150, hashlib.sha256(data).hexdigest()), data
+
+
+@pytest.mark.parametrize(("field", "value"), [("closed", math.nan), ("closed", 1e308), ("first", "soon"),
+                                              ("last", -1.0), ("shard", True), ("start", 1 << 70),
+                                              ("replid", 7), ("resumed", "no"), ("entries", 0)])
+def test_a_segment_header_out_of_range_is_refused_by_name(field: str, value: object) -> None:
+    name, data = _tampered(field, value)
+    with pytest.raises(SegmentProblem, match=r"^w/seg"):
+        decode_segment(name, data, "w/seg")
+
+
+def test_a_segment_record_read_in_the_far_future_is_refused() -> None:
+    far = [Entry((b"SET", b"k", b"v"), 131, NOW + 10 * 365 * 86400)]
+    name, data = encode_segment(1, REPLID, 100, far, NOW, False)
+    with pytest.raises(SegmentProblem, match=r"^w/seg"):
+        decode_segment(name, data, "w/seg")
+
+
+def test_a_lease_with_an_impossible_pid_or_time_holds_nothing_back() -> None:
+    good = {"owner": "o", "host": "h", "pid": 12, "started": NOW - 5, "renewed": NOW - 1}
+    assert parse_lease(json.dumps(good).encode()) is not None
+    for field, value in (("pid", 1 << 40), ("pid", 0), ("renewed", math.inf), ("renewed", 1e300), ("started", -3)):
+        assert parse_lease(json.dumps({**good, field: value}).encode()) is None, field
+    assert parse_lease(b'{"owner": "o", "host": "h", "pid": 1, "started": NaN, "renewed": 1}') is None
+
+
+@pytest.mark.parametrize("value", ["NaN", "1e308", '"yesterday"', "-1"])
+def test_a_retention_record_with_an_impossible_time_is_refused_by_name(tmp_path: Path, value: str) -> None:
+    store = FolderStore(parse_location(str(tmp_path)))
+    store.put_bytes(f"{RETENTION}/orders.json", f'{{"dropped_before": {value}}}'.encode())
+    with pytest.raises(OpsctlError, match=r"retention/orders.json"):
+        dropped_before(store, "orders")
+
+
+def test_base_names_with_an_impossible_date_are_not_bases() -> None:
+    names = ["orders-20261399T000000Z/manifest.json", "orders-20261201T000000Z/manifest.json"]
+    assert list(group(names)) == ["orders-20261201T000000Z"]
+
+
+def _manifest() -> Manifest:
+    shards = tuple(ShardFile(n, f"n{n}", "master", ((2 * n, 2 * n + 1),), f"shard-{n}.rdb", 1, str(n) * 64, {0: 1},
+                             {0: 0}, {0: 1}, 0, "2026-12-01T00:00:00Z", 0) for n in (1, 2))
+    return Manifest("orders", "cluster", "valkey", "9.1", 11, "2026-12-01T00:00:00Z", shards)
+
+
+@pytest.mark.parametrize("when", ["9999-01-01T00:00:00Z", "1960-01-01T00:00:00Z", "2026-12-01T00:00:00"])
+def test_a_manifest_saved_in_the_far_future_is_refused_by_name(when: str) -> None:
+    data = json.loads(manifest_json(_manifest()))
+    assert parse_manifest(json.dumps(data), "m.json").created_at == "2026-12-01T00:00:00Z"
+    data["created_at"] = when
+    with pytest.raises(OpsctlError, match=r"m.json: created_at is not an ISO time"):
+        parse_manifest(json.dumps(data), "m.json")
+
+
+@pytest.mark.parametrize("change", [{"source_ref": {"file": "/etc/other.yaml"}},
+                                    {"shards": {"s1": {"phase": "bogus", "replid": REPLID, "offset": 1}}},
+                                    {"shards": {"s1": {"phase": "stream", "replid": REPLID, "offset": -1}}}])
+def test_a_migration_journal_with_foreign_fields_is_refused_by_name(change: dict[str, object]) -> None:
+    journal = {"id": "ab", "source": "src", "finished": False, "shards": {}, "source_ref": {}, "fence": None,
+               **change}
+    with pytest.raises(OpsctlError, match=r"^j.json"):
+        parse_journal(json.dumps(journal), "j.json")
+
+
+@pytest.mark.parametrize(("text", "said"), [("9999-12-31T00:00:00Z", "in the future"),
+                                            ("1960-01-01T00:00:00Z", "before 1970"),
+                                            ("0001-01-01T00:00:00+01:00", "before 1970"), ("nan", "ISO 8601")])
+def test_a_to_time_in_the_future_or_before_1970_is_refused(text: str, said: str) -> None:
+    with pytest.raises(OpsctlError, match=said):
+        parse_time(text, NOW)
+
+
+# --- the command line: modes and destinations, before anything connects -----------------------------------------
+
+
+def test_options_of_another_mode_are_refused_not_ignored(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No server runs: each stops before opsctl reads a spec's servers, exit 1, no traceback."""
+    monkeypatch.setenv("OPSCTL_SOURCE_PW", "source-pw")
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    (tmp_path / "link").symlink_to(tmp_path)
+    cases = [
+        (["backup", "-f", spec, "--to", str(tmp_path / "b"), "--segment-seconds", "2"], "--continuous"),
+        (["backup", "-f", spec, "--to", str(tmp_path / "b"), "--reconnect-timeout", "5", "--base-every", "1"],
+         "go with --continuous"),
+        (["backup", "-f", spec, "--to", str(tmp_path / "b"), "--keep-days", "3"], "`backup list|prune`"),
+        (["backup", "list", "--from", str(tmp_path), "--keep-days", "3"], "goes with `backup prune`"),
+        (["backup", "list", "--from", str(tmp_path), "--save-timeout", "9"], "not with `backup list`"),
+        (["backup", "prune", "--from", str(tmp_path), "--keep-days", "1", "--continuous"], "not with `backup prune`"),
+        (["backup", "verify", str(tmp_path), "--from", str(tmp_path)], "names the backup itself"),
+        (["backup", "list", str(tmp_path)], "only `backup verify`"),
+        (["backup", "-f", spec, "--to", str(tmp_path / "link")], "symbolic link"),
+        (["backup", "-f", spec, "--to", spec], "is not a folder"),
+        (["backup", "-f", spec, "--to", str(tmp_path / "b"), "--metrics-textfile", str(tmp_path / "none")],
+         "does not exist"),
+        (["restore", "-f", spec, "--from", str(tmp_path), "--verify", "full", "--sample", "5"], "--verify sample"),
+        (["restore", "-f", spec, "--from", str(tmp_path), "--dry-run", "--metrics-textfile", str(tmp_path / "link")],
+         "symbolic link"),
+        (["restore", "-f", spec, "--from", str(tmp_path / "none")], "no backup at"),
+        (["restore", "-f", spec, "--from", str(tmp_path), "--to-time", "2999-01-01T00:00:00Z"], "in the future"),
+        (["migrate", "-f", spec, "--from-endpoints", "127.0.0.1:70000", "--from-password-env", "X"], "1 to 65535"),
+        (["migrate", "-f", spec, "--from-endpoints", "127.0.0.1:6379", "--from-password-env", "OPSCTL_NO_SUCH_VAR"],
+         "not set"),
+        (["migrate", "-f", spec, "--from-endpoints", "h:1", "--from-password-env", "OPSCTL_SOURCE_PW",
+          "--from-tls-cert", spec],
+         "go together"),
+        (["migrate", "-f", spec, "--from", spec, "--lift-fence"], "`opsctl migrate cutover`"),
+        (["migrate", "-f", spec, "--from", spec, "--lag-bound", "2"], "--cutover auto"),
+        (["migrate", "cutover", "-f", spec, "--from-endpoints", "h:1"], "not with `migrate cutover`"),
+        (["metrics", "targets", "-f", spec, "--write-to", "prom:70000:/etc/p/t.json"], "1 to 65535"),
+    ]
+    for argv, said in cases:
+        code, _, err = run(capsys, *argv)
+        assert code == 1 and said in err and "Traceback" not in err and "internal error" not in err, (argv, err)
+    assert not (tmp_path / "b").exists()  # nothing was made for a refused run
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("AWS_ENDPOINT_URL", "http://127.0.0.1:70000", "AWS_ENDPOINT_URL="),
+    ("AWS_ENDPOINT_URL_S3", "http://u:TOPSECRET@127.0.0.1:+9", "AWS_ENDPOINT_URL_S3="),
+    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 50"),
+    ("AWS_METADATA_SERVICE_TIMEOUT", "x", "boto3 cannot read its configuration"),
+])
+def test_aws_settings_boto3_cannot_use_are_said_before_any_request(monkeypatch: pytest.MonkeyPatch, variable: str,
+                                                                     value: str, said: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(OpsctlError) as caught:
+        S3Store(parse_location("s3://bucket/p"))
+    assert said in caught.value.render() and "TOPSECRET" not in caught.value.render()
+
+
+@pytest.mark.parametrize(("field", "value"), [("restored", True), ("existing", 10 ** 40), ("volatile", -1),
+                                              ("scanned", {"٣": 1}), ("scanned", {"0": 1e30})])
+def test_a_restore_journal_with_impossible_counts_is_refused_by_name(field: str, value: object) -> None:
+    from opsctl.restore.route import Counts, Journal, journal_json
+    from opsctl.restore.route import parse_journal as parse_restore_journal
+
+    text = journal_json(Journal("s3://b/p/x-20261201T000000Z", "replace", {"shard-1": Counts({0: 3}, 3)}))
+    assert parse_restore_journal(text, "restore.json").done["shard-1"].restored == 3
+    data = json.loads(text)
+    data["done"]["shard-1"][field] = value
+    with pytest.raises(OpsctlError, match=r"^restore\.json: a finished source's counts are malformed"):
+        parse_restore_journal(json.dumps(data), "restore.json")
