@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
@@ -226,22 +227,20 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 
 def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
-    """Stop (and with --purge delete) exactly the nodes that run or have files, and say so node by node. A topology
-    with nothing to do is left alone: no question, no lock, nothing written (a lock file would be a lie of
-    'deployed'); a dry run prints what would be done and changes nothing either. Returns whether there was any."""
+    """Stop (and with --purge delete) exactly the nodes that run, have an exporter running or have files, and say so
+    node by node: every node the state knows (destroy_order), so a purge leaves nothing of the topology and the next
+    apply deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing
+    written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
+    either. Returns whether there was any."""
     from opsctl.apply.exporter_steps import remove_exporter
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
-    layout = rt.loaded.layout
-    order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
-             *[n for n in layout.servers if n.role == "master"]]
-    todo = [(node, running, files) for node, running, files in _presence(rt, order) if running or
-            (args.purge and files)]
+    todo = [p for p in _presence(rt, destroy_order(rt)) if p.running or p.exporter or (args.purge and p.files)]
     name = rt.loaded.spec.name
     if not todo or args.dry_run:
-        for node, running, files in todo:
-            say(_destroy_words(node.name, running, args.purge and files, dry_run=True))
+        for p in todo:
+            say(_destroy_words(p.node.name, p.running, args.purge and p.files, p.exporter, dry_run=True))
         if not todo:
             say(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
                 f"{' or has files' if args.purge else ''}")
@@ -249,41 +248,85 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
     with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
-        for node, _, _ in todo:
+        for p in todo:
             check_held(rt.connector)
-            running = rt.provider.process_state(node).running  # again, under the locks
+            running = rt.provider.process_state(p.node).running  # again, under the locks
             if running:
-                rt.provider.stop(node)
-            remove_exporter(rt, node)
+                rt.provider.stop(p.node)
+            remove_exporter(rt, p.node)
             if args.purge:
-                rt.provider.purge(node)
-            say(_destroy_words(node.name, running, args.purge))
+                rt.provider.purge(p.node)
+            say(_destroy_words(p.node.name, running, args.purge, p.exporter))
+        if args.purge:
+            _forget_slot_journal(rt)
     return True
 
 
-def _presence(rt: Runtime, nodes: list[Node]) -> list[tuple[Node, bool, bool]]:
-    """Each node, whether its server runs, and whether it has files where the provider keeps them (its config is
-    the first file a deployment writes), all nodes at once."""
+def destroy_order(rt: Runtime) -> list[Node]:
+    """Every node the state knows: first the ones the spec no longer keeps (retiring, parked, tombstones: their
+    records, at the place they were deployed), then the sentinels, the replicas, the masters. Over SSH a tombstone
+    on a host the spec lost is out of reach (no host entry names its SSH settings): the copy of it the hosts table
+    carries goes with the spec's folder on the last purge of each host."""
+    from opsctl.spec.deployed import deployed_from_records
+    from opsctl.spec.placement import recorded_nodes
+
+    spec, layout = rt.loaded.spec, rt.loaded.layout
+    recorded = recorded_nodes(spec, layout, deployed_from_records(rt.provider.deployed_records()))
+    if spec.provider == "ansible":
+        recorded = tuple(n for n in recorded if n.host in {h.name for h in spec.hosts})
+    return [*layout.retired, *recorded, *layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
+            *[n for n in layout.servers if n.role == "master"]]
+
+
+def _forget_slot_journal(rt: Runtime) -> None:
+    """The slot journal names the purged cluster's nodes and ids: a fresh deploy must not read it as its own (an
+    open entry would be closed on nodes that never opened it)."""
+    from opsctl.slots.journal import JOURNAL
+
+    journal = rt.state_dir / JOURNAL
+    if journal.is_file() and not journal.is_symlink():
+        journal.unlink()
+
+
+@dataclass(frozen=True)
+class _Presence:
+    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record)."""
+
+    node: Node
+    running: bool
+    exporter: bool
+    files: bool
+
+
+def _presence(rt: Runtime, nodes: list[Node]) -> list[_Presence]:
+    """Each node, whether its server runs, whether an exporter runs beside it, and whether it has files where the
+    provider keeps them (its config is the first file a deployment writes; a tombstone holds its record alone), all
+    nodes at once."""
     from pathlib import PurePath
 
+    from opsctl.apply.exporter_steps import exporter_runs
     from opsctl.net.fanout import fan_out
 
-    def look(node: Node) -> tuple[Node, bool, bool]:
+    def look(node: Node) -> _Presence:
         conf = PurePath(rt.provider.paths(node).conf).name
-        return node, rt.provider.process_state(node).running, rt.provider.read_file(node, conf) is not None
+        files = rt.provider.read_file(node, conf) is not None or bool(rt.provider.load_record(node))
+        return _Presence(node, rt.provider.process_state(node).running, exporter_runs(rt, node), files)
 
     return fan_out(look, nodes)
 
 
-def _destroy_words(name: str, stopped: bool, purged: bool, dry_run: bool = False) -> str:
+def _destroy_words(name: str, stopped: bool, purged: bool, exporter: bool = False, dry_run: bool = False) -> str:
     """What destroy did (or, in a dry run, would do) to a node, and only that: 'stopped N', 'stopped N and purged its
-    data', 'purged the data of N' (a node that was down), or that it was down already (it stopped since destroy
-    looked)."""
+    data', 'purged the data of N' (a node that was down), 'stopped the redis_exporter of N' (beside a node that was
+    down), or that it was down already (it stopped since destroy looked)."""
     if dry_run:
-        return f"would purge the data of {name}" if not stopped else \
-            f"would stop {name}{' and purge its data' if purged else ''}"
+        if not stopped:
+            return f"would purge the data of {name}" if purged else f"would stop the redis_exporter of {name}"
+        return f"would stop {name}{' and purge its data' if purged else ''}"
     if not stopped:
-        return f"purged the data of {name}" if purged else f"{name} was down already"
+        if purged:
+            return f"purged the data of {name}"
+        return f"stopped the redis_exporter of {name}" if exporter else f"{name} was down already"
     return f"stopped {name}{' and purged its data' if purged else ''}"
 
 
