@@ -10,18 +10,13 @@ import stat
 from pathlib import Path
 
 import pytest
-import yaml
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import note_run, recorded
-from opsctl.spec.layout import Layout, Node, deployed_record
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
-from tests.test_cli_stdin import feed
-from tests.test_planner import load_dict
 
 RECORDED = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
 
@@ -146,65 +141,3 @@ def test_targets_need_no_secret(spec: Path, monkeypatch: pytest.MonkeyPatch,
     code, out, err = run(capsys, "metrics", "targets", "-f", str(spec))
     assert code == EXIT_OK and len(json.loads(out)) == 6, err
 
-
-def _write_records(state: Path, nodes: list[Node], retired: frozenset[str] = frozenset()) -> None:
-    """The records apply leaves in the state dir's node folders (what placement reads), tombstones for retired."""
-    for node in nodes:
-        folder = state / node.name
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        record = {"deployed": deployed_record(node), **({"retired": True} if node.name in retired else {})}
-        (folder / "opsctl-node.json").write_text(json.dumps(record))
-
-
-def _endpoints(out: str) -> dict[str, str]:
-    return {g["labels"]["node"]: g["targets"][0] for g in json.loads(out)}
-
-
-def test_targets_are_the_nodes_deployed_where_their_records_place_them(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """A 3 x 1 cluster grown by a host and replicas_per_master 1 -> 2 (issue 33, item 1): the targets are the nodes
-    the records place, at their recorded hosts and ports (the positional layout of the grown spec would put t-2 ...
-    t-6 elsewhere), a node not deployed yet is left out until it is, a tombstone is never one; the spec read from
-    standard input with --state-dir reads the same records."""
-    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-    monkeypatch.chdir(tmp_path)
-    first = make_spec("cluster", metrics={"exporter": True})
-    fourth = first["hosts"][0]["address"].rsplit(".", 1)[0] + ".4"
-    grown = {**first, "hosts": [*first["hosts"], {"name": "h4", "address": fourth}],
-             "cluster": {**first["cluster"], "replicas_per_master": 2}}
-    spec = write_spec(tmp_path, grown)
-    state = tmp_path / "state"
-    deployed = list(load_dict(first).layout.nodes)
-    _write_records(state, deployed)
-
-    def targets() -> dict[str, str]:
-        feed(monkeypatch, yaml.safe_dump(grown))
-        code, out, err = run(capsys, "metrics", "targets", "-f", "-", "--state-dir", str(state))
-        assert code == EXIT_OK, err
-        return _endpoints(out)
-
-    recorded = {n.name: endpoint(n.address, n.port + 1000) for n in deployed}
-    assert targets() == recorded  # the three new replicas run nowhere yet
-    placed = read_spec(spec).layout  # not placed: the positional layout of the grown spec
-    assert {n.name: endpoint(n.address, n.port + 1000) for n in placed.nodes} != recorded
-    new = [n for n in _placed(grown, state).nodes if n.name not in recorded]
-    assert sorted(n.name for n in new) == [f"{first['name']}-{k}" for k in (7, 8, 9)]
-    _write_records(state, new)
-    assert targets() == recorded | {n.name: endpoint(n.address, n.port + 1000) for n in new}
-    _write_records(state, new[:1], retired=frozenset({new[0].name}))  # a tombstone: retired, never a target
-    assert new[0].name not in targets()
-
-
-def _placed(spec: dict, state: Path) -> Layout:
-    from opsctl.apply.placing import recorded_placement
-
-    return recorded_placement(load_dict(spec), state)[0].layout
-
-
-def test_targets_need_state_dir_with_a_spec_from_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    feed(monkeypatch, yaml.safe_dump(make_spec("cluster")))
-    code, out, err = run(capsys, "metrics", "targets", "-f", "-")
-    assert code == 1 and not out and "-f - needs --state-dir" in err and "Traceback" not in err, err
