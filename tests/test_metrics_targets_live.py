@@ -2,7 +2,8 @@
 metrics.exporter: a 3 x 1 cluster grown by a host and replicas_per_master 1 -> 2 lists exactly the nodes deployed,
 each answering redis_up 1 through its exporter; the drain back to 1 replica stops the retired nodes' exporters;
 `destroy` stops an exporter beside a server that is down; `destroy --purge` leaves no node, record or exporter of the
-topology, so the next apply deploys the same names on the same ports as the first."""
+topology, so the next apply deploys the same names on the same ports as the first. `cluster check` looks at the
+nodes deployed too."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_targets_follow_the_fleet_and_a_purge_leaves_nothing(tmp_path: Path, cap
         assert len(live) == 9 and targets == {name: f"{p['address']}:{int(str(p['port'])) + OFFSET}"
                                               for name, p in live.items()}, (targets, live)
         assert {name: _redis_up(_scrape(target)) for name, target in targets.items()} == dict.fromkeys(live, "1")
+        code, out, err = run(capsys, "cluster", "check", "-f", str(spec))  # the nodes deployed, not a fresh deploy's
+        assert code == 0 and "9 nodes" in out, err + out
         elsewhere = tmp_path / "elsewhere"  # the same spec beside another folder: --state-dir names the records
         elsewhere.mkdir()
         (elsewhere / "topology.yaml").write_text(spec.read_text())
