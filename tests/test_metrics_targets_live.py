@@ -115,3 +115,33 @@ def test_targets_follow_the_fleet_and_a_purge_leaves_nothing(tmp_path: Path, cap
         assert plan_json(capsys, spec)["steps"] == []
         check = cluster_check(read_spec(spec).layout.nodes[0].endpoint)
         assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_replica_retired_from_replication_takes_its_exporter_and_a_purge_its_tombstone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flavor: str) -> None:
+    """replication.replicas [h2] -> [h2, h3] -> [h2] with exporters (the replication and Sentinel drain's own step):
+    the added replica is a target answering redis_up 1, its retirement stops its exporter, and after `destroy
+    --purge` the first spec deploys its first names again (a tombstone left behind made them t-4 and t-5)."""
+    _needs(EXPORTER_BINARY, "prometheus-redis-exporter")
+    with deployed(tmp_path, capsys, "replication", flavor, replication={"replicas": ["h2"]},
+                  metrics={"exporter": True}) as (spec, _loaded):
+        first_text = spec.read_text()
+        first = records(spec)
+        data = yaml.safe_load(first_text)
+        for replicas in (["h2", "h3"], ["h2"]):
+            spec.write_text(yaml.safe_dump({**data, "replication": {**data["replication"], "replicas": replicas}}))
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 0, err + out
+            targets = _targets(capsys, spec)
+            assert sorted(targets) == sorted(_live(spec)) and len(targets) == len(replicas) + 1, targets
+            assert all(_redis_up(_scrape(t)) == "1" for t in targets.values()), targets
+        third = f"{data['name']}-3"
+        assert third in records(spec) and third not in _live(spec)
+        assert not port_accepts(*_exporter(records(spec)[third]))
+        code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
+        assert code == 0 and f"purged the data of {third}" in err + out, err + out
+        spec.write_text(first_text)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0, err + out
+        assert records(spec) == first
