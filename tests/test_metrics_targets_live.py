@@ -18,6 +18,7 @@ import yaml
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import port_accepts
 from opsctl.plan.exporters import EXPORTER_BINARY
+from opsctl.slots.journal import JOURNAL
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import cluster_check
@@ -103,9 +104,12 @@ def test_targets_follow_the_fleet_and_a_purge_leaves_nothing(tmp_path: Path, cap
 
         # item 2: the purge leaves no node folder, tombstone or exporter; the first spec deploys as the first time
         known = records(spec)
+        journal = state / JOURNAL  # what a scale-out's fills leave: it names this cluster's shards and masters
+        journal.write_text(json.dumps({"op": "filled", "shards": [1]}) + "\n")
         code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve", "--purge")
         assert code == 0, err + out
         assert sorted(p.name for p in state.iterdir() if p.name.startswith(data["name"] + "-")) == []
+        assert not journal.exists()
         assert [n for n, r in known.items() if port_accepts(*_exporter(r))] == []
         spec.write_text(first_text)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
