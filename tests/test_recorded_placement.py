@@ -100,3 +100,15 @@ def test_tls_rotate_names_the_nodes_deployed(tmp_path: Path, monkeypatch: pytest
     assert deployed[0].name not in names and f"{first['name']}-7" in names, names
     assert (tmp_path / "state").exists() and sorted(p.name for p in state.iterdir()) == sorted(
         n.name for n in deployed)  # a dry run writes nothing
+
+
+def test_targets_with_nothing_deployed_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """No record in the state dir (nothing deployed yet, or a mistyped --state-dir): every node where the first apply
+    puts it, and a note on stderr that says so; nothing is written."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    spec = write_spec(tmp_path, make_spec("cluster"))
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--state-dir", str(tmp_path / "typo"))
+    assert code == EXIT_OK and len(json.loads(out)) == 6, err
+    assert f"is deployed in {tmp_path / 'typo'}: the targets are where the first apply puts the nodes" in err, err
+    assert not (tmp_path / "typo").exists()

@@ -6,6 +6,7 @@ Prometheus runs) so that Prometheus, which watches the file, never reads half.""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.options import add_spec_file, add_state_dir
@@ -25,7 +26,12 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
-    placed, records = recorded_placement(loaded, state_dir_for(loaded, args.state_dir))
+    state_dir = state_dir_for(loaded, args.state_dir)
+    placed, records = recorded_placement(loaded, state_dir)
+    if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
+        where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
+        print(f"note: no node of '{loaded.spec.name}' is deployed {where}: the targets are where the first apply "
+              "puts the nodes", file=sys.stderr)
     text = file_sd_json(target_groups(placed.spec, placed.layout, records))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
