@@ -149,3 +149,22 @@ def test_a_replica_retired_from_replication_takes_its_exporter_and_a_purge_its_t
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, err + out
         assert records(spec) == first
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_parked_shard_takes_its_exporters_and_brings_them_back(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 flavor: str) -> None:
+    """cluster.masters 3 -> 4 -> 3 -> 4 with exporters: the fourth shard's nodes, parked (stopped, records kept), stop
+    their exporters with them and are no targets; back with the same names, their exporters answer again."""
+    _needs(EXPORTER_BINARY, "prometheus-redis-exporter")
+    with deployed(tmp_path, capsys, "cluster", flavor, metrics={"exporter": True}) as (spec, _loaded):
+        data = yaml.safe_load(spec.read_text())
+        for masters in (4, 3, 4):
+            spec.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], "masters": masters}}))
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+            assert code == 0, err + out
+            targets = _targets(capsys, spec)
+            assert len(targets) == 2 * masters and all(_redis_up(_scrape(t)) == "1" for t in targets.values())
+            parked = sorted(set(records(spec)) - set(targets))
+            assert len(parked) == 2 * (4 - masters), (parked, targets)
+            assert [n for n in parked if port_accepts(*_exporter(records(spec)[n]))] == []
