@@ -20,6 +20,9 @@ from opsctl.spec.model import Spec
 
 __all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
 
+RECORDED_COMMANDS = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
+# the commands that take --metrics-textfile (cli.runsignals.recorded): one textfile each per topology
+
 Outcome = Literal["ok", "error", "refused"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
 

@@ -216,6 +216,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     from opsctl.cli.output import Lines, print_result
     from opsctl.cli.results import LinesResult
 
+    _check_textfile_folder(args)
     say = Lines(args.output)
     with open_runtime(args) as rt:
         found = _destroy(rt, args, say)
@@ -244,6 +245,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
         if not todo:
             say(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
                 f"{' or has files' if args.purge else ''}")
+        _drop_textfiles(args, name, say)
         return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
@@ -259,7 +261,40 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
             say(_destroy_words(p.node.name, running, args.purge, p.exporter))
         if args.purge:
             _forget_slot_journal(rt)
+    _drop_textfiles(args, name, say)
     return True
+
+
+def _drop_textfiles(args: argparse.Namespace, name: str, say: Lines) -> None:
+    """--purge --metrics-textfile DIR: the topology's own signals go too (named in a dry run), nodes or not: they lie
+    outside the state dir, where node_exporter reads them."""
+    if args.metrics_textfile is None:
+        return
+    from opsctl.state.textfile import remove_textfiles, topology_textfiles
+
+    if args.dry_run:
+        for path in topology_textfiles(args.metrics_textfile, name):
+            say(f"would remove {path}")
+        return
+    for path in remove_textfiles(args.metrics_textfile, name):
+        say(f"removed {path}")
+
+
+def _check_textfile_folder(args: argparse.Namespace) -> None:
+    """destroy's --metrics-textfile deletes the topology's signals, which only a purge does; both checked before
+    anything is read or changed."""
+    if args.metrics_textfile is None:
+        return
+    if not args.purge:
+        raise OpsctlError("destroy --metrics-textfile deletes the topology's textfiles, which only --purge does",
+                          hint="add --purge (it deletes the nodes' data too), or leave --metrics-textfile out")
+    from pathlib import Path
+
+    from opsctl.state.safefs import FileProblem
+    from opsctl.state.textfile import HINT
+
+    if not Path(args.metrics_textfile).is_dir():
+        raise FileProblem(args.metrics_textfile, "does not exist or is not a folder", HINT)
 
 
 def destroy_order(rt: Runtime) -> list[Node]:
@@ -355,4 +390,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_auto_approve(p)
     add_dry_run(p, "print what would be stopped and purged; change nothing")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
+    p.add_argument("--metrics-textfile", metavar="DIR",
+                   help="with --purge: also delete this topology's opsctl_<topology>_<command>.prom files in DIR "
+                        "(node_exporter's textfile folder), so no alert reads a purged topology's old runs")
     p.set_defaults(handler=cmd_destroy)
