@@ -260,7 +260,9 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
                 rt.provider.purge(p.node)
             say(_destroy_words(p.node.name, running, args.purge, p.exporter))
         if args.purge:
-            _forget_slot_journal(rt)
+            from opsctl.slots.journal import Journal
+
+            Journal(rt.state_dir).discard()  # it names the purged cluster's nodes and ids
     _drop_textfiles(args, name, say)
     return True
 
@@ -311,16 +313,6 @@ def destroy_order(rt: Runtime) -> list[Node]:
         recorded = tuple(n for n in recorded if n.host in {h.name for h in spec.hosts})
     return [*layout.retired, *recorded, *layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
             *[n for n in layout.servers if n.role == "master"]]
-
-
-def _forget_slot_journal(rt: Runtime) -> None:
-    """The slot journal names the purged cluster's nodes and ids: a fresh deploy must not read it as its own (an
-    open entry would be closed on nodes that never opened it)."""
-    from opsctl.slots.journal import JOURNAL
-
-    journal = rt.state_dir / JOURNAL
-    if journal.is_file() and not journal.is_symlink():
-        journal.unlink()
 
 
 @dataclass(frozen=True)
