@@ -29,7 +29,7 @@ def recorded(command: str, handler: Handler) -> Handler:
         folder = getattr(args, "metrics_textfile", None)
         if folder is None or getattr(args, "dry_run", False):  # a dry run is no run: it leaves no signal
             return handler(args)
-        _check_folder(folder)
+        check_folder(folder)
         started, code, failing = time.monotonic(), 1, True
         try:
             code = handler(args)
@@ -44,7 +44,8 @@ def recorded(command: str, handler: Handler) -> Handler:
     return run
 
 
-def _check_folder(folder: str) -> None:
+def check_folder(folder: str) -> None:
+    """The textfile folder exists (node_exporter's; opsctl never creates it), checked before the run."""
     from pathlib import Path
 
     from opsctl.state.safefs import FileProblem

@@ -229,7 +229,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     """Stop (and with --purge delete) exactly the nodes that run, have an exporter running or have files, and say so
-    node by node: every node the state knows (destroy_order), so a purge leaves nothing of the topology and the next
+    node by node: every node the state knows (_destroy_order), so a purge leaves nothing of the topology and the next
     apply deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing
     written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
     either. Returns whether there was any."""
@@ -237,7 +237,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
-    todo = [p for p in _presence(rt, destroy_order(rt)) if p.running or p.exporter or (args.purge and p.files)]
+    todo = [p for p in _presence(rt, _destroy_order(rt)) if p.running or p.exporter or (args.purge and p.files)]
     name = rt.loaded.spec.name
     if not todo or args.dry_run:
         for p in todo:
@@ -290,16 +290,12 @@ def _check_textfile_folder(args: argparse.Namespace) -> None:
     if not args.purge:
         raise OpsctlError("destroy --metrics-textfile deletes the topology's textfiles, which only --purge does",
                           hint="add --purge (it deletes the nodes' data too), or leave --metrics-textfile out")
-    from pathlib import Path
+    from opsctl.cli.runsignals import check_folder
 
-    from opsctl.state.safefs import FileProblem
-    from opsctl.state.textfile import HINT
-
-    if not Path(args.metrics_textfile).is_dir():
-        raise FileProblem(args.metrics_textfile, "does not exist or is not a folder", HINT)
+    check_folder(args.metrics_textfile)
 
 
-def destroy_order(rt: Runtime) -> list[Node]:
+def _destroy_order(rt: Runtime) -> list[Node]:
     """Every node the state knows: first the ones the spec no longer keeps (retiring, parked, tombstones: their
     records, at the place they were deployed), then the sentinels, the replicas, the masters. Over SSH a tombstone
     on a host the spec lost is out of reach (no host entry names its SSH settings): the copy of it the hosts table
