@@ -14,11 +14,12 @@ import pytest
 from opsctl.base.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import note_run, recorded
+from opsctl.plan.metrics import RECORDED_COMMANDS, textfile_name
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
-RECORDED = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
+RECORDED = RECORDED_COMMANDS  # destroy --purge deletes exactly their textfiles
 
 
 @pytest.fixture
@@ -140,3 +141,36 @@ def test_targets_need_no_secret(spec: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv(PASSWORD_ENV)
     code, out, err = run(capsys, "metrics", "targets", "-f", str(spec))
     assert code == EXIT_OK and len(json.loads(out)) == 6, err
+
+
+
+def test_destroy_purge_removes_the_topologys_textfiles_only(spec: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A purged topology's textfiles would keep its alerts firing (OpsctlBackupMissing 26 h after its last backup):
+    `destroy --purge --metrics-textfile DIR` deletes exactly its own (another topology whose name starts with this
+    one's keeps its files; a link goes, its target stays), a dry run names them, without --purge it is refused."""
+    name = read_spec(spec).spec.name
+    folder = tmp_path / "textfiles"
+    folder.mkdir()
+    mine = [folder / textfile_name(name, c) for c in ("backup", "cluster reshard")]
+    for path in mine:
+        path.write_text("x\n")
+    other = folder / textfile_name(f"{name}_b", "backup")
+    other.write_text("x\n")
+    elsewhere = tmp_path / "elsewhere.prom"
+    elsewhere.write_text("kept\n")
+    link = folder / textfile_name(name, "apply")
+    link.symlink_to(elsewhere)
+    code, out, err = run(capsys, "destroy", "-f", str(spec), "--metrics-textfile", str(folder), "--auto-approve")
+    assert code == 1 and "only --purge does" in err and "Traceback" not in err, err
+    code, out, err = run(capsys, "destroy", "-f", str(spec), "--purge", "--metrics-textfile", str(tmp_path / "no"),
+                         "--auto-approve")
+    assert code == 1 and "does not exist" in err, err
+    code, out, err = run(capsys, "destroy", "-f", str(spec), "--purge", "--metrics-textfile", str(folder),
+                         "--dry-run")
+    assert code == 0 and out.count("would remove") == 3, out + err
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in [*mine, other, link])
+    code, out, err = run(capsys, "destroy", "-f", str(spec), "--purge", "--metrics-textfile", str(folder),
+                         "--auto-approve")
+    assert code == 0 and out.count("removed ") == 3, out + err
+    assert [p.name for p in folder.iterdir()] == [other.name] and elsewhere.read_text() == "kept\n"

@@ -99,11 +99,24 @@ def stop_exporter(run: Execution, step: Step) -> None:
 
 
 def remove_exporter(rt: Runtime, node: Node) -> None:
-    """destroy: the node's exporter stopped and its password file gone, whatever metrics.exporter says now."""
-    known = isinstance(rt.provider, LocalProvider) or rt.loaded.spec.provider == "ansible"
-    exporters = exporters_of(rt) if known else None
+    """destroy, and a node leaving the fleet (retired or parked): the node's exporter stopped and its password file
+    gone, whatever metrics.exporter says now."""
+    exporters = _running_exporters(rt)
     if exporters is not None:
         exporters.remove(node)
+
+
+def exporter_runs(rt: Runtime, node: Node) -> bool:
+    """Whether a redis_exporter runs beside node, whatever metrics.exporter says now (destroy stops it, the node's
+    server running or not: it would hold its port and call the node down)."""
+    exporters = _running_exporters(rt)
+    return exporters is not None and exporters.state(node) is not None
+
+
+def _running_exporters(rt: Runtime) -> Exporters | None:
+    """The exporters of a provider that runs them (local, ansible); None for another provider."""
+    known = isinstance(rt.provider, LocalProvider) or rt.loaded.spec.provider == "ansible"
+    return exporters_of(rt) if known else None
 
 
 def exporters_follow_tls(rt: Runtime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import pairwise
+from pathlib import Path
 
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
@@ -22,6 +23,25 @@ def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> Load
     if loaded.spec.topology == "standalone":
         return loaded
     return place_from(loaded, provider.deployed_records(), connector)
+
+
+def recorded_placement(loaded: LoadedSpec, state_dir: Path) -> tuple[LoadedSpec, Mapping[str, Mapping[str, object]]]:
+    """The spec placed from the records where its nodes are deployed (the state dir's node folders, or each host
+    over SSH), and those records; no server is asked, so no secret is needed (a Prometheus host holds none). Who
+    serves a shard now only decides which surplus member the next apply retires: such a node is no target."""
+    if loaded.spec.provider != "ansible":
+        from opsctl.providers.localfiles import deployed_records_in
+
+        records: Mapping[str, Mapping[str, object]] = deployed_records_in(loaded, state_dir)
+    else:
+        from opsctl.providers.ansible import AnsibleProvider
+
+        provider = AnsibleProvider(loaded, state_dir)
+        try:
+            records = provider.deployed_records()
+        finally:
+            provider.close()
+    return with_placement(loaded, records), records
 
 
 def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], connector: Connector) -> LoadedSpec:

@@ -23,7 +23,7 @@ def remove_replicated(run: Execution, step: Step) -> None:
     """Stop a retired server or sentinel, then purge it (its record stays as a tombstone). A server that is a master
     with replicas is refused: the plan fails it over first, and a failover since the plan was made would have
     moved the writes to it."""
-    from opsctl.apply.slot_steps import retire  # with the failover machinery: only when a node goes
+    from opsctl.apply.slot_steps import retire, stop_leaving  # with the failover machinery: only when a node goes
     from opsctl.failover.actions import checkpoint
 
     assert isinstance(step, RemoveNode)
@@ -34,7 +34,7 @@ def remove_replicated(run: Execution, step: Step) -> None:
     if not node.is_sentinel and rt.provider.process_state(node).running:
         with rt.admin(node) as admin:
             _refuse_serving_master(admin, node)
-    rt.provider.stop(node)
+    stop_leaving(rt, node)
     checkpoint("remove-node-stopped")
     retire(rt, node)
 

@@ -68,13 +68,23 @@ def remove_node(rt: Runtime, step: RemoveNode, emit: Emit) -> None:
         raise OpsctlError(f"cannot find node {step.node}", hint="plan again")
     with open_session(rt.connector) as session:
         ids = _ids_of(session, node)
-        rt.provider.stop(node)
+        stop_leaving(rt, node)
         checkpoint("remove-node-stopped")
         others = [p for p in session.peers.values() if p.name != node.name]
         session.parallel(lambda p: _forget(p, ids), others)
     checkpoint("remove-node-forgotten")
     if step.purge:
         retire(rt, node)
+
+
+def stop_leaving(rt: Runtime, node: Node) -> None:
+    """Stop a node that leaves the fleet (retired, or parked by cluster.masters down), and its redis_exporter with
+    it: nothing later stops an exporter beside a node that is no layout node any more, and it would keep its port
+    (the next deploy at it fails) and report the node down."""
+    from opsctl.apply.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
+
+    rt.provider.stop(node)
+    remove_exporter(rt, node)
 
 
 def retire(rt: Runtime, node: Node) -> None:

@@ -28,7 +28,7 @@ def recorded(command: str, handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         folder = getattr(args, "metrics_textfile", None)
         if folder is not None:  # a dry run's too: a wrong folder is said whatever the mode
-            _check_folder(folder)
+            check_folder(folder)
         if folder is None or getattr(args, "dry_run", False):  # a dry run is no run: it leaves no signal
             return handler(args)
         started, code, failing = time.monotonic(), 1, True
@@ -45,7 +45,7 @@ def recorded(command: str, handler: Handler) -> Handler:
     return run
 
 
-def _check_folder(folder: str) -> None:
+def check_folder(folder: str) -> None:
     """Before the run: a folder, not a link, this user may write (a run that worked must not end in an error)."""
     from opsctl.state.safefs import check_writable_folder
     from opsctl.state.textfile import HINT

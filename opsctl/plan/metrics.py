@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Literal, TypedDict
 
 from opsctl.base.endpoints import endpoint
@@ -18,6 +19,9 @@ from opsctl.spec.layout import Layout, Node
 from opsctl.spec.model import Spec
 
 __all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
+
+RECORDED_COMMANDS = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
+# the commands that take --metrics-textfile (cli.runsignals.recorded): one textfile each per topology
 
 Outcome = Literal["ok", "error", "refused"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
@@ -66,11 +70,22 @@ def target_labels(spec: Spec, node: Node) -> dict[str, str]:
     return labels
 
 
-def target_groups(spec: Spec, layout: Layout) -> list[TargetGroup]:
-    """One group per node of the layout (servers and Sentinels), in layout order: each has its own labels."""
+def target_groups(spec: Spec, layout: Layout, records: Mapping[str, Mapping[str, object]] | None = None) \
+        -> list[TargetGroup]:
+    """One group per node of the layout (servers and Sentinels) that is deployed (deployed_nodes), in layout
+    order: each has its own labels."""
     offset = spec.metrics.port_offset
     return [TargetGroup(targets=[endpoint(n.address, exporter_port(n, offset))], labels=target_labels(spec, n))
-            for n in layout.nodes]
+            for n in deployed_nodes(layout, records or {})]
+
+
+def deployed_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
+    """The layout's nodes (placed from the records) that have a live record: what runs, where it runs. A node the
+    next apply adds is left out until it is deployed, and the ones the spec no longer keeps (retiring, parked,
+    tombstones) are no layout node; with nothing deployed at all (no record) every node, where the first apply
+    puts it. Why: Prometheus calls every target that does not answer down."""
+    live = {name for name, record in records.items() if not record.get("retired")}
+    return [n for n in layout.nodes if n.name in live] if records else list(layout.nodes)
 
 
 def file_sd_json(groups: list[TargetGroup]) -> str:

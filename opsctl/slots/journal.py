@@ -194,6 +194,12 @@ class Journal:
             self._append({"op": "filled", "shards": shards})
         self.compact()
 
+    def discard(self) -> None:
+        """Drop the file whatever it holds: its cluster was purged (destroy --purge), and a fresh deploy must not read
+        its entries as its own (an open one would be closed on nodes that never opened it). A link goes itself."""
+        if self.path.is_symlink() or self.path.is_file():
+            self.path.unlink()
+
     def compact(self) -> None:
         """Drop the file once nothing is open (keeps it small; the history is in the events)."""
         if self.path.exists() and not pending(entries := self.entries()) and not filling(entries):

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.layout import SENTINEL_PREFIX
+from opsctl.spec.layout import SENTINEL_PREFIX, Role
 from opsctl.spec.model import Spec
 
 PURGING = "purging"  # a tombstone's mark until its folder was purged (apply.slot_steps.retire)
@@ -26,6 +26,11 @@ class Deployed(Frozen):
     retired: bool = False
     address: str | None = None  # where the node listens: data, not identity (None in records from before it)
     purging: bool = False
+
+
+def recorded_role(d: Deployed) -> Role:
+    """The role a record says its node was deployed with, as a layout role."""
+    return "sentinel" if d.role == "sentinel" else "master" if d.role == "master" else "replica"
 
 
 def name_index(spec: Spec, name: str) -> int | None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, unpurged
+from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, recorded_role, unpurged
 from opsctl.spec.layout import Layout, Node, Role, Shard, bus_port, cluster_layout, deployed_as, layout, node_on
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
@@ -54,6 +54,25 @@ def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object
     see placed_layout."""
     placed = placed_layout(loaded.spec, deployed_from_records(records), serving, moves)
     return loaded if placed == loaded.layout else replace(loaded, layout=placed)
+
+
+def recorded_nodes(spec: Spec, layout: Layout, deployed: Sequence[Deployed]) -> tuple[Node, ...]:
+    """The nodes the records know beside the layout's kept and retired ones (tombstones, and nodes no placement
+    reaches any more), where they were deployed: on their host of the spec, else at their recorded address (a
+    record without one on a host the spec lost names no place, and is left out). What destroy removes with the
+    rest, so nothing of the topology stays behind."""
+    placed = {n.name for n in (*layout.nodes, *layout.retired)}
+    hosts = {h.name: h for h in spec.hosts}
+    out = []
+    for d in deployed:
+        if d.name in placed or (d.host not in hosts and not d.address):
+            continue
+        if d.host in hosts:
+            out.append(node_on(spec, d.name, hosts[d.host], d.port, recorded_role(d), d.shard))
+        else:
+            address = canonical_address(d.address or "")
+            out.append(Node(d.name, d.host, address, d.port, recorded_role(d), d.shard, bind=(address,)))
+    return tuple(out)
 
 
 def surplus_members(layout: Layout) -> list[Node]:

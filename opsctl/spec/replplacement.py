@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from opsctl.base.endpoints import canonical_address
-from opsctl.spec.deployed import Deployed, name_index, sentinel_index, unpurged
+from opsctl.spec.deployed import Deployed, name_index, recorded_role, sentinel_index, unpurged
 from opsctl.spec.layout import (
     SENTINEL_PREFIX,
     Layout,
     Node,
-    Role,
     Shard,
     deployed_as,
     node_on,
@@ -41,10 +40,6 @@ def _stands(positional: Layout, d: Deployed) -> bool:
     node = positional.find(d.name)
     return node is not None and deployed_as(node) == {"host": d.host, "port": d.port, "role": d.role,
                                                       "shard": d.shard}
-
-
-def _role(d: Deployed) -> Role:
-    return "sentinel" if d.role == "sentinel" else "master" if d.role == "master" else "replica"
 
 
 class _Placer:
@@ -86,7 +81,7 @@ class _Placer:
         for host in hosts:
             there = next((d for d in deployed if d.host == host.name), None)
             out.append(new(host) if there is None else
-                       node_on(self.spec, there.name, host, there.port, _role(there), there.shard))
+                       node_on(self.spec, there.name, host, there.port, recorded_role(there), there.shard))
         return out
 
     def _new_server(self, host: Host) -> Node:
@@ -112,11 +107,11 @@ class _Placer:
             if d.name in names or (d.host not in self.hosts and not d.address):
                 continue
             if d.host in self.hosts:
-                node = node_on(self.spec, d.name, self.hosts[d.host], d.port, _role(d), d.shard)
+                node = node_on(self.spec, d.name, self.hosts[d.host], d.port, recorded_role(d), d.shard)
                 why = f"{d.name} on {d.host}: retired, the spec no longer places one there"
             else:
                 address = canonical_address(d.address or "")
-                node = Node(d.name, d.host, address, d.port, _role(d), d.shard, bind=(address,))
+                node = Node(d.name, d.host, address, d.port, recorded_role(d), d.shard, bind=(address,))
                 why = f"{d.name} on {d.host}: retired, {d.host} removed from the spec"
             self.reasons[d.name] = why
             out.append(node)

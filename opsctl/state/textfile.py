@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.plan.metrics import RunSignal, render_textfile, textfile_name
+from opsctl.plan.metrics import RECORDED_COMMANDS, RunSignal, render_textfile, textfile_name
 from opsctl.state.safefs import FileProblem, read_bounded, write_private
 
 HINT = "give --metrics-textfile the folder node_exporter reads (--collector.textfile.directory)"
@@ -22,3 +22,23 @@ def write_textfile(folder: Path, run: RunSignal) -> Path:
     previous = read_bounded(path, f"remove {path}: opsctl writes it anew ({HINT})")
     write_private(path, render_textfile(run, previous), mode=0o644)
     return path
+
+
+
+def topology_textfiles(folder: Path, topology: str) -> list[Path]:
+    """The topology's textfiles in folder, by their exact names (never a pattern: another topology's name may start
+    with this one's), links included (removed themselves, never followed)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    paths = [folder / textfile_name(topology, command) for command in RECORDED_COMMANDS]
+    return [p for p in paths if p.is_symlink() or p.is_file()]
+
+
+def remove_textfiles(folder: Path, topology: str) -> list[Path]:
+    """Delete the topology's textfiles (destroy --purge): a purged topology's old runs would keep its alerts firing
+    (OpsctlBackupMissing, 26 h after its last backup). Returns what went."""
+    gone = topology_textfiles(folder, topology)
+    for path in gone:
+        path.unlink()
+    return gone

@@ -54,7 +54,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     loaded = _cluster_spec(args.file)
     with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
-        report = summarize(observe(connector, loaded.layout.servers, timeout=args.timeout))
+        # the servers deployed, where they run (placed from their records), not where a fresh deploy puts them
+        report = summarize(observe(connector, connector.loaded.layout.servers, timeout=args.timeout))
     print_result(ClusterCheckResult(report), args.output)
     return EXIT_OK if report.healthy else EXIT_ERROR
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
@@ -215,6 +216,7 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     from opsctl.cli.output import Lines, print_result
     from opsctl.cli.results import LinesResult
 
+    _check_textfile_folder(args)
     say = Lines(args.output)
     with open_runtime(args) as rt:
         found = _destroy(rt, args, say)
@@ -226,64 +228,128 @@ def cmd_destroy(args: argparse.Namespace) -> int:
 
 
 def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
-    """Stop (and with --purge delete) exactly the nodes that run or have files, and say so node by node. A topology
-    with nothing to do is left alone: no question, no lock, nothing written (a lock file would be a lie of
-    'deployed'); a dry run prints what would be done and changes nothing either. Returns whether there was any."""
+    """Stop (and with --purge delete) exactly the nodes that run, have an exporter running or have files, and say so
+    node by node: every node the state knows (_destroy_order), so a purge leaves nothing of the topology and the next
+    apply deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing
+    written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
+    either. Returns whether there was any."""
     from opsctl.apply.exporter_steps import remove_exporter
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
-    layout = rt.loaded.layout
-    order = [*layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
-             *[n for n in layout.servers if n.role == "master"]]
-    todo = [(node, running, files) for node, running, files in _presence(rt, order) if running or
-            (args.purge and files)]
+    todo = [p for p in _presence(rt, _destroy_order(rt)) if p.running or p.exporter or (args.purge and p.files)]
     name = rt.loaded.spec.name
     if not todo or args.dry_run:
-        for node, running, files in todo:
-            say(_destroy_words(node.name, running, args.purge and files, dry_run=True))
+        for p in todo:
+            say(_destroy_words(p.node.name, p.running, args.purge and p.files, p.exporter, dry_run=True))
         if not todo:
             say(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
                 f"{' or has files' if args.purge else ''}")
+        _drop_textfiles(args, name, say)
         return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
     with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
-        for node, _, _ in todo:
+        for p in todo:
             check_held(rt.connector)
-            running = rt.provider.process_state(node).running  # again, under the locks
+            running = rt.provider.process_state(p.node).running  # again, under the locks
             if running:
-                rt.provider.stop(node)
-            remove_exporter(rt, node)
+                rt.provider.stop(p.node)
+            remove_exporter(rt, p.node)
             if args.purge:
-                rt.provider.purge(node)
-            say(_destroy_words(node.name, running, args.purge))
+                rt.provider.purge(p.node)
+            say(_destroy_words(p.node.name, running, args.purge, p.exporter))
+        if args.purge:
+            from opsctl.slots.journal import Journal
+
+            Journal(rt.state_dir).discard()  # it names the purged cluster's nodes and ids
+    _drop_textfiles(args, name, say)
     return True
 
 
-def _presence(rt: Runtime, nodes: list[Node]) -> list[tuple[Node, bool, bool]]:
-    """Each node, whether its server runs, and whether it has files where the provider keeps them (its config is
-    the first file a deployment writes), all nodes at once."""
+def _drop_textfiles(args: argparse.Namespace, name: str, say: Lines) -> None:
+    """--purge --metrics-textfile DIR: the topology's own signals go too (named in a dry run), nodes or not: they lie
+    outside the state dir, where node_exporter reads them."""
+    if args.metrics_textfile is None:
+        return
+    from opsctl.state.textfile import remove_textfiles, topology_textfiles
+
+    if args.dry_run:
+        for path in topology_textfiles(args.metrics_textfile, name):
+            say(f"would remove {path}")
+        return
+    for path in remove_textfiles(args.metrics_textfile, name):
+        say(f"removed {path}")
+
+
+def _check_textfile_folder(args: argparse.Namespace) -> None:
+    """destroy's --metrics-textfile deletes the topology's signals, which only a purge does; both checked before
+    anything is read or changed."""
+    if args.metrics_textfile is None:
+        return
+    if not args.purge:
+        raise OpsctlError("destroy --metrics-textfile deletes the topology's textfiles, which only --purge does",
+                          hint="add --purge (it deletes the nodes' data too), or leave --metrics-textfile out")
+    from opsctl.cli.runsignals import check_folder
+
+    check_folder(args.metrics_textfile)
+
+
+def _destroy_order(rt: Runtime) -> list[Node]:
+    """Every node the state knows: first the ones the spec no longer keeps (retiring, parked, tombstones: their
+    records, at the place they were deployed), then the sentinels, the replicas, the masters. Over SSH a tombstone
+    on a host the spec lost is out of reach (no host entry names its SSH settings): the copy of it the hosts table
+    carries goes with the spec's folder on the last purge of each host."""
+    from opsctl.spec.deployed import deployed_from_records
+    from opsctl.spec.placement import recorded_nodes
+
+    spec, layout = rt.loaded.spec, rt.loaded.layout
+    recorded = recorded_nodes(spec, layout, deployed_from_records(rt.provider.deployed_records()))
+    if spec.provider == "ansible":
+        recorded = tuple(n for n in recorded if n.host in {h.name for h in spec.hosts})
+    return [*layout.retired, *recorded, *layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
+            *[n for n in layout.servers if n.role == "master"]]
+
+
+@dataclass(frozen=True)
+class _Presence:
+    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record)."""
+
+    node: Node
+    running: bool
+    exporter: bool
+    files: bool
+
+
+def _presence(rt: Runtime, nodes: list[Node]) -> list[_Presence]:
+    """Each node, whether its server runs, whether an exporter runs beside it, and whether it has files where the
+    provider keeps them (its config is the first file a deployment writes; a tombstone holds its record alone), all
+    nodes at once."""
     from pathlib import PurePath
 
+    from opsctl.apply.exporter_steps import exporter_runs
     from opsctl.net.fanout import fan_out
 
-    def look(node: Node) -> tuple[Node, bool, bool]:
+    def look(node: Node) -> _Presence:
         conf = PurePath(rt.provider.paths(node).conf).name
-        return node, rt.provider.process_state(node).running, rt.provider.read_file(node, conf) is not None
+        files = rt.provider.read_file(node, conf) is not None or bool(rt.provider.load_record(node))
+        return _Presence(node, rt.provider.process_state(node).running, exporter_runs(rt, node), files)
 
     return fan_out(look, nodes)
 
 
-def _destroy_words(name: str, stopped: bool, purged: bool, dry_run: bool = False) -> str:
+def _destroy_words(name: str, stopped: bool, purged: bool, exporter: bool = False, dry_run: bool = False) -> str:
     """What destroy did (or, in a dry run, would do) to a node, and only that: 'stopped N', 'stopped N and purged its
-    data', 'purged the data of N' (a node that was down), or that it was down already (it stopped since destroy
-    looked)."""
+    data', 'purged the data of N' (a node that was down), 'stopped the redis_exporter of N' (beside a node that was
+    down), or that it was down already (it stopped since destroy looked)."""
     if dry_run:
-        return f"would purge the data of {name}" if not stopped else \
-            f"would stop {name}{' and purge its data' if purged else ''}"
+        if not stopped:
+            return f"would purge the data of {name}" if purged else f"would stop the redis_exporter of {name}"
+        return f"would stop {name}{' and purge its data' if purged else ''}"
     if not stopped:
-        return f"purged the data of {name}" if purged else f"{name} was down already"
+        if purged:
+            return f"purged the data of {name}"
+        return f"stopped the redis_exporter of {name}" if exporter else f"{name} was down already"
     return f"stopped {name}{' and purged its data' if purged else ''}"
 
 
@@ -312,4 +378,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_auto_approve(p)
     add_dry_run(p, "print what would be stopped and purged; change nothing")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
+    p.add_argument("--metrics-textfile", metavar="DIR",
+                   help="with --purge: also delete this topology's opsctl_<topology>_<command>.prom files in DIR "
+                        "(node_exporter's textfile folder), so no alert reads a purged topology's old runs")
     p.set_defaults(handler=cmd_destroy)

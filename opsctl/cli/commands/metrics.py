@@ -1,17 +1,19 @@
-"""`opsctl metrics targets -f SPEC [-o FILE | --write-to HOST:PATH]`: the Prometheus file_sd target groups of the
-spec's exporters (opsctl.plan.metrics), printed, or written atomically (here, or over SSH on the host where Prometheus
-runs) so that Prometheus, which watches the file, never reads half.
+"""`opsctl metrics targets -f SPEC [--state-dir DIR] [-o FILE | --write-to HOST:PATH]`: the Prometheus file_sd target
+groups of the exporters of the nodes that are deployed, where they run (the spec placed from the nodes' records, as
+every command places it: opsctl.apply.placing), printed, or written atomically (here, or over SSH on the host where
+Prometheus runs) so that Prometheus, which watches the file, never reads half.
 `opsctl metrics rules --dir DIR [--force]`: the alert rules, their promtool tests and the Grafana dashboard shipped in
 the package, written into DIR."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_OK
-from opsctl.cli.options import add_output, add_spec_file
+from opsctl.cli.options import add_output, add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
@@ -20,9 +22,11 @@ RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. 
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
+    from opsctl.apply.placing import recorded_placement
     from opsctl.plan.metrics import file_sd_json, target_groups
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
 
     if args.write_to is not None:
         from opsctl.providers.remote.publish import parse_write_to
@@ -31,8 +35,14 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
     loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
-    _refuse_ports_above_range(loaded)
-    text = file_sd_json(target_groups(loaded.spec, loaded.layout))
+    state_dir = state_dir_for(loaded, args.state_dir)
+    placed, records = recorded_placement(loaded, state_dir)
+    _refuse_ports_above_range(placed)  # where the nodes run: a node placed past base_port's range counts too
+    if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
+        where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
+        print(f"note: no node of '{loaded.spec.name}' is deployed {where}: the targets are where the first apply "
+              "puts the nodes", file=sys.stderr)
+    text = file_sd_json(target_groups(placed.spec, placed.layout, records))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
 
@@ -40,8 +50,6 @@ def cmd_targets(args: argparse.Namespace) -> int:
     elif args.out in (None, "-"):
         print(text, end="")
     else:
-        from pathlib import Path
-
         write_private(Path(args.out), text, mode=0o644)  # Prometheus, another user, reads it; it holds no secret
     return EXIT_OK
 
@@ -151,6 +159,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = group.add_subparsers(dest="metrics_command", required=True, metavar="SUBCOMMAND")
     p = commands.add_parser("targets", help="print the exporters as Prometheus file_sd JSON, labelled by node")
     add_spec_file(p)
+    add_state_dir(p, "where the nodes' records are (default: .opsctl/<name> next to the spec): the targets are the "
+                     "nodes deployed, where they run")
     where = p.add_mutually_exclusive_group()
     where.add_argument("-o", "--out", metavar="FILE",
                    help="write it to FILE atomically (temp file + rename: Prometheus watches it) instead of stdout")

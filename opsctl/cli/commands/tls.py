@@ -28,6 +28,7 @@ def _ca(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
+    from opsctl.apply.placing import recorded_placement
     from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
     from opsctl.cli.confirm import confirm
@@ -35,11 +36,14 @@ def _rotate(args: argparse.Namespace) -> int:
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
-    names = [n.name for n in loaded.layout.nodes]
+    # the nodes deployed, by the names their records give them (a fresh deploy's names differ after a change of
+    # shape); read, not written: a dry run writes nothing
+    names = [n.name for n in recorded_placement(loaded, state_dir_for(loaded, args.state_dir))[0].layout.nodes]
     nodes = ", ".join(names)
     if args.dry_run:
         line = f"dry run: would rotate ({mode}) the certificates of {nodes}; nothing changed"
