@@ -96,6 +96,9 @@ def test_status_lag_column_in_every_topology(tmp_path: Path, topology: str) -> N
         assert (rows[s.name].lag, rows[s.name].offset, rows[s.name].lag_text) == (None, None, "-")
     table = status_table(list(rows.values()))
     assert "LAG" in table.splitlines()[0]
+    if lagging:  # the column names its unit: offsets apart are bytes, never a bare number read as seconds
+        assert rows[lagging].lag_text == "700B" and " 700B " in table
+        assert replace(rows[lagging], lag=3 << 20).lag_text == "3.0MiB"
     data = json.loads(json.dumps([r.as_dict() for r in rows.values()]))
     assert all("offset" in d and "lag" in d for d in data)
     if not lagging:
