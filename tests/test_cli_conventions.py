@@ -1,0 +1,115 @@
+"""Issue 33 item 8, the CLI's conventions: -o/--output names a format everywhere and a folder is --dir (render,
+inventory); `inventory --output json` prints Ansible's JSON inventory; every backup location read is --from (the
+positional `backup verify DIR` kept)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opsctl.cli.main import build_parser
+from tests.lifecycle import run
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+
+
+@pytest.fixture(autouse=True)
+def _password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """A usage error: exit 1, a message and a hint on stderr, no traceback."""
+    with pytest.raises(SystemExit) as exc:
+        run(capsys, *argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "hint:" in err and "Traceback" not in err, err
+    return err
+
+
+# --- -o/--output is a format; a folder is --dir ----------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["render", "inventory"])
+def test_o_with_a_folder_says_use_dir_and_writes_nothing(command: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, make_spec("standalone", hosts=1, provider="ansible"))
+    for flag in ("-o", "--output"):
+        err = usage_error(capsys, command, "-f", str(spec), flag, str(tmp_path / "out"))
+        assert f"use --dir {tmp_path / 'out'}" in err and "format" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_init_o_is_the_format_and_the_file_is_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """init had -o FILE beside --output FORMAT: `init -o json` wrote a file named json. Now -o is the format (as on
+    every command that has one) and the file is --out, as `plan --out FILE`."""
+    target = tmp_path / "t.yaml"
+    err = usage_error(capsys, "init", "-o", str(target))
+    assert f"use --out {target}" in err and "(text|json)" in err
+    assert not target.exists()
+    code, out, err = run(capsys, "init", "--topology", "standalone", "--out", str(target), "-o", "json")
+    assert code == 0 and json.loads(out)["file"] == str(target) and target.is_file(), err
+
+
+def test_render_and_inventory_write_into_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = make_spec("standalone", hosts=1, provider="ansible")
+    spec = write_spec(tmp_path, data)
+    code, out, err = run(capsys, "render", "-f", str(spec), "--dir", str(tmp_path / "r"))
+    assert code == 0 and (tmp_path / "r").is_dir(), err
+    code, out, err = run(capsys, "inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"))
+    assert code == 0 and (tmp_path / "inv" / f"{data['name']}.yml").is_file(), err
+    assert "--dir" in out and " -o " not in out  # the printed next command uses the new spelling
+
+
+def test_every_o_is_a_format_but_on_a_command_without_one() -> None:
+    """-o is short for --output (a format) wherever a command has one; only `metrics targets`, which prints one
+    document and has no format, keeps -o for the file it writes (--out)."""
+    from opsctl.cli.completion import commands
+
+    for command in commands(build_parser()):
+        values = dict(command.values)
+        if "-o" not in values:
+            continue
+        if command.path == "metrics targets":  # no format: -o is the file it writes
+            assert "--out" in command.options, command.path
+        elif command.path == "render":
+            assert "--dir" in command.options
+        else:
+            assert values["-o"] is not None and "json" in (values["-o"] or ()), command.path
+        assert "--dir" not in values or values["--dir"] is None  # a folder completes as a path
+
+
+def test_inventory_output_json_is_ansibles_json_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, make_spec("replication", provider="ansible"))
+    code, out, err = run(capsys, "inventory", "-f", str(spec), "-o", "json", "--dir", str(tmp_path / "inv"))
+    assert code == 0, err
+    assert not (tmp_path / "inv").exists()  # printed, not written
+    inventory = json.loads(out)
+    hostvars = inventory["_meta"]["hostvars"]
+    groups = {name: group for name, group in inventory.items() if name != "_meta"}
+    assert "children" in groups["all"] and all(set(g) <= {"hosts", "children", "vars"} for g in groups.values())
+    listed = {h for g in groups.values() for h in g.get("hosts", [])}
+    assert listed and listed <= set(hostvars)
+    first = next(iter(hostvars.values()))
+    assert first["ansible_host"] == {"__ansible_unsafe": first["ansible_host"]["__ansible_unsafe"]}  # never templated
+    assert PASSWORD not in out
+    ansible_inventory = shutil.which("ansible-inventory", path=str(Path(sys.executable).parent))
+    if ansible_inventory is None:
+        return
+    script = tmp_path / "inv.py"  # what an inventory script would print: Ansible reads it back as it was
+    script.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write({out!r})\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    listed_back = subprocess.run([ansible_inventory, "-i", str(script), "--list"], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "ANSIBLE_LOCAL_TEMP": str(tmp_path)}).stdout
+    back = json.loads(listed_back)
+    assert back["_meta"]["hostvars"].keys() == hostvars.keys()
+    for name, group in groups.items():  # ("all" lists its hosts in the groups they are in)
+        assert name == "all" or sorted(back[name].get("hosts", [])) == sorted(group.get("hosts", [])), name
+    host = next(iter(hostvars))
+    assert back["_meta"]["hostvars"][host]["ansible_host"] == hostvars[host]["ansible_host"]
