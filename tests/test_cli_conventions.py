@@ -113,3 +113,24 @@ def test_inventory_output_json_is_ansibles_json_form(tmp_path: Path, capsys: pyt
         assert name == "all" or sorted(back[name].get("hosts", [])) == sorted(group.get("hosts", [])), name
     host = next(iter(hostvars))
     assert back["_meta"]["hostvars"][host]["ansible_host"] == hostvars[host]["ansible_host"]
+
+
+# --- a location read is --from -------------------------------------------------------------------------------
+
+
+def test_backup_verify_list_and_prune_read_their_location_from_from(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """verify took its location positionally where list, prune and restore take --from: now all take --from, and
+    `backup verify DIR` (documented first) stays its alias, saying the same."""
+    empty = tmp_path / "backup"
+    empty.mkdir()
+    by_option = run(capsys, "backup", "verify", "--from", str(empty))
+    assert by_option[0] == 1 and "manifest.json" in by_option[2] and "Traceback" not in by_option[2], by_option
+    assert run(capsys, "backup", "verify", str(empty)) == by_option
+    code, out, err = run(capsys, "backup", "verify", str(empty), "--from", str(empty))
+    assert code == 1 and "usage: opsctl backup verify --from" in err
+    for action in ("list", "prune"):
+        code, out, err = run(capsys, "backup", action, str(empty))
+        assert code == 1 and f"hint: opsctl backup {action} --from {empty}" in err, err
+    code, out, err = run(capsys, "backup", "list", "--from", str(empty))
+    assert code == 0 and "0 base(s)" in out, err

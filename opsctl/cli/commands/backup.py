@@ -1,4 +1,7 @@
-"""`opsctl backup -f SPEC --to DIR|URL [--continuous]`, `opsctl backup verify DIR`, `opsctl backup list|prune`."""
+"""`opsctl backup -f SPEC --to DIR|URL [--continuous]`, `opsctl backup verify|list|prune --from DIR|URL`.
+
+A location written is --to, a location read is --from (as restore and migrate take theirs); `backup verify DIR`,
+the spelling documented first, stays an alias."""
 
 from __future__ import annotations
 
@@ -37,8 +40,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.action in ("list", "prune"):
         return _catalog(args)
     if args.action is not None or not args.file or not args.to:
-        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | opsctl backup verify DIR | "
-                          "opsctl backup list|prune --from DIR|URL", hint="opsctl backup --help shows every option")
+        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | "
+                          "opsctl backup verify|list|prune --from DIR|URL",
+                          hint="opsctl backup --help shows every option")
     from opsctl.apply.connect import open_connector
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
@@ -90,6 +94,9 @@ def _catalog(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import CatalogResult
 
+    if args.target and not args.from_:
+        raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL: a location read is given as --from",
+                          hint=f"opsctl backup {args.action} --from {args.target[:200]}")
     if not args.from_ or args.file or args.to or (args.action == "prune" and args.keep_days is None):
         raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
                           + (" --keep-days N" if args.action == "prune" else ""),
@@ -107,31 +114,33 @@ def _verify(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult
 
-    if not args.target or args.file or args.to:
-        raise OpsctlError("usage: opsctl backup verify DIR|URL",
+    if not (args.target or args.from_) or (args.target and args.from_) or args.file or args.to:
+        raise OpsctlError("usage: opsctl backup verify --from DIR|URL (or the location alone: backup verify DIR)",
                           hint="a backup directory (it holds manifest.json), or s3://BUCKET/PREFIX/<name>-<time>")
+    location = args.from_ or args.target
     json_mode = args.output == "json"
-    with event_printer(json_mode) as emit, fetched(args.target, None) as (folder, _):
+    with event_printer(json_mode) as emit, fetched(location, None) as (folder, _):
         manifest = verify_backup(folder, emit)
         emit(VerifyDone(True, manifest.total_keys))
     if not json_mode:  # as JSON, the result was the verify-done line
-        print_text(VerifyResult(args.target, manifest))
+        print_text(VerifyResult(location, manifest))
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify DIR` checks one",
+    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify --from DIR` checks one",
                        description="opsctl backup -f SPEC --to DIR|s3://BUCKET/PREFIX [--continuous]   |   "
-                                   "opsctl backup verify DIR   |   opsctl backup list|prune --from DIR|URL")
+                                   "opsctl backup verify|list|prune --from DIR|URL")
     p.add_argument("action", nargs="?", choices=("verify", "list", "prune"),
                    help="verify: check a backup directory; list: what a location holds; prune: drop what is "
                         "older than --keep-days")
-    p.add_argument("target", nargs="?", metavar="DIR|URL", help="the backup (directory or s3:// URL) to verify")
-    add_spec_file(p, required=False)  # not with `backup verify DIR`
+    p.add_argument("target", nargs="?", metavar="DIR|URL", help="backup verify: the same as --from DIR|URL")
+    add_spec_file(p, required=False)  # not with `backup verify|list|prune`
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
                         "<name>-<UTC timestamp>/")
-    p.add_argument("--from", dest="from_", metavar="DIR|URL", help="the location `backup list` and `prune` read")
+    p.add_argument("--from", dest="from_", metavar="DIR|URL",
+                   help="the location `backup verify` (a backup), `list` and `prune` (where backups went) read")
     p.add_argument("--keep-days", type=ranged(float, 0, 36500),
                    help="backup prune: keep what a restore to any time of the last N days needs")
     p.add_argument("--continuous", action="store_true",
