@@ -6,6 +6,7 @@ the spelling documented first, stays an alias."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -26,12 +27,14 @@ if TYPE_CHECKING:
 
 def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     """Events of backup and restore: JSON lines on stdout with --output json, the last one their result (its
-    backup-done, verify-done, restore-done or restore-dry-run event, in the envelope); otherwise text on stderr,
-    progress as a bar redrawn on a terminal, and the text result on stdout when done."""
-    from opsctl.base.events import BackupDone, RestoreDone, VerifyDone
+    backup-done, verify-done, restore-done, restore-dry-run or, ending backup --continuous, archive-stopped event,
+    in the envelope); otherwise text on stderr, progress as a bar redrawn on a terminal, and the text result on
+    stdout when done."""
+    from opsctl.base.events import ArchiveStopped, BackupDone, RestoreDone, VerifyDone
     from opsctl.cli.output import printing
 
-    return printing(json_mode, sys.stdout if json_mode else sys.stderr, results=(BackupDone, VerifyDone, RestoreDone))
+    return printing(json_mode, sys.stdout if json_mode else sys.stderr,
+                    results=(BackupDone, VerifyDone, RestoreDone, ArchiveStopped))
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -72,17 +75,25 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, store: Store,
                 options: BackupOptions) -> int:
-    """The archive in the foreground until stopped (SIGTERM/SIGINT: Stopped, exit 143/130); the topology lock is
+    """The archive in the foreground until stopped, as a service is: SIGTERM/SIGINT close every open segment and end
+    it normally, exit 0 with a closing line (a second signal stops at once: exit 143/130). The topology lock is
     held only while a base is taken, so reshards and failovers run beside it."""
     from opsctl.apply.connect import open_connector
     from opsctl.backup.archive import ArchiveOptions, run_archive
+    from opsctl.base import stop
+    from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
 
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
-        run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
+        try:
+            run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
+        except stop.Stopped as stopped:
+            if not stop.asked_once():
+                raise
+            emit(ArchiveStopped(signal.Signals(stopped.signum).name, stopped.detail or "nothing was left open"))
     return EXIT_OK
 
 
