@@ -134,3 +134,29 @@ def test_backup_verify_list_and_prune_read_their_location_from_from(tmp_path: Pa
         assert code == 1 and f"hint: opsctl backup {action} --from {empty}" in err, err
     code, out, err = run(capsys, "backup", "list", "--from", str(empty))
     assert code == 0 and "0 base(s)" in out, err
+
+
+# --- restore --to-time from a location without an archive ------------------------------------------------------
+
+
+@pytest.mark.parametrize("holds", ["nothing", "a plain backup"])
+def test_to_time_from_a_location_without_an_archive_names_the_location(tmp_path: Path, holds: str) -> None:
+    """It said "no archive of  reaches back to ...": the topology's name of an archive that is not there. Now the
+    location, and the backup it does hold (restored without --to-time)."""
+    from opsctl.backup.offsite import open_store
+    from opsctl.backup.store import parse_location
+    from opsctl.base.errors import RefusedError
+    from opsctl.restore.pitr import plan_to_time
+
+    location = tmp_path / "backups"
+    location.mkdir()
+    if holds == "a plain backup":
+        (location / "orders-20261127T140000Z").mkdir()
+        (location / "orders-20261127T140000Z" / "manifest.json").write_text("{}")
+    with pytest.raises(RefusedError) as exc:
+        plan_to_time(open_store(parse_location(str(location))), 1_900_000_000.0)
+    assert exc.value.summary.startswith(f"no archive in {location} reaches back to ") and " of  " not in str(exc.value)
+    assert "nothing was written" in exc.value.summary
+    if holds == "a plain backup":
+        assert exc.value.hint == f"restore a backup it holds without --to-time: opsctl restore -f SPEC --from " \
+                                 f"{location / 'orders-20261127T140000Z'}"

@@ -56,8 +56,15 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
     if len(specs) > 1:
         raise RefusedError(f"{store.location.text} holds the archives of {', '.join(specs)}",
                            hint="archive each topology under its own prefix (--to s3://BUCKET/PREFIX/NAME)")
-    spec = specs[0] if specs else ""
-    newest = base_for(bases, until, spec, dropped_before(store, spec) if spec else None)
+    if not specs:  # no topology's name to say: the location's instead
+        plain = sorted(b.name for b in bases if b.complete)
+        raise RefusedError(f"no archive in {store.location.text} reaches back to {iso(until)}: it holds no archive "
+                           "base (`backup --continuous` writes them; nothing was written)",
+                           hint=f"restore a backup it holds without --to-time: opsctl restore -f SPEC --from "
+                                f"{store.where(plain[-1])}" if plain else
+                           "`opsctl backup list --from URL` shows what the location holds")
+    spec = specs[0]
+    newest = base_for(bases, until, spec, dropped_before(store, spec))
     older = sorted((b for b in bases if b.spec == spec and b.archived and b.complete and b.taken < newest.taken),
                    key=lambda b: b.taken, reverse=True)
     first: RefusedError | None = None
