@@ -364,3 +364,26 @@ def test_no_eta_before_five_percent_of_the_work() -> None:
     assert progress.event().eta is None
     progress.keys = 100
     assert progress.event().eta is not None
+
+
+def test_audit_progress_off_a_terminal_is_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off a terminal the audit said nothing while it scanned: now a plain line every heartbeat, and the final
+    counts once one was said (a short scan stays silent, as before)."""
+    import opsctl.cli.commands.audit as audit
+
+    now = [100.0]
+    monkeypatch.setattr(audit.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    bar = ProgressBar(stream, heartbeat=5.0)
+    for second in range(12):
+        now[0] = 100.0 + second
+        bar("a", second * 10, 200)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].endswith("keys/s  ETA 15s") and "110/200 keys" in lines[-1], lines
+    assert not any(c in stream.getvalue() for c in CONTROL)
+    quiet = io.StringIO()
+    short = ProgressBar(quiet, heartbeat=5.0)
+    short("a", 10, 10)
+    short.close()
+    assert quiet.getvalue() == ""
