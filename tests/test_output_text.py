@@ -36,6 +36,7 @@ from opsctl.base.events import (
     RestoreProgress,
     ScanProgress,
     SegmentArchived,
+    ShardCopying,
     ShardSaved,
     ShardVerified,
     SlotsClosed,
@@ -190,7 +191,8 @@ EVERY_KIND: list[Event] = [
     SlotsClosed("journaled a -> b: finish 3"), SlotsDone(10, 10, 100, 10000, 50.0, 2.0, 0.0),
     EndpointDown("target", "n3"), EndpointReplacedEvent("target", "n3"),
     StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom"),
-    BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
+    BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardCopying(1, "n4", 1 << 19, 1 << 20),
+    ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
     BackupDone("/b/x-1", 100, 2 << 20, 1.5), SegmentArchived(1, "x.seg", 0, 90, 3, 200, 1.0, 1.5, 2.0),
     ArchiveProgress("x-1", 4, 800, {1: 90, 2: 0}), ArchiveStopped("SIGTERM", "every segment read is archived"),
     ChecksumsOk(2), ShardVerified(1, "shard-1.rdb", 50),
@@ -203,8 +205,8 @@ EVERY_KIND: list[Event] = [
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
-REDRAWN_KINDS = 7  # slots-progress, shard-saved, restore-progress, playbook-task, migrate-lag, segment-archived,
-# archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: not in a run this short)
+REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
+# segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)
 
 
 class Terminal(io.StringIO):

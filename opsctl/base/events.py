@@ -228,6 +228,21 @@ class BackupStart(Frozen):
 
 
 @frozen
+class ShardCopying(Frozen):
+    """A shard's copy arriving from its saver: bytes so far, of about estimate (its data in memory)."""
+
+    kind: ClassVar[str] = "shard-copying"
+    shard: int
+    node: str
+    bytes: int
+    estimate: int
+
+    def line(self) -> str:
+        return f"shard {self.shard}: {human_bytes(self.bytes)} of about {human_bytes(self.estimate)} received from " \
+               f"{self.node}"
+
+
+@frozen
 class ShardSaved(Frozen):
     kind: ClassVar[str] = "shard-saved"
     shard: int
@@ -451,10 +466,12 @@ class PlaybookTask(Frozen):
 Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsStart | SlotsProgress | BigKey
          | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
-         | BackupStart | ShardSaved | BackupDone | SegmentArchived | ArchiveProgress | ArchiveStopped | ChecksumsOk
-         | ShardVerified | VerifyDone | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag | CutoverDone)
+         | BackupStart | ShardCopying | ShardSaved | BackupDone | SegmentArchived | ArchiveProgress | ArchiveStopped
+         | ChecksumsOk | ShardVerified | VerifyDone | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag
+         | CutoverDone)
 # a bar on a terminal; elsewhere a heartbeat: the newest one as a line every HEARTBEAT seconds (CI logs)
-REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived, ArchiveProgress)
+REDRAWN = (SlotsProgress, ShardCopying, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived,
+           ArchiveProgress)
 HEARTBEAT = 5.0
 # on the bar only: off a terminal the archive's heartbeat is its summary (ArchiveProgress), not one shard's segment
 BAR_ONLY = (SegmentArchived,)
