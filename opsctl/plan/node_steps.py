@@ -134,9 +134,10 @@ def spec_change(want: DesiredNode, name: str, before: str | None, after: str) ->
     """Why a setting changes with the spec: the field that derives it when opsctl derives it (the user edited
     cluster.replicas_per_master, not repl-diskless-sync-delay), else the setting itself; before -> after, a secret's
     masked."""
-    values = f"{shown(name, before) if before is not None else UNSET} -> {shown(name, after)}"
+    was, now = shown(name, before) if before is not None else UNSET, shown(name, after)
+    values = f" {was} -> {now}" if was != now else ""  # two masked values read the same: none shown
     cause = dict(want.causes).get(name)
-    return f"{cause} derives {name} {values}" if cause else f"spec changed {name} {values}"
+    return f"{cause} derives {name}{values}" if cause else f"spec changed {name}{values}"
 
 
 def dropped_config_steps(node: Node, wanted: Mapping[str, str], recorded: Mapping[str, str], f: NodeFacts,
