@@ -161,3 +161,15 @@ def test_to_time_from_a_location_without_an_archive_names_the_location(tmp_path:
     if holds == "a plain backup":
         assert exc.value.hint == f"restore a backup it holds without --to-time: opsctl restore -f SPEC --from " \
                                  f"{location / 'orders-20261127T140000Z'}"
+
+
+def test_archive_stopped_is_the_result_line_of_backup_continuous(capsys: pytest.CaptureFixture[str]) -> None:
+    """As JSON the stop of `backup --continuous` is its last line, in the envelope as every result is."""
+    from opsctl.base.events import ArchiveStopped
+    from opsctl.cli.commands.backup import event_printer
+
+    with event_printer(True) as emit:
+        emit(ArchiveStopped("SIGTERM", "every segment read is archived: shard 1 up to offset 28"))
+    line = json.loads(capsys.readouterr().out)
+    assert line == {"format_version": 1, "event": "archive-stopped", "signal": "SIGTERM",
+                    "detail": "every segment read is archived: shard 1 up to offset 28"}
