@@ -15,7 +15,7 @@ from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
 from opsctl.base.stop import installed as stop_on_signals
-from opsctl.cli.options import add_output, add_spec_file, check_stdin_spec
+from opsctl.cli.options import Moved, add_dir, add_moved_output, add_output, add_spec_file, check_stdin_spec
 
 # Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
 # every object the run made (the kernel frees them; docs/internals.md).
@@ -56,10 +56,10 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 
-    if args.output != "-" and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise FileProblem(args.output, "is not a folder", "give -o a folder to write into (or '-' to print)")
+    if args.dir != "-" and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        raise FileProblem(args.dir, "is not a folder", "give --dir a folder to write into (or '-' to print)")
     loaded = read_spec(args.file)
-    written = write_rendered(loaded, Path(args.output), show_secrets=args.show_secrets, stdout=args.output == "-")
+    written = write_rendered(loaded, Path(args.dir), show_secrets=args.show_secrets, stdout=args.dir == "-")
     for line in written:
         print(line)
     return EXIT_OK
@@ -121,7 +121,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="render hardened config files for every node")
     add_spec_file(p)
-    p.add_argument("-o", "--output", required=True, help="directory to write into ('-' prints, masked)")
+    add_dir(p, "the folder to write into ('-' prints, masked)")
+    add_moved_output(p, Moved("render", "folder", "--dir"))
     p.add_argument("--show-secrets", action="store_true", help="print real secrets instead of ***")
     p.set_defaults(handler=_render)
 

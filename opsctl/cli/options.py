@@ -1,11 +1,14 @@
 """The options many commands share, each declared here once: the spec file, the state dir, the output format,
 --auto-approve and --dry-run.
 
-Only argparse is imported: every run builds its parser from these, `--help` and `--version` included."""
+Only argparse (and the typing modules) is imported: every run builds its parser from these, `--help` and
+`--version` included."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import NamedTuple
 
 SPEC_HELP = "topology spec (YAML; '-' reads it from standard input, then give --state-dir where the command has it)"
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
@@ -24,9 +27,44 @@ def add_state_dir(parser: argparse.ArgumentParser, about: str = STATE_DIR_HELP) 
     parser.add_argument("--state-dir", help=about)
 
 
-def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None) -> None:
-    """--output: how the result prints, the first choice by default."""
-    parser.add_argument("--output", choices=choices, default=choices[0], help=about)
+def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None,
+               moved: Moved | None = None) -> None:
+    """-o/--output: how the result prints (a format, as kubectl's -o json), the first choice by default.
+    moved: where the command's -o went when it named a folder or file (any value but a format is told so)."""
+    parser.add_argument("-o", "--output", choices=choices, default=choices[0], help=about,
+                        type=_format(choices, moved) if moved else str)
+
+
+class Moved(NamedTuple):
+    """What a command's -o named before it meant a format, and the option that takes it now."""
+
+    command: str
+    what: str  # "folder", "file"
+    option: str  # "--dir", "--out"
+
+
+def add_dir(parser: argparse.ArgumentParser, about: str, default: str | None = None) -> None:
+    """--dir: the folder a command writes into (never -o/--output: that names a format)."""
+    parser.add_argument("--dir", metavar="DIR", required=default is None, default=default, help=about)
+
+
+def add_moved_output(parser: argparse.ArgumentParser, moved: Moved) -> None:
+    """-o/--output on a command that has no format but whose -o named its folder: a clear usage error, not
+    argparse's 'unrecognized arguments'."""
+    parser.add_argument("-o", "--output", help=argparse.SUPPRESS, type=_format((), moved))
+
+
+def _format(choices: tuple[str, ...], moved: Moved) -> Callable[[str], str]:
+    """A format, or the usage error that says where the folder or file went."""
+
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        formats = f" ({'|'.join(choices)})" if choices else ""
+        raise argparse.ArgumentTypeError(
+            f"-o/--output names an output format{formats}, not a {moved.what}: {moved.command} takes the "
+            f"{moved.what} it writes as {moved.option} (use {moved.option} {text[:200]})")
+    return parse
 
 
 def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,

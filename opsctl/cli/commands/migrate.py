@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -76,7 +77,8 @@ def _migrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.apply.connect import open_connector
-    from opsctl.base.events import CutoverDone, Event
+    from opsctl.base import stop
+    from opsctl.base.events import CutoverDone, Event, Note
     from opsctl.cli.output import printing
     from opsctl.migrate.run import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
@@ -98,7 +100,16 @@ def _migrate(args: argparse.Namespace) -> int:
         def emit(event: Event) -> None:  # as text, the report goes to stdout at the end, not among the events
             if json_mode or not isinstance(event, CutoverDone):
                 printer(event)
-        report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
+        try:
+            report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
+        except stop.Stopped as stopped:
+            if not stop.asked_once():
+                raise
+            # a pause, said as a closing line, not an error; still 143/130: exit 0 means cut over
+            emit(Note(f"the migration stopped on {signal.Signals(stopped.signum).name} before its cutover: it is "
+                      f"journaled, run the same command to go on (`opsctl migrate cutover -f {args.file}` "
+                      "finishes a cutover that had begun)"))
+            return stopped.exit_code
     if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
