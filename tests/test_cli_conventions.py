@@ -68,8 +68,8 @@ def test_render_and_inventory_write_into_dir(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_every_o_is_a_format_but_on_a_command_without_one() -> None:
-    """-o is short for --output (a format) wherever a command has one; only `metrics targets`, which prints one
-    document and has no format, keeps -o for the file it writes (--out)."""
+    """-o is short for --output (a format) wherever a command has one; `metrics targets` prints one format (json)
+    and writes its file with --out."""
     from opsctl.cli.completion import commands
 
     for command in commands(build_parser()):
@@ -78,9 +78,7 @@ def test_every_o_is_a_format_but_on_a_command_without_one() -> None:
             assert "--dir" in command.options and values["--dir"] is None, command  # a folder: completes paths
         if "-o" not in values:
             continue
-        if command.path == "metrics targets":  # no format: -o is the file it writes
-            assert "--out" in command.options, command.path
-        elif command.path == "render":
+        if command.path == "render":
             raise AssertionError("render's -o only says to use --dir: completion does not offer it")
         else:
             assert values["-o"] is not None and "json" in (values["-o"] or ()), command.path

@@ -19,7 +19,8 @@ from tests.test_cli_abbrev import parsers
 MUTATING = {"apply", "destroy", "restart", "failover", "cluster reshard", "cluster rebalance", "cluster fix",
             "bigkey delete", "restore", "tls rotate"}
 # That print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script; metrics
-# targets: Prometheus file_sd JSON, written to a file with -o/--out as plan --out does; render: files into --dir,
+# targets: Prometheus file_sd JSON (-o json, the one format), written to a file with --out as plan --out does;
+# render: files into --dir,
 # its -o/--output only says so, as -o named that folder before).
 NO_OUTPUT_FORMAT = {"schema", "help", "completion", "metrics targets", "render"}
 

@@ -45,9 +45,14 @@ def check_mode(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
     from opsctl.cli.modes import fill_defaults, refuse_given
 
-    if args.target is not None and args.action != "verify":
-        raise OpsctlError(f"{echo(args.target)}: only `backup verify` takes a location without an option",
-                          hint="opsctl backup -f SPEC --to DIR|URL, or opsctl backup list|prune --from DIR|URL")
+    if args.target is not None and args.action != "verify":  # verify's alone: its documented spelling first
+        import shlex
+
+        from opsctl.base.secrets import mask_url
+
+        action, shown = args.action or "verify|list|prune", shlex.quote(mask_url(args.target[:500]))
+        raise OpsctlError(f"{echo(args.target)}: `backup {action}` reads its location from --from (only `backup "
+                          "verify` also takes it alone)", hint=f"opsctl backup {action} --from {shown}")
     if args.action is None:
         refuse_given(args, ("from_", "keep_days"), "`backup list|prune`, not with a backup",
                      "opsctl backup -f SPEC --to DIR|URL takes --to, not --from")
@@ -59,9 +64,6 @@ def check_mode(args: argparse.Namespace) -> None:
                      "drop the option")
         if args.action != "prune":
             refuse_given(args, ("keep_days",), "`backup prune`", "drop the option")
-        if args.action == "verify":
-            refuse_given(args, ("from_",), "`backup list|prune`: `backup verify DIR|URL` names the backup itself",
-                         "opsctl backup verify DIR|URL")
     fill_defaults(args, {**CONTINUOUS, **SAVING})
 
 

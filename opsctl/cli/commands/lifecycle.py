@@ -6,8 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
@@ -311,9 +310,9 @@ def _destroy_order(rt: Runtime) -> list[Node]:
             *[n for n in layout.servers if n.role == "master"]]
 
 
-@dataclass(frozen=True)
-class _Presence:
-    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record)."""
+class _Presence(NamedTuple):
+    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record).
+    A NamedTuple: this module is imported to build every parser, and dataclasses costs `opsctl --help` its import."""
 
     node: Node
     running: bool
