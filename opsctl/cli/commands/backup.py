@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_force_lock,
+    add_metrics_textfile,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:
@@ -57,7 +64,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     store = open_store(parse_location(args.to))  # boto3 missing: said before any node forks
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
-    with open_connector(loaded, state_dir) as connector, topology_lock(connector), event_printer(json_mode) as emit, \
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
+            event_printer(json_mode) as emit, \
             staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
@@ -78,7 +86,7 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
-        run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
+        run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector, force=args.force_lock))
     return EXIT_OK
 
 
@@ -128,6 +136,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "older than --keep-days")
     p.add_argument("target", nargs="?", metavar="DIR|URL", help="the backup (directory or s3:// URL) to verify")
     add_spec_file(p, required=False)  # not with `backup verify DIR`
+    add_force_lock(p)
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
                         "<name>-<UTC timestamp>/")
