@@ -4,8 +4,10 @@ grants are enough. The I/O around it is opsctl.net.topolock.
 A marker is a client name, `opsctl-lock:<topology>:<epoch>:<owner>:<lease seconds>`, on a connection its run keeps
 open. A node grants a run the lock when the run's marker is set there and no other run's live marker is (live: its
 connection idled at most its lease, by the server's own clock). A run holds the lock with the grants of a strict
-majority of the topology's servers. Invariant: two runs never both hold it, because two majorities share a node and
-there the run whose marker came second lists the first one's (it lists after it sets) and is not granted.
+majority of the topology's servers, and keeps it while its markers stay renewed on enough of them that the rest are
+no majority (keeping). Invariant: two runs never both hold it, because two majorities share a node, and there the
+run whose marker came second lists the first one's (it lists after it sets) and is not granted; nor can one take it
+from a holder, whose renewed markers leave it no majority to be granted.
 The epoch is one more than the highest a run saw when it took the lock: a run whose markers went stale on the
 other side of a split learns, when it meets a higher epoch, that another run took over since.
 """
@@ -82,6 +84,13 @@ def live_others(markers: Iterable[Marker], mine: dict[str, str]) -> tuple[list[M
 def majority(total: int) -> int:
     """The grants a run needs of total servers: more than half."""
     return total // 2 + 1
+
+
+def keeping(total: int) -> int:
+    """The renewed markers a run that holds the lock needs to keep it: enough that the servers without one are no
+    majority (half of them, rounded up), so no other run can take it meanwhile. A run's own restart of a node
+    keeps the lock of a two-server topology; a split that leaves it fewer loses it."""
+    return total - majority(total) + 1
 
 
 def next_epoch(seen: Iterable[Marker]) -> int:

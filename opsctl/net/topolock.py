@@ -2,14 +2,16 @@
 opsctl.net.quorum), renewed every third of the lease, stale once the server says it idled longer. Why: the state-dir
 flock covers one state dir, and a key would be data.
 
-Invariant: a run acts only while a strict majority of the topology's servers grant it the lock, confirmed within
-its lease. Taking it: mark every server in one pipelined round trip each (set, then list), all at once; any other
-run's live marker, or grants from no majority, and the markers are withdrawn and the run refused (exit 3). Keeping
-it: a renewal round that reaches no majority does not count, so a run cut off with a minority counts its lock lost
-one lease after its last majority (before check() lets it change anything more), which is before its markers on
-the majority's side go stale there and another run may take them. Two exceptions, said when taken: a fresh
-topology (no server answers and nothing is deployed: nothing to split) and --force-lock (a warning saying what it
-risks). Until such a run reaches a majority, another run's live marker on a server it marks loses it its lock.
+Invariant: a run acts only while it holds the lock opsctl.net.quorum defines: granted by a strict majority of the
+topology's servers, kept renewed (confirmed within its lease) on enough that the rest are no majority.
+Taking it: mark every server in one pipelined round trip each (set, then list), all at once; another run's live
+marker, or grants from no majority, and the markers are withdrawn and the run refused (exit 3). Keeping it: a
+renewal round that reaches too few does not count, so a run cut off with a minority counts its lock lost one
+lease after its last good round (check() then refuses its next change), which is before its markers on the
+majority's side go stale there (idle past the lease, in whole seconds) and another run may take them.
+Two exceptions, said when taken: a fresh topology (no server answers and nothing is deployed: nothing to split)
+and --force-lock (a warning saying what it risks). Until such a run reaches a majority, another run's live marker
+on a server it marks loses it its lock.
 See docs/slots.md, "One run per topology", and docs/runbooks/partitions.md.
 """
 
@@ -34,7 +36,7 @@ from opsctl.base.text import as_text
 from opsctl.net import quorum
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
-from opsctl.net.quorum import Marker, Tally, live_others, majority, marker_name
+from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
 from opsctl.net.resp import RespError
 from opsctl.spec.layout import Node
@@ -119,7 +121,7 @@ class TopologyLock:
         self.owner = owner_label()
         self.topology = _UNSAFE.sub("_", self.loaded.spec.name)[:60]
         self.epoch = 0  # 0 while taking it: a marker that grants nothing yet
-        self.needed = majority(len(self.nodes))  # 0: a fresh or forced lock that has not reached a majority yet
+        self.needed = keeping(len(self.nodes))  # 0: a fresh or forced lock that has not reached a majority yet
         self.held: dict[str, Held] = {}  # node -> its marker connection and my client id there
         self.lost: str | None = None
         self._renewed_at = time.monotonic()  # when the last renewal round was sent
@@ -250,6 +252,8 @@ class TopologyLock:
         if len(self.held) >= self.needed:
             self._confirmed_at = started
         self._mark_unheld(time.monotonic() + self.lease / 6, timeout)
+        if self.needed == 0 and self.lost is None and len(self.held) >= majority(len(self.nodes)):
+            self.needed = keeping(len(self.nodes))  # a fresh or forced lock that reached a majority
 
     def _renamed(self, name: str, timeout: float) -> bool:
         pipe = self.held[name].pipe
@@ -276,8 +280,6 @@ class TopologyLock:
                     return
                 if marker.node in self.held:
                     self._drop(marker.node)  # not granted: that run withdraws, or holds it forced
-            if self.needed == 0 and len(self.held) >= majority(len(self.nodes)):
-                self.needed = majority(len(self.nodes))  # a fresh or forced lock that reached a majority
 
     def _others_on(self, seen: list[Marker]) -> list[Marker]:
         """The live markers of other runs in seen; the stale ones killed."""
