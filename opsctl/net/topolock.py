@@ -123,6 +123,7 @@ class TopologyLock:
         self.epoch = 0  # 0 while taking it: a marker that grants nothing yet
         self.needed = keeping(len(self.nodes))  # 0: a fresh or forced lock that has not reached a majority yet
         self.held: dict[str, Held] = {}  # node -> its marker connection and my client id there
+        self._silent: list[RawPipe] = []  # connections to nodes that stopped replying, open until the end
         self.lost: str | None = None
         self._renewed_at = time.monotonic()  # when the last renewal round was sent
         self._confirmed_at = self._renewed_at  # when the last one a majority confirmed was sent: their idle counts
@@ -248,18 +249,21 @@ class TopologyLock:
         names = list(self.held)
         for name, ok in zip(names, fan_out(lambda n: self._renamed(n, timeout), names), strict=True):
             if not ok:
-                self._drop(name)  # a restarted node, or one cut off: marked again below once it answers
+                self._drop(name, silent=ok is None)  # a restarted node, or one cut off: marked again once it answers
         if len(self.held) >= self.needed:
             self._confirmed_at = started
         self._mark_unheld(time.monotonic() + self.lease / 6, timeout)
         if self.needed == 0 and self.lost is None and len(self.held) >= majority(len(self.nodes)):
             self.needed = keeping(len(self.nodes))  # a fresh or forced lock that reached a majority
 
-    def _renamed(self, name: str, timeout: float) -> bool:
+    def _renamed(self, name: str, timeout: float) -> bool | None:
+        """True: renewed; None: no reply in time (kept open, see _drop); False: refused or closed."""
         pipe = self.held[name].pipe
         try:
             pipe.settimeout(timeout)
             refused(pipe.call("CLIENT", "SETNAME", self._name()), f"{name} refused CLIENT SETNAME")
+        except TimeoutError:
+            return None
         except (NodeRefused, *PIPE_ERRORS):
             return False
         return True
@@ -290,14 +294,26 @@ class TopologyLock:
                     self.held[marker.node].pipe.call("CLIENT", "KILL", "ID", marker.client_id)
         return live
 
-    def _drop(self, name: str) -> None:
-        self.held.pop(name).pipe.close()
+    def _drop(self, name: str, silent: bool = False) -> None:
+        """Stop counting a node. silent (it did not reply in time): its connection is kept open until the run
+        releases its lock, so its marker there goes stale on the server's clock (the timing the invariant counts
+        on) instead of vanishing at once when a late close gets through to it."""
+        held = self.held.pop(name)
+        if silent:
+            self._silent.append(held.pipe)
+        else:
+            held.pipe.close()
 
     def _lose(self, reason: str) -> None:
         """Counted as lost: the markers are withdrawn (a zombie must not refuse the run that took over)."""
         self.lost = reason
+        self._close_all()
+
+    def _close_all(self) -> None:
         for name in list(self.held):
             self._drop(name)
+        while self._silent:
+            self._silent.pop().close()
 
     def check(self, finished: bool = False) -> None:
         """OpsctlError when this run lost the lock (see the module docstring); called before each change, and
@@ -318,8 +334,7 @@ class TopologyLock:
         if self._renewer is not None:
             self._renewer.join(timeout=5)
         with self._lock:
-            for name in list(self.held):
-                self._drop(name)
+            self._close_all()
 
 
 _RUNS: weakref.WeakKeyDictionary[Connector, TopologyLock] = weakref.WeakKeyDictionary()  # the lock a run holds
