@@ -11,7 +11,8 @@ from its own state dir (two operators): only the majority's may act; the minorit
 servers granted it the lock. After the heal, the minority's run is started again: it proceeds, or reports
 cleanly who holds the lock. Then the gap this closes: a run holds the lock of the whole topology when the split
 puts it on the minority's side, and a run on the majority's side tries until it takes the lock over (once the
-holder's markers there went stale): the holder must count its lock lost before that. Prints one JSON line
+holder's markers there went stale, or vanished: an owner rule does not match the last packets of a connection
+its process closed, so those get through): the holder must count its lock lost before that. Prints one JSON line
 (RESULT + LockRun) and stops every server it started.
 """
 

