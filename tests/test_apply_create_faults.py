@@ -76,6 +76,8 @@ def test_a_cluster_creation_killed_mid_way_is_finished_by_the_next_apply(tmp_pat
     try:
         _killed_at(spec, point, clients)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        if code == 3 and "a majority of its servers does not answer" in err:  # killed before 4 of 6 started
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve", "--force-lock")
         assert code == 0, err + out
         _settled(capsys, spec, servers[0].endpoint)
     finally:

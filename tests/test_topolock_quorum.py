@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,9 +19,9 @@ import pytest
 from opsctl.apply.runtime import make_runtime
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError, RefusedError
 from opsctl.base.poll import wait_for
-from opsctl.net.connector import Connector
+from opsctl.net.connector import AuthRefused, Connector
 from opsctl.net.quorum import Tally, keeping, majority, marker_name, next_epoch, parse_markers, too_few
-from opsctl.net.topolock import TopologyLock, topology_lock
+from opsctl.net.topolock import TopologyLock, _answered_but_refused, topology_lock
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
@@ -29,7 +30,7 @@ from tests.support import PASSWORD, PASSWORD_ENV, admin_for, free_base_port
 RACE = """
 import sys
 from opsctl.base.errors import RefusedError
-from opsctl.net.connector import Connector
+from opsctl.net.connector import AuthRefused, Connector
 from opsctl.net.topolock import topology_lock
 from opsctl.state.specfile import read_spec
 connector = Connector(read_spec(sys.argv[1]))
@@ -59,6 +60,17 @@ def test_a_majority_takes_it_and_the_servers_left_are_no_majority() -> None:
                         for i, (epoch, idle) in enumerate([(3, 0), (7, 99), (0, 0)]))
     assert next_epoch(parse_markers(listing, "a")) == 8  # stale ones count: the run it takes over from
     assert next_epoch([]) == 1
+
+
+def test_a_server_that_refuses_the_password_or_tls_is_said_so_not_counted_as_silent() -> None:
+    """Counted as silent, a wrong password read as a split: `a majority ... does not answer`, exit 3."""
+    auth = _answered_but_refused("n1", AuthRefused("n1 refused opsctl's AUTH", "-WRONGPASS invalid username-password"))
+    assert auth is not None and auth.summary == "authentication failed for n1" and "auth.password" in auth.hint
+    assert auth.exit_code == 1
+    tls = _answered_but_refused("n1", ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"))
+    assert tls is not None and tls.summary == "no TLS answer from n1" and "tls.enabled" in tls.hint
+    assert _answered_but_refused("n1", ConnectionRefusedError(111, "Connection refused")) is None
+    assert _answered_but_refused("n1", TimeoutError("timed out")) is None
 
 
 def _silent(loaded: LoadedSpec, count: int) -> list[Node]:

@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
+from opsctl.base.connerr import AUTH_HINT, TLS_HINT, auth_failed, error_text, is_auth_failure, is_tls_failure
 from opsctl.base.errors import OpsctlError
 from opsctl.base.text import as_text
 from opsctl.net import quorum
-from opsctl.net.connector import Connector, port_accepts
+from opsctl.net.connector import AuthRefused, Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
@@ -106,6 +107,17 @@ def _refused(name: str, exc: NodeRefused) -> OpsctlError:
     return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", exc.detail,
                        "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
                        "disable CLIENT in hardening (renaming it is fine)")
+
+
+def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
+    """A node that answers but refuses opsctl's password or TLS is said as such (what every command says of it),
+    not counted as silent: that would read as a split. None: it does not answer."""
+    words = f"{exc.summary}: {exc.detail}" if isinstance(exc, OpsctlError) else error_text(exc)
+    if isinstance(exc, AuthRefused) or is_auth_failure(exc):
+        return OpsctlError(auth_failed(name), words, AUTH_HINT)
+    if is_tls_failure(exc):
+        return OpsctlError(f"no TLS answer from {name}", words, TLS_HINT)
+    return None
 
 
 def _say(text: str) -> None:
@@ -184,13 +196,13 @@ class TopologyLock:
 
     def _marked(self, node: Node, timeout: float) -> Claim | OpsctlError | None:
         """One node marked and listed in one pipelined round trip; None when the node does not answer (it holds no
-        marker); the refusal when it answers but refuses CLIENT."""
+        marker); the refusal when it answers but refuses opsctl's AUTH or CLIENT."""
         if not port_accepts(*self.connector.dial(node), timeout=timeout):
             return None
         try:
             pipe = RawPipe(self.connector, node, timeout)
-        except PIPE_ERRORS:
-            return None
+        except PIPE_ERRORS as exc:
+            return _answered_but_refused(node.name, exc)
         try:
             replies = pipe.call_all([("CLIENT", "ID"), ("CLIENT", "SETNAME", self._name()), ("CLIENT", "LIST")])
             for reply in replies:
