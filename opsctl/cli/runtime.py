@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
     from opsctl.apply.runtime import Runtime
     from opsctl.cli.results import StatusResult
-    from opsctl.spec.layout import Node
 
 
 def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
@@ -58,17 +57,11 @@ def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: b
 
 def nothing_deployed(rt: Runtime) -> bool:
     """No server of the spec has a record where the provider deploys it: a first apply, which the topology lock
-    lets through when no server answers (nothing to split). A node whose record cannot be read counts as deployed."""
-    from opsctl.base.errors import OpsctlError
+    lets through when no server answers (nothing to split). A record that cannot be read (a link, a host that
+    cannot be reached) raises what the provider says of it: the run goes no further."""
     from opsctl.net.fanout import fan_out
 
-    def recorded(node: Node) -> bool:
-        try:
-            return bool(rt.provider.load_record(node))
-        except OpsctlError:
-            return True
-
-    return not any(fan_out(recorded, rt.loaded.layout.servers))
+    return not any(fan_out(lambda node: bool(rt.provider.load_record(node)), rt.loaded.layout.servers))
 
 
 def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:
