@@ -121,6 +121,9 @@ def test_a_majority_acts_a_minority_is_refused_and_force_lock_warns(
             assert len(forced.held) == 3 and forced.needed == 0
             assert _owners(loaded) == {forced.owner}
             forced.check()
+            with pytest.raises(RefusedError, match="another opsctl run holds this topology"), \
+                    topology_lock(Connector(loaded), force=True):  # --force-lock never passes a live marker
+                pytest.fail("--force-lock took a held lock")
 
         # most servers really down: apply refuses, then --force-lock starts them, saying what it risks
         rt = make_runtime(loaded)

@@ -135,10 +135,10 @@ class TopologyLock:
         self.epoch = 0  # 0 while taking it: a marker that grants nothing yet
         self.needed = keeping(len(self.nodes))  # 0: a fresh or forced lock that has not reached a majority yet
         self.held: dict[str, Held] = {}  # node -> its marker connection and my client id there
-        self._silent: list[RawPipe] = []  # connections to nodes that stopped replying, open until the end
+        self._silent: list[tuple[float, RawPipe]] = []  # connections to nodes that stopped replying, and since when
         self.lost: str | None = None
         self._renewed_at = time.monotonic()  # when the last renewal round was sent
-        self._confirmed_at = self._renewed_at  # when the last one a majority confirmed was sent: their idle counts
+        self._confirmed_at = self._renewed_at  # when the last round enough servers confirmed was sent
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -256,6 +256,7 @@ class TopologyLock:
             self._lose(f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)")
             return
         self._renewed_at = started
+        self._close_stale()
         # side by side and bounded, so that nodes that do not answer (a split drops packets) cost one timeout
         timeout = min(CONNECT_TIMEOUT, self.lease / 6)
         names = list(self.held)
@@ -312,9 +313,16 @@ class TopologyLock:
         on) instead of vanishing at once when a late close gets through to it."""
         held = self.held.pop(name)
         if silent:
-            self._silent.append(held.pipe)
+            self._silent.append((time.monotonic(), held.pipe))
         else:
             held.pipe.close()
+
+    def _close_stale(self) -> None:
+        """The silent connections whose markers went stale by now (no command reached them since): closed."""
+        cutoff = time.monotonic() - self.lease - 1
+        for since, pipe in [entry for entry in self._silent if entry[0] < cutoff]:
+            self._silent.remove((since, pipe))
+            pipe.close()
 
     def _lose(self, reason: str) -> None:
         """Counted as lost: the markers are withdrawn (a zombie must not refuse the run that took over)."""
@@ -325,7 +333,7 @@ class TopologyLock:
         for name in list(self.held):
             self._drop(name)
         while self._silent:
-            self._silent.pop().close()
+            self._silent.pop()[1].close()
 
     def check(self, finished: bool = False) -> None:
         """OpsctlError when this run lost the lock (see the module docstring); called before each change, and
