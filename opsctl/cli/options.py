@@ -104,3 +104,11 @@ def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-textfile", metavar="DIR",
                         help="write this run's outcome, duration and keys moved to DIR/opsctl_<topology>_<command>"
                              ".prom for node_exporter's textfile collector (the folder must exist)")
+
+
+def add_force_lock(parser: argparse.ArgumentParser) -> None:
+    """--force-lock (args.force_lock), on every command that takes the topology lock (opsctl.net.topolock)."""
+    parser.add_argument("--force-lock", action="store_true",
+                        help="go on when fewer than a majority of the servers answer to grant the topology lock "
+                             "(they are down, not on the other side of a network split): a warning says what it "
+                             "risks")

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_force_lock,
+    add_metrics_textfile,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:
@@ -59,7 +66,7 @@ def check_mode(args: argparse.Namespace) -> None:
         if not args.continuous:
             refuse_given(args, tuple(CONTINUOUS), "--continuous", "add --continuous, or drop the option")
     else:
-        saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile")
+        saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile", "force_lock")
         refuse_given(args, saving, f"a backup (-f SPEC --to DIR|URL), not with `backup {args.action}`",
                      "drop the option")
         if args.action != "prune":
@@ -95,7 +102,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     store = open_store(parse_location(args.to), probe="write")  # no bucket, no access: said before any fork
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
-    with open_connector(loaded, state_dir) as connector, topology_lock(connector), event_printer(json_mode) as emit, \
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
+            event_printer(json_mode) as emit, \
             staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
@@ -120,7 +128,8 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
         try:
-            run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
+            run_archive(connector, store, state_dir, emit, archive,
+                        lambda: topology_lock(connector, force=args.force_lock))
         except stop.Stopped as stopped:
             if not stop.asked_once():
                 raise
@@ -178,6 +187,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "older than --keep-days")
     p.add_argument("target", nargs="?", metavar="DIR|URL", help="backup verify: the same as --from DIR|URL")
     add_spec_file(p, required=False)  # not with `backup verify|list|prune`
+    add_force_lock(p)
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
                         "<name>-<UTC timestamp>/")

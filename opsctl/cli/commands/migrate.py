@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_auto_approve,
+    add_force_lock,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 CUTOVER_WAIT = 120.0
@@ -93,7 +100,7 @@ def _migrate(args: argparse.Namespace) -> int:
         stack.enter_context(state_lock(state_dir))
         source_connector, ref = _source(args, state_dir, stack)
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
-        stack.enter_context(topology_lock(target_connector))
+        stack.enter_context(topology_lock(target_connector, force=args.force_lock))
         json_mode = args.output == "json"
         printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
 
@@ -130,7 +137,7 @@ def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tupl
         return foreign_connector(foreign), foreign.ref()
     source = read_spec(args.from_spec)
     connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
-    stack.enter_context(topology_lock(connector))
+    stack.enter_context(topology_lock(connector, force=args.force_lock))
     return connector, {} if args.from_spec == "-" else {"from_spec": os.path.abspath(args.from_spec)}
 
 
@@ -257,6 +264,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--sample", type=ranged(int, 1, 1_000_000),
                    help="random keys compared between source and target at the cutover (default 200)")
     add_auto_approve(p, "do not ask")
+    add_force_lock(p)
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
     p.set_defaults(handler=recorded("migrate", cmd_migrate))
