@@ -87,6 +87,9 @@ def test_render_with_nothing_deployed_is_the_first_deploy_and_says_so(tmp_path: 
     assert err.count("\n") == 1 and "is deployed in" in err and "where the first apply puts them" in err, err
     assert not (tmp_path / ".opsctl").exists()
     feed(monkeypatch, yaml.safe_dump(data))
+    code, _out, err = run(capsys, "render", "-f", "-", "--dir", str(tmp_path / "s"))
+    assert code == 1 and "-f - needs --state-dir" in err and "or --offline" in err, err
+    feed(monkeypatch, yaml.safe_dump(data))
     code, _out, err = run(capsys, "render", "-f", "-", "--offline", "--dir", str(tmp_path / "s"))
     assert code == EXIT_OK and not err and _rendered(tmp_path / "s") == _where(read_spec(spec).layout), err
 

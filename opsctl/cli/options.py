@@ -123,7 +123,8 @@ def check_stdin_spec(args: argparse.Namespace) -> None:
         from opsctl.state.specfile import STDIN_RULE
 
         raise OpsctlError("-f - needs --state-dir for this command", STDIN_RULE,
-                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)")
+                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)"
+                          + (", or --offline to read no record" if getattr(args, "offline", True) is False else ""))
 
 
 def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:
