@@ -16,7 +16,7 @@ from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_OK
 from opsctl.spec.layout import Layout
 from opsctl.state.specfile import read_spec
-from tests.lifecycle import run
+from tests.lifecycle import applied, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 from tests.test_cli_stdin import feed
 from tests.test_planner import load_dict
@@ -148,3 +148,26 @@ def _written(command: str, folder: Path, spec: Path) -> dict[str, str]:
         return _rendered(folder)
     name = yaml.safe_load(spec.read_text())["name"]
     return _inventory_nodes((folder / f"{name}.yml").read_text())
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_render_after_a_drained_host_is_what_apply_leaves_running(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  flavor: str) -> None:
+    """Live: a replication fleet on 3 hosts, h2 removed from the spec. Render (before the apply that drains it) names
+    t-1 and t-3 where they run; the positional layout would render t-2 on h3. After that apply render's folders are
+    the node folders left running, with their ports."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("replication", flavor)
+    with applied(tmp_path, capsys, data) as (spec, loaded):
+        ran = _where(loaded.layout)
+        spec.write_text(yaml.safe_dump({**data, "hosts": [data["hosts"][0], data["hosts"][2]]}))
+        state = tmp_path / ".opsctl" / data["name"]
+        code, _out, err = run(capsys, "render", "-f", str(spec), "--dir", str(tmp_path / "r"))
+        assert code == EXIT_OK and not err, err
+        kept = {name: ran[name] for name in (f"{data['name']}-1", f"{data['name']}-3")}
+        assert _rendered(tmp_path / "r") == kept != _where(read_spec(spec).layout)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == EXIT_OK, err + out
+        running = {p.parent.name for p in state.glob("*/server.pid")}
+        assert running == set(kept), sorted(state.iterdir())

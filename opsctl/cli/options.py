@@ -34,7 +34,7 @@ def add_offline(parser: argparse.ArgumentParser) -> None:
     """--offline (args.offline): the commands that write a deploy's files from the records (render, inventory)."""
     parser.add_argument("--offline", action="store_true",
                         help="read no record (no SSH, no state dir): the nodes where a first deploy puts them, for CI "
-                             "jobs without network; a fleet whose shape changed since its deploy is not rendered so")
+                             "jobs without network (after a change of shape, not where the deployed nodes run)")
 
 
 def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> LoadedSpec:
