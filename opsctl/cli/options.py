@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
 
 SPEC_HELP = "topology spec (YAML; '-' reads it from standard input, then give --state-dir where the command has it)"
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
@@ -25,6 +28,29 @@ def add_spec_file(parser: argparse.ArgumentParser, required: bool = True, about:
 def add_state_dir(parser: argparse.ArgumentParser, about: str = STATE_DIR_HELP) -> None:
     """--state-dir: where local state lives; about says what this command keeps there."""
     parser.add_argument("--state-dir", help=about)
+
+
+def add_offline(parser: argparse.ArgumentParser) -> None:
+    """--offline (args.offline): the commands that write a deploy's files from the records (render, inventory)."""
+    parser.add_argument("--offline", action="store_true",
+                        help="read no record (no SSH, no state dir): the nodes where a first deploy puts them, for CI "
+                             "jobs without network (after a change of shape, not where the deployed nodes run)")
+
+
+def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> LoadedSpec:
+    """The spec placed from the nodes' records (opsctl.apply.placing.placed_or_first), its note on stderr; with
+    --offline the positional layout, nothing read."""
+    if args.offline:
+        return loaded
+    import sys
+
+    from opsctl.apply.placing import placed_or_first
+    from opsctl.state.statedir import state_dir_for
+
+    placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))
+    if note:
+        print(note, file=sys.stderr)
+    return placed
 
 
 def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None,
@@ -90,12 +116,15 @@ def add_dry_run(parser: argparse.ArgumentParser, about: str) -> None:
 def check_stdin_spec(args: argparse.Namespace) -> None:
     """-f - (the spec on standard input) has no folder, the default state dir's place: a command that has
     --state-dir needs it given, before anything is read (opsctl.state.specfile.STDIN_RULE)."""
+    if getattr(args, "offline", False) and not getattr(args, "with_files", False):
+        return  # --offline reads no record; only inventory --with-files' TLS files live in the state dir
     if getattr(args, "file", None) == "-" and hasattr(args, "state_dir") and args.state_dir is None:
         from opsctl.base.errors import OpsctlError
         from opsctl.state.specfile import STDIN_RULE
 
         raise OpsctlError("-f - needs --state-dir for this command", STDIN_RULE,
-                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)")
+                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)"
+                          + (", or --offline to read no record" if getattr(args, "offline", True) is False else ""))
 
 
 def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,15 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-from opsctl.cli.options import Moved, add_dir, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    Moved,
+    add_dir,
+    add_offline,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+    placed_unless_offline,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -15,11 +23,12 @@ if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
 
 
-def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
-                    state_dir: str | None = None, as_json: bool = False) -> tuple[list[str], dict[str, Any] | None]:
-    """Write the inventory into output (the --dir folder) and, with_files, the installers beside it. as_json: the
-    inventory is not written but returned in Ansible's JSON form (to print); the installers still go to the folder.
-    Returns what was done, as lines, and that JSON."""
+def write_inventory(args: argparse.Namespace, output: Path, as_json: bool = False
+                    ) -> tuple[list[str], dict[str, Any] | None]:
+    """Write the inventory into output (the --dir folder) and, --with-files, the installers beside it, for the nodes
+    placed from their records (the deployed ones and those the next apply adds: deploy.yml and destroy.yml act on
+    the nodes that run). as_json: the inventory is not written but returned in Ansible's JSON form (to print); the
+    installers still go to the folder. Returns what was done, as lines, and that JSON."""
     from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
     from opsctl.providers.remote.staging import stage
@@ -29,8 +38,10 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import node_files
 
+    spec_file, with_files, known_hosts = args.file, args.with_files, args.known_hosts
     loaded = read_spec(spec_file)
-    refuse_local(loaded)  # before anything is written
+    refuse_local(loaded)  # before anything is written (or looked for over SSH)
+    loaded = placed_unless_offline(loaded, args)
     name = loaded.spec.name
     files_dir = (output / f"{name}.files").resolve()
     inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
@@ -41,7 +52,7 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
         write_private(target, inventory_text(inventory, loaded.file))  # never through a link
         lines.append(f"wrote {target}")
     if with_files:
-        tls_dir = state_dir_for(loaded, state_dir)
+        tls_dir = state_dir_for(loaded, args.state_dir)
         stage(loaded, files_dir, {node.name: {**render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
                                                             daemonize=True).files,
                                               **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
@@ -81,8 +92,7 @@ def _inventory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     as_json = args.output == "json"
-    lines, inventory = write_inventory(args.file, Path(args.dir), args.with_files, args.known_hosts, args.state_dir,
-                                       as_json)
+    lines, inventory = write_inventory(args, Path(args.dir), as_json)
     for line in lines:
         print(line, file=sys.stderr if as_json else sys.stdout)
     if inventory is not None:
@@ -91,7 +101,11 @@ def _inventory(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec")
+    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec",
+                       description="Write an Ansible inventory of the nodes deployed (name, host, port from their "
+                                   "records on the hosts; retired ones left out) and the nodes the next apply adds. "
+                                   "Nothing deployed yet, or hosts out of reach: where a first deploy puts them "
+                                   "(said on stderr).")
     add_spec_file(p)
     add_dir(p, "the folder to write the inventory (and --with-files' installers) into (default: inventories)",
             default="inventories")
@@ -103,6 +117,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "secrets), beside the inventory")
     p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
                                          "or ~/.ssh/known_hosts)")
-    add_state_dir(p, "where generated TLS certificates live (default: .opsctl/<name> next to the spec)")
+    add_state_dir(p, "where generated TLS certificates live (default: .opsctl/<name> next to the spec); the nodes' "
+                     "records are read on the hosts over SSH")
+    add_offline(p)
     p.set_defaults(handler=_inventory)
 
