@@ -296,7 +296,7 @@ def test_a_run_that_lost_its_topology_lock_starts_no_server(tmp_path) -> None:
     plan = Plan(loaded.spec.name, "d", "f", tuple(StartNode(n.name, "new node") for n in loaded.layout.servers))
     # the lock's own exit says the loss too (a run that ends while its lock is lost fails)
     with pytest.raises(OpsctlError, match="lost the topology lock"), \
-            topology_lock(rt.connector, lease=2.0, fresh=lambda: True) as lock:
+            topology_lock(rt.connector, lease=2.0, nowhere=lambda names: names) as lock:
         lock._stop.set()  # the renewer stops, and the clock says 3 s went by: a run paused past its lease
         assert lock._renewer is not None
         lock._renewer.join()

@@ -2,7 +2,8 @@
 (silent: a port nothing listens on, or a server stopped with SIGSTOP, which accepts and never replies, as a split
 does) grant nothing: a majority acts, a minority is refused (exit 3, naming the count and --force-lock), and
 --force-lock goes on with a warning. A holder that loses its majority loses its lock one lease later; runs started
-at once never both hold it; `apply` with most servers down refuses until --force-lock."""
+at once never both hold it; `apply` with most servers silent refuses until --force-lock, while servers the provider
+finds stopped (running nowhere) grant no run anything and are left out of the count."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from opsctl.apply.runtime import make_runtime
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError, RefusedError
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import AuthRefused, Connector
-from opsctl.net.quorum import Tally, keeping, majority, marker_name, next_epoch, parse_markers, too_few
+from opsctl.net.quorum import Tally, enough_without, keeping, majority, marker_name, next_epoch, parse_markers, too_few
 from opsctl.net.topolock import TopologyLock, _answered_but_refused, topology_lock
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -42,6 +43,19 @@ try:
 except RefusedError as exc:
     print("refused", exc.summary, flush=True)
 """
+
+
+def test_servers_that_run_nowhere_are_left_out_of_the_majority() -> None:
+    """A first apply, a topology destroy stopped, a scale-out's new servers: the provider finds them running
+    nowhere, so what answers needs to be a majority of the rest only; a silent server that may run still counts."""
+    servers = ("a", "b", "c", "d", "e", "f")
+    doubled = Tally(servers[:3], servers[:3], servers)  # 3 run, 3 new ones not deployed yet
+    assert not doubled.enough and doubled.silent == ("d", "e", "f")
+    assert enough_without(doubled, {"d", "e", "f"}) and enough_without(doubled, {"e", "f"})  # 3 of 4
+    assert not enough_without(doubled, set())  # 3 of 6: the silent ones may run on the other side
+    assert enough_without(Tally((), (), servers), servers)  # nothing runs: nothing to split
+    assert not enough_without(Tally((), (), servers), servers[:5])
+    assert enough_without(Tally(("a",), ("a", "b"), servers[:3]), {"c"}) is False  # b answered and refused: it counts
 
 
 def test_a_majority_takes_it_and_the_servers_left_are_no_majority() -> None:
@@ -125,7 +139,8 @@ def test_a_majority_acts_a_minority_is_refused_and_force_lock_warns(
                     topology_lock(Connector(loaded), force=True):  # --force-lock never passes a live marker
                 pytest.fail("--force-lock took a held lock")
 
-        # most servers really down: apply refuses, then --force-lock starts them, saying what it risks
+        # most servers stopped, which the provider sees (no process): they grant no run anything, so the one that
+        # answers is a majority of the rest and apply starts them without --force-lock
         rt = make_runtime(loaded)
         try:
             for node in servers[1:]:
@@ -133,11 +148,25 @@ def test_a_majority_acts_a_minority_is_refused_and_force_lock_warns(
         finally:
             rt.provider.close()
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == 0 and "--force-lock" not in err, err + out
+        # most servers silent while their processes run (stalled, or cut off as a split does): refused, naming
+        # --force-lock, and nothing is stopped or started
+        rt = make_runtime(loaded)
+        try:
+            pids = [rt.provider.process_state(node).pid for node in servers[1:]]
+        finally:
+            rt.provider.close()
+        assert all(pids), pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
         assert code == 3 and "1 of 3 servers granted it (a majority is 2)" in err and "--force-lock" in err, err
         assert "Traceback" not in err and "stopped" not in out, err + out
-        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve", "--force-lock")
-        assert code == 0 and "warning: --force-lock" in err, err + out
-        assert run(capsys, "status", "-f", str(spec))[0] == 0
+        assert wait_for(lambda: run(capsys, "status", "-f", str(spec))[0] == 0 or None, 30, "healthy again")
 
 
 @pytest.mark.integration

@@ -41,7 +41,7 @@ def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> 
     connector = Connector(loaded)
     check_held(connector)  # no lock taken: nothing to lose
     with pytest.raises(OpsctlError, match="lost the topology lock") as at_end, \
-            topology_lock(connector, lease=2.0, fresh=lambda: True) as lock:  # a block that ends lost says so
+            topology_lock(connector, lease=2.0, nowhere=lambda names: names) as lock:  # a block that ends lost says so
         assert not lock.held
         with topology_lock(connector) as inner:
             assert inner is lock

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
@@ -48,20 +48,29 @@ def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: b
             if locked:
                 from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
 
-                locks.enter_context(topology_lock(rt.connector, fresh=lambda: nothing_deployed(rt),
+                locks.enter_context(topology_lock(rt.connector, nowhere=lambda names: runs_nowhere(rt, names),
                                                   force=args.force_lock))
             yield rt
         finally:
             rt.provider.close()
 
 
-def nothing_deployed(rt: Runtime) -> bool:
-    """No server of the spec has a record where the provider deploys it: a first apply, which the topology lock
-    lets through when no server answers (nothing to split). A record that cannot be read (a link, a host that
-    cannot be reached) raises what the provider says of it: the run goes no further."""
+def runs_nowhere(rt: Runtime, names: Sequence[str]) -> list[str]:
+    """Of the named servers (silent to the topology lock), those the provider finds running nowhere: not deployed
+    yet or stopped, their host reached and no process of theirs there (a first apply, a topology stopped by
+    `destroy`, a scale-out's new servers). They grant no run anything, on either side of a split, so the lock counts
+    its majority among the others. A host the provider cannot reach may run a server opsctl cannot see: not such a
+    server."""
+    from opsctl.base.errors import OpsctlError
     from opsctl.net.fanout import fan_out
 
-    return not any(fan_out(lambda node: bool(rt.provider.load_record(node)), rt.loaded.layout.servers))
+    def stopped(name: str) -> bool:
+        try:
+            return not rt.provider.process_state(rt.node(name)).running
+        except OpsctlError:  # a host out of reach: a server may run there
+            return False
+
+    return [name for name, down in zip(names, fan_out(stopped, list(names)), strict=True) if down]
 
 
 def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:

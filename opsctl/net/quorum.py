@@ -15,7 +15,7 @@ other side of a split learns, when it meets a higher epoch, that another run too
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from opsctl.base.errors import RefusedError
 from opsctl.base.frozen import Frozen, frozen
@@ -109,9 +109,21 @@ class Tally(Frozen):
     def enough(self) -> bool:
         return len(self.granted) >= majority(len(self.servers))
 
+    @property
+    def silent(self) -> tuple[str, ...]:
+        return tuple(n for n in self.servers if n not in self.answered)
+
     def counted(self) -> str:
         return (f"{len(self.granted)} of {len(self.servers)} servers granted it (a majority is "
                 f"{majority(len(self.servers))}); {len(self.answered)} answered")
+
+
+def enough_without(tally: Tally, nowhere: Collection[str]) -> bool:
+    """Whether the grants are a majority of the servers once those that run nowhere are left out: a server not
+    deployed yet, or stopped (the provider reached its host and found no process), grants no run anything, on
+    either side of a split. Only silent servers can be such; with every server so, nothing runs to be split."""
+    left = [n for n in tally.servers if n not in nowhere or n in tally.answered]
+    return len(tally.granted) >= majority(len(left)) if left else True
 
 
 def held_elsewhere(live: Sequence[Marker], tally: Tally, lease: float) -> RefusedError:
@@ -128,9 +140,8 @@ def held_elsewhere(live: Sequence[Marker], tally: Tally, lease: float) -> Refuse
 def too_few(tally: Tally) -> RefusedError:
     """Fewer grants than a majority, and no other run seen: the rest do not answer from here (down, or on the
     other side of a split, where a run may hold them). Refused (exit 3) naming --force-lock."""
-    silent = [n for n in tally.servers if n not in tally.answered]
     return RefusedError("cannot take the topology lock: a majority of its servers does not answer from here",
-                        f"{tally.counted()}; no answer from {', '.join(silent)}: they are down, or on the other "
+                        f"{tally.counted()}; no answer from {', '.join(tally.silent)}: they are down, or on the other "
                         "side of a network split, where another opsctl run may hold them",
                         "`opsctl status -f SPEC` shows which servers are down; run again once a majority "
                         f"answers, or, when you know they are down and no other run acts, pass {FORCE_FLAG}")

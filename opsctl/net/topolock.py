@@ -9,9 +9,10 @@ marker, or grants from no majority, and the markers are withdrawn and the run re
 renewal round that reaches too few does not count, so a run cut off with a minority counts its lock lost one
 lease after its last good round (check() then refuses its next change), which is before its markers on the
 majority's side go stale there (idle past the lease, in whole seconds) and another run may take them.
-Two exceptions, said when taken: a fresh topology (no server answers and nothing is deployed: nothing to split)
-and --force-lock (a warning saying what it risks). Until such a run reaches a majority, another run's live marker
-on a server it marks loses it its lock.
+Two exceptions: servers the provider finds running nowhere (not deployed yet, or stopped: their host reached and
+no process there) grant no run anything, so a majority of the others is enough (a first apply, a topology stopped by
+destroy, a scale-out's new servers: nothing a split could hide); and --force-lock (a warning saying what it risks).
+Until such a run reaches a majority of them all, another run's live marker on a server it marks loses it its lock.
 See docs/slots.md, "One run per topology", and docs/runbooks/partitions.md.
 """
 
@@ -27,7 +28,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -120,6 +121,9 @@ def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
     return None
 
 
+Nowhere = Callable[[Sequence[str]], Collection[str]]  # of these silent servers, those that run nowhere
+
+
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
 
@@ -143,20 +147,21 @@ class TopologyLock:
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def acquire(self, fresh: Callable[[], bool] | None = None, force: bool = False,
+    def acquire(self, nowhere: Nowhere | None = None, force: bool = False,
                 warn: Callable[[str], None] = _say) -> None:
-        """Take the lock (RefusedError, exit 3, when another run holds it or no majority grants it). fresh: whether
-        nothing of the topology is deployed, asked only when no server answers (a first apply: its servers are
-        marked as they start). force: --force-lock, go on with fewer grants, warning so."""
+        """Take the lock (RefusedError, exit 3, when another run holds it or no majority grants it). nowhere: of the
+        servers that did not answer, those the provider finds running nowhere, asked only when the grants are too few
+        (a first apply, a stopped topology, a scale-out: those servers are marked as they start). force:
+        --force-lock, go on with fewer grants, warning so."""
         try:
-            self._acquire(fresh, force, warn)
+            self._acquire(nowhere, force, warn)
         except BaseException:
             self.release()
             raise
         self._renewer = threading.Thread(target=self._renew, name="topology-lock", daemon=True)
         self._renewer.start()
 
-    def _acquire(self, fresh: Callable[[], bool] | None, force: bool, warn: Callable[[str], None]) -> None:
+    def _acquire(self, nowhere: Nowhere | None, force: bool, warn: Callable[[str], None]) -> None:
         self._renewed_at = self._confirmed_at = time.monotonic()
         seen = self._hold_all(self.nodes, CONNECT_TIMEOUT)
         live, stale = live_others(seen, self._mine())
@@ -166,8 +171,8 @@ class TopologyLock:
         if live:
             raise quorum.held_elsewhere(live, tally, self.lease)
         if not tally.enough:
-            if not self.held and fresh is not None and fresh():
-                self.needed = 0  # nothing deployed, nothing answers: nothing a split could hide
+            if nowhere is not None and quorum.enough_without(tally, nowhere(tally.silent)):
+                self.needed = 0  # the rest run nowhere: nothing a split could hide
             elif force:
                 self.needed = 0
                 warn(quorum.forced_warning(tally))
@@ -363,10 +368,10 @@ _RUNS_LOCK = threading.Lock()
 
 @contextmanager
 def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lease: float | None = None,
-                  fresh: Callable[[], bool] | None = None, force: bool = False) -> Iterator[TopologyLock]:
+                  nowhere: Nowhere | None = None, force: bool = False) -> Iterator[TopologyLock]:
     """Hold the topology's lock for the block (RefusedError, exit 3, when another run holds it or no majority of
     the servers grants it). nodes: the servers that grant it, by default every server of the spec. The run that
-    owns connector holds it already: that lock, checked (OpsctlError when lost). fresh, force (--force-lock): see
+    owns connector holds it already: that lock, checked (OpsctlError when lost). nowhere, force (--force-lock): see
     TopologyLock.acquire."""
     with _RUNS_LOCK:
         outer = _RUNS.get(connector)
@@ -375,7 +380,7 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
         yield outer
         return
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
-    lock.acquire(fresh, force)
+    lock.acquire(nowhere, force)
     with _RUNS_LOCK:
         _RUNS[connector] = lock
     try:

@@ -234,7 +234,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
     either. Returns whether there was any."""
     from opsctl.apply.exporter_steps import remove_exporter
-    from opsctl.cli.runtime import nothing_deployed
+    from opsctl.cli.runtime import runs_nowhere
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -250,7 +250,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
         return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
-    with state_lock(rt.state_dir), topology_lock(rt.connector, fresh=lambda: nothing_deployed(rt),
+    with state_lock(rt.state_dir), topology_lock(rt.connector, nowhere=lambda names: runs_nowhere(rt, names),
                                                            force=args.force_lock):
         for p in todo:
             check_held(rt.connector)
