@@ -6,9 +6,9 @@ with no member left: refused, naming the shard and the restore. Pure."""
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import replace
+
+import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.cli.report import plan_text

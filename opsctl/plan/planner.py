@@ -135,8 +135,8 @@ CLOSE_THEN_MOVES = ("slots a killed run left open are closed in this plan; the m
                     "scale-in's drain, say) are planned from what closing leaves: apply then observes again and "
                     "plans them")
 PROMOTE_FIRST = ("the shards whose master went with its host get a master first: without a majority of masters the "
-                 "cluster cannot elect one (nor with one, past a replica's election limit); apply then observes again and replaces the host's nodes (start, join, "
-                 "replicate, forget the dead ids)")
+                 "cluster cannot elect one (nor with one, past a replica's election limit); apply then observes "
+                 "again and replaces the host's nodes (start, join, replicate, forget the dead ids)")
 FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
                 "writes), and finishing it decides the master; apply then observes again and plans the rest")
 
