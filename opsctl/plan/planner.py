@@ -18,6 +18,7 @@ from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
 from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.refusals import (
+    refuse_bus_port_clash,
     refuse_empty_master_restart,
     refuse_empty_master_start,
     refuse_layout_change,
@@ -51,6 +52,7 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
     if loaded.spec.topology == "cluster":
         refuse_layout_change(layout, facts)
+        refuse_bus_port_clash(layout, facts)
         if promotions := promote_orphans(loaded, facts):
             return _repairs_first(loaded, promotions, PROMOTE_FIRST, facts, spec_digest)
         if failovers := drain_failovers(loaded.spec, layout, facts):
