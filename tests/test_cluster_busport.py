@@ -197,3 +197,21 @@ def test_an_offset_change_onto_another_nodes_live_bus_port_is_refused_up_front()
     refuse_bus_port_clash(load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 30}}).layout, facts)
     refuse_bus_port_clash(load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 26}}).layout, facts)
     refuse_bus_port_clash(moved.layout, _running_on_offset(moved, 25))  # already moved: each holds its own
+
+
+def test_a_port_clash_on_a_bind_address_of_another_host_is_named(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 1, finding 5: a node binds every port on every bind address. h1 binds 127.0.0.2 too (h2's address, one
+    machine): orders-1's bus port 7101 + 2 = 7103 there is orders-3's port. Before: validate exited 0 (only each
+    node's own address was looked at), and the start failed on 'Address already in use'."""
+    spec = fixed_spec("cluster")
+    spec["hosts"][0]["bind"] = ["127.0.0.1", "127.0.0.2"]
+    spec["cluster"]["bus_port_offset"] = 2
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1, err
+    assert "orders-3 and orders-1's cluster bus port both use 127.0.0.2:7103" in err or \
+        "orders-1's cluster bus port and orders-3 both use 127.0.0.2:7103" in err, err
+    spec["metrics"] = {"exporter": True, "port_offset": 4}  # orders-2's exporter: 127.0.0.2:7106, orders-6's port
+    del spec["cluster"]["bus_port_offset"]
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1 and "orders-2: exporter port 7106 on 127.0.0.2 is orders-6's port" in err, err

@@ -16,7 +16,7 @@ from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
 from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
-from opsctl.spec.layout import Layout, host_bind, layout, replication_hosts, sentinel_hosts
+from opsctl.spec.layout import PUBLIC_BINDS, Layout, host_bind, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
     LAZYFREE,
     PLAINTEXT_PORT_OFFSET,
@@ -37,7 +37,6 @@ Finding = tuple[tuple[str | int, ...], str, str]
 class Refusal(tuple[tuple[str | int, ...], str, str]):
     """A finding that breaks a safety rule rather than the spec's form: alone, it exits 3 (refused), not 1."""
 
-PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
                          "SENTINEL", "WAIT", "DEBUG", "OBJECT", "SLOWLOG", "ACL", "COMMAND"}

@@ -14,6 +14,8 @@ from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.model import Host, Spec
 
+PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}  # every interface: hardening.allow_public_bind
+
 Role = Literal["master", "replica", "sentinel"]
 
 SENTINEL_PREFIX = "sentinel"
@@ -34,6 +36,12 @@ class Node(Frozen):
     @property
     def endpoint(self) -> str:
         return endpoint(self.address, self.port)
+
+    @property
+    def listens_on(self) -> tuple[str, ...]:
+        """The addresses its ports (and bus port) are bound on: its address and each bind address; not an
+        every-interface bind, which covers its own machine only (whose nodes share its address)."""
+        return tuple(dict.fromkeys(a for a in (self.address, *self.bind) if a not in PUBLIC_BINDS))
 
     @property
     def is_sentinel(self) -> bool:
