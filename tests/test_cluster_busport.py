@@ -215,3 +215,22 @@ def test_a_port_clash_on_a_bind_address_of_another_host_is_named(tmp_path: Path,
     del spec["cluster"]["bus_port_offset"]
     code, err = _validate(tmp_path, capsys, spec)
     assert code == 1 and "orders-2: exporter port 7106 on 127.0.0.2 is orders-6's port" in err, err
+
+
+@pytest.mark.parametrize("directive", ["cluster-announce-client-ipv4", "cluster-announce-client-ipv6"])
+def test_a_client_announce_address_is_managed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              directive: str) -> None:
+    """Review 1, finding 4: Valkey's client announce addresses rewrite the address CLUSTER NODES shows a client
+    (opsctl, which knows each node by it): refused under config: like cluster-announce-ip. Before: validate passed."""
+    spec = fixed_spec("cluster")
+    spec["config"] = {directive: "10.9.9.9" if directive.endswith("ipv4") else "fd00::9"}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1 and f"{directive} is managed by opsctl" in err and "hosts[].address" in err, err
+
+
+def test_a_hostname_announce_is_left_free(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """cluster-announce-hostname and cluster-preferred-endpoint-type leave CLUSTER NODES' address as it is."""
+    spec = fixed_spec("cluster")
+    spec["config"] = {"cluster-announce-hostname": "orders.example.com", "cluster-preferred-endpoint-type": "ip"}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 0, err

@@ -61,7 +61,12 @@ MANAGED_DIRECTIVES = {
     "cluster-allow-reads-when-down": "cluster.allow_reads_when_down",
     "replicaof": "replication.master", "slaveof": "replication.master",
     # What a node announces is its address and ports in the spec: opsctl finds nodes, replicas and peers by them.
-    **{name: "hosts[].address" for name in ("cluster-announce-ip", "replica-announce-ip", "slave-announce-ip")},
+    # cluster-announce-client-ipv4/-ipv6 (Valkey) rewrite the address a client sees in CLUSTER NODES (and SHARDS,
+    # MOVED): opsctl reads its views as a client. Left free: cluster-announce-hostname and -human-nodename (a field
+    # beside the address, a name in the logs) and cluster-preferred-endpoint-type (what CLUSTER SLOTS and MOVED show
+    # clients): CLUSTER NODES keeps the address, by which opsctl knows each node.
+    **{name: "hosts[].address" for name in ("cluster-announce-ip", "replica-announce-ip", "slave-announce-ip",
+                                            "cluster-announce-client-ipv4", "cluster-announce-client-ipv6")},
     **{name: "the node's port (a node announces the port it listens on)" for name in (
         "cluster-announce-port", "cluster-announce-tls-port", "cluster-announce-client-port",
         "cluster-announce-client-tls-port", "replica-announce-port", "slave-announce-port")},
