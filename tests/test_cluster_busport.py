@@ -234,3 +234,15 @@ def test_a_hostname_announce_is_left_free(tmp_path: Path, capsys: pytest.Capture
     spec["config"] = {"cluster-announce-hostname": "orders.example.com", "cluster-preferred-endpoint-type": "ip"}
     code, err = _validate(tmp_path, capsys, spec)
     assert code == 0, err
+
+
+def test_a_plaintext_port_on_another_hosts_port_at_a_bind_address_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same class as finding 5 in the plaintext port's check: h1 binds 127.0.0.2 too, where orders-2 listens on
+    8101, orders-1's plaintext port (7101 + 1000). Before: validate passed."""
+    spec = fixed_spec("cluster")
+    spec["hosts"][0]["bind"] = ["127.0.0.1", "127.0.0.2"]
+    spec["nodes"] = {"orders-2": {"port": 8101}}
+    spec["tls"] = {"enabled": True, "generate": True, "plaintext_port": True}
+    code, err = _validate(tmp_path, capsys, spec)
+    assert code == 1 and "orders-1's plaintext port 8101 (port + 1000) is taken by orders-2" in err, err

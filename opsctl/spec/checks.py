@@ -10,7 +10,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.base.endpoints import canonical_address
+from opsctl.base.endpoints import MAX_PORT, canonical_address
 from opsctl.base.errors import echo
 from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
@@ -416,11 +416,12 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        "or let opsctl make them: tls.generate: true")
                 return
     if tls.plaintext_port:
-        used = {(n.address, p): what for n in nodes.nodes for p, what in own_ports(n)}
+        used = {(a, p): what for n in nodes.nodes for a in n.listens_on for p, what in own_ports(n)}
         for node in nodes.nodes:
             plain = node.port + PLAINTEXT_PORT_OFFSET
-            if plain > 65535 or (node.address, plain) in used:
-                why = "above 65535" if plain > 65535 else f"taken by {used[(node.address, plain)]}"
+            taken = next((used[(a, plain)] for a in node.listens_on if (a, plain) in used), None)
+            if plain > MAX_PORT or taken:
+                why = f"above {MAX_PORT}" if plain > MAX_PORT else f"taken by {taken}"
                 yield (("tls", "plaintext_port"), f"{node.name}'s plaintext port {plain} (port + "
                        f"{PLAINTEXT_PORT_OFFSET}) is {why}", "lower the base port, or leave plaintext_port off")
                 return

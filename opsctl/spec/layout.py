@@ -12,7 +12,7 @@ from typing import Literal
 
 from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.model import Host, Spec
+from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
 
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}  # every interface: hardening.allow_public_bind
 
@@ -36,6 +36,12 @@ class Node(Frozen):
     @property
     def endpoint(self) -> str:
         return endpoint(self.address, self.port)
+
+    @property
+    def names_bus_port(self) -> bool:
+        """Its cluster bus port is not the servers' own port + 10000: cluster-port renders it, CLUSTER MEET names it
+        (Redis 6.2's MEET takes none, so the default stays unnamed)."""
+        return self.bus_port is not None and self.bus_port != self.port + CLUSTER_BUS_OFFSET
 
     @property
     def listens_on(self) -> tuple[str, ...]:
