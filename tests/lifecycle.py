@@ -56,5 +56,5 @@ def applied(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 def _destroy(spec_path: Path, original: str) -> None:
     """Destroy with the spec as the test left it, or, when the test broke it, as it was deployed."""
     if main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"]) != 0:
-        spec_path.write_text(original)
-        main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"])
+        spec_path.write_text(original)  # or the test left most servers down: the topology lock needs --force-lock
+        main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge", "--force-lock"])

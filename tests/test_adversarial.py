@@ -59,7 +59,7 @@ def test_inventory_values_are_never_templated(tmp_path: Path, capsys: pytest.Cap
     spec["hosts"][0] |= {"ssh_user": "ops", "ssh_key": f"/keys/{JINJA}", "bastion": "jump.example:2222"}
     spec_dir = tmp_path / "a\nall: {vars: {x: 1}}"  # the spec's path is echoed in the header comment
     spec_dir.mkdir()
-    code, out = run(["inventory", "-f", str(write_spec(spec_dir, spec)), "-o", str(tmp_path / "inv")], capsys)
+    code, out = run(["inventory", "-f", str(write_spec(spec_dir, spec)), "--dir", str(tmp_path / "inv")], capsys)
     assert code == 0, out
     text = (tmp_path / "inv" / f"{spec['name']}.yml").read_text()
     data = yaml.load(text, Loader=_TagLoader)
@@ -105,11 +105,11 @@ def test_spec_problems_quote_values_clipped(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize("argv", [
-    ["render", "-f", "{spec}", "-o", "{long}"],
+    ["render", "-f", "{spec}", "--dir", "{long}"],
     ["plan", "-f", "{spec}", "--out", "{long}"],
-    ["inventory", "-f", "{spec}", "-o", "{long}"],
+    ["inventory", "-f", "{spec}", "--dir", "{long}"],
     ["backup", "verify", "{long}"],
-    ["render", "-f", "{spec}", "-o", "/proc/self/x"],
+    ["render", "-f", "{spec}", "--dir", "/proc/self/x"],
 ], ids=["render", "plan-out", "inventory", "backup-verify", "render-proc"])
 def test_paths_the_os_refuses_are_named(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,8 +122,8 @@ def test_paths_the_os_refuses_are_named(argv: list[str], tmp_path: Path, capsys:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a folder owned by another user")
-@pytest.mark.parametrize("argv", [["render", "-f", "{spec}", "-o", "{out}"],
-                                  ["inventory", "-f", "{spec}", "-o", "{out}", "--with-files"]],
+@pytest.mark.parametrize("argv", [["render", "-f", "{spec}", "--dir", "{out}"],
+                                  ["inventory", "-f", "{spec}", "--dir", "{out}", "--with-files"]],
                          ids=["render", "inventory"])
 def test_output_folder_owned_by_someone_else_is_refused(argv: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str],

@@ -49,7 +49,7 @@ def test_local_commands_and_validate_run_without_the_extra(tmp_path: Path) -> No
     results, loaded = _without_extra(
         ["validate", "-f", str(ANSIBLE_SPEC)],
         ["validate", "-f", str(local)],
-        ["render", "-f", str(local), "-o", str(tmp_path / "out")],
+        ["render", "-f", str(local), "--dir", str(tmp_path / "out")],
         ["plan", "-f", str(local), "--state-dir", state],
         ["status", "-f", str(local), "--state-dir", state],
     )
@@ -65,7 +65,7 @@ def test_an_ansible_command_names_the_extra(tmp_path: Path) -> None:
     results, _ = _without_extra(
         ["plan", "-f", str(ANSIBLE_SPEC), "--state-dir", str(tmp_path / "state")],
         ["status", "-f", str(ANSIBLE_SPEC), "--state-dir", str(tmp_path / "state")],
-        ["inventory", "-f", str(ANSIBLE_SPEC), "-o", str(tmp_path / "inv")],
+        ["inventory", "-f", str(ANSIBLE_SPEC), "--dir", str(tmp_path / "inv")],
     )
     for code, out, err in results:
         assert code == 1 and out == "", (code, out, err)

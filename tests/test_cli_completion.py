@@ -56,6 +56,9 @@ def test_it_lists_every_command_and_option(bash_script: str) -> None:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 assert set(action.choices) <= set(offered), where
+            if action.help == argparse.SUPPRESS:  # hidden (render -o, which says to use --dir): never offered
+                assert not set(action.option_strings) & set(offered), where
+                continue
             for flag in action.option_strings:
                 assert flag in offered, f"{where} {flag}"
                 if action.nargs != 0:

@@ -18,11 +18,11 @@ from tests.test_cli_abbrev import parsers
 # files the user names (render, inventory, schema, validate).
 MUTATING = {"apply", "destroy", "restart", "failover", "cluster reshard", "cluster rebalance", "cluster fix",
             "bigkey delete", "restore", "tls rotate"}
-# Whose -o/--output names a folder to write (a different option from the result's format, kept for compatibility)
-# or that print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script; metrics
-# targets: Prometheus file_sd JSON, written to a file with -o/--out as plan --out does).
-OUTPUT_IS_A_FOLDER = {"render", "inventory"}
-NO_OUTPUT_FORMAT = {"schema", "help", "completion", "metrics targets"}
+# That print one fixed format (schema: JSON Schema; help: reference text; completion: a shell script; metrics
+# targets: Prometheus file_sd JSON (-o json, the one format), written to a file with --out as plan --out does;
+# render: files into --dir,
+# its -o/--output only says so, as -o named that folder before).
+NO_OUTPUT_FORMAT = {"schema", "help", "completion", "metrics targets", "render"}
 
 
 def leaves() -> dict[str, argparse.ArgumentParser]:
@@ -60,10 +60,11 @@ def test_yes_is_an_alias_everywhere_or_nowhere() -> None:
 
 def test_output_is_text_or_json_everywhere_it_means_a_format() -> None:
     for command, parser in leaves().items():
-        if command in OUTPUT_IS_A_FOLDER | NO_OUTPUT_FORMAT:
+        if command in NO_OUTPUT_FORMAT:
             continue
         output = options(parser).get("--output")
         assert output is not None, f"opsctl {command} has no --output"
+        assert options(parser).get("-o") is output, command  # -o is the format wherever there is one
         assert output.choices is not None and "json" in output.choices, command
         assert output.choices[0] in ("text", "table"), command  # a format for people by default
 

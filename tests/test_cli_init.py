@@ -32,7 +32,7 @@ def _password(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_init_writes_the_shipped_example_and_it_validates(topology: str, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "spec.yaml"
-    code, out, err = run(capsys, "init", "--topology", topology, "-o", str(target))
+    code, out, err = run(capsys, "init", "--topology", topology, "--out", str(target))
     assert code == 0, err
     assert target.read_text() == (data_dir("examples") / f"{topology}.yaml").read_text()
     assert yaml.safe_load(target.read_text())["topology"] == topology
@@ -44,8 +44,8 @@ def test_init_writes_the_shipped_example_and_it_validates(topology: str, tmp_pat
 def test_init_never_writes_over_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "topology.yaml"
     target.write_text("name: mine\n")
-    code, out, err = run(capsys, "init", "-o", str(target))
-    assert code == 1 and out == "" and "exists" in err and "-o FILE" in err and "Traceback" not in err
+    code, out, err = run(capsys, "init", "--out", str(target))
+    assert code == 1 and out == "" and "exists" in err and "--out FILE" in err and "Traceback" not in err
     assert target.read_text() == "name: mine\n"
 
 
@@ -58,7 +58,7 @@ def test_init_defaults_to_a_cluster_in_topology_yaml(tmp_path: Path, capsys: pyt
 
 
 def test_init_dash_prints_the_example(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "init", "--topology", "standalone", "-o", "-")
+    code, out, _ = run(capsys, "init", "--topology", "standalone", "--out", "-")
     assert code == 0 and out == (data_dir("examples") / "standalone.yaml").read_text()
 
 

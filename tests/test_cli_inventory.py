@@ -21,7 +21,7 @@ def _password(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_local_spec_is_refused_and_nothing_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, make_spec("standalone", hosts=1))
-    code, out, err = run(capsys, "inventory", "-f", str(spec), "-o", str(tmp_path / "inv"))
+    code, out, err = run(capsys, "inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"))
     assert code == 1 and out == ""
     assert "provider: local" in err and "opsctl apply" in err and "Traceback" not in err
     assert not (tmp_path / "inv").exists()
@@ -31,7 +31,7 @@ def test_a_local_spec_is_refused_and_nothing_is_written(tmp_path: Path, capsys: 
 def test_the_printed_command_names_a_playbook_that_exists(tmp_path: Path, with_files: bool,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, {**make_spec("standalone", hosts=1), "provider": "ansible"})
-    argv = ["inventory", "-f", str(spec), "-o", str(tmp_path / "inv"), *(["--with-files"] if with_files else [])]
+    argv = ["inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"), *(["--with-files"] if with_files else [])]
     code, out, err = run(capsys, *argv)
     assert code == 0, err
     command = next(line for line in out.splitlines() if line.startswith("run: "))

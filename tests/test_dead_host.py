@@ -176,7 +176,9 @@ def test_a_shard_that_lost_every_member_is_refused_with_the_way_on(tmp_path, cap
                  data["hosts"] if h["name"] in ("h1", "h2")}
         spec.write_text(yaml.safe_dump({**data, "hosts": [{**h, "address": moved.get(h["name"], h["address"])}
                                                           for h in data["hosts"]]}))
-        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")  # 2 of 6 servers left
+        assert code == 3 and "2 of 6 servers granted it" in err and "--force-lock" in err, err + out
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve", "--force-lock")
         assert code == 3 and "restore that shard from a backup" in err and "Traceback" not in err, err + out
         assert "shard 1: slots 0-5461" in err and "hint: restore that shard" in err, err
         assert not any(name in record_files(spec) for name in dead)  # nothing started in their place

@@ -44,7 +44,7 @@ def test_targets_out_writes_the_file_atomically_readable_by_prometheus(spec: Pat
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "sd" / "fleet.json"
     target.parent.mkdir()
-    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "-o", str(target))
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--out", str(target))
     assert code == EXIT_OK and out == "", err
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     code, printed, _ = run(capsys, "metrics", "targets", "-f", str(spec))
@@ -54,7 +54,7 @@ def test_targets_out_writes_the_file_atomically_readable_by_prometheus(spec: Pat
 
 def test_targets_out_in_a_missing_folder_is_a_clear_error(spec: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "-o", str(tmp_path / "nope" / "x.json"))
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--out", str(tmp_path / "nope" / "x.json"))
     assert code == 1 and out == "" and "does not exist" in err and "Traceback" not in err, err
 
 

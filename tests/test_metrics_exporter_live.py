@@ -148,7 +148,7 @@ def test_apply_runs_a_least_privilege_exporter_beside_every_server(tmp_path: Pat
                 f"{node.name}/exporter-password.json"))
             assert secret_file.stat().st_mode & 0o777 == 0o600
         targets = tmp_path / "targets.json"
-        code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "-o", str(targets))
+        code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--out", str(targets))
         assert code == 0, err
         with _prometheus(tmp_path, targets) as url:
             active = _targets_up(url, len(loaded.layout.nodes))

@@ -136,7 +136,7 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         targets = tmp_path / "targets"
         targets.mkdir()
         for spec, loaded in ((cluster_spec, cluster), (sentinel_spec, fleet)):
-            code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "-o",
+            code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--out",
                                  str(targets / f"{loaded.spec.name}.json"))
             assert code == 0, err
         code, out, err = run(capsys, "backup", "-f", str(sentinel_spec), "--to", str(tmp_path / "backups"),

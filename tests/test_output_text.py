@@ -14,6 +14,8 @@ import pytest
 from opsctl.audit.bigdelete import delete_big_key, owner_node
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import (
+    ArchiveProgress,
+    ArchiveStopped,
     BackupDone,
     BackupStart,
     BigKey,
@@ -34,6 +36,7 @@ from opsctl.base.events import (
     RestoreProgress,
     ScanProgress,
     SegmentArchived,
+    ShardCopying,
     ShardSaved,
     ShardVerified,
     SlotsClosed,
@@ -96,6 +99,9 @@ def test_status_lag_column_in_every_topology(tmp_path: Path, topology: str) -> N
         assert (rows[s.name].lag, rows[s.name].offset, rows[s.name].lag_text) == (None, None, "-")
     table = status_table(list(rows.values()))
     assert "LAG" in table.splitlines()[0]
+    if lagging:  # the column names its unit: offsets apart are bytes, never a bare number read as seconds
+        assert rows[lagging].lag_text == "700B" and " 700B " in table
+        assert replace(rows[lagging], lag=3 << 20).lag_text == "3.0MiB"
     data = json.loads(json.dumps([r.as_dict() for r in rows.values()]))
     assert all("offset" in d and "lag" in d for d in data)
     if not lagging:
@@ -185,8 +191,10 @@ EVERY_KIND: list[Event] = [
     SlotsClosed("journaled a -> b: finish 3"), SlotsDone(10, 10, 100, 10000, 50.0, 2.0, 0.0),
     EndpointDown("target", "n3"), EndpointReplacedEvent("target", "n3"),
     StepDone(1, "move slots", 2.5), StepFailed(2, "close slots", "boom"),
-    BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
+    BackupStart(2, "/b/x-1", {1: "n1", 2: "n4"}), ShardCopying(1, "n4", 1 << 19, 1 << 20),
+    ShardSaved(1, "n4", "replica", 1 << 20, 1, 2),
     BackupDone("/b/x-1", 100, 2 << 20, 1.5), SegmentArchived(1, "x.seg", 0, 90, 3, 200, 1.0, 1.5, 2.0),
+    ArchiveProgress("x-1", 4, 800, {1: 90, 2: 0}), ArchiveStopped("SIGTERM", "every segment read is archived"),
     ChecksumsOk(2), ShardVerified(1, "shard-1.rdb", 50),
     VerifyDone(True, 100), RestoreProgress(40, 100, 20, 2.0),
     RestoreDone("backup /b/x-1", "t", "replace", False, False, True, 100, 100, 0, 0, 0, 5.0, 20, 10, (),
@@ -197,8 +205,8 @@ EVERY_KIND: list[Event] = [
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
-REDRAWN_KINDS = 6  # slots-progress, shard-saved, restore-progress, playbook-task, migrate-lag, segment-archived:
-# on terminals only
+REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
+# segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)
 
 
 class Terminal(io.StringIO):
@@ -248,6 +256,42 @@ def test_apply_steps_and_the_slot_bar_share_one_terminal_line_cleanly() -> None:
     assert "\r" + RestoreProgress(40, 100, 20, 2.0).line() + "\x1b[K" in text
     assert "\r" + ShardSaved(1, "n4", "replica", 1 << 20, 1, 2).line() + "\x1b[K" in text
     assert text.endswith("\r" + PlaybookTask("deploy.yml", "h1", "copy files", "changed").line() + "\x1b[K")
+
+
+def test_off_a_terminal_progress_is_a_heartbeat_line_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 8: migrate and the archiver said nothing for minutes off a terminal. Now the newest progress
+    prints as a plain line once HEARTBEAT seconds passed since the last (none in a run shorter than that); a
+    segment alone is the bar's only, the archive's heartbeat is its summary."""
+    import opsctl.cli.output as output
+
+    now = [1000.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    emit = Printer(False, stream, heartbeat=5.0)
+    lag = MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 10, "lag_seconds": 0.1, "applied": 5}})
+    progress = ArchiveProgress("x-1", 4, 800, {1: 90})
+    for second in range(21):  # an event every second for 20 s
+        now[0] = 1000.0 + second
+        emit(lag)
+        emit(SegmentArchived(1, "x.seg", 0, 90, 3, 200, 1.0, 1.5, 2.0))
+        emit(progress)
+    lines = stream.getvalue().splitlines()
+    assert lines == [lag.line()] * 4  # at 5, 10, 15 and 20 s: the first event due each time
+    assert not any(c in stream.getvalue() for c in CONTROL)
+    archive = io.StringIO()
+    now[0] = 2000.0
+    emit = Printer(False, archive, heartbeat=5.0)
+    for second in range(11):
+        now[0] = 2000.0 + second
+        emit(SegmentArchived(1, "x.seg", 0, 90, 3, 200, 1.0, 1.5, 2.0))
+        emit(progress)
+    assert archive.getvalue().splitlines() == [progress.line()] * 2
+    assert progress.line() == "archiving base x-1: 4 segments (800B) stored; shard 1 at offset 90"
+    terminal = Terminal()  # a terminal keeps its bar: every event redrawn, no heartbeat lines
+    emit = Printer(False, terminal, heartbeat=5.0)
+    now[0] += 60
+    emit(progress)
+    assert terminal.getvalue() == "\r" + progress.line() + "\x1b[K"
 
 
 def test_a_bar_left_drawn_is_erased_when_the_printer_closes() -> None:
@@ -322,3 +366,26 @@ def test_no_eta_before_five_percent_of_the_work() -> None:
     assert progress.event().eta is None
     progress.keys = 100
     assert progress.event().eta is not None
+
+
+def test_audit_progress_off_a_terminal_is_a_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off a terminal the audit said nothing while it scanned: now a plain line every heartbeat, and the final
+    counts once one was said (a short scan stays silent, as before)."""
+    import opsctl.cli.commands.audit as audit
+
+    now = [100.0]
+    monkeypatch.setattr(audit.time, "monotonic", lambda: now[0])
+    stream = io.StringIO()
+    bar = ProgressBar(stream, heartbeat=5.0)
+    for second in range(12):
+        now[0] = 100.0 + second
+        bar("a", second * 10, 200)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].endswith("keys/s  ETA 15s") and "110/200 keys" in lines[-1], lines
+    assert not any(c in stream.getvalue() for c in CONTROL)
+    quiet = io.StringIO()
+    short = ProgressBar(quiet, heartbeat=5.0)
+    short("a", 10, 10)
+    short.close()
+    assert quiet.getvalue() == ""

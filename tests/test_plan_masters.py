@@ -335,7 +335,7 @@ def test_the_node_to_promote_is_the_one_furthest_into_the_history_and_renamed_re
     address, port = shard.address(fourth)
     assert f"{fourth}'s (REPLICAOF NO ONE on {fourth}, then REPLICAOF {address} {port} on {shard.new})" in text, text
     assert f"on {shard.other}, {fourth}), or" in text, text
-    assert "`opsctl render -f SPEC -o -` prints it" in text and "OPS_REPLICAOF" not in text, text
+    assert "`opsctl render -f SPEC --dir -` prints it" in text and "OPS_REPLICAOF" not in text, text
     assert "heartbeats" in text and f"{shard.old} once it starts" in text, text
 
 

@@ -114,3 +114,63 @@ def test_the_changes_survive_the_plan_file() -> None:
     plan = make_plan(loaded, desired(loaded), facts, "d")
     again = parse_plan(json.loads(json.dumps(plan.to_dict())), "t")
     assert isinstance(again, Plan) and again == plan
+
+
+def _recorded_with(loaded: LoadedSpec, old: dict[str, str]) -> dict[str, NodeFacts]:
+    """Running servers whose last apply rendered `old` for some settings (and runs them)."""
+    want = desired(loaded)
+    facts = {}
+    for node in loaded.layout.servers:
+        record = recorded(want[node.name])
+        record["directives"] = [[k, old.get(k, v)] for k, v in record["directives"]]  # type: ignore[attr-defined]
+        facts[node.name] = NodeFacts(node.name, True, record={**record, "digest": "old"}, reachable=True,
+                                     config={"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", **old})
+    return facts
+
+
+def test_a_derived_setting_names_the_spec_field_that_changed_it() -> None:
+    """Issue 33 item 8: a replica more per master said "spec changed repl-diskless-sync-delay", a setting the user
+    never wrote. The plan names the field that derives it, before -> after; a `config:` entry is its own cause."""
+    loaded = loaded_spec("replication")  # 3 hosts: 2 replicas per master, deployed when it had 1
+    old = {"repl-diskless-sync-delay": "0", "repl-diskless-sync-max-replicas": "1"}
+    plan = make_plan(loaded, desired(loaded), _recorded_with(loaded, old), "d")
+    text = plan_text(plan)
+    sets = {s.directive: s.reason for s in plan.steps if isinstance(s, ConfigSet)}
+    assert sets["repl-diskless-sync-delay"] == "hosts (2 replicas per master) derives repl-diskless-sync-delay 0 -> 1"
+    assert "spec changed repl-diskless-sync" not in text, text
+    writes = [s for s in plan.steps if isinstance(s, WriteConfig)]
+    assert writes and all(s.reason == "hosts (2 replicas per master) derives repl-diskless-sync-delay, "
+                                      "repl-diskless-sync-max-replicas" for s in writes), text
+    own = load_dict({**make_spec("replication"), "config": {"repl-diskless-sync-delay": "1"}})
+    sets = {s.directive: s.reason for s in make_plan(own, desired(own), _recorded_with(own, old), "d").steps
+            if isinstance(s, ConfigSet)}
+    assert sets["repl-diskless-sync-delay"] == "spec changed repl-diskless-sync-delay 0 -> 1"
+
+
+def test_a_sentinel_quorum_names_the_sentinels_as_its_cause() -> None:
+    loaded = loaded_spec("sentinel")
+    want = desired(loaded)
+    facts = _recorded_with(loaded, {})
+    for node in loaded.layout.sentinels:
+        record = recorded(want[node.name])
+        record["directives"] = [[k, v.rsplit(" ", 1)[0] + " 1" if k == "sentinel monitor" else v]
+                                for k, v in record["directives"]]  # type: ignore[attr-defined]
+        facts[node.name] = NodeFacts(node.name, True, record={**record, "digest": "old"}, reachable=True)
+    text = plan_text(make_plan(loaded, want, facts, "d"))
+    assert "hosts (3 sentinels: a majority) derives quorum 1 -> 2" in text, text
+
+
+def test_a_write_without_a_setting_change_says_what_changed_and_shows_no_lines() -> None:
+    loaded = loaded_spec("standalone")
+    facts = _recorded_with(loaded, {})
+    name = loaded.layout.servers[0].name
+    facts[name] = dataclasses.replace(facts[name], record={**facts[name].record, "digest": "old"})
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    write = plan.steps[0]
+    assert isinstance(write, WriteConfig) and write.changes == ()
+    assert write.reason == "rendered files changed beside the single settings (users.acl, user lines, comments)"
+    lines = plan_text(plan).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("1. write-config"))
+    assert lines[at + 1].strip().startswith("why:")
+    after = lines[at + 2] if at + 2 < len(lines) else ""
+    assert not (after.startswith(" " * 7) and " -> " in after), lines  # no before -> after line: nothing to show

@@ -318,6 +318,38 @@ def test_sentinel_starts(tmp_path: Path, started: Started) -> None:
     assert not provider.process_state(sentinel).running
 
 
+def test_a_daemon_one_proc_scan_missed_is_looked_for_again_until_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 8: the launcher exited 0 and one /proc scan did not show its daemon: the start was failed
+    ("exited during start-up") although the server came up. Now each round looks again until the start deadline;
+    a pidfile naming a dead pid, or a failed start's log line, still fails it at once. Deterministic: the scans
+    are scripted (a real launch's timing is not)."""
+    from opsctl.providers.base import ProcessState
+    from opsctl.providers.local import Launch
+
+    loaded, provider = setup(tmp_path, "valkey")
+    node = loaded.layout.nodes[0]
+    Path(provider.paths(node).dir).mkdir(parents=True)
+    scans = iter([None, None, os.getpid()])  # missed twice, then seen (this process stands for the daemon)
+    monkeypatch.setattr(provider, "_find_daemon", lambda node, newer_than: next(scans))
+    launch = Launch(None, None, 0)  # type: ignore[arg-type]  (the launcher has exited: only its code is read)
+    down = ProcessState(node.name, False, None, "not running (no pidfile)")
+    later = time.monotonic() + 60
+    assert provider._start_failed(node, launch, down, 0, time.monotonic(), later) is None  # the old code failed here
+    assert provider._start_failed(node, launch, down, 0, time.monotonic(), later) is None
+    assert provider._start_failed(node, launch, down, 0, time.monotonic(), later) is None and \
+        launch.daemon == os.getpid()
+    monkeypatch.setattr(provider, "_find_daemon", lambda node, newer_than: None)
+    unseen = Launch(None, None, 0)  # type: ignore[arg-type]
+    assert provider._start_failed(node, unseen, down, 0, 0.0, later) is None  # before the deadline: look again
+    assert provider._start_failed(node, unseen, down, 0, 0.0, time.monotonic()) == (
+        "the server exited during start-up (no daemon of it seen in /proc within 10 s)")
+    dead = ProcessState(node.name, False, None, "pidfile names dead pid 99999")
+    assert provider._start_failed(node, unseen, dead, 0, 0.0, later) == "the server exited during start-up"
+    Path(provider.paths(node).log).write_text("# Could not create server TCP listening socket: Address already in use")
+    assert provider._start_failed(node, unseen, down, 0, 0.0, later) == "the server exited during start-up"
+
+
 # --- the state lock ------------------------------------------------------------------------------------------
 
 def test_state_lock_refuses_a_second_run(tmp_path: Path) -> None:

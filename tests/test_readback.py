@@ -228,7 +228,7 @@ def test_odd_state_dir_contents_name_the_path(spec_file: Path, make: Callable[[P
     lambda spec, tmp: ["plan", "-f", spec, "--out", f"{tmp}/missing/plan.json"],
     lambda spec, tmp: ["plan", "-f", spec, "--out", tmp],
     lambda spec, tmp: ["status", "-f", spec, "--state-dir", f"{tmp}/topology.yaml"],
-    lambda spec, tmp: ["render", "-f", spec, "-o", f"{tmp}/topology.yaml"],
+    lambda spec, tmp: ["render", "-f", spec, "--dir", f"{tmp}/topology.yaml"],
 ])
 def test_output_and_state_paths_are_checked_first(spec_file: Path, argv_of: Callable[[str, str], list[str]],
                                                   capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,7 +67,7 @@ def test_the_role_from_a_site_playbook_with_check_and_become(lab: netns.Lab, tmp
     host = lab.hosts[0]
     root = f"/var/lib/opsctl/{name}"
     inventories = tmp_path / "inventories"
-    assert main(["inventory", "-f", str(spec), "-o", str(inventories), "--with-files",
+    assert main(["inventory", "-f", str(spec), "--dir", str(inventories), "--with-files",
                  "--known-hosts", lab.known_hosts]) == 0
     inventory, site = inventories / f"{name}.yml", site_playbook(tmp_path, f"opsctl_{name}".replace("-", "_"))
     try:

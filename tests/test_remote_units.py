@@ -59,7 +59,7 @@ def test_inventory_only_and_sentinel_files(tmp_path):
 
 def test_inventory_command_writes_files_0600(tmp_path):
     path = write_spec(tmp_path, {**make_spec("standalone"), "provider": "ansible"})
-    assert main(["inventory", "-f", str(path), "-o", str(tmp_path / "inv"), "--with-files"]) == 0
+    assert main(["inventory", "-f", str(path), "--dir", str(tmp_path / "inv"), "--with-files"]) == 0
     name = yaml.safe_load(path.read_text())["name"]
     text = (tmp_path / "inv" / f"{name}.yml").read_text()
     assert PASSWORD not in text

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from opsctl.base.errors import OpsctlError
-from opsctl.net.topolock import Marker, live_others, marker_name, parse_markers
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.net.quorum import Marker, live_others, marker_name, parse_markers
 from opsctl.observe.parse import parse_cluster_nodes
 from opsctl.slots.batching import backoff, base_timeout_ms, batches
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
@@ -128,14 +128,16 @@ def test_only_a_torn_last_line_is_forgiven(tmp_path):
 
 
 def test_lock_markers_parse_and_expire_by_the_servers_idle_not_a_clock():
-    listing = (f"id=7 addr=1.2.3.4:5 name={marker_name('ops@h/pid9', 29.5)} age=1 idle=3\n"
+    listing = (f"id=7 addr=1.2.3.4:5 name={marker_name('t1', 4, 'ops@h/pid9', 29.5)} age=1 idle=3\n"
                "id=8 addr=1.2.3.4:6 name= age=1 idle=0\nid=9 addr=x name=opsctl-lock:bad age=1 idle=0\n"
-               f"id=10 addr=x name={marker_name('old@h/pid2', 30)} age=99 idle=31\n"
-               f"id=11 addr=x name={marker_name('me@h/pid1', 30)} age=1 idle=0")
+               f"id=10 addr=x name={marker_name('t1', 3, 'old@h/pid2', 30)} age=99 idle=31\n"
+               "id=12 addr=x name=opsctl-lock:t1:x:me@h/pid1:30 age=1 idle=0\n"
+               "id=13 addr=x name=opsctl-lock:before@h/pid3:30 age=1 idle=2\n"  # an opsctl before epochs
+               f"id=11 addr=x name={marker_name('t1', 5, 'me@h/pid1', 30)} age=1 idle=0")
     markers = parse_markers(listing, "n1")
-    assert markers == [Marker("ops@h/pid9", 30, 3, "7", "n1"), Marker("old@h/pid2", 30, 31, "10", "n1"),
-                       Marker("me@h/pid1", 30, 0, "11", "n1")]
-    assert live_others(markers, {"n1": "11"}) == ([markers[0]], [markers[1]])
+    assert markers == [Marker("ops@h/pid9", 30, 3, "7", "n1", 4), Marker("old@h/pid2", 30, 31, "10", "n1", 3),
+                       Marker("before@h/pid3", 30, 2, "13", "n1", 0), Marker("me@h/pid1", 30, 0, "11", "n1", 5)]
+    assert live_others(markers, {"n1": "11"}) == ([markers[0], markers[2]], [markers[1]])
 
 
 def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path):
@@ -145,8 +147,11 @@ def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path)
     from tests.support import make_spec, write_spec
 
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster")))  # nothing runs on its ports
-    with pytest.raises(OpsctlError, match="no server of the topology answered"), topology_lock(Connector(loaded)):
+    with pytest.raises(RefusedError, match="a majority of its servers does not answer") as refused, \
+            topology_lock(Connector(loaded)):
         pytest.fail("the block ran without a lock")
+    assert "0 of 6 servers granted it (a majority is 4); 0 answered" in refused.value.detail
+    assert "--force-lock" in refused.value.hint
 
 
 # the slot maths and the fence constants stand in opsctl.plan beside the planner: they are not the planner

@@ -17,7 +17,8 @@ import redis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import Connector
-from opsctl.net.topolock import LEASE_ENV, check_held, lease_seconds, marker_name, parse_markers, topology_lock
+from opsctl.net.quorum import marker_name, parse_markers
+from opsctl.net.topolock import LEASE_ENV, check_held, lease_seconds, topology_lock
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, write_spec
@@ -40,7 +41,7 @@ def test_a_run_paused_past_its_lease_counts_its_lock_as_lost(tmp_path: Path) -> 
     connector = Connector(loaded)
     check_held(connector)  # no lock taken: nothing to lose
     with pytest.raises(OpsctlError, match="lost the topology lock") as at_end, \
-            topology_lock(connector, lease=2.0, unanswered_ok=True) as lock:  # a block that ends lost says so
+            topology_lock(connector, lease=2.0, fresh=lambda: True) as lock:  # a block that ends lost says so
         assert not lock.held
         with topology_lock(connector) as inner:
             assert inner is lock
@@ -142,9 +143,13 @@ def test_restart_holds_the_lock_refuses_a_second_run_and_stops_after_a_pause_pas
 @pytest.mark.integration
 def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node marked again that holds another run's live marker grants nothing (a run trying its luck: this run
+    keeps its majority); one whose marker has a newer epoch than this run's loses it its lock (a run that took
+    over while this one was cut off)."""
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         connector = Connector(loaded)
         node = loaded.layout.servers[1]
+        name = loaded.spec.name
         with pytest.raises(OpsctlError, match="lost the topology lock: other@h/pid1 holds"), \
                 topology_lock(connector, lease=5.0) as lock:  # it ends lost: said once more at its end
             with topology_lock(connector) as inner:  # reentrant within the run: the same lock, not a second
@@ -152,6 +157,7 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
             code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve")  # another run
             assert code == 3 and "another opsctl run holds this topology" in err and "stopped" not in out, \
                 err + out
+            assert lock.epoch == 1 and lock.needed == 2  # of 3: the third alone is no majority
             mine = lock.held[node.name].client_id
             with admin_for(loaded, node) as admin:
                 admin.call("CLIENT", "KILL", "ID", mine)  # what a restart of the node does to the marker
@@ -164,8 +170,15 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
                 # the node loses it again, and before this run marks it anew another run's marker is there
                 other = admin_for(loaded, node)
                 try:
-                    other.call("CLIENT", "SETNAME", marker_name("other@h/pid1", 30))
+                    other.call("CLIENT", "SETNAME", marker_name(name, 0, "trying@h/pid2", 30))
                     admin.call("CLIENT", "KILL", "ID", lock.held[node.name].client_id)
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline and node.name in lock.held:
+                        time.sleep(0.05)
+                    time.sleep(2.5)  # two rounds of marking it again (every second while a server is unheld)
+                    assert node.name not in lock.held and lock.lost is None and len(lock.held) == 2
+                    lock.check()  # two of three: still a majority
+                    other.call("CLIENT", "SETNAME", marker_name(name, lock.epoch + 1, "other@h/pid1", 30))
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and lock.lost is None:
                         time.sleep(0.1)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
 
+from opsctl.base.errors import OpsctlError, clip
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.plan.spread import placement_moves, rebalancing
@@ -25,7 +26,8 @@ def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> Load
     return place_from(loaded, provider.deployed_records(), connector)
 
 
-def recorded_placement(loaded: LoadedSpec, state_dir: Path) -> tuple[LoadedSpec, Mapping[str, Mapping[str, object]]]:
+def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
+                       ) -> tuple[LoadedSpec, Mapping[str, Mapping[str, object]]]:
     """The spec placed from the records where its nodes are deployed (the state dir's node folders, or each host
     over SSH), and those records; no server is asked, so no secret is needed (a Prometheus host holds none). Who
     serves a shard now only decides which surplus member the next apply retires: such a node is no target."""
@@ -36,12 +38,35 @@ def recorded_placement(loaded: LoadedSpec, state_dir: Path) -> tuple[LoadedSpec,
     else:
         from opsctl.providers.ansible import AnsibleProvider
 
-        provider = AnsibleProvider(loaded, state_dir)
+        provider = AnsibleProvider(loaded, state_dir, known_hosts)
         try:
             records = provider.deployed_records()
         finally:
             provider.close()
     return with_placement(loaded, records), records
+
+
+def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
+                    ) -> tuple[LoadedSpec, str | None]:
+    """recorded_placement for the commands that write a deploy's files offline (render, inventory): the nodes the
+    records keep (retired ones left out) and those the next apply adds. Where no record can be read (nothing
+    deployed yet, or a host that does not answer over SSH, bounded by the SSH connect timeout) the positional layout
+    of a first deploy, and a note that says so: never an error, CI jobs render specs whose hosts they cannot reach."""
+    if loaded.spec.topology == "standalone":
+        return loaded, None  # one node, placed by the spec alone
+    where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
+    try:
+        placed, records = recorded_placement(loaded, state_dir, known_hosts)
+    except OpsctlError as exc:
+        if loaded.spec.provider != "ansible":
+            raise  # a local record that cannot be read is bad input, not a host out of reach
+        why = clip(exc.summary, 200)
+        return loaded, (f"note: the records of '{loaded.spec.name}' could not be read {where} ({why}): the nodes are "
+                        "where a first deploy puts them (--offline skips the look)")
+    if not records:
+        return loaded, (f"note: no node of '{loaded.spec.name}' is deployed {where}: the nodes are where the first "
+                        "apply puts them")
+    return placed, None
 
 
 def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], connector: Connector) -> LoadedSpec:

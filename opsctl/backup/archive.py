@@ -23,7 +23,7 @@ from opsctl.backup.store import Store
 from opsctl.backup.timeline import ARCHIVE, Base, archive_json, base_of, group, parse_archive, segment_prefix
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import Emit, Note, SegmentArchived
+from opsctl.base.events import ArchiveProgress, Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
@@ -37,6 +37,7 @@ HEAD_BYTES = 1 << 20
 HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed
 BACKOFF_FIRST, BACKOFF_MOST = 0.5, 10.0  # s between tries of a store that failed: doubling, capped
 OUTAGE_LIMIT = 86400.0  # s to keep trying a failed store (the masters' backlogs run out long before)
+PROGRESS_EVERY = 1.0  # s between heartbeats (ArchiveProgress): a bar's pace; the printer thins them off a terminal
 
 
 class StoreDown(OpsctlError):
@@ -64,6 +65,8 @@ class Link:
     pending: list[Entry] = field(default_factory=list)
     pending_bytes: int = 0
     resumed: bool = True  # the next segment is the first since this link (re)attached
+    segments: int = 0  # stored by this link, and their bytes: the heartbeat's counts
+    stored_bytes: int = 0
 
     def prefix(self) -> str:
         return segment_prefix(self.base, self.shard)
@@ -176,6 +179,14 @@ def flush(store: Store, link: Link, emit: Emit) -> None:
                          link.pending[0].arrived, link.pending[-1].arrived, durable))
     link.position = Position(link.stream.position.replid, name.end)
     link.pending, link.pending_bytes, link.resumed = [], 0, False
+    link.segments, link.stored_bytes = link.segments + 1, link.stored_bytes + len(data)
+
+
+def progress(links: list[Link]) -> ArchiveProgress:
+    """The heartbeat: what the links stored since the base, and where each shard is archived up to."""
+    offsets = {link.shard: link.position.offset for link in links}
+    return ArchiveProgress(links[0].base if links else "", sum(link.segments for link in links),
+                           sum(link.stored_bytes for link in links), offsets)
 
 
 def _due(link: Link, options: ArchiveOptions, now: float) -> bool:
@@ -191,8 +202,12 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
     lease lost to another archiver stops it before another segment is written (LeaseLost)."""
     wait = min(0.05, options.segment_seconds / 10)
     future: Future[Base] | None = None
+    beat = time.monotonic()
     with stop.finishing("the continuous archive"):
         while True:
+            if time.monotonic() - beat >= PROGRESS_EVERY:  # also with no write coming: alive, and how far
+                beat = time.monotonic()
+                emit(progress(links))
             lease.check()
             future = future or next_base()
             if future is not None and future.done():

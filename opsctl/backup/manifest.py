@@ -241,7 +241,7 @@ def _refuse_twice(f: _Fields, one: tuple[int, ShardFile], earlier: tuple[int, Sh
 
 
 def describe(manifest: Manifest) -> str:
-    """One line: `orders (cluster, valkey 9.1, RDB 80): 3 shards, 120000 keys`."""
+    """One line: `orders (cluster, valkey 9.1, RDB 11): 3 shards, 120000 keys`."""
     return (f"{manifest.name} ({manifest.topology}, {manifest.flavor} {manifest.version}, RDB {manifest.rdb_version}): "
             f"{len(manifest.shards)} shard(s), {manifest.total_keys} keys")
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -38,7 +38,7 @@ from opsctl.backup.rdb import db0_counts
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import BackupDone, BackupStart, Emit, ShardSaved
+from opsctl.base.events import BackupDone, BackupStart, Emit, ShardCopying, ShardSaved, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.tty import human_bytes
 from opsctl.net.admin import Admin
@@ -59,6 +59,7 @@ WRITE_BLOCK = 1 << 20
 POLL = 0.02
 RECEIVE_TIMEOUT = 60.0  # s one receive may wait: a node preparing a copy sends a newline every second
 COPY_TRIES = 3  # a copy that began before the backup's start (joined to another replica's save) is asked again
+COPY_PROGRESS_EVERY = 1.0  # s between ShardCopying events: a bar's pace; off a terminal the printer thins them
 
 
 @dataclass(frozen=True)
@@ -160,16 +161,20 @@ class _Copy:
 
 
 def _receive(connector: Connector, node: Node, dest: Path, estimate: int, diskless: bool, target: int,
-             timeout: float) -> tuple[_Copy, Position]:
+             timeout: float, progress: Callable[[int], None]) -> tuple[_Copy, Position]:
     """node's copy in dest, with its position: at or after target (a copy joined to a save that began earlier is
-    asked for again), within timeout in all."""
+    asked for again), within timeout in all; progress(bytes received) about once a second meanwhile."""
     deadline = time.monotonic() + timeout
+    said = [time.monotonic()]
 
     def tick() -> None:
         stop.check()  # a safe point: the partial folder goes anyway
         if time.monotonic() > deadline:
             raise OpsctlError(f"{node.name} did not send its copy in {timeout:.0f}s",
                               hint="see the node's log; --save-timeout gives a big dataset more time")
+        if time.monotonic() - said[0] >= COPY_PROGRESS_EVERY:  # a big copy says how far it got
+            said[0] = time.monotonic()
+            progress(copy.size)
 
     for _ in range(COPY_TRIES):
         copy = _Copy(node, dest, estimate)
@@ -187,8 +192,9 @@ def _receive(connector: Connector, node: Node, dest: Path, estimate: int, diskle
 
 
 def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tuple[tuple[int, int], ...],
-               folder: Path, options: BackupOptions) -> tuple[ShardFile, bytes]:
-    """The shard's file and its head (the first HEAD_BYTES, for the counts and the format)."""
+               folder: Path, options: BackupOptions, emit: Emit = ignore) -> tuple[ShardFile, bytes]:
+    """The shard's file and its head (the first HEAD_BYTES, for the counts and the format); ShardCopying events
+    while it arrives."""
     node = connector.loaded.layout.node(saver.node)
     with connector.admin(node, timeout=30.0) as admin:
         _wait_caught_up(admin, master_offset, options.catch_up_timeout)
@@ -196,7 +202,8 @@ def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tu
         dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
         diskless = _copies_diskless(admin)
     name = shard_file_name(saver.shard)
-    copy, position = _receive(connector, node, folder / name, dataset, diskless, master_offset, options.save_timeout)
+    copy, position = _receive(connector, node, folder / name, dataset, diskless, master_offset, options.save_timeout,
+                              lambda size: emit(ShardCopying(saver.shard, saver.node, size, dataset)))
     shard = ShardFile(saver.shard, saver.node, saver.role, slots, name, copy.size, copy.digest.hexdigest(), {}, {},
                       at_save, position.offset, utc_iso(datetime.now(timezone.utc)), dataset)
     return shard, copy.head
@@ -368,7 +375,7 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
     def one(saver: Saver) -> None:
         offset, slots = by_saver[id(saver)]
         try:
-            shard, head = save_shard(connector, saver, offset, slots, folder, options)
+            shard, head = save_shard(connector, saver, offset, slots, folder, options, emit)
         except (redis.RedisError, OSError) as exc:
             raise OpsctlError(f"saving shard {saver.shard} on {saver.node} failed: {type(exc).__name__}: {exc}",
                               hint="nothing was kept; run the backup again (`opsctl status -f SPEC` shows the "

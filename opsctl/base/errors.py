@@ -23,7 +23,12 @@ def clip(text: str, limit: int = 4 * ECHO_LIMIT) -> str:
 
 def echo(value: object, limit: int = ECHO_LIMIT) -> str:
     """A user-supplied value as an error message may quote it: repr, cut to limit characters (input is unbounded).
-    Strings are quoted; other values (numbers, lists from a spec) show as Python writes them."""
+    Strings are quoted; other values (numbers, lists from a spec) show as Python writes them. A URL's secret parts
+    (user:password@, a signed query) are masked: whatever the user typed may hold one."""
+    from opsctl.base.secrets import mask_url
+
+    if isinstance(value, str):
+        value = mask_url(value)
     if not isinstance(value, str):
         text = repr(value)
         return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.tty import gauge, human_bytes, human_seconds
+from opsctl.base.words import plural
 
 
 @frozen
@@ -227,6 +228,21 @@ class BackupStart(Frozen):
 
 
 @frozen
+class ShardCopying(Frozen):
+    """A shard's copy arriving from its saver: bytes so far, of about estimate (its data in memory)."""
+
+    kind: ClassVar[str] = "shard-copying"
+    shard: int
+    node: str
+    bytes: int
+    estimate: int
+
+    def line(self) -> str:
+        return f"shard {self.shard}: {human_bytes(self.bytes)} of about {human_bytes(self.estimate)} received from " \
+               f"{self.node}"
+
+
+@frozen
 class ShardSaved(Frozen):
     kind: ClassVar[str] = "shard-saved"
     shard: int
@@ -272,6 +288,35 @@ class SegmentArchived(Frozen):
     def line(self) -> str:
         return (f"shard {self.shard}: {self.entries} commands archived (offsets {self.start}..{self.end}, "
                 f"{human_bytes(self.bytes)}), {self.durable - self.first:.2f}s after the first was read")
+
+
+@frozen
+class ArchiveProgress(Frozen):
+    """The continuous archive is alive: since its base, `segments` stored holding `bytes`; shards: each shard's
+    offset archived up to. Said every second, also when no write comes (a heartbeat off a terminal)."""
+
+    kind: ClassVar[str] = "archive-progress"
+    base: str
+    segments: int
+    bytes: int
+    shards: Mapping[int, int]
+
+    def line(self) -> str:
+        offsets = ", ".join(f"shard {shard} at offset {offset}" for shard, offset in sorted(self.shards.items()))
+        return (f"archiving base {self.base}: {plural(self.segments, 'segment')} ({human_bytes(self.bytes)}) stored; "
+                f"{offsets}")
+
+
+@frozen
+class ArchiveStopped(Frozen):
+    """backup --continuous was stopped as a service is (SIGTERM, SIGINT): a normal end, its last line."""
+
+    kind: ClassVar[str] = "archive-stopped"
+    signal: str
+    detail: str
+
+    def line(self) -> str:
+        return f"the continuous archive stopped on {self.signal}: {self.detail}"
 
 
 @frozen
@@ -421,10 +466,15 @@ class PlaybookTask(Frozen):
 Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsStart | SlotsProgress | BigKey
          | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
-         | BackupStart | ShardSaved | BackupDone | SegmentArchived | ChecksumsOk | ShardVerified | VerifyDone
-         | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag | CutoverDone)
-# a bar on a terminal, nothing elsewhere
-REDRAWN = (SlotsProgress, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived)
+         | BackupStart | ShardCopying | ShardSaved | BackupDone | SegmentArchived | ArchiveProgress | ArchiveStopped
+         | ChecksumsOk | ShardVerified | VerifyDone | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag
+         | CutoverDone)
+# a bar on a terminal; elsewhere a heartbeat: the newest one as a line every HEARTBEAT seconds (CI logs)
+REDRAWN = (SlotsProgress, ShardCopying, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived,
+           ArchiveProgress)
+HEARTBEAT = 5.0
+# on the bar only: off a terminal the archive's heartbeat is its summary (ArchiveProgress), not one shard's segment
+BAR_ONLY = (SegmentArchived,)
 Emit = Callable[[Event], None]
 
 

@@ -34,6 +34,11 @@ def requested() -> int | None:
     return _requested[0] if _requested else None
 
 
+def asked_once() -> bool:
+    """A stop was asked for once: the run stopped where it chose to (a normal stop), not at once on a second."""
+    return len(_requested) == 1
+
+
 def check(detail: str = "", hint: str = RESUME_HINT) -> None:
     """A safe point: raise Stopped (with what was done, and how to go on) when a stop was requested."""
     signum = requested()

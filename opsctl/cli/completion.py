@@ -35,6 +35,8 @@ def commands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[Comman
         if isinstance(action, argparse._SubParsersAction):
             children += list(action.choices.items())
             subcommands += list(action.choices)
+        elif action.option_strings and action.help == argparse.SUPPRESS:
+            continue  # hidden: there only to say where a moved option went (render -o), never offered
         elif action.option_strings:
             options += action.option_strings
             if action.nargs != 0:

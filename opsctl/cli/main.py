@@ -15,7 +15,17 @@ from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
 from opsctl.base.stop import installed as stop_on_signals
-from opsctl.cli.options import add_output, add_spec_file, check_stdin_spec
+from opsctl.cli.options import (
+    Moved,
+    add_dir,
+    add_moved_output,
+    add_offline,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+    check_stdin_spec,
+    placed_unless_offline,
+)
 
 # Registered first, so it runs after every other exit handler: the interpreter's final collections then skip
 # every object the run made (the kernel frees them; docs/internals.md).
@@ -56,10 +66,10 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 
-    if args.output != "-" and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise FileProblem(args.output, "is not a folder", "give -o a folder to write into (or '-' to print)")
-    loaded = read_spec(args.file)
-    written = write_rendered(loaded, Path(args.output), show_secrets=args.show_secrets, stdout=args.output == "-")
+    if args.dir != "-" and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        raise FileProblem(args.dir, "is not a folder", "give --dir a folder to write into (or '-' to print)")
+    loaded = placed_unless_offline(read_spec(args.file), args)
+    written = write_rendered(loaded, Path(args.dir), show_secrets=args.show_secrets, stdout=args.dir == "-")
     for line in written:
         print(line)
     return EXIT_OK
@@ -119,10 +129,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_output(p)
     p.set_defaults(handler=_validate)
 
-    p = sub.add_parser("render", help="render hardened config files for every node")
+    p = sub.add_parser("render", help="render hardened config files for every node the next apply leaves running",
+                       description="Render the config files apply would write: one folder per node deployed (its "
+                                   "name, host and port from its record; a retired one left out) and per node the "
+                                   "next apply adds. Nothing deployed yet, or hosts out of reach: where a first "
+                                   "deploy puts them (said on stderr).")
     add_spec_file(p)
-    p.add_argument("-o", "--output", required=True, help="directory to write into ('-' prints, masked)")
+    add_dir(p, "the folder to write into ('-' prints, masked)")
+    add_moved_output(p, Moved("render", "folder", "--dir"))
     p.add_argument("--show-secrets", action="store_true", help="print real secrets instead of ***")
+    add_state_dir(p, "where the nodes' records are (default: .opsctl/<name> next to the spec; provider: ansible "
+                     "reads them on the hosts over SSH)")
+    add_offline(p)
     p.set_defaults(handler=_render)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the spec")

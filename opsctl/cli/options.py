@@ -1,11 +1,17 @@
 """The options many commands share, each declared here once: the spec file, the state dir, the output format,
 --auto-approve and --dry-run.
 
-Only argparse is imported: every run builds its parser from these, `--help` and `--version` included."""
+Only argparse (and the typing modules) is imported: every run builds its parser from these, `--help` and
+`--version` included."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
 
 SPEC_HELP = "topology spec (YAML; '-' reads it from standard input, then give --state-dir where the command has it)"
 STATE_DIR_HELP = "where local state lives (default: .opsctl/<name> next to the spec)"
@@ -24,9 +30,67 @@ def add_state_dir(parser: argparse.ArgumentParser, about: str = STATE_DIR_HELP) 
     parser.add_argument("--state-dir", help=about)
 
 
-def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None) -> None:
-    """--output: how the result prints, the first choice by default."""
-    parser.add_argument("--output", choices=choices, default=choices[0], help=about)
+def add_offline(parser: argparse.ArgumentParser) -> None:
+    """--offline (args.offline): the commands that write a deploy's files from the records (render, inventory)."""
+    parser.add_argument("--offline", action="store_true",
+                        help="read no record (no SSH, no state dir): the nodes where a first deploy puts them, for CI "
+                             "jobs without network (after a change of shape, not where the deployed nodes run)")
+
+
+def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> LoadedSpec:
+    """The spec placed from the nodes' records (opsctl.apply.placing.placed_or_first), its note on stderr; with
+    --offline the positional layout, nothing read."""
+    if args.offline:
+        return loaded
+    import sys
+
+    from opsctl.apply.placing import placed_or_first
+    from opsctl.state.statedir import state_dir_for
+
+    placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))
+    if note:
+        print(note, file=sys.stderr)
+    return placed
+
+
+def add_output(parser: argparse.ArgumentParser, choices: tuple[str, ...] = OUTPUTS, about: str | None = None,
+               moved: Moved | None = None) -> None:
+    """-o/--output: how the result prints (a format, as kubectl's -o json), the first choice by default.
+    moved: where the command's -o went when it named a folder or file (any value but a format is told so)."""
+    parser.add_argument("-o", "--output", choices=choices, default=choices[0], help=about,
+                        type=_format(choices, moved) if moved else str)
+
+
+class Moved(NamedTuple):
+    """What a command's -o named before it meant a format, and the option that takes it now."""
+
+    command: str
+    what: str  # "folder", "file"
+    option: str  # "--dir", "--out"
+
+
+def add_dir(parser: argparse.ArgumentParser, about: str, default: str | None = None) -> None:
+    """--dir: the folder a command writes into (never -o/--output: that names a format)."""
+    parser.add_argument("--dir", metavar="DIR", required=default is None, default=default, help=about)
+
+
+def add_moved_output(parser: argparse.ArgumentParser, moved: Moved) -> None:
+    """-o/--output on a command that has no format but whose -o named its folder: a clear usage error, not
+    argparse's 'unrecognized arguments'."""
+    parser.add_argument("-o", "--output", help=argparse.SUPPRESS, type=_format((), moved))
+
+
+def _format(choices: tuple[str, ...], moved: Moved) -> Callable[[str], str]:
+    """A format, or the usage error that says where the folder or file went."""
+
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        formats = f" ({'|'.join(choices)})" if choices else ""
+        raise argparse.ArgumentTypeError(
+            f"-o/--output names an output format{formats}, not a {moved.what}: {moved.command} takes the "
+            f"{moved.what} it writes as {moved.option} (use {moved.option} {text[:200]})")
+    return parse
 
 
 def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STATE_DIR_HELP,
@@ -52,12 +116,15 @@ def add_dry_run(parser: argparse.ArgumentParser, about: str) -> None:
 def check_stdin_spec(args: argparse.Namespace) -> None:
     """-f - (the spec on standard input) has no folder, the default state dir's place: a command that has
     --state-dir needs it given, before anything is read (opsctl.state.specfile.STDIN_RULE)."""
+    if getattr(args, "offline", False) and not getattr(args, "with_files", False):
+        return  # --offline reads no record; only inventory --with-files' TLS files live in the state dir
     if getattr(args, "file", None) == "-" and hasattr(args, "state_dir") and args.state_dir is None:
         from opsctl.base.errors import OpsctlError
         from opsctl.state.specfile import STDIN_RULE
 
         raise OpsctlError("-f - needs --state-dir for this command", STDIN_RULE,
-                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)")
+                          "pass --state-dir DIR (the folder a spec file's runs would use is .opsctl/<name> beside it)"
+                          + (", or --offline to read no record" if getattr(args, "offline", True) is False else ""))
 
 
 def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:
@@ -66,3 +133,11 @@ def add_metrics_textfile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-textfile", metavar="DIR",
                         help="write this run's outcome, duration and keys moved to DIR/opsctl_<topology>_<command>"
                              ".prom for node_exporter's textfile collector (the folder must exist)")
+
+
+def add_force_lock(parser: argparse.ArgumentParser) -> None:
+    """--force-lock (args.force_lock), on every command that takes the topology lock (opsctl.net.topolock)."""
+    parser.add_argument("--force-lock", action="store_true",
+                        help="go on when fewer than a majority of the servers answer to grant the topology lock "
+                             "(they are down, not on the other side of a network split): a warning says what it "
+                             "risks")

@@ -7,27 +7,31 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from opsctl.base.events import REDRAWN, Event, Note, SlotsDone, as_dict
+from opsctl.base.events import BAR_ONLY, HEARTBEAT, REDRAWN, Event, Note, SlotsDone, as_dict
 from opsctl.base.tty import CLEAR_LINE
 from opsctl.cli.ttyline import TtyLine
 
 
 class Printer:
     """Events on a stream (stderr by default): JSON lines, or text; on a terminal progress (REDRAWN) is one bar
-    redrawn in place, elsewhere only the final counts, never a control character. results: the events that end a
-    run (backup, restore), printed inside the envelope as every result is. Thread-safe: slot movers and restore
-    sources print at once."""
+    redrawn in place; elsewhere progress is a heartbeat, a plain line at most every `heartbeat` seconds (a CI log
+    shows the run is alive and how far it got), never a control character. results: the events that end a run
+    (backup, restore), printed inside the envelope as every result is. Thread-safe: slot movers and restore sources
+    print at once."""
 
     def __init__(self, json_mode: bool, stream: TextIO | None = None,
-                 results: tuple[type[Event], ...] = ()) -> None:
+                 results: tuple[type[Event], ...] = (), heartbeat: float = HEARTBEAT) -> None:
         self.json_mode = json_mode
         self.stream = stream or sys.stderr
         self.results = results
         self.bar = TtyLine(self.stream) if not json_mode and self.stream.isatty() else None
+        self.heartbeat = heartbeat
+        self._beat = time.monotonic()  # when the last heartbeat line was printed: a run shorter than one, none
         self._lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
@@ -43,6 +47,9 @@ class Printer:
             elif isinstance(event, REDRAWN):
                 if self.bar:
                     self.bar.show(event.line(), force=True)
+                elif not isinstance(event, BAR_ONLY) and time.monotonic() - self._beat >= self.heartbeat:
+                    self._beat = time.monotonic()
+                    self._line(event.line())
             else:
                 self._clear()
                 self._line(event.line())

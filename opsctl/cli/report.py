@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from opsctl.base.connerr import is_auth_failure
 from opsctl.base.endpoints import same_endpoint
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.tty import human_bytes
 from opsctl.base.words import plural
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
@@ -61,9 +62,10 @@ class NodeStatus(Frozen):
 
     @property
     def lag_text(self) -> str:
-        """The LAG column: bytes, `?` for a replica whose lag is unknown, `-` where there is no lag."""
+        """The LAG column: replication offsets apart, with its unit (0B, 700B, 1.2MiB: a bare number reads as
+        seconds as well), `?` for a replica whose lag is unknown, `-` where there is no lag."""
         if self.lag is not None:
-            return str(self.lag)
+            return human_bytes(self.lag)
         return "?" if self.role == "replica" else "-"
 
 

@@ -48,10 +48,20 @@ def open_runtime(args: argparse.Namespace, locked: bool = False, cache_beside: b
             if locked:
                 from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
 
-                locks.enter_context(topology_lock(rt.connector, unanswered_ok=True))
+                locks.enter_context(topology_lock(rt.connector, fresh=lambda: nothing_deployed(rt),
+                                                  force=args.force_lock))
             yield rt
         finally:
             rt.provider.close()
+
+
+def nothing_deployed(rt: Runtime) -> bool:
+    """No server of the spec has a record where the provider deploys it: a first apply, which the topology lock
+    lets through when no server answers (nothing to split). A record that cannot be read (a link, a host that
+    cannot be reached) raises what the provider says of it: the run goes no further."""
+    from opsctl.net.fanout import fan_out
+
+    return not any(fan_out(lambda node: bool(rt.provider.load_record(node)), rt.loaded.layout.servers))
 
 
 def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:

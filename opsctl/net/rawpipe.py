@@ -123,6 +123,11 @@ class RawPipe:
         self.send(encode([self.name(command), *args]))
         return self.read(1)[0]
 
+    def call_all(self, commands: Sequence[Command]) -> list[Reply]:
+        """Commands in one round trip (one buffer out), their replies in order; an error reply is a RespError."""
+        self.send(b"".join(encode([self.name(name), *args]) for name, *args in commands))
+        return self.read(len(commands))
+
     def ask(self, command: str, *args: Arg) -> Reply:
         """call, where an error reply raises NodeRefused naming the node and the command."""
         words = " ".join(str(a) for a in (command, *args[:1]))

@@ -1,33 +1,47 @@
-"""A lock held by the topology itself: one marked connection per node (CLIENT SETNAME `opsctl-lock:<owner>:<lease>`),
-renewed every third of the lease, stale once the server says it idled longer. Why: the state-dir flock covers one
-state dir, and a key would be data. Set first, then list: two runs may both refuse, never both proceed. See
-docs/slots.md, "One run per topology".
+"""A lock the topology itself grants, by majority: one marked connection per server (CLIENT SETNAME, the rule in
+opsctl.net.quorum), renewed every third of the lease, stale once the server says it idled longer. Why: the state-dir
+flock covers one state dir, and a key would be data.
+
+Invariant: a run acts only while it holds the lock opsctl.net.quorum defines: granted by a strict majority of the
+topology's servers, kept renewed (confirmed within its lease) on enough that the rest are no majority.
+Taking it: mark every server in one pipelined round trip each (set, then list), all at once; another run's live
+marker, or grants from no majority, and the markers are withdrawn and the run refused (exit 3). Keeping it: a
+renewal round that reaches too few does not count, so a run cut off with a minority counts its lock lost one
+lease after its last good round (check() then refuses its next change), which is before its markers on the
+majority's side go stale there (idle past the lease, in whole seconds) and another run may take them.
+Two exceptions, said when taken: a fresh topology (no server answers and nothing is deployed: nothing to split)
+and --force-lock (a warning saying what it risks). Until such a run reaches a majority, another run's live marker
+on a server it marks loses it its lock.
+See docs/slots.md, "One run per topology", and docs/runbooks/partitions.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import math
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.connerr import AUTH_HINT, TLS_HINT, auth_failed, error_text, is_auth_failure, is_tls_failure
+from opsctl.base.errors import OpsctlError
 from opsctl.base.text import as_text
-from opsctl.net.connector import Connector, port_accepts
+from opsctl.net import quorum
+from opsctl.net.connector import AuthRefused, Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
-from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe
-from opsctl.net.resp import Reply
+from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
+from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
+from opsctl.net.resp import RespError
 from opsctl.spec.layout import Node
 
-PREFIX = "opsctl-lock"
 LEASE_SECONDS = 30.0
 LEASE_ENV = "OPSCTL_LOCK_LEASE"
 LEASE_RANGE = (2.0, 3600.0)
@@ -45,26 +59,11 @@ class Held(NamedTuple):
     client_id: str
 
 
-def _reply(pipe: RawPipe, *words: str) -> Reply:
-    """One CLIENT subcommand on the marker's connection; an error reply (CLIENT disabled in hardening, or an ACL
-    without it) raises NodeRefused."""
-    return pipe.ask("CLIENT", *words)
+class Claim(NamedTuple):
+    """A node just marked: its held connection and the markers listed there right after."""
 
-
-@frozen
-class Marker(Frozen):
-    """A lock marker seen on a node: whose, its lease, seconds since its holder last renewed it (the
-    server's idle of that connection), and the client id that holds it there."""
-
-    owner: str
-    lease: int
-    idle: int
-    client_id: str
-    node: str
-
-    @property
-    def live(self) -> bool:
-        return self.idle <= self.lease
+    held: Held
+    seen: list[Marker]
 
 
 def owner_label() -> str:
@@ -103,134 +102,136 @@ def lost_error(reason: str, finished: bool = False) -> OpsctlError:
                        "same command again: it goes on from the live state")
 
 
-def marker_name(owner: str, lease: float) -> str:
-    """The client name that marks the lock; the lease rounded up (never shorter than promised)."""
-    return f"{PREFIX}:{owner}:{math.ceil(lease)}"
+def _refused(name: str, exc: NodeRefused) -> OpsctlError:
+    """CLIENT refused on a node (acquire withdraws the markers set so far)."""
+    return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", exc.detail,
+                       "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
+                       "disable CLIENT in hardening (renaming it is fine)")
 
 
-def parse_markers(client_list: str, node: str) -> list[Marker]:
-    """The lock markers in a CLIENT LIST reply. Pure."""
-    out = []
-    for line in client_list.splitlines():
-        fields = dict(part.split("=", 1) for part in line.split(" ") if "=" in part)
-        owner, _, lease = fields.get("name", "").removeprefix(f"{PREFIX}:").rpartition(":")
-        idle = fields.get("idle", "")
-        if fields.get("name", "").startswith(f"{PREFIX}:") and owner and lease.isdigit() and idle.isdigit():
-            out.append(Marker(owner, int(lease), int(idle), fields.get("id", ""), node))
-    return out
+def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
+    """A node that answers but refuses opsctl's password or TLS is said as such (what every command says of it),
+    not counted as silent: that would read as a split. None: it does not answer."""
+    words = f"{exc.summary}: {exc.detail}" if isinstance(exc, OpsctlError) else error_text(exc)
+    if isinstance(exc, AuthRefused) or is_auth_failure(exc):
+        return OpsctlError(auth_failed(name), words, AUTH_HINT)
+    if is_tls_failure(exc):
+        return OpsctlError(f"no TLS answer from {name}", words, TLS_HINT)
+    return None
 
 
-def live_others(markers: Iterable[Marker], mine: dict[str, str]) -> tuple[list[Marker], list[Marker]]:
-    """(live markers of other runs, expired ones): mine maps node -> my client id there. Pure."""
-    others = [m for m in markers if mine.get(m.node) != m.client_id]
-    return [m for m in others if m.live], [m for m in others if not m.live]
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 class TopologyLock:
-    """Held markers on every reachable node; see the module docstring."""
+    """Markers held on the servers that granted them; see the module docstring."""
 
     def __init__(self, connector: Connector, nodes: Sequence[Node], lease: float | None = None) -> None:
         self.connector, self.loaded, self.nodes = connector, connector.loaded, list(nodes)
         self.lease = lease_seconds() if lease is None else lease
         self.owner = owner_label()
-        self.held: dict[str, Held] = {}  # node -> (admin, its connection, my client id)
+        self.topology = _UNSAFE.sub("_", self.loaded.spec.name)[:60]
+        self.epoch = 0  # 0 while taking it: a marker that grants nothing yet
+        self.needed = keeping(len(self.nodes))  # 0: a fresh or forced lock that has not reached a majority yet
+        self.held: dict[str, Held] = {}  # node -> its marker connection and my client id there
+        self._silent: list[tuple[float, RawPipe]] = []  # connections to nodes that stopped replying, and since when
         self.lost: str | None = None
-        self._renewed_at = time.monotonic()  # when the last renewal was sent: the servers' idle counts from it
+        self._renewed_at = time.monotonic()  # when the last renewal round was sent
+        self._confirmed_at = self._renewed_at  # when the last round enough servers confirmed was sent
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def acquire(self, unanswered_ok: bool = False) -> None:
-        """Mark every answering node. unanswered_ok: no node answering is no refusal (a topology not started
-        yet, under the caller's state-dir lock): its nodes are marked as they start."""
+    def acquire(self, fresh: Callable[[], bool] | None = None, force: bool = False,
+                warn: Callable[[str], None] = _say) -> None:
+        """Take the lock (RefusedError, exit 3, when another run holds it or no majority grants it). fresh: whether
+        nothing of the topology is deployed, asked only when no server answers (a first apply: its servers are
+        marked as they start). force: --force-lock, go on with fewer grants, warning so."""
         try:
-            self._acquire(unanswered_ok)
+            self._acquire(fresh, force, warn)
         except BaseException:
             self.release()
             raise
         self._renewer = threading.Thread(target=self._renew, name="topology-lock", daemon=True)
         self._renewer.start()
 
-    def _acquire(self, unanswered_ok: bool) -> None:
-        self._renewed_at = time.monotonic()
-        self._hold_all(self.nodes, CONNECT_TIMEOUT)
-        if self.nodes and not self.held and not unanswered_ok:
-            raise OpsctlError("cannot take the topology lock: no server of the topology answered",
-                              f"tried {', '.join(n.name for n in self.nodes)}",
-                              "`opsctl status -f SPEC` shows which nodes are down; a run that holds no marker "
-                              "could interleave with another run, so opsctl does not go on without one")
-        seen = [m for name, held in list(self.held.items()) for m in self._markers(name, held.pipe)]
-        live, stale = live_others(seen, {n: h.client_id for n, h in self.held.items()})
+    def _acquire(self, fresh: Callable[[], bool] | None, force: bool, warn: Callable[[str], None]) -> None:
+        self._renewed_at = self._confirmed_at = time.monotonic()
+        seen = self._hold_all(self.nodes, CONNECT_TIMEOUT)
+        live, stale = live_others(seen, self._mine())
+        taken = {m.node for m in live}
+        tally = Tally(tuple(n for n in self.held if n not in taken), tuple(self.held),
+                      tuple(n.name for n in self.nodes))
         if live:
-            first = live[0]
-            raise RefusedError(f"another opsctl run holds this topology: {first.owner}",
-                               f"its lock marker is a client named {PREFIX}:... on "
-                               f"{', '.join(sorted({m.node for m in live}))}, renewed {first.idle}s ago "
-                               f"(lease {first.lease}s)",
-                               "wait until that run finishes (or stop it); a run that died releases the lock at "
-                               f"once, one that hangs within {self.lease:.0f}s")
-        for marker in stale:
-            self._kill(marker)
+            raise quorum.held_elsewhere(live, tally, self.lease)
+        if not tally.enough:
+            if not self.held and fresh is not None and fresh():
+                self.needed = 0  # nothing deployed, nothing answers: nothing a split could hide
+            elif force:
+                self.needed = 0
+                warn(quorum.forced_warning(tally))
+            else:
+                raise quorum.too_few(tally)
+        self.epoch = quorum.next_epoch(seen)
+        self._grant_round(stale)
 
-    def _hold_all(self, nodes: Sequence[Node], timeout: float) -> None:
-        """Mark nodes side by side (a 60-node start is marked in one round trip's time, not 60), then keep
-        every marker set: the first refusal is raised only once none of them can be left unrecorded."""
+    def _mine(self) -> dict[str, str]:
+        return {n: h.client_id for n, h in self.held.items()}
+
+    def _hold_all(self, nodes: Sequence[Node], timeout: float) -> list[Marker]:
+        """Mark nodes side by side (a 60-node start is marked in one round trip's time, not 60), keep every marker
+        set, and return what was listed there: the first refusal is raised only once none of them can be left
+        unrecorded."""
         results = fan_out(lambda node: self._marked(node, timeout), nodes)
+        seen: list[Marker] = []
         for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, tuple):
-                self.held[node.name] = result
+            if isinstance(result, Claim):
+                self.held[node.name] = result.held
+                seen += result.seen
         refusal = next((r for r in results if isinstance(r, OpsctlError)), None)
         if refusal is not None:
             raise refusal
+        return seen
 
-    def _marked(self, node: Node, timeout: float) -> Held | OpsctlError | None:
-        """One node's marker connection; None when the node does not answer (it holds no marker, the others
-        do); the refusal when it answers but refuses CLIENT."""
+    def _marked(self, node: Node, timeout: float) -> Claim | OpsctlError | None:
+        """One node marked and listed in one pipelined round trip; None when the node does not answer (it holds no
+        marker); the refusal when it answers but refuses opsctl's AUTH or CLIENT."""
         if not port_accepts(*self.connector.dial(node), timeout=timeout):
             return None
         try:
             pipe = RawPipe(self.connector, node, timeout)
-        except PIPE_ERRORS:
-            return None
+        except PIPE_ERRORS as exc:
+            return _answered_but_refused(node.name, exc)
         try:
-            client_id = str(_reply(pipe, "ID"))
-            self._name(pipe)
+            replies = pipe.call_all([("CLIENT", "ID"), ("CLIENT", "SETNAME", self._name()), ("CLIENT", "LIST")])
+            for reply in replies:
+                refused(reply, f"{node.name} refused CLIENT")
         except NodeRefused as exc:
             pipe.close()
-            return self._refused(node.name, exc)
+            return _refused(node.name, exc)
         except PIPE_ERRORS:
             pipe.close()
             return None
-        return Held(pipe, client_id)
+        return Claim(Held(pipe, str(replies[0])), quorum.parse_markers(as_text(replies[2]), node.name))
 
-    @staticmethod
-    def _refused(name: str, exc: NodeRefused) -> OpsctlError:
-        """CLIENT refused on a node (acquire withdraws the markers set so far)."""
-        return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", exc.detail,
-                           "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
-                           "disable CLIENT in hardening (renaming it is fine)")
+    def _name(self) -> str:
+        return marker_name(self.topology, self.epoch, self.owner, self.lease)
 
-    def _name(self, pipe: RawPipe) -> None:
-        _reply(pipe, "SETNAME", marker_name(self.owner, self.lease))
+    def _grant_round(self, stale: Sequence[Marker]) -> None:
+        """Once granted: every held marker renamed with the epoch and the stale markers killed, one pipelined
+        round trip per node, all at once. A node that fails here is dropped (marked again by the renewer)."""
+        def send(name: str) -> bool:
+            kills = [("CLIENT", "KILL", "ID", m.client_id) for m in stale if m.node == name]
+            try:
+                reply = self.held[name].pipe.call_all([("CLIENT", "SETNAME", self._name()), *kills])[0]
+            except PIPE_ERRORS:
+                return False
+            return not isinstance(reply, RespError)
 
-    def _markers(self, name: str, pipe: RawPipe) -> list[Marker]:
-        """The markers on one node; a node that stopped answering since it was marked is dropped (it holds
-        no marker any more, the others do)."""
-        try:
-            reply = _reply(pipe, "LIST")
-        except NodeRefused as exc:
-            raise self._refused(name, exc) from None
-        except PIPE_ERRORS:
-            self.held.pop(name, None)
-            pipe.close()
-            return []
-        return parse_markers(as_text(reply), name)
-
-    def _kill(self, marker: Marker) -> None:
-        try:
-            _reply(self.held[marker.node].pipe, "KILL", "ID", marker.client_id)
-        except (NodeRefused, *PIPE_ERRORS):
-            pass  # gone already
+        for name, ok in zip(list(self.held), fan_out(send, list(self.held)), strict=True):
+            if not ok:
+                self._drop(name)
 
     def _renew(self) -> None:
         while not self._stop.wait(self._interval()):
@@ -254,43 +255,97 @@ class TopologyLock:
         if paused > self.lease:
             self._lose(f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)")
             return
-        for name, held in list(self.held.items()):
-            try:
-                self._name(held.pipe)
-            except (NodeRefused, *PIPE_ERRORS):
-                self._drop(name)  # a restarted node: marked again below once it answers
         self._renewed_at = started
-        # bounded, so that nodes that do not answer (a host down) cannot delay the next renewal past the lease
-        budget = time.monotonic() + self.lease / 6
+        self._close_stale()
+        # side by side and bounded, so that nodes that do not answer (a split drops packets) cost one timeout
+        timeout = min(CONNECT_TIMEOUT, self.lease / 6)
+        names = list(self.held)
+        for name, ok in zip(names, fan_out(lambda n: self._renamed(n, timeout), names), strict=True):
+            if not ok:
+                self._drop(name, silent=ok is None)  # a restarted node, or one cut off: marked again once it answers
+        if len(self.held) >= self.needed:
+            self._confirmed_at = started
+        self._mark_unheld(time.monotonic() + self.lease / 6, timeout)
+        if self.needed == 0 and self.lost is None and len(self.held) >= majority(len(self.nodes)):
+            self.needed = keeping(len(self.nodes))  # a fresh or forced lock that reached a majority
+
+    def _renamed(self, name: str, timeout: float) -> bool | None:
+        """True: renewed; None: no reply in time (kept open, see _drop); False: refused or closed."""
+        pipe = self.held[name].pipe
+        try:
+            pipe.settimeout(timeout)
+            refused(pipe.call("CLIENT", "SETNAME", self._name()), f"{name} refused CLIENT SETNAME")
+        except TimeoutError:
+            return None
+        except (NodeRefused, *PIPE_ERRORS):
+            return False
+        return True
+
+    def _mark_unheld(self, budget: float, timeout: float) -> None:
+        """Mark the servers this run holds no marker on (restarted, started, back from a split), by the same
+        set-then-list round as taking the lock; a server with another run's live marker grants nothing, and loses
+        this run its lock when that run's epoch is newer or this run holds no majority yet."""
         unheld = [n for n in self.nodes if n.name not in self.held]
         for first in range(0, len(unheld), WIDTH):
             if time.monotonic() > budget:
                 return  # the others next round
             batch = unheld[first:first + WIDTH]
-            self._hold_all(batch, min(CONNECT_TIMEOUT, self.lease / 6))
-            for node in [n for n in batch if n.name in self.held]:
-                held = self.held[node.name]
-                live, _ = live_others(self._markers(node.name, held.pipe), {node.name: held.client_id})
-                if live:
-                    self._lose(f"{live[0].owner} holds {node.name}, which this run marked again after it "
-                               "(re)started")
+            for marker in self._others_on(self._hold_all(batch, timeout)):
+                if self.needed == 0 or marker.epoch > self.epoch:
+                    self._lose(f"{marker.owner} holds {marker.node} (epoch {marker.epoch}, this run's is "
+                               f"{self.epoch}), which this run marked again after it (re)started or answered")
                     return
+                if marker.node in self.held:
+                    self._drop(marker.node)  # not granted: that run withdraws, or holds it forced
 
-    def _drop(self, name: str) -> None:
-        self.held.pop(name).pipe.close()
+    def _others_on(self, seen: list[Marker]) -> list[Marker]:
+        """The live markers of other runs in seen; the stale ones killed."""
+        live, stale = live_others(seen, self._mine())
+        for marker in stale:
+            if marker.node in self.held:
+                with contextlib.suppress(*PIPE_ERRORS):  # a node gone: dropped at the next renewal
+                    self.held[marker.node].pipe.call("CLIENT", "KILL", "ID", marker.client_id)
+        return live
+
+    def _drop(self, name: str, silent: bool = False) -> None:
+        """Stop counting a node. silent (it did not reply in time): its connection is kept open until the run
+        releases its lock, so its marker there goes stale on the server's clock (the timing the invariant counts
+        on) instead of vanishing at once when a late close gets through to it."""
+        held = self.held.pop(name)
+        if silent:
+            self._silent.append((time.monotonic(), held.pipe))
+        else:
+            held.pipe.close()
+
+    def _close_stale(self) -> None:
+        """The silent connections whose markers went stale by now (no command reached them since): closed."""
+        cutoff = time.monotonic() - self.lease - 1
+        for since, pipe in [entry for entry in self._silent if entry[0] < cutoff]:
+            self._silent.remove((since, pipe))
+            pipe.close()
 
     def _lose(self, reason: str) -> None:
         """Counted as lost: the markers are withdrawn (a zombie must not refuse the run that took over)."""
         self.lost = reason
+        self._close_all()
+
+    def _close_all(self) -> None:
         for name in list(self.held):
             self._drop(name)
+        while self._silent:
+            self._silent.pop()[1].close()
 
     def check(self, finished: bool = False) -> None:
         """OpsctlError when this run lost the lock (see the module docstring); called before each change, and
         once the run is done (finished): a loss during its last change is said, not kept quiet."""
-        paused = time.monotonic() - self._renewed_at
+        now = time.monotonic()
+        paused, unconfirmed = now - self._renewed_at, now - self._confirmed_at
         if self.lost is None and paused > self.lease:
             self.lost = f"it was paused for {paused:.0f}s, longer than the lock's lease ({self.lease:.0f}s)"
+        elif self.lost is None and unconfirmed > self.lease:
+            self.lost = (f"for {unconfirmed:.0f}s (its lease is {self.lease:.0f}s) fewer than {self.needed} of its "
+                         f"{len(self.nodes)} servers confirmed it ({len(self.held)} now): the majority may be on "
+                         "the other side of a network split")
         if self.lost is not None:
             raise lost_error(self.lost, finished)
 
@@ -299,8 +354,7 @@ class TopologyLock:
         if self._renewer is not None:
             self._renewer.join(timeout=5)
         with self._lock:
-            for name in list(self.held):
-                self._drop(name)
+            self._close_all()
 
 
 _RUNS: weakref.WeakKeyDictionary[Connector, TopologyLock] = weakref.WeakKeyDictionary()  # the lock a run holds
@@ -309,10 +363,11 @@ _RUNS_LOCK = threading.Lock()
 
 @contextmanager
 def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lease: float | None = None,
-                  unanswered_ok: bool = False) -> Iterator[TopologyLock]:
-    """Hold the topology's lock for the block (RefusedError, exit 3, naming the owner, when another run holds
-    it). nodes: the servers to mark, by default every server of the spec. The run that owns connector holds
-    it already: that lock, checked (OpsctlError when lost). unanswered_ok: see TopologyLock.acquire."""
+                  fresh: Callable[[], bool] | None = None, force: bool = False) -> Iterator[TopologyLock]:
+    """Hold the topology's lock for the block (RefusedError, exit 3, when another run holds it or no majority of
+    the servers grants it). nodes: the servers that grant it, by default every server of the spec. The run that
+    owns connector holds it already: that lock, checked (OpsctlError when lost). fresh, force (--force-lock): see
+    TopologyLock.acquire."""
     with _RUNS_LOCK:
         outer = _RUNS.get(connector)
     if outer is not None:
@@ -320,7 +375,7 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
         yield outer
         return
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
-    lock.acquire(unanswered_ok)
+    lock.acquire(fresh, force)
     with _RUNS_LOCK:
         _RUNS[connector] = lock
     try:

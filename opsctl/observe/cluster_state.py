@@ -269,3 +269,19 @@ def voting_masters(views: Iterable[Sequence[ClusterNodeLine]]) -> tuple[set[str]
     views = list(views)
     serving = {line.id for view in views for line in view if line.is_master and line.slots}
     return {me.id for view in views if (me := myself(view)) is not None and me.id in serving}, serving
+
+
+def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str:
+    """The way on for a shard whose master does not answer, from the views of the nodes that do: the cluster's own
+    election while the slot-owning masters that answer are a majority; without one it never comes, and waiting for
+    it is a dead end (issue 33, item 3)."""
+    answering, serving = (len(ids) for ids in voting_masters(views))
+    if answering > serving // 2:
+        return (f"wait for the cluster to promote a replica (or start the node again), then {then}. A replica cut off "
+                "from its master longer than cluster.replica_validity_factor allows is never elected: if the host is "
+                "gone for good, give its entry in the spec the new machine's address and run `opsctl apply`: it "
+                "promotes that replica (CLUSTER FAILOVER FORCE)")
+    return (f"the cluster cannot promote a replica: {answering} of {serving} slot-owning masters answer, an election "
+            f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
+            "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "
+            f"replica holding the most data (CLUSTER FAILOVER TAKEOVER) and replaces the host; then {then}")

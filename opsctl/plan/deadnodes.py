@@ -6,7 +6,7 @@ item 3), waited for when they are one, and a shard with no member left is refuse
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
 from opsctl.base.endpoints import split_endpoint
@@ -159,19 +159,6 @@ def _voters(facts: Facts) -> tuple[int, int]:
     """(slot-owning masters that answer, slot-owning masters) as the running nodes see them."""
     answering, serving = voting_masters(f.cluster_nodes for f in facts.values() if f.reachable and f.cluster_nodes)
     return len(answering), len(serving)
-
-
-def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str:
-    """The way on for a shard whose master does not answer, from the views of the nodes that do: the cluster's own
-    election while the slot-owning masters that answer are a majority; without one it never comes, and waiting for
-    it is a dead end (issue 33, item 3)."""
-    answering, serving = (len(ids) for ids in voting_masters(views))
-    if answering > serving // 2:
-        return f"wait for the cluster to promote a replica (or start the node again), then {then}"
-    return (f"the cluster cannot promote a replica: {answering} of {serving} slot-owning masters answer, an election "
-            f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
-            "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "
-            f"replica holding the most data (CLUSTER FAILOVER TAKEOVER) and replaces the host; then {then}")
 
 
 def _promotion(loaded: LoadedSpec, facts: Facts, dead: ClusterNodeLine, replicas: list[str], votes: tuple[int, int],

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths, render_node, render_sections
-from opsctl.render.directives import Directive
+from opsctl.render.directives import Directive, derived_causes, sentinel_causes
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.text import split_args
@@ -19,16 +19,20 @@ NOT_CONFIG_DIRECTIVES = frozenset({"rename-command", "daemonize", "pidfile", "lo
 
 @frozen
 class DesiredNode(Frozen):
+    """causes: the spec field a derived directive comes from (render.directives.derived_causes), as plan text."""
+
     node: Node
     directives: tuple[Directive, ...]
     digest: str
+    causes: tuple[tuple[str, str], ...] = ()
 
 
 def desired_node(loaded: LoadedSpec, node: Node, paths: NodePaths, daemonize: bool,
                  master: tuple[str, int] | None = None) -> DesiredNode:
     rendered = render_node(loaded, node, paths, reveal=False, daemonize=daemonize, master=master)
     directives = tuple(d for section in rendered.sections for d in section.directives)
-    return DesiredNode(node, directives, digest(rendered.files))
+    causes = sentinel_causes(loaded.spec) if node.role == "sentinel" else derived_causes(loaded.spec, node)
+    return DesiredNode(node, directives, digest(rendered.files), tuple(causes.items()))
 
 
 def desired_nodes(loaded: LoadedSpec, paths_of: Callable[[Node], NodePaths], daemonize: bool,

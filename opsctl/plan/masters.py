@@ -62,7 +62,7 @@ def _promoted_master(shard: Shard, masters: list[str], facts: Facts) -> str:
 # write is longer, a transaction counts whole (a replica's offset moves past MULTI..EXEC at once).
 HEARTBEAT = len(b"*1\r\n$4\r\nPING\r\n")
 RENAMED = ("REPLICAOF may run under another name (in password mode opsctl derives one: "
-           "hardening.rename_takeover_commands): `opsctl render -f SPEC -o -` prints it in the rename-command lines")
+           "hardening.rename_takeover_commands): `opsctl render -f SPEC --dir -` prints it in the rename-command lines")
 
 
 def _refuse_lesser_master(shard: Shard, layout: Layout, master: str, facts: Facts) -> None:

@@ -84,7 +84,8 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         if name in NOT_CONFIG_DIRECTIVES or name in IMMUTABLE or name in PROTECTED or live is None:
             restart_for.append(name)
         else:
-            why = f"spec changed {name}" if changed_in_spec else f"live {name} is {live!r}, spec says {value}"
+            why = spec_change(want, name, recorded.get(name), value) if changed_in_spec else \
+                f"live {name} is {live!r}, spec says {value}"
             live_changes.append(ConfigSet(node.name, why, name, value, shown(name, live)))
     for step_or_reason in dropped_config_steps(node, wanted, recorded, f, server[0]):
         if isinstance(step_or_reason, str):
@@ -100,8 +101,9 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
         live_changes = [c for c in live_changes if not isinstance(c, ConfigSet)]
     stale = file_drift(want, f)
     if f.recorded_digest != want.digest:
-        steps.append(WriteConfig(node.name, "rendered config changed" if f.recorded_digest else
-                                 "no record of the applied config", want.digest, config_changes(want, f)))
+        changes = config_changes(want, f)
+        steps.append(WriteConfig(node.name, write_reason(want, f, changes) if f.recorded_digest else
+                                 "no record of the applied config", want.digest, changes))
     elif stale:
         steps.append(WriteConfig(node.name, _summary(stale), want.digest, config_changes(want, f)))
     steps += live_changes
@@ -112,6 +114,30 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             f"{', '.join(sorted(set(restart_for)))} cannot change at runtime"
         steps.append(RestartNode(node.name, why, needs_downtime=is_master))
     return steps
+
+
+def write_reason(want: DesiredNode, f: NodeFacts, changes: tuple[Change, ...]) -> str:
+    """Why the rendering changed: the spec field behind derived settings (their before -> after lines follow);
+    with no single setting changed (no lines follow), what did: repeated lines, or a file beside the config."""
+    if not changes:
+        if _repeated(want.directives) != _repeated(f.recorded_directives):
+            return "rendered config changed: its rename-command lines (no single setting changes)"
+        return "rendered files changed beside the single settings (users.acl, user lines, comments)"
+    causes = dict(want.causes)
+    derived = sorted({causes[name] for name, _, _ in changes if name in causes})
+    if derived and all(name in causes for name, _, _ in changes):
+        return f"{'; '.join(derived)} derives {', '.join(name for name, _, _ in changes)}"
+    return "rendered config changed"
+
+
+def spec_change(want: DesiredNode, name: str, before: str | None, after: str) -> str:
+    """Why a setting changes with the spec: the field that derives it when opsctl derives it (the user edited
+    cluster.replicas_per_master, not repl-diskless-sync-delay), else the setting itself; before -> after, a secret's
+    masked."""
+    was, now = shown(name, before) if before is not None else UNSET, shown(name, after)
+    values = f" {was} -> {now}" if was != now else ""  # two masked values read the same: none shown
+    cause = dict(want.causes).get(name)
+    return f"{cause} derives {name}{values}" if cause else f"spec changed {name}{values}"
 
 
 def dropped_config_steps(node: Node, wanted: Mapping[str, str], recorded: Mapping[str, str], f: NodeFacts,

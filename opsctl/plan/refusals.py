@@ -70,7 +70,7 @@ def refuse_empty_master_start(loaded: LoadedSpec, facts: Facts) -> None:
                 f"{', '.join(fresh)} has no record and does not run (its host was replaced and its data went with "
                 "it); a replication topology without Sentinel promotes no replica by itself",
                 f"promote the replica holding the data by hand first: REPLICAOF NO ONE on {holding[0]} (in "
-                "password mode under its derived name: `opsctl render -f SPEC -o -` prints it; with Sentinel, wait "
+                "password mode under its derived name: `opsctl render -f SPEC --dir -` prints it; with Sentinel, wait "
                 "until it promotes one), then apply again: the others and the replacement become its replicas "
                 "(docs/runbooks/failover.md)")
 

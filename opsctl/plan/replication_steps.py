@@ -12,6 +12,7 @@ from opsctl.plan.desired import DesiredNode, unquote
 from opsctl.plan.facts import Facts
 from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.plan.steps import (
+    UNSET,
     FinishFailover,
     Replicate,
     RestartNode,
@@ -147,6 +148,15 @@ def sentinel_settings(directives: Sequence[tuple[str, str]]) -> dict[str, str]:
     return settings
 
 
+def spec_changes(want: DesiredNode, changed: Mapping[str, str], had: Mapping[str, str]) -> list[str]:
+    """Why sentinel settings change with the spec: a derived one by the field that derives it (the quorum by the
+    sentinels' number), the others by name."""
+    causes = dict(want.causes)
+    derived = [f"{causes[k]} derives {k} {had.get(k, UNSET)} -> {v}" for k, v in sorted(changed.items()) if k in causes]
+    named = sorted(k for k in changed if k not in causes)
+    return derived + ([f"spec changed {', '.join(named)}"] if named else [])
+
+
 def sentinel_setting_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Facts) -> list[Step]:
     """Spec changes and drift (live settings, auth-pass in the sentinel's file) reach running sentinels
     through SENTINEL SET, before any server restarts."""
@@ -159,7 +169,7 @@ def sentinel_setting_steps(loaded: LoadedSpec, desired: Mapping[str, DesiredNode
         had = sentinel_settings(f.recorded_directives)
         changed = {k: v for k, v in want.items() if had.get(k) != v}
         changed |= {k: k.split()[1] for k in had if k.startswith("rename-command") and k not in want}
-        reasons = [f"spec changed {', '.join(sorted(changed))}"] if changed else []
+        reasons = spec_changes(desired[node.name], changed, had)
         drifted = sentinel_drift(want, f.sentinel_config)
         if drifted:
             reasons.append(f"{', '.join(sorted(drifted))} on the sentinel differ from the spec")

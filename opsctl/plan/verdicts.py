@@ -3,17 +3,18 @@ its report, and how a check's value names a node's role. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from opsctl.base.connerr import is_auth_failure
 from opsctl.base.endpoints import endpoint
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import MAX_LAG_BYTES
 
 
-@dataclass(frozen=True)
-class Check:
+@frozen
+class Check(Frozen):
     name: str
     passed: bool
     value: str
@@ -29,16 +30,16 @@ class Check:
         return f"[{'pass' if self.passed else 'FAIL'}] {self.name}: {self.value}{limit}"
 
 
-@dataclass(frozen=True)
-class Thresholds:
+@frozen
+class Thresholds(Frozen):
     max_lag_bytes: int = MAX_LAG_BYTES
     max_lag_seconds: int = 3
     cooldown_s: float = 10.0  # voters: no second vote about the same master within 2 x cluster-node-timeout
     retry_s: float = 20.0  # the candidate: no new election within 2 x max(2 s, 2 x cluster-node-timeout)
 
 
-@dataclass(frozen=True)
-class Target:
+@frozen
+class Target(Frozen):
     """The failover: shard, its master now, and the replica to promote (None: Sentinel chooses, or, with
     no_replica saying why, there is none to promote)."""
 
@@ -57,8 +58,8 @@ class Target:
         return f"{self.master} -> " + (f"none ({self.no_replica})" if self.no_replica else "chosen by Sentinel")
 
 
-@dataclass(frozen=True)
-class PastFailover:
+@frozen
+class PastFailover(Frozen):
     """A finished failover from an earlier report: when (epoch s) and which master it replaced."""
 
     finished: float

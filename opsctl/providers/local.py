@@ -272,7 +272,8 @@ class LocalProvider(LocalFiles):
                     continue
                 if not look:
                     continue
-                reason = None if launch is None else self._start_failed(node, launch, state, codes[name], exits_seen)
+                reason = None if launch is None else \
+                    self._start_failed(node, launch, state, codes[name], exits_seen, deadline)
                 if reason is None and time.monotonic() >= deadline:
                     reason = f"it did not accept connections within {self.start_timeout:g} s"
                 if reason is not None:
@@ -282,7 +283,7 @@ class LocalProvider(LocalFiles):
                 time.sleep(max(POLL_SECONDS, time.monotonic() - began))
 
     def _start_failed(self, node: Node, launch: Launch, state: ProcessState, code: int | None,
-                      exits_seen: float) -> str | None:
+                      exits_seen: float, deadline: float) -> str | None:
         """Why the start failed, or None while it may still succeed. code: the launcher's exit code, as seen
         before exits_seen."""
         if code is None or state.running:
@@ -291,8 +292,22 @@ class LocalProvider(LocalFiles):
             return f"the server exited with code {code}"
         if launch.daemon is None:
             launch.daemon = self._find_daemon(node, newer_than=exits_seen)
-        if launch.daemon is None or read_proc(launch.daemon) is None:
+        if launch.daemon is None:
+            return self._daemon_unseen(node, launch, state, deadline)
+        if read_proc(launch.daemon) is None:
             return "the server exited during start-up"
+        return None
+
+    def _daemon_unseen(self, node: Node, launch: Launch, state: ProcessState, deadline: float) -> str | None:
+        """The launcher exited 0 and no scan of /proc showed its daemon yet. One scan can miss it (a start that
+        went on to succeed was failed by one), so each later round scans again, until the start deadline: None
+        meanwhile. Unless the server said it is gone: its pidfile names a dead pid, or its log since the launch
+        has a line a failed start writes (HINTS: a port in use fails now, not at the deadline)."""
+        said = log_since(Path(self.paths(node).log), launch.log_offset)
+        if state.detail.startswith("pidfile names dead pid") or any(needle in said for needle, _ in HINTS):
+            return "the server exited during start-up"
+        if time.monotonic() >= deadline:
+            return f"the server exited during start-up (no daemon of it seen in /proc within {self.start_timeout:g} s)"
         return None
 
     def _find_daemon(self, node: Node, newer_than: float | None) -> int | None:

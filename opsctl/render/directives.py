@@ -8,7 +8,7 @@ from __future__ import annotations
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render.tokens import quoted, word
 from opsctl.server.versions import has_capability, has_directive, parse_version
-from opsctl.spec.layout import Node, sentinel_master_name, sentinel_quorum
+from opsctl.spec.layout import Node, sentinel_hosts, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
 
@@ -186,6 +186,34 @@ def replication(spec: Spec) -> list[Directive]:
             ("repl-diskless-sync-max-replicas", str(per_shard)), ("repl-diskless-load", "disabled"),
             ("replica-read-only", "yes"),
             ("replica-serve-stale-data", "yes"), *write_quorum(spec)]
+
+
+def derived_causes(spec: Spec, node: Node) -> dict[str, str]:
+    """The spec field each directive opsctl derives from the topology's shape comes from, with its value, so a plan
+    names the change's cause (what the user edited), not the derived setting. A `config:` entry overrides the
+    derivation: then the cause is that entry, as for any directive not listed here."""
+    per_shard = replicas_per_shard(spec)
+    if spec.topology == "cluster":
+        field = "cluster.replicas_per_master"
+    elif spec.topology == "standalone":
+        field = "topology standalone"
+    else:
+        field = "replication.replicas" if spec.replication_or_default().replicas is not None else "hosts"
+    shape = f"{field} ({per_shard} {'replica' if per_shard == 1 else 'replicas'} per master)"
+    causes = dict.fromkeys(("repl-diskless-sync-delay", "repl-diskless-sync-max-replicas"), shape)
+    if spec.persistence.min_replicas_to_write is None:
+        causes["min-replicas-to-write"] = "topology cluster" if spec.topology == "cluster" else shape
+    overridden = {**spec.config, **dict(node.config)}
+    return {name: cause for name, cause in causes.items() if name not in overridden}
+
+
+def sentinel_causes(spec: Spec) -> dict[str, str]:
+    """A sentinel's derived setting, as derived_causes: its quorum, a majority of the sentinels unless set."""
+    topo = spec.sentinel_or_default()
+    if topo.quorum:
+        return {}
+    count = len(sentinel_hosts(spec))
+    return {"quorum": f"{'sentinel.hosts' if topo.hosts is not None else 'hosts'} ({count} sentinels: a majority)"}
 
 
 def write_quorum(spec: Spec) -> list[Directive]:

@@ -56,11 +56,13 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
     if len(specs) > 1:
         raise RefusedError(f"{store.location.text} holds the archives of {', '.join(specs)}",
                            hint="archive each topology under its own prefix (--to s3://BUCKET/PREFIX/NAME)")
-    if not specs:
-        raise OpsctlError(f"{store.location.text} holds no continuous archive ({len(bases)} plain backup(s)): "
-                          "--to-time needs one (nothing was written)",
-                          hint="give the location `backup --continuous` archives to; restore a plain backup with "
-                               "--from URL/<name>-<time> and no --to-time")
+    if not specs:  # no topology's name to say: the location's instead
+        plain = sorted(b.name for b in bases if b.complete)
+        raise RefusedError(f"no archive in {store.location.text} reaches back to {iso(until)}: it holds no archive "
+                           "base (`backup --continuous` writes them; nothing was written)",
+                           hint=f"restore a backup it holds without --to-time: opsctl restore -f SPEC --from "
+                                f"{store.where(plain[-1])}" if plain else
+                           "`opsctl backup list --from URL` shows what the location holds")
     spec = specs[0]
     newest = base_for(bases, until, spec, dropped_before(store, spec))
     older = sorted((b for b in bases if b.spec == spec and b.archived and b.complete and b.taken < newest.taken),

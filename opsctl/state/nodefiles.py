@@ -1,4 +1,4 @@
-"""Node files on disk: default per-node paths, private (0600) writes, and `opsctl render -o DIR`."""
+"""Node files on disk: default per-node paths, private (0600) writes, and `opsctl render --dir DIR`."""
 
 from __future__ import annotations
 

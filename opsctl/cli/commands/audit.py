@@ -35,12 +35,16 @@ def scan_line(done: int, total: int, nodes: int, elapsed: float) -> str:
 
 
 class ProgressBar:
-    """Keys scanned on every node, rate and ETA, redrawn on one line of a terminal (at most 10 times a second)."""
+    """Keys scanned on every node, rate and ETA, redrawn on one line of a terminal (at most 10 times a second);
+    with heartbeat (off a terminal) a plain line at most that often instead, as the event printer's heartbeat."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, heartbeat: float | None = None) -> None:
         self.counts: dict[str, tuple[int, int]] = {}
         self.started = time.monotonic()
-        self.line = TtyLine(stream or sys.stderr)
+        self.stream = stream or sys.stderr
+        self.line = TtyLine(self.stream)
+        self.heartbeat = heartbeat
+        self.beat = self.started  # when the last heartbeat line was printed: a scan shorter than one, none
         self.lock = threading.Lock()
 
     def _text(self) -> str:
@@ -51,7 +55,11 @@ class ProgressBar:
     def __call__(self, node: str, done: int, total: int) -> None:
         with self.lock:
             self.counts[node] = (done, total)
-            self.line.show(self._text())
+            if self.heartbeat is None:
+                self.line.show(self._text())
+            elif time.monotonic() - self.beat >= self.heartbeat:
+                self.beat = time.monotonic()
+                print(self._text(), file=self.stream, flush=True)
 
     def emit(self, event: Event) -> None:
         """The audit's progress events, each node's latest count folded into the one line."""
@@ -63,8 +71,10 @@ class ProgressBar:
     def close(self) -> None:
         """The final counts on a line of their own (nothing when no node was scanned)."""
         with self.lock:
-            if self.counts:
+            if self.counts and self.heartbeat is None:
                 self.line.done(self._text())
+            elif self.counts and self.beat > self.started:  # a heartbeat was said: the final counts close it
+                print(self._text(), file=self.stream, flush=True)
 
 
 def _check_name(text: str) -> str:
@@ -85,6 +95,7 @@ def _audit(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.run import AuditOptions, run_audit
+    from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
@@ -99,7 +110,7 @@ def _audit(args: argparse.Namespace) -> int:
                             no_ttl_share=args.no_ttl_share, no_ttl_min_keys=args.no_ttl_min_keys)
     options = AuditOptions(_checks(args.checks), thresholds, args.allow_masters, args.max_ops_per_sec, args.count,
                            args.batch, args.window)
-    bar = ProgressBar() if sys.stderr.isatty() and args.output == "table" else None
+    bar = ProgressBar(heartbeat=None if sys.stderr.isatty() else HEARTBEAT) if args.output == "table" else None
     try:
         with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
             report = run_audit(connector, options, bar.emit if bar else None)

@@ -1,15 +1,26 @@
-"""`opsctl backup -f SPEC --to DIR|URL [--continuous]`, `opsctl backup verify DIR`, `opsctl backup list|prune`."""
+"""`opsctl backup -f SPEC --to DIR|URL [--continuous]`, `opsctl backup verify|list|prune --from DIR|URL`.
+
+A location written is --to, a location read is --from (as restore and migrate take theirs); `backup verify DIR`,
+the spelling documented first, stays an alias."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_metrics_textfile, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_force_lock,
+    add_metrics_textfile,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:
@@ -23,12 +34,14 @@ if TYPE_CHECKING:
 
 def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     """Events of backup and restore: JSON lines on stdout with --output json, the last one their result (its
-    backup-done, verify-done, restore-done or restore-dry-run event, in the envelope); otherwise text on stderr,
-    progress as a bar redrawn on a terminal, and the text result on stdout when done."""
-    from opsctl.base.events import BackupDone, RestoreDone, VerifyDone
+    backup-done, verify-done, restore-done, restore-dry-run or, ending backup --continuous, archive-stopped event,
+    in the envelope); otherwise text on stderr, progress as a bar redrawn on a terminal, and the text result on
+    stdout when done."""
+    from opsctl.base.events import ArchiveStopped, BackupDone, RestoreDone, VerifyDone
     from opsctl.cli.output import printing
 
-    return printing(json_mode, sys.stdout if json_mode else sys.stderr, results=(BackupDone, VerifyDone, RestoreDone))
+    return printing(json_mode, sys.stdout if json_mode else sys.stderr,
+                    results=(BackupDone, VerifyDone, RestoreDone, ArchiveStopped))
 
 
 CONTINUOUS = {"segment_seconds": 1.0, "segment_bytes": 8 << 20, "base_every": None, "reconnect_timeout": 120.0}
@@ -39,23 +52,25 @@ def check_mode(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
     from opsctl.cli.modes import fill_defaults, refuse_given
 
-    if args.target is not None and args.action != "verify":
-        raise OpsctlError(f"{echo(args.target)}: only `backup verify` takes a location without an option",
-                          hint="opsctl backup -f SPEC --to DIR|URL, or opsctl backup list|prune --from DIR|URL")
+    if args.target is not None and args.action != "verify":  # verify's alone: its documented spelling first
+        import shlex
+
+        from opsctl.base.secrets import mask_url
+
+        action, shown = args.action or "verify|list|prune", shlex.quote(mask_url(args.target[:500]))
+        raise OpsctlError(f"{echo(args.target)}: `backup {action}` reads its location from --from (only `backup "
+                          "verify` also takes it alone)", hint=f"opsctl backup {action} --from {shown}")
     if args.action is None:
         refuse_given(args, ("from_", "keep_days"), "`backup list|prune`, not with a backup",
                      "opsctl backup -f SPEC --to DIR|URL takes --to, not --from")
         if not args.continuous:
             refuse_given(args, tuple(CONTINUOUS), "--continuous", "add --continuous, or drop the option")
     else:
-        saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile")
+        saving = ("continuous", *CONTINUOUS, *SAVING, "state_dir", "metrics_textfile", "force_lock")
         refuse_given(args, saving, f"a backup (-f SPEC --to DIR|URL), not with `backup {args.action}`",
                      "drop the option")
         if args.action != "prune":
             refuse_given(args, ("keep_days",), "`backup prune`", "drop the option")
-        if args.action == "verify":
-            refuse_given(args, ("from_",), "`backup list|prune`: `backup verify DIR|URL` names the backup itself",
-                         "opsctl backup verify DIR|URL")
     fill_defaults(args, {**CONTINUOUS, **SAVING})
 
 
@@ -66,8 +81,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.action in ("list", "prune"):
         return _catalog(args)
     if args.action is not None or not args.file or not args.to:
-        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | opsctl backup verify DIR | "
-                          "opsctl backup list|prune --from DIR|URL", hint="opsctl backup --help shows every option")
+        raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | "
+                          "opsctl backup verify|list|prune --from DIR|URL",
+                          hint="opsctl backup --help shows every option")
     from opsctl.apply.connect import open_connector
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
@@ -86,7 +102,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     store = open_store(parse_location(args.to), probe="write")  # no bucket, no access: said before any fork
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
-    with open_connector(loaded, state_dir) as connector, topology_lock(connector), event_printer(json_mode) as emit, \
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
+            event_printer(json_mode) as emit, \
             staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
@@ -97,17 +114,26 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, store: Store,
                 options: BackupOptions) -> int:
-    """The archive in the foreground until stopped (SIGTERM/SIGINT: Stopped, exit 143/130); the topology lock is
+    """The archive in the foreground until stopped, as a service is: SIGTERM/SIGINT close every open segment and end
+    it normally, exit 0 with a closing line (a second signal stops at once: exit 143/130). The topology lock is
     held only while a base is taken, so reshards and failovers run beside it."""
     from opsctl.apply.connect import open_connector
     from opsctl.backup.archive import ArchiveOptions, run_archive
+    from opsctl.base import stop
+    from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
 
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
-        run_archive(connector, store, state_dir, emit, archive, lambda: topology_lock(connector))
+        try:
+            run_archive(connector, store, state_dir, emit, archive,
+                        lambda: topology_lock(connector, force=args.force_lock))
+        except stop.Stopped as stopped:
+            if not stop.asked_once():
+                raise
+            emit(ArchiveStopped(signal.Signals(stopped.signum).name, stopped.detail or "nothing was left open"))
     return EXIT_OK
 
 
@@ -119,6 +145,9 @@ def _catalog(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import CatalogResult
 
+    if args.target and not args.from_:
+        raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL: a location read is given as --from",
+                          hint=f"opsctl backup {args.action} --from {args.target[:200]}")
     if not args.from_ or args.file or args.to or (args.action == "prune" and args.keep_days is None):
         raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
                           + (" --keep-days N" if args.action == "prune" else ""),
@@ -136,31 +165,34 @@ def _verify(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult
 
-    if not args.target or args.file or args.to:
-        raise OpsctlError("usage: opsctl backup verify DIR|URL",
+    if not (args.target or args.from_) or (args.target and args.from_) or args.file or args.to:
+        raise OpsctlError("usage: opsctl backup verify --from DIR|URL (or the location alone: backup verify DIR)",
                           hint="a backup directory (it holds manifest.json), or s3://BUCKET/PREFIX/<name>-<time>")
+    location = args.from_ or args.target
     json_mode = args.output == "json"
-    with event_printer(json_mode) as emit, fetched(args.target, None) as (folder, _):
+    with event_printer(json_mode) as emit, fetched(location, None) as (folder, _):
         manifest = verify_backup(folder, emit)
         emit(VerifyDone(True, manifest.total_keys))
     if not json_mode:  # as JSON, the result was the verify-done line
-        print_text(VerifyResult(args.target, manifest))
+        print_text(VerifyResult(location, manifest))
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify DIR` checks one",
+    p = sub.add_parser("backup", help="save one RDB per shard with a manifest; `backup verify --from DIR` checks one",
                        description="opsctl backup -f SPEC --to DIR|s3://BUCKET/PREFIX [--continuous]   |   "
-                                   "opsctl backup verify DIR   |   opsctl backup list|prune --from DIR|URL")
+                                   "opsctl backup verify|list|prune --from DIR|URL")
     p.add_argument("action", nargs="?", choices=("verify", "list", "prune"),
                    help="verify: check a backup directory; list: what a location holds; prune: drop what is "
                         "older than --keep-days")
-    p.add_argument("target", nargs="?", metavar="DIR|URL", help="the backup (directory or s3:// URL) to verify")
-    add_spec_file(p, required=False)  # not with `backup verify DIR`
+    p.add_argument("target", nargs="?", metavar="DIR|URL", help="backup verify: the same as --from DIR|URL")
+    add_spec_file(p, required=False)  # not with `backup verify|list|prune`
+    add_force_lock(p)
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
                         "<name>-<UTC timestamp>/")
-    p.add_argument("--from", dest="from_", metavar="DIR|URL", help="the location `backup list` and `prune` read")
+    p.add_argument("--from", dest="from_", metavar="DIR|URL",
+                   help="the location `backup verify` (a backup), `list` and `prune` (where backups went) read")
     p.add_argument("--keep-days", type=ranged(float, 0, 36500),
                    help="backup prune: keep what a restore to any time of the last N days needs")
     p.add_argument("--continuous", action="store_true",

@@ -14,6 +14,7 @@ from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
     add_auto_approve,
     add_dry_run,
+    add_force_lock,
     add_metrics_textfile,
     add_output,
     add_spec_file,
@@ -79,7 +80,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
     dry_run = getattr(args, "dry_run", False)
     with nullcontext() if dry_run else state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
-            nullcontext() if dry_run else topology_lock(connector):  # a dry run locks and writes nothing
+            nullcontext() if dry_run else topology_lock(connector, force=args.force_lock):  # a dry run: no lock
         seen = one_cluster(connector)
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)
@@ -165,6 +166,7 @@ def _slot_args(p: argparse.ArgumentParser, dry_run: str = "show the moves, chang
     p.add_argument("--key-by-key", action="store_true", help="do not use the server's atomic slot migration")
     add_dry_run(p, dry_run)
     add_auto_approve(p, "do not ask before moving slots (keys move; a fault mid-way needs `cluster fix`)")
+    add_force_lock(p)
     add_metrics_textfile(p)
 
 

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.argtypes import SECONDS, ranged
 from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_metrics_textfile, add_output, add_spec_options
+from opsctl.cli.options import (
+    add_auto_approve,
+    add_dry_run,
+    add_force_lock,
+    add_metrics_textfile,
+    add_output,
+    add_spec_options,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
@@ -50,7 +57,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     with printing(json_mode, sys.stderr if json_mode else sys.stdout) as emit, \
             nullcontext() if args.dry_run else state_lock(state_dir), \
             _reaching(loaded, state_dir, promoting) as (connector, provider), \
-            nullcontext() if args.dry_run else topology_lock(connector):
+            nullcontext() if args.dry_run else topology_lock(connector, force=args.force_lock):
         report = run_failover(connector, state_dir, opts, emit, provider)
     print_result(FailoverResult(report), args.output)
     return EXIT_OK
@@ -89,6 +96,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_dry_run(p, "print the pre-checks and the steps; change nothing")
     p.add_argument("--force-checks", action="store_true", help="go on although a pre-check failed")
     add_auto_approve(p, "do not ask; consent to the risks of force/takeover")
+    add_force_lock(p)
     p.add_argument("--report", help="also write the JSON report here")
     p.add_argument("--max-lag-bytes", type=ranged(int, 0, 2**50), default=1024 * 1024,
                    help="pre-check limit (default 1 MiB)")

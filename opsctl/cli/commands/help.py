@@ -10,7 +10,7 @@ from collections.abc import Callable
 from opsctl.base.errors import EXIT_OK
 
 EXIT_CODES = """Exit codes, the same for every command:
-  0  ok (plan: no changes)
+  0  ok (plan: no changes; backup --continuous, which runs until stopped: stopped by SIGINT or SIGTERM)
   1  error: bad input (the spec, an option, a file), an unreachable node, a refusal without a terminal
      (pass --auto-approve), an unhealthy status, an audit that could not read a node
   2  plan has changes; apply of a saved plan left steps for a new plan

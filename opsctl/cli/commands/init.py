@@ -1,4 +1,4 @@
-"""`opsctl init [--topology T] [-o FILE]`: a new spec file from the example of that topology shipped in the package
+"""`opsctl init [--topology T] [--out FILE]`: a new spec file from the example of that topology shipped in the package
 (opsctl/_data/examples installed, examples/ in a checkout). It writes a new file only, never over one: an existing
 spec holds a fleet's name and ports, and replacing it would point the next apply at another fleet."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-from opsctl.cli.options import add_output
+from opsctl.cli.options import Moved, add_output
 
 TOPOLOGIES = ("cluster", "sentinel", "replication", "standalone")
 DEFAULT_FILE = "topology.yaml"
@@ -63,7 +63,7 @@ def _write_new(path: Path, text: str) -> None:
             handle.write(text)
     except FileExistsError:
         raise OpsctlError(f"{path} exists: init writes a new file only, never over one", "",
-                          "give another file with -o FILE, or move the existing one away first") from None
+                          "give another file with --out FILE, or move the existing one away first") from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--topology", choices=TOPOLOGIES, default="cluster",
                    help="which example: a cluster (default), master/replicas with Sentinel, master/replicas, or one "
                         "server")
-    p.add_argument("-o", "--out", metavar="FILE", default=DEFAULT_FILE,
+    p.add_argument("--out", metavar="FILE", default=DEFAULT_FILE,
                    help=f"the new spec file (default: {DEFAULT_FILE}; '-' prints it)")
-    add_output(p)
+    add_output(p, moved=Moved("init", "file", "--out"))  # -o is the format here too (-o FILE was --out's)
     p.set_defaults(handler=cmd_init)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-from opsctl.cli.options import add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    Moved,
+    add_dir,
+    add_offline,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+    placed_unless_offline,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -15,9 +23,13 @@ if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
 
 
-def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts: str | None,
-                    state_dir: str | None = None) -> list[str]:
-    from opsctl.providers.remote.inventory import build_inventory, inventory_text, remote_paths
+def write_inventory(args: argparse.Namespace, output: Path, as_json: bool = False
+                    ) -> tuple[list[str], dict[str, Any] | None]:
+    """Write the inventory into output (the --dir folder) and, --with-files, the installers beside it, for the nodes
+    placed from their records (the deployed ones and those the next apply adds: deploy.yml and destroy.yml act on
+    the nodes that run). as_json: the inventory is not written but returned in Ansible's JSON form (to print); the
+    installers still go to the folder. Returns what was done, as lines, and that JSON."""
+    from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
     from opsctl.providers.remote.staging import stage
     from opsctl.render import render_node
@@ -26,23 +38,28 @@ def write_inventory(spec_file: str, output: Path, with_files: bool, known_hosts:
     from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import node_files
 
+    spec_file, with_files, known_hosts = args.file, args.with_files, args.known_hosts
     loaded = read_spec(spec_file)
-    refuse_local(loaded)  # before anything is written
+    refuse_local(loaded)  # before anything is written (or looked for over SSH)
+    loaded = placed_unless_offline(loaded, args)
     name = loaded.spec.name
     files_dir = (output / f"{name}.files").resolve()
     inventory = build_inventory(loaded, str(files_dir), known_hosts_path(known_hosts))
     target = output / f"{name}.yml"
-    make_dir(output.resolve(), owners=trusted_owners(), enforce=False)  # never into a foreign folder
-    write_private(target, inventory_text(inventory, loaded.file))  # never through a link
-    lines = [f"wrote {target}"]
+    lines = []
+    if not as_json:
+        make_dir(output.resolve(), owners=trusted_owners(), enforce=False)  # never into a foreign folder
+        write_private(target, inventory_text(inventory, loaded.file))  # never through a link
+        lines.append(f"wrote {target}")
     if with_files:
-        tls_dir = state_dir_for(loaded, state_dir)
+        tls_dir = state_dir_for(loaded, args.state_dir)
         stage(loaded, files_dir, {node.name: {**render_node(loaded, node, remote_paths(loaded.spec, node), reveal=True,
                                                             daemonize=True).files,
                                               **node_files(loaded, tls_dir, node)} for node in loaded.layout.nodes})
         lines.append(f"wrote one installer per host (mode 0600, they hold the password) under {files_dir}")
-    lines.append(playbook_command(spec_file, output, target, with_files))
-    return lines
+    if not as_json:
+        lines.append(playbook_command(spec_file, output, target, with_files))
+    return lines, inventory_script_form(inventory) if as_json else None
 
 
 def refuse_local(loaded: LoadedSpec) -> None:
@@ -63,27 +80,45 @@ def playbook_command(spec_file: str, output: Path, target: Path, with_files: boo
     run = f"ansible-playbook -i {shlex.quote(str(target))} {shlex.quote(str(data_dir('playbooks') / 'deploy.yml'))}"
     if with_files:
         return f"run: {run}"
-    first = f"opsctl inventory -f {shlex.quote(spec_file)} -o {shlex.quote(str(output))} --with-files"
+    first = f"opsctl inventory -f {shlex.quote(spec_file)} --dir {shlex.quote(str(output))} --with-files"
     return f"run: {first} && {run}  (deploy.yml installs the node files --with-files writes)"
 
 
 def _inventory(args: argparse.Namespace) -> int:
+    """As text, what was written on stdout; as JSON, the inventory on stdout (an inventory script's answer) and
+    what was written (--with-files) on stderr."""
+    import json
+    import sys
     from pathlib import Path
 
-    for line in write_inventory(args.file, Path(args.output), args.with_files, args.known_hosts, args.state_dir):
-        print(line)
+    as_json = args.output == "json"
+    lines, inventory = write_inventory(args, Path(args.dir), as_json)
+    for line in lines:
+        print(line, file=sys.stderr if as_json else sys.stdout)
+    if inventory is not None:
+        print(json.dumps(inventory, indent=2))
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec")
+    p = sub.add_parser("inventory", help="write an Ansible inventory for a provider: ansible spec",
+                       description="Write an Ansible inventory of the nodes deployed (name, host, port from their "
+                                   "records on the hosts; retired ones left out) and the nodes the next apply adds. "
+                                   "Nothing deployed yet, or hosts out of reach: where a first deploy puts them "
+                                   "(said on stderr).")
     add_spec_file(p)
-    p.add_argument("-o", "--output", default="inventories", help="directory to write into (default: inventories)")
+    add_dir(p, "the folder to write the inventory (and --with-files' installers) into (default: inventories)",
+            default="inventories")
+    add_output(p, about="text: write DIR/<name>.yml and say so; json: print the inventory in Ansible's JSON form "
+                        "(an inventory script's answer to --list) instead of writing it",
+               moved=Moved("inventory", "folder", "--dir"))
     p.add_argument("--with-files", action="store_true",
                    help="also write the installers deploy.yml runs, one per host with its node files (0600, real "
                         "secrets), beside the inventory")
     p.add_argument("--known-hosts", help="known_hosts file for host key checks (default: $OPSCTL_SSH_KNOWN_HOSTS "
                                          "or ~/.ssh/known_hosts)")
-    add_state_dir(p, "where generated TLS certificates live (default: .opsctl/<name> next to the spec)")
+    add_state_dir(p, "where generated TLS certificates live (default: .opsctl/<name> next to the spec); the nodes' "
+                     "records are read on the hosts over SSH")
+    add_offline(p)
     p.set_defaults(handler=_inventory)
 

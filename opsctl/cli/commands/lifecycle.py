@@ -6,13 +6,12 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.argtypes import SECONDS, ranged
 from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_metrics_textfile, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_force_lock, add_metrics_textfile, add_spec_options
 from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 
@@ -91,6 +90,7 @@ def _follow_playbooks(rt: Runtime, emit: Emit) -> None:
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
     """The options of every command that executes a plan which may restart or fail over nodes."""
     add_auto_approve(parser)
+    add_force_lock(parser)
     add_dry_run(parser, "print the plan, change nothing (no lock, nothing written)")
     parser.add_argument("--allow-downtime", action="store_true", help=downtime_help)
     parser.add_argument("--parallel-shards", type=ranged(int, 1, 16384), default=1, metavar="N",
@@ -234,6 +234,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
     either. Returns whether there was any."""
     from opsctl.apply.exporter_steps import remove_exporter
+    from opsctl.cli.runtime import nothing_deployed
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -249,7 +250,8 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
         return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
     confirm(args, f"This will {what} of '{name}'.")
-    with state_lock(rt.state_dir), topology_lock(rt.connector, unanswered_ok=True):
+    with state_lock(rt.state_dir), topology_lock(rt.connector, fresh=lambda: nothing_deployed(rt),
+                                                           force=args.force_lock):
         for p in todo:
             check_held(rt.connector)
             running = rt.provider.process_state(p.node).running  # again, under the locks
@@ -311,9 +313,9 @@ def _destroy_order(rt: Runtime) -> list[Node]:
             *[n for n in layout.servers if n.role == "master"]]
 
 
-@dataclass(frozen=True)
-class _Presence:
-    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record)."""
+class _Presence(NamedTuple):
+    """A node as destroy finds it: its server runs, its exporter runs, it has files (a config or a record).
+    A NamedTuple: this module is imported to build every parser, and dataclasses costs `opsctl --help` its import."""
 
     node: Node
     running: bool
@@ -376,6 +378,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
     add_spec_options(p, output=True)
     add_auto_approve(p)
+    add_force_lock(p)
     add_dry_run(p, "print what would be stopped and purged; change nothing")
     p.add_argument("--purge", action="store_true", help="also delete data, configs and logs")
     p.add_argument("--metrics-textfile", metavar="DIR",

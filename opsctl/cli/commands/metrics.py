@@ -1,4 +1,4 @@
-"""`opsctl metrics targets -f SPEC [--state-dir DIR] [-o FILE | --write-to HOST:PATH]`: the Prometheus file_sd target
+"""`opsctl metrics targets -f SPEC [--state-dir DIR] [--out FILE | --write-to HOST:PATH]`: the Prometheus file_sd target
 groups of the exporters of the nodes that are deployed, where they run (the spec placed from the nodes' records, as
 every command places it: opsctl.apply.placing), printed, or written atomically (here, or over SSH on the host where
 Prometheus runs) so that Prometheus, which watches the file, never reads half.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_OK
-from opsctl.cli.options import add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import Moved, add_output, add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
@@ -152,11 +152,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_state_dir(p, "where the nodes' records are (default: .opsctl/<name> next to the spec): the targets are the "
                      "nodes deployed, where they run")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("-o", "--out", metavar="FILE",
+    where.add_argument("--out", metavar="FILE",
                    help="write it to FILE atomically (temp file + rename: Prometheus watches it) instead of stdout")
     where.add_argument("--write-to", metavar="HOST:PATH",
                    help="write it over SSH to PATH on HOST (a host of the spec, or [user@]address), atomically, "
                         "mode 0644: where Prometheus runs")
+    add_output(p, ("json",), "file_sd JSON, the one format Prometheus reads",
+               moved=Moved("metrics targets", "file", "--out"))
     p.set_defaults(handler=cmd_targets)
     p = commands.add_parser("rules", help="write the alert rules, their promtool tests and the Grafana dashboard "
                                           "shipped with opsctl into a folder")

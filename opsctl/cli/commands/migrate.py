@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -13,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.argtypes import ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_output, add_spec_file, add_state_dir
+from opsctl.cli.options import (
+    STATE_DIR_TUNNELS_HELP,
+    add_auto_approve,
+    add_force_lock,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+)
 from opsctl.cli.runsignals import note_run, recorded
 
 CUTOVER_WAIT = 120.0
@@ -76,7 +84,8 @@ def _migrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.apply.connect import open_connector
-    from opsctl.base.events import CutoverDone, Event
+    from opsctl.base import stop
+    from opsctl.base.events import CutoverDone, Event, Note
     from opsctl.cli.output import printing
     from opsctl.migrate.run import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
@@ -91,14 +100,23 @@ def _migrate(args: argparse.Namespace) -> int:
         stack.enter_context(state_lock(state_dir))
         source_connector, ref = _source(args, state_dir, stack)
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
-        stack.enter_context(topology_lock(target_connector))
+        stack.enter_context(topology_lock(target_connector, force=args.force_lock))
         json_mode = args.output == "json"
         printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
 
         def emit(event: Event) -> None:  # as text, the report goes to stdout at the end, not among the events
             if json_mode or not isinstance(event, CutoverDone):
                 printer(event)
-        report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
+        try:
+            report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
+        except stop.Stopped as stopped:
+            if not stop.asked_once():
+                raise
+            # a pause, said as a closing line, not an error; still 143/130: exit 0 means cut over
+            emit(Note(f"the migration stopped on {signal.Signals(stopped.signum).name} before its cutover: it is "
+                      f"journaled, run the same command to go on (`opsctl migrate cutover -f {args.file}` "
+                      "finishes a cutover that had begun)"))
+            return stopped.exit_code
     if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
@@ -119,7 +137,7 @@ def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tupl
         return foreign_connector(foreign), foreign.ref()
     source = read_spec(args.from_spec)
     connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
-    stack.enter_context(topology_lock(connector))
+    stack.enter_context(topology_lock(connector, force=args.force_lock))
     return connector, {} if args.from_spec == "-" else {"from_spec": os.path.abspath(args.from_spec)}
 
 
@@ -246,6 +264,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--sample", type=ranged(int, 1, 1_000_000),
                    help="random keys compared between source and target at the cutover (default 200)")
     add_auto_approve(p, "do not ask")
+    add_force_lock(p)
     add_state_dir(p, STATE_DIR_TUNNELS_HELP)
     add_output(p)
     p.set_defaults(handler=recorded("migrate", cmd_migrate))

@@ -15,6 +15,7 @@ from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_auto_approve,
     add_dry_run,
+    add_force_lock,
     add_metrics_textfile,
     add_output,
     add_spec_file,
@@ -59,7 +60,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             stack.enter_context(state_lock(state_dir))
         connector = stack.enter_context(open_connector(loaded, state_dir))
         if not args.dry_run:  # one run per target topology, whatever its state dir
-            stack.enter_context(topology_lock(connector))
+            stack.enter_context(topology_lock(connector, force=args.force_lock))
         target = inspect_target(connector)
         if until is not None:
             prepared = stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))
@@ -73,7 +74,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
             source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
             if not args.dry_run:  # no run reshards, fails over or restarts the source while it is read
-                stack.enter_context(topology_lock(source_connector))
+                stack.enter_context(topology_lock(source_connector, force=args.force_lock))
             prepared = stack.enter_context(live_sources(source_connector, target, options))
         emit = stack.enter_context(event_printer(json_mode))
         report = run_restore(target, prepared, state_dir, options, emit)
@@ -154,6 +155,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="keys that already exist on the target: refuse before writing (default), overwrite, or keep")
     add_dry_run(p, "run every check, write nothing")
     add_auto_approve(p, "do not ask (--mode replace asks before overwriting keys)")
+    add_force_lock(p)
     p.add_argument("--verify", choices=("sample", "full"), default="sample",
                    help="after the copy compare a sample of keys (default) or every key with the source")
     p.add_argument("--sample", type=ranged(int, 1, 10_000_000),

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_spec_options
+from opsctl.cli.options import add_auto_approve, add_dry_run, add_force_lock, add_spec_options
 
 
 def _ca(args: argparse.Namespace) -> int:
@@ -55,7 +55,7 @@ def _rotate(args: argparse.Namespace) -> int:
         # one run per topology, whatever its state dir; each node's line as it is done (as text on stdout, as JSON
         # an event on stderr)
         json_mode = args.output == "json"
-        with state_lock(rt.state_dir), topology_lock(rt.connector), \
+        with state_lock(rt.state_dir), topology_lock(rt.connector, force=args.force_lock), \
                 printing(json_mode, None if json_mode else sys.stdout) as emit:
             lines = rotate(rt, mode, emit)
     finally:
@@ -85,4 +85,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="generated CA: trust only the newest CA (step 3, after a plain rotate)")
     add_dry_run(p, "name the nodes and the step; change nothing")
     add_auto_approve(p, "do not ask before rotating")
+    add_force_lock(p)
     p.set_defaults(handler=_rotate)

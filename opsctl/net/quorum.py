@@ -1,0 +1,143 @@
+"""The topology lock's rule, pure: what a lock marker says, which nodes grant a run the lock, and whether its
+grants are enough. The I/O around it is opsctl.net.topolock.
+
+A marker is a client name, `opsctl-lock:<topology>:<epoch>:<owner>:<lease seconds>`, on a connection its run keeps
+open. A node grants a run the lock when the run's marker is set there and no other run's live marker is (live: its
+connection idled at most its lease, by the server's own clock). A run holds the lock with the grants of a strict
+majority of the topology's servers, and keeps it while its markers stay renewed on enough of them that the rest are
+no majority (keeping). Invariant: two runs never both hold it, because two majorities share a node, and there the
+run whose marker came second lists the first one's (it lists after it sets) and is not granted; nor can one take it
+from a holder, whose renewed markers leave it no majority to be granted.
+The epoch is one more than the highest a run saw when it took the lock: a run whose markers went stale on the
+other side of a split learns, when it meets a higher epoch, that another run took over since.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from opsctl.base.errors import RefusedError
+from opsctl.base.frozen import Frozen, frozen
+
+PREFIX = "opsctl-lock"
+FORCE_FLAG = "--force-lock"
+
+
+@frozen
+class Marker(Frozen):
+    """A lock marker seen on a node: whose, its lease, seconds since its holder last renewed it (the
+    server's idle of that connection), the client id that holds it there, and its epoch (0: not yet granted, or
+    a marker of an opsctl before epochs)."""
+
+    owner: str
+    lease: int
+    idle: int
+    client_id: str
+    node: str
+    epoch: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.idle <= self.lease
+
+
+def marker_name(topology: str, epoch: int, owner: str, lease: float) -> str:
+    """The client name that marks the lock; the lease rounded up (never shorter than promised). topology and owner
+    hold no colon or space (CLIENT SETNAME refuses spaces; the fields are split on colons)."""
+    return f"{PREFIX}:{topology}:{epoch}:{owner}:{math.ceil(lease)}"
+
+
+def _marker(name: str, idle: str, client_id: str, node: str) -> Marker | None:
+    """The marker a client name holds, or None: the current form, or the one before epochs (owner:lease)."""
+    if not name.startswith(f"{PREFIX}:") or not idle.isdigit():
+        return None
+    fields = name.removeprefix(f"{PREFIX}:").split(":")
+    if len(fields) == 4 and fields[1].isdigit():
+        owner, lease, epoch = fields[2], fields[3], int(fields[1])
+    elif len(fields) == 2:
+        owner, lease, epoch = fields[0], fields[1], 0
+    else:
+        return None
+    if not owner or not lease.isdigit():
+        return None
+    return Marker(owner, int(lease), int(idle), client_id, node, epoch)
+
+
+def parse_markers(client_list: str, node: str) -> list[Marker]:
+    """The lock markers in a CLIENT LIST reply."""
+    out = []
+    for line in client_list.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split(" ") if "=" in part)
+        marker = _marker(fields.get("name", ""), fields.get("idle", ""), fields.get("id", ""), node)
+        if marker is not None:
+            out.append(marker)
+    return out
+
+
+def live_others(markers: Iterable[Marker], mine: dict[str, str]) -> tuple[list[Marker], list[Marker]]:
+    """(live markers of other runs, expired ones): mine maps node -> my client id there."""
+    others = [m for m in markers if mine.get(m.node) != m.client_id]
+    return [m for m in others if m.live], [m for m in others if not m.live]
+
+
+def majority(total: int) -> int:
+    """The grants a run needs of total servers: more than half."""
+    return total // 2 + 1
+
+
+def keeping(total: int) -> int:
+    """The renewed markers a run that holds the lock needs to keep it: enough that the servers without one are no
+    majority (half of them, rounded up), so no other run can take it meanwhile. A run's own restart of a node
+    keeps the lock of a two-server topology; a split that leaves it fewer loses it."""
+    return total - majority(total) + 1
+
+
+def next_epoch(seen: Iterable[Marker]) -> int:
+    return max((m.epoch for m in seen), default=0) + 1
+
+
+@frozen
+class Tally(Frozen):
+    """One attempt to take the lock: the servers that granted it, those that answered, and all of them."""
+
+    granted: tuple[str, ...]
+    answered: tuple[str, ...]
+    servers: tuple[str, ...]
+
+    @property
+    def enough(self) -> bool:
+        return len(self.granted) >= majority(len(self.servers))
+
+    def counted(self) -> str:
+        return (f"{len(self.granted)} of {len(self.servers)} servers granted it (a majority is "
+                f"{majority(len(self.servers))}); {len(self.answered)} answered")
+
+
+def held_elsewhere(live: Sequence[Marker], tally: Tally, lease: float) -> RefusedError:
+    """Another run's live marker was found: refused (exit 3) naming it."""
+    first = live[0]
+    return RefusedError(f"another opsctl run holds this topology: {first.owner}",
+                        f"its lock marker is a client named {PREFIX}:... on "
+                        f"{', '.join(sorted({m.node for m in live}))}, renewed {first.idle}s ago "
+                        f"(lease {first.lease}s, epoch {first.epoch}); {tally.counted()}",
+                        "wait until that run finishes (or stop it); a run that died releases the lock at "
+                        f"once, one that hangs within {lease:.0f}s")
+
+
+def too_few(tally: Tally) -> RefusedError:
+    """Fewer grants than a majority, and no other run seen: the rest do not answer from here (down, or on the
+    other side of a split, where a run may hold them). Refused (exit 3) naming --force-lock."""
+    silent = [n for n in tally.servers if n not in tally.answered]
+    return RefusedError("cannot take the topology lock: a majority of its servers does not answer from here",
+                        f"{tally.counted()}; no answer from {', '.join(silent)}: they are down, or on the other "
+                        "side of a network split, where another opsctl run may hold them",
+                        "`opsctl status -f SPEC` shows which servers are down; run again once a majority "
+                        f"answers, or, when you know they are down and no other run acts, pass {FORCE_FLAG}")
+
+
+def forced_warning(tally: Tally) -> str:
+    """What --force-lock risks, said on stderr when it is used."""
+    return (f"warning: {FORCE_FLAG}: going on without the topology lock of a majority ({tally.counted()}). "
+            "If the silent servers are on the other side of a network split rather than down, another opsctl "
+            "run may act there at the same time; this run stops once it finds that run's marker")

@@ -1,0 +1,59 @@
+"""`backup --continuous` off a terminal, as a service runs it (issue 33 item 8): a heartbeat line every few seconds,
+also while no write comes, counting the segments stored; SIGTERM is a normal stop: every open segment stored, a
+closing line, exit 0, no `error:`. A local folder as the store, one standalone server of each flavor."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from opsctl.base.poll import wait_for
+from tests.lifecycle import deployed
+from tests.support import PASSWORD
+
+pytestmark = pytest.mark.integration
+
+HEARTBEAT = re.compile(r"^archiving base \S+: (\d+) segments? \(\S+\) stored; shard 1 at offset (\d+)$", re.M)
+
+
+def beats(err: Path) -> list[tuple[int, int]]:
+    """The heartbeat lines so far: (segments stored, shard 1's archived offset)."""
+    return [(int(m[1]), int(m[2])) for m in HEARTBEAT.finditer(err.read_text())]
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   flavor: str) -> None:
+    with deployed(tmp_path, capsys, "standalone", flavor, hosts=1) as (spec, loaded):
+        out, err = tmp_path / "archive.out", tmp_path / "archive.err"
+        argv = [sys.executable, "-m", "opsctl.cli.main", "backup", "-f", str(spec), "--to", str(tmp_path / "b"),
+                "--continuous"]
+        with out.open("wb") as stdout, err.open("wb") as stderr:  # files: no terminal, as under systemd or CI
+            archiver = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
+        try:
+            idle = wait_for(lambda: beats(err) or None, 60, "a heartbeat with no write coming", 0.1,
+                            last_reason=err.read_text)
+            assert idle[0][0] == 0  # alive, nothing to store yet
+            node = loaded.layout.nodes[0]
+            client = redis.Redis(host=node.address, port=node.port, password=PASSWORD, socket_timeout=5)
+            for i in range(20):
+                client.set(f"k{i}", i)
+            offset = int(client.info("replication")["master_repl_offset"])
+            wait_for(lambda: [b for b in beats(err) if b[0] >= 1 and b[1] >= offset] or None, 60,  # (and PINGs)
+                     "a heartbeat counting the segment of the writes", 0.1, last_reason=err.read_text)
+        finally:
+            archiver.send_signal(signal.SIGTERM)
+            code = archiver.wait(60)
+        text = err.read_text()
+        assert code == 0, text
+        closing = re.fullmatch(r"the continuous archive stopped on SIGTERM: every segment read is archived: "
+                               r"shard 1 up to offset (\d+)", text.splitlines()[-1])
+        assert closing is not None and int(closing[1]) >= offset, text
+        assert "error:" not in text and "Traceback" not in text and "\r" not in text and "\x1b" not in text
+        assert out.read_text() == "" and PASSWORD not in text

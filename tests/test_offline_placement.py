@@ -1,0 +1,173 @@
+"""The offline commands that write a deploy's files (render, inventory) place the spec from the nodes' records, as
+`metrics targets` does (issue 33, item 1's class): after a change of shape they name the nodes that run, where
+they run, never a retired name. Where no record can be read (nothing deployed yet, hosts out of reach) they fall
+back to the layout of a first deploy and say so on stderr, exit 0: CI jobs render specs whose hosts they cannot
+reach. No server: the records are written as apply leaves them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from opsctl.base.endpoints import endpoint
+from opsctl.base.errors import EXIT_OK
+from opsctl.spec.layout import Layout
+from opsctl.state.specfile import read_spec
+from tests.lifecycle import applied, run
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+from tests.test_cli_stdin import feed
+from tests.test_planner import load_dict
+from tests.test_recorded_placement import _endpoints, _write_records
+
+
+def _grown(provider: str, tmp_path: Path) -> tuple[dict[str, Any], Path, Layout]:
+    """A 4-host 3 x 1 cluster deployed with t-1 since drained (a tombstone: its shard's member is t-7), then a
+    replica more per master: the records' state dir, and the layout they place (what apply would leave)."""
+    from opsctl.apply.placing import recorded_placement
+
+    first = make_spec("cluster", hosts=4, provider=provider, metrics={"exporter": True})
+    deployed = list(load_dict(first).layout.nodes)
+    state = tmp_path / "state"
+    _write_records(state, deployed, retired=frozenset({deployed[0].name}))
+    grown = {**first, "cluster": {**first["cluster"], "replicas_per_master": 2}}
+    placed = recorded_placement(load_dict(grown), state)[0].layout
+    return grown, state, placed
+
+
+def _where(layout: Layout) -> dict[str, str]:
+    return {n.name: endpoint(n.address, n.port) for n in layout.nodes}
+
+
+def _rendered(folder: Path) -> dict[str, str]:
+    """node folder -> the address:port its redis.conf binds."""
+    found = {}
+    for conf in sorted(folder.glob("*/redis.conf")):
+        text = conf.read_text().splitlines()
+        lines = dict(line.split(" ", 1) for line in text if line.startswith(("bind ", "port ")))
+        found[conf.parent.name] = endpoint(lines["bind"].split()[0], int(lines["port"]))
+    return found
+
+
+def test_render_writes_the_nodes_the_records_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Render's node folders are the placed layout (names, hosts, ports), not the grown spec's positional one (which
+    has the retired t-1); once the new nodes are deployed they are exactly what `metrics targets` lists."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    grown, state, placed = _grown("local", tmp_path)
+    spec = write_spec(tmp_path, grown)
+    retired = f"{grown['name']}-1"
+    code, out, err = run(capsys, "render", "-f", str(spec), "--state-dir", str(state), "--dir", str(tmp_path / "r"))
+    assert code == EXIT_OK and not err, err
+    assert _rendered(tmp_path / "r") == _where(placed) and retired not in _where(placed)
+    assert _where(placed) != _where(read_spec(spec).layout)  # the positional layout renders t-1, elsewhere
+    _write_records(state, list(placed.nodes))  # the next apply deployed them
+    code, out, err = run(capsys, "metrics", "targets", "-f", str(spec), "--state-dir", str(state))
+    assert code == EXIT_OK, err
+    targets = _endpoints(out)
+    assert {name: target.rsplit(":", 1)[0] for name, target in targets.items()} == {
+        name: where.rsplit(":", 1)[0] for name, where in _rendered(tmp_path / "r").items()}
+    feed(monkeypatch, yaml.safe_dump(grown))  # from standard input with --state-dir: the same records
+    code, out, err = run(capsys, "render", "-f", "-", "--state-dir", str(state), "--dir", str(tmp_path / "s"))
+    assert code == EXIT_OK and _rendered(tmp_path / "s") == _where(placed), err
+
+
+def test_render_with_nothing_deployed_is_the_first_deploy_and_says_so(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """No state dir yet (a first deploy): the positional layout, a one-line note, nothing made; --offline reads
+    nothing and needs no --state-dir for a spec on standard input."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("cluster")
+    spec = write_spec(tmp_path, data)
+    code, _out, err = run(capsys, "render", "-f", str(spec), "--dir", str(tmp_path / "r"))
+    assert code == EXIT_OK and _rendered(tmp_path / "r") == _where(read_spec(spec).layout), err
+    assert err.count("\n") == 1 and "is deployed in" in err and "where the first apply puts them" in err, err
+    assert not (tmp_path / ".opsctl").exists()
+    feed(monkeypatch, yaml.safe_dump(data))
+    code, _out, err = run(capsys, "render", "-f", "-", "--dir", str(tmp_path / "s"))
+    assert code == 1 and "-f - needs --state-dir" in err and "or --offline" in err, err
+    feed(monkeypatch, yaml.safe_dump(data))
+    code, _out, err = run(capsys, "render", "-f", "-", "--offline", "--dir", str(tmp_path / "s"))
+    assert code == EXIT_OK and not err and _rendered(tmp_path / "s") == _where(read_spec(spec).layout), err
+
+
+def _inventory_nodes(text: str) -> dict[str, str]:
+    hosts = yaml.load(text.split("\n", 1)[1], Loader=yaml.BaseLoader)["all"]["hosts"]
+    return {n["name"]: endpoint(n["address"], int(n["port"])) for h in hosts.values() for n in h["opsctl_nodes"]}
+
+
+def test_inventory_lists_the_nodes_the_records_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The records as the hosts hold them (read here from a folder in place of SFTP): the inventory's hosts and ports
+    are the placed layout, t-1 (retired) absent; --offline gives the positional layout."""
+    from opsctl.providers.ansible import AnsibleProvider
+    from opsctl.providers.localfiles import deployed_records_in
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    monkeypatch.setattr(AnsibleProvider, "deployed_records",
+                        lambda self: deployed_records_in(self.loaded, tmp_path / "state"))
+    grown, _state, placed = _grown("ansible", tmp_path)
+    spec = write_spec(tmp_path, grown)
+    target = tmp_path / "inv" / f"{grown['name']}.yml"
+    code, _out, err = run(capsys, "inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"))
+    assert code == EXIT_OK and not err, err
+    assert _inventory_nodes(target.read_text()) == _where(placed) and f"{grown['name']}-1" not in _where(placed)
+    code, _out, err = run(capsys, "inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"), "--offline")
+    assert code == EXIT_OK and not err, err
+    assert _inventory_nodes(target.read_text()) == _where(read_spec(spec).layout) != _where(placed)
+
+
+@pytest.mark.parametrize("command", ["render", "inventory"])
+def test_hosts_out_of_reach_fall_back_with_a_note(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """provider: ansible on hosts no sshd answers (tests/test_adversarial.py's shape): exit 0, the positional
+    layout, one line on stderr that names why; --offline does not look at all."""
+    from opsctl.providers.remote import ssh
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    spec = write_spec(tmp_path, make_spec("cluster", provider="ansible"))
+    positional = _where(read_spec(spec).layout)
+    code, _out, err = run(capsys, command, "-f", str(spec), "--dir", str(tmp_path / "a"))
+    assert code == EXIT_OK and err.count("\n") == 1 and "could not be read on its hosts" in err, err
+    assert "cannot connect" in err and "--offline" in err and "Traceback" not in err, err
+    assert _written(command, tmp_path / "a", spec) == positional
+
+    def no_ssh(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--offline connected")
+
+    monkeypatch.setattr(ssh, "connect", no_ssh)
+    code, _out, err = run(capsys, command, "-f", str(spec), "--dir", str(tmp_path / "b"), "--offline")
+    assert code == EXIT_OK and not err and _written(command, tmp_path / "b", spec) == positional, err
+
+
+def _written(command: str, folder: Path, spec: Path) -> dict[str, str]:
+    if command == "render":
+        return _rendered(folder)
+    name = yaml.safe_load(spec.read_text())["name"]
+    return _inventory_nodes((folder / f"{name}.yml").read_text())
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_render_after_a_drained_host_is_what_apply_leaves_running(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  flavor: str) -> None:
+    """Live: a replication fleet on 3 hosts, h2 removed from the spec. Render (before the apply that drains it) names
+    t-1 and t-3 where they run; the positional layout would render t-2 on h3. After that apply render's folders are
+    the node folders left running, with their ports."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("replication", flavor)
+    with applied(tmp_path, capsys, data) as (spec, loaded):
+        ran = _where(loaded.layout)
+        spec.write_text(yaml.safe_dump({**data, "hosts": [data["hosts"][0], data["hosts"][2]]}))
+        state = tmp_path / ".opsctl" / data["name"]
+        code, _out, err = run(capsys, "render", "-f", str(spec), "--dir", str(tmp_path / "r"))
+        assert code == EXIT_OK and not err, err
+        kept = {name: ran[name] for name in (f"{data['name']}-1", f"{data['name']}-3")}
+        assert _rendered(tmp_path / "r") == kept != _where(read_spec(spec).layout)
+        code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+        assert code == EXIT_OK, err + out
+        running = {p.parent.name for p in state.glob("*/server.pid")}
+        assert running == set(kept), sorted(state.iterdir())
