@@ -61,7 +61,9 @@ def gone_probes(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts
     spec's credentials, as facts keyed by that endpoint: the promotion's master-down check refuses one that answers
     (or refuses the password: it runs), a host cut off from its replicas but not from its clients. Only what the
     check reads: its view would count as a member of the fleet."""
-    if rt.loaded.spec.topology != "cluster":
+    suspect = any(line.is_master and line.slots and (line.is_failing or line.link_state != "connected")
+                  for f in facts.values() for line in f.cluster_nodes or () if not line.is_myself)
+    if rt.loaded.spec.topology != "cluster" or not suspect:  # the planner's judging loads only when it may find one
         return {}
     from opsctl.plan.deadnodes import lost_masters
 
