@@ -71,10 +71,11 @@ def _owner_name(uid: int) -> str:
 
 
 def check_dir_stat(path: Path | str, st: os.stat_result, owners: frozenset[int] | None,
-                   hint: str = "move it away, or choose another --state-dir") -> None:
-    """A folder opsctl writes into: not a link, a folder, owned by owners (None: anyone); hint: for a non-folder."""
+                   hint: str = "move it away, or choose another --state-dir", link_hint: str = LINK_HINT) -> None:
+    """A folder opsctl writes into: not a link, a folder, owned by owners (None: anyone); hint: for a non-folder,
+    link_hint: for a link."""
     if stat.S_ISLNK(st.st_mode):
-        raise FileProblem(path, "is a symbolic link, not a folder", LINK_HINT)
+        raise FileProblem(path, "is a symbolic link, not a folder", link_hint)
     if not stat.S_ISDIR(st.st_mode):
         raise FileProblem(path, "is not a folder", hint)
     if owners is not None and st.st_uid not in owners:

@@ -115,7 +115,8 @@ def _check_rules_dir(folder: Path) -> None:
         raise FileProblem(folder, "does not exist", RULES_HINT) from None
     except OSError as exc:
         raise FileProblem(folder, f"cannot be inspected: {exc.strerror}", RULES_HINT) from None
-    check_dir_stat(folder, st, None, RULES_HINT)
+    check_dir_stat(folder, st, None, RULES_HINT, "give --dir the folder it points to (readlink -f DIR): metrics "
+                   "rules writes into a real folder only")
 
 
 def _existing_targets(folder: Path, names: list[str], force: bool) -> list[str]:
