@@ -6,12 +6,15 @@ with no member left: refused, naming the shard and the restore. Pure."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from opsctl.base.errors import RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.cli.report import plan_text
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.plan.deadnodes import _election_limit
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import PROMOTE_FIRST, make_plan
 from opsctl.plan.steps import PromoteReplica
@@ -24,12 +27,15 @@ NEW_ADDRESS = "127.250.250.4"
 OFFSETS = {2: 9000, 8: 7000}  # how far each orphaned replica got into its dead master's stream
 
 
-def _fleet(dead: set[int]) -> tuple[LoadedSpec, dict[str, NodeFacts]]:
-    """The spec with h1 readdressed, and every node's facts: the nodes k in dead were at h1's old address (gone),
-    the others answer; a replica of a dead master has its link down and its offset kept."""
+def _fleet(dead: set[int], configs: dict[int, dict[str, int]] | None = None) -> tuple[LoadedSpec, dict[str, NodeFacts]]:
+    """The spec with h1 readdressed (node k's own config: configs[k]), and every node's facts: the nodes k in dead
+    were at h1's old address (gone), the others answer; a replica of a dead master has its link down and its offset
+    kept."""
     data = make_spec("cluster", cluster={"masters": 4})
     old = data["hosts"][0]["address"]
-    loaded = load_dict({**data, "hosts": [{**data["hosts"][0], "address": NEW_ADDRESS}, *data["hosts"][1:]]})
+    nodes = {f"{data['name']}-{k}": {"config": config} for k, config in (configs or {}).items()}
+    loaded = load_dict({**data, "hosts": [{**data["hosts"][0], "address": NEW_ADDRESS}, *data["hosts"][1:]],
+                        **({"nodes": nodes} if nodes else {})})
     servers = loaded.layout.servers
     slots = even_slot_ranges(4)
 
@@ -117,3 +123,83 @@ def test_a_down_replica_that_comes_back_is_named_before_the_restore() -> None:
     with pytest.raises(RefusedError) as refused:
         make_plan(loaded, desired(loaded), facts, "d")
     assert "no member left" in refused.value.summary and f"if {name}" in refused.value.hint, refused.value
+
+
+def _promoted_first(loaded: LoadedSpec, facts: dict[str, NodeFacts], down_s: str) -> None:
+    """As a run leaves it that promoted shard 1's replica (TAKEOVER) and stopped: n2 a master of 0-4095 in every
+    view, d1 without slots; shard 4's replica's link down for down_s seconds."""
+    def moved(line: ClusterNodeLine) -> ClusterNodeLine:
+        if line.id == "n2":
+            return replace(line, flags=(line.flags - {"slave"}) | {"master"}, master_id=None,
+                           slots=(even_slot_ranges(4)[0],))
+        return replace(line, slots=()) if line.id == "d1" else line
+    for name, f in facts.items():
+        if f.cluster_nodes is not None:
+            facts[name] = replace(f, cluster_nodes=tuple(moved(line) for line in f.cluster_nodes))
+    replica4 = loaded.layout.servers[7].name
+    facts[replica4] = replace(facts[replica4], info={**facts[replica4].info, "master_link_down_since_seconds": down_s})
+
+
+def test_past_the_election_limit_a_majority_gets_a_forced_promotion() -> None:
+    """Review 1, finding 1: after one promotion a majority answers again, but shard 4's replica has been cut off
+    longer than the cluster lets it ask for a vote (ping 10 s + node timeout 2 s x (validity factor 10 + 1) = 32 s):
+    it is never elected, and waiting was a dead end. Now: a FORCE promotion (a vote without the data-age check)."""
+    loaded, facts = _fleet({1, 6, 7})
+    _promoted_first(loaded, facts, "3600")
+    plan = make_plan(loaded, desired(loaded), facts, "d")
+    assert [(type(s), s.node, s.shard) for s in plan.steps] == [(PromoteReplica, loaded.layout.servers[7].name, 4)]
+    step = plan.steps[0]
+    assert isinstance(step, PromoteReplica) and step.mode == "force" and "CLUSTER FAILOVER FORCE" in step.reason
+    assert "3 of 4 slot-owning masters answer" in step.reason
+    assert parse_plan(plan.to_dict(), "plan.json") == plan
+
+
+def test_within_the_election_limit_a_majority_still_waits() -> None:
+    """The same fleet while the replica may still ask (30 s < 32 s): the cluster's own election, as before; the
+    refusal names the limit past which apply promotes it itself."""
+    loaded, facts = _fleet({1, 6, 7})
+    _promoted_first(loaded, facts, "30")
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "wait for the cluster to promote a replica" in refused.value.hint and "32 s" in refused.value.hint
+
+
+def test_the_limit_is_the_replicas_own_settings() -> None:
+    """node timeout and validity factor from the spec: 1 s x (1 + 1) + ping 10 s = 12 s."""
+    data = make_spec("cluster", cluster={"masters": 4, "node_timeout_ms": 1000, "replica_validity_factor": 1})
+    loaded = load_dict(data)
+    assert _election_limit(loaded, loaded.layout.servers[7]) == 12.0
+
+
+def test_a_saved_plan_with_an_unknown_promotion_mode_is_refused() -> None:
+    loaded, facts = _fleet({1, 6, 7})
+    saved = make_plan(loaded, desired(loaded), facts, "d").to_dict()
+    saved["steps"][0]["mode"] = "takeover now"
+    with pytest.raises(OpsctlError) as refused:
+        parse_plan(saved, "plan.json")
+    assert "mode 'takeover now' is not one of takeover, force" in str(refused.value)
+
+
+def test_a_dead_master_that_answers_at_its_old_endpoint_is_not_promoted_over() -> None:
+    """Review 1, finding 3: the shell's probe of the old endpoint (a fact named by it) answers: the host is cut off
+    from its replicas only, and the promotion is refused (it was assumed silent, never tried)."""
+    loaded, facts = _fleet({1, 6, 7})
+    was = next(line.endpoint for line in facts[loaded.layout.servers[1].name].cluster_nodes or () if line.id == "d1")
+    facts[was] = NodeFacts(was, True, reachable=True, role=RoleInfo("master"))
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert f"{was} answers as master" in refused.value.detail and "answers opsctl" in refused.value.hint
+    facts[was] = NodeFacts(was, False, error="Connection refused")  # probed and silent: promoted as before
+    assert len(make_plan(loaded, desired(loaded), facts, "d").steps) == 2
+
+
+def test_the_ping_period_is_the_dead_masters_own() -> None:
+    """Review 1, finding 7: repl-ping-replica-period is the master's and per node; shard 1's master overrides it
+    to 30 s, so its replica that heard it 20 s ago still hears it (the first orphan's replica's 10 s said gone)."""
+    loaded, facts = _fleet({1, 6, 7}, {1: {"repl-ping-replica-period": 30}})
+    name = loaded.layout.servers[1].name
+    info = {**facts[name].info, "master_link_status": "up", "master_last_io_seconds_ago": "20"}
+    facts[name] = replace(facts[name], info=info)
+    with pytest.raises(RefusedError) as refused:
+        make_plan(loaded, desired(loaded), facts, "d")
+    assert "heard from it 20 s ago" in refused.value.detail and "32 s" in refused.value.hint

@@ -76,6 +76,7 @@ def test_a_dir_that_is_not_a_folder_is_a_clear_error(kind: str, tmp_path: Path,
     code, out, err = run(capsys, "metrics", "rules", "--dir", str(target))
     said = {"missing": "does not exist", "file": "is not a folder", "link": "is a symbolic link"}[kind]
     assert code == 1 and out == "" and f"{target}: {said}" in err and "hint:" in err, err
+    assert kind != "link" or "readlink -f DIR" in err, err  # the link is on the command line: its folder is the way
     assert "Traceback" not in err and "internal error" not in err, err
     assert not target.exists() if kind == "missing" else kind == "file" or not any((tmp_path / "real").iterdir())
 

@@ -59,6 +59,9 @@ def test_small_pure_helpers() -> None:
     assert "port in use" in start_hint("bind: Address already in use", "/l", 7001)
     assert "sport = :7001" in start_hint("bind: Address already in use", "/l", 7001)
     assert start_hint("something else", "/l/server.log", 1) == "the full log is /l/server.log"
+    # review 1, finding 2: the port the server could not bind (its bus port), not the node's own
+    bus = "Could not create server TCP listening socket 127.0.0.1:20441: bind: Address already in use"
+    assert "sport = :20441" in start_hint(bus, "/l", 20416)
     assert tail("a\n\nb\nc\n", 2) == ["b", "c"]
     env = server_environment({"PATH": "/bin", "HOME": "/root", "TZ": "x-secret-y"}, [Secret("secret")])
     assert env == {"PATH": "/bin"}

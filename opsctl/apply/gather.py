@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from opsctl.apply.runtime import Runtime
 from opsctl.base.connerr import is_auth_failure, is_tls_failure
+from opsctl.base.endpoints import split_endpoint
 from opsctl.base.errors import ConvergenceError, OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
@@ -48,7 +49,34 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
         from opsctl.apply.exporter_steps import with_exporter_facts
 
         facts = with_exporter_facts(rt, facts)
-    return {**facts, **_retired_facts(rt, facts, with_config)}
+    facts = {**facts, **_retired_facts(rt, facts, with_config)}
+    return {**facts, **gone_probes(rt, facts)}
+
+
+PROBE_TIMEOUT = 1.0  # a master gone with its host: its old endpoint answers at once or not at all
+
+
+def gone_probes(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
+    """The old endpoint of each slot-serving master the cluster lost with its host (plan.deadnodes), tried with the
+    spec's credentials, as facts keyed by that endpoint: the promotion's master-down check refuses one that answers
+    (or refuses the password: it runs), a host cut off from its replicas but not from its clients. Only what the
+    check reads: its view would count as a member of the fleet."""
+    suspect = any(line.is_master and line.slots and (line.is_failing or line.link_state != "connected")
+                  for f in facts.values() for line in f.cluster_nodes or () if not line.is_myself)
+    if rt.loaded.spec.topology != "cluster" or not suspect:  # the planner's judging loads only when it may find one
+        return {}
+    from opsctl.plan.deadnodes import lost_masters
+
+    return {line.endpoint: gone_probe(rt, line.endpoint)
+            for line in lost_masters(rt.loaded.layout, facts).values()}
+
+
+def gone_probe(rt: Runtime, was: str) -> NodeFacts:
+    """What the old endpoint was of a master gone with its host answers now, as facts named by it."""
+    address, port = split_endpoint(was) or (was, 0)
+    host = next((n.host for n in rt.loaded.layout.servers if n.address == address), "(gone)")
+    seen = observe(rt.connector, [Node(was, host, address, port, "master")], timeout=PROBE_TIMEOUT)[was]
+    return NodeFacts(was, seen.reachable, reachable=seen.reachable, error=seen.error, role=seen.role)
 
 
 class FleetView:

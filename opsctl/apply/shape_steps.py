@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from opsctl.apply.execution import Execution
+from opsctl.base.connerr import is_auth_failure
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
@@ -121,7 +122,8 @@ def promote_replica(run: Execution, step: Step) -> None:
                                "now: the shard's roles changed since the plan was made",
                                "apply again: it plans from the roles now")
         if not me.is_master:
-            admin.call("CLUSTER", "FAILOVER", "TAKEOVER")
+            _refuse_live_master(run, admin, step)
+            admin.call("CLUSTER", "FAILOVER", step.mode.upper())
             checkpoint("promote-replica-asked")
         node_id = me.id
     wanted = set(ranges.expand(ranges.parse(step.slots)))
@@ -132,6 +134,28 @@ def promote_replica(run: Execution, step: Step) -> None:
 
         wait_for(promoted, run.wait_timeout, f"{step.node} to serve shard {step.shard}'s slots as a master in a "
                  "majority of the masters' views", interval=0.05)
+
+
+def _refuse_live_master(run: Execution, admin: Admin, step: PromoteReplica) -> None:
+    """The master-down check again, just before the promotion (a saved plan, or a step after another one's wait:
+    the plan's fingerprint leaves link states out): refused if the old master answers opsctl at its endpoint, or the
+    replica heard it within its ping period."""
+    from opsctl.apply.gather import gone_probe
+    from opsctl.plan.deadnodes import master_ping_period
+    from opsctl.plan.promotion import PING_GRACE_S
+
+    loaded = run.rt.loaded
+    period = master_ping_period(loaded, step.was, loaded.layout.shard_of(step.node)) + PING_GRACE_S
+    info = parse_info(admin.info("replication"))
+    last_io = info.get("master_last_io_seconds_ago", "")
+    heard = info.get("master_link_status") == "up" and last_io.isdigit() and float(last_io) <= period
+    probe = gone_probe(run.rt, step.was)
+    if heard or probe.reachable or is_auth_failure(probe.error):
+        how = f"{step.node} heard from it {last_io} s ago" if heard else f"it answers at {step.was}"
+        raise RefusedError(f"{step.node} is not promoted: its master at {step.was} runs", f"{how} (the plan took it "
+                           "for gone): a promotion beside it makes two masters taking writes",
+                           "stop it, or give its host its address back in the spec; a master that has stopped is "
+                           f"heard of no more within {period:g} s of its last word, then apply again")
 
 
 def _owns_in_majority(views: dict[str, list[ClusterNodeLine]], node_id: str, wanted: set[int],

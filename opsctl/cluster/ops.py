@@ -24,7 +24,6 @@ from opsctl.plan.slotmath.planning import slot_plan
 from opsctl.plan.slotmath.ranges import SlotRange, slot_command
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import Layout, Node
-from opsctl.spec.model import CLUSTER_BUS_OFFSET
 
 T = TypeVar("T")
 
@@ -39,8 +38,7 @@ def meet(admin: Admin, node: Node) -> None:
 
 def meet_command(node: Node) -> Command:
     """CLUSTER MEET node; its bus port only when not port + 10000, which MEET assumes (Redis 6.2's takes none)."""
-    other_bus = node.bus_port is not None and node.bus_port != node.port + CLUSTER_BUS_OFFSET
-    return ("CLUSTER", "MEET", node.address, node.port, *([node.bus_port] if other_bus else []))
+    return ("CLUSTER", "MEET", node.address, node.port, *([node.bus_port] if node.names_bus_port else []))
 
 
 def replicate(admin: Admin, master_id: str) -> None:

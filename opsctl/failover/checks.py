@@ -13,7 +13,7 @@ from dataclasses import replace
 from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.observe.cluster_state import cluster_problems
+from opsctl.observe.cluster_state import cluster_problems, voting_masters
 from opsctl.observe.replicas import listed_replicas
 from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
@@ -218,24 +218,31 @@ def lag_check(layout: Layout, facts: Facts, replica: str | None, master: str, li
 
 
 def serving_endpoints(facts: Facts) -> set[str]:
-    """The masters that serve slots, as the nodes that answer see them: the server's cluster_size counts them, and an
-    election needs a majority of them. A shard the spec adds (a scale-out not yet moved into) has none yet."""
+    """The masters that serve slots, as the nodes that answer see them (voting_masters: the server's cluster_size
+    counts them, and an election needs a majority of them), by endpoint. A shard the spec adds (a scale-out not yet
+    moved into) has none yet."""
+    _, serving = _votes(facts)
     return {line.endpoint for f in facts.values() if f.reachable for line in f.cluster_nodes or ()
-            if line.is_master and line.slots}
+            if line.id in serving}
+
+
+def _votes(facts: Facts) -> tuple[set[str], set[str]]:
+    return voting_masters(f.cluster_nodes for f in facts.values() if f.reachable and f.cluster_nodes)
 
 
 def voters(layout: Layout, facts: Facts) -> dict[int, str | None]:
-    """Shard serving slots -> its member that answers as a master with slots (a voter in an election); None: no
-    such member (its master is down)."""
+    """Shard serving slots -> its member that answers as a master with slots (a voter in an election: voting_masters'
+    answering ones); None: no such member (its master is down)."""
+    answering, _ = _votes(facts)
     serving = serving_endpoints(facts)
     return {shard.index: next((m for m in shard.members if facts[m].reachable and (me := facts[m].myself)
-                               and me.is_master and me.slots), None) for shard in layout.shards
+                               and me.id in answering and me.is_master), None) for shard in layout.shards
             if any(layout.node(m).endpoint in serving for m in shard.members)}
 
 
 def cluster_size(layout: Layout, facts: Facts) -> int:
     """How many masters vote in an election (the spec's shards when no node answers)."""
-    return len(serving_endpoints(facts)) or len(layout.shards)
+    return len(_votes(facts)[1]) or len(layout.shards)
 
 
 def vote_links(layout: Layout, facts: Facts, replica: str) -> dict[str, str]:

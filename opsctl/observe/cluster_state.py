@@ -277,7 +277,10 @@ def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str
     it is a dead end (issue 33, item 3)."""
     answering, serving = (len(ids) for ids in voting_masters(views))
     if answering > serving // 2:
-        return f"wait for the cluster to promote a replica (or start the node again), then {then}"
+        return (f"wait for the cluster to promote a replica (or start the node again), then {then}. A replica cut off "
+                "from its master longer than cluster.replica_validity_factor allows is never elected: if the host is "
+                "gone for good, give its entry in the spec the new machine's address and run `opsctl apply`: it "
+                "promotes that replica (CLUSTER FAILOVER FORCE)")
     return (f"the cluster cannot promote a replica: {answering} of {serving} slot-owning masters answer, an election "
             f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
             "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "

@@ -18,6 +18,7 @@ from opsctl.plan.masters import current_master
 from opsctl.plan.node_steps import renames_changed
 from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.refusals import (
+    refuse_bus_port_clash,
     refuse_empty_master_restart,
     refuse_empty_master_start,
     refuse_layout_change,
@@ -31,7 +32,7 @@ from opsctl.plan.replshape import retire_steps
 from opsctl.plan.rolling import shard_steps
 from opsctl.plan.rotation import after_rotation, rotation_steps
 from opsctl.plan.steps import AssignSlots, CloseSlots, Failover, FormCluster, Plan, RestartNode, Step, WaitConverged
-from opsctl.server.versions import parse_version
+from opsctl.server.versions import Version, parse_version
 from opsctl.spec.layout import Layout
 from opsctl.spec.load import LoadedSpec
 
@@ -41,16 +42,12 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
     """filling: the shards a scale-out was filling when its run stopped (the slot journal's, read by the shell)."""
     layout = loaded.layout
     server = (loaded.spec.server.flavor, parse_version(loaded.spec.server.version))
-    refuse_unsafe_server_change(facts, server)
-    refuse_empty_master_restart(loaded, facts)
-    refuse_empty_master_start(loaded, facts)
-    if loaded.spec.topology != "standalone":
-        refuse_removed_hosts(layout)
-        refuse_unmovable(loaded.spec, layout)
+    _refuse_unsafe(loaded, facts, server)
     if loaded.spec.topology in ("replication", "sentinel") and (drains := replicated_drains(layout, facts)):
         return _repairs_first(loaded, drains, REPLICATED_DRAIN_FIRST, facts, spec_digest)
     if loaded.spec.topology == "cluster":
         refuse_layout_change(layout, facts)
+        refuse_bus_port_clash(layout, facts)
         if promotions := promote_orphans(loaded, facts):
             return _repairs_first(loaded, promotions, PROMOTE_FIRST, facts, spec_digest)
         if failovers := drain_failovers(loaded.spec, layout, facts):
@@ -88,26 +85,46 @@ def make_plan(loaded: LoadedSpec, desired: Mapping[str, DesiredNode], facts: Fac
         steps += retire_steps(layout, facts, steps)
     rotation = rotation_steps(loaded, desired, facts)
     steps = rotation + after_rotation(rotation, steps)
-    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
-        steps.append(WaitConverged(layout.nodes[0].name, "wait until every node agrees"))
-    elif topology == "cluster" and not steps and (settling := _settling(layout, facts)):
-        steps.append(WaitConverged(layout.nodes[0].name, f"formed, but cluster_state is not ok yet on "
-                                   f"{', '.join(settling)} (a run stopped before it settled): wait until it is"))
-    elif topology == "cluster" and not steps and (unaware := _unaware(layout, facts)):
-        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(unaware)} not known to every node yet (a run "
-                                   "stopped before gossip spread them): wait until every node knows them"))
-    elif topology != "cluster" and not steps and (linking := _linking(layout, facts)):
-        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(linking)} not linked to the master yet "
-                                   "(started a moment ago, or a run stopped before it settled): wait until linked"))
-    elif topology == "sentinel" and not steps and (recounting := _recounting(layout, facts)):
-        steps.append(WaitConverged(layout.nodes[0].name, f"{', '.join(recounting)} count fewer replicas or sentinels "
-                                   "than run (a run stopped after a SENTINEL RESET): wait until they count them "
-                                   "again (hellos every 2 s, the master's INFO every 10 s)"))
+    steps += _closing_wait(layout, topology, facts, steps)
     steps += exporter_steps(loaded, desired, facts)  # last: an exporter needs its node's files and user, not more
     notes = (CLOSE_THEN_MOVES,) if replan else () if steps else (_why_nothing(loaded, facts),)
     steps = with_placement_reasons(layout, steps)
     return Plan(loaded.spec.name, spec_digest, fingerprint(facts), tuple(steps), notes, replan=replan,
                 summary=summary(layout, facts, steps))
+
+
+def _refuse_unsafe(loaded: LoadedSpec, facts: Facts, server: tuple[str, Version]) -> None:
+    """The refusals every topology's plan starts with (a cluster's own follow in make_plan)."""
+    refuse_unsafe_server_change(facts, server)
+    refuse_empty_master_restart(loaded, facts)
+    refuse_empty_master_start(loaded, facts)
+    if loaded.spec.topology != "standalone":
+        refuse_removed_hosts(loaded.layout)
+        refuse_unmovable(loaded.spec, loaded.layout)
+
+
+def _closing_wait(layout: Layout, topology: str, facts: Facts, steps: Sequence[Step]) -> list[Step]:
+    """The plan's last wait: until every node agrees after steps; with no step, until what a stopped run left
+    settles (cluster_state, gossip, replica links, sentinel counts); none where a FormCluster waits itself."""
+    first = layout.nodes[0].name
+    if topology != "standalone" and steps and not isinstance(steps[-1], FormCluster):  # it waits itself
+        return [WaitConverged(first, "wait until every node agrees")]
+    if steps:
+        return []
+    if topology == "cluster" and (settling := _settling(layout, facts)):
+        return [WaitConverged(first, f"formed, but cluster_state is not ok yet on {', '.join(settling)} (a run "
+                              "stopped before it settled): wait until it is")]
+    if topology == "cluster" and (unaware := _unaware(layout, facts)):
+        return [WaitConverged(first, f"{', '.join(unaware)} not known to every node yet (a run stopped before "
+                              "gossip spread them): wait until every node knows them")]
+    if topology != "cluster" and (linking := _linking(layout, facts)):
+        return [WaitConverged(first, f"{', '.join(linking)} not linked to the master yet (started a moment ago, "
+                              "or a run stopped before it settled): wait until linked")]
+    if topology == "sentinel" and (recounting := _recounting(layout, facts)):
+        return [WaitConverged(first, f"{', '.join(recounting)} count fewer replicas or sentinels than run (a run "
+                              "stopped after a SENTINEL RESET): wait until they count them again (hellos every "
+                              "2 s, the master's INFO every 10 s)")]
+    return []
 
 
 def _masters_coming_back(layout: Layout, facts: Facts) -> list[str]:
@@ -135,8 +152,8 @@ CLOSE_THEN_MOVES = ("slots a killed run left open are closed in this plan; the m
                     "scale-in's drain, say) are planned from what closing leaves: apply then observes again and "
                     "plans them")
 PROMOTE_FIRST = ("the shards whose master went with its host get a master first: without a majority of masters the "
-                 "cluster cannot elect one; apply then observes again and replaces the host's nodes (start, join, "
-                 "replicate, forget the dead ids)")
+                 "cluster cannot elect one (nor with one, past a replica's election limit); apply then observes "
+                 "again and replaces the host's nodes (start, join, replicate, forget the dead ids)")
 FINISH_FIRST = ("the interrupted failover is finished first: a restart would lift its fence (two masters taking "
                 "writes), and finishing it decides the master; apply then observes again and plans the rest")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from opsctl.base.endpoints import MAX_PORT
 from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.masters import start_master
@@ -113,3 +114,39 @@ def refuse_removed_hosts(layout: Layout) -> None:
                            "opsctl kept addresses lack it",
                            "put the host back in hosts and apply once with a config change (the records are rewritten "
                            "with the address), then remove it again (docs/changing-the-fleet.md)")
+
+
+def refuse_bus_port_clash(layout: Layout, facts: Facts) -> None:
+    """A node restarted onto a bus port another running node at its address still holds (cluster.bus_port_offset
+    changed by the gap between their ports) cannot bind it, and since that holder restarts later in the rolling
+    order, every re-run fails at the same node: refused up front, with an offset that avoids it."""
+    live = _live_bus_ports(layout, facts)
+    clashes = [(n, holder) for n in layout.servers if n.bus_port is not None
+               and (holder := live.get((n.address, n.bus_port))) not in (None, n.name)]
+    if not clashes:
+        return
+    node, holder = clashes[0]
+    offset = (node.bus_port or 0) - node.port
+    where = "; ".join(f"{n.name}'s new bus port {n.bus_port} on {n.address} is {h}'s bus port now" for n, h in clashes)
+    free = _offset_avoiding(layout, live, offset)
+    suggest = f"e.g. {free}" if free else "one that no node's port plus it makes another node's bus port now"
+    raise RefusedError(f"cluster.bus_port_offset {offset} would restart {node.name} onto a bus port {holder} holds",
+                       f"{where}: the restart cannot bind it while {holder} runs with its old offset, and every "
+                       "re-run stops at the same node", f"choose another cluster.bus_port_offset ({suggest}), or "
+                       "change it in two steps through one that clashes with nothing")
+
+
+def _live_bus_ports(layout: Layout, facts: Facts) -> dict[tuple[str, int], str]:
+    """(address, bus port) -> the node holding it now, as each running node's own CLUSTER NODES line says."""
+    return {(n.address, me.bus_port): n.name for n in layout.servers
+            if (f := facts.get(n.name)) is not None and f.reachable and (me := f.myself) is not None}
+
+
+def _offset_avoiding(layout: Layout, live: dict[tuple[str, int], str], offset: int) -> int | None:
+    """The nearest offset above offset that puts no node's bus port on a live bus port or a port at its address."""
+    ports = {(n.address, n.port) for n in layout.nodes}
+    for candidate in range(offset + 1, MAX_PORT):
+        buses = [((n.address, n.port + candidate), n.name) for n in layout.servers]
+        if all(port[1] <= MAX_PORT and port not in ports and live.get(port, name) == name for port, name in buses):
+            return candidate
+    return None

@@ -231,18 +231,24 @@ class ForgetNodes(Step):
 
 @frozen
 class PromoteReplica(Step):
-    """CLUSTER FAILOVER TAKEOVER on node, a replica of a master gone with its host (id dead, at endpoint was), while
-    the masters that answer are no majority: the cluster cannot elect it. Done once node answers as a master and a
-    majority of the serving masters' views give it slots (ranges as text, e.g. "0-4095")."""
+    """CLUSTER FAILOVER <mode> on node, a replica of a master gone with its host (id dead, at endpoint was): TAKEOVER
+    while the masters that answer are no majority (the cluster cannot elect it), FORCE while they are one but the
+    replica's link has been down past the time it asks for an election (a vote, without the data-age check). Done
+    once node answers as a master and a majority of the serving masters' views give it slots (ranges as text, e.g.
+    "0-4095")."""
 
     kind: ClassVar[str] = "promote-replica"
     shard: int = 0
     dead: str = ""
     was: str = ""
     slots: str = ""
+    mode: str = "takeover"  # one of PROMOTE_MODES
 
     def title(self) -> str:
         return f"{self.kind} {self.node} (shard {self.shard}, in place of {self.was})"
+
+
+PROMOTE_MODES = ("takeover", "force")  # CLUSTER FAILOVER's options a promote-replica step may send
 
 
 # Steps that touch their own node only: apply runs a run of them side by side, so their order inside it is free.

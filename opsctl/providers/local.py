@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import select
 import shutil
 import signal
@@ -60,8 +61,15 @@ PIDFILE_LIMIT = 64
 # --- pure partners -----------------------------------------------------------------------------------------
 
 def start_hint(text: str, log: str, port: int) -> str:
-    """The hint for a failed start, from what the server logged or printed."""
+    """The hint for a failed start, from what the server logged or printed; the port in use is the one the server
+    names (its bus port, say), else the node's own."""
+    taken = BIND_FAILED.search(text)
+    port = int(taken.group(1)) if taken else port
     return next((hint.format(port=port) for needle, hint in HINTS if needle in text), f"the full log is {log}")
+
+
+# "Could not create server TCP listening socket 127.0.0.1:20441: bind: Address already in use" (Redis, Valkey)
+BIND_FAILED = re.compile(r":(\d{1,5}): bind: Address already in use")
 
 
 def tail(text: str, lines: int = LOG_LINES) -> list[str]:

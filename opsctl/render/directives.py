@@ -10,7 +10,7 @@ from opsctl.render.tokens import quoted, word
 from opsctl.server.versions import has_capability, has_directive, parse_version
 from opsctl.spec.layout import Node, sentinel_hosts, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
-from opsctl.spec.model import CLUSTER_BUS_OFFSET, LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
+from opsctl.spec.model import LAZYFREE, PLAINTEXT_PORT_OFFSET, Spec, config_text
 
 Directive = tuple[str, str]
 
@@ -243,9 +243,7 @@ def cluster(spec: Spec, node: Node) -> list[Directive]:
 
 def bus_port(node: Node) -> list[Directive]:
     """cluster-port where the bus is not at the servers' own port + 10000 (the default renders as it always did)."""
-    if node.bus_port is None or node.bus_port == node.port + CLUSTER_BUS_OFFSET:
-        return []
-    return [("cluster-port", str(node.bus_port))]
+    return [("cluster-port", str(node.bus_port))] if node.names_bus_port else []
 
 
 def monitoring() -> list[Directive]:

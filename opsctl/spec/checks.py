@@ -10,13 +10,13 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.base.endpoints import canonical_address
+from opsctl.base.endpoints import MAX_PORT, canonical_address
 from opsctl.base.errors import echo
 from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
 from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
 from opsctl.spec.aclrules import check_rules
-from opsctl.spec.layout import Layout, host_bind, layout, replication_hosts, sentinel_hosts
+from opsctl.spec.layout import PUBLIC_BINDS, Layout, host_bind, layout, replication_hosts, sentinel_hosts
 from opsctl.spec.model import (
     LAZYFREE,
     PLAINTEXT_PORT_OFFSET,
@@ -37,7 +37,6 @@ Finding = tuple[tuple[str | int, ...], str, str]
 class Refusal(tuple[tuple[str | int, ...], str, str]):
     """A finding that breaks a safety rule rather than the spec's form: alone, it exits 3 (refused), not 1."""
 
-PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}
 COMMANDS_OPSCTL_NEEDS = {"AUTH", "HELLO", "PING", "INFO", "CONFIG", "CLUSTER", "REPLICAOF", "SLAVEOF",
                          "ROLE", "MIGRATE", "FAILOVER", "SHUTDOWN", "CLIENT", "SCAN", "TYPE", "MEMORY",
                          "SENTINEL", "WAIT", "DEBUG", "OBJECT", "SLOWLOG", "ACL", "COMMAND"}
@@ -62,7 +61,12 @@ MANAGED_DIRECTIVES = {
     "cluster-allow-reads-when-down": "cluster.allow_reads_when_down",
     "replicaof": "replication.master", "slaveof": "replication.master",
     # What a node announces is its address and ports in the spec: opsctl finds nodes, replicas and peers by them.
-    **{name: "hosts[].address" for name in ("cluster-announce-ip", "replica-announce-ip", "slave-announce-ip")},
+    # cluster-announce-client-ipv4/-ipv6 (Valkey) rewrite the address a client sees in CLUSTER NODES (and SHARDS,
+    # MOVED): opsctl reads its views as a client. Left free: cluster-announce-hostname and -human-nodename (a field
+    # beside the address, a name in the logs) and cluster-preferred-endpoint-type (what CLUSTER SLOTS and MOVED show
+    # clients): CLUSTER NODES keeps the address, by which opsctl knows each node.
+    **{name: "hosts[].address" for name in ("cluster-announce-ip", "replica-announce-ip", "slave-announce-ip",
+                                            "cluster-announce-client-ipv4", "cluster-announce-client-ipv6")},
     **{name: "the node's port (a node announces the port it listens on)" for name in (
         "cluster-announce-port", "cluster-announce-tls-port", "cluster-announce-client-port",
         "cluster-announce-client-tls-port", "replica-announce-port", "slave-announce-port")},
@@ -412,11 +416,12 @@ def _check_tls(spec: Spec, nodes: Layout) -> Iterator[Finding]:
                        "or let opsctl make them: tls.generate: true")
                 return
     if tls.plaintext_port:
-        used = {(n.address, p): what for n in nodes.nodes for p, what in own_ports(n)}
+        used = {(a, p): what for n in nodes.nodes for a in n.listens_on for p, what in own_ports(n)}
         for node in nodes.nodes:
             plain = node.port + PLAINTEXT_PORT_OFFSET
-            if plain > 65535 or (node.address, plain) in used:
-                why = "above 65535" if plain > 65535 else f"taken by {used[(node.address, plain)]}"
+            taken = next((used[(a, plain)] for a in node.listens_on if (a, plain) in used), None)
+            if plain > MAX_PORT or taken:
+                why = f"above {MAX_PORT}" if plain > MAX_PORT else f"taken by {taken}"
                 yield (("tls", "plaintext_port"), f"{node.name}'s plaintext port {plain} (port + "
                        f"{PLAINTEXT_PORT_OFFSET}) is {why}", "lower the base port, or leave plaintext_port off")
                 return

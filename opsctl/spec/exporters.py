@@ -20,11 +20,12 @@ def exporter_port_problems(layout: Layout, offset: int = EXPORTER_PORT_OFFSET, p
     tls.plaintext_port) a node's plaintext port listens."""
     taken: dict[tuple[str, int], str] = {}
     for node in layout.nodes:
-        taken[(node.address, node.port)] = f"{node.name}'s port"
-        if node.bus_port is not None:  # a cluster server's only: replication nodes and Sentinels have no bus
-            taken[(node.address, node.bus_port)] = f"{node.name}'s cluster bus port"
-        if plaintext:
-            taken[(node.address, node.port + PLAINTEXT_PORT_OFFSET)] = f"{node.name}'s plaintext port"
+        for address in node.listens_on:  # a node binds every port on each of its addresses
+            taken[(address, node.port)] = f"{node.name}'s port"
+            if node.bus_port is not None:  # a cluster server's only: replication nodes and Sentinels have no bus
+                taken[(address, node.bus_port)] = f"{node.name}'s cluster bus port"
+            if plaintext:
+                taken[(address, node.port + PLAINTEXT_PORT_OFFSET)] = f"{node.name}'s plaintext port"
     problems = []
     for node in layout.nodes:
         port = exporter_port(node, offset)

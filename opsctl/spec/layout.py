@@ -12,7 +12,9 @@ from typing import Literal
 
 from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.model import Host, Spec
+from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
+
+PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}  # every interface: hardening.allow_public_bind
 
 Role = Literal["master", "replica", "sentinel"]
 
@@ -34,6 +36,18 @@ class Node(Frozen):
     @property
     def endpoint(self) -> str:
         return endpoint(self.address, self.port)
+
+    @property
+    def names_bus_port(self) -> bool:
+        """Its cluster bus port is not the servers' own port + 10000: cluster-port renders it, CLUSTER MEET names it
+        (Redis 6.2's MEET takes none, so the default stays unnamed)."""
+        return self.bus_port is not None and self.bus_port != self.port + CLUSTER_BUS_OFFSET
+
+    @property
+    def listens_on(self) -> tuple[str, ...]:
+        """The addresses its ports (and bus port) are bound on: its address and each bind address; not an
+        every-interface bind, which covers its own machine only (whose nodes share its address)."""
+        return tuple(dict.fromkeys(a for a in (self.address, *self.bind) if a not in PUBLIC_BINDS))
 
     @property
     def is_sentinel(self) -> bool:

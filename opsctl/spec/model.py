@@ -170,7 +170,8 @@ class ClusterTopology(Record):
         "node k (<name>-k) listens on base_port + k - 1, its cluster bus on that port + bus_port_offset"))
     bus_port_offset: Annotated[int, Range(1, 65534)] = field(CLUSTER_BUS_OFFSET, description=(
         "cluster-port: each node's cluster bus port is its port + this, at most 65535, free on its host and open "
-        "between the hosts (docs/remote.md); apply changes it by restarting the nodes one at a time"))
+        "between the hosts (docs/remote.md); apply changes it by restarting the nodes one at a time, and refuses "
+        "a change that puts a node's bus port on one another node at its address holds until its own restart"))
     node_timeout_ms: Annotated[int, Range(500, 600000)] = field(5000, description=(
         "cluster-node-timeout: how long a node may not answer before the cluster counts it as failing"))
     require_full_coverage: bool = field(True, description=(

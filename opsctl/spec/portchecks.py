@@ -18,8 +18,8 @@ DEFAULT_PORTS = {6379, 26379}
 
 
 def check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
-    """Default ports, ports above 65535 and clashes of node and cluster bus ports on one address; findings on one
-    field are grouped into one problem."""
+    """Default ports, ports above 65535 and clashes of node and cluster bus ports on any address a node binds;
+    findings on one field are grouped into one problem."""
     taken: dict[tuple[str, int], tuple[str, bool]] = {}  # (address, port) -> (whose, a bus port)
     default: dict[tuple[str | int, ...], list[str]] = {}
     too_high: dict[tuple[str | int, ...], list[tuple[str, int, bool]]] = {}
@@ -32,13 +32,16 @@ def check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
             if port > MAX_PORT:
                 too_high.setdefault(_bus_path(spec, path) if bus else path, []).append((node.name, port, bus))
                 continue
-            other = taken.get((node.address, port))
-            if other:
+            # every address it binds: a bind address of another host's (one machine) clashes there too
+            clash = next(((a, o) for a in node.listens_on if (o := taken.get((a, port)))), None)
+            if clash:
+                address, other = clash
                 at = _bus_path(spec, path) if bus or other[1] else path
-                yield (at, f"{what} and {other[0]} both use {endpoint(node.address, port)}",
+                yield (at, f"{what} and {other[0]} both use {endpoint(address, port)}",
                        "change a base port, cluster.bus_port_offset or nodes.<name>.port" if spec.topology == "cluster"
                        else "change a base port, or nodes.<name>.port")
-            taken.setdefault((node.address, port), (what, bus))
+            for address in node.listens_on:
+                taken.setdefault((address, port), (what, bus))
     for path, names in default.items():
         yield (path, f"{_names(names)} would listen on the default port {nodes.node(names[0]).port}",
                "pick another port (scanners try the default first) or set hardening.allow_default_port: true")

@@ -6,7 +6,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from opsctl.plan.steps import STEP_TYPES, Plan, Step
+from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
 from opsctl.state.readback import Fields, load_json
 
 PLAN_HINT = "make it again with `opsctl plan -f SPEC --out FILE`"
@@ -41,6 +41,8 @@ def _step(step: Fields) -> Step:
     extra = sorted(set(step.data) - {f.name for f in fields(cls)} - {"kind"})
     if extra:
         raise step.problem(f"unknown field {extra[0]!r} for a {kind} step")
+    if cls is PromoteReplica and values["mode"] not in PROMOTE_MODES:  # sent to the server as CLUSTER FAILOVER's option
+        raise step.problem(f"mode {values['mode']!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
     return cls(**values)
 
 

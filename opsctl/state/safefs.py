@@ -70,11 +70,14 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_dir_stat(path: Path | str, st: os.stat_result, owners: frozenset[int] | None) -> None:
+def check_dir_stat(path: Path | str, st: os.stat_result, owners: frozenset[int] | None,
+                   hint: str = "move it away, or choose another --state-dir", link_hint: str = LINK_HINT) -> None:
+    """A folder opsctl writes into: not a link, a folder, owned by owners (None: anyone); hint: for a non-folder,
+    link_hint: for a link."""
     if stat.S_ISLNK(st.st_mode):
-        raise FileProblem(path, "is a symbolic link, not a folder", LINK_HINT)
+        raise FileProblem(path, "is a symbolic link, not a folder", link_hint)
     if not stat.S_ISDIR(st.st_mode):
-        raise FileProblem(path, "is not a folder", "move it away, or choose another --state-dir")
+        raise FileProblem(path, "is not a folder", hint)
     if owners is not None and st.st_uid not in owners:
         raise FileProblem(path, f"is owned by {_owner_name(st.st_uid)}, not by {_owner_name(os.geteuid())}",
                           "someone else controls this folder: check who made it, or choose another --state-dir")
@@ -250,10 +253,16 @@ def _refuse_odd_target(path: Path, folder: int) -> None:
         st = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return
+    check_file_stat(path, st)
+
+
+def check_file_stat(path: Path | str, st: os.stat_result,
+                    hint: str = "give the path of a file (or a new name)") -> None:
+    """A file opsctl replaces: not a link (never written through), a regular file; hint: for anything else."""
     if stat.S_ISLNK(st.st_mode):
         raise FileProblem(path, "is a symbolic link", LINK_HINT)
     if not stat.S_ISREG(st.st_mode):
-        raise FileProblem(path, "exists and is not a regular file", "give the path of a file (or a new name)")
+        raise FileProblem(path, "exists and is not a regular file", hint)
 
 
 def check_writable_target(path: Path | str, what: str) -> None:

@@ -106,45 +106,36 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def _check_rules_dir(folder: Path) -> None:
     import os
-    import stat
 
-    from opsctl.state.safefs import FileProblem
+    from opsctl.state.safefs import FileProblem, check_dir_stat
 
     try:
-        mode = os.lstat(folder).st_mode
+        st = os.lstat(folder)
     except FileNotFoundError:
         raise FileProblem(folder, "does not exist", RULES_HINT) from None
     except OSError as exc:
         raise FileProblem(folder, f"cannot be inspected: {exc.strerror}", RULES_HINT) from None
-    if stat.S_ISLNK(mode):
-        raise FileProblem(folder, "is a symbolic link: metrics rules writes into a real folder only",
-                          "give --dir the folder it points to (readlink -f DIR)")
-    if not stat.S_ISDIR(mode):
-        raise FileProblem(folder, "is not a folder", RULES_HINT)
+    check_dir_stat(folder, st, None, RULES_HINT, "give --dir the folder it points to (readlink -f DIR): metrics "
+                   "rules writes into a real folder only")
 
 
 def _existing_targets(folder: Path, names: list[str], force: bool) -> list[str]:
     """The names already in folder: refused without force; with it, only regular files (never a link)."""
     import os
-    import stat
 
     from opsctl.base.errors import OpsctlError
-    from opsctl.state.safefs import LINK_HINT, FileProblem
+    from opsctl.state.safefs import check_dir_stat, check_file_stat
 
     existing: list[str] = []
     for name in ["tests", *names]:
         try:
-            mode = os.lstat(folder / name).st_mode
+            st = os.lstat(folder / name)
         except FileNotFoundError:
             continue
-        if stat.S_ISLNK(mode):
-            raise FileProblem(folder / name, "is a symbolic link", LINK_HINT)
         if name == "tests":
-            if not stat.S_ISDIR(mode):
-                raise FileProblem(folder / name, "is not a folder", "move it away: the rule tests go into DIR/tests")
+            check_dir_stat(folder / name, st, None, "move it away: the rule tests go into DIR/tests")
             continue
-        if not stat.S_ISREG(mode):
-            raise FileProblem(folder / name, "exists and is not a regular file", "move it away, or give another --dir")
+        check_file_stat(folder / name, st, "move it away, or give another --dir")
         existing.append(name)
     if existing and not force:
         more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
