@@ -109,6 +109,8 @@ def server_time(admin: Admin) -> dict[str, float]:
     stats = {key.removeprefix("cmdstat_"): float(dict(p.split("=", 1) for p in value.split(","))["usec"]) / 1e6
              for key, value in parse_info(str(admin.raw("INFO", "commandstats"))).items()}
     cpu = parse_info(str(admin.raw("INFO", "cpu")))
+    bus = dict(line.split(":", 1) for line in str(admin.raw("CLUSTER", "INFO")).split() if ":" in line)
+    stats[BUS] = float(bus.get("cluster_stats_messages_received", 0))
     stats["main thread CPU"] = sum(float(cpu.get(f"used_cpu_{k}_main_thread", 0)) for k in ("user", "sys"))
     pid = parse_info(str(admin.raw("INFO", "server"))).get("process_id")
     try:
@@ -119,7 +121,7 @@ def server_time(admin: Admin) -> dict[str, float]:
     return stats
 
 
-ON_CPU, RUNNABLE = "on a CPU", "waiting for a CPU"
+ON_CPU, RUNNABLE, BUS = "on a CPU", "waiting for a CPU", "cluster bus messages received"
 
 
 def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[str, float], dict[str, float]],
@@ -128,10 +130,14 @@ def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[st
     and after); the source's busy time per command (a single-threaded source: whatever it spends outside MIGRATE
     is what key by key adds) and the time it spent in no command (waiting for the client). From the scheduler,
     the source's main thread on a CPU, waiting for one, and asleep: idle, or blocked in MIGRATE until the target
-    answers (MIGRATE alone shows how much of that the move itself needs)."""
+    answers (MIGRATE alone shows how much of that the move itself needs). Also the cluster bus messages the
+    source received: on Redis 7.0 every SETSLOT NODE that closes a slot on its target broadcasts a PONG, and the
+    source spends main-thread time on each (it runs no command meanwhile)."""
     before, after = source
     busy = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) >= 0.005}
     cpu = busy.pop("main thread CPU", 0.0)
+    bus = after.get(BUS, 0.0) - before.get(BUS, 0.0)
+    busy.pop(BUS, None)
     on_cpu, runnable = busy.pop(ON_CPU, None), busy.pop(RUNNABLE, 0.0)
     # a script's own calls count in commandstats too: the survey script's GETKEYSINSLOT and MEMORY USAGE
     nested = set(NESTED) if "eval" in busy else set()
@@ -145,7 +151,7 @@ def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[st
         lines.append(f"    the move itself {moved:.2f}s; process start, lock, setup and the looks before/after "
                      f"{seconds - moved:.2f}s")
     lines.append(f"    source: in commands {inside:.2f}s ({commands}); main thread CPU {cpu:.2f}s; in no command "
-                 f"{max(0.0, seconds - inside):.2f}s")
+                 f"{max(0.0, seconds - inside):.2f}s; {bus:.0f} {BUS}")
     if on_cpu is not None:
         lines.append(f"    source main thread (scheduler): on a CPU {on_cpu:.2f}s, waiting for a CPU {runnable:.2f}s, "
                      f"asleep {max(0.0, seconds - on_cpu - runnable):.2f}s (idle, or in MIGRATE until the target "

@@ -154,14 +154,19 @@ class NodePipes:
         self._idle: list[RawPipe] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._names: dict[str, str] = {}  # the renames asked so far: a wave packs ~10k commands of a few names
 
     def command(self, name: str) -> str:
         """A command's name as this node knows it (the spec's renames)."""
-        return self.connector.loaded.command_name(self.node, name)
+        known = self._names.get(name)
+        if known is None:
+            known = self._names[name] = self.connector.loaded.command_name(self.node, name)
+        return known
 
     def packed(self, commands: Sequence[Command]) -> bytes:
         """Commands under the node's renames, packed in one buffer."""
-        return b"".join(encode([self.command(str(c[0])), *c[1:]]) for c in commands)
+        name = self.command
+        return b"".join([encode([name(str(c[0])), *c[1:]]) for c in commands])
 
     def pipeline(self, commands: Sequence[Command], chunk: int = 0, timeout: float | None = None) -> list[Reply]:
         """One round trip: replies in order, error replies as RespError values. chunk > 0 packs and sends that
