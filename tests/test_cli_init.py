@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.base.resources import data_dir
+from opsctl import data_dir
 from opsctl.cli.commands.init import TOPOLOGIES
 from tests.lifecycle import run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.base.connerr import is_auth_failure, not_answering
+from opsctl.base.errors import is_auth_failure, not_answering
 from opsctl.cli.report import node_status
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.status import health_hint, health_line

@@ -50,8 +50,7 @@ from opsctl.base.events import (
     VerifyDone,
     as_dict,
 )
-from opsctl.base.tty import human_seconds, redraw
-from opsctl.base.words import plural
+from opsctl.base.words import human_seconds, plural, redraw
 from opsctl.cli.commands.audit import ProgressBar, scan_line
 from opsctl.cli.main import main
 from opsctl.cli.output import Printer, printing

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
-from opsctl.base.resources import data_dir
 from opsctl.providers.remote.bundle import (
     archive,
     host_installers,

@@ -8,9 +8,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from opsctl.apply.runtime import Runtime
-from opsctl.base.connerr import is_auth_failure, is_tls_failure
 from opsctl.base.endpoints import split_endpoint
-from opsctl.base.errors import ConvergenceError, OpsctlError
+from opsctl.base.errors import ConvergenceError, OpsctlError, is_auth_failure, is_tls_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Observer, observe, to_facts
@@ -26,7 +25,7 @@ if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and
 
 
 def spec_digest(loaded: LoadedSpec) -> str:
-    from opsctl.base.digest import digest
+    from opsctl.base.record import digest
 
     return digest(loaded.spec.model_dump(mode="json"))
 
@@ -252,7 +251,7 @@ def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
     silent = [f for f in facts.values() if f.running and not f.reachable]
     if not silent:
         return
-    from opsctl.base.connerr import AUTH_HINT, TLS_HINT
+    from opsctl.base.errors import AUTH_HINT, TLS_HINT
 
     auth = [f.name for f in silent if is_auth_failure(f.error)]
     handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]

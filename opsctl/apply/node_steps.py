@@ -9,8 +9,7 @@ from opsctl.apply.execution import Before, Execution
 from opsctl.apply.gather import shard_facts
 from opsctl.apply.replication_steps import finish_failover, sentinels_master
 from opsctl.apply.waits import wait_back_in_place
-from opsctl.base.connerr import is_auth_failure
-from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.admin import Admin

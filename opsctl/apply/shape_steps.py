@@ -8,8 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from opsctl.apply.execution import Execution
-from opsctl.base.connerr import is_auth_failure
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.cluster_state import voting_masters

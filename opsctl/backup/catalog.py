@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from opsctl.backup.manifest import MANIFEST
-from opsctl.backup.moments import stored_time
 from opsctl.backup.segment import SegmentProblem, chain, decode_segment, parse_name
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import (
@@ -26,6 +25,7 @@ from opsctl.backup.timeline import (
     to_prune,
 )
 from opsctl.base.errors import OpsctlError
+from opsctl.base.record import stored_time
 
 RETENTION = "retention"
 

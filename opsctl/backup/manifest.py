@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from opsctl.backup.moments import stored_iso
 from opsctl.base.errors import OpsctlError
+from opsctl.base.record import stored_iso
 from opsctl.observe.parse import SLOTS
 from opsctl.spec.model import TOPOLOGIES
 

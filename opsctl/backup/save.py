@@ -40,7 +40,7 @@ from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardCopying, ShardSaved, ignore
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.tty import human_bytes
+from opsctl.base.words import human_bytes
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards

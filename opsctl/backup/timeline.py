@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from opsctl.backup.manifest import MANIFEST
-from opsctl.backup.moments import FLOOR, stored_time
 from opsctl.base.errors import OpsctlError, RefusedError, echo
+from opsctl.base.record import FLOOR, stored_time
 from opsctl.plan.streamcmd import Position, position_from
 
 ARCHIVE = "archive.json"

@@ -80,7 +80,7 @@ def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:
     is not waited for."""
     import time
 
-    from opsctl.base.connerr import AUTH_HINT
+    from opsctl.base.errors import AUTH_HINT
     from opsctl.cli.output import print_result
 
     deadline = time.monotonic() + settle

@@ -10,9 +10,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.endpoints import endpoint
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure, not_answering
 from opsctl.observe.cluster_state import cluster_problems, voting_masters
 from opsctl.observe.replicas import listed_replicas
 from opsctl.plan.facts import Facts

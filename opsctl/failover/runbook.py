@@ -18,10 +18,10 @@ import redis
 from redis.crc import key_slot
 
 from opsctl.base import stop
-from opsctl.base.digest import digest
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.record import digest
 from opsctl.failover import actions, fence
 from opsctl.failover.checks import (
     cluster_prechecks,

@@ -42,7 +42,7 @@ PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
 
 def link_error(exc: BaseException) -> str:
     """Why a pipe failed, as an observation keeps it (the server's words for a refused AUTH, which
-    opsctl.base.connerr recognises)."""
+    opsctl.base.errors recognises)."""
     if isinstance(exc, OpsctlError):
         return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
     return f"{type(exc).__name__}: {exc}"

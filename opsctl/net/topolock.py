@@ -32,8 +32,15 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from opsctl.base.connerr import AUTH_HINT, TLS_HINT, auth_failed, error_text, is_auth_failure, is_tls_failure
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import (
+    AUTH_HINT,
+    TLS_HINT,
+    OpsctlError,
+    auth_failed,
+    error_text,
+    is_auth_failure,
+    is_tls_failure,
+)
 from opsctl.base.text import as_text
 from opsctl.net import quorum
 from opsctl.net.connector import AuthRefused, Connector, port_accepts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import digest
 from opsctl.render import NodePaths, render_node, render_sections
 from opsctl.render.directives import Directive, derived_causes, sentinel_causes
 from opsctl.spec.layout import Node

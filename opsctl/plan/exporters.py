@@ -10,9 +10,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from opsctl.base.digest import digest
 from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import digest
 from opsctl.base.secrets import Secret
 from opsctl.plan.desired import DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts

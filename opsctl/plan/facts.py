@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import digest
 from opsctl.observe.observation import NodeObservation
 from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
 from opsctl.plan import fence as fencing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opsctl.base.connerr import AUTH_HINT, is_auth_failure
+from opsctl.base.errors import AUTH_HINT, is_auth_failure
 from opsctl.base.words import plural
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.parse import SLOTS

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opsctl.base.tty import human_bytes
+from opsctl.base.words import human_bytes
 from opsctl.slots.session import Outcome
 
 

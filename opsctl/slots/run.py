@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.base import stop
-from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure
 from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector

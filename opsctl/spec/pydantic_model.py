@@ -20,8 +20,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from opsctl.base.errors import echo
+from opsctl.base.record import Check, Hidden, Length, Pattern, Range, Record, RecordField, fields_of
 from opsctl.spec import model
-from opsctl.spec.record import Check, Hidden, Length, Pattern, Range, Record, RecordField, fields_of
 
 
 def _size_text(value: object) -> object:

@@ -9,8 +9,8 @@ import typing
 from typing import Annotated
 
 from opsctl.base.errors import echo
+from opsctl.base.record import Hidden, Record, fields_of
 from opsctl.spec.model import SECRET_CONFIG, ConfigValue, Spec
-from opsctl.spec.record import Hidden, Record, fields_of
 
 Path = tuple[str | int, ...]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
-from opsctl.base.tty import gauge, human_seconds
+from opsctl.base.words import gauge, human_seconds
 from opsctl.cli.argtypes import RATE, ranged
 from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_dry_run, add_output, add_spec_options
 from opsctl.cli.ttyline import TtyLine

@@ -40,7 +40,7 @@ class InitResult(NamedTuple):
 
 
 def example_text(topology: str) -> str:
-    from opsctl.base.resources import data_dir
+    from opsctl import data_dir
 
     return (data_dir("examples") / f"{topology}.yaml").read_text()
 

@@ -75,7 +75,7 @@ def playbook_command(spec_file: str, output: Path, target: Path, with_files: boo
     """The command that deploys with the inventory just written: the deploy playbook by its installed path (it ships
     in the package, a checkout's playbooks/ exists only in a checkout), and, without --with-files, the run that
     writes the installers it needs first."""
-    from opsctl.base.resources import data_dir
+    from opsctl import data_dir
 
     run = f"ansible-playbook -i {shlex.quote(str(target))} {shlex.quote(str(data_dir('playbooks') / 'deploy.yml'))}"
     if with_files:

@@ -89,7 +89,7 @@ class RulesResult(NamedTuple):
 
 def cmd_rules(args: argparse.Namespace) -> int:
     """Every target checked before the first is written: a refused run writes nothing."""
-    from opsctl.base.resources import monitoring_files
+    from opsctl import monitoring_files
     from opsctl.cli.output import print_result
     from opsctl.state.safefs import make_dir, write_private
 

@@ -8,8 +8,8 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
-from opsctl.base.resources import data_dir
 from opsctl.providers.remote.bundle import host_installers, hosts_table
 from opsctl.spec.layout import deployed_record
 from opsctl.spec.load import LoadedSpec

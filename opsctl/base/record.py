@@ -1,12 +1,24 @@
 """Frozen records declared once in a class body: each field's type (constraints as Annotated markers), default and
 description. Record.from_json checks JSON-like data field by field for its types only; the markers and check() are
 the validator's (opsctl.spec.pydantic_model). Nothing here imports pydantic: a spec validated before is read back
-without it."""
+without it.
 
+A short, stable digest of JSON-able data: plans, rendered files, specs and fingerprints are compared by it.
+
+Times read back from stored records (manifests, archive descriptions, segments, leases, retention records) and
+given on the command line (--to-time): finite, not before 1970, and not in the far future. Pure: the caller passes
+now."""
+
+from __future__ import annotations
+
+import hashlib
 import inspect
+import json
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
 
 T = TypeVar("T")
@@ -247,3 +259,35 @@ def _dump(value: object) -> object:
     if isinstance(value, dict):
         return {k: _dump(v) for k, v in value.items()}
     return value
+
+
+def digest(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+FLOOR = 0.0  # 1970-01-01T00:00:00Z: a time before is no clock's
+AHEAD = 86400.0  # s a stored time may lie ahead of this clock (written on a host whose clock runs ahead)
+
+
+def stored_time(value: object, now: float) -> float | None:
+    """value as a unix time when it is a number (not a bool) from FLOOR to now + AHEAD; None otherwise (NaN,
+    1e308, negative, a string, a date in 9999)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    moment = float(value)
+    return moment if math.isfinite(moment) and FLOOR <= moment <= now + AHEAD else None
+
+
+def stored_iso(text: str, now: float) -> float | None:
+    """An ISO 8601 time with a zone as a unix time, checked as stored_time; None when it is not one."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    try:
+        return stored_time(moment.timestamp(), now)
+    except (OverflowError, OSError, ValueError):
+        return None
