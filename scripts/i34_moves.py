@@ -370,7 +370,7 @@ def do_merge(target: str, source: str) -> None:
         return
     merged = join(tpath.read_text(), spath.read_text()) if tpath.read_text().strip() else spath.read_text()
     tpath.write_text(merged)
-    git("rm", "-q", str(spath))
+    git("rm", "-qf", str(spath))
 
 
 def do_move(old: str, new: str, wanted: list[str]) -> None:
