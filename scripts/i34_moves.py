@@ -44,7 +44,7 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "spec.layout", "base.endpoints"),
         ("merge", "spec.layout", "spec.exporters"),
         ("merge", "spec.load", "spec.renames"),
-        ("merge", "spec.load", "spec.tlsrefs"),
+        ("merge", "spec.layout", "spec.tlsrefs"),  # not spec.load: checks imports it, load imports validate
         ("merge", "spec.pydantic_model", "spec.schema"),
         ("mv", "spec.checks", "spec.crosschecks"),
         ("mv", "spec.secretcheck", "spec.secretrefs"),
@@ -66,7 +66,7 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "plan.replication_steps", "plan.replication"),
         ("merge", "plan.rolling", "plan.maintenance"),
         ("mv", "plan.placing", "plan.shape"),
-        ("merge", "plan.shape", "plan.replshape"),
+        # plan.replshape stays: both it and plan.placing define drain_failovers and DRAIN_FIRST
     ],
     "state": [
         ("merge", "state.statedir", "state.nodefiles"),
@@ -79,7 +79,7 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "plan.streamkeys", "stream.touched"),
     ],
     "providers": [
-        ("merge", "providers.proc", "providers.sockdiag"),
+        # providers.sockdiag stays: both it and providers.proc define listening_inodes
         ("merge", "providers.localfiles", "providers.serveruser"),
         ("merge", "providers.ansibleexporter", "providers.remote.exporters"),
         ("merge", "providers.remote.ssh", "providers.extra"),
@@ -114,7 +114,7 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "audit.scan", "audit.throttle"),
         ("mv", "backup.plan", "backup.savers"),
         ("mv", "backup.verify", "backup.integrity"),
-        ("merge", "backup.store", "backup.s3"),
+        # backup.s3 stays: both it and backup.store define _BUCKET
         ("merge", "backup.timeline", "backup.catalog"),
         ("mv", "restore.run", "restore.copying"),
         ("mv", "restore.verify", "restore.tally"),
