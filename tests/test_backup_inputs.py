@@ -20,7 +20,6 @@ from opsctl.backup.s3 import _answered, check_endpoint_url, client_problem
 from opsctl.backup.segment import MAGIC, SegmentName, SegmentProblem, decode_segment, encode_segment
 from opsctl.backup.store import FolderStore, parse_location
 from opsctl.backup.timeline import group, parse_archive, parse_time
-from opsctl.base.endpoints import split_endpoint
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import mask_url
 from opsctl.migrate.foreign import parse_endpoints
@@ -28,6 +27,7 @@ from opsctl.migrate.journal import parse_journal
 from opsctl.plan.streamcmd import Entry
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.providers.remote.publish import parse_write_to
+from opsctl.spec.layout import split_endpoint
 from tests.lifecycle import run
 from tests.support import make_spec, write_spec
 

@@ -91,7 +91,7 @@ def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, cap
             assert not heavy, f"opsctl {command} imports {heavy}"
             if command == "status":  # it plans nothing, nor checks a spec
                 planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.apply.drift",
-                                             "opsctl.plan.desired", "opsctl.spec.checks", "opsctl.spec.validate"})
+                                             "opsctl.plan.desired", "opsctl.spec.crosschecks", "opsctl.spec.validate"})
                 assert not planning, f"opsctl status imports {planning}"
 
 

@@ -156,7 +156,7 @@ def test_a_failover_step_finds_it_done_and_repoints_the_replica_left_behind(tmp_
     (CI saw it under load): the step has nothing to fail over, but the shard's other replica still follows the
     demoted master (FAILOVER TO re-points only the two it swaps) and the plan has no step for it. The step points
     it at the new master; before, the plan's wait-converged timed out (60 s, exit 1)."""
-    from opsctl.spec.renames import command_renames
+    from opsctl.spec.load import command_renames
 
     with deployed(tmp_path, capsys, "replication", flavor) as (spec, loaded):
         old, target, other = loaded.layout.shards[0].members

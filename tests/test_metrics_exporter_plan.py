@@ -19,7 +19,7 @@ from opsctl.plan.node_steps import config_steps
 from opsctl.plan.ondisk import PREVIOUS
 from opsctl.plan.rotation import managed_users, rotation_steps, wanted_accepts
 from opsctl.render import default_paths, render_node
-from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
 from opsctl.server.versions import parse_version
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec

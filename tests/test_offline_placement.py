@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_OK
-from opsctl.spec.layout import Layout
+from opsctl.spec.layout import Layout, endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

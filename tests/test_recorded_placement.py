@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_OK
-from opsctl.spec.layout import Layout, Node, deployed_record
+from opsctl.spec.layout import Layout, Node, deployed_record, endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

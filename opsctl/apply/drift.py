@@ -18,7 +18,7 @@ from opsctl.plan.ondisk import DIFFERS, password_verdicts, sentinel_file_values,
 from opsctl.plan.rotation import managed_users
 from opsctl.render import render_acl
 from opsctl.render.directives import SECRET_DIRECTIVES
-from opsctl.render.exporter import EXPORTER_USER, RULE_FIELDS, acl_rule_words
+from opsctl.render.exporteruser import EXPORTER_USER, RULE_FIELDS, acl_rule_words
 from opsctl.spec.layout import Node, sentinel_master_name
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step
 from opsctl.providers.local import LocalProvider
 from opsctl.providers.localexporter import LocalExporters
-from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words
 from opsctl.spec.layout import Node
 
 

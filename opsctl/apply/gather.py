@@ -8,7 +8,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from opsctl.apply.runtime import Runtime
-from opsctl.base.endpoints import split_endpoint
 from opsctl.base.errors import ConvergenceError, OpsctlError, is_auth_failure, is_tls_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
@@ -16,7 +15,7 @@ from opsctl.net.observer import Observer, observe, to_facts
 from opsctl.observe.observation import NodeObservation
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
-from opsctl.spec.layout import Node, Shard
+from opsctl.spec.layout import Node, Shard, split_endpoint
 from opsctl.spec.load import Credentials, LoadedSpec
 
 if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.backup.store import LIMIT, Location, check_name
-from opsctl.base.endpoints import valid_host, valid_port
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, mask_url, remember
+from opsctl.spec.layout import valid_host, valid_port
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig

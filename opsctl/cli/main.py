@@ -78,7 +78,7 @@ def _render(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     import json
 
-    from opsctl.spec.schema import spec_schema
+    from opsctl.spec.pydantic_model import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))
     return EXIT_OK

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from opsctl.base.endpoints import same_endpoint
 from opsctl.base.errors import is_auth_failure
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.words import human_bytes, plural
+from opsctl.spec.layout import same_endpoint
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
     from opsctl.observe.parse import RoleInfo

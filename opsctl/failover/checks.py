@@ -10,7 +10,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure, not_answering
 from opsctl.observe.cluster_state import cluster_problems, voting_masters
 from opsctl.observe.replicas import listed_replicas
@@ -20,7 +19,7 @@ from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard
 from opsctl.plan.promotion import choose_promotable, followed_master, promotable_check
 from opsctl.plan.slotmath.planning import retired
 from opsctl.plan.verdicts import Check, PastFailover, Target, Thresholds, role_text
-from opsctl.spec.layout import Layout, Shard
+from opsctl.spec.layout import Layout, Shard, endpoint
 from opsctl.spec.load import LoadedSpec
 
 MODES = ("graceful", "force", "takeover")

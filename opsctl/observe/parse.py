@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.text import as_text
+from opsctl.spec.layout import endpoint
 from opsctl.spec.text import split_args
 
 # --- INFO ---------------------------------------------------------------------------------------

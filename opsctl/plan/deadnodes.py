@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from opsctl.base.endpoints import split_endpoint
 from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.parse import ClusterNodeLine
@@ -19,7 +18,7 @@ from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, 
 from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica
 from opsctl.plan.verdicts import Target
-from opsctl.spec.layout import Layout, Node, Shard
+from opsctl.spec.layout import Layout, Node, Shard, split_endpoint
 from opsctl.spec.load import LoadedSpec
 
 

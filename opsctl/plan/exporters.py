@@ -10,16 +10,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.record import digest
 from opsctl.base.secrets import Secret
 from opsctl.plan.desired import DesiredNode, single_valued, unquote
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step, StopExporter
-from opsctl.render.exporter import EXPORTER_USER, exporter_rule_words, exporter_secret
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_rule_words, exporter_secret
+from opsctl.spec.layout import Node, endpoint, exporter_port
 from opsctl.spec.load import LoadedSpec
 
 EXPORTER_BINARY = "/usr/bin/prometheus-redis-exporter"  # Debian's prometheus-redis-exporter

@@ -10,12 +10,10 @@ import re
 from collections.abc import Mapping
 from typing import Literal, TypedDict
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render.directives import maxclients
 from opsctl.server.defaults import SERVER_DEFAULTS
-from opsctl.spec.exporters import EXPORTER_PORT_OFFSET, exporter_port, exporter_port_problems
-from opsctl.spec.layout import Layout, Node
+from opsctl.spec.layout import EXPORTER_PORT_OFFSET, Layout, Node, endpoint, exporter_port, exporter_port_problems
 from opsctl.spec.model import Spec
 
 __all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from opsctl.render.directives import listen_ports
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, exporter_port
 from opsctl.spec.load import LoadedSpec
 
 

@@ -4,11 +4,10 @@ forced pre-checks, the planner for the promotion of a replica whose master went 
 
 from __future__ import annotations
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.verdicts import Check, Target, role_text
-from opsctl.spec.layout import Layout, Shard
+from opsctl.spec.layout import Layout, Shard, endpoint
 
 
 def followed_master(layout: Layout, shard: Shard, facts: Facts) -> str | None:

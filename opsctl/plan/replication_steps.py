@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
 from opsctl.base.secrets import MASK
 from opsctl.plan.desired import DesiredNode, unquote
@@ -23,7 +22,7 @@ from opsctl.plan.steps import (
     WriteConfig,
 )
 from opsctl.server.versions import parse_version, server_text
-from opsctl.spec.layout import Layout, sentinel_master_name, sentinel_quorum
+from opsctl.spec.layout import Layout, endpoint, sentinel_master_name, sentinel_quorum
 from opsctl.spec.load import LoadedSpec
 
 

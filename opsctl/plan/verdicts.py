@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import is_auth_failure
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import MAX_LAG_BYTES
+from opsctl.spec.layout import endpoint
 
 
 @frozen

@@ -130,7 +130,7 @@ def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Direct
 
 def renames(loaded: LoadedSpec) -> list[Directive]:
     """rename-command lines: disabled commands to "", renamed ones (the spec's and, in password mode, the
-    takeover commands: opsctl.spec.renames) to their new name.
+    takeover commands: opsctl.spec.load) to their new name.
 
     Disabled commands go in ACL mode too: ACL rules alone can be undone by any user allowed ACL SETUSER
     (the admin has +@all), a removed command cannot. ACL rules keep naming them (rules use original names).

@@ -8,10 +8,20 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, recorded_role, unpurged
-from opsctl.spec.layout import Layout, Node, Role, Shard, bus_port, cluster_layout, deployed_as, layout, node_on
+from opsctl.spec.layout import (
+    Layout,
+    Node,
+    Role,
+    Shard,
+    bus_port,
+    canonical_address,
+    cluster_layout,
+    deployed_as,
+    layout,
+    node_on,
+)
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
 from opsctl.spec.replplacement import replication_placed

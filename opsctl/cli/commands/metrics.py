@@ -58,7 +58,7 @@ def _refuse_ports_above_range(loaded: LoadedSpec) -> None:
     """Without metrics.exporter validation leaves the offset alone (the exporters are someone else's), but a target
     past 65535 is no endpoint at all."""
     from opsctl.base.errors import OpsctlError
-    from opsctl.spec.exporters import exporter_ports_above_range
+    from opsctl.spec.layout import exporter_ports_above_range
 
     above = exporter_ports_above_range(loaded.layout, loaded.spec.metrics.port_offset)
     if above:

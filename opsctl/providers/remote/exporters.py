@@ -15,8 +15,7 @@ from typing import Any
 from opsctl.plan.exporters import EXPORTER_BINARY, EXPORTER_PACKAGE, PASSWORD_FILE, ExporterRun, exporter_home
 from opsctl.providers.remote.inventory import remote_paths, remote_root
 from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, exporter_port
 from opsctl.spec.load import LoadedSpec
 
 EXPORTER_OS_USER = "opsctl-exporter"  # the OS user every exporter of a host runs as (nologin, no home)

@@ -10,13 +10,31 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from opsctl.base.endpoints import MAX_PORT, canonical_address
 from opsctl.base.errors import echo
-from opsctl.server.command_table import command_names, is_category, is_command
 from opsctl.server.config_types import value_problem
-from opsctl.server.versions import SUPPORTED, Version, has_directive, is_supported, parse_version, version_text
+from opsctl.server.versions import (
+    SUPPORTED,
+    Version,
+    command_names,
+    has_directive,
+    is_category,
+    is_command,
+    is_supported,
+    parse_version,
+    version_text,
+)
 from opsctl.spec.aclrules import check_rules
-from opsctl.spec.layout import PUBLIC_BINDS, Layout, host_bind, layout, replication_hosts, sentinel_hosts
+from opsctl.spec.layout import (
+    MAX_PORT,
+    PUBLIC_BINDS,
+    Layout,
+    canonical_address,
+    host_bind,
+    layout,
+    missing_refs,
+    replication_hosts,
+    sentinel_hosts,
+)
 from opsctl.spec.model import (
     LAZYFREE,
     PLAINTEXT_PORT_OFFSET,
@@ -27,9 +45,7 @@ from opsctl.spec.model import (
     config_text,
 )
 from opsctl.spec.portchecks import check_bastion_port, check_bus_offset, check_exporter_ports, check_ports, own_ports
-from opsctl.spec.secretcheck import SecretResolver, check_secrets
-from opsctl.spec.secretpaths import unquoted
-from opsctl.spec.tlsrefs import missing_refs
+from opsctl.spec.secretrefs import SecretResolver, check_secrets, unquoted
 
 Finding = tuple[tuple[str | int, ...], str, str]
 
