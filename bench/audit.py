@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
 from tests.test_audit_fixtures import (

@@ -23,7 +23,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from opsctl.cli.main import main
-from opsctl.observe.parse import parse_cluster_nodes, parse_info
+from opsctl.observe.replies import parse_cluster_nodes, parse_info
 from opsctl.plan.slotmath.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec

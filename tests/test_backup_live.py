@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.backup.manifest import MANIFEST, parse_manifest
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from tests.lifecycle import deployed, run
 from tests.support import admin_for
 from tests.test_slots_reshard import preload

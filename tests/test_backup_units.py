@@ -19,7 +19,7 @@ from opsctl.backup.manifest import (
 )
 from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.restore.route import (
     Counts,
     Journal,

@@ -14,7 +14,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import meet_command
 from opsctl.migrate.foreign import parse_endpoints
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.refusals import refuse_bus_port_clash
 from opsctl.render import default_paths, render_node

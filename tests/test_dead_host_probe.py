@@ -14,7 +14,7 @@ from opsctl.apply.runtime import make_runtime
 from opsctl.apply.shape_steps import promote_replica
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import ignore
-from opsctl.observe.parse import myself, parse_cluster_nodes
+from opsctl.observe.replies import myself, parse_cluster_nodes
 from opsctl.plan.steps import PromoteReplica
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed

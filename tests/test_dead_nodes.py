@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.deadnodes import dead_nodes, forget_dead, promote_orphans
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec

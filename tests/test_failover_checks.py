@@ -28,7 +28,7 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
+from opsctl.observe.replies import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.verdicts import PastFailover, Target, Thresholds
 from opsctl.spec.load import LoadedSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import RoleInfo
+from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.maintenance import maintenance_failovers, refuse_unmovable
 from opsctl.render.directives import maintenance

@@ -14,7 +14,7 @@ from opsctl.migrate.foreign import (
     replication_layout_of,
 )
 from opsctl.migrate.journal import Journal, ShardState, journal_json, parse_journal
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.plan.streamcmd import Position
 from tests.lifecycle import run
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from opsctl.base.secrets import MASK, Secret
-from opsctl.observe.parse import RoleInfo, is_config_directive
+from opsctl.observe.replies import RoleInfo, is_config_directive
 from opsctl.plan.desired import single_valued
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values

@@ -9,7 +9,7 @@ import yaml
 
 from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.observe.replies import ClusterNodeLine, RoleInfo
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan

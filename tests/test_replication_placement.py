@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import RoleInfo
+from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.replication_steps import raises_quorum
 from opsctl.plan.replshape import drain_failovers, retire_steps, stale_sentinels

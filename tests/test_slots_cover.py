@@ -7,7 +7,7 @@ import pytest
 
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.cluster_state import slot_map, uncovered
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_node_line
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_node_line
 from opsctl.plan.slotmath.coverage import Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.plan.slotmath.ranges import expand, slot_command, to_ranges
 from opsctl.server.versions import SUPPORTED, has_capability

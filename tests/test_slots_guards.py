@@ -9,7 +9,7 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.quorum import Marker, live_others, marker_name, parse_markers
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.slots.batching import backoff, base_timeout_ms, batches
 from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 from opsctl.slots.journal import Journal, parse_lines

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opsctl.base.events import SlotsProgress
-from opsctl.observe.parse import SLOTS, parse_cluster_node_line
+from opsctl.observe.replies import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.slotmath.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.plan.slotmath.planning import slot_steps

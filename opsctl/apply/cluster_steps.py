@@ -10,7 +10,7 @@ from opsctl.base.events import Log
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.cluster.ops import form_cluster, meet, reset_stale_identity
 from opsctl.net.observer import observe, wait_cluster_converged
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
 from opsctl.plan.steps import AssignSlots, CloseSlots, FormCluster, JoinCluster, MoveSlots, RemoveNode, Step
 from opsctl.spec.layout import Node
 

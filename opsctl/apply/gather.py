@@ -12,7 +12,7 @@ from opsctl.base.errors import ConvergenceError, OpsctlError, is_auth_failure, i
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Observer, observe, to_facts
-from opsctl.observe.observation import NodeObservation
+from opsctl.observe.replies import NodeObservation
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
 from opsctl.spec.layout import Node, Shard, split_endpoint

@@ -18,7 +18,7 @@ from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
-from opsctl.observe.parse import parse_cluster_nodes, parse_role
+from opsctl.observe.replies import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.replication_steps import sentinel_settings
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step

@@ -12,7 +12,7 @@ from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.cluster_state import voting_masters
-from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
+from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, Step

@@ -14,12 +14,12 @@ from redis.crc import key_slot
 
 from opsctl.audit.throttle import Throttle
 from opsctl.base.errors import OpsctlError
-from opsctl.base.text import as_text
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import Arg, Reply, RespError, encode
+from opsctl.observe.replies import as_text
 from opsctl.plan.slotmath.scale import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.layout import endpoint as format_endpoint

@@ -12,7 +12,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.net.resp import RespError, encode, text
 from opsctl.observe.findings import Finding
-from opsctl.observe.parse import parse_info, parse_pairs
+from opsctl.observe.replies import parse_info, parse_pairs
 from opsctl.render.directives import Directive, NodePaths, server_sections
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

@@ -21,7 +21,7 @@ from opsctl.net.discover import LiveNode
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import Reply, RespError, encode, encode_keyed
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 
 
 @dataclass(frozen=True)

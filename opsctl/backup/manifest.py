@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.record import stored_iso
-from opsctl.observe.parse import SLOTS
+from opsctl.observe.replies import SLOTS
 from opsctl.spec.model import TOPOLOGIES
 
 MANIFEST = "manifest.json"

@@ -47,7 +47,7 @@ from opsctl.net.discover import LiveNode, discover, shards
 from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe, observed_problems
-from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
 from opsctl.plan.streamcmd import Position
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

@@ -11,7 +11,7 @@ from opsctl.base.words import human_bytes, plural
 from opsctl.spec.layout import same_endpoint
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
-    from opsctl.observe.parse import RoleInfo
+    from opsctl.observe.replies import RoleInfo
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
     from opsctl.spec.layout import Layout

@@ -8,8 +8,7 @@ from typing import Any
 
 from opsctl.net.observer import observed_problems
 from opsctl.observe.cluster_state import Disagreement, Names, slot_map, span, uncovered
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import SLOTS
+from opsctl.observe.replies import SLOTS, NodeObservation
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, describe, describe_lines, observed_problems, settled_pending
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
 from opsctl.net.resp import Command, RespError, TextReply
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.plan.slotmath.planning import slot_plan
 from opsctl.plan.slotmath.ranges import SlotRange, slot_command
 from opsctl.server.versions import has_capability, parse_version

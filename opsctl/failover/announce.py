@@ -17,7 +17,7 @@ from redis.client import PubSub
 from opsctl.base.errors import ConvergenceError
 from opsctl.base.poll import wait_for
 from opsctl.net.admin import Admin, raw_pipeline
-from opsctl.observe.parse import parse_pairs
+from opsctl.observe.replies import parse_pairs
 from opsctl.spec.layout import canonical_address
 
 HELLO_CHANNEL = "__sentinel__:hello"

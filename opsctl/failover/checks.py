@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure, not_answering
 from opsctl.observe.cluster_state import cluster_problems, voting_masters
-from opsctl.observe.replicas import listed_replicas
+from opsctl.observe.replies import listed_replicas
 from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master

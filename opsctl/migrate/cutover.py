@@ -23,7 +23,7 @@ from opsctl.migrate.verify import count_problem, sample_problems
 from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.plan.fence import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.target import Target
 from opsctl.spec.layout import Node

@@ -15,7 +15,7 @@ from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.connector import ClientTLS, Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Layout, Node, Role, Shard, split_endpoint, valid_port
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.spec.model import Auth, Hardening, Host, SecretRef, Spec

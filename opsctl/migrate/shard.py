@@ -23,7 +23,7 @@ from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.parse import parse_info, server_of
+from opsctl.observe.replies import parse_info, server_of
 from opsctl.plan.streamcmd import Entry, Position, StreamProtocolError
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb

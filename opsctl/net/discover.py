@@ -11,7 +11,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.net.resp import RespError, text
 from opsctl.observe.findings import Finding, finding
-from opsctl.observe.parse import parse_role
+from opsctl.observe.replies import parse_role
 from opsctl.spec.layout import Node, endpoint
 
 

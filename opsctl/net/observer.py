@@ -1,6 +1,6 @@
 """Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
 
-The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
+The parsing lives in opsctl.observe.replies and the judging in opsctl.observe.cluster_state (both pure).
 Observations go over raw connections (opsctl.net.rawpipe, replies read by hiredis), not redis-py: commands that
 only look (plan, status) start without importing it.
 """
@@ -18,9 +18,14 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, NodePipes, link_error
 from opsctl.net.resp import Command, RespError, TextReply, text
 from opsctl.observe.cluster_state import Disagreement, cluster_problems
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import parse_cluster_nodes, parse_info, parse_pairs, parse_role
-from opsctl.observe.replicas import master_side_problems
+from opsctl.observe.replies import (
+    NodeObservation,
+    master_side_problems,
+    parse_cluster_nodes,
+    parse_info,
+    parse_pairs,
+    parse_role,
+)
 from opsctl.plan.fence import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

@@ -41,13 +41,13 @@ from opsctl.base.errors import (
     is_auth_failure,
     is_tls_failure,
 )
-from opsctl.base.text import as_text
 from opsctl.net import quorum
 from opsctl.net.connector import AuthRefused, Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
 from opsctl.net.resp import RespError
+from opsctl.observe.replies import as_text
 from opsctl.spec.layout import Node
 
 LEASE_SECONDS = 30.0

@@ -4,7 +4,7 @@ Only the pure parts are re-exported here, so importing the package pulls in no n
 """
 
 from opsctl.observe.cluster_state import Disagreement, cluster_problems, even_slot_ranges
-from opsctl.observe.parse import (
+from opsctl.observe.replies import (
     IMMUTABLE,
     PROTECTED,
     ClusterNodeLine,

@@ -10,8 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
-from opsctl.observe.replicas import master_side_problems
+from opsctl.observe.replies import SLOTS, ClusterNodeLine, master_side_problems, myself
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted
 

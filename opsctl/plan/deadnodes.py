@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import voting_masters
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks

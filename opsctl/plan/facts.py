@@ -8,8 +8,7 @@ from typing import Any
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.record import digest
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
+from opsctl.observe.replies import ClusterNodeLine, NodeObservation, RoleInfo, server_of
 from opsctl.plan import fence as fencing
 
 

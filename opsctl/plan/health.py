@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.errors import auth_failed, is_auth_failure, not_answering
-from opsctl.observe.replicas import listed_replicas, master_side_problems
+from opsctl.observe.replies import listed_replicas, master_side_problems
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import sentinel_agreed_master, shard_master
 from opsctl.spec.layout import Layout, Node

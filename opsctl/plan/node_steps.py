@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.secrets import MASK
-from opsctl.observe.parse import IMMUTABLE, PROTECTED, config_equal, is_config_directive
+from opsctl.observe.replies import IMMUTABLE, PROTECTED, config_equal, is_config_directive
 from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.fence import is_fence

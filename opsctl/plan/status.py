@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from opsctl.base.errors import AUTH_HINT, is_auth_failure
 from opsctl.base.words import plural
 from opsctl.observe.cluster_state import cluster_problems
-from opsctl.observe.parse import SLOTS
+from opsctl.observe.replies import SLOTS
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import replication_problem, sentinel_problem
 from opsctl.spec.layout import sentinel_master_name

@@ -13,7 +13,7 @@ import redis
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import RoleInfo, parse_role
+from opsctl.observe.replies import RoleInfo, parse_role
 from opsctl.spec.layout import Node
 
 CATCH_UP = 10.0  # a linked replica acknowledges once a second: ten beats behind is cut off, not slow

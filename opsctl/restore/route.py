@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.resp import Arg
-from opsctl.observe.parse import SLOTS, ClusterNodeLine
+from opsctl.observe.replies import SLOTS, ClusterNodeLine
 
 T = TypeVar("T")
 

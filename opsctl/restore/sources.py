@@ -17,7 +17,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import LiveNode, discover, scan_targets
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.restore.engine import Source
 from opsctl.restore.offsets import caught_up, confirmed
 from opsctl.restore.target import Target, one_server

@@ -13,7 +13,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe, observed_problems
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.parse import SLOTS, server_of
+from opsctl.observe.replies import SLOTS, server_of
 from opsctl.restore.engine import Targets
 from opsctl.restore.route import Router, cluster_router
 from opsctl.server.versions import server_text

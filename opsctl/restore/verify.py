@@ -9,7 +9,7 @@ from opsctl.backup.manifest import count_problem
 from opsctl.backup.plan import parse_keyspace
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.restore.engine import Side, Source, TargetPipes, compare_page, first_entries, pages
 from opsctl.restore.route import Counts
 from opsctl.restore.sources import Prepared, RestoreOptions

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from opsctl.observe.parse import ClusterNodeLine, myself
+from opsctl.observe.replies import ClusterNodeLine, myself
 
 OK, DOWN, REPLACED = "ok", "down", "replaced"
 

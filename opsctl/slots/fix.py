@@ -11,11 +11,9 @@ from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.text import as_text
 from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import no_master_hint, slot_map
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import SLOTS, ClusterNodeLine, server_of
+from opsctl.observe.replies import SLOTS, ClusterNodeLine, NodeObservation, as_text, server_of
 from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.atomic import wait_idle

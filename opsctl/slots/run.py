@@ -15,7 +15,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.observer import observe
 from opsctl.observe.cluster_state import node_groups
-from opsctl.observe.observation import NodeObservation
+from opsctl.observe.replies import NodeObservation
 from opsctl.plan.slotmath.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
 from opsctl.plan.slotmath.ranges import expand, text
 from opsctl.plan.slotmath.scale import find_node, shard_members

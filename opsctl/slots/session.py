@@ -15,8 +15,7 @@ from opsctl.net.observer import Link, Observer, observed_problems, to_facts, wai
 from opsctl.net.rawpipe import NodePipes, NodeRefused
 from opsctl.net.resp import Command, RespError, encode_keyed
 from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import ClusterNodeLine, myself, server_of
+from opsctl.observe.replies import ClusterNodeLine, NodeObservation, myself, server_of
 from opsctl.plan.slotmath.ranges import expand
 from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
 from opsctl.server.versions import has_capability, parse_version

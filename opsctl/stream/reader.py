@@ -20,7 +20,7 @@ from opsctl.base.errors import EXIT_REFUSED, OpsctlError
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PipeClosed
 from opsctl.net.resp import encode
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.plan.streamcmd import (
     Entry,
     Position,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.observe.parse import SLOTS
+from opsctl.observe.replies import SLOTS
 from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import even_slot_ranges, uncovered
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.slotmath.ranges import Ranges, SlotRange, expand, text, to_ranges
 from opsctl.spec.layout import Layout, Shard
 

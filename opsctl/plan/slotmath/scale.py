@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opsctl.observe.parse import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.spec.layout import Layout, Node, cluster_layout
 from opsctl.spec.load import LoadedSpec
 

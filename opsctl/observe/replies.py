@@ -1,19 +1,25 @@
 """Pure parsers of server replies (INFO, CLUSTER NODES, ROLE, CONFIG GET) and config value comparison.
 
 No I/O here: opsctl.net.observer fetches the replies, these functions turn them into data.
-"""
+
+What one node said in one look, parsed: the record every observer fills and NodeFacts is made from.
+
+A master's own account of its replicas (INFO replication): a replica may report its link up before its master
+counts it (Redis 7.0 and Valkey put it online at its first REPLCONF ACK), and writes under min-replicas-to-write
+wait for the master's count, not the replica's. Pure.
+
+Server replies as text: the one bytes -> str rule."""
 
 from __future__ import annotations
 
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.text import as_text
-from opsctl.spec.layout import endpoint
+from opsctl.spec.layout import Node, endpoint
 from opsctl.spec.text import split_args
 
 # --- INFO ---------------------------------------------------------------------------------------
@@ -293,3 +299,45 @@ def config_equal(directive: str, desired: str, live: str) -> bool:
         return live == ""
     return len(tokens) == len(live_tokens) and all(
         _token_equal(name, a, b) for a, b in zip(tokens, live_tokens, strict=True))
+
+
+@dataclass
+class NodeObservation:
+    """What one node said. info holds INFO merged with CLUSTER INFO (cluster_state, ...) for cluster nodes."""
+
+    node: Node
+    reachable: bool
+    error: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+    role: RoleInfo | None = None
+    cluster_nodes: list[ClusterNodeLine] | None = None
+    config: dict[str, str] | None = None
+    fence: dict[str, str] | None = None  # CONFIG GET min-replicas-to-write, read where config is not
+
+
+def listed_replicas(info: Mapping[str, str]) -> list[dict[str, str]]:
+    """The master's slaveN entries (ip, port, state, offset, lag), in its order."""
+    entries = [(int(key[5:]), value) for key, value in info.items() if key.startswith("slave") and key[5:].isdigit()]
+    return [dict(p.split("=", 1) for p in value.split(",") if "=" in p) for _, value in sorted(entries)]
+
+
+def master_side_problems(info: Mapping[str, str]) -> list[str]:
+    """What keeps a master's replicas from counting, as the master says: a replica not online yet (wait_bgsave,
+    send_bulk: its first sync is not done) and, under min-replicas-to-write, online replicas whose last ACK is older
+    than min-replicas-max-lag (min_slaves_good_slaves, shown only when both are set: writes may get NOREPLICAS)."""
+    if info.get("role") != "master":
+        return []
+    listed = listed_replicas(info)
+    out = [f"lists replica {r.get('ip')}:{r.get('port')} as {r.get('state')} (its sync is not done)"
+           for r in listed if r.get("state") != "online"]
+    online = sum(1 for r in listed if r.get("state") == "online")
+    good = info.get("min_slaves_good_slaves", "")
+    if good.isdigit() and int(good) < online:
+        out.append(f"counts {good} of {online} online replica(s) as acking within min-replicas-max-lag")
+    return out
+
+
+def as_text(value: bytes | str | object) -> str:
+    """value decoded as UTF-8 when it is bytes (a stray byte becomes U+FFFD: a reply's odd byte must not stop a
+    look), else str(value)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
