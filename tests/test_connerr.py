@@ -7,7 +7,7 @@ from pathlib import Path
 from opsctl.base.errors import is_auth_failure, not_answering
 from opsctl.cli.report import node_status
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.status import health_hint, health_line
+from opsctl.plan.health import health_hint, health_line
 from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec
 

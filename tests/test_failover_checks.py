@@ -480,7 +480,7 @@ def test_a_killed_run_counts_for_the_cool_down_until_its_deadline(tmp_path):
 
 
 def test_the_fence_is_seen_and_lifted_to_the_spec_values(tmp_path):
-    from opsctl.plan.fence import FENCE, fenced, spec_values
+    from opsctl.plan.facts import FENCE, fenced, spec_values
 
     loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
     assert fenced({"min-replicas-to-write": FENCE}) and not fenced({"min-replicas-to-write": "0"}) and not fenced(None)

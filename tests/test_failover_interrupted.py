@@ -22,7 +22,7 @@ from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
-from opsctl.plan.fence import FENCE
+from opsctl.plan.facts import FENCE
 from opsctl.plan.steps import Failover, Plan, Replicate
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec

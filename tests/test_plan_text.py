@@ -11,8 +11,8 @@ import pytest
 
 from opsctl.base.secrets import MASK
 from opsctl.cli.report import plan_text
+from opsctl.plan.desired import DIFFERS
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.ondisk import DIFFERS
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import NODE_LOCAL, ConfigSet, Plan, WriteConfig
 from opsctl.spec.load import LoadedSpec

@@ -27,7 +27,7 @@ from opsctl.net.connector import Connector
 from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts, SentinelEntry
 from opsctl.plan.health import sentinel_problem
-from opsctl.plan.replication_steps import stale_view
+from opsctl.plan.replication import stale_view
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec

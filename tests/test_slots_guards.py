@@ -155,7 +155,7 @@ def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path)
 
 
 # the slot maths and the fence constants stand in opsctl.plan beside the planner: they are not the planner
-PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.fence")
+PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.facts")
 
 
 def test_slot_commands_load_no_client_library_nor_the_planner() -> None:

@@ -146,7 +146,7 @@ def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
 
 def without_secrets(config: dict[str, str], credentials: Credentials) -> dict[str, str]:
     """Live secret values become a verdict ("***" when they match the spec), so no secret reaches a plan."""
-    from opsctl.plan.ondisk import secret_verdict  # with the renderer: only runs that read config load it
+    from opsctl.plan.desired import secret_verdict  # with the renderer: only runs that read config load it
     from opsctl.render.directives import SECRET_DIRECTIVES
 
     return {k: (v if k not in SECRET_DIRECTIVES else secret_verdict(v, credentials.password, credentials.previous))

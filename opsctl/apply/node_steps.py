@@ -19,7 +19,7 @@ from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.resp import RespError
 from opsctl.observe.replies import parse_role
 from opsctl.plan.desired import single_valued, unquote
-from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, spec_values
+from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
 from opsctl.plan.rotation import managed_users
 from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig

@@ -20,7 +20,7 @@ from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
 from opsctl.observe.replies import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
-from opsctl.plan.replication_steps import sentinel_settings
+from opsctl.plan.replication import sentinel_settings
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
 from opsctl.spec.layout import Layout, Node, endpoint, sentinel_master_name, sentinel_quorum

@@ -99,7 +99,7 @@ def status_result(rt: Runtime) -> StatusResult:
     from opsctl.apply.gather import gather_facts
     from opsctl.cli.report import node_status
     from opsctl.cli.results import StatusResult
-    from opsctl.plan.status import health_hint, health_line
+    from opsctl.plan.health import health_hint, health_line
 
     facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
     healthy, line = health_line(rt.loaded, facts)

@@ -23,7 +23,7 @@ from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.net.admin import Admin
 from opsctl.observe.replies import parse_info
-from opsctl.plan.fence import spec_values
+from opsctl.plan.facts import spec_values
 from opsctl.plan.verdicts import Target
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.spec.layout import sentinel_master_name

@@ -16,7 +16,7 @@ from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.replies import parse_pairs, parse_role
-from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
+from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.spec.layout import Node, canonical_address, endpoint, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 

@@ -24,7 +24,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.replies import parse_info
-from opsctl.plan.fence import MAX_LAG, TO_WRITE, fenced, spec_values
+from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.target import Target
 from opsctl.spec.layout import Node
 

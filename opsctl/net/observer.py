@@ -26,7 +26,7 @@ from opsctl.observe.replies import (
     parse_pairs,
     parse_role,
 )
-from opsctl.plan.fence import TO_WRITE
+from opsctl.plan.facts import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -43,7 +43,7 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
-FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.fence)
+FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.facts)
 
 
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:

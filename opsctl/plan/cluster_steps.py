@@ -7,8 +7,8 @@ from collections.abc import Collection
 
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.masters import cluster_endpoints, current_master, has_slots
-from opsctl.plan.node_steps import restarting
-from opsctl.plan.replication_steps import follows
+from opsctl.plan.replication import follows
+from opsctl.plan.servers import restarting
 from opsctl.plan.slotmath.planning import slot_steps
 from opsctl.plan.steps import FormCluster, JoinCluster, Replicate, Step
 from opsctl.spec.layout import Layout, Node

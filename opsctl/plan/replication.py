@@ -27,7 +27,7 @@ from opsctl.spec.load import LoadedSpec
 
 
 def finish_failover_steps(layout: Layout, facts: Facts) -> list[Step]:
-    """Nodes fenced by an interrupted failover (opsctl.plan.fence): finish that failover first."""
+    """Nodes fenced by an interrupted failover (opsctl.plan.facts): finish that failover first."""
     walls = [n.name for n in layout.servers if facts[n.name].fenced]
     return [FinishFailover(walls[0], f"{', '.join(walls)} fenced by an interrupted failover (refuses writes): "
                            "finish it")] if walls else []

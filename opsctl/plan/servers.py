@@ -7,10 +7,8 @@ from collections.abc import Mapping
 
 from opsctl.base.secrets import MASK
 from opsctl.observe.replies import IMMUTABLE, PROTECTED, config_equal, is_config_directive
-from opsctl.plan.desired import NOT_CONFIG_DIRECTIVES, DesiredNode, single_valued
-from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.plan.fence import is_fence
-from opsctl.plan.ondisk import DIFFERS, PREVIOUS, canonical
+from opsctl.plan.desired import DIFFERS, NOT_CONFIG_DIRECTIVES, PREVIOUS, DesiredNode, canonical, single_valued
+from opsctl.plan.facts import Facts, NodeFacts, is_fence
 from opsctl.plan.steps import UNSET, AclLoad, Change, ConfigSet, RestartNode, StartNode, Step, WriteConfig
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.render.tokens import quoted

@@ -279,7 +279,7 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
 
 def maintenance(spec: Spec, node: Node) -> list[Directive]:
     """A server on a host marked maintenance is never promoted by Sentinel or by its cluster's own failover: a
-    graceful failover opsctl runs still picks its target (opsctl.plan.maintenance)."""
+    graceful failover opsctl runs still picks its target (opsctl.plan.rolling)."""
     host = next((h for h in spec.hosts if h.name == node.host), None)
     if host is None or not host.maintenance:
         return []
