@@ -346,10 +346,23 @@ def split_module(src: str) -> tuple[str | None, str, str]:
         if not is_import:
             break
         end = stmt.end_lineno or end
-    header = "".join(lines[start:end])
-    header = re.sub(r"^from __future__ import annotations\n", "", header, flags=re.M)
+    plain, guarded = [], []
+    for stmt in stmts:
+        if (stmt.end_lineno or 0) > end:
+            break
+        text = "".join(lines[stmt.lineno - 1:stmt.end_lineno])
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            continue
+        (guarded if isinstance(stmt, ast.If) else plain).append(text)
+    header = "".join(plain) + ("\n" if plain and guarded else "") + "\n".join(guarded)
     body = "".join(lines[end:])
     return doc, header, body
+
+
+def header_parts(header: str) -> tuple[str, str]:
+    """(the plain imports, the TYPE_CHECKING blocks) of a header."""
+    at = header.find("if TYPE_CHECKING")
+    return (header, "") if at < 0 else (header[:at], header[at:])
 
 
 def join(target_src: str, source_src: str) -> str:
@@ -357,7 +370,10 @@ def join(target_src: str, source_src: str) -> str:
     sdoc, shead, sbody = split_module(source_src)
     doc = "\n\n".join(d.strip() for d in (tdoc, sdoc) if d)
     out = f'"""{doc}"""\n\nfrom __future__ import annotations\n' if doc else "from __future__ import annotations\n"
-    out += thead.rstrip("\n") + "\n" + shead.strip("\n") + "\n\n"
+    tplain, tguard = header_parts(thead)
+    splain, sguard = header_parts(shead)
+    out += "\n" + tplain.strip("\n") + "\n" + splain.strip("\n") + "\n\n"
+    out += "\n\n".join(g.strip("\n") for g in (tguard, sguard) if g.strip()) + "\n\n"
     out += tbody.strip("\n") + "\n\n\n" + sbody.strip("\n") + "\n"
     return re.sub(r"\n{4,}", "\n\n\n", out)
 
