@@ -43,10 +43,9 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.base.words import human_bytes
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
-from opsctl.net.discover import LiveNode, discover, shards
 from opsctl.net.fanout import Borrowed
+from opsctl.net.observer import LiveNode, discover, observe, observed_problems, shards
 from opsctl.net.observer import describe as describe_problems
-from opsctl.net.observer import observe, observed_problems
 from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
 from opsctl.plan.streamcmd import Position
 from opsctl.spec.layout import Node
