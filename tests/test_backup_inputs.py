@@ -24,10 +24,10 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import mask_url
 from opsctl.migrate.foreign import parse_endpoints
 from opsctl.migrate.journal import parse_journal
-from opsctl.plan.streamcmd import Entry
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.providers.remote.publish import parse_write_to
 from opsctl.spec.layout import split_endpoint
+from opsctl.stream.framing import Entry
 from tests.lifecycle import run
 from tests.support import make_spec, write_spec
 

@@ -15,7 +15,7 @@ from opsctl.migrate.foreign import (
 )
 from opsctl.migrate.journal import Journal, ShardState, journal_json, parse_journal
 from opsctl.observe.replies import parse_cluster_nodes
-from opsctl.plan.streamcmd import Position
+from opsctl.stream.framing import Position
 from tests.lifecycle import run
 
 SECRET = "foreign-pw-5e0b7c1d93a4"

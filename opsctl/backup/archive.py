@@ -29,9 +29,9 @@ from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.observer import discover
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.layout import Node
 from opsctl.stream import Stream, StreamGap, open_stream
+from opsctl.stream.framing import Entry, Position
 
 HEAD_BYTES = 1 << 20
 HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed

@@ -47,10 +47,10 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import LiveNode, discover, observe, observed_problems, shards
 from opsctl.net.observer import describe as describe_problems
 from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
-from opsctl.plan.streamcmd import Position
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
+from opsctl.stream.framing import Position
 from opsctl.stream.reader import copy_snapshot
 
 HEAD_BYTES = 1 << 20

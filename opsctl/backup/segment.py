@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.record import stored_time
-from opsctl.plan.streamcmd import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
+from opsctl.stream.framing import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
 
 MAGIC = b"OPSCTL-SEGMENT 1\n"
 SUFFIX = ".seg"

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from opsctl.backup.manifest import MANIFEST
 from opsctl.base.errors import OpsctlError, RefusedError, echo
 from opsctl.base.record import FLOOR, stored_time
-from opsctl.plan.streamcmd import Position, position_from
+from opsctl.stream.framing import Position, position_from
 
 ARCHIVE = "archive.json"
 STREAM = "stream"

@@ -1,7 +1,7 @@
 """Apply one source shard's replication stream to the target masters in order, each command on the master owning
 its keys. A batch and its master's marker (the offset of its last command) go out as one script, landing together
 or not at all: a resumed run skips exactly what a marker says is in (docs/internals.md). What cannot be carried
-stops the run at its offset (opsctl.plan.streamkeys).
+stops the run at its offset (opsctl.stream.touched).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.journal import marker_name
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import RespError, encode
-from opsctl.plan.streamcmd import Entry
-from opsctl.plan.streamkeys import SPLITTABLE, Kind, absolute_expiry, classify, split
 from opsctl.restore.engine import Targets
+from opsctl.stream.framing import Entry
+from opsctl.stream.touched import SPLITTABLE, Kind, absolute_expiry, classify, split
 
 # Runs ARGV's commands (db, marker offset, then count + arguments per command) and sets KEYS[1] to the offset. The
 # flag lets one script touch every slot its node serves (no CROSSSLOT among a batch's keys).

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.plan.streamcmd import Position, position_from
 from opsctl.state.safefs import read_bounded, write_private
+from opsctl.stream.framing import Position, position_from
 
 JOURNAL = "migrate-journal.json"
 REQUEST = "migrate-cutover.request"

@@ -24,10 +24,10 @@ from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.observer import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.observe.replies import parse_info, server_of
-from opsctl.plan.streamcmd import Entry, Position, StreamProtocolError
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
+from opsctl.stream.framing import Entry, Position, StreamProtocolError
 from opsctl.stream.reader import Stream, StreamGap, open_stream
 
 CAUGHT_UP = 2000  # a spool read with fewer commands than this: the writer is stopped and the rest taken

@@ -15,7 +15,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import RespError, encode
-from opsctl.plan.streamcmd import Entry, Position
+from opsctl.stream.framing import Entry, Position
 
 SEGMENT_LIMIT = 1 << 30
 BATCH = 1000
