@@ -82,8 +82,8 @@ GROUPS: dict[str, list[Row]] = {
         # providers.sockdiag stays: both it and providers.proc define listening_inodes
         ("merge", "providers.localfiles", "providers.serveruser"),
         ("merge", "providers.ansibleexporter", "providers.remote.exporters"),
-        ("merge", "providers.remote.ssh", "providers.extra"),
-        ("merge", "providers.remote.ssh", "providers.remote.publish"),
+        # providers.extra and remote.publish stay: ssh imports paramiko at its top, and the extra check (run where
+        # paramiko may be missing) and parse_write_to (metrics targets, no SSH) must not
         ("merge", "providers.remote.bundle", "providers.remote.hostsettings"),
         ("merge", "providers.remote.bundle", "providers.remote.staging"),
     ],
