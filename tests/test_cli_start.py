@@ -110,7 +110,7 @@ def test_the_command_table_names_what_each_module_registers() -> None:
 
 
 # Made the costly way yet, on the way of an apply (the local provider's two, left to its owners).
-FROZEN_DATACLASSES_ALLOWED = {"opsctl.providers.local", "opsctl.providers.serveruser"}
+FROZEN_DATACLASSES_ALLOWED = {"opsctl.providers.local", "opsctl.providers.localfiles"}
 
 
 def test_plan_status_and_apply_make_no_frozen_dataclass_the_costly_way() -> None:

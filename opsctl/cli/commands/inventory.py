@@ -29,9 +29,9 @@ def write_inventory(args: argparse.Namespace, output: Path, as_json: bool = Fals
     placed from their records (the deployed ones and those the next apply adds: deploy.yml and destroy.yml act on
     the nodes that run). as_json: the inventory is not written but returned in Ansible's JSON form (to print); the
     installers still go to the folder. Returns what was done, as lines, and that JSON."""
+    from opsctl.providers.remote.bundle import stage
     from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
-    from opsctl.providers.remote.staging import stage
     from opsctl.render import render_node
     from opsctl.state.safefs import make_dir, trusted_owners, write_private
     from opsctl.state.specfile import read_spec
