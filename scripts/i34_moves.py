@@ -424,11 +424,8 @@ def do_move(old: str, new: str, wanted: list[str]) -> None:
     rest = re.sub(r"\n{4,}", "\n\n\n", "".join(lines))
     still = [n for n in wanted if re.search(rf"\b{n}\b", rest)]  # what stays uses a moved name: import it back
     if still:
-        _d, head, _b = split_module(rest)
-        at = rest.index(head) + len(head) if head.strip() else rest.index("from __future__ import annotations")
-        line = f"from {dotted(new)} import {', '.join(still)}\n"
-        rest = rest[:at] + line + rest[at:] if head.strip() else rest.replace(
-            "from __future__ import annotations\n", "from __future__ import annotations\n\n" + line, 1)
+        line = f"from {dotted(new)} import {', '.join(still)}\n"  # ruff's isort puts it in its place
+        rest = rest.replace("from __future__ import annotations\n", "from __future__ import annotations\n\n" + line, 1)
     opath.write_text(rest)
 
 

@@ -12,7 +12,7 @@ from opsctl.net.admin import DEFAULT_TIMEOUT
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Link
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import Command, RespError, TextReply
+from opsctl.observe.replies import Command, RespError, TextReply
 from opsctl.plan.desired import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.facts import NodeFacts, SentinelEntry
 from opsctl.plan.rotation import managed_users

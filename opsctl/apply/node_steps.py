@@ -16,8 +16,7 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import AuthRefused
 from opsctl.net.observer import Observer
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import RespError
-from opsctl.observe.replies import parse_role
+from opsctl.observe.replies import RespError, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes

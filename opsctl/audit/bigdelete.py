@@ -18,8 +18,8 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.observer import discover
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import Arg, Reply, RespError, encode
-from opsctl.observe.replies import as_text
+from opsctl.net.resp import encode
+from opsctl.observe.replies import Arg, Reply, RespError, as_text
 from opsctl.plan.slotmath.scale import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.layout import endpoint as format_endpoint

@@ -20,8 +20,8 @@ from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import LiveNode
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import Reply, RespError, encode, encode_keyed
-from opsctl.observe.replies import parse_info
+from opsctl.net.resp import encode, encode_keyed
+from opsctl.observe.replies import Reply, RespError, parse_info
 
 
 @dataclass(frozen=True)

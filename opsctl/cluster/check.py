@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsctl.net.observer import observed_problems
-from opsctl.observe.cluster_state import Disagreement, Names, slot_map, span, uncovered
+from opsctl.observe.cluster_state import Disagreement, Names, observed_problems, slot_map, span, uncovered
 from opsctl.observe.replies import SLOTS, NodeObservation
 
 

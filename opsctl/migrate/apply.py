@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.journal import marker_name
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import RespError, encode
+from opsctl.net.resp import encode
+from opsctl.observe.replies import RespError
 from opsctl.restore.engine import Targets
 from opsctl.stream.framing import Entry
 from opsctl.stream.touched import SPLITTABLE, Kind, absolute_expiry, classify, split

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from opsctl.backup.plan import parse_keyspace
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import RespError
-from opsctl.observe.replies import parse_info
+from opsctl.observe.replies import RespError, parse_info
 from opsctl.restore.engine import Targets, value_of
 
 TTL_SLACK_MS = 2000

@@ -16,7 +16,7 @@ from opsctl.spec.load import LoadedSpec
 if TYPE_CHECKING:
     import redis
 
-    from opsctl.net.resp import Command
+    from opsctl.observe.replies import Command
 
 
 DEFAULT_TIMEOUT = 5.0

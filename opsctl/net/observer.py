@@ -19,11 +19,14 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, NodePipes, RawPipe, link_error
-from opsctl.net.resp import Command, RespError, TextReply, text
-from opsctl.observe.cluster_state import Disagreement, cluster_problems
+from opsctl.net.resp import text
+from opsctl.observe.cluster_state import Disagreement, observed_problems
 from opsctl.observe.findings import Finding, finding
 from opsctl.observe.replies import (
+    Command,
     NodeObservation,
+    RespError,
+    TextReply,
     master_side_problems,
     parse_cluster_nodes,
     parse_info,
@@ -176,16 +179,6 @@ def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = Fal
     """Every node in parallel, one round trip each. Never raises for a node that does not answer."""
     with Observer(connector, nodes, timeout) as observer:
         return observer.observe(with_config)
-
-
-def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:
-    """cluster_problems over the nodes that answered, plus one line per node that did not."""
-    out = [Disagreement(name, f"unreachable: {o.error}") for name, o in observations.items() if not o.reachable]
-    out += [Disagreement(name, f"has no cluster view: {o.error}") for name, o in observations.items()
-            if o.reachable and o.cluster_nodes is None]
-    views = {n: o.cluster_nodes for n, o in observations.items() if o.cluster_nodes is not None}
-    infos = {n: o.info for n, o in observations.items() if o.cluster_nodes is not None}
-    return out + cluster_problems(views, infos)
 
 
 def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:

@@ -16,7 +16,8 @@ import hiredis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import AuthRefused, Connector
-from opsctl.net.resp import INCOMPLETE, Arg, Command, Reply, RespError, encode, reader
+from opsctl.net.resp import INCOMPLETE, encode, reader
+from opsctl.observe.replies import Arg, Command, Reply, RespError
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20

@@ -46,8 +46,7 @@ from opsctl.net.connector import AuthRefused, Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
-from opsctl.net.resp import RespError
-from opsctl.observe.replies import as_text
+from opsctl.observe.replies import RespError, as_text
 from opsctl.spec.layout import Node
 
 LEASE_SECONDS = 30.0

@@ -16,7 +16,7 @@ import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.layout import Node, endpoint
@@ -341,3 +341,29 @@ def as_text(value: bytes | str | object) -> str:
     """value decoded as UTF-8 when it is bytes (a stray byte becomes U+FFFD: a reply's odd byte must not stop a
     look), else str(value)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+Arg: TypeAlias = "bytes | str | int"
+
+class RespError(Exception):
+    """A node's error reply to one command, as a value among a pipeline's replies (the others' replies stand); an
+    Exception too, so a caller may raise it. Equal by message, as a reply compares."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RespError) and type(other) is type(self) and other.message == self.message
+
+    def __hash__(self) -> int:
+        return hash(self.message)
+
+    def __repr__(self) -> str:
+        return f"RespError(message={self.message!r})"
+
+Reply: TypeAlias = "bytes | int | list[Reply] | RespError | None"
+
+Command: TypeAlias = "tuple[Any, ...]"  # a command's name, then its arguments (Arg values), as callers write them
+
+TextReply: TypeAlias = "str | int | list[TextReply] | RespError | None"

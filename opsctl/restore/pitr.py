@@ -14,7 +14,8 @@ from opsctl.backup.timeline import Base, base_for, iso, segment_prefix
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import RespError, encode
+from opsctl.net.resp import encode
+from opsctl.observe.replies import RespError
 from opsctl.stream.framing import Entry, Position
 
 SEGMENT_LIMIT = 1 << 30

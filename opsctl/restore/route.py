@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.net.resp import Arg
-from opsctl.observe.replies import SLOTS, ClusterNodeLine
+from opsctl.observe.replies import SLOTS, Arg, ClusterNodeLine
 
 T = TypeVar("T")
 

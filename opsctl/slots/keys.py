@@ -19,9 +19,8 @@ from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, Migrate
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import Command
 from opsctl.net.topolock import check_held
-from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes
+from opsctl.observe.replies import ClusterNodeLine, Command, myself, parse_cluster_nodes
 from opsctl.plan.slotmath.scale import shard_members
 from opsctl.slots.batching import (
     Batch,

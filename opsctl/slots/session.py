@@ -11,11 +11,11 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import Link, Observer, observed_problems, to_facts, wait_converged
+from opsctl.net.observer import Link, Observer, to_facts, wait_converged
 from opsctl.net.rawpipe import NodePipes, NodeRefused
-from opsctl.net.resp import Command, RespError, encode_keyed
-from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.replies import ClusterNodeLine, NodeObservation, myself, server_of
+from opsctl.net.resp import encode_keyed
+from opsctl.observe.cluster_state import observed_problems, slot_map
+from opsctl.observe.replies import ClusterNodeLine, Command, NodeObservation, RespError, myself, server_of
 from opsctl.plan.slotmath.ranges import expand
 from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
 from opsctl.server.versions import has_capability, parse_version
