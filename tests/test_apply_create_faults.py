@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from opsctl.cli.main import main
 from opsctl.observe.replies import parse_cluster_nodes, parse_info
-from opsctl.plan.slotmath.ranges import expand
+from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import plan_json, run
@@ -125,8 +125,8 @@ def _killed_while_masters_set_up(spec: Path, met: bool) -> None:
     from opsctl.apply.gather import compute_plan
     from opsctl.apply.runtime import make_runtime
     from opsctl.base.events import ignore
-    from opsctl.plan.slotmath.planning import slot_plan
     from opsctl.plan.steps import FormCluster
+    from opsctl.slots.slotplan import slot_plan
 
     loaded = read_spec(spec)
     layout = loaded.layout

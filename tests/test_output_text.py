@@ -58,7 +58,7 @@ from opsctl.cli.report import node_status, status_table
 from opsctl.cli.ttyline import TtyLine
 from opsctl.net.connector import Connector
 from opsctl.observe.replies import RoleInfo
-from opsctl.plan.slotmath.scale import wider_layout
+from opsctl.slots.members import wider_layout
 from opsctl.slots.progress import Progress, done_fraction
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec

@@ -11,8 +11,8 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.quorum import Marker, live_others, marker_name, parse_markers
 from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.slots.batching import backoff, base_timeout_ms, batches
-from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 from opsctl.slots.journal import Journal, parse_lines
+from opsctl.slots.moveguard import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 
 T, R, S = "10.0.0.2:7001", "10.0.0.3:7002", "10.0.0.1:7000"
 SHARD = {T, R}
@@ -167,7 +167,7 @@ def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     code = ("import sys, opsctl.cli.main, opsctl.cli.commands.cluster, opsctl.state.specfile, "
                 "opsctl.state.statedir, opsctl.net.connector, "
             "opsctl.state.statelock, opsctl.net.topolock, opsctl.base.events, opsctl.slots.cli, "
-                "opsctl.slots.fix, opsctl.slots.run, "
+                "opsctl.slots.fix, opsctl.slots.reshard, "
             "opsctl.cluster.check; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     modules = set(done.stdout.split())

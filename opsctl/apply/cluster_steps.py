@@ -85,7 +85,7 @@ def _cluster_now(rt: Runtime) -> list[Node]:
     """The cluster as it is (plan.slotmath.scale.cluster_members, as a slot session and the failover checks take
     it): a scale-in killed before its drain and removal, which the same apply's next plan does, leaves retired
     nodes known, and the cluster as it is agrees or not."""
-    from opsctl.plan.slotmath.scale import cluster_members
+    from opsctl.slots.members import cluster_members
 
     views = [o.cluster_nodes for o in observe(rt.connector, rt.loaded.layout.servers).values() if o.cluster_nodes]
     return cluster_members(rt.loaded, views)

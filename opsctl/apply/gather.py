@@ -124,7 +124,7 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
     if rt.loaded.spec.topology == "standalone":
         return {}
     if rt.loaded.spec.topology == "cluster":
-        from opsctl.plan.slotmath.scale import retired_nodes
+        from opsctl.slots.members import retired_nodes
 
         extra = retired_nodes(rt.loaded, [f.cluster_nodes for f in facts.values() if f.cluster_nodes])
     else:

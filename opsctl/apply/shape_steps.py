@@ -14,8 +14,8 @@ from opsctl.net.admin import Admin
 from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, Step
+from opsctl.slots import ranges
 from opsctl.spec.layout import Layout, Node, sentinel_master_name
 
 

@@ -9,13 +9,13 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
 from opsctl.net.topolock import topology_lock
-from opsctl.plan.slotmath.balance import Move
-from opsctl.plan.slotmath.ranges import expand, parse, to_ranges
-from opsctl.plan.slotmath.scale import find_node
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
+from opsctl.slots.balance import Move
 from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
-from opsctl.slots.run import MoveOptions, resolve, run_moves
+from opsctl.slots.members import find_node
+from opsctl.slots.ranges import expand, parse, to_ranges
+from opsctl.slots.reshard import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
 from opsctl.spec.deployed import PURGING
 from opsctl.spec.layout import Node, deployed_record

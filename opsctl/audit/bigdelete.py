@@ -20,7 +20,7 @@ from opsctl.net.observer import discover
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.observe.replies import Arg, Reply, RespError, as_text
-from opsctl.plan.slotmath.scale import find_node
+from opsctl.slots.members import find_node
 from opsctl.spec.layout import Node
 from opsctl.spec.layout import endpoint as format_endpoint
 from opsctl.spec.load import LoadedSpec

@@ -17,8 +17,8 @@ from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
 from opsctl.plan.promotion import choose_promotable, followed_master, promotable_check
-from opsctl.plan.slotmath.planning import retired
 from opsctl.plan.verdicts import Check, PastFailover, Target, Thresholds, role_text
+from opsctl.slots.slotplan import retired
 from opsctl.spec.layout import Layout, Shard, endpoint
 from opsctl.spec.load import LoadedSpec
 

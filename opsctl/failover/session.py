@@ -8,8 +8,8 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, to_facts
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.slotmath.scale import cluster_members
 from opsctl.providers.base import Provider
+from opsctl.slots.members import cluster_members
 from opsctl.spec.layout import sentinel_master_name
 
 

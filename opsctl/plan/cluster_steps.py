@@ -9,8 +9,8 @@ from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.masters import cluster_endpoints, current_master, has_slots
 from opsctl.plan.replication import follows
 from opsctl.plan.servers import restarting
-from opsctl.plan.slotmath.planning import slot_steps
 from opsctl.plan.steps import FormCluster, JoinCluster, Replicate, Step
+from opsctl.slots.slotplan import slot_steps
 from opsctl.spec.layout import Layout, Node
 
 

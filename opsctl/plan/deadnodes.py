@@ -15,9 +15,9 @@ from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks
-from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica
 from opsctl.plan.verdicts import Target
+from opsctl.slots import ranges
 from opsctl.spec.layout import Layout, Node, Shard, split_endpoint
 from opsctl.spec.load import LoadedSpec
 

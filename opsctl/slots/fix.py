@@ -14,13 +14,13 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import no_master_hint, slot_map
 from opsctl.observe.replies import SLOTS, ClusterNodeLine, NodeObservation, as_text, server_of
-from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
-from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.atomic import wait_idle
-from opsctl.slots.endpoints import flagged_ids
+from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
+from opsctl.slots.moveguard import flagged_ids
 from opsctl.slots.progress import Progress
+from opsctl.slots.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.session import (
     MAX_FAILOVERS,
     Outcome,

@@ -16,11 +16,11 @@ from opsctl.net.rawpipe import NodePipes, NodeRefused
 from opsctl.net.resp import encode_keyed
 from opsctl.observe.cluster_state import observed_problems, slot_map
 from opsctl.observe.replies import ClusterNodeLine, Command, NodeObservation, RespError, myself, server_of
-from opsctl.plan.slotmath.ranges import expand
-from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.batching import engine_timeout_s
-from opsctl.slots.endpoints import flagged_ids, shard_master
+from opsctl.slots.members import cluster_members, find_node, shard_members
+from opsctl.slots.moveguard import flagged_ids, shard_master
+from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 
 T = TypeVar("T")

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client
 
     from opsctl.base.events import Emit
     from opsctl.net.connector import Connector
-    from opsctl.slots.run import MoveOptions
+    from opsctl.slots.reshard import MoveOptions
     from opsctl.slots.session import Outcome
     from opsctl.spec.load import LoadedSpec
 
@@ -69,7 +69,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     from opsctl.cli.results import SlotsResult
     from opsctl.net.topolock import topology_lock
     from opsctl.slots.fix import close_open
-    from opsctl.slots.run import MoveOptions, one_cluster
+    from opsctl.slots.reshard import MoveOptions, one_cluster
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
@@ -92,7 +92,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
 
 
 def cmd_reshard(args: argparse.Namespace) -> int:
-    from opsctl.slots.run import reshard
+    from opsctl.slots.reshard import reshard
 
     confirm(args, f"Move {args.slots} slot(s) and their keys from {args.source} to {args.target}?")
     return _slot_op(args, lambda connector, state_dir, emit, options: reshard(
@@ -112,7 +112,7 @@ def weight(pair: str) -> tuple[str, float]:
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
-    from opsctl.slots.run import rebalance
+    from opsctl.slots.reshard import rebalance
 
     if args.placement:
         return _rebalance_placement(args)

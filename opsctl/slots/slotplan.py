@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.plan.slotmath.balance import balance_moves, estimate
-from opsctl.plan.slotmath.coverage import by_share, shares, unserved_slots
-from opsctl.plan.slotmath.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode, Step
+from opsctl.slots.balance import balance_moves, estimate
+from opsctl.slots.coverage import by_share, shares, unserved_slots
+from opsctl.slots.ranges import SlotRange, count, expand, parse, text, to_ranges
 from opsctl.spec.layout import Layout
 from opsctl.spec.placement import surplus_members
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.replies import SLOTS
-from opsctl.plan.slotmath.ranges import Ranges, count, to_ranges
+from opsctl.slots.ranges import Ranges, count, to_ranges
 
 
 @frozen

@@ -11,7 +11,7 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import even_slot_ranges, uncovered
 from opsctl.observe.replies import ClusterNodeLine
-from opsctl.plan.slotmath.ranges import Ranges, SlotRange, expand, text, to_ranges
+from opsctl.slots.ranges import Ranges, SlotRange, expand, text, to_ranges
 from opsctl.spec.layout import Layout, Shard
 
 

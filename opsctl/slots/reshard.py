@@ -16,14 +16,14 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import observe
 from opsctl.observe.cluster_state import node_groups
 from opsctl.observe.replies import NodeObservation
-from opsctl.plan.slotmath.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
-from opsctl.plan.slotmath.ranges import expand, text
-from opsctl.plan.slotmath.scale import find_node, shard_members
 from opsctl.slots.atomic import atomic_move
-from opsctl.slots.endpoints import flagged_ids
+from opsctl.slots.balance import Move, balance_moves, estimate, pick_slots, split_for_parallel
 from opsctl.slots.journal import Journal, OpenSlots
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
+from opsctl.slots.members import find_node, shard_members
+from opsctl.slots.moveguard import flagged_ids
 from opsctl.slots.progress import Progress
+from opsctl.slots.ranges import expand, text
 from opsctl.slots.session import (
     MAX_FAILOVERS,
     Outcome,
