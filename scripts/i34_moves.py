@@ -103,7 +103,7 @@ GROUPS: dict[str, list[Row]] = {
     "failover": [
         ("mv", "plan.verdicts", "failover.verdicts"),
         ("mv", "plan.promotion", "failover.promotion"),
-        ("merge", "failover.actions", "failover.session"),  # not runbook: actions types with Session, runbook imports actions
+        ("merge", "failover.actions", "failover.session"),  # not runbook (a cycle: runbook imports actions)
     ],
     "cluster": [
         ("mv", "plan.cluster_steps", "cluster.formation"),
