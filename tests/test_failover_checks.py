@@ -27,10 +27,10 @@ from opsctl.failover.checks import (
 )
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
+from opsctl.failover.verdicts import PastFailover, Target, Thresholds
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.verdicts import PastFailover, Target, Thresholds
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec

@@ -21,7 +21,7 @@ import redis
 import yaml
 
 from opsctl.base.secrets import Secret
-from opsctl.plan.exporters import EXPORTER_BINARY
+from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.render.exporteruser import EXPORTER_USER, exporter_secret
 from opsctl.spec.layout import Node, exporter_port
 from opsctl.state.specfile import read_spec

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from opsctl.base.secrets import MASK, Secret
+from opsctl.metrics.exporter import exporter_run, exporter_steps
 from opsctl.plan.desired import PREVIOUS, desired_nodes
-from opsctl.plan.exporters import exporter_run, exporter_steps
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.rotation import managed_users, rotation_steps, wanted_accepts
 from opsctl.plan.servers import config_steps

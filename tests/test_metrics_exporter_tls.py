@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from opsctl.base.poll import wait_for
-from opsctl.plan.exporters import EXPORTER_BINARY
+from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.render.exporteruser import EXPORTER_USER
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD

@@ -20,9 +20,8 @@ import pytest
 import redis
 
 from opsctl.base.poll import wait_for
-from opsctl.failover.actions import KILL_AT
+from opsctl.failover.actions import KILL_AT, Session
 from opsctl.failover.announce import EpochWatch, Identity, announce, hello_message, names_promoted
-from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
 from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts, SentinelEntry

@@ -11,9 +11,9 @@ from opsctl.apply.execution import Execution
 from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
+from opsctl.metrics.exporter import ExporterRun, exporter_run
 from opsctl.net.fanout import fan_out
 from opsctl.plan.desired import desired_node
-from opsctl.plan.exporters import ExporterRun, exporter_run
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step
 from opsctl.providers.local import LocalProvider

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.verdicts import Check, PastFailover, Target
 from opsctl.spec.layout import endpoint
 from opsctl.state.readback import Fields, load_json
 from opsctl.state.safefs import FileProblem

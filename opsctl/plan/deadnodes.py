@@ -10,13 +10,19 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from opsctl.base.errors import RefusedError
+from opsctl.failover.promotion import (
+    PING_GRACE_S,
+    PING_PERIOD,
+    choose_promotable,
+    promotable_offsets,
+    promotion_prechecks,
+)
+from opsctl.failover.verdicts import Target
 from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.plan.promotion import PING_GRACE_S, PING_PERIOD, choose_promotable, promotable_offsets, promotion_prechecks
 from opsctl.plan.steps import ForgetNodes, PromoteReplica
-from opsctl.plan.verdicts import Target
 from opsctl.slots import ranges
 from opsctl.spec.layout import Layout, Node, Shard, split_endpoint
 from opsctl.spec.load import LoadedSpec

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from opsctl.metrics.exporter import exporter_steps
 from opsctl.plan.cluster_steps import cluster_steps, rejoins
 from opsctl.plan.deadnodes import forget_dead, promote_orphans
 from opsctl.plan.desired import DesiredNode
-from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
 from opsctl.plan.refusals import (

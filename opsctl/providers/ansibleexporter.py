@@ -24,8 +24,7 @@ import weakref
 from typing import Any
 
 from opsctl.base.errors import OpsctlError
-from opsctl.plan.desired import desired_node
-from opsctl.plan.exporters import (
+from opsctl.metrics.exporter import (
     EXPORTER_BINARY,
     EXPORTER_PACKAGE,
     PASSWORD_FILE,
@@ -34,6 +33,7 @@ from opsctl.plan.exporters import (
     exporter_nodes,
     exporter_run,
 )
+from opsctl.plan.desired import desired_node
 from opsctl.providers import ansibleexporter as remote
 from opsctl.providers.ansible import PIDFILE_LIMIT, AnsibleProvider, remote_process
 from opsctl.providers.remote import ssh

@@ -5,8 +5,8 @@ forced pre-checks, the planner for the promotion of a replica whose master went 
 from __future__ import annotations
 
 from opsctl.base.errors import AUTH_HINT, auth_failed, is_auth_failure, not_answering
+from opsctl.failover.verdicts import Check, Target, role_text
 from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.plan.verdicts import Check, Target, role_text
 from opsctl.spec.layout import Layout, Shard, endpoint
 
 
