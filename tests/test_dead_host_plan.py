@@ -12,9 +12,9 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.cli.report import plan_text
+from opsctl.cluster.deadnodes import _election_limit
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import ClusterNodeLine, RoleInfo
-from opsctl.plan.deadnodes import _election_limit
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import PROMOTE_FIRST, make_plan
 from opsctl.plan.steps import PromoteReplica

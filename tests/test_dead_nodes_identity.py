@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.plan.deadnodes import dead_nodes, promote_orphans
+from opsctl.cluster.deadnodes import dead_nodes, promote_orphans
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec
 from tests.test_dead_nodes import line

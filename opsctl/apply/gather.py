@@ -63,7 +63,7 @@ def gone_probes(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts
                   for f in facts.values() for line in f.cluster_nodes or () if not line.is_myself)
     if rt.loaded.spec.topology != "cluster" or not suspect:  # the planner's judging loads only when it may find one
         return {}
-    from opsctl.plan.deadnodes import lost_masters
+    from opsctl.cluster.deadnodes import lost_masters
 
     return {line.endpoint: gone_probe(rt, line.endpoint)
             for line in lost_masters(rt.loaded.layout, facts).values()}

@@ -140,8 +140,8 @@ def _refuse_live_master(run: Execution, admin: Admin, step: PromoteReplica) -> N
     the plan's fingerprint leaves link states out): refused if the old master answers opsctl at its endpoint, or the
     replica heard it within its ping period."""
     from opsctl.apply.gather import gone_probe
+    from opsctl.cluster.deadnodes import master_ping_period
     from opsctl.failover.promotion import PING_GRACE_S
-    from opsctl.plan.deadnodes import master_ping_period
 
     loaded = run.rt.loaded
     period = master_ping_period(loaded, step.was, loaded.layout.shard_of(step.node)) + PING_GRACE_S

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from opsctl.cluster.deadnodes import forget_dead, promote_orphans
+from opsctl.cluster.formation import cluster_steps, rejoins
 from opsctl.metrics.exporter import exporter_steps
-from opsctl.plan.cluster_steps import cluster_steps, rejoins
-from opsctl.plan.deadnodes import forget_dead, promote_orphans
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
