@@ -69,10 +69,12 @@ GROUPS: dict[str, list[Row]] = {
         # plan.replshape stays: both it and plan.placing define drain_failovers and DRAIN_FIRST
     ],
     "state": [
-        ("merge", "state.statedir", "state.nodefiles"),
+        # state.nodefiles stays: it imports render, and statedir is on the audit's cheap path
+        # (tests/test_audit_rules.py); merged at first, split back after that test
     ],
     "net": [
-        ("merge", "net.observer", "net.discover"),
+        # net.discover stays: plan and status import net.observer, and discover's LiveNode is a costly frozen
+        # dataclass they must not make (tests/test_cli_start.py); merged at first, split back after that test
     ],
     "stream": [
         ("mv", "plan.streamcmd", "stream.framing"),
@@ -441,6 +443,10 @@ def run_group(name: str) -> None:
         else:
             do_move(row[1], row[2], list(row[3]))
         touched |= set(rewrite(rows[: i + 1]))
+    for path in touched:  # a TYPE_CHECKING block whose imports all went (they name the module itself now)
+        if path.exists() and path.suffix == ".py":
+            text = path.read_text()
+            path.write_text(re.sub(r"\nif TYPE_CHECKING:[^\n]*\n    pass\n", "\n", text))
     if touched:  # the tree was ruff-clean before: what is unsorted or unused now, the moves made so
         subprocess.run([RUFF, "check", "-q", "--fix", "--select", "I,F401", *SCOPE[:4]], cwd=ROOT, check=False)
 

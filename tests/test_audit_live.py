@@ -12,7 +12,7 @@ from opsctl.audit.bigdelete import delete_big_key
 from opsctl.audit.run import AuditOptions, run_audit
 from opsctl.cli.main import main
 from opsctl.net.connector import Connector
-from opsctl.net.observer import discover
+from opsctl.net.discover import discover
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, cluster_check
 from tests.test_audit_fixtures import (

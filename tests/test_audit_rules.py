@@ -22,7 +22,7 @@ from opsctl.audit.nodechecks import (
 )
 from opsctl.audit.report import render
 from opsctl.audit.throttle import throttle_delay
-from opsctl.net.observer import LiveNode, role_summary, scan_targets
+from opsctl.net.discover import LiveNode, role_summary, scan_targets
 from opsctl.net.resp import INCOMPLETE, encode, encode_keyed, reader, replies
 from opsctl.observe.findings import BEST_PRACTICES, RULES, SOURCES, at_or_above, finding
 from opsctl.observe.replies import RespError

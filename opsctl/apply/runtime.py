@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from opsctl.apply.connect import make_connector
 from opsctl.apply.placing import placed
@@ -15,9 +14,6 @@ from opsctl.server.versions import parse_version
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.statedir import state_dir_for
-
-if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
-    pass
 
 
 @dataclass

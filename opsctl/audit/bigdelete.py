@@ -16,7 +16,7 @@ from opsctl.audit.throttle import Throttle
 from opsctl.base.errors import OpsctlError
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
-from opsctl.net.observer import discover
+from opsctl.net.discover import discover
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.observe.replies import Arg, Reply, RespError, as_text

@@ -13,7 +13,7 @@ from opsctl.audit.scan import NodeScan, ScanWants, scan_all
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit
 from opsctl.net.connector import Connector
-from opsctl.net.observer import LiveNode, discover, scan_targets, unreachable
+from opsctl.net.discover import LiveNode, discover, scan_targets, unreachable
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.observe.findings import Finding, finding, ordered
 from opsctl.spec.load import LoadedSpec

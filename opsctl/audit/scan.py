@@ -17,8 +17,8 @@ from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKe
 from opsctl.audit.throttle import Throttle
 from opsctl.base.events import Emit, ScanProgress
 from opsctl.net.connector import Connector
+from opsctl.net.discover import LiveNode
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import LiveNode
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode, encode_keyed
 from opsctl.observe.replies import Reply, RespError, parse_info

@@ -26,8 +26,8 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.events import ArchiveProgress, Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
+from opsctl.net.discover import discover
 from opsctl.net.fanout import Borrowed, fan_out
-from opsctl.net.observer import discover
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.spec.layout import Node
 from opsctl.stream import Stream, StreamGap, open_stream

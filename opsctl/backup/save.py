@@ -43,9 +43,10 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.base.words import human_bytes
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
+from opsctl.net.discover import LiveNode, discover, shards
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import LiveNode, discover, observe, shards
 from opsctl.net.observer import describe as describe_problems
+from opsctl.net.observer import observe
 from opsctl.observe.cluster_state import observed_problems
 from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Node

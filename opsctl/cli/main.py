@@ -62,9 +62,9 @@ def refuse_server_without_tls(loaded: LoadedSpec) -> None:
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from opsctl.state.nodefiles import write_rendered
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import write_rendered
 
     if args.dir != "-" and Path(args.dir).exists() and not Path(args.dir).is_dir():
         raise FileProblem(args.dir, "is not a folder", "give --dir a folder to write into (or '-' to print)")

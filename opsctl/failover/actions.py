@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -34,9 +34,6 @@ from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.members import cluster_members
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-
-if TYPE_CHECKING:
-    pass
 
 POLL = 0.002
 KILL_AT = "OPSCTL_FAILOVER_KILL_AT"

@@ -21,7 +21,7 @@ from opsctl.migrate.journal import JournalFile
 from opsctl.migrate.shard import ShardRun
 from opsctl.migrate.verify import count_problem, sample_problems
 from opsctl.net.connector import Connector
-from opsctl.net.observer import live_node
+from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.replies import parse_info
 from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values

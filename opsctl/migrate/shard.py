@@ -21,7 +21,7 @@ from opsctl.migrate.apply import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.journal import JournalFile, ShardState
 from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.connector import Connector, unix_socket
-from opsctl.net.observer import live_node
+from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.observe.replies import parse_info, server_of
 from opsctl.restore.engine import Side, Source, Targets, copy_source

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.replies import (
@@ -17,9 +16,6 @@ from opsctl.observe.replies import (
     master_side_problems,
     myself,
 )
-
-if TYPE_CHECKING:
-    pass
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted
 

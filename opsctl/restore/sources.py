@@ -15,7 +15,7 @@ from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.backup.verify import check_files, read_manifest
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import Connector, unix_socket
-from opsctl.net.observer import LiveNode, discover, scan_targets
+from opsctl.net.discover import LiveNode, discover, scan_targets
 from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.replies import parse_info
 from opsctl.restore.engine import Source
