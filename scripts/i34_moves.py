@@ -125,7 +125,7 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "restore.run", "restore.copying"),
         ("mv", "restore.verify", "restore.tally"),
         ("merge", "restore.sources", "restore.offsets"),
-        ("merge", "restore.target", "restore.checks"),
+        ("mv", "restore.checks", "restore.preflight"),  # into target it would cycle: checks imports sources
         ("mv", "migrate.apply", "migrate.replay"),
         ("mv", "migrate.run", "migrate.migration"),
         ("mv", "migrate.journal", "migrate.phases"),
