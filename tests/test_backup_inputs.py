@@ -12,18 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.backup.catalog import RETENTION, dropped_before
 from opsctl.backup.lease import parse_lease
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, manifest_json, parse_manifest
 from opsctl.backup.offsite import upload_backup
 from opsctl.backup.s3 import _answered, check_endpoint_url, client_problem
 from opsctl.backup.segment import MAGIC, SegmentName, SegmentProblem, decode_segment, encode_segment
 from opsctl.backup.store import FolderStore, parse_location
-from opsctl.backup.timeline import group, parse_archive, parse_time
+from opsctl.backup.timeline import RETENTION, dropped_before, group, parse_archive, parse_time
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import mask_url
 from opsctl.migrate.foreign import parse_endpoints
-from opsctl.migrate.journal import parse_journal
+from opsctl.migrate.phases import parse_journal
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.providers.remote.publish import parse_write_to
 from opsctl.spec.layout import split_endpoint

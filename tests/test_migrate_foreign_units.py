@@ -13,7 +13,7 @@ from opsctl.migrate.foreign import (
     replicas_of,
     replication_layout_of,
 )
-from opsctl.migrate.journal import Journal, ShardState, journal_json, parse_journal
+from opsctl.migrate.phases import Journal, ShardState, journal_json, parse_journal
 from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.stream.framing import Position
 from tests.lifecycle import run

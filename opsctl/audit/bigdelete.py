@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-from opsctl.audit.throttle import Throttle
+from opsctl.audit.scan import Throttle
 from opsctl.base.errors import OpsctlError
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector

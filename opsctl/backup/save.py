@@ -33,8 +33,8 @@ from opsctl.backup.manifest import (
     utc_iso,
     utc_stamp,
 )
-from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.rdb import db0_counts
+from opsctl.backup.savers import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from opsctl.backup.plan import Server, parse_keyspace
+from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import unix_client

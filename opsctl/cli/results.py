@@ -11,9 +11,9 @@ from opsctl.cli.report import NodeStatus, plan_text, status_table
 
 if TYPE_CHECKING:
     from opsctl.audit.bigdelete import DeleteResult
-    from opsctl.audit.run import AuditReport
-    from opsctl.backup.catalog import Listed
+    from opsctl.audit.survey import AuditReport
     from opsctl.backup.manifest import Manifest
+    from opsctl.backup.timeline import Listed
     from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
@@ -112,7 +112,7 @@ class AuditResult(Frozen):
     html: bool = False
 
     def text(self) -> str:
-        from opsctl.audit.report import render_html, render_table
+        from opsctl.audit.formats import render_html, render_table
 
         render = render_html if self.html else render_table
         return render(self.report.as_dict(), self.report.findings)

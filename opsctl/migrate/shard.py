@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.backup.manifest import rdb_header
-from opsctl.backup.plan import pick_scratch, rdb_written_by
+from opsctl.backup.savers import pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.migrate.apply import Applier, EdgeRefused, TargetChanged
-from opsctl.migrate.journal import JournalFile, ShardState
+from opsctl.migrate.phases import JournalFile, ShardState
+from opsctl.migrate.replay import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-from opsctl.backup.plan import Server, parse_keyspace
+from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import RefusedError
 from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems

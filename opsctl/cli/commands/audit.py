@@ -84,7 +84,7 @@ def _check_name(text: str) -> str:
 
 
 def _checks(names: list[str]) -> tuple[str, ...]:
-    from opsctl.audit.run import CHECKS
+    from opsctl.audit.survey import CHECKS
 
     if not names or "all" in names:
         return CHECKS
@@ -94,7 +94,7 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 def _audit(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.keyspace import Thresholds
-    from opsctl.audit.run import AuditOptions, run_audit
+    from opsctl.audit.survey import AuditOptions, run_audit
     from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult

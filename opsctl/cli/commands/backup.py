@@ -139,9 +139,9 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
 
 def _catalog(args: argparse.Namespace) -> int:
     """backup list / prune --from DIR|URL."""
-    from opsctl.backup.catalog import catalog, prune
     from opsctl.backup.offsite import open_store
     from opsctl.backup.store import parse_location
+    from opsctl.backup.timeline import catalog, prune
     from opsctl.cli.output import print_result
     from opsctl.cli.results import CatalogResult
 
@@ -159,8 +159,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from opsctl.backup.integrity import verify_backup
     from opsctl.backup.offsite import fetched
-    from opsctl.backup.verify import verify_backup
     from opsctl.base.events import VerifyDone
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult

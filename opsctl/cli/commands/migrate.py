@@ -87,7 +87,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from opsctl.base import stop
     from opsctl.base.events import CutoverDone, Event, Note
     from opsctl.cli.output import printing
-    from opsctl.migrate.run import MigrateOptions, run_migrate
+    from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -162,7 +162,7 @@ def _running(state_dir: Path) -> bool:
 def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
-    from opsctl.migrate.journal import REQUEST, RESULT, read_journal
+    from opsctl.migrate.phases import REQUEST, RESULT, read_journal
     from opsctl.state.safefs import read_bounded, write_private
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -217,7 +217,7 @@ def _lift(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.migrate.cutover import lift_fence
-    from opsctl.migrate.journal import JournalFile, read_journal
+    from opsctl.migrate.phases import JournalFile, read_journal
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock

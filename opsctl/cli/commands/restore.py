@@ -34,7 +34,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.base.events import RestoreDryRun
     from opsctl.cli.confirm import confirm
     from opsctl.net.topolock import topology_lock
-    from opsctl.restore.run import run_restore
+    from opsctl.restore.copying import run_restore
     from opsctl.restore.sources import RestoreOptions, backup_sources, live_sources, refuse_same_servers
     from opsctl.restore.target import inspect_target
     from opsctl.state.specfile import read_spec

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
-from opsctl.backup.plan import pick_scratch
+from opsctl.backup.savers import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import ChecksumsOk, Emit, ShardVerified

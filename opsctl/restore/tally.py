@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from opsctl.backup.manifest import count_problem
-from opsctl.backup.plan import parse_keyspace
+from opsctl.backup.savers import parse_keyspace
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.observe.replies import parse_info

@@ -22,14 +22,13 @@ from opsctl.base.events import Emit, RestoreDone, RestoreProgress
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
-from opsctl.restore.checks import existing_keys, refuse_unsafe
 from opsctl.restore.engine import Side, Source, copy_source
 from opsctl.restore.functions import check_libraries
-from opsctl.restore.offsets import durable
+from opsctl.restore.preflight import existing_keys, refuse_unsafe
 from opsctl.restore.route import JOURNAL, Counts, Journal, journal_json, landed_problem, parse_journal
-from opsctl.restore.sources import Prepared, RestoreOptions
+from opsctl.restore.sources import Prepared, RestoreOptions, durable
+from opsctl.restore.tally import checked_again, count_problems, sample_again, target_keys
 from opsctl.restore.target import Target
-from opsctl.restore.verify import checked_again, count_problems, sample_again, target_keys
 from opsctl.state.safefs import read_bounded, write_private
 
 

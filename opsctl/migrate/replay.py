@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.migrate.journal import marker_name
+from opsctl.migrate.phases import marker_name
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.observe.replies import RespError

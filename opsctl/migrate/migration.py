@@ -15,9 +15,9 @@ from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
-from opsctl.migrate.apply import TargetChanged
 from opsctl.migrate.cutover import CutoverOptions, cut_over, master_offset, shard_master
-from opsctl.migrate.journal import REQUEST, RESULT, JournalFile, load_journal, new_journal
+from opsctl.migrate.phases import REQUEST, RESULT, JournalFile, load_journal, new_journal
+from opsctl.migrate.replay import TargetChanged
 from opsctl.migrate.shard import NoMemberAnswers, ShardRun
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
