@@ -139,7 +139,7 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "cli.results", "slots.cli"),
         ("merge", "cli.commands.help", "cli.spechelp"),
         ("mv", "cli.commands.init", "cli.commands.scaffold"),
-        ("merge", "cli.commands.scaffold", "cli.commands.inventory"),
+        # cli.commands.inventory stays: it and init both define register (COMMANDS names module and function)
     ],
 }
 
