@@ -135,7 +135,8 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "cli.options", "cli.argtypes"),
         ("merge", "cli.options", "cli.confirm"),
         ("merge", "cli.options", "cli.modes"),
-        ("merge", "cli.output", "cli.ttyline"),
+        # cli.ttyline stays: `opsctl --help` builds the audit command, which draws with TtyLine, and must not
+        # import cli.output's events (tests/test_cli_start.py)
         ("merge", "cli.results", "slots.cli"),
         ("merge", "cli.commands.help", "cli.spechelp"),
         ("mv", "cli.commands.init", "cli.commands.scaffold"),
