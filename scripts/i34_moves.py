@@ -138,7 +138,7 @@ GROUPS: dict[str, list[Row]] = {
         # cli.ttyline stays: `opsctl --help` builds the audit command, which draws with TtyLine, and must not
         # import cli.output's events (tests/test_cli_start.py)
         ("merge", "cli.results", "slots.cli"),
-        ("merge", "cli.commands.help", "cli.spechelp"),
+        # cli.spechelp stays: it imports json, and `opsctl --help` builds the help command (tests/test_cli_start.py)
         ("mv", "cli.commands.init", "cli.commands.scaffold"),
         # cli.commands.inventory stays: it and init both define register (COMMANDS names module and function)
     ],
