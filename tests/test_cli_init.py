@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from opsctl import data_dir
-from opsctl.cli.commands.init import TOPOLOGIES
+from opsctl.cli.commands.scaffold import TOPOLOGIES
 from tests.lifecycle import run
 
 ROOT = Path(__file__).resolve().parents[1]

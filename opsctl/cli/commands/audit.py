@@ -12,8 +12,15 @@ from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.base.words import gauge, human_seconds
-from opsctl.cli.argtypes import RATE, ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_dry_run, add_output, add_spec_options
+from opsctl.cli.options import (
+    RATE,
+    STATE_DIR_TUNNELS_HELP,
+    add_auto_approve,
+    add_dry_run,
+    add_output,
+    add_spec_options,
+    ranged,
+)
 from opsctl.cli.ttyline import TtyLine
 
 if TYPE_CHECKING:
@@ -174,7 +181,7 @@ def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.audit.bigdelete import delete_big_key
     from opsctl.base.errors import echo
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result
     from opsctl.cli.results import BigKeyDeleteResult
     from opsctl.state.specfile import read_spec

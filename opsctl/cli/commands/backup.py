@@ -12,7 +12,6 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_force_lock,
@@ -20,6 +19,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -50,7 +50,7 @@ SAVING = {"catch_up_timeout": 60.0, "save_timeout": 3600.0}
 
 def check_mode(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.target is not None and args.action != "verify":  # verify's alone: its documented spelling first
         import shlex

@@ -9,9 +9,10 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
-from opsctl.cli.argtypes import RATE, SECONDS, SLOTS, ranged
-from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
+    RATE,
+    SECONDS,
+    SLOTS,
     add_auto_approve,
     add_dry_run,
     add_force_lock,
@@ -20,6 +21,8 @@ from opsctl.cli.options import (
     add_spec_file,
     add_spec_options,
     add_state_dir,
+    confirm,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 

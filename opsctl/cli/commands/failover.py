@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK
-from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
+    SECONDS,
     add_auto_approve,
     add_dry_run,
     add_force_lock,
     add_metrics_textfile,
     add_output,
     add_spec_options,
+    confirm,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 

@@ -9,9 +9,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
-from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_force_lock, add_metrics_textfile, add_spec_options
+from opsctl.cli.options import (
+    SECONDS,
+    add_auto_approve,
+    add_dry_run,
+    add_force_lock,
+    add_metrics_textfile,
+    add_spec_options,
+    confirm,
+    ranged,
+)
 from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 

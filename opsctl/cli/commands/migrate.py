@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_auto_approve,
@@ -21,6 +20,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -40,7 +40,7 @@ MIGRATING = {"lag_bound": 1.0, "sample": 200}  # defaults of options that go wit
 
 def check_mode(args: argparse.Namespace) -> None:
     """Options of the other mode refused, not ignored, before anything is read; the defaults filled in."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.action == "cutover":
         refuse_given(args, ("from_spec", "from_endpoints", *ENDPOINT_OPTIONS, *MIGRATING), "`opsctl migrate`, "
@@ -57,7 +57,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     check_mode(args)
     if args.action == "cutover":
         return _request_cutover(args)
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.state.specfile import read_spec
 
     if bool(args.from_spec) == bool(args.from_endpoints):

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
@@ -20,6 +19,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.apply.connect import open_connector
     from opsctl.base.events import RestoreDryRun
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.copying import run_restore
     from opsctl.restore.sources import RestoreOptions, backup_sources, live_sources, refuse_same_servers
@@ -91,7 +91,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored: --sample counts keys for --verify sample only."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.verify != "sample":
         refuse_given(args, ("sample",), "--verify sample (the default), not --verify full",

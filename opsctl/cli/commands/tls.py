@@ -31,7 +31,7 @@ def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.placing import recorded_placement
     from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
