@@ -114,6 +114,20 @@ GROUPS: dict[str, list[Row]] = {
     "metrics": [
         ("mv", "plan.exporters", "metrics.exporter"),
     ],
+    "runtime": [
+        ("mv", "apply.runtime", "runtime.opening"),
+        ("merge", "runtime.opening", "apply.connect"),
+        ("merge", "runtime.opening", "apply.placing"),
+        ("mv", "apply.execution", "runtime.execution"),
+        ("move", "apply.gather", "apply.planning",
+         ["compute_plan", "filling", "_with_port_warning", "refuse_silent_nodes", "spec_digest"]),
+        ("merge", "apply.planning", "plan.ports"),
+        ("mv", "apply.gather", "runtime.gather"),
+        ("merge", "runtime.gather", "apply.drift"),
+        ("move", "apply.exporter_steps", "runtime.gather", ["Exporters", "exporters_of", "with_exporter_facts"]),
+        ("mv", "apply.exporter_steps", "metrics.exporter_steps"),
+        ("mv", "apply.waits", "status.looks"),
+    ],
     "features": [
         ("mv", "audit.run", "audit.survey"),
         ("mv", "audit.report", "audit.formats"),
