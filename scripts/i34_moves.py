@@ -431,6 +431,11 @@ def do_move(old: str, new: str, wanted: list[str]) -> None:
     for a, b in sorted(cut, reverse=True):
         del lines[a - 1:b]
     _doc, header, _body = split_module(src)
+    left = {getattr(stmt, "name", None) for stmt in tree.body} | {
+        t.id for stmt in tree.body for t in getattr(stmt, "targets", []) if isinstance(t, ast.Name)}
+    needs = sorted(n for n in left - set(wanted) if n and not n.startswith("__") and re.search(rf"\b{n}\b", moved))
+    if needs:  # what the moved definitions use of what stays: imported from where it stays
+        header += f"from {dotted(old)} import {', '.join(needs)}\n"
     piece = f"from __future__ import annotations\n{header}\n\n{moved}\n"
     if npath.exists():
         npath.write_text(join(npath.read_text(), piece))
