@@ -123,7 +123,7 @@ GROUPS: dict[str, list[Row]] = {
          ["compute_plan", "filling", "_with_port_warning", "refuse_silent_nodes", "spec_digest"]),
         ("merge", "apply.planning", "plan.ports"),
         ("mv", "apply.gather", "runtime.gather"),
-        ("merge", "runtime.gather", "apply.drift"),
+        ("mv", "apply.drift", "runtime.drift"),  # not into gather: status gathers, and must not load the disk facts
         ("move", "apply.exporter_steps", "runtime.gather", ["Exporters", "exporters_of", "with_exporter_facts"]),
         ("mv", "apply.exporter_steps", "metrics.exporter_steps"),
         ("mv", "apply.waits", "status.looks"),
