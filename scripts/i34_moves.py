@@ -124,7 +124,8 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "apply.planning", "plan.ports"),
         ("mv", "apply.gather", "runtime.gather"),
         ("mv", "apply.drift", "runtime.drift"),  # not into gather: status gathers, and must not load the disk facts
-        ("move", "apply.exporter_steps", "runtime.gather", ["Exporters", "exporters_of", "with_exporter_facts"]),
+        # exporters_of, with_exporter_facts stay with the exporter steps: gather imports them lazily, and at its top
+        # they would load the exporter's modules into status (tests/test_cli_start.py)
         ("mv", "apply.exporter_steps", "metrics.exporter_steps"),
         ("mv", "apply.waits", "status.looks"),
     ],
