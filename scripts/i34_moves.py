@@ -124,8 +124,9 @@ GROUPS: dict[str, list[Row]] = {
         ("merge", "apply.planning", "plan.ports"),
         ("mv", "apply.gather", "runtime.gather"),
         ("mv", "apply.drift", "runtime.drift"),  # not into gather: status gathers, and must not load the disk facts
-        # exporters_of, with_exporter_facts stay with the exporter steps: gather imports them lazily, and at its top
+        # the exporter facts go beside the disk facts, not into gather: gather imports both lazily, and at its top
         # they would load the exporter's modules into status (tests/test_cli_start.py)
+        ("move", "apply.exporter_steps", "runtime.drift", ["Exporters", "exporters_of", "with_exporter_facts"]),
         ("mv", "apply.exporter_steps", "metrics.exporter_steps"),
         ("mv", "apply.waits", "status.looks"),
     ],
