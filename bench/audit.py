@@ -192,8 +192,8 @@ def run(fleet: Fleet, keys: int, work: Path, rounds: int, extra: list[str], scan
 
 
 def tls_compare(keys: int, rounds: int) -> int:
-    from opsctl.apply.runtime import make_connector
     from opsctl.cli.main import main as opsctl
+    from opsctl.runtime.opening import make_connector
     from opsctl.state.specfile import read_spec
     from tests.support import make_spec, write_spec
 

@@ -330,7 +330,7 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
 
 
 def tls_compare(keys: int, rounds: int = 2) -> int:
-    from opsctl.apply.runtime import make_connector
+    from opsctl.runtime.opening import make_connector
 
     server_binary("redis")
     with server_tmpdir() as tmp:

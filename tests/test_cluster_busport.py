@@ -162,7 +162,7 @@ def test_a_plaintext_port_on_a_bus_port_names_what_takes_it(tmp_path: Path,
 
 
 def test_the_ephemeral_range_warning_counts_bus_and_exporter_ports_at_their_offsets() -> None:
-    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.apply.planning import ephemeral_port_warning
 
     spec = fixed_spec("cluster")
     loaded = load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 30000},

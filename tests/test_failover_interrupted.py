@@ -16,7 +16,6 @@ import redis
 import yaml
 
 from opsctl.apply.executor import execute
-from opsctl.apply.runtime import make_runtime
 from opsctl.base.events import Log
 from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
@@ -24,6 +23,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
 from opsctl.plan.facts import FENCE
 from opsctl.plan.steps import Failover, Plan, Replicate
+from opsctl.runtime.opening import make_runtime
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
@@ -198,8 +198,8 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 
 
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
-    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.statedir import state_dir_for
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):

@@ -25,7 +25,7 @@ from tests.test_recorded_placement import _endpoints, _write_records
 def _grown(provider: str, tmp_path: Path) -> tuple[dict[str, Any], Path, Layout]:
     """A 4-host 3 x 1 cluster deployed with t-1 since drained (a tombstone: its shard's member is t-7), then a
     replica more per master: the records' state dir, and the layout they place (what apply would leave)."""
-    from opsctl.apply.placing import recorded_placement
+    from opsctl.runtime.opening import recorded_placement
 
     first = make_spec("cluster", hosts=4, provider=provider, metrics={"exporter": True})
     deployed = list(load_dict(first).layout.nodes)

@@ -329,16 +329,16 @@ def test_the_owner_of_a_key_is_a_node_of_the_spec(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    import opsctl.apply.connect
+    import opsctl.runtime.opening
 
     entered: list[tuple[str, Path]] = []
-    make_connector = opsctl.apply.connect.make_connector
+    make_connector = opsctl.runtime.opening.make_connector
 
     def recording(loaded: Any, state_dir: Path, route: Any = None) -> Connector:
         entered.append((loaded.spec.name, state_dir))
         return make_connector(loaded, state_dir, route)
 
-    monkeypatch.setattr(opsctl.apply.connect, "make_connector", recording)
+    monkeypatch.setattr(opsctl.runtime.opening, "make_connector", recording)
     with standalone(tmp_path, "valkey") as fleet:
         fleet.admin().client.rpush("big:list", *range(2000))
         state = str(tmp_path / "state")

@@ -542,7 +542,7 @@ def test_a_spec_that_makes_a_deployed_node_another_node_is_refused() -> None:
 
 
 def test_nodes_inside_the_ephemeral_port_range_are_named_in_a_warning(tmp_path) -> None:
-    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.apply.planning import ephemeral_port_warning
     from opsctl.providers.proc import ephemeral_port_range
 
     loaded = loaded_spec("cluster")

@@ -69,7 +69,7 @@ def test_targets_are_the_nodes_deployed_where_their_records_place_them(tmp_path:
 
 
 def _placed(spec: dict, state: Path) -> Layout:
-    from opsctl.apply.placing import recorded_placement
+    from opsctl.runtime.opening import recorded_placement
 
     return recorded_placement(load_dict(spec), state)[0].layout
 

@@ -160,7 +160,7 @@ PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.facts")
 
 def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     """What cluster check/reshard/rebalance/fix run, imported: no redis-py (the engine, its probes and the topology
-    lock talk raw RESP), no opsctl.apply.runtime and none of the planner (each a share of every run's start)."""
+    lock talk raw RESP), no opsctl.runtime.opening and none of the planner (each a share of every run's start)."""
     import subprocess
     import sys
 
@@ -172,7 +172,7 @@ def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     modules = set(done.stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography")
-                      or m in ("opsctl.apply.runtime", "opsctl.apply.drift")
+                      or m in ("opsctl.runtime.opening", "opsctl.runtime.drift")
                           or (m.startswith("opsctl.plan.") and not m.startswith(PURE_SLOT_MATHS)))
     assert not unwanted, unwanted
 

@@ -20,8 +20,6 @@ from opsctl.apply.cluster_steps import (
     remove_node,
     wait_converged,
 )
-from opsctl.apply.execution import Execution
-from opsctl.apply.exporter_steps import start_exporter, stop_exporter
 from opsctl.apply.node_steps import (
     acl_load,
     after_start,
@@ -34,10 +32,10 @@ from opsctl.apply.node_steps import (
     write_config,
 )
 from opsctl.apply.replication_steps import do_replicate, fail_over, finish_failover, sentinel_monitor, sentinel_set
-from opsctl.apply.runtime import Runtime
 from opsctl.apply.shape_steps import forget_nodes, promote_replica, sentinel_reset
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
+from opsctl.metrics.exporter_steps import start_exporter, stop_exporter
 from opsctl.net.fanout import Borrowed
 from opsctl.net.topolock import check_held
 from opsctl.plan.steps import (
@@ -69,6 +67,8 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.opening import Runtime
 
 
 def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,

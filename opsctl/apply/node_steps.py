@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import time
 
-from opsctl.apply.execution import Before, Execution
-from opsctl.apply.gather import shard_facts
 from opsctl.apply.replication_steps import finish_failover, sentinels_master
-from opsctl.apply.waits import wait_back_in_place
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
@@ -23,7 +20,10 @@ from opsctl.plan.masters import start_master, takes_writes
 from opsctl.plan.rotation import managed_users
 from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig
 from opsctl.render import render_node, render_sections
+from opsctl.runtime.execution import Before, Execution
+from opsctl.runtime.gather import shard_facts
 from opsctl.spec.layout import Node, deployed_record
+from opsctl.status.looks import wait_back_in_place
 from opsctl.tls.material import node_files
 
 START_TIMEOUT = 60.0

@@ -10,9 +10,6 @@ from dataclasses import replace
 
 import redis
 
-from opsctl.apply.execution import Execution
-from opsctl.apply.gather import master_endpoint, shard_facts
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
@@ -23,6 +20,9 @@ from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.replication import sentinel_settings
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.gather import master_endpoint, shard_facts
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Layout, Node, endpoint, sentinel_master_name, sentinel_quorum
 from opsctl.spec.placement import with_member
 

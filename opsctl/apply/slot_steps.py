@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
 from opsctl.net.topolock import topology_lock
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
+from opsctl.runtime.opening import Runtime
 from opsctl.slots.balance import Move
 from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
@@ -81,7 +81,7 @@ def stop_leaving(rt: Runtime, node: Node) -> None:
     """Stop a node that leaves the fleet (retired, or parked by cluster.masters down), and its redis_exporter with
     it: nothing later stops an exporter beside a node that is no layout node any more, and it would keep its port
     (the next deploy at it fails) and report the node down."""
-    from opsctl.apply.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
+    from opsctl.metrics.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
 
     rt.provider.stop(node)
     remove_exporter(rt, node)

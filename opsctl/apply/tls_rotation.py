@@ -14,16 +14,15 @@ from typing import Literal
 
 import redis
 
-from opsctl.apply.connect import make_connector
-from opsctl.apply.exporter_steps import exporters_follow_tls
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
+from opsctl.metrics.exporter_steps import exporters_follow_tls
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
 from opsctl.render.directives import plaintext_port, tls
+from opsctl.runtime.opening import Runtime, make_connector
 from opsctl.spec.layout import Node
 from opsctl.tls.certs import CertFacts, der_facts, facts
 from opsctl.tls.judge import TlsSeen

@@ -51,13 +51,13 @@ def add_offline(parser: argparse.ArgumentParser) -> None:
 
 
 def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> LoadedSpec:
-    """The spec placed from the nodes' records (opsctl.apply.placing.placed_or_first), its note on stderr; with
+    """The spec placed from the nodes' records (opsctl.runtime.opening.placed_or_first), its note on stderr; with
     --offline the positional layout, nothing read."""
     if args.offline:
         return loaded
     import sys
 
-    from opsctl.apply.placing import placed_or_first
+    from opsctl.runtime.opening import placed_or_first
     from opsctl.state.statedir import state_dir_for
 
     placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))

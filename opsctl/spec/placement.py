@@ -1,6 +1,6 @@
 """Placement from (spec, what is deployed): a deployed node keeps its name, host, port and shard for life, and a
 retired name is never given again. Why: a node's data, files and cluster identity live where it was deployed. Pure:
-the shell (opsctl.apply.placing) reads the records. The rules: docs/changing-the-fleet.md, "Identity".
+the shell (opsctl.runtime.opening) reads the records. The rules: docs/changing-the-fleet.md, "Identity".
 """
 
 from __future__ import annotations

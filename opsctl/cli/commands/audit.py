@@ -99,13 +99,13 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.survey import AuditOptions, run_audit
     from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -178,12 +178,12 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _bigkey_delete(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.audit.bigdelete import delete_big_key
     from opsctl.base.errors import echo
     from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result
     from opsctl.cli.results import BigKeyDeleteResult
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 

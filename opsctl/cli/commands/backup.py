@@ -84,13 +84,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
         raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | "
                           "opsctl backup verify|list|prune --from DIR|URL",
                           hint="opsctl backup --help shows every option")
-    from opsctl.apply.connect import open_connector
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import parse_location
     from opsctl.cli.output import print_text
     from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -117,11 +117,11 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     """The archive in the foreground until stopped, as a service is: SIGTERM/SIGINT close every open segment and end
     it normally, exit 0 with a closing line (a second signal stops at once: exit 143/130). The topology lock is
     held only while a base is taken, so reshards and failovers run beside it."""
-    from opsctl.apply.connect import open_connector
     from opsctl.backup.archive import ArchiveOptions, run_archive
     from opsctl.base import stop
     from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
 
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)

@@ -49,11 +49,11 @@ def _cluster_spec(path: str) -> LoadedSpec:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.cli.output import print_result
     from opsctl.cli.results import ClusterCheckResult
     from opsctl.cluster.check import summarize
     from opsctl.net.observer import observe
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.statedir import state_dir_for
 
     loaded = _cluster_spec(args.file)
@@ -67,10 +67,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
     what a killed run left, print."""
-    from opsctl.apply.connect import open_connector
     from opsctl.cli.output import Printer, print_result
     from opsctl.cli.results import SlotsResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.slots.fix import close_open
     from opsctl.slots.reshard import MoveOptions, one_cluster
     from opsctl.state.statedir import state_dir_for

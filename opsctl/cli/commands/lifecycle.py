@@ -23,18 +23,18 @@ from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
-    from opsctl.apply.runtime import Runtime
     from opsctl.base.events import Emit
     from opsctl.cli.output import Lines
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
+    from opsctl.runtime.opening import Runtime
     from opsctl.spec.layout import Node
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
     from opsctl.cli.output import print_result
     from opsctl.cli.results import PlanResult
     from opsctl.state.safefs import check_writable_target, write_private
@@ -137,7 +137,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def _apply_dry_run(args: argparse.Namespace, saved: Plan | None) -> int:
     """The plan apply would run first (a saved one checked against the live state), as plan prints it; exit 2 when
     it has steps. No lock is taken and nothing is written."""
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
     from opsctl.cli.output import print_result
     from opsctl.cli.results import PlanResult
 
@@ -154,7 +154,7 @@ def _apply_plans(rt: Runtime, args: argparse.Namespace, saved: Plan | None) -> i
     Returns the steps that ran, or -1 when a saved plan's rest needs a review (printed)."""
     from dataclasses import replace
 
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
 
     ran = 0
     plan, facts = compute_plan(rt)
@@ -240,8 +240,8 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     apply deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing
     written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
     either. Returns whether there was any."""
-    from opsctl.apply.exporter_steps import remove_exporter
     from opsctl.cli.runtime import runs_nowhere
+    from opsctl.metrics.exporter_steps import remove_exporter
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -336,7 +336,7 @@ def _presence(rt: Runtime, nodes: list[Node]) -> list[_Presence]:
     nodes at once."""
     from pathlib import PurePath
 
-    from opsctl.apply.exporter_steps import exporter_runs
+    from opsctl.metrics.exporter_steps import exporter_runs
     from opsctl.net.fanout import fan_out
 
     def look(node: Node) -> _Presence:

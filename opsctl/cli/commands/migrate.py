@@ -83,12 +83,12 @@ def _migrate(args: argparse.Namespace) -> int:
     """The migration from the source args names into the target spec, in the foreground, until its cutover."""
     from contextlib import ExitStack
 
-    from opsctl.apply.connect import open_connector
     from opsctl.base import stop
     from opsctl.base.events import CutoverDone, Event, Note
     from opsctl.cli.output import printing
     from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
@@ -125,8 +125,8 @@ def _migrate(args: argparse.Namespace) -> int:
 def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:
     """The source's connector and the options that reach it again. A spec's topology lock is held (no opsctl run
     reshards it meanwhile); a store given by endpoints has none."""
-    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 

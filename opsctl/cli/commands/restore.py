@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.base.events import RestoreDryRun
     from opsctl.cli.options import confirm
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.copying import run_restore
     from opsctl.restore.sources import RestoreOptions, backup_sources, live_sources, refuse_same_servers
     from opsctl.restore.target import inspect_target
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock

@@ -28,13 +28,12 @@ def _ca(args: argparse.Namespace) -> int:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    from opsctl.apply.placing import recorded_placement
-    from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
     from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import make_runtime, recorded_placement
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock

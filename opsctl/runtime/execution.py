@@ -7,9 +7,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.apply.runtime import Runtime
 from opsctl.base.events import Emit
 from opsctl.plan.steps import ConfigSet, Plan, RestartNode, Step
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node
 
 

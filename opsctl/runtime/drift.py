@@ -1,13 +1,16 @@
-"""Facts about drift the planner needs beyond CONFIG GET: the files on each node's disk and a sentinel's
-live settings. I/O here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
+"""Facts about drift the planner needs beyond CONFIG GET: the files on each node's disk, a sentinel's live
+settings, and each node's exporter (the provider's exporter runner, opened only where the spec has one). I/O here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
+from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import MASK
+from opsctl.metrics.exporter import ExporterRun
 from opsctl.net.admin import DEFAULT_TIMEOUT
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Link
@@ -16,13 +19,16 @@ from opsctl.observe.replies import Command, RespError, TextReply
 from opsctl.plan.desired import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.facts import NodeFacts, SentinelEntry
 from opsctl.plan.rotation import managed_users
+from opsctl.providers.local import LocalProvider
+from opsctl.providers.localexporter import LocalExporters
 from opsctl.render import render_acl
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.render.exporteruser import EXPORTER_USER, RULE_FIELDS, acl_rule_words
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node, sentinel_master_name
 
 if TYPE_CHECKING:
-    from opsctl.apply.runtime import Runtime
+    from opsctl.runtime.opening import Runtime
 
 SENTINEL_LIVE = ("quorum", "down-after-milliseconds", "failover-timeout", "parallel-syncs")
 
@@ -108,3 +114,41 @@ def sentinel_facts(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
     entry = SentinelEntry(int(epoch), "failover_in_progress" in str(pairs.get("flags", "")).split(",")) \
         if epoch.isdigit() else None
     return live_users(rt, node, dataclasses.replace(f, sentinel_config=settings, sentinel_entry=entry))
+
+
+class Exporters(Protocol):
+    """What a provider's exporters offer the exporter steps (providers.localexporter, providers.ansibleexporter)."""
+
+    def state(self, node: Node) -> str | None: ...
+
+    def start(self, node: Node, run: ExporterRun) -> None: ...
+
+    def remove(self, node: Node) -> None: ...
+
+    def renew_tls(self) -> None:
+        """After `tls rotate`: the exporters use the nodes' new TLS files (a copy-holding provider redeploys)."""
+
+def exporters_of(rt: Runtime) -> Exporters | None:
+    """The provider's exporters; None for a provider that runs none (an error when the spec asks for them)."""
+    if isinstance(rt.provider, LocalProvider):
+        return LocalExporters(rt.provider)
+    if rt.loaded.spec.provider == "ansible":
+        from opsctl.providers.ansible import AnsibleProvider
+        from opsctl.providers.ansibleexporter import AnsibleExporters  # paramiko: only with provider: ansible
+
+        if isinstance(rt.provider, AnsibleProvider):
+            return AnsibleExporters(rt.provider)
+    if rt.loaded.spec.metrics.exporter:
+        raise OpsctlError(f"metrics.exporter is not deployed by provider {rt.loaded.spec.provider} yet",
+                          hint="set metrics.exporter: false and run redis_exporter yourself (docs/monitoring.md, "
+                               "\"The exporter's user\"), or use provider: local")
+    return None
+
+def with_exporter_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
+    """Each node's facts with the digest its running exporter was started with (None: none runs)."""
+    exporters = exporters_of(rt)
+    if exporters is None:
+        return facts
+    nodes = [n for n in rt.loaded.layout.nodes if n.name in facts]
+    states = fan_out(exporters.state, nodes)
+    return {**facts, **{n.name: replace(facts[n.name], exporter=s) for n, s in zip(nodes, states, strict=True)}}

@@ -1,5 +1,5 @@
-"""What apply knows before it acts: every node's facts (process, record, observation, files on disk), and the
-plan made from them."""
+"""What a run knows before it acts: every node's facts (process, record, observation, files on disk, its
+exporter), settled; the plan is made from them in opsctl.apply.planning."""
 
 from __future__ import annotations
 
@@ -7,26 +7,19 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING
 
-from opsctl.apply.runtime import Runtime
-from opsctl.base.errors import ConvergenceError, OpsctlError, is_auth_failure, is_tls_failure
+from opsctl.base.errors import ConvergenceError, is_auth_failure, is_tls_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Observer, observe, to_facts
 from opsctl.observe.replies import NodeObservation
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node, Shard, split_endpoint
-from opsctl.spec.load import Credentials, LoadedSpec
+from opsctl.spec.load import Credentials
 
 if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
     from opsctl.plan.desired import DesiredNode
-    from opsctl.plan.steps import Plan
-
-
-def spec_digest(loaded: LoadedSpec) -> str:
-    from opsctl.base.record import digest
-
-    return digest(loaded.spec.model_dump(mode="json"))
 
 
 def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
@@ -41,10 +34,10 @@ def gather_facts(rt: Runtime, with_config: bool = True) -> dict[str, NodeFacts]:
     facts = {n.name: _facts(n, states[n.name].running, states[n.name].detail, records[n.name],
                             seen.get(n.name), rt.loaded.credentials) for n in nodes}
     if with_config:
-        from opsctl.apply.drift import with_disk_facts
+        from opsctl.runtime.drift import with_disk_facts
 
         facts = with_disk_facts(rt, facts)
-        from opsctl.apply.exporter_steps import with_exporter_facts
+        from opsctl.runtime.drift import with_exporter_facts
 
         facts = with_exporter_facts(rt, facts)
     facts = {**facts, **_retired_facts(rt, facts, with_config)}
@@ -210,55 +203,3 @@ def _settled(view: FleetView) -> bool | Pending:
     return Pending("; ".join(waiting)) if waiting else True
 
 
-def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
-    from opsctl.plan.planner import make_plan
-    from opsctl.plan.refusals import refuse_layout_change
-
-    facts = settled_facts(rt)
-    if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
-        refuse_layout_change(rt.loaded.layout, facts)
-    refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
-    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded), filling(rt))
-    return _with_port_warning(rt.loaded, plan), facts
-
-
-def filling(rt: Runtime) -> list[int]:
-    """The shards a cluster's scale-out was filling when its apply stopped (the slot journal's fill entries)."""
-    if rt.loaded.spec.topology != "cluster":
-        return []
-    from opsctl.slots.journal import Journal
-
-    return Journal(rt.state_dir).filling()
-
-
-def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:
-    """Local nodes listening inside this machine's ephemeral port range: warned in the plan."""
-    if loaded.spec.provider != "local":
-        return plan
-    from dataclasses import replace
-
-    from opsctl.plan.ports import ephemeral_port_warning
-    from opsctl.providers.proc import ephemeral_port_range
-
-    ports = ephemeral_port_range()
-    warning = ephemeral_port_warning(loaded, *ports) if ports else None
-    return replace(plan, warnings=(*plan.warnings, warning)) if warning else plan
-
-
-def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
-    """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
-    silent = [f for f in facts.values() if f.running and not f.reachable]
-    if not silent:
-        return
-    from opsctl.base.errors import AUTH_HINT, TLS_HINT
-
-    auth = [f.name for f in silent if is_auth_failure(f.error)]
-    handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]
-    detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
-    if auth:
-        raise OpsctlError(f"authentication failed for {', '.join(auth)}", detail, AUTH_HINT)
-    if handshake:
-        raise OpsctlError(f"no TLS answer from {', '.join(handshake)}", detail, TLS_HINT)
-    raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
-                      "look at their logs (a LOADING node answers once its data is loaded); "
-                      "`opsctl status` shows every node")

@@ -4,62 +4,17 @@ providers run exporters: another provider with metrics.exporter on is refused be
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Protocol
-
-from opsctl.apply.execution import Execution
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
-from opsctl.metrics.exporter import ExporterRun, exporter_run
-from opsctl.net.fanout import fan_out
+from opsctl.metrics.exporter import exporter_run
 from opsctl.plan.desired import desired_node
-from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import StartExporter, Step
 from opsctl.providers.local import LocalProvider
-from opsctl.providers.localexporter import LocalExporters
 from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words
+from opsctl.runtime.drift import Exporters, exporters_of
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node
-
-
-class Exporters(Protocol):
-    """What a provider's exporters offer the exporter steps (providers.localexporter, providers.ansibleexporter)."""
-
-    def state(self, node: Node) -> str | None: ...
-
-    def start(self, node: Node, run: ExporterRun) -> None: ...
-
-    def remove(self, node: Node) -> None: ...
-
-    def renew_tls(self) -> None:
-        """After `tls rotate`: the exporters use the nodes' new TLS files (a copy-holding provider redeploys)."""
-
-
-def exporters_of(rt: Runtime) -> Exporters | None:
-    """The provider's exporters; None for a provider that runs none (an error when the spec asks for them)."""
-    if isinstance(rt.provider, LocalProvider):
-        return LocalExporters(rt.provider)
-    if rt.loaded.spec.provider == "ansible":
-        from opsctl.providers.ansible import AnsibleProvider
-        from opsctl.providers.ansibleexporter import AnsibleExporters  # paramiko: only with provider: ansible
-
-        if isinstance(rt.provider, AnsibleProvider):
-            return AnsibleExporters(rt.provider)
-    if rt.loaded.spec.metrics.exporter:
-        raise OpsctlError(f"metrics.exporter is not deployed by provider {rt.loaded.spec.provider} yet",
-                          hint="set metrics.exporter: false and run redis_exporter yourself (docs/monitoring.md, "
-                               "\"The exporter's user\"), or use provider: local")
-    return None
-
-
-def with_exporter_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
-    """Each node's facts with the digest its running exporter was started with (None: none runs)."""
-    exporters = exporters_of(rt)
-    if exporters is None:
-        return facts
-    nodes = [n for n in rt.loaded.layout.nodes if n.name in facts]
-    states = fan_out(exporters.state, nodes)
-    return {**facts, **{n.name: replace(facts[n.name], exporter=s) for n, s in zip(nodes, states, strict=True)}}
 
 
 def start_exporter(run: Execution, step: Step) -> None:

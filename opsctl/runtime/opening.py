@@ -1,21 +1,102 @@
-"""The shell of placement (opsctl.spec.placement): the records read where the nodes are deployed, and, when a
+"""The runtime a command opens: the provider, the connector and the placed spec, built in one place.
+
+The connector a command uses: the spec's TLS files and, for hosts reached over SSH, the provider's tunnels.
+
+The connector itself (opsctl.net.connector) is handed both and builds neither: TLS material and SSH routes belong
+to layers above it.
+
+The shell of placement (opsctl.spec.placement): the records read where the nodes are deployed, and, when a
 replica count went down, who is each shard's master now, so the member retired is never the one serving."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, clip
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.connector import Connector
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector, Route
 from opsctl.plan.spread import placement_moves, rebalancing
 from opsctl.providers.base import Provider
+from opsctl.server.versions import parse_version
 from opsctl.spec.deployed import deployed_from_records
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.placement import surplus_members, with_placement
+from opsctl.state.statedir import state_dir_for
+from opsctl.tls.material import client_tls
+
+
+@dataclass
+class Runtime:
+    loaded: LoadedSpec
+    provider: Provider
+    state_dir: Path
+    connector: Connector
+
+    def admin(self, node: Node, timeout: float = 5.0) -> Admin:
+        return self.connector.admin(node, timeout)
+
+    def node(self, name: str) -> Node:
+        return self.loaded.layout.node(name)
+
+
+def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
+    """The runtime over the spec placed where its nodes are deployed (placed): every command sees one layout."""
+    directory = state_dir_for(loaded, state_dir)
+    spec = loaded.spec
+    if spec.provider == "ansible":
+        from opsctl.providers.ansible import AnsibleProvider
+
+        remote = AnsibleProvider(loaded, directory)
+        connector = make_connector(loaded, directory, remote.admin_route())
+        loaded = remote.loaded = connector.loaded = placed(loaded, remote, connector)
+        return Runtime(loaded, remote, directory, connector)
+    from opsctl.providers.binaries import find_server, require_tls
+    from opsctl.providers.local import LocalProvider
+
+    binary = find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary)
+    if spec.tls.enabled:
+        require_tls(binary)
+    local = LocalProvider(loaded, directory, binary)
+    connector = make_connector(loaded, directory)
+    loaded = local.loaded = connector.loaded = placed(loaded, local, connector)
+    return Runtime(loaded, local, directory, connector)
+
+
+def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
+    """The connector for loaded's nodes: through route (SSH tunnels) if given, with the spec's TLS."""
+    return Connector(loaded, route, client_tls(loaded, state_dir))
+
+
+@contextmanager
+def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
+    """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
+    audit), over the spec placed where its nodes are deployed (apply.placing: the layout every command sees).
+    An Ansible spec's records are read on the hosts; when hosts have admin_via_ssh, the provider also supplies the
+    SSH-tunnel route for the block and closes its tunnels and connections afterwards."""
+
+    if loaded.spec.provider != "ansible":
+        from opsctl.providers.localfiles import deployed_records_in
+
+        connector = make_connector(loaded, state_dir)
+        connector.loaded = place_from(loaded, deployed_records_in(loaded, state_dir), connector)
+        yield connector
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        connector = make_connector(loaded, state_dir, provider.admin_route())
+        if loaded.spec.topology != "standalone":
+            connector.loaded = provider.loaded = place_from(loaded, provider.deployed_records(), connector)
+        yield connector
+    finally:
+        provider.close()
 
 
 def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> LoadedSpec:

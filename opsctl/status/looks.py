@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from opsctl.apply.gather import FleetView
-from opsctl.apply.runtime import Runtime
 from opsctl.base.poll import wait_for
 from opsctl.plan.health import node_problem, replication_problem, sentinel_problem
+from opsctl.runtime.gather import FleetView
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node, sentinel_master_name
 
 POLL = 0.05  # each poll observes every node: 50 ms keeps that cheap and still far below redis-cli's 1 s steps
