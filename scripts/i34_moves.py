@@ -130,6 +130,15 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "apply.exporter_steps", "metrics.exporter_steps"),
         ("mv", "apply.waits", "status.looks"),
     ],
+    "steps": [
+        ("move", "apply.tls_rotation", "tls.handshake", ["handshake", "seen", "_plaintext"]),
+        ("mv", "state.planfile", "apply.planfile"),
+        ("mv", "plan.metrics", "metrics.targets"),
+        ("move", "metrics.targets", "metrics.signals",
+         ["RECORDED_COMMANDS", "METRIC_HELP", "_SUCCESS_LINE", "RunSignal", "Outcome", "outcome_of", "textfile_name",
+          "last_success_in", "render_textfile", "_exposition", "_escape", "_number", "_slug"]),
+        ("merge", "metrics.signals", "state.textfile"),
+    ],
     "features": [
         ("mv", "audit.run", "audit.survey"),
         ("mv", "audit.report", "audit.formats"),
