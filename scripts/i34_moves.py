@@ -135,8 +135,8 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "state.planfile", "apply.planfile"),
         ("mv", "plan.metrics", "metrics.targets"),
         ("move", "metrics.targets", "metrics.signals",
-         ["RECORDED_COMMANDS", "METRIC_HELP", "_SUCCESS_LINE", "RunSignal", "Outcome", "outcome_of", "textfile_name",
-          "last_success_in", "render_textfile", "_exposition", "_escape", "_number", "_slug"]),
+         ["RECORDED_COMMANDS", "METRIC_HELP", "_SUCCESS_LINE", "RunSignal", "Outcome", "OUTCOMES", "outcome_of",
+          "textfile_name", "last_success_in", "render_textfile", "_exposition", "_escape", "_number", "_slug"]),
         ("merge", "metrics.signals", "state.textfile"),
     ],
     "features": [
