@@ -125,7 +125,7 @@ def test_plan_status_and_apply_make_no_frozen_dataclass_the_costly_way() -> None
             "dataclasses._process_class = spy\n"
             "import opsctl.cli.main, opsctl.cli.commands.lifecycle, opsctl.runtime.opening, opsctl.state.specfile, "
             "opsctl.plan.health, "
-            "opsctl.runtime.drift, opsctl.cli.report, opsctl.plan.planner, opsctl.state.planfile, "
+            "opsctl.runtime.drift, opsctl.cli.report, opsctl.plan.planner, opsctl.apply.planfile, "
             "opsctl.apply.executor, "
             "opsctl.base.events, "
             "opsctl.net.topolock, opsctl.state.statelock, opsctl.providers.local\n"

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import ClusterNodeLine, RoleInfo
@@ -27,7 +28,6 @@ from opsctl.plan.steps import (
 )
 from opsctl.render import default_paths
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
-from opsctl.state.planfile import parse_plan
 from tests.support import PASSWORD, make_spec
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.events import SlotsProgress
 from opsctl.observe.replies import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
@@ -13,7 +14,6 @@ from opsctl.slots.journal import SlotState, decide, pending
 from opsctl.slots.ranges import count, expand, parse, text, to_ranges
 from opsctl.slots.slotplan import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard
-from opsctl.state.planfile import parse_plan
 
 
 def test_ranges_round_trip():

@@ -135,8 +135,8 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None
 
 def _tls(connector: Connector, report: AuditReport) -> None:
     """Every node, sentinels too: certificate days left, protocol, a plaintext port that answers."""
-    from opsctl.apply.tls_rotation import seen
     from opsctl.tls import judge
+    from opsctl.tls.handshake import seen
     from opsctl.tls.material import now
 
     at = now()

@@ -1,5 +1,6 @@
 """Facts about drift the planner needs beyond CONFIG GET: the files on each node's disk, a sentinel's live
-settings, and each node's exporter (the provider's exporter runner, opened only where the spec has one). I/O here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
+settings, and each node's exporter (the provider's exporter runner, opened only where the spec has one). I/O
+here, comparison in opsctl.plan (secrets arrive there only as verdicts)."""
 
 from __future__ import annotations
 

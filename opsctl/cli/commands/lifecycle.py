@@ -118,7 +118,7 @@ REPLANS = 4  # down shard masters started first (planner._start_first), a killed
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from opsctl.state.planfile import read_saved_plan
+    from opsctl.apply.planfile import read_saved_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
     if args.dry_run:
@@ -281,7 +281,7 @@ def _drop_textfiles(args: argparse.Namespace, name: str, say: Lines) -> None:
     outside the state dir, where node_exporter reads them."""
     if args.metrics_textfile is None:
         return
-    from opsctl.state.textfile import remove_textfiles, topology_textfiles
+    from opsctl.metrics.signals import remove_textfiles, topology_textfiles
 
     if args.dry_run:
         for path in topology_textfiles(args.metrics_textfile, name):

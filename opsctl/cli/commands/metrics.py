@@ -22,7 +22,7 @@ RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. 
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    from opsctl.plan.metrics import file_sd_json, target_groups
+    from opsctl.metrics.targets import file_sd_json, target_groups
     from opsctl.runtime.opening import recorded_placement
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec

@@ -1,27 +1,22 @@
-"""What Prometheus reads about a fleet: file_sd target groups for the redis_exporter beside each node, and the
-node_exporter textfile that opsctl's own runs leave behind (docs/monitoring.md). Pure: state.textfile writes it.
-Target labels never include `role`: the exporter reports the live role under that name (docs/monitoring.md).
-"""
+"""opsctl's own run signals for node_exporter's textfile collector: what a run of a recorded command says (its
+outcome, the last success carried over from the file before), rendered as Prometheus text (pure); and on disk: one
+textfile per topology and command, replaced atomically (its temp name ends in .tmp, which the collector skips), so a
+scrape never sees half of one. The folder must exist and the file is 0644: node_exporter, another user, reads both.
+More: docs/internals.md."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
-from typing import Literal, TypedDict
+from pathlib import Path
+from typing import Literal
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.render.directives import maxclients
-from opsctl.server.defaults import SERVER_DEFAULTS
-from opsctl.spec.layout import EXPORTER_PORT_OFFSET, Layout, Node, endpoint, exporter_port, exporter_port_problems
-from opsctl.spec.model import Spec
-
-__all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
+from opsctl.state.safefs import FileProblem, read_bounded, write_private
 
 RECORDED_COMMANDS = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
-# the commands that take --metrics-textfile (cli.runsignals.recorded): one textfile each per topology
 
 Outcome = Literal["ok", "error", "refused"]
+
 OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
 
 METRIC_HELP = {
@@ -31,15 +26,8 @@ METRIC_HELP = {
     "opsctl_last_success_timestamp_seconds": "When the last successful run ended (unix time); 0: none yet.",
     "opsctl_last_run_keys_moved": "Keys the last run moved, backed up or restored.",
 }
+
 _SUCCESS_LINE = re.compile(r"^opsctl_last_success_timestamp_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
-
-
-class TargetGroup(TypedDict):
-    """One entry of a Prometheus file_sd file: the targets share these labels."""
-
-    targets: list[str]
-    labels: dict[str, str]
-
 
 @frozen
 class RunSignal(Frozen):
@@ -53,52 +41,13 @@ class RunSignal(Frozen):
     outcome: Outcome
     keys_moved: int | None = None
 
-
-def target_labels(spec: Spec, node: Node) -> dict[str, str]:
-    """Every target carries the maxclients its node runs with: its exporter cannot read it (no CONFIG GET for a
-    least-privilege user; a Sentinel has no CONFIG) and RedisTooManyClients needs it. A server's is the rendered
-    one; a Sentinel renders none, so it runs with its flavor's built-in value."""
-    labels = {"topology": spec.name, "node": node.name, "host": node.host,
-              "kind": "sentinel" if node.is_sentinel else "server"}
-    if node.shard is not None:
-        labels["shard"] = str(node.shard)
-    limit = int(SERVER_DEFAULTS[spec.server.flavor]["maxclients"]) if node.is_sentinel else maxclients(spec, node)
-    if limit is not None:
-        labels["maxclients"] = str(limit)
-    return labels
-
-
-def target_groups(spec: Spec, layout: Layout, records: Mapping[str, Mapping[str, object]] | None = None) \
-        -> list[TargetGroup]:
-    """One group per node of the layout (servers and Sentinels) that is deployed (deployed_nodes), in layout
-    order: each has its own labels."""
-    offset = spec.metrics.port_offset
-    return [TargetGroup(targets=[endpoint(n.address, exporter_port(n, offset))], labels=target_labels(spec, n))
-            for n in deployed_nodes(layout, records or {})]
-
-
-def deployed_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
-    """The layout's nodes (placed from the records) that have a live record: what runs, where it runs. A node the
-    next apply adds is left out until it is deployed, and the ones the spec no longer keeps (retiring, parked,
-    tombstones) are no layout node; with nothing deployed at all (no record) every node, where the first apply
-    puts it. Why: Prometheus calls every target that does not answer down."""
-    live = {name for name, record in records.items() if not record.get("retired")}
-    return [n for n in layout.nodes if n.name in live] if records else list(layout.nodes)
-
-
-def file_sd_json(groups: list[TargetGroup]) -> str:
-    return json.dumps(groups, indent=2) + "\n"
-
-
 def outcome_of(exit_code: int) -> Outcome:
     """0 ok and 2 (it did its steps; more are left to plan) are ok, 3 a safety refusal, anything else an error."""
     return "ok" if exit_code in (0, 2) else "refused" if exit_code == 3 else "error"
 
-
 def textfile_name(topology: str, command: str) -> str:
     """One file per topology and command (node_exporter reads *.prom only), so runs never overwrite each other."""
     return f"opsctl_{_slug(topology)}_{_slug(command)}.prom"
-
 
 def last_success_in(previous: str | None) -> float | None:
     """The last success time a previous textfile recorded (None: no file, no success line, or not a number)."""
@@ -110,7 +59,6 @@ def last_success_in(previous: str | None) -> float | None:
     except ValueError:
         return None
     return value if value == value and value >= 0 else None  # value == value: not NaN
-
 
 def render_textfile(run: RunSignal, previous: str | None = None) -> str:
     """The run's textfile; the last success time is the run's own when it succeeded, else the previous file's
@@ -127,7 +75,6 @@ def render_textfile(run: RunSignal, previous: str | None = None) -> str:
         samples.append(("opsctl_last_run_keys_moved", labels, str(run.keys_moved)))
     return _exposition(samples)
 
-
 def _exposition(samples: list[tuple[str, dict[str, str], str]]) -> str:
     lines: list[str] = []
     for name, labels, value in samples:
@@ -137,15 +84,45 @@ def _exposition(samples: list[tuple[str, dict[str, str], str]]) -> str:
         lines.append(f"{name}{{{pairs}}} {value}")
     return "\n".join(lines) + "\n"
 
-
 def _escape(value: str) -> str:
     """A label value in the text exposition format: backslash, double quote and newline escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
-
 def _number(value: float) -> str:
     return f"{value:.3f}"
 
-
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "_", text.lower()).strip("_") or "_"
+
+
+HINT = "give --metrics-textfile the folder node_exporter reads (--collector.textfile.directory)"
+
+
+def write_textfile(folder: Path, run: RunSignal) -> Path:
+    """Write the run's textfile into folder, carrying the last success time forward from the file it replaces."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    path = folder / textfile_name(run.topology, run.command)
+    previous = read_bounded(path, f"remove {path}: opsctl writes it anew ({HINT})")
+    write_private(path, render_textfile(run, previous), mode=0o644)
+    return path
+
+
+def topology_textfiles(folder: Path, topology: str) -> list[Path]:
+    """The topology's textfiles in folder, by their exact names (never a pattern: another topology's name may start
+    with this one's), links included (removed themselves, never followed)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    paths = [folder / textfile_name(topology, command) for command in RECORDED_COMMANDS]
+    return [p for p in paths if p.is_symlink() or p.is_file()]
+
+
+def remove_textfiles(folder: Path, topology: str) -> list[Path]:
+    """Delete the topology's textfiles (destroy --purge): a purged topology's old runs would keep its alerts firing
+    (OpsctlBackupMissing, 26 h after its last backup). Returns what went."""
+    gone = topology_textfiles(folder, topology)
+    for path in gone:
+        path.unlink()
+    return gone
