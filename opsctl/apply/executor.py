@@ -2,7 +2,8 @@
 
 The run loop: node-local steps (write, start) of different nodes run in waves side by side, every other step alone
 and in order; the first failure stops the plan with an error naming the step. What each step does is in its
-family's module: node_steps, replication_steps, cluster_steps."""
+family's module: node_steps, replication_steps, shape_steps, cluster_steps (and the slot steps it hands to
+slot_steps), and metrics' exporter_steps."""
 
 from __future__ import annotations
 
