@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.words import human_bytes
 from opsctl.cli.report import NodeStatus, plan_text, status_table
-from opsctl.slots.session import Outcome
+from opsctl.slots.session import SlotsOutcome
 
 if TYPE_CHECKING:
     from opsctl.audit.bigdelete import DeleteResult
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
     from opsctl.plan.steps import Plan
-    from opsctl.slots.session import Outcome
+    from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
 
 @frozen
@@ -78,7 +78,7 @@ class SlotsResult(Frozen):
     """cluster reshard, rebalance and fix: the moves made (or, in a dry run, that would be), their summary and
     notes."""
 
-    outcome: Outcome
+    outcome: SlotsOutcome
 
     def text(self) -> str:
 
@@ -295,7 +295,7 @@ class RestoreResult(Frozen):
         return "\n".join(lines)
 
 
-def outcome_text(outcome: Outcome) -> str:
+def outcome_text(outcome: SlotsOutcome) -> str:
     lines = [("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}"]
     for m in outcome.moves:
         lines.append(f"  {m['source']} -> {m['target']}: {m['slot_count']} slots ({m['slots']}), "

@@ -15,9 +15,9 @@ from opsctl.state.safefs import FileProblem, read_bounded, write_private
 
 RECORDED_COMMANDS = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
 
-Outcome = Literal["ok", "error", "refused"]
+RunOutcome = Literal["ok", "error", "refused"]
 
-OUTCOMES: tuple[Outcome, ...] = ("ok", "error", "refused")
+OUTCOMES: tuple[RunOutcome, ...] = ("ok", "error", "refused")
 
 METRIC_HELP = {
     "opsctl_last_run_timestamp_seconds": "When the last run of this opsctl command on this topology ended (unix time).",
@@ -38,10 +38,10 @@ class RunSignal(Frozen):
     topology: str
     finished: float
     duration: float
-    outcome: Outcome
+    outcome: RunOutcome
     keys_moved: int | None = None
 
-def outcome_of(exit_code: int) -> Outcome:
+def outcome_of(exit_code: int) -> RunOutcome:
     """0 ok and 2 (it did its steps; more are left to plan) are ok, 3 a safety refusal, anything else an error."""
     return "ok" if exit_code in (0, 2) else "refused" if exit_code == 3 else "error"
 

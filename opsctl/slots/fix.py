@@ -23,10 +23,10 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.session import (
     MAX_FAILOVERS,
-    Outcome,
     Peer,
     ReplyError,
     Session,
+    SlotsOutcome,
     checked,
     open_session,
     pipe,
@@ -241,9 +241,9 @@ def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> Non
             pipe(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale])
 
 
-def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> Outcome:
+def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> SlotsOutcome:
     """After close_open (done by the caller): cover uncovered slots; take over a lost master's only on consent."""
-    outcome = Outcome()
+    outcome = SlotsOutcome()
     with open_session(connector) as session:
         outcome.notes += close_in_session(session, Journal(state_dir), emit)
         outcome.notes += _cover(session)

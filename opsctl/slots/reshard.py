@@ -26,9 +26,9 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.session import (
     MAX_FAILOVERS,
-    Outcome,
     Peer,
     Session,
+    SlotsOutcome,
     open_session,
     pipe,
     wait_stable,
@@ -250,8 +250,8 @@ def _release_dead_imports(session: Session, name: str, slots: set[int]) -> None:
 
 
 def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, emit: Emit, options: MoveOptions,
-                        dry_run: bool) -> Outcome:
-    outcome = Outcome([describe_move(session, m) for m in moves], dry_run=dry_run)
+                        dry_run: bool) -> SlotsOutcome:
+    outcome = SlotsOutcome([describe_move(session, m) for m in moves], dry_run=dry_run)
     if not moves:
         outcome.notes.append("nothing to move: the slots are balanced within the threshold")
     elif not dry_run:
@@ -260,7 +260,7 @@ def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, em
 
 
 def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: str, slots: int, emit: Emit,
-            options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
+            options: MoveOptions = MoveOptions(), dry_run: bool = False) -> SlotsOutcome:
     with open_session(connector) as session:
         notes: list[str] = []
         source, target = resolve(session, source_ref, notes), resolve(session, target_ref, notes)
@@ -276,7 +276,7 @@ def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: 
 
 
 def rebalance(connector: Connector, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,
-              emit: Emit, options: MoveOptions = MoveOptions(), dry_run: bool = False) -> Outcome:
+              emit: Emit, options: MoveOptions = MoveOptions(), dry_run: bool = False) -> SlotsOutcome:
     with open_session(connector) as session:
         owned = session.owned()
         resolved = {resolve(session, ref): w for ref, w in weights.items()}

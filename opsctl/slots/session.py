@@ -206,7 +206,7 @@ MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stop
 
 
 @dataclass
-class Outcome:
+class SlotsOutcome:
     moves: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False

@@ -32,10 +32,10 @@ if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client
     from opsctl.base.events import Emit
     from opsctl.net.connector import Connector
     from opsctl.slots.reshard import MoveOptions
-    from opsctl.slots.session import Outcome
+    from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
 
-SlotOperation = Callable[["Connector", "Path", "Emit", "MoveOptions"], "Outcome"]
+SlotOperation = Callable[["Connector", "Path", "Emit", "MoveOptions"], "SlotsOutcome"]
 
 
 def _cluster_spec(path: str) -> LoadedSpec:
