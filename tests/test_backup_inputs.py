@@ -313,7 +313,7 @@ def test_options_of_another_mode_are_refused_not_ignored(tmp_path: Path, capsys:
 @pytest.mark.parametrize(("variable", "value", "said"), [
     ("AWS_ENDPOINT_URL", "http://127.0.0.1:70000", "AWS_ENDPOINT_URL="),
     ("AWS_ENDPOINT_URL_S3", "http://u:TOPSECRET@127.0.0.1:+9", "AWS_ENDPOINT_URL_S3="),
-    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 50"),
+    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 10"),
     ("AWS_METADATA_SERVICE_TIMEOUT", "x", "boto3 cannot read its configuration"),
 ])
 def test_aws_settings_boto3_cannot_use_are_said_before_any_request(monkeypatch: pytest.MonkeyPatch, variable: str,
@@ -341,3 +341,74 @@ def test_a_restore_journal_with_impossible_counts_is_refused_by_name(field: str,
     data["done"]["shard-1"][field] = value
     with pytest.raises(OpsctlError, match=r"^restore\.json: a finished source's counts are malformed"):
         parse_restore_journal(json.dumps(data), "restore.json")
+
+
+# --- review 3: a raw password with `/`, `+`, quotes or blanks is masked whole; boto3's resolved settings checked ----
+
+
+PASSWORDS = ["se/cr", "p+q/r", 'p"w', "p'w", "p w", "a@b", "s#x?y"]  # `@` then `/`: a host and a path
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_mask_url_masks_a_raw_password_whole(password: str) -> None:
+    for text in (f"http://u:{password}@h:1/b?sig=x", f"error: 's3://AK:{password}@bucket/p': no", f"s3://k:{password}@b"):
+        masked = mask_url(text)
+        assert password not in masked and "u:" not in masked and "AK:" not in masked, masked
+        assert "***@" in masked, masked
+    assert mask_url(f"a http://h/x and https://u:{password}@h2/y") == "a http://h/x and https://***@h2/y"
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_a_location_holding_credentials_is_refused_without_echoing_any_part(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path, password: str) -> None:
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    for argv in (["backup", "verify", "--from", f"s3://AKIAEXAMPLE:{password}@mybucket/p"],
+                 ["backup", "-f", spec, "--to", f"s3://AKIAEXAMPLE:{password}@mybucket/p"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and "holds no user, key or password" in err and "Traceback" not in err, err
+        assert "AKIAEXAMPLE" not in out + err and password not in out + err, err  # before: 'AKIAEXAMPLE:se' shown
+
+
+@pytest.mark.parametrize("password", ["se/cr", "p+q/r", "p'w", 'p"w'])
+def test_an_endpoint_url_with_a_raw_password_is_checked_and_never_echoed(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path, password: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    check_endpoint_url("AWS_ENDPOINT_URL", f"http://u:{password}@127.0.0.1:9000")  # a good URL: accepted
+    with pytest.raises(OpsctlError) as caught:
+        check_endpoint_url("AWS_ENDPOINT_URL", f"http://u:{password}@127.0.0.1:99999")
+    assert password not in caught.value.render() and f"{password[:2]!r}" not in caught.value.render()
+    config = tmp_path / "config"  # the same URL, from the AWS config file boto3 reads itself
+    config.write_text(f"[default]\nregion = us-east-1\nendpoint_url = http://u:{password}@127.0.0.1:99999\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with pytest.raises(OpsctlError) as caught:
+        S3Store(parse_location("s3://bucket/p"))
+    assert password not in caught.value.render() and "u:" not in caught.value.render(), caught.value.render()
+
+
+@pytest.mark.parametrize("attempts", ["100000", "50"])
+def test_max_attempts_in_the_aws_config_file_is_range_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              attempts: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    config = tmp_path / "config"
+    config.write_text(f"[default]\nregion = us-east-1\nmax_attempts = {attempts}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with pytest.raises(OpsctlError, match=r"max_attempts .* is not a number from 1 to 10"):
+        S3Store(parse_location("s3://bucket/p"))
+
+
+def test_a_stop_at_once_tells_only_a_journaling_command_to_resume() -> None:
+    import signal
+
+    from opsctl.base import stop
+
+    for hint, said in ((stop.AGAIN_HINT, "journals nothing"), (stop.RESUME_HINT, "cluster fix")):
+        with pytest.raises(stop.Stopped) as caught, stop.installed(hint):
+            signal.raise_signal(signal.SIGTERM)
+        assert said in caught.value.hint
+    from opsctl.cli.main import JOURNALING
+
+    assert "backup" not in JOURNALING and "status" not in JOURNALING and "apply" in JOURNALING

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from opsctl.base.errors import OpsctlError, echo
-from opsctl.base.secrets import mask_url
+from opsctl.base.secrets import mask_url, userinfo_end
 from opsctl.state.safefs import FileProblem, check_writable_folder, read_bounded, write_private
 
 S3 = "s3://"
@@ -56,6 +56,9 @@ def parse_location(text: str) -> Location:
             raise OpsctlError(f"{echo(mask_url(text))}: {echo(scheme + ':')} is not a location scheme opsctl knows",
                               hint=LOCATION_HINT)
         return Location(text, Path(text))
+    if userinfo_end(text, len(S3)) > len(S3):  # said before any part of it is echoed: a part may be a secret's
+        raise OpsctlError(f"{echo(text)}: an s3:// location holds no user, key or password",
+                          hint="write s3://BUCKET/PREFIX; boto3 takes the credentials from AWS_* or ~/.aws")
     bucket, _, prefix = text[len(S3):].partition("/")
     prefix = prefix.strip("/")
     if not _BUCKET.match(bucket):

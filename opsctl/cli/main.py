@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
+from opsctl.base.stop import AGAIN_HINT, RESUME_HINT
 from opsctl.base.stop import installed as stop_on_signals
 from opsctl.cli.options import (
     Moved,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
 
 Handler = Callable[[argparse.Namespace], int]
+JOURNALING = frozenset({"apply", "destroy", "cluster", "failover", "migrate", "restart", "restore", "tls"})
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -167,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr = MaskingStream(sys.stderr)
     try:
         check_stdin_spec(args)
-        with stop_on_signals():  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
+        resume = RESUME_HINT if args.command in JOURNALING else AGAIN_HINT  # "picked up": only what journals
+        with stop_on_signals(resume):  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
             return handler(args)
     except OpsctlError as exc:
         print(exc.render(), file=sys.stderr)
