@@ -171,3 +171,23 @@ def test_render_after_a_drained_host_is_what_apply_leaves_running(tmp_path: Path
         assert code == EXIT_OK, err + out
         running = {p.parent.name for p in state.glob("*/server.pid")}
         assert running == set(kept), sorted(state.iterdir())
+
+
+def test_render_places_the_moves_of_rebalance_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 5: a 3 x 1 cluster on 3 hosts, a 4th added with cluster.rebalance_placement: the next apply
+    moves one member to h4 (a new name replaces it); render writes that new node, where apply puts it, and not the
+    one it replaces (before: the six deployed nodes, nothing on h4)."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    four = make_spec("cluster", hosts=4)
+    first = {**four, "hosts": four["hosts"][:3]}
+    state = tmp_path / "state"
+    _write_records(state, list(load_dict(first).layout.nodes))
+    grown = {**four, "cluster": {**four["cluster"], "rebalance_placement": True}}
+    spec = write_spec(tmp_path, grown)
+    code, _out, err = run(capsys, "render", "-f", str(spec), "--state-dir", str(state), "--dir", str(tmp_path / "r"))
+    assert code == EXIT_OK and not err, err
+    rendered = _rendered(tmp_path / "r")
+    on_h4 = four["hosts"][3]["address"]
+    assert f"{four['name']}-7" in rendered and rendered[f"{four['name']}-7"].startswith(on_h4), rendered
+    assert len(rendered) == 6, rendered  # the moved member's old node is not rendered

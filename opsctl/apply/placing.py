@@ -43,7 +43,10 @@ def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | N
             records = provider.deployed_records()
         finally:
             provider.close()
-    return with_placement(loaded, records), records
+    # the moves of rebalance_placement as placed() makes them, from the recorded masters (no server is asked): render
+    # and inventory write the nodes the next apply leaves running, a moved node's replacement among them
+    moves = placement_moves(loaded.spec, deployed_from_records(records)) if rebalancing(loaded.spec) else ()
+    return with_placement(loaded, records, (), moves), records
 
 
 def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
