@@ -191,3 +191,32 @@ def test_render_places_the_moves_of_rebalance_placement(tmp_path: Path, monkeypa
     on_h4 = four["hosts"][3]["address"]
     assert f"{four['name']}-7" in rendered and rendered[f"{four['name']}-7"].startswith(on_h4), rendered
     assert len(rendered) == 6, rendered  # the moved member's old node is not rendered
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("port", 70000, "deployed.port: is not a port from 1 to 65535"), ("port", 0, "deployed.port"),
+    ("shard", -7, "deployed.shard: is not a shard number"), ("shard", 0, "deployed.shard"),
+    ("address", "evil host\nport 1", "deployed.address: is not an IP address or host name"),
+    ("address", "user@h", "deployed.address"),
+])
+def test_a_record_out_of_range_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str], field: str, value: object,
+                                                  said: str) -> None:
+    """Review 3, finding 6: before, port 70000 was rendered into redis.conf (exit 0) and shard -7 left metrics
+    targets an empty list, exit 0. Every command that reads the records refuses it, naming the file and field."""
+    import json
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("cluster")
+    state = tmp_path / "state"
+    nodes = list(load_dict(data).layout.nodes)
+    _write_records(state, nodes)
+    path = state / nodes[0].name / "opsctl-node.json"
+    record = json.loads(path.read_text())
+    record["deployed"][field] = value
+    path.write_text(json.dumps(record))
+    spec = str(write_spec(tmp_path, data))
+    for argv in (["render", "-f", spec, "--dir", str(tmp_path / "r")], ["metrics", "targets", "-f", spec]):
+        code, out, err = run(capsys, *argv, "--state-dir", str(state))
+        assert code == 1 and said in err and "opsctl-node.json" in err and not out, (argv, err, out)
+    assert not (tmp_path / "r").exists()
