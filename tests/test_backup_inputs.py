@@ -412,3 +412,27 @@ def test_a_stop_at_once_tells_only_a_journaling_command_to_resume() -> None:
     from opsctl.cli.main import JOURNALING
 
     assert "backup" not in JOURNALING and "status" not in JOURNALING and "apply" in JOURNALING
+
+
+@pytest.mark.parametrize("key", ["²", "٣", " 3", "+3", "-1", "65536", "0x1"])
+def test_a_manifest_with_a_database_key_that_is_no_ascii_number_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
+    """Review 3, finding 7: {"²": 0} crashed `backup verify` as "internal error: ValueError"; '٣' read as db 3."""
+    data = json.loads(manifest_json(_manifest()))
+    data["shards"][0]["keys"] = {key: 0}
+    with pytest.raises(OpsctlError, match=r"m.json: .*keys.* is not a database number"):
+        parse_manifest(json.dumps(data), "m.json")
+    base = tmp_path / "orders-20261201T000000Z"
+    base.mkdir()
+    (base / MANIFEST).write_text(json.dumps(data))
+    code, out, err = run(capsys, "backup", "verify", "--from", str(base))
+    assert code == 1 and "is not a database number" in err and "internal error" not in err, err + out
+
+
+def test_ascii_decimal_is_the_one_number_check() -> None:
+    from opsctl.base.endpoints import valid_port
+    from opsctl.base.text import ascii_decimal
+
+    assert [ascii_decimal(t, 1, 10) for t in ("3", "03", "10", "11", "0", "²", "٣", " 3", "+3", "", 3)] == \
+        [3, 3, 10, None, None, None, None, None, None, None, None]
+    assert valid_port("65535") and not valid_port("٦٥٥٣") and not valid_port("65536")

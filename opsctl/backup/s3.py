@@ -15,6 +15,7 @@ from opsctl.backup.store import LIMIT, Location, check_name
 from opsctl.base.endpoints import valid_host, valid_port
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, mask_url, remember, userinfo_end
+from opsctl.base.text import ascii_decimal
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig
@@ -157,7 +158,7 @@ def _check_environment() -> None:
             check_endpoint_url(variable, url)
             _remember_password(url)
     attempts = os.environ.get("AWS_MAX_ATTEMPTS")
-    if attempts is not None and not (attempts.isascii() and attempts.isdigit() and 1 <= int(attempts) <= MAX_ATTEMPTS):
+    if attempts is not None and ascii_decimal(attempts, 1, MAX_ATTEMPTS) is None:
         raise OpsctlError(f"AWS_MAX_ATTEMPTS={echo(attempts)} is not a number from 1 to {MAX_ATTEMPTS}",
                           hint="set it to the tries boto3 makes per request (its default is 3 or 5), or unset it")
 
