@@ -436,3 +436,21 @@ def test_ascii_decimal_is_the_one_number_check() -> None:
     assert [ascii_decimal(t, 1, 10) for t in ("3", "03", "10", "11", "0", "²", "٣", " 3", "+3", "", 3)] == \
         [3, 3, 10, None, None, None, None, None, None, None, None]
     assert valid_port("65535") and not valid_port("٦٥٥٣") and not valid_port("65536")
+
+
+@pytest.mark.parametrize(("argv", "secret"), [
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "user:hunter2@prom:/etc/x.json"], "hunter2"),
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "ssh://u:hunter2@prom/etc/x.json"], "hunter2"),
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "u:hun/ter2@prom:/etc/x.json"], "hun"),
+    (["migrate", "-f", "SPEC", "--from-endpoints", "u:pa,ss@10.0.0.1:6379", "--from-password-env", "X"], "u:pa"),
+    (["migrate", "-f", "SPEC", "--from-endpoints", "10.0.0.1:6379,u:hunter2@10.0.0.2:6379", "--from-password-env",
+      "X"], "hunter2"),
+])
+def test_a_login_typed_into_a_host_option_is_refused_and_never_echoed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], secret: str) -> None:
+    """Review 3, findings 10 and 15: `--write-to user:hunter2@prom:/x` said `cannot connect to host user:hunter2@prom`,
+    an ssh:// URL was parsed as host `ssh`, and `--from-endpoints 'u:pa,ss@h:1'` echoed 'u:pa'."""
+    spec = str(write_spec(tmp_path, make_spec("cluster")))
+    code, out, err = run(capsys, *(spec if word == "SPEC" else word for word in argv))
+    assert code == 1 and "***@" in err and "Traceback" not in err, err
+    assert secret not in out + err and "u:" not in err and "user:" not in err, err

@@ -85,6 +85,13 @@ def mask_url(text: str) -> str:
     return _QUERY.sub(r"\1?***", text)
 
 
+def mask_login(text: str, end: int | None = None) -> str:
+    """text with all before its last @ (the last before end) shown as ***: a `user:password@host` typed where no URL
+    is expected (an SSH target, an endpoint list) holds its secret there, and a password may hold `,` or `:`."""
+    at = text.rfind("@", 0, len(text) if end is None else end)
+    return text if at < 0 else f"{MASK}{text[at:]}"
+
+
 def userinfo_end(text: str, start: int) -> int:
     """Where the host of the URL whose authority starts at start (just after `://`) begins: past the userinfo's @,
     or start when there is none. A password may hold `/`, `@`, quotes or blanks written raw, so the userinfo runs

@@ -72,13 +72,16 @@ def is_node_name(spec: Spec, name: str) -> bool:
 
 def running_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
     """The nodes deployed now, by the records (layout placed from them): the layout's nodes that have a record and
-    the retired ones whose record is no tombstone (drained from a host the spec lost, a surplus member: they run
-    at their recorded address until the next apply removes them); a node the next apply adds is none of them.
+    the retired ones of a shard the layout keeps whose record is no tombstone (drained from a host the spec lost, a
+    surplus member: they run at their recorded address until the next apply removes them); not a parked shard's
+    (past cluster.masters: stopped by the apply that parks it, its records kept), nor a node the next apply adds.
     With no record at all (nothing deployed yet) the layout's nodes, where the first apply puts them."""
     if not records:
         return list(layout.nodes)
     live = {name for name, record in records.items() if not record.get("retired")}
-    return [n for n in (*layout.nodes, *layout.retired) if n.name in live]
+    kept = {s.index for s in layout.shards}
+    leaving = [n for n in layout.retired if n.shard is None or n.shard in kept]
+    return [n for n in (*layout.nodes, *leaving) if n.name in live]
 
 
 def pending_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
