@@ -454,3 +454,17 @@ def test_a_login_typed_into_a_host_option_is_refused_and_never_echoed(
     code, out, err = run(capsys, *(spec if word == "SPEC" else word for word in argv))
     assert code == 1 and "***@" in err and "Traceback" not in err, err
     assert secret not in out + err and "u:" not in err and "user:" not in err, err
+
+
+@pytest.mark.parametrize("text", ["s3//mybucket/pre", "S3/mybucket", "s3\\mybucket", " s3://mybucket/p",
+                                  "s3://mybucket/p ", " /srv/backups", "s3:mybucket"])
+def test_a_mistyped_scheme_or_a_blank_is_refused_not_made_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """Review 3, finding 11: `--from 's3//mybucket/pre'` said `s3/mybucket/pre is not a directory`; `--to` made it."""
+    monkeypatch.chdir(tmp_path)
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    for argv in (["backup", "verify", "--from", text], ["backup", "-f", spec, "--to", text]):
+        code, _out, err = run(capsys, *argv)
+        assert code == 1 and "s3://BUCKET/PREFIX" in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "s3").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["topology.yaml"]
+    assert parse_location("./s3/x").folder == Path("./s3/x")

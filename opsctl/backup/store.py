@@ -50,6 +50,11 @@ def parse_location(text: str) -> Location:
     is any other scheme (`s4://`, `S3:/`, `s3:/bucket`, `file:/`): a typo must not become a local folder."""
     if not text.strip():
         raise OpsctlError("the location is empty", hint=LOCATION_HINT)
+    if text != text.strip():  # ' s3://b' would be a folder named so; a blank at the end, a folder nobody meant
+        raise OpsctlError(f"{echo(text)}: the location starts or ends with a blank", hint=LOCATION_HINT)
+    if text.lower().startswith(("s3/", "s3\\")):  # `s3//bucket`: a mistyped scheme, never a folder named s3
+        raise OpsctlError(f"{echo(text)}: a mistyped s3:// (a folder named s3 is written ./s3/...)",
+                          hint=LOCATION_HINT)
     if not text.startswith(S3):
         if _SCHEME.match(text):
             scheme = text.partition(":")[0]
