@@ -220,3 +220,23 @@ def test_a_record_out_of_range_is_refused_by_name(tmp_path: Path, monkeypatch: p
         code, out, err = run(capsys, *argv, "--state-dir", str(state))
         assert code == 1 and said in err and "opsctl-node.json" in err and not out, (argv, err, out)
     assert not (tmp_path / "r").exists()
+
+
+def test_options_the_run_would_ignore_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 13: `render --offline --state-dir X` and `inventory -o json --dir X` (which prints the
+    inventory, writing nothing) exited 0 and ignored the option."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    local = str(write_spec(tmp_path, make_spec("cluster"), "local.yaml"))
+    remote = str(write_spec(tmp_path, make_spec("cluster", provider="ansible"), "remote.yaml"))
+    cases = [(["render", "-f", local, "--dir", str(tmp_path / "r"), "--offline", "--state-dir", str(tmp_path)],
+              "--state-dir goes with"),
+             (["inventory", "-f", remote, "-o", "json", "--offline", "--dir", str(tmp_path / "i")], "--dir goes with")]
+    for argv, said in cases:
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and said in err and not out, (argv, err, out)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "i").exists()
+    code, out, err = run(capsys, "inventory", "-f", remote, "-o", "json", "--offline")
+    assert code == 0 and '"all"' in out, err
+    code, out, err = run(capsys, "render", "-f", local, "--dir", str(tmp_path / "r"), "--offline")
+    assert code == 0 and (tmp_path / "r").is_dir(), err

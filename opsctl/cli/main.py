@@ -68,6 +68,11 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 
+    if args.offline:  # render reads no record with --offline: a state dir given with it would be ignored
+        from opsctl.cli.modes import refuse_given
+
+        refuse_given(args, ("state_dir",), "the records render reads, which --offline skips",
+                     "drop --state-dir (or --offline: render then places the nodes from the records there)")
     if args.dir != "-" and Path(args.dir).exists() and not Path(args.dir).is_dir():
         raise FileProblem(args.dir, "is not a folder", "give --dir a folder to write into (or '-' to print)")
     loaded = placed_unless_offline(read_spec(args.file), args)
