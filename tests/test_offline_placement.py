@@ -240,3 +240,23 @@ def test_options_the_run_would_ignore_are_refused(tmp_path: Path, monkeypatch: p
     assert code == 0 and '"all"' in out, err
     code, out, err = run(capsys, "render", "-f", local, "--dir", str(tmp_path / "r"), "--offline")
     assert code == 0 and (tmp_path / "r").is_dir(), err
+
+
+@pytest.mark.parametrize("command", ["render", "inventory"])
+def test_a_record_that_cannot_be_read_on_a_reached_host_is_an_error_not_a_fallback(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 18: any error reading the records over SSH (a corrupt record on a host that answered, a
+    refused login) became the note and the first-deploy layout, exit 0. Only a host out of reach falls back."""
+    from opsctl.providers.ansible import AnsibleProvider
+    from opsctl.state.safefs import FileProblem
+
+    def corrupt(self: AnsibleProvider) -> dict[str, dict[str, Any]]:
+        raise FileProblem("h1:/srv/opsctl/t-1/opsctl-node.json", "deployed.port: is not a port from 1 to 65535",
+                          "delete the file")
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    monkeypatch.setattr(AnsibleProvider, "deployed_records", corrupt)
+    spec = write_spec(tmp_path, make_spec("cluster", provider="ansible"))
+    code, out, err = run(capsys, command, "-f", str(spec), "--dir", str(tmp_path / "a"))
+    assert code == 1 and "deployed.port" in err and "note:" not in err, err + out
+    assert not (tmp_path / "a").exists()

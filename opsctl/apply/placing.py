@@ -61,8 +61,10 @@ def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None
     try:
         placed, records = recorded_placement(loaded, state_dir, known_hosts)
     except OpsctlError as exc:
-        if loaded.spec.provider != "ansible":
-            raise  # a local record that cannot be read is bad input, not a host out of reach
+        from opsctl.providers.remote.ssh import HostUnreachable  # SSH's errors: only a remote read gets here
+
+        if not isinstance(exc, HostUnreachable):
+            raise  # a corrupt record, a refused login, a changed host key: an error, not a host out of reach
         why = clip(exc.summary, 200)
         return loaded, (f"note: the records of '{loaded.spec.name}' could not be read {where} ({why}): the nodes are "
                         "where a first deploy puts them (--offline skips the look)")
