@@ -468,3 +468,18 @@ def test_a_mistyped_scheme_or_a_blank_is_refused_not_made_a_folder(tmp_path: Pat
         assert code == 1 and "s3://BUCKET/PREFIX" in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "s3").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["topology.yaml"]
     assert parse_location("./s3/x").folder == Path("./s3/x")
+
+
+def test_tls_and_endpoint_url_errors_name_their_cause() -> None:
+    """Review 3, finding 19: AWS_CA_BUNDLE=/nonexist was reported as `SSLError (the endpoint does not answer)`, a port
+    99999 in ~/.aws/config as `EndpointResolutionError (the endpoint does not answer)`."""
+    from botocore.exceptions import EndpointResolutionError, SSLError
+
+    cases = [(SSLError(endpoint_url="https://h:1", error="CERTIFICATE_VERIFY_FAILED"), "TLS handshake failed",
+              "AWS_CA_BUNDLE"),
+             (EndpointResolutionError(msg="port 99999"), "endpoint URL is not usable", "1..65535")]
+    for raised, words, hint in cases:
+        with pytest.raises(OpsctlError) as caught, _answered("cannot use s3://b/p"):
+            raise raised
+        assert words in caught.value.summary and hint in caught.value.hint, caught.value.render()
+        assert "does not answer" not in caught.value.render()

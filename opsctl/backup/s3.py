@@ -36,6 +36,10 @@ def transfer_config(part: int = PART) -> TransferConfig:
 
 _ENDPOINT = "check the endpoint boto3 reads (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, endpoint_url in ~/.aws/config): " \
     "the S3 service must answer there"
+_TLS = "check the TLS trust boto3 uses (AWS_CA_BUNDLE, ca_bundle in ~/.aws/config: a readable PEM file) and the " \
+    "certificate the endpoint presents"
+_ENDPOINT_URL = "fix the endpoint URL boto3 reads (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, endpoint_url in " \
+    "~/.aws/config): http(s)://HOST[:PORT], the port 1..65535"
 _CREDENTIALS = "check the credentials boto3 reads (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, " \
     "~/.aws/credentials)"
 _REGION = "set the bucket's own region (AWS_REGION or AWS_DEFAULT_REGION, or region in ~/.aws/config)"
@@ -52,15 +56,16 @@ _BY_CODE = {
 }
 _BY_ERROR = {
     "EndpointConnectionError": _ENDPOINT, "ConnectTimeoutError": _ENDPOINT, "ReadTimeoutError": _ENDPOINT,
-    "ConnectionClosedError": _ENDPOINT, "ProxyConnectionError": _ENDPOINT, "SSLError": _ENDPOINT,
-    "EndpointResolutionError": _ENDPOINT, "InvalidEndpointConfigurationError": _ENDPOINT,
+    "ConnectionClosedError": _ENDPOINT, "ProxyConnectionError": _ENDPOINT, "SSLError": _TLS,
+    "EndpointResolutionError": _ENDPOINT_URL, "InvalidEndpointConfigurationError": _ENDPOINT_URL,
     "NoCredentialsError": _CREDENTIALS, "PartialCredentialsError": _CREDENTIALS,
     "CredentialRetrievalError": _CREDENTIALS, "ProfileNotFound": "AWS_PROFILE names a profile ~/.aws/config "
     "does not have: fix or unset it", "ConfigParseError": "fix the AWS config file boto3 reads (~/.aws/config)",
     "NoRegionError": _REGION, "InvalidRegionError": _REGION,
 }
 _WORDS = {_BUCKET: "no such bucket", _DENIED: "access denied", _REGION: "the region does not fit the bucket",
-          _CREDENTIALS: "the credentials were refused", _ENDPOINT: "the endpoint does not answer"}
+          _CREDENTIALS: "the credentials were refused", _ENDPOINT: "the endpoint does not answer",
+          _TLS: "the TLS handshake failed", _ENDPOINT_URL: "the endpoint URL is not usable"}
 
 
 def client_problem(what: str, code: str, message: str) -> OpsctlError:
