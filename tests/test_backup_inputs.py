@@ -483,3 +483,16 @@ def test_tls_and_endpoint_url_errors_name_their_cause() -> None:
             raise raised
         assert words in caught.value.summary and hint in caught.value.hint, caught.value.render()
         assert "does not answer" not in caught.value.render()
+
+
+def test_a_backup_folder_named_through_a_link_is_read_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 12: `backup list --from LINK` was refused while `backup verify --from LINK` read through it.
+    One rule: a folder the command line names is read through a link (followed once), never written through one."""
+    folder = tmp_path / "backups" / "orders-20261201T000000Z"
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(manifest_json(_manifest()))
+    (tmp_path / "link").symlink_to(tmp_path / "backups")
+    listed = [run(capsys, "backup", "list", "--from", str(where), "-o", "json") for where in
+              (tmp_path / "backups", tmp_path / "link")]
+    assert [code for code, _, _ in listed] == [0, 0], listed
+    assert json.loads(listed[0][1])["bases"] == json.loads(listed[1][1])["bases"] != []

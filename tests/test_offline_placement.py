@@ -260,3 +260,27 @@ def test_a_record_that_cannot_be_read_on_a_reached_host_is_an_error_not_a_fallba
     code, out, err = run(capsys, command, "-f", str(spec), "--dir", str(tmp_path / "a"))
     assert code == 1 and "deployed.port" in err and "note:" not in err, err + out
     assert not (tmp_path / "a").exists()
+
+
+def test_a_link_is_never_written_through_and_render_checks_every_folder_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, findings 12 and 20: `render --dir LINK` wrote through the link (inventory --dir, metrics rules --dir
+    and plan --out refused one), `init --out LINK/x.yaml` too; render wrote the first nodes' files before it refused
+    a later node's folder that is a link. One rule: a path written is never a link (the command line's or not)."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("cluster")
+    spec = str(write_spec(tmp_path, data))
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    cases = [["render", "-f", spec, "--dir", str(tmp_path / "link")], ["init", "--out", str(tmp_path / "link/x.yaml")]]
+    for argv in cases:
+        code, _out, err = run(capsys, *argv)
+        assert code == 1 and "symbolic link" in err and "never writes through" in err, (argv, err)
+    assert list(real.iterdir()) == []
+    out_dir = tmp_path / "r"
+    out_dir.mkdir()
+    (out_dir / f"{data['name']}-6").symlink_to(real)  # the last node's folder
+    code, _out, err = run(capsys, "render", "-f", spec, "--dir", str(out_dir))
+    assert code == 1 and f"{data['name']}-6" in err and "symbolic link" in err, err
+    assert [p.name for p in out_dir.iterdir()] == [f"{data['name']}-6"] and list(real.iterdir()) == []

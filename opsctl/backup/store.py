@@ -123,9 +123,6 @@ class FolderStore:
         if writing:
             check_writable_folder(self.root, "give --to a folder opsctl may write (it is created when missing)",
                                   missing_ok=True)
-        elif self.root.is_symlink():  # read through a link, the backup could change between checks and reads
-            raise FileProblem(self.root, "is a symbolic link, not a folder",
-                              f"give the folder itself (`realpath {self.root}` names it), not a link to it")
         elif not self.root.is_dir():
             raise OpsctlError(f"no backup at {self.root}: it {_not_a_folder(self.root)}",
                               hint="give the folder backups went to (`backup --to DIR`)")
