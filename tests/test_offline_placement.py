@@ -284,3 +284,15 @@ def test_a_link_is_never_written_through_and_render_checks_every_folder_first(
     code, _out, err = run(capsys, "render", "-f", spec, "--dir", str(out_dir))
     assert code == 1 and f"{data['name']}-6" in err and "symbolic link" in err, err
     assert [p.name for p in out_dir.iterdir()] == [f"{data['name']}-6"] and list(real.iterdir()) == []
+
+
+def test_a_node_on_a_lost_host_is_built_one_way_with_its_bus_port() -> None:
+    """Review 3, finding 16: recorded_nodes (what destroy removes) built the drained node without its bus port,
+    placement's _drain with it; one function builds both."""
+    from opsctl.spec.deployed import Deployed
+    from opsctl.spec.placement import drained_node, recorded_nodes
+
+    loaded = load_dict(make_spec("cluster"))
+    gone = Deployed("t-9", "gone", 7009, "replica", 2, address="127.9.9.9")
+    (node,) = recorded_nodes(loaded.spec, loaded.layout, [gone])
+    assert node == drained_node(loaded.spec, gone) and node.bus_port == 7009 + 10000 and node.address == "127.9.9.9"

@@ -37,13 +37,12 @@ def _deployed_names(loaded: LoadedSpec, state_dir: Path) -> list[str]:
     """The nodes deployed, by the names their records give them (a fresh deploy's names differ after a change of
     shape), drained ones still running included, the ones the next apply adds not; read, not written. Nothing
     deployed there (a mistyped --state-dir): an error, not a list of nodes that do not run."""
-    from opsctl.apply.placing import recorded_placement
+    from opsctl.apply.placing import nothing_deployed, recorded_placement
     from opsctl.spec.deployed import running_nodes
 
     placed, records = recorded_placement(loaded, state_dir)
     if not records and loaded.spec.topology != "standalone":
-        where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
-        raise OpsctlError(f"no node of '{loaded.spec.name}' is deployed {where}: there is no certificate to rotate",
+        raise OpsctlError(f"{nothing_deployed(loaded, state_dir)}: there is no certificate to rotate",
                           hint="check --state-dir, or run `opsctl apply -f SPEC` first")
     return [n.name for n in running_nodes(placed.layout, records)]
 
