@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from opsctl.base.text import ascii_decimal
+
 MAX_PORT = 65535  # TCP's last port: every port opsctl derives or is given is checked against it
 
 
@@ -27,7 +29,7 @@ PORTS = range(1, MAX_PORT + 1)  # a port above MAX_PORT would quietly become ano
 
 def valid_port(text: str) -> bool:
     """1..65535 written in ASCII digits: no sign, no blank, no other script's digits."""
-    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) in PORTS
+    return ascii_decimal(text, 1, MAX_PORT) is not None
 
 
 def split_endpoint(text: str) -> tuple[str, int] | None:
