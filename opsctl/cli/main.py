@@ -174,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr = MaskingStream(sys.stderr)
     try:
         check_stdin_spec(args)
-        resume = RESUME_HINT if args.command in JOURNALING else AGAIN_HINT  # "picked up": only what journals
+        # "picked up": only what journals (a parser a test builds may name no command)
+        resume = RESUME_HINT if getattr(args, "command", None) in JOURNALING else AGAIN_HINT
         with stop_on_signals(resume):  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
             return handler(args)
     except OpsctlError as exc:
