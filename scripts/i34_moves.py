@@ -56,6 +56,9 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "observe.parse", "observe.replies"),
         ("merge", "observe.replies", "observe.observation"),
         ("merge", "observe.replies", "observe.replicas"),
+        # base.text's ascii_decimal (main, after WP1 began) goes to base.record, beside stored_time: spec.layout's
+        # valid_port uses it, and spec stands before observe
+        ("move", "base.text", "base.record", ["ascii_decimal"]),
         ("merge", "observe.replies", "base.text"),
     ],
     "plan": [

@@ -1,6 +1,7 @@
 """`backup --continuous` off a terminal, as a service runs it (issue 33 item 8): a heartbeat line every few seconds,
 also while no write comes, counting the segments stored; SIGTERM is a normal stop: every open segment stored, a
-closing line, exit 0, no `error:`. A local folder as the store, one standalone server of each flavor."""
+closing line on stdout (the result, review 3 finding 14: it was on stderr), exit 0, no `error:`. A local folder as
+the store, one standalone server of each flavor."""
 
 from __future__ import annotations
 
@@ -53,7 +54,42 @@ def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Pat
         text = err.read_text()
         assert code == 0, text
         closing = re.fullmatch(r"the continuous archive stopped on SIGTERM: every segment read is archived: "
-                               r"shard 1 up to offset (\d+)", text.splitlines()[-1])
-        assert closing is not None and int(closing[1]) >= offset, text
+                               r"shard 1 up to offset (\d+)\n", out.read_text())
+        assert closing is not None and int(closing[1]) >= offset, (out.read_text(), text)
         assert "error:" not in text and "Traceback" not in text and "\r" not in text and "\x1b" not in text
-        assert out.read_text() == "" and PASSWORD not in text
+        assert "stopped on" not in text and PASSWORD not in text
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_stop_while_a_shard_has_no_master_is_a_normal_stop(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             flavor: str) -> None:
+    """The master of a replication topology SIGKILLed under the archive (its replica stays a replica: nothing
+    promotes it): the archiver waits for the shard's master (up to --reconnect-timeout). SIGTERM then is still a
+    normal stop, at once: exit 0 and the closing line (before, it was not heard until the wait timed out: exit 1,
+    "cannot attach to shard 1's master", after 120 s by default)."""
+    import os
+
+    with deployed(tmp_path, capsys, "replication", flavor, hosts=2) as (spec, loaded):
+        out, err = tmp_path / "archive.out", tmp_path / "archive.err"
+        argv = [sys.executable, "-m", "opsctl.cli.main", "backup", "-f", str(spec), "--to", str(tmp_path / "b"),
+                "--continuous", "--reconnect-timeout", "600"]
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            archiver = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
+        try:
+            wait_for(lambda: beats(err) or None, 60, "the archive's first heartbeat", 0.1, last_reason=err.read_text)
+            master = loaded.layout.node(loaded.layout.shards[0].master)
+            folder = spec.parent / ".opsctl" / loaded.spec.name / master.name
+            os.kill(int((folder / "server.pid").read_text()), signal.SIGKILL)
+            wait_for(lambda: "shard 1: the stream broke" in err.read_text() or None, 60, "the archiver to lose its "
+                     "master", 0.1, last_reason=err.read_text)
+        finally:
+            archiver.send_signal(signal.SIGTERM)
+            try:
+                code = archiver.wait(20)
+            except subprocess.TimeoutExpired:
+                archiver.kill()
+                archiver.wait(10)
+                raise
+        text = err.read_text()
+        assert code == 0 and out.read_text().startswith("the continuous archive stopped on SIGTERM: "), text
+        assert "error:" not in text and "Traceback" not in text, text

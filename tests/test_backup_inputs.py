@@ -312,7 +312,7 @@ def test_options_of_another_mode_are_refused_not_ignored(tmp_path: Path, capsys:
 @pytest.mark.parametrize(("variable", "value", "said"), [
     ("AWS_ENDPOINT_URL", "http://127.0.0.1:70000", "AWS_ENDPOINT_URL="),
     ("AWS_ENDPOINT_URL_S3", "http://u:TOPSECRET@127.0.0.1:+9", "AWS_ENDPOINT_URL_S3="),
-    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 50"),
+    ("AWS_MAX_ATTEMPTS", "abc", "AWS_MAX_ATTEMPTS="), ("AWS_MAX_ATTEMPTS", "100000000", "1 to 10"),
     ("AWS_METADATA_SERVICE_TIMEOUT", "x", "boto3 cannot read its configuration"),
 ])
 def test_aws_settings_boto3_cannot_use_are_said_before_any_request(monkeypatch: pytest.MonkeyPatch, variable: str,
@@ -340,3 +340,158 @@ def test_a_restore_journal_with_impossible_counts_is_refused_by_name(field: str,
     data["done"]["shard-1"][field] = value
     with pytest.raises(OpsctlError, match=r"^restore\.json: a finished source's counts are malformed"):
         parse_restore_journal(json.dumps(data), "restore.json")
+
+
+# --- review 3: a raw password with `/`, `+`, quotes or blanks is masked whole; boto3's resolved settings checked ----
+
+
+PASSWORDS = ["se/cr", "p+q/r", 'p"w', "p'w", "p w", "a@b", "s#x?y"]  # `@` then `/`: a host and a path
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_mask_url_masks_a_raw_password_whole(password: str) -> None:
+    for text in (f"http://u:{password}@h:1/b?sig=x", f"error: 's3://AK:{password}@bucket/p': no", f"s3://k:{password}@b"):
+        masked = mask_url(text)
+        assert password not in masked and "u:" not in masked and "AK:" not in masked, masked
+        assert "***@" in masked, masked
+    assert mask_url(f"a http://h/x and https://u:{password}@h2/y") == "a http://h/x and https://***@h2/y"
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_a_location_holding_credentials_is_refused_without_echoing_any_part(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path, password: str) -> None:
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    for argv in (["backup", "verify", "--from", f"s3://AKIAEXAMPLE:{password}@mybucket/p"],
+                 ["backup", "-f", spec, "--to", f"s3://AKIAEXAMPLE:{password}@mybucket/p"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and "holds no user, key or password" in err and "Traceback" not in err, err
+        assert "AKIAEXAMPLE" not in out + err and password not in out + err, err  # before: 'AKIAEXAMPLE:se' shown
+
+
+@pytest.mark.parametrize("password", ["se/cr", "p+q/r", "p'w", 'p"w'])
+def test_an_endpoint_url_with_a_raw_password_is_checked_and_never_echoed(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path, password: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    check_endpoint_url("AWS_ENDPOINT_URL", f"http://u:{password}@127.0.0.1:9000")  # a good URL: accepted
+    with pytest.raises(OpsctlError) as caught:
+        check_endpoint_url("AWS_ENDPOINT_URL", f"http://u:{password}@127.0.0.1:99999")
+    assert password not in caught.value.render() and f"{password[:2]!r}" not in caught.value.render()
+    config = tmp_path / "config"  # the same URL, from the AWS config file boto3 reads itself
+    config.write_text(f"[default]\nregion = us-east-1\nendpoint_url = http://u:{password}@127.0.0.1:99999\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with pytest.raises(OpsctlError) as caught:
+        S3Store(parse_location("s3://bucket/p"))
+    assert password not in caught.value.render() and "u:" not in caught.value.render(), caught.value.render()
+
+
+@pytest.mark.parametrize("attempts", ["100000", "50"])
+def test_max_attempts_in_the_aws_config_file_is_range_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              attempts: str) -> None:
+    from opsctl.backup.s3 import S3Store
+
+    config = tmp_path / "config"
+    config.write_text(f"[default]\nregion = us-east-1\nmax_attempts = {attempts}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    with pytest.raises(OpsctlError, match=r"max_attempts .* is not a number from 1 to 10"):
+        S3Store(parse_location("s3://bucket/p"))
+
+
+def test_a_stop_at_once_tells_only_a_journaling_command_to_resume() -> None:
+    import signal
+
+    from opsctl.base import stop
+
+    for hint, said in ((stop.AGAIN_HINT, "journals nothing"), (stop.RESUME_HINT, "cluster fix")):
+        with pytest.raises(stop.Stopped) as caught, stop.installed(hint):
+            signal.raise_signal(signal.SIGTERM)
+        assert said in caught.value.hint
+    from opsctl.cli.main import JOURNALING
+
+    assert "backup" not in JOURNALING and "status" not in JOURNALING and "apply" in JOURNALING
+
+
+@pytest.mark.parametrize("key", ["²", "٣", " 3", "+3", "-1", "65536", "0x1"])
+def test_a_manifest_with_a_database_key_that_is_no_ascii_number_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str) -> None:
+    """Review 3, finding 7: {"²": 0} crashed `backup verify` as "internal error: ValueError"; '٣' read as db 3."""
+    data = json.loads(manifest_json(_manifest()))
+    data["shards"][0]["keys"] = {key: 0}
+    with pytest.raises(OpsctlError, match=r"m.json: .*keys.* is not a database number"):
+        parse_manifest(json.dumps(data), "m.json")
+    base = tmp_path / "orders-20261201T000000Z"
+    base.mkdir()
+    (base / MANIFEST).write_text(json.dumps(data))
+    code, out, err = run(capsys, "backup", "verify", "--from", str(base))
+    assert code == 1 and "is not a database number" in err and "internal error" not in err, err + out
+
+
+def test_ascii_decimal_is_the_one_number_check() -> None:
+    from opsctl.base.record import ascii_decimal
+    from opsctl.spec.layout import valid_port
+
+    assert [ascii_decimal(t, 1, 10) for t in ("3", "03", "10", "11", "0", "²", "٣", " 3", "+3", "", 3)] == \
+        [3, 3, 10, None, None, None, None, None, None, None, None]
+    assert valid_port("65535") and not valid_port("٦٥٥٣") and not valid_port("65536")
+
+
+@pytest.mark.parametrize(("argv", "secret"), [
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "user:hunter2@prom:/etc/x.json"], "hunter2"),
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "ssh://u:hunter2@prom/etc/x.json"], "hunter2"),
+    (["metrics", "targets", "-f", "SPEC", "--write-to", "u:hun/ter2@prom:/etc/x.json"], "hun"),
+    (["migrate", "-f", "SPEC", "--from-endpoints", "u:pa,ss@10.0.0.1:6379", "--from-password-env", "X"], "u:pa"),
+    (["migrate", "-f", "SPEC", "--from-endpoints", "10.0.0.1:6379,u:hunter2@10.0.0.2:6379", "--from-password-env",
+      "X"], "hunter2"),
+])
+def test_a_login_typed_into_a_host_option_is_refused_and_never_echoed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], secret: str) -> None:
+    """Review 3, findings 10 and 15: `--write-to user:hunter2@prom:/x` said `cannot connect to host user:hunter2@prom`,
+    an ssh:// URL was parsed as host `ssh`, and `--from-endpoints 'u:pa,ss@h:1'` echoed 'u:pa'."""
+    spec = str(write_spec(tmp_path, make_spec("cluster")))
+    code, out, err = run(capsys, *(spec if word == "SPEC" else word for word in argv))
+    assert code == 1 and "***@" in err and "Traceback" not in err, err
+    assert secret not in out + err and "u:" not in err and "user:" not in err, err
+
+
+@pytest.mark.parametrize("text", ["s3//mybucket/pre", "S3/mybucket", "s3\\mybucket", " s3://mybucket/p",
+                                  "s3://mybucket/p ", " /srv/backups", "s3:mybucket"])
+def test_a_mistyped_scheme_or_a_blank_is_refused_not_made_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """Review 3, finding 11: `--from 's3//mybucket/pre'` said `s3/mybucket/pre is not a directory`; `--to` made it."""
+    monkeypatch.chdir(tmp_path)
+    spec = str(write_spec(tmp_path, make_spec("standalone")))
+    for argv in (["backup", "verify", "--from", text], ["backup", "-f", spec, "--to", text]):
+        code, _out, err = run(capsys, *argv)
+        assert code == 1 and "s3://BUCKET/PREFIX" in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "s3").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["topology.yaml"]
+    assert parse_location("./s3/x").folder == Path("./s3/x")
+
+
+def test_tls_and_endpoint_url_errors_name_their_cause() -> None:
+    """Review 3, finding 19: AWS_CA_BUNDLE=/nonexist was reported as `SSLError (the endpoint does not answer)`, a port
+    99999 in ~/.aws/config as `EndpointResolutionError (the endpoint does not answer)`."""
+    from botocore.exceptions import EndpointResolutionError, SSLError
+
+    cases = [(SSLError(endpoint_url="https://h:1", error="CERTIFICATE_VERIFY_FAILED"), "TLS handshake failed",
+              "AWS_CA_BUNDLE"),
+             (EndpointResolutionError(msg="port 99999"), "endpoint URL is not usable", "1..65535")]
+    for raised, words, hint in cases:
+        with pytest.raises(OpsctlError) as caught, _answered("cannot use s3://b/p"):
+            raise raised
+        assert words in caught.value.summary and hint in caught.value.hint, caught.value.render()
+        assert "does not answer" not in caught.value.render()
+
+
+def test_a_backup_folder_named_through_a_link_is_read_alike(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 12: `backup list --from LINK` was refused while `backup verify --from LINK` read through it.
+    One rule: a folder the command line names is read through a link (followed once), never written through one."""
+    folder = tmp_path / "backups" / "orders-20261201T000000Z"
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(manifest_json(_manifest()))
+    (tmp_path / "link").symlink_to(tmp_path / "backups")
+    listed = [run(capsys, "backup", "list", "--from", str(where), "-o", "json") for where in
+              (tmp_path / "backups", tmp_path / "link")]
+    assert [code for code, _, _ in listed] == [0, 0], listed
+    assert json.loads(listed[0][1])["bases"] == json.loads(listed[1][1])["bases"] != []

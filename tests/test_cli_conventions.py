@@ -86,7 +86,7 @@ def test_every_o_is_a_format_but_on_a_command_without_one() -> None:
 
 def test_inventory_output_json_is_ansibles_json_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, make_spec("replication", provider="ansible"))
-    code, out, err = run(capsys, "inventory", "-f", str(spec), "-o", "json", "--dir", str(tmp_path / "inv"))
+    code, out, err = run(capsys, "inventory", "-f", str(spec), "-o", "json")
     assert code == 0, err
     assert not (tmp_path / "inv").exists()  # printed, not written
     inventory = json.loads(out)

@@ -102,6 +102,8 @@ def test_data_losing_commands_refuse_without_a_terminal(argv: list[str], spec: P
     code, out, err = run(capsys, *argv[:words], "-f", str(spec), *argv[words:])
     if argv[0] == "destroy":
         assert code == 0 and out.startswith("nothing to stop"), err
+    elif argv[0] == "tls":  # a spec without TLS has nothing to rotate: refused before the question
+        assert code == 1 and "the spec has no TLS to rotate" in err, err + out
     else:
         assert code == 1 and "without confirmation" in err and "--auto-approve" in err, err + out
     if argv[0] != "apply":

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from opsctl.spec.layout import split_endpoint
+from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
@@ -49,6 +50,10 @@ def test_tls_ca_json_is_the_pem(spec: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_tls_rotate_dry_run_json(spec: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_recorded_placement import _write_records  # the nodes deployed, as apply records them
+
+    loaded = read_spec(spec, secrets=False)
+    _write_records(spec.parent / ".opsctl" / loaded.spec.name, list(loaded.layout.servers))
     code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), "--dry-run", "--output", "json")
     assert code == 0, err
     got = result(out)

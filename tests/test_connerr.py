@@ -34,3 +34,16 @@ def test_status_says_authentication_failed_and_is_unhealthy(tmp_path: Path) -> N
     assert "auth.password" in health_hint(facts)
     states = {row.name: row.state for row in node_status(loaded.layout, facts)}
     assert states == {names[0]: "authentication failed", names[1]: "down"}
+
+
+def test_a_connection_closed_before_any_answer_is_silence_not_a_tls_mismatch() -> None:
+    """Through an SSH tunnel whose far end finds nothing listening, the TLS handshake ends in EOF: the node is down,
+    not speaking plaintext (a CI run's first TLS apply over tunnels was refused as 'no TLS answer')."""
+    import ssl
+
+    from opsctl.base.errors import is_tls_failure
+
+    eof = ssl.SSLEOFError(8, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol (_ssl.c:1006)")
+    assert not is_tls_failure(eof)
+    assert is_tls_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)"))
+    assert is_tls_failure("SSLCertVerificationError: certificate verify failed: unable to get local issuer")

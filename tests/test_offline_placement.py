@@ -170,3 +170,128 @@ def test_render_after_a_drained_host_is_what_apply_leaves_running(tmp_path: Path
         assert code == EXIT_OK, err + out
         running = {p.parent.name for p in state.glob("*/server.pid")}
         assert running == set(kept), sorted(state.iterdir())
+
+
+def test_render_places_the_moves_of_rebalance_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 5: a 3 x 1 cluster on 3 hosts, a 4th added with cluster.rebalance_placement: the next apply
+    moves one member to h4 (a new name replaces it); render writes that new node, where apply puts it, and not the
+    one it replaces (before: the six deployed nodes, nothing on h4)."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    four = make_spec("cluster", hosts=4)
+    first = {**four, "hosts": four["hosts"][:3]}
+    state = tmp_path / "state"
+    _write_records(state, list(load_dict(first).layout.nodes))
+    grown = {**four, "cluster": {**four["cluster"], "rebalance_placement": True}}
+    spec = write_spec(tmp_path, grown)
+    code, _out, err = run(capsys, "render", "-f", str(spec), "--state-dir", str(state), "--dir", str(tmp_path / "r"))
+    assert code == EXIT_OK and not err, err
+    rendered = _rendered(tmp_path / "r")
+    on_h4 = four["hosts"][3]["address"]
+    assert f"{four['name']}-7" in rendered and rendered[f"{four['name']}-7"].startswith(on_h4), rendered
+    assert len(rendered) == 6, rendered  # the moved member's old node is not rendered
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("port", 70000, "deployed.port: is not a port from 1 to 65535"), ("port", 0, "deployed.port"),
+    ("shard", -7, "deployed.shard: is not a shard number"), ("shard", 0, "deployed.shard"),
+    ("address", "evil host\nport 1", "deployed.address: is not an IP address or host name"),
+    ("address", "user@h", "deployed.address"),
+])
+def test_a_record_out_of_range_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str], field: str, value: object,
+                                                  said: str) -> None:
+    """Review 3, finding 6: before, port 70000 was rendered into redis.conf (exit 0) and shard -7 left metrics
+    targets an empty list, exit 0. Every command that reads the records refuses it, naming the file and field."""
+    import json
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("cluster")
+    state = tmp_path / "state"
+    nodes = list(load_dict(data).layout.nodes)
+    _write_records(state, nodes)
+    path = state / nodes[0].name / "opsctl-node.json"
+    record = json.loads(path.read_text())
+    record["deployed"][field] = value
+    path.write_text(json.dumps(record))
+    spec = str(write_spec(tmp_path, data))
+    for argv in (["render", "-f", spec, "--dir", str(tmp_path / "r")], ["metrics", "targets", "-f", spec]):
+        code, out, err = run(capsys, *argv, "--state-dir", str(state))
+        assert code == 1 and said in err and "opsctl-node.json" in err and not out, (argv, err, out)
+    assert not (tmp_path / "r").exists()
+
+
+def test_options_the_run_would_ignore_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 13: `render --offline --state-dir X` and `inventory -o json --dir X` (which prints the
+    inventory, writing nothing) exited 0 and ignored the option."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    local = str(write_spec(tmp_path, make_spec("cluster"), "local.yaml"))
+    remote = str(write_spec(tmp_path, make_spec("cluster", provider="ansible"), "remote.yaml"))
+    cases = [(["render", "-f", local, "--dir", str(tmp_path / "r"), "--offline", "--state-dir", str(tmp_path)],
+              "--state-dir goes with"),
+             (["inventory", "-f", remote, "-o", "json", "--offline", "--dir", str(tmp_path / "i")], "--dir goes with")]
+    for argv, said in cases:
+        code, out, err = run(capsys, *argv)
+        assert code == 1 and said in err and not out, (argv, err, out)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "i").exists()
+    code, out, err = run(capsys, "inventory", "-f", remote, "-o", "json", "--offline")
+    assert code == 0 and '"all"' in out, err
+    code, out, err = run(capsys, "render", "-f", local, "--dir", str(tmp_path / "r"), "--offline")
+    assert code == 0 and (tmp_path / "r").is_dir(), err
+
+
+@pytest.mark.parametrize("command", ["render", "inventory"])
+def test_a_record_that_cannot_be_read_on_a_reached_host_is_an_error_not_a_fallback(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, finding 18: any error reading the records over SSH (a corrupt record on a host that answered, a
+    refused login) became the note and the first-deploy layout, exit 0. Only a host out of reach falls back."""
+    from opsctl.providers.ansible import AnsibleProvider
+    from opsctl.state.safefs import FileProblem
+
+    def corrupt(self: AnsibleProvider) -> dict[str, dict[str, Any]]:
+        raise FileProblem("h1:/srv/opsctl/t-1/opsctl-node.json", "deployed.port: is not a port from 1 to 65535",
+                          "delete the file")
+
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    monkeypatch.setattr(AnsibleProvider, "deployed_records", corrupt)
+    spec = write_spec(tmp_path, make_spec("cluster", provider="ansible"))
+    code, out, err = run(capsys, command, "-f", str(spec), "--dir", str(tmp_path / "a"))
+    assert code == 1 and "deployed.port" in err and "note:" not in err, err + out
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_link_is_never_written_through_and_render_checks_every_folder_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 3, findings 12 and 20: `render --dir LINK` wrote through the link (inventory --dir, metrics rules --dir
+    and plan --out refused one), `init --out LINK/x.yaml` too; render wrote the first nodes' files before it refused
+    a later node's folder that is a link. One rule: a path written is never a link (the command line's or not)."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    data = make_spec("cluster")
+    spec = str(write_spec(tmp_path, data))
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    cases = [["render", "-f", spec, "--dir", str(tmp_path / "link")], ["init", "--out", str(tmp_path / "link/x.yaml")]]
+    for argv in cases:
+        code, _out, err = run(capsys, *argv)
+        assert code == 1 and "symbolic link" in err and "never writes through" in err, (argv, err)
+    assert list(real.iterdir()) == []
+    out_dir = tmp_path / "r"
+    out_dir.mkdir()
+    (out_dir / f"{data['name']}-6").symlink_to(real)  # the last node's folder
+    code, _out, err = run(capsys, "render", "-f", spec, "--dir", str(out_dir))
+    assert code == 1 and f"{data['name']}-6" in err and "symbolic link" in err, err
+    assert [p.name for p in out_dir.iterdir()] == [f"{data['name']}-6"] and list(real.iterdir()) == []
+
+
+def test_a_node_on_a_lost_host_is_built_one_way_with_its_bus_port() -> None:
+    """Review 3, finding 16: recorded_nodes (what destroy removes) built the drained node without its bus port,
+    placement's _drain with it; one function builds both."""
+    from opsctl.spec.deployed import Deployed
+    from opsctl.spec.placement import drained_node, recorded_nodes
+
+    loaded = load_dict(make_spec("cluster"))
+    gone = Deployed("t-9", "gone", 7009, "replica", 2, address="127.9.9.9")
+    (node,) = recorded_nodes(loaded.spec, loaded.layout, [gone])
+    assert node == drained_node(loaded.spec, gone) and node.bus_port == 7009 + 10000 and node.address == "127.9.9.9"

@@ -7,6 +7,7 @@ paths, keeping its pid and every open connection; sentinels restart one at a tim
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Literal
 
@@ -21,7 +22,9 @@ from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
 from opsctl.render.directives import tls
 from opsctl.runtime.opening import Runtime, make_connector
+from opsctl.spec.deployed import running_nodes
 from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
 from opsctl.tls.certs import facts
 from opsctl.tls.handshake import handshake
 from opsctl.tls.material import Generated, node_files
@@ -31,12 +34,12 @@ RELOADED = ("tls-cert-file", "tls-key-file", "tls-ca-cert-file")
 
 
 def rotate(rt: Runtime, mode: Mode, emit: Emit) -> list[str]:
-    """New files on every node (made here for tls.generate, else read again from the spec's paths), then
+    """New files on every node deployed (made here for tls.generate, else read again from the spec's paths), then
     each server reloads them live; returns one line per node."""
-    loaded = rt.loaded
-    if not loaded.spec.tls.enabled:
+    if not rt.loaded.spec.tls.enabled:
         raise OpsctlError("the spec has no TLS to rotate", hint="set tls.enabled: true and apply first")
-    _renew_files(rt, mode)
+    loaded = deployed_only(rt)
+    _renew_files(rt, loaded, mode)
     for node in loaded.layout.nodes:
         rt.provider.write_files(node, node_files(loaded, rt.state_dir, node))
     rt.provider.flush()
@@ -50,8 +53,18 @@ def rotate(rt: Runtime, mode: Mode, emit: Emit) -> list[str]:
     return lines
 
 
-def _renew_files(rt: Runtime, mode: Mode) -> None:
-    loaded = rt.loaded
+def deployed_only(rt: Runtime) -> LoadedSpec:
+    """rt.loaded with the nodes that run now as its layout's nodes (spec.deployed.running_nodes: the ones the next
+    apply adds left out, their files made by that apply; drained ones still running kept, at their recorded
+    address); a retired node whose process is gone (its host lost) is left out: it has nothing to reload."""
+    layout = rt.loaded.layout
+    retired = {n.name for n in layout.retired}
+    nodes = tuple(n for n in running_nodes(layout, rt.provider.deployed_records())
+                  if n.name not in retired or rt.provider.process_state(n).running)
+    return dataclasses.replace(rt.loaded, layout=dataclasses.replace(layout, nodes=nodes))
+
+
+def _renew_files(rt: Runtime, loaded: LoadedSpec, mode: Mode) -> None:
     if not loaded.spec.tls.generate:
         if mode != "certs":
             raise RefusedError("CA rotation with given files goes through the files themselves",
@@ -64,15 +77,15 @@ def _renew_files(rt: Runtime, mode: Mode) -> None:
     if mode == "new-ca":
         store.add_ca()
     elif mode == "drop-old-ca":
-        _refuse_old_certificates(rt, store)
+        _refuse_old_certificates(loaded, store)
         store.drop_old_cas()
     else:
         store.reissue()
 
 
-def _refuse_old_certificates(rt: Runtime, store: Generated) -> None:
+def _refuse_old_certificates(loaded: LoadedSpec, store: Generated) -> None:
     signing = facts(store.ca_cert())[0].subject
-    old = [n.name for n in rt.loaded.layout.nodes if store.issuer(n) != signing]
+    old = [n.name for n in loaded.layout.nodes if store.issuer(n) != signing]
     if old:
         raise RefusedError(f"{len(old)} node certificate(s) still come from an older CA: {', '.join(old[:5])}",
                            "dropping that CA from the bundle would break them",

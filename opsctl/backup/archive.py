@@ -140,10 +140,18 @@ def shard_masters(connector: Connector) -> dict[int, Node]:
     return out
 
 
+class _StopAsked(Exception):
+    """A stop was asked for while a link waited for its shard's master: the wait ends, the link stays detached."""
+
+
 def attach(connector: Connector, link: ShardStream, state_dir: Path, timeout: float) -> None:
     """The link's stream opened on its shard's master, continuing after link.position; retried (a failover in
-    progress, a restarting master) until timeout. StreamGap passes through: the history is gone."""
+    progress, a restarting master) until timeout. StreamGap passes through: the history is gone. A stop asked for
+    meanwhile ends the wait with the link detached (link.stream None; nothing of it is pending), so the caller's
+    stop stores the other shards' open segments and ends normally, never after the timeout with an error."""
     def attempt() -> Stream | Pending:
+        if stop.requested() is not None:  # a shard with no master must not hold a service's stop for `timeout`
+            raise _StopAsked
         try:
             node = shard_masters(connector).get(link.shard)
             if node is None:
@@ -155,9 +163,12 @@ def attach(connector: Connector, link: ShardStream, state_dir: Path, timeout: fl
             stop.check(f"shard {link.shard} is archived up to offset {link.position.offset}", RESUME_HINT)
             return Pending(f"{type(exc).__name__}: {exc}")
 
-    link.stream = wait_for(attempt, timeout, f"shard {link.shard}'s stream", 0.5, on_timeout=lambda reason:
-                           OpsctlError(f"cannot attach to shard {link.shard}'s master for {timeout:.0f}s", reason,
-                                       RESUME_HINT))
+    try:
+        link.stream = wait_for(attempt, timeout, f"shard {link.shard}'s stream", 0.5, on_timeout=lambda reason:
+                               OpsctlError(f"cannot attach to shard {link.shard}'s master for {timeout:.0f}s",
+                                           reason, RESUME_HINT))
+    except _StopAsked:
+        return
     link.resumed = True
 
 
@@ -307,7 +318,8 @@ def _read(connector: Connector, store: Store, link: ShardStream, state_dir: Path
     if link.stream is None:
         flush(store, link, emit)
         attach(connector, link, state_dir, options.reconnect_timeout)
-    assert link.stream is not None
+    if link.stream is None:
+        return  # a stop asked for while it waited for its master: the caller stops
     try:
         entries = link.stream.read(wait)
     except stop.Stopped:

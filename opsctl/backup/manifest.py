@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.record import stored_iso
+from opsctl.base.record import ascii_decimal, stored_iso
 from opsctl.observe.replies import SLOTS
 from opsctl.spec.model import TOPOLOGIES
 
@@ -160,7 +160,7 @@ class _Fields:
         raw = self.get(key, dict)
         out: dict[int, int] = {}
         for db, count in raw.items():
-            if not (isinstance(db, str) and db.isdigit() and int(db) < MAX_DBS):
+            if ascii_decimal(db, 0, MAX_DBS - 1) is None:
                 raise self.bad(self.name(key), f"has a key {db!r} that is not a database number")
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise self.bad(f"{self.name(key)}.{db}", "must be a count (an integer >= 0)")

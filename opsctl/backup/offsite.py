@@ -4,6 +4,7 @@ first: the manifest's key counts read the files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -31,13 +32,20 @@ def staging_dir(state_dir: Path) -> Path:
     return folder
 
 
+def _followed_once(location: Location) -> Location:
+    """A folder the command line names, to read: a link to it is followed once, here (every later read goes to the
+    folder it named then, not through a link that may change under the run). Written folders are never links."""
+    assert location.folder is not None
+    return replace(location, folder=Path(os.path.realpath(location.folder)))
+
+
 def open_store(location: Location, probe: str = "") -> Store:
     """The store of a location; an s3 one needs boto3 (the `s3` extra), named when missing. probe "write": the
     location takes writes (a missing bucket, denied access, a wrong region, an unreachable endpoint, a folder that
     is a file: said before any work); "read": it exists and holds something (never read as an empty one)."""
     store: Store
     if location.folder is not None:
-        store = FolderStore(location)
+        store = FolderStore(location if probe == "write" else _followed_once(location))
     else:
         from opsctl.backup.s3 import S3Store
 
@@ -130,7 +138,7 @@ def fetched(source: str, work: Path | None) -> Iterator[tuple[Path, str]]:
     Downloaded, not streamed: a scratch server loads each RDB from a file, and every checksum is known good first."""
     location = parse_location(source)
     if location.folder is not None:
-        yield location.folder, ""
+        yield _followed_once(location).folder or location.folder, ""
         return
     parent, _, name = location.prefix.rpartition("/")
     if not name:

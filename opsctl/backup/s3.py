@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from opsctl.backup.store import LIMIT, Location, check_name
 from opsctl.base.errors import OpsctlError, echo
-from opsctl.base.secrets import Secret, mask_url, remember
+from opsctl.base.record import ascii_decimal
+from opsctl.base.secrets import Secret, mask_url, remember, userinfo_end
 from opsctl.spec.layout import valid_host, valid_port
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ def transfer_config(part: int = PART) -> TransferConfig:
 
 _ENDPOINT = "check the endpoint boto3 reads (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, endpoint_url in ~/.aws/config): " \
     "the S3 service must answer there"
+_TLS = "check the TLS trust boto3 uses (AWS_CA_BUNDLE, ca_bundle in ~/.aws/config: a readable PEM file) and the " \
+    "certificate the endpoint presents"
+_ENDPOINT_URL = "fix the endpoint URL boto3 reads (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, endpoint_url in " \
+    "~/.aws/config): http(s)://HOST[:PORT], the port 1..65535"
 _CREDENTIALS = "check the credentials boto3 reads (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, " \
     "~/.aws/credentials)"
 _REGION = "set the bucket's own region (AWS_REGION or AWS_DEFAULT_REGION, or region in ~/.aws/config)"
@@ -51,15 +56,16 @@ _BY_CODE = {
 }
 _BY_ERROR = {
     "EndpointConnectionError": _ENDPOINT, "ConnectTimeoutError": _ENDPOINT, "ReadTimeoutError": _ENDPOINT,
-    "ConnectionClosedError": _ENDPOINT, "ProxyConnectionError": _ENDPOINT, "SSLError": _ENDPOINT,
-    "EndpointResolutionError": _ENDPOINT, "InvalidEndpointConfigurationError": _ENDPOINT,
+    "ConnectionClosedError": _ENDPOINT, "ProxyConnectionError": _ENDPOINT, "SSLError": _TLS,
+    "EndpointResolutionError": _ENDPOINT_URL, "InvalidEndpointConfigurationError": _ENDPOINT_URL,
     "NoCredentialsError": _CREDENTIALS, "PartialCredentialsError": _CREDENTIALS,
     "CredentialRetrievalError": _CREDENTIALS, "ProfileNotFound": "AWS_PROFILE names a profile ~/.aws/config "
     "does not have: fix or unset it", "ConfigParseError": "fix the AWS config file boto3 reads (~/.aws/config)",
     "NoRegionError": _REGION, "InvalidRegionError": _REGION,
 }
 _WORDS = {_BUCKET: "no such bucket", _DENIED: "access denied", _REGION: "the region does not fit the bucket",
-          _CREDENTIALS: "the credentials were refused", _ENDPOINT: "the endpoint does not answer"}
+          _CREDENTIALS: "the credentials were refused", _ENDPOINT: "the endpoint does not answer",
+          _TLS: "the TLS handshake failed", _ENDPOINT_URL: "the endpoint URL is not usable"}
 
 
 def client_problem(what: str, code: str, message: str) -> OpsctlError:
@@ -117,9 +123,10 @@ def check_endpoint_url(variable: str, url: str) -> None:
     scheme, sep, rest = url.partition("://")
     if scheme.lower() not in ("http", "https") or not sep:
         raise OpsctlError(f"{shown}: not an http:// or https:// URL", hint=hint)
-    if "?" in rest or "#" in rest:
+    after_user = rest[userinfo_end(rest, 0):]  # a raw password may hold `/`: no part of it is taken for the host
+    if "?" in after_user or "#" in after_user:
         raise OpsctlError(f"{shown}: an endpoint has no query or fragment", hint=hint)
-    hostport = rest.partition("/")[0].rpartition("@")[2]
+    hostport = after_user.partition("/")[0]
     if hostport.startswith("["):
         inside, close, tail = hostport.partition("]")
         host, colon, port = inside + close, tail[:1], tail[1:]
@@ -133,27 +140,41 @@ def check_endpoint_url(variable: str, url: str) -> None:
         raise OpsctlError(f"{shown}: the port {echo(port)} is not a number from 1 to 65535", hint=hint)
 
 
-MAX_ATTEMPTS = 50  # tries per request: beyond, a store that is down keeps a run waiting for hours
+MAX_ATTEMPTS = 10  # tries per request: boto3 backs off up to 20 s between tries; beyond, a store that is down
+# keeps a run waiting for many minutes
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def _remember_password(url: str) -> None:
+    """The password of an endpoint URL registered as a secret: no output line shows it, even cut out of the URL."""
+    rest = url.partition("://")[2]
+    remember(Secret(rest[:userinfo_end(rest, 0)][:-1].partition(":")[2]))
 
 
 def _check_environment() -> None:
     """The AWS settings from the environment checked before boto3 reads them; its secrets registered so that no
     output line shows them."""
-    from urllib.parse import urlsplit
-
     for variable in SECRET_VARIABLES:
         remember(Secret(os.environ.get(variable, "")))
     for variable in ENDPOINT_VARIABLES:
         url = os.environ.get(variable)
         if url:
             check_endpoint_url(variable, url)
-            remember(Secret(urlsplit(url).password or ""))
+            _remember_password(url)
     attempts = os.environ.get("AWS_MAX_ATTEMPTS")
-    if attempts is not None and not (attempts.isascii() and attempts.isdigit() and 1 <= int(attempts) <= MAX_ATTEMPTS):
+    if attempts is not None and ascii_decimal(attempts, 1, MAX_ATTEMPTS) is None:
         raise OpsctlError(f"AWS_MAX_ATTEMPTS={echo(attempts)} is not a number from 1 to {MAX_ATTEMPTS}",
                           hint="set it to the tries boto3 makes per request (its default is 3 or 5), or unset it")
+
+
+def _check_attempts(attempts: object) -> None:
+    """The tries per request boto3 resolved (AWS_MAX_ATTEMPTS or max_attempts in ~/.aws/config) in 1..MAX_ATTEMPTS:
+    a store that is down must not keep a run retrying for hours."""
+    if attempts is not None and not (isinstance(attempts, int) and 1 <= attempts <= MAX_ATTEMPTS):
+        raise OpsctlError(f"max_attempts {echo(attempts)} (AWS_MAX_ATTEMPTS or ~/.aws/config) is not a number from 1 "
+                          f"to {MAX_ATTEMPTS}", hint="set it to the tries boto3 makes per request (its default is 3 "
+                                                     "or 5), or remove it")
 
 
 class S3Store:
@@ -170,6 +191,11 @@ class S3Store:
         try:
             with _answered(f"cannot use {location.text}"):  # a missing profile, a bad region: said here
                 self.client = boto3.session.Session().client("s3")  # typed by boto3-stubs (dev) as the S3 client
+            endpoint = self.client.meta.endpoint_url  # also from ~/.aws/config, which boto3 reads itself
+            check_endpoint_url("endpoint_url (AWS_ENDPOINT_URL or ~/.aws/config)", endpoint)
+            _remember_password(endpoint)
+            retries: object = getattr(self.client.meta.config, "retries", None)  # set by botocore, not in its stubs
+            _check_attempts(retries.get("total_max_attempts") if isinstance(retries, dict) else None)
         except ValueError as exc:  # botocore reads its settings with int()/float(): a value it cannot read
             raise OpsctlError(f"cannot use {location.text}: boto3 cannot read its configuration ({exc})",
                               hint="check the AWS_* variables and ~/.aws/config") from None

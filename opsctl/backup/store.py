@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from opsctl.base.errors import OpsctlError, echo
-from opsctl.base.secrets import mask_url
+from opsctl.base.secrets import mask_url, userinfo_end
 from opsctl.state.safefs import FileProblem, check_writable_folder, read_bounded, write_private
 
 S3 = "s3://"
@@ -50,12 +50,20 @@ def parse_location(text: str) -> Location:
     is any other scheme (`s4://`, `S3:/`, `s3:/bucket`, `file:/`): a typo must not become a local folder."""
     if not text.strip():
         raise OpsctlError("the location is empty", hint=LOCATION_HINT)
+    if text != text.strip():  # ' s3://b' would be a folder named so; a blank at the end, a folder nobody meant
+        raise OpsctlError(f"{echo(text)}: the location starts or ends with a blank", hint=LOCATION_HINT)
+    if text.lower().startswith(("s3/", "s3\\")):  # `s3//bucket`: a mistyped scheme, never a folder named s3
+        raise OpsctlError(f"{echo(text)}: a mistyped s3:// (a folder named s3 is written ./s3/...)",
+                          hint=LOCATION_HINT)
     if not text.startswith(S3):
         if _SCHEME.match(text):
             scheme = text.partition(":")[0]
             raise OpsctlError(f"{echo(mask_url(text))}: {echo(scheme + ':')} is not a location scheme opsctl knows",
                               hint=LOCATION_HINT)
         return Location(text, Path(text))
+    if userinfo_end(text, len(S3)) > len(S3):  # said before any part of it is echoed: a part may be a secret's
+        raise OpsctlError(f"{echo(text)}: an s3:// location holds no user, key or password",
+                          hint="write s3://BUCKET/PREFIX; boto3 takes the credentials from AWS_* or ~/.aws")
     bucket, _, prefix = text[len(S3):].partition("/")
     prefix = prefix.strip("/")
     if not _BUCKET.match(bucket):
@@ -115,9 +123,6 @@ class FolderStore:
         if writing:
             check_writable_folder(self.root, "give --to a folder opsctl may write (it is created when missing)",
                                   missing_ok=True)
-        elif self.root.is_symlink():  # read through a link, the backup could change between checks and reads
-            raise FileProblem(self.root, "is a symbolic link, not a folder",
-                              f"give the folder itself (`realpath {self.root}` names it), not a link to it")
         elif not self.root.is_dir():
             raise OpsctlError(f"no backup at {self.root}: it {_not_a_folder(self.root)}",
                               hint="give the folder backups went to (`backup --to DIR`)")

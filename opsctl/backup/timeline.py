@@ -21,7 +21,7 @@ from opsctl.backup.manifest import MANIFEST
 from opsctl.backup.segment import SegmentProblem, chain, decode_segment, parse_name
 from opsctl.backup.store import Store
 from opsctl.base.errors import OpsctlError, RefusedError, echo
-from opsctl.base.record import FLOOR, stored_time
+from opsctl.base.record import FLOOR, ascii_decimal, stored_time
 from opsctl.stream.framing import Position, position_from
 
 ARCHIVE = "archive.json"
@@ -116,8 +116,7 @@ def parse_archive(text: str, where: str, now: float | None = None) -> tuple[floa
         taken = stored_time(data["taken"], time.time() if now is None else now)
         shards = data["shards"]
         if data["format"] != 1 or taken is None or not isinstance(shards, dict) or not shards or \
-                not all(isinstance(n, str) and n.isascii() and n.isdigit() and 0 <= int(n) <= MAX_SHARDS
-                        for n in shards):
+                not all(ascii_decimal(n, 0, MAX_SHARDS) is not None for n in shards):
             raise problem
         positions = {int(n): position_from(p, f"{where} shard {n}") for n, p in shards.items()}
     except (ValueError, KeyError, TypeError):

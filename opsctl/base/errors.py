@@ -110,14 +110,19 @@ AUTH_HINT = ("the node runs with another password than the spec's: fix auth.pass
 
 
 TLS_MARKERS = ("ssl", "certificate verify failed", "wrong version number", "tlsv1 alert", "handshake")
+SILENT_CLOSES = ("unexpected_eof_while_reading", "eof occurred in violation of protocol")  # closed, no answer
 TLS_HINT = ("opsctl speaks TLS as the spec says but the node does not: a node started before tls.enabled still "
             "speaks plaintext (turning TLS on for running nodes is not automated: stop them with `opsctl destroy` "
             "without --purge, which keeps their data, then apply), or it trusts another CA (docs/tls.md)")
 
 
 def is_tls_failure(error: object) -> bool:
-    """True when the TLS handshake failed (plaintext node, unknown CA, wrong name)."""
+    """True when the TLS handshake failed (plaintext node, unknown CA, wrong name). A connection closed before any
+    answer (an SSH tunnel whose far end found nothing listening, a server shutting down) is no such failure: the peer
+    said nothing, as a node that is down says nothing."""
     text = error_text(error).lower()
+    if any(marker in text for marker in SILENT_CLOSES):
+        return False
     return any(marker in text for marker in TLS_MARKERS)
 
 

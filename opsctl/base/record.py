@@ -7,7 +7,9 @@ A short, stable digest of JSON-able data: plans, rendered files, specs and finge
 
 Times read back from stored records (manifests, archive descriptions, segments, leases, retention records) and
 given on the command line (--to-time): finite, not before 1970, and not in the far future. Pure: the caller passes
-now."""
+now.
+
+Numbers read back from files, keys and variables: ASCII digits in a range (ascii_decimal), the one check."""
 
 from __future__ import annotations
 
@@ -291,3 +293,13 @@ def stored_iso(text: str, now: float) -> float | None:
         return stored_time(moment.timestamp(), now)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+def ascii_decimal(text: object, low: int, high: int) -> int | None:
+    """text's number when it is written in ASCII digits alone and low <= it <= high, else None. The one check of a
+    number read from a file, a key or a variable: str.isdigit() takes '²' (int() then raises) and '٣' (int() reads
+    3), int() takes ' 3' and '+3'."""
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= len(str(high))):
+        return None
+    value = int(text)
+    return value if low <= value <= high else None

@@ -70,9 +70,38 @@ def mask_text(text: str, secrets: list[Secret]) -> str:
 
 def mask_url(text: str) -> str:
     """text with the secret parts of every URL in it masked: user:password@ and query strings (signatures)."""
-    text = _USERINFO.sub(r"\1***@", text)
+    parts, done = [], 0
+    for scheme in _SCHEME.finditer(text):
+        if scheme.start() < done:
+            continue  # inside a userinfo already masked
+        end = userinfo_end(text, scheme.end())
+        if end > scheme.end():
+            parts.append(f"{text[done:scheme.end()]}{MASK}@")
+            done = end
+    text = "".join(parts) + text[done:]
     return _QUERY.sub(r"\1?***", text)
 
 
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/\s\"'`]*@")  # up to the last @ of the authority
+def mask_login(text: str, end: int | None = None) -> str:
+    """text with all before its last @ (the last before end) shown as ***: a `user:password@host` typed where no URL
+    is expected (an SSH target, an endpoint list) holds its secret there, and a password may hold `,` or `:`."""
+    at = text.rfind("@", 0, len(text) if end is None else end)
+    return text if at < 0 else f"{MASK}{text[at:]}"
+
+
+def userinfo_end(text: str, start: int) -> int:
+    """Where the host of the URL whose authority starts at start (just after `://`) begins: past the userinfo's @,
+    or start when there is none. A password may hold `/`, `@`, quotes or blanks written raw, so the userinfo runs
+    to the last @ before the first `/`, `?` or `#` after the first @ (never past the line); a URL with no
+    userinfo followed on its line by an @ (not in another URL) is masked too far, never too little."""
+    line_end = text.find("\n", start)
+    line_end = len(text) if line_end < 0 else line_end
+    first = text.find("@", start, line_end)
+    if first < 0 or _SCHEME.search(text, start, first):  # that @ is another URL's
+        return start
+    stops = [i for i in (text.find(c, first, line_end) for c in "/?#") if i >= 0]
+    return text.rfind("@", first, min(stops, default=line_end)) + 1
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _QUERY = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'`?]*)\?[^\s\"'`]*")

@@ -16,9 +16,11 @@ from opsctl.base.errors import OpsctlError
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RESUME_HINT = ("run the same command again (or `opsctl cluster fix -f SPEC`, `opsctl apply -f SPEC`): what this run "
                "journaled is picked up where it stopped; `opsctl plan -f SPEC` shows what is left")
+AGAIN_HINT = "run the same command again: this command journals nothing, there is nothing to pick up"
 
 _requested: list[int] = []  # the signals received (a list: append is atomic under the GIL, read from any thread)
 _regions: list[str] = []  # the finishing regions entered and not left (any thread)
+_hint: list[str] = [RESUME_HINT]  # the hint of a stop at once: resuming is said only by commands that journal
 
 
 class Stopped(OpsctlError):
@@ -64,22 +66,25 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if first and _regions:
         return  # polled at the region's safe points
     raise Stopped(signum, "interrupted where it was: nothing waited for the step in flight"
-                  if not first else "")
+                  if not first else "", _hint[0])
 
 
 @contextmanager
-def installed() -> Iterator[None]:
+def installed(hint: str = RESUME_HINT) -> Iterator[None]:
     """SIGTERM and SIGINT become stop requests for the duration (main thread only); the previous handlers and a
-    clear request after."""
+    clear request after. hint: what a stop at once tells the user to do (AGAIN_HINT for a command that journals
+    nothing)."""
     try:
         previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     except ValueError:  # not the main thread (a library caller's worker): signals stay the caller's
         yield
         return
     _requested.clear()
+    _hint[0] = hint
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         _requested.clear()
+        _hint[0] = RESUME_HINT

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from opsctl import __version__
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, clip
 from opsctl.base.secrets import MaskingStream
+from opsctl.base.stop import AGAIN_HINT, RESUME_HINT
 from opsctl.base.stop import installed as stop_on_signals
 from opsctl.cli.options import (
     Moved,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
 
 Handler = Callable[[argparse.Namespace], int]
+JOURNALING = frozenset({"apply", "destroy", "cluster", "failover", "migrate", "restart", "restore", "tls"})
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -66,6 +68,11 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 
+    if args.offline:  # render reads no record with --offline: a state dir given with it would be ignored
+        from opsctl.cli.options import refuse_given
+
+        refuse_given(args, ("state_dir",), "the records render reads, which --offline skips",
+                     "drop --state-dir (or --offline: render then places the nodes from the records there)")
     if args.dir != "-" and Path(args.dir).exists() and not Path(args.dir).is_dir():
         raise FileProblem(args.dir, "is not a folder", "give --dir a folder to write into (or '-' to print)")
     loaded = placed_unless_offline(read_spec(args.file), args)
@@ -167,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr = MaskingStream(sys.stderr)
     try:
         check_stdin_spec(args)
-        with stop_on_signals():  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
+        # "picked up": only what journals (a parser a test builds may name no command)
+        resume = RESUME_HINT if getattr(args, "command", None) in JOURNALING else AGAIN_HINT
+        with stop_on_signals(resume):  # SIGTERM/SIGINT: a clean stop at the next safe point (opsctl.base.stop)
             return handler(args)
     except OpsctlError as exc:
         print(exc.render(), file=sys.stderr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import is_auth_failure
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec 
     from opsctl.observe.replies import RoleInfo
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
-    from opsctl.spec.layout import Layout
+    from opsctl.spec.layout import Layout, Node
 
 
 def plan_text(plan: Plan) -> str:
@@ -68,16 +68,18 @@ class NodeStatus(Frozen):
         return "?" if self.role == "replica" else "-"
 
 
-def node_status(layout: Layout, facts: Mapping[str, NodeFacts]) -> list[NodeStatus]:
+def node_status(layout: Layout, facts: Mapping[str, NodeFacts], pending: Sequence[Node] = ()) -> list[NodeStatus]:
+    """A row per node of layout, then per node the next apply adds (pending: "to be added", not down)."""
     rows = []
-    for node in layout.nodes:
+    for node in (*layout.nodes, *pending):
         f = facts[node.name]
         role = f.role
         me = f.myself
         rows.append(NodeStatus(
             name=node.name, endpoint=node.endpoint, host=node.host,
-            state="up" if f.reachable else ("authentication failed" if is_auth_failure(f.error) else
-                                             "running, not answering" if f.running else "down"),
+            state="to be added" if node in pending else "up" if f.reachable else (
+                "authentication failed" if is_auth_failure(f.error) else
+                "running, not answering" if f.running else "down"),
             role=role.kind if role else "-",
             link=(role.link or "-") if role and role.kind == "replica" else "-",
             offset=role.offset if role and role.kind != "sentinel" else None,

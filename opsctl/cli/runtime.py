@@ -96,12 +96,17 @@ def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:
 
 def status_result(rt: Runtime) -> StatusResult:
     """What status reports: one look at every node (no config read), the health line and its hint."""
+    from dataclasses import replace
+
     from opsctl.cli.report import node_status
     from opsctl.cli.results import StatusResult
-    from opsctl.plan.health import health_hint, health_line
+    from opsctl.plan.health import deployed_view, health_hint, health_line
     from opsctl.runtime.gather import gather_facts
 
     facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
-    healthy, line = health_line(rt.loaded, facts)
+    view, pending = deployed_view(rt.loaded.layout, facts)  # what runs; what the next apply adds is not down
+    healthy, line = health_line(replace(rt.loaded, layout=view), facts)
+    if pending:
+        line += f"; to be added by the next apply: {', '.join(n.name for n in pending)}"
     return StatusResult(rt.loaded.spec.name, rt.loaded.spec.topology, healthy, line,
-                        tuple(node_status(rt.loaded.layout, facts)), None if healthy else health_hint(facts))
+                        tuple(node_status(view, facts, pending)), None if healthy else health_hint(facts))

@@ -27,6 +27,7 @@ class ClusterReport:
     open_slots: tuple[str, ...]
     agreeing: int
     problems: tuple[Disagreement, ...] = field(default=())
+    pending: tuple[str, ...] = ()  # nodes the next apply adds: not deployed yet, so neither down nor unhealthy
 
     @property
     def healthy(self) -> bool:
@@ -63,7 +64,8 @@ def summarize(observations: Mapping[str, NodeObservation]) -> ClusterReport:
 
 
 def report_text(report: ClusterReport) -> str:
-    lines = [f"nodes: {report.reachable}/{report.nodes} reachable",
+    lines = [f"nodes: {report.reachable}/{report.nodes} reachable"
+             + (f"; to be added by the next apply: {', '.join(report.pending)}" if report.pending else ""),
              f"coverage: {report.covered}/{SLOTS} slots served"]
     for shard in report.shards:
         replicas = ", ".join(shard.replicas) or "no replicas"

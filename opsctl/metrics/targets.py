@@ -50,12 +50,13 @@ def target_groups(spec: Spec, layout: Layout, records: Mapping[str, Mapping[str,
 
 
 def deployed_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
-    """The layout's nodes (placed from the records) that have a live record: what runs, where it runs. A node the
-    next apply adds is left out until it is deployed, and the ones the spec no longer keeps (retiring, parked,
-    tombstones) are no layout node; with nothing deployed at all (no record) every node, where the first apply
-    puts it. Why: Prometheus calls every target that does not answer down."""
-    live = {name for name, record in records.items() if not record.get("retired")}
-    return [n for n in layout.nodes if n.name in live] if records else list(layout.nodes)
+    """The nodes that run, where they run (spec.deployed.running_nodes): a node the next apply adds is left out
+    until it is deployed, a drained one kept at its recorded address until it is removed, tombstones left out;
+    with nothing deployed at all every node, where the first apply puts it. Why: Prometheus calls every target
+    that does not answer down, and a node that runs must not lose its monitoring before it stops."""
+    from opsctl.spec.deployed import running_nodes
+
+    return running_nodes(layout, records)
 
 
 def file_sd_json(groups: list[TargetGroup]) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, echo
-from opsctl.base.secrets import Secret, remember
+from opsctl.base.secrets import Secret, mask_login, remember
 from opsctl.net.connector import ClientTLS, Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
 from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes, parse_info
@@ -57,14 +57,17 @@ class ForeignSource:
 
 
 def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
+    if "@" in text:  # before it is split: a password may hold a `,`; nothing before the last @ is echoed
+        raise OpsctlError(f"--from-endpoints: {echo(mask_login(text))} holds a login: give HOST:PORT alone",
+                          hint="the password goes through --from-password-file or --from-password-env, the user "
+                               "through --from-user")
     found = []
     for part in (p.strip() for p in text.split(",")):
         parsed = split_endpoint(part)
         if parsed is None:
             port = part.rpartition(":")[2]
             why = "" if not port or valid_port(port) else " (the port must be a number from 1 to 65535)"
-            shown = "***@" + part.rpartition("@")[2] if "@" in part else part  # user:password@ never echoed
-            raise OpsctlError(f"--from-endpoints: {echo(shown)} is not HOST:PORT{why}", hint=HINT)
+            raise OpsctlError(f"--from-endpoints: {echo(part)} is not HOST:PORT{why}", hint=HINT)
         found.append(parsed)
     if not found:
         raise OpsctlError("--from-endpoints names no endpoint", hint=HINT)

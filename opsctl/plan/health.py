@@ -5,6 +5,7 @@ The topology's health in one line, from observed facts."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from opsctl.base.errors import AUTH_HINT, auth_failed, is_auth_failure, not_answering
 from opsctl.base.words import plural
@@ -12,7 +13,7 @@ from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.replies import SLOTS, listed_replicas, master_side_problems
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import sentinel_agreed_master, shard_master
-from opsctl.spec.layout import Layout, Node, sentinel_master_name
+from opsctl.spec.layout import Layout, Node, Shard, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
 MAX_LAG_BYTES = 1024 * 1024
@@ -152,3 +153,20 @@ def health_hint(facts: Mapping[str, NodeFacts]) -> str:
     if any(not f.reachable and is_auth_failure(f.error) for f in facts.values()):
         return AUTH_HINT
     return "`opsctl apply -f SPEC` starts what is down and re-links replicas; the node logs say why one stopped"
+
+
+def deployed_view(layout: Layout, facts: Mapping[str, NodeFacts]) -> tuple[Layout, tuple[Node, ...]]:
+    """What status judges: the layout's nodes that are deployed (a record, or a process) and the retired ones that
+    still run (drained from a host the spec lost, at their recorded address, until the apply that removes them);
+    and, apart, the nodes the next apply adds (no record, no process, while something is deployed): to be added,
+    not down. With nothing deployed at all, the layout as it is (every node down)."""
+    if not any(f.record or f.running for f in facts.values()):
+        return layout, ()
+    pending = tuple(n for n in layout.nodes if not facts[n.name].record and not facts[n.name].running)
+    names = {n.name for n in pending}
+    retiring = tuple(n for n in layout.retired if n.name in facts and facts[n.name].running)
+    if not pending and not retiring:
+        return layout, ()
+    kept = tuple(n for n in layout.nodes if n.name not in names)
+    shards = tuple(Shard(s.index, s.master, tuple(r for r in s.replicas if r not in names)) for s in layout.shards)
+    return replace(layout, nodes=(*kept, *retiring), shards=shards), pending

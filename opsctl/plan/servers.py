@@ -65,26 +65,9 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
     """A running node: write the file if the rendering changed or the file on disk drifted, then CONFIG SET
     or restart per directive."""
     steps: list[Step] = []
-    live_changes: list[Step] = []
-    restart_for: list[str] = []
     wanted = single_valued(want.directives)
     recorded = single_valued(f.recorded_directives)
-    for name, value in wanted.items():
-        if name == "user":
-            continue  # the default user's passwords during a rotation: the rotation phase sets them live
-        live = (f.config or {}).get(name)
-        if is_fence(name, live):
-            continue  # FinishFailover lifts it to the spec's value once the failover is decided
-        changed_in_spec = f.recorded_digest is not None and recorded.get(name) != value
-        drifted = live is not None and not config_equal(name, value, live)
-        if not (changed_in_spec or drifted):
-            continue
-        if name in NOT_CONFIG_DIRECTIVES or name in IMMUTABLE or name in PROTECTED or live is None:
-            restart_for.append(name)
-        else:
-            why = spec_change(want, name, recorded.get(name), value) if changed_in_spec else \
-                f"live {name} is {live!r}, spec says {value}"
-            live_changes.append(ConfigSet(node.name, why, name, value, shown(name, live)))
+    live_changes, restart_for = _directive_changes(node, want, f, wanted, recorded)
     for step_or_reason in dropped_config_steps(node, wanted, recorded, f, server[0]):
         if isinstance(step_or_reason, str):
             restart_for.append(step_or_reason)
@@ -112,6 +95,31 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             f"{', '.join(sorted(set(restart_for)))} cannot change at runtime"
         steps.append(RestartNode(node.name, why, needs_downtime=is_master))
     return steps
+
+
+def _directive_changes(node: Node, want: DesiredNode, f: NodeFacts, wanted: dict[str, str],
+                       recorded: dict[str, str]) -> tuple[list[Step], list[str]]:
+    """Per directive the spec changed or the live config drifted from: a CONFIG SET, or (a directive that cannot
+    change at runtime) a reason to restart."""
+    live_changes: list[Step] = []
+    restart_for: list[str] = []
+    for name, value in wanted.items():
+        if name == "user":
+            continue  # the default user's passwords during a rotation: the rotation phase sets them live
+        live = (f.config or {}).get(name)
+        if is_fence(name, live):
+            continue  # FinishFailover lifts it to the spec's value once the failover is decided
+        changed_in_spec = f.recorded_digest is not None and recorded.get(name) != value
+        drifted = live is not None and not config_equal(name, value, live)
+        if not (changed_in_spec or drifted):
+            continue
+        if name in NOT_CONFIG_DIRECTIVES or name in IMMUTABLE or name in PROTECTED or live is None:
+            restart_for.append(name)
+        else:
+            why = spec_change(want, name, recorded.get(name), value) if changed_in_spec else \
+                f"live {name} is {live!r}, spec says {value}"
+            live_changes.append(ConfigSet(node.name, why, name, value, shown(name, live)))
+    return live_changes, restart_for
 
 
 def write_reason(want: DesiredNode, f: NodeFacts, changes: tuple[Change, ...]) -> str:

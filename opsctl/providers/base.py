@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import MAX_PORT, PORTS, Node, valid_host
 from opsctl.state.readback import Fields, parse_json
 
 
@@ -67,6 +67,7 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
+MAX_SHARD = 16384  # a cluster has no more shards than slots
 RECORD_HINT = "delete the file; the next `opsctl apply` writes it again"
 
 
@@ -77,12 +78,22 @@ def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
         return {}
     record = Fields(parse_json(text, where, RECORD_HINT), where, RECORD_HINT)
     record.get("digest", str, None)
-    record.get("applied", float, None)
     record.get("pending_restart", bool, None)
     if record.data.get("deployed") is not None:
+        # ranged too: each value reaches a config file, a plan and a scrape target as it is
         deployed = record.child("deployed")
-        deployed.get("host", str), deployed.get("port", int), deployed.get("role", str)
-        deployed.get("shard", int, None), deployed.get("address", str, None)
+        deployed.get("host", str), deployed.get("role", str)
+        if deployed.get("port", int) not in PORTS:
+            raise deployed.problem(f"is not a port from 1 to {MAX_PORT}", "port")
+        shard = deployed.get("shard", int, None)
+        if shard is not None and not 1 <= shard <= MAX_SHARD:
+            raise deployed.problem(f"is not a shard number from 1 to {MAX_SHARD}", "shard")
+        address = deployed.get("address", str, None)
+        if address is not None and not valid_host(address):
+            raise deployed.problem("is not an IP address or host name", "address")
+    applied = record.get("applied", float, None)
+    if applied is not None and applied < 0:
+        raise record.problem("is not a time (seconds since 1970)", "applied")
     directives = record.get("directives", list, [])
     for index, pair in enumerate(directives):
         if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.record import ascii_decimal
 from opsctl.observe.replies import SLOTS, Arg, ClusterNodeLine
 
 T = TypeVar("T")
@@ -201,7 +202,7 @@ def _counts(raw: object, where: str) -> Counts:
     fields = ("restored", "existing", "skipped", "conflicts")
     ok = (isinstance(raw, dict) and all(_count(raw.get(f)) for f in fields)
           and isinstance(raw.get("scanned"), dict)
-          and all(isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 5 and _count(v)
+          and all(ascii_decimal(k, 0, 99999) is not None and _count(v)
                   for k, v in raw["scanned"].items())
           and isinstance(raw.get("conflict_keys"), list))
     if not ok:

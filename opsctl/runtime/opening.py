@@ -124,7 +124,17 @@ def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | N
             records = provider.deployed_records()
         finally:
             provider.close()
-    return with_placement(loaded, records), records
+    # the moves of rebalance_placement as placed() makes them, from the recorded masters (no server is asked): render
+    # and inventory write the nodes the next apply leaves running, a moved node's replacement among them
+    moves = placement_moves(loaded.spec, deployed_from_records(records)) if rebalancing(loaded.spec) else ()
+    return with_placement(loaded, records, (), moves), records
+
+
+def nothing_deployed(loaded: LoadedSpec, state_dir: Path) -> str:
+    """The words of the one note (or error) for a spec with no record where its nodes would be: a mistyped
+    --state-dir, or nothing deployed yet."""
+    where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
+    return f"no node of '{loaded.spec.name}' is deployed {where}"
 
 
 def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
@@ -135,18 +145,18 @@ def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None
     of a first deploy, and a note that says so: never an error, CI jobs render specs whose hosts they cannot reach."""
     if loaded.spec.topology == "standalone":
         return loaded, None  # one node, placed by the spec alone
-    where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
     try:
         placed, records = recorded_placement(loaded, state_dir, known_hosts)
     except OpsctlError as exc:
-        if loaded.spec.provider != "ansible":
-            raise  # a local record that cannot be read is bad input, not a host out of reach
+        from opsctl.providers.remote.ssh import HostUnreachable  # SSH's errors: only a remote read gets here
+
+        if not isinstance(exc, HostUnreachable):
+            raise  # a corrupt record, a refused login, a changed host key: an error, not a host out of reach
         why = clip(exc.summary, 200)
-        return loaded, (f"note: the records of '{loaded.spec.name}' could not be read {where} ({why}): the nodes are "
-                        "where a first deploy puts them (--offline skips the look)")
+        return loaded, (f"note: the records of '{loaded.spec.name}' could not be read on its hosts ({why}): the "
+                        "nodes are where a first deploy puts them (--offline skips the look)")
     if not records:
-        return loaded, (f"note: no node of '{loaded.spec.name}' is deployed {where}: the nodes are where the first "
-                        "apply puts them")
+        return loaded, f"note: {nothing_deployed(loaded, state_dir)}: the nodes are where the first apply puts them"
     return placed, None
 
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.layout import SENTINEL_PREFIX, Role
+from opsctl.spec.layout import SENTINEL_PREFIX, Layout, Node, Role
 from opsctl.spec.model import Spec
 
 PURGING = "purging"  # a tombstone's mark until its folder was purged (apply.slot_steps.retire)
@@ -68,3 +68,22 @@ def unpurged(deployed: Sequence[Deployed]) -> list[Deployed]:
 def is_node_name(spec: Spec, name: str) -> bool:
     """A server's or a sentinel's name of spec: the node folders whose records placement reads."""
     return name_index(spec, name) is not None or sentinel_index(spec, name) is not None
+
+
+def running_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
+    """The nodes deployed now, by the records (layout placed from them): the layout's nodes that have a record and
+    the retired ones of a shard the layout keeps whose record is no tombstone (drained from a host the spec lost, a
+    surplus member: they run at their recorded address until the next apply removes them); not a parked shard's
+    (past cluster.masters: stopped by the apply that parks it, its records kept), nor a node the next apply adds.
+    With no record at all (nothing deployed yet) the layout's nodes, where the first apply puts them."""
+    if not records:
+        return list(layout.nodes)
+    live = {name for name, record in records.items() if not record.get("retired")}
+    kept = {s.index for s in layout.shards}
+    leaving = [n for n in layout.retired if n.shard is None or n.shard in kept]
+    return [n for n in (*layout.nodes, *leaving) if n.name in live]
+
+
+def pending_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
+    """The layout's nodes the next apply adds (no record yet), while something is deployed: to be added, not down."""
+    return [n for n in layout.nodes if n.name not in records] if records else []

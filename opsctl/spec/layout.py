@@ -20,6 +20,7 @@ from dataclasses import field
 from typing import Literal
 
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import ascii_decimal
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, PLAINTEXT_PORT_OFFSET, FileRef, Host, Spec, TlsFiles
 
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}  # every interface: hardening.allow_public_bind
@@ -250,7 +251,7 @@ PORTS = range(1, MAX_PORT + 1)  # a port above MAX_PORT would quietly become ano
 
 def valid_port(text: str) -> bool:
     """1..65535 written in ASCII digits: no sign, no blank, no other script's digits."""
-    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) in PORTS
+    return ascii_decimal(text, 1, MAX_PORT) is not None
 
 
 def split_endpoint(text: str) -> tuple[str, int] | None:

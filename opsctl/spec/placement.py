@@ -13,7 +13,6 @@ from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, re
 from opsctl.spec.layout import (
     Layout,
     Node,
-    Role,
     Shard,
     bus_port,
     canonical_address,
@@ -80,9 +79,17 @@ def recorded_nodes(spec: Spec, layout: Layout, deployed: Sequence[Deployed]) -> 
         if d.host in hosts:
             out.append(node_on(spec, d.name, hosts[d.host], d.port, recorded_role(d), d.shard))
         else:
-            address = canonical_address(d.address or "")
-            out.append(Node(d.name, d.host, address, d.port, recorded_role(d), d.shard, bind=(address,)))
+            out.append(drained_node(spec, d))
     return tuple(out)
+
+
+def drained_node(spec: Spec, d: Deployed) -> Node:
+    """A deployed node on a host the spec no longer lists, at its recorded address (with its bus port: the cluster
+    knows it there until it is forgotten)."""
+    address = canonical_address(d.address or "")
+    role = recorded_role(d)
+    return Node(d.name, d.host, address, d.port, role, d.shard, bind=(address,),
+                bus_port=bus_port(spec, d.port, role))
 
 
 def surplus_members(layout: Layout) -> list[Node]:
@@ -202,11 +209,8 @@ class _Placer:
 
     def _drain(self, d: Deployed) -> Node:
         """A node on a host the spec no longer lists, at its recorded address: retired once replaced elsewhere."""
-        address = canonical_address(d.address or "")
-        role: Role = "master" if d.role == "master" else "replica"
         self.reasons.setdefault(d.name, f"{d.name} on {d.host}: retired, {d.host} removed from the spec")
-        return Node(d.name, d.host, address, d.port, role, d.shard, bind=(address,),
-                    bus_port=bus_port(self.spec, d.port, role))
+        return drained_node(self.spec, d)
 
     def _node(self, name: str, host: Host, port: int, role: str, shard: int | None) -> Node:
         return node_on(self.spec, name, host, port, "master" if role == "master" else "replica", shard)

@@ -20,7 +20,8 @@ from opsctl.base.words import human_bytes
 
 READ_LIMIT = 16 * 1024 * 1024
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-LINK_HINT = "opsctl never follows a symbolic link it did not get on the command line: remove the link"
+LINK_HINT = ("opsctl never writes through a symbolic link (it reads through one only when the command line names it): "
+             "give the real path (`realpath LINK` names it), or remove the link")
 
 
 class FileProblem(OpsctlError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
@@ -70,10 +70,34 @@ def state_lock(state_dir: Path, timeout: float = 0) -> Iterator[None]:
     fd = _open_lock(state_dir)
     try:
         _acquire(fd, state_dir, timeout)
+        while not _still_there(fd, state_dir):  # a purge removed the file this run waited on: lock the one there now
+            os.close(fd)
+            fd = -1
+            fd = _open_lock(state_dir)
+            _acquire(fd, state_dir, timeout)
         rewrite_open(fd, state_dir / LOCK_NAME, f"{os.getpid()}\n".encode())
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _still_there(fd: int, state_dir: Path) -> bool:
+    """The locked file is the one the state dir names (remove_lock_file unlinks it under the lock: a run that
+    waited on it holds a lock nobody else sees)."""
+    try:
+        named = os.stat(state_dir / LOCK_NAME, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def remove_lock_file(state_dir: Path) -> None:
+    """Remove the lock file, while this run holds it (destroy --purge leaves no file of the topology): a run that
+    waited on it finds it gone once it has it, and locks a new one (state_lock); no two runs ever hold both."""
+    with open_dir(state_dir, trusted_owners()) as folder, suppress(FileNotFoundError):
+        os.unlink(LOCK_NAME, dir_fd=folder)

@@ -126,6 +126,7 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ended = None
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
         try:
             run_archive(connector, store, state_dir, emit, archive,
@@ -133,7 +134,11 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
         except stop.Stopped as stopped:
             if not stop.asked_once():
                 raise
-            emit(ArchiveStopped(signal.Signals(stopped.signum).name, stopped.detail or "nothing was left open"))
+            ended = ArchiveStopped(signal.Signals(stopped.signum).name, stopped.detail or "nothing was left open")
+            if args.output == "json":
+                emit(ended)  # the last JSON line, in the envelope
+    if ended is not None and args.output != "json":
+        print(ended.line())  # the result, on stdout like every command's (progress stays on stderr)
     return EXIT_OK
 
 
@@ -145,9 +150,6 @@ def _catalog(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import CatalogResult
 
-    if args.target and not args.from_:
-        raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL: a location read is given as --from",
-                          hint=f"opsctl backup {args.action} --from {args.target[:200]}")
     if not args.from_ or args.file or args.to or (args.action == "prune" and args.keep_days is None):
         raise OpsctlError(f"usage: opsctl backup {args.action} --from DIR|URL"
                           + (" --keep-days N" if args.action == "prune" else ""),

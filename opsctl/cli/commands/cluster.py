@@ -49,17 +49,25 @@ def _cluster_spec(path: str) -> LoadedSpec:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from opsctl.cli.output import print_result
     from opsctl.cli.results import ClusterCheckResult
     from opsctl.cluster.check import summarize
     from opsctl.net.observer import observe
-    from opsctl.runtime.opening import open_connector
+    from opsctl.runtime.opening import open_connector, recorded_placement
+    from opsctl.spec.deployed import pending_nodes, running_nodes
     from opsctl.state.statedir import state_dir_for
 
     loaded = _cluster_spec(args.file)
-    with open_connector(loaded, state_dir_for(loaded, getattr(args, "state_dir", None))) as connector:
-        # the servers deployed, where they run (placed from their records), not where a fresh deploy puts them
-        report = summarize(observe(connector, connector.loaded.layout.servers, timeout=args.timeout))
+    state_dir = state_dir_for(loaded, getattr(args, "state_dir", None))
+    # the servers deployed, where they run (by their records: drained ones too, until the apply that removes them),
+    # not where a fresh deploy puts them; the ones the next apply adds are to be added, not unreachable
+    placed, records = recorded_placement(loaded, state_dir)
+    servers = [n for n in running_nodes(placed.layout, records) if not n.is_sentinel]
+    with open_connector(loaded, state_dir) as connector:
+        report = summarize(observe(connector, servers, timeout=args.timeout))
+    report = replace(report, pending=tuple(n.name for n in pending_nodes(placed.layout, records)))
     print_result(ClusterCheckResult(report), args.output)
     return EXIT_OK if report.healthy else EXIT_ERROR
 

@@ -92,12 +92,20 @@ def _inventory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     as_json = args.output == "json"
-    lines, inventory = write_inventory(args, Path(args.dir), as_json)
+    if as_json and not args.with_files:  # the inventory goes to stdout: no folder is written into
+        from opsctl.cli.options import refuse_given
+
+        refuse_given(args, ("dir",), "a written inventory (text) or --with-files' installers, not with -o json "
+                     "alone (it prints the inventory)", "drop --dir, or add --with-files")
+    lines, inventory = write_inventory(args, Path(args.dir or DEFAULT_DIR), as_json)
     for line in lines:
         print(line, file=sys.stderr if as_json else sys.stdout)
     if inventory is not None:
         print(json.dumps(inventory, indent=2))
     return EXIT_OK
+
+
+DEFAULT_DIR = "inventories"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,8 +115,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "Nothing deployed yet, or hosts out of reach: where a first deploy puts them "
                                    "(said on stderr).")
     add_spec_file(p)
-    add_dir(p, "the folder to write the inventory (and --with-files' installers) into (default: inventories)",
-            default="inventories")
+    add_dir(p, f"the folder to write the inventory (and --with-files' installers) into (default: {DEFAULT_DIR})",
+            default=DEFAULT_DIR)
+    p.set_defaults(dir=None)  # DEFAULT_DIR when not given: -o json refuses a --dir it would not write into
     add_output(p, about="text: write DIR/<name>.yml and say so; json: print the inventory in Ansible's JSON form "
                         "(an inventory script's answer to --list) instead of writing it",
                moved=Moved("inventory", "folder", "--dir"))

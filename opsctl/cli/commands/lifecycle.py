@@ -23,6 +23,8 @@ from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
+    from pathlib import Path
+
     from opsctl.base.events import Emit
     from opsctl.cli.output import Lines
     from opsctl.plan.facts import NodeFacts
@@ -253,6 +255,8 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
         if not todo:
             say(f"nothing to {'stop or purge' if args.purge else 'stop'}: no node of '{name}' runs"
                 f"{' or has files' if args.purge else ''}")
+        if args.purge:  # a purge killed after its last node left the journals: they go on this path too
+            _purge_state(rt.state_dir, args.dry_run, say)
         _drop_textfiles(args, name, say)
         return bool(todo)
     what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
@@ -269,11 +273,54 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
                 rt.provider.purge(p.node)
             say(_destroy_words(p.node.name, running, args.purge, p.exporter))
         if args.purge:
-            from opsctl.slots.journal import Journal
-
-            Journal(rt.state_dir).discard()  # it names the purged cluster's nodes and ids
+            _drop_state(rt.state_dir, say)  # under the lock, the lock file last
     _drop_textfiles(args, name, say)
     return True
+
+
+def _state_files(state_dir: Path) -> list[Path]:
+    """What a purged topology's state dir may still hold beside its nodes' folders, each naming the purged nodes
+    (ids, addresses) and read by a fresh deploy as its own: the slot, restore and migration journals, the failover
+    reports (the cool-down reads them), and the lock file. The TLS material (tls/) stays: clients trust its CA."""
+    from opsctl.failover.report import REPORT_DIR
+    from opsctl.migrate.phases import JOURNAL as MIGRATE_JOURNAL
+    from opsctl.restore.route import JOURNAL as RESTORE_JOURNAL
+    from opsctl.slots.journal import JOURNAL as SLOTS_JOURNAL
+    from opsctl.state.statelock import LOCK_NAME
+
+    names = (SLOTS_JOURNAL, RESTORE_JOURNAL, MIGRATE_JOURNAL, REPORT_DIR, LOCK_NAME)
+    return [path for path in (state_dir / name for name in names) if path.is_symlink() or path.exists()]
+
+
+def _purge_state(state_dir: Path, dry_run: bool, say: Lines) -> None:
+    """destroy --purge with no node left to purge: the state files a killed purge left go (under the lock: a run
+    that starts meanwhile reads none half-removed); a dry run names them."""
+    from opsctl.state.statelock import state_lock
+
+    found = _state_files(state_dir)
+    if dry_run or not found:
+        for path in found:
+            say(f"would remove {path}")
+        return
+    with state_lock(state_dir):
+        _drop_state(state_dir, say)
+
+
+def _drop_state(state_dir: Path, say: Lines) -> None:
+    """Remove _state_files (a link goes itself, never what it points to), the lock file last: this run holds it."""
+    import shutil
+
+    from opsctl.state.statelock import LOCK_NAME, remove_lock_file
+
+    for path in _state_files(state_dir):
+        if path.name == LOCK_NAME:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        say(f"removed {path}")
+    remove_lock_file(state_dir)
 
 
 def _drop_textfiles(args: argparse.Namespace, name: str, say: Lines) -> None:

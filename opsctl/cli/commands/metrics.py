@@ -23,7 +23,7 @@ RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. 
 
 def cmd_targets(args: argparse.Namespace) -> int:
     from opsctl.metrics.targets import file_sd_json, target_groups
-    from opsctl.runtime.opening import recorded_placement
+    from opsctl.runtime.opening import nothing_deployed, recorded_placement
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -39,9 +39,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
     placed, records = recorded_placement(loaded, state_dir)
     _refuse_ports_above_range(placed)  # where the nodes run: a node placed past base_port's range counts too
     if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
-        where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
-        print(f"note: no node of '{loaded.spec.name}' is deployed {where}: the targets are where the first apply "
-              "puts the nodes", file=sys.stderr)
+        print(f"note: {nothing_deployed(loaded, state_dir)}: the targets are where the first apply puts the nodes",
+              file=sys.stderr)
     text = file_sd_json(target_groups(placed.spec, placed.layout, records))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh

@@ -27,6 +27,7 @@ from opsctl.cli.runsignals import note_run, recorded
 CUTOVER_WAIT = 120.0
 
 if TYPE_CHECKING:
+    from opsctl.base.events import Emit
     from opsctl.migrate.foreign import ForeignSource
     from opsctl.net.connector import Connector
 
@@ -84,8 +85,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.base import stop
-    from opsctl.base.events import CutoverDone, Event, Note
-    from opsctl.cli.output import printing
+    from opsctl.base.events import Note
     from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
@@ -102,11 +102,7 @@ def _migrate(args: argparse.Namespace) -> int:
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
         stack.enter_context(topology_lock(target_connector, force=args.force_lock))
         json_mode = args.output == "json"
-        printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
-
-        def emit(event: Event) -> None:  # as text, the report goes to stdout at the end, not among the events
-            if json_mode or not isinstance(event, CutoverDone):
-                printer(event)
+        emit = _emitter(stack, json_mode)
         try:
             report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
         except stop.Stopped as stopped:
@@ -120,6 +116,20 @@ def _migrate(args: argparse.Namespace) -> int:
     if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
+    """The migration's events, entered on stack: JSON lines on stdout (the cutover report the last), or text on
+    stderr without the report, which goes to stdout at the end."""
+    from opsctl.base.events import CutoverDone, Event
+    from opsctl.cli.output import printing
+
+    printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
+
+    def emit(event: Event) -> None:
+        if json_mode or not isinstance(event, CutoverDone):
+            printer(event)
+    return emit
 
 
 def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:

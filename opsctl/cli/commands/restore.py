@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from opsctl.backup.manifest import ShardFile
     from opsctl.restore.sources import Prepared, RestoreOptions
     from opsctl.restore.target import Target
+    from opsctl.spec.load import LoadedSpec
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.cli.options import confirm
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.copying import run_restore
-    from opsctl.restore.sources import RestoreOptions, backup_sources, live_sources, refuse_same_servers
+    from opsctl.restore.sources import RestoreOptions
     from opsctl.restore.target import inspect_target
     from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
@@ -62,20 +63,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         if not args.dry_run:  # one run per target topology, whatever its state dir
             stack.enter_context(topology_lock(connector, force=args.force_lock))
         target = inspect_target(connector)
-        if until is not None:
-            prepared = stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))
-        elif args.from_dir:
-            from opsctl.backup.offsite import fetched
-
-            folder, origin = stack.enter_context(fetched(args.from_dir, state_dir))
-            prepared = stack.enter_context(backup_sources(folder, target, options, origin))
-        else:
-            source = read_spec(args.from_live)
-            refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
-            source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
-            if not args.dry_run:  # no run reshards, fails over or restarts the source while it is read
-                stack.enter_context(topology_lock(source_connector, force=args.force_lock))
-            prepared = stack.enter_context(live_sources(source_connector, target, options))
+        prepared = _sources(args, stack, loaded, target, state_dir, options, until)
         emit = stack.enter_context(event_printer(json_mode))
         report = run_restore(target, prepared, state_dir, options, emit)
         note_run(args, keys=report.done().restored)
@@ -87,6 +75,31 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
         print_text(RestoreResult(report.done()))
     return EXIT_ERROR if report.problems else EXIT_OK
+
+
+def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, target: Target, state_dir: Path,
+             options: RestoreOptions, until: float | None) -> Prepared:
+    """The sources a restore reads, entered on stack: a backup replayed to a time, a backup, or a live topology
+    (locked, unless a dry run, so that no run reshards, fails over or restarts it while it is read)."""
+    from opsctl.net.topolock import topology_lock
+    from opsctl.restore.sources import backup_sources, live_sources, refuse_same_servers
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    if until is not None:
+        return stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))
+    if args.from_dir:
+        from opsctl.backup.offsite import fetched
+
+        folder, origin = stack.enter_context(fetched(args.from_dir, state_dir))
+        return stack.enter_context(backup_sources(folder, target, options, origin))
+    source = read_spec(args.from_live)
+    refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
+    source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
+    if not args.dry_run:
+        stack.enter_context(topology_lock(source_connector, force=args.force_lock))
+    return stack.enter_context(live_sources(source_connector, target, options))
 
 
 def _check_options(args: argparse.Namespace) -> None:

@@ -57,7 +57,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def _write_new(path: Path, text: str) -> None:
-    """Create path with text; refuse when anything is there (the check and the creation are one call)."""
+    """Create path with text; refuse when anything is there (the check and the creation are one call), and a
+    folder that is a link: opsctl never writes through one."""
+    from opsctl.state.safefs import LINK_HINT, FileProblem
+
+    if any(folder.is_symlink() for folder in path.absolute().parents):
+        raise FileProblem(path, "its folder is a symbolic link", LINK_HINT)
     try:
         with path.open("x", encoding="utf-8") as handle:
             handle.write(text)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError
 from opsctl.cli.options import add_auto_approve, add_dry_run, add_force_lock, add_spec_options
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from opsctl.spec.load import LoadedSpec
 
 
 def _ca(args: argparse.Namespace) -> int:
@@ -27,22 +33,36 @@ def _ca(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _deployed_names(loaded: LoadedSpec, state_dir: Path) -> list[str]:
+    """The nodes deployed, by the names their records give them (a fresh deploy's names differ after a change of
+    shape), drained ones still running included, the ones the next apply adds not; read, not written. Nothing
+    deployed there (a mistyped --state-dir): an error, not a list of nodes that do not run."""
+    from opsctl.runtime.opening import nothing_deployed, recorded_placement
+    from opsctl.spec.deployed import running_nodes
+
+    placed, records = recorded_placement(loaded, state_dir)
+    if not records and loaded.spec.topology != "standalone":
+        raise OpsctlError(f"{nothing_deployed(loaded, state_dir)}: there is no certificate to rotate",
+                          hint="check --state-dir, or run `opsctl apply -f SPEC` first")
+    return [n.name for n in running_nodes(placed.layout, records)]
+
+
 def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.tls_rotation import Mode, rotate
     from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
-    from opsctl.runtime.opening import make_runtime, recorded_placement
+    from opsctl.runtime.opening import make_runtime
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
+    if not loaded.spec.tls.enabled:  # said before the dry run too: it must not promise what the run refuses
+        raise OpsctlError("the spec has no TLS to rotate", hint="set tls.enabled: true and apply first")
     mode: Mode = "new-ca" if args.new_ca else "drop-old-ca" if args.drop_old_ca else "certs"
-    # the nodes deployed, by the names their records give them (a fresh deploy's names differ after a change of
-    # shape); read, not written: a dry run writes nothing
-    names = [n.name for n in recorded_placement(loaded, state_dir_for(loaded, args.state_dir))[0].layout.nodes]
+    names = _deployed_names(loaded, state_dir_for(loaded, args.state_dir))
     nodes = ", ".join(names)
     if args.dry_run:
         line = f"dry run: would rotate ({mode}) the certificates of {nodes}; nothing changed"

@@ -4,6 +4,7 @@ file_sd targets where Prometheus runs. HOST is a host of the spec (its SSH setti
 from __future__ import annotations
 
 from opsctl.base.errors import OpsctlError, echo
+from opsctl.base.secrets import mask_login
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.spec.model import Spec
@@ -16,9 +17,16 @@ def parse_write_to(text: str) -> tuple[str, str]:
     """HOST:PATH as (host, path); the path must be absolute (the first `:/` ends the host, an address may hold
     colons)."""
     host, sep, rest = text.partition(":/")
+    user = host.rpartition("@")[0]
+    shown = echo(mask_login(text, len(host)))  # what is before an @ may be a password
+    if "://" in text:  # a URL's scheme would be taken for the host, its user:password for the path
+        raise OpsctlError(f"--write-to {shown}: a URL is not HOST:/PATH", hint=WRITE_TO_HINT)
+    if ":" in user:
+        raise OpsctlError(f"--write-to {shown}: a login holds no password (SSH logs in with a key or the agent)",
+                          hint=WRITE_TO_HINT)
     if not sep or not host or not rest or rest.endswith("/") or any(ord(c) < 32 for c in rest) \
             or any(part in (".", "..") for part in rest.split("/")):
-        raise OpsctlError(f"--write-to {echo(text)} is not HOST:/PATH", hint=WRITE_TO_HINT)
+        raise OpsctlError(f"--write-to {shown} is not HOST:/PATH", hint=WRITE_TO_HINT)
     parse_bastion(host, "root")  # a port out of range or a malformed address: said before the spec is read
     return host, "/" + rest
 

@@ -120,6 +120,11 @@ GONE = (OSError, EOFError, paramiko.SSHException)
 bare EOFError for a request on a connection that has closed."""
 
 
+class HostUnreachable(OpsctlError):
+    """A host that did not answer (refused, timed out, no route, the connection dropped): not a refused login, a
+    changed host key or a file that cannot be read there. Offline commands fall back on it (apply.placing)."""
+
+
 def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") -> OpsctlError:
     hints = {
         paramiko.BadHostKeyException: "the host key changed: verify the host, then update known_hosts",
@@ -130,7 +135,8 @@ def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") 
     hint = next((h for cls, h in hints.items() if isinstance(exc, cls)),
                 "is the host up and sshd listening on ssh_port? check address, bastion and firewalls")
     detail = "the SSH connection closed" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
-    return OpsctlError(f"cannot {doing} host {target.describe()}", detail, hint)
+    kind = HostUnreachable if isinstance(exc, (OSError, EOFError)) else OpsctlError
+    return kind(f"cannot {doing} host {target.describe()}", detail, hint)
 
 
 # --- I/O -----------------------------------------------------------------------------------------------------
