@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
 from tests.test_audit_fixtures import (
@@ -192,8 +192,8 @@ def run(fleet: Fleet, keys: int, work: Path, rounds: int, extra: list[str], scan
 
 
 def tls_compare(keys: int, rounds: int) -> int:
-    from opsctl.apply.runtime import make_connector
     from opsctl.cli.main import main as opsctl
+    from opsctl.runtime.opening import make_connector
     from opsctl.state.specfile import read_spec
     from tests.support import make_spec, write_spec
 

@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opsctl.apply.runtime import make_connector
 from opsctl.cli.main import main as opsctl
 from opsctl.net.connector import Connector
+from opsctl.runtime.opening import make_connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, tls_client_options, write_spec

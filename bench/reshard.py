@@ -44,7 +44,7 @@ from opsctl.cli.main import main as opsctl_main
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.slots.atomic import job_id, job_state, parse_migrations, start_commands, status_command
 from opsctl.slots.journal import Journal
 from opsctl.slots.keys import KeyMover, Options
@@ -330,7 +330,7 @@ def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: in
 
 
 def tls_compare(keys: int, rounds: int = 2) -> int:
-    from opsctl.apply.runtime import make_connector
+    from opsctl.runtime.opening import make_connector
 
     server_binary("redis")
     with server_tmpdir() as tmp:

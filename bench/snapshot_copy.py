@@ -23,12 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.restore import fill, load, topology
-from opsctl.apply.connect import open_connector
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
 from opsctl.restore.engine import Side, Source, copy_source
 from opsctl.restore.target import inspect_target
+from opsctl.runtime.opening import open_connector
 from opsctl.state.specfile import read_spec
 from opsctl.state.statedir import state_dir_for
 from tests.support import PASSWORD, PASSWORD_ENV, bare_server, server_binary, server_tmpdir

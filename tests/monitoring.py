@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from opsctl.plan.metrics import METRIC_HELP
+from opsctl.metrics.signals import METRIC_HELP
 from tests.support import missing
 
 ROOT = Path(__file__).resolve().parent.parent

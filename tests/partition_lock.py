@@ -199,7 +199,7 @@ def split_runs(tmp: Path, flavor: str) -> LockRun:
 
 def _slots(loaded: Any, master: Any) -> int:
     """The slots master says it serves (its own CLUSTER NODES line)."""
-    from opsctl.observe.parse import parse_cluster_nodes
+    from opsctl.observe.replies import parse_cluster_nodes
     from tests.support import admin_for
 
     with admin_for(loaded, master) as admin:

@@ -15,7 +15,7 @@ from opsctl.backup.manifest import parse_manifest
 from opsctl.base.errors import OpsctlError
 from opsctl.cli.main import main
 from opsctl.providers.base import parse_record
-from opsctl.providers.remote.staging import read_binary
+from opsctl.providers.remote.bundle import read_binary
 from opsctl.restore.route import parse_journal
 from opsctl.slots.journal import parse_lines
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

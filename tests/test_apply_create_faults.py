@@ -23,8 +23,8 @@ from redis.crc import key_slot
 from redis.retry import Retry
 
 from opsctl.cli.main import main
-from opsctl.observe.parse import parse_cluster_nodes, parse_info
-from opsctl.plan.slotmath.ranges import expand
+from opsctl.observe.replies import parse_cluster_nodes, parse_info
+from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import plan_json, run
@@ -122,11 +122,11 @@ def _killed_while_masters_set_up(spec: Path, met: bool) -> None:
     from dataclasses import replace
 
     from opsctl.apply.executor import execute
-    from opsctl.apply.gather import compute_plan
-    from opsctl.apply.runtime import make_runtime
+    from opsctl.apply.planning import compute_plan
     from opsctl.base.events import ignore
-    from opsctl.plan.slotmath.planning import slot_plan
     from opsctl.plan.steps import FormCluster
+    from opsctl.runtime.opening import make_runtime
+    from opsctl.slots.slotplan import slot_plan
 
     loaded = read_spec(spec)
     layout = loaded.layout
@@ -284,11 +284,11 @@ def test_a_replica_that_cannot_start_fails_the_creation_and_the_next_apply_finis
 def test_a_run_that_lost_its_topology_lock_starts_no_server(tmp_path) -> None:
     """Starts go out together (one wave), checked against the lock once before any launch, as each step is."""
     from opsctl.apply.executor import execute
-    from opsctl.apply.runtime import make_runtime
     from opsctl.base.errors import OpsctlError
     from opsctl.base.events import ignore
     from opsctl.net.topolock import topology_lock
     from opsctl.plan.steps import Plan, StartNode
+    from opsctl.runtime.opening import make_runtime
 
     server_binary("valkey")
     loaded = read_spec(write_spec(tmp_path, make_spec("cluster", "valkey")))

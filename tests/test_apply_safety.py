@@ -10,11 +10,11 @@ import redis
 import yaml
 
 from opsctl.apply.executor import execute
-from opsctl.apply.runtime import make_runtime
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import Log
 from opsctl.net.connector import Connector
 from opsctl.plan.steps import Failover, MoveSlots, Plan, Replicate, RestartNode
+from opsctl.runtime.opening import make_runtime
 from tests.lifecycle import deployed, plan_json, read_spec, run
 from tests.support import PASSWORD
 from tests.writer import Writer, cluster_client

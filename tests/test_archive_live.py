@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.backup.catalog import read_bases
 from opsctl.backup.offsite import open_store
 from opsctl.backup.segment import decode_segment, parse_name
 from opsctl.backup.store import parse_location
-from opsctl.backup.timeline import iso
+from opsctl.backup.timeline import iso, read_bases
 from tests.lifecycle import run
 from tests.s3server import SECRET, S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
 from tests.support import PASSWORD, cluster_check
@@ -206,8 +205,7 @@ def test_a_gap_starts_a_new_base_and_retention_refuses_by_name(tmp_path, capsys,
     """Replication topology (a master, two replicas): the archiver stopped while the master writes more than its
     backlog holds; restarted, it reports the gap and takes a new base. Prune then drops the first base (time moved
     two days on), and a restore to a time only it served is refused naming retention; a later time restores."""
-    from opsctl.backup.catalog import prune
-    from opsctl.backup.timeline import DAY
+    from opsctl.backup.timeline import DAY, prune
     from tests.support import admin_for
 
     shapes = ("replication", {}), ("standalone", {})

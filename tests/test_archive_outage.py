@@ -17,10 +17,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from opsctl.backup.catalog import read_bases
 from opsctl.backup.offsite import open_store
 from opsctl.backup.segment import chain, decode_segment, parse_name
 from opsctl.backup.store import parse_location
+from opsctl.backup.timeline import read_bases
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from tests.s3server import S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)

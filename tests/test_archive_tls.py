@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from opsctl.backup.catalog import read_bases
 from opsctl.backup.offsite import open_store
 from opsctl.backup.store import parse_location
+from opsctl.backup.timeline import read_bases
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, tls_client_options

@@ -28,7 +28,7 @@ from opsctl.backup.timeline import (
     to_prune,
 )
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.plan.streamcmd import Entry, Position
+from opsctl.stream.framing import Entry, Position
 
 REPLID = "a" * 40
 

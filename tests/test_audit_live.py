@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.audit.bigdelete import delete_big_key
-from opsctl.audit.run import AuditOptions, run_audit
+from opsctl.audit.survey import AuditOptions, run_audit
 from opsctl.cli.main import main
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover

@@ -8,6 +8,7 @@ import pytest
 from redis.crc import key_slot
 
 from opsctl.audit.bigdelete import choose_method, gc_name, parse_slot_owner
+from opsctl.audit.formats import render
 from opsctl.audit.keynames import NameLint, case_style, prefix_of
 from opsctl.audit.keyspace import BigKeys, Expiries, HotKeys, Thresholds, shard_skew
 from opsctl.audit.nodechecks import (
@@ -20,11 +21,11 @@ from opsctl.audit.nodechecks import (
     size_bytes,
     slowlog_rows,
 )
-from opsctl.audit.report import render
-from opsctl.audit.throttle import throttle_delay
+from opsctl.audit.scan import throttle_delay
 from opsctl.net.discover import LiveNode, role_summary, scan_targets
-from opsctl.net.resp import INCOMPLETE, RespError, encode, encode_keyed, reader, replies
+from opsctl.net.resp import INCOMPLETE, encode, encode_keyed, reader, replies
 from opsctl.observe.findings import BEST_PRACTICES, RULES, SOURCES, at_or_above, finding
+from opsctl.observe.replies import RespError
 from opsctl.spec.layout import Node
 
 
@@ -117,8 +118,8 @@ def test_audit_imports_no_client_library() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, opsctl.cli.main, opsctl.cli.commands.audit, opsctl.audit.run, "
-            "opsctl.audit.report, opsctl.state.specfile, "
+    code = ("import sys, opsctl.cli.main, opsctl.cli.commands.audit, opsctl.audit.survey, "
+            "opsctl.audit.formats, opsctl.state.specfile, "
             "opsctl.state.statedir, opsctl.net.connector; print(' '.join(sorted(sys.modules)))")
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True).stdout.split())

@@ -12,22 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.backup.catalog import RETENTION, dropped_before
 from opsctl.backup.lease import parse_lease
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, manifest_json, parse_manifest
 from opsctl.backup.offsite import upload_backup
 from opsctl.backup.s3 import _answered, check_endpoint_url, client_problem
 from opsctl.backup.segment import MAGIC, SegmentName, SegmentProblem, decode_segment, encode_segment
 from opsctl.backup.store import FolderStore, parse_location
-from opsctl.backup.timeline import group, parse_archive, parse_time
-from opsctl.base.endpoints import split_endpoint
+from opsctl.backup.timeline import RETENTION, dropped_before, group, parse_archive, parse_time
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import mask_url
 from opsctl.migrate.foreign import parse_endpoints
-from opsctl.migrate.journal import parse_journal
-from opsctl.plan.streamcmd import Entry
+from opsctl.migrate.phases import parse_journal
 from opsctl.providers.remote.inventory import parse_bastion
 from opsctl.providers.remote.publish import parse_write_to
+from opsctl.spec.layout import split_endpoint
+from opsctl.stream.framing import Entry
 from tests.lifecycle import run
 from tests.support import make_spec, write_spec
 
@@ -430,8 +429,8 @@ def test_a_manifest_with_a_database_key_that_is_no_ascii_number_is_refused_by_na
 
 
 def test_ascii_decimal_is_the_one_number_check() -> None:
-    from opsctl.base.endpoints import valid_port
-    from opsctl.base.text import ascii_decimal
+    from opsctl.base.record import ascii_decimal
+    from opsctl.spec.layout import valid_port
 
     assert [ascii_decimal(t, 1, 10) for t in ("3", "03", "10", "11", "0", "²", "٣", " 3", "+3", "", 3)] == \
         [3, 3, 10, None, None, None, None, None, None, None, None]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.backup.manifest import MANIFEST, parse_manifest
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from tests.lifecycle import deployed, run
 from tests.support import admin_for
 from tests.test_slots_reshard import preload
@@ -71,8 +71,8 @@ def test_cluster_backup_under_writer_holds_every_acked_key(tmp_path, capsys, fla
 
 
 def keys_in_backup(folder: Path, flavor: str) -> set[bytes]:
+    from opsctl.backup.integrity import read_manifest
     from opsctl.backup.scratch import scratch_binaries, scratch_server
-    from opsctl.backup.verify import read_manifest
 
     manifest = read_manifest(folder)
     binaries = scratch_binaries()

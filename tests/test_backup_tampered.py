@@ -95,8 +95,8 @@ def test_a_tampered_backup_is_refused_before_anything_is_written(tmp_path, capsy
 
 def test_a_file_swapped_for_a_link_after_its_checks_is_never_read(tmp_path) -> None:
     """The checksum and the scratch server's copy open the file itself: a link put there later is refused."""
+    from opsctl.backup.integrity import file_problem
     from opsctl.backup.scratch import _place
-    from opsctl.backup.verify import file_problem
     from opsctl.state.safefs import FileProblem
     from tests.test_backup_units import manifest, shard
 

@@ -17,9 +17,9 @@ from opsctl.backup.manifest import (
     rdb_header,
     shard_file_name,
 )
-from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
+from opsctl.backup.savers import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.restore.route import (
     Counts,
     Journal,

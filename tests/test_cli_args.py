@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from opsctl.cli.argtypes import Ranged
 from opsctl.cli.main import build_parser, main
+from opsctl.cli.options import Ranged
 
 NUMERIC_DEFAULTS = (int, float)
 

@@ -115,7 +115,7 @@ def test_an_unknown_topic_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 def test_every_spec_field_is_in_the_reference() -> None:
     """Every property of the JSON Schema, at every depth, has its line in `opsctl help spec`."""
     from opsctl.cli.commands.help import TOPICS
-    from opsctl.spec.schema import spec_schema
+    from opsctl.spec.pydantic_model import spec_schema
 
     text = TOPICS["spec"][1]()
     schema = spec_schema()

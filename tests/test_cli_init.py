@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.base.resources import data_dir
-from opsctl.cli.commands.init import TOPOLOGIES
+from opsctl import data_dir
+from opsctl.cli.commands.scaffold import TOPOLOGIES
 from tests.lifecycle import run
 
 ROOT = Path(__file__).resolve().parents[1]

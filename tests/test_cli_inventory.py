@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.base.resources import data_dir
+from opsctl import data_dir
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from opsctl.base.endpoints import split_endpoint
+from opsctl.spec.layout import split_endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

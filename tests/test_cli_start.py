@@ -67,9 +67,9 @@ NOT_FOR_A_VALIDATED_SPEC = ("pydantic", "pydantic_core", "yaml", "annotated_type
 
 def test_plan_and_status_modules_import_no_client_library() -> None:
     """The modules behind plan and status, imported: none of them loads redis-py or cryptography at import."""
-    code = ("import sys, opsctl.cli.main, opsctl.cli.commands, opsctl.cli.commands.lifecycle, opsctl.apply.runtime, "
-            "opsctl.plan.status, "
-            "opsctl.apply.drift, opsctl.cli.report, opsctl.state.specfile; print(' '.join(sorted(sys.modules)))")
+    code = ("import sys, opsctl.cli.main, opsctl.cli.commands, opsctl.cli.commands.lifecycle, opsctl.runtime.opening, "
+            "opsctl.plan.health, "
+            "opsctl.runtime.drift, opsctl.cli.report, opsctl.state.specfile; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     heavy = sorted(m for m in done.stdout.split() if m.split(".")[0] in NOT_FOR_LOOKING)
     assert not heavy, heavy
@@ -90,8 +90,8 @@ def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, cap
             heavy = sorted(m for m in modules if m.split(".")[0] in (*NOT_FOR_LOOKING, *NOT_FOR_A_VALIDATED_SPEC))
             assert not heavy, f"opsctl {command} imports {heavy}"
             if command == "status":  # it plans nothing, nor checks a spec
-                planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.apply.drift",
-                                             "opsctl.plan.desired", "opsctl.spec.checks", "opsctl.spec.validate"})
+                planning = sorted(modules & {"opsctl.plan.planner", "opsctl.plan.steps", "opsctl.runtime.drift",
+                                             "opsctl.plan.desired", "opsctl.spec.crosschecks", "opsctl.spec.validate"})
                 assert not planning, f"opsctl status imports {planning}"
 
 
@@ -110,7 +110,7 @@ def test_the_command_table_names_what_each_module_registers() -> None:
 
 
 # Made the costly way yet, on the way of an apply (the local provider's two, left to its owners).
-FROZEN_DATACLASSES_ALLOWED = {"opsctl.providers.local", "opsctl.providers.serveruser"}
+FROZEN_DATACLASSES_ALLOWED = {"opsctl.providers.local", "opsctl.providers.localfiles"}
 
 
 def test_plan_status_and_apply_make_no_frozen_dataclass_the_costly_way() -> None:
@@ -123,9 +123,10 @@ def test_plan_status_and_apply_make_no_frozen_dataclass_the_costly_way() -> None
             "    made.append((cls.__module__, cls.__name__, frozen and init))\n"
             "    return real(cls, init, repr, eq, order, unsafe_hash, frozen, *rest)\n"
             "dataclasses._process_class = spy\n"
-            "import opsctl.cli.main, opsctl.cli.commands.lifecycle, opsctl.apply.runtime, opsctl.state.specfile, "
-            "opsctl.plan.status, "
-            "opsctl.apply.drift, opsctl.cli.report, opsctl.plan.planner, opsctl.state.planfile, opsctl.apply.executor, "
+            "import opsctl.cli.main, opsctl.cli.commands.lifecycle, opsctl.runtime.opening, opsctl.state.specfile, "
+            "opsctl.plan.health, "
+            "opsctl.runtime.drift, opsctl.cli.report, opsctl.plan.planner, opsctl.apply.planfile, "
+            "opsctl.apply.executor, "
             "opsctl.base.events, "
             "opsctl.net.topolock, opsctl.state.statelock, opsctl.providers.local\n"
             "print('\\n'.join(f'{m} {n}' for m, n, costly in made if costly and m.startswith('opsctl')))")

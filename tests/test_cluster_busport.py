@@ -14,7 +14,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import meet_command
 from opsctl.migrate.foreign import parse_endpoints
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.refusals import refuse_bus_port_clash
 from opsctl.render import default_paths, render_node
@@ -162,7 +162,7 @@ def test_a_plaintext_port_on_a_bus_port_names_what_takes_it(tmp_path: Path,
 
 
 def test_the_ephemeral_range_warning_counts_bus_and_exporter_ports_at_their_offsets() -> None:
-    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.apply.planning import ephemeral_port_warning
 
     spec = fixed_spec("cluster")
     loaded = load_dict({**spec, "cluster": {**spec["cluster"], "bus_port_offset": 30000},

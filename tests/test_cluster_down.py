@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from opsctl.apply.runtime import make_runtime
+from opsctl.runtime.opening import make_runtime
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import cluster_check
@@ -104,7 +104,7 @@ def test_a_saved_start_first_plan_runs_only_its_own_steps(tmp_path, capsys) -> N
 
 
 def _policy(spec, node: str) -> str:
-    from opsctl.apply.runtime import make_runtime as runtime
+    from opsctl.runtime.opening import make_runtime as runtime
 
     rt = runtime(read_spec(spec))
     try:

@@ -23,7 +23,7 @@ from opsctl.cluster.ops import (
 )
 from opsctl.net.connector import Connector
 from opsctl.net.observer import observe, wait_cluster_converged
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.state.specfile import read_spec
 from tests.fixtures.servers import launch, servers  # noqa: F401  (fixture)
 from tests.support import cluster_check, make_spec, write_spec

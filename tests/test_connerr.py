@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opsctl.base.connerr import is_auth_failure, not_answering
+from opsctl.base.errors import is_auth_failure, not_answering
 from opsctl.cli.report import node_status
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.status import health_hint, health_line
+from opsctl.plan.health import health_hint, health_line
 from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec
 
@@ -41,7 +41,7 @@ def test_a_connection_closed_before_any_answer_is_silence_not_a_tls_mismatch() -
     not speaking plaintext (a CI run's first TLS apply over tunnels was refused as 'no TLS answer')."""
     import ssl
 
-    from opsctl.base.connerr import is_tls_failure
+    from opsctl.base.errors import is_tls_failure
 
     eof = ssl.SSLEOFError(8, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol (_ssl.c:1006)")
     assert not is_tls_failure(eof)

@@ -31,8 +31,8 @@ from redis.retry import Retry
 from opsctl.backup.timeline import iso
 from opsctl.base.errors import ConvergenceError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.net.connector import port_accepts
-from opsctl.plan.exporters import EXPORTER_BINARY
 from opsctl.providers.localfiles import deployed_records_in
 from opsctl.providers.proc import working_below
 from opsctl.spec.layout import Layout, Node

@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import pytest
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.cli.report import plan_text
+from opsctl.cluster.deadnodes import _election_limit
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo
-from opsctl.plan.deadnodes import _election_limit
+from opsctl.observe.replies import ClusterNodeLine, RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import PROMOTE_FIRST, make_plan
 from opsctl.plan.steps import PromoteReplica
 from opsctl.spec.load import LoadedSpec
-from opsctl.state.planfile import parse_plan
 from tests.support import make_spec
 from tests.test_planner import desired, load_dict
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.apply.execution import Execution
-from opsctl.apply.gather import gone_probe
-from opsctl.apply.runtime import make_runtime
 from opsctl.apply.shape_steps import promote_replica
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import ignore
-from opsctl.observe.parse import myself, parse_cluster_nodes
+from opsctl.observe.replies import myself, parse_cluster_nodes
 from opsctl.plan.steps import PromoteReplica
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.gather import gone_probe
+from opsctl.runtime.opening import make_runtime
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
 from tests.test_dead_host import node_client

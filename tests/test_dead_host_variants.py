@@ -108,7 +108,7 @@ def test_a_dead_replication_master_host_is_refused_until_a_replica_is_promoted(t
     here): it now refuses (exit 3) naming the way on, and changes nothing. Once the replica holding the data is
     promoted by hand (REPLICAOF NO ONE: `opsctl failover` needs the master), apply starts the replacement as its
     replica: every key kept, the next plan empty."""
-    from opsctl.spec.renames import command_renames
+    from opsctl.spec.load import command_renames
     from tests.test_fleet_shape_sentinel import live, node_client, preload, synced
 
     with deployed(tmp_path, capsys, "replication", flavor) as (spec, _loaded):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import ClusterNodeLine
-from opsctl.plan.deadnodes import dead_nodes, forget_dead, promote_orphans
+from opsctl.cluster.deadnodes import dead_nodes, forget_dead, promote_orphans
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec
 from tests.test_planner import load_dict

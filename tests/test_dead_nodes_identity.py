@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.plan.deadnodes import dead_nodes, promote_orphans
+from opsctl.cluster.deadnodes import dead_nodes, promote_orphans
 from opsctl.plan.facts import NodeFacts
 from tests.support import make_spec
 from tests.test_dead_nodes import line
@@ -50,7 +50,7 @@ def test_a_replication_master_without_its_folder_is_not_started_empty_over_the_d
     """The master's host died and was replaced (no record, not running) while the replicas hold the data and none is
     the master: refused. Not refused when a master runs (a retired one too: it fails over first), when the master
     comes back from its files, or when no running replica holds a key."""
-    from opsctl.observe.parse import RoleInfo
+    from opsctl.observe.replies import RoleInfo
     from opsctl.plan.refusals import refuse_empty_master_start
 
     loaded = load_dict(make_spec("replication", hosts=3))

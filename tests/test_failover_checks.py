@@ -27,10 +27,10 @@ from opsctl.failover.checks import (
 )
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
+from opsctl.failover.verdicts import PastFailover, Target, Thresholds
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import RoleInfo, parse_cluster_nodes
+from opsctl.observe.replies import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.verdicts import PastFailover, Target, Thresholds
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec
@@ -480,7 +480,7 @@ def test_a_killed_run_counts_for_the_cool_down_until_its_deadline(tmp_path):
 
 
 def test_the_fence_is_seen_and_lifted_to_the_spec_values(tmp_path):
-    from opsctl.plan.fence import FENCE, fenced, spec_values
+    from opsctl.plan.facts import FENCE, fenced, spec_values
 
     loaded = read_spec(write_spec(tmp_path, make_spec("sentinel")))
     assert fenced({"min-replicas-to-write": FENCE}) and not fenced({"min-replicas-to-write": "0"}) and not fenced(None)

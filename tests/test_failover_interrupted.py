@@ -16,14 +16,14 @@ import redis
 import yaml
 
 from opsctl.apply.executor import execute
-from opsctl.apply.runtime import make_runtime
 from opsctl.base.events import Log
 from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
-from opsctl.plan.fence import FENCE
+from opsctl.plan.facts import FENCE
 from opsctl.plan.steps import Failover, Plan, Replicate
+from opsctl.runtime.opening import make_runtime
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
@@ -156,7 +156,7 @@ def test_a_failover_step_finds_it_done_and_repoints_the_replica_left_behind(tmp_
     (CI saw it under load): the step has nothing to fail over, but the shard's other replica still follows the
     demoted master (FAILOVER TO re-points only the two it swaps) and the plan has no step for it. The step points
     it at the new master; before, the plan's wait-converged timed out (60 s, exit 1)."""
-    from opsctl.spec.renames import command_renames
+    from opsctl.spec.load import command_renames
 
     with deployed(tmp_path, capsys, "replication", flavor) as (spec, loaded):
         old, target, other = loaded.layout.shards[0].members
@@ -198,8 +198,8 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 
 
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
-    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.statedir import state_dir_for
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):

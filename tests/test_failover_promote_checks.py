@@ -17,11 +17,11 @@ from opsctl.failover.checks import (
     postchecks,
     resolve_target,
 )
+from opsctl.failover.promotion import promotion_prechecks
 from opsctl.failover.report import FailoverReport
 from opsctl.failover.runbook import Options, _gate, _modes
+from opsctl.failover.verdicts import Check, Target, Thresholds
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.promotion import promotion_prechecks
-from opsctl.plan.verdicts import Check, Target, Thresholds
 from tests.test_failover_checks import facts_for, spec
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import config_equal, is_config_directive
+from opsctl.observe.replies import config_equal, is_config_directive
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import RoleInfo
+from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.maintenance import maintenance_failovers, refuse_unmovable
+from opsctl.plan.rolling import maintenance_failovers, refuse_unmovable
 from opsctl.render.directives import maintenance
 from tests.support import make_spec
 from tests.test_planner import load_dict

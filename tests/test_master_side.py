@@ -6,8 +6,7 @@ refused because its master still listed it wait_bgsave. Pure."""
 from __future__ import annotations
 
 from opsctl.observe.cluster_state import cluster_problems
-from opsctl.observe.parse import RoleInfo
-from opsctl.observe.replicas import listed_replicas, master_side_problems
+from opsctl.observe.replies import RoleInfo, listed_replicas, master_side_problems
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import node_problem, replication_problem
 from tests.support import make_spec

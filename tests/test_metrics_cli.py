@@ -14,7 +14,7 @@ import pytest
 from opsctl.base.errors import EXIT_CHANGES, EXIT_OK, OpsctlError, RefusedError
 from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import note_run, recorded
-from opsctl.plan.metrics import RECORDED_COMMANDS, textfile_name
+from opsctl.metrics.signals import RECORDED_COMMANDS, textfile_name
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

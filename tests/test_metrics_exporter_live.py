@@ -21,10 +21,9 @@ import redis
 import yaml
 
 from opsctl.base.secrets import Secret
-from opsctl.plan.exporters import EXPORTER_BINARY
-from opsctl.render.exporter import EXPORTER_USER, exporter_secret
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.metrics.exporter import EXPORTER_BINARY
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_secret
+from opsctl.spec.layout import Node, exporter_port
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, missing

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 from opsctl.base.secrets import MASK, Secret
-from opsctl.plan.desired import desired_nodes
-from opsctl.plan.exporters import exporter_run, exporter_steps
+from opsctl.metrics.exporter import exporter_run, exporter_steps
+from opsctl.plan.desired import PREVIOUS, desired_nodes
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.node_steps import config_steps
-from opsctl.plan.ondisk import PREVIOUS
 from opsctl.plan.rotation import managed_users, rotation_steps, wanted_accepts
+from opsctl.plan.servers import config_steps
 from opsctl.render import default_paths, render_node
-from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
 from opsctl.server.versions import parse_version
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec

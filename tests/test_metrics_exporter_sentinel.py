@@ -18,8 +18,8 @@ import yaml
 
 from opsctl.base.poll import wait_for
 from opsctl.base.secrets import Secret
-from opsctl.plan.exporters import EXPORTER_BINARY
-from opsctl.render.exporter import EXPORTER_USER, exporter_secret
+from opsctl.metrics.exporter import EXPORTER_BINARY
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_secret
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run

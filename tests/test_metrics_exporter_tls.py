@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from opsctl.base.poll import wait_for
-from opsctl.plan.exporters import EXPORTER_BINARY
-from opsctl.render.exporter import EXPORTER_USER
+from opsctl.metrics.exporter import EXPORTER_BINARY
+from opsctl.render.exporteruser import EXPORTER_USER
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD
 from tests.test_metrics_exporter_live import _needs, _proc_texts, _redis_up, _scrape

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.base.resources import monitoring_files
+from opsctl import monitoring_files
 from tests.lifecycle import run
 from tests.monitoring import ALERTS, DASHBOARD, MONITORING, RULE_TESTS, promtool
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec

@@ -9,20 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.plan.metrics import (
-    EXPORTER_PORT_OFFSET,
+from opsctl.metrics.signals import (
     RunSignal,
-    exporter_port_problems,
-    file_sd_json,
     last_success_in,
     outcome_of,
     render_textfile,
-    target_groups,
     textfile_name,
+    write_textfile,
 )
+from opsctl.metrics.targets import EXPORTER_PORT_OFFSET, exporter_port_problems, file_sd_json, target_groups
 from opsctl.spec.layout import Layout, Node
 from opsctl.state.safefs import FileProblem
-from opsctl.state.textfile import write_textfile
 from tests.support import make_spec
 from tests.test_planner import load_dict
 

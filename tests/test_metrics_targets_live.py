@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from opsctl.base.poll import wait_for
+from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.net.connector import port_accepts
-from opsctl.plan.exporters import EXPORTER_BINARY
 from opsctl.slots.journal import JOURNAL
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run

@@ -13,9 +13,9 @@ from opsctl.migrate.foreign import (
     replicas_of,
     replication_layout_of,
 )
-from opsctl.migrate.journal import Journal, ShardState, journal_json, parse_journal
-from opsctl.observe.parse import parse_cluster_nodes
-from opsctl.plan.streamcmd import Position
+from opsctl.migrate.phases import Journal, ShardState, journal_json, parse_journal
+from opsctl.observe.replies import parse_cluster_nodes
+from opsctl.stream.framing import Position
 from tests.lifecycle import run
 
 SECRET = "foreign-pw-5e0b7c1d93a4"

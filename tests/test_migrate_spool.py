@@ -17,8 +17,8 @@ import redis
 from opsctl.base.errors import OpsctlError
 from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.rawpipe import PipeClosed
-from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.load import LoadedSpec
+from opsctl.stream.framing import Entry, Position
 from tests.lifecycle import deployed, run
 from tests.support import bare_server
 from tests.test_migrate_foreign import SECRET, password_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.plan.streamkeys import absolute_expiry, classify, command_keys, split
+from opsctl.stream.touched import absolute_expiry, classify, command_keys, split
 
 
 def args(*words: str) -> tuple[bytes, ...]:

@@ -24,7 +24,7 @@ import pytest
 import redis
 import yaml
 
-from opsctl.plan.exporters import EXPORTER_BINARY
+from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from opsctl.base.errors import OpsctlError
 from opsctl.failover.checks import cluster_prechecks, failed
+from opsctl.failover.verdicts import Check, Target, Thresholds
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import ClusterNodeLine
-from opsctl.plan.verdicts import Check, Target, Thresholds
+from opsctl.observe.replies import ClusterNodeLine
 from opsctl.slots.fix import shard_master_peer
 from tests.test_failover_checks import facts_for, spec
 

@@ -17,7 +17,7 @@ from opsctl.observe.cluster_state import (
     slot_map,
     uncovered,
 )
-from opsctl.observe.parse import parse_cluster_nodes, parse_info
+from opsctl.observe.replies import parse_cluster_nodes, parse_info
 
 REPLIES = Path(__file__).parent / "fixtures" / "replies"
 FLAVORS = ["valkey", "redis"]

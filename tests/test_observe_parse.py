@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.observe.parse import (
+from opsctl.observe.replies import (
     IMMUTABLE,
     IMMUTABLE_BY_FLAVOR,
     PROTECTED,

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_OK
-from opsctl.spec.layout import Layout
+from opsctl.spec.layout import Layout, endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
@@ -26,7 +25,7 @@ from tests.test_recorded_placement import _endpoints, _write_records
 def _grown(provider: str, tmp_path: Path) -> tuple[dict[str, Any], Path, Layout]:
     """A 4-host 3 x 1 cluster deployed with t-1 since drained (a tombstone: its shard's member is t-7), then a
     replica more per master: the records' state dir, and the layout they place (what apply would leave)."""
-    from opsctl.apply.placing import recorded_placement
+    from opsctl.runtime.opening import recorded_placement
 
     first = make_spec("cluster", hosts=4, provider=provider, metrics={"exporter": True})
     deployed = list(load_dict(first).layout.nodes)

@@ -50,16 +50,15 @@ from opsctl.base.events import (
     VerifyDone,
     as_dict,
 )
-from opsctl.base.tty import human_seconds, redraw
-from opsctl.base.words import plural
+from opsctl.base.words import human_seconds, plural, redraw
 from opsctl.cli.commands.audit import ProgressBar, scan_line
 from opsctl.cli.main import main
 from opsctl.cli.output import Printer, printing
 from opsctl.cli.report import node_status, status_table
 from opsctl.cli.ttyline import TtyLine
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import RoleInfo
-from opsctl.plan.slotmath.scale import wider_layout
+from opsctl.observe.replies import RoleInfo
+from opsctl.slots.members import wider_layout
 from opsctl.slots.progress import Progress, done_fraction
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
@@ -330,16 +329,16 @@ def test_the_owner_of_a_key_is_a_node_of_the_spec(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_audit_and_bigkey_delete_use_the_admin_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    import opsctl.apply.connect
+    import opsctl.runtime.opening
 
     entered: list[tuple[str, Path]] = []
-    make_connector = opsctl.apply.connect.make_connector
+    make_connector = opsctl.runtime.opening.make_connector
 
     def recording(loaded: Any, state_dir: Path, route: Any = None) -> Connector:
         entered.append((loaded.spec.name, state_dir))
         return make_connector(loaded, state_dir, route)
 
-    monkeypatch.setattr(opsctl.apply.connect, "make_connector", recording)
+    monkeypatch.setattr(opsctl.runtime.opening, "make_connector", recording)
     with standalone(tmp_path, "valkey") as fleet:
         fleet.admin().client.rpush("big:list", *range(2000))
         state = str(tmp_path / "state")

@@ -8,10 +8,9 @@ import pytest
 import yaml
 
 from opsctl.base.secrets import MASK, Secret
-from opsctl.observe.parse import RoleInfo, is_config_directive
-from opsctl.plan.desired import single_valued
+from opsctl.observe.replies import RoleInfo, is_config_directive
+from opsctl.plan.desired import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values, single_valued
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.ondisk import DIFFERS, PREVIOUS, sentinel_file_values, server_file_values
 from opsctl.plan.planner import make_plan
 from opsctl.render.directives import SECRET_DIRECTIVES
 from opsctl.spec.load import load_spec, make_resolver

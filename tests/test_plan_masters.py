@@ -9,9 +9,8 @@ from dataclasses import replace
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import RoleInfo
-from opsctl.plan.facts import NodeFacts
-from opsctl.plan.fence import FENCE, TO_WRITE
+from opsctl.observe.replies import RoleInfo
+from opsctl.plan.facts import FENCE, TO_WRITE, NodeFacts
 from opsctl.plan.masters import current_master, follow_target, start_master, takes_writes, writes_moved_from
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import Failover, FinishFailover, Replicate, RestartNode, StartNode, WaitConverged, WriteConfig

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.secrets import MASK
 from opsctl.cli.report import plan_text
+from opsctl.plan.desired import DIFFERS
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.ondisk import DIFFERS
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import NODE_LOCAL, ConfigSet, Plan, WriteConfig
 from opsctl.spec.load import LoadedSpec
-from opsctl.state.planfile import parse_plan
 from tests.support import PASSWORD, make_spec
 from tests.test_plan_drift import _disk_of
 from tests.test_planner import desired, formed_cluster, fresh_facts, load_dict, loaded_spec, recorded

@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.errors import RefusedError
 from opsctl.observe.cluster_state import even_slot_ranges
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo
+from opsctl.observe.replies import ClusterNodeLine, RoleInfo
 from opsctl.plan.desired import DesiredNode, desired_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
@@ -27,7 +28,6 @@ from opsctl.plan.steps import (
 )
 from opsctl.render import default_paths
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
-from opsctl.state.planfile import parse_plan
 from tests.support import PASSWORD, make_spec
 
 
@@ -542,7 +542,7 @@ def test_a_spec_that_makes_a_deployed_node_another_node_is_refused() -> None:
 
 
 def test_nodes_inside_the_ephemeral_port_range_are_named_in_a_warning(tmp_path) -> None:
-    from opsctl.plan.ports import ephemeral_port_warning
+    from opsctl.apply.planning import ephemeral_port_warning
     from opsctl.providers.proc import ephemeral_port_range
 
     loaded = loaded_spec("cluster")

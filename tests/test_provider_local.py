@@ -468,7 +468,7 @@ def ids_of(pid: int) -> tuple[set[int], set[int], set[int]]:
 
 def test_setpriv_switches_the_user_only_when_there_is_one_to_switch_to() -> None:
     from opsctl.providers.local import as_user
-    from opsctl.providers.serveruser import ServerUser
+    from opsctl.providers.localfiles import ServerUser
 
     user = ServerUser("valkey", 998, 997)
     assert as_user(user, "/usr/bin/setpriv") == ["/usr/bin/setpriv", "--reuid=998", "--regid=997", "--clear-groups",
@@ -553,7 +553,7 @@ def test_a_binary_the_server_user_cannot_enter_runs_from_a_copy_in_the_state_dir
 
 
 def test_a_server_user_that_cannot_reach_its_folder_is_refused_before_starting(tmp_path: Path) -> None:
-    from opsctl.providers.serveruser import ServerUser, check_reachable
+    from opsctl.providers.localfiles import ServerUser, check_reachable
 
     closed = tmp_path / "closed"
     (closed / "state").mkdir(parents=True)

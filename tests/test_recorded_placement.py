@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import EXIT_OK
-from opsctl.spec.layout import Layout, Node, deployed_record
+from opsctl.spec.layout import Layout, Node, deployed_record, endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
@@ -70,7 +69,7 @@ def test_targets_are_the_nodes_deployed_where_their_records_place_them(tmp_path:
 
 
 def _placed(spec: dict, state: Path) -> Layout:
-    from opsctl.apply.placing import recorded_placement
+    from opsctl.runtime.opening import recorded_placement
 
     return recorded_placement(load_dict(spec), state)[0].layout
 

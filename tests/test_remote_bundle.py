@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
-from opsctl.base.resources import data_dir
 from opsctl.providers.remote.bundle import (
     archive,
     host_installers,
@@ -22,9 +22,9 @@ from opsctl.providers.remote.bundle import (
     installer,
     node_members,
     settings_text,
+    stage,
 )
 from opsctl.providers.remote.inventory import remote_root
-from opsctl.providers.remote.staging import stage
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import make_spec, write_spec

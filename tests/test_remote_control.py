@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.base.resources import data_dir
+from opsctl import data_dir
 from tests.support import free_base_port, loopback_hosts, server_binary
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the control script runs as root (setpriv, ss -p)")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from opsctl.base.errors import OpsctlError
+from opsctl.metrics.exporter import exporter_run
 from opsctl.plan.desired import desired_node
-from opsctl.plan.exporters import exporter_run
-from opsctl.providers.remote import exporters as remote
+from opsctl.providers import ansibleexporter as remote
 from opsctl.providers.remote.inventory import remote_paths
 from opsctl.providers.remote.publish import parse_write_to, target_of
 from opsctl.spec.load import LoadedSpec

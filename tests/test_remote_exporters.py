@@ -25,10 +25,9 @@ import yaml
 
 from opsctl.base.poll import wait_for
 from opsctl.base.secrets import Secret
-from opsctl.plan.exporters import EXPORTER_BINARY, PASSWORD_FILE
-from opsctl.render.exporter import EXPORTER_USER, exporter_secret
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.metrics.exporter import EXPORTER_BINARY, PASSWORD_FILE
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_secret
+from opsctl.spec.layout import Node, exporter_port
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests import netns

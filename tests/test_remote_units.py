@@ -265,7 +265,7 @@ def test_purge_removes_the_specs_host_settings_with_its_last_node(tmp_path):
 
 
 def test_host_settings_follow_the_specs_tcp_backlog(tmp_path):
-    from opsctl.providers.remote.hostsettings import logrotate_text, sysctl_text, tmpfiles_text
+    from opsctl.providers.remote.bundle import logrotate_text, sysctl_text, tmpfiles_text
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -26,7 +26,7 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
-    from opsctl.spec.schema import spec_schema
+    from opsctl.spec.pydantic_model import spec_schema
 
     return spec_schema()
 

@@ -16,8 +16,7 @@ import pytest
 
 from opsctl.base.secrets import MASK
 from opsctl.render import default_paths, render_node
-from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
-from opsctl.spec.renames import TAKEOVER_COMMANDS
+from opsctl.spec.load import TAKEOVER_COMMANDS, LoadedSpec, load_spec, make_resolver
 from opsctl.spec.text import split_args
 from tests.support import PASSWORD, PASSWORD_ENV
 

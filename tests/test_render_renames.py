@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from opsctl.base.secrets import Secret
-from opsctl.spec.renames import TAKEOVER_COMMANDS, command_renames
+from opsctl.spec.load import TAKEOVER_COMMANDS, command_renames
 from tests.support import admin_for
 from tests.test_render_safety import loaded_case
 

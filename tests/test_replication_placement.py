@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from opsctl.base.errors import RefusedError
-from opsctl.observe.parse import RoleInfo
+from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.replication_steps import raises_quorum
+from opsctl.plan.replication import raises_quorum
 from opsctl.plan.replshape import drain_failovers, retire_steps, stale_sentinels
 from opsctl.plan.steps import Failover, RemoveNode, SentinelReset, SentinelSet, StartNode, WaitConverged
 from opsctl.spec.deployed import Deployed

@@ -20,14 +20,13 @@ import pytest
 import redis
 
 from opsctl.base.poll import wait_for
-from opsctl.failover.actions import KILL_AT
+from opsctl.failover.actions import KILL_AT, Session
 from opsctl.failover.announce import EpochWatch, Identity, announce, hello_message, names_promoted
-from opsctl.failover.session import Session
 from opsctl.net.connector import Connector
-from opsctl.observe.parse import RoleInfo
+from opsctl.observe.replies import RoleInfo
 from opsctl.plan.facts import NodeFacts, SentinelEntry
 from opsctl.plan.health import sentinel_problem
-from opsctl.plan.replication_steps import stale_view
+from opsctl.plan.replication import stale_view
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec

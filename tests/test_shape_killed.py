@@ -315,7 +315,7 @@ def test_a_failover_a_killed_run_asked_for_is_waited_for_not_asked_again(tmp_pat
     answered 'FAILOVER already in progress' and apply stopped, exit 1), and finds the replica promoted."""
     import threading
 
-    from opsctl.spec.renames import command_renames
+    from opsctl.spec.load import command_renames
     from tests.test_fleet_shape_sentinel import live, node_client
     from tests.test_maintenance import marked, masters_on
 

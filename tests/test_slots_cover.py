@@ -7,10 +7,10 @@ import pytest
 
 from opsctl.base.errors import OpsctlError
 from opsctl.observe.cluster_state import slot_map, uncovered
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_node_line
-from opsctl.plan.slotmath.coverage import Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
-from opsctl.plan.slotmath.ranges import expand, slot_command, to_ranges
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_node_line
 from opsctl.server.versions import SUPPORTED, has_capability
+from opsctl.slots.coverage import Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
+from opsctl.slots.ranges import expand, slot_command, to_ranges
 from opsctl.spec.layout import Layout, Node, Shard
 
 IDS = {name: f"{i:040x}" for i, name in enumerate(["t-1", "t-2", "t-3", "t-4", "t-5", "t-6"], start=1)}
@@ -126,7 +126,7 @@ def test_a_share_whose_shard_has_no_master_goes_whole_to_the_shard_master_with_t
 def test_assign_slots_and_cluster_fix_give_a_share_to_the_same_master() -> None:
     """One decision: the shard whose share of the spec's layout holds a slot, to its master now."""
     from opsctl.plan.facts import NodeFacts
-    from opsctl.plan.slotmath.planning import assign_steps
+    from opsctl.slots.slotplan import assign_steps
 
     shards = layout(3)
     facts = {"t-3": NodeFacts("t-3", True, cluster_nodes=(line("t-3", "5462-10922", myself=True),))}

@@ -102,7 +102,7 @@ def test_target_stalls_mid_reshard(tmp_path, capsys, stall) -> None:
                 # gossip while the stalled node came back) and the run stopped with its documented hint. The
                 # guarantee is unchanged: `cluster fix` closes what is open, and nothing acknowledged is lost.
                 # (The frequent case under load, the woken target keeping the wave it was given just before its
-                # failover, is merged by the run itself: see opsctl/slots/endpoints.py and merge_split_shards.)
+                # failover, is merged by the run itself: see opsctl/slots/moveguard.py and merge_split_shards.)
                 code, fixed, fix_err = run(capsys, "cluster", "fix", "-f", str(spec))
                 assert code == 0, fix_err + fixed
             else:

@@ -9,10 +9,10 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.quorum import Marker, live_others, marker_name, parse_markers
-from opsctl.observe.parse import parse_cluster_nodes
+from opsctl.observe.replies import parse_cluster_nodes
 from opsctl.slots.batching import backoff, base_timeout_ms, batches
-from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 from opsctl.slots.journal import Journal, parse_lines
+from opsctl.slots.moveguard import DOWN, OK, REPLACED, flagged_ids, shard_master, verdict
 
 T, R, S = "10.0.0.2:7001", "10.0.0.3:7002", "10.0.0.1:7000"
 SHARD = {T, R}
@@ -155,24 +155,24 @@ def test_a_run_that_reaches_no_server_holds_no_lock_and_does_not_go_on(tmp_path)
 
 
 # the slot maths and the fence constants stand in opsctl.plan beside the planner: they are not the planner
-PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.fence")
+PURE_SLOT_MATHS = ("opsctl.plan.slotmath", "opsctl.plan.facts")
 
 
 def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     """What cluster check/reshard/rebalance/fix run, imported: no redis-py (the engine, its probes and the topology
-    lock talk raw RESP), no opsctl.apply.runtime and none of the planner (each a share of every run's start)."""
+    lock talk raw RESP), no opsctl.runtime.opening and none of the planner (each a share of every run's start)."""
     import subprocess
     import sys
 
     code = ("import sys, opsctl.cli.main, opsctl.cli.commands.cluster, opsctl.state.specfile, "
                 "opsctl.state.statedir, opsctl.net.connector, "
-            "opsctl.state.statelock, opsctl.net.topolock, opsctl.base.events, opsctl.slots.cli, "
-                "opsctl.slots.fix, opsctl.slots.run, "
+            "opsctl.state.statelock, opsctl.net.topolock, opsctl.base.events, opsctl.cli.results, "
+                "opsctl.slots.fix, opsctl.slots.reshard, "
             "opsctl.cluster.check; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     modules = set(done.stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography")
-                      or m in ("opsctl.apply.runtime", "opsctl.apply.drift")
+                      or m in ("opsctl.runtime.opening", "opsctl.runtime.drift")
                           or (m.startswith("opsctl.plan.") and not m.startswith(PURE_SLOT_MATHS)))
     assert not unwanted, unwanted
 

@@ -17,8 +17,8 @@ from redis.crc import key_slot
 from opsctl.base.errors import RefusedError
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import TopologyLock, topology_lock
-from opsctl.observe.parse import parse_cluster_nodes, parse_info
-from opsctl.plan.slotmath.ranges import expand
+from opsctl.observe.replies import parse_cluster_nodes, parse_info
+from opsctl.slots.ranges import expand
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV, admin_for
 from tests.test_slots_reshard import preload, referee_ok

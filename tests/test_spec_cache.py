@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from opsctl.base.record import DataMismatch, Record
 from opsctl.cli.main import main
 from opsctl.spec import model, pydantic_model
 from opsctl.spec.model import Spec
-from opsctl.spec.record import DataMismatch, Record
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
@@ -162,7 +162,7 @@ def damage_value(text: str) -> str:  # the digest no longer matches
 
 
 def damage_type(text: str) -> str:  # a wrong type under a digest that matches
-    from opsctl.base.digest import digest
+    from opsctl.base.record import digest
 
     entry = json.loads(text)
     entry["spec"]["lazyfree"] = "yes"

@@ -188,7 +188,7 @@ def test_no_secrets_checks_everything_else(tmp_path: Path, in_dir, capsys: pytes
 
 def test_ipv6_endpoints_print_with_brackets_and_compare_canonically(tmp_path: Path, in_dir,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
+    from opsctl.spec.layout import canonical_address, endpoint, split_endpoint
     from opsctl.state.specfile import read_spec
 
     in_dir(tmp_path)

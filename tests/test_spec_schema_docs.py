@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from opsctl.spec.schema import spec_schema
+from opsctl.spec.pydantic_model import spec_schema
 
 
 def _properties(node: Any, where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:

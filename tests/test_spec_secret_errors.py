@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from opsctl.base.errors import SpecError
+from opsctl.base.record import Hidden, Record, fields_of
 from opsctl.spec import model
-from opsctl.spec.record import Hidden, Record, fields_of
 from opsctl.spec.validate import validated_spec
 from opsctl.spec.yamlpos import field_path
 

@@ -10,7 +10,7 @@ import pytest
 
 from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts
-from opsctl.plan.placing import drained, summary
+from opsctl.plan.shape import drained, summary
 from opsctl.plan.spread import placement_moves, rebalancing, with_rebalancing
 from opsctl.plan.steps import Failover, RemoveNode, StartNode, WaitConverged
 from opsctl.spec.layout import Layout, cluster_layout
@@ -202,7 +202,7 @@ def test_a_moved_master_fails_over_first_and_is_refused_while_a_failover_is_unde
     says it serves the same slots too (a run killed after CLUSTER FAILOVER was asked, the old master's view not
     updated yet), refused (exit 3): slots moved off the stale master failed on real servers ("atomic slot migration
     failed"); the shell waits for one master per shard before it places, so a re-run meets this only past that."""
-    from opsctl.plan.placing import drain_failovers
+    from opsctl.plan.shape import drain_failovers
     from tests.test_planner import formed_cluster
 
     three = load_dict({**spec_with(), "hosts": hosts(3)})
@@ -219,7 +219,7 @@ def test_a_moved_master_fails_over_first_and_is_refused_while_a_failover_is_unde
 
 
 def test_a_moved_members_removal_says_why_without_not_in_the_spec() -> None:
-    from opsctl.plan.placing import with_placement_reasons
+    from opsctl.plan.shape import with_placement_reasons
 
     spec = cluster(5)
     placed = placed_layout(spec, deployed_on(3), moves=placement_moves(spec, deployed_on(3)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.net.resp import encode
-from opsctl.plan.streamcmd import (
+from opsctl.stream.framing import (
     Position,
     StreamProtocolError,
     frame,

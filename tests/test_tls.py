@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from opsctl.apply.runtime import make_connector
 from opsctl.base.errors import SpecError
 from opsctl.providers.binaries import tls_support
 from opsctl.render import NodePaths, render_sections
+from opsctl.runtime.opening import make_connector
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from opsctl.tls.certs import covers, facts, issue, make_ca
 from tests.lifecycle import deployed, plan_json, run

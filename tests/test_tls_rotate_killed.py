@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.apply.runtime import make_connector
-from opsctl.apply.tls_rotation import handshake
+from opsctl.runtime.opening import make_connector
 from opsctl.tls.certs import facts, make_ca
+from opsctl.tls.handshake import handshake
 from tests.lifecycle import deployed, plan_json, run
 from tests.test_tls import TLS, _pids, _state
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.apply.runtime import make_runtime
 from opsctl.apply.tls_rotation import rotate
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Event
 from opsctl.net.topolock import LEASE_ENV, topology_lock
+from opsctl.runtime.opening import make_runtime
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
 from tests.support import PASSWORD, PASSWORD_ENV

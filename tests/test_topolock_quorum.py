@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.apply.runtime import make_runtime
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError, RefusedError
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import AuthRefused, Connector
 from opsctl.net.quorum import Tally, enough_without, keeping, majority, marker_name, next_epoch, parse_markers, too_few
 from opsctl.net.topolock import TopologyLock, _answered_but_refused, topology_lock
+from opsctl.runtime.opening import make_runtime
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run

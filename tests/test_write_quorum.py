@@ -9,9 +9,8 @@ import pytest
 
 from opsctl.base.errors import SpecError
 from opsctl.plan.desired import single_valued
-from opsctl.plan.facts import NodeFacts
-from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, spec_values
-from opsctl.plan.node_steps import config_steps, file_drift
+from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, NodeFacts, spec_values
+from opsctl.plan.servers import config_steps, file_drift
 from opsctl.server.versions import parse_version
 from tests.support import make_spec
 from tests.test_plan_drift import _disk_of

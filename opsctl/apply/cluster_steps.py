@@ -3,16 +3,16 @@ slot_steps, loaded only when a plan moves slots), and the wait every topology's 
 
 from __future__ import annotations
 
-from opsctl.apply.execution import Execution
-from opsctl.apply.runtime import Runtime
-from opsctl.apply.waits import wait_replication, wait_sentinels
 from opsctl.base.events import Log
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.cluster.ops import form_cluster, meet, reset_stale_identity
 from opsctl.net.observer import observe, wait_cluster_converged
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
 from opsctl.plan.steps import AssignSlots, CloseSlots, FormCluster, JoinCluster, MoveSlots, RemoveNode, Step
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node
+from opsctl.status.looks import wait_replication, wait_sentinels
 
 
 def form(run: Execution, step: Step) -> None:
@@ -85,7 +85,7 @@ def _cluster_now(rt: Runtime) -> list[Node]:
     """The cluster as it is (plan.slotmath.scale.cluster_members, as a slot session and the failover checks take
     it): a scale-in killed before its drain and removal, which the same apply's next plan does, leaves retired
     nodes known, and the cluster as it is agrees or not."""
-    from opsctl.plan.slotmath.scale import cluster_members
+    from opsctl.slots.members import cluster_members
 
     views = [o.cluster_nodes for o in observe(rt.connector, rt.loaded.layout.servers).values() if o.cluster_nodes]
     return cluster_members(rt.loaded, views)

@@ -2,7 +2,8 @@
 
 The run loop: node-local steps (write, start) of different nodes run in waves side by side, every other step alone
 and in order; the first failure stops the plan with an error naming the step. What each step does is in its
-family's module: node_steps, replication_steps, cluster_steps."""
+family's module: node_steps, replication_steps, shape_steps, cluster_steps (and the slot steps it hands to
+slot_steps), and metrics' exporter_steps."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from opsctl.apply.cluster_steps import (
     remove_node,
     wait_converged,
 )
-from opsctl.apply.execution import Execution
-from opsctl.apply.exporter_steps import start_exporter, stop_exporter
 from opsctl.apply.node_steps import (
     acl_load,
     after_start,
@@ -34,10 +33,10 @@ from opsctl.apply.node_steps import (
     write_config,
 )
 from opsctl.apply.replication_steps import do_replicate, fail_over, finish_failover, sentinel_monitor, sentinel_set
-from opsctl.apply.runtime import Runtime
 from opsctl.apply.shape_steps import forget_nodes, promote_replica, sentinel_reset
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
+from opsctl.metrics.exporter_steps import start_exporter, stop_exporter
 from opsctl.net.fanout import Borrowed
 from opsctl.net.topolock import check_held
 from opsctl.plan.steps import (
@@ -69,6 +68,8 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.opening import Runtime
 
 
 def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,

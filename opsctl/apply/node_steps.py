@@ -5,27 +5,25 @@ from __future__ import annotations
 
 import time
 
-from opsctl.apply.execution import Before, Execution
-from opsctl.apply.gather import shard_facts
 from opsctl.apply.replication_steps import finish_failover, sentinels_master
-from opsctl.apply.waits import wait_back_in_place
-from opsctl.base.connerr import is_auth_failure
-from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.admin import Admin
 from opsctl.net.connector import AuthRefused
 from opsctl.net.observer import Observer
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import RespError
-from opsctl.observe.parse import parse_role
+from opsctl.observe.replies import RespError, parse_role
 from opsctl.plan.desired import single_valued, unquote
-from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, spec_values
+from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
 from opsctl.plan.rotation import managed_users
 from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig
 from opsctl.render import render_node, render_sections
+from opsctl.runtime.execution import Before, Execution
+from opsctl.runtime.gather import shard_facts
 from opsctl.spec.layout import Node, deployed_record
+from opsctl.status.looks import wait_back_in_place
 from opsctl.tls.material import node_files
 
 START_TIMEOUT = 60.0

@@ -10,21 +10,20 @@ from dataclasses import replace
 
 import redis
 
-from opsctl.apply.execution import Execution
-from opsctl.apply.gather import master_endpoint, shard_facts
-from opsctl.apply.runtime import Runtime
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
-from opsctl.observe.parse import parse_cluster_nodes, parse_role
+from opsctl.observe.replies import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
-from opsctl.plan.replication_steps import sentinel_settings
+from opsctl.plan.replication import sentinel_settings
 from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
-from opsctl.spec.layout import Layout, Node, sentinel_master_name, sentinel_quorum
+from opsctl.runtime.execution import Execution
+from opsctl.runtime.gather import master_endpoint, shard_facts
+from opsctl.runtime.opening import Runtime
+from opsctl.spec.layout import Layout, Node, endpoint, sentinel_master_name, sentinel_quorum
 from opsctl.spec.placement import with_member
 
 

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from functools import partial
 
-from opsctl.apply.execution import Execution
-from opsctl.base.connerr import is_auth_failure
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.observe.cluster_state import voting_masters
-from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
+from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.slotmath import ranges
 from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, Step
+from opsctl.runtime.execution import Execution
+from opsctl.slots import ranges
 from opsctl.spec.layout import Layout, Node, sentinel_master_name
 
 
@@ -140,9 +139,9 @@ def _refuse_live_master(run: Execution, admin: Admin, step: PromoteReplica) -> N
     """The master-down check again, just before the promotion (a saved plan, or a step after another one's wait:
     the plan's fingerprint leaves link states out): refused if the old master answers opsctl at its endpoint, or the
     replica heard it within its ping period."""
-    from opsctl.apply.gather import gone_probe
-    from opsctl.plan.deadnodes import master_ping_period
-    from opsctl.plan.promotion import PING_GRACE_S
+    from opsctl.cluster.deadnodes import master_ping_period
+    from opsctl.failover.promotion import PING_GRACE_S
+    from opsctl.runtime.gather import gone_probe
 
     loaded = run.rt.loaded
     period = master_ping_period(loaded, step.was, loaded.layout.shard_of(step.node)) + PING_GRACE_S

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
 from opsctl.net.topolock import topology_lock
-from opsctl.plan.slotmath.balance import Move
-from opsctl.plan.slotmath.ranges import expand, parse, to_ranges
-from opsctl.plan.slotmath.scale import find_node
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
+from opsctl.runtime.opening import Runtime
+from opsctl.slots.balance import Move
 from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
-from opsctl.slots.run import MoveOptions, resolve, run_moves
+from opsctl.slots.members import find_node
+from opsctl.slots.ranges import expand, parse, to_ranges
+from opsctl.slots.reshard import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
 from opsctl.spec.deployed import PURGING
 from opsctl.spec.layout import Node, deployed_record
@@ -81,7 +81,7 @@ def stop_leaving(rt: Runtime, node: Node) -> None:
     """Stop a node that leaves the fleet (retired, or parked by cluster.masters down), and its redis_exporter with
     it: nothing later stops an exporter beside a node that is no layout node any more, and it would keep its port
     (the next deploy at it fails) and report the node down."""
-    from opsctl.apply.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
+    from opsctl.metrics.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
 
     rt.provider.stop(node)
     remove_exporter(rt, node)

@@ -1,4 +1,5 @@
-"""TLS on live nodes: certificate rotation without restarts, and what the TLS audit asks each node. I/O shell.
+"""TLS on live nodes: certificate rotation without restarts (what the TLS audit asks each node is
+opsctl.tls.handshake). I/O shell.
 
 A server reloads its files on `CONFIG SET tls-cert-file ... tls-key-file ... tls-ca-cert-file ...` with the same
 paths, keeping its pid and every open connection; sentinels restart one at a time (Redis 7.0's has no CONFIG).
@@ -6,47 +7,30 @@ paths, keeping its pid and every open connection; sentinels restart one at a tim
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import ssl
 from typing import Literal
 
 import redis
 
-from opsctl.apply.connect import make_connector
-from opsctl.apply.exporter_steps import exporters_follow_tls
-from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
+from opsctl.metrics.exporter_steps import exporters_follow_tls
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
-from opsctl.render.directives import plaintext_port, tls
+from opsctl.render.directives import tls
+from opsctl.runtime.opening import Runtime, make_connector
 from opsctl.spec.deployed import running_nodes
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
-from opsctl.tls.certs import CertFacts, der_facts, facts
-from opsctl.tls.judge import TlsSeen
+from opsctl.tls.certs import facts
+from opsctl.tls.handshake import handshake
 from opsctl.tls.material import Generated, node_files
 
 Mode = Literal["certs", "new-ca", "drop-old-ca"]
 RELOADED = ("tls-cert-file", "tls-key-file", "tls-ca-cert-file")
-
-
-def handshake(connector: Connector, node: Node, timeout: float = 5.0) -> tuple[CertFacts, str]:
-    """The certificate node presents and the protocol version negotiated, through the connector."""
-    sock = connector.socket(node, timeout)
-    try:
-        if not isinstance(sock, ssl.SSLSocket):
-            raise OpsctlError(f"{node.name}: the connector does not speak TLS", hint="set tls.enabled in the spec")
-        der = sock.getpeercert(binary_form=True)
-        if der is None:
-            raise OpsctlError(f"{node.name} presented no certificate")
-        return der_facts(der), sock.version() or ""
-    finally:
-        sock.close()
 
 
 def rotate(rt: Runtime, mode: Mode, emit: Emit) -> list[str]:
@@ -142,29 +126,3 @@ def _restart_sentinel(rt: Runtime, connector: Connector, node: Node, timeout: fl
     return f"{node.name}: restarted (Sentinel cannot reload TLS files), presents {_presented(connector, node)}"
 
 
-def seen(connector: Connector, node: Node) -> TlsSeen:
-    """What the TLS audit asks a node: its certificate and protocol, its tls-protocols, a plaintext PING."""
-    try:
-        cert, protocol = handshake(connector, node)
-    except (OSError, OpsctlError, ValueError) as exc:
-        return TlsSeen(node.name, None, "", "", None, str(exc))
-    configured, plain = "", plaintext_port(connector.loaded.spec, node)
-    if not node.is_sentinel:
-        with connector.admin(node) as admin:
-            live = admin.config_get("*port*") | admin.config_get("tls-protocols")
-        configured = live.get("tls-protocols", "")
-        plain = int(live.get("port", "0")) or None
-    return TlsSeen(node.name, cert, protocol, configured, _plaintext(connector, node, plain))
-
-
-def _plaintext(connector: Connector, node: Node, port: int | None) -> str | None:
-    if port is None or connector.route is not None:  # an SSH route reaches the node's TLS port only
-        return None
-    with contextlib.closing(connector.client(dataclasses.replace(node, port=port), timeout=2.0, tls=False)) as c:
-        try:
-            c.ping()
-        except redis.AuthenticationError:
-            return f"port {port} answers without TLS (it asks for a password)"
-        except (redis.RedisError, OSError):
-            return None
-    return f"port {port} answers without TLS"

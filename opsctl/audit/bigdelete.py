@@ -12,17 +12,17 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-from opsctl.audit.throttle import Throttle
-from opsctl.base.endpoints import endpoint as format_endpoint
+from opsctl.audit.scan import Throttle
 from opsctl.base.errors import OpsctlError
-from opsctl.base.text import as_text
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import Arg, Reply, RespError, encode
-from opsctl.plan.slotmath.scale import find_node
+from opsctl.net.resp import encode
+from opsctl.observe.replies import Arg, Reply, RespError, as_text
+from opsctl.slots.members import find_node
 from opsctl.spec.layout import Node
+from opsctl.spec.layout import endpoint as format_endpoint
 from opsctl.spec.load import LoadedSpec
 
 DEFAULT_CHUNK = 500  # seeds/000 二(4): about 500 elements per batch call

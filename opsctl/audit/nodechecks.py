@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.base.text import as_text
 from opsctl.observe.findings import Finding, finding
+from opsctl.observe.replies import as_text
 from opsctl.render.directives import Directive
 
 # Directives not compared: secrets, provider paths, names that differ in form between file and CONFIG GET.

@@ -10,9 +10,9 @@ from typing import Any
 from opsctl.audit import nodechecks as nc
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
-from opsctl.net.resp import RespError, encode, text
+from opsctl.net.resp import encode, text
 from opsctl.observe.findings import Finding
-from opsctl.observe.parse import parse_info, parse_pairs
+from opsctl.observe.replies import RespError, parse_info, parse_pairs
 from opsctl.render.directives import Directive, NodePaths, server_sections
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec

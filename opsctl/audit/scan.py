@@ -2,7 +2,8 @@
 command only for keys that are not strings) / PEXPIRETIME / OBJECT FREQ requests, throttled, one thread
 per shard. Results go to the pure
 accumulators of opsctl.audit.keyspace and opsctl.audit.keynames.
-"""
+
+Keeping a scan or a delete within a rate of operations per second."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from typing import cast
 
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
-from opsctl.audit.throttle import Throttle
 from opsctl.base.events import Emit, ScanProgress
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import Reply, RespError, encode, encode_keyed
-from opsctl.observe.parse import parse_info
+from opsctl.net.resp import encode, encode_keyed
+from opsctl.observe.replies import Reply, RespError, parse_info
 
 
 @dataclass(frozen=True)
@@ -253,3 +253,23 @@ def scan_all(connector: Connector, targets: Sequence[LiveNode], wants: ScanWants
 
 
 __all__ = ["BigKey", "NodeScan", "ScanWants", "scan_all", "scan_node"]
+
+
+def throttle_delay(started: float, spent: int, rate: float | None, now: float) -> float:
+    """Seconds to wait so that `spent` operations since `started` stay within `rate` per second."""
+    if not rate:
+        return 0.0
+    return max(0.0, started + spent / rate - now)
+
+
+@dataclass
+class Throttle:
+    rate: float | None
+    started: float = field(default_factory=time.monotonic)
+    spent: int = 0
+
+    def spend(self, ops: int) -> None:
+        self.spent += ops
+        delay = throttle_delay(self.started, self.spent, self.rate, time.monotonic())
+        if delay > 0:
+            time.sleep(delay)

@@ -29,9 +29,9 @@ from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
 from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.plan.streamcmd import Entry, Position
 from opsctl.spec.layout import Node
 from opsctl.stream import Stream, StreamGap, open_stream
+from opsctl.stream.framing import Entry, Position
 
 HEAD_BYTES = 1 << 20
 HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed
@@ -55,7 +55,7 @@ class ArchiveOptions:
 
 
 @dataclass
-class Link:
+class ShardStream:
     """One shard's stream: archived up to `position`; `pending` read but not yet archived."""
 
     shard: int
@@ -144,7 +144,7 @@ class _StopAsked(Exception):
     """A stop was asked for while a link waited for its shard's master: the wait ends, the link stays detached."""
 
 
-def attach(connector: Connector, link: Link, state_dir: Path, timeout: float) -> None:
+def attach(connector: Connector, link: ShardStream, state_dir: Path, timeout: float) -> None:
     """The link's stream opened on its shard's master, continuing after link.position; retried (a failover in
     progress, a restarting master) until timeout. StreamGap passes through: the history is gone. A stop asked for
     meanwhile ends the wait with the link detached (link.stream None; nothing of it is pending), so the caller's
@@ -172,7 +172,7 @@ def attach(connector: Connector, link: Link, state_dir: Path, timeout: float) ->
     link.resumed = True
 
 
-def flush(store: Store, link: Link, emit: Emit) -> None:
+def flush(store: Store, link: ShardStream, emit: Emit) -> None:
     """The pending commands as one segment, durable in the store, then acknowledged to the master."""
     if not link.pending:
         return
@@ -193,19 +193,19 @@ def flush(store: Store, link: Link, emit: Emit) -> None:
     link.segments, link.stored_bytes = link.segments + 1, link.stored_bytes + len(data)
 
 
-def progress(links: list[Link]) -> ArchiveProgress:
+def progress(links: list[ShardStream]) -> ArchiveProgress:
     """The heartbeat: what the links stored since the base, and where each shard is archived up to."""
     offsets = {link.shard: link.position.offset for link in links}
     return ArchiveProgress(links[0].base if links else "", sum(link.segments for link in links),
                            sum(link.stored_bytes for link in links), offsets)
 
 
-def _due(link: Link, options: ArchiveOptions, now: float) -> bool:
+def _due(link: ShardStream, options: ArchiveOptions, now: float) -> bool:
     return bool(link.pending) and (now - link.pending[0].arrived >= options.segment_seconds
                                    or link.pending_bytes >= options.segment_bytes)
 
 
-def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path, emit: Emit,
+def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir: Path, emit: Emit,
          options: ArchiveOptions, next_base: Callable[[], Future[Base] | None], lease: Lease) -> Base:
     """Read every shard's stream round the clock, closing segments when due, until a stop is asked for (every
     open segment closed first: Stopped), a shard's history is gone (StreamGap, segments closed first) or a base
@@ -247,7 +247,7 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                     f"shard {link.shard} up to offset {link.position.offset}" for link in links), RESUME_HINT)
 
 
-def ride_out(store: Store, links: list[Link], emit: Emit, lease: Lease, down: StoreDown) -> None:
+def ride_out(store: Store, links: list[ShardStream], emit: Emit, lease: Lease, down: StoreDown) -> None:
     """A store that failed a write: every stream closed and what was read since each shard's last stored segment
     let go (the masters' backlogs hold it), the store tried again with a doubling pause (a renewal of the lease:
     a write) until it answers, then each shard's position taken from what the store holds (a segment stored
@@ -283,7 +283,7 @@ def ride_out(store: Store, links: list[Link], emit: Emit, lease: Lease, down: St
                                                    for k in links)))
 
 
-def stored_position(store: Store, link: Link) -> Position:
+def stored_position(store: Store, link: ShardStream) -> Position:
     """Where the store says a link's archive ends: after the segment that begins at its position when one is
     there (written, its acknowledgement lost), else its position."""
     stored = [n for o in store.names(link.prefix()) if (n := parse_name(o)) and n.start == link.position.offset]
@@ -306,14 +306,14 @@ def _finished(future: Future[Base], emit: Emit) -> Base | None:
         return None
 
 
-def flush_due(store: Store, links: list[Link], options: ArchiveOptions, emit: Emit) -> None:
+def flush_due(store: Store, links: list[ShardStream], options: ArchiveOptions, emit: Emit) -> None:
     """Every shard's due segment stored side by side: one store round trip for all shards, not one after another
     (a failure is raised once the others ended; those stored count)."""
     now = time.time()
     fan_out(lambda link: flush(store, link, emit), [link for link in links if _due(link, options, now)])
 
 
-def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit: Emit, options: ArchiveOptions,
+def _read(connector: Connector, store: Store, link: ShardStream, state_dir: Path, emit: Emit, options: ArchiveOptions,
           wait: float, flush_when_due: bool = True) -> None:
     if link.stream is None:
         flush(store, link, emit)
@@ -336,7 +336,7 @@ def _read(connector: Connector, store: Store, link: Link, state_dir: Path, emit:
         flush(store, link, emit)
 
 
-def close_all(links: list[Link]) -> None:
+def close_all(links: list[ShardStream]) -> None:
     for link in links:
         if link.stream is not None:
             link.stream.close()
@@ -367,14 +367,14 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
         with locked():
             return take_base(connector, store, state_dir, emit, options.backup)
 
-    links: list[Link] = []
-    new: list[Link] = []
+    links: list[ShardStream] = []
+    new: list[ShardStream] = []
     with Borrowed() as pool:
         fresh = base is None
         try:
             while True:
                 base = base or based()
-                new = [Link(n, base.name, p if fresh else resume_position(store, base, n))
+                new = [ShardStream(n, base.name, p if fresh else resume_position(store, base, n))
                        for n, p in sorted(base.positions.items())]
                 if not fresh:
                     emit(Note(f"resuming the archive of base {base.name}: " + ", ".join(
@@ -405,8 +405,8 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
             close_all(links + new)
 
 
-def hand_over(connector: Connector, store: Store, old: list[Link], new: list[Link], state_dir: Path, emit: Emit,
-              options: ArchiveOptions) -> list[Link]:
+def hand_over(connector: Connector, store: Store, old: list[ShardStream], new: list[ShardStream], state_dir: Path,
+              emit: Emit, options: ArchiveOptions) -> list[ShardStream]:
     """The new base's streams attached and read once before the old ones are read a last time and closed: the
     old chains end after the new ones began, so every moment is covered by one chain whose commands carry the time
     they were read as they were written."""

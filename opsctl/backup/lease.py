@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from opsctl.backup.manifest import utc_iso
-from opsctl.backup.moments import stored_time
 from opsctl.backup.store import FolderStore, Store
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
+from opsctl.base.record import stored_time
 from opsctl.net.fanout import Borrowed
 from opsctl.state.safefs import FileProblem, make_dir, trusted_owners
 from opsctl.state.statelock import state_lock

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from opsctl.backup.moments import stored_iso
 from opsctl.base.errors import OpsctlError
-from opsctl.base.text import ascii_decimal
-from opsctl.observe.parse import SLOTS
+from opsctl.base.record import ascii_decimal, stored_iso
+from opsctl.observe.replies import SLOTS
 from opsctl.spec.model import TOPOLOGIES
 
 MANIFEST = "manifest.json"

@@ -12,10 +12,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 
+from opsctl.backup.integrity import MANIFEST_LIMIT, check_files
 from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
 from opsctl.backup.save import BackupOptions, run_backup
 from opsctl.backup.store import FolderStore, Location, Store, parse_location
-from opsctl.backup.verify import MANIFEST_LIMIT, check_files
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import BackupDone, Emit, Event
 from opsctl.net.connector import Connector

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.backup.store import LIMIT, Location, check_name
-from opsctl.base.endpoints import valid_host, valid_port
 from opsctl.base.errors import OpsctlError, echo
+from opsctl.base.record import ascii_decimal
 from opsctl.base.secrets import Secret, mask_url, remember, userinfo_end
-from opsctl.base.text import ascii_decimal
+from opsctl.spec.layout import valid_host, valid_port
 
 if TYPE_CHECKING:
     from boto3.s3.transfer import TransferConfig

@@ -33,25 +33,26 @@ from opsctl.backup.manifest import (
     utc_iso,
     utc_stamp,
 )
-from opsctl.backup.plan import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.rdb import db0_counts
+from opsctl.backup.savers import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardCopying, ShardSaved, ignore
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.tty import human_bytes
+from opsctl.base.words import human_bytes
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
 from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import describe as describe_problems
-from opsctl.net.observer import observe, observed_problems
-from opsctl.observe.parse import myself, parse_cluster_nodes, parse_info
-from opsctl.plan.streamcmd import Position
+from opsctl.net.observer import observe
+from opsctl.observe.cluster_state import observed_problems
+from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
+from opsctl.stream.framing import Position
 from opsctl.stream.reader import copy_snapshot
 
 HEAD_BYTES = 1 << 20

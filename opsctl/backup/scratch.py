@@ -19,11 +19,11 @@ from pathlib import Path
 
 import redis
 
-from opsctl.backup.plan import Server, parse_keyspace
+from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import unix_client
-from opsctl.observe.parse import parse_info
+from opsctl.observe.replies import parse_info
 from opsctl.providers.binaries import ServerBinary, candidates, probe
 from opsctl.state.safefs import FileProblem, open_regular
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from opsctl.backup.moments import stored_time
 from opsctl.base.errors import OpsctlError
-from opsctl.plan.streamcmd import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
+from opsctl.base.record import stored_time
+from opsctl.stream.framing import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
 
 MAGIC = b"OPSCTL-SEGMENT 1\n"
 SUFFIX = ".seg"

@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.tty import gauge, human_bytes, human_seconds
-from opsctl.base.words import plural
+from opsctl.base.words import gauge, human_bytes, human_seconds, plural
 
 
 @frozen

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, TextIO
-
-if TYPE_CHECKING:
-    pass
+from typing import TextIO
 
 MASK = "***"
 

@@ -69,7 +69,7 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.specfile import read_spec
 
     if args.offline:  # render reads no record with --offline: a state dir given with it would be ignored
-        from opsctl.cli.modes import refuse_given
+        from opsctl.cli.options import refuse_given
 
         refuse_given(args, ("state_dir",), "the records render reads, which --offline skips",
                      "drop --state-dir (or --offline: render then places the nodes from the records there)")
@@ -85,7 +85,7 @@ def _render(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     import json
 
-    from opsctl.spec.schema import spec_schema
+    from opsctl.spec.pydantic_model import spec_schema
 
     print(json.dumps(spec_schema(), indent=2))
     return EXIT_OK

@@ -2,13 +2,26 @@
 --auto-approve and --dry-run.
 
 Only argparse (and the typing modules) is imported: every run builds its parser from these, `--help` and
-`--version` included."""
+`--version` included.
+
+argparse types for command options: every number has a range, checked before anything is touched.
+
+The one question a command asks before it changes something: on a terminal, typed 'yes'; without one, a refusal
+unless --auto-approve (alias --yes). A dry run never asks: it changes nothing.
+
+Options that mean something in one mode of a command only: given in another, they are refused (never accepted
+and ignored), before anything is read or locked. Such options default to None in argparse, so that "given" is
+known; the mode's defaults are filled in once the check passed."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+import math
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
+
+from opsctl.base.errors import OpsctlError, RefusedError, echo
 
 if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
@@ -38,13 +51,13 @@ def add_offline(parser: argparse.ArgumentParser) -> None:
 
 
 def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> LoadedSpec:
-    """The spec placed from the nodes' records (opsctl.apply.placing.placed_or_first), its note on stderr; with
+    """The spec placed from the nodes' records (opsctl.runtime.opening.placed_or_first), its note on stderr; with
     --offline the positional layout, nothing read."""
     if args.offline:
         return loaded
     import sys
 
-    from opsctl.apply.placing import placed_or_first
+    from opsctl.runtime.opening import placed_or_first
     from opsctl.state.statedir import state_dir_for
 
     placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))
@@ -104,7 +117,7 @@ def add_spec_options(parser: argparse.ArgumentParser, state_dir_help: str = STAT
 
 def add_auto_approve(parser: argparse.ArgumentParser, about: str = AUTO_APPROVE_HELP) -> None:
     """--auto-approve, alias --yes (args.auto_approve): change things without asking, as pipelines must. Every
-    command that changes something has both (opsctl.cli.confirm asks otherwise)."""
+    command that changes something has both (opsctl.cli.options asks otherwise)."""
     parser.add_argument("--auto-approve", "--yes", dest="auto_approve", action="store_true", help=about)
 
 
@@ -141,3 +154,75 @@ def add_force_lock(parser: argparse.ArgumentParser) -> None:
                         help="go on when fewer than a majority of the servers answer to grant the topology lock "
                              "(they are down, not on the other side of a network split): a warning says what it "
                              "risks")
+
+
+Number = TypeVar("Number", int, float)
+
+
+class Ranged(Generic[Number]):
+    """A whole number (int) or a finite number (float) from low to high, both included.
+
+    `type=ranged(int, 1, 16384)`; argparse prints "argument --shard: 0 is out of range (1..16384)"."""
+
+    def __init__(self, kind: type[Number], low: Number, high: Number) -> None:
+        self.kind: type[Number] = kind
+        self.low: Number = low
+        self.high: Number = high
+        self.__name__ = f"{kind.__name__} from {low:g} to {high:g}"
+
+    def __call__(self, text: str) -> Number:
+        noun = "a whole number" if self.kind is int else "a number"
+        try:
+            value: Number = self.kind(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{echo(text)} is not {noun}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{echo(text)} is not a finite number")
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(f"{echo(text)} is out of range ({self.low:g}..{self.high:g})")
+        return value
+
+    def __repr__(self) -> str:
+        return f"ranged({self.kind.__name__}, {self.low!r}, {self.high!r})"
+
+
+def ranged(kind: type[Number], low: Number, high: Number) -> Ranged[Number]:
+    return Ranged(kind, low, high)
+
+
+SLOTS = ranged(int, 1, 16384)
+SECONDS = ranged(float, 0.1, 86400.0)
+RATE = ranged(float, 1.0, 1e9)  # per second: 0, negative, nan and inf are refused
+
+
+def confirm(args: argparse.Namespace, question: str, hint: str = "pass --auto-approve in pipelines") -> None:
+    """Return when the run may go on; raise (exit 1 without a terminal, 3 when the answer is not 'yes') otherwise.
+    Nothing was changed either way: every command asks before its first change."""
+    if getattr(args, "auto_approve", False) or getattr(args, "dry_run", False):
+        return
+    if not sys.stdin.isatty():
+        raise OpsctlError("refusing to change anything without confirmation", "standard input is not a terminal",
+                          hint)
+    answer = input(f"{question} Only 'yes' is accepted: ")
+    if answer.strip() != "yes":
+        raise RefusedError("cancelled, nothing changed")
+
+
+def flag(dest: str) -> str:
+    """The option's spelling on the command line: from_tls_ca -> --from-tls-ca (from_ -> --from)."""
+    return "--" + dest.rstrip("_").replace("_", "-")
+
+
+def refuse_given(args: argparse.Namespace, dests: tuple[str, ...], goes_with: str, hint: str) -> None:
+    """Refuse every option of dests the command line gave (not None, not False): `--x, --y go with <goes_with>`."""
+    given = [flag(dest) for dest in dests if getattr(args, dest, None) not in (None, False)]
+    if given:
+        verb = "goes" if len(given) == 1 else "go"
+        raise OpsctlError(f"{', '.join(given)} {verb} with {goes_with}", hint=hint)
+
+
+def fill_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> None:
+    """The defaults of the options refuse_given guards, for those not given."""
+    for dest, value in defaults.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)

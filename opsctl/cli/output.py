@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Protocol, TextIO
 
 from opsctl.base.events import BAR_ONLY, HEARTBEAT, REDRAWN, Event, Note, SlotsDone, as_dict
-from opsctl.base.tty import CLEAR_LINE
+from opsctl.base.words import CLEAR_LINE
 from opsctl.cli.ttyline import TtyLine
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from opsctl.base.connerr import is_auth_failure
-from opsctl.base.endpoints import same_endpoint
+from opsctl.base.errors import is_auth_failure
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.tty import human_bytes
-from opsctl.base.words import plural
+from opsctl.base.words import human_bytes, plural
+from opsctl.spec.layout import same_endpoint
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` must not import the spec model
-    from opsctl.observe.parse import RoleInfo
+    from opsctl.observe.replies import RoleInfo
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
     from opsctl.spec.layout import Layout, Node

@@ -1,26 +1,29 @@
 """What each command prints when it is done, as a typed value (opsctl.cli.output.Result): its text for people and
 the object --output json prints (inside opsctl.cli.output.envelope). A result's keys and text stay what scripts
-and people read already: one value, so the two outputs cannot drift apart. More: docs/internals.md."""
+and people read already: one value, so the two outputs cannot drift apart. More: docs/internals.md.
+
+The slot subcommands' result text (their events print through opsctl.cli.output.Printer)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.words import human_bytes
 from opsctl.cli.report import NodeStatus, plan_text, status_table
+from opsctl.slots.session import SlotsOutcome
 
 if TYPE_CHECKING:
     from opsctl.audit.bigdelete import DeleteResult
-    from opsctl.audit.run import AuditReport
-    from opsctl.backup.catalog import Listed
+    from opsctl.audit.survey import AuditReport
     from opsctl.backup.manifest import Manifest
+    from opsctl.backup.timeline import Listed
     from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
     from opsctl.plan.steps import Plan
-    from opsctl.slots.session import Outcome
+    from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
-
 
 @frozen
 class PlanResult(Frozen):
@@ -75,10 +78,9 @@ class SlotsResult(Frozen):
     """cluster reshard, rebalance and fix: the moves made (or, in a dry run, that would be), their summary and
     notes."""
 
-    outcome: Outcome
+    outcome: SlotsOutcome
 
     def text(self) -> str:
-        from opsctl.slots.cli import outcome_text
 
         return outcome_text(self.outcome)
 
@@ -112,7 +114,7 @@ class AuditResult(Frozen):
     html: bool = False
 
     def text(self) -> str:
-        from opsctl.audit.report import render_html, render_table
+        from opsctl.audit.formats import render_html, render_table
 
         render = render_html if self.html else render_table
         return render(self.report.as_dict(), self.report.findings)
@@ -291,3 +293,16 @@ class RestoreResult(Frozen):
         else:
             lines.append(f"verified: key counts match; {done.verified} keys compared with the source, all equal")
         return "\n".join(lines)
+
+
+def outcome_text(outcome: SlotsOutcome) -> str:
+    lines = [("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}"]
+    for m in outcome.moves:
+        lines.append(f"  {m['source']} -> {m['target']}: {m['slot_count']} slots ({m['slots']}), "
+                     f"~{m['est_keys']} keys, ~{human_bytes(m['est_bytes'])}")
+    lines += [f"  {note}" for note in outcome.notes]
+    s = outcome.summary
+    if s:
+        lines.append(f"moved {s['slots_done']} slots, {s['keys']} keys in {s['seconds']:.2f}s "
+                     f"({s['keys_per_sec']:.0f} keys/s, {s['mode']})")
+    return "\n".join(lines)

@@ -47,8 +47,8 @@ def recorded(command: str, handler: Handler) -> Handler:
 
 def check_folder(folder: str) -> None:
     """Before the run: a folder, not a link, this user may write (a run that worked must not end in an error)."""
+    from opsctl.metrics.signals import HINT
     from opsctl.state.safefs import check_writable_folder
-    from opsctl.state.textfile import HINT
 
     check_writable_folder(folder, HINT)
 
@@ -61,8 +61,7 @@ def _write(args: argparse.Namespace, folder: str, command: str, duration: float,
     from pathlib import Path
 
     from opsctl.base.errors import OpsctlError
-    from opsctl.plan.metrics import RunSignal, outcome_of
-    from opsctl.state.textfile import write_textfile
+    from opsctl.metrics.signals import RunSignal, outcome_of, write_textfile
 
     run = RunSignal(command=command, topology=topology, finished=time.time(), duration=duration,
                     outcome=outcome_of(code), keys_moved=getattr(args, _KEYS, None))

@@ -10,13 +10,13 @@ from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
-    from opsctl.apply.runtime import Runtime
     from opsctl.cli.results import StatusResult
+    from opsctl.runtime.opening import Runtime
 
 
 def _load(args: argparse.Namespace, cache_beside: bool = False) -> Runtime:
-    from opsctl.apply.runtime import make_runtime
     from opsctl.cli.runsignals import note_run
+    from opsctl.runtime.opening import make_runtime
     from opsctl.state.specfile import read_spec_to_keep
 
     state_dir = getattr(args, "state_dir", None)
@@ -80,7 +80,7 @@ def print_status(rt: Runtime, output: str, settle: float = 0.0) -> bool:
     is not waited for."""
     import time
 
-    from opsctl.base.connerr import AUTH_HINT
+    from opsctl.base.errors import AUTH_HINT
     from opsctl.cli.output import print_result
 
     deadline = time.monotonic() + settle
@@ -98,10 +98,10 @@ def status_result(rt: Runtime) -> StatusResult:
     """What status reports: one look at every node (no config read), the health line and its hint."""
     from dataclasses import replace
 
-    from opsctl.apply.gather import gather_facts
     from opsctl.cli.report import node_status
     from opsctl.cli.results import StatusResult
-    from opsctl.plan.status import deployed_view, health_hint, health_line
+    from opsctl.plan.health import deployed_view, health_hint, health_line
+    from opsctl.runtime.gather import gather_facts
 
     facts = gather_facts(rt, with_config=False)  # a look without the config still reads the write fence
     view, pending = deployed_view(rt.loaded.layout, facts)  # what runs; what the next apply adds is not down

@@ -1,6 +1,6 @@
 """`opsctl help spec`: the spec reference as a tree people read (path, type, default, description), made from the
-spec's JSON Schema (opsctl.spec.schema), whose descriptions are the fields' own in opsctl.spec.model: one source,
-so the reference, the schema editors read and docs/spec.md cannot disagree. Pure: a schema in, text out."""
+spec's JSON Schema (opsctl.spec.pydantic_model), whose descriptions are the fields' own in opsctl.spec.model: one
+source, so the reference, the schema editors read and docs/spec.md cannot disagree. Pure: a schema in, text out."""
 
 from __future__ import annotations
 

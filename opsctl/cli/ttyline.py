@@ -7,7 +7,7 @@ import threading
 import time
 from typing import TextIO
 
-from opsctl.base.tty import redraw
+from opsctl.base.words import redraw
 
 
 class TtyLine:

@@ -13,8 +13,8 @@ from opsctl.base import stop
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
-    from opsctl.apply.runtime import Runtime
     from opsctl.cli.results import StatusResult
+    from opsctl.runtime.opening import Runtime
 
 HOME_AND_CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen: the next frame replaces this one
 

@@ -6,10 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opsctl.net.observer import observed_problems
-from opsctl.observe.cluster_state import Disagreement, Names, slot_map, span, uncovered
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import SLOTS
+from opsctl.observe.cluster_state import Disagreement, Names, observed_problems, slot_map, span, uncovered
+from opsctl.observe.replies import SLOTS, NodeObservation
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
-from opsctl.net.observer import Observer, describe, describe_lines, observed_problems, settled_pending
+from opsctl.net.observer import Observer, describe, describe_lines, settled_pending
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
-from opsctl.net.resp import Command, RespError, TextReply
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
-from opsctl.plan.slotmath.planning import slot_plan
-from opsctl.plan.slotmath.ranges import SlotRange, slot_command
+from opsctl.observe.cluster_state import observed_problems
+from opsctl.observe.replies import ClusterNodeLine, Command, RespError, TextReply, parse_cluster_nodes, parse_info
 from opsctl.server.versions import has_capability, parse_version
+from opsctl.slots.ranges import SlotRange, slot_command
+from opsctl.slots.slotplan import slot_plan
 from opsctl.spec.layout import Layout, Node
 
 T = TypeVar("T")

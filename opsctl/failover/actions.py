@@ -5,14 +5,16 @@ sentinel: pause and fence the master, wait for the replicas, SENTINEL FAILOVER, 
 others, tell sentinels.
 replication: FAILOVER TO if the server has it, else pause, fence, wait, REPLICAOF NO ONE; with the master gone
 (--mode force), REPLICAOF NO ONE on the replica holding the most and the others re-pointed.
-See docs/runbooks/failover.md."""
+See docs/runbooks/failover.md.
+
+One failover run's open connections: every node of the shard's topology, retired cluster members included."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -21,16 +23,17 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
+from opsctl.failover.verdicts import Target
 from opsctl.net.admin import Admin
-from opsctl.observe.parse import parse_info
-from opsctl.plan.fence import spec_values
-from opsctl.plan.verdicts import Target
+from opsctl.net.connector import Connector
+from opsctl.net.observer import Observer, to_facts
+from opsctl.observe.replies import parse_info
+from opsctl.plan.facts import NodeFacts, spec_values
+from opsctl.providers.base import Provider
 from opsctl.server.versions import has_capability, parse_version
+from opsctl.slots.members import cluster_members
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
-
-if TYPE_CHECKING:
-    from opsctl.failover.session import Session
 
 POLL = 0.002
 KILL_AT = "OPSCTL_FAILOVER_KILL_AT"
@@ -405,3 +408,45 @@ def _repoint_others(session: Session, target: Target, new: Admin) -> None:
     for name in shard.members:
         if name not in (target.master, target.replica):
             _replicate(session.admin(name), new)
+
+
+class Session:
+    """Open connections to every node for the whole run: each observation is one parallel round trip. In a cluster
+    also to the nodes a larger spec had that the cluster still knows (a scale-in's, drained after the restarts):
+    they vote and must agree like the others (looked for once; a second Observer only when there are some)."""
+
+    def __init__(self, connector: Connector, provider: Provider | None = None) -> None:
+        """provider: where the servers run, to stop a master that is gone from the network but may still run
+        (a forced promotion's fence); None: not asked for (every other failover)."""
+        self.connector = connector
+        self.provider = provider
+        self.loaded = connector.loaded
+        self.observer = Observer(connector, self.loaded.layout.nodes, timeout=1.0)
+        if self.loaded.spec.topology == "cluster":
+            views = [o.cluster_nodes for o in self.observer.observe().values() if o.cluster_nodes]
+            members = cluster_members(self.loaded, views)
+            if len(members) > len(self.loaded.layout.nodes):
+                self.observer.close()
+                self.observer = Observer(connector, members, timeout=1.0)
+
+    def facts(self) -> dict[str, NodeFacts]:
+        return to_facts(self.observer.observe())
+
+    def admin(self, name: str) -> Admin:
+        return self.observer.admins[name]
+
+    def quorum(self) -> dict[str, str]:
+        name = sentinel_master_name(self.loaded.spec)
+        futures = {n.name: self.observer.pool.submit(_ckquorum, self.admin(n.name), name)
+                   for n in self.loaded.layout.sentinels}
+        return {n: f.result() for n, f in futures.items()}
+
+    def close(self) -> None:
+        self.observer.close()
+
+
+def _ckquorum(admin: Admin, name: str) -> str:
+    try:
+        return str(admin.call("SENTINEL", "CKQUORUM", name))
+    except (redis.RedisError, OSError) as exc:
+        return f"error: {exc}"

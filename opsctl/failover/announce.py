@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import redis
 from redis.client import PubSub
 
-from opsctl.base.endpoints import canonical_address
 from opsctl.base.errors import ConvergenceError
 from opsctl.base.poll import wait_for
 from opsctl.net.admin import Admin, raw_pipeline
-from opsctl.observe.parse import parse_pairs
+from opsctl.observe.replies import parse_pairs
+from opsctl.spec.layout import canonical_address
 
 HELLO_CHANNEL = "__sentinel__:hello"
 EPOCH_WAIT = 0.5

@@ -10,18 +10,16 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from opsctl.base.connerr import AUTH_HINT, auth_failed, is_auth_failure, not_answering
-from opsctl.base.endpoints import endpoint
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure, not_answering
+from opsctl.failover.promotion import choose_promotable, followed_master, promotable_check
+from opsctl.failover.verdicts import Check, PastFailover, Target, Thresholds, role_text
 from opsctl.observe.cluster_state import cluster_problems, voting_masters
-from opsctl.observe.replicas import listed_replicas
+from opsctl.observe.replies import listed_replicas
 from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
-from opsctl.plan.promotion import choose_promotable, followed_master, promotable_check
-from opsctl.plan.slotmath.planning import retired
-from opsctl.plan.verdicts import Check, PastFailover, Target, Thresholds, role_text
-from opsctl.spec.layout import Layout, Shard
+from opsctl.slots.slotplan import retired
+from opsctl.spec.layout import Layout, Shard, endpoint
 from opsctl.spec.load import LoadedSpec
 
 MODES = ("graceful", "force", "takeover")

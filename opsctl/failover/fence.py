@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import redis
 
-from opsctl.base.endpoints import canonical_address, endpoint
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
-from opsctl.observe.parse import parse_pairs, parse_role
-from opsctl.plan.fence import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
-from opsctl.spec.layout import Node, sentinel_master_name
+from opsctl.observe.replies import parse_pairs, parse_role
+from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, fenced, spec_values
+from opsctl.spec.layout import Node, canonical_address, endpoint, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 
 __all__ = ["Finished", "fence", "fenced_nodes", "finish", "repoint_followers", "unfence"]

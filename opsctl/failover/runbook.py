@@ -18,11 +18,12 @@ import redis
 from redis.crc import key_slot
 
 from opsctl.base import stop
-from opsctl.base.digest import digest
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.record import digest
 from opsctl.failover import actions, fence
+from opsctl.failover.actions import Session
 from opsctl.failover.checks import (
     cluster_prechecks,
     failed,
@@ -33,14 +34,13 @@ from opsctl.failover.checks import (
     sentinel_prechecks,
     thresholds_for,
 )
+from opsctl.failover.promotion import PING_PERIOD, promotion_prechecks
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
-from opsctl.failover.session import Session
+from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.promotion import PING_PERIOD, promotion_prechecks
-from opsctl.plan.verdicts import Check, PastFailover, Target
 from opsctl.providers.base import Provider
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private

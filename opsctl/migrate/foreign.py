@@ -11,16 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.base.endpoints import split_endpoint, valid_port
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, mask_login, remember
 from opsctl.net.connector import ClientTLS, Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.parse import ClusterNodeLine, parse_cluster_nodes, parse_info
-from opsctl.spec.layout import Layout, Node, Role, Shard
+from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes, parse_info
+from opsctl.spec.layout import Layout, Node, Role, Shard, split_endpoint, valid_port
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.spec.model import Auth, Hardening, Host, SecretRef, Spec
-from opsctl.spec.secretcheck import SecretUnusable
+from opsctl.spec.secretrefs import SecretUnusable
 from opsctl.state.specfile import read_secret_file
 
 NAME = "source"

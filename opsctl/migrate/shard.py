@@ -14,20 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.backup.manifest import rdb_header
-from opsctl.backup.plan import pick_scratch, rdb_written_by
+from opsctl.backup.savers import pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.migrate.apply import Applier, EdgeRefused, TargetChanged
-from opsctl.migrate.journal import JournalFile, ShardState
+from opsctl.migrate.phases import JournalFile, ShardState
+from opsctl.migrate.replay import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.spool import Spool, SpoolWriter
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.parse import parse_info, server_of
-from opsctl.plan.streamcmd import Entry, Position, StreamProtocolError
+from opsctl.observe.replies import parse_info, server_of
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
+from opsctl.stream.framing import Entry, Position, StreamProtocolError
 from opsctl.stream.reader import Stream, StreamGap, open_stream
 
 CAUGHT_UP = 2000  # a spool read with fewer commands than this: the writer is stopped and the rest taken

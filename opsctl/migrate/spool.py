@@ -17,8 +17,8 @@ from pathlib import Path
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.resp import encode
-from opsctl.plan.streamcmd import Entry, Position, StreamProtocolError, frame
 from opsctl.state.safefs import disk_full, open_dir, write_all
+from opsctl.stream.framing import Entry, Position, StreamProtocolError, frame
 from opsctl.stream.reader import Stream
 
 MAGIC = b"opsctl-spool-1"

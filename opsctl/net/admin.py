@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import OpsctlError
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, endpoint
 from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
     import redis
 
-    from opsctl.net.resp import Command
+    from opsctl.observe.replies import Command
 
 
 DEFAULT_TIMEOUT = 5.0

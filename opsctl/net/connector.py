@@ -1,6 +1,6 @@
 """The one place that connects to nodes: address or SSH route, auth, TLS. Everything else gets a Connector.
 
-A Connector is made once per command (opsctl.apply.connect) and passed down; it hands out Admin connections, bare
+A Connector is made once per command (opsctl.runtime.opening) and passed down; it hands out Admin connections, bare
 redis-py clients (probes) and authenticated raw sockets. With TLS each connection verifies the certificate against
 the node's address, through an SSH tunnel too."""
 

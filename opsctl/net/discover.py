@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.base.connerr import AUTH_HINT, is_auth_failure, not_answering
-from opsctl.base.endpoints import endpoint
+from opsctl.base.errors import AUTH_HINT, is_auth_failure, not_answering
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
-from opsctl.net.resp import RespError, text
+from opsctl.net.resp import text
 from opsctl.observe.findings import Finding, finding
-from opsctl.observe.parse import parse_role
-from opsctl.spec.layout import Node
+from opsctl.observe.replies import RespError, parse_role
+from opsctl.spec.layout import Node, endpoint
 
 
 @dataclass(frozen=True)

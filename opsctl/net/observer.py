@@ -1,9 +1,8 @@
 """Observe live nodes: one pipelined round trip per node, all nodes in parallel; the thin I/O shell.
 
-The parsing lives in opsctl.observe.parse and the judging in opsctl.observe.cluster_state (both pure).
+The parsing lives in opsctl.observe.replies and the judging in opsctl.observe.cluster_state (both pure).
 Observations go over raw connections (opsctl.net.rawpipe, replies read by hiredis), not redis-py: commands that
-only look (plan, status) start without importing it.
-"""
+only look (plan, status) start without importing it."""
 
 from __future__ import annotations
 
@@ -16,12 +15,20 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, NodePipes, link_error
-from opsctl.net.resp import Command, RespError, TextReply, text
-from opsctl.observe.cluster_state import Disagreement, cluster_problems
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import parse_cluster_nodes, parse_info, parse_pairs, parse_role
-from opsctl.observe.replicas import master_side_problems
-from opsctl.plan.fence import TO_WRITE
+from opsctl.net.resp import text
+from opsctl.observe.cluster_state import Disagreement, observed_problems
+from opsctl.observe.replies import (
+    Command,
+    NodeObservation,
+    RespError,
+    TextReply,
+    master_side_problems,
+    parse_cluster_nodes,
+    parse_info,
+    parse_pairs,
+    parse_role,
+)
+from opsctl.plan.facts import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -38,7 +45,7 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
-FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.fence)
+FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.facts)
 
 
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
@@ -169,16 +176,6 @@ def observe(connector: Connector, nodes: Iterable[Node], with_config: bool = Fal
         return observer.observe(with_config)
 
 
-def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:
-    """cluster_problems over the nodes that answered, plus one line per node that did not."""
-    out = [Disagreement(name, f"unreachable: {o.error}") for name, o in observations.items() if not o.reachable]
-    out += [Disagreement(name, f"has no cluster view: {o.error}") for name, o in observations.items()
-            if o.reachable and o.cluster_nodes is None]
-    views = {n: o.cluster_nodes for n, o in observations.items() if o.cluster_nodes is not None}
-    infos = {n: o.info for n, o in observations.items() if o.cluster_nodes is not None}
-    return out + cluster_problems(views, infos)
-
-
 def describe(problems: Sequence[Disagreement], limit: int = 12) -> str:
     return describe_lines([p.render() for p in problems], limit)
 
@@ -245,3 +242,5 @@ def wait_cluster_converged(connector: Connector, nodes: Iterable[Node], timeout:
     """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked)."""
     with Observer(connector, nodes, timeout=min(2.0, timeout)) as observer:
         wait_converged(observer, timeout)
+
+

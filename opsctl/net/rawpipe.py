@@ -16,7 +16,8 @@ import hiredis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import AuthRefused, Connector
-from opsctl.net.resp import INCOMPLETE, Arg, Command, Reply, RespError, encode, reader
+from opsctl.net.resp import INCOMPLETE, encode, reader
+from opsctl.observe.replies import Arg, Command, Reply, RespError
 from opsctl.spec.layout import Node
 
 READ_SIZE = 1 << 20
@@ -42,7 +43,7 @@ PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
 
 def link_error(exc: BaseException) -> str:
     """Why a pipe failed, as an observation keeps it (the server's words for a refused AUTH, which
-    opsctl.base.connerr recognises)."""
+    opsctl.base.errors recognises)."""
     if isinstance(exc, OpsctlError):
         return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
     return f"{type(exc).__name__}: {exc}"

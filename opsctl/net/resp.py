@@ -7,33 +7,10 @@ not hide the replies of the others. Why not redis-py: scans of millions of keys 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
 
 import hiredis
 
-Arg: TypeAlias = "bytes | str | int"
-
-
-class RespError(Exception):
-    """A node's error reply to one command, as a value among a pipeline's replies (the others' replies stand); an
-    Exception too, so a caller may raise it. Equal by message, as a reply compares."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RespError) and type(other) is type(self) and other.message == self.message
-
-    def __hash__(self) -> int:
-        return hash(self.message)
-
-    def __repr__(self) -> str:
-        return f"RespError(message={self.message!r})"
-
-
-Reply: TypeAlias = "bytes | int | list[Reply] | RespError | None"
-Command: TypeAlias = "tuple[Any, ...]"  # a command's name, then its arguments (Arg values), as callers write them
+from opsctl.observe.replies import Arg, Reply, RespError, TextReply
 
 
 class _Incomplete:
@@ -70,9 +47,6 @@ def encode_keyed(command: bytes, keys: Sequence[bytes], subcommand: bytes = b"")
     parts[0::2] = map(before.__getitem__, lengths)
     parts[1::2] = keys
     return b"\r\n".join(parts) + b"\r\n"
-
-
-TextReply: TypeAlias = "str | int | list[TextReply] | RespError | None"
 
 
 def text(reply: Reply) -> TextReply:

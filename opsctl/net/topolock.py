@@ -32,15 +32,21 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from opsctl.base.connerr import AUTH_HINT, TLS_HINT, auth_failed, error_text, is_auth_failure, is_tls_failure
-from opsctl.base.errors import OpsctlError
-from opsctl.base.text import as_text
+from opsctl.base.errors import (
+    AUTH_HINT,
+    TLS_HINT,
+    OpsctlError,
+    auth_failed,
+    error_text,
+    is_auth_failure,
+    is_tls_failure,
+)
 from opsctl.net import quorum
 from opsctl.net.connector import AuthRefused, Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
-from opsctl.net.resp import RespError
+from opsctl.observe.replies import RespError, as_text
 from opsctl.spec.layout import Node
 
 LEASE_SECONDS = 30.0

@@ -1,10 +1,11 @@
-"""Observe live nodes: pure parsers (parse, cluster_state) and the thin I/O shell (collect).
+"""What live nodes say, read purely: replies (parsers, the RESP value types, NodeObservation), cluster_state (is a
+cluster converged), findings. Asking them is the I/O shell's (opsctl.net.observer).
 
 Only the pure parts are re-exported here, so importing the package pulls in no network code.
 """
 
 from opsctl.observe.cluster_state import Disagreement, cluster_problems, even_slot_ranges
-from opsctl.observe.parse import (
+from opsctl.observe.replies import (
     IMMUTABLE,
     PROTECTED,
     ClusterNodeLine,

@@ -1,8 +1,7 @@
 """Is a cluster converged? Pure checks over every node's CLUSTER NODES view and INFO/CLUSTER INFO.
 
 Like redis-operator's clusterStableNoOpenSlots, but every problem names the node that disagrees and what
-differs, so "[ERR] Nodes don't agree about configuration" becomes "orders-4 sees slots 0-5460 owned by ...".
-"""
+differs, so "[ERR] Nodes don't agree about configuration" becomes "orders-4 sees slots 0-5460 owned by ..."."""
 
 from __future__ import annotations
 
@@ -10,8 +9,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.observe.parse import SLOTS, ClusterNodeLine, myself
-from opsctl.observe.replicas import master_side_problems
+from opsctl.observe.replies import (
+    SLOTS,
+    ClusterNodeLine,
+    NodeObservation,
+    master_side_problems,
+    myself,
+)
 
 SlotMap = tuple[tuple[int, int, str], ...]  # merged (start, end, owner id) ranges, sorted
 
@@ -285,3 +289,13 @@ def no_master_hint(views: Iterable[Sequence[ClusterNodeLine]], then: str) -> str
             f"needs {serving // 2 + 1}. Start the masters that are down again; if a host is gone for good, give its "
             "entry in the spec the new machine's address (or remove it) and run `opsctl apply`: it promotes the "
             f"replica holding the most data (CLUSTER FAILOVER TAKEOVER) and replaces the host; then {then}")
+
+
+def observed_problems(observations: dict[str, NodeObservation]) -> list[Disagreement]:
+    """cluster_problems over the nodes that answered, plus one line per node that did not."""
+    out = [Disagreement(name, f"unreachable: {o.error}") for name, o in observations.items() if not o.reachable]
+    out += [Disagreement(name, f"has no cluster view: {o.error}") for name, o in observations.items()
+            if o.reachable and o.cluster_nodes is None]
+    views = {n: o.cluster_nodes for n, o in observations.items() if o.cluster_nodes is not None}
+    infos = {n: o.info for n, o in observations.items() if o.cluster_nodes is not None}
+    return out + cluster_problems(views, infos)

@@ -1,17 +1,25 @@
-"""What the shell observed, as plain data for the planner: process, last applied record, live replies."""
+"""What the shell observed, as plain data for the planner: process, last applied record, live replies.
+
+The write fence, pure part: its value, how to see it in a CONFIG GET reply, what lifting it restores.
+
+An old master is fenced during a Sentinel or plain-replication failover: `min-replicas-to-write` far above any
+replica count makes it answer NOREPLICAS to every write, and that outlives opsctl (the I/O lives in
+opsctl.failover.fence)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from opsctl.base.digest import digest
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import ClusterNodeLine, RoleInfo, server_of
-from opsctl.plan import fence as fencing
+from opsctl.base.record import digest
+from opsctl.observe.replies import ClusterNodeLine, NodeObservation, RoleInfo, server_of
+from opsctl.plan import facts as fencing
 
+if TYPE_CHECKING:  # spec_values renders; fenced, which status and health ask, needs none of it
+    from opsctl.spec.layout import Node
+    from opsctl.spec.load import LoadedSpec
 
 @frozen
 class SentinelEntry(Frozen):
@@ -68,7 +76,7 @@ class NodeFacts(Frozen):
 
     @property
     def fenced(self) -> bool:
-        """Refuses writes behind an interrupted failover's fence (opsctl.plan.fence): from the whole config
+        """Refuses writes behind an interrupted failover's fence (opsctl.plan.facts): from the whole config
         where the look read it, else from the fence's own read, which every look of a server does."""
         return fencing.fenced(self.config if self.config is not None else self.fence)
 
@@ -151,3 +159,29 @@ def fingerprint(facts: Mapping[str, NodeFacts]) -> str:
             "exporter": f.exporter, "exporter_rules": f.exporter_rules,
         }
     return digest(summary)
+
+
+FENCE = "1000000"  # min-replicas-to-write no real shard reaches: every write gets NOREPLICAS
+TO_WRITE, MAX_LAG = "min-replicas-to-write", "min-replicas-max-lag"
+DEFAULTS = {TO_WRITE: "0", MAX_LAG: "10"}
+
+__all__ = ["FENCE", "MAX_LAG", "TO_WRITE", "fenced", "is_fence", "spec_values"]
+
+
+def fenced(config: Mapping[str, str] | None) -> bool:
+    """Does this CONFIG GET reply show the fence?"""
+    return (config or {}).get(TO_WRITE) == FENCE
+
+
+def is_fence(name: str, value: str | None) -> bool:
+    """Is this directive's live or on-disk value the fence? Then it is not drift for a CONFIG SET or a rewritten file
+    to undo: finishing the failover lifts it (back to spec_values), and lifting it earlier makes two masters."""
+    return name == TO_WRITE and value == FENCE
+
+
+def spec_values(loaded: LoadedSpec, node: Node) -> dict[str, str]:
+    """min-replicas-to-write and -max-lag as the spec renders them (persistence.min_replicas_*; the server's defaults
+    where it renders none): what lifting the fence restores."""
+    from opsctl.plan.desired import rendered_values
+
+    return rendered_values(loaded, node, DEFAULTS)

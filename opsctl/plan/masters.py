@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from opsctl.base.endpoints import endpoint
 from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts, NodeFacts
-from opsctl.spec.layout import Layout, Shard
+from opsctl.spec.layout import Layout, Shard, endpoint
 
 
 def current_master(shard: Shard, layout: Layout, facts: Facts) -> str:

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from opsctl.plan.cluster_steps import cluster_steps, rejoins
-from opsctl.plan.deadnodes import forget_dead, promote_orphans
+from opsctl.cluster.deadnodes import forget_dead, promote_orphans
+from opsctl.cluster.formation import cluster_steps, rejoins
+from opsctl.metrics.exporter import exporter_steps
 from opsctl.plan.desired import DesiredNode
-from opsctl.plan.exporters import exporter_steps
 from opsctl.plan.facts import Facts, fingerprint
-from opsctl.plan.maintenance import maintenance_failovers, refuse_unmovable
 from opsctl.plan.masters import current_master
-from opsctl.plan.node_steps import renames_changed
-from opsctl.plan.placing import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.refusals import (
     refuse_bus_port_clash,
     refuse_empty_master_restart,
@@ -25,12 +22,14 @@ from opsctl.plan.refusals import (
     refuse_removed_hosts,
     refuse_unsafe_server_change,
 )
-from opsctl.plan.replication_steps import finish_failover_steps, replication_steps, with_sentinel_steps
+from opsctl.plan.replication import finish_failover_steps, replication_steps, with_sentinel_steps
 from opsctl.plan.replshape import DRAIN_FIRST as REPLICATED_DRAIN_FIRST
 from opsctl.plan.replshape import drain_failovers as replicated_drains
 from opsctl.plan.replshape import retire_steps
-from opsctl.plan.rolling import shard_steps
+from opsctl.plan.rolling import maintenance_failovers, refuse_unmovable, shard_steps
 from opsctl.plan.rotation import after_rotation, rotation_steps
+from opsctl.plan.servers import renames_changed
+from opsctl.plan.shape import DRAIN_FIRST, drain_failovers, summary, synced_before_retiring, with_placement_reasons
 from opsctl.plan.steps import AssignSlots, CloseSlots, Failover, FormCluster, Plan, RestartNode, Step, WaitConverged
 from opsctl.server.versions import Version, parse_version
 from opsctl.spec.layout import Layout

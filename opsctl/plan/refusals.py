@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opsctl.base.endpoints import MAX_PORT
 from opsctl.base.errors import RefusedError
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.masters import start_master
-from opsctl.plan.node_steps import restarting
+from opsctl.plan.servers import restarting
 from opsctl.server.versions import Version, rolling_change_problem, server_text
-from opsctl.spec.layout import Layout, deployed_as
+from opsctl.spec.layout import MAX_PORT, Layout, deployed_as
 from opsctl.spec.load import LoadedSpec
 
 

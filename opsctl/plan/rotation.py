@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from opsctl.base.secrets import MASK, Secret
-from opsctl.plan.desired import DesiredNode
+from opsctl.plan.desired import DIFFERS, PREVIOUS, DesiredNode
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.ondisk import DIFFERS, PREVIOUS
 from opsctl.plan.steps import AclLoad, ConfigSet, Failover, RestartNode, SetPasswords, Step, WriteConfig
-from opsctl.render.exporter import EXPORTER_USER, exporter_secrets
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_secrets
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 

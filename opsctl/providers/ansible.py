@@ -29,8 +29,14 @@ from opsctl.providers.base import ProcessState, parse_record
 from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
-from opsctl.providers.remote.bundle import HOSTS_FILE, parse_hosts_table, parse_tombstones, plain_name
-from opsctl.providers.remote.hostsettings import host_setting_paths
+from opsctl.providers.remote.bundle import (
+    HOSTS_FILE,
+    host_setting_paths,
+    parse_hosts_table,
+    parse_tombstones,
+    plain_name,
+    stage,
+)
 from opsctl.providers.remote.inventory import (
     binary_path,
     build_inventory,
@@ -40,7 +46,6 @@ from opsctl.providers.remote.inventory import (
     unit_name,
 )
 from opsctl.providers.remote.runner import PlaybookResult, private_dir, run_playbook
-from opsctl.providers.remote.staging import stage
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import plaintext_port
 from opsctl.spec.deployed import is_node_name

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from opsctl.base.endpoints import MAX_PORT, PORTS, valid_host
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import MAX_PORT, PORTS, Node, valid_host
 from opsctl.state.readback import Fields, parse_json
 
 

@@ -28,9 +28,8 @@ from opsctl.base.secrets import mask_text
 from opsctl.net.connector import port_accepts
 from opsctl.providers.base import ProcessState
 from opsctl.providers.binaries import ServerBinary, server_environment
-from opsctl.providers.localfiles import LocalFiles, empty_but_record, read_text
+from opsctl.providers.localfiles import LocalFiles, ServerUser, empty_but_record, read_text
 from opsctl.providers.proc import ProcFacts, holds_port, is_node_process, read_proc, working_below
-from opsctl.providers.serveruser import ServerUser
 from opsctl.render import NodePaths
 from opsctl.render.directives import plaintext_port
 from opsctl.spec.layout import Node

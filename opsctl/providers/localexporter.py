@@ -14,12 +14,11 @@ from pathlib import Path
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import mask_text
+from opsctl.metrics.exporter import EXPORTER_BINARY, EXPORTER_PACKAGE, PASSWORD_FILE, ExporterRun
 from opsctl.net.connector import port_accepts
-from opsctl.plan.exporters import EXPORTER_BINARY, EXPORTER_PACKAGE, PASSWORD_FILE, ExporterRun
 from opsctl.providers.local import KILL_WAIT, LocalProvider, as_user, setpriv, stop_process, tail
 from opsctl.providers.proc import holds_port, read_proc, working_below
-from opsctl.spec.exporters import exporter_port
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, exporter_port
 from opsctl.state.safefs import FileProblem, write_private
 
 STATE_FILE = "exporter.state"

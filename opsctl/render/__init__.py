@@ -7,11 +7,11 @@ import hashlib
 from collections.abc import Sequence
 from string import Template
 
+from opsctl import data_dir
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.resources import data_dir
 from opsctl.base.secrets import MASK, Secret
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
-from opsctl.render.exporter import EXPORTER_USER, exporter_acl_words
+from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words
 from opsctl.render.tokens import checked, checked_arguments, word
 from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name

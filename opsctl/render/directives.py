@@ -130,7 +130,7 @@ def security(loaded: LoadedSpec, paths: NodePaths, password: str) -> list[Direct
 
 def renames(loaded: LoadedSpec) -> list[Directive]:
     """rename-command lines: disabled commands to "", renamed ones (the spec's and, in password mode, the
-    takeover commands: opsctl.spec.renames) to their new name.
+    takeover commands: opsctl.spec.load) to their new name.
 
     Disabled commands go in ACL mode too: ACL rules alone can be undone by any user allowed ACL SETUSER
     (the admin has +@all), a removed command cannot. ACL rules keep naming them (rules use original names).
@@ -279,7 +279,7 @@ def server_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, password: 
 
 def maintenance(spec: Spec, node: Node) -> list[Directive]:
     """A server on a host marked maintenance is never promoted by Sentinel or by its cluster's own failover: a
-    graceful failover opsctl runs still picks its target (opsctl.plan.maintenance)."""
+    graceful failover opsctl runs still picks its target (opsctl.plan.rolling)."""
     host = next((h for h in spec.hosts if h.name == node.host), None)
     if host is None or not host.maintenance:
         return []

@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.rawpipe import RawPipe, refused
-from opsctl.net.resp import Reply, RespError, encode
+from opsctl.net.resp import encode
+from opsctl.observe.replies import Reply, RespError
 from opsctl.restore.functions import carry_functions
 from opsctl.restore.route import Counts, Router, expiry_of, restore_batch, same_payload, shown_key
 

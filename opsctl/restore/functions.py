@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from opsctl.base.errors import RefusedError
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.net.resp import Reply, RespError
+from opsctl.observe.replies import Reply, RespError
 
 
 def libraries(pipe: RawPipe) -> dict[bytes, bytes]:

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opsctl.backup.catalog import dropped_before, read_bases
 from opsctl.backup.segment import SegmentProblem, applied, chain, cut, decode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import Base, base_for, iso, segment_prefix
+from opsctl.backup.timeline import Base, base_for, dropped_before, iso, read_bases, segment_prefix
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
-from opsctl.net.resp import RespError, encode
-from opsctl.plan.streamcmd import Entry, Position
+from opsctl.net.resp import encode
+from opsctl.observe.replies import RespError
+from opsctl.stream.framing import Entry, Position
 
 SEGMENT_LIMIT = 1 << 30
 BATCH = 1000

@@ -12,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.text import ascii_decimal
-from opsctl.net.resp import Arg
-from opsctl.observe.parse import SLOTS, ClusterNodeLine
+from opsctl.base.record import ascii_decimal
+from opsctl.observe.replies import SLOTS, Arg, ClusterNodeLine
 
 T = TypeVar("T")
 

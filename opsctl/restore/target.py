@@ -7,13 +7,14 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-from opsctl.backup.plan import Server, parse_keyspace
+from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import RefusedError
 from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems
-from opsctl.net.observer import observe, observed_problems
+from opsctl.net.observer import observe
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.parse import SLOTS, server_of
+from opsctl.observe.cluster_state import observed_problems
+from opsctl.observe.replies import SLOTS, server_of
 from opsctl.restore.engine import Targets
 from opsctl.restore.route import Router, cluster_router
 from opsctl.server.versions import server_text

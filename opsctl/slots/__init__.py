@@ -1,2 +1,2 @@
-"""Slot operations: reshard, rebalance, scale out/in, fix. Pure planning (ranges, balance, batching, journal
-replay) next to the thin I/O engines (key-by-key and atomic migration)."""
+"""Slot operations: reshard, rebalance, scale out/in, fix. The pure modules (ranges, balance, coverage, slotplan,
+members, batching, moveguard) stand next to the I/O: the engines (reshard, keys, atomic), fix, session, journal."""

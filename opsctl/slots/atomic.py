@@ -13,11 +13,10 @@ from typing import Any
 from opsctl.base import stop
 from opsctl.base.errors import ConvergenceError, OpsctlError
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.text import as_text
-from opsctl.observe.parse import parse_pairs, server_of
-from opsctl.plan.slotmath.ranges import Ranges, count, text, to_ranges
+from opsctl.observe.replies import as_text, parse_pairs, server_of
 from opsctl.slots.journal import Journal
 from opsctl.slots.progress import Progress
+from opsctl.slots.ranges import Ranges, count, text, to_ranges
 from opsctl.slots.session import Peer, checked, pipe
 
 DONE = frozenset({"success", "completed"})

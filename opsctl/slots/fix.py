@@ -11,24 +11,22 @@ from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.text import as_text
 from opsctl.net.connector import Connector
 from opsctl.observe.cluster_state import no_master_hint, slot_map
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import SLOTS, ClusterNodeLine, server_of
-from opsctl.plan.slotmath.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
-from opsctl.plan.slotmath.ranges import expand, slot_command, text, to_ranges
+from opsctl.observe.replies import SLOTS, ClusterNodeLine, NodeObservation, as_text, server_of
 from opsctl.slots.atomic import wait_idle
-from opsctl.slots.endpoints import flagged_ids
+from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unreachable_owners, unserved_slots
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
+from opsctl.slots.moveguard import flagged_ids
 from opsctl.slots.progress import Progress
+from opsctl.slots.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.session import (
     MAX_FAILOVERS,
-    Outcome,
     Peer,
     ReplyError,
     Session,
+    SlotsOutcome,
     checked,
     open_session,
     pipe,
@@ -243,9 +241,9 @@ def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> Non
             pipe(session.peers[name], [("CLUSTER", "SETSLOT", s, "STABLE") for s in stale])
 
 
-def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> Outcome:
+def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> SlotsOutcome:
     """After close_open (done by the caller): cover uncovered slots; take over a lost master's only on consent."""
-    outcome = Outcome()
+    outcome = SlotsOutcome()
     with open_session(connector) as session:
         outcome.notes += close_in_session(session, Journal(state_dir), emit)
         outcome.notes += _cover(session)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.base.errors import OpsctlError
-from opsctl.observe.parse import SLOTS
-from opsctl.plan.slotmath.ranges import Ranges, expand, to_ranges
+from opsctl.observe.replies import SLOTS
+from opsctl.slots.ranges import Ranges, expand, to_ranges
 from opsctl.state.safefs import append_private, make_dir, read_bounded, trusted_owners
 
 JOURNAL = "slots-journal.jsonl"

@@ -19,10 +19,8 @@ from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, Migrate
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.net.resp import Command
 from opsctl.net.topolock import check_held
-from opsctl.observe.parse import ClusterNodeLine, myself, parse_cluster_nodes
-from opsctl.plan.slotmath.scale import shard_members
+from opsctl.observe.replies import ClusterNodeLine, Command, myself, parse_cluster_nodes
 from opsctl.slots.batching import (
     Batch,
     backoff,
@@ -35,8 +33,9 @@ from opsctl.slots.batching import (
     trip_timeout_s,
     waves,
 )
-from opsctl.slots.endpoints import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.journal import Journal
+from opsctl.slots.members import shard_members
+from opsctl.slots.moveguard import DOWN, OK, REPLACED, flagged_ids, verdict
 from opsctl.slots.progress import Progress
 from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
 

@@ -11,17 +11,16 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import Link, Observer, observed_problems, to_facts, wait_converged
+from opsctl.net.observer import Link, Observer, to_facts, wait_converged
 from opsctl.net.rawpipe import NodePipes, NodeRefused
-from opsctl.net.resp import Command, RespError, encode_keyed
-from opsctl.observe.cluster_state import slot_map
-from opsctl.observe.observation import NodeObservation
-from opsctl.observe.parse import ClusterNodeLine, myself, server_of
-from opsctl.plan.slotmath.ranges import expand
-from opsctl.plan.slotmath.scale import cluster_members, find_node, shard_members
+from opsctl.net.resp import encode_keyed
+from opsctl.observe.cluster_state import observed_problems, slot_map
+from opsctl.observe.replies import ClusterNodeLine, Command, NodeObservation, RespError, myself, server_of
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.batching import engine_timeout_s
-from opsctl.slots.endpoints import flagged_ids, shard_master
+from opsctl.slots.members import cluster_members, find_node, shard_members
+from opsctl.slots.moveguard import flagged_ids, shard_master
+from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 
 T = TypeVar("T")
@@ -207,7 +206,7 @@ MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stop
 
 
 @dataclass
-class Outcome:
+class SlotsOutcome:
     moves: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False

@@ -3,16 +3,25 @@
 Masters spread across hosts round-robin; replica r of shard s sits r hosts further on, so a replica is
 never on its master's host and no two members of a shard share a host. Names are stable: shard s owns
 names <name>-k for k in ((s-1)*(R+1), s*(R+1)], so adding shards appends names.
-"""
+
+Addresses and endpoints, written one way: IP addresses compared in their canonical form (::1 and
+0:0:0:0:0:0:0:1 are one host), IPv6 endpoints printed with brackets ([::1]:7000). Pure.
+
+Where each node's redis_exporter listens (the node's address at its port + metrics.port_offset) and the spec
+rule that it can be bound: one place for the port, read by validation, the targets and the provider.
+
+Which certificate files a node uses (node override > host > tls section). Pure."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import field
 from typing import Literal
 
-from opsctl.base.endpoints import canonical_address, endpoint, split_endpoint
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
+from opsctl.base.record import ascii_decimal
+from opsctl.spec.model import CLUSTER_BUS_OFFSET, PLAINTEXT_PORT_OFFSET, FileRef, Host, Spec, TlsFiles
 
 PUBLIC_BINDS = {"0.0.0.0", "*", "::", "-::*", "::0"}  # every interface: hardening.allow_public_bind
 
@@ -219,3 +228,119 @@ def sentinel_master_name(spec: Spec) -> str:
 def sentinel_quorum(spec: Spec) -> int:
     topo = spec.sentinel_or_default()
     return topo.quorum or len(sentinel_hosts(spec)) // 2 + 1
+
+
+MAX_PORT = 65535  # TCP's last port: every port opsctl derives or is given is checked against it
+
+
+def canonical_address(address: str) -> str:
+    """An IP address in its canonical text (compressed IPv6, no brackets); a host name in lowercase."""
+    try:
+        return str(ipaddress.ip_address(address.strip().removeprefix("[").removesuffix("]")))
+    except ValueError:
+        return address.strip().lower()
+
+
+def endpoint(address: str, port: int) -> str:
+    """address:port, with the address in brackets when it is IPv6 ([::1]:7000)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+PORTS = range(1, MAX_PORT + 1)  # a port above MAX_PORT would quietly become another one in a socket call
+
+
+def valid_port(text: str) -> bool:
+    """1..65535 written in ASCII digits: no sign, no blank, no other script's digits."""
+    return ascii_decimal(text, 1, MAX_PORT) is not None
+
+
+def split_endpoint(text: str) -> tuple[str, int] | None:
+    """'host:port', '[v6]:port' or 'v6:port' (the last colon separates the port) -> (canonical address, port); None
+    for anything else: a host that is no address or name (empty, user@, a blank inside), a port outside 1..65535 or not
+    in plain digits."""
+    address, _, port = text.strip().rpartition(":")
+    if not valid_port(port) or not valid_host(address):
+        return None
+    return canonical_address(address), int(port)
+
+
+def valid_host(text: str) -> bool:
+    """An IP address (IPv6 with or without brackets) or a DNS name: letters, digits, '.', '-', '_' only (no
+    user@, no path, no blank: what would reach a resolver as something else)."""
+    try:
+        ipaddress.ip_address(text.removeprefix("[").removesuffix("]") if text.startswith("[") else text)
+        return True
+    except ValueError:
+        return bool(_HOST.match(text))
+
+
+_HOST = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9._\-]{0,252}[A-Za-z0-9_])?$")
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    left, right = split_endpoint(a), split_endpoint(b)
+    return left is not None and left == right
+
+
+EXPORTER_PORT_OFFSET = 1000  # metrics.port_offset's default
+
+
+def exporter_port(node: Node, offset: int = EXPORTER_PORT_OFFSET) -> int:
+    """The port of the node's exporter: beside the node, so each node on a host gets its own."""
+    return node.port + offset
+
+
+def exporter_port_problems(layout: Layout, offset: int = EXPORTER_PORT_OFFSET, plaintext: bool = False) -> list[str]:
+    """Exporter ports that cannot be bound: past 65535, or on an address where a node, a cluster bus or (plaintext:
+    tls.plaintext_port) a node's plaintext port listens."""
+    taken: dict[tuple[str, int], str] = {}
+    for node in layout.nodes:
+        for address in node.listens_on:  # a node binds every port on each of its addresses
+            taken[(address, node.port)] = f"{node.name}'s port"
+            if node.bus_port is not None:  # a cluster server's only: replication nodes and Sentinels have no bus
+                taken[(address, node.bus_port)] = f"{node.name}'s cluster bus port"
+            if plaintext:
+                taken[(address, node.port + PLAINTEXT_PORT_OFFSET)] = f"{node.name}'s plaintext port"
+    problems = []
+    for node in layout.nodes:
+        port = exporter_port(node, offset)
+        if (too_high := _above_range(node, offset)) is not None:
+            problems.append(too_high)
+        elif (clash := taken.get((node.address, port))) is not None:
+            problems.append(f"{node.name}: exporter port {port} on {node.address} is {clash}")
+    return problems
+
+
+def exporter_ports_above_range(layout: Layout, offset: int = EXPORTER_PORT_OFFSET) -> list[str]:
+    """The exporter ports past 65535: no target can name one, whoever runs the exporters."""
+    return [problem for node in layout.nodes if (problem := _above_range(node, offset)) is not None]
+
+
+def _above_range(node: Node, offset: int) -> str | None:
+    port = exporter_port(node, offset)
+    return f"{node.name}: exporter port {port} (port {node.port} + {offset}) is above {MAX_PORT}" \
+        if port > MAX_PORT else None
+
+
+def node_refs(spec: Spec, node: Node) -> TlsFiles:
+    host = next((h.tls for h in spec.hosts if h.name == node.host), None)
+    override = spec.nodes[node.name].tls if node.name in spec.nodes else None
+    layers = [t for t in (override, host) if t is not None]
+
+    def pick(field: str) -> FileRef | None:
+        chosen: FileRef | None = next((getattr(t, field) for t in layers if getattr(t, field) is not None),
+                                      getattr(spec.tls, field))
+        return chosen
+
+    return TlsFiles(ca=pick("ca"), cert=pick("cert"), key=pick("key"))
+
+
+def missing_refs(spec: Spec, node: Node) -> list[str]:
+    """The files a node has none of, with given (not generated) certificates."""
+    refs = node_refs(spec, node)
+    return [name for name in ("ca", "cert", "key") if getattr(refs, name) is None]
+
+
+def node_names(node: Node) -> tuple[str, ...]:
+    """Subject alternative names of a generated node certificate: its address, then its host's name."""
+    return (node.address, node.host) if node.host != node.address else (node.address,)

@@ -1,4 +1,4 @@
-"""The topology spec, declared once as frozen plain values: each field's type, constraints (opsctl.spec.record's
+"""The topology spec, declared once as frozen plain values: each field's type, constraints (opsctl.base.record's
 markers), default and meaning; a class's check() is its rule across fields. Field names are part of the user
 contract. Plain values because a validated spec is handed on without pydantic (docs/internals.md).
 """
@@ -6,8 +6,8 @@ contract. Plain values because a validated spec is handed on without pydantic (d
 import typing
 from typing import Annotated, Literal
 
-from opsctl.spec.record import Check, Hidden, Length, Pattern, Range, Record, field
-from opsctl.spec.record import fields_of as _fields_of  # noqa: F401 (tests/test_spec_cache.py reads fields here)
+from opsctl.base.record import Check, Hidden, Length, Pattern, Range, Record, field
+from opsctl.base.record import fields_of as _fields_of  # noqa: F401 (tests/test_spec_cache.py reads fields here)
 
 Topology = Literal["standalone", "replication", "sentinel", "cluster"]
 TOPOLOGIES: tuple[str, ...] = typing.get_args(Topology)

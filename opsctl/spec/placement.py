@@ -1,6 +1,6 @@
 """Placement from (spec, what is deployed): a deployed node keeps its name, host, port and shard for life, and a
 retired name is never given again. Why: a node's data, files and cluster identity live where it was deployed. Pure:
-the shell (opsctl.apply.placing) reads the records. The rules: docs/changing-the-fleet.md, "Identity".
+the shell (opsctl.runtime.opening) reads the records. The rules: docs/changing-the-fleet.md, "Identity".
 """
 
 from __future__ import annotations
@@ -8,10 +8,19 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from opsctl.base.endpoints import canonical_address
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, recorded_role, unpurged
-from opsctl.spec.layout import Layout, Node, Shard, bus_port, cluster_layout, deployed_as, layout, node_on
+from opsctl.spec.layout import (
+    Layout,
+    Node,
+    Shard,
+    bus_port,
+    canonical_address,
+    cluster_layout,
+    deployed_as,
+    layout,
+    node_on,
+)
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
 from opsctl.spec.replplacement import replication_placed

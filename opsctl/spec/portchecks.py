@@ -1,15 +1,14 @@
 """The spec's port checks: every port a node binds (its port, its cluster bus port, its plaintext and exporter
-ports) is at most 65535 and taken once per address; a bastion's port is a port. Findings as in opsctl.spec.checks."""
+ports) is at most 65535 and taken once per address; a bastion's port is a port. Findings as in
+opsctl.spec.crosschecks."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 
-from opsctl.base.endpoints import MAX_PORT, endpoint
 from opsctl.server.versions import has_directive, parse_version
-from opsctl.spec.exporters import exporter_port_problems
-from opsctl.spec.layout import Layout, Node
+from opsctl.spec.layout import MAX_PORT, Layout, Node, endpoint, exporter_port_problems
 from opsctl.spec.model import CLUSTER_BUS_OFFSET, Host, Spec
 
 Finding = tuple[tuple[str | int, ...], str, str]
@@ -95,7 +94,7 @@ def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
 
 
 def check_exporter_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
-    """metrics.exporter: every exporter's port can be bound (opsctl.spec.exporters); the first problem is named."""
+    """metrics.exporter: every exporter's port can be bound (opsctl.spec.layout); the first problem is named."""
     if not spec.metrics.exporter:
         return
     problems = exporter_port_problems(nodes, spec.metrics.port_offset, spec.tls.enabled and spec.tls.plaintext_port)

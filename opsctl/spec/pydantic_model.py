@@ -1,6 +1,8 @@
 """One pydantic model per record of opsctl.spec.model, derived from its declaration (fields, types, markers,
 defaults, descriptions, check()) when this module is imported, that is when a spec is validated or its JSON Schema
-is asked for. Derived, so the schema is declared once, in opsctl.spec.model."""
+is asked for. Derived, so the schema is declared once, in opsctl.spec.model.
+
+JSON Schema of the spec, for editors (yaml-language-server) and CI."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from opsctl.base.errors import echo
+from opsctl.base.record import Check, Hidden, Length, Pattern, Range, Record, RecordField, fields_of
 from opsctl.spec import model
-from opsctl.spec.record import Check, Hidden, Length, Pattern, Range, Record, RecordField, fields_of
 
 
 def _size_text(value: object) -> object:
@@ -92,7 +94,7 @@ def _metadata(marker: object, base: object) -> tuple[object, ...]:
         return (StringConstraints(pattern=marker.regex),)
     if isinstance(marker, Check):
         return CHECKS[marker.name]
-    if isinstance(marker, Hidden):  # what errors may quote is the error wording's (opsctl.spec.secretpaths)
+    if isinstance(marker, Hidden):  # what errors may quote is the error wording's (opsctl.spec.secretrefs)
         return ()
     raise TypeError(f"no validation for the marker {marker!r}")
 
@@ -135,3 +137,10 @@ def _derive_all() -> dict[str, type[Strict]]:
 MODELS = _derive_all()
 globals().update(MODELS)  # each model under its record's name, as the records are in opsctl.spec.model
 Spec: type[Strict] = MODELS["Spec"]
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "opsctl topology spec"
+    return schema

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from opsctl.base.endpoints import canonical_address
 from opsctl.spec.deployed import Deployed, name_index, recorded_role, sentinel_index, unpurged
 from opsctl.spec.layout import (
     SENTINEL_PREFIX,
     Layout,
     Node,
     Shard,
+    canonical_address,
     deployed_as,
     node_on,
     replication_hosts,

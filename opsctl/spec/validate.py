@@ -11,10 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from opsctl.base.errors import SpecError, SpecProblem, echo
 from opsctl.spec import pydantic_model
-from opsctl.spec.checks import Refusal, check_spec, suggest
+from opsctl.spec.crosschecks import Refusal, check_spec, suggest
 from opsctl.spec.model import Spec
-from opsctl.spec.secretcheck import SecretResolver
-from opsctl.spec.secretpaths import HIDDEN, public_path, secret_hint, shown, unquoted
+from opsctl.spec.secretrefs import HIDDEN, SecretResolver, public_path, secret_hint, shown, unquoted
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
 FIELD_HINTS: dict[str, str] = {
@@ -125,7 +124,7 @@ def _is_internal(part: object) -> bool:
 
 
 def _message(err: ErrorDetails, path: Path_) -> tuple[str, str]:
-    """The problem's message and hint; at a secret place (opsctl.spec.secretpaths) neither quotes what was written
+    """The problem's message and hint; at a secret place (opsctl.spec.secretrefs) neither quotes what was written
     there, and the hint says how the secret is given instead."""
     message, hint = _words(err, path, shown(err.get("input"), path))
     message = unquoted(message, err.get("input"), path)

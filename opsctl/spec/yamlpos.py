@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from opsctl.base.errors import SpecProblem, echo
-from opsctl.spec.secretpaths import public_path
+from opsctl.spec.secretrefs import public_path
 from opsctl.spec.text import MAX_SPEC_CHARS, control_chars
 
 Path_ = tuple[str | int, ...]
@@ -34,7 +34,7 @@ class PositionedDocument:
 
 def field_path(path: Path_) -> str:
     """('hosts', 0, 'name') -> 'hosts[0].name'; below a secret place, only as far as declared fields go (a key
-    written there may be the secret: opsctl.spec.secretpaths)."""
+    written there may be the secret: opsctl.spec.secretrefs)."""
     text = ""
     for part in public_path(path):
         shown = part if isinstance(part, int) or _PLAIN_KEY.match(part) else echo(part)

@@ -14,9 +14,8 @@ import os
 from pathlib import Path
 
 from opsctl import __version__
-from opsctl.base.digest import digest
+from opsctl.base.record import DataMismatch, digest
 from opsctl.spec.model import Spec
-from opsctl.spec.record import DataMismatch
 from opsctl.state.safefs import FileProblem, check_state_path, make_dir, read_bounded, write_private
 
 FORMAT = 2

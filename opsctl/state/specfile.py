@@ -11,7 +11,7 @@ from pathlib import Path
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
 from opsctl.spec.load import LoadedSpec, load_spec, loaded_spec, make_resolver
-from opsctl.spec.secretcheck import SecretResolver, SecretUnusable, check_secrets
+from opsctl.spec.secretrefs import SecretResolver, SecretUnusable, check_secrets
 from opsctl.spec.text import MAX_SPEC_CHARS
 from opsctl.state import speccache
 from opsctl.state.safefs import FileProblem, read_bounded

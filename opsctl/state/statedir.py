@@ -25,3 +25,5 @@ def state_dir_for(loaded: LoadedSpec, explicit: str | None) -> Path:
     path = spec_folder / STATE_FOLDER / loaded.spec.name
     check_state_path(path, below=spec_folder)
     return path
+
+

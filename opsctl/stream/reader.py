@@ -3,7 +3,7 @@ then hand over the commands with their replication offsets (docs/internals.md, "
 
 Shared by live migration and point-in-time recovery; the contract is /tmp/h/stream-api.md's, kept in
 docs/internals.md. The socket comes from the connector (route, AUTH, TLS); the bytes are framed by the pure
-opsctl.plan.streamcmd.
+opsctl.stream.framing.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from opsctl.base.errors import EXIT_REFUSED, OpsctlError
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PipeClosed
 from opsctl.net.resp import encode
-from opsctl.observe.parse import parse_info
-from opsctl.plan.streamcmd import (
+from opsctl.observe.replies import parse_info
+from opsctl.spec.layout import Node
+from opsctl.state.safefs import disk_full, open_dir
+from opsctl.stream.framing import (
     Entry,
     Position,
     StreamProtocolError,
@@ -32,8 +34,6 @@ from opsctl.plan.streamcmd import (
     parse_psync_reply,
     psync_args,
 )
-from opsctl.spec.layout import Node
-from opsctl.state.safefs import disk_full, open_dir
 
 READ_SIZE = 1 << 20
 ACK_EVERY = 1.0  # a replica acknowledges every second; a master counts a silent one as lagging (min-replicas-max-lag)

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import ClientTLS
 from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, node_names, node_refs
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import FileRef
-from opsctl.spec.tlsrefs import node_names, node_refs
 from opsctl.state.safefs import write_private
 
 if TYPE_CHECKING:

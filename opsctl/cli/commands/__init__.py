@@ -15,7 +15,7 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 
 # command -> (module in opsctl.cli.commands, its register function), in the order `opsctl --help` lists them
 COMMANDS: dict[str, tuple[str, str]] = {
-    "init": ("init", "register"),
+    "init": ("scaffold", "register"),
     "plan": ("lifecycle", "register"),
     "apply": ("lifecycle", "register"),
     "status": ("lifecycle", "register"),

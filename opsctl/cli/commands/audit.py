@@ -11,9 +11,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
-from opsctl.base.tty import gauge, human_seconds
-from opsctl.cli.argtypes import RATE, ranged
-from opsctl.cli.options import STATE_DIR_TUNNELS_HELP, add_auto_approve, add_dry_run, add_output, add_spec_options
+from opsctl.base.words import gauge, human_seconds
+from opsctl.cli.options import (
+    RATE,
+    STATE_DIR_TUNNELS_HELP,
+    add_auto_approve,
+    add_dry_run,
+    add_output,
+    add_spec_options,
+    ranged,
+)
 from opsctl.cli.ttyline import TtyLine
 
 if TYPE_CHECKING:
@@ -84,7 +91,7 @@ def _check_name(text: str) -> str:
 
 
 def _checks(names: list[str]) -> tuple[str, ...]:
-    from opsctl.audit.run import CHECKS
+    from opsctl.audit.survey import CHECKS
 
     if not names or "all" in names:
         return CHECKS
@@ -92,13 +99,13 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.audit.keyspace import Thresholds
-    from opsctl.audit.run import AuditOptions, run_audit
+    from opsctl.audit.survey import AuditOptions, run_audit
     from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -171,12 +178,12 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _bigkey_delete(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.audit.bigdelete import delete_big_key
     from opsctl.base.errors import echo
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result
     from opsctl.cli.results import BigKeyDeleteResult
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 

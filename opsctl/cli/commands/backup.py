@@ -12,7 +12,6 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_force_lock,
@@ -20,6 +19,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -50,7 +50,7 @@ SAVING = {"catch_up_timeout": 60.0, "save_timeout": 3600.0}
 
 def check_mode(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored (before anything is read); the defaults filled in."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.target is not None and args.action != "verify":  # verify's alone: its documented spelling first
         import shlex
@@ -84,13 +84,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
         raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | "
                           "opsctl backup verify|list|prune --from DIR|URL",
                           hint="opsctl backup --help shows every option")
-    from opsctl.apply.connect import open_connector
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import parse_location
     from opsctl.cli.output import print_text
     from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -117,11 +117,11 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     """The archive in the foreground until stopped, as a service is: SIGTERM/SIGINT close every open segment and end
     it normally, exit 0 with a closing line (a second signal stops at once: exit 143/130). The topology lock is
     held only while a base is taken, so reshards and failovers run beside it."""
-    from opsctl.apply.connect import open_connector
     from opsctl.backup.archive import ArchiveOptions, run_archive
     from opsctl.base import stop
     from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
 
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
@@ -144,9 +144,9 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
 
 def _catalog(args: argparse.Namespace) -> int:
     """backup list / prune --from DIR|URL."""
-    from opsctl.backup.catalog import catalog, prune
     from opsctl.backup.offsite import open_store
     from opsctl.backup.store import parse_location
+    from opsctl.backup.timeline import catalog, prune
     from opsctl.cli.output import print_result
     from opsctl.cli.results import CatalogResult
 
@@ -161,8 +161,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from opsctl.backup.integrity import verify_backup
     from opsctl.backup.offsite import fetched
-    from opsctl.backup.verify import verify_backup
     from opsctl.base.events import VerifyDone
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult

@@ -9,9 +9,10 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
-from opsctl.cli.argtypes import RATE, SECONDS, SLOTS, ranged
-from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
+    RATE,
+    SECONDS,
+    SLOTS,
     add_auto_approve,
     add_dry_run,
     add_force_lock,
@@ -20,6 +21,8 @@ from opsctl.cli.options import (
     add_spec_file,
     add_spec_options,
     add_state_dir,
+    confirm,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -28,11 +31,11 @@ if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client
 
     from opsctl.base.events import Emit
     from opsctl.net.connector import Connector
-    from opsctl.slots.run import MoveOptions
-    from opsctl.slots.session import Outcome
+    from opsctl.slots.reshard import MoveOptions
+    from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
 
-SlotOperation = Callable[["Connector", "Path", "Emit", "MoveOptions"], "Outcome"]
+SlotOperation = Callable[["Connector", "Path", "Emit", "MoveOptions"], "SlotsOutcome"]
 
 
 def _cluster_spec(path: str) -> LoadedSpec:
@@ -48,12 +51,11 @@ def _cluster_spec(path: str) -> LoadedSpec:
 def cmd_check(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from opsctl.apply.connect import open_connector
-    from opsctl.apply.placing import recorded_placement
     from opsctl.cli.output import print_result
     from opsctl.cli.results import ClusterCheckResult
     from opsctl.cluster.check import summarize
     from opsctl.net.observer import observe
+    from opsctl.runtime.opening import open_connector, recorded_placement
     from opsctl.spec.deployed import pending_nodes, running_nodes
     from opsctl.state.statedir import state_dir_for
 
@@ -73,12 +75,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = True) -> int:
     """Common shell of reshard/rebalance/fix: spec, state dir, lock, refuse nodes that are not one cluster, resume
     what a killed run left, print."""
-    from opsctl.apply.connect import open_connector
     from opsctl.cli.output import Printer, print_result
     from opsctl.cli.results import SlotsResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.slots.fix import close_open
-    from opsctl.slots.run import MoveOptions, one_cluster
+    from opsctl.slots.reshard import MoveOptions, one_cluster
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
@@ -101,7 +103,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
 
 
 def cmd_reshard(args: argparse.Namespace) -> int:
-    from opsctl.slots.run import reshard
+    from opsctl.slots.reshard import reshard
 
     confirm(args, f"Move {args.slots} slot(s) and their keys from {args.source} to {args.target}?")
     return _slot_op(args, lambda connector, state_dir, emit, options: reshard(
@@ -121,7 +123,7 @@ def weight(pair: str) -> tuple[str, float]:
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
-    from opsctl.slots.run import rebalance
+    from opsctl.slots.reshard import rebalance
 
     if args.placement:
         return _rebalance_placement(args)

@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK
-from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.confirm import confirm
 from opsctl.cli.options import (
+    SECONDS,
     add_auto_approve,
     add_dry_run,
     add_force_lock,
     add_metrics_textfile,
     add_output,
     add_spec_options,
+    confirm,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -67,8 +68,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
 def _reaching(loaded: LoadedSpec, state_dir: Path, promoting: bool) -> Iterator[tuple[Connector, Provider | None]]:
     """The connector, and with it the provider where a replication topology's forced promotion stops the old
     master's process (the runtime's: its hosts are reached as apply reaches them)."""
-    from opsctl.apply.connect import open_connector
-    from opsctl.apply.runtime import make_runtime
+    from opsctl.runtime.opening import make_runtime, open_connector
 
     if not promoting or loaded.spec.topology != "replication":
         with open_connector(loaded, state_dir) as connector:

@@ -28,7 +28,7 @@ beside a spec file), and the validated spec is not cached."""
 
 def _spec() -> str:
     from opsctl.cli.spechelp import spec_reference
-    from opsctl.spec.schema import spec_schema
+    from opsctl.spec.pydantic_model import spec_schema
 
     return spec_reference(spec_schema())
 

@@ -29,9 +29,9 @@ def write_inventory(args: argparse.Namespace, output: Path, as_json: bool = Fals
     placed from their records (the deployed ones and those the next apply adds: deploy.yml and destroy.yml act on
     the nodes that run). as_json: the inventory is not written but returned in Ansible's JSON form (to print); the
     installers still go to the folder. Returns what was done, as lines, and that JSON."""
+    from opsctl.providers.remote.bundle import stage
     from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
-    from opsctl.providers.remote.staging import stage
     from opsctl.render import render_node
     from opsctl.state.safefs import make_dir, trusted_owners, write_private
     from opsctl.state.specfile import read_spec
@@ -75,7 +75,7 @@ def playbook_command(spec_file: str, output: Path, target: Path, with_files: boo
     """The command that deploys with the inventory just written: the deploy playbook by its installed path (it ships
     in the package, a checkout's playbooks/ exists only in a checkout), and, without --with-files, the run that
     writes the installers it needs first."""
-    from opsctl.base.resources import data_dir
+    from opsctl import data_dir
 
     run = f"ansible-playbook -i {shlex.quote(str(target))} {shlex.quote(str(data_dir('playbooks') / 'deploy.yml'))}"
     if with_files:
@@ -93,7 +93,7 @@ def _inventory(args: argparse.Namespace) -> int:
 
     as_json = args.output == "json"
     if as_json and not args.with_files:  # the inventory goes to stdout: no folder is written into
-        from opsctl.cli.modes import refuse_given
+        from opsctl.cli.options import refuse_given
 
         refuse_given(args, ("dir",), "a written inventory (text) or --with-files' installers, not with -o json "
                      "alone (it prints the inventory)", "drop --dir, or add --with-files")

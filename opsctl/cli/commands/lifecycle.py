@@ -9,27 +9,34 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError, RefusedError
-from opsctl.cli.argtypes import SECONDS, ranged
-from opsctl.cli.confirm import confirm
-from opsctl.cli.options import add_auto_approve, add_dry_run, add_force_lock, add_metrics_textfile, add_spec_options
+from opsctl.cli.options import (
+    SECONDS,
+    add_auto_approve,
+    add_dry_run,
+    add_force_lock,
+    add_metrics_textfile,
+    add_spec_options,
+    confirm,
+    ranged,
+)
 from opsctl.cli.runsignals import recorded
 from opsctl.cli.runtime import open_runtime, print_status
 
 if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime, plan or facts module
     from pathlib import Path
 
-    from opsctl.apply.runtime import Runtime
     from opsctl.base.events import Emit
     from opsctl.cli.output import Lines
     from opsctl.plan.facts import NodeFacts
     from opsctl.plan.steps import Plan
+    from opsctl.runtime.opening import Runtime
     from opsctl.spec.layout import Node
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
     from opsctl.cli.output import print_result
     from opsctl.cli.results import PlanResult
     from opsctl.state.safefs import check_writable_target, write_private
@@ -113,7 +120,7 @@ REPLANS = 4  # down shard masters started first (planner._start_first), a killed
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from opsctl.state.planfile import read_saved_plan
+    from opsctl.apply.planfile import read_saved_plan
 
     saved = read_saved_plan(args.plan) if args.plan else None  # a bad file is refused before anything is done
     if args.dry_run:
@@ -132,7 +139,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def _apply_dry_run(args: argparse.Namespace, saved: Plan | None) -> int:
     """The plan apply would run first (a saved one checked against the live state), as plan prints it; exit 2 when
     it has steps. No lock is taken and nothing is written."""
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
     from opsctl.cli.output import print_result
     from opsctl.cli.results import PlanResult
 
@@ -149,7 +156,7 @@ def _apply_plans(rt: Runtime, args: argparse.Namespace, saved: Plan | None) -> i
     Returns the steps that ran, or -1 when a saved plan's rest needs a review (printed)."""
     from dataclasses import replace
 
-    from opsctl.apply.gather import compute_plan
+    from opsctl.apply.planning import compute_plan
 
     ran = 0
     plan, facts = compute_plan(rt)
@@ -235,8 +242,8 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     apply deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing
     written (a lock file would be a lie of 'deployed'); a dry run prints what would be done and changes nothing
     either. Returns whether there was any."""
-    from opsctl.apply.exporter_steps import remove_exporter
     from opsctl.cli.runtime import runs_nowhere
+    from opsctl.metrics.exporter_steps import remove_exporter
     from opsctl.net.topolock import check_held, topology_lock
     from opsctl.state.statelock import state_lock
 
@@ -276,7 +283,7 @@ def _state_files(state_dir: Path) -> list[Path]:
     (ids, addresses) and read by a fresh deploy as its own: the slot, restore and migration journals, the failover
     reports (the cool-down reads them), and the lock file. The TLS material (tls/) stays: clients trust its CA."""
     from opsctl.failover.report import REPORT_DIR
-    from opsctl.migrate.journal import JOURNAL as MIGRATE_JOURNAL
+    from opsctl.migrate.phases import JOURNAL as MIGRATE_JOURNAL
     from opsctl.restore.route import JOURNAL as RESTORE_JOURNAL
     from opsctl.slots.journal import JOURNAL as SLOTS_JOURNAL
     from opsctl.state.statelock import LOCK_NAME
@@ -321,7 +328,7 @@ def _drop_textfiles(args: argparse.Namespace, name: str, say: Lines) -> None:
     outside the state dir, where node_exporter reads them."""
     if args.metrics_textfile is None:
         return
-    from opsctl.state.textfile import remove_textfiles, topology_textfiles
+    from opsctl.metrics.signals import remove_textfiles, topology_textfiles
 
     if args.dry_run:
         for path in topology_textfiles(args.metrics_textfile, name):
@@ -376,7 +383,7 @@ def _presence(rt: Runtime, nodes: list[Node]) -> list[_Presence]:
     nodes at once."""
     from pathlib import PurePath
 
-    from opsctl.apply.exporter_steps import exporter_runs
+    from opsctl.metrics.exporter_steps import exporter_runs
     from opsctl.net.fanout import fan_out
 
     def look(node: Node) -> _Presence:

@@ -1,6 +1,6 @@
 """`opsctl metrics targets -f SPEC [--state-dir DIR] [--out FILE | --write-to HOST:PATH]`: the Prometheus file_sd target
 groups of the exporters of the nodes that are deployed, where they run (the spec placed from the nodes' records, as
-every command places it: opsctl.apply.placing), printed, or written atomically (here, or over SSH on the host where
+every command places it: opsctl.runtime.opening), printed, or written atomically (here, or over SSH on the host where
 Prometheus runs) so that Prometheus, which watches the file, never reads half.
 `opsctl metrics rules --dir DIR [--force]`: the alert rules, their promtool tests and the Grafana dashboard shipped in
 the package, written into DIR."""
@@ -22,8 +22,8 @@ RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. 
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    from opsctl.apply.placing import nothing_deployed, recorded_placement
-    from opsctl.plan.metrics import file_sd_json, target_groups
+    from opsctl.metrics.targets import file_sd_json, target_groups
+    from opsctl.runtime.opening import nothing_deployed, recorded_placement
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -57,7 +57,7 @@ def _refuse_ports_above_range(loaded: LoadedSpec) -> None:
     """Without metrics.exporter validation leaves the offset alone (the exporters are someone else's), but a target
     past 65535 is no endpoint at all."""
     from opsctl.base.errors import OpsctlError
-    from opsctl.spec.exporters import exporter_ports_above_range
+    from opsctl.spec.layout import exporter_ports_above_range
 
     above = exporter_ports_above_range(loaded.layout, loaded.spec.metrics.port_offset)
     if above:
@@ -88,7 +88,7 @@ class RulesResult(NamedTuple):
 
 def cmd_rules(args: argparse.Namespace) -> int:
     """Every target checked before the first is written: a refused run writes nothing."""
-    from opsctl.base.resources import monitoring_files
+    from opsctl import monitoring_files
     from opsctl.cli.output import print_result
     from opsctl.state.safefs import make_dir, write_private
 

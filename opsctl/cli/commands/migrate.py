@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_auto_approve,
@@ -21,6 +20,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -41,7 +41,7 @@ MIGRATING = {"lag_bound": 1.0, "sample": 200}  # defaults of options that go wit
 
 def check_mode(args: argparse.Namespace) -> None:
     """Options of the other mode refused, not ignored, before anything is read; the defaults filled in."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.action == "cutover":
         refuse_given(args, ("from_spec", "from_endpoints", *ENDPOINT_OPTIONS, *MIGRATING), "`opsctl migrate`, "
@@ -58,7 +58,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     check_mode(args)
     if args.action == "cutover":
         return _request_cutover(args)
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.state.specfile import read_spec
 
     if bool(args.from_spec) == bool(args.from_endpoints):
@@ -84,11 +84,11 @@ def _migrate(args: argparse.Namespace) -> int:
     """The migration from the source args names into the target spec, in the foreground, until its cutover."""
     from contextlib import ExitStack
 
-    from opsctl.apply.connect import open_connector
     from opsctl.base import stop
     from opsctl.base.events import Note
-    from opsctl.migrate.run import MigrateOptions, run_migrate
+    from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
@@ -135,8 +135,8 @@ def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
 def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:
     """The source's connector and the options that reach it again. A spec's topology lock is held (no opsctl run
     reshards it meanwhile); a store given by endpoints has none."""
-    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -172,7 +172,7 @@ def _running(state_dir: Path) -> bool:
 def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
-    from opsctl.migrate.journal import REQUEST, RESULT, read_journal
+    from opsctl.migrate.phases import REQUEST, RESULT, read_journal
     from opsctl.state.safefs import read_bounded, write_private
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -227,7 +227,7 @@ def _lift(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from opsctl.migrate.cutover import lift_fence
-    from opsctl.migrate.journal import JournalFile, read_journal
+    from opsctl.migrate.phases import JournalFile, read_journal
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock

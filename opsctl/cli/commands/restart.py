@@ -19,8 +19,9 @@ def node_names(text: str) -> frozenset[str]:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
-    from opsctl.apply.gather import refuse_silent_nodes, settled_facts, spec_digest
+    from opsctl.apply.planning import refuse_silent_nodes, spec_digest
     from opsctl.plan.rolling import restart_plan
+    from opsctl.runtime.gather import settled_facts
 
     with open_runtime(args, locked=not args.dry_run) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]

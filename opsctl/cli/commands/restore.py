@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
-from opsctl.cli.argtypes import ranged
 from opsctl.cli.commands.backup import event_printer
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
@@ -20,6 +19,7 @@ from opsctl.cli.options import (
     add_output,
     add_spec_file,
     add_state_dir,
+    ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
 
@@ -31,13 +31,13 @@ if TYPE_CHECKING:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from opsctl.apply.connect import open_connector
     from opsctl.base.events import RestoreDryRun
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.net.topolock import topology_lock
-    from opsctl.restore.run import run_restore
+    from opsctl.restore.copying import run_restore
     from opsctl.restore.sources import RestoreOptions
     from opsctl.restore.target import inspect_target
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
@@ -81,9 +81,9 @@ def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, tar
              options: RestoreOptions, until: float | None) -> Prepared:
     """The sources a restore reads, entered on stack: a backup replayed to a time, a backup, or a live topology
     (locked, unless a dry run, so that no run reshards, fails over or restarts it while it is read)."""
-    from opsctl.apply.connect import open_connector
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.sources import backup_sources, live_sources, refuse_same_servers
+    from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -104,7 +104,7 @@ def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, tar
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options of another mode refused, not ignored: --sample counts keys for --verify sample only."""
-    from opsctl.cli.modes import fill_defaults, refuse_given
+    from opsctl.cli.options import fill_defaults, refuse_given
 
     if args.verify != "sample":
         refuse_given(args, ("sample",), "--verify sample (the default), not --verify full",

@@ -37,7 +37,7 @@ def _deployed_names(loaded: LoadedSpec, state_dir: Path) -> list[str]:
     """The nodes deployed, by the names their records give them (a fresh deploy's names differ after a change of
     shape), drained ones still running included, the ones the next apply adds not; read, not written. Nothing
     deployed there (a mistyped --state-dir): an error, not a list of nodes that do not run."""
-    from opsctl.apply.placing import nothing_deployed, recorded_placement
+    from opsctl.runtime.opening import nothing_deployed, recorded_placement
     from opsctl.spec.deployed import running_nodes
 
     placed, records = recorded_placement(loaded, state_dir)
@@ -48,12 +48,12 @@ def _deployed_names(loaded: LoadedSpec, state_dir: Path) -> list[str]:
 
 
 def _rotate(args: argparse.Namespace) -> int:
-    from opsctl.apply.runtime import make_runtime
     from opsctl.apply.tls_rotation import Mode, rotate
-    from opsctl.cli.confirm import confirm
+    from opsctl.cli.options import confirm
     from opsctl.cli.output import print_result, printing
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import make_runtime
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock

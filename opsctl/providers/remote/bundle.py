@@ -2,29 +2,34 @@
 tar archives `base`, `node-<node>`, and `once-<node>` for files written only when missing). Pure: data in, bytes out.
 
 Every member's owner, group, mode and a fixed mtime are in the archive, so tar --diff finds nothing when nothing
-changed: a second deploy reports no change."""
+changed: a second deploy reports no change.
+
+The host settings a deploy writes beside the nodes (pure): the kernel settings the Redis documentation asks for
+and log rotation, one file of each per spec under /etc (the spec's last node purged removes them). The installer
+applies the kernel settings at once and reports what a host refuses (docs/remote.md, "Host settings").
+
+Stage what deploy.yml ships from the control machine: one installer per host (opsctl/providers/remote/bundle.py).
+I/O: reads the install and control scripts and a given server binary."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import stat
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
-from opsctl.providers.remote.hostsettings import (
-    logrotate_path,
-    logrotate_text,
-    sysctl_path,
-    sysctl_text,
-    tmpfiles_path,
-    tmpfiles_text,
-)
 from opsctl.providers.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, deployed_record
+from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
+from opsctl.state.safefs import write_private
 
 WRITTEN_ONCE = frozenset({"sentinel.conf"})
 HOSTS_FILE = "hosts.json"  # in the spec's root on each host: the hosts table (hosts_table)
@@ -199,3 +204,91 @@ def host_installers(spec: Spec, nodes: Sequence[Node], files: Mapping[str, Mappi
     names = sorted({n.host for n in nodes})
     return {f"install-{host}.sh": installer(body, service_user(spec), remote_root(spec), host_parts(
         spec, [n for n in nodes if n.host == host], files, script, binary, hosts, retired)) for host in names}
+
+
+DEFAULT_TCP_BACKLOG = 511  # what opsctl renders (render.directives.network) unless the spec's config says otherwise
+THP_FILES = ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/defrag")
+
+
+def sysctl_path(spec: Spec) -> str:
+    return f"/etc/sysctl.d/60-opsctl-{spec.name}.conf"
+
+
+def tmpfiles_path(spec: Spec) -> str:
+    return f"/etc/tmpfiles.d/opsctl-{spec.name}-thp.conf"
+
+
+def logrotate_path(spec: Spec) -> str:
+    return f"/etc/logrotate.d/opsctl-{spec.name}"
+
+
+def host_setting_paths(spec: Spec) -> tuple[str, str, str]:
+    return sysctl_path(spec), tmpfiles_path(spec), logrotate_path(spec)
+
+
+def tcp_backlog(spec: Spec) -> int:
+    """The largest tcp-backlog a node of the spec listens with: net.core.somaxconn caps it silently."""
+    values = [spec.config.get("tcp-backlog"), *(o.config.get("tcp-backlog") for o in spec.nodes.values())]
+    return max([DEFAULT_TCP_BACKLOG, *(int(v) for v in values if v is not None and str(v).isdigit())])
+
+
+def sysctl_text(spec: Spec) -> str:
+    """overcommit 1: a fork for BGSAVE/AOF rewrite must not fail for want of memory it will not touch;
+    somaxconn >= tcp-backlog: else the kernel truncates the servers' listen backlog."""
+    return (f"# Written by opsctl deploy for spec {spec.name}: what the Redis documentation asks of a host.\n"
+            f"vm.overcommit_memory = 1\nnet.core.somaxconn = {max(tcp_backlog(spec), 1024)}\n")
+
+
+def tmpfiles_text(spec: Spec) -> str:
+    """Transparent huge pages off at every boot (systemd-tmpfiles): they stall forks and raise latency."""
+    lines = [f"# Written by opsctl deploy for spec {spec.name}: transparent huge pages off (Redis latency, forks)."]
+    return "\n".join([*lines, *(f"w {path} - - - - never" for path in THP_FILES)]) + "\n"
+
+
+def logrotate_text(spec: Spec) -> str:
+    """copytruncate: the servers keep their log file open and reopen it on no signal."""
+    user = service_user(spec)
+    return (f"# Written by opsctl deploy for spec {spec.name}: the servers' logs, rotated in place.\n"
+            f"{remote_root(spec)}/*/server.log {{\n    su {user} {user}\n    daily\n    maxsize 100M\n    rotate 7\n"
+            "    missingok\n    notifempty\n    compress\n    delaycompress\n    copytruncate\n}\n")
+
+
+FileMap = Mapping[str, Mapping[str, str]]
+
+
+BINARY_LIMIT = 512 << 20  # a server binary is tens of MB; /dev/zero or a FIFO must not be read forever
+
+
+def read_binary(path: str) -> bytes:
+    """The server binary to ship: a regular file (a link to one is fine) of at most BINARY_LIMIT bytes."""
+    fix = "set server.binary to the server's executable file on this machine"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+    except OSError as exc:
+        raise OpsctlError(f"cannot read the server binary {path}", str(exc.strerror), fix) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OpsctlError(f"the server binary {path} is not a regular file", hint=fix)
+        if info.st_size > BINARY_LIMIT:
+            raise OpsctlError(f"the server binary {path} is too big ({info.st_size} bytes, at most {BINARY_LIMIT})",
+                              hint=fix)
+        return handle.read(BINARY_LIMIT + 1)[:BINARY_LIMIT]
+
+
+def stage(loaded: LoadedSpec, files_dir: Path, files: FileMap, hosts: Sequence[Host] = (),
+          tombstones: Mapping[str, Mapping[str, object]] | None = None) -> None:
+    """Write the installers for these nodes (node name -> file name -> text; retired nodes' tombstones too) under
+    files_dir, 0600; hosts: the hosts table their base archives carry (none without), with the tombstones known
+    (name -> placement) and those of the nodes this run retires."""
+    spec = loaded.spec
+    nodes = [n for n in [*loaded.layout.nodes, *loaded.layout.retired] if n.name in files]
+    scripts = data_dir("playbooks") / "files"
+    body = (scripts / "opsctl-install.sh").read_text()
+    control = (scripts / "opsctl-node.sh").read_bytes()
+    binary = read_binary(loaded.server_binary) if loaded.server_binary else None
+    retiring = {n.name: deployed_record(n) for n in loaded.layout.retired}
+    table = hosts_table(hosts, {**(tombstones or {}), **retiring}) if hosts else None
+    retired = frozenset(n.name for n in loaded.layout.retired)
+    for name, data in host_installers(spec, nodes, files, body, control, binary, table, retired).items():
+        write_private(files_dir / name, data)

@@ -12,11 +12,10 @@ from typing import Any
 
 import yaml
 
-from opsctl.base.endpoints import valid_host, valid_port
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.render import NodePaths
 from opsctl.render.directives import TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import Node, valid_host, valid_port
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
 

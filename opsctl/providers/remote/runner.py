@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit, PlaybookTask
-from opsctl.base.resources import data_dir
 from opsctl.providers.remote.inventory import inventory_yaml
 from opsctl.state.safefs import make_dir, trusted_owners, write_private
 

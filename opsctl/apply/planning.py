@@ -1,0 +1,102 @@
+"""Planning, apply's first half: the settled facts and the spec made into a plan (compute_plan), the shards a
+scale-out was filling, the refusal of nodes that do not answer, the spec's digest, and the warning for node ports
+inside the machine's ephemeral port range (pure)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opsctl.base.errors import OpsctlError, is_auth_failure, is_tls_failure
+from opsctl.plan.facts import NodeFacts
+from opsctl.render.directives import listen_ports
+from opsctl.runtime.gather import desired_state, settled_facts
+from opsctl.runtime.opening import Runtime
+from opsctl.spec.layout import Node, exporter_port
+from opsctl.spec.load import LoadedSpec
+
+if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
+    from opsctl.plan.steps import Plan
+
+def spec_digest(loaded: LoadedSpec) -> str:
+    from opsctl.base.record import digest
+
+    return digest(loaded.spec.model_dump(mode="json"))
+
+def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
+    from opsctl.plan.planner import make_plan
+    from opsctl.plan.refusals import refuse_layout_change
+
+    facts = settled_facts(rt)
+    if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
+        refuse_layout_change(rt.loaded.layout, facts)
+    refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
+    plan = make_plan(rt.loaded, desired_state(rt, facts), facts, spec_digest(rt.loaded), filling(rt))
+    return _with_port_warning(rt.loaded, plan), facts
+
+def filling(rt: Runtime) -> list[int]:
+    """The shards a cluster's scale-out was filling when its apply stopped (the slot journal's fill entries)."""
+    if rt.loaded.spec.topology != "cluster":
+        return []
+    from opsctl.slots.journal import Journal
+
+    return Journal(rt.state_dir).filling()
+
+def _with_port_warning(loaded: LoadedSpec, plan: Plan) -> Plan:
+    """Local nodes listening inside this machine's ephemeral port range: warned in the plan."""
+    if loaded.spec.provider != "local":
+        return plan
+    from dataclasses import replace
+
+    from opsctl.providers.proc import ephemeral_port_range
+
+    ports = ephemeral_port_range()
+    warning = ephemeral_port_warning(loaded, *ports) if ports else None
+    return replace(plan, warnings=(*plan.warnings, warning)) if warning else plan
+
+def refuse_silent_nodes(facts: dict[str, NodeFacts], tls: bool = False) -> None:
+    """A node whose process runs but does not answer cannot be planned for safely: say which and why."""
+    silent = [f for f in facts.values() if f.running and not f.reachable]
+    if not silent:
+        return
+    from opsctl.base.errors import AUTH_HINT, TLS_HINT
+
+    auth = [f.name for f in silent if is_auth_failure(f.error)]
+    handshake = [f.name for f in silent if tls or is_tls_failure(f.error)]
+    detail = "\n".join(f"{f.name}: {f.error or 'no answer'}" for f in silent)
+    if auth:
+        raise OpsctlError(f"authentication failed for {', '.join(auth)}", detail, AUTH_HINT)
+    if handshake:
+        raise OpsctlError(f"no TLS answer from {', '.join(handshake)}", detail, TLS_HINT)
+    raise OpsctlError(f"{len(silent)} node(s) run but do not answer", detail,
+                      "look at their logs (a LOADING node answers once its data is loaded); "
+                      "`opsctl status` shows every node")
+
+
+def ephemeral_port_warning(loaded: LoadedSpec, first: int, last: int) -> str | None:
+    """A warning naming the nodes that listen inside [first, last], the range outgoing connections take their
+    source port from: such a connection (a client, another node's cluster bus) can hold the port when the node
+    restarts and binds it, and the node then fails to start with "Address already in use"."""
+    clashing = [f"{node.name} ({', '.join(str(p) for p in inside)})" for node in loaded.layout.nodes
+                if (inside := [p for p in _bound(loaded, node) if first <= p <= last])]
+    if not clashing:
+        return None
+    more = f" and {len(clashing) - 3} more" if len(clashing) > 3 else ""
+    verb = "listens" if len(clashing) == 1 else "listen"
+    return (f"{', '.join(clashing[:3])}{more} {verb} inside this machine's ephemeral port range {first}-{last} "
+            "(net.ipv4.ip_local_port_range): an outgoing connection can hold such a port when the node restarts "
+            f"and binds it; pick ports below the range{_offsets_note(loaded)}")
+
+
+def _bound(loaded: LoadedSpec, node: Node) -> list[int]:
+    """The ports bound for node: its own (listen_ports) and, with metrics.exporter, its exporter's."""
+    spec = loaded.spec
+    return listen_ports(spec, node) + ([exporter_port(node, spec.metrics.port_offset)] if spec.metrics.exporter else [])
+
+
+def _offsets_note(loaded: LoadedSpec) -> str:
+    spec = loaded.spec
+    notes = [f"cluster bus ports are port + {spec.cluster_or_default().bus_port_offset} (cluster.bus_port_offset)"
+             ] if spec.topology == "cluster" else []
+    if spec.metrics.exporter:
+        notes.append(f"exporter ports port + {spec.metrics.port_offset} (metrics.port_offset)")
+    return f" ({', '.join(notes)})" if notes else ""

@@ -1,0 +1,128 @@
+"""opsctl's own run signals for node_exporter's textfile collector: what a run of a recorded command says (its
+outcome, the last success carried over from the file before), rendered as Prometheus text (pure); and on disk: one
+textfile per topology and command, replaced atomically (its temp name ends in .tmp, which the collector skips), so a
+scrape never sees half of one. The folder must exist and the file is 0644: node_exporter, another user, reads both.
+More: docs/internals.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.state.safefs import FileProblem, read_bounded, write_private
+
+RECORDED_COMMANDS = ("apply", "backup", "restore", "failover", "cluster reshard", "cluster rebalance", "cluster fix")
+
+RunOutcome = Literal["ok", "error", "refused"]
+
+OUTCOMES: tuple[RunOutcome, ...] = ("ok", "error", "refused")
+
+METRIC_HELP = {
+    "opsctl_last_run_timestamp_seconds": "When the last run of this opsctl command on this topology ended (unix time).",
+    "opsctl_last_run_duration_seconds": "How long the last run of this opsctl command took.",
+    "opsctl_last_run_outcome": "1 for the outcome of the last run (ok, error, refused), 0 for the others.",
+    "opsctl_last_success_timestamp_seconds": "When the last successful run ended (unix time); 0: none yet.",
+    "opsctl_last_run_keys_moved": "Keys the last run moved, backed up or restored.",
+}
+
+_SUCCESS_LINE = re.compile(r"^opsctl_last_success_timestamp_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
+
+@frozen
+class RunSignal(Frozen):
+    """One finished opsctl run as its textfile reports it: finished and duration in seconds (unix time, elapsed);
+    keys_moved None when the command moves no keys."""
+
+    command: str
+    topology: str
+    finished: float
+    duration: float
+    outcome: RunOutcome
+    keys_moved: int | None = None
+
+def outcome_of(exit_code: int) -> RunOutcome:
+    """0 ok and 2 (it did its steps; more are left to plan) are ok, 3 a safety refusal, anything else an error."""
+    return "ok" if exit_code in (0, 2) else "refused" if exit_code == 3 else "error"
+
+def textfile_name(topology: str, command: str) -> str:
+    """One file per topology and command (node_exporter reads *.prom only), so runs never overwrite each other."""
+    return f"opsctl_{_slug(topology)}_{_slug(command)}.prom"
+
+def last_success_in(previous: str | None) -> float | None:
+    """The last success time a previous textfile recorded (None: no file, no success line, or not a number)."""
+    match = _SUCCESS_LINE.search(previous or "")
+    if match is None:
+        return None
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        return None
+    return value if value == value and value >= 0 else None  # value == value: not NaN
+
+def render_textfile(run: RunSignal, previous: str | None = None) -> str:
+    """The run's textfile; the last success time is the run's own when it succeeded, else the previous file's
+    (0 when there was none), so a failed run never hides how old the last good one is."""
+    labels = {"command": run.command, "topology": run.topology}
+    success = run.finished if run.outcome == "ok" else (last_success_in(previous) or 0.0)
+    samples: list[tuple[str, dict[str, str], str]] = [
+        ("opsctl_last_run_timestamp_seconds", labels, _number(run.finished)),
+        ("opsctl_last_run_duration_seconds", labels, _number(run.duration)),
+        *[("opsctl_last_run_outcome", {**labels, "outcome": o}, "1" if o == run.outcome else "0") for o in OUTCOMES],
+        ("opsctl_last_success_timestamp_seconds", labels, _number(success)),
+    ]
+    if run.keys_moved is not None:
+        samples.append(("opsctl_last_run_keys_moved", labels, str(run.keys_moved)))
+    return _exposition(samples)
+
+def _exposition(samples: list[tuple[str, dict[str, str], str]]) -> str:
+    lines: list[str] = []
+    for name, labels, value in samples:
+        if not lines or not lines[-1].startswith(f"{name}{{"):
+            lines += [f"# HELP {name} {METRIC_HELP[name]}", f"# TYPE {name} gauge"]
+        pairs = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
+        lines.append(f"{name}{{{pairs}}} {value}")
+    return "\n".join(lines) + "\n"
+
+def _escape(value: str) -> str:
+    """A label value in the text exposition format: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+def _number(value: float) -> str:
+    return f"{value:.3f}"
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "_", text.lower()).strip("_") or "_"
+
+
+HINT = "give --metrics-textfile the folder node_exporter reads (--collector.textfile.directory)"
+
+
+def write_textfile(folder: Path, run: RunSignal) -> Path:
+    """Write the run's textfile into folder, carrying the last success time forward from the file it replaces."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    path = folder / textfile_name(run.topology, run.command)
+    previous = read_bounded(path, f"remove {path}: opsctl writes it anew ({HINT})")
+    write_private(path, render_textfile(run, previous), mode=0o644)
+    return path
+
+
+def topology_textfiles(folder: Path, topology: str) -> list[Path]:
+    """The topology's textfiles in folder, by their exact names (never a pattern: another topology's name may start
+    with this one's), links included (removed themselves, never followed)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    paths = [folder / textfile_name(topology, command) for command in RECORDED_COMMANDS]
+    return [p for p in paths if p.is_symlink() or p.is_file()]
+
+
+def remove_textfiles(folder: Path, topology: str) -> list[Path]:
+    """Delete the topology's textfiles (destroy --purge): a purged topology's old runs would keep its alerts firing
+    (OpsctlBackupMissing, 26 h after its last backup). Returns what went."""
+    gone = topology_textfiles(folder, topology)
+    for path in gone:
+        path.unlink()
+    return gone

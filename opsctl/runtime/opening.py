@@ -1,0 +1,210 @@
+"""The runtime a command opens: the provider, the connector and the placed spec, built in one place.
+
+The connector a command uses: the spec's TLS files and, for hosts reached over SSH, the provider's tunnels.
+
+The connector itself (opsctl.net.connector) is handed both and builds neither: TLS material and SSH routes belong
+to layers above it.
+
+The shell of placement (opsctl.spec.placement): the records read where the nodes are deployed, and, when a
+replica count went down, who is each shard's master now, so the member retired is never the one serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError, clip
+from opsctl.base.poll import Pending, wait_for
+from opsctl.net.admin import Admin
+from opsctl.net.connector import Connector, Route
+from opsctl.plan.spread import placement_moves, rebalancing
+from opsctl.providers.base import Provider
+from opsctl.server.versions import parse_version
+from opsctl.spec.deployed import deployed_from_records
+from opsctl.spec.layout import Node
+from opsctl.spec.load import LoadedSpec
+from opsctl.spec.placement import surplus_members, with_placement
+from opsctl.state.statedir import state_dir_for
+from opsctl.tls.material import client_tls
+
+
+@dataclass
+class Runtime:
+    loaded: LoadedSpec
+    provider: Provider
+    state_dir: Path
+    connector: Connector
+
+    def admin(self, node: Node, timeout: float = 5.0) -> Admin:
+        return self.connector.admin(node, timeout)
+
+    def node(self, name: str) -> Node:
+        return self.loaded.layout.node(name)
+
+
+def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
+    """The runtime over the spec placed where its nodes are deployed (placed): every command sees one layout."""
+    directory = state_dir_for(loaded, state_dir)
+    spec = loaded.spec
+    if spec.provider == "ansible":
+        from opsctl.providers.ansible import AnsibleProvider
+
+        remote = AnsibleProvider(loaded, directory)
+        connector = make_connector(loaded, directory, remote.admin_route())
+        loaded = remote.loaded = connector.loaded = placed(loaded, remote, connector)
+        return Runtime(loaded, remote, directory, connector)
+    from opsctl.providers.binaries import find_server, require_tls
+    from opsctl.providers.local import LocalProvider
+
+    binary = find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary)
+    if spec.tls.enabled:
+        require_tls(binary)
+    local = LocalProvider(loaded, directory, binary)
+    connector = make_connector(loaded, directory)
+    loaded = local.loaded = connector.loaded = placed(loaded, local, connector)
+    return Runtime(loaded, local, directory, connector)
+
+
+def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
+    """The connector for loaded's nodes: through route (SSH tunnels) if given, with the spec's TLS."""
+    return Connector(loaded, route, client_tls(loaded, state_dir))
+
+
+@contextmanager
+def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
+    """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
+    audit), over the spec placed where its nodes are deployed (apply.placing: the layout every command sees).
+    An Ansible spec's records are read on the hosts; when hosts have admin_via_ssh, the provider also supplies the
+    SSH-tunnel route for the block and closes its tunnels and connections afterwards."""
+
+    if loaded.spec.provider != "ansible":
+        from opsctl.providers.localfiles import deployed_records_in
+
+        connector = make_connector(loaded, state_dir)
+        connector.loaded = place_from(loaded, deployed_records_in(loaded, state_dir), connector)
+        yield connector
+        return
+    from opsctl.providers.ansible import AnsibleProvider
+
+    provider = AnsibleProvider(loaded, state_dir)
+    try:
+        connector = make_connector(loaded, state_dir, provider.admin_route())
+        if loaded.spec.topology != "standalone":
+            connector.loaded = provider.loaded = place_from(loaded, provider.deployed_records(), connector)
+        yield connector
+    finally:
+        provider.close()
+
+
+def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> LoadedSpec:
+    """The spec's layout given the records of what is deployed: a deployed node keeps its name, host, port and
+    shard; the records are read on the hosts, so a fresh state dir places the same. Every command places so."""
+    if loaded.spec.topology == "standalone":
+        return loaded
+    return place_from(loaded, provider.deployed_records(), connector)
+
+
+def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
+                       ) -> tuple[LoadedSpec, Mapping[str, Mapping[str, object]]]:
+    """The spec placed from the records where its nodes are deployed (the state dir's node folders, or each host
+    over SSH), and those records; no server is asked, so no secret is needed (a Prometheus host holds none). Who
+    serves a shard now only decides which surplus member the next apply retires: such a node is no target."""
+    if loaded.spec.provider != "ansible":
+        from opsctl.providers.localfiles import deployed_records_in
+
+        records: Mapping[str, Mapping[str, object]] = deployed_records_in(loaded, state_dir)
+    else:
+        from opsctl.providers.ansible import AnsibleProvider
+
+        provider = AnsibleProvider(loaded, state_dir, known_hosts)
+        try:
+            records = provider.deployed_records()
+        finally:
+            provider.close()
+    # the moves of rebalance_placement as placed() makes them, from the recorded masters (no server is asked): render
+    # and inventory write the nodes the next apply leaves running, a moved node's replacement among them
+    moves = placement_moves(loaded.spec, deployed_from_records(records)) if rebalancing(loaded.spec) else ()
+    return with_placement(loaded, records, (), moves), records
+
+
+def nothing_deployed(loaded: LoadedSpec, state_dir: Path) -> str:
+    """The words of the one note (or error) for a spec with no record where its nodes would be: a mistyped
+    --state-dir, or nothing deployed yet."""
+    where = "on its hosts" if loaded.spec.provider == "ansible" else f"in {state_dir}"
+    return f"no node of '{loaded.spec.name}' is deployed {where}"
+
+
+def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
+                    ) -> tuple[LoadedSpec, str | None]:
+    """recorded_placement for the commands that write a deploy's files offline (render, inventory): the nodes the
+    records keep (retired ones left out) and those the next apply adds. Where no record can be read (nothing
+    deployed yet, or a host that does not answer over SSH, bounded by the SSH connect timeout) the positional layout
+    of a first deploy, and a note that says so: never an error, CI jobs render specs whose hosts they cannot reach."""
+    if loaded.spec.topology == "standalone":
+        return loaded, None  # one node, placed by the spec alone
+    try:
+        placed, records = recorded_placement(loaded, state_dir, known_hosts)
+    except OpsctlError as exc:
+        from opsctl.providers.remote.ssh import HostUnreachable  # SSH's errors: only a remote read gets here
+
+        if not isinstance(exc, HostUnreachable):
+            raise  # a corrupt record, a refused login, a changed host key: an error, not a host out of reach
+        why = clip(exc.summary, 200)
+        return loaded, (f"note: the records of '{loaded.spec.name}' could not be read on its hosts ({why}): the "
+                        "nodes are where a first deploy puts them (--offline skips the look)")
+    if not records:
+        return loaded, f"note: {nothing_deployed(loaded, state_dir)}: the nodes are where the first apply puts them"
+    return placed, None
+
+
+def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], connector: Connector) -> LoadedSpec:
+    """with_placement, asking the cluster who serves first when the choice of a surplus member depends on it (a
+    failover since the records were written makes a recorded replica the master)."""
+    first = with_placement(loaded, records)
+    if rebalancing(loaded.spec):
+        return _rebalanced(loaded, records, first, connector)
+    doubtful = surplus_members(first.layout)
+    if not doubtful:
+        return first
+    shards = {n.shard for n in doubtful}
+    members = [n for n in first.layout.servers if n.shard in shards] + doubtful
+    serving = serving_masters(connector, members)
+    return with_placement(loaded, records, serving) if serving else first
+
+
+def _rebalanced(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], first: LoadedSpec,
+                connector: Connector) -> LoadedSpec:
+    """Placed with the moves that even out the hosts' load (plan.spread), from who serves now: a master moved
+    earlier by a failover counts where it is, and a move a stopped run left half done is finished, not redone.
+    While two members of a shard say they serve it (a run killed after asking a failover: the old master learns of
+    the new one a moment later), placement waits, bounded: the moves and the plan are made from one master each."""
+    deployed = deployed_from_records(records)
+    nodes = [*first.layout.servers, *surplus_members(first.layout)]
+    shard_of = {d.name: d.shard for d in deployed}
+    timeout = 2 * loaded.spec.cluster_or_default().node_timeout_ms / 1000 + 10
+
+    def one_each() -> set[str] | Pending:
+        serving = serving_masters(connector, nodes)
+        claims = sorted((shard_of.get(name) or 0, name) for name in serving)
+        twice = [f"{a} and {b}" for (s, a), (t, b) in pairwise(claims) if s and s == t]
+        return Pending(f"{twice[0]} both say they serve one shard's slots") if twice else serving
+
+    serving = wait_for(one_each, timeout, "a failover under way to end (one master per shard)", interval=0.1)
+    moves = placement_moves(loaded.spec, deployed, serving)
+    return with_placement(loaded, records, serving, moves) if moves or serving else first
+
+
+def serving_masters(connector: Connector, nodes: list[Node]) -> set[str]:
+    """The nodes that say they are a master serving slots (each from its own CLUSTER NODES line); one that does not
+    answer says nothing (placement then keeps the recorded master)."""
+    from opsctl.net.observer import observe  # a client library only when a replica count went down
+
+    found = set()
+    for name, seen in observe(connector, nodes).items():
+        me = next((line for line in seen.cluster_nodes or () if line.is_myself), None)
+        if me is not None and me.is_master and me.slots:
+            found.add(name)
+    return found
