@@ -72,3 +72,35 @@ def test_tls_rotate_checks_the_lock_before_each_node(tmp_path: Path, capsys: pyt
             rt.provider.close()
         assert len(said) == 1 and ": reloaded, presents" in said[0], said
         assert "before its next change" in (lost.value.detail or "")
+
+
+def test_migrate_checks_the_lock_while_it_streams_and_before_its_fence(tmp_path: Path) -> None:
+    """Without servers: a lost lock stops each look at the lag, each batch a shard writes to the target, and the
+    cutover before it fences the source. Before: migrate never checked it (hours of writes, then the fence)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from opsctl.migrate.cutover import CutoverOptions, check_locks, cut_over
+    from opsctl.migrate.run import MigrateOptions, _watch
+    from opsctl.migrate.shard import ShardRun
+    from opsctl.net.connector import Connector
+    from tests.support import make_spec, write_spec
+
+    loaded = read_spec(write_spec(tmp_path, make_spec("replication")))  # nothing runs on its ports
+    connector = Connector(loaded)
+    target = SimpleNamespace(connector=connector)
+    shard = ShardRun("shard-0", [], connector, lambda: None, None, tmp_path, 0, 0.0,  # type: ignore[arg-type]
+                     check_locks=partial(check_locks, connector, connector))
+    with topology_lock(connector, lease=2.0, nowhere=lambda names: names) as lock:
+        lock._stop.set()
+        assert lock._renewer is not None
+        lock._renewer.join()
+        shard._copied(10)  # held: the copy goes on
+        lock._renewed_at -= 60  # what a SIGSTOP of a minute looks like to the lock
+        for step in (lambda: _watch(connector, target, [], [], tmp_path, MigrateOptions(), print, None),
+                     lambda: cut_over(connector, target, [], lambda: None, CutoverOptions(), None),
+                     lambda: shard._copied(10)):
+            with pytest.raises(OpsctlError, match="lost the topology lock"):
+                step()
+        lock.lost = None
+        lock._renewed_at += 60  # the block ends as held: the loss was said above
