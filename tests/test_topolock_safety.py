@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.apply.runtime import make_runtime
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.quorum import parse_markers
-from opsctl.net.topolock import TopologyLock
+from opsctl.net.topolock import TopologyLock, mark_started, stopping, topology_lock
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
@@ -200,3 +201,62 @@ def _kill_script(loaded: LoadedSpec, node: Node) -> None:
                 return "NOTBUSY" in str(exc) or None
             return True
     wait_for(killed, 10, "the script killed", interval=0.1)
+
+
+def _answers(loaded: LoadedSpec, node: Node) -> bool | None:
+    try:
+        with admin_for(loaded, node, timeout=1.0) as admin:
+            return admin.call("PING") is not None or None
+    except Exception:  # not up yet (refused, or loading)
+        return None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_runs_own_stops_leave_the_count_and_a_started_server_is_marked_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flavor: str) -> None:
+    """(1) A run that stops 2 of 3 servers itself (destroy, a scale-in) keeps its lock past a lease: they run
+    nowhere (before: its own stops counted against it). (2) Every server stopped: two runs both take the lock (the
+    limit docs/slots.md names); the first to start a server marks it at once, and the other, marking it, loses its
+    lock (before: marked only at a renewer's round, whichever came first)."""
+    with deployed(tmp_path, capsys, "replication", flavor) as (_spec, loaded):
+        servers, rt = loaded.layout.servers, make_runtime(loaded)
+        try:
+            first = Connector(loaded)
+            with topology_lock(first, lease=3.0) as lock:
+                stopping(first, [n.name for n in servers[1:]])
+                for node in servers[1:]:
+                    rt.provider.stop(node)
+                assert list(lock.held) == [servers[0].name] and lock.needed == 1
+                since = lock._renewed_at
+                wait_for(lambda: lock._confirmed_at > since + lock.lease + 0.5 or None, 3 * lock.lease,
+                         "a lease of confirmed rounds", interval=0.05)
+                lock.check()
+                for node in servers[1:]:
+                    rt.provider.start(node)
+                for node in servers[1:]:
+                    wait_for(lambda n=node: _answers(loaded, n), 30, f"{node.name} answering")
+                mark_started(first, [n.name for n in servers[1:]])
+                assert len(lock.held) == 3 and lock.needed == 2
+
+            rt.provider.stop(servers[0])
+            for node in servers[1:]:
+                rt.provider.stop(node)
+            second = Connector(loaded)
+            with topology_lock(first, nowhere=lambda names: names) as a:
+                with pytest.raises(OpsctlError, match="lost the topology lock") as lost, \
+                        topology_lock(second, nowhere=lambda names: names) as b:
+                    for lock in (a, b):  # the renewers stand still: only the marking at start is seen
+                        lock._stop.set()
+                        assert lock._renewer is not None
+                        lock._renewer.join()
+                    assert not a.held and not b.held and a.needed == b.needed == 0
+                    rt.provider.start(servers[0])
+                    wait_for(lambda: _answers(loaded, servers[0]), 30, "the server answering")
+                    mark_started(first, [servers[0].name])
+                    assert list(a.held) == [servers[0].name]
+                    mark_started(second, [servers[0].name])
+                a.check()
+            assert f"holds {servers[0].name} (epoch 1" in lost.value.summary, lost.value.summary
+        finally:
+            rt.provider.close()

@@ -8,7 +8,7 @@ from opsctl.apply.runtime import Runtime
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
-from opsctl.net.topolock import topology_lock
+from opsctl.net.topolock import stopping, topology_lock
 from opsctl.plan.slotmath.balance import Move
 from opsctl.plan.slotmath.ranges import expand, parse, to_ranges
 from opsctl.plan.slotmath.scale import find_node
@@ -83,6 +83,7 @@ def stop_leaving(rt: Runtime, node: Node) -> None:
     (the next deploy at it fails) and report the node down."""
     from opsctl.apply.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
 
+    stopping(rt.connector, [node.name])  # it leaves the lock's count as it stops
     rt.provider.stop(node)
     remove_exporter(rt, node)
 

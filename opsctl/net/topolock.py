@@ -7,12 +7,12 @@ topology's servers, kept renewed (confirmed within its lease) on enough that the
 Taking it: mark every server in one pipelined round trip each (set, then list), all at once; another run's live
 marker, or grants from no majority, and the markers are withdrawn and the run refused (exit 3). Keeping it: a
 renewal round that reaches too few does not count, so a run cut off with a minority counts its lock lost one
-lease after its last good round (check() then refuses its next change), which is before its markers on the
-majority's side go stale there (idle past the lease, in whole seconds) and another run may take them.
-Two exceptions: servers the provider finds running nowhere (not deployed yet, or stopped: their host reached and
-no process there) grant no run anything, so a majority of the others is enough (a first apply, a topology stopped by
-destroy, a scale-out's new servers: nothing a split could hide); and --force-lock (a warning saying what it risks).
-Until such a run reaches a majority of them all, another run's live marker on a server it marks loses it its lock.
+lease after its last good round, before its markers on the majority's side go stale there (idle past the lease)
+and another run may take them; a marker that goes at once (a restart, CLIENT KILL) frees its node at once, so
+when that leaves too few the lock is lost at once; marking a node again, another granted run's marker loses it.
+Servers the provider finds running nowhere (not deployed yet, or stopped) grant no run anything: a majority of the
+others is enough, and kept over them and each server marked since; the run's own stops leave the count, and a
+server it starts is marked at once. --force-lock: a warning saying what it risks.
 See docs/slots.md, "One run per topology", and docs/runbooks/partitions.md.
 """
 
@@ -54,15 +54,13 @@ _CLOCK: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 def _now() -> float:
-    """The lock's clock: CLOCK_BOOTTIME where there is one (Linux), which goes on counting while the system is
-    suspended, so a laptop closed mid-apply is a pause past the lease (CLOCK_MONOTONIC stops then); else monotonic."""
+    """CLOCK_BOOTTIME (Linux; else monotonic): it counts a suspend, so a laptop closed mid-apply is a pause."""
     return time.clock_gettime(_CLOCK) if _CLOCK is not None else time.monotonic()
 
 
 class Held(NamedTuple):
-    """A marked node: the raw connection that holds the marker (no redis-py: slot commands do not load it),
-    and that connection's client id there. Not NodePipes: the connection is the marker, so it is never pooled or
-    opened again behind the lock's back (a new one would hold no marker)."""
+    """A marked node: the raw connection that holds the marker and its client id there. Not NodePipes: the
+    connection is the marker, never pooled or opened again behind the lock's back (a new one holds no marker)."""
 
     pipe: RawPipe
     client_id: str
@@ -158,6 +156,7 @@ class TopologyLock:
         # one marked since; forced: needs nothing until it reaches a majority of them all
         self._counted = {n.name for n in self.nodes}
         self._forced = False
+        self._stopped: set[str] = set()  # servers this run stopped itself (and did not start since): they run nowhere
         self.held: dict[str, Held] = {}  # node -> its marker connection and my client id there
         self._silent: list[Silent] = []  # connections to nodes that stopped replying
         self._removed: list[str] = []  # nodes whose marker went this round (refused, closed, not granted)
@@ -280,7 +279,7 @@ class TopologyLock:
                     return
 
     def _interval(self) -> float:
-        unheld = len(self.held) < len(self.nodes)
+        unheld = len(self.held) < len(self._running())
         return min(self.lease / 3, RETRY_UNHELD) if unheld else self.lease / 3
 
     def _renew_once(self) -> None:
@@ -309,10 +308,11 @@ class TopologyLock:
     def _recount(self) -> None:
         """needed after a round: a lock that reached a majority of all the servers keeps as any; one taken over
         the servers that ran counts each server it marked since; a forced one needs nothing until then."""
-        if len(self.held) >= majority(len(self.nodes)):
-            self._counted, self._forced = {n.name for n in self.nodes}, False
+        running = self._running()
+        if len(self.held) >= majority(len(running)):
+            self._counted, self._forced = {n.name for n in running}, False
         elif not self._forced:
-            self._counted |= set(self.held)
+            self._counted = (self._counted | set(self.held)) - self._stopped
         self.needed = 0 if self._forced else keeping(len(self._counted))
 
     def _lose_if_removed(self) -> None:
@@ -338,12 +338,35 @@ class TopologyLock:
             return False
         return True
 
-    def _mark_unheld(self, budget: float, timeout: float) -> None:
+    def _running(self) -> list[Node]:
+        return [n for n in self.nodes if n.name not in self._stopped]
+
+    def stopping(self, names: Collection[str]) -> None:
+        """The run is about to stop these servers itself: they will run nowhere, so they leave the count (a destroy
+        that stops most servers keeps its lock) and their markers are withdrawn now, not found gone by a renewal."""
+        with self._lock:
+            self._stopped |= set(names)
+            for name in [n for n in self.held if n in names]:
+                self.held.pop(name).pipe.close()
+            if self.lost is None:
+                self._recount()
+
+    def mark_now(self, names: Collection[str]) -> None:
+        """The named servers marked now, as the renewer would at its next round (servers this run just started)."""
+        with self._lock:
+            self._stopped -= set(names)
+            if self.lost is None:
+                self._removed = []
+                self._mark_unheld(_now() + CONNECT_TIMEOUT, CONNECT_TIMEOUT, names)
+            if self.lost is None:
+                self._recount()
+
+    def _mark_unheld(self, budget: float, timeout: float, only: Collection[str] | None = None) -> None:
         """Mark the servers this run holds no marker on (restarted, started, back from a split), by the same
         set-then-list round as taking the lock; a server with another run's live marker grants nothing, and loses
         this run its lock when that run was granted it (epoch 1 or more, whatever the epochs compare: one that took
         a restarted node saw no marker there) or this run no longer holds a majority (that run may be granted)."""
-        unheld = [n for n in self.nodes if n.name not in self.held]
+        unheld = [n for n in self._running() if n.name not in self.held and (only is None or n.name in only)]
         for first in range(0, len(unheld), WIDTH):
             if _now() > budget:
                 return  # the others next round
@@ -352,7 +375,7 @@ class TopologyLock:
                 if marker.node in self.held:
                     self._drop(marker.node)  # not granted: that run withdraws, or holds it
             for marker in live:
-                if marker.epoch >= 1 or len(self.held) < majority(len(self.nodes)):
+                if marker.epoch >= 1 or len(self.held) < majority(len(self._running())):
                     self._lose(f"{marker.owner} holds {marker.node} (epoch {marker.epoch}, this run's is "
                                f"{self.epoch}), which this run marked again after it (re)started or answered")
                     return
@@ -430,9 +453,7 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
     the servers grants it). nodes: the servers that grant it, by default every server of the spec. The run that
     owns connector holds it already: that lock, checked (OpsctlError when lost). nowhere, force (--force-lock): see
     TopologyLock.acquire."""
-    with _RUNS_LOCK:
-        outer = _RUNS.get(connector)
-    if outer is not None:
+    if (outer := _owned(connector)) is not None:
         outer.check()
         yield outer
         return
@@ -449,10 +470,31 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
         lock.release()
 
 
+def _owned(connector: Connector) -> TopologyLock | None:
+    """The lock the run that owns connector holds, if any."""
+    with _RUNS_LOCK:
+        return _RUNS.get(connector)
+
+
 def check_held(connector: Connector) -> None:
     """Before a topology-changing step: OpsctlError when the run that owns connector lost its lock; nothing
     when it holds none (a command that takes no topology lock)."""
-    with _RUNS_LOCK:
-        lock = _RUNS.get(connector)
-    if lock is not None:
+    if (lock := _owned(connector)) is not None:
         lock.check()
+
+
+def mark_started(connector: Connector, names: Collection[str]) -> None:
+    """Right after the run that owns connector started these servers (before anything else is done with them): each
+    marked at once, not at the renewer's next round, and OpsctlError when another run's live marker is there. Two
+    runs that both took the lock while every server ran nowhere are told apart here (docs/slots.md). Nothing when
+    the run holds no lock."""
+    if (lock := _owned(connector)) is not None:
+        lock.mark_now(names)
+        lock.check()
+
+
+def stopping(connector: Connector, names: Collection[str]) -> None:
+    """Before the run that owns connector stops these servers itself (destroy, a restart, a scale-in): see
+    TopologyLock.stopping. Nothing when the run holds no lock."""
+    if (lock := _owned(connector)) is not None:
+        lock.stopping(names)
