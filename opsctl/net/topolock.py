@@ -45,7 +45,7 @@ from opsctl.spec.layout import Node
 
 LEASE_SECONDS = 30.0
 LEASE_ENV = "OPSCTL_LOCK_LEASE"
-LEASE_RANGE = (2.0, 3600.0)
+LEASE_RANGE = (6.0, 3600.0)  # 6: a renewal waits lease/6 for a reply, and a TLS handshake needs ~1 s
 RETRY_UNHELD = 1.0
 CONNECT_TIMEOUT = 2.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
@@ -91,7 +91,7 @@ def owner_label() -> str:
 
 
 def lease_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    """The lease: $OPSCTL_LOCK_LEASE seconds (2 to 3600), else 30. A shorter lease lets a hung run's lock
+    """The lease: $OPSCTL_LOCK_LEASE seconds (6 to 3600), else 30. A shorter lease lets a hung run's lock
     expire sooner; every run of one topology should use the same."""
     text = environ.get(LEASE_ENV)
     if text is None:
