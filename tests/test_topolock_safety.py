@@ -260,3 +260,36 @@ def test_a_runs_own_stops_leave_the_count_and_a_started_server_is_marked_at_once
             assert f"holds {servers[0].name} (epoch 1" in lost.value.summary, lost.value.summary
         finally:
             rt.provider.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_run_that_takes_over_stale_markers_waits_a_lease_before_its_first_change(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flavor: str) -> None:
+    """A holder hangs (its renewer stopped: its markers go stale, its connections stay open, a step of it may still
+    be under way). The run that takes over kills the stale markers and renews a whole lease before it returns, so
+    such a step has a lease to end. Before: it returned at once (a margin of about 0 s)."""
+    with deployed(tmp_path, capsys, "standalone", flavor, hosts=1) as (_spec, loaded):
+        node = loaded.layout.servers[0]
+        with _held(loaded, lease=3.0) as hung:
+            hung._stop.set()
+            assert hung._renewer is not None
+            hung._renewer.join()
+
+            def stale() -> bool | None:
+                with admin_for(loaded, node) as admin:
+                    seen = parse_markers(str(admin.call("CLIENT", "LIST")), node.name)
+                return any(m.owner == hung.owner and not m.live for m in seen) or None
+
+            wait_for(stale, 15, "the hung run's marker stale", interval=0.1)
+            taker, said = TopologyLock(Connector(loaded), loaded.layout.servers, lease=3.0), []
+            began = time.monotonic()
+            taker.acquire(warn=said.append)
+            try:
+                assert time.monotonic() - began >= taker.lease, said
+                assert len(said) == 1 and f"took the topology lock over from {hung.owner}" in said[0], said
+                assert "waiting 3s before the first change" in said[0], said
+                taker.check()
+                assert list(taker.held) == [node.name] and taker.epoch == 2
+            finally:
+                taker.release()

@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Collection, Iterable, Sequence
 
-from opsctl.base.errors import RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.frozen import Frozen, frozen
 
 PREFIX = "opsctl-lock"
@@ -171,3 +171,20 @@ def forced_warning(tally: Tally) -> str:
     return (f"warning: {FORCE_FLAG}: going on without the topology lock of a majority ({tally.counted()}). "
             "If the silent servers are on the other side of a network split rather than down, another opsctl "
             "run may act there at the same time; this run stops once it finds that run's marker")
+
+
+def client_refused(name: str, words: str) -> OpsctlError:
+    """CLIENT refused on a node while taking the lock (unknown, or NOPERM): the markers set so far are withdrawn."""
+    return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", words,
+                       "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
+                       "disable CLIENT in hardening (renaming it is fine)")
+
+
+def lost_error(reason: str, finished: bool = False) -> OpsctlError:
+    """finished: the loss was found once the run's last change was made (it may have overlapped another run)."""
+    when = ("its last change overlapped the loss, and nothing was left to stop" if finished
+            else "this run stopped before its next change")
+    return OpsctlError(f"this run lost the topology lock: {reason}",
+                       f"another opsctl run may have changed the topology meanwhile; {when}",
+                       "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
+                       "same command again: it goes on from the live state")

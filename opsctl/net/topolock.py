@@ -107,23 +107,6 @@ def lease_seconds(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
-def lost_error(reason: str, finished: bool = False) -> OpsctlError:
-    """finished: the loss was found once the run's last change was made (it may have overlapped another run)."""
-    when = ("its last change overlapped the loss, and nothing was left to stop" if finished
-            else "this run stopped before its next change")
-    return OpsctlError(f"this run lost the topology lock: {reason}",
-                       f"another opsctl run may have changed the topology meanwhile; {when}",
-                       "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
-                       "same command again: it goes on from the live state")
-
-
-def _refused(name: str, exc: NodeRefused) -> OpsctlError:
-    """CLIENT refused on a node (acquire withdraws the markers set so far)."""
-    return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", exc.detail,
-                       "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
-                       "disable CLIENT in hardening (renaming it is fine)")
-
-
 def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
     """A node that answers but refuses opsctl's password or TLS is said as such (what every command says of it),
     not counted as silent: that would read as a split. None: it does not answer."""
@@ -161,6 +144,7 @@ class TopologyLock:
         self._silent: list[Silent] = []  # connections to nodes that stopped replying
         self._removed: list[str] = []  # nodes whose marker went this round (refused, closed, not granted)
         self.lost: str | None = None
+        self._taken_from: Marker | None = None  # a stale marker of a run that was granted, killed when taking it
         self._renewed_at = _now()  # when the last renewal round was sent
         self._confirmed_at = self._renewed_at  # when the last round enough servers confirmed was sent
         self._stop = threading.Event()
@@ -180,6 +164,20 @@ class TopologyLock:
             raise
         self._renewer = threading.Thread(target=self._renew, name="topology-lock", daemon=True)
         self._renewer.start()
+        if self._taken_from is not None:
+            self._outwait(self._taken_from, warn)
+
+    def _outwait(self, stale: Marker, warn: Callable[[str], None]) -> None:
+        """Taken over from a run whose markers went stale (cut off, hung): a change it had under way goes on past
+        its loss, so this run renews one lease more before its first change: such a change has a lease to end."""
+        warn(f"note: took the topology lock over from {stale.owner}, whose markers went stale: waiting "
+             f"{self.lease:.0f}s before the first change, so that a change that run had under way can end")
+        try:
+            self._stop.wait(self.lease)
+            self.check()
+        except BaseException:
+            self.release()
+            raise
 
     def _acquire(self, nowhere: Nowhere | None, force: bool, warn: Callable[[str], None]) -> None:
         self._renewed_at = self._confirmed_at = _now()
@@ -202,6 +200,7 @@ class TopologyLock:
             else:
                 raise quorum.too_few(tally)
         self.epoch = quorum.next_epoch(seen)
+        self._taken_from = next((m for m in stale if m.epoch >= 1), None)
         self._removed = []
         self._grant_round(stale)
         self._lose_if_removed()
@@ -242,7 +241,8 @@ class TopologyLock:
                 refused(reply, f"{node.name} refused CLIENT")
         except NodeRefused as exc:
             pipe.close()
-            return _refused(node.name, exc) if strict and _HARD_REFUSAL.match(exc.detail or "") else None
+            hard = strict and _HARD_REFUSAL.match(exc.detail or "")
+            return quorum.client_refused(node.name, exc.detail or "") if hard else None
         except PIPE_ERRORS:
             pipe.close()
             return None
@@ -432,7 +432,7 @@ class TopologyLock:
                          f"{len(self.nodes)} servers confirmed it ({len(self.held)} now): the majority may be on "
                          "the other side of a network split")
         if self.lost is not None:
-            raise lost_error(self.lost, finished)
+            raise quorum.lost_error(self.lost, finished)
 
     def release(self) -> None:
         self._stop.set()
