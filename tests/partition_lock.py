@@ -33,7 +33,7 @@ from tests.partition import CHAIN, RESULT, ROOT, Partition, run_module_in_namesp
 NODE_TIMEOUT_MS = 2000
 MAJORITY_GID, MINORITY_GID = 47001, 47002  # the groups the two runs run as (uid stays root)
 SLOTS = 100
-LEASE = "4"  # the holder's and the taker's OPSCTL_LOCK_LEASE: short, so the takeover comes within seconds
+LEASE = "6"  # the holder's and the taker's OPSCTL_LOCK_LEASE: short, so the takeover comes within seconds
 HOLD = """
 import sys, time
 from opsctl.base.errors import OpsctlError

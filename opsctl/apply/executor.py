@@ -38,7 +38,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
 from opsctl.metrics.exporter_steps import start_exporter, stop_exporter
 from opsctl.net.fanout import Borrowed
-from opsctl.net.topolock import check_held
+from opsctl.net.topolock import check_held, mark_started
 from opsctl.plan.steps import (
     NODE_LOCAL,
     AclLoad,
@@ -181,11 +181,13 @@ def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int,
     # start
     failed = run.rt.provider.start_many(sorted(nodes, key=lambda n: n.role != "master"), launched)
     failed |= wait_answering(run, [n for n in nodes if n.name not in failed])
+    mark_started(run.rt.connector, [n.name for n in nodes if n.name not in failed])  # a lost lock raises here
     errors: list[OpsctlError] = []
     for index, step in starts:
         try:
             if step.node in failed:
                 raise failed[step.node]
+            check_held(run.rt.connector)  # the starts and waits took a while: each node's next change checks
             after_start(run, step)
         except OpsctlError as exc:
             run.emit(StepFailed(index, step.title(), exc.summary))

@@ -13,6 +13,7 @@ from opsctl.net.admin import Admin
 from opsctl.net.connector import AuthRefused
 from opsctl.net.observer import Observer
 from opsctl.net.rawpipe import PIPE_ERRORS
+from opsctl.net.topolock import mark_started, stopping
 from opsctl.observe.replies import RespError, parse_role
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
@@ -107,6 +108,7 @@ def start_node(run: Execution, step: Step) -> None:
     node = run.node(step)
     _raise_first(run.rt.provider.start_many([node]))
     _raise_first(wait_answering(run, [node]))
+    mark_started(run.rt.connector, [node.name])  # marked before anything else: another run's marker loses the lock
     after_start(run, step)
 
 
@@ -159,6 +161,7 @@ def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIM
 
 
 def stop_node(run: Execution, step: Step) -> None:
+    stopping(run.rt.connector, [step.node])  # the run's own stops do not count against its topology lock
     run.rt.provider.stop(run.node(step))
 
 
@@ -167,9 +170,11 @@ def restart_node(run: Execution, step: Step) -> None:
     assert isinstance(step, RestartNode)
     node = run.node(step)
     _refuse_unplanned_downtime(run, step)
+    stopping(run.rt.connector, [node.name])
     run.rt.provider.stop(node)
     run.rt.provider.start(node)
     _raise_first(wait_answering(run, [node]))
+    mark_started(run.rt.connector, [node.name])  # its marker went with the stop: marked again before it is waited on
     wait_back_in_place(run.rt, node, timeout=run.wait_timeout)
     record = run.rt.provider.load_record(node)
     if record.pop("pending_restart", None):

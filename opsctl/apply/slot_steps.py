@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
 from opsctl.failover.actions import checkpoint
-from opsctl.net.topolock import topology_lock
+from opsctl.net.topolock import stopping, topology_lock
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
 from opsctl.runtime.opening import Runtime
 from opsctl.slots.balance import Move
@@ -83,6 +83,7 @@ def stop_leaving(rt: Runtime, node: Node) -> None:
     (the next deploy at it fails) and report the node down."""
     from opsctl.metrics.exporter_steps import remove_exporter  # the exporter machinery: only when a node goes
 
+    stopping(rt.connector, [node.name])  # it leaves the lock's count as it stops
     rt.provider.stop(node)
     remove_exporter(rt, node)
 

@@ -29,6 +29,7 @@ from opsctl.migrate.shard import ShardRun
 from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
+from opsctl.net.topolock import check_held
 from opsctl.observe.replies import RespError, parse_info
 from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.engine import Targets, value_of
@@ -57,8 +58,16 @@ def master_offset(source: Connector, node: Node) -> int:
     return int(parse_info(reply.decode() if isinstance(reply, bytes) else "").get("master_repl_offset", "0"))
 
 
+def check_locks(source: Connector, target: Connector) -> None:
+    """OpsctlError when the run lost the topology lock of the source or the target (a run that holds none: nothing):
+    before each batch a shard writes to the target, each look at the lag, and the fence."""
+    check_held(source)
+    check_held(target)
+
+
 def cut_over(source: Connector, target: Target, shards: Sequence[ShardRun], stop: Callable[[], None],
              options: CutoverOptions, journal: JournalFile) -> CutoverDone:
+    check_locks(source, target.connector)  # the fence changes the source: only while both locks are held
     masters = {s.key: shard_master(source, s) for s in shards}
     record_settings(source, list(masters.values()), journal)
     started = time.monotonic()

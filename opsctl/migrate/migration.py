@@ -15,7 +15,7 @@ from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
-from opsctl.migrate.cutover import CutoverOptions, cut_over, master_offset, shard_master
+from opsctl.migrate.cutover import CutoverOptions, check_locks, cut_over, master_offset, shard_master
 from opsctl.migrate.phases import REQUEST, RESULT, JournalFile, load_journal, new_journal
 from opsctl.migrate.replay import TargetChanged
 from opsctl.migrate.shard import NoMemberAnswers, ShardRun
@@ -95,7 +95,8 @@ def shard_runs(source: Connector, target: Target, journal: JournalFile, state_di
     for shard in layout.shards:
         members = [n for name in shard.members if (n := layout.find(name)) is not None]
         runs.append(ShardRun(f"shard-{shard.index}", members, source, partial(fresh_targets, target.connector),
-                             journal, state_dir, round(target_ms - source_ms), source_ms))
+                             journal, state_dir, round(target_ms - source_ms), source_ms,
+                             check_locks=partial(check_locks, source, target.connector)))
     return runs
 
 
@@ -158,6 +159,7 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
            state_dir: Path, options: MigrateOptions, emit: Emit, journal: JournalFile) -> CutoverDone:
     """Progress until the cutover; a shard's error stops the run."""
     while True:
+        check_locks(source, target.connector)  # hours of streaming: a lost lock stops the run (it resumes)
         for future in futures:
             if future.done():
                 future.result()  # raises the shard's error

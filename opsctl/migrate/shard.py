@@ -52,6 +52,7 @@ class ShardRun:
     shift_ms: int
     source_ms: float
     stop: threading.Event = field(default_factory=threading.Event)
+    check_locks: Callable[[], None] = field(default=lambda: None)  # a lost topology lock raises: no further writes
     node: Node | None = None
     position: Position | None = None
     lag_seconds: float = 0.0
@@ -176,6 +177,7 @@ class ShardRun:
 
     def _copied(self, keys: int) -> None:
         self.copied += keys
+        self.check_locks()  # after each batch the snapshot copy wrote: a lost lock writes no further batch
 
     def _source_server(self) -> tuple[str, tuple[int, int]] | None:
         node = self.attach_node()
@@ -267,6 +269,8 @@ class ShardRun:
         """entries applied and the position journaled; whether it moved. An edge is journaled at the offset
         before it (the applier applied everything before it) and raised."""
         assert self.position is not None
+        if entries:
+            self.check_locks()
         try:
             applier.feed(entries)
         except EdgeRefused:

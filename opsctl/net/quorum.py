@@ -15,13 +15,15 @@ other side of a split learns, when it meets a higher epoch, that another run too
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterable, Sequence
 
-from opsctl.base.errors import RefusedError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.frozen import Frozen, frozen
 
 PREFIX = "opsctl-lock"
 FORCE_FLAG = "--force-lock"
+_IDLE = re.compile(r"-?[0-9]+")
 
 
 @frozen
@@ -48,9 +50,19 @@ def marker_name(topology: str, epoch: int, owner: str, lease: float) -> str:
     return f"{PREFIX}:{topology}:{epoch}:{owner}:{math.ceil(lease)}"
 
 
-def _marker(name: str, idle: str, client_id: str, node: str) -> Marker | None:
+def _idle(text: str) -> int | None:
+    """CLIENT LIST's idle, in seconds, or None when it is no number. The server counts it on its wall clock, so a
+    step back makes it negative: such a marker was renewed just now (0), not unreadable (it was ignored, and a
+    live marker read as none)."""
+    if not _IDLE.fullmatch(text):
+        return None
+    return max(0, int(text))
+
+
+def _marker(name: str, idle_text: str, client_id: str, node: str) -> Marker | None:
     """The marker a client name holds, or None: the current form, or the one before epochs (owner:lease)."""
-    if not name.startswith(f"{PREFIX}:") or not idle.isdigit():
+    idle = _idle(idle_text)
+    if not name.startswith(f"{PREFIX}:") or idle is None:
         return None
     fields = name.removeprefix(f"{PREFIX}:").split(":")
     if len(fields) == 4 and fields[1].isdigit():
@@ -61,7 +73,7 @@ def _marker(name: str, idle: str, client_id: str, node: str) -> Marker | None:
         return None
     if not owner or not lease.isdigit():
         return None
-    return Marker(owner, int(lease), int(idle), client_id, node, epoch)
+    return Marker(owner, int(lease), idle, client_id, node, epoch)
 
 
 def parse_markers(client_list: str, node: str) -> list[Marker]:
@@ -118,11 +130,18 @@ class Tally(Frozen):
                 f"{majority(len(self.servers))}); {len(self.answered)} answered")
 
 
+def counted_without(tally: Tally, nowhere: Collection[str]) -> tuple[str, ...]:
+    """The servers a majority is counted over once those that run nowhere are left out: a server not deployed
+    yet, or stopped (the provider reached its host and found no process), grants no run anything, on either side
+    of a split. Only silent servers can be such."""
+    return tuple(n for n in tally.servers if n not in nowhere or n in tally.answered)
+
+
 def enough_without(tally: Tally, nowhere: Collection[str]) -> bool:
-    """Whether the grants are a majority of the servers once those that run nowhere are left out: a server not
-    deployed yet, or stopped (the provider reached its host and found no process), grants no run anything, on
-    either side of a split. Only silent servers can be such; with every server so, nothing runs to be split."""
-    left = [n for n in tally.servers if n not in nowhere or n in tally.answered]
+    """Whether the grants are a majority of counted_without; with every server running nowhere, nothing runs to
+    be split (two such runs are arbitrated by the state-dir lock and the marking of each server as it starts:
+    docs/slots.md)."""
+    left = counted_without(tally, nowhere)
     return len(tally.granted) >= majority(len(left)) if left else True
 
 
@@ -152,3 +171,20 @@ def forced_warning(tally: Tally) -> str:
     return (f"warning: {FORCE_FLAG}: going on without the topology lock of a majority ({tally.counted()}). "
             "If the silent servers are on the other side of a network split rather than down, another opsctl "
             "run may act there at the same time; this run stops once it finds that run's marker")
+
+
+def client_refused(name: str, words: str) -> OpsctlError:
+    """CLIENT refused on a node while taking the lock (unknown, or NOPERM): the markers set so far are withdrawn."""
+    return OpsctlError(f"cannot take the topology lock on {name}: CLIENT was refused", words,
+                       "opsctl needs CLIENT ID, SETNAME, LIST and KILL on its admin connection: do not "
+                       "disable CLIENT in hardening (renaming it is fine)")
+
+
+def lost_error(reason: str, finished: bool = False) -> OpsctlError:
+    """finished: the loss was found once the run's last change was made (it may have overlapped another run)."""
+    when = ("its last change overlapped the loss, and nothing was left to stop" if finished
+            else "this run stopped before its next change")
+    return OpsctlError(f"this run lost the topology lock: {reason}",
+                       f"another opsctl run may have changed the topology meanwhile; {when}",
+                       "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
+                       "same command again: it goes on from the live state")

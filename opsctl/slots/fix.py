@@ -12,6 +12,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
+from opsctl.net.topolock import check_held
 from opsctl.observe.cluster_state import no_master_hint, slot_map
 from opsctl.observe.replies import SLOTS, ClusterNodeLine, NodeObservation, as_text, server_of
 from opsctl.slots.atomic import wait_idle
@@ -68,6 +69,7 @@ def close_in_session(session: Session, journal: Journal, emit: Emit,
                 done.append(_close_entry(session, journal, entry, emit, journaled=True))
         session.refresh()
         if only is None:
+            check_held(session.connector)  # before each change: a run that lost its topology lock stops
             done += _release_owned_imports(session)
             for entry in live_open_slots(session):
                 done.append(_close_entry(session, journal, entry, emit, journaled=False))
@@ -167,6 +169,7 @@ def _close_entry(session: Session, journal: Journal, entry: OpenSlots, emit: Emi
     """Close one entry with its shards' current masters. A failover still settling (a stalled master that woke
     up claims its shard until gossip demotes it) is waited out and the masters resolved again, as a run's
     move follows one."""
+    check_held(session.connector)
     for _ in range(MAX_FAILOVERS):
         try:
             return _close_entry_once(session, journal, entry, emit, journaled)
@@ -288,6 +291,7 @@ def _demote(session: Session, node: Peer, master: Peer) -> None:
     """CLUSTER REPLICATE master on node, once the keys it holds are handed over. Masters that still migrate a
     slot to node stop first (they would send writes to it with ASK); a write they redirected just before lands
     on node all the same, and REPLICATE refuses a node with keys: handed over again, a few times."""
+    check_held(session.connector)
     for peer in session.masters():
         line = session.me(peer.name)
         moving = [s for s, to in line.migrating.items() if to == node.id] if line is not None else []
@@ -424,6 +428,7 @@ def _answering_masters(session: Session, slots: Sequence[int]) -> list[Peer]:
 def claim(session: Session, peer: Peer, slots: Sequence[int]) -> None:
     """ADDSLOTS of slots on peer, then BUMPEPOCH: a config epoch of its own, the greatest it knows, so that its
     claim wins over a view that still gives a slot to a former owner (a greater epoch there would take it back)."""
+    check_held(session.connector)
     ranges = to_ranges(slots)
     checked(peer, [slot_command("ADDSLOTS", ranges, session.has_slot_ranges(peer.name)), ("CLUSTER", "BUMPEPOCH")],
             f"assigning slots {text(ranges)}")
@@ -483,6 +488,7 @@ def _unreachable(session: Session, consent: bool) -> list[str]:
 
 def _unassign(session: Session, peer: Peer, slots: Sequence[int]) -> None:
     """DELSLOTS of those of slots that peer's view assigns (DELSLOTS refuses a slot it sees unassigned already)."""
+    check_held(session.connector)
     view = session.views().get(peer.name, [])
     assigned = set(expand((start, end) for start, end, _ in slot_map(view)))
     mine = to_ranges(s for s in slots if s in assigned)

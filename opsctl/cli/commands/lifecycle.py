@@ -244,7 +244,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
     either. Returns whether there was any."""
     from opsctl.cli.runtime import runs_nowhere
     from opsctl.metrics.exporter_steps import remove_exporter
-    from opsctl.net.topolock import check_held, topology_lock
+    from opsctl.net.topolock import check_held, stopping, topology_lock
     from opsctl.state.statelock import state_lock
 
     todo = [p for p in _presence(rt, _destroy_order(rt)) if p.running or p.exporter or (args.purge and p.files)]
@@ -267,6 +267,7 @@ def _destroy(rt: Runtime, args: argparse.Namespace, say: Lines) -> bool:
             check_held(rt.connector)
             running = rt.provider.process_state(p.node).running  # again, under the locks
             if running:
+                stopping(rt.connector, [p.node.name])  # its own stops do not count against its lock
                 rt.provider.stop(p.node)
             remove_exporter(rt, p.node)
             if args.purge:
