@@ -6,7 +6,7 @@ to layers above it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,3 +45,36 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
         yield connector
     finally:
         provider.close()
+
+
+def fleet_placer(path: str, state_dir: Path, connector: Connector
+                 ) -> Callable[[], tuple[LoadedSpec, frozenset[str]]]:
+    """For a command that runs for long (the continuous archive follows the fleet `apply` changes): the spec at
+    path read again and placed from the records as they are now, as open_connector places it, with the names of the
+    nodes deployed. Its name and topology must stay. Its secrets, where this process's environment cannot give them
+    (a password rotation: the new password's variable is not in it), stay the connector's."""
+    from dataclasses import replace
+
+    from opsctl.apply.placing import place_from, recorded_placement
+    from opsctl.base.errors import OpsctlError
+    from opsctl.spec.deployed import deployed_from_records
+    from opsctl.state.specfile import read_spec
+
+    def place() -> tuple[LoadedSpec, frozenset[str]]:
+        current = connector.loaded
+        try:
+            loaded = read_spec(path)
+        except OpsctlError:
+            loaded = replace(read_spec(path, secrets=False), credentials=current.credentials)
+        was, now = (current.spec.name, current.spec.topology), (loaded.spec.name, loaded.spec.topology)
+        if now != was:
+            raise OpsctlError(f"{path} now describes the {now[1]} '{now[0]}', not the {was[1]} '{was[0]}'",
+                              hint="restart the archiver for another topology")
+        if loaded.spec.topology == "standalone":
+            return loaded, frozenset()
+        _, records = recorded_placement(loaded, state_dir)  # the records as the hosts hold them now
+        deployed = frozenset(d.name for d in deployed_from_records(records) if not d.retired)
+        return place_from(loaded, records, connector), deployed
+
+    return place
+

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from opsctl.backup.catalog import dropped_before, read_bases
 from opsctl.backup.segment import SegmentProblem, applied, chain, cut, decode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import Base, base_for, iso, segment_prefix
+from opsctl.backup.timeline import CHANGED, Base, base_for, iso, parse_changed, segment_prefix
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
@@ -78,6 +78,7 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
 
 
 def _plan(store: Store, base: Base, until: float) -> TimePlan:
+    refuse_changed(store, base, until)
     replays, points = {}, {}
     for shard, start in sorted(base.positions.items()):
         entries, replids = shard_entries(store, base, shard, until)
@@ -87,6 +88,21 @@ def _plan(store: Store, base: Base, until: float) -> TimePlan:
         points[shard] = ShardPoint(shard, position, entries[keep - 1].arrived if keep else None,
                                    len(replays[shard]))
     return TimePlan(base, until, replays, points)
+
+
+def refuse_changed(store: Store, base: Base, until: float) -> None:
+    """A base whose topology's shards changed while it was archived serves only up to the change: a new shard's
+    writes are in no chain of it, and a removed one's chain ends (RefusedError after that, naming the window)."""
+    name = f"{base.name}/{CHANGED}"
+    if name not in base.objects:
+        return
+    change = parse_changed((store.get_bytes(name) or b"").decode("utf-8", "replace"), store.where(name))
+    if until > change.until:
+        raise RefusedError(f"{iso(until)} is after the topology's shards changed under base {base.name} "
+                           f"({change.text()}, between {iso(change.until)} and {iso(change.seen)}): its archive "
+                           "lacks the writes of the shards it does not hold (nothing was written)",
+                           hint=f"restore to {iso(change.until)} or earlier, or to a time the next base serves "
+                                "(`opsctl backup list --from URL` shows what each base covers)")
 
 
 def shard_entries(store: Store, base: Base, shard: int, until: float) -> tuple[list[Entry], list[str]]:
