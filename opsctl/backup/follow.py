@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import CHANGED, Base, Changed, changed_json, iso
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit, Note
 from opsctl.net.connector import Connector
+from opsctl.net.fanout import shared_pool
 from opsctl.spec.load import LoadedSpec
 
 FOLLOW_EVERY = 2.0  # s between looks at the records: a new shard's nodes are recorded before any write reaches it
-RETRY_BASE = 10.0  # s between tries of a new base the changed shards ask for (an apply holds the topology lock)
+RETRY_BASE = 5.0  # s between tries of a new base the changed shards ask for (an apply holds the topology lock)
 
 # The spec read again and placed from the records as they are now, and the names of the nodes deployed.
 Placer = Callable[[], tuple[LoadedSpec, frozenset[str]]]
@@ -42,23 +44,44 @@ class Fleet:
         self.agreed = 0.0  # the last look (wall clock, when it began) that found the base's shards
         self.marked = ""  # the base whose change is recorded
         self.next_look = 0.0
+        self.looking: Future[tuple[LoadedSpec, frozenset[str]] | OpsctlError] | None = None  # a look under way
+        self.began = 0.0  # when it began (wall clock)
         self.said = ""
 
     def look(self, now: bool = False) -> None:
-        """The fleet placed again when due (now: at once); a spec or record that cannot be read (being edited, a
-        host not answering) is said once and the placement before is kept."""
-        if self.place is None or (not now and time.monotonic() < self.next_look):
+        """The fleet placed again when due, in the background (the records may be read over SSH, the cluster
+        asked who serves: the streams are read meanwhile), its outcome taken at a later call; now: at once, here.
+        A spec or record that cannot be read (being edited, a host not answering) is said once and the placement
+        before is kept."""
+        if self.place is None:
             return
-        self.next_look = time.monotonic() + FOLLOW_EVERY
-        began = time.time()
+        if now:
+            self._placed(time.time(), self._try(self.place))
+            return
+        if self.looking is not None:
+            if self.looking.done():
+                self._placed(self.began, self.looking.result())
+                self.looking = None
+            return
+        if time.monotonic() >= self.next_look:
+            self.next_look, self.began = time.monotonic() + FOLLOW_EVERY, time.time()
+            self.looking = shared_pool().submit(self._try, self.place)
+
+    @staticmethod
+    def _try(place: Placer) -> tuple[LoadedSpec, frozenset[str]] | OpsctlError:
         try:
-            loaded, deployed = self.place()
+            return place()
         except OpsctlError as exc:
-            if exc.summary != self.said:
-                self.emit(Note(f"the fleet could not be placed again ({exc.summary}); archiving the nodes placed "
+            return exc
+
+    def _placed(self, began: float, found: tuple[LoadedSpec, frozenset[str]] | OpsctlError) -> None:
+        if isinstance(found, OpsctlError):
+            if found.summary != self.said:
+                self.emit(Note(f"the fleet could not be placed again ({found.summary}); archiving the nodes placed "
                                "before, looking again"))
-            self.said = exc.summary
+            self.said = found.summary
             return
+        loaded, deployed = found
         self.said = ""
         self.connector.loaded = loaded
         self.shards = deployed_shards(loaded, deployed)
