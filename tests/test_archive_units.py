@@ -138,3 +138,38 @@ def test_archive_descriptions_and_grouping() -> None:
     assert list(grouped) == ["orders-20261127T140000Z"]
     base = base_of("orders-20261127T140000Z", grouped["orders-20261127T140000Z"], (99.0, {1: Position(REPLID, 1)}))
     assert base.complete and base.archived and base.taken == 99.0 and base.spec == "orders"
+
+
+def test_a_topology_change_record_round_trips_and_anything_else_is_refused() -> None:
+    from opsctl.backup.timeline import Changed, changed_json, parse_changed
+
+    change = Changed(1000.0, 1002.5, (1, 2, 3), (1, 2, 3, 4))
+    assert parse_changed(changed_json(change), "b/changed.json", 2000.0) == change
+    assert change.text() == "shards 1, 2, 3 became 1, 2, 3, 4"
+    for bad in ('{"format": 2, "until": 1, "seen": 2, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 3, "seen": 2, "was": [1], "now": [1, 2]}',  # until after it was seen
+                '{"format": 1, "until": NaN, "seen": 2, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": [0], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": [true], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 1e12, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": "1", "now": [1, 2]}', "[]", "{"):
+        with pytest.raises(OpsctlError, match=r"b/changed\.json: not a topology change record"):
+            parse_changed(bad, "b/changed.json", 2000.0)
+
+
+def test_the_shards_an_archive_holds_are_the_deployed_ones() -> None:
+    import yaml
+
+    from opsctl.backup.follow import deployed_shards
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    data = make_spec("cluster")
+    data["cluster"]["masters"] = 4
+    loaded = load_spec(yaml.safe_dump(data), "s.yaml", None)
+    members = {s.index: s.members for s in loaded.layout.shards}
+    deployed = frozenset(members[1] + members[2] + members[3][:1])
+    assert deployed_shards(loaded, deployed) == {1, 2, 3}  # shard 4 named by the spec, not deployed yet
+    assert deployed_shards(loaded, deployed | {members[4][1]}) == {1, 2, 3, 4}
+    single = load_spec(yaml.safe_dump(make_spec("replication", hosts=2)), "r.yaml", None)
+    assert deployed_shards(single, frozenset()) == {1}
