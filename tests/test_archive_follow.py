@@ -147,7 +147,7 @@ def test_a_running_archive_follows_a_grown_cluster(tmp_path: Path, capsys: pytes
         window = change.until + min(0.5, (second["taken"] - change.until) / 2)
         code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time", iso(window),
                              "--dry-run")
-        assert code == 3 and "is after the topology's shards changed under base" in err, err + out
+        assert code == 3 and "is after the topology changed under base" in err, err + out
         assert "shards 1, 2, 3 became 1, 2, 3, 4" in err, err
 
         code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time", iso(cut),
@@ -160,3 +160,44 @@ def test_a_running_archive_follows_a_grown_cluster(tmp_path: Path, capsys: pytes
         assert [k for k, v in zip(keys, found, strict=True) if v != before[k]] == []
         assert all(node.get(k) == before[k] for k in on_new)
         assert sum(v is not None for v in node.mget(after[:300])) == 0
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_running_archive_takes_a_new_base_when_slots_move(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             flavor: str) -> None:
+    """`cluster reshard` under a running archive: the slots moved between shards it archives (each moved key the
+    target's RESTORE in one stream, the source's DEL in another, read apart), so the base is recorded as serving up
+    to the last look before, a new base is taken, and a restore into the reshard's window is refused naming it."""
+    archive = tmp_path / "archive"
+    with applied(tmp_path, capsys, make_spec("cluster", flavor)) as (spec, loaded):
+        archiver = Archiver(spec, archive, tmp_path / "archive.jsonl")
+        try:
+            with Writer(lambda: cluster_client(loaded), pause=0.002):
+                archiver.wait(3, 0.0, "the first base's segments")
+                source, target = (loaded.layout.shards[i].master for i in (0, 1))
+                code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source, "--to", target,
+                                     "--slots", "100")
+                assert code == 0, err + out
+                moved = time.time()
+                wait_for(lambda: len([n for n in archiver.notes() if n.startswith("base ")]) >= 2 or None, 60,
+                         "a new base", 0.1, last_reason=lambda: str(archiver.notes()[-3:]))
+                archiver.wait(3, time.time(), "the new base's segments")
+        finally:
+            code = archiver.stop()
+        assert code == 0, archiver.err.read_text()[-2000:]
+        assert any(n.startswith("the topology changed (slots moved between shards 1, 2, 3)") for n in
+                   archiver.notes()), archiver.notes()
+        bases = sorted(p.name for p in archive.iterdir() if (p / "archive.json").exists())
+        change = parse_changed((archive / bases[0] / CHANGED).read_text(), CHANGED)
+        second = json.loads((archive / bases[1] / "archive.json").read_text())
+        assert change.was == change.now == (1, 2, 3) and change.until < moved <= second["taken"], change
+
+    target_dir = tmp_path / "restored"
+    target_dir.mkdir(mode=0o711)
+    with applied(target_dir, capsys, make_spec("standalone", flavor)) as (target, _):
+        code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time",
+                             iso((change.until + moved) / 2), "--dry-run")
+        assert code == 3 and f"is after the topology changed under base {bases[0]}" in err, err + out
+        code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time",
+                             iso(change.until - 0.001), "--dry-run")
+        assert code == 0, err + out

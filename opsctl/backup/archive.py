@@ -388,10 +388,8 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
     spec = connector.loaded.spec.name
     base = latest_base(store, spec)
     fleet.look(now=True)
-    shards = fleet.shards if fleet.shards is not None else frozenset(shard_masters(connector))
-    if base is not None and set(base.positions) != shards:
-        emit(Note(f"the newest base {base.name} has shards {sorted(base.positions)}, the topology "
-                  f"{sorted(shards)} now: taking a new base"))
+    if base is not None and (unlike := fleet.differs(base, store, lambda: frozenset(shard_masters(connector)))):
+        emit(Note(f"the newest base {base.name} {unlike}: taking a new base"))
         base = None
 
     def based() -> Base:
@@ -405,7 +403,7 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
         try:
             while True:
                 base = base or based()
-                fleet.follow(base)
+                fleet.follow(base, store)
                 new = [Link(n, base.name, p if fresh else resume_position(store, base, n))
                        for n, p in sorted(base.positions.items())]
                 if not fresh:

@@ -120,8 +120,9 @@ def parse_archive(text: str, where: str, now: float | None = None) -> tuple[floa
 
 @dataclass(frozen=True)
 class Changed:
-    """The topology's shards changed under a running archive: its base serves a restore only up to `until` (the
-    last look that still found the base's shards; a new shard may hold writes from any moment after), seen then."""
+    """The topology's shards (or a cluster's slots) changed under a running archive: its base serves a restore only
+    up to `until` (the last look that still found the base's shards and slots; a new shard may hold writes from any
+    moment after), seen then. was == now: the same shards, slots moved between them."""
 
     until: float
     seen: float
@@ -129,6 +130,8 @@ class Changed:
     now: tuple[int, ...]
 
     def text(self) -> str:
+        if self.was == self.now:
+            return f"slots moved between shards {_numbers(self.now)}"
         return f"shards {_numbers(self.was)} became {_numbers(self.now)}"
 
 

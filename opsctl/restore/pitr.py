@@ -91,16 +91,17 @@ def _plan(store: Store, base: Base, until: float) -> TimePlan:
 
 
 def refuse_changed(store: Store, base: Base, until: float) -> None:
-    """A base whose topology's shards changed while it was archived serves only up to the change: a new shard's
-    writes are in no chain of it, and a removed one's chain ends (RefusedError after that, naming the window)."""
+    """A base whose topology's shards or slots changed while it was archived serves only up to the change: a new
+    shard's writes are in no chain of it, a removed one's chain ends, a moved key is in two chains read apart
+    (RefusedError after that, naming the window)."""
     name = f"{base.name}/{CHANGED}"
     if name not in base.objects:
         return
     change = parse_changed((store.get_bytes(name) or b"").decode("utf-8", "replace"), store.where(name))
     if until > change.until:
-        raise RefusedError(f"{iso(until)} is after the topology's shards changed under base {base.name} "
+        raise RefusedError(f"{iso(until)} is after the topology changed under base {base.name} "
                            f"({change.text()}, between {iso(change.until)} and {iso(change.seen)}): its archive "
-                           "lacks the writes of the shards it does not hold (nothing was written)",
+                           "does not hold every shard's writes from then on (nothing was written)",
                            hint=f"restore to {iso(change.until)} or earlier, or to a time the next base serves "
                                 "(`opsctl backup list --from URL` shows what each base covers)")
 
