@@ -176,7 +176,7 @@ def test_a_running_archive_takes_a_new_base_when_slots_move(tmp_path: Path, caps
                 archiver.wait(3, 0.0, "the first base's segments")
                 source, target = (loaded.layout.shards[i].master for i in (0, 1))
                 code, out, err = run(capsys, "cluster", "reshard", "-f", str(spec), "--from", source, "--to", target,
-                                     "--slots", "100")
+                                     "--slots", "100", "--auto-approve")
                 assert code == 0, err + out
                 moved = time.time()
                 wait_for(lambda: len([n for n in archiver.notes() if n.startswith("base ")]) >= 2 or None, 60,
@@ -198,6 +198,9 @@ def test_a_running_archive_takes_a_new_base_when_slots_move(tmp_path: Path, caps
         code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time",
                              iso((change.until + moved) / 2), "--dry-run")
         assert code == 3 and f"is after the topology changed under base {bases[0]}" in err, err + out
+        segments = [e for e in archiver.events() if e["event"] == "segment-archived"]
+        served = min(max(e["last"] for e in segments if e["shard"] == n) for n in (1, 2, 3))
+        assert served > second["taken"]
         code, out, err = run(capsys, "restore", "-f", str(target), "--from", str(archive), "--to-time",
-                             iso(change.until - 0.001), "--dry-run")
-        assert code == 0, err + out
+                             iso(served), "--dry-run")  # the new base serves it
+        assert code == 0 and bases[1] in out + err, err + out

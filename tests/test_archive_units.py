@@ -173,3 +173,30 @@ def test_the_shards_an_archive_holds_are_the_deployed_ones() -> None:
     assert deployed_shards(loaded, deployed | {members[4][1]}) == {1, 2, 3, 4}
     single = load_spec(yaml.safe_dump(make_spec("replication", hosts=2)), "r.yaml", None)
     assert deployed_shards(single, frozenset()) == {1}
+
+
+def test_the_slots_a_cluster_serves_by_shard() -> None:
+    import yaml
+
+    from opsctl.backup.follow import MOVING, slot_map
+    from opsctl.observe.parse import parse_cluster_nodes
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    loaded = load_spec(yaml.safe_dump(make_spec("cluster")), "s.yaml", None)
+    masters = [s.master for s in loaded.layout.shards]
+    replica = loaded.layout.shards[0].replicas[0]
+
+    def line(node: str, flags: str, slots: str) -> list[object]:
+        return parse_cluster_nodes(f"{'a' * 39}1 127.0.0.1:7000@17000 {flags} - 0 0 1 connected {slots}\n")
+
+    whole = {masters[0]: line(masters[0], "myself,master", "0-5460"),
+             masters[1]: line(masters[1], "myself,master", "5461-10922"),
+             masters[2]: line(masters[2], "myself,master", "10923-16383"),
+             replica: line(replica, "myself,slave", "")}
+    assert slot_map(loaded, whole) == {1: ((0, 5460),), 2: ((5461, 10922),), 3: ((10923, 16383),)}
+    assert slot_map(loaded, {**whole, masters[2]: None}) is None  # a master that does not answer: not known whole
+    opened = {**whole, masters[1]: line(masters[1], "myself,master", "5461-10922 [5461->-" + "b" * 40 + "]")}
+    assert slot_map(loaded, opened) == MOVING
+    twice = {**whole, replica: line(replica, "myself,master", "0-10")}  # a failover under way: two claim shard 1
+    assert slot_map(loaded, twice) is None
