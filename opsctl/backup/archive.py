@@ -238,7 +238,8 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                 emit(progress(links))
             lease.check()
             fleet.look()
-            future = future or next_base(fleet.changed(store))
+            changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
+            future = future or next_base(changed)
             if future is not None and future.done():
                 if (new := _finished(future, emit)) is not None:
                     return new  # the old links stay open: hand_over ends them once the new ones read

@@ -139,9 +139,13 @@ class Fleet:
         return self.slots != self.base_slots
 
     def follow(self, base: Base, store: Store) -> None:
-        """base is archived from now on: its shards are the ones deployed at its time, its slots its manifest's."""
-        self.base, self.agreed = base, max(self.agreed, base.taken)
-        self.base_slots = None
+        """base is archived from now on, its slots its manifest's: it serves from its time while the last look
+        found its shards (a base taken while they changed, without the topology lock, serves no time: its
+        changed.json says so at the next look)."""
+        again = self.base is not None and self.base.name == base.name  # resumed: the start's look agreed since
+        agrees = self.shards is None or self.shards == frozenset(base.positions)
+        self.agreed = max(base.taken, self.agreed if again else 0.0) if agrees else base.taken - 0.001
+        self.base, self.base_slots = base, None
         if self.connector.loaded.spec.topology == "cluster":  # the slots each shard's file holds
             data = store.get_bytes(f"{base.name}/{MANIFEST}")
             try:
@@ -160,7 +164,7 @@ class Fleet:
             return f"has shards {sorted(base.positions)}, the topology {sorted(shards)} now"
         if self._slots_moved(False):
             return "has other slots than the cluster's now"
-        self.agreed = max(self.agreed, self.began)  # the look at the start found the base's shards and slots
+        self.agreed = max(self.agreed, self.began)  # the look at the start found the resumed base's shards and slots
         return None
 
     def changed(self, store: Store) -> bool:
