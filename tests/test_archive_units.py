@@ -200,3 +200,42 @@ def test_the_slots_a_cluster_serves_by_shard() -> None:
     assert slot_map(loaded, opened) == MOVING
     twice = {**whole, replica: line(replica, "myself,master", "0-10")}  # a failover under way: two claim shard 1
     assert slot_map(loaded, twice) is None
+
+
+def test_the_fleet_records_a_change_once_from_the_last_look_that_agreed(tmp_path) -> None:
+    """A running archive's fleet (placed by a stand-in for the records): grown from 3 shards to 4, the base is
+    recorded as serving up to the last look that still found 3, once; a base taken without the shards it should
+    hold serves no time at all."""
+    import yaml
+
+    from opsctl.backup.follow import Fleet
+    from opsctl.backup.store import FolderStore, parse_location
+    from opsctl.backup.timeline import CHANGED, parse_changed
+    from opsctl.net.connector import Connector
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    spec = yaml.safe_dump(make_spec("replication", hosts=2))  # no cluster: no slots asked (no server runs here)
+
+    def place():
+        return load_spec(spec, "s.yaml", None), frozenset()
+
+    store = FolderStore(parse_location(str(tmp_path)))
+    notes: list[object] = []
+    loaded, _ = place()
+    fleet = Fleet(Connector(loaded), place, notes.append)
+    base = Base("s-20261207T000000Z", "s", 1000.0, True, {1: Position(REPLID, 1)}, ())
+    fleet.look(now=True)
+    fleet.follow(base, store)
+    assert not fleet.changed(store) and fleet.agreed == 1000.0
+    fleet.look(now=True)
+    agreed = fleet.agreed
+    assert agreed > 1000.0 and not fleet.changed(store)
+    fleet.shards = frozenset({1, 2, 3, 4})  # as a look after a grow finds them
+    assert fleet.changed(store) and fleet.changed(store)
+    change = parse_changed((tmp_path / base.name / CHANGED).read_text(), CHANGED)
+    assert (change.until, change.was, change.now) == (agreed, (1,), (1, 2, 3, 4)) and len(notes) == 1
+    late = Base("s-20261207T000100Z", "s", 2000.0, True, {1: Position(REPLID, 1)}, ())
+    fleet.follow(late, store)
+    assert fleet.changed(store)
+    assert parse_changed((tmp_path / late.name / CHANGED).read_text(), CHANGED).until < late.taken
