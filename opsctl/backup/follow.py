@@ -84,7 +84,7 @@ class Fleet:
         self.connector, self.place, self.emit = connector, place, emit
         self.shards: frozenset[int] | None = None  # at the last look; None: never looked
         self.base: Base | None = None
-        self.agreed = 0.0  # the last look (wall clock, when it began) that found the base's shards
+        self.agreed = 0.0  # the last look (wall clock, when it began) that found the base's shards and slots
         self.marked = ""  # the base whose change is recorded
         self.next_look = 0.0
         self.looking: Future[Look | OpsctlError] | None = None  # a look under way
@@ -126,7 +126,7 @@ class Fleet:
         self.shards = deployed_shards(loaded, deployed)
         self.slots = slots
         if self.base is not None and self.shards == frozenset(self.base.positions) and not self._slots_moved(True):
-            self.agreed = began
+            self.agreed = max(self.agreed, began)  # a look begun before the base was taken says nothing earlier
 
     def _slots_moved(self, unknown: bool) -> bool:
         """Whether the slots moved since the base (a cluster's); unknown: the answer while it cannot be told."""
@@ -168,8 +168,9 @@ class Fleet:
         return None
 
     def changed(self, store: Store) -> bool:
-        """Whether the deployed shards differ from the base's: the first time, changed.json written into the base
-        (a restore after its `until` is refused, never served without a new shard's writes) and said."""
+        """Whether the deployed shards (or a cluster's slots) differ from the base's: the first time, changed.json
+        written into the base (a restore after its `until` is refused, never served without a shard's writes) and
+        said."""
         if self.base is None or self.shards is None or (
                 self.shards == frozenset(self.base.positions) and not self._slots_moved(False)):
             return False
