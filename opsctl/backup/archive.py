@@ -237,6 +237,8 @@ def pump(connector: Connector, store: Store, links: list[Link], state_dir: Path,
                 beat = time.monotonic()
                 emit(progress(links))
             lease.check()
+            if any(link.stream is None for link in links):
+                fleet.hurry()  # the master it waits for may be on a node placed since the last look
             fleet.look()
             changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
             future = future or next_base(changed)

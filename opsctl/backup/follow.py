@@ -24,6 +24,7 @@ from opsctl.observe.parse import ClusterNodeLine
 from opsctl.spec.load import LoadedSpec
 
 FOLLOW_EVERY = 2.0  # s between looks at the records: a new shard's nodes are recorded before any write reaches it
+HURRIED = 0.5  # s between looks while a link waits for its master (it may be on a node placed since)
 RETRY_BASE = 5.0  # s between tries of a new base the changed shards ask for (an apply holds the topology lock)
 
 SLOTS = 16384
@@ -86,12 +87,16 @@ class Fleet:
         self.base: Base | None = None
         self.agreed = 0.0  # the last look (wall clock, when it began) that found the base's shards and slots
         self.marked = ""  # the base whose change is recorded
-        self.next_look = 0.0
+        self.next_look = self.started = 0.0  # monotonic: when the next look is due, when the last began
         self.looking: Future[Look | OpsctlError] | None = None  # a look under way
         self.began = 0.0  # when it began (wall clock)
         self.slots: SlotMap | str | None = None  # at the last look (a cluster's; MOVING, None: unknown or none)
         self.base_slots: SlotMap | None = None  # the base's, from its manifest
         self.said = ""
+
+    def hurry(self) -> None:
+        """A link broke or waits for its master: the next look comes sooner (HURRIED after the last began)."""
+        self.next_look = min(self.next_look, self.started + HURRIED)
 
     def look(self, now: bool = False) -> None:
         """The fleet placed again when due, in the background (the records may be read over SSH, the cluster
@@ -110,7 +115,8 @@ class Fleet:
                 self.looking = None
             return
         if time.monotonic() >= self.next_look:
-            self.next_look, self.began = time.monotonic() + FOLLOW_EVERY, time.time()
+            self.started, self.began = time.monotonic(), time.time()
+            self.next_look = self.started + FOLLOW_EVERY
             self.looking = shared_pool().submit(_slots_now, self.place, self.connector)
 
     def _placed(self, began: float, found: Look | OpsctlError) -> None:
