@@ -28,6 +28,12 @@ def beats(err: Path) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[2])) for m in HEARTBEAT.finditer(err.read_text())]
 
 
+def beat_after(err: Path, line: str) -> bool | None:
+    """Whether a heartbeat line follows `line` in the archiver's stderr."""
+    text = err.read_text()
+    return (line in text and HEARTBEAT.search(text.split(line, 1)[1]) is not None) or None
+
+
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                    flavor: str) -> None:
@@ -66,7 +72,8 @@ def test_a_stop_while_a_shard_has_no_master_is_a_normal_stop(tmp_path: Path, cap
     """The master of a replication topology SIGKILLed under the archive (its replica stays a replica: nothing
     promotes it): the archiver waits for the shard's master (up to --reconnect-timeout). SIGTERM then is still a
     normal stop, at once: exit 0 and the closing line (before, it was not heard until the wait timed out: exit 1,
-    "cannot attach to shard 1's master", after 120 s by default)."""
+    "cannot attach to shard 1's master", after 120 s by default). The wait is said once and the heartbeat goes on
+    meanwhile (issue 33: the wait once held the whole loop)."""
     import os
 
     with deployed(tmp_path, capsys, "replication", flavor, hosts=2) as (spec, loaded):
@@ -82,6 +89,8 @@ def test_a_stop_while_a_shard_has_no_master_is_a_normal_stop(tmp_path: Path, cap
             os.kill(int((folder / "server.pid").read_text()), signal.SIGKILL)
             wait_for(lambda: "shard 1: the stream broke" in err.read_text() or None, 60, "the archiver to lose its "
                      "master", 0.1, last_reason=err.read_text)
+            wait_for(lambda: beat_after(err, "shard 1: waiting for its master ("), 60,  # said once; the loop goes on
+                     "a heartbeat while the shard waits for its master", 0.1, last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)
             try:

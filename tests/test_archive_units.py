@@ -138,3 +138,104 @@ def test_archive_descriptions_and_grouping() -> None:
     assert list(grouped) == ["orders-20261127T140000Z"]
     base = base_of("orders-20261127T140000Z", grouped["orders-20261127T140000Z"], (99.0, {1: Position(REPLID, 1)}))
     assert base.complete and base.archived and base.taken == 99.0 and base.spec == "orders"
+
+
+def test_a_topology_change_record_round_trips_and_anything_else_is_refused() -> None:
+    from opsctl.backup.timeline import Changed, changed_json, parse_changed
+
+    change = Changed(1000.0, 1002.5, (1, 2, 3), (1, 2, 3, 4))
+    assert parse_changed(changed_json(change), "b/changed.json", 2000.0) == change
+    assert change.text() == "shards 1, 2, 3 became 1, 2, 3, 4"
+    for bad in ('{"format": 2, "until": 1, "seen": 2, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 3, "seen": 2, "was": [1], "now": [1, 2]}',  # until after it was seen
+                '{"format": 1, "until": NaN, "seen": 2, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": [0], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": [true], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 1e12, "was": [1], "now": [1, 2]}',
+                '{"format": 1, "until": 1, "seen": 2, "was": "1", "now": [1, 2]}', "[]", "{"):
+        with pytest.raises(OpsctlError, match=r"b/changed\.json: not a topology change record"):
+            parse_changed(bad, "b/changed.json", 2000.0)
+
+
+def test_the_shards_an_archive_holds_are_the_deployed_ones() -> None:
+    import yaml
+
+    from opsctl.backup.follow import deployed_shards
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    data = make_spec("cluster")
+    data["cluster"]["masters"] = 4
+    loaded = load_spec(yaml.safe_dump(data), "s.yaml", None)
+    members = {s.index: s.members for s in loaded.layout.shards}
+    deployed = frozenset(members[1] + members[2] + members[3][:1])
+    assert deployed_shards(loaded, deployed) == {1, 2, 3}  # shard 4 named by the spec, not deployed yet
+    assert deployed_shards(loaded, deployed | {members[4][1]}) == {1, 2, 3, 4}
+    single = load_spec(yaml.safe_dump(make_spec("replication", hosts=2)), "r.yaml", None)
+    assert deployed_shards(single, frozenset()) == {1}
+
+
+def test_the_slots_a_cluster_serves_by_shard() -> None:
+    import yaml
+
+    from opsctl.backup.follow import MOVING, slot_map
+    from opsctl.observe.replies import parse_cluster_nodes
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    loaded = load_spec(yaml.safe_dump(make_spec("cluster")), "s.yaml", None)
+    masters = [s.master for s in loaded.layout.shards]
+    replica = loaded.layout.shards[0].replicas[0]
+
+    def line(node: str, flags: str, slots: str) -> list[object]:
+        return parse_cluster_nodes(f"{'a' * 39}1 127.0.0.1:7000@17000 {flags} - 0 0 1 connected {slots}\n")
+
+    whole = {masters[0]: line(masters[0], "myself,master", "0-5460"),
+             masters[1]: line(masters[1], "myself,master", "5461-10922"),
+             masters[2]: line(masters[2], "myself,master", "10923-16383"),
+             replica: line(replica, "myself,slave", "")}
+    assert slot_map(loaded, whole) == {1: ((0, 5460),), 2: ((5461, 10922),), 3: ((10923, 16383),)}
+    assert slot_map(loaded, {**whole, masters[2]: None}) is None  # a master that does not answer: not known whole
+    opened = {**whole, masters[1]: line(masters[1], "myself,master", "5461-10922 [5461->-" + "b" * 40 + "]")}
+    assert slot_map(loaded, opened) == MOVING
+    twice = {**whole, replica: line(replica, "myself,master", "0-10")}  # a failover under way: two claim shard 1
+    assert slot_map(loaded, twice) is None
+
+
+def test_the_fleet_records_a_change_once_from_the_last_look_that_agreed(tmp_path) -> None:
+    """A running archive's fleet (placed by a stand-in for the records): grown from 3 shards to 4, the base is
+    recorded as serving up to the last look that still found 3, once; a base taken without the shards it should
+    hold serves no time at all."""
+    import yaml
+
+    from opsctl.backup.follow import Fleet
+    from opsctl.backup.store import FolderStore, parse_location
+    from opsctl.backup.timeline import CHANGED, parse_changed
+    from opsctl.net.connector import Connector
+    from opsctl.spec.load import load_spec
+    from tests.support import make_spec
+
+    spec = yaml.safe_dump(make_spec("replication", hosts=2))  # no cluster: no slots asked (no server runs here)
+
+    def place():
+        return load_spec(spec, "s.yaml", None), frozenset()
+
+    store = FolderStore(parse_location(str(tmp_path)))
+    notes: list[object] = []
+    loaded, _ = place()
+    fleet = Fleet(Connector(loaded), place, notes.append)
+    base = Base("s-20261207T000000Z", "s", 1000.0, True, {1: Position(REPLID, 1)}, ())
+    fleet.look(now=True)
+    fleet.follow(base, store)
+    assert not fleet.changed(store) and fleet.agreed == 1000.0
+    fleet.look(now=True)
+    agreed = fleet.agreed
+    assert agreed > 1000.0 and not fleet.changed(store)
+    fleet.shards = frozenset({1, 2, 3, 4})  # as a look after a grow finds them
+    assert fleet.changed(store) and fleet.changed(store)
+    change = parse_changed((tmp_path / base.name / CHANGED).read_text(), CHANGED)
+    assert (change.until, change.was, change.now) == (agreed, (1,), (1, 2, 3, 4)) and len(notes) == 1
+    late = Base("s-20261207T000100Z", "s", 2000.0, True, {1: Position(REPLID, 1)}, ())
+    fleet.follow(late, store)
+    assert fleet.changed(store)
+    assert parse_changed((tmp_path / late.name / CHANGED).read_text(), CHANGED).until < late.taken

@@ -1,5 +1,5 @@
 """`opsctl metrics targets` and `--metrics-textfile DIR` (issue 24, items 4 and 6): the CLI's thin shell over
-plan.metrics and state.textfile. No server: the targets come from the spec alone; the textfile wrapper is driven
+metrics.targets and metrics.signals. No server: the targets come from the spec alone; the textfile wrapper is driven
 with handlers that succeed, fail and are refused, as every command's handler does."""
 
 from __future__ import annotations

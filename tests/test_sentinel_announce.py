@@ -286,7 +286,7 @@ def test_a_promoted_replica_that_dies_right_after_the_announcement_is_failed_ove
         def failed_over() -> bool | None:
             """No failover runs and a quorum names one master at a newer epoch. The leader of the first failover
             may end it on the dead node with the newer epoch (when the new failover promoted the master it
-            started from): it then keeps that view, and apply monitors it afresh (plan.replication_steps)."""
+            started from): it then keeps that view, and apply monitors it afresh (plan.replication)."""
             masters = _masters(loaded, sentinels)
             if any("failover_in_progress" in str(m["flags"]) for m in masters.values()):
                 return None

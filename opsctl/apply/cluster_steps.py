@@ -82,7 +82,7 @@ def wait_converged(run: Execution, step: Step) -> None:
 
 
 def _cluster_now(rt: Runtime) -> list[Node]:
-    """The cluster as it is (plan.slotmath.scale.cluster_members, as a slot session and the failover checks take
+    """The cluster as it is (slots.members.cluster_members, as a slot session and the failover checks take
     it): a scale-in killed before its drain and removal, which the same apply's next plan does, leaves retired
     nodes known, and the cluster as it is agrees or not."""
     from opsctl.slots.members import cluster_members

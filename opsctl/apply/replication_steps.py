@@ -222,7 +222,7 @@ def sentinel_monitor(run: Execution, step: Step) -> None:
                if k.startswith("rename-command ")}
     with run.rt.admin(node) as admin:
         if _monitors(admin, name):
-            admin.call("SENTINEL", "REMOVE", name)  # a stale view (plan.replication_steps.stale_view)
+            admin.call("SENTINEL", "REMOVE", name)  # a stale view (plan.replication.stale_view)
         admin.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
         settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
                     "down-after-milliseconds": str(topo.down_after_ms),

@@ -23,7 +23,7 @@ from opsctl.spec.layout import Node, deployed_record
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
     """Move what the source still owns of the step's slots; slots already at the target are done (idempotent).
-    Source and target are their shards' masters when the step runs (slots.run.resolve): an earlier failover in the
+    Source and target are their shards' masters when the step runs (slots.reshard.resolve): an earlier failover in the
     plan may have moved them. A move that fills a shard (a scale-out) is journaled as a fill first; apply marks it
     filled when it finished (Journal.filled)."""
     with topology_lock(rt.connector), open_session(rt.connector) as session:

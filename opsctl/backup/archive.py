@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opsctl.backup.follow import RETRY_BASE, Fleet, Placer
 from opsctl.backup.lease import Lease, archive_lease
 from opsctl.backup.manifest import MANIFEST, Manifest
 from opsctl.backup.offsite import staged_backup
@@ -27,7 +28,7 @@ from opsctl.base.events import ArchiveProgress, Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
-from opsctl.net.fanout import Borrowed, fan_out
+from opsctl.net.fanout import Borrowed, fan_out, shared_pool
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.spec.layout import Node
 from opsctl.stream import Stream, StreamGap, open_stream
@@ -35,6 +36,7 @@ from opsctl.stream.framing import Entry, Position
 
 HEAD_BYTES = 1 << 20
 HAND_OVER = 0.5  # s an old stream may take to deliver one more command before it is closed
+RETRY_ATTACH = 0.5  # s between tries to find a shard's master and attach to it
 BACKOFF_FIRST, BACKOFF_MOST = 0.5, 10.0  # s between tries of a store that failed: doubling, capped
 OUTAGE_LIMIT = 86400.0  # s to keep trying a failed store (the masters' backlogs run out long before)
 PROGRESS_EVERY = 1.0  # s between heartbeats (ArchiveProgress): a bar's pace; the printer thins them off a terminal
@@ -67,6 +69,10 @@ class ShardStream:
     resumed: bool = True  # the next segment is the first since this link (re)attached
     segments: int = 0  # stored by this link, and their bytes: the heartbeat's counts
     stored_bytes: int = 0
+    trying: Future[Stream | str] | None = None  # an attach under way in the background (a reason: it failed)
+    waiting: float | None = None  # since when (monotonic) the link waits for its shard's master
+    retry_at: float = 0.0
+    why: str = ""  # why it waits, said once
 
     def prefix(self) -> str:
         return segment_prefix(self.base, self.shard)
@@ -140,36 +146,45 @@ def shard_masters(connector: Connector) -> dict[int, Node]:
     return out
 
 
-class _StopAsked(Exception):
-    """A stop was asked for while a link waited for its shard's master: the wait ends, the link stays detached."""
-
-
-def attach(connector: Connector, link: ShardStream, state_dir: Path, timeout: float) -> None:
-    """The link's stream opened on its shard's master, continuing after link.position; retried (a failover in
-    progress, a restarting master) until timeout. StreamGap passes through: the history is gone. A stop asked for
-    meanwhile ends the wait with the link detached (link.stream None; nothing of it is pending), so the caller's
-    stop stores the other shards' open segments and ends normally, never after the timeout with an error."""
-    def attempt() -> Stream | Pending:
-        if stop.requested() is not None:  # a shard with no master must not hold a service's stop for `timeout`
-            raise _StopAsked
-        try:
-            node = shard_masters(connector).get(link.shard)
-            if node is None:
-                return Pending(f"shard {link.shard} has no master")
-            return open_stream(connector, node, since=link.position, rdb_to=state_dir / "unused.rdb", timeout=10.0)
-        except (StreamGap, stop.Stopped):
-            raise
-        except (OpsctlError, *PIPE_ERRORS) as exc:
-            stop.check(f"shard {link.shard} is archived up to offset {link.position.offset}", RESUME_HINT)
-            return Pending(f"{type(exc).__name__}: {exc}")
-
+def _attach_once(connector: Connector, shard: int, since: Position, state_dir: Path) -> Stream | str:
+    """One try (in the background) at the shard's master as placed now: the stream, else why not. StreamGap
+    passes through: the history is gone."""
     try:
-        link.stream = wait_for(attempt, timeout, f"shard {link.shard}'s stream", 0.5, on_timeout=lambda reason:
-                               OpsctlError(f"cannot attach to shard {link.shard}'s master for {timeout:.0f}s",
-                                           reason, RESUME_HINT))
-    except _StopAsked:
+        node = shard_masters(connector).get(shard)
+        if node is None:
+            return f"shard {shard} has no master"
+        return open_stream(connector, node, since=since, rdb_to=state_dir / "unused.rdb", timeout=10.0)
+    except StreamGap:
+        raise
+    except (OpsctlError, *PIPE_ERRORS) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def attach(connector: Connector, link: ShardStream, state_dir: Path, emit: Emit, timeout: float) -> None:
+    """One step of attaching the link, never waiting: a try started in the background (every RETRY_ATTACH s), or
+    its outcome taken. A shard without a master waits so without holding up the others (each link its own; the
+    heartbeat goes on), said once; for `timeout` at most while the fleet still places that shard (one a scale-in
+    removed waits for the new base that drops it). A stop asked for meanwhile leaves the link detached."""
+    now = time.monotonic()
+    if link.trying is None:
+        if now >= link.retry_at:
+            link.waiting = link.waiting or now
+            link.trying = shared_pool().submit(_attach_once, connector, link.shard, link.position, state_dir)
         return
-    link.resumed = True
+    if not link.trying.done():
+        return
+    found, link.trying = link.trying.result(), None
+    if isinstance(found, Stream):
+        if link.why:
+            emit(Note(f"shard {link.shard}: attached to {found.label} after {now - (link.waiting or now):.1f}s"))
+        link.stream, link.resumed, link.waiting, link.why = found, True, None, ""
+        return
+    if not link.why:
+        emit(Note(f"shard {link.shard}: waiting for its master ({found}); the other shards are read meanwhile"))
+    link.why, link.retry_at = found, now + RETRY_ATTACH
+    placed = any(shard.index == link.shard for shard in connector.loaded.layout.shards)
+    if placed and now - (link.waiting or now) >= timeout:
+        raise OpsctlError(f"cannot attach to shard {link.shard}'s master for {timeout:.0f}s", found, RESUME_HINT)
 
 
 def flush(store: Store, link: ShardStream, emit: Emit) -> None:
@@ -206,11 +221,13 @@ def _due(link: ShardStream, options: ArchiveOptions, now: float) -> bool:
 
 
 def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir: Path, emit: Emit,
-         options: ArchiveOptions, next_base: Callable[[], Future[Base] | None], lease: Lease) -> Base:
+         options: ArchiveOptions, next_base: Callable[[bool], Future[Base] | None], lease: Lease,
+         fleet: Fleet) -> Base:
     """Read every shard's stream round the clock, closing segments when due, until a stop is asked for (every
     open segment closed first: Stopped), a shard's history is gone (StreamGap, segments closed first) or a base
-    next_base() started in the background is there (returned, the old segments closed: the chains overlap). The
-    lease lost to another archiver stops it before another segment is written (LeaseLost)."""
+    next_base() started in the background is there (returned, the old segments closed: the chains overlap); one
+    at once (next_base(True)) when the fleet's shards changed. The lease lost to another archiver stops it before
+    another segment is written (LeaseLost)."""
     wait = min(0.05, options.segment_seconds / 10)
     future: Future[Base] | None = None
     beat = time.monotonic()
@@ -220,7 +237,11 @@ def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir
                 beat = time.monotonic()
                 emit(progress(links))
             lease.check()
-            future = future or next_base()
+            if any(link.stream is None for link in links):
+                fleet.hurry()  # the master it waits for may be on a node placed since the last look
+            fleet.look()
+            changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
+            future = future or next_base(changed)
             if future is not None and future.done():
                 if (new := _finished(future, emit)) is not None:
                     return new  # the old links stay open: hand_over ends them once the new ones read
@@ -229,6 +250,8 @@ def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir
                 for link in links:
                     _read(connector, store, link, state_dir, emit, options, wait, flush_when_due=False)
                 flush_due(store, links, options, emit)
+                if all(link.stream is None for link in links):
+                    time.sleep(wait)  # every shard waits for its master: no read paces the loop
             except StreamGap:
                 for link in links:
                     flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
@@ -317,9 +340,9 @@ def _read(connector: Connector, store: Store, link: ShardStream, state_dir: Path
           wait: float, flush_when_due: bool = True) -> None:
     if link.stream is None:
         flush(store, link, emit)
-        attach(connector, link, state_dir, options.reconnect_timeout)
+        attach(connector, link, state_dir, emit, options.reconnect_timeout)
     if link.stream is None:
-        return  # a stop asked for while it waited for its master: the caller stops
+        return  # its master is still being looked for: the other links are read meanwhile
     try:
         entries = link.stream.read(wait)
     except stop.Stopped:
@@ -341,26 +364,35 @@ def close_all(links: list[ShardStream]) -> None:
         if link.stream is not None:
             link.stream.close()
             link.stream = None
+        if link.trying is not None:  # an attach still under way: its stream closed once there
+            link.trying.add_done_callback(_close_found)
+            link.trying = None
+
+
+def _close_found(future: Future[Stream | str]) -> None:
+    found = None if future.cancelled() or future.exception() is not None else future.result()
+    if isinstance(found, Stream):
+        found.close()
 
 
 def run_archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, options: ArchiveOptions,
-                locked: Callable[[], AbstractContextManager[object]]) -> None:
+                locked: Callable[[], AbstractContextManager[object]], place: Placer | None = None) -> None:
     """Base, streams, until stopped; a gap is reported and answered with a new base; with base_every a new base
     is taken in the background as often. Never returns normally. locked(): the topology's lock, held while a base
-    is taken (not while streams are read: other runs go on)."""
+    is taken (not while streams are read: other runs go on). place: the fleet placed again as it is now (every
+    few seconds: follow.Fleet); a change of its shards takes a new base."""
     spec = connector.loaded.spec.name
     with archive_lease(store, spec, emit) as lease:
-        _archive(connector, store, state_dir, emit, options, locked, lease)
+        _archive(connector, store, state_dir, emit, options, locked, lease, Fleet(connector, place, emit))
 
 
 def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, options: ArchiveOptions,
-             locked: Callable[[], AbstractContextManager[object]], lease: Lease) -> None:
+             locked: Callable[[], AbstractContextManager[object]], lease: Lease, fleet: Fleet) -> None:
     spec = connector.loaded.spec.name
     base = latest_base(store, spec)
-    masters = shard_masters(connector)
-    if base is not None and set(base.positions) != set(masters):
-        emit(Note(f"the newest base {base.name} has shards {sorted(base.positions)}, the topology "
-                  f"{sorted(masters)} now: taking a new base"))
+    fleet.look(now=True)
+    if base is not None and (unlike := fleet.differs(base, store, lambda: frozenset(shard_masters(connector)))):
+        emit(Note(f"the newest base {base.name} {unlike}: taking a new base"))
         base = None
 
     def based() -> Base:
@@ -374,25 +406,29 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
         try:
             while True:
                 base = base or based()
+                fleet.follow(base, store)
                 new = [ShardStream(n, base.name, p if fresh else resume_position(store, base, n))
                        for n, p in sorted(base.positions.items())]
                 if not fresh:
                     emit(Note(f"resuming the archive of base {base.name}: " + ", ".join(
                         f"shard {k.shard} after offset {k.position.offset}" for k in new)))
                 every = options.base_every
-                due = [time.time() + every] if every else []
+                due = [time.time() + every if every else float("inf"), 0.0]  # the next periodic base, the soonest
 
-                def next_base(due: list[float] = due, every: float = every or 0.0) -> Future[Base] | None:
-                    """A base in the background once due; the next one (or a retry after a failure) a period
-                    later."""
-                    if not due or time.time() < due[0]:
+                def next_base(now: bool, due: list[float] = due, every: float = every or 0.0) -> Future[Base] | None:
+                    """A base in the background once due, or at once when the fleet changed (again RETRY_BASE
+                    after a try); the next periodic one (or a retry after a failure) a period later."""
+                    clock = time.time()
+                    if not (now and clock >= due[1]) and clock < due[0]:
                         return None
-                    due[0] = time.time() + every
+                    due[0] = clock + every if every else float("inf")
+                    due[1] = clock + RETRY_BASE
                     return pool.submit(based)
 
                 try:
                     links = hand_over(connector, store, links, new, state_dir, emit, options)
-                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base, lease), True
+                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base, lease,
+                                       fleet), True
                 except StreamGap as gap:
                     emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
                               "taking a new base"))
@@ -409,10 +445,20 @@ def hand_over(connector: Connector, store: Store, old: list[ShardStream], new: l
               emit: Emit, options: ArchiveOptions) -> list[ShardStream]:
     """The new base's streams attached and read once before the old ones are read a last time and closed: the
     old chains end after the new ones began, so every moment is covered by one chain whose commands carry the time
-    they were read as they were written."""
+    they were read as they were written. While a new shard's master is looked for, the old streams are read on
+    (and the heartbeat said) so nothing waits in their backlogs; a stop asked for meanwhile ends the wait."""
     wait = min(0.05, options.segment_seconds / 10)
+    beat = time.monotonic()
     for link in new:
         _read(connector, store, link, state_dir, emit, options, wait)
+    while any(link.stream is None for link in new) and stop.requested() is None:
+        for link in new + old:
+            _read(connector, store, link, state_dir, emit, options, wait)
+        if time.monotonic() - beat >= PROGRESS_EVERY:
+            beat = time.monotonic()
+            emit(progress(old or new))
+        if all(link.stream is None for link in new + old):
+            time.sleep(wait)
     until = time.monotonic() + HAND_OVER
     for link in old:  # a command read now closes the old chain after the new began (an idle shard: up to 0.5 s)
         read_from = len(link.pending)

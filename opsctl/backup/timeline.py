@@ -25,6 +25,7 @@ from opsctl.base.record import FLOOR, ascii_decimal, stored_time
 from opsctl.stream.framing import Position, position_from
 
 ARCHIVE = "archive.json"
+CHANGED = "changed.json"  # in a base whose topology's shards changed while it was archived: what it serves until
 STREAM = "stream"
 _BASE = re.compile(r"^(?P<spec>.+)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-[0-9]{1,2})?$")
 DAY = 86400.0
@@ -122,6 +123,51 @@ def parse_archive(text: str, where: str, now: float | None = None) -> tuple[floa
     except (ValueError, KeyError, TypeError):
         raise problem from None
     return taken, positions
+
+
+@dataclass(frozen=True)
+class Changed:
+    """The topology's shards (or a cluster's slots) changed under a running archive: its base serves a restore only
+    up to `until` (the last look that still found the base's shards and slots; a new shard may hold writes from any
+    moment after), seen then. was == now: the same shards, slots moved between them."""
+
+    until: float
+    seen: float
+    was: tuple[int, ...]
+    now: tuple[int, ...]
+
+    def text(self) -> str:
+        if self.was == self.now:
+            return f"slots moved between shards {_numbers(self.now)}"
+        return f"shards {_numbers(self.was)} became {_numbers(self.now)}"
+
+
+def _numbers(shards: Sequence[int]) -> str:
+    return ", ".join(map(str, shards)) or "none"
+
+
+def changed_json(change: Changed) -> str:
+    return json.dumps({"format": 1, "until": change.until, "seen": change.seen, "was": list(change.was),
+                       "now": list(change.now)}, indent=2) + "\n"
+
+
+def parse_changed(text: str, where: str, now: float | None = None) -> Changed:
+    """changed.json: its format, two real times in order, the shard numbers (1..MAX_SHARDS) before and after;
+    anything else is refused by the file's name."""
+    problem = OpsctlError(f"{where}: not a topology change record opsctl wrote",
+                          hint="the archive is damaged: restore to a time another base serves")
+    clock = time.time() if now is None else now
+    try:
+        data = json.loads(text)
+        until, seen = stored_time(data["until"], clock), stored_time(data["seen"], clock)
+        shards = [data["was"], data["now"]]
+        if data["format"] != 1 or until is None or seen is None or until > seen or not all(
+                isinstance(s, list) and len(s) <= MAX_SHARDS and all(
+                    type(n) is int and 1 <= n <= MAX_SHARDS for n in s) for s in shards):
+            raise problem
+    except (ValueError, KeyError, TypeError):
+        raise problem from None
+    return Changed(until, seen, tuple(shards[0]), tuple(shards[1]))
 
 
 def base_of(name: str, objects: list[str], archive: tuple[float, dict[int, Position]] | None) -> Base:

@@ -1,6 +1,6 @@
 """The forced promotion's judging, with the master gone: who the master was, whether it is gone, and which
 replica holds the most of its stream. Pure; opsctl.failover.checks uses it for resolve_target and the cluster's
-forced pre-checks, the planner for the promotion of a replica whose master went with its host (plan.deadnodes)."""
+forced pre-checks, the planner for the promotion of a replica whose master went with its host (cluster.deadnodes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exporter steps (plan.exporters): set the exporter's ACL user on its node, then (re)start or stop the
+"""The exporter steps (metrics.exporter): set the exporter's ACL user on its node, then (re)start or stop the
 redis_exporter beside it through the provider; and the exporter facts drift compares. The local and Ansible
 providers run exporters: another provider with metrics.exporter on is refused before anything is planned."""
 

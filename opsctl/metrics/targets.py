@@ -14,7 +14,7 @@ from opsctl.server.defaults import SERVER_DEFAULTS
 from opsctl.spec.layout import EXPORTER_PORT_OFFSET, Layout, Node, endpoint, exporter_port, exporter_port_problems
 from opsctl.spec.model import Spec
 
-__all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.exporters
+__all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.layout
 
 # the commands that take --metrics-textfile (cli.runsignals.recorded): one textfile each per topology
 

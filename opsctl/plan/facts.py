@@ -43,12 +43,12 @@ class NodeFacts(Frozen):
     cluster_nodes: tuple[ClusterNodeLine, ...] | None = None
     config: Mapping[str, str] | None = None
     fence: Mapping[str, str] | None = None  # CONFIG GET min-replicas-to-write alone, in a look without config
-    on_disk: Mapping[str, str] | None = None  # the config file's values, secrets as verdicts (plan.ondisk)
+    on_disk: Mapping[str, str] | None = None  # the config file's values, secrets as verdicts (plan.desired)
     acl_on_disk: str | None = None  # users.acl: MASK when it is the spec's, else a verdict; None: no ACL file
     sentinel_config: Mapping[str, str] | None = None  # a sentinel's settings: live numbers, file auth-pass
     accepts: Mapping[str, tuple[str, ...]] | None = None  # user -> verdicts of the passwords it accepts live
     exporter: str | None = None  # the settings digest its running redis_exporter was started with; None: none runs
-    exporter_rules: tuple[str, ...] | None = None  # its exporter user's live ACL words (render.exporter); None: unread
+    exporter_rules: tuple[str, ...] | None = None  # the exporter user's live ACL words; None: unread
     sentinel_entry: SentinelEntry | None = None  # a sentinel's epoch and failover state; None: unread
 
     @classmethod

@@ -256,7 +256,7 @@ NODE_LOCAL = (WriteConfig, StartNode)
 
 @frozen
 class StartExporter(Step):
-    """(Re)start the node's redis_exporter with the settings of digest (plan.exporters), its ACL user set first."""
+    """(Re)start the node's redis_exporter with the settings of digest (metrics.exporter), its ACL user set first."""
 
     kind: ClassVar[str] = "start-exporter"
     digest: str = ""

@@ -11,7 +11,7 @@ The redis_exporters of provider: ansible (pure): what playbooks/exporters.yml ge
 bin/opsctl-node runs an exporter with, and the command that removes one. docs/monitoring.md, "provider: ansible".
 
 An exporter runs as its own system user (EXPORTER_OS_USER), which cannot enter the nodes' folders: its folder is
-plan.exporters.exporter_home (`<spec folder>.exporters/<node>`, 0700, the exporter user's), holding its 0600 password
+metrics.exporter.exporter_home (`<spec folder>.exporters/<node>`, 0700, the exporter user's), holding its 0600 password
 file and, with TLS, its 0600 copies of the node's CA, certificate and key. bin/opsctl-node starts and stops it under
 the name `<node>-exporter` (nodes/<node>-exporter.env, root's), the one way nodes are run (a unit where systemd runs).
 No secret in anything here: the inventory lists file names, the files travel as 0600 files through no_log copies."""

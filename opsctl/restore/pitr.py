@@ -9,7 +9,16 @@ from dataclasses import dataclass
 
 from opsctl.backup.segment import SegmentProblem, applied, chain, cut, decode_segment, parse_name
 from opsctl.backup.store import Store
-from opsctl.backup.timeline import Base, base_for, dropped_before, iso, read_bases, segment_prefix
+from opsctl.backup.timeline import (
+    CHANGED,
+    Base,
+    base_for,
+    dropped_before,
+    iso,
+    parse_changed,
+    read_bases,
+    segment_prefix,
+)
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.net.connector import unix_socket
 from opsctl.net.rawpipe import RawPipe
@@ -78,6 +87,7 @@ def plan_to_time(store: Store, until: float) -> TimePlan:
 
 
 def _plan(store: Store, base: Base, until: float) -> TimePlan:
+    refuse_changed(store, base, until)
     replays, points = {}, {}
     for shard, start in sorted(base.positions.items()):
         entries, replids = shard_entries(store, base, shard, until)
@@ -87,6 +97,22 @@ def _plan(store: Store, base: Base, until: float) -> TimePlan:
         points[shard] = ShardPoint(shard, position, entries[keep - 1].arrived if keep else None,
                                    len(replays[shard]))
     return TimePlan(base, until, replays, points)
+
+
+def refuse_changed(store: Store, base: Base, until: float) -> None:
+    """A base whose topology's shards or slots changed while it was archived serves only up to the change: a new
+    shard's writes are in no chain of it, a removed one's chain ends, a moved key is in two chains read apart
+    (RefusedError after that, naming the window)."""
+    name = f"{base.name}/{CHANGED}"
+    if name not in base.objects:
+        return
+    change = parse_changed((store.get_bytes(name) or b"").decode("utf-8", "replace"), store.where(name))
+    if until > change.until:
+        raise RefusedError(f"{iso(until)} is after the topology changed under base {base.name} "
+                           f"({change.text()}, between {iso(change.until)} and {iso(change.seen)}): its archive "
+                           "does not hold every shard's writes from then on (nothing was written)",
+                           hint=f"restore to {iso(change.until)} or earlier, or to a time the next base serves "
+                                "(`opsctl backup list --from URL` shows what each base covers)")
 
 
 def shard_entries(store: Store, base: Base, shard: int, until: float) -> tuple[list[Entry], list[str]]:

@@ -48,7 +48,7 @@ PROBE_TIMEOUT = 1.0  # a master gone with its host: its old endpoint answers at 
 
 
 def gone_probes(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, NodeFacts]:
-    """The old endpoint of each slot-serving master the cluster lost with its host (plan.deadnodes), tried with the
+    """The old endpoint of each slot-serving master the cluster lost with its host (cluster.deadnodes), tried with the
     spec's credentials, as facts keyed by that endpoint: the promotion's master-down check refuses one that answers
     (or refuses the password: it runs), a host cut off from its replicas but not from its clients. Only what the
     check reads: its view would count as a member of the fleet."""

@@ -10,7 +10,7 @@ replica count went down, who is each shard's master now, so the member retired i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
@@ -76,7 +76,7 @@ def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = No
 @contextmanager
 def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
     """The connector for commands that talk to nodes without a Runtime (failover, cluster check/reshard/...,
-    audit), over the spec placed where its nodes are deployed (apply.placing: the layout every command sees).
+    audit), over the spec placed where its nodes are deployed (runtime.opening: the layout every command sees).
     An Ansible spec's records are read on the hosts; when hosts have admin_via_ssh, the provider also supplies the
     SSH-tunnel route for the block and closes its tunnels and connections afterwards."""
 
@@ -208,3 +208,32 @@ def serving_masters(connector: Connector, nodes: list[Node]) -> set[str]:
         if me is not None and me.is_master and me.slots:
             found.add(name)
     return found
+
+
+def fleet_placer(path: str, state_dir: Path, connector: Connector
+                 ) -> Callable[[], tuple[LoadedSpec, frozenset[str]]]:
+    """For a command that runs for long (the continuous archive follows the fleet `apply` changes): the spec at
+    path read again and placed from the records as they are now, as open_connector places it, with the names of the
+    nodes deployed. Its name and topology must stay. Its secrets, where this process's environment cannot give them
+    (a password rotation: the new password's variable is not in it), stay the connector's."""
+    from dataclasses import replace
+
+    from opsctl.state.specfile import read_spec
+
+    def place() -> tuple[LoadedSpec, frozenset[str]]:
+        current = connector.loaded
+        try:
+            loaded = read_spec(path)
+        except OpsctlError:
+            loaded = replace(read_spec(path, secrets=False), credentials=current.credentials)
+        was, now = (current.spec.name, current.spec.topology), (loaded.spec.name, loaded.spec.topology)
+        if now != was:
+            raise OpsctlError(f"{path} now describes the {now[1]} '{now[0]}', not the {was[1]} '{was[0]}'",
+                              hint="restart the archiver for another topology")
+        if loaded.spec.topology == "standalone":
+            return loaded, frozenset()
+        _, records = recorded_placement(loaded, state_dir)  # the records as the hosts hold them now
+        deployed = frozenset(d.name for d in deployed_from_records(records) if not d.retired)
+        return place_from(loaded, records, connector), deployed
+
+    return place

@@ -214,7 +214,7 @@ class SlotsOutcome:
 
 
 def open_session(connector: Connector) -> Session:
-    """A session over the cluster as it is (plan.slotmath.scale.cluster_members): looked at once, and once more
+    """A session over the cluster as it is (slots.members.cluster_members): looked at once, and once more
     only when it knows retired nodes."""
     servers = connector.loaded.layout.servers
     session = Session(connector, servers)

@@ -116,12 +116,13 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
                 options: BackupOptions) -> int:
     """The archive in the foreground until stopped, as a service is: SIGTERM/SIGINT close every open segment and end
     it normally, exit 0 with a closing line (a second signal stops at once: exit 143/130). The topology lock is
-    held only while a base is taken, so reshards and failovers run beside it."""
+    held only while a base is taken, so reshards and failovers run beside it. The spec file is read and placed again
+    every few seconds: the archive follows the fleet `apply` changes (a spec from stdin: the nodes placed now)."""
     from opsctl.backup.archive import ArchiveOptions, run_archive
     from opsctl.base import stop
     from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
-    from opsctl.runtime.opening import open_connector
+    from opsctl.runtime.opening import fleet_placer, open_connector
 
     every = args.base_every * 3600 if args.base_every else None
     archive = ArchiveOptions(args.segment_seconds, args.segment_bytes, args.reconnect_timeout, every, options)
@@ -130,7 +131,8 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
         try:
             run_archive(connector, store, state_dir, emit, archive,
-                        lambda: topology_lock(connector, force=args.force_lock))
+                        lambda: topology_lock(connector, force=args.force_lock),
+                        None if args.file == "-" else fleet_placer(args.file, state_dir, connector))
         except stop.Stopped as stopped:
             if not stop.asked_once():
                 raise

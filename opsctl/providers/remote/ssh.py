@@ -122,7 +122,7 @@ bare EOFError for a request on a connection that has closed."""
 
 class HostUnreachable(OpsctlError):
     """A host that did not answer (refused, timed out, no route, the connection dropped): not a refused login, a
-    changed host key or a file that cannot be read there. Offline commands fall back on it (apply.placing)."""
+    changed host key or a file that cannot be read there. Offline commands fall back on it (runtime.opening)."""
 
 
 def ssh_error(target: SshTarget, exc: BaseException, doing: str = "connect to") -> OpsctlError:
