@@ -74,7 +74,7 @@ def _raw(observer: Observer, node: Node, commands: Sequence[Command], doing: str
     """One round trip over the observer's raw link to node (no redis-py: a new cluster's creation does not load
     it), error replies as values; a node that does not answer is an OpsctlError naming node and command."""
     try:
-        return observer.links[node.name].pipeline(commands)
+        return observer.connections[node.name].texts(commands)
     except PIPE_ERRORS as exc:
         raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
 
