@@ -55,7 +55,7 @@ def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) ->
     me = next((line for line in lines if line.is_myself), None)
     if me is None or me.id in live_ids or len(lines) <= 1:
         return None
-    keys = int(admin.client.dbsize())
+    keys = int(admin.call("DBSIZE"))
     if keys or me.slots:
         raise RefusedError(f"{node.name} ({node.endpoint}) holds the identity of a node the cluster forgot "
                            f"({me.id[:8]}), with {keys} keys and {me.slot_count} slots",

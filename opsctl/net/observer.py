@@ -16,6 +16,9 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
 from opsctl.observe.cluster_state import Disagreement, observed_problems
 from opsctl.observe.replies import (
+    CLUSTER_INFO,
+    CLUSTER_NODES,
+    ROLE,
     Command,
     NodeObservation,
     RespError,
@@ -25,6 +28,8 @@ from opsctl.observe.replies import (
     parse_pairs,
     parse_role,
 )
+from opsctl.observe.replies import config as config_read
+from opsctl.observe.replies import info as info_read
 from opsctl.plan.facts import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -39,18 +44,17 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
-FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.facts)
+FENCE_READ: Command = config_read(TO_WRITE).command  # the write fence alone (opsctl.plan.facts)
 
 
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
-    info: Command = ("INFO", info_section) if info_section else ("INFO",)
+    cmds: list[Command] = [info_read(info_section or "").command, ROLE.command]
     if node.is_sentinel:
-        return [info, ("ROLE",)]
-    cmds: list[Command] = [info, ("ROLE",)]
+        return cmds
     if loaded.spec.topology == "cluster":
-        cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
+        cmds += [CLUSTER_INFO.command, CLUSTER_NODES.command]
     if with_config:
-        cmds.append(("CONFIG", "GET", "*"))
+        cmds.append(config_read().command)
     elif loaded.spec.topology in ("replication", "sentinel"):
         cmds.append(FENCE_READ)  # who the shard's master is depends on it (plan.masters)
     return cmds
@@ -138,9 +142,9 @@ def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pend
     CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None.
     settled: nodes seen there already, not asked again; the ones there now are added (the full look that
     follows checks every node again)."""
-    commands: list[Command] = [("INFO", "replication")]
+    commands: list[Command] = [info_read("replication").command]
     if observer.loaded.spec.topology == "cluster":
-        commands.append(("CLUSTER", "INFO"))
+        commands.append(CLUSTER_INFO.command)
 
     def one(node: Node) -> str:
         try:
