@@ -27,8 +27,9 @@ CORE = ORDER[: ORDER.index("plan") + 1]
 # Pure modules that live beside their feature's I/O: each ranks as the top of the core (the planner, `plan`) and
 # stands in that room for the package-cycle check, so the planner may import them and they import only the core and
 # one another.
-PURE = ("opsctl.stream.framing", "opsctl.stream.touched", "opsctl.slots.ranges", "opsctl.slots.balance", "opsctl.slots.loadplan",
-        "opsctl.slots.coverage", "opsctl.slots.slotplan", "opsctl.slots.members", "opsctl.slots.batching",
+PURE = ("opsctl.stream.framing", "opsctl.stream.touched", "opsctl.slots.ranges", "opsctl.slots.balance",
+        "opsctl.slots.loadplan", "opsctl.slots.coverage", "opsctl.slots.slotplan", "opsctl.slots.members",
+        "opsctl.slots.batching",
         "opsctl.slots.moveguard", "opsctl.failover.checks", "opsctl.failover.verdicts", "opsctl.failover.promotion",
         "opsctl.cluster.check", "opsctl.cluster.formation", "opsctl.cluster.deadnodes", "opsctl.metrics.exporter",
         "opsctl.metrics.targets", "opsctl.audit.keynames", "opsctl.audit.keyspace", "opsctl.audit.nodechecks",

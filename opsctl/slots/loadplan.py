@@ -16,8 +16,6 @@ from opsctl.base.frozen import Frozen, frozen
 from opsctl.slots.balance import Move
 from opsctl.slots.ranges import to_ranges
 
-MEASURES = ("cpu", "network", "memory", "keys", "slots")  # --by: slots is the weighted slot-count balance
-
 
 @frozen
 class SlotMove(Frozen):
