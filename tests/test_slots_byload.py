@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from opsctl.net.connector import Connector
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
-from tests.lifecycle import deployed, run
+from tests.lifecycle import deployed, plan_json, run
 from tests.skewload import SkewLoad, slots_of, tags_by_slot
 from tests.support import PASSWORD, PASSWORD_ENV
 from tests.test_slots_reshard import master_slots, preload, referee_ok
@@ -48,8 +50,30 @@ def first_master(loaded: LoadedSpec) -> str:
     return loaded.layout.node(loaded.layout.shards[0].master).endpoint
 
 
+def process_id(loaded: LoadedSpec, node: Any) -> str:
+    with Connector(loaded).admin(node) as admin:
+        return next(line for line in admin.info("server").splitlines() if line.startswith("process_id:"))
+
+
+def turn_slot_stats_on(capsys: pytest.CaptureFixture[str], spec: Path, loaded: LoadedSpec) -> None:
+    """--by cpu is refused while the counters are off; cluster.slot_stats and apply turn them on, live."""
+    code, _out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--by", "cpu", "--dry-run")
+    assert code == 1 and "cluster-slot-stats-enabled is off" in err and "slot_stats: true" in err, err
+    data = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**data, "cluster": {**data["cluster"], "slot_stats": True}}))
+    pids = {n.name: process_id(loaded, n) for n in loaded.layout.servers}
+    code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
+    assert code == 0, err + out
+    assert plan_json(capsys, spec)["steps"] == []
+    for node in loaded.layout.servers:
+        with Connector(loaded).admin(node) as admin:
+            assert admin.config_get("cluster-slot-stats-enabled")["cluster-slot-stats-enabled"] == "yes"
+        assert process_id(loaded, node) == pids[node.name]  # set live, no restart
+
+
 def test_valkey_by_cpu_network_keys_with_a_hot_slot_and_a_dry_run(tmp_path, capsys) -> None:
-    with deployed(tmp_path, capsys, "cluster", "valkey", cluster={"slot_stats": True}) as (spec, loaded):
+    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+        turn_slot_stats_on(capsys, spec, loaded)
         preload(loaded, 3000)
         client = cluster_client(loaded)
         before = dataset_checksum(client, "pre:*")
