@@ -95,3 +95,12 @@ def test_no_move_overshoots_the_receiver():
 def test_the_tolerance_is_a_ratio():
     with pytest.raises(ValueError):
         plan_by_load({"a": [0]}, {0: 1.0}, {}, tolerance=0.9)
+
+
+def test_an_idle_crowd_of_empty_slots_does_not_beat_a_hot_slot():
+    owned = {"a": [0, *range(100, 200)], "b": [1]}
+    cost = {0: 50.0, 1: 10.0, **{s: 0.5 for s in range(100, 200)}}
+    keys = {0: 3}  # the crowd holds no keys: moving each is still a slot move
+    plan = plan_by_load(owned, cost, keys, tolerance=1.2)
+    assert plan.slot_moves[0].slot == 0 and plan.reached
+    assert len(plan.slot_moves) < 10

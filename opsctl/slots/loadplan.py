@@ -3,9 +3,9 @@ key moved. Pure: costs in, moves out.
 
 What it optimises: the busiest master's load, down to within the tolerance of the mean, moving as few keys as it
 can. Each step takes the busiest master over the limit and moves, to the least loaded master, the slot of it with
-the highest cost per key that the receiver can take without going over the limit itself. No slot moves twice in
-one plan; a slot that alone costs more than a master's fair share (the mean) is named and never moved: moving it
-only moves the bottleneck, and only the key design can split it.
+the highest cost per key moved (the slot's own move counting as one key) that the receiver can take without going
+over the limit itself. No slot moves twice in one plan; a slot that alone costs more than a master's fair share (the
+mean) is named and never moved: moving it only moves the bottleneck, and only the key design can split it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def plan_by_load(owned: Mapping[str, Sequence[int]], cost: Mapping[int, float], 
     hot = tuple(HotSlot(s, m, cost[s], cost[s] / total) for m in sorted(owned) for s in sorted(owned[m])
                 if cost.get(s, 0.0) > mean)
     hot_slots = {h.slot for h in hot}
-    # each master's movable slots, best first: highest cost per key (a slot with no keys costs nothing to move)
+    # each master's movable slots, best first: highest cost per key moved
     queues = {m: sorted((s for s in slots if cost.get(s, 0.0) > 0 and s not in hot_slots),
                         key=lambda s: (-_per_key(cost[s], keys.get(s, 0)), s))
               for m, slots in owned.items()}
@@ -102,7 +102,9 @@ def plan_by_load(owned: Mapping[str, Sequence[int]], cost: Mapping[int, float], 
 
 
 def _per_key(slot_cost: float, slot_keys: int) -> float:
-    return slot_cost / slot_keys if slot_keys > 0 else float("inf")
+    """Cost per key moved, a slot's own move counting as one key: among slots with no keys (reads of missing
+    keys), the costly ones first, not a crowd of near-idle ones."""
+    return slot_cost / (slot_keys + 1)
 
 
 def _next_move(load: dict[str, float], queues: dict[str, list[int]], cost: Mapping[int, float],
