@@ -72,7 +72,7 @@ def turn_slot_stats_on(capsys: pytest.CaptureFixture[str], spec: Path, loaded: L
 
 
 def test_valkey_by_cpu_network_keys_with_a_hot_slot_and_a_dry_run(tmp_path, capsys) -> None:
-    with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
+    with deployed(tmp_path, capsys, "cluster", "valkey", memory={"policy": "allkeys-lfu"}) as (spec, loaded):
         turn_slot_stats_on(capsys, spec, loaded)
         preload(loaded, 3000)
         client = cluster_client(loaded)
@@ -96,7 +96,16 @@ def test_valkey_by_cpu_network_keys_with_a_hot_slot_and_a_dry_run(tmp_path, caps
         lone = slots_of(client, loaded.layout.node(loaded.layout.shards[1].master).endpoint, tags)[7]
         with SkewLoad(client, hot_keys(tags, [lone]), cold, 0.85) as load:
             code, result, err = rebalance(capsys, spec, "--by", "network", "--window", "1", "--dry-run")
+            hot_code, hot_out, hot_err = run(capsys, "audit", "-f", str(spec), "--hot", "--hot-window", "1",
+                                             "--top", "3", "--output", "json")
         assert code == 0 and load.ops > 100, err
+        # audit --hot: the lone slot first on its master, its keys ranked by access frequency (LFU)
+        assert hot_code == 0, hot_err
+        report = json.loads(hot_out)
+        assert report["by"] == "cpu"
+        on_b = next(m for m in report["masters"] if m["master"] == loaded.layout.shards[1].master)
+        assert on_b["slots"][0]["slot"] == lone and len(on_b["slots"]) <= 3
+        assert set(on_b["slots"][0]["top_keys"][:3]) == set(hot_keys(tags, [lone]))
         plan = result["plan"]
         assert [h["slot"] for h in plan["hot"]] == [lone], plan["hot"]
         named = plan["hot"][0]["top_keys"]
@@ -129,6 +138,12 @@ def test_redis_by_keys_and_memory_sampled_cpu_refused_and_a_kill_resumed(tmp_pat
         mine = slots_of(client, first_master(loaded), tags)
         pile_keys(client, tags, mine[:40], 150)
         before = dataset_checksum(client, "pre:*"), dataset_checksum(client, "{t*")
+
+        code, out, err = run(capsys, "audit", "-f", str(spec), "--hot", "--hot-window", "0.5", "--top", "2")
+        assert code == 0 and "Hottest slots by keys" in out, err + out
+        first = out.splitlines()[2].split(":")[0].strip()  # the first master's hottest slot: one with piled keys
+        assert first in {f"slot {s}" for s in mine[:40]}, out
+        assert "hottest keys" not in out  # allkeys-lru: no access frequency to rank keys by
 
         for by in ("cpu", "network"):
             code, _out, err = run(capsys, "cluster", "rebalance", "-f", str(spec), "--by", by, "--dry-run")

@@ -94,6 +94,25 @@ class SlotsResult(Frozen):
 
 
 @frozen
+class HotResult(Frozen):
+    """audit --hot: per master, its hottest slots (share of the load, keys) and their hottest keys (LFU)."""
+
+    report: dict[str, Any]
+
+    def text(self) -> str:
+        lines = [f"Hottest slots by {self.report['by']} ({self.report['measured']})"]
+        for master in self.report["masters"]:
+            lines.append(f"{master['master']}: {master['share']:.1%} of the load")
+            for s in master["slots"]:
+                keys = f"; hottest keys: {', '.join(s['top_keys'])}" if s["top_keys"] else ""
+                lines.append(f"  slot {s['slot']}: {s['share']:.2%}, {s['keys']} keys{keys}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.report)
+
+
+@frozen
 class FailoverResult(Frozen):
     """failover: the whole report as JSON; as text its last line (the outcome), the steps having printed as
     they ran."""

@@ -167,13 +167,16 @@ def _sampled_memory(session: Session, masters: Sequence[Peer], keys: Mapping[int
     return out
 
 
-def top_keys(peer: Peer, slot: int) -> list[str]:
+def top_keys(peer: Peer, slot: int, by_size: bool = True) -> list[str]:
     """A hot slot's top keys on its master (sampled): by access frequency where the maxmemory-policy is LFU
-    (OBJECT FREQ answers), else by size."""
+    (OBJECT FREQ answers), else by size (by_size), else none."""
     listed = pipe(peer, [("CLUSTER", "GETKEYSINSLOT", slot, HOT_SAMPLE)])[0]
     names = [k for k in listed if isinstance(k, bytes)] if isinstance(listed, list) else []
     freq = keyed(peer, "OBJECT", "FREQ", names)
-    scores = freq if names and all(isinstance(f, int) for f in freq) else keyed(peer, "MEMORY", "USAGE", names)
+    lfu = bool(names) and all(isinstance(f, int) for f in freq)
+    if not lfu and not by_size:
+        return []
+    scores = freq if lfu else keyed(peer, "MEMORY", "USAGE", names)
     ranked = sorted(zip(names, scores, strict=True), key=lambda p: -(p[1] if isinstance(p[1], int) else 0))
     return [k.decode(errors="backslashreplace") for k, _ in ranked[:TOP_KEYS]]
 
