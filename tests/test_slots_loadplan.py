@@ -104,3 +104,23 @@ def test_an_idle_crowd_of_empty_slots_does_not_beat_a_hot_slot():
     plan = plan_by_load(owned, cost, keys, tolerance=1.2)
     assert plan.slot_moves[0].slot == 0 and plan.reached
     assert len(plan.slot_moves) < 10
+
+
+def test_hot_slots_as_textfile_samples():
+    from opsctl.metrics.signals import render_hot_slots
+
+    report = {"by": "cpu", "masters": [{"master": "a-1", "share": 0.9, "slots": [{"slot": 7, "share": 0.5}]},
+                                       {"master": "a\"2", "share": 0.1, "slots": []}]}
+    text = render_hot_slots("t", report)
+    assert text.splitlines()[-1] == 'opsctl_slot_load_share{topology="t",master="a-1",slot="7",by="cpu"} 0.500000'
+    assert text.startswith("# HELP opsctl_slot_load_share ")
+    assert render_hot_slots("t", {"by": "keys", "masters": []}) == ""
+
+
+def test_coarse_slots_still_even_out_a_receiver_may_end_over_the_limit_below_the_giver():
+    owned = {"a": [0, 1, 2, 3, 4], "b": [5], "c": [6]}
+    cost = {0: 14.0, 1: 14.0, 2: 14.0, 3: 14.0, 4: 14.0}  # whole slots: 28/28/14 is the best there is
+    plan = plan_by_load(owned, cost, {s: 1 for s in cost}, tolerance=1.1)
+    after = final_loads(owned, cost, plan)
+    assert sorted(after.values()) == [14.0, 28.0, 28.0]
+    assert not plan.reached  # 1.2x: over the tolerance, as near as whole slots get

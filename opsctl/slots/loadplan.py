@@ -2,10 +2,11 @@
 key moved. Pure: costs in, moves out.
 
 What it optimises: the busiest master's load, down to within the tolerance of the mean, moving as few keys as it
-can. Each step takes the busiest master over the limit and moves, to the least loaded master, the slot of it with
-the highest cost per key moved (the slot's own move counting as one key) that the receiver can take without going
-over the limit itself. No slot moves twice in one plan; a slot that alone costs more than a master's fair share (the
-mean) is named and never moved: moving it only moves the bottleneck, and only the key design can split it.
+can. Each step takes the busiest master over the limit and moves, to the least loaded master that can take one, the
+slot of it with the highest cost per key moved (the slot's own move counting as one key) that leaves the receiver
+within the limit or no higher than the giver (every move lowers the pair's peak). No slot moves twice in one
+plan; a slot that alone costs more than a master's fair share (the mean) is named and never moved: moving it only
+moves the bottleneck, and only the key design can split it.
 """
 
 from __future__ import annotations
@@ -110,19 +111,18 @@ def _per_key(slot_cost: float, slot_keys: int) -> float:
 def _next_move(load: dict[str, float], queues: dict[str, list[int]], cost: Mapping[int, float],
                keys: Mapping[int, int], limit: float) -> SlotMove | None:
     """The busiest master over the limit that can give a slot, and that slot: the first of its queue (best cost
-    per key) the least loaded master can take and stay within the limit, and that lowers the pair's peak."""
+    per key) that a receiver (the least loaded first) can take ending within the limit or no higher than the giver
+    ends, so every move lowers the pair's peak."""
     for source in sorted(load, key=lambda m: (-load[m], m)):
         if load[source] <= limit:
             return None  # masters are in load order: no one further is over the limit
-        target = min((m for m in load if m != source), key=lambda m: (load[m], m), default=None)
-        if target is None:
-            return None
         queue = queues[source]
-        for i, slot in enumerate(queue):
-            c = cost[slot]
-            if load[target] + c <= limit and load[target] + c < load[source]:
-                del queue[i]  # never a slot twice in one plan
-                return SlotMove(slot, source, target, c, keys.get(slot, 0))
+        for target in sorted((m for m in load if m != source), key=lambda m: (load[m], m)):
+            for i, slot in enumerate(queue):
+                c = cost[slot]
+                if load[target] + c <= max(limit, load[source] - c) and load[target] + c < load[source]:
+                    del queue[i]  # never a slot twice in one plan
+                    return SlotMove(slot, source, target, c, keys.get(slot, 0))
     return None
 
 
