@@ -146,7 +146,8 @@ def run(path: Path, keys: int, window: float, clients: int) -> int:
           f"planned after {plan['spread_after']:.2f}x, measured after {after['plan']['spread_now']:.2f}x "
           f"(goal <= 1.2x)")
     print(f"moved {len(plan['slot_moves'])} slots, {plan['keys_moved']} keys (measured), "
-          f"{moved['summary'].get('keys', 0)} keys (engine) in {seconds:.1f}s (measurement window included)")
+          f"{moved['summary'].get('keys', 0)} keys (the engine's count: an estimate on the atomic path) "
+          f"in {seconds:.1f}s (measurement window included)")
     base, measured = p99(load.latency.get("no measurement", [])), p99(load.latency.get("measured", []))
     print(f"clients' p99: no measurement {base:.2f} ms, measuring {measured:.2f} ms ({measured / base:.2f}x, "
           f"goal <= 1.2x); during the moves {p99(load.latency.get('moves', [])):.2f} ms; "
