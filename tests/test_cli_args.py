@@ -68,6 +68,7 @@ def test_out_of_range_is_refused_before_the_spec_is_read(argv: list[str], capsys
 @pytest.mark.parametrize(("argv", "said"), [
     (["--by", "cpu", "--weight", "a=2"], "--weight weighs slot counts"),
     (["--window", "5"], "--window measures a load"),
+    (["--by", "memory", "--window", "5"], "--by memory reads the keys once"),
     (["--by", "keys", "--placement"], "--placement moves members"),
 ])
 def test_rebalance_options_that_do_not_go_together(argv: list[str], said: str,

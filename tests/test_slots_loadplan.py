@@ -124,3 +124,20 @@ def test_coarse_slots_still_even_out_a_receiver_may_end_over_the_limit_below_the
     after = final_loads(owned, cost, plan)
     assert sorted(after.values()) == [14.0, 28.0, 28.0]
     assert not plan.reached  # 1.2x: over the tolerance, as near as whole slots get
+
+
+def test_slot_stats_replies_as_the_server_sends_them():
+    from opsctl.base.errors import OpsctlError
+    from opsctl.slots.byload import parse_slot_stats
+
+    # valkey 9.1, `CLUSTER SLOT-STATS SLOTSRANGE 12182 12183` with cluster-slot-stats-enabled yes (read on the server)
+    reply = [[12182, [b"key-count", 0, b"cpu-usec", 9, b"network-bytes-in", 51, b"network-bytes-out", 5]],
+             [12183, [b"key-count", 2, b"cpu-usec", 0, b"network-bytes-in", 0, b"network-bytes-out", 0]]]
+    assert parse_slot_stats(reply) == {12182: {"key-count": 0, "cpu-usec": 9, "network-bytes-in": 51,
+                                               "network-bytes-out": 5},
+                                       12183: {"key-count": 2, "cpu-usec": 0, "network-bytes-in": 0,
+                                               "network-bytes-out": 0}}
+    assert parse_slot_stats([[5, [b"key-count", 3]]]) == {5: {"key-count": 3}}  # the counters off
+    for bad in (b"ERR", [[1]], [["x", []]], [[1, [b"key-count", b"many"]]]):
+        with pytest.raises(OpsctlError, match="shape opsctl does not know"):
+            parse_slot_stats(bad)

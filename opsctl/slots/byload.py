@@ -118,14 +118,18 @@ def _slot_stats(session: Session, masters: Sequence[Peer]) -> dict[int, dict[str
 
 def parse_slot_stats(reply: object) -> dict[int, dict[str, int]]:
     """CLUSTER SLOT-STATS: [[slot, [name, value, name, value...]], ...] -> {slot: {name: value}} (the node's own
-    slots only)."""
-    if not isinstance(reply, list):
-        raise OpsctlError("CLUSTER SLOT-STATS answered no list", repr(reply)[:200])
-    out: dict[int, dict[str, int]] = {}
-    for entry in reply:
-        slot, fields = int(entry[0]), entry[1]
-        out[slot] = {_str(fields[i]): int(fields[i + 1]) for i in range(0, len(fields) - 1, 2)}
-    return out
+    slots only). Another shape is an error naming it, not a crash."""
+    try:
+        if not isinstance(reply, list):
+            raise TypeError("not a list")
+        out: dict[int, dict[str, int]] = {}
+        for entry in reply:
+            slot, fields = int(entry[0]), entry[1]
+            out[slot] = {_str(fields[i]): int(fields[i + 1]) for i in range(0, len(fields) - 1, 2)}
+        return out
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        raise OpsctlError("CLUSTER SLOT-STATS answered in a shape opsctl does not know", f"{exc}: {reply!r:.200}",
+                          "balance by --by keys or --by memory (sampled) on this server") from None
 
 
 def _str(value: object) -> str:

@@ -153,6 +153,9 @@ def _rebalance_by_load(args: argparse.Namespace) -> int:
     if args.weight:
         raise OpsctlError(f"--weight weighs slot counts: --by {args.by} balances the measured load evenly",
                           hint="drop --weight, or rebalance by --by slots")
+    if args.window is not None and args.by in ("keys", "memory"):
+        raise OpsctlError(f"--window measures counters over time: --by {args.by} reads the keys once",
+                          hint="drop --window (it goes with --by cpu|network)")
     window = WINDOW_DEFAULT if args.window is None else args.window
     threshold = LOAD_THRESHOLD if args.threshold is None else args.threshold
     confirm(args, f"Measure {args.by} per slot and move slots and their keys between masters to even it out?")
