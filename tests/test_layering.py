@@ -28,7 +28,8 @@ CORE = ORDER[: ORDER.index("plan") + 1]
 # stands in that room for the package-cycle check, so the planner may import them and they import only the core and
 # one another.
 PURE = ("opsctl.stream.framing", "opsctl.stream.touched", "opsctl.slots.ranges", "opsctl.slots.balance",
-        "opsctl.slots.coverage", "opsctl.slots.slotplan", "opsctl.slots.members", "opsctl.slots.batching",
+        "opsctl.slots.loadplan", "opsctl.slots.coverage", "opsctl.slots.slotplan", "opsctl.slots.members",
+        "opsctl.slots.batching",
         "opsctl.slots.moveguard", "opsctl.failover.checks", "opsctl.failover.verdicts", "opsctl.failover.promotion",
         "opsctl.cluster.check", "opsctl.cluster.formation", "opsctl.cluster.deadnodes", "opsctl.metrics.exporter",
         "opsctl.metrics.targets", "opsctl.audit.keynames", "opsctl.audit.keyspace", "opsctl.audit.nodechecks",

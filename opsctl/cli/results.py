@@ -86,8 +86,30 @@ class SlotsResult(Frozen):
 
     def to_dict(self) -> dict[str, object]:
         outcome = self.outcome
-        return {"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
-                "notes": outcome.notes}
+        out: dict[str, object] = {"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
+                                  "notes": outcome.notes}
+        if outcome.plan:
+            out["plan"] = outcome.plan
+        return out
+
+
+@frozen
+class HotResult(Frozen):
+    """audit --hot: per master, its hottest slots (share of the load, keys) and their hottest keys (LFU)."""
+
+    report: dict[str, Any]
+
+    def text(self) -> str:
+        lines = [f"Hottest slots by {self.report['by']} ({self.report['measured']})"]
+        for master in self.report["masters"]:
+            lines.append(f"{master['master']}: {master['share']:.1%} of the load")
+            for s in master["slots"]:
+                keys = f"; hottest keys: {', '.join(s['top_keys'])}" if s["top_keys"] else ""
+                lines.append(f"  slot {s['slot']}: {s['share']:.2%}, {s['keys']} keys{keys}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.report)
 
 
 @frozen
@@ -295,8 +317,29 @@ class RestoreResult(Frozen):
         return "\n".join(lines)
 
 
+def load_plan_text(plan: dict[str, Any]) -> list[str]:
+    """rebalance --by a load: each master's share now and after, the slots to move with their cost."""
+    lines = [f"Load by {plan['by']} ({plan['measured']}): busiest master at {plan['spread_now']:.2f}x the mean now, "
+             f"{plan['spread_after']:.2f}x after"]
+    lines += [f"  {m['master']}: {m['share_now']:.1%} now -> {m['share_after']:.1%} after" for m in plan["masters"]]
+    moves = plan["slot_moves"]
+    if moves:
+        lines.append(f"Slots to move: {len(moves)}, {plan['keys_moved']} keys")
+        lines += [f"  slot {m['slot']}: {m['source']} -> {m['target']}, {m['share']:.2%} of the load, {m['keys']} keys"
+                  for m in moves[:PLAN_LINES]]
+        if len(moves) > PLAN_LINES:
+            lines.append(f"  ... and {len(moves) - PLAN_LINES} more (--output json lists them all)")
+    if not plan["reached"]:
+        lines.append("  the spread cannot be reached by whole slots (see the notes)")
+    return lines
+
+
+PLAN_LINES = 20  # slot moves a text plan lists
+
+
 def outcome_text(outcome: SlotsOutcome) -> str:
-    lines = [("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}"]
+    lines = load_plan_text(outcome.plan) if outcome.plan else []
+    lines.append(("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}")
     for m in outcome.moves:
         lines.append(f"  {m['source']} -> {m['target']}: {m['slot_count']} slots ({m['slots']}), "
                      f"~{m['est_keys']} keys, ~{human_bytes(m['est_bytes'])}")
