@@ -268,3 +268,28 @@ def test_one_name_per_idea() -> None:
 
 def test_pure_modules_exist() -> None:
     assert not [m for m in PURE if m not in MODULES], "PURE names a module that is not there"
+
+
+# A running archiver re-places the connector it shares with its streams as the fleet's apply changes it (issue 33):
+# the one view that moves on purpose while a command runs.
+REPLACED_WHILE_RUNNING = {"backup/follow.py"}
+
+
+def test_runtime_is_built_once() -> None:
+    """The runtime is built over the placed spec (runtime.opening): nothing patches `.loaded` onto a provider or a
+    connector after construction (a view for one step is Connector.over)."""
+    patched = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in REPLACED_WHILE_RUNNING:
+            continue
+        tree = ast.parse(path.read_text())
+        inits = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+                 for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign | ast.AugAssign) else []
+            for target in (t for top in targets for t in ast.walk(top)):
+                if isinstance(target, ast.Attribute) and target.attr == "loaded" and id(target) not in inits:
+                    patched.append(f"{rel}:{target.lineno}")
+    assert patched == []
