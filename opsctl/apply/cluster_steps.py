@@ -92,28 +92,28 @@ def _cluster_now(rt: Runtime) -> list[Node]:
 
 
 def move_slots(run: Execution, step: Step) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     assert isinstance(step, MoveSlots)
     handlers.move_slots(run.rt, step, run.emit)
 
 
 def assign_slots(run: Execution, step: Step) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     assert isinstance(step, AssignSlots)
     handlers.assign_slots(run.rt, step, run.emit)
 
 
 def close_slots(run: Execution, step: Step) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     assert isinstance(step, CloseSlots)
     handlers.close_slots(run.rt, step, run.emit)
 
 
 def remove_node(run: Execution, step: Step) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     assert isinstance(step, RemoveNode)
     if run.rt.loaded.spec.topology != "cluster":

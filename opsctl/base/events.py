@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.runevents import Replanning, RoundDone, Tagged
 from opsctl.base.words import gauge, human_bytes, human_seconds, plural
 
 
@@ -462,42 +463,6 @@ class PlaybookTask(Frozen):
         return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
 
 
-@frozen
-class RoundDone(Frozen):
-    """A round of apply ran its plan's steps (wall time: steps run side by side)."""
-
-    kind: ClassVar[str] = "round-done"
-    steps: int
-    seconds: float
-
-    def line(self) -> str:
-        return f"Applied {self.steps} step(s) in {self.seconds:.2f}s."
-
-
-@frozen
-class Replanning(Frozen):
-    """Nodes that ran when apply looked are down now (a node told to stop before, by a run killed mid-restart, may
-    answer until it acts on it): apply plans again."""
-
-    kind: ClassVar[str] = "replanning"
-    nodes: tuple[str, ...]
-
-    def line(self) -> str:
-        return f"{', '.join(self.nodes)} ran when apply looked and is down now: planning again"
-
-
-@frozen
-class Tagged(Frozen):
-    """An event of one topology among several run at once (a fleet: fan_out over topologies)."""
-
-    kind: ClassVar[str] = "tagged"
-    topology: str
-    event: Event
-
-    def line(self) -> str:
-        return f"{self.topology}: {self.event.line()}"
-
-
 Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsStart | SlotsProgress | BigKey
          | MigrateRetry
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
@@ -515,6 +480,8 @@ Emit = Callable[[Event], None]
 
 def as_dict(event: Event) -> dict[str, object]:
     """The JSON form: {"event": kind, field: value, ...}."""
+    if isinstance(event, Tagged):
+        return event.as_dict()
     return {"event": event.kind, **dataclasses.asdict(event)}
 
 
@@ -526,8 +493,3 @@ def as_log(emit: Emit, step: str) -> Emit:
 def ignore(event: Event) -> None:
     """An Emit that shows nothing."""
 
-
-
-def tagged(emit: Emit, topology: str) -> Emit:
-    """emit, each event tagged with the topology it comes from (several topologies run at once)."""
-    return lambda event: emit(Tagged(topology, event))
