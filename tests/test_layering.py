@@ -292,3 +292,20 @@ def test_runtime_is_built_once() -> None:
                 if isinstance(target, ast.Attribute) and target.attr == "loaded" and id(target) not in inits:
                     patched.append(f"{rel}:{target.lineno}")
     assert patched == []
+
+
+def _asserts_step_type(node: ast.AST) -> bool:
+    """`assert isinstance(step, …)`: a handler that takes any Step and narrows it itself."""
+    test = node.test if isinstance(node, ast.Assert) else None
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "isinstance" \
+        and bool(test.args) and isinstance(test.args[0], ast.Name) and test.args[0].id == "step"
+
+
+def test_handlers_take_their_step_type() -> None:
+    """A step handler takes its exact step type (runtime.execution.handles, checked by mypy): no
+    `assert isinstance(step, …)` narrows a Step anywhere; the dispatch's one check is Handler.run_step."""
+    found = sorted(f"{m}:{node.lineno}" for m, p in MODULES.items()
+                   for node in ast.walk(ast.parse(p.read_text())) if _asserts_step_type(node))
+    assert not found, "assert isinstance(step, ...) left (take the step type in the handler's def line):\n" \
+        + "\n".join(found)
+    assert _asserts_step_type(ast.parse("assert isinstance(step, StartNode)").body[0])

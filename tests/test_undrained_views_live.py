@@ -44,6 +44,9 @@ def test_views_of_a_cluster_whose_host_is_removed_but_not_yet_drained(tmp_path: 
         assert code == 0 and "to be added by the next apply" in out and "down" not in out, err + out
         code, out, err = run(capsys, "metrics", "targets", "-f", str(spec))
         assert code == 0 and {g["labels"]["node"] for g in json.loads(out)} == running, err + out  # h3's kept
+        code, out, err = run(capsys, "audit", "config", "tls", "-f", str(spec), "-o", "json")
+        audited = {f["node"] for f in json.loads(out)["findings"] if f["rule"] == "reachable"}
+        assert code in (0, 4) and not audited, err + out  # before: the 2 new nodes "do not answer", exit 1
         if tls["enabled"]:
             _rotate_the_nodes_that_run(capsys, spec, running, pending)
         spec.write_text(first_text)

@@ -8,25 +8,31 @@ from opsctl.base.frozen import Frozen, frozen
 from opsctl.cluster.ops import form_cluster, meet, reset_stale_identity
 from opsctl.net.observer import observe, wait_cluster_converged
 from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
-from opsctl.plan.steps import AssignSlots, CloseSlots, FormCluster, JoinCluster, MoveSlots, RemoveNode, Step
+from opsctl.plan.steps import (
+    AssignSlots,
+    CloseSlots,
+    FormCluster,
+    JoinCluster,
+    MoveSlots,
+    RemoveNode,
+    WaitConverged,
+)
 from opsctl.runtime.execution import Execution
 from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node
 from opsctl.status.looks import wait_replication, wait_sentinels
 
 
-def form(run: Execution, step: Step) -> None:
+def form(run: Execution, step: FormCluster) -> None:
     """Form the cluster. The replicas' writes and starts of the wave before run as their own steps beside it
     (Execution.replicas_starting), while the masters are set up and meet; the first of them that fails fails
     this step too."""
-    assert isinstance(step, FormCluster)
     replicas, run.replicas_starting = run.replicas_starting, None
     form_cluster(run.rt.connector, run.rt.loaded.layout,
                  replicas_started=replicas.result if replicas is not None else None)
 
 
-def join_cluster(run: Execution, step: Step) -> None:
-    assert isinstance(step, JoinCluster)
+def join_cluster(run: Execution, step: JoinCluster) -> None:
     node, via = run.node(step), run.rt.node(step.via)
     with run.rt.admin(node) as admin, run.rt.admin(via) as via_admin:
         via_view = parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))
@@ -70,7 +76,7 @@ def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine],
 
 
 
-def wait_converged(run: Execution, step: Step) -> None:
+def wait_converged(run: Execution, step: WaitConverged) -> None:
     loaded = run.rt.loaded
     topology = loaded.spec.topology
     if topology == "cluster":
@@ -91,31 +97,27 @@ def _cluster_now(rt: Runtime) -> list[Node]:
     return cluster_members(rt.loaded, views)
 
 
-def move_slots(run: Execution, step: Step) -> None:
+def move_slots(run: Execution, step: MoveSlots) -> None:
     import opsctl.apply.slot_steps as handlers
 
-    assert isinstance(step, MoveSlots)
     handlers.move_slots(run.rt, step, run.emit)
 
 
-def assign_slots(run: Execution, step: Step) -> None:
+def assign_slots(run: Execution, step: AssignSlots) -> None:
     import opsctl.apply.slot_steps as handlers
 
-    assert isinstance(step, AssignSlots)
     handlers.assign_slots(run.rt, step, run.emit)
 
 
-def close_slots(run: Execution, step: Step) -> None:
+def close_slots(run: Execution, step: CloseSlots) -> None:
     import opsctl.apply.slot_steps as handlers
 
-    assert isinstance(step, CloseSlots)
     handlers.close_slots(run.rt, step, run.emit)
 
 
-def remove_node(run: Execution, step: Step) -> None:
+def remove_node(run: Execution, step: RemoveNode) -> None:
     import opsctl.apply.slot_steps as handlers
 
-    assert isinstance(step, RemoveNode)
     if run.rt.loaded.spec.topology != "cluster":
         from opsctl.apply.shape_steps import remove_replicated
 

@@ -3,7 +3,8 @@
 The run loop: node-local steps (write, start) of different nodes run in waves side by side, every other step alone
 and in order; the first failure stops the plan with an error naming the step. What each step does is in its
 family's module: node_steps, replication_steps, shape_steps, cluster_steps (and the slot steps it hands to
-slot_steps), and metrics' exporter_steps."""
+slot_steps), and metrics' exporter_steps; each handler takes its exact step type and is registered by it in
+HANDLERS (runtime.execution.handles), all but StartNode's: a wave's starts run together (_start_together)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from opsctl.apply.node_steps import (
     config_set,
     restart_node,
     set_passwords,
-    start_node,
     stop_node,
     wait_answering,
     write_config,
@@ -68,7 +68,7 @@ from opsctl.plan.steps import (
     WaitConverged,
     WriteConfig,
 )
-from opsctl.runtime.execution import Execution
+from opsctl.runtime.execution import Execution, StepHandler, handles, registry
 from opsctl.runtime.opening import Runtime
 
 
@@ -158,17 +158,18 @@ def _run_shards_in_parallel(run: Execution, numbered: list[tuple[int, Step]], wi
 def _run_wave(run: Execution, wave: list[list[tuple[int, Step]]], total: int,
               launched: Callable[[], None] | None = None) -> None:
     """All config writes first (a staging provider ships them in one go), then every start at once; launched is
-    called once every node was launched (or at the end, when none was to start)."""
+    called once every node was launched (or at the end, when none was to start). The StartNode steps run here, not
+    through HANDLERS."""
     steps = [s for chain in wave for s in chain]
     _run_chain(run, [s for s in steps if isinstance(s[1], WriteConfig)], total)
-    starts = [s for s in steps if isinstance(s[1], StartNode)]
+    starts = [(index, step) for index, step in steps if isinstance(step, StartNode)]
     if starts:
         _start_together(run, starts, total, launched)
     elif launched is not None:
         launched()
 
 
-def _start_together(run: Execution, starts: list[tuple[int, Step]], total: int,
+def _start_together(run: Execution, starts: list[tuple[int, StartNode]], total: int,
                     launched: Callable[[], None] | None = None) -> None:
     """The provider launches every node at once and waits for them in one loop, then one loop waits until all
     answer PING; each step is done or failed on its own, and the first failure stops the plan."""
@@ -221,7 +222,7 @@ def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
     run.emit(StepStart(index, total, step.title()))
     started = time.monotonic()
     try:
-        HANDLERS[type(step)](run, step)
+        HANDLERS[type(step)].run_step(run, step)
     except OpsctlError as exc:
         run.emit(StepFailed(index, step.title(), exc.summary))
         exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
@@ -250,15 +251,15 @@ def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:
                            "or pass --allow-downtime to accept the write outage")
 
 
-
-
-HANDLERS: dict[type[Step], Callable[[Execution, Step], None]] = {
-    WriteConfig: write_config, StartNode: start_node, StopNode: stop_node, RestartNode: restart_node,
-    Failover: fail_over, SentinelSet: sentinel_set, FinishFailover: finish_failover,
-    ConfigSet: config_set, AclLoad: acl_load, SetPasswords: set_passwords,
-    FormCluster: form, JoinCluster: join_cluster, Replicate: do_replicate,
-    SentinelMonitor: sentinel_monitor, WaitConverged: wait_converged,
-    MoveSlots: move_slots, AssignSlots: assign_slots, CloseSlots: close_slots, RemoveNode: remove_node,
-    StartExporter: start_exporter, StopExporter: stop_exporter, SentinelReset: sentinel_reset,
-    ForgetNodes: forget_nodes, PromoteReplica: promote_replica,
-}
+# every step type but StartNode, which _run_wave starts with the rest of its wave (_start_together)
+HANDLERS: dict[type[Step], StepHandler] = registry(
+    handles(WriteConfig, write_config), handles(StopNode, stop_node), handles(RestartNode, restart_node),
+    handles(Failover, fail_over), handles(SentinelSet, sentinel_set), handles(FinishFailover, finish_failover),
+    handles(ConfigSet, config_set), handles(AclLoad, acl_load), handles(SetPasswords, set_passwords),
+    handles(FormCluster, form), handles(JoinCluster, join_cluster), handles(Replicate, do_replicate),
+    handles(SentinelMonitor, sentinel_monitor), handles(WaitConverged, wait_converged),
+    handles(MoveSlots, move_slots), handles(AssignSlots, assign_slots), handles(CloseSlots, close_slots),
+    handles(RemoveNode, remove_node), handles(StartExporter, start_exporter), handles(StopExporter, stop_exporter),
+    handles(SentinelReset, sentinel_reset), handles(ForgetNodes, forget_nodes),
+    handles(PromoteReplica, promote_replica),
+)

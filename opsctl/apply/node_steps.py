@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from opsctl.apply.replication_steps import finish_failover, sentinels_master
+from opsctl.apply.replication_steps import finish_fenced, sentinels_master
 from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
@@ -19,7 +19,7 @@ from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
 from opsctl.plan.rotation import managed_users
-from opsctl.plan.steps import ConfigSet, RestartNode, Step, WriteConfig
+from opsctl.plan.steps import AclLoad, ConfigSet, RestartNode, SetPasswords, StartNode, StopNode, WriteConfig
 from opsctl.render import render_node, render_sections
 from opsctl.runtime.execution import Before, Execution
 from opsctl.runtime.gather import shard_facts
@@ -67,7 +67,7 @@ def _replicaof_line(run: Execution, node: Node) -> str:
 def _follow_line(run: Execution, node: Node) -> str:
     """A stopped node starts as a replica of its shard's master now, if that is another node (masters.start_master,
     from the live state when the file is written). One the sentinels still name as master starts fenced:
-    start_node lifts the fence once no Sentinel failover is in flight (or demotes it if one promoted a replica)."""
+    after_start lifts the fence once no Sentinel failover is in flight (or demotes it if one promoted a replica)."""
     layout = run.rt.loaded.layout
     shard = layout.shard_of(node.name)
     if shard is None:
@@ -85,8 +85,7 @@ def _follow_line(run: Execution, node: Node) -> str:
     return f"\n# the shard's master when opsctl started this node\nreplicaof {master.address} {master.port}\n"
 
 
-def write_config(run: Execution, step: Step) -> None:
-    assert isinstance(step, WriteConfig)
+def write_config(run: Execution, step: WriteConfig) -> None:
     node = run.node(step)
     files = _files(run, node)
     if node.name not in run.before and run.sets_live(node.name):
@@ -104,19 +103,12 @@ def write_config(run: Execution, step: Step) -> None:
     run.rt.provider.save_record(node, record)
 
 
-def start_node(run: Execution, step: Step) -> None:
-    node = run.node(step)
-    _raise_first(run.rt.provider.start_many([node]))
-    _raise_first(wait_answering(run, [node]))
-    mark_started(run.rt.connector, [node.name])  # marked before anything else: another run's marker loses the lock
-    after_start(run, step)
-
-
-def after_start(run: Execution, step: Step) -> None:
-    """A server of a Sentinel topology may have started fenced (_follow_line): finish_failover lifts the fence, or
+def after_start(run: Execution, step: StartNode) -> None:
+    """What a StartNode step does once the executor started its node (with the others of its wave, _start_together):
+    a server of a Sentinel topology may have started fenced (_follow_line), and finish_fenced lifts the fence, or
     demotes the node if the sentinels promoted a replica meanwhile."""
     if run.rt.loaded.spec.topology == "sentinel" and not run.node(step).is_sentinel:
-        finish_failover(run, step, "started fenced")
+        finish_fenced(run, step.title(), "started fenced")
 
 
 def _raise_first(failed: dict[str, OpsctlError]) -> None:
@@ -160,14 +152,13 @@ def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIM
     return failed
 
 
-def stop_node(run: Execution, step: Step) -> None:
+def stop_node(run: Execution, step: StopNode) -> None:
     stopping(run.rt.connector, [step.node])  # the run's own stops do not count against its topology lock
     run.rt.provider.stop(run.node(step))
 
 
-def restart_node(run: Execution, step: Step) -> None:
+def restart_node(run: Execution, step: RestartNode) -> None:
     """Stop, start, and wait until the node is back in its place (a replica linked and caught up)."""
-    assert isinstance(step, RestartNode)
     node = run.node(step)
     _refuse_unplanned_downtime(run, step)
     stopping(run.rt.connector, [node.name])
@@ -199,10 +190,9 @@ def _refuse_unplanned_downtime(run: Execution, step: RestartNode) -> None:
 
 
 
-def config_set(run: Execution, step: Step) -> None:
+def config_set(run: Execution, step: ConfigSet) -> None:
     """CONFIG SET the rendered value (or, for a directive the spec dropped, the step's default). A value the
     server refuses rolls the node back: its earlier CONFIG SETs of this run, its files and its record."""
-    assert isinstance(step, ConfigSet)
     node = run.node(step)
     real = single_valued([d for s in render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=True,
                                                  daemonize=run.rt.provider.daemonize).sections
@@ -241,7 +231,7 @@ def roll_back(run: Execution, node: Node, admin: Admin) -> str:
     return ", ".join(done) or "nothing had changed"
 
 
-def set_passwords(run: Execution, step: Step) -> None:
+def set_passwords(run: Execution, step: SetPasswords) -> None:
     """The node accepts the spec's password (and the previous one during the overlap). A server takes
     requirepass and the extra password in one MULTI, so no client is ever refused in between."""
     node = run.node(step)
@@ -269,7 +259,7 @@ def _password_words(secret: Secret, previous: Secret | None) -> list[str]:
     return [f">{one.reveal()}" for one in accepted]
 
 
-def acl_load(run: Execution, step: Step) -> None:
+def acl_load(run: Execution, step: AclLoad) -> None:
     with run.rt.admin(run.node(step)) as admin:
         admin.call("ACL", "LOAD")
 

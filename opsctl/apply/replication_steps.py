@@ -18,7 +18,7 @@ from opsctl.net.admin import Admin
 from opsctl.observe.replies import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.replication import sentinel_settings
-from opsctl.plan.steps import Failover, Replicate, SentinelMonitor, SentinelSet, Step
+from opsctl.plan.steps import Failover, FinishFailover, Replicate, SentinelMonitor, SentinelSet, Step
 from opsctl.render import render_node
 from opsctl.runtime.execution import Execution
 from opsctl.runtime.gather import master_endpoint, shard_facts
@@ -34,9 +34,8 @@ def sentinels_master(rt: Runtime) -> tuple[str, int] | None:
 
 
 
-def sentinel_set(run: Execution, step: Step) -> None:
+def sentinel_set(run: Execution, step: SentinelSet) -> None:
     """SENTINEL SET each changed setting; then remember them as applied in the sentinel's record."""
-    assert isinstance(step, SentinelSet)
     node = run.node(step)
     name = sentinel_master_name(run.rt.loaded.spec)
     password = run.rt.loaded.credentials.password.reveal()
@@ -51,14 +50,13 @@ def sentinel_set(run: Execution, step: Step) -> None:
     run.rt.provider.save_record(node, record)
 
 
-def fail_over(run: Execution, step: Step) -> None:
+def fail_over(run: Execution, step: Failover) -> None:
     """The failover runbook (graceful): retried as a dry run until its pre-checks pass, so a replica that was
     restarted a moment ago has time to catch up; a refusal after that stops the rollout. Each try looks at the
     shard first: once another node took the master's writes (masters.writes_moved_from: failed over since the plan
     was made), there is nothing to fail over, and the step says so and goes on."""
     from opsctl.failover.runbook import Options, run_failover
 
-    assert isinstance(step, Failover)
     rt = run.rt
     layout = rt.loaded.layout
     shard = layout.shard_of(step.node)
@@ -135,18 +133,22 @@ def _admins(run: Execution) -> Iterator[Callable[[Node], Admin]]:
             admin.close()
 
 
-def finish_failover(run: Execution, step: Step, what: str = "interrupted failover finished") -> None:
-    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover)."""
+def finish_failover(run: Execution, step: FinishFailover) -> None:
+    finish_fenced(run, step.title(), "interrupted failover finished")
+
+
+def finish_fenced(run: Execution, title: str, what: str) -> None:
+    """What opsctl.failover.fence.finish decides from the live state (the same as a re-run of failover), logged
+    under the title of the step that asked."""
     from opsctl.failover.fence import finish
 
     with _admins(run) as admin_of:
-        finish(run.rt.loaded, admin_of, as_log(run.emit, step.title()), what)
+        finish(run.rt.loaded, admin_of, as_log(run.emit, title), what)
 
 
 
 
-def do_replicate(run: Execution, step: Step) -> None:
-    assert isinstance(step, Replicate)
+def do_replicate(run: Execution, step: Replicate) -> None:
     name = _master_now(run, step, step.master)
     if name is None:
         run.emit(Log(step.title(), f"{step.node} is the shard's master now: nothing to point"))
@@ -204,8 +206,7 @@ def _knows(admin: Admin, node_id: str) -> bool:
     return any(line.id == node_id for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
 
 
-def sentinel_monitor(run: Execution, step: Step) -> None:
-    assert isinstance(step, SentinelMonitor)
+def sentinel_monitor(run: Execution, step: SentinelMonitor) -> None:
     spec = run.rt.loaded.spec
     node = run.node(step)
     address, port = _sentinels_master_now(run, step, step.master)

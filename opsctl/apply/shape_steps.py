@@ -13,20 +13,19 @@ from opsctl.net.admin import Admin
 from opsctl.observe.cluster_state import voting_masters
 from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
 from opsctl.plan.facts import NodeFacts
-from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, Step
+from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, SentinelReset
 from opsctl.runtime.execution import Execution
 from opsctl.slots import ranges
 from opsctl.spec.layout import Layout, Node, sentinel_master_name
 
 
-def remove_replicated(run: Execution, step: Step) -> None:
+def remove_replicated(run: Execution, step: RemoveNode) -> None:
     """Stop a retired server or sentinel, then purge it (its record stays as a tombstone). A server that is a master
     with replicas is refused: the plan fails it over first, and a failover since the plan was made would have
     moved the writes to it."""
     from opsctl.apply.slot_steps import retire, stop_leaving  # with the failover machinery: only when a node goes
     from opsctl.failover.actions import checkpoint
 
-    assert isinstance(step, RemoveNode)
     rt = run.rt
     node = Layout(rt.loaded.layout.retired).find(step.node)
     if node is None:
@@ -47,7 +46,7 @@ def _refuse_serving_master(admin: Admin, node: Node) -> None:
                            "apply again: the plan fails it over first")
 
 
-def sentinel_reset(run: Execution, step: Step) -> None:
+def sentinel_reset(run: Execution, step: SentinelReset) -> None:
     """SENTINEL RESET on each running sentinel in turn, each waited for until it counts the running sentinels again
     (hellos, every 2 s) before the next one forgets, so a majority always knows its peers; then until every one
     counts the running replicas again (its next INFO to the master, every 10 s: waited for in parallel, not per
@@ -84,14 +83,13 @@ def _knows(admins: list[Admin], replicas: int | None, sentinels: int) -> bool | 
     return True
 
 
-def forget_nodes(run: Execution, step: Step) -> None:
+def forget_nodes(run: Execution, step: ForgetNodes) -> None:
     """CLUSTER FORGET of the dead ids on every running node, side by side (a node that still knows one would gossip
     it back to the others once their 60 s ban ends), repeated until no running node knows any of them."""
     from opsctl.apply.slot_steps import _forget
     from opsctl.failover.actions import checkpoint
     from opsctl.slots.session import open_session
 
-    assert isinstance(step, ForgetNodes)
     dead = set(step.ids)
     with open_session(run.rt.connector) as session:
         def forgotten() -> bool | Pending:
@@ -105,14 +103,13 @@ def forget_nodes(run: Execution, step: Step) -> None:
         wait_for(forgotten, run.wait_timeout, f"every node to forget {len(dead)} dead node(s)", interval=0.2)
 
 
-def promote_replica(run: Execution, step: Step) -> None:
+def promote_replica(run: Execution, step: PromoteReplica) -> None:
     """CLUSTER FAILOVER TAKEOVER on the replica the plan chose, unless it is a master already (a run killed after it
     asked: never asked twice), then until it answers as a master and a majority of the slot-owning masters' views give
     it the dead master's slots. One that follows another master now is left alone (the roles changed since the plan)."""
     from opsctl.failover.actions import checkpoint
     from opsctl.slots.session import open_session
 
-    assert isinstance(step, PromoteReplica)
     with run.rt.admin(run.node(step)) as admin:
         me = myself(parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
         if me is None or (not me.is_master and me.master_id != step.dead):

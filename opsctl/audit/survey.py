@@ -16,6 +16,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, scan_targets, unreachable
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
 from opsctl.observe.findings import Finding, finding, ordered
+from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 CHECKS = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls")
@@ -109,11 +110,15 @@ def masked(text: str, loaded: LoadedSpec) -> str:
     return text
 
 
-def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None = None) -> AuditReport:
+def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None = None,
+              nodes: Sequence[Node] | None = None) -> AuditReport:
+    """nodes: the nodes that run (by their records: the CLI passes them), by default the spec's as placed; a node
+    the next apply adds is not audited, a drained one still running is."""
     loaded = connector.loaded
     report = AuditReport(loaded.spec.name, options.checks)
     started = time.monotonic()
-    live = discover(connector)
+    nodes = list(loaded.layout.nodes if nodes is None else nodes)
+    live = discover(connector, [n for n in nodes if not n.is_sentinel])
     report.findings += unreachable(live)
     lfu = True
     for ln in live:
@@ -125,7 +130,7 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None
                                                f"checks failed: {masked(link_error(exc), loaded)}",
                                                "check the node's log and the spec's renamed commands"))
     if "tls" in options.checks and loaded.spec.tls.enabled:
-        _tls(connector, report)
+        _tls(connector, nodes, report)
     if SCANNING & set(options.checks):
         _scan(connector, live, options, lfu, report, progress)
     report.stats["seconds"] = round(time.monotonic() - started, 3)
@@ -133,15 +138,15 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None
     return report
 
 
-def _tls(connector: Connector, report: AuditReport) -> None:
-    """Every node, sentinels too: certificate days left, protocol, a plaintext port that answers."""
+def _tls(connector: Connector, nodes: Sequence[Node], report: AuditReport) -> None:
+    """Every node that runs, sentinels too: certificate days left, protocol, a plaintext port that answers."""
     from opsctl.tls import judge
     from opsctl.tls.handshake import seen
     from opsctl.tls.material import now
 
     at = now()
     allowed = connector.loaded.spec.tls.plaintext_port
-    for node in connector.loaded.layout.nodes:
+    for node in nodes:
         answer = seen(connector, node)
         report.tables.setdefault("tls", []).append(judge.row(answer, at))
         report.findings += judge.findings(answer, at, allowed)

@@ -8,7 +8,7 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
 from opsctl.metrics.exporter import exporter_run
 from opsctl.plan.desired import desired_node
-from opsctl.plan.steps import StartExporter, Step
+from opsctl.plan.steps import StartExporter, StopExporter
 from opsctl.providers.local import LocalProvider
 from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words
 from opsctl.runtime.drift import Exporters, exporters_of
@@ -17,10 +17,9 @@ from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node
 
 
-def start_exporter(run: Execution, step: Step) -> None:
+def start_exporter(run: Execution, step: StartExporter) -> None:
     """The exporter's ACL user set live (ACL SETUSER: the rendered users.acl or `user` line keeps it across a
     restart), then the exporter (re)started with the settings the step was planned for."""
-    assert isinstance(step, StartExporter)
     rt = run.rt
     node = run.node(step)
     exporters = exporters_of(rt)
@@ -47,7 +46,7 @@ def set_exporter_user(rt: Runtime, node: Node) -> None:
             admin.call("SENTINEL", "FLUSHCONFIG")
 
 
-def stop_exporter(run: Execution, step: Step) -> None:
+def stop_exporter(run: Execution, step: StopExporter) -> None:
     exporters = exporters_of(run.rt)
     if exporters is not None:
         exporters.remove(run.node(step))

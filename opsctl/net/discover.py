@@ -50,8 +50,10 @@ def live_node(connector: Connector, node: Node) -> LiveNode:
     return LiveNode(node, role, master, linked)
 
 
-def discover(connector: Connector) -> list[LiveNode]:
-    return [live_node(connector, node) for node in connector.loaded.layout.servers]
+def discover(connector: Connector, servers: Sequence[Node] | None = None) -> list[LiveNode]:
+    """What each server says of itself: servers, by default the spec's as placed (a command that narrows it to the
+    nodes that run passes them)."""
+    return [live_node(connector, node) for node in (connector.loaded.layout.servers if servers is None else servers)]
 
 
 def shards(live: Sequence[LiveNode]) -> dict[str, list[LiveNode]]:

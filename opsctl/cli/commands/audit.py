@@ -105,7 +105,8 @@ def _audit(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
-    from opsctl.runtime.opening import open_connector
+    from opsctl.runtime.opening import open_connector, recorded_placement
+    from opsctl.spec.deployed import running_nodes
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -118,9 +119,11 @@ def _audit(args: argparse.Namespace) -> int:
     options = AuditOptions(_checks(args.checks), thresholds, args.allow_masters, args.max_ops_per_sec, args.count,
                            args.batch, args.window)
     bar = ProgressBar(heartbeat=None if sys.stderr.isatty() else HEARTBEAT) if args.output == "table" else None
+    state_dir = state_dir_for(loaded, args.state_dir)
+    placed, records = recorded_placement(loaded, state_dir)  # the nodes that run, drained ones too; not new ones
     try:
-        with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
-            report = run_audit(connector, options, bar.emit if bar else None)
+        with open_connector(loaded, state_dir) as connector:
+            report = run_audit(connector, options, bar.emit if bar else None, running_nodes(placed.layout, records))
     finally:
         if bar:
             bar.close()
