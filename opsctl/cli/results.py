@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.words import human_bytes
-from opsctl.cli.report import NodeStatus, plan_text, status_table
 from opsctl.slots.session import SlotsOutcome
 
 if TYPE_CHECKING:
@@ -21,42 +20,8 @@ if TYPE_CHECKING:
     from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
-    from opsctl.plan.steps import Plan
     from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
-
-@frozen
-class PlanResult(Frozen):
-    """plan, and the plan apply and restart show before they run it: its steps, or "no changes"."""
-
-    plan: Plan
-
-    def text(self) -> str:
-        return plan_text(self.plan)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.plan.to_dict()
-
-
-@frozen
-class StatusResult(Frozen):
-    """status, and the status apply and restart show when done. healthy: every node answers as the spec says;
-    health: the line that says so or why not; hint: how to get healthy (None when healthy)."""
-
-    spec: str
-    topology: str
-    healthy: bool
-    health: str
-    nodes: tuple[NodeStatus, ...]
-    hint: str | None
-
-    def text(self) -> str:
-        return f"{status_table(list(self.nodes))}\n{self.health}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {"spec": self.spec, "topology": self.topology, "healthy": self.healthy, "health": self.health,
-                "nodes": [row.as_dict() for row in self.nodes]}
-
 
 @frozen
 class ClusterCheckResult(Frozen):

@@ -466,20 +466,20 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
     lock.acquire(nowhere, force)
     with _RUNS_LOCK:
-        _RUNS[connector] = lock
+        _RUNS[connector.run] = lock
     try:
         yield lock
         lock.check(finished=True)  # the block ended without an error: was the lock held all through its last step?
     finally:
         with _RUNS_LOCK:
-            _RUNS.pop(connector, None)
+            _RUNS.pop(connector.run, None)
         lock.release()
 
 
 def _owned(connector: Connector) -> TopologyLock | None:
     """The lock the run that owns connector holds, if any."""
     with _RUNS_LOCK:
-        return _RUNS.get(connector)
+        return _RUNS.get(connector.run)
 
 
 def check_held(connector: Connector) -> None:
