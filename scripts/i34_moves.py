@@ -170,6 +170,15 @@ GROUPS: dict[str, list[Row]] = {
         ("mv", "cli.commands.init", "cli.commands.scaffold"),
         # cli.commands.inventory stays: it and init both define register (COMMANDS names module and function)
     ],
+    # WP2/WP3 (done by hand, not by this script: `--rewrite` only renames their imports in an older branch)
+    "wp3": [
+        ("move", "cli.report", "apply.planning", ["plan_text"]),
+        ("move", "cli.report", "status.looks", ["NodeStatus", "node_status", "status_table"]),
+        ("move", "cli.results", "apply.planning", ["PlanResult"]),
+        ("move", "cli.results", "status.looks", ["StatusResult"]),
+        ("move", "cli.runtime", "runtime.opening", ["runs_nowhere"]),
+        ("move", "cli.commands.lifecycle", "apply.rounds", ["REPLANS", "SETTLE_SECONDS", "SENTINEL_SETTLE_SECONDS"]),
+    ],
 }
 
 

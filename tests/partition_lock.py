@@ -113,7 +113,7 @@ def opsctl(gid: int, *argv: str) -> subprocess.Popen[str]:
 
 
 def python(gid: int, script: str, path: Path) -> subprocess.Popen[str]:
-    from opsctl.net.topolock import LEASE_ENV
+    from opsctl.net.quorum import LEASE_ENV
 
     return subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=ROOT, group=gid, extra_groups=[],

@@ -53,6 +53,9 @@ def test_every_numeric_option_has_a_range() -> None:
     ["cluster", "rebalance", "-f", "x.yaml", "--weight", "a=-1"],
     ["cluster", "rebalance", "-f", "x.yaml", "--weight", "a=nan"],
     ["cluster", "rebalance", "-f", "x.yaml", "--weight", "=1"],
+    ["cluster", "rebalance", "-f", "x.yaml", "--by", "cpu", "--window", "0"],
+    ["cluster", "rebalance", "-f", "x.yaml", "--by", "cpu", "--window", "nan"],
+    ["cluster", "rebalance", "-f", "x.yaml", "--by", "ram"],
 ])
 def test_out_of_range_is_refused_before_the_spec_is_read(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
@@ -60,6 +63,19 @@ def test_out_of_range_is_refused_before_the_spec_is_read(argv: list[str], capsys
     assert stopped.value.code == 1
     err = capsys.readouterr().err
     assert "error: argument" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--by", "cpu", "--weight", "a=2"], "--weight weighs slot counts"),
+    (["--window", "5"], "--window measures a load"),
+    (["--by", "memory", "--window", "5"], "--by memory reads the keys once"),
+    (["--by", "keys", "--placement"], "--placement moves members"),
+])
+def test_rebalance_options_that_do_not_go_together(argv: list[str], said: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cluster", "rebalance", "-f", "x.yaml", *argv]) == 1  # refused before the spec is read
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
 
 
 def test_long_bad_values_are_cut_in_the_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -69,7 +69,7 @@ def test_plan_and_status_modules_import_no_client_library() -> None:
     """The modules behind plan and status, imported: none of them loads redis-py or cryptography at import."""
     code = ("import sys, opsctl.cli.main, opsctl.cli.commands, opsctl.cli.commands.lifecycle, opsctl.runtime.opening, "
             "opsctl.plan.health, "
-            "opsctl.runtime.drift, opsctl.cli.report, opsctl.state.specfile; print(' '.join(sorted(sys.modules)))")
+            "opsctl.runtime.drift, opsctl.status.looks, opsctl.state.specfile; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     heavy = sorted(m for m in done.stdout.split() if m.split(".")[0] in NOT_FOR_LOOKING)
     assert not heavy, heavy
@@ -125,7 +125,7 @@ def test_plan_status_and_apply_make_no_frozen_dataclass_the_costly_way() -> None
             "dataclasses._process_class = spy\n"
             "import opsctl.cli.main, opsctl.cli.commands.lifecycle, opsctl.runtime.opening, opsctl.state.specfile, "
             "opsctl.plan.health, "
-            "opsctl.runtime.drift, opsctl.cli.report, opsctl.plan.planner, opsctl.apply.planfile, "
+            "opsctl.runtime.drift, opsctl.status.looks, opsctl.plan.planner, opsctl.apply.planfile, "
             "opsctl.apply.executor, "
             "opsctl.base.events, "
             "opsctl.net.topolock, opsctl.state.statelock, opsctl.providers.local\n"

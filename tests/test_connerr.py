@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from opsctl.base.errors import is_auth_failure, not_answering
-from opsctl.cli.report import node_status
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.health import health_hint, health_line
 from opsctl.state.specfile import read_spec
+from opsctl.status.looks import node_status
 from tests.support import make_spec, write_spec
 
 WRONGPASS = "AuthenticationError: invalid username-password pair or user is disabled."

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from opsctl.apply.planfile import parse_plan
+from opsctl.apply.planning import plan_text
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.cli.report import plan_text
 from opsctl.cluster.deadnodes import _election_limit
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import ClusterNodeLine, RoleInfo

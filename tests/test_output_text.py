@@ -50,11 +50,11 @@ from opsctl.base.events import (
     VerifyDone,
     as_dict,
 )
+from opsctl.base.runevents import Replanning, RoundDone, Tagged
 from opsctl.base.words import human_seconds, plural, redraw
 from opsctl.cli.commands.audit import ProgressBar, scan_line
 from opsctl.cli.main import main
 from opsctl.cli.output import Printer, printing
-from opsctl.cli.report import node_status, status_table
 from opsctl.cli.ttyline import TtyLine
 from opsctl.net.connector import Connector
 from opsctl.observe.replies import RoleInfo
@@ -62,6 +62,7 @@ from opsctl.slots.members import wider_layout
 from opsctl.slots.progress import Progress, done_fraction
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
+from opsctl.status.looks import node_status, status_table
 from tests.support import make_spec, write_spec
 from tests.test_audit_fixtures import standalone
 from tests.test_failover_checks import facts_for, spec
@@ -203,6 +204,7 @@ EVERY_KIND: list[Event] = [
     MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 10, "lag_seconds": 0.1, "applied": 5},
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
+    RoundDone(3, 1.5), Replanning(("n1",)), Tagged("shop", Note("pre-checks for shard 1")),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
 REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
 # segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from opsctl.apply.planfile import parse_plan
+from opsctl.apply.planning import plan_text
 from opsctl.base.secrets import MASK
-from opsctl.cli.report import plan_text
 from opsctl.plan.desired import DIFFERS
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan

@@ -14,9 +14,8 @@ from datetime import datetime, timezone
 import pytest
 
 from opsctl.cli.main import main
-from opsctl.cli.report import NodeStatus
-from opsctl.cli.results import StatusResult
 from opsctl.cli.watch import HOME_AND_CLEAR, frame
+from opsctl.status.looks import NodeStatus, StatusResult
 from tests.lifecycle import deployed
 from tests.support import PASSWORD, PASSWORD_ENV
 

@@ -23,7 +23,8 @@ from opsctl.migrate.cutover import CutoverOptions, check_locks, cut_over
 from opsctl.migrate.migration import MigrateOptions, _watch
 from opsctl.migrate.shard import ShardRun
 from opsctl.net.connector import Connector
-from opsctl.net.topolock import LEASE_ENV, topology_lock
+from opsctl.net.quorum import LEASE_ENV
+from opsctl.net.topolock import topology_lock
 from opsctl.runtime.opening import make_runtime
 from opsctl.slots.fix import _close_entry, _demote, _unassign, claim
 from opsctl.state.specfile import read_spec

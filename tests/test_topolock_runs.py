@@ -17,8 +17,8 @@ import redis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import Connector
-from opsctl.net.quorum import marker_name, parse_markers
-from opsctl.net.topolock import LEASE_ENV, check_held, lease_seconds, topology_lock
+from opsctl.net.quorum import LEASE_ENV, lease_seconds, marker_name, parse_markers
+from opsctl.net.topolock import check_held, topology_lock
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, write_spec

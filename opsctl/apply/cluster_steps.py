@@ -98,25 +98,25 @@ def _cluster_now(rt: Runtime) -> list[Node]:
 
 
 def move_slots(run: Execution, step: MoveSlots) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     handlers.move_slots(run.rt, step, run.emit)
 
 
 def assign_slots(run: Execution, step: AssignSlots) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     handlers.assign_slots(run.rt, step, run.emit)
 
 
 def close_slots(run: Execution, step: CloseSlots) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     handlers.close_slots(run.rt, step, run.emit)
 
 
 def remove_node(run: Execution, step: RemoveNode) -> None:
-    from opsctl.apply import slot_steps as handlers
+    import opsctl.apply.slot_steps as handlers
 
     if run.rt.loaded.spec.topology != "cluster":
         from opsctl.apply.shape_steps import remove_replicated

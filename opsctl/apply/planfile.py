@@ -6,6 +6,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from opsctl.base.errors import StalePlan
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
 from opsctl.state.readback import Fields, load_json
 
@@ -15,6 +17,31 @@ PLAN_LIMIT = 64 * 1024 * 1024
 
 def read_saved_plan(path: Path | str) -> Plan:
     return parse_plan(load_json(path, PLAN_HINT, PLAN_LIMIT), path)
+
+
+@frozen
+class SavedPlan(Frozen):
+    """A plan saved with `plan --out` (apply --plan), and where it was read from (named in its refusals)."""
+
+    path: str
+    plan: Plan
+
+    @classmethod
+    def read(cls, path: Path | str) -> SavedPlan:
+        return cls(str(path), read_saved_plan(path))
+
+    def checked(self, current: Plan) -> Plan:
+        """This plan, when it is what opsctl would do now (current); StalePlan when the spec, the live topology or
+        the steps moved since it was made."""
+        saved = self.plan
+        for moved, what in ((saved.spec_digest != current.spec_digest, "the spec changed since the plan was made"),
+                            (saved.fingerprint != current.fingerprint,
+                             "the live topology changed since the plan was made"),
+                            (saved.steps != current.steps,
+                             "the saved plan's steps differ from what opsctl would do now")):
+            if moved:
+                raise StalePlan(what, f"plan: {self.path}", "run opsctl plan --out again and review it")
+        return saved
 
 
 def parse_plan(data: object, path: Path | str) -> Plan:

@@ -1,12 +1,16 @@
-"""Planning, apply's first half: the settled facts and the spec made into a plan (compute_plan), the shards a
-scale-out was filling, the refusal of nodes that do not answer, the spec's digest, and the warning for node ports
-inside the machine's ephemeral port range (pure)."""
+"""Planning, apply's first half: the plan operation (plan: a PlanResult, saved with --out), the settled facts and
+the spec made into a plan (compute_plan), the plan as text for people, the shards a scale-out was filling, the
+refusal of nodes that do not answer, the spec's digest, and the warning for node ports inside the machine's
+ephemeral port range (pure)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import OpsctlError, is_auth_failure, is_tls_failure
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.words import plural
 from opsctl.plan.facts import NodeFacts
 from opsctl.render.directives import listen_ports
 from opsctl.runtime.gather import desired_state, settled_facts
@@ -16,6 +20,67 @@ from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:  # the planner, its steps and the disk facts load for plan and apply, not for status
     from opsctl.plan.steps import Plan
+
+@frozen
+class PlanOptions(Frozen):
+    """out: also save the plan there, as JSON for apply --plan (plan --out)."""
+
+    out: Path | None = None
+
+
+@frozen
+class PlanResult(Frozen):
+    """plan, and the plan apply and restart show before they run it: its steps, or "no changes". saved_to: where
+    it was saved (plan --out)."""
+
+    plan: Plan
+    saved_to: Path | None = None
+
+    @property
+    def changes(self) -> bool:
+        return not self.plan.empty
+
+    def text(self) -> str:
+        return plan_text(self.plan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.plan.to_dict()
+
+
+JUST_PLAN = PlanOptions()
+
+
+def plan(rt: Runtime, options: PlanOptions = JUST_PLAN) -> PlanResult:
+    """What apply would change now, from a look at every node; saved to options.out when given."""
+    made, _ = compute_plan(rt)
+    if options.out is not None:
+        import json
+
+        from opsctl.state.safefs import write_private
+
+        write_private(options.out, json.dumps(made.to_dict(), indent=2) + "\n")
+    return PlanResult(made, options.out)
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan for people: a summary line, each step with why, and each setting a write changes, before -> after
+    (secrets as verdicts or ***, as the step holds them)."""
+    from opsctl.plan.steps import WriteConfig
+
+    if plan.empty:
+        return "\n".join(["Plan: no changes.", *(f"  {note}" for note in plan.notes)])
+    lines = [f"Plan: {plural(len(plan.steps), 'step')} for '{plan.spec_name}':"]
+    lines += [f"  {plan.summary}"] if plan.summary else []
+    for i, step in enumerate(plan.steps, start=1):
+        lines.append(f"  {i:>3}. {step.title()}")
+        lines.append(f"       why: {step.reason}")
+        if isinstance(step, WriteConfig):
+            lines += [f"       {name}: {before} -> {after}" for name, before, after in step.changes]
+    lines += [f"  warning: {w}" for w in plan.warnings]
+    lines += [f"  then: {note}" for note in plan.notes if plan.replan]
+    return "\n".join(lines)
+
+
 
 def spec_digest(loaded: LoadedSpec) -> str:
     from opsctl.base.record import digest

@@ -90,17 +90,12 @@ def _fail_over_drained(run: Execution, step: Failover) -> None:
     """A failover away from a node on a host the spec removed (spec.placement.drained): the runbook and the
     step's checks look at its shard with it back as a member (spec.placement.with_member), for this step only,
     without the members not started yet (its replacements: the post-checks would wait for them to follow)."""
-    rt, connector = run.rt, run.rt.connector
+    rt = run.rt
     layout = rt.loaded.layout
     members = [rt.node(m) for s in layout.shards if s.index == step.shard for m in s.members]
     absent = [n.name for n in members if not rt.provider.process_state(n).running]
     view = replace(rt.loaded, layout=_without_idle_sentinels(rt, with_member(layout, step.node, absent)))
-    placed = connector.loaded
-    connector.loaded = view
-    try:
-        fail_over(replace(run, rt=replace(rt, loaded=view)), step)
-    finally:
-        connector.loaded = placed
+    fail_over(replace(run, rt=replace(rt, loaded=view, connector=rt.connector.over(view))), step)
 
 
 def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:

@@ -99,6 +99,11 @@ class RefusedError(OpsctlError):
     exit_code = EXIT_REFUSED
 
 
+class StalePlan(RefusedError):
+    """A saved plan (apply --plan) no longer matches what opsctl would do now: the spec, the live topology or the
+    steps moved since it was made."""
+
+
 class ConvergenceError(OpsctlError):
     """Nodes did not come to agree in time; names the node that disagrees."""
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.runevents import Replanning, RoundDone, Tagged
 from opsctl.base.words import gauge, human_bytes, human_seconds, plural
 
 
@@ -467,7 +468,7 @@ Event = (StepStart | StepDone | StepFailed | Log | Note | ScanProgress | SlotsSt
          | BusyKeyEqual | Closed | SlotsSkip | SlotsClosed | EndpointDown | EndpointReplacedEvent
          | BackupStart | ShardCopying | ShardSaved | BackupDone | SegmentArchived | ArchiveProgress | ArchiveStopped
          | ChecksumsOk | ShardVerified | VerifyDone | RestoreProgress | RestoreDone | PlaybookTask | MigrateLag
-         | CutoverDone)
+         | CutoverDone | RoundDone | Replanning | Tagged)
 # a bar on a terminal; elsewhere a heartbeat: the newest one as a line every HEARTBEAT seconds (CI logs)
 REDRAWN = (SlotsProgress, ShardCopying, ShardSaved, RestoreProgress, PlaybookTask, MigrateLag, SegmentArchived,
            ArchiveProgress)
@@ -479,6 +480,8 @@ Emit = Callable[[Event], None]
 
 def as_dict(event: Event) -> dict[str, object]:
     """The JSON form: {"event": kind, field: value, ...}."""
+    if isinstance(event, Tagged):
+        return event.as_dict()
     return {"event": event.kind, **dataclasses.asdict(event)}
 
 

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.words import human_bytes
-from opsctl.cli.report import NodeStatus, plan_text, status_table
 from opsctl.slots.session import SlotsOutcome
 
 if TYPE_CHECKING:
@@ -21,42 +20,8 @@ if TYPE_CHECKING:
     from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
-    from opsctl.plan.steps import Plan
     from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
-
-@frozen
-class PlanResult(Frozen):
-    """plan, and the plan apply and restart show before they run it: its steps, or "no changes"."""
-
-    plan: Plan
-
-    def text(self) -> str:
-        return plan_text(self.plan)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.plan.to_dict()
-
-
-@frozen
-class StatusResult(Frozen):
-    """status, and the status apply and restart show when done. healthy: every node answers as the spec says;
-    health: the line that says so or why not; hint: how to get healthy (None when healthy)."""
-
-    spec: str
-    topology: str
-    healthy: bool
-    health: str
-    nodes: tuple[NodeStatus, ...]
-    hint: str | None
-
-    def text(self) -> str:
-        return f"{status_table(list(self.nodes))}\n{self.health}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {"spec": self.spec, "topology": self.topology, "healthy": self.healthy, "health": self.health,
-                "nodes": [row.as_dict() for row in self.nodes]}
-
 
 @frozen
 class ClusterCheckResult(Frozen):
@@ -86,8 +51,30 @@ class SlotsResult(Frozen):
 
     def to_dict(self) -> dict[str, object]:
         outcome = self.outcome
-        return {"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
-                "notes": outcome.notes}
+        out: dict[str, object] = {"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
+                                  "notes": outcome.notes}
+        if outcome.plan:
+            out["plan"] = outcome.plan
+        return out
+
+
+@frozen
+class HotResult(Frozen):
+    """audit --hot: per master, its hottest slots (share of the load, keys) and their hottest keys (LFU)."""
+
+    report: dict[str, Any]
+
+    def text(self) -> str:
+        lines = [f"Hottest slots by {self.report['by']} ({self.report['measured']})"]
+        for master in self.report["masters"]:
+            lines.append(f"{master['master']}: {master['share']:.1%} of the load")
+            for s in master["slots"]:
+                keys = f"; hottest keys: {', '.join(s['top_keys'])}" if s["top_keys"] else ""
+                lines.append(f"  slot {s['slot']}: {s['share']:.2%}, {s['keys']} keys{keys}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.report)
 
 
 @frozen
@@ -295,8 +282,29 @@ class RestoreResult(Frozen):
         return "\n".join(lines)
 
 
+def load_plan_text(plan: dict[str, Any]) -> list[str]:
+    """rebalance --by a load: each master's share now and after, the slots to move with their cost."""
+    lines = [f"Load by {plan['by']} ({plan['measured']}): busiest master at {plan['spread_now']:.2f}x the mean now, "
+             f"{plan['spread_after']:.2f}x after"]
+    lines += [f"  {m['master']}: {m['share_now']:.1%} now -> {m['share_after']:.1%} after" for m in plan["masters"]]
+    moves = plan["slot_moves"]
+    if moves:
+        lines.append(f"Slots to move: {len(moves)}, {plan['keys_moved']} keys")
+        lines += [f"  slot {m['slot']}: {m['source']} -> {m['target']}, {m['share']:.2%} of the load, {m['keys']} keys"
+                  for m in moves[:PLAN_LINES]]
+        if len(moves) > PLAN_LINES:
+            lines.append(f"  ... and {len(moves) - PLAN_LINES} more (--output json lists them all)")
+    if not plan["reached"]:
+        lines.append("  the spread cannot be reached by whole slots (see the notes)")
+    return lines
+
+
+PLAN_LINES = 20  # slot moves a text plan lists
+
+
 def outcome_text(outcome: SlotsOutcome) -> str:
-    lines = [("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}"]
+    lines = load_plan_text(outcome.plan) if outcome.plan else []
+    lines.append(("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}")
     for m in outcome.moves:
         lines.append(f"  {m['source']} -> {m['target']}: {m['slot_count']} slots ({m['slots']}), "
                      f"~{m['est_keys']} keys, ~{human_bytes(m['est_bytes'])}")

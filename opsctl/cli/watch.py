@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, TextIO
 
@@ -13,15 +12,15 @@ from opsctl.base import stop
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
-    from opsctl.cli.results import StatusResult
     from opsctl.runtime.opening import Runtime
+    from opsctl.status.looks import StatusResult
 
 HOME_AND_CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen: the next frame replaces this one
 
 
 def frame(status: StatusResult, interval: float, now: datetime) -> str:
     """One refresh as text: when and how often, the table with OPS/S, the health line (and its hint). Pure."""
-    from opsctl.cli.report import status_table
+    from opsctl.status.looks import status_table
 
     head = f"opsctl status '{status.spec}' every {interval:g}s, {now:%Y-%m-%d %H:%M:%S}Z (Ctrl-C to stop)"
     lines = [head, "", status_table(list(status.nodes), with_ops=True), status.health]
@@ -33,13 +32,12 @@ def watch_status(rt: Runtime, output: str, interval: float, stream: TextIO = sys
     """Refresh until Ctrl-C (or SIGTERM): on a terminal each frame replaces the last; piped, frames follow one
     another; as JSON, one envelope per line. Exit as status does for the last look: 0 healthy, 1 not."""
     from opsctl.cli.output import envelope
-    from opsctl.cli.runtime import status_result
+    from opsctl.status import watch
 
     healthy = True
     on_tty = stream.isatty()
     try:
-        while True:
-            status = status_result(rt)
+        for status in watch(rt, interval):
             healthy = status.healthy
             if output == "json":
                 stream.write(json.dumps(envelope(status.to_dict()), default=str) + "\n")
@@ -47,7 +45,6 @@ def watch_status(rt: Runtime, output: str, interval: float, stream: TextIO = sys
                 text = frame(status, interval, datetime.now(timezone.utc))
                 stream.write(HOME_AND_CLEAR + text + "\n" if on_tty else text + "\n\n")
             stream.flush()
-            time.sleep(interval)
     except stop.Stopped:
         pass  # the way a watch ends, not a failure
     return EXIT_OK if healthy else EXIT_ERROR

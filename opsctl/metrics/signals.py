@@ -25,7 +25,9 @@ METRIC_HELP = {
     "opsctl_last_run_outcome": "1 for the outcome of the last run (ok, error, refused), 0 for the others.",
     "opsctl_last_success_timestamp_seconds": "When the last successful run ended (unix time); 0: none yet.",
     "opsctl_last_run_keys_moved": "Keys the last run moved, backed up or restored.",
+    "opsctl_slot_load_share": "A hot slot's share of its cluster's measured load (audit --hot: top N per master).",
 }
+HOT_COMMAND = "audit hot"  # the textfile of `audit --hot --metrics-textfile`: the hottest slots per master
 
 _SUCCESS_LINE = re.compile(r"^opsctl_last_success_timestamp_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
 
@@ -75,6 +77,27 @@ def render_textfile(run: RunSignal, previous: str | None = None) -> str:
         samples.append(("opsctl_last_run_keys_moved", labels, str(run.keys_moved)))
     return _exposition(samples)
 
+def render_hot_slots(topology: str, report: dict[str, object]) -> str:
+    """audit --hot's report (audit.hot.hot_report) as samples: each master's top slots, by the share of the load."""
+    by = str(report["by"])
+    masters = report["masters"]
+    samples = [("opsctl_slot_load_share", {"topology": topology, "master": str(m["master"]), "slot": str(s["slot"]),
+                                           "by": by}, f"{float(s['share']):.6f}")
+               for m in (masters if isinstance(masters, list) else []) for s in m["slots"]]
+    return _exposition(samples) if samples else ""
+
+
+def write_hot_textfile(folder: Path, topology: str, report: dict[str, object]) -> Path:
+    """Replace the topology's hot-slot textfile (a run that finds no load leaves an empty one: no stale slots)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileProblem(folder, "does not exist or is not a folder", HINT)
+    path = folder / textfile_name(topology, HOT_COMMAND)
+    read_bounded(path, f"remove {path}: opsctl writes it anew ({HINT})")  # refuses a link or an oversized file
+    write_private(path, render_hot_slots(topology, report), mode=0o644)
+    return path
+
+
 def _exposition(samples: list[tuple[str, dict[str, str], str]]) -> str:
     lines: list[str] = []
     for name, labels, value in samples:
@@ -115,7 +138,7 @@ def topology_textfiles(folder: Path, topology: str) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileProblem(folder, "does not exist or is not a folder", HINT)
-    paths = [folder / textfile_name(topology, command) for command in RECORDED_COMMANDS]
+    paths = [folder / textfile_name(topology, command) for command in (*RECORDED_COMMANDS, HOT_COMMAND)]
     return [p for p in paths if p.is_symlink() or p.is_file()]
 
 

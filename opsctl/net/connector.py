@@ -99,14 +99,22 @@ def _tls_connection() -> type[Connection]:
 
 class Connector:
     """Connections to the nodes of one spec. route: where TCP really goes for a node (an SSH tunnel);
-    tls: None for plaintext."""
+    tls: None for plaintext. run: the connector of the run this one is a view of (over), itself by default: the
+    locks a run holds (net.topolock) are its run's."""
 
-    def __init__(self, loaded: LoadedSpec, route: Route | None = None, tls: ClientTLS | None = None) -> None:
+    def __init__(self, loaded: LoadedSpec, route: Route | None = None, tls: ClientTLS | None = None,
+                 run: Connector | None = None) -> None:
         self.loaded = loaded
+        self.run: Connector = run if run is not None else self
         self.route = route
         self.tls = tls
         self._context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
+
+    def over(self, loaded: LoadedSpec) -> Connector:
+        """A connector for another view of the same spec (a placed layout, a layout with a member back for one
+        step): the same route and TLS, a new object; this one is left as it is."""
+        return Connector(loaded, self.route, self.tls, self.run)
 
     def dial(self, node: Node) -> tuple[str, int]:
         """The TCP endpoint for node: its own, or its route's."""

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.frozen import Frozen, frozen
 
+LEASE_SECONDS = 30.0
+LEASE_ENV = "OPSCTL_LOCK_LEASE"
+LEASE_RANGE = (6.0, 3600.0)  # 6: a renewal waits lease/6 for a reply, and a TLS handshake needs ~1 s
 PREFIX = "opsctl-lock"
 FORCE_FLAG = "--force-lock"
 _IDLE = re.compile(r"-?[0-9]+")
@@ -188,3 +191,20 @@ def lost_error(reason: str, finished: bool = False) -> OpsctlError:
                        f"another opsctl run may have changed the topology meanwhile; {when}",
                        "look at `opsctl status -f SPEC` (and `opsctl cluster check` for a cluster), then run the "
                        "same command again: it goes on from the live state")
+
+
+def lease_seconds(environ: Mapping[str, str]) -> float:
+    """The lease: $OPSCTL_LOCK_LEASE seconds (6 to 3600), else 30. A shorter lease lets a hung run's lock
+    expire sooner; every run of one topology should use the same."""
+    text = environ.get(LEASE_ENV)
+    if text is None:
+        return LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low, high = LEASE_RANGE
+    if not low <= value <= high:
+        raise OpsctlError(f"{LEASE_ENV}={text[:40]!r} is not a lease opsctl accepts",
+                          hint=f"give seconds from {low:.0f} to {high:.0f} (default {LEASE_SECONDS:.0f}), or unset it")
+    return value

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import math
 import os
 import re
 import socket
@@ -28,7 +27,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -46,14 +45,11 @@ from opsctl.base.errors import (
 from opsctl.net import quorum
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
-from opsctl.net.quorum import Marker, Tally, keeping, live_others, majority, marker_name
+from opsctl.net.quorum import Marker, Tally, keeping, lease_seconds, live_others, majority, marker_name
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, refused
 from opsctl.observe.replies import RespError, as_text
 from opsctl.spec.layout import Node
 
-LEASE_SECONDS = 30.0
-LEASE_ENV = "OPSCTL_LOCK_LEASE"
-LEASE_RANGE = (6.0, 3600.0)  # 6: a renewal waits lease/6 for a reply, and a TLS handshake needs ~1 s
 RETRY_UNHELD = 1.0
 CONNECT_TIMEOUT = 2.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.@/+=-]")
@@ -98,23 +94,6 @@ def owner_label() -> str:
     return _UNSAFE.sub("_", f"{user}@{socket.gethostname()}/pid{os.getpid()}")[:120]
 
 
-def lease_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    """The lease: $OPSCTL_LOCK_LEASE seconds (6 to 3600), else 30. A shorter lease lets a hung run's lock
-    expire sooner; every run of one topology should use the same."""
-    text = environ.get(LEASE_ENV)
-    if text is None:
-        return LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    low, high = LEASE_RANGE
-    if not low <= value <= high:
-        raise OpsctlError(f"{LEASE_ENV}={text[:40]!r} is not a lease opsctl accepts",
-                          hint=f"give seconds from {low:.0f} to {high:.0f} (default {LEASE_SECONDS:.0f}), or unset it")
-    return value
-
-
 def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
     """A node that answers but refuses opsctl's password or TLS is said as such (what every command says of it),
     not counted as silent: that would read as a split. None: it does not answer."""
@@ -138,7 +117,7 @@ class TopologyLock:
 
     def __init__(self, connector: Connector, nodes: Sequence[Node], lease: float | None = None) -> None:
         self.connector, self.loaded, self.nodes = connector, connector.loaded, list(nodes)
-        self.lease = lease_seconds() if lease is None else lease
+        self.lease = lease_seconds(os.environ) if lease is None else lease
         self.owner = owner_label()
         self.topology = _UNSAFE.sub("_", self.loaded.spec.name)[:60]
         self.epoch = 0  # 0 while taking it: a marker that grants nothing yet
@@ -468,20 +447,20 @@ def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lea
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
     lock.acquire(nowhere, force)
     with _RUNS_LOCK:
-        _RUNS[connector] = lock
+        _RUNS[connector.run] = lock
     try:
         yield lock
         lock.check(finished=True)  # the block ended without an error: was the lock held all through its last step?
     finally:
         with _RUNS_LOCK:
-            _RUNS.pop(connector, None)
+            _RUNS.pop(connector.run, None)
         lock.release()
 
 
 def _owned(connector: Connector) -> TopologyLock | None:
     """The lock the run that owns connector holds, if any."""
     with _RUNS_LOCK:
-        return _RUNS.get(connector)
+        return _RUNS.get(connector.run)
 
 
 def check_held(connector: Connector) -> None:

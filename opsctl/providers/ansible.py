@@ -77,7 +77,9 @@ class AnsibleProvider:
     stages_files = True
 
     def __init__(self, loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None,
-                 on_event: Emit | None = None) -> None:
+                 on_event: Emit | None = None, hosts_of: AnsibleProvider | None = None) -> None:
+        """hosts_of: the provider that read the records this spec was placed from (runtime.opening); this one
+        takes over its SSH connections and tunnels and the hosts and tombstones it found, and closes them."""
         require_ansible()  # paramiko imported, ansible-runner or ansible-core may still be missing
         self.loaded = loaded
         self.state_dir = Path(state_dir).resolve()
@@ -95,6 +97,11 @@ class AnsibleProvider:
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
         self.last_result: PlaybookResult | None = None
+        if hosts_of is not None:
+            self.known_hosts = hosts_of.known_hosts
+            self._clients, self._sftps, self._tunnels = hosts_of._clients, hosts_of._sftps, hosts_of._tunnels
+            self._host_locks, self._removed, self._tombstones = (hosts_of._host_locks, hosts_of._removed,
+                                                                 hosts_of._tombstones)
 
     @property
     def data_dir(self) -> Path:

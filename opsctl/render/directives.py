@@ -238,7 +238,14 @@ def cluster(spec: Spec, node: Node) -> list[Directive]:
             ("cluster-require-full-coverage", _yes(topo.require_full_coverage)),
             ("cluster-allow-replica-migration", "no"),
             ("cluster-replica-validity-factor", str(topo.replica_validity_factor)),
-            ("cluster-allow-reads-when-down", _yes(topo.allow_reads_when_down))]
+            ("cluster-allow-reads-when-down", _yes(topo.allow_reads_when_down)), *slot_stats(spec, node)]
+
+
+def slot_stats(spec: Spec, node: Node) -> list[Directive]:
+    """cluster.slot_stats, unless the config spells cluster-slot-stats-enabled out (which it renders itself)."""
+    spelled = {**spec.config, **dict(node.config)}
+    on = spec.cluster_or_default().slot_stats and "cluster-slot-stats-enabled" not in spelled
+    return [("cluster-slot-stats-enabled", "yes")] if on else []
 
 
 def bus_port(node: Node) -> list[Directive]:

@@ -10,13 +10,14 @@ replica count went down, who is each shard's master now, so the member retired i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, clip
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector, Route
@@ -31,12 +32,32 @@ from opsctl.state.statedir import state_dir_for
 from opsctl.tls.material import client_tls
 
 
+@frozen
+class RuntimeOptions(Frozen):
+    """How a runtime is opened. state_dir: None for the spec's default (beside it). locked: the state-dir lock and
+    the topology lock for the whole run, planning included (apply). force_lock: take the topology lock over a
+    marker of a run that is gone (--force-lock). keep_spec: what keeps the validated spec beside the state
+    (state.specfile.read_spec_to_keep), called once the runtime is built where the state goes beside the spec."""
+
+    state_dir: Path | None = None
+    locked: bool = False
+    force_lock: bool = False
+    keep_spec: Callable[[], None] | None = None
+
+
+UNLOCKED = RuntimeOptions()
+
+
 @dataclass
 class Runtime:
+    """What a command runs on, built once over the placed spec: every command sees one layout. force_lock: the
+    topology lock may be taken over a gone run's marker (locked)."""
+
     loaded: LoadedSpec
     provider: Provider
     state_dir: Path
     connector: Connector
+    force_lock: bool = False
 
     def admin(self, node: Node, timeout: float = 5.0) -> Admin:
         return self.connector.admin(node, timeout)
@@ -45,27 +66,79 @@ class Runtime:
         return self.loaded.layout.node(name)
 
 
-def make_runtime(loaded: LoadedSpec, state_dir: str | None = None) -> Runtime:
-    """The runtime over the spec placed where its nodes are deployed (placed): every command sees one layout."""
-    directory = state_dir_for(loaded, state_dir)
+@contextmanager
+def open_runtime(loaded: LoadedSpec, options: RuntimeOptions = UNLOCKED) -> Iterator[Runtime]:
+    """The runtime, under the state-dir lock and the topology lock if options.locked, for the whole run (planning
+    included), so no other run changes the topology between the plan and its steps; its provider is closed inside
+    the locks. More: docs/internals.md."""
+    rt = make_runtime(loaded, options.state_dir, options.force_lock)
+    if options.keep_spec is not None and options.state_dir is None:  # its state goes beside the spec: so does it
+        options.keep_spec()
+    with ExitStack() as locks:
+        try:
+            if options.locked:
+                locks.enter_context(locked(rt))
+            yield rt
+        finally:
+            rt.provider.close()
+
+
+@contextmanager
+def locked(rt: Runtime) -> Iterator[None]:
+    """The state-dir lock, then the topology lock (counting its majority among the servers that run somewhere:
+    runs_nowhere), for the block."""
+    from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
+    from opsctl.state.statelock import state_lock
+
+    with state_lock(rt.state_dir), topology_lock(rt.connector, nowhere=lambda names: runs_nowhere(rt, names),
+                                                 force=rt.force_lock):
+        yield
+
+
+def runs_nowhere(rt: Runtime, names: Sequence[str]) -> list[str]:
+    """Of the named servers (silent to the topology lock), those the provider finds running nowhere: not deployed
+    yet or stopped, their host reached and no process of theirs there (a first apply, a topology stopped by
+    `destroy`, a scale-out's new servers). They grant no run anything, on either side of a split, so the lock counts
+    its majority among the others. A host the provider cannot reach may run a server opsctl cannot see: not such a
+    server."""
+    from opsctl.net.fanout import fan_out
+
+    def stopped(name: str) -> bool:
+        try:
+            return not rt.provider.process_state(rt.node(name)).running
+        except OpsctlError:  # a host out of reach: a server may run there
+            return False
+
+    return [name for name, down in zip(names, fan_out(stopped, list(names)), strict=True) if down]
+
+
+def make_runtime(loaded: LoadedSpec, state_dir: str | Path | None = None, force_lock: bool = False) -> Runtime:
+    """The runtime over the spec placed where its nodes are deployed (placed): every command sees one layout. The
+    records are read first (locally, or over SSH by a provider that only reads them), the spec placed with a
+    short-lived connector, then the connector and the provider are built over the placed spec, once."""
+    directory = state_dir_for(loaded, str(state_dir) if state_dir is not None else None)
     spec = loaded.spec
     if spec.provider == "ansible":
         from opsctl.providers.ansible import AnsibleProvider
 
-        remote = AnsibleProvider(loaded, directory)
-        connector = make_connector(loaded, directory, remote.admin_route())
-        loaded = remote.loaded = connector.loaded = placed(loaded, remote, connector)
-        return Runtime(loaded, remote, directory, connector)
+        reader = AnsibleProvider(loaded, directory)
+        try:
+            route = reader.admin_route()
+            at = placed(loaded, reader.deployed_records, make_connector(loaded, directory, route))
+        except BaseException:
+            reader.close()
+            raise
+        remote = AnsibleProvider(at, directory, hosts_of=reader)  # its SSH session, hosts and tombstones
+        return Runtime(at, remote, directory, make_connector(at, directory, remote.admin_route()), force_lock)
     from opsctl.providers.binaries import find_server, require_tls
     from opsctl.providers.local import LocalProvider
+    from opsctl.providers.localfiles import deployed_records_in
 
     binary = find_server(spec.server.flavor, parse_version(spec.server.version), loaded.server_binary)
     if spec.tls.enabled:
         require_tls(binary)
-    local = LocalProvider(loaded, directory, binary)
-    connector = make_connector(loaded, directory)
-    loaded = local.loaded = connector.loaded = placed(loaded, local, connector)
-    return Runtime(loaded, local, directory, connector)
+    at = placed(loaded, lambda: deployed_records_in(loaded, directory), make_connector(loaded, directory))
+    return Runtime(at, LocalProvider(at, directory, binary), directory, make_connector(at, directory), force_lock)
 
 
 def make_connector(loaded: LoadedSpec, state_dir: Path, route: Route | None = None) -> Connector:
@@ -83,9 +156,8 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
     if loaded.spec.provider != "ansible":
         from opsctl.providers.localfiles import deployed_records_in
 
-        connector = make_connector(loaded, state_dir)
-        connector.loaded = place_from(loaded, deployed_records_in(loaded, state_dir), connector)
-        yield connector
+        first = make_connector(loaded, state_dir)
+        yield first.over(place_from(loaded, deployed_records_in(loaded, state_dir), first))
         return
     from opsctl.providers.ansible import AnsibleProvider
 
@@ -93,18 +165,19 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
     try:
         connector = make_connector(loaded, state_dir, provider.admin_route())
         if loaded.spec.topology != "standalone":
-            connector.loaded = provider.loaded = place_from(loaded, provider.deployed_records(), connector)
+            connector = connector.over(place_from(loaded, provider.deployed_records(), connector))
         yield connector
     finally:
         provider.close()
 
 
-def placed(loaded: LoadedSpec, provider: Provider, connector: Connector) -> LoadedSpec:
+def placed(loaded: LoadedSpec, records: Callable[[], Mapping[str, Mapping[str, object]]],
+           connector: Connector) -> LoadedSpec:
     """The spec's layout given the records of what is deployed: a deployed node keeps its name, host, port and
     shard; the records are read on the hosts, so a fresh state dir places the same. Every command places so."""
     if loaded.spec.topology == "standalone":
         return loaded
-    return place_from(loaded, provider.deployed_records(), connector)
+    return place_from(loaded, records(), connector)
 
 
 def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None

@@ -48,6 +48,8 @@ CAPABILITY_SINCE: dict[str, dict[str, Version | None]] = {
     "multi_arg_save": {"redis": (7, 0), "valkey": (7, 2)},
     # CLUSTER ADDSLOTSRANGE / DELSLOTSRANGE (before: ADDSLOTS / DELSLOTS with every slot listed)
     "slot_range_commands": {"redis": (7, 0), "valkey": (7, 2)},
+    # CLUSTER SLOT-STATS: key-count per slot; cpu-usec, network-bytes-in/out with cluster-slot-stats-enabled
+    "slot_stats": {"redis": None, "valkey": (8, 0)},
 }
 
 

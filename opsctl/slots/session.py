@@ -212,6 +212,7 @@ class SlotsOutcome:
     summary: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
+    plan: dict[str, Any] = field(default_factory=dict)  # rebalance --by a load: the readable plan (slots.byload)
 
 
 def open_session(connector: Connector) -> Session:

@@ -118,6 +118,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     if not any(path[-1] == "name" or path[0] != "hosts" for path, _, _ in host_findings):
         yield from _check_placement(spec)  # placement over misnamed or unknown hosts only echoes those
     yield from _check_commands(spec)
+    yield from _check_slot_stats(spec)
     yield from _check_memory(spec)
     yield from _check_rdb(spec)
     yield from _check_config(spec, spec.config, ("config",))
@@ -209,6 +210,15 @@ def _check_source_address(spec: Spec, index: int, host: Host) -> Iterator[Findin
     if not has_directive(spec.server.flavor, parse_version(spec.server.version), "bind-source-addr"):
         yield (path, f"{spec.server.flavor} {spec.server.version} has no bind-source-addr",
                "use Redis >= 7.0 or Valkey, or leave source_address out")
+
+
+def _check_slot_stats(spec: Spec) -> Iterator[Finding]:
+    if spec.topology != "cluster" or not spec.cluster_or_default().slot_stats:
+        return
+    if not has_directive(spec.server.flavor, parse_version(spec.server.version), "cluster-slot-stats-enabled"):
+        yield (("cluster", "slot_stats"), f"{spec.server.flavor} {spec.server.version} keeps no per-slot statistics "
+               "(cluster-slot-stats-enabled)",
+               "use Valkey 8.0 or later, or leave slot_stats out: `cluster rebalance --by keys|memory` samples")
 
 
 def _check_write_quorum(spec: Spec, nodes: Layout) -> Iterator[Finding]:

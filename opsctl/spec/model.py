@@ -181,6 +181,9 @@ class ClusterTopology(Record):
         "timeout does not fail over"))
     allow_reads_when_down: bool = field(False, description=(
         "cluster-allow-reads-when-down: nodes still answer reads while the cluster is down"))
+    slot_stats: bool = field(False, description=(
+        "cluster-slot-stats-enabled (Valkey 8.0 and later): the nodes count CPU time and network bytes per slot "
+        "(CLUSTER SLOT-STATS), which `opsctl cluster rebalance --by cpu|network` measures; apply sets it live"))
     rebalance_placement: bool = field(False, description=(
         "apply moves existing members onto the least-loaded hosts (an added host, say) until members per host "
         "differ by at most one, each by a new replica there, synced, a master failed over first, then the old "

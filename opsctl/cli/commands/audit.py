@@ -99,6 +99,11 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    if args.hot:
+        return _audit_hot(args)
+    if args.metrics_textfile is not None:
+        raise OpsctlError("--metrics-textfile writes the hottest slots: it goes with --hot",
+                          hint="add --hot, or drop --metrics-textfile")
     from opsctl.audit.keyspace import Thresholds
     from opsctl.audit.survey import AuditOptions, run_audit
     from opsctl.base.events import HEARTBEAT
@@ -130,6 +135,36 @@ def _audit(args: argparse.Namespace) -> int:
     print_result(AuditResult(report, html=args.output == "html"), args.output)
     refuse_unread(report.findings)
     return EXIT_FINDINGS if at_or_above(report.findings, args.fail_on) else EXIT_OK
+
+
+def _audit_hot(args: argparse.Namespace) -> int:
+    """`audit --hot`: each master's hottest slots over --hot-window seconds, and their hottest keys where the
+    maxmemory-policy is LFU (docs/slots.md: balancing by load)."""
+    from pathlib import Path
+
+    from opsctl.audit.hot import hot_report
+    from opsctl.cli.output import Printer, print_result
+    from opsctl.cli.results import HotResult
+    from opsctl.cli.runsignals import check_folder
+    from opsctl.metrics.signals import write_hot_textfile
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = read_spec(args.file)
+    if loaded.spec.topology != "cluster":
+        raise OpsctlError(f"--hot ranks a cluster's slots: {loaded.file} describes a {loaded.spec.topology} topology",
+                          hint="the hotkeys check (`opsctl audit -f SPEC hotkeys`) ranks keys on any topology")
+    if args.output == "html":
+        raise OpsctlError("--hot prints text or json", hint="use --output table or --output json")
+    if args.metrics_textfile is not None:
+        check_folder(args.metrics_textfile)  # before measuring: a wrong folder changes nothing
+    with open_connector(loaded, state_dir_for(loaded, args.state_dir)) as connector:
+        report = hot_report(connector, args.top, args.hot_window, Printer(args.output == "json"))
+    print_result(HotResult(report), args.output)
+    if args.metrics_textfile is not None:
+        write_hot_textfile(Path(args.metrics_textfile), loaded.spec.name, report)
+    return EXIT_OK
 
 
 def refuse_unread(findings: Sequence[Finding]) -> None:
@@ -177,6 +212,14 @@ def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="flag a prefix above this share without TTL")
     p.add_argument("--no-ttl-min-keys", type=ranged(int, 1, 10**12), default=100,
                    help="ignore prefixes with fewer keys")
+    p.add_argument("--hot", action="store_true",
+                   help="cluster: each master's --top hottest slots by cpu over --hot-window (by keys where the "
+                        "servers count no cpu per slot) and, where the maxmemory-policy is LFU, their hottest keys")
+    p.add_argument("--hot-window", type=ranged(float, 0.5, 3600.0), default=5.0, metavar="SECONDS",
+                   help="--hot: how long to measure (default 5)")
+    p.add_argument("--metrics-textfile", metavar="DIR",
+                   help="--hot: write the hottest slots per master to DIR/opsctl_<topology>_audit_hot.prom for "
+                        "node_exporter's textfile collector (the dashboard's heat map reads it)")
     p.set_defaults(handler=_audit)
 
 

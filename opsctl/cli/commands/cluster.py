@@ -111,6 +111,9 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 
 
 WEIGHT = ranged(float, 0.0, 1e6)
+WINDOW = ranged(float, 0.5, 3600.0)
+WINDOW_DEFAULT = 10.0
+MEASURES = ("slots", "cpu", "network", "memory", "keys")
 THRESHOLD = 2.0
 
 
@@ -122,15 +125,42 @@ def weight(pair: str) -> tuple[str, float]:
     return name, WEIGHT(value)
 
 
+LOAD_THRESHOLD = 10.0  # --by a load: masters within 10% of the mean are left alone
+
+
 def cmd_rebalance(args: argparse.Namespace) -> int:
     from opsctl.slots.reshard import rebalance
 
     if args.placement:
         return _rebalance_placement(args)
+    if args.by != "slots":
+        return _rebalance_by_load(args)
+    if args.window is not None:
+        raise OpsctlError("--window measures a load: it goes with --by cpu|network|memory|keys, not --by slots",
+                          hint="drop --window, or name what to balance by with --by")
     weights = dict(args.weight)
+    args.threshold = THRESHOLD if args.threshold is None else args.threshold
     confirm(args, "Move slots and their keys between masters to reach the balance?")
     return _slot_op(args, lambda connector, state_dir, emit, options: rebalance(
         connector, state_dir, weights, args.threshold, emit, options, args.dry_run))
+
+
+def _rebalance_by_load(args: argparse.Namespace) -> int:
+    """`cluster rebalance --by cpu|network|memory|keys`: measure each slot's cost, move the fewest keys that bring
+    every master within --threshold of the mean (slots.byload)."""
+    from opsctl.slots.byload import rebalance_by_load
+
+    if args.weight:
+        raise OpsctlError(f"--weight weighs slot counts: --by {args.by} balances the measured load evenly",
+                          hint="drop --weight, or rebalance by --by slots")
+    if args.window is not None and args.by in ("keys", "memory"):
+        raise OpsctlError(f"--window measures counters over time: --by {args.by} reads the keys once",
+                          hint="drop --window (it goes with --by cpu|network)")
+    window = WINDOW_DEFAULT if args.window is None else args.window
+    threshold = LOAD_THRESHOLD if args.threshold is None else args.threshold
+    confirm(args, f"Measure {args.by} per slot and move slots and their keys between masters to even it out?")
+    return _slot_op(args, lambda connector, state_dir, emit, options: rebalance_by_load(
+        connector, state_dir, args.by, window, threshold, emit, options, args.dry_run))
 
 
 def _rebalance_placement(args: argparse.Namespace) -> int:
@@ -139,8 +169,9 @@ def _rebalance_placement(args: argparse.Namespace) -> int:
     are refused with it."""
     from opsctl.cli.commands.lifecycle import cmd_apply
 
-    if args.weight or args.threshold != THRESHOLD:
-        raise OpsctlError("--weight and --threshold weigh slots: --placement moves members between hosts instead",
+    if args.weight or args.threshold is not None or args.by != "slots" or args.window is not None:
+        raise OpsctlError("--weight, --threshold, --by and --window weigh slots: --placement moves members between "
+                          "hosts instead",
                           hint="run `cluster rebalance --placement` without them, or the slot rebalance without "
                                "--placement")
     _cluster_spec(args.file)
@@ -202,8 +233,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _slot_args(p)
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NODE=W",
                    help="relative share (default 1)")
-    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=THRESHOLD, metavar="PCT",
-                   help="leave masters within PCT%% of their share alone (default 2)")
+    p.add_argument("--threshold", type=ranged(float, 0.0, 100.0), default=None, metavar="PCT",
+                   help="leave masters within PCT%% of their share alone (default 2; with --by a load: within "
+                        "PCT%% of the mean load, default 10)")
+    p.add_argument("--by", choices=MEASURES, default="slots",
+                   help="what to even out: slot counts (default), or each slot's measured cpu, network, memory or "
+                        "keys (docs/slots.md: balancing by load)")
+    p.add_argument("--window", type=WINDOW, default=None, metavar="SECONDS",
+                   help=f"--by cpu|network: how long to measure the per-slot counters (default {WINDOW_DEFAULT:g})")
     p.add_argument("--placement", action="store_true",
                    help="move members between hosts instead of slots, until members per host differ by at most "
                         "one (each a new replica, synced, a master failed over first, the old one retired)")

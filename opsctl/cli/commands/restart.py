@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from opsctl.base.errors import EXIT_OK, OpsctlError, echo
-from opsctl.cli.commands.lifecycle import rollout_options, run_plan
+from opsctl.cli.commands.lifecycle import approving, opened, print_status, rollout_options, rounds_printer
 from opsctl.cli.options import add_spec_options
-from opsctl.cli.runtime import open_runtime, print_status
 
 
 def node_names(text: str) -> frozenset[str]:
@@ -19,11 +18,14 @@ def node_names(text: str) -> frozenset[str]:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
+    from opsctl.apply import ApplyOptions, run_plan
     from opsctl.apply.planning import refuse_silent_nodes, spec_digest
+    from opsctl.cli.output import printing
     from opsctl.plan.rolling import restart_plan
     from opsctl.runtime.gather import settled_facts
+    from opsctl.status import status
 
-    with open_runtime(args, locked=not args.dry_run) as rt:
+    with opened(args, locked=not args.dry_run) as rt:
         names = [n.name for n in rt.loaded.layout.nodes]
         selected = set(args.nodes) if args.nodes is not None else set(names)
         unknown = sorted(selected - set(names))
@@ -32,9 +34,14 @@ def cmd_restart(args: argparse.Namespace) -> int:
         facts = settled_facts(rt, with_config=False)
         refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
-        run_plan(rt, plan, args, f"Restart {len(selected)} node(s) of '{plan.spec_name}'?", "Restarted")
+        question = f"Restart {len(selected)} node(s) of '{plan.spec_name}'?"
+        options = ApplyOptions(dry_run=args.dry_run, allow_downtime=args.allow_downtime,
+                               parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout,
+                               approve=approving(args, lambda _: question))
+        with printing(args.output == "json") as printer:
+            run_plan(rt, plan, options, rounds_printer(printer, done="Restarted"))
         if not args.dry_run:
-            print_status(rt, args.output)
+            print_status(status(rt), args.output)
     return EXIT_OK
 
 
