@@ -12,6 +12,8 @@ MAKERS = {"Redis", "StrictRedis", "RedisCluster", "Sentinel", "ConnectionPool", 
           "create_default_context", "from_url"}
 ALLOWED = {
     "net/connector.py": "the connector",
+    "net/connection.py": ("the node handle: its Connection is opsctl's, not redis-py's, and connects through the "
+                          "connector"),
     "providers/remote/ssh.py": ("the SSH transport: its local tunnel listener is the connector's route, "
                                 "not a node connection"),
     "providers/sockdiag.py": "a netlink socket to the local kernel (which process listens on a port), no node",

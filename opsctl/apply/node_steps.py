@@ -6,11 +6,10 @@ from __future__ import annotations
 import time
 
 from opsctl.apply.replication_steps import finish_fenced, sentinels_master
-from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError, is_auth_failure
+from opsctl.base.errors import AuthRefused, ConvergenceError, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
 from opsctl.net.admin import Admin
-from opsctl.net.connector import AuthRefused
 from opsctl.net.observer import Observer
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import mark_started, stopping
@@ -126,7 +125,7 @@ def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIM
     with Observer(run.rt.connector, nodes, timeout=2.0) as observer:
         def answer(node: Node) -> OpsctlError | bool:
             try:
-                reply = observer.links[node.name].pipeline([("PING",)])[0]
+                reply = observer.connections[node.name].texts([("PING",)])[0]
             except AuthRefused as exc:
                 if not is_auth_failure(exc.detail):
                     return False  # e.g. LOADING: still loading its data

@@ -14,7 +14,7 @@ from redis.crc import key_slot
 
 from opsctl.audit.scan import Throttle
 from opsctl.base.errors import OpsctlError
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection, connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover
 from opsctl.net.rawpipe import RawPipe
@@ -124,17 +124,18 @@ def owner_node(loaded: LoadedSpec, nodes_text: str, key: bytes) -> Node:
     return node
 
 
-def owner(connector: Connector, key: bytes) -> Admin:
+def owner(connector: Connector, key: bytes) -> Connection:
+    """The handle of the master that serves key (the only master outside a cluster)."""
     loaded = connector.loaded
     live = [ln for ln in discover(connector) if ln.role != "down"]
     masters = [ln for ln in live if ln.role == "master"]
     if not masters:
         raise OpsctlError("no reachable master", hint="start the fleet: opsctl apply -f SPEC")
     if loaded.spec.topology != "cluster":
-        return connector.admin(masters[0].node)
-    with connector.admin(masters[0].node) as admin:
-        text = admin.raw("CLUSTER", "NODES")
-    return connector.admin(owner_node(loaded, text if isinstance(text, str) else text.decode(), key))
+        return connection_to(connector, masters[0].node)
+    with connection_to(connector, masters[0].node) as handle:
+        text = as_text(handle.call("CLUSTER", "NODES"))
+    return connection_to(connector, owner_node(loaded, text, key))
 
 
 def _size_of(pipe: RawPipe, kind: str, key: bytes) -> int:
@@ -144,15 +145,16 @@ def _size_of(pipe: RawPipe, kind: str, key: bytes) -> int:
     return reply if isinstance(reply, int) else 0
 
 
-def make_plan(loaded: LoadedSpec, admin: Admin, pipe: RawPipe, key: bytes, chunk: int, chunked: bool) -> DeletePlan:
+def make_plan(loaded: LoadedSpec, handle: Connection, pipe: RawPipe, key: bytes, chunk: int, chunked: bool) \
+        -> DeletePlan:
     kind = as_text(pipe.call("TYPE", key))
     gc = gc_name(key, loaded.spec.topology == "cluster")
     gc_kind = as_text(pipe.call("TYPE", gc))
-    config = admin.config_get("lazyfree-lazy-*")
+    config = handle.config_get("lazyfree-lazy-*")
     lazyfree = "yes" in (config.get("lazyfree-lazy-user-del"), config.get("lazyfree-lazy-server-del"))
     method = choose_method(kind, lazyfree, chunked, gc_kind != "none")
     size = _size_of(pipe, kind if kind != "none" else gc_kind, key if kind != "none" else gc)
-    return DeletePlan(key, admin.name, admin.endpoint, kind if kind != "none" else gc_kind, size, method, gc,
+    return DeletePlan(key, handle.name, handle.endpoint, kind if kind != "none" else gc_kind, size, method, gc,
                       gc_kind != "none", chunk, gc_kind)
 
 
@@ -227,8 +229,8 @@ def delete_big_key(connector: Connector, key: bytes, chunk: int = DEFAULT_CHUNK,
                    dry_run: bool = False, rate: float | None = None) -> DeleteResult:
     """Plan, then (unless dry_run) delete: a leftover gc key first, then the key itself."""
     started = time.monotonic()
-    with owner(connector, key) as admin, RawPipe(connector, admin.node) as pipe:
-        plan = make_plan(connector.loaded, admin, pipe, key, chunk, chunked)
+    with owner(connector, key) as handle, handle.dedicated() as pipe:
+        plan = make_plan(connector.loaded, handle, pipe, key, chunk, chunked)
         if dry_run or plan.method == "missing":
             return DeleteResult(plan, 0, 0, 0.0)
         throttle = Throttle(rate)

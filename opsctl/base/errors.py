@@ -152,3 +152,41 @@ def not_answering(node: str, error: object) -> str:
     if is_auth_failure(error):
         return auth_failed(node)
     return f"{node} does not answer ({error_text(error) or 'not running'})"
+
+
+# --- the node handle's errors (opsctl.net.connection converts every client error into these) ------------------------
+
+
+class NodeError(OpsctlError):
+    """A node did not do what opsctl asked: it did not answer (NodeUnreachable) or it refused (NodeRefused)."""
+
+
+class NodeUnreachable(NodeError):
+    """No answer from a node: it is gone, stalls, closed the connection, refused opsctl's AUTH or the TLS
+    handshake, or sent bytes that are not RESP. `why` is the cause in the words an observation keeps."""
+
+    @property
+    def why(self) -> str:
+        cause = self.__cause__
+        if cause is not None and not isinstance(cause, OpsctlError):
+            return error_text(cause)
+        return f"{self.summary}: {self.detail}" if self.detail else self.summary
+
+
+class PipeClosed(NodeUnreachable):
+    """The node closed the connection while replies were due."""
+
+
+class AuthRefused(NodeUnreachable):
+    """A node answered opsctl's AUTH with an error (every password the spec allows); detail: its words."""
+
+
+class NodeRefused(NodeError):
+    """A node answered a command with an error reply (a rename the spec does not know, an ACL, a disabled
+    command, a slot it does not serve), raised naming the node and the command; detail: its words."""
+
+    @property
+    def code(self) -> str:
+        """The error reply's code: its first word when upper case (BUSYKEY, MOVED, NOPERM, ERR), else ""."""
+        word = self.detail.split(" ", 1)[0] if self.detail else ""
+        return word if word.isupper() else ""

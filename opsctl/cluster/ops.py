@@ -55,7 +55,7 @@ def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) ->
     me = next((line for line in lines if line.is_myself), None)
     if me is None or me.id in live_ids or len(lines) <= 1:
         return None
-    keys = int(admin.client.dbsize())
+    keys = int(admin.call("DBSIZE"))
     if keys or me.slots:
         raise RefusedError(f"{node.name} ({node.endpoint}) holds the identity of a node the cluster forgot "
                            f"({me.id[:8]}), with {keys} keys and {me.slot_count} slots",
@@ -74,7 +74,7 @@ def _raw(observer: Observer, node: Node, commands: Sequence[Command], doing: str
     """One round trip over the observer's raw link to node (no redis-py: a new cluster's creation does not load
     it), error replies as values; a node that does not answer is an OpsctlError naming node and command."""
     try:
-        return observer.links[node.name].pipeline(commands)
+        return observer.connections[node.name].texts(commands)
     except PIPE_ERRORS as exc:
         raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
 

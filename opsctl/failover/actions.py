@@ -433,7 +433,7 @@ class Session:
         return to_facts(self.observer.observe())
 
     def admin(self, name: str) -> Admin:
-        return self.observer.admins[name]
+        return self.observer.connections[name].admin()
 
     def quorum(self) -> dict[str, str]:
         name = sentinel_master_name(self.loaded.spec)

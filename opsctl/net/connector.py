@@ -2,7 +2,8 @@
 
 A Connector is made once per command (opsctl.runtime.opening) and passed down; it hands out Admin connections, bare
 redis-py clients (probes) and authenticated raw sockets. With TLS each connection verifies the certificate against
-the node's address, through an SSH tunnel too."""
+the node's address, through an SSH tunnel too. The node handle over them is opsctl.net.connection.connection_to
+(not a method here: the raw stack that handle holds imports this module)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import AuthRefused, OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin, with_fallback
 from opsctl.spec.layout import Node
@@ -187,10 +188,6 @@ class Connector:
             raise AuthRefused(f"{node.name} refused opsctl's AUTH", reply.decode("utf-8", "replace")[:200],
                               "check auth.password in the spec")
         return sock
-
-
-class AuthRefused(OpsctlError):
-    """A node answered opsctl's AUTH with an error (every password the spec allows); detail: its words."""
 
 
 def _auth_command(loaded: LoadedSpec, node: Node, password: str) -> bytes:

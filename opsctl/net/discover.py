@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opsctl.base.errors import AUTH_HINT, is_auth_failure, not_answering
+from opsctl.base.errors import AUTH_HINT, NodeRefused, NodeUnreachable, is_auth_failure, not_answering
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
-from opsctl.net.resp import text
+from opsctl.net.rawpipe import link_error
 from opsctl.observe.findings import Finding, finding
-from opsctl.observe.replies import RespError, parse_role
+from opsctl.observe.replies import ROLE, parse_role
 from opsctl.spec.layout import Node, endpoint
 
 
@@ -37,17 +37,16 @@ def role_summary(reply: Sequence[Any]) -> tuple[str, str | None, bool]:
 
 def live_node(connector: Connector, node: Node) -> LiveNode:
     try:
-        with RawPipe(connector, node, timeout=3.0) as pipe:
-            reply = text(pipe.call("ROLE"))
-    except PIPE_ERRORS as exc:
+        with connection_to(connector, node, timeout=3.0) as handle:
+            role = handle.read(ROLE)
+    except NodeUnreachable as exc:
         return LiveNode(node, "down", error=link_error(exc).splitlines()[0])
-    if isinstance(reply, RespError):
-        return LiveNode(node, "down", error=reply.message)
-    try:
-        role, master, linked = role_summary(reply if isinstance(reply, list) else [reply])
+    except NodeRefused as exc:
+        return LiveNode(node, "down", error=exc.detail)
     except (ValueError, IndexError, TypeError) as exc:
         return LiveNode(node, "down", error=f"unexpected ROLE reply: {exc}")
-    return LiveNode(node, role, master, linked)
+    master = endpoint(*role.master) if role.master else None
+    return LiveNode(node, role.kind, master, role.kind == "master" or role.link == "connected")
 
 
 def discover(connector: Connector, servers: Sequence[Node] | None = None) -> list[LiveNode]:

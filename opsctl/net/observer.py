@@ -6,37 +6,36 @@ only look (plan, status) start without importing it."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connections
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.rawpipe import PIPE_ERRORS, NodePipes, link_error
-from opsctl.net.resp import text
+from opsctl.net.rawpipe import PIPE_ERRORS, link_error
 from opsctl.observe.cluster_state import Disagreement, observed_problems
 from opsctl.observe.replies import (
+    CLUSTER_INFO,
+    CLUSTER_NODES,
+    ROLE,
     Command,
     NodeObservation,
     RespError,
-    TextReply,
     master_side_problems,
     parse_cluster_nodes,
     parse_info,
     parse_pairs,
     parse_role,
 )
+from opsctl.observe.replies import config as config_read
+from opsctl.observe.replies import info as info_read
 from opsctl.plan.facts import TO_WRITE
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
     from opsctl.plan.facts import NodeFacts
-
-T = TypeVar("T")
-
 
 def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts]:
     """Observations as the pure deciders take them (plan.masters), for a run that looks without a provider."""
@@ -45,18 +44,17 @@ def to_facts(observations: Mapping[str, NodeObservation]) -> dict[str, NodeFacts
     return {name: NodeFacts.from_observation(name, o) for name, o in observations.items()}
 
 
-FENCE_READ: Command = ("CONFIG", "GET", TO_WRITE)  # the write fence alone (opsctl.plan.facts)
+FENCE_READ: Command = config_read(TO_WRITE).command  # the write fence alone (opsctl.plan.facts)
 
 
 def _commands(loaded: LoadedSpec, node: Node, with_config: bool, info_section: str | None) -> list[Command]:
-    info: Command = ("INFO", info_section) if info_section else ("INFO",)
+    cmds: list[Command] = [info_read(info_section or "").command, ROLE.command]
     if node.is_sentinel:
-        return [info, ("ROLE",)]
-    cmds: list[Command] = [info, ("ROLE",)]
+        return cmds
     if loaded.spec.topology == "cluster":
-        cmds += [("CLUSTER", "INFO"), ("CLUSTER", "NODES")]
+        cmds += [CLUSTER_INFO.command, CLUSTER_NODES.command]
     if with_config:
-        cmds.append(("CONFIG", "GET", "*"))
+        cmds.append(config_read().command)
     elif loaded.spec.topology in ("replication", "sentinel"):
         cmds.append(FENCE_READ)  # who the shard's master is depends on it (plan.masters)
     return cmds
@@ -83,65 +81,22 @@ def _fill(obs: NodeObservation, commands: list[Command], replies: Sequence[Any])
     obs.error = "; ".join(errors)
 
 
-def _fail_fast(admin: Admin) -> Admin:
-    """One connect attempt per observation, no client-side retries: observers poll anyway, and redis-py's retries with
-    backoff would stall every look at a down node."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    admin.client.set_retry(Retry(NoBackoff(), 0))
-    return admin
-
-
-class Link:
-    """One node's NodePipes with replies decoded to text: what observing reads (INFO, ROLE, CLUSTER NODES), kept
-    between looks and opened again when it failed or the node closed it (a restart)."""
-
-    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
-        self.node = node
-        self.pipes = NodePipes(connector, node, timeout)
-
-    def pipeline(self, commands: Sequence[Command]) -> list[TextReply]:
-        """Replies decoded to text, in order; error replies as RespError values. Raises PIPE_ERRORS."""
-        return [text(reply) for reply in self.pipes.pipeline(commands)]
-
-    def close(self) -> None:
-        self.pipes.close()
-
-
-class Admins(dict[str, Admin]):
-    """Admin connections by node name, made on first use (with redis-py, which observing does not need)."""
-
-    def __init__(self, make: Callable[[str], Admin]) -> None:
-        super().__init__()
-        self._make = make
-        self._lock = threading.Lock()
-
-    def __missing__(self, name: str) -> Admin:
-        with self._lock:
-            if not dict.__contains__(self, name):
-                self[name] = self._make(name)
-            return dict.__getitem__(self, name)
-
-
 class Observer:
     """Keeps one connection per node and a share of the process's threads (opsctl.net.fanout), so repeated
-    observations (polling) are cheap. Looks go over links; admins (for the commands callers send themselves) are
-    made when first asked for."""
+    observations (polling) are cheap. Looks go over the handles' raw pipes; a handle's admin client (for the
+    commands callers send themselves) is made when first asked for."""
 
     def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = 2.0) -> None:
         self.connector = connector
         self.loaded = connector.loaded
         self.nodes = list(nodes)
-        self.links = {n.name: Link(connector, n, timeout) for n in self.nodes}
-        by_name = {n.name: n for n in self.nodes}
-        self.admins = Admins(lambda name: _fail_fast(connector.admin(by_name[name], timeout)))
+        self.connections = Connections(connector, self.nodes, timeout)
         self.pool = Borrowed()
 
     def observe_one(self, node: Node, with_config: bool, info_section: str | None) -> NodeObservation:
         commands = _commands(self.loaded, node, with_config, info_section)
         try:
-            replies = self.links[node.name].pipeline(commands)
+            replies = self.connections[node.name].texts(commands)
         except PIPE_ERRORS as exc:
             return NodeObservation(node, False, link_error(exc))
         obs = NodeObservation(node, True)
@@ -157,10 +112,7 @@ class Observer:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-        for link in self.links.values():
-            link.close()
-        for admin in self.admins.values():
-            admin.close()
+        self.connections.close()
 
     def __enter__(self) -> Observer:
         return self
@@ -190,13 +142,13 @@ def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pend
     CLUSTER INFO and INFO replication (a few hundred bytes each). Pending naming who is not there yet, else None.
     settled: nodes seen there already, not asked again; the ones there now are added (the full look that
     follows checks every node again)."""
-    commands: list[Command] = [("INFO", "replication")]
+    commands: list[Command] = [info_read("replication").command]
     if observer.loaded.spec.topology == "cluster":
-        commands.append(("CLUSTER", "INFO"))
+        commands.append(CLUSTER_INFO.command)
 
     def one(node: Node) -> str:
         try:
-            replies = observer.links[node.name].pipeline(commands)
+            replies = observer.connections[node.name].texts(commands)
         except PIPE_ERRORS as exc:
             return f"unreachable: {link_error(exc)}"
         failed = [f"{' '.join(c)}: {r.message}" for c, r in zip(commands, replies, strict=True)

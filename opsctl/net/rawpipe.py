@@ -14,8 +14,8 @@ from itertools import islice
 
 import hiredis
 
-from opsctl.base.errors import OpsctlError
-from opsctl.net.connector import AuthRefused, Connector
+from opsctl.base.errors import NodeRefused, NodeUnreachable, OpsctlError, PipeClosed
+from opsctl.net.connector import Connector
 from opsctl.net.resp import INCOMPLETE, encode, reader
 from opsctl.observe.replies import Arg, Command, Reply, RespError
 from opsctl.spec.layout import Node
@@ -24,26 +24,22 @@ READ_SIZE = 1 << 20
 
 
 # What goes wrong on a raw connection, in three words (docs/internals.md, "Connections"): the connection broke
-# (PIPE_ERRORS), the node refused a command (NodeRefused), or one reply among others is an error (resp.RespError).
-
-
-class PipeClosed(OpsctlError):
-    """The node closed the connection while replies were due."""
-
-
-class NodeRefused(OpsctlError):
-    """A node answered a command with an error reply (a rename the spec does not know, an ACL, a disabled
-    command, a slot it does not serve), raised naming the node and the command; detail: its words."""
+# (NodeUnreachable; PIPE_ERRORS), the node refused a command (NodeRefused), or one reply among others is an error
+# (resp.RespError).
 
 
 # What a raw connection raises when its node is gone, stalls, closes the connection, refuses opsctl's AUTH or the
 # TLS handshake, or sends bytes that are not RESP.
-PIPE_ERRORS = (OSError, AuthRefused, PipeClosed, hiredis.ProtocolError)
+# AuthRefused and PipeClosed are NodeUnreachable (opsctl.base.errors), which opsctl.net.connection raises for the
+# others: the old name stays while call sites move onto the node handle (issue 34, WP6).
+PIPE_ERRORS = (OSError, NodeUnreachable, hiredis.ProtocolError)
 
 
 def link_error(exc: BaseException) -> str:
     """Why a pipe failed, as an observation keeps it (the server's words for a refused AUTH, which
     opsctl.base.errors recognises)."""
+    if isinstance(exc, NodeUnreachable):
+        return exc.why
     if isinstance(exc, OpsctlError):
         return f"{exc.summary}: {exc.detail}" if exc.detail else exc.summary
     return f"{type(exc).__name__}: {exc}"

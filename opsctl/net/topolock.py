@@ -34,6 +34,8 @@ from typing import NamedTuple
 from opsctl.base.errors import (
     AUTH_HINT,
     TLS_HINT,
+    AuthRefused,
+    NodeRefused,
     OpsctlError,
     auth_failed,
     error_text,
@@ -41,10 +43,10 @@ from opsctl.base.errors import (
     is_tls_failure,
 )
 from opsctl.net import quorum
-from opsctl.net.connector import AuthRefused, Connector, port_accepts
+from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
 from opsctl.net.quorum import Marker, Tally, keeping, lease_seconds, live_others, majority, marker_name
-from opsctl.net.rawpipe import PIPE_ERRORS, NodeRefused, RawPipe, refused
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, refused
 from opsctl.observe.replies import RespError, as_text
 from opsctl.spec.layout import Node
 

@@ -8,15 +8,18 @@ A master's own account of its replicas (INFO replication): a replica may report 
 counts it (Redis 7.0 and Valkey put it online at its first REPLCONF ACK), and writes under min-replicas-to-write
 wait for the master's count, not the replica's. Pure.
 
-Server replies as text: the one bytes -> str rule."""
+Server replies as text: the one bytes -> str rule.
+
+Each fact opsctl reads from a node (ROLE, INFO by section, CLUSTER NODES, CLUSTER INFO, CONFIG GET) declared once, as
+its command and its pure parser (opsctl.net.connection.Connection.read sends it)."""
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.spec.layout import Node, endpoint
@@ -367,3 +370,59 @@ Reply: TypeAlias = "bytes | int | list[Reply] | RespError | None"
 Command: TypeAlias = "tuple[Any, ...]"  # a command's name, then its arguments (Arg values), as callers write them
 
 TextReply: TypeAlias = "str | int | list[TextReply] | RespError | None"
+
+
+# --- facts: what opsctl reads from a node, each declared once --------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@frozen
+class Fact(Frozen, Generic[T]):
+    """One read of a node: the command (sent under the node's renames) and the pure parser of its reply as text."""
+
+    command: Command
+    parse: Callable[[TextReply], T]
+
+
+def _text_of(reply: TextReply) -> str:
+    if not isinstance(reply, str):
+        raise TypeError(f"expected a text reply, got {type(reply).__name__}")
+    return reply
+
+
+def _list_of(reply: TextReply) -> list[TextReply]:
+    if not isinstance(reply, list):
+        raise TypeError(f"expected a list reply, got {type(reply).__name__}")
+    return reply
+
+
+def _role(reply: TextReply) -> RoleInfo:
+    return parse_role(_list_of(reply))
+
+
+def _info(reply: TextReply) -> dict[str, str]:
+    return parse_info(_text_of(reply))
+
+
+def _nodes(reply: TextReply) -> list[ClusterNodeLine]:
+    return parse_cluster_nodes(_text_of(reply))
+
+
+def _pairs(reply: TextReply) -> dict[str, str]:
+    return parse_pairs(_list_of(reply))
+
+
+ROLE: Fact[RoleInfo] = Fact(("ROLE",), _role)
+CLUSTER_NODES: Fact[list[ClusterNodeLine]] = Fact(("CLUSTER", "NODES"), _nodes)
+CLUSTER_INFO: Fact[dict[str, str]] = Fact(("CLUSTER", "INFO"), _info)
+
+
+def info(section: str = "") -> Fact[dict[str, str]]:
+    """INFO, of one section (or "all", "everything"); "" asks the server's default sections."""
+    return Fact(("INFO", section) if section else ("INFO",), _info)
+
+
+def config(pattern: str = "*") -> Fact[dict[str, str]]:
+    """CONFIG GET pattern, as directive -> value."""
+    return Fact(("CONFIG", "GET", pattern), _pairs)

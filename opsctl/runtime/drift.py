@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import NodeUnreachable, OpsctlError
 from opsctl.base.secrets import MASK
 from opsctl.metrics.exporter import ExporterRun
 from opsctl.net.admin import DEFAULT_TIMEOUT
+from opsctl.net.connection import connection_to
 from opsctl.net.fanout import fan_out
-from opsctl.net.observer import Link
-from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.observe.replies import Command, RespError, TextReply
 from opsctl.plan.desired import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
 from opsctl.plan.facts import NodeFacts, SentinelEntry
@@ -78,13 +77,11 @@ def live_users(rt: Runtime, node: Node, f: NodeFacts) -> NodeFacts:
 
 def _ask(rt: Runtime, node: Node, commands: Sequence[Command]) -> list[TextReply] | None:
     """The replies to commands, in one round trip; None when the node does not answer or refuses one."""
-    link = Link(rt.connector, node, DEFAULT_TIMEOUT)
     try:
-        replies = link.pipeline(commands)
-    except PIPE_ERRORS:
+        with connection_to(rt.connector, node, DEFAULT_TIMEOUT) as handle:
+            replies = handle.texts(commands)
+    except NodeUnreachable:
         return None
-    finally:
-        link.close()
     return None if any(isinstance(reply, RespError) for reply in replies) else replies
 
 

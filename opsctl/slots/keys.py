@@ -363,7 +363,7 @@ class KeyMover:
         stuck on the engine's connection); None when it does not answer in time."""
         timeout = max(0.2, min(1.0, self.node_timeout_ms / 4000))
         try:
-            reply = self.session.probe(peer.node, timeout).pipeline([("CLUSTER", "NODES")])[0]
+            reply = self.session.probe(peer.node, timeout).texts([("CLUSTER", "NODES")])[0]
         except PIPE_ERRORS:
             return None
         return parse_cluster_nodes(reply) if isinstance(reply, str) else None

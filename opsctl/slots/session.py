@@ -7,12 +7,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeRefused, OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.net.connection import Connection, connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.observer import Link, Observer, to_facts, wait_converged
-from opsctl.net.rawpipe import NodePipes, NodeRefused
+from opsctl.net.observer import Observer, to_facts, wait_converged
+from opsctl.net.rawpipe import NodePipes
 from opsctl.net.resp import encode_keyed
 from opsctl.observe.cluster_state import observed_problems, slot_map
 from opsctl.observe.replies import ClusterNodeLine, Command, NodeObservation, RespError, myself, server_of
@@ -93,7 +94,7 @@ class Session:
         self.pool = Borrowed()  # a share of the process's I/O threads (net.fanout)
         self.seen: dict[str, NodeObservation] = {}
         self.peers: dict[str, Peer] = {}
-        self._probes: dict[str, Link] = {}
+        self._probes: dict[str, Connection] = {}
         self._probes_lock = threading.Lock()
         self.refresh()
 
@@ -177,11 +178,11 @@ class Session:
     def parallel(self, fn: Callable[[Peer], T], peers: Sequence[Peer]) -> list[T]:
         return [f.result() for f in [self.pool.submit(fn, p) for p in peers]]
 
-    def probe(self, node: Node, timeout: float) -> Link:
+    def probe(self, node: Node, timeout: float) -> Connection:
         """A short-timeout connection to node kept for the session (one that failed is opened again)."""
         with self._probes_lock:
             if node.name not in self._probes:
-                self._probes[node.name] = Link(self.connector, node, timeout)
+                self._probes[node.name] = connection_to(self.connector, node, timeout)
             return self._probes[node.name]
 
     def close(self) -> None:

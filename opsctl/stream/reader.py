@@ -16,9 +16,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from opsctl.base.errors import EXIT_REFUSED, OpsctlError
+from opsctl.base.errors import EXIT_REFUSED, OpsctlError, PipeClosed
 from opsctl.net.connector import Connector
-from opsctl.net.rawpipe import PipeClosed
 from opsctl.net.resp import encode
 from opsctl.observe.replies import parse_info
 from opsctl.spec.layout import Node

@@ -1,0 +1,268 @@
+"""The node handle: one node's connections, fabric's Connection for a Redis node.
+
+Connection holds the raw pipes (opsctl.net.rawpipe: hiredis, kept between round trips) opened on first use, and the
+redis-py admin client only for what needs it (pubsub, the legacy Admin); commands go out under the spec's renames;
+every client error is converted here into opsctl.base.errors' NodeUnreachable or NodeRefused. Connections holds a
+Connection per node for a run (observing, a session), made on first use and closed once.
+
+redis-py is imported only by what needs the admin client: plan and status read over the raw pipes alone."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import hiredis
+
+from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
+from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
+from opsctl.net.connector import Connector
+from opsctl.net.fanout import fan_out
+from opsctl.net.rawpipe import NodePipes, RawPipe
+from opsctl.net.resp import text
+from opsctl.observe.replies import Arg, Command, Fact, Reply, RespError, TextReply, config
+from opsctl.spec.layout import Node
+
+if TYPE_CHECKING:
+    import redis.client
+
+T = TypeVar("T")
+
+UNREACHABLE_HINT = "is it running? `opsctl status -f SPEC` shows every node"
+
+
+class Subscription:
+    """Messages published on the channels a Connection subscribed to (redis-py's pubsub, errors converted)."""
+
+    def __init__(self, connection: Connection, pubsub: redis.client.PubSub) -> None:
+        self._connection = connection
+        self._pubsub = pubsub
+
+    def get(self, timeout: float = 1.0) -> tuple[str, str] | None:
+        """The next message as (channel, data), or None when none came within timeout."""
+        with self._connection.client_errors("a subscription"):
+            message = self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        if message is None:
+            return None
+        return str(message["channel"]), str(message["data"])
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Connection:
+    """One node. The raw pipes (hiredis, pooled) open on first use, the admin client (redis-py) only for what needs
+    it; commands are renamed as the spec says; every client error is converted here into NodeUnreachable or
+    NodeRefused; thread-safe as NodePipes is (a pipe per round trip); close() closes both, once.
+    fail_fast: no redis-py retries on the admin client (observers poll anyway)."""
+
+    def __init__(self, connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
+                 fail_fast: bool = False) -> None:
+        self.connector, self.node, self.timeout, self.fail_fast = connector, node, timeout, fail_fast
+        self.name = node.name
+        self.endpoint = node.endpoint
+        self._pipes: NodePipes | None = None
+        self._admin: Admin | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # --- the boundary: every client error becomes NodeUnreachable or NodeRefused -----------------------------------
+
+    def unreachable(self, exc: BaseException) -> NodeUnreachable:
+        """exc (a socket, TLS, protocol or redis-py connection error) as NodeUnreachable naming the node."""
+        return NodeUnreachable(f"cannot reach {self.name} at {self.endpoint}", error_text(exc), UNREACHABLE_HINT)
+
+    def refused(self, words: str, message: str) -> NodeRefused:
+        return NodeRefused(f"{self.name} refused {words}", message)
+
+    @contextmanager
+    def pipe_errors(self) -> Iterator[None]:
+        """The raw stack's errors converted (no redis-py here: the raw path never imports it)."""
+        try:
+            yield
+        except (OSError, hiredis.ProtocolError) as exc:
+            raise self.unreachable(exc) from exc
+
+    @contextmanager
+    def client_errors(self, words: str) -> Iterator[None]:
+        """redis-py's errors converted: a refused AUTH, no answer, an error reply."""
+        import redis
+
+        try:
+            yield
+        except redis.AuthenticationError as exc:
+            raise AuthRefused(f"{self.name} refused opsctl's AUTH", str(exc), "check auth.password in the spec") \
+                from exc
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise self.unreachable(exc) from exc
+        except redis.ResponseError as exc:
+            raise self.refused(words, str(exc)) from exc
+
+    # --- the raw pipes ---------------------------------------------------------------------------------------------
+
+    def pipes(self) -> NodePipes:
+        with self._lock:
+            if self._closed:
+                raise OpsctlError(f"the connection to {self.name} is closed")
+            if self._pipes is None:
+                self._pipes = NodePipes(self.connector, self.node, self.timeout)
+            return self._pipes
+
+    def command(self, name: str) -> str:
+        """A command's name as this node knows it (the spec's renames)."""
+        return self.pipes().command(name)
+
+    def pipeline(self, commands: Sequence[Command], chunk: int = 0, timeout: float | None = None) -> list[Reply]:
+        """One round trip, replies in order; error replies stay RespError values (the others' replies stand)."""
+        with self.pipe_errors():
+            return self.pipes().pipeline(commands, chunk, timeout)
+
+    def texts(self, commands: Sequence[Command]) -> list[TextReply]:
+        """pipeline, with the replies decoded to text (what observing reads)."""
+        return [text(reply) for reply in self.pipeline(commands)]
+
+    def call(self, command: str, *args: Arg) -> Reply:
+        """One command; an error reply raises NodeRefused (with its code: BUSYKEY, MOVED, ...)."""
+        reply = self.pipeline([(command, *args)])[0]
+        if isinstance(reply, RespError):
+            raise self.refused(" ".join(str(a) for a in (command, *args[:1])), reply.message)
+        return reply
+
+    def read(self, fact: Fact[T]) -> T:
+        """A fact (opsctl.observe.replies), sent and parsed; an error reply raises NodeRefused."""
+        return self.read_all(fact)[0]  # type: ignore[no-any-return]
+
+    def read_all(self, *facts: Fact[Any]) -> tuple[Any, ...]:
+        """Facts in one round trip, parsed in order; the first error reply raises NodeRefused."""
+        replies = self.texts([fact.command for fact in facts])
+        for fact, reply in zip(facts, replies, strict=True):
+            if isinstance(reply, RespError):
+                raise self.refused(" ".join(str(w) for w in fact.command[:2]), reply.message)
+        return tuple(fact.parse(reply) for fact, reply in zip(facts, replies, strict=True))
+
+    def config_get(self, pattern: str = "*") -> dict[str, str]:
+        return self.read(config(pattern))
+
+    def config_set(self, directive: str, value: str) -> None:
+        self.call("CONFIG", "SET", directive, value)
+
+    def ping(self) -> bool:
+        """Whether the node answers PING (a refused or unreachable node does not)."""
+        try:
+            return self.call("PING") in (b"PONG", "PONG")
+        except (NodeUnreachable, NodeRefused):
+            return False
+
+    def transaction(self, commands: Sequence[Command]) -> list[Reply]:
+        """commands inside MULTI/EXEC, in one round trip: EXEC's replies (an error reply of one command stays a
+        RespError value). A command the node refused to queue raises NodeRefused, and nothing runs."""
+        replies = self.pipeline([("MULTI",), *commands, ("EXEC",)])
+        for cmd, reply in zip([("MULTI",), *commands], replies, strict=False):
+            if isinstance(reply, RespError):
+                raise self.refused(" ".join(str(w) for w in cmd[:2]), reply.message)
+        done = replies[-1]
+        if isinstance(done, RespError):
+            raise self.refused("EXEC", done.message)
+        if not isinstance(done, list):
+            raise self.refused("EXEC", "the transaction was aborted")
+        return done
+
+    @contextmanager
+    def dedicated(self, timeout: float = 30.0) -> Iterator[RawPipe]:
+        """A raw pipe of the caller's alone, held whole (SELECT state, a lock marker, a long scan); closed after.
+        Errors on it are converted as the handle's are."""
+        with self.pipe_errors():
+            pipe = RawPipe(self.connector, self.node, timeout)
+            with pipe:
+                yield pipe
+
+    # --- the admin client (redis-py), only for what needs it ------------------------------------------------------
+
+    def admin(self) -> Admin:
+        """The node's Admin (redis-py), made on first use and closed with this handle: for call sites not yet on
+        the handle (issue 34, WP6)."""
+        with self._lock:
+            if self._closed:
+                raise OpsctlError(f"the connection to {self.name} is closed")
+            if self._admin is None:
+                self._admin = self.connector.admin(self.node, self.timeout)
+                if self.fail_fast:
+                    _no_retries(self._admin)
+            return self._admin
+
+    def subscribe(self, *channels: str) -> Subscription:
+        """Messages published on channels (Sentinel's hellos), over a connection of the admin client's."""
+        pubsub = self.admin().client.pubsub()
+        with self.client_errors(f"SUBSCRIBE {' '.join(channels)}"):
+            pubsub.subscribe(*channels)
+        return Subscription(self, pubsub)
+
+    def close(self) -> None:
+        """Close the pipes and the admin client; a second close does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pipes, admin = self._pipes, self._admin
+        if pipes is not None:
+            pipes.close()
+        if admin is not None:
+            admin.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _no_retries(admin: Admin) -> None:
+    """One connect attempt per command, no client-side retries: redis-py's retries with backoff would stall every
+    look at a down node."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    admin.client.set_retry(Retry(NoBackoff(), 0))
+
+
+def connection_to(connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
+                  fail_fast: bool = False) -> Connection:
+    """The node handle for node, over connector's route, AUTH and TLS; nothing is opened until first use."""
+    return Connection(connector, node, timeout, fail_fast)
+
+
+class Connections:
+    """The nodes of a run: a Connection per node, made on first use, closed once."""
+
+    def __init__(self, connector: Connector, nodes: Iterable[Node], timeout: float = DEFAULT_TIMEOUT,
+                 fail_fast: bool = True) -> None:
+        self.connector, self.timeout, self.fail_fast = connector, timeout, fail_fast
+        self._nodes = {n.name: n for n in nodes}
+        self._open: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> Connection:
+        with self._lock:
+            handle = self._open.get(name)
+            if handle is None:
+                handle = self._open[name] = connection_to(self.connector, self._nodes[name], self.timeout,
+                                                          self.fail_fast)
+            return handle
+
+    def each(self, nodes: Iterable[Node], do: Callable[[Connection], T]) -> list[T]:
+        """do(handle) for each node, in parallel (opsctl.net.fanout), results in order."""
+        return fan_out(do, [self[n.name] for n in nodes])
+
+    def close(self) -> None:
+        with self._lock:
+            handles, self._open = list(self._open.values()), {}
+        for handle in handles:
+            handle.close()
