@@ -44,8 +44,9 @@ test: dev system-deps
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc
 
+# The unit tests only (no server started, no socket to one: tests/conftest.py fails a test that does so unmarked).
 test-fast: dev
-	$(BIN)/pytest -n 2 --dist loadfile -m "not remote and not soak" tests
+	$(BIN)/pytest -n 2 --dist loadfile -m "not integration and not remote and not soak" tests
 
 # The long and timing-sensitive fault runs (network partitions): bench/partitions.py measures more of them.
 partitions: dev system-deps
