@@ -50,13 +50,15 @@ def tmp_path(request: pytest.FixtureRequest) -> Iterator[Path]:
 # - every process start goes through Popen._execute_child (run, check_output, call and the providers' Popen too),
 #   so a server binary named anywhere in argv (setpriv/sudo wrappers included) is caught;
 # - every socket connect (redis-py, the raw pipes, socket.create_connection, unix sockets) goes through
-#   socket.socket.connect; a connect that succeeds to an address no socket of this process bound is a real server.
-#   Fakes served from the test's own threads (bound here) stay unit tests; a refused connect costs nothing.
+#   socket.socket.connect; a connect that succeeds to an address no socket of this process listens on is a real
+#   server. Fakes served from the test's own threads (listening here) stay unit tests; a refused connect costs
+#   nothing. (Marking by file would be cheaper still but goes stale: a live test added to a unit file slips by.)
 # Violations are recorded and fail the test at teardown, so code that swallows OSError cannot hide them.
 LIVE_MARKERS = frozenset({"integration", "remote", "soak"})
 SERVER_BINARIES = frozenset({
     "redis-server", "valkey-server", "redis-sentinel", "valkey-sentinel", "redis-cli", "valkey-cli", "sshd",
     "prometheus", "prometheus-redis-exporter", "prometheus-node-exporter", "redis_exporter", "node_exporter",
+    "opsctl-node",  # the hosts' control script (playbooks/files/opsctl-node.sh): it starts and stops servers
 })
 # Asking a binary its version starts no server (the providers probe the flavor and version that way).
 PROBES = frozenset({"--version", "-v"})
@@ -79,8 +81,8 @@ def _unit_tests_stay_off_servers(request: pytest.FixtureRequest) -> Iterator[Non
         yield
         return
     violations: list[str] = []
-    bound: set[object] = set()
-    real_bind, real_connect, real_connect_ex = socket.socket.bind, socket.socket.connect, socket.socket.connect_ex
+    listening: set[object] = set()
+    real_listen, real_connect, real_connect_ex = socket.socket.listen, socket.socket.connect, socket.socket.connect_ex
     real_execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
     def key(sock: socket.socket, address: object) -> object:
@@ -88,14 +90,13 @@ def _unit_tests_stay_off_servers(request: pytest.FixtureRequest) -> Iterator[Non
             return ("port", address[1])
         return ("path", address)
 
-    def bind(self: socket.socket, address: object) -> None:
-        real_bind(self, address)
+    def listen(self: socket.socket, *backlog: int) -> None:
+        real_listen(self, *backlog)
         with contextlib.suppress(OSError):
-            bound.add(key(self, self.getsockname()))
-        bound.add(key(self, address))
+            listening.add(key(self, self.getsockname()))
 
     def check(self: socket.socket, address: object) -> None:
-        if self.family in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX) and key(self, address) not in bound:
+        if self.family in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX) and key(self, address) not in listening:
             violations.append(f"connected to a server at {address!r}")
 
     def connect(self: socket.socket, address: object) -> None:
@@ -115,7 +116,7 @@ def _unit_tests_stay_off_servers(request: pytest.FixtureRequest) -> Iterator[Non
         real_execute(self, args, *rest, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(socket.socket, "bind", bind)
+        patch.setattr(socket.socket, "listen", listen)
         patch.setattr(socket.socket, "connect", connect)
         patch.setattr(socket.socket, "connect_ex", connect_ex)
         patch.setattr(subprocess.Popen, "_execute_child", execute_child)

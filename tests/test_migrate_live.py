@@ -117,7 +117,7 @@ def test_standalone_redis_into_a_valkey_cluster_with_a_writer_and_a_cutover(tmp_
             migrate.streaming()
             src.execute_command("INCR", "counter")  # not idempotent: applied exactly once
             src.set("ttl:rel", "x", ex=300)
-            writer.wait_for_more(1000)  # the stream under the writer
+            writer.wait_for_more(300)  # the stream under the writer
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0 and "cutover done" in out, out + err
             writer.wait_for_refusal()  # writes after the fence: refused

@@ -374,7 +374,12 @@ def test_a_sentinel_stuck_on_a_stale_view_is_monitored_afresh_with_the_specs_ren
         stray.execute_command("SENTINEL", "MONITOR", name, replica.address, replica.port, 2)
         stray.execute_command("SENTINEL", "SET", name, "auth-pass", PASSWORD, "down-after-milliseconds", 1000,
                               "failover-timeout", 5000)
-        time.sleep(4.5)  # two hello periods and the sdown of a "master" that answers as a replica
+
+        def settled() -> bool | None:  # the others' hellos heard, and the sdown of a "master" that answers as a replica
+            reply = stray.execute_command("SENTINEL", "MASTER", name)
+            entry = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2], strict=True))
+            return ("s_down" in str(entry["flags"]) and int(entry["num-other-sentinels"]) >= len(sentinels) - 1) or None
+        wait_for(settled, 60, "the stray sentinel to settle on its stale view", 0.1)
         assert _named(loaded, sentinels) == {s: replica.endpoint if s == sentinels[0] else master.endpoint
                                              for s in sentinels}
         steps = plan_json(capsys, spec)["steps"]
