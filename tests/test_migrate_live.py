@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import deployed, run
@@ -160,8 +161,9 @@ def test_a_migrate_killed_twice_mid_stream_resumes_without_a_second_full_copy(tm
             syncs = int(src.info("stats")["sync_full"])
             for _ in range(2):
                 busy = threading.Thread(target=bump, args=(400,))
+                started = bumps
                 busy.start()
-                time.sleep(0.15)
+                wait_for(lambda started=started: bumps >= started + 50 or None, 30, "the bumps under way")
                 migrate.proc.send_signal(signal.SIGKILL)  # mid-stream, commands in flight
                 migrate.wait()
                 busy.join()

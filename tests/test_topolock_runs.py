@@ -166,7 +166,9 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and node.name in lock.held:
                         time.sleep(0.05)
-                    time.sleep(2.5)  # two rounds of marking it again (every second while a server is unheld)
+                    # what must NOT happen in two rounds of marking it again (every second while a server is unheld):
+                    # a span of time under test, so a sleep
+                    time.sleep(2.5)
                     assert node.name not in lock.held and lock.lost is None and len(lock.held) == 2
                     lock.check()  # two of three: still a majority
                     other.call("CLIENT", "SETNAME", marker_name(name, lock.epoch + 1, "other@h/pid1", 30))
