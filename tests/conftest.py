@@ -27,6 +27,8 @@ def _test_password(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
+    config.addinivalue_line("markers", "second_flavor: a heavy live test's run on its second flavor, where the "
+                            "flavor is not what it tests: left out of `make test`, `make partitions` runs it")
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def tmp_path(request: pytest.FixtureRequest) -> Iterator[Path]:
 #   server. Fakes served from the test's own threads (listening here) stay unit tests; a refused connect costs
 #   nothing. (Marking by file would be cheaper still but goes stale: a live test added to a unit file slips by.)
 # Violations are recorded and fail the test at teardown, so code that swallows OSError cannot hide them.
-LIVE_MARKERS = frozenset({"integration", "remote", "soak"})
+LIVE_MARKERS = frozenset({"integration", "remote", "soak", "second_flavor"})
 SERVER_BINARIES = frozenset({
     "redis-server", "valkey-server", "redis-sentinel", "valkey-sentinel", "redis-cli", "valkey-cli", "sshd",
     "prometheus", "prometheus-redis-exporter", "prometheus-node-exporter", "redis_exporter", "node_exporter",

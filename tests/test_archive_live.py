@@ -91,7 +91,7 @@ def rpo(acked: dict[str, float], events: list[dict], url: str, since: float, unt
     return sorted(lags)
 
 
-@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+@pytest.mark.parametrize("flavor", ["valkey", pytest.param("redis", marks=pytest.mark.second_flavor)])
 def test_continuous_archive_and_restore_to_a_time(tmp_path, capsys, s3_server: S3Server, s3_prefix, flavor) -> None:
     shapes = ("cluster", {}), cluster(5), cluster(3)
     with topologies(tmp_path, capsys, flavor, *shapes) as ((src, src_loaded), (dst, dst_loaded), (other, o_loaded)):
