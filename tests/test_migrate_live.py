@@ -273,9 +273,9 @@ def test_a_source_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
         new_c.execute_command(config, "SET", "min-replicas-to-write", "0")
         old_c.execute_command(replicaof, new.address, new.port)
         with Writer(lambda: new_c, prefix="after") as after:
-            after.wait_for_more(300)
+            after.wait_for_writes(300)
             mark = len(migrate.events)
-            after.wait_for_more(300)
+            after.wait_for_more(300)  # writes on the new master
             migrate.streaming(after=mark)  # followed: a lag report since, every shard streaming
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0, out + err
@@ -340,9 +340,9 @@ def test_a_sentinel_source_whose_master_dies_mid_stream_is_followed(tmp_path, ca
         os.kill(int(client(old).info("server")["process_id"]), signal.SIGKILL)
         new = wait_for(lambda: (n if (n := master_now()) not in (None, old) else None), 30, "Sentinel's failover")
         with Writer(lambda: client(new), prefix="after") as after:
-            after.wait_for_more(300)
+            after.wait_for_writes(300)
             mark = len(migrate.events)
-            after.wait_for_more(300)
+            after.wait_for_more(300)  # writes on the new master
             migrate.streaming(after=mark)  # followed: a lag report since, every shard streaming
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0, out + err
