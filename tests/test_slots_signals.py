@@ -76,7 +76,7 @@ def test_a_signal_mid_reshard_stops_cleanly_and_the_rerun_finishes(tmp_path, cap
                 assert proc.stderr is not None
                 while "moving" not in proc.stderr.readline() and proc.poll() is None:
                     pass
-                time.sleep(0.02)
+                time.sleep(0.02)  # the signal's point inside the server-side job (fault timing): a sleep
             else:
                 wait_started(proc, spec, loaded)
             proc.send_signal(sig)
