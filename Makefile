@@ -39,17 +39,19 @@ system-deps:
 # Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
 test: dev system-deps
 	@rc=0; \
-	$(BIN)/pytest -n 2 --dist loadfile --durations=15 -m "not soak" tests || rc=1; \
+	$(BIN)/pytest -n 2 --dist loadfile --durations=40 -m "not soak and not second_flavor" tests || rc=1; \
 	$(BIN)/ruff check opsctl tests bench || rc=1; \
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc
 
+# The unit tests only (no server started, no socket to one: tests/conftest.py fails a test that does so unmarked).
 test-fast: dev
-	$(BIN)/pytest -n 2 --dist loadfile -m "not remote and not soak" tests
+	$(BIN)/pytest -n 2 --dist loadfile -m "not integration and not remote and not soak" tests
 
-# The long and timing-sensitive fault runs (network partitions): bench/partitions.py measures more of them.
+# The long and timing-sensitive fault runs (network partitions): bench/partitions.py measures more of them. Also the
+# second flavor of heavy live tests whose flavor is not what they test (marker second_flavor, left out of make test).
 partitions: dev system-deps
-	$(BIN)/pytest -v -m soak tests
+	$(BIN)/pytest -v -m "soak or second_flavor" tests
 
 # The unit tests on the lowest Python that requires-python claims (3.10), in their own venv: PY310=/path/to/python
 # picks the interpreter, else the first python3.10 on PATH or under pyenv that runs. None found: skipped, except

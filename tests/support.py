@@ -204,6 +204,32 @@ def admin_for(connector: Connector | LoadedSpec, node: Node, timeout: float = DE
     return connector.admin(node, timeout, decode)
 
 
+def live_lock_owners(loaded: LoadedSpec) -> set[str]:
+    """The owners of live topology lock markers on every server (a node that is down holds none)."""
+    import redis
+
+    from opsctl.net.quorum import parse_markers
+
+    owners = set()
+    for node in loaded.layout.servers:
+        try:
+            with admin_for(loaded, node) as admin:
+                listing = admin.call("CLIENT", "LIST")
+        except redis.ConnectionError:
+            continue  # a node a killed run left stopped holds no marker
+        owners |= {m.owner for m in parse_markers(str(listing), node.name) if m.live}
+    return owners
+
+
+def lease_lapsed(loaded: LoadedSpec, timeout: float) -> None:
+    """Until no live lock marker is left on any server: a stopped or hung holder's lease ran out (its markers were
+    not renewed for longer than the lease, so its own clock counts a pause longer than the lease too)."""
+    from opsctl.base.poll import wait_for
+
+    wait_for(lambda: not live_lock_owners(loaded) or None, timeout, "the held lock's markers to lapse",
+             0.1, last_reason=lambda: f"live markers of {sorted(live_lock_owners(loaded))}")
+
+
 def netns_lab(count: int) -> Iterator[netns.Lab]:
     """A network-namespace lab of count hosts for a module fixture (`yield from netns_lab(3)`), removed afterwards
     even when a test failed; a machine that cannot host one is a missing part (fails under CI=true)."""

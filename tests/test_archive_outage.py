@@ -154,7 +154,7 @@ def test_an_outage_of_the_store_is_ridden_out_and_a_long_one_starts_a_new_base(t
         with writing(client) as acked:
             archiver.wait_segments(3, shards=1)
             proxy.down()
-            time.sleep(OUTAGE)
+            time.sleep(OUTAGE)  # the outage's length is the fault: a sleep
             proxy.up()
             _wait_note(archiver, "the store answers again")
             archiver.wait_segments(3, shards=1, after=time.time() + 1)
@@ -179,11 +179,13 @@ def test_an_outage_of_the_store_is_ridden_out_and_a_long_one_starts_a_new_base(t
         master = next(n for n in loaded.layout.servers if n.role == "master")
         with admin_for(loaded, master) as admin:
             admin.config_set("repl-backlog-size", "16384")
+        failed = sum("the store failed" in n for n in _notes(archiver))
         proxy.down()
-        time.sleep(3)
+        wait_for(lambda: sum("the store failed" in n for n in _notes(archiver)) > failed or None, 60,
+                 "the archiver to see the store fail (its streams closed)", 0.2)
         for i in range(300):
             client.set(f"bulk:{i}", "x" * 10_000)  # 3 MB: far past the backlog
-        time.sleep(OUTAGE)
+        time.sleep(OUTAGE)  # the outage's length is the fault: a sleep
         proxy.up()
         _wait_note(archiver, "gap:")
         deadline = time.monotonic() + 90

@@ -16,6 +16,7 @@ import redis
 from opsctl.backup.offsite import open_store
 from opsctl.backup.store import parse_location
 from opsctl.backup.timeline import read_bases
+from opsctl.base.poll import wait_for
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, tls_client_options
@@ -46,7 +47,9 @@ def test_backup_and_archive_over_tls_as_an_acl_user(tmp_path, capsys) -> None:
         archiver = Archiver(spec, str(folder), tmp_path / "a.jsonl", ["--segment-seconds", "0.2"])
         with writing(client) as acked:
             archiver.wait_segments(3, shards=1)
-            time.sleep(2)
+            began, written = time.time(), len(acked)
+            wait_for(lambda: len(acked) >= written + 20 or None, 30, "writes under the archiver")
+            archiver.wait_segments(3, shards=1, after=began)  # streamed and stored while the writes go on
         archiver.wait_segments(1, shards=1, after=time.time() + 0.5)
         assert archiver.kill(signal.SIGTERM) == 0
         base = read_bases(open_store(parse_location(str(folder))))[0].name

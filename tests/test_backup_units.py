@@ -186,6 +186,7 @@ def test_journal_round_trip_and_damage() -> None:
             parse_journal(text, "j")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_db0_counts_from_a_real_file(flavor) -> None:
     from opsctl.backup.rdb import db0_counts

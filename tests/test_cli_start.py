@@ -75,6 +75,7 @@ def test_plan_and_status_modules_import_no_client_library() -> None:
     assert not heavy, heavy
 
 
+@pytest.mark.integration
 def test_plan_and_status_of_running_nodes_import_no_client_library(tmp_path, capsys) -> None:
     """Talking to running nodes too: plan and status of a deployed node load neither redis-py nor cryptography,
     and, their spec validated before (deployed reads it), neither pydantic nor yaml."""

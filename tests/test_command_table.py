@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from opsctl.server.command_names import CATEGORIES, COMMANDS
 from opsctl.server.versions import is_category, is_command, table_version
 from tests.support import FLAVORS, bare_server
@@ -37,6 +39,7 @@ def write_table(tables: dict[tuple[str, tuple[int, int]], tuple[frozenset[str], 
                    check=False, capture_output=True)
 
 
+@pytest.mark.integration
 def test_committed_table_matches_the_live_servers(tmp_path: Path) -> None:
     tables = {}
     for flavor, version in FLAVORS.items():

@@ -88,6 +88,7 @@ def write_table(tables: dict[tuple[str, tuple[int, int]], dict[str, str]]) -> No
                    check=False, capture_output=True)
 
 
+@pytest.mark.integration
 def test_committed_directive_table_matches_the_live_servers(tmp_path: Path) -> None:
     tables = {}
     for flavor, version in FLAVORS.items():

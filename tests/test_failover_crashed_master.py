@@ -59,7 +59,7 @@ def _apply_with_writer_on(tmp_path, capsys, spec: Path, loaded: LoadedSpec, old:
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, out + err
         assert _role(loaded, old) == "slave", "the old master came back as a master"
-        time.sleep(0.5)
+        writer.wait_for_tries(20)  # the restarted old master was written to (refused, as a replica must)
     return writer, killed_at
 
 
@@ -87,7 +87,7 @@ def test_sentinel_apply_starts_the_crashed_master_as_a_replica(tmp_path, capsys)
             assert code == 0, out + err
             assert "starts as a replica of" in out
             assert _role(loaded, old) == "slave", "the old master came back as a master"
-            time.sleep(0.5)
+            writer.wait_for_tries(20)  # the restarted old master was written to (refused, as a replica must)
         assert _lost_after_restart(writer, _client(loaded, new), killed_at) == []
         _settled(capsys, spec)
 
@@ -106,7 +106,7 @@ def test_replication_apply_starts_the_crashed_master_as_a_replica(tmp_path, caps
             code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
             assert code == 0, out + err
             assert _role(loaded, old) == "slave", "the old master came back as a master"
-            time.sleep(0.5)
+            writer.wait_for_tries(20)  # the restarted old master was written to (refused, as a replica must)
         assert _lost_after_restart(writer, _client(loaded, new), killed_at) == []
         _settled(capsys, spec)
 
@@ -152,7 +152,7 @@ def test_sentinel_apply_right_after_the_crash_starts_the_master_fenced(tmp_path,
             code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
             assert code == 0, out + err
             assert "starts fenced" in out or "starts as a replica of" in out, out
-            time.sleep(0.5)
+            writer.wait_for_tries(20)  # the restarted old master was written to (fenced or a replica)
         _settled(capsys, spec)
         master = next(n for n in loaded.layout.shards[0].members if _role(loaded, n) == "master")
         assert _lost_after_restart(writer, _client(loaded, master), killed_at) == []

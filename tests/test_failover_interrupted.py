@@ -74,7 +74,9 @@ def _killed_then_rerun(capsys: pytest.CaptureFixture[str], spec: Path, loaded: L
         writer.wait_for_writes(200)
         killed = _opsctl("failover", "-f", str(spec), "--yes", "--timeout", "1.5", *failover, kill_at=point)
         assert killed.returncode == -9, killed.stdout + killed.stderr
-        time.sleep(4.0)  # the pause (timeout + 2 s) has lapsed: an unfenced old master would take writes now
+        # a duration under test, so a sleep: the pause (timeout + 2 s) has lapsed, an unfenced old master would take
+        # writes now
+        time.sleep(4.0)
         again = _opsctl(*rerun, "-f", str(spec), "--yes" if rerun[0] == "failover" else "--auto-approve")
         writer.wait_for_writes(len(writer.acked) + 50, timeout=1.0)
     return old, writer, again

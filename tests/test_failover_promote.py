@@ -46,6 +46,12 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _links_down(loaded: LoadedSpec, *names: str) -> None:
+    """Until each replica has seen its master's link go down (what the failover's checks read)."""
+    wait_for(lambda: all(_client(loaded, n).info("replication")["master_link_status"] == "down" for n in names)
+             or None, 30, f"{', '.join(names)} to see the master's link down")
+
+
 def _role(loaded: LoadedSpec, name: str) -> str:
     role = _client(loaded, name).execute_command("ROLE")
     return str(role[0]) if role[0] == "master" else f"{role[0]}:{role[2]}"
@@ -60,7 +66,7 @@ def test_a_dead_master_is_replaced_by_the_replica_holding_the_most(tmp_path, cap
             writer.wait_for_writes(500)
             killed_at = time.monotonic()
             _kill(tmp_path, loaded, old)
-            time.sleep(0.3)
+            _links_down(loaded, first, second)
         failover = ("failover", "-f", str(spec), "--shard", "1")
 
         code, out, err = run(capsys, *failover, "--yes")
@@ -102,8 +108,9 @@ def test_a_dead_master_is_replaced_by_the_replica_holding_the_most(tmp_path, cap
 def test_a_promotion_killed_after_its_replicaof_is_finished_by_apply(tmp_path, capsys) -> None:
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         shard = loaded.layout.shards[0]
-        _client(loaded, shard.master).mset({f"k:{i}": i for i in range(200)})
-        time.sleep(0.3)
+        master = _client(loaded, shard.master)
+        master.mset({f"k:{i}": i for i in range(200)})
+        assert master.execute_command("WAIT", len(shard.replicas), 10000) == len(shard.replicas)
         _kill(tmp_path, loaded, shard.master)
         killed = subprocess.run([sys.executable, "-m", "opsctl.cli.main", "failover", "-f", str(spec), "--shard", "1",
                                  "--mode", "force", "--yes"], env={**os.environ, KILL_AT: "promoted"},
@@ -135,7 +142,7 @@ def test_a_cluster_master_that_is_gone_is_replaced_by_force(tmp_path, capsys) ->
             writer.wait_for_writes(500)
             killed_at = time.monotonic()
             _kill(tmp_path, loaded, old)
-            time.sleep(0.5)
+            _links_down(loaded, replica)
             code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "2", "--yes")
             assert code == 3 and "[FAIL] target-linked" in out and "--mode force --yes" in out, out + err
             code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "2", "--mode", "force", "--yes")
@@ -160,8 +167,9 @@ def test_a_stalled_master_is_stopped_before_its_replica_is_promoted(tmp_path, ca
     through the provider first."""
     with deployed(tmp_path, capsys, "replication", "redis", config={"repl-ping-replica-period": 6}) as (spec, loaded):
         shard = loaded.layout.shards[0]
-        _client(loaded, shard.master).mset({f"k:{i}": i for i in range(100)})
-        time.sleep(0.3)
+        master = _client(loaded, shard.master)
+        master.mset({f"k:{i}": i for i in range(100)})
+        assert master.execute_command("WAIT", len(shard.replicas), 10000) == len(shard.replicas)
         pid = int((tmp_path / ".opsctl" / loaded.spec.name / shard.master / "server.pid").read_text())
         os.kill(pid, signal.SIGSTOP)
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,10 +65,10 @@ def test_a_standalone_redis_given_by_endpoints_into_a_valkey_cluster(tmp_path, c
             migrate.streaming()
             assert SECRET not in children_argv(), "the source's password on a command line"
             src.execute_command("INCR", "counter")
-            time.sleep(1.0)
+            writer.wait_for_more(500)  # the stream under the writer
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0 and "cutover done" in out, out + err
-            time.sleep(0.2)
+            writer.wait_for_refusal()  # writes after the fence: refused
         assert migrate.wait() == 0, migrate.stderr()
         done = migrate.done()
         assert done["ok"] and done["source_keys"] == done["target_keys"], done
@@ -108,8 +107,9 @@ def test_a_cluster_or_replication_source_found_from_one_endpoint(tmp_path, capsy
         migrate = Migrate(t, None, "--from-endpoints", replica.endpoint, "--from-password-env", PASSWORD_ENV)
         lag = migrate.streaming()
         assert len(lag["shards"]) == len(s_loaded.layout.shards), lag
+        mark = len(migrate.events)
         src.incr("counter")
-        time.sleep(0.5)
+        migrate.streaming(after=mark)  # a lag report after the write, every shard streaming
         code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
         assert code == 0 and "cutover done" in out, out + err
         assert migrate.wait() == 0, migrate.stderr()

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import deployed, run
@@ -71,10 +72,12 @@ class Migrate:
             with suppress(ValueError):
                 self.events.append(json.loads(line))
 
-    def streaming(self, timeout: float = 60.0) -> dict[str, Any]:
+    def streaming(self, timeout: float = 60.0, after: int = 0) -> dict[str, Any]:
+        """The first lag report (among the events from `after` on: len(events) at a moment) with every shard
+        streaming."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            lags = [e for e in self.events if e.get("event") == "migrate-lag"]
+            lags = [e for e in self.events[after:] if e.get("event") == "migrate-lag"]
             if lags and all(s["phase"] == "stream" for s in lags[-1]["shards"].values()):
                 return lags[-1]
             assert self.proc.poll() is None, self.stderr()
@@ -115,10 +118,10 @@ def test_standalone_redis_into_a_valkey_cluster_with_a_writer_and_a_cutover(tmp_
             migrate.streaming()
             src.execute_command("INCR", "counter")  # not idempotent: applied exactly once
             src.set("ttl:rel", "x", ex=300)
-            time.sleep(1.5)  # the stream under the writer
+            writer.wait_for_more(300)  # the stream under the writer
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0 and "cutover done" in out, out + err
-            time.sleep(0.3)  # writes after the fence: refused
+            writer.wait_for_refusal()  # writes after the fence: refused
         assert migrate.wait() == 0, migrate.stderr()
         done = migrate.done()
         assert done["ok"] and done["source_keys"] == done["target_keys"], done
@@ -158,8 +161,9 @@ def test_a_migrate_killed_twice_mid_stream_resumes_without_a_second_full_copy(tm
             syncs = int(src.info("stats")["sync_full"])
             for _ in range(2):
                 busy = threading.Thread(target=bump, args=(400,))
+                started = bumps
                 busy.start()
-                time.sleep(0.15)
+                wait_for(lambda started=started: bumps >= started + 50 or None, 30, "the bumps under way")
                 migrate.proc.send_signal(signal.SIGKILL)  # mid-stream, commands in flight
                 migrate.wait()
                 busy.join()
@@ -237,7 +241,7 @@ def test_a_three_master_cluster_into_five_masters_cut_over_by_itself(tmp_path, c
             writer.wait_for_writes(200)
             migrate = Migrate(t, s, "--cutover", "auto", "--lag-bound", "0.5")
             assert migrate.wait() == 0, migrate.stderr()
-            time.sleep(0.2)
+            writer.wait_for_refusal()  # a write reached the fenced source after the cutover
         done = migrate.done()
         assert done["ok"] and len(done["final_offsets"]) == 3 and len(done["point_to"]) == 5, done
         dst = cluster_client(t_loaded)
@@ -258,7 +262,7 @@ def test_a_source_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
         with Writer(lambda: old_c) as before:
             migrate = Migrate(t, s)
             migrate.streaming()
-            time.sleep(0.5)
+            before.wait_for_more(300)  # writes streamed from the first master
         offset = int(old_c.info("replication")["master_repl_offset"])
         deadline = time.monotonic() + 10
         while int(new_c.info("replication")["master_repl_offset"]) < offset:
@@ -270,7 +274,9 @@ def test_a_source_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
         old_c.execute_command(replicaof, new.address, new.port)
         with Writer(lambda: new_c, prefix="after") as after:
             after.wait_for_writes(300)
-            time.sleep(1.0)
+            mark = len(migrate.events)
+            after.wait_for_more(300)  # writes on the new master
+            migrate.streaming(after=mark)  # followed: a lag report since, every shard streaming
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0, out + err
         assert migrate.wait() == 0, migrate.stderr()
@@ -326,7 +332,7 @@ def test_a_sentinel_source_whose_master_dies_mid_stream_is_followed(tmp_path, ca
         with Writer(lambda: client(old)) as before:
             migrate = Migrate(t, s)
             migrate.streaming()
-            time.sleep(0.5)
+            before.wait_for_more(300)  # writes streamed from the first master
         offset = int(client(old).info("replication")["master_repl_offset"])
         replicas = [n for n in servers if n != old]
         wait_for(lambda: all(int(client(n).info("replication")["master_repl_offset"]) >= offset for n in replicas)
@@ -335,7 +341,9 @@ def test_a_sentinel_source_whose_master_dies_mid_stream_is_followed(tmp_path, ca
         new = wait_for(lambda: (n if (n := master_now()) not in (None, old) else None), 30, "Sentinel's failover")
         with Writer(lambda: client(new), prefix="after") as after:
             after.wait_for_writes(300)
-            time.sleep(1.0)
+            mark = len(migrate.events)
+            after.wait_for_more(300)  # writes on the new master
+            migrate.streaming(after=mark)  # followed: a lag report since, every shard streaming
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0, out + err
         assert migrate.wait() == 0, migrate.stderr()

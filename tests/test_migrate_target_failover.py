@@ -45,12 +45,13 @@ def test_a_target_failover_mid_stream_is_followed(tmp_path, capsys) -> None:
             writer.wait_for_writes(300)
             migrate = Migrate(t, s)
             migrate.streaming()
-            time.sleep(0.5)
+            writer.wait_for_more(300)  # the stream under the writer
             _fail_over(t_loaded, 1)
+            mark = len(migrate.events)
             src.execute_command("INCR", "counter")
-            time.sleep(2.0)
+            writer.wait_for_more(300)  # writes the stream carries to the new target master
+            migrate.streaming(after=mark)  # followed: a lag report since the failover, every shard streaming
             assert migrate.proc.poll() is None, migrate.stderr()
-            migrate.streaming()
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0 and "cutover done" in out, out + err
         assert migrate.wait() == 0, migrate.stderr()

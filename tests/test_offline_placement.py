@@ -149,6 +149,7 @@ def _written(command: str, folder: Path, spec: Path) -> dict[str, str]:
     return _inventory_nodes((folder / f"{name}.yml").read_text())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_render_after_a_drained_host_is_what_apply_leaves_running(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                   monkeypatch: pytest.MonkeyPatch,

@@ -530,6 +530,7 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     assert provider.load_record(node) == {"digest": "x"}
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root hands servers to an unprivileged user")
 def test_a_binary_the_server_user_cannot_enter_runs_from_a_copy_in_the_state_dir(tmp_path: Path,
                                                                                  started: Started) -> None:

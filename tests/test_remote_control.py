@@ -24,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from opsctl import data_dir
+from opsctl.base.poll import wait_for
 from tests.support import free_base_port, loopback_hosts, server_binary
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the control script runs as root (setpriv, ss -p)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="the control script runs as root (setpriv, ss -p)")]
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> N
     (host.folder / "dump.rdb").mkdir()  # the save's rename onto it fails: "Error trying to save the DB, can't exit"
     with ThreadPoolExecutor(max_workers=1) as pool:
         stopping = pool.submit(host.control, "stop")
-        time.sleep(1.5)
+        log = host.folder / "server.log"
+        wait_for(lambda: "can't exit" in log.read_text() or None, 30, "the server to drop a SIGTERM", 0.05)
         assert not stopping.done() and host.servers() == [pid]
         (host.folder / "dump.rdb").rmdir()
         began = time.monotonic()

@@ -13,6 +13,7 @@ from tests.lifecycle import _destroy, run
 from tests.support import make_spec, server_binary, write_spec
 
 
+@pytest.mark.integration
 def test_plan_is_empty_whatever_the_spec_path_spelling(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     server_binary("valkey")

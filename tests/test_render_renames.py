@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from opsctl.base.secrets import Secret
 from opsctl.spec.load import TAKEOVER_COMMANDS, command_renames
 from tests.support import admin_for
@@ -57,6 +59,7 @@ def test_rename_key_is_a_secret_of_the_spec() -> None:
     assert keyed.credentials.rename_key in keyed.credentials.all(), "masked in output like every secret"
 
 
+@pytest.mark.integration
 def test_a_client_with_the_password_cannot_take_a_node_over(tmp_path, capsys) -> None:
     """Live, password mode: the takeover commands are unknown under their own names, opsctl still runs them."""
     import redis

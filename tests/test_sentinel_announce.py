@@ -374,7 +374,14 @@ def test_a_sentinel_stuck_on_a_stale_view_is_monitored_afresh_with_the_specs_ren
         stray.execute_command("SENTINEL", "MONITOR", name, replica.address, replica.port, 2)
         stray.execute_command("SENTINEL", "SET", name, "auth-pass", PASSWORD, "down-after-milliseconds", 1000,
                               "failover-timeout", 5000)
-        time.sleep(4.5)  # two hello periods and the sdown of a "master" that answers as a replica
+
+        def heard() -> bool | None:  # the others' hellos heard: their configuration did not replace its view
+            reply = stray.execute_command("SENTINEL", "MASTER", name)
+            entry = reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2], strict=True))
+            return int(entry["num-other-sentinels"]) >= len(sentinels) - 1 or None
+        # (its sdown of a "master" that answers as a replica comes after down-after + 2 INFO periods, ~21 s: waiting
+        # for it cost 16 s a run and the plan below does not depend on it)
+        wait_for(heard, 60, "the stray sentinel to hear the others' hellos", 0.1)
         assert _named(loaded, sentinels) == {s: replica.endpoint if s == sentinels[0] else master.endpoint
                                              for s in sentinels}
         steps = plan_json(capsys, spec)["steps"]

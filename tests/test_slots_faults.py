@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV
 from tests.test_slots_reshard import preload, referee_ok
+from tests.test_slots_signals import open_slots
 from tests.writer import Writer, cluster_client, dataset_checksum
 
 pytestmark = pytest.mark.integration
@@ -53,7 +55,7 @@ def wait_moving(spec: Path, loaded: LoadedSpec) -> None:
     while not journal.exists() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert journal.exists(), "the reshard did not start moving"
-    time.sleep(0.3)
+    wait_for(lambda: open_slots(loaded) or None, 60, "a slot open on the servers (the move under way)", 0.01)
 
 
 def one_master_and_replica_per_shard(loaded: LoadedSpec) -> None:
@@ -92,7 +94,7 @@ def test_target_stalls_mid_reshard(tmp_path, capsys, stall) -> None:
             wait_moving(spec, loaded)
             pid = pid_of(spec, loaded, target)
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(stall)
+            time.sleep(stall)  # the fault's duration (under or over the node timeout): a sleep
             os.kill(pid, signal.SIGCONT)
             out, err = proc.communicate(timeout=120)
             sys.__stderr__.write(f"RESHARD {proc.returncode} {out} {err}\n")

@@ -20,7 +20,7 @@ from opsctl.net.topolock import TopologyLock, topology_lock
 from opsctl.observe.replies import parse_cluster_nodes, parse_info
 from opsctl.slots.ranges import expand
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, lease_lapsed
 from tests.test_slots_reshard import preload, referee_ok
 from tests.writer import cluster_client, dataset_checksum
 
@@ -85,7 +85,7 @@ def test_fix_uses_masters_only_and_the_topology_lock_keeps_runs_apart(tmp_path, 
         try:
             with pytest.raises(RefusedError, match="holds this topology"), topology_lock(Connector(loaded)):
                 pass
-            time.sleep(2.2)  # the 1 s lease, rounded up to the second
+            lease_lapsed(loaded, 30)  # the hung run's 1 s lease (rounded up to the second) ran out
             with topology_lock(Connector(loaded)) as lock:
                 assert len(lock.held) == 6
         finally:

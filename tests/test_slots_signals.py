@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.support import PASSWORD, PASSWORD_ENV, admin_for
@@ -33,13 +34,18 @@ def start_reshard(spec: Path, source: str, target: str, slots: int, *extra: str)
 
 
 def wait_started(proc: subprocess.Popen[str], spec: Path, loaded: LoadedSpec) -> None:
-    """Until the move began (its journal exists), then a little longer: the signal lands mid-move."""
+    """Until the move is under way (its journal exists and a slot is open on the servers): the signal lands
+    mid-move."""
     journal = spec.parent / ".opsctl" / loaded.spec.name / "slots-journal.jsonl"
     deadline = time.monotonic() + 60
     while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     assert journal.exists(), "the reshard did not start moving"
-    time.sleep(0.5)
+
+    def moving() -> dict[str, str] | None:
+        assert proc.poll() is None, "the reshard ended before a slot was seen open"
+        return open_slots(loaded) or None
+    wait_for(moving, 60, "a slot open on the servers (the move under way)", 0.01)
 
 
 def open_slots(loaded: LoadedSpec) -> dict[str, str]:
@@ -70,7 +76,7 @@ def test_a_signal_mid_reshard_stops_cleanly_and_the_rerun_finishes(tmp_path, cap
                 assert proc.stderr is not None
                 while "moving" not in proc.stderr.readline() and proc.poll() is None:
                     pass
-                time.sleep(0.02)
+                time.sleep(0.02)  # the signal's point inside the server-side job (fault timing): a sleep
             else:
                 wait_started(proc, spec, loaded)
             proc.send_signal(sig)

@@ -53,6 +53,8 @@ def test_a_run_that_loses_its_lock_during_its_last_step_says_so(tmp_path: Path,
                 if "[1/1]" in line:
                     break
             restart.send_signal(signal.SIGSTOP)
+            # the fault's duration, so a sleep: the run stopped past its lease. Not waited for by its marker: the one
+            # node is mid-restart, down or freshly started, and holds none
             time.sleep(float(LEASE) + 1.5)
             restart.send_signal(signal.SIGCONT)
             err = "".join(seen) + restart.stderr.read()

@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-import redis
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import Connector
-from opsctl.net.quorum import LEASE_ENV, lease_seconds, marker_name, parse_markers
+from opsctl.net.quorum import LEASE_ENV, lease_seconds, marker_name
 from opsctl.net.topolock import check_held, topology_lock
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, lease_lapsed, live_lock_owners, make_spec, write_spec
 
 LEASE = "6"  # short, so the pause test is quick; long enough for a loaded machine to renew in time
 
@@ -79,15 +78,7 @@ def _owners(loaded: object) -> set[str]:
     from opsctl.spec.load import LoadedSpec
 
     assert isinstance(loaded, LoadedSpec)
-    owners = set()
-    for node in loaded.layout.servers:
-        try:
-            with admin_for(loaded, node) as admin:
-                listing = admin.call("CLIENT", "LIST")
-        except redis.ConnectionError:
-            continue  # a node a killed run left stopped holds no marker
-        owners |= {m.owner for m in parse_markers(str(listing), node.name) if m.live}
-    return owners
+    return live_lock_owners(loaded)
 
 
 @pytest.mark.integration
@@ -105,7 +96,7 @@ def test_restart_holds_the_lock_refuses_a_second_run_and_stops_after_a_pause_pas
             assert code == 3 and "another opsctl run holds this topology" in err and f"pid{restart.pid}" in err, \
                 err + out
             restart.send_signal(signal.SIGSTOP)
-            time.sleep(float(LEASE) + 1.5)
+            lease_lapsed(loaded, float(LEASE) + 30)  # the fault: stopped past its lease (its markers lapse)
             # meanwhile the lock is free for another run, which takes it over (and lets it go)
             with topology_lock(Connector(loaded)) as lock:
                 assert lock.held  # the node being restarted may be down right now
@@ -175,7 +166,9 @@ def test_a_node_that_lost_its_marker_is_marked_again_unless_another_run_marked_i
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline and node.name in lock.held:
                         time.sleep(0.05)
-                    time.sleep(2.5)  # two rounds of marking it again (every second while a server is unheld)
+                    # what must NOT happen in two rounds of marking it again (every second while a server is unheld):
+                    # a span of time under test, so a sleep
+                    time.sleep(2.5)
                     assert node.name not in lock.held and lock.lost is None and len(lock.held) == 2
                     lock.check()  # two of three: still a majority
                     other.call("CLIENT", "SETNAME", marker_name(name, lock.epoch + 1, "other@h/pid1", 30))

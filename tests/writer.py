@@ -20,6 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
+from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.support import PASSWORD
 
@@ -61,6 +62,23 @@ class Writer:
         deadline = time.monotonic() + timeout
         while len(self.acked) < count and time.monotonic() < deadline:
             time.sleep(0.005)
+
+    def wait_for_more(self, count: int, timeout: float = 30.0) -> None:
+        """Until `count` writes more than now are acknowledged: a test's premise, so a timeout fails it."""
+        target = len(self.acked) + count
+        wait_for(lambda: len(self.acked) >= target or None, timeout, f"{count} more acknowledged writes",
+                 last_reason=lambda: f"{len(self.acked)} of {target} acknowledged, last errors {self.errors[-2:]}")
+
+    def wait_for_tries(self, count: int, timeout: float = 30.0) -> None:
+        """Until `count` writes more than now were tried, acknowledged or refused (the node was written to)."""
+        target = len(self.acked) + len(self.errors) + count
+        wait_for(lambda: len(self.acked) + len(self.errors) >= target or None, timeout, f"{count} more writes tried")
+
+    def wait_for_refusal(self, timeout: float = 30.0) -> None:
+        """Until a write after now is refused (a fence, a cutover, a demoted master)."""
+        target = len(self.errors) + 1
+        wait_for(lambda: len(self.errors) >= target or None, timeout, "a write refused",
+                 last_reason=lambda: f"{len(self.acked)} acknowledged, none refused")
 
     def _run(self) -> None:
         client = self.make_client()
