@@ -37,8 +37,8 @@ def merged_document(text: str, file: str, read: Reader = read_base) -> tuple[Pos
 
 
 def chain_of(doc: PositionedDocument) -> tuple[str, ...]:
-    """Every file a merged document's values came from (the spec first)."""
-    return tuple(dict.fromkeys([doc.file, *doc.files.values()]))
+    """The files a merged document was built from: the spec, then its bases, nearest first."""
+    return (doc.file, *doc.bases)
 
 
 def _merged(text: str, file: str, read: Reader, chain: tuple[str, ...]) -> tuple[PositionedDocument | None,
@@ -80,7 +80,7 @@ def _merged(text: str, file: str, read: Reader, chain: tuple[str, ...]) -> tuple
 
 def merge(base: PositionedDocument, over: PositionedDocument) -> PositionedDocument:
     """over on top of base: maps key by key (over wins), lists and scalars replace; origins kept per value."""
-    out = PositionedDocument(over.file, None)
+    out = PositionedDocument(over.file, None, bases=(base.file, *base.bases))
     out.data = _merge_value(base.data, over.data, (), (base, over, out))
     return out
 

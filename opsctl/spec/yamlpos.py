@@ -24,6 +24,7 @@ class PositionedDocument:
     data: Any
     lines: dict[Path_, int] = field(default_factory=dict)
     files: dict[Path_, str] = field(default_factory=dict)
+    bases: tuple[str, ...] = ()  # the chain of bases merged under it, nearest first
 
     def line_of(self, path: Path_) -> int | None:
         """The line of path, or of its nearest ancestor that has one."""
