@@ -102,14 +102,14 @@ def test_a_name_used_twice_names_both_files(tmp_path: Path) -> None:
 def test_two_servers_on_one_host_port(tmp_path: Path) -> None:
     path = folder(tmp_path, {"a.yaml": standalone("a", 17001), "b.yaml": standalone("b", 17001)})
     (problem,) = findings(path)
-    assert problem.startswith(f"{path / 'b.yaml'}:4: standalone.port: b's b-1 and a's a-1 ({path / 'a.yaml'}:4) "
-                              "both use 127.0.0.1:17001")
+    assert problem.startswith(f"{path / 'b.yaml'}:4: standalone.port: topologies b and a both use 127.0.0.1:17001: "
+                              f"b-1 and a-1 ({path / 'a.yaml'}:4)")
 
 
 def test_a_server_on_another_topology_s_cluster_bus_port(tmp_path: Path) -> None:
     path = folder(tmp_path, {"a.yaml": cluster("a", 17001), "b.yaml": standalone("b", 27001)})
     (problem,) = findings(path)
-    assert "b's b-1 and a's a-1's cluster bus port" in problem and "127.0.0.1:27001" in problem
+    assert "both use 127.0.0.1:27001: b-1 and a-1's cluster bus port" in problem
     assert str(path / "a.yaml") in problem and problem.startswith(str(path / "b.yaml"))
 
 
@@ -123,8 +123,8 @@ def test_a_server_on_another_topology_s_exporter_port(tmp_path: Path) -> None:
     path = folder(tmp_path, {"a.yaml": standalone("a", 17001, extra="metrics: {exporter: true}\n"),
                              "b.yaml": standalone("b", 18001)})
     (problem,) = findings(path)
-    assert problem.startswith(f"{path / 'b.yaml'}:4: standalone.port: b's b-1 and a's a-1's exporter "
-                              f"({path / 'a.yaml'}:5) both use 127.0.0.1:18001")
+    assert problem.startswith(f"{path / 'b.yaml'}:4: standalone.port: topologies b and a both use 127.0.0.1:18001: "
+                              f"b-1 and a-1's exporter ({path / 'a.yaml'}:5)")
 
 
 def test_a_host_named_with_two_addresses(tmp_path: Path) -> None:

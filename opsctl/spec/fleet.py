@@ -103,8 +103,8 @@ def _endpoints(specs: Sequence[LoadedSpec], locate: Locate) -> Iterator[SpecProb
             if first is not loaded and pair not in told:
                 told.add(pair)
                 yield _problem(locate, loaded, path, (
-                    f"{loaded.spec.name}'s {what} and {first.spec.name}'s {its} ({_where(locate, first, at)}) both "
-                    f"use {endpoint(address, port)}"), "give one of the two topologies other ports or hosts")
+                    f"topologies {loaded.spec.name} and {first.spec.name} both use {endpoint(address, port)}: {what} "
+                    f"and {its} ({_where(locate, first, at)})"), "give one of the two topologies other ports or hosts")
 
 
 def _hosts(specs: Sequence[LoadedSpec], locate: Locate) -> Iterator[SpecProblem]:
