@@ -81,6 +81,9 @@ def test_an_error_in_a_value_from_the_base_names_the_base_file_and_line(tmp_path
     spec = write(tmp_path, {"a.yaml": SPEC, "bases/prod.yaml": BASE.replace("64mb", "12x")})
     (problem,) = problems_of(spec)
     assert problem.startswith(f"{tmp_path / 'bases/prod.yaml'}:11: memory.maxmemory: '12x' is not valid")
+    with pytest.raises(SpecError) as caught:
+        read_spec(spec, cached=False)
+    assert caught.value.summary == f"{spec}: 1 problem in the spec"  # the spec run, its base's line below
 
 
 def test_an_error_in_the_spec_names_the_spec(tmp_path: Path) -> None:
@@ -146,3 +149,12 @@ def test_a_spec_that_extends_is_not_cached(tmp_path: Path) -> None:
     (tmp_path / "bases/prod.yaml").write_text(BASE.replace("64mb", "32mb"))
     assert read_spec(spec).spec.memory.maxmemory == "32mb"
     assert not (tmp_path / ".opsctl" / "spec-cache").exists()
+
+
+def test_the_spec_s_own_problems_come_first_then_the_base_s(tmp_path: Path) -> None:
+    spec = write(tmp_path, {"a.yaml": SPEC.replace("noeviction", "nope"),
+                            "bases/prod.yaml": BASE.replace("64mb", "12x")})
+    with pytest.raises(SpecError) as caught:
+        read_spec(spec, cached=False)
+    assert [Path(p.file).name for p in caught.value.problems] == ["a.yaml", "prod.yaml"]
+    assert caught.value.summary.startswith(f"{spec}: 2 problems")

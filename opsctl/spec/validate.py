@@ -38,7 +38,7 @@ def validated_spec(text: str, file: str, resolve: SecretResolver | None, read: R
     (opsctl.spec.extends); every problem names the file (the spec or a base) and line its value came from."""
     doc, problems = merged_document(text, file, read)
     if doc is None:
-        raise SpecError(problems)
+        raise SpecError(problems, file)
     return validated_document(doc, problems, resolve)
 
 
@@ -46,7 +46,7 @@ def validated_document(doc: PositionedDocument, problems: list[SpecProblem], res
     """A merged document (opsctl.spec.extends) validated; problems: those found already (reading it)."""
     file = doc.file
     if not isinstance(doc.data, dict):
-        raise SpecError([*problems, _not_a_mapping(file, doc.data)])
+        raise SpecError([*problems, _not_a_mapping(file, doc.data)], file)
     spec, errors = _validate(doc.data)
     errors = _without_typo_echoes(errors)
     problems += [_problem(doc, err) for err in errors]
@@ -56,7 +56,8 @@ def validated_document(doc: PositionedDocument, problems: list[SpecProblem], res
                      for f in check_spec(spec, resolve) for path, msg, hint in (f,)
                      if not any(path[: len(b)] == b for b in broken)]
     if problems or spec is None or errors:
-        raise SpecError(sorted(_dedupe(problems), key=lambda p: p.line or 0))
+        # the spec's own problems first, then each base's; by line within a file
+        raise SpecError(sorted(_dedupe(problems), key=lambda p: (p.file != file, p.file, p.line or 0)), file)
     return spec
 
 
