@@ -81,9 +81,10 @@ class SpecProblem(NamedTuple):
 class SpecError(OpsctlError):
     """A spec with one or more problems; all are reported at once."""
 
-    def __init__(self, problems: list[SpecProblem]) -> None:
+    def __init__(self, problems: list[SpecProblem], spec_file: str | None = None) -> None:
+        """spec_file: the spec the problems are in, when some are in its bases (`extends:`): the summary names it."""
         count = len(problems)
-        file = problems[0].file if problems else "spec"
+        file = spec_file or (problems[0].file if problems else "spec")
         super().__init__(f"{file}: {count} problem{'s' if count != 1 else ''} in the spec")
         self.problems = problems
         if problems and all(p.refusal for p in problems):

@@ -68,6 +68,15 @@ def _render(args: argparse.Namespace) -> int:
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 
+    if args.show_origins:
+        from opsctl.cli.options import refuse_unless_printing
+        from opsctl.state.specfile import spec_origins
+
+        refuse_unless_printing(args.dir)
+
+        for line in spec_origins(args.file):
+            print(line)
+        return EXIT_OK
     if args.offline:  # render reads no record with --offline: a state dir given with it would be ignored
         from opsctl.cli.options import refuse_given
 
@@ -145,6 +154,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     add_dir(p, "the folder to write into ('-' prints, masked)")
     add_moved_output(p, Moved("render", "folder", "--dir"))
     p.add_argument("--show-secrets", action="store_true", help="print real secrets instead of ***")
+    p.add_argument("--show-origins", action="store_true",
+                   help="with --dir -: print the spec merged with its bases (extends:), each value with the "
+                        "file:line it came from, instead of the rendered files")
     add_state_dir(p, "where the nodes' records are (default: .opsctl/<name> next to the spec; provider: ansible "
                      "reads them on the hosts over SSH)")
     add_offline(p)

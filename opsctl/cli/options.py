@@ -87,6 +87,13 @@ def add_dir(parser: argparse.ArgumentParser, about: str, default: str | None = N
     parser.add_argument("--dir", metavar="DIR", required=default is None, default=default, help=about)
 
 
+def refuse_unless_printing(folder: str) -> None:
+    """render --show-origins prints (--dir -): it writes no folder."""
+    if folder != "-":
+        raise OpsctlError("--show-origins prints the merged spec: it writes no folder",
+                          hint="give --dir - with --show-origins")
+
+
 def add_moved_output(parser: argparse.ArgumentParser, moved: Moved) -> None:
     """-o/--output on a command that has no format but whose -o named its folder: a clear usage error, not
     argparse's 'unrecognized arguments'."""

@@ -14,11 +14,18 @@ WIDTH = 100
 ABSENT = object()
 
 
+# Not a field of the model: the spec's bases are merged before the model sees it (opsctl.spec.extends).
+EXTENDS = ["extends  (string)",
+           "    a base spec this one is built on (its path from this file's folder; a base may extend another):",
+           "    maps merge key by key and this file wins, lists and scalars replace whole (docs/spec.md)"]
+
+
 def spec_reference(schema: Schema) -> str:
     """Every field of the spec, depth first in the model's order: `path  (type, default D, required)` and its
     description indented below. A list's fields read `hosts[].name`, a map's `nodes.<name>.port`."""
     lines = ["The topology spec: every field, its type, its default and what it means.",
              "(`opsctl schema` prints the same as JSON Schema; examples/ has one spec of each topology.)", ""]
+    lines += EXTENDS
     lines += _fields(schema, schema, "", 0)
     return "\n".join(lines)
 

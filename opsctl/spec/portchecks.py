@@ -23,7 +23,7 @@ def check_ports(spec: Spec, nodes: Layout) -> Iterator[Finding]:
     default: dict[tuple[str | int, ...], list[str]] = {}
     too_high: dict[tuple[str | int, ...], list[tuple[str, int, bool]]] = {}
     for node in nodes.nodes:
-        path = _port_path(spec, node.name, node.is_sentinel)
+        path = port_path(spec, node.name, node.is_sentinel)
         if node.port in DEFAULT_PORTS and not spec.hardening.allow_default_port:
             default.setdefault(path, []).append(node.name)
         for port, what in own_ports(node):
@@ -84,7 +84,7 @@ def _too_high(spec: Spec, path: tuple[str | int, ...], high: list[tuple[str, int
     return (path, f"{what} is above 65535{more}", f"lower it: {limit}")
 
 
-def _port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
+def port_path(spec: Spec, name: str, sentinel: bool) -> tuple[str | int, ...]:
     if name in spec.nodes and spec.nodes[name].port:
         return ("nodes", name, "port")
     if sentinel:

@@ -12,9 +12,10 @@ from pydantic import BaseModel, ValidationError
 from opsctl.base.errors import SpecError, SpecProblem, echo
 from opsctl.spec import pydantic_model
 from opsctl.spec.crosschecks import Refusal, check_spec, suggest
+from opsctl.spec.extends import Reader, merged_document, read_base
 from opsctl.spec.model import Spec
 from opsctl.spec.secretrefs import HIDDEN, SecretResolver, public_path, secret_hint, shown, unquoted
-from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
+from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path
 
 FIELD_HINTS: dict[str, str] = {
     "name": "lowercase letters, digits and '-', 1 to 40 characters, e.g. orders",
@@ -32,23 +33,31 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
 
-def validated_spec(text: str, file: str, resolve: SecretResolver | None) -> Spec:
-    """resolve None: secrets are not checked (validate --no-secrets)."""
-    doc, problems = load_positioned(text, file)
+def validated_spec(text: str, file: str, resolve: SecretResolver | None, read: Reader = read_base) -> Spec:
+    """resolve None: secrets are not checked (validate --no-secrets). read: how the bases `extends:` names are read
+    (opsctl.spec.extends); every problem names the file (the spec or a base) and line its value came from."""
+    doc, problems = merged_document(text, file, read)
     if doc is None:
-        raise SpecError(problems)
+        raise SpecError(problems, file)
+    return validated_document(doc, problems, resolve)
+
+
+def validated_document(doc: PositionedDocument, problems: list[SpecProblem], resolve: SecretResolver | None) -> Spec:
+    """A merged document (opsctl.spec.extends) validated; problems: those found already (reading it)."""
+    file = doc.file
     if not isinstance(doc.data, dict):
-        raise SpecError([*problems, _not_a_mapping(file, doc.data)])
+        raise SpecError([*problems, _not_a_mapping(file, doc.data)], file)
     spec, errors = _validate(doc.data)
     errors = _without_typo_echoes(errors)
     problems += [_problem(doc, err) for err in errors]
     if spec is not None:
         broken = [_clean_loc(err["loc"]) for err in errors]
-        problems += [SpecProblem(file, doc.line_of(path), field_path(path), msg, hint, isinstance(f, Refusal))
+        problems += [SpecProblem(*doc.origin_of(path), field_path(path), msg, hint, isinstance(f, Refusal))
                      for f in check_spec(spec, resolve) for path, msg, hint in (f,)
                      if not any(path[: len(b)] == b for b in broken)]
     if problems or spec is None or errors:
-        raise SpecError(sorted(_dedupe(problems), key=lambda p: p.line or 0))
+        # the spec's own problems first, then each base's; by line within a file
+        raise SpecError(sorted(_dedupe(problems), key=lambda p: (p.file != file, p.file, p.line or 0)), file)
     return spec
 
 
@@ -115,7 +124,7 @@ def _dedupe(problems: list[SpecProblem]) -> list[SpecProblem]:
 def _problem(doc: PositionedDocument, err: ErrorDetails) -> SpecProblem:
     path = _clean_loc(err["loc"])
     message, hint = _message(err, path)
-    return SpecProblem(doc.file, doc.line_of(path), field_path(path), message, hint)
+    return SpecProblem(*doc.origin_of(path), field_path(path), message, hint)
 
 
 def _is_internal(part: object) -> bool:

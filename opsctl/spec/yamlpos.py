@@ -17,19 +17,30 @@ Path_ = tuple[str | int, ...]
 
 @dataclass
 class PositionedDocument:
-    """A loaded YAML document and the 1-based line where each field path starts."""
+    """A loaded YAML document and the 1-based line where each field path starts. files: the file a path's value
+    came from where it is not this document's own (a value merged in from a base: opsctl.spec.extends)."""
 
     file: str
     data: Any
     lines: dict[Path_, int] = field(default_factory=dict)
+    files: dict[Path_, str] = field(default_factory=dict)
+    bases: tuple[str, ...] = ()  # the chain of bases merged under it, nearest first
 
     def line_of(self, path: Path_) -> int | None:
         """The line of path, or of its nearest ancestor that has one."""
+        return self.origin_of(path)[1]
+
+    def file_of(self, path: Path_) -> str:
+        """The file path's value was written in (the line_of is a line of that file)."""
+        return self.origin_of(path)[0]
+
+    def origin_of(self, path: Path_) -> tuple[str, int | None]:
+        """The file and line of path, or of its nearest ancestor that has a line."""
         for cut in range(len(path), -1, -1):
             line = self.lines.get(tuple(path[:cut]))
             if line is not None:
-                return line
-        return None
+                return self.files.get(tuple(path[:cut]), self.file), line
+        return self.file, None
 
 
 def field_path(path: Path_) -> str:

@@ -2,7 +2,8 @@
 
 An entry (.opsctl/spec-cache/ beside the spec) holds the spec's JSON form (secret references, never values), its key
 and its digest. The key covers the spec's bytes, opsctl's version and sources, pydantic's and PyYAML's versions.
-Anything unexpected is a miss: full validation."""
+Anything unexpected is a miss: full validation. A spec that extends a base (`extends:`, opsctl.spec.extends) is never
+cached: its meaning is in other files too (cacheable)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def entry_path(spec_path: Path, make_root: bool = False) -> Path | None:
     except OSError:
         return None
     return root / FOLDER / f"{hashlib.sha256(os.fsencode(spec_file)).hexdigest()[:32]}.json"
+
+
+def cacheable(text: str) -> bool:
+    """Whether the spec's bytes alone decide its validation: not when it may extend a base. Judged on the text
+    without parsing it (parsing is what the cache saves): any `extends` in it, even in a comment, skips the cache."""
+    return "extends" not in text
 
 
 def entry_key(text: str) -> str:

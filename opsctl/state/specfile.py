@@ -63,7 +63,10 @@ def read_spec_to_keep(path: str | Path, env: Mapping[str, str] | None = None, se
 def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
                cached: bool) -> tuple[LoadedSpec, Callable[[], None]]:
     """The spec validated in full, or read back from the cache when it holds these bytes and the secrets pass;
-    and what keeps it beside the spec when there was no cache folder to keep it in."""
+    and what keeps it beside the spec when there was no cache folder to keep it in. A spec that may extend a base
+    (its text says `extends` anywhere) is validated in full every time: its entry's key would cover its bytes only."""
+    if not speccache.cacheable(text):
+        return load_spec(text, str(spec_path), resolve), _nothing
     entry = speccache.entry_path(spec_path) if resolve is not None else None
     key = speccache.entry_key(text)
     spec = speccache.read_entry(entry, key) if entry is not None and cached else None
@@ -81,6 +84,21 @@ def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
         if made is not None:
             speccache.write_entry(made, key, loaded.spec)
     return loaded, keep
+
+
+def spec_origins(path: str | Path) -> list[str]:
+    """The spec at path merged with its bases (`extends:`), one line per value with the file:line it came from;
+    validated first (secrets not checked: this view shows none)."""
+    from opsctl.spec.extends import merged_document, origins
+
+    spec_path = Path(STDIN_NAME if str(path) == STDIN else path)
+    text = _stdin_text() if str(path) == STDIN else \
+        read_bounded(spec_path, "pass the topology spec (a YAML file) with -f", limit=SPEC_LIMIT, follow=True)
+    if text is None:
+        raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f")
+    load_spec(text, str(spec_path), None)
+    doc, _ = merged_document(text, str(spec_path))
+    return list(origins(doc)) if doc is not None else []
 
 
 def _nothing() -> None:
