@@ -129,6 +129,7 @@ def rollout(fleet: Fleet, options: RolloutOptions) -> RolloutResult:
         for outcome in done:
             if not outcome.failed:
                 journal = journal.finished(outcome.name)
+        write_journal(fleet.folder, journal)  # the wave applied: its gate next
         why = _wave_failure(done) or _gate([by_name[n] for n in wave], options.gate_seconds)
         if why is not None:
             journal = journal.halt(index, f"wave {index + 1}: {why}")
