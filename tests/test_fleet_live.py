@@ -1,7 +1,8 @@
 """-f DIR on real servers (valkey): a folder of four small topologies (standalone, replication, Sentinel, cluster)
-applied, planned empty and statused as one; a change rolled out in two waves with a gate; a first wave whose server
-is stalled (SIGSTOP) before its gate halts with exit 1 naming it, the later topologies untouched, and the same
-command starts nothing until --resume; opsctl SIGKILLed mid-rollout, then the same command finishes it."""
+applied, planned empty and statused as one, their targets one file_sd; a change rolled out in two waves with a
+gate; a first wave whose server is stalled (SIGSTOP) before its gate halts with exit 1 naming it, the later
+topologies untouched, and the same command starts nothing until --resume; opsctl SIGKILLed mid-rollout, then the
+same command finishes it."""
 
 from __future__ import annotations
 
@@ -97,6 +98,11 @@ def test_a_folder_applied_planned_empty_statused_as_one(fleet: Path) -> None:
     status = opsctl("status", "-f", str(fleet), "--output", "json")
     assert status.returncode == 0, status.stdout + status.stderr
     assert [t["healthy"] for t in json.loads(status.stdout)["topologies"]] == [True] * 4
+    targets = opsctl("metrics", "targets", "-f", str(fleet), "--out", str(fleet / "targets.json"))
+    assert targets.returncode == 0, targets.stderr
+    groups = json.loads((fleet / "targets.json").read_text())
+    assert sorted({g["labels"]["topology"] for g in groups}) == list(NAMES)  # one file_sd for the fleet
+    assert len(groups) == 1 + 2 + 3 + 3 + 3  # standalone, replication, sentinel (servers and sentinels), cluster
 
 
 def test_a_change_rolled_out_in_two_waves(fleet: Path) -> None:
