@@ -103,6 +103,9 @@ def test_a_folder_applied_planned_empty_statused_as_one(fleet: Path) -> None:
     groups = json.loads((fleet / "targets.json").read_text())
     assert sorted({g["labels"]["topology"] for g in groups}) == list(NAMES)  # one file_sd for the fleet
     assert len(groups) == 1 + 2 + 3 + 3 + 3  # standalone, replication, sentinel (servers and sentinels), cluster
+    check = opsctl("cluster", "check", "-f", str(fleet))
+    assert check.returncode == 0 and "d-clus" in check.stdout and "cluster check: 1 topology" in check.stdout, \
+        check.stdout + check.stderr
 
 
 def test_a_change_rolled_out_in_two_waves(fleet: Path) -> None:
