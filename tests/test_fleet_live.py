@@ -1,5 +1,5 @@
-"""-f DIR on real servers (valkey): a folder of four small topologies (standalone, replication, Sentinel, cluster)
-applied, planned empty and statused as one, their targets one file_sd; a change rolled out in two waves with a
+"""-f DIR on real servers (valkey, redis): a folder of four small topologies (standalone, replication, Sentinel,
+cluster) applied, planned empty and statused as one, their targets one file_sd; a change rolled out in two waves with a
 gate; a first wave whose server is stalled (SIGSTOP) before its gate halts with exit 1 naming it, the later
 topologies untouched, and the same command starts nothing until --resume; opsctl SIGKILLed mid-rollout, then the
 same command finishes it."""
@@ -44,17 +44,18 @@ def _env() -> dict[str, str]:
     return {**os.environ, PASSWORD_ENV: PASSWORD, "PYTHONPATH": str(ROOT)}
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Path]:
-    server_binary("valkey")
+@pytest.fixture(scope="module", params=["valkey", "redis"])
+def fleet(request: pytest.FixtureRequest) -> Iterator[Path]:
+    flavor: str = request.param
+    server_binary(flavor)
     with server_tmpdir("opsctl-fleet-") as where:  # the server user reaches it
-        yield from _fleet(Path(where))
+        yield from _fleet(Path(where), flavor)
 
 
-def _fleet(folder: Path) -> Iterator[Path]:
-    specs = {"a-solo": make_spec("standalone", hosts=1), "b-repl": make_spec("replication", hosts=2),
-             "c-sent": make_spec("sentinel", hosts=3),
-             "d-clus": make_spec("cluster", hosts=3, cluster={"replicas_per_master": 0})}
+def _fleet(folder: Path, flavor: str) -> Iterator[Path]:
+    specs = {"a-solo": make_spec("standalone", flavor, hosts=1), "b-repl": make_spec("replication", flavor, hosts=2),
+             "c-sent": make_spec("sentinel", flavor, hosts=3),
+             "d-clus": make_spec("cluster", flavor, hosts=3, cluster={"replicas_per_master": 0})}
     for name, spec in specs.items():
         write_spec(folder, {**spec, "name": name}, f"{name}.yaml")
     (folder / "notes.yml").write_text("just: notes\n")  # no `topology`: not a topology

@@ -56,8 +56,10 @@ def _topology_files(folder: Path) -> list[Path]:
 
 
 def _has_topology(path: Path) -> bool:
+    from opsctl.state.safefs import read_bounded
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+        data = yaml.safe_load(read_bounded(path, "pass the topology spec (a YAML file) with -f") or "")
+    except (OpsctlError, OSError, yaml.YAMLError):
         return True  # read_spec names the problem, located
     return isinstance(data, dict) and "topology" in data

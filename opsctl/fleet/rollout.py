@@ -145,7 +145,7 @@ def _journal(fleet: Fleet, key: str, waves: tuple[tuple[str, ...], ...], resume:
     """The journal of this rollout (same specs, same waves) to go on from, else a new one. A halted one is refused
     unless resume: its halted wave runs again, gate included."""
     found = read_journal(fleet.folder)
-    if found is None or found.key != key:
+    if found is None or found.key != key or len(found.gated) == len(waves):  # none, another, or one done
         return Journal(key, waves)
     if found.halted is not None and not resume:
         raise OpsctlError(f"this rollout halted: {found.halted}; nothing started",
