@@ -155,7 +155,7 @@ def test_unbounded_secret_files_are_refused_at_once(source: str, what: str, tmp_
 
 
 @pytest.mark.parametrize("source, what", [("/dev/zero", "is not a regular file"), ("big.yaml", "is too big"),
-                                          (".", "is a folder")])
+                                          (".", "big.yaml: is too big")])  # a folder is a fleet: its spec refused
 def test_unbounded_spec_files_are_refused_at_once(source: str, what: str, tmp_path: Path, in_dir,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     in_dir(tmp_path)

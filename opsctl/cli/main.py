@@ -40,10 +40,13 @@ JOURNALING = frozenset({"apply", "destroy", "cluster", "failover", "migrate", "r
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from opsctl.cli.commands import fleetrun
     from opsctl.cli.output import print_result
     from opsctl.cli.results import ValidateResult
     from opsctl.state.specfile import read_spec
 
+    if fleetrun.is_folder(args):
+        return fleetrun.cmd_validate(args)
     loaded = read_spec(args.file, secrets=not args.no_secrets, cached=False)
     refuse_server_without_tls(loaded)
     print_result(ValidateResult(loaded, secrets=not args.no_secrets), args.output)
@@ -143,6 +146,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-secrets", action="store_true",
                    help="check everything but the secrets (for CI jobs that do not hold them)")
     add_output(p)
+    p.add_argument("--only", metavar="NAME[,NAME]", help="with -f DIR: these topologies, in this order")
     p.set_defaults(handler=_validate)
 
     p = sub.add_parser("render", help="render hardened config files for every node the next apply leaves running",

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
+from opsctl.cli.commands.fleetrun import add_fleet_options
 from opsctl.cli.options import (
     RATE,
     SECONDS,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # annotations only: `opsctl cluster --help` imports no client
     from pathlib import Path
 
     from opsctl.base.events import Emit
+    from opsctl.cli.results import ClusterCheckResult
     from opsctl.net.connector import Connector
     from opsctl.slots.reshard import MoveOptions
     from opsctl.slots.session import SlotsOutcome
@@ -49,9 +51,40 @@ def _cluster_spec(path: str) -> LoadedSpec:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from opsctl.cli.commands.fleetrun import is_folder
+    from opsctl.cli.output import print_result
+
+    if is_folder(args):
+        return _check_fleet(args)
+    result = check_one(_cluster_spec(args.file), getattr(args, "state_dir", None), args.timeout)
+    print_result(result, args.output)
+    return EXIT_OK if result.report.healthy else EXIT_ERROR
+
+
+def _check_fleet(args: argparse.Namespace) -> int:
+    """cluster check -f DIR: each cluster of the folder (the other topologies are not clusters: left out)."""
+    from opsctl.cli.commands.fleetrun import fleet_of
+    from opsctl.cli.output import print_result
+    from opsctl.fleet.summary import FleetResult, run_each
+
+    fleet = fleet_of(args)
+    clusters = [s for s in fleet.specs if s.spec.topology == "cluster"]
+    if not clusters:
+        raise OpsctlError(f"{fleet.folder}: no cluster topology among {', '.join(s.spec.name for s in fleet.specs)}",
+                          hint="use `opsctl status -f DIR` for other topologies")
+    result = FleetResult("cluster check", tuple(run_each(lambda loaded: check_one(loaded, None, args.timeout),
+                                                         clusters, args.parallel)))
+    print_result(result, args.output)
+    healthy = all(o.result is not None and o.result.report.healthy for o in result.outcomes)
+    return EXIT_OK if healthy else EXIT_ERROR
+
+
+def check_one(loaded: LoadedSpec, state_dir_arg: str | None, timeout: float) -> ClusterCheckResult:
+    """One cluster's check: the servers deployed, where they run (by their records: drained ones too, until the
+    apply that removes them), not where a fresh deploy puts them; the ones the next apply adds are to be added,
+    not unreachable."""
     from dataclasses import replace
 
-    from opsctl.cli.output import print_result
     from opsctl.cli.results import ClusterCheckResult
     from opsctl.cluster.check import summarize
     from opsctl.net.observer import observe
@@ -59,17 +92,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from opsctl.spec.deployed import pending_nodes, running_nodes
     from opsctl.state.statedir import state_dir_for
 
-    loaded = _cluster_spec(args.file)
-    state_dir = state_dir_for(loaded, getattr(args, "state_dir", None))
-    # the servers deployed, where they run (by their records: drained ones too, until the apply that removes them),
-    # not where a fresh deploy puts them; the ones the next apply adds are to be added, not unreachable
+    state_dir = state_dir_for(loaded, state_dir_arg)
     placed, records = recorded_placement(loaded, state_dir)
     servers = [n for n in running_nodes(placed.layout, records) if not n.is_sentinel]
     with open_connector(loaded, state_dir) as connector:
-        report = summarize(observe(connector, servers, timeout=args.timeout))
-    report = replace(report, pending=tuple(n.name for n in pending_nodes(placed.layout, records)))
-    print_result(ClusterCheckResult(report), args.output)
-    return EXIT_OK if report.healthy else EXIT_ERROR
+        report = summarize(observe(connector, servers, timeout=timeout))
+    return ClusterCheckResult(replace(report, pending=tuple(n.name for n in pending_nodes(placed.layout, records))))
 
 
 def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = True) -> int:
@@ -220,6 +248,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_output(p)
     p.add_argument("--timeout", type=ranged(float, 0.1, 600.0), default=2.0, help="seconds to wait for each node")
     add_state_dir(p, "where local state lives (generated TLS certificates too)")
+    add_fleet_options(p)
     p.set_defaults(handler=cmd_check)
 
     p = commands.add_parser("reshard", help="move N slots from one master to another")

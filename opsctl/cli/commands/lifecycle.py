@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.cli.commands import fleetrun
+from opsctl.cli.commands.fleetrun import add_fleet_options, add_wave_options, is_folder
 from opsctl.cli.options import (
     SECONDS,
     add_auto_approve,
@@ -94,6 +96,8 @@ def print_status(status: StatusResult, output: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if is_folder(args):
+        return fleetrun.cmd_plan(args)
     from pathlib import Path
 
     from opsctl.apply import PlanOptions, plan
@@ -124,6 +128,8 @@ WATCH_SECONDS = ranged(float, 0.5, 3600.0)  # status --watch: faster than 0.5 s 
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    if is_folder(args):
+        return fleetrun.cmd_apply(args)
     from opsctl.apply import ApplyOptions, apply
     from opsctl.apply.planfile import SavedPlan
     from opsctl.cli.output import printing
@@ -159,6 +165,8 @@ def _needs_review(args: argparse.Namespace, rest: Plan) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Exit 0 only when the topology is healthy: a node down, a refused password or a cluster not ok is 1."""
+    if is_folder(args):
+        return fleetrun.cmd_status(args)
     from opsctl.status import status
 
     with opened(args) as rt:
@@ -172,6 +180,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
+    if is_folder(args):
+        return fleetrun.cmd_destroy(args)
     from pathlib import Path
 
     from opsctl.cli.output import Lines, print_result
@@ -208,6 +218,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="show what apply would change (exit 0 none, 2 changes, 1 error)")
     add_spec_options(p, output=True)
     p.add_argument("--out", help="save the plan as JSON for apply --plan")
+    add_fleet_options(p)
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("apply", help="make the running topology match the spec")
@@ -215,6 +226,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--plan", help="apply this saved plan; refused if the spec or live state moved since")
     rollout_options(p, "allow restarting a master in place (one without a replica to fail over to)")
     add_metrics_textfile(p)
+    add_fleet_options(p)
+    add_wave_options(p)
     p.set_defaults(handler=recorded("apply", cmd_apply))
 
     p = sub.add_parser("status", help="each node's role, link, lag, memory, slots and the topology's health")
@@ -222,6 +235,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--watch", nargs="?", const=2.0, default=None, type=WATCH_SECONDS, metavar="SECONDS",
                    help="refresh every SECONDS (default 2, 0.5..3600) with ops/s, until Ctrl-C; redrawn in place on "
                         "a terminal, one JSON line per refresh with --output json")
+    add_fleet_options(p)
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("destroy", help="stop every node (keeps data unless --purge)")
@@ -233,4 +247,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-textfile", metavar="DIR",
                    help="with --purge: also delete this topology's opsctl_<topology>_<command>.prom files in DIR "
                         "(node_exporter's textfile folder), so no alert reads a purged topology's old runs")
+    add_fleet_options(p)
+    p.add_argument("--all", action="store_true", help="with -f DIR: every topology of the folder")
     p.set_defaults(handler=cmd_destroy)

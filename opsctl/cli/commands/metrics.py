@@ -16,17 +16,17 @@ from opsctl.base.errors import EXIT_OK
 from opsctl.cli.options import Moved, add_output, add_spec_file, add_state_dir
 
 if TYPE_CHECKING:
+    from opsctl.metrics.targets import TargetGroup
     from opsctl.spec.load import LoadedSpec
 
 RULES_HINT = "give --dir an existing folder of yours (mkdir -p DIR first), e.g. /etc/prometheus/opsctl"
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
-    from opsctl.metrics.targets import file_sd_json, target_groups
-    from opsctl.runtime.opening import nothing_deployed, recorded_placement
+    from opsctl.cli.commands.fleetrun import is_folder
+    from opsctl.metrics.targets import file_sd_json
     from opsctl.state.safefs import check_writable_target, write_private
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     if args.write_to is not None:
         from opsctl.providers.remote.publish import parse_write_to
@@ -34,14 +34,15 @@ def cmd_targets(args: argparse.Namespace) -> int:
         parse_write_to(args.write_to)  # before the spec is read: a malformed target changes nothing
     elif args.out not in (None, "-"):
         check_writable_target(args.out, "--out")  # before the spec is read: a wrong path changes nothing
-    loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
-    state_dir = state_dir_for(loaded, args.state_dir)
-    placed, records = recorded_placement(loaded, state_dir)
-    _refuse_ports_above_range(placed)  # where the nodes run: a node placed past base_port's range counts too
-    if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
-        print(f"note: {nothing_deployed(loaded, state_dir)}: the targets are where the first apply puts the nodes",
-              file=sys.stderr)
-    text = file_sd_json(target_groups(placed.spec, placed.layout, records))
+    if is_folder(args):  # one file_sd for the fleet: every topology's exporters, each labelled by its topology
+        from opsctl.cli.commands.fleetrun import fleet_of
+
+        fleet = fleet_of(args)
+        loaded = fleet.specs[0]
+        text = file_sd_json([group for one in fleet.specs for group in _groups(one, None)])
+    else:
+        loaded = read_spec(args.file, secrets=False)  # the targets need no secret: a Prometheus host holds none
+        text = file_sd_json(_groups(loaded, args.state_dir))
     if args.write_to is not None:
         from opsctl.providers.remote.publish import write_over_ssh
 
@@ -51,6 +52,21 @@ def cmd_targets(args: argparse.Namespace) -> int:
     else:
         write_private(Path(args.out), text, mode=0o644)  # Prometheus, another user, reads it; it holds no secret
     return EXIT_OK
+
+
+def _groups(loaded: LoadedSpec, state_dir_arg: str | None) -> list[TargetGroup]:
+    """The file_sd groups of one topology: its nodes deployed, where they run."""
+    from opsctl.metrics.targets import target_groups
+    from opsctl.runtime.opening import nothing_deployed, recorded_placement
+    from opsctl.state.statedir import state_dir_for
+
+    state_dir = state_dir_for(loaded, state_dir_arg)
+    placed, records = recorded_placement(loaded, state_dir)
+    _refuse_ports_above_range(placed)  # where the nodes run: a node placed past base_port's range counts too
+    if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
+        print(f"note: {nothing_deployed(loaded, state_dir)}: the targets are where the first apply puts the nodes",
+              file=sys.stderr)
+    return target_groups(placed.spec, placed.layout, records)
 
 
 def _refuse_ports_above_range(loaded: LoadedSpec) -> None:
@@ -159,6 +175,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "mode 0644: where Prometheus runs")
     add_output(p, ("json",), "file_sd JSON, the one format Prometheus reads",
                moved=Moved("metrics targets", "file", "--out"))
+    p.add_argument("--only", metavar="NAME[,NAME]", help="with -f DIR: these topologies' exporters only")
     p.set_defaults(handler=cmd_targets)
     p = commands.add_parser("rules", help="write the alert rules, their promtool tests and the Grafana dashboard "
                                           "shipped with opsctl into a folder")

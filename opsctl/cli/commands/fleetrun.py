@@ -1,0 +1,153 @@
+"""-f DIR: a folder's topologies through the fleet library (opsctl.fleet): validate, plan, apply (with --waves a
+staged rollout), status, destroy; one summary printed, exit codes as for one topology (plan: 2 changes, 1 a failure;
+apply: 0 only when all converged; status: 0 only when all are healthy)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.cli.options import SECONDS, ranged
+
+if TYPE_CHECKING:
+    from opsctl.spec.fleet import Fleet
+
+PARALLEL = ranged(int, 1, 64)
+
+
+def is_folder(args: argparse.Namespace) -> bool:
+    """-f names a folder: the command runs on the fleet in it."""
+    return getattr(args, "file", None) not in (None, "-") and Path(args.file).is_dir()
+
+
+def add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    """--only and --parallel, for -f DIR."""
+    parser.add_argument("--only", metavar="NAME[,NAME]", help="with -f DIR: these topologies, in this order")
+    parser.add_argument("--parallel", type=PARALLEL, default=4, metavar="N",
+                        help="with -f DIR: at most N topologies at once (default 4, 1..64)")
+
+
+def add_wave_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--waves", metavar="SIZES",
+                        help="with -f DIR: a staged rollout, e.g. 1,25%%,100%% (cumulative), a health gate after "
+                             "each wave; halts at the first failure")
+    parser.add_argument("--gate-seconds", type=SECONDS, default=30.0, metavar="S",
+                        help="how long each wave must stay healthy with no failover (default 30)")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with a rollout a failed gate halted (its wave is applied and gated again)")
+
+
+def fleet_of(args: argparse.Namespace) -> Fleet:
+    from opsctl.spec.fleet import refuse
+    from opsctl.state.fleetfile import read_fleet
+
+    if getattr(args, "state_dir", None) is not None:
+        raise OpsctlError("-f DIR keeps each topology's state beside its spec: --state-dir is for one spec",
+                          hint="leave --state-dir out")
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if getattr(args, "only", None) else None
+    fleet = read_fleet(args.file, only)  # merged with its bases, each spec validated
+    refuse(fleet)  # the fleet-level checks: two topologies on one host:port, a name used twice, ...
+    return fleet
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import ValidateResult
+    from opsctl.fleet.summary import FleetResult, Outcome
+
+    fleet = fleet_of(args)
+    print_result(FleetResult("validate", tuple(Outcome(s.spec.name, ValidateResult(s, secrets=not args.no_secrets))
+                                               for s in fleet.specs)), args.output)
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from opsctl.apply import PlanResult, plan
+    from opsctl.cli.output import print_result
+    from opsctl.fleet.summary import FleetResult, run_each
+    from opsctl.runtime.opening import open_runtime
+    from opsctl.spec.load import LoadedSpec
+
+    if args.out:
+        raise OpsctlError("plan --out saves one topology's plan: not with -f DIR", hint="leave --out out")
+
+    def one(loaded: LoadedSpec) -> PlanResult:
+        with open_runtime(loaded) as rt:
+            return plan(rt)
+
+    result = FleetResult("plan", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
+    print_result(result, args.output)
+    if result.failed:
+        return EXIT_ERROR
+    return EXIT_CHANGES if any(o.result is not None and o.result.changes for o in result.outcomes) else EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from opsctl.cli.output import print_result
+    from opsctl.fleet.summary import FleetResult, run_each
+    from opsctl.runtime.opening import open_runtime
+    from opsctl.spec.load import LoadedSpec
+    from opsctl.status import StatusResult, status
+
+    if args.watch is not None:
+        raise OpsctlError("status --watch follows one topology: not with -f DIR", hint="use -f SPEC")
+
+    def one(loaded: LoadedSpec) -> StatusResult:
+        with open_runtime(loaded) as rt:
+            return status(rt)
+
+    result = FleetResult("status", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
+    print_result(result, args.output)
+    healthy = all(o.result is not None and o.result.healthy for o in result.outcomes)
+    return EXIT_OK if healthy else EXIT_ERROR
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from opsctl.apply import ApplyOptions
+    from opsctl.cli.options import confirm
+    from opsctl.cli.output import print_result
+    from opsctl.fleet.rollout import RolloutOptions, apply_all, parse_waves, rollout
+
+    if args.plan or args.dry_run:
+        raise OpsctlError("apply -f DIR applies each topology's spec: --plan and --dry-run are for one spec",
+                          hint="`opsctl plan -f DIR` shows what each topology would change")
+    sizes = parse_waves(args.waves) if args.waves else None  # checked before anything is read
+    fleet = fleet_of(args)
+    confirm(args, f"Apply {len(fleet.specs)} topologies of {fleet.folder}?")
+    options = ApplyOptions(allow_downtime=args.allow_downtime, parallel_shards=args.parallel_shards,
+                           wait_timeout=args.wait_timeout)
+    if sizes is None:
+        result = apply_all(fleet, options, args.parallel)
+        print_result(result, args.output)
+        return EXIT_ERROR if result.failed else EXIT_OK
+    done = rollout(fleet, RolloutOptions(sizes, args.gate_seconds, args.parallel, options, args.resume))
+    print_result(done, args.output)
+    return EXIT_ERROR if done.halted else EXIT_OK
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    from opsctl.cli.options import confirm
+    from opsctl.cli.output import print_result
+    from opsctl.destroy import DestroyOptions, DestroyResult, destroy
+    from opsctl.fleet.summary import FleetResult, run_each
+    from opsctl.runtime.opening import open_runtime
+    from opsctl.spec.load import LoadedSpec
+
+    if not args.only and not args.all:
+        raise OpsctlError("destroy -f DIR needs --only NAME[,NAME] or --all", hint="name what to destroy")
+    if args.metrics_textfile is not None:
+        raise OpsctlError("destroy -f DIR does not take --metrics-textfile", hint="destroy each topology by -f SPEC")
+    fleet = fleet_of(args)
+    what = "stop every node and DELETE its data" if args.purge else "stop every node (data is kept)"
+    names = ", ".join(s.spec.name for s in fleet.specs)
+    confirm(args, f"This will {what} of {names}.")
+
+    def one(loaded: LoadedSpec) -> DestroyResult:
+        with open_runtime(loaded) as rt:
+            return destroy(rt, DestroyOptions(args.purge, args.dry_run))
+
+    result = FleetResult("destroy", tuple(run_each(one, fleet.specs, args.parallel)))
+    print_result(result, args.output)
+    return EXIT_ERROR if result.failed else EXIT_OK
