@@ -31,9 +31,11 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +45,10 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
+from opsctl.base.poll import Pending, wait_for  # noqa: E402
 from opsctl.providers.binaries import find_server  # noqa: E402
 from opsctl.providers.local import LocalProvider, start_command  # noqa: E402
+from opsctl.providers.proc import read_proc, working_below  # noqa: E402
 from opsctl.render import render_node  # noqa: E402
 from opsctl.server.versions import parse_version  # noqa: E402
 from opsctl.state.specfile import read_spec  # noqa: E402
@@ -72,6 +76,47 @@ def all_ok(endpoints: list[str]) -> bool:
         if "cluster_state:ok" not in out:
             return False
     return True
+
+
+def servers_below(folder: Path) -> list[int]:
+    """The pids of the servers (valkey-server, redis-server) whose working directory lies below folder."""
+    pids = [pid for found in working_below(str(folder)).values() for pid in found]
+    return [pid for pid in pids if (facts := read_proc(pid)) is not None
+            and os.path.basename(facts.exe).startswith(("valkey-server", "redis-server"))]
+
+
+def sweep(folder: Path) -> int:
+    """Kill every server still running below folder (a bench's own tmp folder: nothing else runs there) and wait
+    until they are gone; how many there were. What a failed run, a failed destroy or an interrupt left: a bench
+    must never leave servers loading the shared machine."""
+    left = servers_below(folder)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def gone() -> bool | Pending:
+        alive = servers_below(folder)
+        return True if not alive else Pending(f"pids {alive} still running after SIGKILL", len(alive))
+
+    if left:
+        wait_for(gone, 30.0, f"the servers below {folder} to exit", interval=0.05)
+    return len(left)
+
+
+@contextlib.contextmanager
+def swept(prefix: str) -> Iterator[Path]:
+    """A bench's tmp folder, whose servers are killed when the bench leaves it by any way (SIGTERM too: it
+    raises SystemExit here, so a `timeout` around the bench still cleans up), saying how many were left."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        with server_tmpdir(prefix=prefix) as tmp:
+            try:
+                yield Path(tmp)
+            finally:
+                if left := sweep(Path(tmp)):
+                    print(f"cleanup: killed {left} server(s) the run left below {tmp}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def spec_file(directory: Path, nodes: int, flavor: str) -> Path:
@@ -193,6 +238,7 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
     began = time.monotonic()  # what "before steps" holds besides starting apply's own modules: plan of the same spec
     subprocess.run([*OPSCTL, "plan", "-f", str(path)], env=env(), check=False, capture_output=True)
     plan_alone = time.monotonic() - began
+    proc: subprocess.Popen[str] | None = None
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
@@ -222,9 +268,15 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
         loaded = read_spec(path, env())
         if not (check(loaded.layout.servers[0].endpoint) and all_ok([n.endpoint for n in loaded.layout.servers])):
             raise SystemExit("opsctl apply returned before the cluster was complete")
-    finally:  # a failed apply's servers too: left running they would load every later run
-        subprocess.run([*OPSCTL, "destroy", "-f", str(path), "--auto-approve", "--purge"], env=env(),
-                       check=False, capture_output=True)
+    finally:  # a failed apply's servers too: left running they would load every later run (and whatever
+        # destroy leaves, swept() kills); an apply still running (the bench interrupted) is stopped first
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        gone = subprocess.run([*OPSCTL, "destroy", "-f", str(path), "--auto-approve", "--purge"], env=env(),
+                              check=False, capture_output=True, text=True)
+        if gone.returncode != 0:
+            print(f"opsctl destroy failed (exit {gone.returncode}): {gone.stderr.strip()[-400:]}", file=sys.stderr)
     return Run(elapsed, cpu, sorted(steps, key=lambda s: s[1]), plan_alone)
 
 
@@ -274,11 +326,11 @@ def main() -> int:
     runs: list[tuple[str, Run]] = []
     for flavor in args.flavor:
         for nodes in args.nodes:
-            with server_tmpdir(prefix="bench-create-") as tmp:
-                up, floor = time_floor(Path(tmp), flavor)
-                whole = time_floor_cluster(Path(tmp), nodes, flavor)
-                ours = time_opsctl(Path(tmp), nodes, flavor)
-                checked, usable = time_redis_cli(Path(tmp), nodes, flavor)
+            with swept("bench-create-") as tmp:
+                up, floor = time_floor(tmp, flavor)
+                whole = time_floor_cluster(tmp, nodes, flavor)
+                ours = time_opsctl(tmp, nodes, flavor)
+                checked, usable = time_redis_cli(tmp, nodes, flavor)
             limit = floor + 0.5 if nodes <= 15 else 3.0
             goal = f"<= {limit:.2f} (floor + 0.5)" if nodes <= 15 else "<= 3.00"
             met = ours.wall <= limit

@@ -571,3 +571,19 @@ def test_a_refusal_after_steps_ran_is_no_longer_nothing_changed() -> None:
     assert after.detail == "detail" and after.hint == "point it; apply again plans from the state now"
     other = OpsctlError("step 3/5 failed: timed out")
     assert changed_anyway(other, 2) is other
+
+
+def test_a_nodes_own_line_is_read_once_and_follows_its_view() -> None:
+    """NodeFacts.myself is cached (the planner asks it many times at 1000 nodes); a copy with another view (replace)
+    finds its own line again, and the cache does not change equality."""
+    loaded = loaded_spec("cluster")
+    facts = formed_cluster(loaded)
+    name = loaded.layout.servers[0].name
+    first = facts[name]
+    assert first.myself is first.myself and first.myself is not None and first.myself.is_myself
+    other = facts[loaded.layout.servers[1].name]
+    moved = replace(first, cluster_nodes=other.cluster_nodes)
+    assert moved.myself == other.myself != first.myself
+    fresh = replace(first)
+    assert fresh == first and "myself" not in vars(fresh)
+    assert replace(first, cluster_nodes=None).myself is None

@@ -80,7 +80,8 @@ def wait_converged(run: Execution, step: WaitConverged) -> None:
     loaded = run.rt.loaded
     topology = loaded.spec.topology
     if topology == "cluster":
-        wait_cluster_converged(run.rt.connector, _cluster_now(run.rt), timeout=60.0)
+        # as long as nodes still settle; 60 s with none newly settled is stuck (capped at 10 min in all)
+        wait_cluster_converged(run.rt.connector, _cluster_now(run.rt), timeout=600.0, stall=60.0)
     elif topology in ("replication", "sentinel"):
         wait_replication(run.rt, timeout=60.0)
     if topology == "sentinel":

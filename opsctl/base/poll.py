@@ -19,38 +19,78 @@ T = TypeVar("T")
 
 @frozen
 class Pending(Frozen):
-    """A check's "not yet", with the reason shown if waiting times out."""
+    """A check's "not yet", with the reason shown if waiting times out. left: how many things the wait still
+    waits for (nodes not joined, slots not spread), where the check can count them: a wait given `stall` goes on
+    while that count falls."""
 
     reason: str
+    left: int | None = None
 
 
 def wait_for(check: Callable[[], T | Pending | None], timeout: float, what: str,
              interval: float | Callable[[], float] = 0.005, last_reason: Callable[[], str] | None = None,
-             on_timeout: Callable[[str], BaseException] | None = None) -> T:
+             on_timeout: Callable[[str], BaseException] | None = None, stall: float | None = None) -> T:
     """Poll check() until it returns a result (anything but None or Pending), pausing `interval` s between looks
     (or interval(), for a pause that grows: a backoff).
 
     On timeout the error names `what`, the last reason (a returned Pending's, else last_reason()) and the reasons
     seen before it with when, so a wait that went through several states says which. A wait whose callers know
     its error by class or words builds it instead: on_timeout(last reason) is raised.
+
+    stall: follow progress rather than a fixed budget. The wait goes on while its Pending's `left` keeps falling
+    (a new fewest), and fails once `stall` seconds pass with no new fewest, naming what is stuck; `timeout`
+    stays the cap on the whole wait. Why: at hundreds of nodes on a loaded machine a cluster forms slowly but
+    steadily, and any fixed budget is either too short there or far too long for a wait that is stuck.
     """
     start = time.monotonic()
     deadline = start + timeout
     seen = ReasonLog(start)
+    progress = Progress(start, stall)
     while True:
         result = check()
         if isinstance(result, Pending):
             seen.note(result.reason)
+            progress.note(result.left)
         elif result is not None:
             return result
         elif last_reason is not None:
             seen.note(last_reason())
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline or progress.stalled(now):
             if on_timeout is not None:
                 raise on_timeout(seen.last)
-            raise ConvergenceError(f"timed out after {timeout:g}s waiting for {what}", seen.render(),
+            why = progress.describe(now) if progress.stalled(now) and now < deadline \
+                else f"timed out after {timeout:g}s"
+            raise ConvergenceError(f"{why} waiting for {what}", seen.render(),
                                    "look at the nodes named above; `opsctl cluster check -f SPEC` shows the state")
         time.sleep(interval() if callable(interval) else interval)
+
+
+class Progress:
+    """When a wait last made progress: the fewest things it has seen left, and since when. A wait without
+    `stall`, or whose checks count nothing, never stalls (its timeout alone ends it)."""
+
+    def __init__(self, start: float, stall: float | None) -> None:
+        self.stall = stall
+        self.fewest: int | None = None
+        self.since = start  # when the fewest was first seen (the start, before any count)
+        self.first: int | None = None
+
+    def note(self, left: int | None, now: float | None = None) -> None:
+        if left is None:
+            return
+        if self.first is None:
+            self.first = left
+        if self.fewest is None or left < self.fewest:
+            self.fewest = left
+            self.since = time.monotonic() if now is None else now
+
+    def stalled(self, now: float) -> bool:
+        return self.stall is not None and self.fewest is not None and now - self.since >= self.stall
+
+    def describe(self, now: float) -> str:
+        return (f"no progress for {now - self.since:.1f}s ({self.fewest} of {self.first} still waited for, "
+                f"the fewest seen)")
 
 
 class ReasonLog:

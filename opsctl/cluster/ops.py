@@ -146,7 +146,7 @@ MEETS_AGAIN_AFTER = 1.0  # s: a replica that does not know its master yet this l
 
 
 def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, str],
-                          then: Mapping[str, Sequence[Node]], timeout: float) -> None:
+                          then: Mapping[str, Sequence[Node]], timeout: float, stall: float) -> None:
     """Each replica, once it knows its master (CLUSTER COUNT-FAILURE-REPORTS answers for a known id only): CLUSTER
     REPLICATE and its MEETs of `then` in one round trip (its sync starts early, the MEETs go out before a socket
     load blocks it). One still not knowing it MEETS_AGAIN_AFTER its last MEET meets it again.
@@ -175,10 +175,10 @@ def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, 
         for node, done in zip(nodes, observer.pool.map(attempt, nodes), strict=True):
             if done:
                 del waiting[node.name]
-        return Pending(describe_lines([f"{name} does not know its master yet" for name in sorted(waiting)])) \
-            if waiting else True
+        return Pending(describe_lines([f"{name} does not know its master yet" for name in sorted(waiting)]),
+                       len(waiting)) if waiting else True
 
-    wait_for(check, timeout, "every replica to know its master", interval=0.02)
+    wait_for(check, timeout, "every replica to know its master", interval=0.02, stall=stall)
 
 
 Expected = dict[str, tuple[str | None, tuple[SlotRange, ...]]]  # node id -> (its master's id, its slots)
@@ -208,7 +208,7 @@ REMEET_AFTER = 0.5  # s: a pair still seen stale this long after its MEET gets a
 REPAIR_EVERY = 0.2  # s: how often nodes that are not settled yet have their views read for stale lines
 
 
-def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float) -> None:
+def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float, stall: float) -> None:
     """wait_converged that repairs stale views instead of leaving them to the ping cadence: the views of the nodes not
     settled (cluster_state ok, replica link up) are read every REPAIR_EVERY, then the full look's; each node seen
     stale (stale_senders) MEETs the node that sees it so, at most every REMEET_AFTER per pair."""
@@ -244,9 +244,9 @@ def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeou
         if not problems:
             return True
         repair({name: list(o.cluster_nodes) for name, o in seen.items() if o.cluster_nodes is not None})
-        return Pending(describe(problems))
+        return Pending(describe(problems), 0)  # all settled: the views' last disagreements, given `stall` to go
 
-    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02, stall=stall)
 
 
 def _introducer(observer: Observer, targets: Mapping[str, Sequence[Node]],
@@ -272,12 +272,17 @@ def loads_from_disk(reply: TextReply) -> bool:
     return isinstance(reply, list) and len(reply) == 2 and reply[1] == "disabled"
 
 
-def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
+FORMING_CAP = 20  # the whole formation's cap, in `stall`s: a wait that keeps progressing ends by then anyway
+
+
+def form_cluster(connector: Connector, layout: Layout, stall: float = 30.0,
                  replicas_started: Callable[[], None] | None = None) -> None:
     """Create a cluster from fresh empty nodes, one round trip per node and pass, all at once: distinct epochs, even
     slots per master; a replica MEETs its master, REPLICATEs once it knows it, then MEETs the rest; then _converge.
     Masters go first while the caller starts the replicas; replicas_started waits for those (raising the caller's
-    error). Why: a master's writable delay counts from its own start."""
+    error). Why: a master's writable delay counts from its own start.
+    The waits follow progress: they go on while replicas still come to know their masters and nodes still settle,
+    and fail once `stall` s pass with none, naming who is stuck (the whole is capped at FORMING_CAP stalls)."""
     servers = list(layout.servers)
     slots = slot_plan(layout)
     server = connector.loaded.spec.server
@@ -286,7 +291,7 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
     replicas = [layout.node(r) for shard in layout.shards for r in shard.replicas]
     masters = [n for n in servers if n not in replicas]
     epochs = config_epochs(layout)
-    with Observer(connector, servers, timeout=min(5.0, timeout)) as observer:
+    with Observer(connector, servers, timeout=min(5.0, stall)) as observer:
         def setup(node: Node) -> bool:
             """True for a replica that loads its syncs from disk (loads_from_disk)."""
             asks = node in replicas
@@ -305,11 +310,11 @@ def form_cluster(connector: Connector, layout: Layout, timeout: float = 30.0,
         ids, _ = introduce(masters)
         if replicas_started is not None:
             replicas_started()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + stall * FORMING_CAP
         replica_ids, from_disk = introduce(replicas)
         ids |= replica_ids
-        _replicate_once_known(observer, layout, ids, then, deadline - time.monotonic())
-        _converge(observer, layout, ids, max(0.1, deadline - time.monotonic()))
+        _replicate_once_known(observer, layout, ids, then, deadline - time.monotonic(), stall)
+        _converge(observer, layout, ids, max(0.1, deadline - time.monotonic()), stall)
         # every replica's link is up: its first sync is done
         _parallel(observer.pool, lambda n: _checked(observer, n, [(*TO_SOCKET[:3], "disabled")], "CONFIG SET"),
                   [n for n in replicas if n.name in from_disk])

@@ -110,7 +110,9 @@ def destroy(rt: Runtime, options: DestroyOptions = DEFAULTS, emit: Emit = ignore
     deploys as the first did. A topology with nothing to do is left alone: no question, no lock, nothing written (a
     lock file would be a lie of 'deployed'); a dry run says what would be done and changes nothing either. The
     changes run under the state-dir and topology locks (runtime.opening.locked)."""
-    todo = [p for p in _presence(rt, _destroy_order(rt)) if p.running or p.exporter or (options.purge and p.files)]
+    waves = _destroy_order(rt)
+    todo = [p for p in _presence(rt, [n for wave in waves for n in wave])
+            if p.running or p.exporter or (options.purge and p.files)]
     said = _Said(emit)
     if not todo or options.dry_run:
         nodes = [said.node(NodeTeardown(p.node.name, p.running, options.purge and p.files, p.exporter, True))
@@ -123,7 +125,7 @@ def destroy(rt: Runtime, options: DestroyOptions = DEFAULTS, emit: Emit = ignore
         return DestroyResult(rt.loaded.spec.name, options.dry_run, options.purge, tuple(nodes), tuple(said.removed))
     options.approve([NodeTeardown(p.node.name, p.running, options.purge, p.exporter, True) for p in todo])
     with locked(rt):
-        nodes = [said.node(_tear_down(rt, p, options.purge)) for p in todo]
+        nodes = [said.node(done) for wave in waves for done in _tear_down_wave(rt, wave, todo, options.purge)]
         if options.purge:
             _drop_state(rt.state_dir, said)  # under the lock, the lock file last
     _drop_textfiles(options, rt.loaded.spec.name, said)
@@ -149,9 +151,21 @@ class _Said:
         self.note(f"{'would remove' if dry_run else 'removed'} {path}")
 
 
-def _tear_down(rt: Runtime, p: _Presence, purge: bool) -> NodeTeardown:
-    """One node, under the locks: stopped if it runs (looked at again), its exporter removed, purged if asked."""
-    from opsctl.metrics.exporter_steps import remove_exporter
+def _tear_down_wave(rt: Runtime, wave: Sequence[Node], todo: Sequence[_Presence], purge: bool) -> list[NodeTeardown]:
+    """The nodes of one wave of _destroy_order that have something to tear down, their servers stopped all at once
+    (fan_out: each stop waits for its server's shutdown, its last save; one after another, 240 nodes took longer
+    than their creation), then each one's exporter and files, one after another (the last purge drops the shared
+    binary copy)."""
+    from opsctl.net.fanout import fan_out
+
+    names = {n.name for n in wave}
+    mine = [p for p in todo if p.node.name in names]
+    stopped = fan_out(lambda p: _stop(rt, p), mine)
+    return [_tear_down(rt, p, running, purge) for p, running in zip(mine, stopped, strict=True)]
+
+
+def _stop(rt: Runtime, p: _Presence) -> bool:
+    """One node's server stopped if it runs (looked at again, under the locks): whether it ran."""
     from opsctl.net.topolock import check_held, stopping
 
     check_held(rt.connector)
@@ -159,6 +173,13 @@ def _tear_down(rt: Runtime, p: _Presence, purge: bool) -> NodeTeardown:
     if running:
         stopping(rt.connector, [p.node.name])  # its own stops do not count against its lock
         rt.provider.stop(p.node)
+    return running
+
+
+def _tear_down(rt: Runtime, p: _Presence, running: bool, purge: bool) -> NodeTeardown:
+    """One node, under the locks, its server stopped (_stop): its exporter removed, purged if asked."""
+    from opsctl.metrics.exporter_steps import remove_exporter
+
     remove_exporter(rt, p.node)
     if purge:
         rt.provider.purge(p.node)
@@ -223,9 +244,10 @@ def _drop_textfiles(options: DestroyOptions, name: str, said: _Said) -> None:
         said.file(Path(path), dry_run=False)
 
 
-def _destroy_order(rt: Runtime) -> list[Node]:
-    """Every node the state knows: first the ones the spec no longer keeps (retiring, parked, tombstones: their
-    records, at the place they were deployed), then the sentinels, the replicas, the masters. Over SSH a tombstone
+def _destroy_order(rt: Runtime) -> list[list[Node]]:
+    """Every node the state knows, in waves torn down one after another (the nodes of a wave at once): first the
+    ones the spec no longer keeps (retiring, parked, tombstones: their records, at the place they were deployed),
+    then the sentinels, the replicas, the masters. Over SSH a tombstone
     on a host the spec lost is out of reach (no host entry names its SSH settings): the copy of it the hosts table
     carries goes with the spec's folder on the last purge of each host."""
     from opsctl.spec.deployed import deployed_from_records
@@ -235,8 +257,9 @@ def _destroy_order(rt: Runtime) -> list[Node]:
     recorded = recorded_nodes(spec, layout, deployed_from_records(rt.provider.deployed_records()))
     if spec.provider == "ansible":
         recorded = tuple(n for n in recorded if n.host in {h.name for h in spec.hosts})
-    return [*layout.retired, *recorded, *layout.sentinels, *[n for n in layout.servers if n.role == "replica"],
-            *[n for n in layout.servers if n.role == "master"]]
+    waves = [[*layout.retired, *recorded], list(layout.sentinels),
+             [n for n in layout.servers if n.role == "replica"], [n for n in layout.servers if n.role == "master"]]
+    return [wave for wave in waves if wave]
 
 
 def _presence(rt: Runtime, nodes: list[Node]) -> list[_Presence]:

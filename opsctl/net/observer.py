@@ -170,13 +170,14 @@ def settled_pending(observer: Observer, settled: set[str] | None = None) -> Pend
     if settled is not None:
         settled.update(name for name, reason in why.items() if not reason)
     waiting = [f"{name}: {reason}" for name, reason in why.items() if reason]
-    return Pending(describe_lines(waiting)) if waiting else None
+    return Pending(describe_lines(waiting), len(waiting)) if waiting else None
 
 
-def wait_converged(observer: Observer, timeout: float) -> None:
+def wait_converged(observer: Observer, timeout: float, stall: float | None = None) -> None:
     """Poll through an open Observer until its nodes agree; ConvergenceError names who disagrees and how.
     A poll asks the nodes not yet seen settled for cluster_state and replica link only (settled_pending); the full
-    look (every view, parsed and compared) runs once all are settled, so a long wait costs the servers little."""
+    look (every view, parsed and compared) runs once all are settled, so a long wait costs the servers little.
+    stall: go on while nodes still settle, fail once that long passes with none newly settled (wait_for)."""
     settled: set[str] = set()
 
     def check() -> bool | Pending:
@@ -184,15 +185,17 @@ def wait_converged(observer: Observer, timeout: float) -> None:
         if not_yet is not None:
             return not_yet
         problems = observed_problems(observer.observe(info_section="replication"))
-        return Pending(describe(problems)) if problems else True
+        return Pending(describe(problems), 0) if problems else True
 
     # 20 ms: a poll reads every node's INFO and CLUSTER NODES; polling faster only takes CPU from the servers
-    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02)
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02, stall=stall)
 
 
-def wait_cluster_converged(connector: Connector, nodes: Iterable[Node], timeout: float = 30.0) -> None:
-    """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked)."""
+def wait_cluster_converged(connector: Connector, nodes: Iterable[Node], timeout: float = 30.0,
+                           stall: float | None = None) -> None:
+    """Poll until every node agrees (state ok, one slot map, no open slots, all known, replicas linked); with
+    stall, as long as nodes still settle (wait_converged), up to timeout."""
     with Observer(connector, nodes, timeout=min(2.0, timeout)) as observer:
-        wait_converged(observer, timeout)
+        wait_converged(observer, timeout, stall)
 
 

@@ -8,6 +8,7 @@ opsctl.failover.fence)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
@@ -114,8 +115,10 @@ class NodeFacts(Frozen):
         """(flavor, (major, minor)) the running process reports in INFO, None when unknown."""
         return server_of(self.info)
 
-    @property
+    @functools.cached_property
     def myself(self) -> ClusterNodeLine | None:
+        """Its own line in its view. Cached (in the instance's __dict__, which equality, hashing and replace()
+        never read): the planner asks each node's many times, and a view holds a line per node (1000 at most)."""
         return next((n for n in self.cluster_nodes or () if n.is_myself), None)
 
     @property
