@@ -23,7 +23,7 @@ from opsctl.backup.segment import chain, decode_segment, encode_segment, parse_n
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import ARCHIVE, Base, archive_json, base_of, group, parse_archive, segment_prefix
 from opsctl.base import stop
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import ArchiveProgress, Emit, Note, SegmentArchived
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
@@ -399,13 +399,27 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
         with locked():
             return take_base(connector, store, state_dir, emit, options.backup)
 
+    def based_when_free() -> Base:
+        """The base the archive cannot go on without (the first, or after a gap), a service's way: while another
+        run holds the topology (an apply, a reshard) it is said and tried again RETRY_BASE later, never an exit
+        (a gap answered during an apply that replaces a host ended the archive, exit 3); a stop ends the wait."""
+        while True:
+            try:
+                return based()
+            except RefusedError as refused:
+                emit(Note(f"a base waits: {refused.summary}; trying again in {RETRY_BASE:.0f}s"))
+                until = time.monotonic() + RETRY_BASE
+                while time.monotonic() < until:
+                    stop.check("no base was being taken: the archive goes on from the store when run again")
+                    time.sleep(0.1)
+
     links: list[ShardStream] = []
     new: list[ShardStream] = []
     with Borrowed() as pool:
         fresh = base is None
         try:
             while True:
-                base = base or based()
+                base = base or based_when_free()
                 fleet.follow(base, store)
                 new = [ShardStream(n, base.name, p if fresh else resume_position(store, base, n))
                        for n, p in sorted(base.positions.items())]
