@@ -245,3 +245,17 @@ def netns_lab(count: int) -> Iterator[netns.Lab]:
         yield created
     finally:
         netns.down(created.id)
+
+
+def write_barrier(client: Any, replicas: int) -> bool:
+    """A write to one of the master's own slots (the others answer MOVED), then WAIT: whether every one of replicas
+    acknowledged it, so every write the master acknowledged before is on them."""
+    import redis
+
+    for n in range(1000):
+        try:
+            client.set(f"barrier:{{{n}}}", "1")
+            break
+        except redis.ResponseError:
+            continue
+    return bool(client.execute_command("WAIT", replicas, 10_000) == replicas)

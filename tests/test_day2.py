@@ -39,7 +39,7 @@ from opsctl.spec.layout import Layout, Node
 from opsctl.spec.placement import with_placement
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, server_binary, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, server_binary, write_barrier, write_spec
 from tests.test_drain_host import record_files
 from tests.test_fleet_shape import records
 from tests.test_metrics_exporter_live import _needs, _redis_up
@@ -219,14 +219,8 @@ def barrier(endpoints: list[str], password: str) -> float:
     for endpoint in endpoints:
         host, port = endpoint.rsplit(":", 1)
         client = node_client(host, int(port), password)
-        for n in range(1000):  # a key of one of its slots: the others answer MOVED
-            try:
-                client.set(f"barrier:{{{n}}}", "1")
-                break
-            except redis.ResponseError:
-                continue
         links = int(client.info("replication")["connected_slaves"])
-        assert client.execute_command("WAIT", links, 10_000) == links, endpoint
+        assert write_barrier(client, links), endpoint
     return began
 
 

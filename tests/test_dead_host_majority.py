@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
 from opsctl.base.poll import Pending, wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
+from tests.support import write_barrier
 from tests.test_dead_host import flagged, kill_host, known_endpoints, node_client
 from tests.test_drain_host import record_files
 from tests.test_shape_killed import cluster_kept, cluster_writer, converged, killed_apply
@@ -35,14 +35,7 @@ def replicated_barrier(loaded: LoadedSpec, masters: list[str]) -> float:
     (one ordered stream). When the barrier began: a write acknowledged before that is WAIT-acknowledged."""
     began = time.monotonic()
     for name in masters:
-        client = node_client(loaded, name)
-        for n in range(1000):  # a key of one of its slots: the others answer MOVED
-            try:
-                client.set(f"barrier:{{{n}}}", "1")
-                break
-            except redis.ResponseError:
-                continue
-        assert client.execute_command("WAIT", 1, 10_000) == 1
+        assert write_barrier(node_client(loaded, name), 1), name
     return began
 
 
