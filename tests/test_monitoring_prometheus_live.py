@@ -32,6 +32,7 @@ from tests.monitoring import ALERTS
 from tests.support import PASSWORD
 from tests.test_metrics_exporter_live import _free_port, _needs, _prometheus, _targets_up
 from tests.test_monitoring_dashboard import GRAFANA_VARIABLES, queries
+from tests.writer import cluster_client
 
 pytestmark = pytest.mark.integration
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -119,6 +120,21 @@ def _oom_once(loaded: LoadedSpec) -> None:
         client.close()
 
 
+def _hot_slots_once(loaded: LoadedSpec, spec: Path, textfiles: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys on every master, then a real `audit --hot --metrics-textfile`: the heat map's query has a series (Redis
+    7.0 counts no cpu per slot, so the slots rank by keys, and an empty cluster ranks none)."""
+    client = cluster_client(loaded)
+    try:
+        for i in range(60):
+            client.set(f"heat:{i}", "x")
+    finally:
+        client.close()
+    code, out, err = run(capsys, "audit", "-f", str(spec), "--hot", "--hot-window", "0.5",
+                         "--metrics-textfile", str(textfiles))
+    assert code == 0, err + out
+    assert "opsctl_slot_load_share{" in (textfiles / f"opsctl_{loaded.spec.name}_audit_hot.prom").read_text()
+
+
 def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for path, package in ((EXPORTER_BINARY, "prometheus-redis-exporter"), ("/usr/bin/prometheus", "prometheus"),
@@ -142,6 +158,7 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         code, out, err = run(capsys, "backup", "-f", str(sentinel_spec), "--to", str(tmp_path / "backups"),
                              "--metrics-textfile", str(textfiles))
         assert code == 0, err + out
+        _hot_slots_once(cluster, cluster_spec, textfiles, capsys)
         _oom_once(fleet)
         node_exporter = stack.enter_context(_node_exporter(textfiles))
         url = stack.enter_context(_prometheus(tmp_path, targets / "*.json", _rules_copy(tmp_path), [node_exporter]))
