@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import hiredis
 
-from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
+from opsctl.base.errors import AuthRefused, NodeError, NodeRefused, NodeUnreachable, OpsctlError, error_text
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import fan_out
@@ -222,6 +222,11 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reason(exc: NodeError) -> str:
+    """What a node error says, in one line: a refusal's reply words, else why the node did not answer."""
+    return exc.detail if isinstance(exc, NodeRefused) else exc.why if isinstance(exc, NodeUnreachable) else exc.summary
 
 
 def _no_retries(admin: Admin) -> None:
