@@ -94,7 +94,11 @@ def _fail_over_drained(run: Execution, step: Failover) -> None:
     members = [rt.node(m) for s in layout.shards if s.index == step.shard for m in s.members]
     absent = [n.name for n in members if not rt.provider.process_state(n).running]
     view = replace(rt.loaded, layout=_without_idle_sentinels(rt, with_member(layout, step.node, absent)))
-    fail_over(replace(run, rt=replace(rt, loaded=view, connector=rt.connector.over(view))), step)
+    drained = replace(rt, loaded=view, connector=rt.connector.over(view))  # handles of its own, closed here
+    try:
+        fail_over(replace(run, rt=drained), step)
+    finally:
+        drained.connections.close()
 
 
 def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:
