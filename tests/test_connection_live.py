@@ -102,7 +102,7 @@ def test_the_node_handle_on_a_live_node(tmp_path: Path, capsys: pytest.CaptureFi
             wrong.call("PING")
         assert not wrong.ping()
 
-        with open_runtime(read_spec(spec)) as rt:  # a run's handles: one per node, closed with the runtime
+        with open_runtime(loaded) as rt:  # a run's handles: one per node, closed with the runtime
             kept = rt.connections[node.name]
             assert kept is rt.connections[node.name] and kept.ping()
         with pytest.raises(OpsctlError, match="closed"):
