@@ -108,6 +108,6 @@ def _policy(spec, node: str) -> str:
 
     rt = runtime(read_spec(spec))
     try:
-        return str(rt.admin(rt.node(node)).config_get("maxmemory-policy")["maxmemory-policy"])
+        return str(rt.connections[node].config_get("maxmemory-policy")["maxmemory-policy"])
     finally:
-        rt.provider.close()
+        rt.close()

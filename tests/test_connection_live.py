@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable
+from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError
 from opsctl.net.connection import Connection, Connections, connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.resp import encode
 from opsctl.observe.replies import ROLE, RespError, info
-from opsctl.runtime.opening import make_runtime
+from opsctl.runtime.opening import make_runtime, open_runtime
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
 from tests.support import PASSWORD_ENV, free_base_port
@@ -48,6 +48,11 @@ def _exercise(handle: Connection) -> None:
     with handle.dedicated() as pipe:
         pipe.call("SELECT", 3)
         assert pipe.call("DEL", "in3") == 1
+
+    assert handle.keyed("STRLEN", "", [b"k", b"nothing"]) == [1, 0]  # one buffer, a command per key
+    with handle.held() as pipe:  # a kept pipe, the caller's for a stream: writes and reads interleave
+        pipe.send(handle.packed([("GET", "k"), ("CONFIG", "GET", "maxmemory-policy")]))  # renamed as the node knows it
+        assert pipe.read(2) == [b"v", [b"maxmemory-policy", b"noeviction"]]
 
     assert handle.transaction([("SET", "t", "1"), ("INCR", "t"), ("GET", "t")]) == [b"OK", 2, b"2"]
     with pytest.raises(NodeRefused):
@@ -86,12 +91,22 @@ def test_the_node_handle_on_a_live_node(tmp_path: Path, capsys: pytest.CaptureFi
                 pipe.call("CLIENT", "KILL", "SKIPME", "no")
                 pipe.call("PING")
             assert handle.ping()  # the next round trip opens another
+            with pytest.raises(NodeUnreachable), handle.held() as pipe:  # a kept pipe's errors are the handle's
+                pipe.call("CLIENT", "KILL", "SKIPME", "no")
+                pipe.call("PING")
+            assert handle.ping()
 
         monkeypatch.setenv(PASSWORD_ENV, "not-the-password")
         wrong = connection_to(Connector(read_spec(spec)), node)
         with pytest.raises(AuthRefused):
             wrong.call("PING")
         assert not wrong.ping()
+
+        with open_runtime(loaded) as rt:  # a run's handles: one per node, closed with the runtime
+            kept = rt.connections[node.name]
+            assert kept is rt.connections[node.name] and kept.ping()
+        with pytest.raises(OpsctlError, match="closed"):
+            kept.call("PING")
 
         handles = Connections(connector, [node])
         assert handles.each([node], Connection.ping) == [True]

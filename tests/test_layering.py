@@ -310,3 +310,44 @@ def test_handlers_take_their_step_type() -> None:
     assert not found, "assert isinstance(step, ...) left (take the step type in the handler's def line):\n" \
         + "\n".join(found)
     assert _asserts_step_type(ast.parse("assert isinstance(step, StartNode)").body[0])
+
+
+# The node handle (opsctl.net.connection) is the one door to a node: redis-py stays behind it (issue 34).
+# Packages whose call sites move onto the handle in another branch (W6b); the lead empties this at merge.
+NOT_YET = {"failover", "backup", "restore", "migrate"}
+# `.client.` reaches that are not redis-py's: what each holds.
+OTHER_CLIENTS = {"opsctl.backup.s3": "boto3's S3 client (self.client.meta, .head_bucket, ...)"}
+
+
+def _redis_reaches(tree: ast.AST) -> list[str]:
+    """`import redis`/`from redis…`, `except redis.X` (alone or in a tuple) and `x.client.y` (a reach through an
+    Admin into redis-py), each as `line: what`."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "redis" for a in node.names):
+            found.append(f"{node.lineno}: import redis")
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "redis":
+            found.append(f"{node.lineno}: from {node.module} import")
+        elif isinstance(node, ast.ExceptHandler) and node.type is not None and any(
+                isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "redis"
+                for n in ast.walk(node.type)):
+            found.append(f"{node.lineno}: except redis.")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "client":
+            found.append(f"{node.lineno}: .client.{node.attr}")
+    return found
+
+
+def test_redis_only_in_net() -> None:
+    """Outside opsctl/net/ no module imports redis-py, catches its errors (`except NodeError`: NodeUnreachable or
+    NodeRefused, opsctl.base.errors) or reaches through `.client.` into it: every node call goes through the node
+    handle, opsctl.net.connection.Connection."""
+    reaches = sorted(f"{m}:{where}" for m, p in MODULES.items()
+                     if package_of(m) not in {"net", *NOT_YET}
+                     for where in _redis_reaches(ast.parse(p.read_text()))
+                     if not (m in OTHER_CLIENTS and ".client." in where))
+    assert not reaches, "redis-py outside opsctl.net (use the node handle, opsctl.net.connection):\n" + \
+        "\n".join(reaches)
+    assert len(_redis_reaches(ast.parse(
+        "import redis.crc\nfrom redis import Redis\ntry:\n    pass\nexcept (OSError, redis.ResponseError):\n    pass\n"
+        "admin.client.ping()\n"))) == 4
+    assert not [m for m in OTHER_CLIENTS if m not in MODULES], "OTHER_CLIENTS names a module that is not there"

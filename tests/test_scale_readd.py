@@ -112,8 +112,9 @@ def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) ->
     serves is refused, key and id untouched; once empty it is reset to a new id that knows only itself."""
     from opsctl.base.errors import RefusedError
     from opsctl.cluster.ops import reset_stale_identity
-    from opsctl.net.admin import Admin
-    from tests.test_planner import loaded_spec
+    from opsctl.net.connection import connection_to
+    from opsctl.net.connector import Connector
+    from tests.test_planner import PASSWORD, loaded_spec
 
     address = loopback_hosts(1)[0]
     port = free_base_port([address], 2)
@@ -131,7 +132,8 @@ def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) ->
         client.execute_command("CLUSTER", "DELSLOTS", slot)
         old = client.execute_command("CLUSTER", "MYID")
         loaded = loaded_spec("cluster")
-        admin = Admin(loaded, loaded.layout.servers[0], client)
+        client.config_set("requirepass", PASSWORD)  # this connection stays authenticated; the handle sends AUTH
+        admin = connection_to(Connector(loaded, lambda _: (address, port)), loaded.layout.servers[0])
         assert reset_stale_identity(admin, loaded.layout.servers[0], {old}) is None  # the cluster knows it
         with pytest.raises(RefusedError, match="1 keys"):
             reset_stale_identity(admin, loaded.layout.servers[0], set())
@@ -143,6 +145,7 @@ def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) ->
         assert reset_stale_identity(admin, loaded.layout.servers[0], set()) == old
         assert client.execute_command("CLUSTER", "MYID") != old
         assert len(client.execute_command("CLUSTER", "NODES").splitlines()) == 1
+        admin.close()
     finally:
         client.close()
         for proc in procs:

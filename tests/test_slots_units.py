@@ -11,7 +11,7 @@ from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, star
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, opened_together, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
-from opsctl.slots.ranges import count, expand, parse, text, to_ranges
+from opsctl.slots.ranges import count, expand, key_slot, parse, text, to_ranges
 from opsctl.slots.slotplan import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard
 
@@ -20,6 +20,20 @@ def test_ranges_round_trip():
     assert to_ranges([5, 1, 2, 3, 9]) == ((1, 3), (5, 5), (9, 9))
     assert text(((1, 3), (5, 5))) == "1-3,5" and parse("1-3,5") == ((1, 3), (5, 5))
     assert expand(((0, 2),)) == [0, 1, 2] and count(((0, 9), (20, 20))) == 11
+
+
+def test_key_slot_is_the_cluster_hash_slot():
+    """Issue 34: the slot of a key without redis-py (outside opsctl.net no module imports it), the same as
+    redis.crc.key_slot and the server's CLUSTER KEYSLOT (known values), hash tags included."""
+    from redis.crc import key_slot as redis_key_slot
+
+    known = {b"foo": 12182, b"bar": 5061, b"{user1000}.following": 3443, b"{user1000}.followers": 3443,
+             b"": 0, b"{}x": redis_key_slot(b"{}x"), b"a{b}c{d}": redis_key_slot(b"b")}
+    assert {k: key_slot(k) for k in known} == known
+    keys = [b"", b"{", b"}", b"{}", b"{}{x}", b"x{y", b"x}y{", b"\xff\x00{\x01}", *(b"k%d" % i for i in range(2000)),
+            *(b"{t%d}:%d" % (i % 7, i) for i in range(200))]
+    assert [key_slot(k) for k in keys] == [redis_key_slot(k) for k in keys]
+    assert all(0 <= key_slot(k) < SLOTS for k in keys)
 
 
 def test_weighted_targets_sum_to_all_slots():

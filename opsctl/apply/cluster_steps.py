@@ -3,11 +3,13 @@ slot_steps, loaded only when a plan moves slots), and the wait every topology's 
 
 from __future__ import annotations
 
+from opsctl.base.errors import NodeError
 from opsctl.base.events import Log
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.cluster.ops import form_cluster, meet, reset_stale_identity
+from opsctl.net.connection import connection_to
 from opsctl.net.observer import observe, wait_cluster_converged
-from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes
+from opsctl.observe.replies import CLUSTER_NODES, ClusterNodeLine
 from opsctl.plan.steps import (
     AssignSlots,
     CloseSlots,
@@ -34,14 +36,14 @@ def form(run: Execution, step: FormCluster) -> None:
 
 def join_cluster(run: Execution, step: JoinCluster) -> None:
     node, via = run.node(step), run.rt.node(step.via)
-    with run.rt.admin(node) as admin, run.rt.admin(via) as via_admin:
-        via_view = parse_cluster_nodes(str(via_admin.raw("CLUSTER", "NODES")))
-        live = _known_by_its_peers(run, node, parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))), via_view)
-        old_id = None if node.endpoint in live.handshaking else reset_stale_identity(admin, node, live.ids)
-        if old_id is not None:
-            run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
-                                       "reset it to a new empty node (CLUSTER RESET HARD)"))
-        meet(admin, via)
+    handle = run.rt.connections[node.name]
+    via_view = run.rt.connections[via.name].read(CLUSTER_NODES)
+    live = _known_by_its_peers(run, node, handle.read(CLUSTER_NODES), via_view)
+    old_id = None if node.endpoint in live.handshaking else reset_stale_identity(handle, node, live.ids)
+    if old_id is not None:
+        run.emit(Log(step.title(), f"{node.name} came back as {old_id[:8]}, a node the cluster forgot: "
+                                   "reset it to a new empty node (CLUSTER RESET HARD)"))
+    meet(handle, via)
 
 
 @frozen
@@ -59,15 +61,13 @@ def _known_by_its_peers(run: Execution, node: Node, view: list[ClusterNodeLine],
     nothing). A node met by some of the cluster and not yet by via (a creation killed after a replica met only
     its master), or whose MEETs were under way (killed while the masters met), is known back: not a forgotten
     identity to reset."""
-    import redis
-
     views = [via_view]
     by_endpoint = {n.endpoint: n for n in run.rt.loaded.layout.servers if n.name != node.name}
     for peer in (by_endpoint[line.endpoint] for line in view if line.endpoint in by_endpoint):
         try:
-            with run.rt.admin(peer, timeout=2.0) as peer_admin:
-                views.append(parse_cluster_nodes(str(peer_admin.raw("CLUSTER", "NODES"))))
-        except redis.RedisError:
+            with connection_to(run.rt.connector, peer, timeout=2.0) as peer_handle:  # a silent peer counts for nothing
+                views.append(peer_handle.read(CLUSTER_NODES))
+        except NodeError:
             continue
     lines = [line for v in views for line in v]
     return KnownBack(frozenset(line.id for line in lines),

@@ -238,7 +238,9 @@ def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
 
 def _redis_errors() -> tuple[type[Exception], ...]:
     """redis-py's base error once anything loaded redis-py (nothing can raise it before). The executor loads it
-    only where it talks through it: a new cluster's creation does not, so that import does not delay the start."""
+    only where it talks through it: a new cluster's creation does not, so that import does not delay the start.
+    Only the failover package's Admin calls (opsctl.failover, issue 34 W6b) still raise it: the steps' own calls
+    go through node handles and raise NodeError, an OpsctlError. Deleted once that package is on the handle."""
     module = sys.modules.get("redis")
     return (module.RedisError,) if module is not None else ()
 

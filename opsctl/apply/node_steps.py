@@ -6,14 +6,22 @@ from __future__ import annotations
 import time
 
 from opsctl.apply.replication_steps import finish_fenced, sentinels_master
-from opsctl.base.errors import AuthRefused, ConvergenceError, OpsctlError, RefusedError, is_auth_failure
+from opsctl.base.errors import (
+    AuthRefused,
+    ConvergenceError,
+    NodeError,
+    NodeRefused,
+    NodeUnreachable,
+    OpsctlError,
+    RefusedError,
+    is_auth_failure,
+)
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection, reason
 from opsctl.net.observer import Observer
-from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import mark_started, stopping
-from opsctl.observe.replies import RespError, parse_role
+from opsctl.observe.replies import ROLE, Command, RespError
 from opsctl.plan.desired import single_valued, unquote
 from opsctl.plan.facts import FENCE, MAX_LAG, TO_WRITE, spec_values
 from opsctl.plan.masters import start_master, takes_writes
@@ -50,13 +58,10 @@ def _replicaof_line(run: Execution, node: Node) -> str:
         return ""
     if not run.rt.provider.process_state(node).running:
         return _follow_line(run, node)
-    import redis
-
     try:
-        with run.rt.admin(node, timeout=5.0) as admin:
-            role = parse_role(admin.call("ROLE"))
-    except redis.RedisError as exc:
-        raise OpsctlError(f"cannot read {node.name}'s role before writing its config", str(exc),
+        role = run.rt.connections[node.name].read(ROLE)
+    except NodeError as exc:
+        raise OpsctlError(f"cannot read {node.name}'s role before writing its config", reason(exc),
                           "apply again when the node answers; its config file was left as it was") from None
     if role.kind == "replica" and role.master:
         return f"\n# current role, kept by opsctl\nreplicaof {role.master[0]} {role.master[1]}\n"
@@ -131,7 +136,7 @@ def wait_answering(run: Execution, nodes: list[Node], timeout: float = START_TIM
                     return False  # e.g. LOADING: still loading its data
                 return OpsctlError(f"{node.name} refuses the spec's password", exc.detail,
                                    "the node runs with another password; check auth.password")
-            except PIPE_ERRORS:
+            except NodeUnreachable:
                 return False
             return not isinstance(reply, RespError)  # LOADING and the like: not yet
 
@@ -197,30 +202,28 @@ def config_set(run: Execution, step: ConfigSet) -> None:
                                                  daemonize=run.rt.provider.daemonize).sections
                           for d in s.directives])
     value = unquote(real.get(step.directive, step.value))
-    import redis
-
-    with run.rt.admin(node) as admin:
-        old = admin.config_get(step.directive).get(step.directive)
-        try:
-            admin.config_set(step.directive, value)
-        except redis.ResponseError as exc:
-            undone = roll_back(run, node, admin)
-            raise OpsctlError(f"{node.name} refused CONFIG SET {step.directive}: {exc}",
-                              f"rolled back on {node.name}: {undone}",
-                              f"fix {step.directive} in the spec (a value {node.name}'s server accepts), "
-                              "then apply again") from None
-        if old is not None:
-            run.undo_list(node.name).append((step.directive, old))
+    handle = run.rt.connections[node.name]
+    old = handle.config_get(step.directive).get(step.directive)
+    try:
+        handle.config_set(step.directive, value)
+    except NodeRefused as exc:
+        undone = roll_back(run, node, handle)
+        raise OpsctlError(f"{node.name} refused CONFIG SET {step.directive}: {exc.detail}",
+                          f"rolled back on {node.name}: {undone}",
+                          f"fix {step.directive} in the spec (a value {node.name}'s server accepts), "
+                          "then apply again") from None
+    if old is not None:
+        run.undo_list(node.name).append((step.directive, old))
 
 
-def roll_back(run: Execution, node: Node, admin: Admin) -> str:
+def roll_back(run: Execution, node: Node, handle: Connection) -> str:
     """Undo this run's changes to one node: CONFIG SETs in reverse, then its files and record as they were."""
     before = run.before.get(node.name)
     if before is None:
         return "nothing had changed"
     done: list[str] = []
     for directive, old in reversed(before.config):
-        admin.config_set(directive, old)
+        handle.config_set(directive, old)
         done.append(directive)
     restore = {name: text for name, text in before.files.items() if text is not None}
     if restore:
@@ -236,18 +239,18 @@ def set_passwords(run: Execution, step: SetPasswords) -> None:
     node = run.node(step)
     users = managed_users(run.rt.loaded, node)
     new = users["default"][0].reveal()
-    with run.rt.admin(node) as admin:
-        if node.is_sentinel:
-            for user, secrets in users.items():
-                admin.call("ACL", "SETUSER", user, "resetpass", *_password_words(*secrets))
-            admin.call("SENTINEL", "CONFIG", "SET", "sentinel-pass", new)
-            admin.call("SENTINEL", "FLUSHCONFIG")
-            return
-        pipe = admin.client.pipeline(transaction=True)
-        pipe.execute_command(admin.command("CONFIG"), "SET", "requirepass", new)  # the value CONFIG REWRITE keeps
+    handle = run.rt.connections[node.name]
+    if node.is_sentinel:
         for user, secrets in users.items():
-            pipe.execute_command(admin.command("ACL"), "SETUSER", user, "resetpass", *_password_words(*secrets))
-        pipe.execute()
+            handle.call("ACL", "SETUSER", user, "resetpass", *_password_words(*secrets))
+        handle.call("SENTINEL", "CONFIG", "SET", "sentinel-pass", new)
+        handle.call("SENTINEL", "FLUSHCONFIG")
+        return
+    commands: list[Command] = [("CONFIG", "SET", "requirepass", new)]  # the value CONFIG REWRITE keeps
+    commands += [("ACL", "SETUSER", user, "resetpass", *_password_words(*secrets)) for user, secrets in users.items()]
+    for command, reply in zip(commands, handle.transaction(commands), strict=True):
+        if isinstance(reply, RespError):  # named by its first two words: the rest are passwords
+            raise handle.refused(" ".join(command[:2]), reply.message)
 
 
 def _password_words(secret: Secret, previous: Secret | None) -> list[str]:
@@ -259,6 +262,5 @@ def _password_words(secret: Secret, previous: Secret | None) -> list[str]:
 
 
 def acl_load(run: Execution, step: AclLoad) -> None:
-    with run.rt.admin(run.node(step)) as admin:
-        admin.call("ACL", "LOAD")
+    run.rt.connections[step.node].call("ACL", "LOAD")
 

@@ -8,14 +8,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-import redis
-
-from opsctl.base.errors import RefusedError
+from opsctl.base.errors import NodeRefused, RefusedError
 from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
-from opsctl.observe.replies import parse_cluster_nodes, parse_role
+from opsctl.net.connection import Connection
+from opsctl.observe.replies import CLUSTER_NODES, ROLE
 from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.replication import sentinel_settings
 from opsctl.plan.steps import Failover, FinishFailover, Replicate, SentinelMonitor, SentinelSet, Step
@@ -39,9 +38,9 @@ def sentinel_set(run: Execution, step: SentinelSet) -> None:
     node = run.node(step)
     name = sentinel_master_name(run.rt.loaded.spec)
     password = run.rt.loaded.credentials.password.reveal()
-    with run.rt.admin(node) as admin:
-        for key, value in step.settings:
-            admin.call("SENTINEL", "SET", name, *key.split(), password if key == "auth-pass" else value)
+    handle = run.rt.connections[node.name]
+    for key, value in step.settings:
+        handle.call("SENTINEL", "SET", name, *key.split(), password if key == "auth-pass" else value)
     master = sentinels_master(run.rt)
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize, master=master)
@@ -95,7 +94,11 @@ def _fail_over_drained(run: Execution, step: Failover) -> None:
     members = [rt.node(m) for s in layout.shards if s.index == step.shard for m in s.members]
     absent = [n.name for n in members if not rt.provider.process_state(n).running]
     view = replace(rt.loaded, layout=_without_idle_sentinels(rt, with_member(layout, step.node, absent)))
-    fail_over(replace(run, rt=replace(rt, loaded=view, connector=rt.connector.over(view))), step)
+    drained = replace(rt, loaded=view, connector=rt.connector.over(view))  # handles of its own, closed here
+    try:
+        fail_over(replace(run, rt=drained), step)
+    finally:
+        drained.connections.close()
 
 
 def _without_idle_sentinels(rt: Runtime, layout: Layout) -> Layout:
@@ -118,19 +121,9 @@ def _repoint_behind(run: Execution, step: Failover, writer: str) -> None:
 
 @contextmanager
 def _admins(run: Execution) -> Iterator[Callable[[Node], Admin]]:
-    """One admin connection per node asked for, all closed at the end."""
-    admins: dict[str, Admin] = {}
-
-    def admin_of(node: Node) -> Admin:
-        if node.name not in admins:
-            admins[node.name] = run.rt.admin(node)
-        return admins[node.name]
-
-    try:
-        yield admin_of
-    finally:
-        for admin in admins.values():
-            admin.close()
+    """The admin client of each node asked for, the run's handle's (closed with the runtime): what
+    opsctl.failover.fence takes until its call sites are on the node handle (issue 34, W6b)."""
+    yield lambda node: run.rt.connections[node.name].admin()
 
 
 def finish_failover(run: Execution, step: FinishFailover) -> None:
@@ -154,17 +147,17 @@ def do_replicate(run: Execution, step: Replicate) -> None:
         run.emit(Log(step.title(), f"{step.node} is the shard's master now: nothing to point"))
         return
     node, master = run.node(step), run.rt.node(name)
-    with run.rt.admin(node) as admin, run.rt.admin(master) as master_admin:
-        if run.rt.loaded.spec.topology == "cluster":
-            master_id = myid(master_admin)
-            wait_for(lambda: True if _knows(admin, master_id) else None, 30.0,
-                     f"{node.name} to learn about {master.name} through gossip")
-            replicate(admin, master_id)
-        else:
-            _refuse_if_master_with_data(admin, node)
-            _refuse_unless_master(master_admin, master, node)
-            admin.call("REPLICAOF", master.address, str(master.port))
-            admin.call("CONFIG", "REWRITE")
+    handle, master_handle = run.rt.connections[node.name], run.rt.connections[master.name]
+    if run.rt.loaded.spec.topology == "cluster":
+        master_id = myid(master_handle)
+        wait_for(lambda: True if _knows(handle, master_id) else None, 30.0,
+                 f"{node.name} to learn about {master.name} through gossip")
+        replicate(handle, master_id)
+    else:
+        _refuse_if_master_with_data(handle, node)
+        _refuse_unless_master(master_handle, master, node)
+        handle.call("REPLICAOF", master.address, str(master.port))
+        handle.call("CONFIG", "REWRITE")
 
 
 def _master_now(run: Execution, step: Step, planned: str) -> str | None:
@@ -180,21 +173,21 @@ def _master_now(run: Execution, step: Step, planned: str) -> str | None:
     return master
 
 
-def _refuse_if_master_with_data(admin: Admin, node: Node) -> None:
+def _refuse_if_master_with_data(handle: Connection, node: Node) -> None:
     """The step's precondition, checked again right before REPLICAOF: it would drop a master's data."""
-    role = parse_role(admin.call("ROLE"))
-    keys = int(admin.client.dbsize())
+    role = handle.read(ROLE)
+    keys = int(str(handle.call("DBSIZE")))
     if role.kind == "master" and keys > 0:
         raise RefusedError(f"{node.name} became a master holding {keys} keys since the plan was made",
                            "REPLICAOF would replace its data with the master's",
                            "check which node has the data you want, then plan again")
 
 
-def _refuse_unless_master(admin: Admin, master: Node, node: Node) -> None:
+def _refuse_unless_master(handle: Connection, master: Node, node: Node) -> None:
     """Checked again right before REPLICAOF, on the connection that follows: the master the step's look decided on
     still answers as one. Pointed at a replica, the node would chain behind it, or loop with it if that replica
     follows the node."""
-    role = parse_role(admin.call("ROLE"))
+    role = handle.read(ROLE)
     if role.kind != "master":
         follows = f" of {role.master[0]}:{role.master[1]}" if role.master else ""
         raise RefusedError(f"{master.name} is a {role.kind}{follows} now, not a master: {node.name} is left as it is",
@@ -202,8 +195,8 @@ def _refuse_unless_master(admin: Admin, master: Node, node: Node) -> None:
                            "apply again once the roles settle (opsctl status shows them)")
 
 
-def _knows(admin: Admin, node_id: str) -> bool:
-    return any(line.id == node_id for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
+def _knows(handle: Connection, node_id: str) -> bool:
+    return any(line.id == node_id for line in handle.read(CLUSTER_NODES))
 
 
 def sentinel_monitor(run: Execution, step: SentinelMonitor) -> None:
@@ -216,23 +209,23 @@ def sentinel_monitor(run: Execution, step: SentinelMonitor) -> None:
                          daemonize=run.rt.provider.daemonize, master=(address, port))
     renames = {k: v for k, v in sentinel_settings([d for s in masked.sections for d in s.directives]).items()
                if k.startswith("rename-command ")}
-    with run.rt.admin(node) as admin:
-        if _monitors(admin, name):
-            admin.call("SENTINEL", "REMOVE", name)  # a stale view (plan.replication.stale_view)
-        admin.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
-        settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
-                    "down-after-milliseconds": str(topo.down_after_ms),
-                    "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
-        if spec.auth.mode == "acl":
-            settings["auth-user"] = spec.auth.admin_user
-        for key, value in [*settings.items(), *renames.items()]:
-            admin.call("SENTINEL", "SET", name, *key.split(), value)
+    handle = run.rt.connections[node.name]
+    if _monitors(handle, name):
+        handle.call("SENTINEL", "REMOVE", name)  # a stale view (plan.replication.stale_view)
+    handle.call("SENTINEL", "MONITOR", name, address, str(port), str(sentinel_quorum(spec)))
+    settings = {"auth-pass": run.rt.loaded.credentials.password.reveal(),
+                "down-after-milliseconds": str(topo.down_after_ms),
+                "failover-timeout": str(topo.failover_timeout_ms), "parallel-syncs": str(topo.parallel_syncs)}
+    if spec.auth.mode == "acl":
+        settings["auth-user"] = spec.auth.admin_user
+    for key, value in [*settings.items(), *renames.items()]:
+        handle.call("SENTINEL", "SET", name, *key.split(), value)
 
 
-def _monitors(admin: Admin, name: str) -> bool:
+def _monitors(handle: Connection, name: str) -> bool:
     try:
-        admin.call("SENTINEL", "MASTER", name)
-    except redis.ResponseError:  # ERR No such master with that name
+        handle.call("SENTINEL", "MASTER", name)
+    except NodeRefused:  # ERR No such master with that name
         return False
     return True
 

@@ -9,9 +9,9 @@ from functools import partial
 
 from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection
 from opsctl.observe.cluster_state import voting_masters
-from opsctl.observe.replies import ClusterNodeLine, myself, parse_cluster_nodes, parse_info, parse_role
+from opsctl.observe.replies import CLUSTER_NODES, ROLE, ClusterNodeLine, info, myself
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import ForgetNodes, PromoteReplica, RemoveNode, SentinelReset
 from opsctl.runtime.execution import Execution
@@ -31,15 +31,14 @@ def remove_replicated(run: Execution, step: RemoveNode) -> None:
     if node is None:
         raise OpsctlError(f"cannot find the retired node {step.node}", hint="plan again")
     if not node.is_sentinel and rt.provider.process_state(node).running:
-        with rt.admin(node) as admin:
-            _refuse_serving_master(admin, node)
+        _refuse_serving_master(rt.connections[node.name], node)
     stop_leaving(rt, node)
     checkpoint("remove-node-stopped")
     retire(rt, node)
 
 
-def _refuse_serving_master(admin: Admin, node: Node) -> None:
-    role = parse_role(admin.call("ROLE"))
+def _refuse_serving_master(handle: Connection, node: Node) -> None:
+    role = handle.read(ROLE)
     if role.kind == "master" and role.replicas:
         raise RefusedError(f"{node.name} is a master with {len(role.replicas)} replica(s) now",
                            "removing it would stop the shard's writes and drop what only it holds",
@@ -59,27 +58,25 @@ def sentinel_reset(run: Execution, step: SentinelReset) -> None:
     running = [n for n in layout.nodes if rt.provider.process_state(n).running]
     replicas = sum(1 for n in running if n.name in layout.shards[0].replicas)
     sentinels = [n for n in running if n.is_sentinel]
-    admins = [rt.admin(n) for n in sentinels]
-    try:
-        for node, admin in zip(sentinels, admins, strict=True):
-            admin.call("SENTINEL", "RESET", name)
-            wait_for(partial(_knows, [admin], None, len(sentinels)), run.wait_timeout,
-                     f"{node.name} to count {len(sentinels)} sentinel(s) again after SENTINEL RESET", interval=0.1)
-            checkpoint("sentinel-reset-one")
-        wait_for(partial(_knows, admins, replicas, len(sentinels)), run.wait_timeout,
-                 f"the sentinels to count {replicas} replica(s) again after SENTINEL RESET", interval=0.1)
-    finally:
-        for admin in admins:
-            admin.close()
+    handles = [rt.connections[n.name] for n in sentinels]
+    for node, handle in zip(sentinels, handles, strict=True):
+        handle.call("SENTINEL", "RESET", name)
+        wait_for(partial(_knows, [handle], None, len(sentinels)), run.wait_timeout,
+                 f"{node.name} to count {len(sentinels)} sentinel(s) again after SENTINEL RESET", interval=0.1)
+        checkpoint("sentinel-reset-one")
+    wait_for(partial(_knows, handles, replicas, len(sentinels)), run.wait_timeout,
+             f"the sentinels to count {replicas} replica(s) again after SENTINEL RESET", interval=0.1)
 
 
-def _knows(admins: list[Admin], replicas: int | None, sentinels: int) -> bool | Pending:
-    """Every admin's sentinel counts `sentinels` sentinels (itself included) and, unless None, `replicas` replicas."""
-    for admin in admins:
-        knows = NodeFacts("sentinel", True, info=parse_info(admin.info("sentinel"))).sentinel_knows
+def _knows(handles: list[Connection], replicas: int | None, sentinels: int) -> bool | Pending:
+    """Every handle's sentinel counts `sentinels` sentinels (itself included) and, unless None, `replicas`
+    replicas."""
+    for handle in handles:
+        sentinel = handle.read(info("sentinel"))
+        knows = NodeFacts("sentinel", True, info=sentinel).sentinel_knows
         if knows is None or knows[1] != sentinels or (replicas is not None and knows[0] != replicas):
             seen = f"{knows[0]} replica(s) and {knows[1]} sentinel(s)" if knows else "no master"
-            return Pending(f"{admin.endpoint} counts {seen}")
+            return Pending(f"{handle.endpoint} counts {seen}")
     return True
 
 
@@ -110,18 +107,19 @@ def promote_replica(run: Execution, step: PromoteReplica) -> None:
     from opsctl.failover.actions import checkpoint
     from opsctl.slots.session import open_session
 
-    with run.rt.admin(run.node(step)) as admin:
-        me = myself(parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
-        if me is None or (not me.is_master and me.master_id != step.dead):
-            raise RefusedError(f"{step.node} is no longer a replica of the gone master at {step.was}",
-                               f"it is {'not in a cluster' if me is None else 'a replica of ' + str(me.master_id)} "
-                               "now: the shard's roles changed since the plan was made",
-                               "apply again: it plans from the roles now")
-        if not me.is_master:
-            _refuse_live_master(run, admin, step)
-            admin.call("CLUSTER", "FAILOVER", step.mode.upper())
-            checkpoint("promote-replica-asked")
-        node_id = me.id
+    handle = run.rt.connections[step.node]
+    view = handle.read(CLUSTER_NODES)
+    me = myself(view)
+    if me is None or (not me.is_master and me.master_id != step.dead):
+        raise RefusedError(f"{step.node} is no longer a replica of the gone master at {step.was}",
+                           f"it is {'not in a cluster' if me is None else 'a replica of ' + str(me.master_id)} "
+                           "now: the shard's roles changed since the plan was made",
+                           "apply again: it plans from the roles now")
+    if not me.is_master:
+        _refuse_live_master(run, handle, step)
+        handle.call("CLUSTER", "FAILOVER", step.mode.upper())
+        checkpoint("promote-replica-asked")
+    node_id = me.id
     wanted = set(ranges.expand(ranges.parse(step.slots)))
     with open_session(run.rt.connector) as session:
         def promoted() -> bool | Pending:
@@ -132,7 +130,7 @@ def promote_replica(run: Execution, step: PromoteReplica) -> None:
                  "majority of the masters' views", interval=0.05)
 
 
-def _refuse_live_master(run: Execution, admin: Admin, step: PromoteReplica) -> None:
+def _refuse_live_master(run: Execution, handle: Connection, step: PromoteReplica) -> None:
     """The master-down check again, just before the promotion (a saved plan, or a step after another one's wait:
     the plan's fingerprint leaves link states out): refused if the old master answers opsctl at its endpoint, or the
     replica heard it within its ping period."""
@@ -142,9 +140,9 @@ def _refuse_live_master(run: Execution, admin: Admin, step: PromoteReplica) -> N
 
     loaded = run.rt.loaded
     period = master_ping_period(loaded, step.was, loaded.layout.shard_of(step.node)) + PING_GRACE_S
-    info = parse_info(admin.info("replication"))
-    last_io = info.get("master_last_io_seconds_ago", "")
-    heard = info.get("master_link_status") == "up" and last_io.isdigit() and float(last_io) <= period
+    replication = handle.read(info("replication"))
+    last_io = replication.get("master_last_io_seconds_ago", "")
+    heard = replication.get("master_link_status") == "up" and last_io.isdigit() and float(last_io) <= period
     probe = gone_probe(run.rt, step.was)
     if heard or probe.reachable or is_auth_failure(probe.error):
         how = f"{step.node} heard from it {last_io} s ago" if heard else f"it answers at {step.was}"

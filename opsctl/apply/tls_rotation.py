@@ -11,12 +11,11 @@ import dataclasses
 import datetime
 from typing import Literal
 
-import redis
-
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.metrics.exporter_steps import exporters_follow_tls
+from opsctl.net.connection import connection_to, reason
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
@@ -96,10 +95,10 @@ def _reload(rt: Runtime, connector: Connector, node: Node) -> str:
     files = dict(tls(rt.loaded.spec, rt.provider.paths(node)))
     args = [word for name in RELOADED for word in (name, unquote(files[name]))]
     try:
-        with connector.admin(node) as admin:
-            admin.call("CONFIG", "SET", *args)
-    except redis.RedisError as exc:
-        raise OpsctlError(f"{node.name} did not reload its TLS files", str(exc),
+        with connection_to(connector, node) as handle:  # the connector of the new files, not the run's
+            handle.call("CONFIG", "SET", *args)
+    except NodeError as exc:
+        raise OpsctlError(f"{node.name} did not reload its TLS files", reason(exc),
                           f"its log says why ({rt.provider.paths(node).log}); the old files stay in use") from None
     return f"{node.name}: reloaded, presents {_presented(connector, node)}"
 
@@ -115,14 +114,14 @@ def _restart_sentinel(rt: Runtime, connector: Connector, node: Node, timeout: fl
 
     def answers() -> bool | Pending:
         try:
-            with connector.admin(node, timeout=2.0) as admin:
-                admin.client.ping()
-        except (redis.RedisError, OSError) as exc:
-            return Pending(str(exc))
+            with connection_to(connector, node, timeout=2.0) as handle:
+                handle.call("PING")
+        except NodeError as exc:
+            return Pending(reason(exc))
         return True
 
     wait_for(answers, timeout, f"{node.name} to answer", 0.05,
-             on_timeout=lambda reason: OpsctlError(f"{node.name} does not answer after its restart", reason))
+             on_timeout=lambda why: OpsctlError(f"{node.name} does not answer after its restart", why))
     return f"{node.name}: restarted (Sentinel cannot reload TLS files), presents {_presented(connector, node)}"
 
 

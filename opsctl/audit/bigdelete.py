@@ -10,8 +10,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis.crc import key_slot
-
 from opsctl.audit.scan import Throttle
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connection import Connection, connection_to
@@ -21,6 +19,7 @@ from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.observe.replies import Arg, Reply, RespError, as_text
 from opsctl.slots.members import find_node
+from opsctl.slots.ranges import key_slot
 from opsctl.spec.layout import Node
 from opsctl.spec.layout import endpoint as format_endpoint
 from opsctl.spec.load import LoadedSpec

@@ -16,6 +16,7 @@ from typing import cast
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
 from opsctl.base.events import Emit, ScanProgress
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode
 from opsctl.net.fanout import Borrowed
@@ -227,7 +228,7 @@ def scan_node(connector: Connector, target: LiveNode, wants: ScanWants, threshol
               rate: float | None = None, progress: Emit | None = None) -> NodeScan:
     result = NodeScan(target.node.name, target.shard_key, thresholds)
     started = time.monotonic()
-    with RawPipe(connector, target.node) as pipe:
+    with connection_to(connector, target.node) as handle, handle.dedicated() as pipe:
         if connector.loaded.spec.topology == "cluster":
             pipe.call("READONLY")  # a cluster replica answers reads only after READONLY; masters ignore it
         size = pipe.call("DBSIZE")

@@ -12,9 +12,10 @@ from opsctl.audit.keyspace import Thresholds, missing_ttl_findings, shard_skew
 from opsctl.audit.scan import NodeScan, ScanWants, scan_all
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, scan_targets, unreachable
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe, link_error
+from opsctl.net.rawpipe import link_error
 from opsctl.observe.findings import Finding, finding, ordered
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -60,7 +61,7 @@ def _node_checks(connector: Connector, ln: LiveNode, checks: Sequence[str], repo
     from opsctl.audit import probe  # renders the expected config: loaded only by audits that check nodes
 
     name = ln.node.name
-    with RawPipe(connector, ln.node, timeout=5.0) as pipe:
+    with connection_to(connector, ln.node) as handle, handle.dedicated(timeout=5.0) as pipe:
         if "config" in checks:
             report.findings += probe.config_findings(connector, ln.node, pipe)
         if "memory" in checks:
@@ -125,7 +126,7 @@ def run_audit(connector: Connector, options: AuditOptions, progress: Emit | None
         if ln.role != "down" and PER_NODE & set(options.checks):
             try:
                 lfu = _node_checks(connector, ln, options.checks, report) and lfu
-            except (*PIPE_ERRORS, OpsctlError) as exc:
+            except OpsctlError as exc:  # a node that stopped answering: NodeUnreachable
                 report.findings.append(finding("reachable", "high", ln.node.name,
                                                f"checks failed: {masked(link_error(exc), loaded)}",
                                                "check the node's log and the spec's renamed commands"))

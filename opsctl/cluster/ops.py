@@ -1,5 +1,5 @@
-"""Native cluster primitives and cluster creation, without redis-cli: every call goes through opsctl.net.admin.Admin,
-or, for form_cluster, through an Observer's raw links.
+"""Native cluster primitives and cluster creation, without redis-cli: every call goes through a node handle
+(opsctl.net.connection.Connection), for form_cluster an Observer's.
 
 form_cluster sets up and MEETs the masters first, then the replicas (started meanwhile), each pass one round trip
 per node; then it polls every few ms, never in redis-cli's whole-second sleeps.
@@ -12,14 +12,23 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import TypeVar
 
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection
 from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, describe, describe_lines, settled_pending
-from opsctl.net.rawpipe import PIPE_ERRORS, link_error
+from opsctl.net.rawpipe import link_error
+from opsctl.net.resp import text
 from opsctl.observe.cluster_state import observed_problems
-from opsctl.observe.replies import ClusterNodeLine, Command, RespError, TextReply, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import (
+    CLUSTER_NODES,
+    ClusterNodeLine,
+    Command,
+    RespError,
+    TextReply,
+    parse_cluster_nodes,
+    parse_info,
+)
 from opsctl.server.versions import has_capability, parse_version
 from opsctl.slots.ranges import SlotRange, slot_command
 from opsctl.slots.slotplan import slot_plan
@@ -28,12 +37,12 @@ from opsctl.spec.layout import Layout, Node
 T = TypeVar("T")
 
 
-def myid(admin: Admin) -> str:
-    return str(admin.call("CLUSTER", "MYID"))
+def myid(handle: Connection) -> str:
+    return str(text(handle.call("CLUSTER", "MYID")))
 
 
-def meet(admin: Admin, node: Node) -> None:
-    admin.call(*meet_command(node))
+def meet(handle: Connection, node: Node) -> None:
+    handle.call(*meet_command(node))
 
 
 def meet_command(node: Node) -> Command:
@@ -41,21 +50,21 @@ def meet_command(node: Node) -> Command:
     return ("CLUSTER", "MEET", node.address, node.port, *([node.bus_port] if node.names_bus_port else []))
 
 
-def replicate(admin: Admin, master_id: str) -> None:
-    admin.call("CLUSTER", "REPLICATE", master_id)
+def replicate(handle: Connection, master_id: str) -> None:
+    handle.call("CLUSTER", "REPLICATE", master_id)
 
 
-def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) -> str | None:
+def reset_stale_identity(handle: Connection, node: Node, live_ids: Collection[str]) -> str | None:
     """Make a node that comes back with a forgotten cluster identity a new node before it meets the cluster.
 
     Such a node knows others while the live cluster (live_ids) does not know it. Only an empty one is reset (CLUSTER
     RESET HARD; keys or slots are refused): no data is dropped. Returns the old id when it reset the node.
     Why: nodes that FORGOT its id ignore it, and the gossip never converges."""
-    lines = parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))
+    lines = handle.read(CLUSTER_NODES)
     me = next((line for line in lines if line.is_myself), None)
     if me is None or me.id in live_ids or len(lines) <= 1:
         return None
-    keys = int(admin.call("DBSIZE"))
+    keys = int(str(handle.call("DBSIZE")))
     if keys or me.slots:
         raise RefusedError(f"{node.name} ({node.endpoint}) holds the identity of a node the cluster forgot "
                            f"({me.id[:8]}), with {keys} keys and {me.slot_count} slots",
@@ -63,7 +72,7 @@ def reset_stale_identity(admin: Admin, node: Node, live_ids: Collection[str]) ->
                            "that drops that data",
                            f"keep what you need from {node.name}'s data folder, move the folder aside (or "
                            "destroy the node with --purge), then apply again")
-    admin.call("CLUSTER", "RESET", "HARD")
+    handle.call("CLUSTER", "RESET", "HARD")
     return me.id
 
 
@@ -75,7 +84,7 @@ def _raw(observer: Observer, node: Node, commands: Sequence[Command], doing: str
     it), error replies as values; a node that does not answer is an OpsctlError naming node and command."""
     try:
         return observer.connections[node.name].texts(commands)
-    except PIPE_ERRORS as exc:
+    except NodeUnreachable as exc:
         raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
 
 

@@ -40,10 +40,10 @@ def set_exporter_user(rt: Runtime, node: Node) -> None:
     words = exporter_acl_words(rt.loaded, reveal=True, sentinel=node.is_sentinel)
     if words is None:
         return
-    with rt.admin(node) as admin:
-        admin.call("ACL", "SETUSER", EXPORTER_USER, "reset", *words)
-        if node.is_sentinel:
-            admin.call("SENTINEL", "FLUSHCONFIG")
+    handle = rt.connections[node.name]
+    handle.call("ACL", "SETUSER", EXPORTER_USER, "reset", *words)
+    if node.is_sentinel:
+        handle.call("SENTINEL", "FLUSHCONFIG")
 
 
 def stop_exporter(run: Execution, step: StopExporter) -> None:

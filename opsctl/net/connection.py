@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import hiredis
 
-from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
+from opsctl.base.errors import AuthRefused, NodeError, NodeRefused, NodeUnreachable, OpsctlError, error_text
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import fan_out
 from opsctl.net.rawpipe import NodePipes, RawPipe
-from opsctl.net.resp import text
+from opsctl.net.resp import encode_keyed, text
 from opsctl.observe.replies import Arg, Command, Fact, Reply, RespError, TextReply, config
 from opsctl.spec.layout import Node
 
@@ -125,6 +125,27 @@ class Connection:
         with self.pipe_errors():
             return self.pipes().pipeline(commands, chunk, timeout)
 
+    def packed(self, commands: Sequence[Command]) -> bytes:
+        """Commands under the node's renames, packed in one buffer (for a stream over held())."""
+        return self.pipes().packed(commands)
+
+    def keyed(self, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Reply]:
+        """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
+        (opsctl.net.resp.encode_keyed), for 100k keys and more; error replies stay RespError values."""
+        if not keys:
+            return []
+        packed = encode_keyed(self.command(command).encode(), keys, subcommand.encode())
+        with self.pipe_errors():
+            return self.pipes().round_trip(lambda raw: raw.send(packed), len(keys))
+
+    @contextmanager
+    def held(self) -> Iterator[RawPipe]:
+        """One of the kept pipes, the caller's alone until the block ends, so writes and reads may interleave (a
+        stream that keeps the next commands queued while it reads the replies before); back in the pool whole,
+        closed if the block failed. Errors on it are converted as the handle's are."""
+        with self.pipe_errors(), self.pipes().held() as pipe:
+            yield pipe
+
     def texts(self, commands: Sequence[Command]) -> list[TextReply]:
         """pipeline, with the replies decoded to text (what observing reads)."""
         return [text(reply) for reply in self.pipeline(commands)]
@@ -222,6 +243,11 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reason(exc: NodeError) -> str:
+    """What a node error says, in one line: a refusal's reply words, else why the node did not answer."""
+    return exc.detail if isinstance(exc, NodeRefused) else exc.why if isinstance(exc, NodeUnreachable) else exc.summary
 
 
 def _no_retries(admin: Admin) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, clip
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connections
 from opsctl.net.connector import Connector, Route
 from opsctl.plan.spread import placement_moves, rebalancing
 from opsctl.providers.base import Provider
@@ -58,9 +58,17 @@ class Runtime:
     state_dir: Path
     connector: Connector
     force_lock: bool = False
+    # one handle per node for the run (opsctl.net.connection), opened on first use, closed with the runtime (close)
+    connections: Connections = field(init=False, repr=False)
 
-    def admin(self, node: Node, timeout: float = 5.0) -> Admin:
-        return self.connector.admin(node, timeout)
+    def __post_init__(self) -> None:
+        layout = self.loaded.layout  # retired nodes too: a step may stop one (a layout node's name wins)
+        self.connections = Connections(self.connector, (*layout.retired, *layout.nodes), fail_fast=False)
+
+    def close(self) -> None:
+        """The nodes' handles, then the provider (its SSH tunnels carry them)."""
+        self.connections.close()
+        self.provider.close()
 
     def node(self, name: str) -> Node:
         return self.loaded.layout.node(name)
@@ -80,7 +88,7 @@ def open_runtime(loaded: LoadedSpec, options: RuntimeOptions = UNLOCKED) -> Iter
                 locks.enter_context(locked(rt))
             yield rt
         finally:
-            rt.provider.close()
+            rt.close()
 
 
 @contextmanager

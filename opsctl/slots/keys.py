@@ -14,11 +14,10 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from opsctl.base import stop
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import Borrowed, fan_out
-from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
 from opsctl.observe.replies import ClusterNodeLine, Command, myself, parse_cluster_nodes
 from opsctl.slots.batching import (
@@ -121,10 +120,10 @@ class KeyMover:
         written meanwhile move too."""
         try:
             self._move(slots)
-        except PIPE_ERRORS as exc:
+        except NodeUnreachable as exc:
             self.ensure_endpoints()  # raises EndpointReplaced, or a clear error when one stays down
             raise OpsctlError(f"lost the connection to a node while moving slots {self.source.name} -> "
-                              f"{self.target.name}", f"{type(exc).__name__}: {exc}",
+                              f"{self.target.name}", exc.why,
                               "both answer again: run the same command again or `opsctl cluster fix -f SPEC`; "
                               "the open slots are journaled") from None
 
@@ -188,7 +187,7 @@ class KeyMover:
             closing: list[Future[None]] = []
             plans: dict[int, Plan] = {}
             trip = self.session.engine_timeout
-            with self.source.pipes.held() as link:
+            with self.source.handle.held() as link:
 
                 def collect(i: int) -> None:
                     """Wave i's replies, then its close behind; a close that failed stops the run."""
@@ -244,7 +243,7 @@ class KeyMover:
     def packed_plan(self, wave: Sequence[int]) -> tuple[Plan, bytes]:
         """The wave's keys and MIGRATE batches, read ahead (before or while it opens), and their commands packed."""
         plan = self.prepare(wave)
-        return plan, self.source.pipes.packed([self.command(b) for _, b in plan])
+        return plan, self.source.handle.packed([self.command(b) for _, b in plan])
 
     def admit(self, wave: Sequence[int]) -> None:
         """The wave journaled (fsync), then opened. The look at both ends that opening starts with runs while
@@ -364,7 +363,7 @@ class KeyMover:
         timeout = max(0.2, min(1.0, self.node_timeout_ms / 4000))
         try:
             reply = self.session.probe(peer.node, timeout).texts([("CLUSTER", "NODES")])[0]
-        except PIPE_ERRORS:
+        except NodeUnreachable:
             return None
         return parse_cluster_nodes(reply) if isinstance(reply, str) else None
 

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from collections.abc import Iterable, Sequence
 from typing import Literal
+
+from opsctl.observe.replies import SLOTS
 
 SlotRange = tuple[int, int]
 Ranges = tuple[SlotRange, ...]
 SlotVerb = Literal["ADDSLOTS", "DELSLOTS"]
+
+
+def key_slot(key: bytes) -> int:
+    """The cluster slot serving key: CRC16 (XMODEM: binascii.crc_hqx) of its hash tag, the bytes between its first
+    `{` and the next `}` when there are any, else of the whole key (the cluster spec's HASH_SLOT)."""
+    start = key.find(b"{")
+    if start > -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1:end]
+    return crc_hqx(key, 0) % SLOTS
 
 
 def to_ranges(slots: Iterable[int]) -> Ranges:

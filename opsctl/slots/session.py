@@ -13,8 +13,6 @@ from opsctl.net.connection import Connection, connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import Observer, to_facts, wait_converged
-from opsctl.net.rawpipe import NodePipes
-from opsctl.net.resp import encode_keyed
 from opsctl.observe.cluster_state import observed_problems, slot_map
 from opsctl.observe.replies import ClusterNodeLine, Command, NodeObservation, RespError, myself, server_of
 from opsctl.server.versions import has_capability, parse_version
@@ -35,11 +33,11 @@ ReplyError = RespError
 
 @dataclass
 class Peer:
-    """A master taking part in a slot operation: its node, its id, and its kept raw connections (NodePipes, replies
-    stay bytes: key names are binary)."""
+    """A master taking part in a slot operation: its node, its id, and its handle (replies stay bytes: key names
+    are binary), with the engine's timeout."""
 
     node: Node
-    pipes: NodePipes
+    handle: Connection
     id: str
 
     @property
@@ -48,27 +46,24 @@ class Peer:
 
     def command(self, name: str) -> str:
         """A command's name as this node knows it (the spec's renames)."""
-        return self.pipes.command(name)
+        return self.handle.command(name)
 
 
 def pipe(peer: Peer, commands: Sequence[Command]) -> list[Any]:
     """One round trip; error replies come back as RespError values."""
-    return peer.pipes.pipeline(commands) if commands else []
+    return peer.handle.pipeline(commands) if commands else []
 
 
 def stream(peer: Peer, commands: Sequence[Command], chunk: int = STREAM_CHUNK,
            timeout: float | None = None) -> list[Any]:
     """Like pipe, but packed and sent in chunks; timeout: each reply's wait, when longer than the connection's."""
-    return peer.pipes.pipeline(commands, chunk, timeout) if commands else []
+    return peer.handle.pipeline(commands, chunk, timeout) if commands else []
 
 
 def keyed(peer: Peer, command: str, subcommand: str, keys: Sequence[bytes]) -> list[Any]:
     """`command subcommand key` for every key (`MEMORY USAGE k1`, ...) in one round trip, packed in one buffer
     (opsctl.net.resp), not one command at a time, for 100k keys and more."""
-    if not keys:
-        return []
-    packed = encode_keyed(peer.command(command).encode(), keys, subcommand.encode())
-    return peer.pipes.round_trip(lambda raw: raw.send(packed), len(keys))
+    return peer.handle.keyed(command, subcommand, keys)
 
 
 def checked(peer: Peer, commands: Sequence[Command], doing: str) -> list[Any]:
@@ -105,8 +100,8 @@ class Session:
             if me is not None and (name not in self.peers or self.peers[name].id != me.id):
                 node = next(n for n in self.nodes if n.name == name)
                 if name in self.peers:
-                    self.peers[name].pipes.close()
-                self.peers[name] = Peer(node, NodePipes(self.connector, node, self.engine_timeout), me.id)
+                    self.peers[name].handle.close()
+                self.peers[name] = Peer(node, connection_to(self.connector, node, self.engine_timeout), me.id)
         return self.seen
 
     def me(self, name: str) -> ClusterNodeLine | None:
@@ -191,7 +186,7 @@ class Session:
         self.observer.close()
         self.pool.shutdown(wait=True)
         for peer in self.peers.values():
-            peer.pipes.close()
+            peer.handle.close()
 
     def __enter__(self) -> Session:
         return self

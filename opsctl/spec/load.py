@@ -2,9 +2,9 @@
 (pydantic, file:line for every problem) is opsctl.spec.validate's, imported only when a spec is validated.
 
 The commands each node runs under another name: hardening.renamed_commands, plus in password mode the commands
-that let a password holder take a node over. Admin and the rename-command lines (servers' and Sentinel's) take the
-names from here, so opsctl keeps using what it renamed. Names are an HMAC keyed by rename_key, else the spec's
-name: every run derives the same. See docs/internals.md."""
+that let a password holder take a node over. The node handle (opsctl.net.connection) and the rename-command lines
+(servers' and Sentinel's) take the names from here, so opsctl keeps using what it renamed. Names are an HMAC keyed
+by rename_key, else the spec's name: every run derives the same. See docs/internals.md."""
 
 from __future__ import annotations
 

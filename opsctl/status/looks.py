@@ -9,10 +9,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import AUTH_HINT, is_auth_failure
+from opsctl.base.errors import AUTH_HINT, NodeError, is_auth_failure
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import wait_for
 from opsctl.base.words import human_bytes
+from opsctl.net.connection import connection_to, reason
+from opsctl.net.resp import text
+from opsctl.observe.replies import parse_pairs
 from opsctl.plan.health import node_problem, replication_problem, sentinel_problem
 from opsctl.runtime.gather import FleetView
 from opsctl.runtime.opening import Runtime
@@ -56,17 +59,15 @@ def wait_sentinels(rt: Runtime, timeout: float) -> None:
 def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
     """Each sentinel can reach a quorum (CKQUORUM) and runs no failover: one still running names the old master
     in its entry and may reconfigure replicas after apply has looked."""
-    import redis
-
     for node in rt.loaded.layout.sentinels:
         try:
-            with rt.admin(node, timeout=2.0) as admin:
-                admin.call("SENTINEL", "CKQUORUM", name)
-                entry = admin.call("SENTINEL", "MASTER", name)
-        except redis.RedisError as exc:
-            return f"{node.name}: SENTINEL CKQUORUM {name}: {exc}"
-        pairs = entry if isinstance(entry, dict) else dict(zip(entry[::2], entry[1::2], strict=False))
-        if "failover_in_progress" in str(pairs.get("flags", "")).split(","):
+            with connection_to(rt.connector, node, timeout=2.0) as handle:  # a silent sentinel: the next poll
+                handle.call("SENTINEL", "CKQUORUM", name)
+                entry = text(handle.call("SENTINEL", "MASTER", name))
+        except NodeError as exc:
+            return f"{node.name}: SENTINEL CKQUORUM {name}: {reason(exc)}"
+        pairs = parse_pairs(entry if isinstance(entry, list) else [])
+        if "failover_in_progress" in pairs.get("flags", "").split(","):
             return f"{node.name} runs a failover of {name} ({pairs.get('failover-state', '?')})"
     return None
 

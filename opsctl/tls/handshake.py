@@ -3,13 +3,11 @@ node (seen), and whether its plaintext port still answers. I/O: a socket per que
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ssl
 
-import redis
-
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import AuthRefused, NodeError, OpsctlError
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.render.directives import plaintext_port
 from opsctl.spec.layout import Node
@@ -38,8 +36,8 @@ def seen(connector: Connector, node: Node) -> TlsSeen:
         return TlsSeen(node.name, None, "", "", None, str(exc))
     configured, plain = "", plaintext_port(connector.loaded.spec, node)
     if not node.is_sentinel:
-        with connector.admin(node) as admin:
-            live = admin.config_get("*port*") | admin.config_get("tls-protocols")
+        with connection_to(connector, node) as handle:
+            live = handle.config_get("*port*") | handle.config_get("tls-protocols")
         configured = live.get("tls-protocols", "")
         plain = int(live.get("port", "0")) or None
     return TlsSeen(node.name, cert, protocol, configured, _plaintext(connector, node, plain))
@@ -47,11 +45,12 @@ def seen(connector: Connector, node: Node) -> TlsSeen:
 def _plaintext(connector: Connector, node: Node, port: int | None) -> str | None:
     if port is None or connector.route is not None:  # an SSH route reaches the node's TLS port only
         return None
-    with contextlib.closing(connector.client(dataclasses.replace(node, port=port), timeout=2.0, tls=False)) as c:
+    plain = Connector(connector.loaded)  # the same spec and AUTH, no TLS
+    with connection_to(plain, dataclasses.replace(node, port=port), timeout=2.0) as handle:
         try:
-            c.ping()
-        except redis.AuthenticationError:
+            handle.call("PING")
+        except AuthRefused:
             return f"port {port} answers without TLS (it asks for a password)"
-        except (redis.RedisError, OSError):
+        except NodeError:
             return None
     return f"port {port} answers without TLS"

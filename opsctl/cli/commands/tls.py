@@ -78,7 +78,7 @@ def _rotate(args: argparse.Namespace) -> int:
                 printing(json_mode, None if json_mode else sys.stdout) as emit:
             lines = rotate(rt, mode, emit)
     finally:
-        rt.provider.close()
+        rt.close()
     done = (f"rotated: {len(lines)} node(s), no server restarted"
             if not rt.loaded.layout.sentinels else f"rotated: {len(lines)} node(s)")
     if json_mode:
