@@ -28,6 +28,7 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
 from opsctl.failover.verdicts import PastFailover, Target, Thresholds
+from opsctl.net.connection import key_slot as opsctl_key_slot
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
@@ -376,6 +377,14 @@ def test_the_probe_key_lands_in_the_new_masters_slots():
     for ranges in ([(0, 5460)], [(5461, 10922)], [(16383, 16383)]):
         slot = key_slot(probe_key(ranges, key_slot).encode())
         assert any(a <= slot <= b for a, b in ranges)
+
+
+def test_the_key_slot_opsctl_computes_is_the_clients():
+    """opsctl.net.connection.key_slot (no client library imported by its callers) hashes as redis-py does: the
+    whole key, or the {hash tag} when it has a non-empty one."""
+    keys = [f"k{i}".encode() for i in range(2000)] + \
+        [b"", b"{", b"}", b"{}", b"{}x", b"a{b}c", b"a{b}{c}", b"{a}{b}", b"x{}{y}", b"\xff\x00{\xfe}", b"{{a}}"]
+    assert [opsctl_key_slot(k) for k in keys] == [key_slot(k) for k in keys]
 
 
 # --- modes and the report -------------------------------------------------------------------------

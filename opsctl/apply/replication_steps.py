@@ -15,6 +15,7 @@ from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
 from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection, Connections
 from opsctl.observe.replies import parse_cluster_nodes, parse_role
 from opsctl.plan.masters import follow_target, writes_moved_from
 from opsctl.plan.replication import sentinel_settings
@@ -117,20 +118,13 @@ def _repoint_behind(run: Execution, step: Failover, writer: str) -> None:
 
 
 @contextmanager
-def _admins(run: Execution) -> Iterator[Callable[[Node], Admin]]:
-    """One admin connection per node asked for, all closed at the end."""
-    admins: dict[str, Admin] = {}
-
-    def admin_of(node: Node) -> Admin:
-        if node.name not in admins:
-            admins[node.name] = run.rt.admin(node)
-        return admins[node.name]
-
+def _admins(run: Execution) -> Iterator[Callable[[Node], Connection]]:
+    """One node handle per node asked for (opsctl.failover.fence reads through them), all closed at the end."""
+    handles = Connections(run.rt.connector, run.rt.loaded.layout.nodes, fail_fast=False)
     try:
-        yield admin_of
+        yield lambda node: handles[node.name]
     finally:
-        for admin in admins.values():
-            admin.close()
+        handles.close()
 
 
 def finish_failover(run: Execution, step: FinishFailover) -> None:

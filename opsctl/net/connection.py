@@ -9,7 +9,9 @@ redis-py is imported only by what needs the admin client: plan and status read o
 
 from __future__ import annotations
 
+import binascii
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,7 +24,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.fanout import fan_out
 from opsctl.net.rawpipe import NodePipes, RawPipe
 from opsctl.net.resp import text
-from opsctl.observe.replies import Arg, Command, Fact, Reply, RespError, TextReply, config
+from opsctl.observe.replies import SLOTS, Arg, Command, Fact, Reply, RespError, TextReply, config
 from opsctl.spec.layout import Node
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 UNREACHABLE_HINT = "is it running? `opsctl status -f SPEC` shows every node"
+SUBSCRIBED_WAIT = 0.5  # how long subscribe() waits for the node's confirmation
 
 
 class Subscription:
@@ -198,11 +201,19 @@ class Connection:
                     _no_retries(self._admin)
             return self._admin
 
-    def subscribe(self, *channels: str) -> Subscription:
-        """Messages published on channels (Sentinel's hellos), over a connection of the admin client's."""
+    def subscribe(self, *channels: str, timeout: float = SUBSCRIBED_WAIT) -> Subscription:
+        """Messages published on channels (Sentinel's hellos, +new-epoch), over a connection of the admin client's.
+        Returns once the node confirmed every channel: a message published after that reaches the subscription
+        (NodeUnreachable when no confirmation came within timeout)."""
+        words = f"SUBSCRIBE {' '.join(channels)}"
         pubsub = self.admin().client.pubsub()
-        with self.client_errors(f"SUBSCRIBE {' '.join(channels)}"):
-            pubsub.subscribe(*channels)
+        try:
+            with self.client_errors(words):
+                pubsub.subscribe(*channels)
+                _confirmed(pubsub, len(channels), timeout)
+        except BaseException:
+            pubsub.close()
+            raise
         return Subscription(self, pubsub)
 
     def close(self) -> None:
@@ -224,6 +235,20 @@ class Connection:
         self.close()
 
 
+def _confirmed(pubsub: redis.client.PubSub, count: int, timeout: float) -> None:
+    """Wait for count subscribe confirmations (they come before any message on their channels)."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while count > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.TimeoutError(f"no confirmation of the subscription within {timeout:g} s")
+        message = pubsub.get_message(timeout=min(left, 0.01))
+        if message is not None and message["type"] == "subscribe":
+            count -= 1
+
+
 def _no_retries(admin: Admin) -> None:
     """One connect attempt per command, no client-side retries: redis-py's retries with backoff would stall every
     look at a down node."""
@@ -231,6 +256,17 @@ def _no_retries(admin: Admin) -> None:
     from redis.retry import Retry
 
     admin.client.set_retry(Retry(NoBackoff(), 0))
+
+
+def key_slot(key: bytes) -> int:
+    """The cluster slot a key hashes to (CRC16/XMODEM of the key, or of its {hash tag}, mod 16384), as every
+    client computes it: for callers that must not import a client library (pure cores take it as a parameter)."""
+    start = key.find(b"{")
+    if start > -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1:end]
+    return binascii.crc_hqx(key, 0) % SLOTS
 
 
 def connection_to(connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
