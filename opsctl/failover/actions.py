@@ -16,12 +16,12 @@ import os
 import signal
 
 from opsctl.base import stop
-from opsctl.base.errors import NodeError, NodeRefused, NodeUnreachable, OpsctlError
+from opsctl.base.errors import NodeError, NodeRefused, OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.verdicts import Target
-from opsctl.net.connection import Connection, Connections
+from opsctl.net.connection import Connection, Connections, said
 from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, to_facts
 from opsctl.observe.replies import ROLE, RoleInfo, as_text, info
@@ -445,12 +445,6 @@ class Session:
 
     def close(self) -> None:
         self.observer.close()
-
-
-def said(exc: NodeError) -> str:
-    """What went wrong, in the node's words: a refusal's error reply (INPROG ..., NOQUORUM ...), else why there was
-    no answer."""
-    return exc.detail if isinstance(exc, NodeRefused) else exc.why if isinstance(exc, NodeUnreachable) else str(exc)
 
 
 def _ckquorum(sentinel: Connection, name: str) -> str:

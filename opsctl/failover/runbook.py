@@ -20,7 +20,7 @@ from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.record import digest
 from opsctl.failover import actions, fence
-from opsctl.failover.actions import Session, said
+from opsctl.failover.actions import Session
 from opsctl.failover.checks import (
     cluster_prechecks,
     failed,
@@ -34,7 +34,7 @@ from opsctl.failover.checks import (
 from opsctl.failover.promotion import PING_PERIOD, promotion_prechecks
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.verdicts import Check, PastFailover, Target
-from opsctl.net.connection import key_slot
+from opsctl.net.connection import key_slot, said
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values

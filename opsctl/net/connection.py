@@ -258,6 +258,15 @@ def _no_retries(admin: Admin) -> None:
     admin.client.set_retry(Retry(NoBackoff(), 0))
 
 
+def said(exc: BaseException) -> str:
+    """What went wrong, in the node's words: a refusal's error reply (INPROG ..., NOREPLICAS ...), why there was no
+    answer (the cause's type and text), else the error's own text. For messages that name the node and the command
+    themselves."""
+    if isinstance(exc, NodeRefused):
+        return exc.detail
+    return exc.why if isinstance(exc, NodeUnreachable) else str(exc)
+
+
 def key_slot(key: bytes) -> int:
     """The cluster slot a key hashes to (CRC16/XMODEM of the key, or of its {hash tag}, mod 16384), as every
     client computes it: for callers that must not import a client library (pure cores take it as a parameter)."""

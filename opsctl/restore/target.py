@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.crc import key_slot
-
 from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import RefusedError
+from opsctl.net.connection import key_slot
 from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe
