@@ -20,7 +20,7 @@ import hiredis
 
 from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
-from opsctl.net.connector import Connector
+from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.fanout import fan_out
 from opsctl.net.rawpipe import NodePipes, RawPipe
 from opsctl.net.resp import text
@@ -228,11 +228,66 @@ class Connection:
         if admin is not None:
             admin.close()
 
+    @classmethod
+    def on_unix(cls, path: str, label: str, timeout: float) -> Connection:
+        """The handle of a private server on a unix socket (a scratch server's: no AUTH, no TLS, no renames, no
+        admin client); label names it in errors."""
+        return _OnUnixSocket(path, label, timeout)
+
     def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _OnUnixSocket(Connection):
+    """A private server on a unix socket (a scratch server: no AUTH, no TLS, no renames): one pipe, held per round
+    trip under the lock, opened again after it broke; no admin client."""
+
+    def __init__(self, path: str, label: str, timeout: float) -> None:
+        self.path, self.name, self.endpoint, self.timeout, self.fail_fast = path, label, path, timeout, True
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pipe: RawPipe | None = None
+        self._admin = None
+
+    def _open(self, timeout: float) -> RawPipe:
+        return RawPipe.on_socket(unix_socket(self.path, timeout), self.name)
+
+    def command(self, name: str) -> str:
+        return name
+
+    def pipeline(self, commands: Sequence[Command], chunk: int = 0, timeout: float | None = None) -> list[Reply]:
+        with self._lock, self.pipe_errors():
+            if self._closed:
+                raise OpsctlError(f"the connection to {self.name} is closed")
+            pipe, self._pipe = self._pipe or self._open(self.timeout), None
+            try:
+                pipe.settimeout(timeout or self.timeout)
+                replies = pipe.call_all(commands)
+            except BaseException:
+                pipe.close()
+                raise
+            self._pipe = pipe
+            return replies
+
+    @contextmanager
+    def dedicated(self, timeout: float = 30.0) -> Iterator[RawPipe]:
+        with self.pipe_errors(), self._open(timeout) as pipe:
+            yield pipe
+
+    def pipes(self) -> NodePipes:
+        raise OpsctlError(f"{self.name} has no pooled pipes (a unix socket's handle holds one pipe)")
+
+    def admin(self) -> Admin:
+        raise OpsctlError(f"{self.name} has no admin client (a unix socket's handle speaks over raw pipes only)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, pipe, self._pipe = True, self._pipe, None
+        if pipe is not None:
+            pipe.close()
 
 
 def _confirmed(pubsub: redis.client.PubSub, count: int, timeout: float) -> None:
