@@ -31,7 +31,7 @@ from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.topolock import check_held
-from opsctl.observe.replies import RespError, parse_info
+from opsctl.observe.replies import RespError, info, parse_info
 from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.engine import Targets, value_of
 from opsctl.restore.target import Target
@@ -54,9 +54,8 @@ def shard_master(source: Connector, shard: ShardRun) -> Node:
 
 
 def master_offset(source: Connector, node: Node) -> int:
-    with RawPipe(source, node, 10.0) as pipe:
-        reply = pipe.call("INFO", "replication")
-    return int(parse_info(reply.decode() if isinstance(reply, bytes) else "").get("master_repl_offset", "0"))
+    with connection_to(source, node, 10.0) as handle:
+        return int(handle.read(info("replication")).get("master_repl_offset", "0"))
 
 
 def check_locks(source: Connector, target: Connector) -> None:
@@ -132,7 +131,8 @@ def _verify(source: Connector, target: Target, shards: Sequence[ShardRun], maste
             options: CutoverOptions, caught_up: float, finals: dict[str, int], started: float) -> CutoverDone:
     targets = target.targets()
     with ExitStack() as stack:
-        src = [stack.enter_context(RawPipe(source, node, 60.0)) for node in masters.values()]
+        handles = [stack.enter_context(connection_to(source, node, 60.0)) for node in masters.values()]
+        src = [stack.enter_context(handle.dedicated(60.0)) for handle in handles]  # SCANs and samples: held whole
         dst = [stack.enter_context(targets.open(i)) for i in range(len(targets.names))]
         appliers = [Applier(targets, shards[0].journal.journal.id, s.key, 0, 0.0) for s in shards]
         markers = sum(1 for a in appliers for pipe, key in zip(dst, a.markers, strict=True)
