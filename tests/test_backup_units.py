@@ -191,12 +191,13 @@ def test_journal_round_trip_and_damage() -> None:
 def test_db0_counts_from_a_real_file(flavor) -> None:
     from opsctl.backup.rdb import db0_counts
     from opsctl.backup.scratch import scratch_binaries, scratch_server
+    from opsctl.net.connector import unix_client
 
     binary = next((b for s, b in scratch_binaries().items() if s[0] == flavor), None)
     if binary is None:
         pytest.skip(f"no {flavor} server")
     with scratch_server(binary, None, "empty") as scratch:
-        client = scratch.client
+        client = unix_client(scratch.socket, 60.0)  # a test's own client: the scratch's handle speaks raw RESP
         client.execute_command("SAVE")
         assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) == (0, 0)
         client.function_load("#!lua name=lib\nredis.register_function('f', function() return 1 end)")
@@ -223,3 +224,29 @@ def test_two_backups_of_one_second_get_two_folders(tmp_path) -> None:
     assert second.name == "orders-20261123T020239Z-2"
     (tmp_path / ".orders-20261123T020239Z-2.partial").mkdir()  # a run still writing it
     assert _free_folder(tmp_path, "orders-20261123T020239Z")[0].name == "orders-20261123T020239Z-3"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_scratch_servers_handle_speaks_the_node_handles_vocabulary(flavor) -> None:
+    """A scratch server is read through a node handle on its unix socket (opsctl.net.connection.Connection.on_unix):
+    replies parsed by opsctl's facts, a refusal is NodeRefused, a server gone is NodeUnreachable (no client
+    library's exception reaches the caller)."""
+    from opsctl.backup.scratch import scratch_binaries, scratch_server
+    from opsctl.base.errors import NodeRefused, NodeUnreachable
+
+    binary = next((b for s, b in scratch_binaries().items() if s[0] == flavor), None)
+    if binary is None:
+        pytest.skip(f"no {flavor} server")
+    with scratch_server(binary, None, "empty") as scratch:
+        assert scratch.keyspace() == {}
+        scratch.handle.call("SET", "k", "v", "PX", 600_000)
+        assert scratch.keyspace() == {0: (1, 1)}
+        with pytest.raises(NodeRefused) as refused:
+            scratch.handle.call("NOT-A-COMMAND")
+        assert refused.value.code == "ERR"
+        scratch.process.kill()
+        scratch.process.wait()
+        with pytest.raises(NodeUnreachable):
+            scratch.handle.call("PING")
+        assert not scratch.handle.ping()

@@ -59,6 +59,8 @@ def _exercise(handle: Connection) -> None:
         handle.transaction([("NOT-A-COMMAND",)])
 
     with handle.subscribe("opsctl-test") as subscription:
+        assert handle.call("PUBLISH", "opsctl-test", "first") == 1  # subscribe() returned once the node confirmed
+        assert subscription.get(timeout=5) == ("opsctl-test", "first")
         deadline = time.monotonic() + 5
         message = None
         while message is None and time.monotonic() < deadline:

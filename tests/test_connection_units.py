@@ -19,7 +19,7 @@ from opsctl.base.errors import (
     PipeClosed,
     is_auth_failure,
 )
-from opsctl.net.connection import Connection, connection_to, reason
+from opsctl.net.connection import Connection, connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
 from opsctl.observe.replies import CLUSTER_INFO, CLUSTER_NODES, ROLE, RespError, RoleInfo, config, info
@@ -85,15 +85,15 @@ def test_redis_py_errors_become_the_same_vocabulary(error: Exception, kind: type
         assert is_auth_failure(link_error(raised.value))
 
 
-def test_reason_says_a_node_error_in_one_line() -> None:
-    """net.connection.reason: a refusal's reply words; else why the node did not answer, in the words a raw error
+def test_said_says_a_node_error_in_one_line() -> None:
+    """net.connection.said: a refusal's reply words; else why the node did not answer, in the words a raw error
     said before the handle (a call site's detail keeps them)."""
-    assert reason(NodeRefused("n1 refused CONFIG SET", "ERR Invalid argument")) == "ERR Invalid argument"
+    assert said(NodeRefused("n1 refused CONFIG SET", "ERR Invalid argument")) == "ERR Invalid argument"
     handle, error = _handle(), ConnectionRefusedError(111, "Connection refused")
     with pytest.raises(NodeUnreachable) as raised, handle.pipe_errors():
         raise error
-    assert reason(raised.value) == link_error(error) == "ConnectionRefusedError: [Errno 111] Connection refused"
-    assert reason(PipeClosed("n1 closed the connection", "it restarted")) == "n1 closed the connection: it restarted"
+    assert said(raised.value) == link_error(error) == "ConnectionRefusedError: [Errno 111] Connection refused"
+    assert said(PipeClosed("n1 closed the connection", "it restarted")) == "n1 closed the connection: it restarted"
 
 
 def _answering(handle: Connection, replies: list[Any]) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeRefused, NodeUnreachable, OpsctlError, RefusedError
 from opsctl.failover.checks import (
     choose_replica,
     cluster_prechecks,
@@ -28,6 +28,7 @@ from opsctl.failover.checks import (
 from opsctl.failover.report import Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.runbook import Options, _modes
 from opsctl.failover.verdicts import PastFailover, Target, Thresholds
+from opsctl.net.connection import said
 from opsctl.observe.cluster_state import even_slot_ranges
 from opsctl.observe.replies import RoleInfo, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
@@ -376,6 +377,18 @@ def test_the_probe_key_lands_in_the_new_masters_slots():
     for ranges in ([(0, 5460)], [(5461, 10922)], [(16383, 16383)]):
         slot = key_slot(probe_key(ranges, key_slot).encode())
         assert any(a <= slot <= b for a, b in ranges)
+
+
+def test_a_node_error_is_said_in_the_nodes_words():
+    """What the runbook writes into its lines (no sentinel accepted ..., probe write: ...): a refusal's reply as the
+    node sent it, a node that did not answer by the cause's type and text, as redis-py's exceptions read before."""
+    refused = NodeRefused("s1 refused SENTINEL FAILOVER", "INPROG Failover already in progress")
+    assert said(refused) == "INPROG Failover already in progress"
+    try:
+        raise NodeUnreachable("cannot reach s1 at 127.0.0.1:26379", "x") from ConnectionRefusedError(111, "refused")
+    except NodeUnreachable as exc:
+        assert said(exc) == "ConnectionRefusedError: [Errno 111] refused"
+    assert said(OpsctlError("a plain error")) == "a plain error"
 
 
 # --- modes and the report -------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def test_handlers_take_their_step_type() -> None:
 
 # The node handle (opsctl.net.connection) is the one door to a node: redis-py stays behind it (issue 34).
 # Packages whose call sites move onto the handle in another branch (W6b); the lead empties this at merge.
-NOT_YET = {"failover", "backup", "restore", "migrate"}
+NOT_YET: set[str] = set()
 # `.client.` reaches that are not redis-py's: what each holds.
 OTHER_CLIENTS = {"opsctl.backup.s3": "boto3's S3 client (self.client.meta, .head_bucket, ...)"}
 

@@ -166,8 +166,8 @@ def _promoted_by_sentinel(loaded: LoadedSpec, session: Session) -> tuple[EpochWa
     """SENTINEL FAILOVER on the first sentinel (its +new-epoch watched), then what opsctl does once a replica
     answers ROLE master: the old master and the other replica follow it. Returns the watch and the replica."""
     shard = loaded.layout.shards[0]
-    watch = EpochWatch(session.admin(loaded.layout.sentinels[0].name))
-    session.admin(loaded.layout.sentinels[0].name).call("SENTINEL", "FAILOVER", sentinel_master_name(loaded.spec))
+    watch = EpochWatch(session.connections[loaded.layout.sentinels[0].name])
+    session.connections[loaded.layout.sentinels[0].name].call("SENTINEL", "FAILOVER", sentinel_master_name(loaded.spec))
 
     def role(name: str) -> str | None:
         try:
@@ -179,14 +179,14 @@ def _promoted_by_sentinel(loaded: LoadedSpec, session: Session) -> tuple[EpochWa
                         "Sentinel to promote a replica", 0.002)
     node = loaded.layout.node(new)
     for other in (shard.master, *(r for r in shard.replicas if r != new)):
-        session.admin(other).call("REPLICAOF", node.address, str(node.port))  # under its renamed name
+        session.connections[other].call("REPLICAOF", node.address, str(node.port))  # under its renamed name
     return watch, new
 
 
 def _announce(loaded: LoadedSpec, session: Session, watch: EpochWatch, new: str) -> list[str]:
     node = loaded.layout.node(new)
-    return announce(session.admin(loaded.layout.sentinels[0].name),
-                    [session.admin(s.name) for s in loaded.layout.sentinels], watch,
+    return announce(session.connections[loaded.layout.sentinels[0].name],
+                    [session.connections[s.name] for s in loaded.layout.sentinels], watch,
                     sentinel_master_name(loaded.spec), (node.address, node.port), session.observer.pool)
 
 

@@ -8,7 +8,6 @@ HANDLERS (runtime.execution.handles), all but StartNode's: a wave's starts run t
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -227,22 +226,9 @@ def _run_step(run: Execution, index: int, total: int, step: Step) -> None:
         run.emit(StepFailed(index, step.title(), exc.summary))
         exc.summary = f"step {index}/{total} ({step.title()}) failed: {exc.summary}"
         raise changed_anyway(exc, len(run.timings)) from None
-    except _redis_errors() as exc:
-        run.emit(StepFailed(index, step.title(), str(exc)))
-        raise OpsctlError(f"step {index}/{total} ({step.title()}) failed", str(exc),
-                          "look at the node's log; apply again resumes from the live state") from None
     elapsed = time.monotonic() - started
     run.timings.append((step.title(), elapsed))
     run.emit(StepDone(index, step.title(), round(elapsed, 3)))
-
-
-def _redis_errors() -> tuple[type[Exception], ...]:
-    """redis-py's base error once anything loaded redis-py (nothing can raise it before). The executor loads it
-    only where it talks through it: a new cluster's creation does not, so that import does not delay the start.
-    Only the failover package's Admin calls (opsctl.failover, issue 34 W6b) still raise it: the steps' own calls
-    go through node handles and raise NodeError, an OpsctlError. Deleted once that package is on the handle."""
-    module = sys.modules.get("redis")
-    return (module.RedisError,) if module is not None else ()
 
 
 def _refuse_downtime(plan: Plan, allow_downtime: bool) -> None:

@@ -18,7 +18,7 @@ from opsctl.base.errors import (
 )
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.secrets import Secret, remember
-from opsctl.net.connection import Connection, reason
+from opsctl.net.connection import Connection, said
 from opsctl.net.observer import Observer
 from opsctl.net.topolock import mark_started, stopping
 from opsctl.observe.replies import ROLE, Command, RespError
@@ -61,7 +61,7 @@ def _replicaof_line(run: Execution, node: Node) -> str:
     try:
         role = run.rt.connections[node.name].read(ROLE)
     except NodeError as exc:
-        raise OpsctlError(f"cannot read {node.name}'s role before writing its config", reason(exc),
+        raise OpsctlError(f"cannot read {node.name}'s role before writing its config", said(exc),
                           "apply again when the node answers; its config file was left as it was") from None
     if role.kind == "replica" and role.master:
         return f"\n# current role, kept by opsctl\nreplicaof {role.master[0]} {role.master[1]}\n"

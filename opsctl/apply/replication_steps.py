@@ -12,7 +12,6 @@ from opsctl.base.errors import NodeRefused, RefusedError
 from opsctl.base.events import Log, as_log, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.cluster.ops import myid, replicate
-from opsctl.net.admin import Admin
 from opsctl.net.connection import Connection
 from opsctl.observe.replies import CLUSTER_NODES, ROLE
 from opsctl.plan.masters import follow_target, writes_moved_from
@@ -120,10 +119,9 @@ def _repoint_behind(run: Execution, step: Failover, writer: str) -> None:
 
 
 @contextmanager
-def _admins(run: Execution) -> Iterator[Callable[[Node], Admin]]:
-    """The admin client of each node asked for, the run's handle's (closed with the runtime): what
-    opsctl.failover.fence takes until its call sites are on the node handle (issue 34, W6b)."""
-    yield lambda node: run.rt.connections[node.name].admin()
+def _admins(run: Execution) -> Iterator[Callable[[Node], Connection]]:
+    """The node handle of each node asked for: the run's own (the runtime closes them)."""
+    yield lambda node: run.rt.connections[node.name]
 
 
 def finish_failover(run: Execution, step: FinishFailover) -> None:

@@ -15,7 +15,7 @@ from opsctl.base.errors import NodeError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.metrics.exporter_steps import exporters_follow_tls
-from opsctl.net.connection import connection_to, reason
+from opsctl.net.connection import connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import unquote
@@ -98,7 +98,7 @@ def _reload(rt: Runtime, connector: Connector, node: Node) -> str:
         with connection_to(connector, node) as handle:  # the connector of the new files, not the run's
             handle.call("CONFIG", "SET", *args)
     except NodeError as exc:
-        raise OpsctlError(f"{node.name} did not reload its TLS files", reason(exc),
+        raise OpsctlError(f"{node.name} did not reload its TLS files", said(exc),
                           f"its log says why ({rt.provider.paths(node).log}); the old files stay in use") from None
     return f"{node.name}: reloaded, presents {_presented(connector, node)}"
 
@@ -117,7 +117,7 @@ def _restart_sentinel(rt: Runtime, connector: Connector, node: Node, timeout: fl
             with connection_to(connector, node, timeout=2.0) as handle:
                 handle.call("PING")
         except NodeError as exc:
-            return Pending(reason(exc))
+            return Pending(said(exc))
         return True
 
     wait_for(answers, timeout, f"{node.name} to answer", 0.05,

@@ -190,11 +190,11 @@ class S3Store:
         _check_environment()
         try:
             with _answered(f"cannot use {location.text}"):  # a missing profile, a bad region: said here
-                self.client = boto3.session.Session().client("s3")  # typed by boto3-stubs (dev) as the S3 client
-            endpoint = self.client.meta.endpoint_url  # also from ~/.aws/config, which boto3 reads itself
+                self.s3 = boto3.session.Session().client("s3")  # typed by boto3-stubs (dev) as the S3 client
+            endpoint = self.s3.meta.endpoint_url  # also from ~/.aws/config, which boto3 reads itself
             check_endpoint_url("endpoint_url (AWS_ENDPOINT_URL or ~/.aws/config)", endpoint)
             _remember_password(endpoint)
-            retries: object = getattr(self.client.meta.config, "retries", None)  # set by botocore, not in its stubs
+            retries: object = getattr(self.s3.meta.config, "retries", None)  # set by botocore, not in its stubs
             _check_attempts(retries.get("total_max_attempts") if isinstance(retries, dict) else None)
         except ValueError as exc:  # botocore reads its settings with int()/float(): a value it cannot read
             raise OpsctlError(f"cannot use {location.text}: boto3 cannot read its configuration ({exc})",
@@ -205,14 +205,14 @@ class S3Store:
         """The bucket answers (HeadBucket); writing, a marker object is written and deleted (denied writes, a
         read-only key: said before any shard is saved); reading, the prefix holds at least one object."""
         with _answered(f"cannot use {self.location.text}"):
-            self.client.head_bucket(Bucket=self.bucket)
+            self.s3.head_bucket(Bucket=self.bucket)
             if writing:
                 marker = f"{self.prefix}/{PROBE}" if self.prefix else PROBE
-                self.client.put_object(Bucket=self.bucket, Key=marker, Body=b"")
-                self.client.delete_object(Bucket=self.bucket, Key=marker)
+                self.s3.put_object(Bucket=self.bucket, Key=marker, Body=b"")
+                self.s3.delete_object(Bucket=self.bucket, Key=marker)
                 return
             base = f"{self.prefix}/" if self.prefix else ""
-            found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=1)
+            found = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=base, MaxKeys=1)
         if not found.get("Contents"):
             raise OpsctlError(f"no backup at {self.location.text}: the bucket holds nothing under this prefix",
                               hint="give the location backups went to (`backup --to URL`): "
@@ -227,22 +227,22 @@ class S3Store:
 
     def put_file(self, name: str, path: Path) -> None:
         with _answered(f"cannot upload {self.where(name)}"):
-            self.client.upload_file(str(path), self.bucket, self.key(name), Config=self.transfer)
+            self.s3.upload_file(str(path), self.bucket, self.key(name), Config=self.transfer)
 
     def put_bytes(self, name: str, data: bytes) -> None:
         with _answered(f"cannot upload {self.where(name)}"):
-            self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
+            self.s3.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
 
     def get_file(self, name: str, dest: Path) -> None:
         with _answered(f"cannot download {self.where(name)}"):
-            self.client.download_file(self.bucket, self.key(name), str(dest), Config=self.transfer)
+            self.s3.download_file(self.bucket, self.key(name), str(dest), Config=self.transfer)
 
     def get_bytes(self, name: str, limit: int = LIMIT) -> bytes | None:
         from botocore.exceptions import ClientError
 
         try:
             with _answered(f"cannot download {self.where(name)}"):
-                reply = self.client.get_object(Bucket=self.bucket, Key=self.key(name))
+                reply = self.s3.get_object(Bucket=self.bucket, Key=self.key(name))
                 data = reply["Body"].read(limit + 1)
         except OpsctlError as exc:
             cause = exc.__context__
@@ -257,7 +257,7 @@ class S3Store:
         base = f"{self.prefix}/" if self.prefix else ""
         out: list[str] = []
         with _answered(f"cannot list s3://{self.bucket}/{base}{prefix}"):
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
+            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             for page in pages:
                 out += [item["Key"][len(base):] for item in page.get("Contents", []) if "Key" in item]
         return sorted(out)
@@ -266,7 +266,7 @@ class S3Store:
         for start in range(0, len(names), 1000):
             batch = [{"Key": self.key(n)} for n in names[start:start + 1000]]
             with _answered(f"cannot delete objects under s3://{self.bucket}/{self.prefix}"):
-                reply = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})  # type: ignore[typeddict-item]
+                reply = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})  # type: ignore[typeddict-item]
             if reply.get("Errors"):
                 first = reply["Errors"][0]
                 raise OpsctlError(f"cannot delete s3://{self.bucket}/{first.get('Key')}: {first.get('Code')}",

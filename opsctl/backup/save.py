@@ -21,8 +21,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import redis
-
 from opsctl.backup.manifest import (
     MANIFEST,
     Manifest,
@@ -37,18 +35,18 @@ from opsctl.backup.rdb import db0_counts
 from opsctl.backup.savers import Member, Saver, choose_saver, host_waves, parse_keyspace, pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base import stop
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeError, OpsctlError, RefusedError
 from opsctl.base.events import BackupDone, BackupStart, Emit, ShardCopying, ShardSaved, ignore
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.words import human_bytes
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection, connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
 from opsctl.net.fanout import Borrowed
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe
 from opsctl.observe.cluster_state import observed_problems
-from opsctl.observe.replies import myself, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import CLUSTER_NODES, info, myself
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
@@ -69,8 +67,8 @@ class BackupOptions:
     save_timeout: float = 3600.0
 
 
-def _info(admin: Admin, section: str) -> dict[str, str]:
-    return parse_info(admin.info(section))
+def _info(node: Connection, section: str) -> dict[str, str]:
+    return node.read(info(section))
 
 
 def _group(loaded: LoadedSpec, live: list[LiveNode]) -> list[tuple[int, list[Member]]]:
@@ -89,28 +87,29 @@ def _group(loaded: LoadedSpec, live: list[LiveNode]) -> list[tuple[int, list[Mem
     return sorted(out)
 
 
-def _slots(loaded: LoadedSpec, admin: Admin) -> tuple[tuple[int, int], ...]:
+def _slots(loaded: LoadedSpec, node: Connection) -> tuple[tuple[int, int], ...]:
     if loaded.spec.topology != "cluster":
         return ()
-    me = myself(parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES"))))
+    view = node.read(CLUSTER_NODES)
+    me = myself(view)
     return tuple(me.slots) if me else ()
 
 
-def _wait_caught_up(admin: Admin, target: int, timeout: float) -> int:
+def _wait_caught_up(node: Connection, target: int, timeout: float) -> int:
     def offset() -> int | Pending:
         stop.check()
-        at = int(_info(admin, "replication").get("master_repl_offset", "0"))
+        at = int(_info(node, "replication").get("master_repl_offset", "0"))
         return at if at >= target else Pending(f"offset {at}, master at {target}")
 
-    return wait_for(offset, timeout, f"{admin.name} to catch up", POLL, on_timeout=lambda reason: OpsctlError(
-        f"replica {admin.name} did not catch up with its master in {timeout:.0f}s", reason,
+    return wait_for(offset, timeout, f"{node.name} to catch up", POLL, on_timeout=lambda reason: OpsctlError(
+        f"replica {node.name} did not catch up with its master in {timeout:.0f}s", reason,
         "look at `opsctl status -f SPEC` (lag)"))
 
 
-def _copies_diskless(admin: Admin) -> bool:
+def _copies_diskless(node: Connection) -> bool:
     """Whether the node sends a copy straight from its fork: diskless sync with no delay. Where it delays diskless
     copies to wait for more replicas (repl-diskless-sync-delay), the file form is served at once instead."""
-    config = admin.config_get("repl-diskless-sync*")
+    config = node.config_get("repl-diskless-sync*")
     return config.get("repl-diskless-sync") == "yes" and config.get("repl-diskless-sync-delay", "0") == "0"
 
 
@@ -197,11 +196,11 @@ def save_shard(connector: Connector, saver: Saver, master_offset: int, slots: tu
     """The shard's file and its head (the first HEAD_BYTES, for the counts and the format); ShardCopying events
     while it arrives."""
     node = connector.loaded.layout.node(saver.node)
-    with connector.admin(node, timeout=30.0) as admin:
-        _wait_caught_up(admin, master_offset, options.catch_up_timeout)
-        at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(admin, "keyspace")).items()}
-        dataset = int(_info(admin, "memory").get("used_memory_dataset", "0"))
-        diskless = _copies_diskless(admin)
+    with connection_to(connector, node, timeout=30.0) as handle:
+        _wait_caught_up(handle, master_offset, options.catch_up_timeout)
+        at_save = {db: keys for db, (keys, _) in parse_keyspace(_info(handle, "keyspace")).items()}
+        dataset = int(_info(handle, "memory").get("used_memory_dataset", "0"))
+        diskless = _copies_diskless(handle)
     name = shard_file_name(saver.shard)
     copy, position = _receive(connector, node, folder / name, dataset, diskless, master_offset, options.save_timeout,
                               lambda size: emit(ShardCopying(saver.shard, saver.node, size, dataset)))
@@ -240,7 +239,7 @@ def _plan(connector: Connector) -> list[tuple[Saver, int, tuple[tuple[int, int],
     out: list[tuple[Saver, int, tuple[tuple[int, int], ...]]] = []
     for number, members in _group(loaded, discover(connector)):
         saver = choose_saver(number, members)
-        with connector.admin(loaded.layout.node(saver.master)) as master:
+        with connection_to(connector, loaded.layout.node(saver.master)) as master:
             offset = int(_info(master, "replication").get("master_repl_offset", "0"))
             out.append((saver, offset, _slots(loaded, master)))
     return out
@@ -377,8 +376,9 @@ def _save_all(connector: Connector, planned: list[tuple[Saver, int, tuple[tuple[
         offset, slots = by_saver[id(saver)]
         try:
             shard, head = save_shard(connector, saver, offset, slots, folder, options, emit)
-        except (redis.RedisError, OSError) as exc:
-            raise OpsctlError(f"saving shard {saver.shard} on {saver.node} failed: {type(exc).__name__}: {exc}",
+        except (NodeError, OSError) as exc:
+            why = said(exc) if isinstance(exc, NodeError) else f"{type(exc).__name__}: {exc}"
+            raise OpsctlError(f"saving shard {saver.shard} on {saver.node} failed: {why}",
                               hint="nothing was kept; run the backup again (`opsctl status -f SPEC` shows the "
                                    "nodes)") from None
         with lock:

@@ -17,13 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import wait_for
-from opsctl.net.connector import unix_client
-from opsctl.observe.replies import parse_info
+from opsctl.net.connection import Connection
+from opsctl.observe.replies import info
 from opsctl.providers.binaries import ServerBinary, candidates, probe
 from opsctl.state.safefs import FileProblem, open_regular
 
@@ -36,7 +34,7 @@ class Scratch:
     binary: ServerBinary
     folder: Path
     process: subprocess.Popen[bytes]
-    client: redis.Redis
+    handle: Connection
 
     @property
     def socket(self) -> str:
@@ -47,13 +45,7 @@ class Scratch:
         return self.binary.flavor, self.binary.version
 
     def info(self, section: str) -> dict[str, str]:
-        """INFO as text, parsed by opsctl's parser (redis-py's own would turn it into nested dicts)."""
-        conn = self.client.connection_pool.get_connection()
-        try:
-            conn.send_command("INFO", section)
-            return parse_info(conn.read_response(disable_decoding=True).decode())
-        finally:
-            self.client.connection_pool.release(conn)
+        return self.handle.read(info(section))
 
     def keyspace(self) -> dict[int, tuple[int, int]]:
         return parse_keyspace(self.info("keyspace"))
@@ -129,10 +121,7 @@ def _wait_loaded(scratch: Scratch, what: str, timeout: float) -> None:
             raise OpsctlError(f"{what} did not load into a scratch {scratch.binary.flavor} "
                               f"{scratch.binary.version_text} server", _log_tail(scratch.folder),
                               "the file is damaged or in a format this server cannot read: use another backup")
-        try:
-            return True if scratch.client.ping() else None
-        except (redis.BusyLoadingError, redis.ConnectionError, OSError):
-            return None
+        return True if scratch.handle.ping() else None  # no answer yet, or LOADING
 
     wait_for(loaded, timeout, f"{what} to load", 0.01,
              on_timeout=lambda _: OpsctlError(f"{what} still loading after {timeout:.0f}s", _log_tail(scratch.folder)))
@@ -155,19 +144,21 @@ def scratch_server(binary: ServerBinary, rdb: Path | None, what: str, databases:
     folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     os.chmod(folder, 0o700)
     process: subprocess.Popen[bytes] | None = None
+    handle: Connection | None = None
     try:
         if rdb is not None:
             _place(rdb, folder)
         argv = _die_with_parent(_command(binary, folder, max(16, databases)))
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")})
-        client = unix_client(str(folder / "s.sock"), 60.0)
-        scratch = Scratch(binary, folder, process, client)
+        handle = Connection.on_unix(str(folder / "s.sock"), f"the scratch server of {what}", 60.0)
+        scratch = Scratch(binary, folder, process, handle)
         if wait:
             _wait_loaded(scratch, what, timeout)
         yield scratch
-        client.close()
     finally:
+        if handle is not None:
+            handle.close()
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()

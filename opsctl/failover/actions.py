@@ -14,20 +14,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any
-
-import redis
 
 from opsctl.base import stop
-from opsctl.base.errors import OpsctlError
+from opsctl.base.errors import NodeError, NodeRefused, OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover import fence
 from opsctl.failover.announce import EpochWatch, announce
 from opsctl.failover.verdicts import Target
-from opsctl.net.admin import Admin
+from opsctl.net.connection import Connection, Connections, said
 from opsctl.net.connector import Connector
 from opsctl.net.observer import Observer, to_facts
-from opsctl.observe.replies import parse_info
+from opsctl.observe.replies import ROLE, RoleInfo, as_text, info
 from opsctl.plan.facts import NodeFacts, spec_values
 from opsctl.providers.base import Provider
 from opsctl.server.versions import has_capability, parse_version
@@ -92,48 +89,51 @@ def perform(session: Session, target: Target, mode: str, timeout: float, notes: 
         return _manual(session, target, timeout)
     if mode == "promote":
         return _promote(session, target, timeout, notes)
-    admin = session.admin(target.replica)
-    admin.call("CLUSTER", "FAILOVER", *(() if mode == "graceful" else (mode.upper(),)))
+    node = session.connections[target.replica]
+    node.call("CLUSTER", "FAILOVER", *(() if mode == "graceful" else (mode.upper(),)))
     checkpoint("asked")
     limit = min(timeout, GRACEFUL_LIMIT) if mode == "graceful" else timeout
-    wait_for(lambda: _is_master(admin), limit, f"{target.replica} to become master", POLL)
+    wait_for(lambda: _is_master(node), limit, f"{target.replica} to become master", POLL)
     return target.replica
 
 
-def _role(admin: Admin) -> list[Any] | None:
+def _role(node: Connection) -> RoleInfo | None:
     try:
-        return list(admin.client.execute_command("ROLE"))
-    except (redis.RedisError, OSError):
+        return node.read(ROLE)
+    except NodeError:
         return None
 
 
-def _is_master(admin: Admin) -> bool | Pending:
-    role = _role(admin)
-    return True if role and role[0] == "master" else Pending(f"{admin.name} is {role[0] if role else 'silent'}")
+def _is_master(node: Connection) -> bool | Pending:
+    role = _role(node)
+    # the server's own word in the progress line, as ROLE says it ("slave")
+    said = ("slave" if role.kind == "replica" else role.kind) if role else "silent"
+    return True if role and role.kind == "master" else Pending(f"{node.name} is {said}")
 
 
 def _caught_up(session: Session, master: str, replicas: list[str]) -> bool | Pending:
     """Every replica has processed the master's whole stream (its own ROLE, not the master's view of its last ACK).
     A safe point: a stop request before the promotion lifts the fence (the callers' finally) and stops."""
     stop.check("nothing was promoted: the fence on the master is lifted", "run the same failover again")
-    role = _role(session.admin(master))
+    role = _role(session.connections[master])
     if not role:
         return Pending(f"{master} does not answer ROLE")
     behind = []
     for name in replicas:
-        r = _role(session.admin(name))
-        if not r or int(r[4]) < int(role[1]):
-            behind.append(f"{name} at {r[4] if r else '?'} of {role[1]}")
+        r = _role(session.connections[name])
+        # a replica's own offset (a master's ROLE would say its own stream's end: not one to wait on)
+        if not r or r.kind != "replica" or r.offset < role.offset:
+            behind.append(f"{name} at {r.offset if r else '?'} of {role.offset}")
     return Pending("; ".join(behind)) if behind else True
 
 
-def _pause(admin: Admin, timeout: float) -> None:
-    admin.call("CLIENT", "PAUSE", int(timeout * 1000), "WRITE")
+def _pause(node: Connection, timeout: float) -> None:
+    node.call("CLIENT", "PAUSE", int(timeout * 1000), "WRITE")
 
 
-def _unpause(admin: Admin) -> None:
-    with contextlib.suppress(redis.RedisError, OSError):  # else the pause expires by itself
-        admin.call("CLIENT", "UNPAUSE")
+def _unpause(node: Connection) -> None:
+    with contextlib.suppress(NodeError):  # else the pause expires by itself
+        node.call("CLIENT", "UNPAUSE")
 
 
 def told_note(told: list[str], sentinels: list[str], new: str) -> str:
@@ -143,12 +143,12 @@ def told_note(told: list[str], sentinels: list[str], new: str) -> str:
     return head + (f" ({', '.join(rest)}: from the others' hellos, at Sentinel's pace)" if rest else "")
 
 
-def _replicate(admin: Admin, master: Admin | None) -> None:
+def _replicate(node: Connection, master: Connection | None) -> None:
     if master is None:
-        admin.call("REPLICAOF", "NO", "ONE")
+        node.call("REPLICAOF", "NO", "ONE")
     else:
-        admin.call("REPLICAOF", master.address, str(master.port))
-    admin.call("CONFIG", "REWRITE")
+        node.call("REPLICAOF", master.node.address, str(master.node.port))
+    node.call("CONFIG", "REWRITE")
 
 
 def _sentinel(session: Session, target: Target, timeout: float, notes: list[str]) -> str:
@@ -161,15 +161,15 @@ def _sentinel(session: Session, target: Target, timeout: float, notes: list[str]
         new, leader = _sentinel_promote(session, target, timeout, watches)
         shard = loaded.layout.shards[target.shard - 1]
         for other in [n for n in shard.members if n not in (target.master, new)]:
-            with contextlib.suppress(redis.RedisError, OSError):  # else Sentinel re-points it, as it would anyway
-                _replicate(session.admin(other), session.admin(new))
+            with contextlib.suppress(NodeError):  # else Sentinel re-points it, as it would anyway
+                _replicate(session.connections[other], session.connections[new])
         checkpoint("repointed")
         if watches:
-            node = session.admin(new)
-            sentinels = [session.admin(s.name) for s in loaded.layout.sentinels]
+            node = loaded.layout.node(new)
+            sentinels = [session.connections[s.name] for s in loaded.layout.sentinels]
             told: list[str] = []
-            with contextlib.suppress(redis.RedisError, OSError):  # else the sentinels learn it at their own pace
-                told = announce(session.admin(leader), sentinels, watches[0], name, (node.address, node.port),
+            with contextlib.suppress(NodeError):  # else the sentinels learn it at their own pace
+                told = announce(session.connections[leader], sentinels, watches[0], name, (node.address, node.port),
                                 session.observer.pool)
             notes.append(told_note(told, [s.name for s in loaded.layout.sentinels], new))
         return new
@@ -187,7 +187,7 @@ def _sentinel_promote(session: Session, target: Target, timeout: float,
     loaded = session.loaded
     shard = loaded.layout.shards[target.shard - 1]
     replicas = [n for n in shard.members if n != target.master]
-    old = session.admin(target.master)
+    old = session.connections[target.master]
     values = spec_values(loaded, loaded.layout.node(target.master))
     asked = False  # once SENTINEL FAILOVER may have started, the fence stays until the old master is a replica
     _pause(old, timeout + 2)
@@ -204,7 +204,7 @@ def _sentinel_promote(session: Session, target: Target, timeout: float,
         checkpoint("asked")
         new = wait_for(lambda: _promoted(session, replicas), timeout, "Sentinel to promote a replica", POLL)
         checkpoint("promoted")
-        _demote(old, session.admin(new), values)
+        _demote(old, session.connections[new], values)
         asked = False
     finally:
         if not asked:
@@ -220,18 +220,18 @@ def _ask_sentinels(session: Session, name: str, watches: list[EpochWatch]) -> st
     errors = []
     lost = False
     for node in session.loaded.layout.sentinels:
-        admin = session.admin(node.name)
-        with contextlib.suppress(redis.RedisError, OSError):
-            watches[:] = [EpochWatch(admin)]
+        sentinel = session.connections[node.name]
+        with contextlib.suppress(NodeError):
+            watches[:] = [EpochWatch(sentinel)]
         try:
-            admin.call("SENTINEL", "FAILOVER", name)
+            sentinel.call("SENTINEL", "FAILOVER", name)
             return node.name
-        except (redis.RedisError, OSError) as exc:
+        except NodeError as exc:
             for watch in watches:
                 watch.close()
             watches.clear()
-            lost = lost or not isinstance(exc, redis.ResponseError)
-            errors.append(f"{node.name}: {exc}")
+            lost = lost or not isinstance(exc, NodeRefused)
+            errors.append(f"{node.name}: {said(exc)}")
     raise SentinelRefused("no sentinel accepted SENTINEL FAILOVER", "\n".join(errors),
                           "INPROG: a failover is running, wait for it; NOGOODSLAVE: no replica is eligible",
                           maybe_started=lost)
@@ -245,19 +245,19 @@ class SentinelRefused(OpsctlError):
 
 def _promoted(session: Session, replicas: list[str]) -> str | Pending:
     for name in replicas:
-        role = _role(session.admin(name))
-        if role and role[0] == "master":
+        role = _role(session.connections[name])
+        if role and role.kind == "master":
             return name
     return Pending("no replica reports ROLE master yet")
 
 
 def _failover_command(session: Session, target: Target, timeout: float) -> str:
     assert target.replica is not None
-    new = session.admin(target.replica)
-    old = session.admin(target.master)
+    new = session.connections[target.replica]
+    old = session.connections[target.master]
     wait_for(lambda: _no_failover(old), timeout + 2, f"the FAILOVER already running on {target.master} to end", POLL)
     if _is_master(new) is not True:  # a run killed after it asked may have left that one to finish it
-        old.call("FAILOVER", "TO", new.address, str(new.port), "TIMEOUT", str(int(timeout * 1000)))
+        old.call("FAILOVER", "TO", new.node.address, str(new.node.port), "TIMEOUT", str(int(timeout * 1000)))
         checkpoint("asked")
 
     def done() -> bool | Pending:
@@ -270,29 +270,29 @@ def _failover_command(session: Session, target: Target, timeout: float) -> str:
         return True if state == "no-failover" else Pending(f"{target.master} failover state {state}")
 
     wait_for(done, timeout + 2, f"{target.replica} to take over", POLL)
-    for admin in (new, old):
-        admin.call("CONFIG", "REWRITE")
+    for each in (new, old):
+        each.call("CONFIG", "REWRITE")
     _repoint_others(session, target, new)
     return target.replica
 
 
-def _failover_state(admin: Admin) -> str:
+def _failover_state(node: Connection) -> str:
     """master_failover_state of INFO replication: no-failover, waiting-for-sync or failover-in-progress."""
-    return str(admin.info("replication")).split("master_failover_state:", 1)[-1].split()[0]
+    return node.read(info("replication")).get("master_failover_state", "")
 
 
-def _no_failover(admin: Admin) -> bool | Pending:
-    """No FAILOVER runs on admin's server (one a killed run asked for finishes by itself, within its timeout)."""
-    state = _failover_state(admin)
-    return True if state == "no-failover" else Pending(f"{admin.endpoint} failover state {state}")
+def _no_failover(node: Connection) -> bool | Pending:
+    """No FAILOVER runs on node's server (one a killed run asked for finishes by itself, within its timeout)."""
+    state = _failover_state(node)
+    return True if state == "no-failover" else Pending(f"{node.endpoint} failover state {state}")
 
 
 def _manual(session: Session, target: Target, timeout: float) -> str:
     """Pause, fence, wait for the replica, REPLICAOF NO ONE on it, demote the old master, lift, unpause."""
     assert target.replica is not None
     loaded = session.loaded
-    new = session.admin(target.replica)
-    old = session.admin(target.master)
+    new = session.connections[target.replica]
+    old = session.connections[target.master]
     values = spec_values(loaded, loaded.layout.node(target.master))
     promoted = False
     _pause(old, timeout + 2)
@@ -317,7 +317,7 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
     """The master is gone (the pre-checks saw it silent): promote the replica holding the most, then re-point the
     others that answer (a silent one, and the old master, follow at the next apply)."""
     assert target.replica is not None
-    new = session.admin(target.replica)
+    new = session.connections[target.replica]
     notes.append(_stop_silent_master(session, target))
     checkpoint("old-master-stopped")
     offset = _offset(new)  # read once the old master can send nothing more
@@ -333,8 +333,8 @@ def _promote(session: Session, target: Target, timeout: float, notes: list[str])
         if name in (target.master, target.replica):
             continue
         try:
-            _replicate(session.admin(name), new)
-        except (redis.RedisError, OSError) as exc:
+            _replicate(session.connections[name], new)
+        except NodeError as exc:
             notes.append(f"{name} not re-pointed ({type(exc).__name__}): `opsctl apply` points it at {target.replica}")
     return target.replica
 
@@ -348,8 +348,8 @@ def _refuse_if_overtaken(session: Session, target: Target, offset: str) -> None:
         if name in (target.master, target.replica):
             continue
         try:
-            theirs = _offset(session.admin(name))
-        except (redis.RedisError, OSError):
+            theirs = _offset(session.connections[name])
+        except NodeError:
             continue
         if theirs.isdigit() and offset.isdigit() and int(theirs) > int(offset):
             raise OpsctlError(f"{name} now holds more of {target.master}'s stream than {target.replica} "
@@ -377,21 +377,21 @@ def _stop_silent_master(session: Session, target: Target) -> str:
     return f"{target.master} ran without answering ({state.detail}): stopped, so it cannot take writes again"
 
 
-def _offset(admin: Admin) -> str:
+def _offset(node: Connection) -> str:
     """master_repl_offset of INFO replication: how far into its master's stream a replica got (kept with the link
     down)."""
-    return parse_info(admin.info("replication")).get("master_repl_offset", "unknown")
+    return node.read(info("replication")).get("master_repl_offset", "unknown")
 
 
-def _demote(old: Admin, new: Admin, values: dict[str, str]) -> None:
+def _demote(old: Connection, new: Connection, values: dict[str, str]) -> None:
     """The fenced old master follows the new one; only then its fence goes (one CONFIG REWRITE saves both)."""
-    old.call("REPLICAOF", new.address, str(new.port))
+    old.call("REPLICAOF", new.node.address, str(new.node.port))
     fence.unfence(old, values)
 
 
-def _lift(old: Admin, values: dict[str, str]) -> None:
+def _lift(old: Connection, values: dict[str, str]) -> None:
     """Nothing was promoted: the old master takes writes again (when unreachable, a re-run lifts it)."""
-    with contextlib.suppress(redis.RedisError, OSError):
+    with contextlib.suppress(NodeError):
         fence.unfence(old, values, rewrite=False)
 
 
@@ -403,11 +403,11 @@ def checkpoint(name: str) -> None:
         os.kill(os.getpid(), signal.Signals[sig] if sig else signal.SIGKILL)
 
 
-def _repoint_others(session: Session, target: Target, new: Admin) -> None:
+def _repoint_others(session: Session, target: Target, new: Connection) -> None:
     shard = session.loaded.layout.shards[target.shard - 1]
     for name in shard.members:
         if name not in (target.master, target.replica):
-            _replicate(session.admin(name), new)
+            _replicate(session.connections[name], new)
 
 
 class Session:
@@ -432,12 +432,14 @@ class Session:
     def facts(self) -> dict[str, NodeFacts]:
         return to_facts(self.observer.observe())
 
-    def admin(self, name: str) -> Admin:
-        return self.observer.connections[name].admin()
+    @property
+    def connections(self) -> Connections:
+        """The run's node handles (the observer's: closed with it)."""
+        return self.observer.connections
 
     def quorum(self) -> dict[str, str]:
         name = sentinel_master_name(self.loaded.spec)
-        futures = {n.name: self.observer.pool.submit(_ckquorum, self.admin(n.name), name)
+        futures = {n.name: self.observer.pool.submit(_ckquorum, self.connections[n.name], name)
                    for n in self.loaded.layout.sentinels}
         return {n: f.result() for n, f in futures.items()}
 
@@ -445,8 +447,8 @@ class Session:
         self.observer.close()
 
 
-def _ckquorum(admin: Admin, name: str) -> str:
+def _ckquorum(sentinel: Connection, name: str) -> str:
     try:
-        return str(admin.call("SENTINEL", "CKQUORUM", name))
-    except (redis.RedisError, OSError) as exc:
-        return f"error: {exc}"
+        return as_text(sentinel.call("SENTINEL", "CKQUORUM", name))
+    except NodeError as exc:
+        return f"error: {said(exc)}"

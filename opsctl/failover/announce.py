@@ -11,19 +11,17 @@ import contextlib
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-import redis
-from redis.client import PubSub
-
-from opsctl.base.errors import ConvergenceError
+from opsctl.base.errors import ConvergenceError, NodeError
 from opsctl.base.poll import wait_for
-from opsctl.net.admin import Admin, raw_pipeline
-from opsctl.observe.replies import parse_pairs
+from opsctl.net.connection import Connection, Subscription
+from opsctl.net.resp import text
+from opsctl.observe.replies import Reply, TextReply, as_text, parse_pairs
 from opsctl.spec.layout import canonical_address
 
 HELLO_CHANNEL = "__sentinel__:hello"
 EPOCH_WAIT = 0.5
 
-__all__ = ["EpochWatch", "announce", "hello_message", "names_promoted"]
+__all__ = ["EpochWatch", "announce", "entries", "hello_message", "names_promoted"]
 
 
 @dataclass(frozen=True)
@@ -43,23 +41,20 @@ class EpochWatch:
     """The leader's +new-epoch events from just before SENTINEL FAILOVER on: the failover's epoch is the one
     published while the command ran; a second one later means the failover started again, and opsctl keeps out."""
 
-    def __init__(self, admin: Admin) -> None:
-        self.pubsub: PubSub = admin.client.pubsub()
-        self.pubsub.subscribe("+new-epoch")
+    def __init__(self, sentinel: Connection) -> None:
+        self.subscription: Subscription = sentinel.subscribe("+new-epoch")
         self.epochs: list[int] = []
-        # the subscription is live once its confirmation arrived
-        wait_for(lambda: True if self._read(0.01) == "subscribe" else None, EPOCH_WAIT,
-                 "the +new-epoch subscription", 0,
-                 on_timeout=lambda _: redis.TimeoutError("no subscription confirmation for +new-epoch"))
+        # the subscription is live once its confirmation arrived (subscribe() waits for it)
 
     def _read(self, timeout: float) -> str | None:
-        """The type of the next message, read within timeout s (an epoch is collected); None when none came."""
-        message = self.pubsub.get_message(timeout=timeout)
+        """The next message's data, read within timeout s (an epoch is collected); None when none came."""
+        message = self.subscription.get(timeout)
         if message is None:
             return None
-        if message["type"] == "message" and str(message["data"]).isdigit():
-            self.epochs.append(int(message["data"]))
-        return str(message["type"])
+        _, data = message
+        if data.isdigit():
+            self.epochs.append(int(data))
+        return data
 
     def drain(self, wait: float = 0.0) -> None:
         """Collect the epochs published so far, waiting up to `wait` s for the first one."""
@@ -79,12 +74,19 @@ class EpochWatch:
         return self.epochs[0] if len(self.epochs) == 1 else None
 
     def close(self) -> None:
-        with contextlib.suppress(redis.RedisError, OSError):
-            self.pubsub.close()
+        with contextlib.suppress(NodeError, OSError):
+            self.subscription.close()
 
 
-def _entries(admin: Admin, what: str, name: str) -> list[dict[str, str]]:
-    return [parse_pairs(entry) for entry in admin.client.execute_command("SENTINEL", what, name)]
+def listed(reply: Reply) -> list[TextReply]:
+    """A list reply's entries as text (SENTINEL MASTERS, REPLICAS, SENTINELS, MASTER); any other reply as none."""
+    entries = text(reply)
+    return entries if isinstance(entries, list) else []
+
+
+def entries(sentinel: Connection, *words: str) -> list[dict[str, str]]:
+    """SENTINEL words (MASTERS, REPLICAS name, SENTINELS name): one dict per entry."""
+    return [parse_pairs(entry) for entry in listed(sentinel.call("SENTINEL", *words)) if isinstance(entry, list)]
 
 
 def names_promoted(address_reply: object, master_reply: object, promoted: tuple[str, int], epoch: int) -> bool:
@@ -100,26 +102,26 @@ def names_promoted(address_reply: object, master_reply: object, promoted: tuple[
     return named == (canonical_address(promoted[0]), promoted[1]) and config_epoch == str(epoch)
 
 
-def promoted_address(leader: Admin, name: str, promoted: tuple[str, int]) -> tuple[str, int] | None:
+def promoted_address(leader: Connection, name: str, promoted: tuple[str, int]) -> tuple[str, int] | None:
     """The promoted replica as the leader knows it (its own address form), when the leader's failover of `name`
     is still running and has promoted exactly that replica; else None (nothing to say ahead of the leader)."""
-    master = parse_pairs(leader.client.execute_command("SENTINEL", "MASTER", name))
+    master = parse_pairs(listed(leader.call("SENTINEL", "MASTER", name)))
     if "failover_in_progress" not in master.get("flags", "").split(","):
         return None
-    for replica in _entries(leader, "REPLICAS", name):
+    for replica in entries(leader, "REPLICAS", name):
         flags = replica.get("flags", "").split(",")
         if "promoted" in flags and (replica["ip"], int(replica["port"])) == promoted:
             return replica["ip"], int(replica["port"])
     return None
 
 
-def _sender(receiver: Admin, name: str, leader_id: str) -> Identity | None:
+def _sender(receiver: Connection, name: str, leader_id: str) -> Identity | None:
     """A sentinel `receiver` already knows, exactly as it knows it: the leader when it is not the leader."""
-    known = [Identity(e["ip"], int(e["port"]), e["runid"]) for e in _entries(receiver, "SENTINELS", name)]
+    known = [Identity(e["ip"], int(e["port"]), e["runid"]) for e in entries(receiver, "SENTINELS", name)]
     return next((k for k in known if k.runid == leader_id), known[0] if known else None)
 
 
-def announce(leader: Admin, sentinels: list[Admin], watch: EpochWatch, name: str, promoted: tuple[str, int],
+def announce(leader: Connection, sentinels: list[Connection], watch: EpochWatch, name: str, promoted: tuple[str, int],
              pool: Executor) -> list[str]:
     """Send the leader's hello for the promotion to every sentinel at once; return the sentinels that, asked
     right after it, name the promoted replica at the leader's epoch (names_promoted). Best effort: a sentinel
@@ -131,13 +133,13 @@ def announce(leader: Admin, sentinels: list[Admin], watch: EpochWatch, name: str
     watch.drain()
     if address is None or len(watch.epochs) != 1:
         return []
-    leader_id = str(leader.client.execute_command("SENTINEL", "MYID"))
+    leader_id = as_text(leader.call("SENTINEL", "MYID"))
 
-    def tell(admin: Admin) -> bool:
-        with contextlib.suppress(redis.RedisError, OSError, KeyError, ValueError):
-            sender = _sender(admin, name, leader_id)
+    def tell(sentinel: Connection) -> bool:
+        with contextlib.suppress(NodeError, KeyError, ValueError):
+            sender = _sender(sentinel, name, leader_id)
             if sender is not None:
-                _, named, master = raw_pipeline(admin, [
+                _, named, master = sentinel.texts([
                     ("PUBLISH", HELLO_CHANNEL, hello_message(sender, epoch, name, *address)),
                     ("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name), ("SENTINEL", "MASTER", name)])
                 return names_promoted(named, master, address, epoch)

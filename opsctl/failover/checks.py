@@ -457,7 +457,7 @@ def failed(checks: Sequence[Check]) -> list[Check]:
 
 def probe_key(slots: Sequence[tuple[int, int]], key_slot: Callable[[bytes], int]) -> str:
     """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write.
-    key_slot: the cluster's key hash (redis.crc.key_slot; passed in, the core imports no client library)."""
+    key_slot: the cluster's key hash (opsctl.net.connection.key_slot; passed in: the core does no I/O)."""
     if not slots:
         return "opsctl:failover:probe"
     for n in range(1_000_000):

@@ -14,11 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-from redis.crc import key_slot
-
 from opsctl.base import stop
-from opsctl.base.errors import ConvergenceError, OpsctlError, RefusedError
+from opsctl.base.errors import ConvergenceError, NodeError, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.base.record import digest
@@ -37,11 +34,13 @@ from opsctl.failover.checks import (
 from opsctl.failover.promotion import PING_PERIOD, promotion_prechecks
 from opsctl.failover.report import REPORT_DIR, Attempt, FailoverReport, read_past_failover, report_text, topology
 from opsctl.failover.verdicts import Check, PastFailover, Target
+from opsctl.net.connection import said
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
 from opsctl.providers.base import Provider
+from opsctl.slots.ranges import key_slot
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private
 
@@ -198,12 +197,12 @@ def _act(session: Session, target: Target, modes: tuple[str, ...], report: Failo
 def _finish_interrupted(session: Session, opts: Options, report: FailoverReport, emit: Emit) -> bool:
     """A fence left by a killed run: finish that failover first. True when it had promoted a replica (then this
     run stops there: the failover asked for has happened; run again to fail over once more)."""
-    admin_of = lambda node: session.admin(node.name)  # noqa: E731
+    handle_of = lambda node: session.connections[node.name]  # noqa: E731
     if opts.dry_run:
-        for node in fence.fenced_nodes(session.loaded, admin_of):
+        for node in fence.fenced_nodes(session.loaded, handle_of):
             emit(Note(f"{node.name} is fenced by an interrupted failover: a real run finishes that failover first"))
         return False
-    done = fence.finish(session.loaded, admin_of, emit)
+    done = fence.finish(session.loaded, handle_of, emit)
     switched = [f for f in done if f.master]
     if not switched:
         return False
@@ -330,12 +329,12 @@ def _wait_postchecks(session: Session, old: str, new: str, timeout: float,
 def _probe_write(session: Session, name: str, facts: dict[str, NodeFacts]) -> str:
     me = facts[name].myself
     key = probe_key(me.slots if me else (), key_slot)
+    node = session.connections[name]
     try:
-        admin = session.admin(name)
-        admin.client.set(key, str(time.time()), px=10_000)
-        admin.client.delete(key)
-    except (redis.RedisError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        node.call("SET", key, str(time.time()), "PX", 10_000)
+        node.call("DEL", key)
+    except NodeError as exc:
+        return f"{type(exc).__name__}: {said(exc)}"
     return "OK"
 
 

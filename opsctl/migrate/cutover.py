@@ -26,11 +26,12 @@ from opsctl.failover.fence import fence, unfence
 from opsctl.migrate.phases import JournalFile
 from opsctl.migrate.replay import Applier
 from opsctl.migrate.shard import ShardRun
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.topolock import check_held
-from opsctl.observe.replies import RespError, parse_info
+from opsctl.observe.replies import RespError, info, parse_info
 from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.engine import Targets, value_of
 from opsctl.restore.target import Target
@@ -53,9 +54,8 @@ def shard_master(source: Connector, shard: ShardRun) -> Node:
 
 
 def master_offset(source: Connector, node: Node) -> int:
-    with RawPipe(source, node, 10.0) as pipe:
-        reply = pipe.call("INFO", "replication")
-    return int(parse_info(reply.decode() if isinstance(reply, bytes) else "").get("master_repl_offset", "0"))
+    with connection_to(source, node, 10.0) as handle:
+        return int(handle.read(info("replication")).get("master_repl_offset", "0"))
 
 
 def check_locks(source: Connector, target: Connector) -> None:
@@ -73,8 +73,8 @@ def cut_over(source: Connector, target: Target, shards: Sequence[ShardRun], stop
     started = time.monotonic()
     try:
         for node in masters.values():
-            with source.admin(node) as admin:
-                fence(admin)
+            with connection_to(source, node) as handle:
+                fence(handle)
         checkpoint("migrate-fenced")
         finals = {key: master_offset(source, node) for key, node in masters.items()}
         wait_for(lambda: _caught_up(shards, finals), options.timeout, "the target to apply the source's last writes")
@@ -97,8 +97,8 @@ def record_settings(source: Connector, masters: Sequence[Node], journal: Journal
     for node in masters:
         if node.endpoint in known:
             continue
-        with source.admin(node) as admin:
-            values = {k: v for k, v in admin.config_get("min-replicas-*").items() if k in (TO_WRITE, MAX_LAG)}
+        with connection_to(source, node) as handle:
+            values = {k: v for k, v in handle.config_get("min-replicas-*").items() if k in (TO_WRITE, MAX_LAG)}
         known[node.endpoint] = spec_values(source.loaded, node) if fenced(values) else values
     journal.journal.fence = known
     journal.save()
@@ -113,8 +113,8 @@ def lift_fence(source: Connector, journal: JournalFile) -> list[str]:
         if node is None:
             raise OpsctlError(f"the journal names a fenced source master {address} the source does not list",
                               hint=f"lift it by hand: CONFIG SET {TO_WRITE} {values.get(TO_WRITE, '0')}")
-        with source.admin(node) as admin:
-            unfence(admin, values, rewrite=False)
+        with connection_to(source, node) as handle:
+            unfence(handle, values, rewrite=False)
         lifted.append(address)
     journal.journal.fence = None
     journal.save()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, echo
 from opsctl.base.secrets import Secret, mask_login, remember
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import ClientTLS, Connector
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.replies import ClusterNodeLine, parse_cluster_nodes, parse_info
+from opsctl.observe.replies import CLUSTER_NODES, ClusterNodeLine, info
 from opsctl.spec.layout import Layout, Node, Role, Shard, split_endpoint, valid_port
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.spec.model import Auth, Hardening, Host, SecretRef, Spec
@@ -149,9 +149,8 @@ def _given_layout(endpoints: Sequence[tuple[str, int]]) -> Layout:
 
 
 def _info(connector: Connector, node: Node, section: str) -> dict[str, str]:
-    with RawPipe(connector, node, 10.0) as pipe:
-        reply = pipe.ask("INFO", section)
-    return parse_info(reply.decode() if isinstance(reply, bytes) else "")
+    with connection_to(connector, node, 10.0) as handle:
+        return handle.read(info(section))
 
 
 def _discover(connector: Connector, given: Sequence[Node]) -> Layout:
@@ -160,9 +159,9 @@ def _discover(connector: Connector, given: Sequence[Node]) -> Layout:
     for node in given:
         try:
             if _info(connector, node, "cluster").get("cluster_enabled") == "1":
-                with RawPipe(connector, node, 10.0) as pipe:
-                    text = pipe.ask("CLUSTER", "NODES")
-                return cluster_layout_of(parse_cluster_nodes(text.decode() if isinstance(text, bytes) else ""))
+                with connection_to(connector, node, 10.0) as handle:
+                    view = handle.read(CLUSTER_NODES)
+                return cluster_layout_of(view)
             info = _info(connector, node, "replication")
             if info.get("role") == "slave":
                 master = Node(f"{NAME}-master", "h", info.get("master_host", ""), int(info.get("master_port", "0")),
@@ -170,7 +169,7 @@ def _discover(connector: Connector, given: Sequence[Node]) -> Layout:
                 info = _info(connector, master, "replication")
                 return replication_layout_of((master.address, master.port), replicas_of(info))
             return replication_layout_of((node.address, node.port), replicas_of(info))
-        except (OpsctlError, *PIPE_ERRORS) as exc:
+        except OpsctlError as exc:  # NodeError too: a node that does not answer or refuses
             errors.append(f"{node.endpoint}: {getattr(exc, 'summary', None) or exc}")
     raise OpsctlError("no endpoint of the source answers", "; ".join(errors),
                       "check --from-endpoints and the password reference (and that the source runs)")

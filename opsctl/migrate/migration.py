@@ -19,9 +19,10 @@ from opsctl.migrate.cutover import CutoverOptions, check_locks, cut_over, master
 from opsctl.migrate.phases import REQUEST, RESULT, JournalFile, load_journal, new_journal
 from opsctl.migrate.replay import TargetChanged
 from opsctl.migrate.shard import NoMemberAnswers, ShardRun
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.net.rawpipe import RawPipe
 from opsctl.restore.engine import Targets
 from opsctl.restore.functions import check_libraries
 from opsctl.restore.target import Target, inspect_target
@@ -44,9 +45,10 @@ def clock_offset_ms(connector: Connector, node: object) -> float:
     from opsctl.spec.layout import Node
 
     assert isinstance(node, Node)
-    with RawPipe(connector, node, 10.0) as pipe:
+    with connection_to(connector, node, 10.0) as handle:
+        handle.ping()  # the connection is open before the clock is read: the round trip counts, not the connect
         before = time.time()
-        reply = pipe.call("TIME")
+        reply = handle.call("TIME")
         after = time.time()
     if not isinstance(reply, list) or len(reply) != 2:
         raise OpsctlError(f"unexpected TIME reply from {node.name}")
@@ -187,7 +189,7 @@ def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, 
         if s.streaming and s.position is not None:
             try:
                 row["lag_bytes"] = max(0, master_offset(source, shard_master(source, s)) - s.position.offset)
-            except (OpsctlError, *PIPE_ERRORS):
+            except OpsctlError:  # NodeError too: the node did not answer
                 row["lag_bytes"] = -1
         out[s.key] = row
     return out

@@ -20,10 +20,11 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.phases import JournalFile, ShardState
 from opsctl.migrate.replay import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.spool import Spool, SpoolWriter
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.observe.replies import parse_info, server_of
+from opsctl.observe.replies import info, parse_info, server_of
 from opsctl.restore.engine import Side, Source, Targets, copy_source
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
@@ -181,9 +182,9 @@ class ShardRun:
 
     def _source_server(self) -> tuple[str, tuple[int, int]] | None:
         node = self.attach_node()
-        with RawPipe(self.source, node, 10.0) as pipe:
-            reply = pipe.call("INFO", "server")
-        return server_of(parse_info(reply.decode() if isinstance(reply, bytes) else ""))
+        with connection_to(self.source, node, 10.0) as handle:
+            said = handle.read(info("server"))
+        return server_of(said)
 
     # -- the stream --------------------------------------------------------------------------------------------------
 

@@ -10,15 +10,16 @@ redis-py is imported only by what needs the admin client: plan and status read o
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import hiredis
 
-from opsctl.base.errors import AuthRefused, NodeError, NodeRefused, NodeUnreachable, OpsctlError, error_text
+from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
-from opsctl.net.connector import Connector
+from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.fanout import fan_out
 from opsctl.net.rawpipe import NodePipes, RawPipe
 from opsctl.net.resp import encode_keyed, text
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 UNREACHABLE_HINT = "is it running? `opsctl status -f SPEC` shows every node"
+SUBSCRIBED_WAIT = 0.5  # how long subscribe() waits for the node's confirmation
 
 
 class Subscription:
@@ -219,11 +221,19 @@ class Connection:
                     _no_retries(self._admin)
             return self._admin
 
-    def subscribe(self, *channels: str) -> Subscription:
-        """Messages published on channels (Sentinel's hellos), over a connection of the admin client's."""
+    def subscribe(self, *channels: str, timeout: float = SUBSCRIBED_WAIT) -> Subscription:
+        """Messages published on channels (Sentinel's hellos, +new-epoch), over a connection of the admin client's.
+        Returns once the node confirmed every channel: a message published after that reaches the subscription
+        (NodeUnreachable when no confirmation came within timeout)."""
+        words = f"SUBSCRIBE {' '.join(channels)}"
         pubsub = self.admin().client.pubsub()
-        with self.client_errors(f"SUBSCRIBE {' '.join(channels)}"):
-            pubsub.subscribe(*channels)
+        try:
+            with self.client_errors(words):
+                pubsub.subscribe(*channels)
+                _confirmed(pubsub, len(channels), timeout)
+        except BaseException:
+            pubsub.close()
+            raise
         return Subscription(self, pubsub)
 
     def close(self) -> None:
@@ -238,6 +248,12 @@ class Connection:
         if admin is not None:
             admin.close()
 
+    @classmethod
+    def on_unix(cls, path: str, label: str, timeout: float) -> Connection:
+        """The handle of a private server on a unix socket (a scratch server's: no AUTH, no TLS, no renames, no
+        admin client); label names it in errors."""
+        return _OnUnixSocket(path, label, timeout)
+
     def __enter__(self) -> Connection:
         return self
 
@@ -245,9 +261,67 @@ class Connection:
         self.close()
 
 
-def reason(exc: NodeError) -> str:
-    """What a node error says, in one line: a refusal's reply words, else why the node did not answer."""
-    return exc.detail if isinstance(exc, NodeRefused) else exc.why if isinstance(exc, NodeUnreachable) else exc.summary
+class _OnUnixSocket(Connection):
+    """A private server on a unix socket (a scratch server: no AUTH, no TLS, no renames): one pipe, held per round
+    trip under the lock, opened again after it broke; no admin client."""
+
+    def __init__(self, path: str, label: str, timeout: float) -> None:
+        self.path, self.name, self.endpoint, self.timeout, self.fail_fast = path, label, path, timeout, True
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pipe: RawPipe | None = None
+        self._admin = None
+
+    def _open(self, timeout: float) -> RawPipe:
+        return RawPipe.on_socket(unix_socket(self.path, timeout), self.name)
+
+    def command(self, name: str) -> str:
+        return name
+
+    def pipeline(self, commands: Sequence[Command], chunk: int = 0, timeout: float | None = None) -> list[Reply]:
+        with self._lock, self.pipe_errors():
+            if self._closed:
+                raise OpsctlError(f"the connection to {self.name} is closed")
+            pipe, self._pipe = self._pipe or self._open(self.timeout), None
+            try:
+                pipe.settimeout(timeout or self.timeout)
+                replies = pipe.call_all(commands)
+            except BaseException:
+                pipe.close()
+                raise
+            self._pipe = pipe
+            return replies
+
+    @contextmanager
+    def dedicated(self, timeout: float = 30.0) -> Iterator[RawPipe]:
+        with self.pipe_errors(), self._open(timeout) as pipe:
+            yield pipe
+
+    def pipes(self) -> NodePipes:
+        raise OpsctlError(f"{self.name} has no pooled pipes (a unix socket's handle holds one pipe)")
+
+    def admin(self) -> Admin:
+        raise OpsctlError(f"{self.name} has no admin client (a unix socket's handle speaks over raw pipes only)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, pipe, self._pipe = True, self._pipe, None
+        if pipe is not None:
+            pipe.close()
+
+
+def _confirmed(pubsub: redis.client.PubSub, count: int, timeout: float) -> None:
+    """Wait for count subscribe confirmations (they come before any message on their channels)."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while count > 0:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise redis.TimeoutError(f"no confirmation of the subscription within {timeout:g} s")
+        message = pubsub.get_message(timeout=min(left, 0.01))
+        if message is not None and message["type"] == "subscribe":
+            count -= 1
 
 
 def _no_retries(admin: Admin) -> None:
@@ -257,6 +331,17 @@ def _no_retries(admin: Admin) -> None:
     from redis.retry import Retry
 
     admin.client.set_retry(Retry(NoBackoff(), 0))
+
+
+def said(exc: BaseException) -> str:
+    """What went wrong, in one line and the node's words: a refusal's error reply (INPROG ..., NOREPLICAS ...), why
+    there was no answer (the cause's type and text), else the error's own text. For messages that name the node and
+    the command themselves."""
+    if isinstance(exc, NodeRefused):
+        return exc.detail
+    return exc.why if isinstance(exc, NodeUnreachable) else str(exc)
+
+
 
 
 def connection_to(connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import redis
-
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, RestoreDone, RestoreProgress
@@ -151,7 +149,7 @@ def run_restore(target: Target, prepared: Prepared, state_dir: Path, options: Re
         compare = Side(source.open, target.targets().open)
         try:
             counts = copy_source(source, target.targets(), options.mode, written, compare)
-        except (redis.RedisError, *PIPE_ERRORS) as exc:
+        except PIPE_ERRORS as exc:
             raise OpsctlError(f"the restore of {source.label} stopped: {type(exc).__name__}: {exc}",
                               hint="re-run the same command when the nodes answer again: it resumes") from None
         finally:

@@ -28,7 +28,7 @@ KeySlot = Callable[[bytes], int]
 
 class Router:
     """Which target (index) owns a key: one table of 16384 slots, or everything to target 0. key_slot is the
-    cluster's key hash (redis.crc.key_slot; passed in, the core imports no client library)."""
+    cluster's key hash (opsctl.net.connection.key_slot; passed in: the core does no I/O)."""
 
     def __init__(self, table: Sequence[int] | None = None, key_slot: KeySlot | None = None) -> None:
         self.table = list(table) if table is not None else None

@@ -14,18 +14,17 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-import redis
-
 from opsctl.backup.integrity import check_files, read_manifest
 from opsctl.backup.manifest import ShardFile, describe
 from opsctl.backup.savers import parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.net.connection import connection_to, said
 from opsctl.net.connector import Connector, unix_socket
 from opsctl.net.discover import LiveNode, discover, scan_targets
 from opsctl.net.rawpipe import RawPipe
-from opsctl.observe.replies import RoleInfo, parse_info, parse_role
+from opsctl.observe.replies import ROLE, RoleInfo, info
 from opsctl.restore.engine import Source
 from opsctl.restore.target import Target, one_server
 from opsctl.server.versions import reads_rdb, server_text
@@ -116,16 +115,17 @@ def live_sources(source: Connector, target: Target, options: RestoreOptions) -> 
     sources, dataset, infos = [], 0, []
     for ln in chosen:
         node, confirm, note = fresh_node(source, ln)
-        with source.admin(node) as admin:
-            info = parse_info(admin.info())
-        infos.append(info)
-        if target.cluster and set(parse_keyspace(info)) - {0}:
+        with connection_to(source, node) as handle:
+            server_info = handle.read(info("all"))
+        infos.append(server_info)
+        if target.cluster and set(parse_keyspace(server_info)) - {0}:
             raise RefusedError(f"{node.name} holds keys in databases other than 0; a cluster has only "
                                "database 0 (nothing was written)", hint="restore into a standalone topology")
-        keys = sum(k for k, _ in parse_keyspace(info).values())
-        dataset += int(info.get("used_memory_dataset", "0"))
+        keys = sum(k for k, _ in parse_keyspace(server_info).values())
+        dataset += int(server_info.get("used_memory_dataset", "0"))
         sources.append(Source(ln.node.name, f"{node.name} ({node.endpoint}){note}", _live_opener(source, node),
-                              sorted(parse_keyspace(info)), _sample_every(keys, options.sample), confirm=confirm))
+                              sorted(parse_keyspace(server_info)), _sample_every(keys, options.sample),
+                              confirm=confirm))
     server = one_server(infos, "source")
     written = rdb_written_by(server)
     if written is None or not reads_rdb(*target.server, written):
@@ -160,8 +160,8 @@ POLL = 0.05
 
 
 def role(connector: Connector, node: Node) -> RoleInfo:
-    with connector.admin(node, timeout=5.0) as admin:
-        return parse_role(admin.raw("ROLE"))
+    with connection_to(connector, node, timeout=5.0) as handle:
+        return handle.read(ROLE)
 
 
 def acked(master: RoleInfo, replica: Node) -> int | None:
@@ -181,7 +181,7 @@ def caught_up(connector: Connector, replica: Node, master: Node) -> int | None:
 
     try:
         return wait_for(offset, CATCH_UP, f"{replica.name} to catch up", POLL)
-    except (OpsctlError, redis.RedisError, OSError, ValueError):
+    except (OpsctlError, ValueError):
         return None
 
 
@@ -190,8 +190,8 @@ def confirmed(connector: Connector, replica: Node, master: Node, start: int) -> 
     it held is not enough: it was the copy's source)."""
     try:
         at = acked(role(connector, master), replica)
-    except (redis.RedisError, OSError, ValueError) as exc:
-        return f"{replica.name}: its master {master.name} could not confirm what it held: {exc}"
+    except (OpsctlError, ValueError) as exc:
+        return f"{replica.name}: its master {master.name} could not confirm what it held: {said(exc)}"
     if at is None or at < start:
         return (f"{replica.name}: its master {master.name} had offset {start} when the restore began but reports "
                 f"this replica at {'no offset' if at is None else at}: it was behind, keys may be missing")
@@ -211,8 +211,8 @@ def durable(connector: Connector, masters: Sequence[Node], wanted: Sequence[bool
 def _held(connector: Connector, master: Node, want: bool) -> str | None:
     try:
         now = role(connector, master)
-    except (redis.RedisError, OSError, ValueError) as exc:
-        return f"{master.name}: not durable: cannot read its replication offset ({exc})"
+    except (OpsctlError, ValueError) as exc:
+        return f"{master.name}: not durable: cannot read its replication offset ({said(exc)})"
     if not want and not now.replicas:
         return None
 
@@ -223,7 +223,7 @@ def _held(connector: Connector, master: Node, want: bool) -> str | None:
 
     try:
         wait_for(best, DURABLE, f"a replica of {master.name} to acknowledge", POLL)
-    except (OpsctlError, redis.RedisError, OSError, ValueError) as exc:
+    except (OpsctlError, ValueError) as exc:
         reason = exc.detail if isinstance(exc, OpsctlError) and exc.detail else str(exc)
         return (f"{master.name}: not durable: no replica acknowledged its offset {now.offset} within "
                 f"{DURABLE:g}s ({reason})")

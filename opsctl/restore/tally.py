@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import redis
-
 from opsctl.backup.manifest import count_problem
 from opsctl.backup.savers import parse_keyspace
 from opsctl.base.errors import OpsctlError
+from opsctl.net.connection import connection_to
 from opsctl.net.rawpipe import PIPE_ERRORS
-from opsctl.observe.replies import parse_info
+from opsctl.observe.replies import info
 from opsctl.restore.engine import Side, Source, TargetPipes, compare_page, first_entries, pages
 from opsctl.restore.route import Counts
 from opsctl.restore.sources import Prepared, RestoreOptions
@@ -28,7 +27,7 @@ def checked_again(prepared: Prepared, target: Target, options: RestoreOptions,
                   copied: set[str]) -> tuple[int, list[str]]:
     try:
         return verify(prepared, target, options, copied)
-    except (redis.RedisError, *PIPE_ERRORS) as exc:
+    except PIPE_ERRORS as exc:
         raise OpsctlError(f"the checks after the copy stopped: {type(exc).__name__}: {exc}",
                           hint="re-run the same command when the nodes answer again: it resumes and checks") from None
 
@@ -37,8 +36,9 @@ def target_keys(target: Target) -> int:
     """Keys on the target masters now, every db."""
     total = 0
     for master in target.masters:
-        with target.connector.admin(master) as admin:
-            total += sum(k for k, _ in parse_keyspace(parse_info(admin.info("keyspace"))).values())
+        with connection_to(target.connector, master) as handle:
+            keyspace = handle.read(info("keyspace"))
+        total += sum(k for k, _ in parse_keyspace(keyspace).values())
     return total
 
 

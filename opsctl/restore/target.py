@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.crc import key_slot
-
 from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import RefusedError
 from opsctl.net.connector import Connector
@@ -18,6 +16,7 @@ from opsctl.observe.replies import SLOTS, server_of
 from opsctl.restore.engine import Targets
 from opsctl.restore.route import Router, cluster_router
 from opsctl.server.versions import server_text
+from opsctl.slots.ranges import key_slot
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 

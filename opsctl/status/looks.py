@@ -13,7 +13,7 @@ from opsctl.base.errors import AUTH_HINT, NodeError, is_auth_failure
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import wait_for
 from opsctl.base.words import human_bytes
-from opsctl.net.connection import connection_to, reason
+from opsctl.net.connection import connection_to, said
 from opsctl.net.resp import text
 from opsctl.observe.replies import parse_pairs
 from opsctl.plan.health import node_problem, replication_problem, sentinel_problem
@@ -65,7 +65,7 @@ def _ckquorum_problem(rt: Runtime, name: str) -> str | None:
                 handle.call("SENTINEL", "CKQUORUM", name)
                 entry = text(handle.call("SENTINEL", "MASTER", name))
         except NodeError as exc:
-            return f"{node.name}: SENTINEL CKQUORUM {name}: {reason(exc)}"
+            return f"{node.name}: SENTINEL CKQUORUM {name}: {said(exc)}"
         pairs = parse_pairs(entry if isinstance(entry, list) else [])
         if "failover_in_progress" in pairs.get("flags", "").split(","):
             return f"{node.name} runs a failover of {name} ({pairs.get('failover-state', '?')})"
