@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import OpsctlError, is_auth_failure, is_tls_failure
+from opsctl.base.events import plural
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.words import plural
 from opsctl.plan.facts import NodeFacts
 from opsctl.render.directives import listen_ports
 from opsctl.runtime.gather import desired_state, settled_facts

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import AUTH_HINT, is_auth_failure
+from opsctl.base.events import human_bytes
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import wait_for
-from opsctl.base.words import human_bytes
 from opsctl.plan.health import node_problem, replication_problem, sentinel_problem
 from opsctl.runtime.gather import FleetView
 from opsctl.runtime.opening import Runtime

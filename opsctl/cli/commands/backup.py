@@ -37,8 +37,11 @@ def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     backup-done, verify-done, restore-done, restore-dry-run or, ending backup --continuous, archive-stopped event,
     in the envelope); otherwise text on stderr, progress as a bar redrawn on a terminal, and the text result on
     stdout when done."""
-    from opsctl.base.events import ArchiveStopped, BackupDone, RestoreDone, VerifyDone
+    from opsctl.backup.follow import ArchiveStopped
+    from opsctl.backup.integrity import VerifyDone
+    from opsctl.backup.save import BackupDone
     from opsctl.cli.output import printing
+    from opsctl.restore.copying import RestoreDone
 
     return printing(json_mode, sys.stdout if json_mode else sys.stderr,
                     results=(BackupDone, VerifyDone, RestoreDone, ArchiveStopped))
@@ -119,8 +122,8 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     held only while a base is taken, so reshards and failovers run beside it. The spec file is read and placed again
     every few seconds: the archive follows the fleet `apply` changes (a spec from stdin: the nodes placed now)."""
     from opsctl.backup.archive import ArchiveOptions, run_archive
+    from opsctl.backup.follow import ArchiveStopped
     from opsctl.base import stop
-    from opsctl.base.events import ArchiveStopped
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import fleet_placer, open_connector
 
@@ -163,9 +166,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from opsctl.backup.integrity import verify_backup
+    from opsctl.backup.integrity import VerifyDone, verify_backup
     from opsctl.backup.offsite import fetched
-    from opsctl.base.events import VerifyDone
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult
 

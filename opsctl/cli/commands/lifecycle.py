@@ -73,7 +73,7 @@ def approving(args: argparse.Namespace, question: Callable[[Plan], str]) -> Appr
 def rounds_printer(printer: Printer, done: str | None = None) -> Emit:
     """A run's events as the CLI prints them: the steps through printer (a bar on a terminal), a round's end and a
     replan as plain lines on stderr once the bar is erased. done: a round's end in other words ('Restarted')."""
-    from opsctl.base.runevents import Replanning, RoundDone
+    from opsctl.apply.rounds import Replanning, RoundDone
 
     def emit(event: Event) -> None:
         if not isinstance(event, RoundDone | Replanning):

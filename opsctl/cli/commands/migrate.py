@@ -121,8 +121,9 @@ def _migrate(args: argparse.Namespace) -> int:
 def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
     """The migration's events, entered on stack: JSON lines on stdout (the cutover report the last), or text on
     stderr without the report, which goes to stdout at the end."""
-    from opsctl.base.events import CutoverDone, Event
+    from opsctl.base.events import Event
     from opsctl.cli.output import printing
+    from opsctl.migrate.cutover import CutoverDone
 
     printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
 

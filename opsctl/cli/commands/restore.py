@@ -31,10 +31,9 @@ if TYPE_CHECKING:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from opsctl.base.events import RestoreDryRun
     from opsctl.cli.options import confirm
     from opsctl.net.topolock import topology_lock
-    from opsctl.restore.copying import run_restore
+    from opsctl.restore.copying import RestoreDryRun, run_restore
     from opsctl.restore.sources import RestoreOptions
     from opsctl.restore.target import inspect_target
     from opsctl.runtime.opening import open_connector
