@@ -25,7 +25,7 @@ from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Event, Log, Note, Tagged, as_dict, human_seconds, plural
 from opsctl.cli.commands.audit import ProgressBar, scan_line
 from opsctl.cli.main import main
-from opsctl.cli.output import Printer, printing
+from opsctl.cli.output import Printer, printing, say
 from opsctl.cli.ttyline import TtyLine, redraw
 from opsctl.migrate.cutover import CutoverDone
 from opsctl.migrate.migration import MigrateLag
@@ -33,6 +33,7 @@ from opsctl.net.connector import Connector
 from opsctl.observe.replies import RoleInfo
 from opsctl.providers.remote.runner import PlaybookTask
 from opsctl.restore.copying import RestoreDone, RestoreDryRun, RestoreProgress
+from opsctl.runtime.gather import NodesSettling
 from opsctl.slots.members import wider_layout
 from opsctl.slots.progress import (
     BigKey,
@@ -194,6 +195,7 @@ EVERY_KIND: list[Event] = [
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     RoundDone(3, 1.5), Replanning(("n1",)), Tagged("shop", Note("pre-checks for shard 1")),
+    NodesSettling(30.0, {"n2": "runs but does not answer (timeout)"}),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
 REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
 # segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)
@@ -306,6 +308,57 @@ def test_a_bar_left_drawn_is_erased_when_the_printer_closes() -> None:
         emit(ShardSaved(1, "n4", "replica", 1, 1, 2))
         raise RuntimeError
     assert stream.getvalue().endswith("\x1b[K\r\x1b[K")
+
+
+def test_a_round_end_goes_through_the_printer_as_text_or_a_json_line() -> None:
+    """Issue 34 (events): apply's and restart's round end and replan were plain lines on stderr, also under
+    --output json. Now they are events: the same text (restart's in its own words), a JSON line as JSON."""
+    from opsctl.cli.commands.lifecycle import rounds_printer
+
+    text, as_json = Terminal(), io.StringIO()
+    for stream, json_mode in ((text, False), (as_json, True)):
+        emit = rounds_printer(Printer(json_mode, stream), done="Restarted")
+        emit(SlotsProgress(5, 10, 50, 5000, 25.0, 2.0, 2.0))
+        emit(Replanning(("n1",)))
+        emit(RoundDone(3, 1.5))
+    assert text.getvalue().endswith("\x1b[K\r\x1b[Kn1 ran when apply looked and is down now: planning again\n"
+                                    "\r\x1b[KRestarted in 1.50s.\n")  # the bar erased before each line
+    assert [json.loads(line)["event"] for line in as_json.getvalue().splitlines()] == [
+        "slots-progress", "replanning", "round-done"]
+
+
+def test_a_note_outside_a_run_is_a_line_or_a_json_note() -> None:
+    text, as_json = io.StringIO(), io.StringIO()
+    say("note: nothing deployed", False, text)
+    say("note: nothing deployed", True, as_json)
+    assert text.getvalue() == "note: nothing deployed\n"
+    assert json.loads(as_json.getvalue()) == {"event": "note", "text": "note: nothing deployed"}
+
+
+# the printer itself, and the command line's error path (an error is no event: it ends the run)
+STDERR_ALLOWED = ("opsctl/cli/output.py", "opsctl/cli/main.py")
+
+
+def test_no_line_bypasses_the_printer() -> None:
+    """Issue 34 (events): 15 plain lines on stderr went around the printer (a lock's warning, gather's wait, the
+    round ends, notes of metrics, migrate, cluster fix and inventory), plain text under --output json. Every line
+    for people is an event now: no print(file=sys.stderr) nor sys.stderr.write outside the printer."""
+    import ast
+
+    root = Path(opsctl.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = str(path.relative_to(root.parent))
+        if where in STDERR_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            target = ast.unparse(node.func)
+            to_stderr = any(k.arg == "file" and "stderr" in ast.unparse(k.value) for k in node.keywords)
+            if (target == "print" and to_stderr) or target.endswith("stderr.write"):
+                found.append(f"{where}:{node.lineno}")
+    assert not found, found
 
 
 # --- routes of audit and bigkey delete ------------------------------------------------------------

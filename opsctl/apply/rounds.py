@@ -115,7 +115,7 @@ def apply(rt: Runtime, options: ApplyOptions = DEFAULTS, emit: Emit = ignore) ->
     """Make rt's running topology match its spec, and look at it once it settled. A dry run returns the plan the
     first round would run (a saved one checked against the live state) and changes nothing."""
     name = rt.loaded.spec.name
-    current, facts = compute_plan(rt)
+    current, facts = compute_plan(rt, emit)
     if options.dry_run:
         planned = current if options.saved is None else options.saved.checked(current)
         options.approve(planned)
@@ -145,13 +145,13 @@ def _rounds(rt: Runtime, options: ApplyOptions, emit: Emit, current: Plan, facts
         rounds.append(run_plan(rt, plan, options, emit))
         if not plan.replan:
             break
-        plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+        plan, facts = compute_plan(rt, emit)  # the nodes it started run now: plan the rest from what they say
         if saved is not None and plan.steps:
             return plan
     stopped = _stopped_since(rt, facts) if saved is None else []
     if stopped:
         emit(Replanning(tuple(stopped)))
-        plan, facts = compute_plan(rt)
+        plan, facts = compute_plan(rt, emit)
         rounds.append(run_plan(rt, plan, options, emit))
     if not plan.replan and rt.loaded.spec.topology == "cluster":
         from opsctl.slots.journal import Journal

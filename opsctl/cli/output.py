@@ -77,6 +77,12 @@ def printing(json_mode: bool, stream: TextIO | None = None,
         printer.close()
 
 
+def say(text: str, json_mode: bool, stream: TextIO | None = None) -> None:
+    """A line for people outside a run's events (a note, a warning), through the printer: as text on stream
+    (stderr by default), as a JSON `note` event line under --output json."""
+    Printer(json_mode, stream)(Note(text))
+
+
 # The version of every JSON result's shape: raised when a key a reader may rely on changes meaning or goes away
 # (a new key does not raise it).
 FORMAT_VERSION = 1
