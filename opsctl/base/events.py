@@ -10,6 +10,7 @@ and the words for people: counts with their nouns, sizes, durations, gauges."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import ClassVar, Literal, Protocol
 
@@ -93,6 +94,12 @@ def as_log(emit: Emit, step: str) -> Emit:
 
 def ignore(event: Event) -> None:
     """An Emit that shows nothing."""
+
+
+def on_stderr(event: Event) -> None:
+    """The Emit of a library call given none where silence would hide a risk (a lock forced or taken over): the
+    event's line on stderr. The command line passes its printer instead."""
+    print(event.line(), file=sys.stderr, flush=True)
 
 
 # --- words for people ----------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from opsctl.base.errors import (
     is_auth_failure,
     is_tls_failure,
 )
-from opsctl.base.events import Emit, Note, ignore
+from opsctl.base.events import Emit, Note, on_stderr
 from opsctl.net import quorum
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
@@ -108,8 +108,8 @@ def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
 Nowhere = Callable[[Sequence[str]], Collection[str]]  # of these silent servers, those that run nowhere
 
 
-def _unheard(text: str) -> None:
-    """A warning nobody listens to (a lock taken by hand); topology_lock says its warnings to its emit."""
+def _on_stderr(text: str) -> None:
+    on_stderr(Note(text))
 
 
 class TopologyLock:
@@ -139,7 +139,7 @@ class TopologyLock:
         self._lock = threading.Lock()
 
     def acquire(self, nowhere: Nowhere | None = None, force: bool = False,
-                warn: Callable[[str], None] = _unheard) -> None:
+                warn: Callable[[str], None] = _on_stderr) -> None:
         """Take the lock (RefusedError, exit 3, when another run holds it or no majority grants it). nowhere: of the
         servers that did not answer, those the provider finds running nowhere, asked only when the grants are too few
         (a first apply, a stopped topology, a scale-out: those servers are marked as they start). force:
@@ -435,7 +435,8 @@ _RUNS_LOCK = threading.Lock()
 
 @contextmanager
 def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lease: float | None = None,
-                  nowhere: Nowhere | None = None, force: bool = False, emit: Emit = ignore) -> Iterator[TopologyLock]:
+                  nowhere: Nowhere | None = None, force: bool = False,
+                  emit: Emit = on_stderr) -> Iterator[TopologyLock]:
     """Hold the topology's lock for the block (RefusedError, exit 3, when another run holds it or no majority of
     the servers grants it). nodes: the servers that grant it, by default every server of the spec. The run that
     owns connector holds it already: that lock, checked (OpsctlError when lost). nowhere, force (--force-lock): see

@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, clip
-from opsctl.base.events import Emit, ignore
+from opsctl.base.events import Emit, on_stderr
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.admin import Admin
@@ -44,7 +44,7 @@ class RuntimeOptions(Frozen):
     locked: bool = False
     force_lock: bool = False
     keep_spec: Callable[[], None] | None = None
-    emit: Emit = ignore  # what the topology lock warns of (--force-lock, a lock taken over)
+    emit: Emit = on_stderr  # what the topology lock warns of (--force-lock, a lock taken over)
 
 
 UNLOCKED = RuntimeOptions()
@@ -86,7 +86,7 @@ def open_runtime(loaded: LoadedSpec, options: RuntimeOptions = UNLOCKED) -> Iter
 
 
 @contextmanager
-def locked(rt: Runtime, emit: Emit = ignore) -> Iterator[None]:
+def locked(rt: Runtime, emit: Emit = on_stderr) -> Iterator[None]:
     """The state-dir lock, then the topology lock (counting its majority among the servers that run somewhere:
     runs_nowhere), for the block; what the lock warns of goes to emit."""
     from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
