@@ -341,7 +341,7 @@ STDERR_ALLOWED = ("opsctl/cli/output.py", "opsctl/cli/main.py", "opsctl/base/eve
 
 
 def test_no_line_bypasses_the_printer() -> None:
-    """Issue 34 (events): 15 plain lines on stderr went around the printer (a lock's warning, gather's wait, the
+    """Issue 34 (events): 14 plain lines on stderr went around the printer (a lock's warning, gather's wait, the
     round ends, notes of metrics, migrate, cluster fix and inventory), plain text under --output json. Every line
     for people is an event now: no print(file=sys.stderr) nor sys.stderr.write outside the printer."""
     import ast
