@@ -43,6 +43,7 @@ class Replanning(Frozen, Event):
     def line(self) -> str:
         return f"{', '.join(self.nodes)} ran when apply looked and is down now: planning again"
 
+
 Approve = Callable[[Plan], None]  # sees each plan before it runs (raises RefusedError to say no)
 
 REPLANS = 4  # down shard masters started first (planner._start_first), a killed run repaired (_repairs_first),

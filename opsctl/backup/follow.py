@@ -77,6 +77,7 @@ class ArchiveStopped(Frozen, Event):
     def line(self) -> str:
         return f"the continuous archive stopped on {self.signal}: {self.detail}"
 
+
 FOLLOW_EVERY = 2.0  # s between looks at the records: a new shard's nodes are recorded before any write reaches it
 HURRIED = 0.5  # s between looks while a link waits for its master (it may be on a node placed since)
 RETRY_BASE = 5.0  # s between tries of a new base the changed shards ask for (an apply holds the topology lock)

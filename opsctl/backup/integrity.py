@@ -45,6 +45,7 @@ class VerifyDone(Frozen, Event):
     def line(self) -> str:
         return f"verified {self.keys} keys"
 
+
 CHUNK = 1 << 20
 MANIFEST_LIMIT = 64 << 20
 DAMAGED = "a backup holds plain files and never links: use another backup, or take a new one"

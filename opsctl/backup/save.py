@@ -113,6 +113,7 @@ class BackupDone(Frozen, Event):
     def line(self) -> str:
         return f"saved {self.keys} keys ({human_bytes(self.bytes)}) in {self.seconds:.1f}s"
 
+
 HEAD_BYTES = 1 << 20
 WRITE_BLOCK = 1 << 20
 POLL = 0.02

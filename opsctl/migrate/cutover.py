@@ -63,6 +63,7 @@ class CutoverDone(Frozen, Event):
                 f"{self.target_keys} keys ({self.source_keys} on the source), {self.verified} sampled keys equal; "
                 f"point clients at {', '.join(self.point_to)}")
 
+
 CATCH_UP_TIMEOUT = 30.0
 
 

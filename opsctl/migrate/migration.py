@@ -49,6 +49,7 @@ class MigrateLag(Frozen, Event):
                 parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
         return "  ".join(parts)
 
+
 CLOCK_BOUND_MS = 1000  # a snapshot's expiries are in the source's clock: a wider skew would move them
 AUTO_LAG_BYTES = 1 << 20
 

@@ -145,6 +145,7 @@ class EndpointReplacedEvent(Frozen, Event):
         return (f"endpoint-replaced: the {self.role} {self.node} was failed over: the move goes on with its "
                 "shard's new master")
 
+
 INTERVAL = 0.25
 MIN_FRACTION_FOR_ETA = 0.05  # before that, setup time (opening slots) makes any ETA a wild guess
 

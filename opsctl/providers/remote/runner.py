@@ -39,6 +39,7 @@ class PlaybookTask(Frozen, Event):
     def line(self) -> str:
         return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
 
+
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "SSH_AUTH_SOCK", "USER")
 TASK_STATUS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreachable": "unreachable",
                "runner_on_skipped": "skipped"}
