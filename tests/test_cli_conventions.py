@@ -163,7 +163,7 @@ def test_to_time_from_a_location_without_an_archive_names_the_location(tmp_path:
 
 def test_archive_stopped_is_the_result_line_of_backup_continuous(capsys: pytest.CaptureFixture[str]) -> None:
     """As JSON the stop of `backup --continuous` is its last line, in the envelope as every result is."""
-    from opsctl.base.events import ArchiveStopped
+    from opsctl.backup.follow import ArchiveStopped
     from opsctl.cli.commands.backup import event_printer
 
     with event_printer(True) as emit:

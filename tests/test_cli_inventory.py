@@ -39,3 +39,18 @@ def test_the_printed_command_names_a_playbook_that_exists(tmp_path: Path, with_f
     playbook = Path(words[-1])
     assert playbook.is_absolute() and playbook.is_file() and playbook == data_dir("playbooks") / "deploy.yml"
     assert ("--with-files" in words) is not with_files  # without the installers, the command writes them first
+
+
+def test_json_inventory_says_what_it_wrote_as_json_event_lines(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 34 (events): the files --with-files wrote were plain lines on stderr beside a JSON inventory; now each
+    is a `note` event line."""
+    import json
+
+    spec = write_spec(tmp_path, {**make_spec("standalone", hosts=1), "provider": "ansible"})
+    code, out, err = run(capsys, "inventory", "-f", str(spec), "--dir", str(tmp_path / "inv"), "--with-files",
+                         "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)  # the inventory, alone on stdout
+    events = [json.loads(line) for line in err.splitlines()]
+    assert events and all(e["event"] == "note" and e["text"] for e in events), err

@@ -4,13 +4,18 @@ what it was."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from opsctl.cli.main import main
 from opsctl.spec.layout import split_endpoint
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, run
@@ -80,3 +85,44 @@ def test_destroy_and_bigkey_delete_json_on_live_nodes(tmp_path: Path, capsys: py
         got = result(out)
         name = loaded.layout.servers[0].name
         assert got["nothing_to_do"] is False and got["lines"] == [f"stopped {name}"]
+
+
+class _Resuming(io.StringIO):
+    """stderr that resumes a stopped server (SIGCONT) once the run said it waits for it: the wait is the premise."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid, self.resumed = pid, False
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if not self.resumed and '"nodes-settling"' in self.getvalue():
+            self.resumed = True
+            os.kill(self.pid, signal.SIGCONT)
+        return written
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_wait_for_a_silent_node_is_a_json_event(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch, flavor: str) -> None:
+    """Issue 34 (events): plan's wait for a node between states was a plain line on stderr under --output json
+    (a print in the gather path). Now it is a `nodes-settling` event line, and stdout holds the plan alone."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    with deployed(tmp_path, capsys, "standalone", flavor) as (spec_path, loaded):
+        node = loaded.layout.servers[0].name
+        pid = int((spec_path.parent / ".opsctl" / loaded.spec.name / node / "server.pid").read_text())
+        stderr = _Resuming(pid)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            code = main(["plan", "-f", str(spec_path), "--output", "json"])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            monkeypatch.undo()
+        out = capsys.readouterr().out
+        assert code == 0, stderr.getvalue() + out
+        events = [json.loads(line) for line in stderr.getvalue().splitlines()]
+        assert events[0]["event"] == "nodes-settling" and events[0]["timeout"] == 30.0, events
+        assert events[0]["waiting"][node].startswith("runs but does not answer"), events
+        assert result(out)["steps"] == []  # resumed: nothing to do

@@ -231,7 +231,6 @@ def _loc(source: str) -> int:
 FRAGMENT = 30  # lines of code: below this a module is a fragment of an idea that lives elsewhere
 # Fragments left on purpose, each with the reason a merge waits (issue 34 names where each goes).
 FRAGMENTS_LEFT = {
-    "opsctl.base.words": "base/events is at 500 lines until WP8 moves the feature events out; then it joins events",
     "opsctl.providers.extra": "checked where paramiko may be missing, so not in remote/ssh (paramiko at its top)",
     "opsctl.state.nodefiles": "imports the renderer; in statedir it would load it on the audit's cheap path",
     "opsctl.state.statedir": "see state.nodefiles: the two wait for the renderer's import to go lazy",

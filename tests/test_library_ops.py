@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from opsctl.apply import ApplyOptions, ApplyResult, apply, plan
-from opsctl.base.events import Event, StepDone
-from opsctl.base.runevents import Tagged, tagged
+from opsctl.apply.executor import StepDone
+from opsctl.base.events import Event, Tagged, tagged
 from opsctl.destroy import DestroyOptions, destroy
 from opsctl.net.fanout import fan_out
 from opsctl.runtime.opening import RuntimeOptions, open_runtime

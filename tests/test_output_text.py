@@ -3,63 +3,53 @@ terminal, and the audit/bigkey commands going through the spec's admin routes (S
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
+import pkgutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 
+import opsctl
+from opsctl.apply.executor import StepDone, StepFailed, StepStart
+from opsctl.apply.rounds import Replanning, RoundDone
 from opsctl.audit.bigdelete import delete_big_key, owner_node
+from opsctl.audit.scan import ScanProgress
+from opsctl.backup.follow import ArchiveProgress, ArchiveStopped, SegmentArchived
+from opsctl.backup.integrity import ChecksumsOk, ShardVerified, VerifyDone
+from opsctl.backup.save import BackupDone, BackupStart, ShardCopying, ShardSaved
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import (
-    ArchiveProgress,
-    ArchiveStopped,
-    BackupDone,
-    BackupStart,
+from opsctl.base.events import Event, Log, Note, Tagged, as_dict, human_seconds, plural
+from opsctl.cli.commands.audit import ProgressBar, scan_line
+from opsctl.cli.main import main
+from opsctl.cli.output import Printer, printing, say
+from opsctl.cli.ttyline import TtyLine, redraw
+from opsctl.migrate.cutover import CutoverDone
+from opsctl.migrate.migration import MigrateLag
+from opsctl.net.connector import Connector
+from opsctl.observe.replies import RoleInfo
+from opsctl.providers.remote.runner import PlaybookTask
+from opsctl.restore.copying import RestoreDone, RestoreDryRun, RestoreProgress
+from opsctl.runtime.gather import NodesSettling
+from opsctl.slots.members import wider_layout
+from opsctl.slots.progress import (
     BigKey,
     BusyKeyEqual,
-    ChecksumsOk,
     Closed,
-    CutoverDone,
     EndpointDown,
     EndpointReplacedEvent,
-    Event,
-    Log,
-    MigrateLag,
     MigrateRetry,
-    Note,
-    PlaybookTask,
-    RestoreDone,
-    RestoreDryRun,
-    RestoreProgress,
-    ScanProgress,
-    SegmentArchived,
-    ShardCopying,
-    ShardSaved,
-    ShardVerified,
+    Progress,
     SlotsClosed,
     SlotsDone,
     SlotsProgress,
     SlotsSkip,
     SlotsStart,
-    StepDone,
-    StepFailed,
-    StepStart,
-    VerifyDone,
-    as_dict,
+    done_fraction,
 )
-from opsctl.base.runevents import Replanning, RoundDone, Tagged
-from opsctl.base.words import human_seconds, plural, redraw
-from opsctl.cli.commands.audit import ProgressBar, scan_line
-from opsctl.cli.main import main
-from opsctl.cli.output import Printer, printing
-from opsctl.cli.ttyline import TtyLine
-from opsctl.net.connector import Connector
-from opsctl.observe.replies import RoleInfo
-from opsctl.slots.members import wider_layout
-from opsctl.slots.progress import Progress, done_fraction
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
 from opsctl.status.looks import node_status, status_table
@@ -205,9 +195,23 @@ EVERY_KIND: list[Event] = [
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     RoundDone(3, 1.5), Replanning(("n1",)), Tagged("shop", Note("pre-checks for shard 1")),
+    NodesSettling(30.0, {"n2": "runs but does not answer (timeout)"}),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
 REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
 # segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)
+
+
+def every_event_class() -> set[type[Event]]:
+    """Every event opsctl declares, each in its feature's package: the classes on the Event protocol."""
+    for module in pkgutil.walk_packages(opsctl.__path__, "opsctl."):
+        importlib.import_module(module.name)
+    found: set[type[Event]] = set()
+    todo: list[type[Event]] = list(Event.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        found.add(cls)
+        todo.extend(cls.__subclasses__())
+    return {cls for cls in found if cls.__module__.startswith("opsctl.")}
 
 
 class Terminal(io.StringIO):
@@ -217,7 +221,7 @@ class Terminal(io.StringIO):
 
 def test_every_event_has_a_text_form_and_a_json_form() -> None:
     kinds = {type(e) for e in EVERY_KIND}
-    assert kinds == set(get_args(Event)) | {SlotsDone, RestoreDryRun}
+    assert kinds == every_event_class()
     stream = io.StringIO()
     emit = Printer(False, stream)
     for event in EVERY_KIND:
@@ -304,6 +308,58 @@ def test_a_bar_left_drawn_is_erased_when_the_printer_closes() -> None:
         emit(ShardSaved(1, "n4", "replica", 1, 1, 2))
         raise RuntimeError
     assert stream.getvalue().endswith("\x1b[K\r\x1b[K")
+
+
+def test_a_round_end_goes_through_the_printer_as_text_or_a_json_line() -> None:
+    """Issue 34 (events): apply's and restart's round end and replan were plain lines on stderr, also under
+    --output json. Now they are events: the same text (restart's in its own words), a JSON line as JSON."""
+    from opsctl.cli.commands.lifecycle import rounds_printer
+
+    text, as_json = Terminal(), io.StringIO()
+    for stream, json_mode in ((text, False), (as_json, True)):
+        emit = rounds_printer(Printer(json_mode, stream), done="Restarted")
+        emit(SlotsProgress(5, 10, 50, 5000, 25.0, 2.0, 2.0))
+        emit(Replanning(("n1",)))
+        emit(RoundDone(3, 1.5))
+    assert text.getvalue().endswith("\x1b[K\r\x1b[Kn1 ran when apply looked and is down now: planning again\n"
+                                    "\r\x1b[KRestarted in 1.50s.\n")  # the bar erased before each line
+    assert [json.loads(line)["event"] for line in as_json.getvalue().splitlines()] == [
+        "slots-progress", "replanning", "round-done"]
+
+
+def test_a_note_outside_a_run_is_a_line_or_a_json_note() -> None:
+    text, as_json = io.StringIO(), io.StringIO()
+    say("note: nothing deployed", False, text)
+    say("note: nothing deployed", True, as_json)
+    assert text.getvalue() == "note: nothing deployed\n"
+    assert json.loads(as_json.getvalue()) == {"event": "note", "text": "note: nothing deployed"}
+
+
+# the printer itself, the command line's error path (an error is no event: it ends the run), and the sink of a
+# library call given none where silence would hide a risk (base.events.on_stderr)
+STDERR_ALLOWED = ("opsctl/cli/output.py", "opsctl/cli/main.py", "opsctl/base/events.py")
+
+
+def test_no_line_bypasses_the_printer() -> None:
+    """Issue 34 (events): 14 plain lines on stderr went around the printer (a lock's warning, gather's wait, the
+    round ends, notes of metrics, migrate, cluster fix and inventory), plain text under --output json. Every line
+    for people is an event now: no print(file=sys.stderr) nor sys.stderr.write outside the printer."""
+    import ast
+
+    root = Path(opsctl.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = str(path.relative_to(root.parent))
+        if where in STDERR_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            target = ast.unparse(node.func)
+            to_stderr = any(k.arg == "file" and "stderr" in ast.unparse(k.value) for k in node.keywords)
+            if (target == "print" and to_stderr) or target.endswith("stderr.write"):
+                found.append(f"{where}:{node.lineno}")
+    assert not found, found
 
 
 # --- routes of audit and bigkey delete ------------------------------------------------------------

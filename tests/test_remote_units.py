@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from opsctl.base.events import PlaybookTask
 from opsctl.cli.main import main
 from opsctl.providers.ansible import parse_control, proc_state
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.inventory import build_inventory, parse_bastion, remote_paths
-from opsctl.providers.remote.runner import child_env, failure_error, summarize, task_event
+from opsctl.providers.remote.runner import PlaybookTask, child_env, failure_error, summarize, task_event
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, make_spec, write_spec
 

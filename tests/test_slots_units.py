@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from opsctl.apply.planfile import parse_plan
-from opsctl.base.events import SlotsProgress
 from opsctl.observe.replies import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
@@ -11,6 +10,7 @@ from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, star
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, opened_together, rate_delay, waves
 from opsctl.slots.journal import SlotState, decide, pending
+from opsctl.slots.progress import SlotsProgress
 from opsctl.slots.ranges import count, expand, key_slot, parse, text, to_ranges
 from opsctl.slots.slotplan import slot_steps
 from opsctl.spec.layout import Layout, Node, Shard

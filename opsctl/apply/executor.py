@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import ClassVar
 
 from opsctl.apply.cluster_steps import (
     assign_slots,
@@ -34,7 +35,8 @@ from opsctl.apply.node_steps import (
 from opsctl.apply.replication_steps import do_replicate, fail_over, finish_failover, sentinel_monitor, sentinel_set
 from opsctl.apply.shape_steps import forget_nodes, promote_replica, sentinel_reset
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import Emit, StepDone, StepFailed, StepStart
+from opsctl.base.events import Emit, Event
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.metrics.exporter_steps import start_exporter, stop_exporter
 from opsctl.net.fanout import Borrowed
 from opsctl.net.topolock import check_held, mark_started
@@ -69,6 +71,41 @@ from opsctl.plan.steps import (
 )
 from opsctl.runtime.execution import Execution, StepHandler, handles, registry
 from opsctl.runtime.opening import Runtime
+
+
+@frozen
+class StepStart(Frozen, Event):
+    kind: ClassVar[str] = "step-start"
+    index: int
+    total: int
+    step: str
+
+    def line(self) -> str:
+        return f"[{self.index}/{self.total}] {self.step} ..."
+
+
+@frozen
+class StepDone(Frozen, Event):
+    kind: ClassVar[str] = "step-done"
+    index: int
+    step: str
+    seconds: float
+
+    def line(self) -> str:
+        return f"[{self.index}] done in {self.seconds:.2f}s"
+
+
+@frozen
+class StepFailed(Frozen, Event):
+    """The error itself is printed once, by the CLI, when the run stops."""
+
+    kind: ClassVar[str] = "step-failed"
+    index: int
+    step: str
+    error: str
+
+    def line(self) -> str:
+        return f"[{self.index}] failed"
 
 
 def execute(rt: Runtime, plan: Plan, emit: Emit, allow_downtime: bool = False,

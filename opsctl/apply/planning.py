@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import OpsctlError, is_auth_failure, is_tls_failure
+from opsctl.base.events import Emit, ignore, plural
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.words import plural
 from opsctl.plan.facts import NodeFacts
 from opsctl.render.directives import listen_ports
 from opsctl.runtime.gather import desired_state, settled_facts
@@ -50,9 +50,10 @@ class PlanResult(Frozen):
 JUST_PLAN = PlanOptions()
 
 
-def plan(rt: Runtime, options: PlanOptions = JUST_PLAN) -> PlanResult:
-    """What apply would change now, from a look at every node; saved to options.out when given."""
-    made, _ = compute_plan(rt)
+def plan(rt: Runtime, options: PlanOptions = JUST_PLAN, emit: Emit = ignore) -> PlanResult:
+    """What apply would change now, from a look at every node (a wait for nodes between states said to emit);
+    saved to options.out when given."""
+    made, _ = compute_plan(rt, emit)
     if options.out is not None:
         import json
 
@@ -87,11 +88,11 @@ def spec_digest(loaded: LoadedSpec) -> str:
 
     return digest(loaded.spec.model_dump(mode="json"))
 
-def compute_plan(rt: Runtime) -> tuple[Plan, dict[str, NodeFacts]]:
+def compute_plan(rt: Runtime, emit: Emit = ignore) -> tuple[Plan, dict[str, NodeFacts]]:
     from opsctl.plan.planner import make_plan
     from opsctl.plan.refusals import refuse_layout_change
 
-    facts = settled_facts(rt)
+    facts = settled_facts(rt, emit=emit)
     if rt.loaded.spec.topology == "cluster":  # first: a node the spec moved to another host does not answer there
         refuse_layout_change(rt.loaded.layout, facts)
     refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)

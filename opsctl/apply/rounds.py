@@ -7,17 +7,42 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import ClassVar
 
 from opsctl.apply.planfile import SavedPlan
 from opsctl.apply.planning import compute_plan
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import Emit, ignore
+from opsctl.base.events import Emit, Event, ignore
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.runevents import Replanning, RoundDone
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.steps import Plan
 from opsctl.runtime.opening import Runtime
 from opsctl.status.looks import StatusOptions, StatusResult, status
+
+
+@frozen
+class RoundDone(Frozen, Event):
+    """A round of apply ran its plan's steps (wall time: steps run side by side)."""
+
+    kind: ClassVar[str] = "round-done"
+    steps: int
+    seconds: float
+
+    def line(self) -> str:
+        return f"Applied {self.steps} step(s) in {self.seconds:.2f}s."
+
+
+@frozen
+class Replanning(Frozen, Event):
+    """Nodes that ran when apply looked are down now (a node told to stop before, by a run killed mid-restart, may
+    answer until it acts on it): apply plans again."""
+
+    kind: ClassVar[str] = "replanning"
+    nodes: tuple[str, ...]
+
+    def line(self) -> str:
+        return f"{', '.join(self.nodes)} ran when apply looked and is down now: planning again"
+
 
 Approve = Callable[[Plan], None]  # sees each plan before it runs (raises RefusedError to say no)
 
@@ -91,7 +116,7 @@ def apply(rt: Runtime, options: ApplyOptions = DEFAULTS, emit: Emit = ignore) ->
     """Make rt's running topology match its spec, and look at it once it settled. A dry run returns the plan the
     first round would run (a saved one checked against the live state) and changes nothing."""
     name = rt.loaded.spec.name
-    current, facts = compute_plan(rt)
+    current, facts = compute_plan(rt, emit)
     if options.dry_run:
         planned = current if options.saved is None else options.saved.checked(current)
         options.approve(planned)
@@ -121,13 +146,13 @@ def _rounds(rt: Runtime, options: ApplyOptions, emit: Emit, current: Plan, facts
         rounds.append(run_plan(rt, plan, options, emit))
         if not plan.replan:
             break
-        plan, facts = compute_plan(rt)  # the nodes it started run now: plan the rest from what they say
+        plan, facts = compute_plan(rt, emit)  # the nodes it started run now: plan the rest from what they say
         if saved is not None and plan.steps:
             return plan
     stopped = _stopped_since(rt, facts) if saved is None else []
     if stopped:
         emit(Replanning(tuple(stopped)))
-        plan, facts = compute_plan(rt)
+        plan, facts = compute_plan(rt, emit)
         rounds.append(run_plan(rt, plan, options, emit))
     if not plan.replan and rt.loaded.spec.topology == "cluster":
         from opsctl.slots.journal import Journal

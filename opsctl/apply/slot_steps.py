@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import Emit, Log, SlotsClosed, SlotsSkip
+from opsctl.base.events import Emit, Log
 from opsctl.failover.actions import checkpoint
 from opsctl.net.topolock import stopping, topology_lock
 from opsctl.plan.steps import AssignSlots, CloseSlots, MoveSlots, RemoveNode
@@ -14,6 +14,7 @@ from opsctl.slots.balance import Move
 from opsctl.slots.fix import close_in_session, cover
 from opsctl.slots.journal import Journal
 from opsctl.slots.members import find_node
+from opsctl.slots.progress import SlotsClosed, SlotsSkip
 from opsctl.slots.ranges import expand, parse, to_ranges
 from opsctl.slots.reshard import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe

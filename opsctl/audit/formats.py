@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opsctl.base.words import plural
+from opsctl.base.events import plural
 from opsctl.observe.findings import Finding, ordered
 
 FINDING_COLUMNS = ("severity", "rule", "node", "message")

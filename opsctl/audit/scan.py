@@ -11,11 +11,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import ClassVar, cast
 
 from opsctl.audit.keynames import NameLint
 from opsctl.audit.keyspace import SIZE_COMMAND, BigKey, BigKeys, Expiries, HotKeys, Thresholds
-from opsctl.base.events import Emit, ScanProgress
+from opsctl.base.events import Emit, Event
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode
@@ -23,6 +24,19 @@ from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode, encode_keyed
 from opsctl.observe.replies import Reply, RespError, parse_info
+
+
+@frozen
+class ScanProgress(Frozen, Event):
+    """Keys an audit scan has read on one node so far, of the node's DBSIZE when it started."""
+
+    kind: ClassVar[str] = "scan-progress"
+    node: str
+    done: int
+    total: int
+
+    def line(self) -> str:
+        return f"{self.node}: {self.done}/{self.total} keys scanned"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsctl.backup.follow import RETRY_BASE, Fleet, Placer
+from opsctl.backup.follow import RETRY_BASE, ArchiveProgress, Fleet, Placer, SegmentArchived
 from opsctl.backup.lease import Lease, archive_lease
 from opsctl.backup.manifest import MANIFEST, Manifest
 from opsctl.backup.offsite import staged_backup
@@ -24,7 +24,7 @@ from opsctl.backup.store import Store
 from opsctl.backup.timeline import ARCHIVE, Base, archive_json, base_of, group, parse_archive, segment_prefix
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import ArchiveProgress, Emit, Note, SegmentArchived
+from opsctl.base.events import Emit, Note
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.discover import discover

@@ -12,16 +12,71 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from typing import ClassVar
 
 from opsctl.backup.manifest import MANIFEST, parse_manifest
 from opsctl.backup.store import Store
 from opsctl.backup.timeline import CHANGED, Base, Changed, changed_json, iso
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import Emit, Note
+from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes, plural
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import shared_pool
 from opsctl.observe.replies import ClusterNodeLine
 from opsctl.spec.load import LoadedSpec
+
+
+@frozen
+class SegmentArchived(Frozen, Event):
+    """A segment of a shard's replication stream is durable in the store (continuous archive). first/last: when its
+    first and last command were read; durable: when the store confirmed it (all unix times)."""
+
+    kind: ClassVar[str] = "segment-archived"
+    redrawn: ClassVar[Redrawn] = "bar-only"
+    shard: int
+    name: str
+    start: int
+    end: int
+    entries: int
+    bytes: int
+    first: float
+    last: float
+    durable: float
+
+    def line(self) -> str:
+        return (f"shard {self.shard}: {self.entries} commands archived (offsets {self.start}..{self.end}, "
+                f"{human_bytes(self.bytes)}), {self.durable - self.first:.2f}s after the first was read")
+
+
+@frozen
+class ArchiveProgress(Frozen, Event):
+    """The continuous archive is alive: since its base, `segments` stored holding `bytes`; shards: each shard's
+    offset archived up to. Said every second, also when no write comes (a heartbeat off a terminal)."""
+
+    kind: ClassVar[str] = "archive-progress"
+    redrawn: ClassVar[Redrawn] = "bar"
+    base: str
+    segments: int
+    bytes: int
+    shards: Mapping[int, int]
+
+    def line(self) -> str:
+        offsets = ", ".join(f"shard {shard} at offset {offset}" for shard, offset in sorted(self.shards.items()))
+        return (f"archiving base {self.base}: {plural(self.segments, 'segment')} ({human_bytes(self.bytes)}) stored; "
+                f"{offsets}")
+
+
+@frozen
+class ArchiveStopped(Frozen, Event):
+    """backup --continuous was stopped as a service is (SIGTERM, SIGINT): a normal end, its last line."""
+
+    kind: ClassVar[str] = "archive-stopped"
+    signal: str
+    detail: str
+
+    def line(self) -> str:
+        return f"the continuous archive stopped on {self.signal}: {self.detail}"
+
 
 FOLLOW_EVERY = 2.0  # s between looks at the records: a new shard's nodes are recorded before any write reaches it
 HURRIED = 0.5  # s between looks while a link waits for its master (it may be on a node placed since)

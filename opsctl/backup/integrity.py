@@ -5,14 +5,46 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, ClassVar
 
 from opsctl.backup.manifest import MANIFEST, Manifest, ShardFile, count_problem, parse_manifest
 from opsctl.backup.savers import pick_scratch
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import ChecksumsOk, Emit, ShardVerified
+from opsctl.base.events import Emit, Event
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.state.safefs import FileProblem, open_regular, read_bounded
+
+
+@frozen
+class ChecksumsOk(Frozen, Event):
+    kind: ClassVar[str] = "checksums-ok"
+    files: int
+
+    def line(self) -> str:
+        return f"checksums of {self.files} files match the manifest"
+
+
+@frozen
+class ShardVerified(Frozen, Event):
+    kind: ClassVar[str] = "shard-verified"
+    shard: int
+    file: str
+    keys: int
+
+    def line(self) -> str:
+        return f"verified shard {self.shard} ({self.file}): {self.keys} keys"
+
+
+@frozen
+class VerifyDone(Frozen, Event):
+    kind: ClassVar[str] = "verify-done"
+    ok: bool
+    keys: int
+
+    def line(self) -> str:
+        return f"verified {self.keys} keys"
+
 
 CHUNK = 1 << 20
 MANIFEST_LIMIT = 64 << 20

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from opsctl.backup.integrity import MANIFEST_LIMIT, check_files
 from opsctl.backup.manifest import MANIFEST, Manifest, parse_manifest
-from opsctl.backup.save import BackupOptions, run_backup
+from opsctl.backup.save import BackupDone, BackupOptions, run_backup
 from opsctl.backup.store import FolderStore, Location, Store, parse_location
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import BackupDone, Emit, Event
+from opsctl.base.events import Emit, Event
 from opsctl.net.connector import Connector
 
 STAGING = "backup-staging"

@@ -15,11 +15,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import ClassVar
 
 from opsctl.backup.manifest import (
     MANIFEST,
@@ -36,9 +37,9 @@ from opsctl.backup.savers import Member, Saver, choose_saver, host_waves, parse_
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base import stop
 from opsctl.base.errors import NodeError, OpsctlError, RefusedError
-from opsctl.base.events import BackupDone, BackupStart, Emit, ShardCopying, ShardSaved, ignore
+from opsctl.base.events import Emit, Event, Redrawn, gauge, human_bytes, ignore
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
-from opsctl.base.words import human_bytes
 from opsctl.net.connection import Connection, connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, shards
@@ -52,6 +53,64 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import FileProblem, disk_full, open_dir, trusted_owners, write_private
 from opsctl.stream.framing import Position
 from opsctl.stream.reader import copy_snapshot
+
+
+@frozen
+class BackupStart(Frozen, Event):
+    """savers: shard number -> the node that saves it."""
+
+    kind: ClassVar[str] = "backup-start"
+    shards: int
+    dir: str
+    savers: Mapping[int, str]
+
+    def line(self) -> str:
+        return f"backing up {self.shards} shards into {self.dir}"
+
+
+@frozen
+class ShardCopying(Frozen, Event):
+    """A shard's copy arriving from its saver: bytes so far, of about estimate (its data in memory)."""
+
+    kind: ClassVar[str] = "shard-copying"
+    redrawn: ClassVar[Redrawn] = "bar"
+    shard: int
+    node: str
+    bytes: int
+    estimate: int
+
+    def line(self) -> str:
+        return f"shard {self.shard}: {human_bytes(self.bytes)} of about {human_bytes(self.estimate)} received from " \
+               f"{self.node}"
+
+
+@frozen
+class ShardSaved(Frozen, Event):
+    kind: ClassVar[str] = "shard-saved"
+    redrawn: ClassVar[Redrawn] = "bar"
+    shard: int
+    node: str
+    role: str
+    bytes: int
+    done: int
+    total: int
+
+    def line(self) -> str:
+        return (f"{gauge(self.done, self.total, 20)} {self.done}/{self.total} shards saved, shard {self.shard} "
+                f"{human_bytes(self.bytes)} from {self.node} ({self.role})")
+
+
+@frozen
+class BackupDone(Frozen, Event):
+    kind: ClassVar[str] = "backup-done"
+    dir: str
+    keys: int
+    bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        return f"saved {self.keys} keys ({human_bytes(self.bytes)}) in {self.seconds:.1f}s"
+
 
 HEAD_BYTES = 1 << 20
 WRITE_BLOCK = 1 << 20

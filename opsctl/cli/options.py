@@ -55,14 +55,13 @@ def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> Loade
     --offline the positional layout, nothing read."""
     if args.offline:
         return loaded
-    import sys
-
+    from opsctl.cli.output import say
     from opsctl.runtime.opening import placed_or_first
     from opsctl.state.statedir import state_dir_for
 
     placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))
     if note:
-        print(note, file=sys.stderr)
+        say(note, getattr(args, "output", None) == "json")
     return placed
 
 

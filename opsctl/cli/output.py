@@ -12,13 +12,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol, TextIO
 
-from opsctl.base.events import BAR_ONLY, HEARTBEAT, REDRAWN, Event, Note, SlotsDone, as_dict
-from opsctl.base.words import CLEAR_LINE
-from opsctl.cli.ttyline import TtyLine
+from opsctl.base.events import HEARTBEAT, Event, Note, as_dict
+from opsctl.cli.ttyline import CLEAR_LINE, TtyLine
 
 
 class Printer:
-    """Events on a stream (stderr by default): JSON lines, or text; on a terminal progress (REDRAWN) is one bar
+    """Events on a stream (stderr by default): JSON lines, or text; on a terminal progress (`redrawn`) is one bar
     redrawn in place; elsewhere progress is a heartbeat, a plain line at most every `heartbeat` seconds (a CI log
     shows the run is alive and how far it got), never a control character. results: the events that end a run
     (backup, restore), printed inside the envelope as every result is. Thread-safe: slot movers and restore sources
@@ -39,19 +38,18 @@ class Printer:
             if self.json_mode:
                 line = as_dict(event)
                 self._line(json.dumps(envelope(line) if isinstance(event, self.results) else line, default=str))
-            elif isinstance(event, SlotsDone):
+            elif event.redrawn == "line":
+                self._clear()
+                self._line(event.line())
+            elif event.redrawn == "bar-last":
                 if self.bar:
                     self.bar.done(event.line())
                 else:
                     self._line(event.line())
-            elif isinstance(event, REDRAWN):
-                if self.bar:
-                    self.bar.show(event.line(), force=True)
-                elif not isinstance(event, BAR_ONLY) and time.monotonic() - self._beat >= self.heartbeat:
-                    self._beat = time.monotonic()
-                    self._line(event.line())
-            else:
-                self._clear()
+            elif self.bar:
+                self.bar.show(event.line(), force=True)
+            elif event.redrawn == "bar" and time.monotonic() - self._beat >= self.heartbeat:
+                self._beat = time.monotonic()
                 self._line(event.line())
 
     def close(self) -> None:
@@ -77,6 +75,12 @@ def printing(json_mode: bool, stream: TextIO | None = None,
         yield printer
     finally:
         printer.close()
+
+
+def say(text: str, json_mode: bool, stream: TextIO | None = None) -> None:
+    """A line for people outside a run's events (a note, a warning), through the printer: as text on stream
+    (stderr by default), as a JSON `note` event line under --output json."""
+    Printer(json_mode, stream)(Note(text))
 
 
 # The version of every JSON result's shape: raised when a key a reader may rely on changes meaning or goes away

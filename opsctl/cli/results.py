@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opsctl.base.events import human_bytes
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.base.words import human_bytes
 from opsctl.slots.session import SlotsOutcome
 
 if TYPE_CHECKING:
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from opsctl.audit.survey import AuditReport
     from opsctl.backup.manifest import Manifest
     from opsctl.backup.timeline import Listed
-    from opsctl.base.events import RestoreDone
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
+    from opsctl.restore.copying import RestoreDone
     from opsctl.slots.session import SlotsOutcome
     from opsctl.spec.load import LoadedSpec
 
@@ -142,7 +142,7 @@ class ValidateResult(Frozen):
     secrets: bool = True
 
     def text(self) -> str:
-        from opsctl.base.words import plural
+        from opsctl.base.events import plural
 
         loaded, nodes = self.loaded, self.loaded.layout.nodes
         unchecked = "" if self.secrets else " (secrets not checked)"

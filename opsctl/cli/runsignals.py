@@ -5,7 +5,6 @@ it moved; a run that never read its spec has no topology to name and writes noth
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 
@@ -70,4 +69,6 @@ def _write(args: argparse.Namespace, folder: str, command: str, duration: float,
     except (OpsctlError, OSError) as exc:
         if not failing:
             raise
-        print(f"warning: --metrics-textfile: {exc}", file=sys.stderr)
+        from opsctl.cli.output import say
+
+        say(f"warning: --metrics-textfile: {exc}", getattr(args, "output", None) == "json")

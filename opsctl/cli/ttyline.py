@@ -7,7 +7,12 @@ import threading
 import time
 from typing import TextIO
 
-from opsctl.base.words import redraw
+CLEAR_LINE = "\r\x1b[K"  # carriage return, erase to the end of the line
+
+
+def redraw(line: str, columns: int) -> str:
+    """What replaces the current terminal line by `line`: CR, the line cut to columns - 1, erase to the end. Pure."""
+    return "\r" + line[:max(1, columns - 1)] + "\x1b[K"
 
 
 class TtyLine:

@@ -124,7 +124,7 @@ def destroy(rt: Runtime, options: DestroyOptions = DEFAULTS, emit: Emit = ignore
         _drop_textfiles(options, rt.loaded.spec.name, said)
         return DestroyResult(rt.loaded.spec.name, options.dry_run, options.purge, tuple(nodes), tuple(said.removed))
     options.approve([NodeTeardown(p.node.name, p.running, options.purge, p.exporter, True) for p in todo])
-    with locked(rt):
+    with locked(rt, emit):
         nodes = [said.node(done) for wave in waves for done in _tear_down_wave(rt, wave, todo, options.purge)]
         if options.purge:
             _drop_state(rt.state_dir, said)  # under the lock, the lock file last

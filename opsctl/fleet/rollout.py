@@ -14,8 +14,8 @@ from pathlib import Path
 from opsctl.apply.planning import spec_digest
 from opsctl.apply.rounds import DEFAULTS, ApplyOptions, ApplyResult, apply
 from opsctl.base.errors import OpsctlError
+from opsctl.base.events import plural
 from opsctl.base.record import digest
-from opsctl.base.words import plural
 from opsctl.fleet.rolloutlog import Journal, read_journal, write_journal
 from opsctl.fleet.summary import PARALLEL, FleetResult, Outcome, run_each
 from opsctl.runtime.opening import RuntimeOptions, open_runtime

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.words import plural
+from opsctl.base.events import plural
 
 if TYPE_CHECKING:
     from opsctl.apply.planning import PlanResult

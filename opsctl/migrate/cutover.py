@@ -13,13 +13,15 @@ the source still has it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import ClassVar
 
 from opsctl.backup.savers import parse_keyspace
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import CutoverDone
+from opsctl.base.events import Event
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
 from opsctl.failover.actions import checkpoint
 from opsctl.failover.fence import fence, unfence
@@ -36,6 +38,32 @@ from opsctl.plan.facts import MAX_LAG, TO_WRITE, fenced, spec_values
 from opsctl.restore.engine import Targets, value_of
 from opsctl.restore.target import Target
 from opsctl.spec.layout import Node
+
+
+@frozen
+class CutoverDone(Frozen, Event):
+    """A cutover's report: counted from fencing the source, the target applied every shard's final offset after
+    caught_up_s and was verified and ready after pause_s (the least write pause clients see)."""
+
+    kind: ClassVar[str] = "cutover-done"
+    ok: bool
+    pause_s: float
+    caught_up_s: float
+    source_keys: int
+    target_keys: int
+    verified: int
+    final_offsets: Mapping[str, int]
+    point_to: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    def line(self) -> str:
+        if not self.ok:
+            return ("cutover failed verification; the source's write fence is lifted, it serves writes again:\n"
+                    + "\n".join(f"  {p}" for p in self.problems))
+        return (f"cutover done: write pause {self.pause_s:.3f}s (caught up after {self.caught_up_s:.3f}s), "
+                f"{self.target_keys} keys ({self.source_keys} on the source), {self.verified} sampled keys equal; "
+                f"point clients at {', '.join(self.point_to)}")
+
 
 CATCH_UP_TIMEOUT = 30.0
 

@@ -7,15 +7,17 @@ resync (docs/migrate.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import CutoverDone, Emit, MigrateLag, Note
-from opsctl.migrate.cutover import CutoverOptions, check_locks, cut_over, master_offset, shard_master
+from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.migrate.cutover import CutoverDone, CutoverOptions, check_locks, cut_over, master_offset, shard_master
 from opsctl.migrate.phases import REQUEST, RESULT, JournalFile, load_journal, new_journal
 from opsctl.migrate.replay import TargetChanged
 from opsctl.migrate.shard import NoMemberAnswers, ShardRun
@@ -27,6 +29,27 @@ from opsctl.restore.engine import Targets
 from opsctl.restore.functions import check_libraries
 from opsctl.restore.target import Target, inspect_target
 from opsctl.state.safefs import write_private
+
+
+@frozen
+class MigrateLag(Frozen, Event):
+    """A live migration's progress: per source shard its phase, keys copied, commands applied, and how far the
+    target trails the source (bytes of stream, seconds since the oldest unapplied command arrived)."""
+
+    kind: ClassVar[str] = "migrate-lag"
+    redrawn: ClassVar[Redrawn] = "bar"
+    shards: Mapping[str, Mapping[str, object]]
+
+    def line(self) -> str:
+        parts = []
+        for name, s in self.shards.items():
+            if s.get("phase") == "stream":
+                parts.append(f"{name}: lag {human_bytes(int(str(s.get('lag_bytes', 0))))} "
+                             f"{float(str(s.get('lag_seconds', 0.0))):.2f}s, {s.get('applied', 0)} applied")
+            else:
+                parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
+        return "  ".join(parts)
+
 
 CLOCK_BOUND_MS = 1000  # a snapshot's expiries are in the source's clock: a wider skew would move them
 AUTO_LAG_BYTES = 1 << 20

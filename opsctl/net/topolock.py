@@ -23,7 +23,6 @@ import getpass
 import os
 import re
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -42,6 +41,7 @@ from opsctl.base.errors import (
     is_auth_failure,
     is_tls_failure,
 )
+from opsctl.base.events import Emit, Note, on_stderr
 from opsctl.net import quorum
 from opsctl.net.connector import Connector, port_accepts
 from opsctl.net.fanout import WIDTH, fan_out
@@ -108,8 +108,8 @@ def _answered_but_refused(name: str, exc: BaseException) -> OpsctlError | None:
 Nowhere = Callable[[Sequence[str]], Collection[str]]  # of these silent servers, those that run nowhere
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr)
+def _on_stderr(text: str) -> None:
+    on_stderr(Note(text))
 
 
 class TopologyLock:
@@ -139,7 +139,7 @@ class TopologyLock:
         self._lock = threading.Lock()
 
     def acquire(self, nowhere: Nowhere | None = None, force: bool = False,
-                warn: Callable[[str], None] = _say) -> None:
+                warn: Callable[[str], None] = _on_stderr) -> None:
         """Take the lock (RefusedError, exit 3, when another run holds it or no majority grants it). nowhere: of the
         servers that did not answer, those the provider finds running nowhere, asked only when the grants are too few
         (a first apply, a stopped topology, a scale-out: those servers are marked as they start). force:
@@ -435,17 +435,18 @@ _RUNS_LOCK = threading.Lock()
 
 @contextmanager
 def topology_lock(connector: Connector, nodes: Sequence[Node] | None = None, lease: float | None = None,
-                  nowhere: Nowhere | None = None, force: bool = False) -> Iterator[TopologyLock]:
+                  nowhere: Nowhere | None = None, force: bool = False,
+                  emit: Emit = on_stderr) -> Iterator[TopologyLock]:
     """Hold the topology's lock for the block (RefusedError, exit 3, when another run holds it or no majority of
     the servers grants it). nodes: the servers that grant it, by default every server of the spec. The run that
     owns connector holds it already: that lock, checked (OpsctlError when lost). nowhere, force (--force-lock): see
-    TopologyLock.acquire."""
+    TopologyLock.acquire; its warnings (forced, taken over) are notes to emit."""
     if (outer := _owned(connector)) is not None:
         outer.check()
         yield outer
         return
     lock = TopologyLock(connector, nodes if nodes is not None else connector.loaded.layout.servers, lease)
-    lock.acquire(nowhere, force)
+    lock.acquire(nowhere, force, lambda text: emit(Note(text)))
     with _RUNS_LOCK:
         _RUNS[connector.run] = lock
     try:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from opsctl.base.errors import AUTH_HINT, auth_failed, is_auth_failure, not_answering
-from opsctl.base.words import plural
+from opsctl.base.events import plural
 from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.replies import SLOTS, listed_replicas, master_side_problems
 from opsctl.plan.facts import NodeFacts

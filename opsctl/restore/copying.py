@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import Emit, RestoreDone, RestoreProgress
+from opsctl.base.events import Emit, Event, Redrawn, gauge, human_seconds
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.net.fanout import Borrowed
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.net.topolock import check_held
@@ -28,6 +31,63 @@ from opsctl.restore.sources import Prepared, RestoreOptions, durable
 from opsctl.restore.tally import checked_again, count_problems, sample_again, target_keys
 from opsctl.restore.target import Target
 from opsctl.state.safefs import read_bounded, write_private
+
+
+@frozen
+class RestoreProgress(Frozen, Event):
+    """Keys written so far of total (0: unknown, a live source)."""
+
+    kind: ClassVar[str] = "restore-progress"
+    redrawn: ClassVar[Redrawn] = "bar"
+    keys: int
+    total: int
+    keys_per_sec: int
+    seconds: float
+
+    def line(self) -> str:
+        eta = (self.total - self.keys) / self.keys_per_sec if self.total and self.keys_per_sec else None
+        head = (f"{gauge(self.keys, self.total, 20)} {self.keys}/{self.total} keys" if self.total
+                else f"{self.keys} keys")
+        return f"{head}  {self.keys_per_sec} keys/s  ETA {human_seconds(eta)}"
+
+
+@frozen
+class RestoreDone(Frozen, Event):
+    """The restore's report; sources maps each source to its counts (keys, restored, existing, skipped,
+    conflicts)."""
+
+    kind: ClassVar[str] = "restore-done"
+    source: str
+    target: str
+    mode: str
+    dry_run: bool
+    resumed: bool
+    ok: bool
+    keys: int
+    restored: int
+    existing: int
+    skipped: int
+    conflicts: int
+    seconds: float
+    keys_per_sec: int | None
+    verified: int
+    problems: tuple[str, ...]
+    sources: Mapping[str, Mapping[str, int]]
+    rechecked: bool = False  # the same restore had finished: checked again, nothing copied
+
+    def line(self) -> str:
+        if self.rechecked:
+            return f"restore of {self.keys} keys had finished before: checked again, nothing copied"
+        return (f"restore of {self.keys} keys {'finished' if self.ok else 'found problems'} in "
+                f"{self.seconds:.1f}s")
+
+
+@frozen
+class RestoreDryRun(RestoreDone):
+    kind: ClassVar[str] = "restore-dry-run"
+
+    def line(self) -> str:
+        return "dry run: every check passed, nothing was written"
 
 
 @dataclass

@@ -4,10 +4,12 @@ exporter), settled; the plan is made from them in opsctl.apply.planning."""
 from __future__ import annotations
 
 import contextlib
-import sys
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from opsctl.base.errors import ConvergenceError, is_auth_failure, is_tls_failure
+from opsctl.base.events import Emit, Event, ignore
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import fan_out
 from opsctl.net.observer import Observer, observe, to_facts
@@ -181,17 +183,30 @@ def in_between(f: NodeFacts) -> str | None:
     return None
 
 
-def settled_facts(rt: Runtime, with_config: bool = True, timeout: float = SETTLE_TIMEOUT) -> dict[str, NodeFacts]:
+@frozen
+class NodesSettling(Frozen, Event):
+    """Nodes between states (waiting: each one's name -> what it does), waited for at most timeout seconds."""
+
+    kind: ClassVar[str] = "nodes-settling"
+    timeout: float
+    waiting: Mapping[str, str]
+
+    def line(self) -> str:
+        return (f"waiting up to {self.timeout:g}s for "
+                + "; ".join(f"{name}, which {why}" for name, why in self.waiting.items()))
+
+
+def settled_facts(rt: Runtime, with_config: bool = True, timeout: float = SETTLE_TIMEOUT,
+                  emit: Emit = ignore) -> dict[str, NodeFacts]:
     """gather_facts once no node is between states (in_between), waiting at most timeout: a node stopped by
     SIGSTOP, saving on its way out, shutting down or loading its data (a run killed mid-restart leaves one
     behind) is planned from what it becomes, not from a look that will not hold. Nodes still in between at the
-    timeout are left as they are (refuse_silent_nodes names a silent one)."""
+    timeout are left as they are (refuse_silent_nodes names a silent one). The wait is said to emit."""
     facts = gather_facts(rt, with_config)
     waiting = {f.name: why for f in facts.values() if (why := in_between(f))}
     if not waiting:
         return facts
-    print(f"waiting up to {timeout:g}s for " + "; ".join(f"{name}, which {why}" for name, why in waiting.items()),
-          file=sys.stderr)
+    emit(NodesSettling(timeout, waiting))
     # still in between at the timeout: planned as it is
     with FleetView(rt) as view, contextlib.suppress(ConvergenceError):
         wait_for(lambda: _settled(view), timeout, "nodes between states to settle", 0.05)

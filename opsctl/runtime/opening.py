@@ -17,6 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError, clip
+from opsctl.base.events import Emit, on_stderr
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connection import Connections
@@ -43,6 +44,7 @@ class RuntimeOptions(Frozen):
     locked: bool = False
     force_lock: bool = False
     keep_spec: Callable[[], None] | None = None
+    emit: Emit = on_stderr  # what the topology lock warns of (--force-lock, a lock taken over)
 
 
 UNLOCKED = RuntimeOptions()
@@ -85,21 +87,21 @@ def open_runtime(loaded: LoadedSpec, options: RuntimeOptions = UNLOCKED) -> Iter
     with ExitStack() as locks:
         try:
             if options.locked:
-                locks.enter_context(locked(rt))
+                locks.enter_context(locked(rt, options.emit))
             yield rt
         finally:
             rt.close()
 
 
 @contextmanager
-def locked(rt: Runtime) -> Iterator[None]:
+def locked(rt: Runtime, emit: Emit = on_stderr) -> Iterator[None]:
     """The state-dir lock, then the topology lock (counting its majority among the servers that run somewhere:
-    runs_nowhere), for the block."""
+    runs_nowhere), for the block; what the lock warns of goes to emit."""
     from opsctl.net.topolock import topology_lock  # redis: plan and status import no client library
     from opsctl.state.statelock import state_lock
 
     with state_lock(rt.state_dir), topology_lock(rt.connector, nowhere=lambda names: runs_nowhere(rt, names),
-                                                 force=rt.force_lock):
+                                                 force=rt.force_lock, emit=emit):
         yield
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from opsctl.base import stop
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.base.events import Closed, Emit, EndpointReplacedEvent
+from opsctl.base.events import Emit
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.topolock import check_held
@@ -20,7 +20,7 @@ from opsctl.slots.coverage import Cover, Owners, cover_owners, cover_plan, unrea
 from opsctl.slots.journal import Journal, OpenSlots, SlotState, decide
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options, auth_args
 from opsctl.slots.moveguard import flagged_ids
-from opsctl.slots.progress import Progress
+from opsctl.slots.progress import Closed, EndpointReplacedEvent, Progress
 from opsctl.slots.ranges import expand, slot_command, text, to_ranges
 from opsctl.slots.session import (
     MAX_FAILOVERS,

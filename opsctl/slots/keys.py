@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from opsctl.base import stop
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
-from opsctl.base.events import BigKey, BusyKeyEqual, Emit, EndpointDown, MigrateRetry
+from opsctl.base.events import Emit
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.fanout import Borrowed, fan_out
 from opsctl.net.topolock import check_held
@@ -35,7 +35,7 @@ from opsctl.slots.batching import (
 from opsctl.slots.journal import Journal
 from opsctl.slots.members import shard_members
 from opsctl.slots.moveguard import DOWN, OK, REPLACED, flagged_ids, verdict
-from opsctl.slots.progress import Progress
+from opsctl.slots.progress import BigKey, BusyKeyEqual, EndpointDown, MigrateRetry, Progress
 from opsctl.slots.session import Peer, Session, checked, keyed, pipe, stream
 
 WAVE_SLOTS = 512

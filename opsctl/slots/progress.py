@@ -4,9 +4,147 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from opsctl.base.events import Emit, SlotsDone, SlotsProgress
+from opsctl.base.events import Emit, Event, Redrawn, gauge, human_bytes, human_seconds
+from opsctl.base.frozen import Frozen, frozen
+
+
+@frozen
+class SlotsStart(Frozen, Event):
+    """moves: each move's source, target, slots, slot_count, est_keys and est_bytes."""
+
+    kind: ClassVar[str] = "slots-start"
+    mode: str
+    slot_count: int
+    moves: tuple[Mapping[str, str | int], ...]
+
+    def line(self) -> str:
+        return f"moving {self.slot_count} slots ({self.mode})"
+
+
+@frozen
+class SlotsProgress(Frozen, Event):
+    """Counters of a slot operation so far; eta in seconds, None while too early to say."""
+
+    kind: ClassVar[str] = "slots-progress"
+    redrawn: ClassVar[Redrawn] = "bar"
+    slots_done: int
+    slots_total: int
+    keys: int
+    bytes: int
+    keys_per_sec: float
+    seconds: float
+    eta: float | None
+
+    def line(self, width: int = 24) -> str:
+        """`[#####.....] 120/4096 slots  53000 keys  12.0MiB  91000 keys/s  ETA 3s`."""
+        return (f"{gauge(self.slots_done, self.slots_total, width)} {self.slots_done}/{self.slots_total} slots  "
+                f"{self.keys} keys  {human_bytes(self.bytes)}  {self.keys_per_sec:.0f} keys/s  "
+                f"ETA {human_seconds(self.eta)}")
+
+
+@frozen
+class SlotsDone(SlotsProgress):
+    kind: ClassVar[str] = "slots-done"
+    redrawn: ClassVar[Redrawn] = "bar-last"
+
+
+@frozen
+class BigKey(Frozen, Event):
+    kind: ClassVar[str] = "big-key"
+    slot: int
+    key: str
+    bytes: int
+    timeout_ms: int
+
+    def line(self) -> str:
+        return (f"big-key: slot {self.slot}, {self.key!r}, {human_bytes(self.bytes)}: moved alone, "
+                f"MIGRATE timeout {self.timeout_ms} ms")
+
+
+@frozen
+class MigrateRetry(Frozen, Event):
+    kind: ClassVar[str] = "migrate-retry"
+    slot: int
+    keys: int
+    error: str
+
+    def line(self) -> str:
+        return f"migrate-retry: slot {self.slot}, {self.keys} keys: {self.error}"
+
+
+@frozen
+class BusyKeyEqual(Frozen, Event):
+    kind: ClassVar[str] = "busy-key-equal"
+    slot: int
+    key: str
+
+    def line(self) -> str:
+        return f"busy-key-equal: slot {self.slot}, {self.key!r} was on the target already, equal: replaced"
+
+
+@frozen
+class Closed(Frozen, Event):
+    """Open slots closed: actions maps finish/assign/cancel to the slot ranges it applied to."""
+
+    kind: ClassVar[str] = "closed"
+    source: str
+    target: str
+    journaled: bool
+    actions: Mapping[str, str]
+
+    def line(self) -> str:
+        origin = "journaled" if self.journaled else "found open"
+        done = ", ".join(f"{action} {slots}" for action, slots in sorted(self.actions.items()))
+        return f"closed: {self.source} -> {self.target} ({origin}): {done}"
+
+
+@frozen
+class SlotsSkip(Frozen, Event):
+    kind: ClassVar[str] = "slots-skip"
+    step: str
+    why: str
+
+    def line(self) -> str:
+        return f"slots-skip: {self.step}: {self.why}"
+
+
+@frozen
+class SlotsClosed(Frozen, Event):
+    kind: ClassVar[str] = "slots-closed"
+    what: str
+
+    def line(self) -> str:
+        return f"slots-closed: {self.what}"
+
+
+@frozen
+class EndpointDown(Frozen, Event):
+    """A node a slot move goes from (source) or to (target) does not answer, or is flagged failing."""
+
+    kind: ClassVar[str] = "endpoint-down"
+    role: str
+    node: str
+
+    def line(self) -> str:
+        return f"endpoint-down: the {self.role} {self.node} does not answer: waiting, no SETSLOT meanwhile"
+
+
+@frozen
+class EndpointReplacedEvent(Frozen, Event):
+    """The cluster failed over the shard of a move's source or target; the move follows the shard."""
+
+    kind: ClassVar[str] = "endpoint-replaced"
+    role: str
+    node: str
+
+    def line(self) -> str:
+        return (f"endpoint-replaced: the {self.role} {self.node} was failed over: the move goes on with its "
+                "shard's new master")
+
 
 INTERVAL = 0.25
 MIN_FRACTION_FOR_ETA = 0.05  # before that, setup time (opening slots) makes any ETA a wild guess

@@ -10,7 +10,7 @@ from typing import Any
 
 from opsctl.base import stop
 from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure
-from opsctl.base.events import Emit, EndpointReplacedEvent, Log, SlotsStart, as_dict
+from opsctl.base.events import Emit, Log, as_dict
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.observer import observe
@@ -22,7 +22,7 @@ from opsctl.slots.journal import Journal, OpenSlots
 from opsctl.slots.keys import EndpointReplaced, KeyMover, Options
 from opsctl.slots.members import find_node, shard_members
 from opsctl.slots.moveguard import flagged_ids
-from opsctl.slots.progress import Progress
+from opsctl.slots.progress import EndpointReplacedEvent, Progress, SlotsStart
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.session import (
     MAX_FAILOVERS,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.words import human_bytes
+from opsctl.base.events import human_bytes
 
 READ_LIMIT = 16 * 1024 * 1024
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import AUTH_HINT, NodeError, is_auth_failure
+from opsctl.base.events import human_bytes
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import wait_for
-from opsctl.base.words import human_bytes
 from opsctl.net.connection import connection_to, said
 from opsctl.net.resp import text
 from opsctl.observe.replies import parse_pairs

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
-from opsctl.base.words import gauge, human_seconds
 from opsctl.cli.options import (
     RATE,
     STATE_DIR_TUNNELS_HELP,
@@ -33,7 +32,7 @@ CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memo
 
 def scan_line(done: int, total: int, nodes: int, elapsed: float) -> str:
     """`[#####.....] 52000/100000 keys, 3 nodes  26000 keys/s  ETA 2s`; total is DBSIZE, an estimate. Pure."""
-    from opsctl.base.words import plural
+    from opsctl.base.events import gauge, human_seconds, plural  # not at import: `opsctl --help` loads this module
 
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = (total - done) / rate if rate > 0 and done < total else (0.0 if done >= total else None)
@@ -70,7 +69,7 @@ class ProgressBar:
 
     def emit(self, event: Event) -> None:
         """The audit's progress events, each node's latest count folded into the one line."""
-        from opsctl.base.events import ScanProgress  # not at import: `opsctl --help` loads this module
+        from opsctl.audit.scan import ScanProgress
 
         if isinstance(event, ScanProgress):
             self(event.node, event.done, event.total)
@@ -170,7 +169,7 @@ def _audit_hot(args: argparse.Namespace) -> int:
 def refuse_unread(findings: Sequence[Finding]) -> None:
     """A node the audit could not read (down, refusing the password, failing mid-scan) is an error, exit 1, not a
     finding's exit 4: the report printed above is incomplete, and a pipeline must not read it as a verdict."""
-    from opsctl.base.words import plural
+    from opsctl.base.events import plural
 
     unread = sorted({f.node for f in findings if f.rule == UNREAD_RULE})
     if unread:

@@ -37,8 +37,11 @@ def event_printer(json_mode: bool) -> AbstractContextManager[Printer]:
     backup-done, verify-done, restore-done, restore-dry-run or, ending backup --continuous, archive-stopped event,
     in the envelope); otherwise text on stderr, progress as a bar redrawn on a terminal, and the text result on
     stdout when done."""
-    from opsctl.base.events import ArchiveStopped, BackupDone, RestoreDone, VerifyDone
+    from opsctl.backup.follow import ArchiveStopped
+    from opsctl.backup.integrity import VerifyDone
+    from opsctl.backup.save import BackupDone
     from opsctl.cli.output import printing
+    from opsctl.restore.copying import RestoreDone
 
     return printing(json_mode, sys.stdout if json_mode else sys.stderr,
                     results=(BackupDone, VerifyDone, RestoreDone, ArchiveStopped))
@@ -87,7 +90,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import parse_location
-    from opsctl.cli.output import print_text
+    from opsctl.cli.output import Printer, print_text
     from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
@@ -102,8 +105,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     store = open_store(parse_location(args.to), probe="write")  # no bucket, no access: said before any fork
     if args.continuous:
         return _continuous(args, loaded, state_dir, store, options)
-    with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
-            event_printer(json_mode) as emit, \
+    lock_notes = Printer(json_mode)  # a forced or taken-over lock, said on stderr
+    with open_connector(loaded, state_dir) as connector, \
+            topology_lock(connector, force=args.force_lock, emit=lock_notes), event_printer(json_mode) as emit, \
             staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
     note_run(args, keys=manifest.total_keys)
@@ -119,8 +123,9 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     held only while a base is taken, so reshards and failovers run beside it. The spec file is read and placed again
     every few seconds: the archive follows the fleet `apply` changes (a spec from stdin: the nodes placed now)."""
     from opsctl.backup.archive import ArchiveOptions, run_archive
+    from opsctl.backup.follow import ArchiveStopped
     from opsctl.base import stop
-    from opsctl.base.events import ArchiveStopped
+    from opsctl.cli.output import Printer
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import fleet_placer, open_connector
 
@@ -131,7 +136,7 @@ def _continuous(args: argparse.Namespace, loaded: LoadedSpec, state_dir: Path, s
     with open_connector(loaded, state_dir) as connector, event_printer(args.output == "json") as emit:
         try:
             run_archive(connector, store, state_dir, emit, archive,
-                        lambda: topology_lock(connector, force=args.force_lock),
+                        lambda: topology_lock(connector, force=args.force_lock, emit=Printer(args.output == "json")),
                         None if args.file == "-" else fleet_placer(args.file, state_dir, connector))
         except stop.Stopped as stopped:
             if not stop.asked_once():
@@ -163,9 +168,8 @@ def _catalog(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from opsctl.backup.integrity import verify_backup
+    from opsctl.backup.integrity import VerifyDone, verify_backup
     from opsctl.backup.offsite import fetched
-    from opsctl.base.events import VerifyDone
     from opsctl.cli.output import print_text
     from opsctl.cli.results import VerifyResult
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
@@ -119,7 +118,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     options = MoveOptions(max_keys_per_sec=args.max_keys_per_sec, key_by_key=args.key_by_key)
     dry_run = getattr(args, "dry_run", False)
     with nullcontext() if dry_run else state_lock(state_dir), open_connector(loaded, state_dir) as connector, \
-            nullcontext() if dry_run else topology_lock(connector, force=args.force_lock):  # a dry run: no lock
+            nullcontext() if dry_run else topology_lock(connector, force=args.force_lock, emit=emit):  # dry: no lock
         seen = one_cluster(connector)
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)
@@ -222,8 +221,10 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
 def _fix_dry_run(args: argparse.Namespace) -> int:
     """What fix would act on: the check's open slots (closed as journaled) and uncovered slots; nothing changes."""
-    print("dry run: fix closes the open slots and covers the uncovered slots the check below names",
-          file=sys.stderr)
+    from opsctl.cli.output import say
+
+    say("dry run: fix closes the open slots and covers the uncovered slots the check below names",
+        args.output == "json")
     args.timeout = 2.0
     cmd_check(args)
     return EXIT_OK

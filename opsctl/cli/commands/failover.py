@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
-    from opsctl.cli.output import print_result, printing
+    from opsctl.cli.output import Printer, print_result, printing
     from opsctl.cli.results import FailoverResult
     from opsctl.failover.runbook import Options, run_failover
     from opsctl.net.topolock import topology_lock
@@ -58,7 +58,8 @@ def cmd_failover(args: argparse.Namespace) -> int:
     with printing(json_mode, sys.stderr if json_mode else sys.stdout) as emit, \
             nullcontext() if args.dry_run else state_lock(state_dir), \
             _reaching(loaded, state_dir, promoting) as (connector, provider), \
-            nullcontext() if args.dry_run else topology_lock(connector, force=args.force_lock):
+            nullcontext() if args.dry_run else topology_lock(connector, force=args.force_lock,
+                                                                   emit=Printer(json_mode)):
         report = run_failover(connector, state_dir, opts, emit, provider)
     print_result(FailoverResult(report), args.output)
     return EXIT_OK

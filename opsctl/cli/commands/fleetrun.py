@@ -65,7 +65,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from opsctl.apply import PlanResult, plan
-    from opsctl.cli.output import print_result
+    from opsctl.base.events import tagged
+    from opsctl.cli.output import print_result, printing
     from opsctl.fleet.summary import FleetResult, run_each
     from opsctl.runtime.opening import open_runtime
     from opsctl.spec.load import LoadedSpec
@@ -75,9 +76,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     def one(loaded: LoadedSpec) -> PlanResult:
         with open_runtime(loaded) as rt:
-            return plan(rt)
+            return plan(rt, emit=tagged(printer, loaded.spec.name))
 
-    result = FleetResult("plan", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
+    with printing(args.output == "json") as printer:
+        result = FleetResult("plan", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
     print_result(result, args.output)
     if result.failed:
         return EXIT_ERROR

@@ -88,8 +88,9 @@ def _inventory(args: argparse.Namespace) -> int:
     """As text, what was written on stdout; as JSON, the inventory on stdout (an inventory script's answer) and
     what was written (--with-files) on stderr."""
     import json
-    import sys
     from pathlib import Path
+
+    from opsctl.cli.output import Lines
 
     as_json = args.output == "json"
     if as_json and not args.with_files:  # the inventory goes to stdout: no folder is written into
@@ -98,8 +99,9 @@ def _inventory(args: argparse.Namespace) -> int:
         refuse_given(args, ("dir",), "a written inventory (text) or --with-files' installers, not with -o json "
                      "alone (it prints the inventory)", "drop --dir, or add --with-files")
     lines, inventory = write_inventory(args, Path(args.dir or DEFAULT_DIR), as_json)
+    said = Lines(args.output)  # as JSON, note events on stderr: stdout holds the inventory
     for line in lines:
-        print(line, file=sys.stderr if as_json else sys.stdout)
+        said(line)
     if inventory is not None:
         print(json.dumps(inventory, indent=2))
     return EXIT_OK

@@ -4,7 +4,6 @@ opsctl.status, opsctl.destroy) on a runtime opened from -f/--state-dir, and prin
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -39,6 +38,7 @@ def opened(args: argparse.Namespace, locked: bool = False, keep_spec: bool = Fal
     keep_spec: keep the validated spec beside it even on a first run (plan and apply, a pipeline's pair)."""
     from pathlib import Path
 
+    from opsctl.cli.output import Printer
     from opsctl.cli.runsignals import note_run
     from opsctl.runtime.opening import RuntimeOptions, open_runtime
     from opsctl.state.specfile import read_spec_to_keep
@@ -51,7 +51,8 @@ def opened(args: argparse.Namespace, locked: bool = False, keep_spec: bool = Fal
     note_run(args, loaded.spec.name)  # --metrics-textfile names it, however the run ends
     state_dir = getattr(args, "state_dir", None)
     options = RuntimeOptions(None if state_dir is None else Path(state_dir), locked,
-                             getattr(args, "force_lock", False), keep if keep_spec else None)
+                             getattr(args, "force_lock", False), keep if keep_spec else None,
+                             Printer(getattr(args, "output", None) == "json"))
     with open_runtime(loaded, options) as rt:
         yield rt
 
@@ -71,28 +72,26 @@ def approving(args: argparse.Namespace, question: Callable[[Plan], str]) -> Appr
 
 
 def rounds_printer(printer: Printer, done: str | None = None) -> Emit:
-    """A run's events as the CLI prints them: the steps through printer (a bar on a terminal), a round's end and a
-    replan as plain lines on stderr once the bar is erased. done: a round's end in other words ('Restarted')."""
-    from opsctl.base.runevents import Replanning, RoundDone
+    """A run's events as the CLI prints them, through printer (a bar on a terminal, erased before a line). done: a
+    round's end in other words ('Restarted') as text."""
+    from opsctl.apply.rounds import RoundDone
+    from opsctl.base.events import Note
 
     def emit(event: Event) -> None:
-        if not isinstance(event, RoundDone | Replanning):
-            printer(event)
-            return
-        printer.close()
-        line = f"{done} in {event.seconds:.2f}s." if done and isinstance(event, RoundDone) else event.line()
-        print(line, file=sys.stderr)  # wall time: steps run side by side
+        if done and isinstance(event, RoundDone) and not printer.json_mode:
+            event = Note(f"{done} in {event.seconds:.2f}s.")  # wall time: steps run side by side
+        printer(event)
 
     return emit
 
 
 def print_status(status: StatusResult, output: str) -> None:
     """The status; as text, how to get healthy on stderr when it is not."""
-    from opsctl.cli.output import print_result
+    from opsctl.cli.output import print_result, say
 
     print_result(status, output)
-    if output == "text" and status.hint is not None:
-        print(f"  hint: {status.hint}", file=sys.stderr)
+    if output == "text" and status.hint is not None:  # for people: as JSON, "healthy" and "health" say it
+        say(f"  hint: {status.hint}", json_mode=False)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -101,13 +100,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from opsctl.apply import PlanOptions, plan
-    from opsctl.cli.output import print_result
+    from opsctl.cli.output import print_result, printing
     from opsctl.state.safefs import check_writable_target
 
     if args.out:
         check_writable_target(args.out, "--out")
-    with opened(args, keep_spec=True) as rt:
-        result = plan(rt, PlanOptions(Path(args.out) if args.out else None))
+    with opened(args, keep_spec=True) as rt, printing(args.output == "json") as printer:
+        result = plan(rt, PlanOptions(Path(args.out) if args.out else None), printer)
     print_result(result, args.output)
     return EXIT_CHANGES if result.changes else EXIT_OK
 
@@ -157,10 +156,13 @@ def _needs_review(args: argparse.Namespace, rest: Plan) -> None:
     """A saved plan runs exactly its own steps: when it started down nodes first (plan.replan), the steps their
     answers call for were never reviewed. They are shown, not run, and exit 2 says a new plan is due."""
     from opsctl.apply.planning import plan_text
+    from opsctl.base.events import Note
+    from opsctl.cli.output import printing
 
-    print("The saved plan's steps are done. What the nodes it started now call for was not in it:", file=sys.stderr)
-    print(plan_text(rest), file=sys.stderr)
-    print(f"  hint: review them with opsctl plan -f {args.file} --out FILE, then apply that plan", file=sys.stderr)
+    with printing(args.output == "json") as printer:
+        printer(Note("The saved plan's steps are done. What the nodes it started now call for was not in it:"))
+        printer(Note(plan_text(rest)))
+        printer(Note(f"  hint: review them with opsctl plan -f {args.file} --out FILE, then apply that plan"))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

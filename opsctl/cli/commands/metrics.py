@@ -8,7 +8,6 @@ the package, written into DIR."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -56,6 +55,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def _groups(loaded: LoadedSpec, state_dir_arg: str | None) -> list[TargetGroup]:
     """The file_sd groups of one topology: its nodes deployed, where they run."""
+    from opsctl.cli.output import say
     from opsctl.metrics.targets import target_groups
     from opsctl.runtime.opening import nothing_deployed, recorded_placement
     from opsctl.state.statedir import state_dir_for
@@ -64,8 +64,7 @@ def _groups(loaded: LoadedSpec, state_dir_arg: str | None) -> list[TargetGroup]:
     placed, records = recorded_placement(loaded, state_dir)
     _refuse_ports_above_range(placed)  # where the nodes run: a node placed past base_port's range counts too
     if not records and loaded.spec.topology != "standalone":  # a mistyped --state-dir must not pass unseen
-        print(f"note: {nothing_deployed(loaded, state_dir)}: the targets are where the first apply puts the nodes",
-              file=sys.stderr)
+        say(f"note: {nothing_deployed(loaded, state_dir)}: the targets are where the first apply puts the nodes", False)
     return target_groups(placed.spec, placed.layout, records)
 
 

@@ -86,6 +86,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
     from opsctl.base import stop
     from opsctl.base.events import Note
+    from opsctl.cli.output import Printer
     from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
@@ -100,8 +101,8 @@ def _migrate(args: argparse.Namespace) -> int:
         stack.enter_context(state_lock(state_dir))
         source_connector, ref = _source(args, state_dir, stack)
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
-        stack.enter_context(topology_lock(target_connector, force=args.force_lock))
         json_mode = args.output == "json"
+        stack.enter_context(topology_lock(target_connector, force=args.force_lock, emit=Printer(json_mode)))
         emit = _emitter(stack, json_mode)
         try:
             report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
@@ -121,8 +122,9 @@ def _migrate(args: argparse.Namespace) -> int:
 def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
     """The migration's events, entered on stack: JSON lines on stdout (the cutover report the last), or text on
     stderr without the report, which goes to stdout at the end."""
-    from opsctl.base.events import CutoverDone, Event
+    from opsctl.base.events import Event
     from opsctl.cli.output import printing
+    from opsctl.migrate.cutover import CutoverDone
 
     printer = stack.enter_context(printing(json_mode, sys.stdout if json_mode else sys.stderr, (CutoverDone,)))
 
@@ -135,6 +137,7 @@ def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
 def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tuple[Connector, dict[str, str]]:
     """The source's connector and the options that reach it again. A spec's topology lock is held (no opsctl run
     reshards it meanwhile); a store given by endpoints has none."""
+    from opsctl.cli.output import Printer
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
     from opsctl.state.specfile import read_spec
@@ -147,7 +150,7 @@ def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tupl
         return foreign_connector(foreign), foreign.ref()
     source = read_spec(args.from_spec)
     connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
-    stack.enter_context(topology_lock(connector, force=args.force_lock))
+    stack.enter_context(topology_lock(connector, force=args.force_lock, emit=Printer(args.output == "json")))
     return connector, {} if args.from_spec == "-" else {"from_spec": os.path.abspath(args.from_spec)}
 
 
@@ -172,6 +175,7 @@ def _running(state_dir: Path) -> bool:
 def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
+    from opsctl.cli.output import say
     from opsctl.migrate.phases import REQUEST, RESULT, read_journal
     from opsctl.state.safefs import read_bounded, write_private
     from opsctl.state.specfile import read_spec
@@ -204,7 +208,7 @@ def _request_cutover(args: argparse.Namespace) -> int:
                                   hint=f"run `opsctl migrate cutover -f {args.file}` again: it finishes an "
                                        "interrupted cutover (or `--lift-fence` lifts the source's fence)")
         time.sleep(0.05)
-    print("the running migration did not report within 120s; its own output shows why", file=sys.stderr)
+    say("the running migration did not report within 120s; its own output shows why", args.output == "json")
     return EXIT_ERROR
 
 
@@ -219,7 +223,9 @@ def _interrupted(args: argparse.Namespace, ref: dict[str, str]) -> int:
                                     **dict.fromkeys(ENDPOINT_OPTIONS), **ref})
     if args.lift_fence:
         return _lift(resumed)
-    print("a cutover was interrupted (the source is fenced): resuming the migration to finish it", file=sys.stderr)
+    from opsctl.cli.output import say
+
+    say("a cutover was interrupted (the source is fenced): resuming the migration to finish it", args.output == "json")
     return _migrate(resumed)
 
 

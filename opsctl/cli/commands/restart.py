@@ -25,21 +25,21 @@ def cmd_restart(args: argparse.Namespace) -> int:
     from opsctl.runtime.gather import settled_facts
     from opsctl.status import status
 
-    with opened(args, locked=not args.dry_run) as rt:
+    with opened(args, locked=not args.dry_run) as rt, printing(args.output == "json") as printer:
         names = [n.name for n in rt.loaded.layout.nodes]
         selected = set(args.nodes) if args.nodes is not None else set(names)
         unknown = sorted(selected - set(names))
         if unknown:
             raise OpsctlError(f"no node named {', '.join(unknown)}", hint=f"nodes are: {', '.join(names)}")
-        facts = settled_facts(rt, with_config=False)
+        facts = settled_facts(rt, with_config=False, emit=printer)
         refuse_silent_nodes(facts, rt.loaded.spec.tls.enabled)
         plan = restart_plan(rt.loaded, facts, selected, spec_digest(rt.loaded))
         question = f"Restart {len(selected)} node(s) of '{plan.spec_name}'?"
         options = ApplyOptions(dry_run=args.dry_run, allow_downtime=args.allow_downtime,
                                parallel_shards=args.parallel_shards, wait_timeout=args.wait_timeout,
                                approve=approving(args, lambda _: question))
-        with printing(args.output == "json") as printer:
-            run_plan(rt, plan, options, rounds_printer(printer, done="Restarted"))
+        run_plan(rt, plan, options, rounds_printer(printer, done="Restarted"))
+        printer.close()  # the bar erased before the status
         if not args.dry_run:
             print_status(status(rt), args.output)
     return EXIT_OK

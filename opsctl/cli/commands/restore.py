@@ -31,10 +31,10 @@ if TYPE_CHECKING:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from opsctl.base.events import RestoreDryRun
     from opsctl.cli.options import confirm
+    from opsctl.cli.output import Printer
     from opsctl.net.topolock import topology_lock
-    from opsctl.restore.copying import run_restore
+    from opsctl.restore.copying import RestoreDryRun, run_restore
     from opsctl.restore.sources import RestoreOptions
     from opsctl.restore.target import inspect_target
     from opsctl.runtime.opening import open_connector
@@ -61,7 +61,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
             stack.enter_context(state_lock(state_dir))
         connector = stack.enter_context(open_connector(loaded, state_dir))
         if not args.dry_run:  # one run per target topology, whatever its state dir
-            stack.enter_context(topology_lock(connector, force=args.force_lock))
+            stack.enter_context(topology_lock(connector, force=args.force_lock, emit=Printer(json_mode)))
         target = inspect_target(connector)
         prepared = _sources(args, stack, loaded, target, state_dir, options, until)
         emit = stack.enter_context(event_printer(json_mode))
@@ -81,6 +81,7 @@ def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, tar
              options: RestoreOptions, until: float | None) -> Prepared:
     """The sources a restore reads, entered on stack: a backup replayed to a time, a backup, or a live topology
     (locked, unless a dry run, so that no run reshards, fails over or restarts it while it is read)."""
+    from opsctl.cli.output import Printer
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.sources import backup_sources, live_sources, refuse_same_servers
     from opsctl.runtime.opening import open_connector
@@ -98,7 +99,8 @@ def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, tar
     refuse_same_servers(loaded, source)  # before the source's lock, which would meet this run's own
     source_connector = stack.enter_context(open_connector(source, state_dir_for(source, None)))
     if not args.dry_run:
-        stack.enter_context(topology_lock(source_connector, force=args.force_lock))
+        stack.enter_context(topology_lock(source_connector, force=args.force_lock,
+                                                     emit=Printer(args.output == "json")))
     return stack.enter_context(live_sources(source_connector, target, options))
 
 

@@ -50,7 +50,7 @@ def _deployed_names(loaded: LoadedSpec, state_dir: Path) -> list[str]:
 def _rotate(args: argparse.Namespace) -> int:
     from opsctl.apply.tls_rotation import Mode, rotate
     from opsctl.cli.options import confirm
-    from opsctl.cli.output import print_result, printing
+    from opsctl.cli.output import Printer, print_result, printing
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import make_runtime
@@ -74,7 +74,7 @@ def _rotate(args: argparse.Namespace) -> int:
         # one run per topology, whatever its state dir; each node's line as it is done (as text on stdout, as JSON
         # an event on stderr)
         json_mode = args.output == "json"
-        with state_lock(rt.state_dir), topology_lock(rt.connector, force=args.force_lock), \
+        with state_lock(rt.state_dir), topology_lock(rt.connector, force=args.force_lock, emit=Printer(json_mode)), \
                 printing(json_mode, None if json_mode else sys.stdout) as emit:
             lines = rotate(rt, mode, emit)
     finally:

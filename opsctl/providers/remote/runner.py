@@ -15,13 +15,30 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
-from opsctl.base.events import Emit, PlaybookTask
+from opsctl.base.events import Emit, Event, Redrawn
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.providers.remote.inventory import inventory_yaml
 from opsctl.state.safefs import make_dir, trusted_owners, write_private
+
+
+@frozen
+class PlaybookTask(Frozen, Event):
+    """A task of an Ansible playbook finished on a host: ok, changed, failed, unreachable or skipped."""
+
+    kind: ClassVar[str] = "playbook-task"
+    redrawn: ClassVar[Redrawn] = "bar"
+    playbook: str
+    host: str
+    task: str
+    status: str
+
+    def line(self) -> str:
+        return f"{self.playbook}: {self.host}: {self.status}: {self.task}"
+
 
 KEPT_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "SSH_AUTH_SOCK", "USER")
 TASK_STATUS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreachable": "unreachable",
