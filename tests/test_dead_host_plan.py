@@ -203,3 +203,23 @@ def test_the_ping_period_is_the_dead_masters_own() -> None:
     with pytest.raises(RefusedError) as refused:
         make_plan(loaded, desired(loaded), facts, "d")
     assert "heard from it 20 s ago" in refused.value.detail and "32 s" in refused.value.hint
+
+
+def test_a_shard_the_cluster_healed_itself_after_the_first_promotion_is_done_not_refused() -> None:
+    """Two orphaned shards, no majority: the first promotion gives the masters their majority back and the cluster
+    elects the second shard's master itself before its step runs (seen live under load). The second step finds its
+    replica following that new master, which serves the gone one's slots: done, not "roles changed"."""
+    from opsctl.apply.shape_steps import _elected_meanwhile
+
+    def line(node_id: str, master_id: str | None, slots: tuple[tuple[int, int], ...] = ()) -> ClusterNodeLine:
+        flags = frozenset({"master"} if master_id is None else {"slave"}) | ({"myself"} if node_id == "me" else set())
+        return ClusterNodeLine(node_id, "127.0.0.1", 7000, 17000, flags, master_id, 0, "connected", slots)
+
+    step = PromoteReplica("t-14", "why", 2, "dead", "127.0.0.3:7001", "5462-9557")
+    wanted = set(range(5462, 9558))
+    healed = [line("me", "new"), line("new", None, ((5462, 9557),)), line("dead", None, ())]
+    assert _elected_meanwhile(healed, healed[0], step, wanted) == healed[1]
+    elsewhere = [line("me", "other"), line("other", None, ((0, 5461),))]
+    assert _elected_meanwhile(elsewhere, elsewhere[0], step, wanted) is None  # follows a master of another shard
+    orphan = [line("me", "dead"), line("dead", None, ((5462, 9557),))]
+    assert _elected_meanwhile(orphan, orphan[0], step, wanted) is None  # still the gone master's: promote it

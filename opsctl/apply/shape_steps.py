@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
+from opsctl.base.events import Log
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connection import Connection
 from opsctl.observe.cluster_state import voting_masters
@@ -103,24 +104,32 @@ def forget_nodes(run: Execution, step: ForgetNodes) -> None:
 def promote_replica(run: Execution, step: PromoteReplica) -> None:
     """CLUSTER FAILOVER TAKEOVER on the replica the plan chose, unless it is a master already (a run killed after it
     asked: never asked twice), then until it answers as a master and a majority of the slot-owning masters' views give
-    it the dead master's slots. One that follows another master now is left alone (the roles changed since the plan)."""
+    it the dead master's slots. One that follows another master now is left alone: done when that master serves the
+    gone one's slots (the cluster elected it once an earlier promotion gave it a majority), else refused (the roles
+    changed since the plan)."""
     from opsctl.failover.actions import checkpoint
     from opsctl.slots.session import open_session
 
     handle = run.rt.connections[step.node]
     view = handle.read(CLUSTER_NODES)
     me = myself(view)
-    if me is None or (not me.is_master and me.master_id != step.dead):
+    wanted = set(ranges.expand(ranges.parse(step.slots)))
+    elected = _elected_meanwhile(view, me, step, wanted)
+    if me is None or (not me.is_master and me.master_id != step.dead and elected is None):
         raise RefusedError(f"{step.node} is no longer a replica of the gone master at {step.was}",
                            f"it is {'not in a cluster' if me is None else 'a replica of ' + str(me.master_id)} "
                            "now: the shard's roles changed since the plan was made",
                            "apply again: it plans from the roles now")
-    if not me.is_master:
+    if elected is not None:
+        # an earlier promotion gave the cluster its majority back, and it elected this shard's master itself
+        at = f"{elected.address}:{elected.port}"
+        run.emit(Log(step.title(), f"shard {step.shard} got a master meanwhile ({at}, elected by the cluster), "
+                     "not promoted"))
+    elif not me.is_master:
         _refuse_live_master(run, handle, step)
         handle.call("CLUSTER", "FAILOVER", step.mode.upper())
         checkpoint("promote-replica-asked")
-    node_id = me.id
-    wanted = set(ranges.expand(ranges.parse(step.slots)))
+    node_id = me.id if elected is None else elected.id
     with open_session(run.rt.connector) as session:
         def promoted() -> bool | Pending:
             session.refresh()
@@ -128,6 +137,17 @@ def promote_replica(run: Execution, step: PromoteReplica) -> None:
 
         wait_for(promoted, run.wait_timeout, f"{step.node} to serve shard {step.shard}'s slots as a master in a "
                  "majority of the masters' views", interval=0.05)
+
+
+def _elected_meanwhile(view: list[ClusterNodeLine], me: ClusterNodeLine | None, step: PromoteReplica,
+                       wanted: set[int]) -> ClusterNodeLine | None:
+    """The master this replica follows now, when that is not the gone one and it claims the gone master's slots:
+    the shard was healed by an election of its own (step 1 of 2 gave the masters their majority back)."""
+    if me is None or me.is_master or me.master_id in (None, step.dead):
+        return None
+    master = next((line for line in view if line.id == me.master_id), None)
+    owns = master is not None and master.is_master and wanted <= set(ranges.expand(master.slots))
+    return master if owns else None
 
 
 def _refuse_live_master(run: Execution, handle: Connection, step: PromoteReplica) -> None:
