@@ -146,6 +146,7 @@ class Fleet:
         self.looking: Future[Look | OpsctlError] | None = None  # a look under way
         self.began = 0.0  # when it began (wall clock)
         self.slots: SlotMap | str | None = None  # at the last look (a cluster's; MOVING, None: unknown or none)
+        self.seen = 0.0  # when the last look whose outcome was taken began (wall clock)
         self.base_slots: SlotMap | None = None  # the base's, from its manifest
         self.said = ""
 
@@ -182,7 +183,7 @@ class Fleet:
             self.said = found.summary
             return
         loaded, deployed, slots = found
-        self.said = ""
+        self.said, self.seen = "", began
         self.connector.loaded = loaded
         self.shards = deployed_shards(loaded, deployed)
         self.slots = slots
@@ -232,9 +233,9 @@ class Fleet:
         """Whether the deployed shards (or a cluster's slots) differ from the base's: the first time, changed.json
         written into the base (a restore after its `until` is refused, never served without a shard's writes) and
         said."""
-        if self.base is None or self.shards is None or (
+        if self.base is None or self.shards is None or self.seen < self.base.taken or (
                 self.shards == frozenset(self.base.positions) and not self._slots_moved(False)):
-            return False
+            return False  # a look begun before the base was taken tells nothing about it (a slow look, mid-reshard)
         if self.marked != self.base.name:
             change = Changed(self.agreed, time.time(), tuple(sorted(self.base.positions)), tuple(sorted(self.shards)))
             try:
