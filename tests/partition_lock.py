@@ -138,7 +138,9 @@ def holder_cut_off(path: Path, minority: list[str], majority: list[str]) -> dict
     finally:
         partition.close()
         holder.kill()
-    lost_words, taken_words = lost.split(maxsplit=2), taken.split()
+    # the last line that says so: a note (a takeover from stale markers waits one lease) may come before it
+    lost_words = next((line.split(maxsplit=2) for line in reversed(lost.splitlines()) if line.startswith("lost ")), [])
+    taken_words = next((line.split() for line in reversed(taken.splitlines()) if line.startswith("taken ")), [])
     return {"holder": held, "holder_said": lost.strip()[-400:],
             "holder_lost": round(float(lost_words[1]) - cut_at, 3) if lost_words[:1] == ["lost"] else None,
             "taken": round(float(taken_words[1]) - cut_at, 3) if taken_words[:1] == ["taken"] else None,
