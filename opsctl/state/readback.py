@@ -12,25 +12,13 @@ from pathlib import Path
 from types import EllipsisType
 from typing import Any, NoReturn, TypeVar, overload
 
+from opsctl.base.frozen import Frozen
+from opsctl.base.record import DataMismatch, Versioned, found, kind_name, read_fields
 from opsctl.state.safefs import READ_LIMIT, FileProblem, read_bounded
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Frozen)
 D = TypeVar("D")
-KIND_NAMES: dict[type, str] = {str: "a string", int: "a whole number", float: "a number", bool: "true or false",
-                               list: "a list", dict: "an object"}
-
-
-def kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(KIND_NAMES.get(k, k.__name__) for k in kinds)
-
-
-def found(value: object) -> str:
-    if value is None:
-        return "null"
-    return KIND_NAMES.get(type(value), type(value).__name__).removeprefix("a ").removeprefix("an ")
-
-
 def parse_json(text: str, path: Path | str, hint: str) -> object:
     """A JSON value, not yet checked: Fields checks each field's kind as it is read."""
     if not text.strip():
@@ -54,6 +42,15 @@ def load_json(path: Path | str, hint: str, limit: int = READ_LIMIT, follow: bool
     if text is None:
         raise FileProblem(path, "does not exist", hint)
     return parse_json(text, path, hint)
+
+
+def read_record(cls: type[F], data: object, path: Path | str, hint: str, where: str = "") -> F:
+    """A record of a saved format (base.record.Versioned, or any @frozen record) from a file's JSON value, every
+    field checked by its type; a FileProblem naming the file and the field otherwise."""
+    try:
+        return cls.from_json(data, where) if issubclass(cls, Versioned) else read_fields(cls, data, where)
+    except DataMismatch as exc:
+        raise FileProblem(path, str(exc), hint) from None
 
 
 class Fields:

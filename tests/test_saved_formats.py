@@ -1,0 +1,93 @@
+"""Saved formats (opsctl.base.record.Versioned): every field read back is checked by its type hint, a file without
+`format` reads as format 1, and an error names the file and the field, never the value it holds."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Annotated, ClassVar
+
+import pytest
+
+from opsctl.base.errors import OpsctlError
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import DataMismatch, Range, Versioned
+from opsctl.state.readback import read_record
+
+
+@frozen
+class Where(Frozen):
+    host: str
+    port: Annotated[int, Range(1, 65535)]
+    shard: int | None = None
+
+
+@frozen
+class Saved(Versioned):
+    format: ClassVar[int] = 2
+    name: str
+    ratio: float = 0.0
+    on: bool = False
+    at: Where | None = None
+    pairs: tuple[tuple[str, str], ...] = ()
+    counts: tuple[int, ...] = ()
+    labels: dict[str, str] | None = None
+
+    @classmethod
+    def upgraded(cls, data: dict[str, object], written: int) -> dict[str, object]:
+        return {"name": data.get("title", "")} if written == 1 else data
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.name.startswith("-"):
+            yield "name", "starts with a dash"
+
+
+@frozen
+class Sparse(Versioned):
+    SPARSE: ClassVar[bool] = True
+    digest: str | None = None
+    flag: bool = False
+    kept: dict[str, object] | None = None
+
+
+FULL = {"format": 2, "name": "n", "ratio": 1, "on": True, "at": {"host": "h", "port": 7000, "shard": None},
+        "pairs": [["a", "b"]], "counts": [1, 2], "labels": {"k": "v"}}
+
+
+def test_a_record_reads_its_own_json_back() -> None:
+    saved = Saved.from_json(FULL)
+    assert saved == Saved("n", 1.0, True, Where("h", 7000), (("a", "b"),), (1, 2), {"k": "v"})
+    assert isinstance(saved.ratio, float) and saved.to_json() == {**FULL, "ratio": 1.0}
+
+
+def test_a_file_without_format_is_format_1_and_is_upgraded() -> None:
+    assert Saved.from_json({"title": "old"}).name == "old"
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    ({**FULL, "format": 3}, "format"), ({**FULL, "format": "2"}, "format"), ({**FULL, "format": True}, "format"),
+    ({**FULL, "name": 5}, "name"), ({**FULL, "on": 1}, "on"), ({**FULL, "ratio": True}, "ratio"),
+    ({**FULL, "ratio": float("inf")}, "ratio"), ({**FULL, "at": {"host": "h"}}, "at.port"),
+    ({**FULL, "at": {"host": "h", "port": 0}}, "at.port"), ({**FULL, "at": {"host": "h", "port": True}}, "at.port"),
+    ({**FULL, "at": []}, "at"), ({**FULL, "pairs": [["a"]]}, "pairs[0]"),
+    ({**FULL, "pairs": [["a", 1]]}, "pairs[0][1]"),
+    ({**FULL, "counts": ["1"]}, "counts[0]"), ({**FULL, "counts": "12"}, "counts"),
+    ({**FULL, "labels": {"k": 1}}, "labels.k"), ({**FULL, "extra": 1}, "unknown field 'extra'"),
+    ({**FULL, "name": "-x"}, "name: starts with a dash"), ({"format": 2}, "name: is missing"),
+])
+def test_a_wrong_field_is_named(data: dict[str, object], where: str) -> None:
+    with pytest.raises(DataMismatch, match="^" + re.escape(where)):
+        Saved.from_json(data)
+
+
+def test_an_error_names_the_file_and_never_quotes_the_value() -> None:
+    with pytest.raises(OpsctlError) as caught:
+        read_record(Saved, {**FULL, "name": ["hunter2-secret"]}, "/x/saved.json", "delete it")
+    assert str(caught.value) == "/x/saved.json: name: expected a string, found list"
+    assert caught.value.hint == "delete it" and "hunter2" not in f"{caught.value} {caught.value.detail}"
+
+
+def test_a_sparse_record_leaves_defaults_out_and_keeps_unknown_keys() -> None:
+    record = Sparse.from_json({"digest": "d", "flag": None, "later": [1]})  # null with a default reads as it
+    assert record == Sparse("d", False, {"later": [1]})
+    assert record.to_json() == {"digest": "d", "later": [1]} and Sparse().to_json() == {}
