@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Annotated, ClassVar
@@ -91,3 +92,27 @@ def test_a_sparse_record_leaves_defaults_out_and_keeps_unknown_keys() -> None:
     record = Sparse.from_json({"digest": "d", "flag": None, "later": [1]})  # null with a default reads as it
     assert record == Sparse("d", False, {"later": [1]})
     assert record.to_json() == {"digest": "d", "later": [1]} and Sparse().to_json() == {}
+
+
+PLACED = {"address": "127.0.0.1", "host": "h1", "port": 7000, "role": "master", "shard": 1}
+OLD_RECORDS = [  # as opsctl wrote them before records were typed: write_config's, a restart owed, tombstones
+    {"applied": 1733500000.25, "deployed": PLACED, "digest": "abc", "directives": [["port", "7000"], ["save", ""]]},
+    {"applied": 1733500000.0, "deployed": {**PLACED, "shard": None}, "digest": "abc", "directives": [["a", "b"]],
+     "pending_restart": True},
+    {"deployed": PLACED, "purging": True, "retired": True}, {"deployed": PLACED, "retired": True},
+]
+
+
+@pytest.mark.parametrize("indent", [None, 2], ids=["local", "ansible"])
+@pytest.mark.parametrize("old", OLD_RECORDS)
+def test_a_node_record_reads_and_writes_back_byte_for_byte(old: dict[str, object], indent: int | None) -> None:
+    from dataclasses import replace
+
+    from opsctl.providers.base import parse_record, record_text
+
+    text = json.dumps(old, sort_keys=True, indent=indent) + "\n"
+    record = parse_record(text, "opsctl-node.json")
+    assert record_text(record, indent) == text
+    done = {k: v for k, v in old.items() if k != "pending_restart"}  # what a restart leaves: the key gone
+    assert record_text(replace(record, pending_restart=False), indent) == json.dumps(done, sort_keys=True,
+                                                                                     indent=indent) + "\n"

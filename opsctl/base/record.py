@@ -31,12 +31,13 @@ R = TypeVar("R", bound="Record")
 
 
 class Range:
-    """Marker: a whole number's bounds, both inclusive (None: no bound on that side)."""
+    """Marker: a whole number's bounds, both inclusive (None: no bound on that side); what: the number's name in a
+    saved format's error ("a port": "is not a port from 1 to 65535")."""
 
-    __slots__ = ("ge", "le")
+    __slots__ = ("ge", "le", "what")
 
-    def __init__(self, ge: int | None = None, le: int | None = None) -> None:
-        self.ge, self.le = ge, le
+    def __init__(self, ge: int | None = None, le: int | None = None, what: str = "") -> None:
+        self.ge, self.le, self.what = ge, le, what
 
 
 class Length:
@@ -230,7 +231,8 @@ def _read(kind: object, value: object, where: str) -> object:
         read = _read(inner, value, where)
         for marker in markers:
             if isinstance(marker, Range) and isinstance(read, int) and not _in_range(read, marker):
-                raise DataMismatch(_at(where, f"is not from {marker.ge} to {marker.le}"))
+                raise DataMismatch(_at(where, f"is not {marker.what + ' ' if marker.what else ''}from "
+                                              f"{marker.ge} to {marker.le}"))
         return read
     if isinstance(kind, type) and issubclass(kind, Record):
         return kind.from_json(value, where)
