@@ -10,9 +10,11 @@ from typing import Annotated, ClassVar
 
 import pytest
 
+from opsctl.apply.planfile import parse_plan
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.record import DataMismatch, Range, Versioned
+from opsctl.plan.steps import STEP_TYPES, RestartNode, StartNode, Step
 from opsctl.state.readback import read_record
 
 
@@ -116,3 +118,31 @@ def test_a_node_record_reads_and_writes_back_byte_for_byte(old: dict[str, object
     done = {k: v for k, v in old.items() if k != "pending_restart"}  # what a restart leaves: the key gone
     assert record_text(replace(record, pending_restart=False), indent) == json.dumps(done, sort_keys=True,
                                                                                      indent=indent) + "\n"
+
+
+@frozen
+class SlotList(Step):
+    kind: ClassVar[str] = "test-slot-list"
+    slots: tuple[int, ...] = ()
+
+
+def _plan_with(step: dict[str, object]) -> dict[str, object]:
+    return {"format": 1, "spec": "t", "spec_digest": "d", "fingerprint": "f", "steps": [step]}
+
+
+def test_a_saved_step_field_is_read_by_its_declared_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each field by the step class's type hint, not guessed from its default: a tuple[int, ...] holding a string
+    is refused and the error names the file and the field (before, only the list was checked, not its items)."""
+    monkeypatch.setitem(STEP_TYPES, SlotList.kind, SlotList)
+    step = {"kind": SlotList.kind, "node": "t-1", "reason": "r", "slots": [1, 2]}
+    assert parse_plan(_plan_with(step), "plan.json").steps == (SlotList("t-1", "r", (1, 2)),)
+    with pytest.raises(OpsctlError) as caught:
+        parse_plan(_plan_with({**step, "slots": [1, "2"]}), "plan.json")
+    assert str(caught.value) == "plan.json: steps[0].slots[1]: expected a whole number, found string"
+    with pytest.raises(OpsctlError, match=r"^plan\.json: steps\[0\]\.members\[0\]: expected a string, found whole"):
+        parse_plan(_plan_with({"kind": "form-cluster", "node": "t-1", "reason": "r", "members": [7]}), "plan.json")
+
+
+def test_every_step_reads_its_own_saved_form_back() -> None:
+    for step in (StartNode("t-1", "r"), RestartNode("t-2", "r", True)):
+        assert parse_plan(_plan_with(step.to_dict()), "plan.json").steps == (step,)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
 
 from opsctl.base.errors import StalePlan
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
-from opsctl.state.readback import Fields, load_json
+from opsctl.state.readback import Fields, load_json, read_record
 
 PLAN_HINT = "make it again with `opsctl plan -f SPEC --out FILE`"
 PLAN_LIMIT = 64 * 1024 * 1024
@@ -55,23 +53,14 @@ def parse_plan(data: object, path: Path | str) -> Plan:
 
 
 def _step(step: Fields) -> Step:
+    """A step of its kind, each field read by the type the step class declares (base.record's checker: a
+    tuple[int, ...] holding a string is refused, naming the field)."""
     kind = step.get("kind", str)
     cls = STEP_TYPES.get(kind)
     if cls is None:
         raise step.problem(f"unknown step kind (known: {', '.join(sorted(STEP_TYPES))})", "kind")
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        default = f.default if f.default is not MISSING else ...
-        expected = type(default) if default is not ... else str
-        value = step.get(f.name, list if expected is tuple else expected, default)
-        values[f.name] = _tuples(value) if isinstance(value, list) else value
-    extra = sorted(set(step.data) - {f.name for f in fields(cls)} - {"kind"})
-    if extra:
-        raise step.problem(f"unknown field {extra[0]!r} for a {kind} step")
-    if cls is PromoteReplica and values["mode"] not in PROMOTE_MODES:  # sent to the server as CLUSTER FAILOVER's option
-        raise step.problem(f"mode {values['mode']!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
-    return cls(**values)
-
-
-def _tuples(value: list[Any]) -> tuple[Any, ...]:
-    return tuple(_tuples(v) if isinstance(v, list) else v for v in value)
+    fields = {k: v for k, v in step.data.items() if k != "kind"}
+    made = read_record(cls, fields, step.path, step.hint, step.where)
+    if isinstance(made, PromoteReplica) and made.mode not in PROMOTE_MODES:  # CLUSTER FAILOVER's option
+        raise step.problem(f"mode {made.mode!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
+    return made
