@@ -146,3 +146,22 @@ def test_a_saved_step_field_is_read_by_its_declared_type(monkeypatch: pytest.Mon
 def test_every_step_reads_its_own_saved_form_back() -> None:
     for step in (StartNode("t-1", "r"), RestartNode("t-2", "r", True)):
         assert parse_plan(_plan_with(step.to_dict()), "plan.json").steps == (step,)
+
+
+def test_a_slots_outcome_prints_the_json_and_text_it_always_did() -> None:
+    from opsctl.cli.results import SlotsResult
+    from opsctl.slots.session import DescribedMove, SlotsOutcome, SlotsSummary
+
+    move = DescribedMove("t-1", "t-4", "0-99", 100, 1200, 65536)
+    done = SlotsSummary("slots-done", 100, 100, 1190, 70000, 2380.0, 0.5, None, "atomic")
+    result = SlotsResult(SlotsOutcome((move,), done, notes=("n",)))
+    assert json.dumps(result.to_dict()) == json.dumps({
+        "dry_run": False, "moves": [{"source": "t-1", "target": "t-4", "slots": "0-99", "slot_count": 100,
+                                     "est_keys": 1200, "est_bytes": 65536}],
+        "summary": {"event": "slots-done", "slots_done": 100, "slots_total": 100, "keys": 1190, "bytes": 70000,
+                    "keys_per_sec": 2380.0, "seconds": 0.5, "eta": None, "mode": "atomic"},
+        "notes": ["n"]})
+    assert result.text() == ("Moves: 1\n  t-1 -> t-4: 100 slots (0-99), ~1200 keys, ~64.0KiB\n  n\n"
+                             "moved 100 slots, 1190 keys in 0.50s (2380 keys/s, atomic)")
+    assert SlotsResult(SlotsOutcome(dry_run=True)).to_dict() == {"dry_run": True, "moves": [], "summary": {},
+                                                                  "notes": []}
