@@ -165,3 +165,17 @@ def test_a_slots_outcome_prints_the_json_and_text_it_always_did() -> None:
                              "moved 100 slots, 1190 keys in 0.50s (2380 keys/s, atomic)")
     assert SlotsResult(SlotsOutcome(dry_run=True)).to_dict() == {"dry_run": True, "moves": [], "summary": {},
                                                                   "notes": []}
+
+
+def test_a_reader_of_part_of_a_file_passes_the_keys_it_does_not_declare(tmp_path) -> None:
+    """The failover report's reader (failover.report.SavedReport) reads the fields the cool-down uses, each checked
+    by its type, and passes the rest of what FailoverReport.to_dict wrote."""
+    from opsctl.failover.report import SavedReport
+
+    full = {"outcome": "succeeded", "started": 1000, "phases_ms": {"total": 5, "promote": 2.5}, "mode": "graceful",
+            "target": {"shard": 1, "master": "a", "replica": None}, "new_master": None, "attempts": []}
+    saved = read_record(SavedReport, full, "r.json", "h")
+    assert (saved.started, saved.phases_ms.total, saved.target.master, saved.target.replica, saved.new_master) == \
+        (1000.0, 5.0, "a", "", "")
+    with pytest.raises(OpsctlError, match=r"^r\.json: phases_ms\.total: cannot be negative$"):
+        read_record(SavedReport, {**full, "phases_ms": {"total": -1}}, "r.json", "h")

@@ -375,6 +375,8 @@ def read_fields(cls: type[F], data: object, where: str = "") -> F:
             continue
         values[name] = _read(hints[name], data[name], path)
     unknown = {k: v for k, v in data.items() if k not in declared}
+    if unknown and issubclass(cls, Versioned) and cls.READS_PART:
+        unknown = {}
     if unknown and KEPT not in declared:
         raise DataMismatch(_at(where, f"unknown field {_quoted(next(iter(unknown)))}"))
     if unknown:
@@ -403,6 +405,7 @@ class Versioned(Frozen):
 
     format: ClassVar[int] = 1
     SPARSE: ClassVar[bool] = False  # a field at its default is left out of the JSON (a missing key reads as it)
+    READS_PART: ClassVar[bool] = False  # a reader's view of a bigger file: the keys it does not declare are passed
 
     @classmethod
     def from_json(cls: type[V], data: object, where: str = "") -> V:
