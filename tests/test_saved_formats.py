@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -179,3 +180,21 @@ def test_a_reader_of_part_of_a_file_passes_the_keys_it_does_not_declare(tmp_path
         (1000.0, 5.0, "a", "", "")
     with pytest.raises(OpsctlError, match=r"^r\.json: phases_ms\.total: cannot be negative$"):
         read_record(SavedReport, {**full, "phases_ms": {"total": -1}}, "r.json", "h")
+
+
+def test_a_segment_header_is_written_as_before_and_read_by_its_types() -> None:
+    import time
+    from dataclasses import asdict
+
+    from opsctl.backup.segment import MAGIC, SegmentProblem, decode_segment, encode_segment, parse_name
+    from opsctl.stream.framing import Entry
+
+    now = time.time()
+    name, data = encode_segment(1, "a" * 40, 100, [Entry((b"SET", b"k", b"v"), 131, now - 1)], now, False)
+    header, _ = decode_segment(name, data, "w/seg")
+    line = data[len(MAGIC):data.index(b"\n", len(MAGIC))]
+    assert line == json.dumps(asdict(header), separators=(",", ":")).encode()  # what the dataclass wrote
+    bad = data.replace(b'"entries":1', b'"entries":"1"')
+    with pytest.raises(SegmentProblem, match=r"^w/seg: has a header that is not one: entries: expected a whole"):
+        decode_segment(parse_name(name.text.replace(name.sha256, hashlib.sha256(bad).hexdigest())) or name, bad,
+                       "w/seg")
