@@ -3,6 +3,10 @@ description. Record.from_json checks JSON-like data field by field for its types
 the validator's (opsctl.spec.pydantic_model). Nothing here imports pydantic: a spec validated before is read back
 without it.
 
+Saved formats (Versioned): files opsctl writes and reads back (node records, segment headers, leases, journals) as
+@frozen records whose type hints are the schema, read field by field by one checker (_read, which Record.from_json
+shares), with a format number and an upgrade step.
+
 A short, stable digest of JSON-able data: plans, rendered files, specs and fingerprints are compared by it.
 
 Times read back from stored records (manifests, archive descriptions, segments, leases, retention records) and
