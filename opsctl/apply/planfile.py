@@ -6,6 +6,7 @@ from pathlib import Path
 
 from opsctl.base.errors import StalePlan
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import Versioned
 from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
 from opsctl.state.readback import Fields, load_json, read_record
 
@@ -42,25 +43,38 @@ class SavedPlan(Frozen):
         return saved
 
 
+@frozen
+class PlanFile(Versioned):
+    """A plan saved with `plan --out` (Plan.to_dict, which names its format), read back by its types; each step by
+    the class of its kind (_step)."""
+
+    spec: str
+    spec_digest: str
+    fingerprint: str
+    steps: tuple[object, ...]
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    replan: bool = False
+    summary: str = ""
+
+
 def parse_plan(data: object, path: Path | str) -> Plan:
     """Plan.to_dict's JSON back into a Plan, every field checked (path: where it came from, for errors)."""
-    plan = Fields(data, path, PLAN_HINT)
-    if plan.get("format", int) != 1:
-        raise plan.problem(f"format {plan.data['format']} is not 1: not a plan this opsctl wrote", "format")
-    return Plan(plan.get("spec", str), plan.get("spec_digest", str), plan.get("fingerprint", str),
-                tuple(_step(step) for step in plan.items("steps")), tuple(plan.strings("notes", [])),
-                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False), plan.get("summary", str, ""))
+    saved = read_record(PlanFile, data, path, PLAN_HINT)
+    steps = tuple(_step(step, path, f"steps[{i}]") for i, step in enumerate(saved.steps))
+    return Plan(saved.spec, saved.spec_digest, saved.fingerprint, steps, saved.notes, saved.warnings, saved.replan,
+                saved.summary)
 
 
-def _step(step: Fields) -> Step:
+def _step(data: object, path: Path | str, where: str) -> Step:
     """A step of its kind, each field read by the type the step class declares (base.record's checker: a
     tuple[int, ...] holding a string is refused, naming the field)."""
+    step = Fields(data, path, PLAN_HINT, where)
     kind = step.get("kind", str)
     cls = STEP_TYPES.get(kind)
     if cls is None:
         raise step.problem(f"unknown step kind (known: {', '.join(sorted(STEP_TYPES))})", "kind")
-    fields = {k: v for k, v in step.data.items() if k != "kind"}
-    made = read_record(cls, fields, step.path, step.hint, step.where)
+    made = read_record(cls, {k: v for k, v in step.data.items() if k != "kind"}, path, PLAN_HINT, where)
     if isinstance(made, PromoteReplica) and made.mode not in PROMOTE_MODES:  # CLUSTER FAILOVER's option
         raise step.problem(f"mode {made.mode!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
     return made
