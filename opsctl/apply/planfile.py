@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from opsctl.base.errors import StalePlan
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.record import Versioned
 from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
-from opsctl.state.readback import Fields, load_json, read_record
+from opsctl.state.readback import load_json, read_record
+from opsctl.state.safefs import FileProblem
 
 PLAN_HINT = "make it again with `opsctl plan -f SPEC --out FILE`"
 PLAN_LIMIT = 64 * 1024 * 1024
@@ -66,15 +68,24 @@ def parse_plan(data: object, path: Path | str) -> Plan:
                 saved.summary)
 
 
+@frozen
+class StepKind(Versioned):
+    """What a saved step is (its kind), read first: its class then reads the rest."""
+
+    READS_PART: ClassVar[bool] = True
+    kind: str
+
+
 def _step(data: object, path: Path | str, where: str) -> Step:
     """A step of its kind, each field read by the type the step class declares (base.record's checker: a
     tuple[int, ...] holding a string is refused, naming the field)."""
-    step = Fields(data, path, PLAN_HINT, where)
-    kind = step.get("kind", str)
-    cls = STEP_TYPES.get(kind)
+    cls = STEP_TYPES.get(read_record(StepKind, data, path, PLAN_HINT, where).kind)
     if cls is None:
-        raise step.problem(f"unknown step kind (known: {', '.join(sorted(STEP_TYPES))})", "kind")
-    made = read_record(cls, {k: v for k, v in step.data.items() if k != "kind"}, path, PLAN_HINT, where)
+        raise FileProblem(path, f"{where}.kind: unknown step kind (known: {', '.join(sorted(STEP_TYPES))})",
+                          PLAN_HINT)
+    fields = {k: v for k, v in data.items() if k != "kind"} if isinstance(data, dict) else data  # an object: read
+    made = read_record(cls, fields, path, PLAN_HINT, where)
     if isinstance(made, PromoteReplica) and made.mode not in PROMOTE_MODES:  # CLUSTER FAILOVER's option
-        raise step.problem(f"mode {made.mode!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
+        raise FileProblem(path, f"{where}.mode: mode {made.mode!r} is not one of {', '.join(PROMOTE_MODES)}",
+                          PLAN_HINT)
     return made
