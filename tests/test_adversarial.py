@@ -156,7 +156,7 @@ def _fifo(folder: Path) -> str:
 @pytest.mark.parametrize("text", ['{"directives": null}', '{"directives": null, "digest": null, "applied": null}'])
 def test_node_record_with_null_fields_reads_as_empty(text: str) -> None:
     """A record whose directives were null made `opsctl plan` end in "internal error: TypeError"."""
-    assert parse_record(text, "n-1", "opsctl-node.json")["directives"] == []
+    assert parse_record(text, "opsctl-node.json").directives == ()
 
 
 @pytest.mark.parametrize("text", ['{"directives": {}}', '{"directives": [["a"]]}', '{"directives": [[1, 2]]}',
@@ -165,7 +165,7 @@ def test_node_record_with_null_fields_reads_as_empty(text: str) -> None:
                                   '{"deployed": {"host": "h1", "port": "1", "role": "master", "shard": 1}}'])
 def test_node_record_bad_shapes_are_named(text: str) -> None:
     with pytest.raises(OpsctlError, match=r"^opsctl-node\.json: "):
-        parse_record(text, "n-1", "opsctl-node.json")
+        parse_record(text, "opsctl-node.json")
 
 
 @pytest.mark.parametrize(("field", "value"), [

@@ -19,6 +19,7 @@ from opsctl.observe.replies import ClusterNodeLine, RoleInfo
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import PROMOTE_FIRST, make_plan
 from opsctl.plan.steps import PromoteReplica
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.load import LoadedSpec
 from tests.support import make_spec
 from tests.test_planner import desired, load_dict
@@ -119,7 +120,7 @@ def test_a_down_replica_that_comes_back_is_named_before_the_restore() -> None:
     names starting it before restoring from a backup."""
     loaded, facts = _fleet({1, 6, 7})
     name = loaded.layout.servers[1].name
-    facts[name] = NodeFacts(name, False, record={"digest": "abc"})
+    facts[name] = NodeFacts(name, False, record=NodeRecord("abc"))
     with pytest.raises(RefusedError) as refused:
         make_plan(loaded, desired(loaded), facts, "d")
     assert "no member left" in refused.value.summary and f"if {name}" in refused.value.hint, refused.value

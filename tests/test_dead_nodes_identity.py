@@ -10,6 +10,7 @@ import pytest
 from opsctl.base.errors import RefusedError
 from opsctl.cluster.deadnodes import dead_nodes, promote_orphans
 from opsctl.plan.facts import NodeFacts
+from opsctl.spec.deployed import DeployedAs, NodeRecord
 from tests.support import make_spec
 from tests.test_dead_nodes import line
 from tests.test_planner import load_dict
@@ -28,7 +29,7 @@ def test_an_id_at_a_replaced_nodes_endpoint_is_dead_only_when_its_identity_went(
     failed = line("old", other.endpoint, "slave", "fail")
     fresh = NodeFacts(other.name, False)  # down, no record: a new machine at the dead host's address
     assert dead_nodes(layout, _facts(fresh, failed)) == {"old": other.endpoint}
-    stopped = NodeFacts(other.name, False, record={"digest": "abc"})  # down with its folder: it comes back
+    stopped = NodeFacts(other.name, False, record=NodeRecord("abc"))  # down with its folder: it comes back
     assert dead_nodes(layout, _facts(stopped, failed)) == {}
     me = line("new", other.endpoint, "myself", "slave")
     replaced = NodeFacts(other.name, True, reachable=True, cluster_nodes=(me,))  # runs with a new id
@@ -43,7 +44,7 @@ def test_slots_held_only_by_a_dead_id_at_a_replaced_endpoint_are_refused() -> No
     failed = line("old", other.endpoint, "master", "fail", slots=((5461, 10922),))
     with pytest.raises(RefusedError):
         promote_orphans(loaded, _facts(NodeFacts(other.name, False), failed))
-    assert promote_orphans(loaded, _facts(NodeFacts(other.name, False, record={"digest": "abc"}), failed)) == []
+    assert promote_orphans(loaded, _facts(NodeFacts(other.name, False, record=NodeRecord("abc")), failed)) == []
 
 
 def test_a_replication_master_without_its_folder_is_not_started_empty_over_the_data() -> None:
@@ -60,14 +61,15 @@ def test_a_replication_master_without_its_folder_is_not_started_empty_over_the_d
     def facts(master: NodeFacts, keys: int = 5) -> dict[str, NodeFacts]:
         out = {shard.master: master}
         for name in shard.replicas:
-            out[name] = NodeFacts(name, True, record={"digest": "d"}, reachable=True, info={"db0": f"keys={keys}"},
+            out[name] = NodeFacts(name, True, record=NodeRecord("d"), reachable=True, info={"db0": f"keys={keys}"},
                                   role=RoleInfo("replica", master=dead, link="connect"))
         return out
 
     with pytest.raises(RefusedError) as refused:
         refuse_empty_master_start(loaded, facts(NodeFacts(shard.master, False)))
     assert refused.value.exit_code == 3 and "REPLICAOF NO ONE" in refused.value.hint
-    returning = NodeFacts(shard.master, False, record={"digest": "d", "deployed": {"role": "master"}})
+    was_master = DeployedAs.of(loaded.layout.node(shard.master))
+    returning = NodeFacts(shard.master, False, record=NodeRecord("d", deployed=was_master))
     refuse_empty_master_start(loaded, facts(returning))  # it comes back with its data
     refuse_empty_master_start(loaded, facts(NodeFacts(shard.master, False), keys=0))  # nothing to lose
     running = NodeFacts(shard.master, True, reachable=True, role=RoleInfo("master"))

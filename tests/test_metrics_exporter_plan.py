@@ -20,6 +20,7 @@ from opsctl.plan.servers import config_steps
 from opsctl.render import default_paths, render_node
 from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words, exporter_rule_words, exporter_secret
 from opsctl.server.versions import parse_version
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
@@ -139,7 +140,7 @@ def test_a_changed_user_line_restarts_nothing(tmp_path: Path, monkeypatch: pytes
     old = desired_nodes(before, lambda n: default_paths(str(tmp_path), n), True)[node.name]
     new = desired_nodes(after, lambda n: default_paths(str(tmp_path), n), True)[node.name]
     assert [d for d in old.directives if d[0] == "user"] != [d for d in new.directives if d[0] == "user"]
-    facts = NodeFacts(node.name, True, {}, {"digest": old.digest, "directives": [list(d) for d in old.directives]},
+    facts = NodeFacts(node.name, True, {}, NodeRecord(old.digest, tuple(old.directives)),
                       reachable=True, config={})
     steps = config_steps(node, new, facts, True, ("redis", parse_version("7.0")))
     assert [s.kind for s in steps] == ["write-config"]

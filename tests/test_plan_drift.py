@@ -13,6 +13,7 @@ from opsctl.plan.desired import DIFFERS, PREVIOUS, sentinel_file_values, server_
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
 from opsctl.render.directives import SECRET_DIRECTIVES
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.load import load_spec, make_resolver
 from opsctl.spec.text import split_args
 from tests.support import PASSWORD, make_spec
@@ -69,7 +70,7 @@ def test_a_dropped_config_is_reset_live_or_by_a_restart_when_it_cannot_be() -> N
     want = desired(loaded)
     name = loaded.layout.servers[0].name
     extra = [["hz", "20"], ["io-threads", "4"], ["not-a-known-one", "x"]]
-    record = {"digest": "old", "directives": [list(d) for d in want[name].directives] + extra}
+    record = NodeRecord.from_json({"digest": "old", "directives": [*map(list, want[name].directives), *extra]})
     live = {"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "appendonly": "yes", "hz": "20",
             "io-threads": "4", "not-a-known-one": "x"}
     facts = {name: NodeFacts(name, True, record=record, reachable=True, config=live)}
@@ -97,7 +98,7 @@ def test_a_rotation_makes_every_node_accept_both_passwords_before_anything_uses_
     want = desired(loaded)
     facts = {}
     for node in loaded.layout.servers:
-        record = {"digest": want[node.name].digest, "directives": [list(d) for d in want[node.name].directives]}
+        record = NodeRecord(want[node.name].digest, tuple(want[node.name].directives))
         config = {"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "appendonly": "yes",
                   "requirepass": PREVIOUS, "masterauth": PREVIOUS}
         role = RoleInfo("master", replicas=()) if node.role == "master" else \
@@ -117,7 +118,7 @@ def test_a_missing_config_file_is_written_again_before_a_start() -> None:
     loaded = loaded_spec("standalone")
     want = desired(loaded)
     name = loaded.layout.servers[0].name
-    record = {"digest": want[name].digest, "directives": [list(d) for d in want[name].directives]}
+    record = NodeRecord(want[name].digest, tuple(want[name].directives))
     facts = {name: NodeFacts(name, False, "died", record=record, on_disk={})}
     steps = make_plan(loaded, want, facts, "d").steps
     assert [s.kind for s in steps] == ["write-config", "start"]
@@ -137,7 +138,7 @@ def test_a_default_user_line_holding_another_password_is_file_drift() -> None:
     assert DIFFERS not in verdicts and PREVIOUS in verdicts
     loaded = loaded_spec("standalone")
     name = loaded.layout.servers[0].name
-    facts = {name: NodeFacts(name, False, "died", record={"digest": desired(loaded)[name].digest},
+    facts = {name: NodeFacts(name, False, "died", record=NodeRecord(desired(loaded)[name].digest),
                              on_disk={**_disk_of(loaded, name), "user default": f"{MASK} {DIFFERS}"})}
     steps = make_plan(loaded, desired(loaded), facts, "d").steps
     assert steps[0].kind == "write-config" and "default user" in steps[0].reason

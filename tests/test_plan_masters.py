@@ -234,7 +234,7 @@ def test_rolling_order_and_the_failover_before_a_restart_ask_the_same_decision()
     shard.master(shard.old, keys=300, replicas=(shard.new,))
     shard.replica(shard.new, of=shard.old)
     shard.master(shard.other, **NEVER_PROMOTED)
-    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    shard.facts = {n: replace(f, record=replace(f.record, pending_restart=True)) for n, f in shard.facts.items()}
     plan = shard.plan()
     assert [(s.kind, s.node) for s in plan.steps if isinstance(s, (Failover, RestartNode, Replicate))] == [
         ("restart", shard.new), ("restart", shard.other), ("failover", shard.old), ("restart", shard.old),
@@ -291,7 +291,7 @@ def test_a_step_planned_towards_a_master_this_plan_fails_over_says_so() -> None:
     shard = Shard()
     shard.master(shard.old, keys=300, replicas=(shard.new,))
     shard.replica(shard.new, of=shard.old)
-    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    shard.facts = {n: replace(f, record=replace(f.record, pending_restart=True)) for n, f in shard.facts.items()}
     shard.facts[shard.other] = NodeFacts(shard.other, False)  # new: no record
     plan = shard.plan()
     steps = [(s.kind, s.node) for s in plan.steps]
@@ -308,7 +308,7 @@ def test_with_a_failover_in_the_plan_the_sentinels_it_needs_start_before_it() ->
     shard.master(shard.old, keys=300, replicas=(shard.new, shard.other))
     shard.replica(shard.new, of=shard.old)
     shard.replica(shard.other, of=shard.old)
-    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    shard.facts = {n: replace(f, record=replace(f.record, pending_restart=True)) for n, f in shard.facts.items()}
     name, (address, port) = sentinel_master_name(shard.loaded.spec), shard.address(shard.old)
     *running, new = [n.name for n in shard.loaded.layout.sentinels]
     for sentinel in running:
@@ -378,7 +378,7 @@ def test_an_interrupted_failover_is_finished_alone_before_a_restart() -> None:
     shard.replica(shard.other, of=shard.old, offset=9984)
     shard.master(shard.new, keys=300, **promoted(at=9984))
     fenced(shard, shard.old, "config")
-    shard.facts = {n: replace(f, record={**f.record, "pending_restart": True}) for n, f in shard.facts.items()}
+    shard.facts = {n: replace(f, record=replace(f.record, pending_restart=True)) for n, f in shard.facts.items()}
     plan = shard.plan()
     assert [(s.kind, s.node) for s in plan.steps] == [("finish-failover", shard.old)] and plan.replan, plan.steps
     assert "finished first" in plan.notes[0]

@@ -16,6 +16,7 @@ from opsctl.plan.desired import DIFFERS
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.planner import make_plan
 from opsctl.plan.steps import NODE_LOCAL, ConfigSet, Plan, WriteConfig
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.load import LoadedSpec
 from tests.support import PASSWORD, make_spec
 from tests.test_plan_drift import _disk_of
@@ -47,7 +48,7 @@ def test_masters_first_moves_nothing_out_of_its_side_by_side_run() -> None:
 def _changed_memory(spec: dict) -> tuple[LoadedSpec, dict[str, NodeFacts]]:
     before = load_dict(spec)
     after = load_dict({**spec, "memory": {**spec["memory"], "maxmemory": "96mb"}})
-    facts = {k: dataclasses.replace(v, record=recorded(desired(before)[k]) | {"digest": "old"})
+    facts = {k: dataclasses.replace(v, record=dataclasses.replace(recorded(desired(before)[k]), digest="old"))
              for k, v in formed_cluster(before).items()}
     return after, facts
 
@@ -85,9 +86,9 @@ def test_a_secret_changes_as_a_verdict_never_its_value() -> None:
     want = desired(loaded)
     facts = {}
     for node in loaded.layout.servers:
-        recorded_directives = [[k, PASSWORD if k in ("requirepass", "masterauth") else v]  # a record gone wrong
-                               for k, v in recorded(want[node.name])["directives"]]
-        facts[node.name] = NodeFacts(node.name, True, record={"digest": "old", "directives": recorded_directives},
+        recorded_directives = [(k, PASSWORD if k in ("requirepass", "masterauth") else v)  # a record gone wrong
+                               for k, v in recorded(want[node.name]).directives]
+        facts[node.name] = NodeFacts(node.name, True, record=NodeRecord("old", tuple(recorded_directives)),
                                      reachable=True, config={"masterauth": DIFFERS, "requirepass": MASK})
     plan = make_plan(loaded, want, facts, "d")
     text = plan_text(plan)
@@ -101,7 +102,7 @@ def test_a_setting_that_left_the_spec_shows_its_way_back_to_the_default() -> Non
     loaded = loaded_spec("standalone")
     want = desired(loaded)
     name = loaded.layout.servers[0].name
-    record = {"digest": "old", "directives": [list(d) for d in want[name].directives] + [["hz", "20"]]}
+    record = NodeRecord("old", (*want[name].directives, ("hz", "20")))
     facts = {name: NodeFacts(name, True, record=record, reachable=True,
                              config={"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", "hz": "20"})}
     plan = make_plan(loaded, want, facts, "d")
@@ -122,8 +123,9 @@ def _recorded_with(loaded: LoadedSpec, old: dict[str, str]) -> dict[str, NodeFac
     facts = {}
     for node in loaded.layout.servers:
         record = recorded(want[node.name])
-        record["directives"] = [[k, old.get(k, v)] for k, v in record["directives"]]  # type: ignore[attr-defined]
-        facts[node.name] = NodeFacts(node.name, True, record={**record, "digest": "old"}, reachable=True,
+        record = dataclasses.replace(record, digest="old",
+                                     directives=tuple((k, old.get(k, v)) for k, v in record.directives))
+        facts[node.name] = NodeFacts(node.name, True, record=record, reachable=True,
                                      config={"maxmemory": "67108864", "maxmemory-policy": "allkeys-lru", **old})
     return facts
 
@@ -153,9 +155,9 @@ def test_a_sentinel_quorum_names_the_sentinels_as_its_cause() -> None:
     facts = _recorded_with(loaded, {})
     for node in loaded.layout.sentinels:
         record = recorded(want[node.name])
-        record["directives"] = [[k, v.rsplit(" ", 1)[0] + " 1" if k == "sentinel monitor" else v]
-                                for k, v in record["directives"]]  # type: ignore[attr-defined]
-        facts[node.name] = NodeFacts(node.name, True, record={**record, "digest": "old"}, reachable=True)
+        record = dataclasses.replace(record, digest="old", directives=tuple(
+            (k, v.rsplit(" ", 1)[0] + " 1" if k == "sentinel monitor" else v) for k, v in record.directives))
+        facts[node.name] = NodeFacts(node.name, True, record=record, reachable=True)
     text = plan_text(make_plan(loaded, want, facts, "d"))
     assert "hosts (3 sentinels: a majority) derives quorum 1 -> 2" in text, text
 
@@ -164,7 +166,7 @@ def test_a_write_without_a_setting_change_says_what_changed_and_shows_no_lines()
     loaded = loaded_spec("standalone")
     facts = _recorded_with(loaded, {})
     name = loaded.layout.servers[0].name
-    facts[name] = dataclasses.replace(facts[name], record={**facts[name].record, "digest": "old"})
+    facts[name] = dataclasses.replace(facts[name], record=dataclasses.replace(facts[name].record, digest="old"))
     plan = make_plan(loaded, desired(loaded), facts, "d")
     write = plan.steps[0]
     assert isinstance(write, WriteConfig) and write.changes == ()

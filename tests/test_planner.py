@@ -27,6 +27,7 @@ from opsctl.plan.steps import (
     WaitConverged,
 )
 from opsctl.render import default_paths
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from tests.support import PASSWORD, make_spec
 
@@ -47,8 +48,8 @@ def fresh_facts(loaded: LoadedSpec) -> dict[str, NodeFacts]:
     return {n.name: NodeFacts(n.name, running=False) for n in loaded.layout.nodes}
 
 
-def recorded(want: DesiredNode) -> dict[str, object]:
-    return {"digest": want.digest, "directives": [list(d) for d in want.directives]}
+def recorded(want: DesiredNode) -> NodeRecord:
+    return NodeRecord(want.digest, tuple(want.directives))
 
 
 def live_config(want: DesiredNode) -> dict[str, str]:
@@ -284,7 +285,7 @@ def test_a_spec_change_of_a_settable_directive_writes_the_file_and_sets_it_live(
     before = load_dict(spec)
     after = load_dict({**spec, "memory": {**spec["memory"], "maxmemory": "96mb"}})
     facts = formed_cluster(before)
-    facts = {k: NodeFacts(k, True, record=recorded(desired(before)[k]) | {"digest": "old"}, reachable=True,
+    facts = {k: NodeFacts(k, True, record=replace(recorded(desired(before)[k]), digest="old"), reachable=True,
                           info=v.info, role=v.role, cluster_nodes=v.cluster_nodes, config=v.config)
              for k, v in facts.items()}
     plan = make_plan(after, desired(after), facts, "d")
@@ -293,8 +294,8 @@ def test_a_spec_change_of_a_settable_directive_writes_the_file_and_sets_it_live(
 
 def with_record(facts: dict[str, NodeFacts], change) -> dict[str, NodeFacts]:
     """The same facts, each node's record changed by change(directives) and marked as older."""
-    return {k: NodeFacts(k, True, record={**v.record, "digest": "old",
-                                          "directives": change([list(d) for d in v.record["directives"]])},
+    return {k: NodeFacts(k, True, record=replace(v.record, digest="old",
+                                                 directives=tuple(map(tuple, change(list(v.record.directives))))),
                          reachable=True, info=v.info, role=v.role, cluster_nodes=v.cluster_nodes, config=v.config)
             for k, v in facts.items()}
 
@@ -436,7 +437,7 @@ def test_an_unfinished_restart_from_an_earlier_apply_is_planned_again() -> None:
     facts = formed_cluster(loaded)
     name = loaded.layout.shards[0].replicas[0]
     f = facts[name]
-    facts[name] = NodeFacts(name, True, record={**f.record, "pending_restart": True}, reachable=True, info=f.info,
+    facts[name] = NodeFacts(name, True, record=replace(f.record, pending_restart=True), reachable=True, info=f.info,
                             role=f.role, cluster_nodes=f.cluster_nodes, config=f.config)
     steps = make_plan(loaded, desired(loaded), facts, "d").steps
     assert next((s.kind, s.node) for s in steps) == ("restart", name)
@@ -460,8 +461,8 @@ def test_a_master_without_persistence_is_not_restarted_over_replicas_that_hold_d
 def test_a_master_without_a_replica_still_needs_downtime() -> None:
     loaded = loaded_spec("cluster", cluster={"replicas_per_master": 0})
     facts = formed_cluster(loaded)
-    changed = {k: NodeFacts(k, True, record={"digest": "old", "directives": [
-        d for d in v.record["directives"] if d[0] != "rename-command"]}, reachable=True, info=v.info,
+    changed = {k: NodeFacts(k, True, record=NodeRecord("old", tuple(
+        d for d in v.record.directives if d[0] != "rename-command")), reachable=True, info=v.info,
         role=v.role, cluster_nodes=v.cluster_nodes, config=v.config) for k, v in facts.items()}
     restarts = [s for s in make_plan(loaded, desired(loaded), changed, "d").steps if isinstance(s, RestartNode)]
     assert restarts and all(r.needs_downtime for r in restarts)
@@ -524,11 +525,11 @@ def test_a_config_entry_that_overrides_a_rendered_directive_keeps_one_line() -> 
 def test_a_spec_that_makes_a_deployed_node_another_node_is_refused() -> None:
     """replicas_per_master 1 -> 2 renumbers: t-3 (shard 2 master on h2) would become shard 1's second replica
     on h3. Compared with the record of what each node was deployed as; a failed-over shard is no change."""
-    from opsctl.spec.layout import deployed_as
+    from opsctl.spec.deployed import DeployedAs
 
     spec = make_spec("cluster")
     loaded = load_dict(spec)
-    facts = {k: replace(f, record={**f.record, "deployed": deployed_as(loaded.layout.node(k))})
+    facts = {k: replace(f, record=replace(f.record, deployed=DeployedAs.of(loaded.layout.node(k))))
              for k, f in formed_cluster(loaded, swap_shard=loaded.layout.shards[0].index).items()}
     assert make_plan(loaded, desired(loaded), facts, "d").steps == ()
     wider = load_dict({**spec, "cluster": {**spec["cluster"], "replicas_per_master": 2}})

@@ -22,6 +22,7 @@ from opsctl.providers.binaries import probe
 from opsctl.providers.local import LocalProvider, server_environment, start_hint, stop_process, tail
 from opsctl.providers.proc import ProcFacts, is_node_process, parse_cmdline, read_proc
 from opsctl.render import render_node
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
@@ -136,9 +137,9 @@ def test_paths_files_and_records(tmp_path: Path) -> None:
     with pytest.raises(OpsctlError, match="plain file name"):
         provider.write_files(node, {"../evil": "x"})
 
-    assert provider.load_record(node) == {}
-    provider.save_record(node, {"config_hash": "abc", "n": 1})
-    assert provider.load_record(node) == {"config_hash": "abc", "n": 1}
+    assert provider.load_record(node) == NodeRecord()
+    provider.save_record(node, NodeRecord("abc", kept={"n": 1}))
+    assert provider.load_record(node) == NodeRecord("abc", kept={"n": 1})
     assert mode(folder / "opsctl-node.json") == 0o600
     (folder / "opsctl-node.json").write_text("[1]")
     with pytest.raises(OpsctlError, match=r"opsctl-node\.json: expected an object, found list"):
@@ -392,7 +393,7 @@ def test_planted_links_in_the_state_dir_are_refused(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / node.name).symlink_to(victim)
     for action in (lambda: provider.write_files(node, {"redis.conf": "port 1\n"}),
-                   lambda: provider.save_record(node, {"a": 1}), lambda: provider.load_record(node),
+                   lambda: provider.save_record(node, NodeRecord("a")), lambda: provider.load_record(node),
                    lambda: provider.purge(node)):
         with pytest.raises(OpsctlError, match="symbolic link"):
             action()
@@ -525,9 +526,9 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     with Connector(loaded).admin(node) as admin:
         assert admin.ping()
         admin.call("OPS_CONFIG_T3ST", "REWRITE")  # the server may rewrite its own config
-    provider.save_record(node, {"digest": "x"})
+    provider.save_record(node, NodeRecord("x"))
     assert (folder / "opsctl-node.json").stat().st_uid == 0  # opsctl's record stays root's
-    assert provider.load_record(node) == {"digest": "x"}
+    assert provider.load_record(node) == NodeRecord("x")
 
 
 @pytest.mark.integration

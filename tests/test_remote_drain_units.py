@@ -66,7 +66,7 @@ def test_the_hosts_table_carries_tombstones_so_a_fresh_runner_never_gives_a_reti
     taken = {d.name for d in deployed}
     grown = load_dict(spec_with(replicas_per_master=2)).spec
     first_new = sorted({n.name for n in placed_layout(grown, deployed).servers} - taken)[0]
-    gone = {first_new: {"host": "h9", "port": 7999, "role": "replica", "shard": 0, "address": "127.0.0.9"}}
+    gone = {first_new: {"host": "h9", "port": 7999, "role": "replica", "shard": 1, "address": "127.0.0.9"}}
     text = hosts_table(spec.hosts, gone).decode()
     assert [h.name for h in parse_hosts_table(text)] == [h.name for h in spec.hosts]
     assert hosts_table(spec.hosts, gone) == hosts_table(spec.hosts, gone)  # byte-stable

@@ -13,7 +13,7 @@ from opsctl.plan.facts import NodeFacts
 from opsctl.plan.replication import raises_quorum
 from opsctl.plan.replshape import drain_failovers, retire_steps, stale_sentinels
 from opsctl.plan.steps import Failover, RemoveNode, SentinelReset, SentinelSet, StartNode, WaitConverged
-from opsctl.spec.deployed import Deployed
+from opsctl.spec.deployed import Deployed, NodeRecord
 from opsctl.spec.layout import Layout, deployed_as, replication_layout
 from opsctl.spec.placement import placed_layout
 from tests.support import make_spec
@@ -107,7 +107,7 @@ def test_a_sentinel_counting_more_than_the_layout_has_is_reset() -> None:
 
 def test_a_raised_quorum_waits_for_the_new_sentinels() -> None:
     name = "s"
-    had = NodeFacts(name, True, record={"directives": [["sentinel monitor", "t 127.0.0.1 7000 2"]]})
+    had = NodeFacts(name, True, record=NodeRecord(directives=(("sentinel monitor", "t 127.0.0.1 7000 2"),)))
     assert raises_quorum(SentinelSet(name, "spec", (("quorum", "3"),)), {name: had})
     assert not raises_quorum(SentinelSet(name, "spec", (("quorum", "2"),)), {name: had})
     assert not raises_quorum(SentinelSet(name, "spec", (("down-after-milliseconds", "9"),)), {name: had})

@@ -9,7 +9,7 @@ import subprocess
 
 from opsctl.providers.ansible import purge_command
 from opsctl.providers.localfiles import RECORD, empty_but_record
-from opsctl.spec.deployed import Deployed, deployed_from_records
+from opsctl.spec.deployed import Deployed, NodeRecord, deployed_from_records
 from opsctl.spec.layout import replication_layout
 from opsctl.spec.placement import placed_layout, surplus_members
 from tests.support import make_spec
@@ -65,9 +65,9 @@ def test_a_replication_tombstone_left_purging_is_retired_again() -> None:
 
 def test_records_say_purging_only_for_a_tombstone() -> None:
     was = {"host": "h1", "port": 7000, "role": "replica", "shard": 1}
-    found = deployed_from_records({"t-1": {"deployed": was, "retired": True, "purging": True},
-                                   "t-2": {"deployed": was, "retired": True},
-                                   "t-3": {"deployed": was, "purging": True}})
+    records = {"t-1": {"deployed": was, "retired": True, "purging": True}, "t-2": {"deployed": was, "retired": True},
+               "t-3": {"deployed": was, "purging": True}}
+    found = deployed_from_records({name: NodeRecord.from_json(record) for name, record in records.items()})
     assert [(d.retired, d.purging) for d in found] == [(True, True), (True, False), (False, False)]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from opsctl.apply.replication_steps import finish_fenced, sentinels_master
 from opsctl.base.errors import (
@@ -30,7 +31,8 @@ from opsctl.plan.steps import AclLoad, ConfigSet, RestartNode, SetPasswords, Sta
 from opsctl.render import render_node, render_sections
 from opsctl.runtime.execution import Before, Execution
 from opsctl.runtime.gather import shard_facts
-from opsctl.spec.layout import Node, deployed_record
+from opsctl.spec.deployed import DeployedAs, NodeRecord
+from opsctl.spec.layout import Node
 from opsctl.status.looks import wait_back_in_place
 from opsctl.tls.material import node_files
 
@@ -99,11 +101,10 @@ def write_config(run: Execution, step: WriteConfig) -> None:
     run.rt.provider.write_files(node, files)
     sections = render_sections(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                                daemonize=run.rt.provider.daemonize)
-    directives = [list(d) for s in sections for d in s.directives]
-    record = {"digest": step.digest, "directives": directives, "applied": time.time(),
-              "deployed": deployed_record(node)}
+    record = NodeRecord(step.digest, tuple(d for s in sections for d in s.directives), time.time(),
+                        DeployedAs.of(node))
     if run.restarts(node.name) and run.rt.provider.process_state(node).running:
-        record["pending_restart"] = True  # cleared by the restart; a later plan restarts it if this run dies
+        record = replace(record, pending_restart=True)  # cleared by the restart; a later plan restarts it if it dies
     run.rt.provider.save_record(node, record)
 
 
@@ -172,8 +173,8 @@ def restart_node(run: Execution, step: RestartNode) -> None:
     mark_started(run.rt.connector, [node.name])  # its marker went with the stop: marked again before it is waited on
     wait_back_in_place(run.rt, node, timeout=run.wait_timeout)
     record = run.rt.provider.load_record(node)
-    if record.pop("pending_restart", None):
-        run.rt.provider.save_record(node, record)
+    if record.pending_restart:
+        run.rt.provider.save_record(node, replace(record, pending_restart=False))
 
 
 def _refuse_unplanned_downtime(run: Execution, step: RestartNode) -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from opsctl.base.errors import StalePlan
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import Versioned
 from opsctl.plan.steps import PROMOTE_MODES, STEP_TYPES, Plan, PromoteReplica, Step
-from opsctl.state.readback import Fields, load_json
+from opsctl.state.readback import load_json, read_record
+from opsctl.state.safefs import FileProblem
 
 PLAN_HINT = "make it again with `opsctl plan -f SPEC --out FILE`"
 PLAN_LIMIT = 64 * 1024 * 1024
@@ -44,34 +45,47 @@ class SavedPlan(Frozen):
         return saved
 
 
+@frozen
+class PlanFile(Versioned):
+    """A plan saved with `plan --out` (Plan.to_dict, which names its format), read back by its types; each step by
+    the class of its kind (_step)."""
+
+    spec: str
+    spec_digest: str
+    fingerprint: str
+    steps: tuple[object, ...]
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    replan: bool = False
+    summary: str = ""
+
+
 def parse_plan(data: object, path: Path | str) -> Plan:
     """Plan.to_dict's JSON back into a Plan, every field checked (path: where it came from, for errors)."""
-    plan = Fields(data, path, PLAN_HINT)
-    if plan.get("format", int) != 1:
-        raise plan.problem(f"format {plan.data['format']} is not 1: not a plan this opsctl wrote", "format")
-    return Plan(plan.get("spec", str), plan.get("spec_digest", str), plan.get("fingerprint", str),
-                tuple(_step(step) for step in plan.items("steps")), tuple(plan.strings("notes", [])),
-                tuple(plan.strings("warnings", [])), plan.get("replan", bool, False), plan.get("summary", str, ""))
+    saved = read_record(PlanFile, data, path, PLAN_HINT)
+    steps = tuple(_step(step, path, f"steps[{i}]") for i, step in enumerate(saved.steps))
+    return Plan(saved.spec, saved.spec_digest, saved.fingerprint, steps, saved.notes, saved.warnings, saved.replan,
+                saved.summary)
 
 
-def _step(step: Fields) -> Step:
-    kind = step.get("kind", str)
-    cls = STEP_TYPES.get(kind)
+@frozen
+class StepKind(Versioned):
+    """What a saved step is (its kind), read first: its class then reads the rest."""
+
+    READS_PART: ClassVar[bool] = True
+    kind: str
+
+
+def _step(data: object, path: Path | str, where: str) -> Step:
+    """A step of its kind, each field read by the type the step class declares (base.record's checker: a
+    tuple[int, ...] holding a string is refused, naming the field)."""
+    cls = STEP_TYPES.get(read_record(StepKind, data, path, PLAN_HINT, where).kind)
     if cls is None:
-        raise step.problem(f"unknown step kind (known: {', '.join(sorted(STEP_TYPES))})", "kind")
-    values: dict[str, Any] = {}
-    for f in fields(cls):
-        default = f.default if f.default is not MISSING else ...
-        expected = type(default) if default is not ... else str
-        value = step.get(f.name, list if expected is tuple else expected, default)
-        values[f.name] = _tuples(value) if isinstance(value, list) else value
-    extra = sorted(set(step.data) - {f.name for f in fields(cls)} - {"kind"})
-    if extra:
-        raise step.problem(f"unknown field {extra[0]!r} for a {kind} step")
-    if cls is PromoteReplica and values["mode"] not in PROMOTE_MODES:  # sent to the server as CLUSTER FAILOVER's option
-        raise step.problem(f"mode {values['mode']!r} is not one of {', '.join(PROMOTE_MODES)}", "mode")
-    return cls(**values)
-
-
-def _tuples(value: list[Any]) -> tuple[Any, ...]:
-    return tuple(_tuples(v) if isinstance(v, list) else v for v in value)
+        raise FileProblem(path, f"{where}.kind: unknown step kind (known: {', '.join(sorted(STEP_TYPES))})",
+                          PLAN_HINT)
+    fields = {k: v for k, v in data.items() if k != "kind"} if isinstance(data, dict) else data  # an object: read
+    made = read_record(cls, fields, path, PLAN_HINT, where)
+    if isinstance(made, PromoteReplica) and made.mode not in PROMOTE_MODES:  # CLUSTER FAILOVER's option
+        raise FileProblem(path, f"{where}.mode: mode {made.mode!r} is not one of {', '.join(PROMOTE_MODES)}",
+                          PLAN_HINT)
+    return made

@@ -44,8 +44,8 @@ def sentinel_set(run: Execution, step: SentinelSet) -> None:
     masked = render_node(run.rt.loaded, node, run.rt.provider.paths(node), reveal=False,
                          daemonize=run.rt.provider.daemonize, master=master)
     record = run.rt.provider.load_record(node)
-    record["directives"] = [list(d) for s in masked.sections for d in s.directives]
-    run.rt.provider.save_record(node, record)
+    run.rt.provider.save_record(node, replace(record, directives=tuple(d for s in masked.sections
+                                                                        for d in s.directives)))
 
 
 def fail_over(run: Execution, step: Failover) -> None:

@@ -18,8 +18,8 @@ from opsctl.slots.progress import SlotsClosed, SlotsSkip
 from opsctl.slots.ranges import expand, parse, to_ranges
 from opsctl.slots.reshard import MoveOptions, resolve, run_moves
 from opsctl.slots.session import Peer, ReplyError, Session, open_session, pipe
-from opsctl.spec.deployed import PURGING
-from opsctl.spec.layout import Node, deployed_record
+from opsctl.spec.deployed import DeployedAs, NodeRecord
+from opsctl.spec.layout import Node
 
 
 def move_slots(rt: Runtime, step: MoveSlots, emit: Emit) -> None:
@@ -94,14 +94,13 @@ def retire(rt: Runtime, node: Node) -> None:
     and flushed before its folder is purged down to that record: placement never gives a tombstone's name again, so
     a run killed at any point never lets the name be reused. The tombstone says `purging` until the purge is done;
     placement retires such a node again, so the next plan finishes the purge."""
-    was = rt.provider.load_record(node).get("deployed")
-    deployed = was if isinstance(was, dict) else deployed_record(node)
-    rt.provider.save_record(node, {"deployed": deployed, "retired": True, PURGING: True})
+    deployed = rt.provider.load_record(node).deployed or DeployedAs.of(node)
+    rt.provider.save_record(node, NodeRecord(deployed=deployed, retired=True, purging=True))
     rt.provider.flush()
     checkpoint("remove-node-tombstoned")
     rt.provider.purge(node, keep_record=True)
     checkpoint("remove-node-purged")
-    rt.provider.save_record(node, {"deployed": deployed, "retired": True})
+    rt.provider.save_record(node, NodeRecord(deployed=deployed, retired=True))
     rt.provider.flush()
 
 

@@ -17,14 +17,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from typing import Annotated, ClassVar
 
 from opsctl.backup.manifest import utc_iso
 from opsctl.backup.store import FolderStore, Store
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
-from opsctl.base.record import stored_time
+from opsctl.base.frozen import frozen
+from opsctl.base.record import Range, Versioned, stored_time
 from opsctl.net.fanout import Borrowed
 from opsctl.state.safefs import FileProblem, make_dir, trusted_owners
 from opsctl.state.statelock import state_lock
@@ -37,11 +38,18 @@ HINT = ("stop the other archiver first (`systemctl stop opsctl-archive@<spec>`),
         f"lease not renewed for {STALE_AFTER:.0f}s is taken over")
 
 
-@dataclass(frozen=True)
-class LeaseRecord:
+MAX_PID = 1 << 22  # Linux's highest pid_max
+
+
+@frozen
+class LeaseRecord(Versioned):
+    """The lease object (lease_json). Read back by its types (a pid os.kill cannot take is none); keys a later
+    opsctl adds pass, so that its lease still holds an older archiver back."""
+
+    READS_PART: ClassVar[bool] = True
     owner: str
     host: str
-    pid: int
+    pid: Annotated[int, Range(1, MAX_PID)]
     started: float
     renewed: float
 
@@ -51,30 +59,24 @@ class LeaseRecord:
                 f"({now - self.renewed:.0f}s ago)")
 
 
-MAX_PID = 1 << 22  # Linux's highest pid_max
-
-
 def lease_name(spec: str) -> str:
     return f"{LEASE_FOLDER}/{spec}.json"
 
 
 def parse_lease(data: bytes) -> LeaseRecord | None:
     """The record, or None when the object is not one (a damaged lease holds nothing back)."""
-    try:
-        raw = json.loads(data.decode("utf-8"))
-        record = LeaseRecord(str(raw["owner"]), str(raw["host"]), int(raw["pid"]), float(raw["started"]),
-                             float(raw["renewed"]))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, OverflowError):
+    try:  # DataMismatch is a ValueError
+        record = LeaseRecord.from_json(json.loads(data.decode("utf-8")))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    now = time.time()  # a pid os.kill cannot take, a renewal at NaN or in 9999 (held forever): not a lease
-    if not 1 <= record.pid <= MAX_PID or stored_time(record.started, now) is None \
-            or stored_time(record.renewed, now) is None:
+    now = time.time()  # a renewal in 9999 (held forever), before 1970: not a lease
+    if stored_time(record.started, now) is None or stored_time(record.renewed, now) is None:
         return None
     return record
 
 
 def lease_json(record: LeaseRecord) -> bytes:
-    return (json.dumps(asdict(record), indent=2) + "\n").encode()
+    return (json.dumps(record.to_json(), indent=2) + "\n").encode()
 
 
 def _gone(record: LeaseRecord, locked_here: bool) -> bool:

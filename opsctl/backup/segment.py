@@ -11,10 +11,12 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Annotated
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.record import stored_time
+from opsctl.base.frozen import frozen
+from opsctl.base.record import DataMismatch, Range, Versioned, stored_time
 from opsctl.stream.framing import MAX_OFFSET, Entry, StreamProtocolError, frame, is_heartbeat
 
 MAGIC = b"OPSCTL-SEGMENT 1\n"
@@ -35,20 +37,24 @@ class SegmentName:
         return f"{self.start:020d}-{self.end:020d}-{self.sha256}{SUFFIX}"
 
 
-@dataclass(frozen=True)
-class Header:
+Offset = Annotated[int, Range(0, MAX_OFFSET)]  # a replication offset, or a count of commands
+
+
+@frozen
+class Header(Versioned):
     """first/last: arrival (time.time() when the archiver read them) of its first and last command; closed: when
     the archiver closed it (nothing read before then is missing from it or its predecessors); resumed: the first
-    segment of an archiver that (re)attached, whose commands may have been written while none ran."""
+    segment of an archiver that (re)attached, whose commands may have been written while none ran. Its format's
+    version is the magic line's; read back by its types."""
 
-    shard: int
+    shard: Offset
     replid: str
-    start: int
-    end: int
+    start: Offset
+    end: Offset
     first: float
     last: float
     closed: float
-    entries: int
+    entries: Offset
     resumed: bool
 
 
@@ -75,7 +81,7 @@ def encode_segment(shard: int, replid: str, start: int, entries: Sequence[Entry]
     header = Header(shard, replid, start, entries[-1].end, entries[0].arrived, entries[-1].arrived, closed,
                     len(entries), resumed)
     body = b"".join(_record(e) for e in entries)
-    data = MAGIC + json.dumps(asdict(header), separators=(",", ":")).encode() + b"\n" + body
+    data = MAGIC + json.dumps(header.to_json(), separators=(",", ":")).encode() + b"\n" + body
     return SegmentName(start, header.end, hashlib.sha256(data).hexdigest()), data
 
 
@@ -101,19 +107,16 @@ def decode_segment(name: SegmentName, data: bytes, where: str) -> tuple[Header, 
 
 def _header(raw: bytes, where: str) -> Header:
     try:
-        fields = json.loads(raw)
-        header = Header(**fields)
-    except (ValueError, TypeError, RecursionError) as exc:
+        header = Header.from_json(json.loads(raw))
+    except DataMismatch as exc:  # the field and what it holds instead, never its value
+        raise SegmentProblem(where, f"has a header that is not one: {exc}") from None
+    except (ValueError, RecursionError) as exc:
         raise SegmentProblem(where, f"has an unreadable header ({exc})") from None
-    numbers = (header.shard, header.start, header.end, header.entries)
-    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_OFFSET for n in numbers) \
-            or header.end <= header.start:
+    if header.end <= header.start:
         raise SegmentProblem(where, "has a header with impossible offsets")
     now = time.time()
     if any(stored_time(t, now) is None for t in (header.first, header.last, header.closed)):
         raise SegmentProblem(where, "has a header whose times are not times from 1970 to now")
-    if not isinstance(header.replid, str) or not isinstance(header.resumed, bool):
-        raise SegmentProblem(where, "has a header with fields of the wrong type")
     return header
 
 

@@ -6,6 +6,7 @@ The slot subcommands' result text (their events print through opsctl.cli.output.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.events import human_bytes
@@ -51,8 +52,9 @@ class SlotsResult(Frozen):
 
     def to_dict(self) -> dict[str, object]:
         outcome = self.outcome
-        out: dict[str, object] = {"dry_run": outcome.dry_run, "moves": outcome.moves, "summary": outcome.summary,
-                                  "notes": outcome.notes}
+        out: dict[str, object] = {"dry_run": outcome.dry_run, "moves": [m.to_json() for m in outcome.moves],
+                                  "summary": outcome.summary.to_json() if outcome.summary else {},
+                                  "notes": list(outcome.notes)}
         if outcome.plan:
             out["plan"] = outcome.plan
         return out
@@ -282,7 +284,7 @@ class RestoreResult(Frozen):
         return "\n".join(lines)
 
 
-def load_plan_text(plan: dict[str, Any]) -> list[str]:
+def load_plan_text(plan: Mapping[str, Any]) -> list[str]:
     """rebalance --by a load: each master's share now and after, the slots to move with their cost."""
     lines = [f"Load by {plan['by']} ({plan['measured']}): busiest master at {plan['spread_now']:.2f}x the mean now, "
              f"{plan['spread_after']:.2f}x after"]
@@ -306,11 +308,11 @@ def outcome_text(outcome: SlotsOutcome) -> str:
     lines = load_plan_text(outcome.plan) if outcome.plan else []
     lines.append(("Would move" if outcome.dry_run else "Moves") + f": {len(outcome.moves)}")
     for m in outcome.moves:
-        lines.append(f"  {m['source']} -> {m['target']}: {m['slot_count']} slots ({m['slots']}), "
-                     f"~{m['est_keys']} keys, ~{human_bytes(m['est_bytes'])}")
+        lines.append(f"  {m.source} -> {m.target}: {m.slot_count} slots ({m.slots}), "
+                     f"~{m.est_keys} keys, ~{human_bytes(m.est_bytes)}")
     lines += [f"  {note}" for note in outcome.notes]
     s = outcome.summary
     if s:
-        lines.append(f"moved {s['slots_done']} slots, {s['keys']} keys in {s['seconds']:.2f}s "
-                     f"({s['keys_per_sec']:.0f} keys/s, {s['mode']})")
+        lines.append(f"moved {s.slots_done} slots, {s.keys} keys in {s.seconds:.2f}s "
+                     f"({s.keys_per_sec:.0f} keys/s, {s.mode})")
     return "\n".join(lines)

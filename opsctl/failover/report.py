@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from opsctl.base.frozen import frozen
+from opsctl.base.record import Versioned
 from opsctl.failover.verdicts import Check, PastFailover, Target
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.layout import endpoint
-from opsctl.state.readback import Fields, load_json
+from opsctl.state.readback import load_json, read_record
 from opsctl.state.safefs import FileProblem
 
 REPORT_DIR = "failover"
@@ -99,31 +101,58 @@ def topology(facts: Mapping[str, NodeFacts]) -> dict[str, dict[str, Any]]:
     return out
 
 
+@frozen
+class SavedPhases(Versioned):
+    """A saved report's phases_ms, as the cool-down reads it: the whole run's."""
+
+    READS_PART: ClassVar[bool] = True
+    total: float = 0.0
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.total < 0:
+            yield "total", "cannot be negative"
+
+
+@frozen
+class SavedTarget(Versioned):
+    """A saved report's target, as the cool-down reads it: the master failed over and the replica promoted."""
+
+    READS_PART: ClassVar[bool] = True
+    master: str = ""
+    replica: str = ""
+
+
+@frozen
+class SavedReport(Versioned):
+    """A failover report (FailoverReport.to_dict) as the cool-down check reads it back: the fields it uses, each
+    checked by its type; null or missing where the report may leave one out."""
+
+    READS_PART: ClassVar[bool] = True
+    outcome: str
+    started: float
+    phases_ms: SavedPhases = SavedPhases()
+    target: SavedTarget = SavedTarget()
+    new_master: str = ""
+    timeout: float = 0.0  # ranged where it counts: an in-progress report's deadline
+
+
 def read_past_failover(path: Path, now: float | None = None) -> PastFailover | None:
     """A saved report read back for the cool-down check, every field it uses checked. A report dated in the
     future is refused (it would block failovers until that date), naming the file and how to fix it."""
-    report = Fields(load_json(path, REPORT_HINT, REPORT_LIMIT, follow=False), path, REPORT_HINT)
-    outcome = report.get("outcome", str)
-    started = report.get("started", float)
-    total_ms = report.child("phases_ms", {}).get("total", float, 0.0)
-    target = report.child("target", {})
-    master = target.get("master", str, "")
-    new_master = report.get("new_master", str, "")
+    report = read_record(SavedReport, load_json(path, REPORT_HINT, REPORT_LIMIT, follow=False), path, REPORT_HINT)
+    started, master = report.started, report.target.master
     now = time.time() if now is None else now
     if started <= 0 or started > now + CLOCK_SKEW_S:
         raise FileProblem(path, f"started: {started:.0f} is {started - now:.0f} s in the future" if started > 0
                           else f"started: {started:g} is not a time", REPORT_HINT + "; check this machine's clock")
-    if total_ms < 0:
-        raise report.problem("cannot be negative", "phases_ms.total")
-    replica = target.get("replica", str, "") if outcome == "in-progress" else ""
+    replica = report.target.replica if report.outcome == "in-progress" else ""
     if replica and master:  # a run killed mid-way: its failover may have completed until its deadline
-        timeout = report.get("timeout", float, 0.0)
-        if not 0 <= timeout <= MAX_TIMEOUT_S:
-            raise report.problem(f"must be 0..{MAX_TIMEOUT_S:g} seconds", "timeout")
-        return PastFailover(started + timeout, master, replica, interrupted=True)
-    if outcome != "succeeded" or not master or not new_master:
+        if not 0 <= report.timeout <= MAX_TIMEOUT_S:
+            raise FileProblem(path, f"timeout: must be 0..{MAX_TIMEOUT_S:g} seconds", REPORT_HINT)
+        return PastFailover(started + report.timeout, master, replica, interrupted=True)
+    if report.outcome != "succeeded" or not master or not report.new_master:
         return None
-    return PastFailover(started + total_ms / 1000, master, new_master)
+    return PastFailover(started + report.phases_ms.total / 1000, master, report.new_master)
 
 
 def report_text(report: FailoverReport) -> str:

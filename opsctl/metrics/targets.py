@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from opsctl.render.directives import maxclients
 from opsctl.server.defaults import SERVER_DEFAULTS
 from opsctl.spec.layout import EXPORTER_PORT_OFFSET, Layout, Node, endpoint, exporter_port, exporter_port_problems
 from opsctl.spec.model import Spec
+
+if TYPE_CHECKING:  # the records' type alone: spec.deployed is imported where a run reads them
+    from opsctl.spec.deployed import NodeRecord
 
 __all__ = ["EXPORTER_PORT_OFFSET", "exporter_port", "exporter_port_problems"]  # the rule lives in spec.layout
 
@@ -40,7 +43,7 @@ def target_labels(spec: Spec, node: Node) -> dict[str, str]:
     return labels
 
 
-def target_groups(spec: Spec, layout: Layout, records: Mapping[str, Mapping[str, object]] | None = None) \
+def target_groups(spec: Spec, layout: Layout, records: Mapping[str, NodeRecord] | None = None) \
         -> list[TargetGroup]:
     """One group per node of the layout (servers and Sentinels) that is deployed (deployed_nodes), in layout
     order: each has its own labels."""
@@ -49,7 +52,7 @@ def target_groups(spec: Spec, layout: Layout, records: Mapping[str, Mapping[str,
             for n in deployed_nodes(layout, records or {})]
 
 
-def deployed_nodes(layout: Layout, records: Mapping[str, Mapping[str, object]]) -> list[Node]:
+def deployed_nodes(layout: Layout, records: Mapping[str, NodeRecord]) -> list[Node]:
     """The nodes that run, where they run (spec.deployed.running_nodes): a node the next apply adds is left out
     until it is deployed, a drained one kept at its recorded address until it is removed, tombstones left out;
     with nothing deployed at all every node, where the first apply puts it. Why: Prometheus calls every target

@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.record import digest
 from opsctl.observe.replies import ClusterNodeLine, NodeObservation, RoleInfo, server_of
 from opsctl.plan import facts as fencing
+from opsctl.spec.deployed import NodeRecord
 
 if TYPE_CHECKING:  # spec_values renders; fenced, which status and health ask, needs none of it
     from opsctl.spec.layout import Node
@@ -36,7 +37,7 @@ class NodeFacts(Frozen):
     name: str
     running: bool
     process_detail: str = ""
-    record: Mapping[str, Any] = field(default_factory=dict)
+    record: NodeRecord = NodeRecord()
     reachable: bool = False
     error: str = ""
     info: Mapping[str, str] = field(default_factory=dict)
@@ -54,12 +55,12 @@ class NodeFacts(Frozen):
 
     @classmethod
     def from_observation(cls, name: str, seen: NodeObservation | None, running: bool | None = None,
-                         detail: str = "", record: Mapping[str, Any] | None = None,
+                         detail: str = "", record: NodeRecord | None = None,
                          config: Mapping[str, str] | None = None) -> NodeFacts:
         """The one converter from a look to facts. running: what the provider said of the process (a look
         without a provider takes an answer for a running process); config: the live config as the caller may
         show it (secrets already turned into verdicts), None where the look did not read it."""
-        record = record if record is not None else {}
+        record = record if record is not None else NodeRecord()
         if seen is None:
             return cls(name, bool(running), detail, record)
         views = tuple(seen.cluster_nodes) if seen.cluster_nodes is not None else None
@@ -68,12 +69,11 @@ class NodeFacts(Frozen):
 
     @property
     def recorded_digest(self) -> str | None:
-        value = self.record.get("digest")
-        return str(value) if value else None
+        return self.record.digest or None
 
     @property
     def recorded_directives(self) -> list[tuple[str, str]]:
-        return [(str(k), str(v)) for k, v in self.record.get("directives", [])]
+        return list(self.record.directives)
 
     @property
     def fenced(self) -> bool:

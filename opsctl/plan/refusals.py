@@ -74,9 +74,9 @@ def refuse_empty_master_start(loaded: LoadedSpec, facts: Facts) -> None:
                 "(docs/runbooks/failover.md)")
 
 
-def _recorded_role(f: NodeFacts) -> object:
-    was = f.record.get("deployed")
-    return was.get("role") if isinstance(was, Mapping) else None
+def _recorded_role(f: NodeFacts) -> str | None:
+    was = f.record.deployed
+    return was.role if was is not None else None
 
 
 def refuse_layout_change(layout: Layout, facts: Facts) -> None:
@@ -85,10 +85,10 @@ def refuse_layout_change(layout: Layout, facts: Facts) -> None:
     record of what it was deployed as, not with live roles (failovers move those legitimately)."""
     moved = []
     for node in layout.servers:
-        was = facts[node.name].record.get("deployed") if node.name in facts else None
+        was = facts[node.name].record.deployed if node.name in facts else None
         now = deployed_as(node)
-        if isinstance(was, Mapping) and {k: v for k, v in was.items() if k != "address"} != now:
-            moved.append(f"{node.name}: deployed as {_as_text(was)}, the spec now makes it {_as_text(now)}")
+        if was is not None and was.identity() != now:
+            moved.append(f"{node.name}: deployed as {_as_text(was.identity())}, the spec now makes it {_as_text(now)}")
     if moved:
         raise RefusedError(f"the spec changes what {len(moved)} deployed node(s) are", "\n".join(moved),
                            "a running node cannot move to another shard, role, host or port: keep "

@@ -75,7 +75,7 @@ def config_steps(node: Node, want: DesiredNode, f: NodeFacts, is_master: bool,
             live_changes.append(step_or_reason)
     if _repeated(want.directives) != _repeated(f.recorded_directives) and f.recorded_digest is not None:
         restart_for.append("rename-command")
-    if f.record.get("pending_restart"):
+    if f.record.pending_restart:
         restart_for.append("a restart planned by an earlier apply that did not finish")
     if f.server and f.server != server:
         restart_for = [f"server {server_text(*f.server)} -> {server_text(*server)}"]

@@ -6,7 +6,6 @@ in 0600 installers (never vars, env, command lines). See docs/remote.md."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import threading
@@ -25,7 +24,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit
 from opsctl.net.connector import Route
 from opsctl.net.fanout import fan_out
-from opsctl.providers.base import ProcessState, parse_record
+from opsctl.providers.base import ProcessState, parse_record, record_text
 from opsctl.providers.extra import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
@@ -48,7 +47,7 @@ from opsctl.providers.remote.inventory import (
 from opsctl.providers.remote.runner import PlaybookResult, private_dir, run_playbook
 from opsctl.render import NodePaths, render_node
 from opsctl.render.directives import plaintext_port
-from opsctl.spec.deployed import is_node_name
+from opsctl.spec.deployed import NodeRecord, is_node_name
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host
@@ -92,7 +91,7 @@ class AnsibleProvider:
         self._host_locks_guard = threading.Lock()  # not self._lock: admin_endpoint connects while holding that
         self._node_dirs: dict[str, str] = {}
         self._removed: dict[str, Host] = {}  # hosts the spec no longer has that hold live nodes (deployed_records)
-        self._tombstones: dict[str, dict[str, Any]] = {}  # retired names -> placement, carried in every hosts table
+        self._tombstones: dict[str, dict[str, object]] = {}  # retired names -> placement, carried in every hosts table
         self._tunnels: dict[str, ssh.Tunnel] = {}
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
@@ -155,8 +154,8 @@ class AnsibleProvider:
         staged = self._pending.setdefault(node.name, {})
         staged.update({plain_name(name): text for name, text in files.items()})
 
-    def save_record(self, node: Node, record: dict[str, Any]) -> None:
-        self.write_files(node, {RECORD: json.dumps(record, indent=2, sort_keys=True) + "\n"})
+    def save_record(self, node: Node, record: NodeRecord) -> None:
+        self.write_files(node, {RECORD: record_text(record, indent=2)})
 
     def read_file(self, node: Node, name: str) -> str | None:
         """The file as the host will have it: a staged copy answers without a playbook run."""
@@ -168,10 +167,10 @@ class AnsibleProvider:
         path = f"{self.paths(node).dir}/{name}"
         return self._over_sftp(node, lambda sftp: ssh.read_file(sftp, path), f"read {path} on")
 
-    def load_record(self, node: Node) -> dict[str, Any]:
-        return parse_record(self.read_file(node, RECORD), node.name, f"{RECORD} on host {node.host}")
+    def load_record(self, node: Node) -> NodeRecord:
+        return parse_record(self.read_file(node, RECORD), f"{RECORD} on host {node.host}")
 
-    def deployed_records(self) -> dict[str, dict[str, Any]]:
+    def deployed_records(self) -> dict[str, NodeRecord]:
         """The records of the spec's server folders on every host (one SFTP listing of the spec's root each, then
         each record): a fresh state dir finds what is deployed where it runs. A host the spec no longer has is
         found in the hosts table its base archive left on the others (hosts.json): its records are read too, and
@@ -179,9 +178,9 @@ class AnsibleProvider:
         spec = self.loaded.spec
         if spec.topology == "standalone":
             return {}
-        merged: dict[str, dict[str, Any]] = {}
+        merged: dict[str, NodeRecord] = {}
         listed: list[Host] = []
-        carried: dict[str, dict[str, Any]] = {}
+        carried: dict[str, NodeRecord] = {}
         for found, table, tombstones in fan_out(self._records_on, list(spec.hosts)):
             merged.update(found)
             listed += table
@@ -195,21 +194,21 @@ class AnsibleProvider:
             except OpsctlError:
                 found, tombstones = {}, {}
             carried.update(tombstones)
-            if not any(not record.get("retired") for record in found.values()):
+            if not any(not record.retired for record in found.values()):
                 self._removed.pop(host.name, None)
             merged.update(found)
         merged = {**carried, **merged}  # a record on its host wins over the copy a table carries
-        self._tombstones = {name: record["deployed"] for name, record in merged.items()
-                            if record.get("retired") and isinstance(record.get("deployed"), dict)}
+        self._tombstones = {name: record.deployed.to_json() for name, record in merged.items()
+                            if record.retired and record.deployed is not None}
         return merged
 
-    def _records_on(self, host: Host) -> tuple[dict[str, dict[str, Any]], list[Host], dict[str, dict[str, Any]]]:
+    def _records_on(self, host: Host) -> tuple[dict[str, NodeRecord], list[Host], dict[str, NodeRecord]]:
         """The node records under the spec's root on host, and the hosts and tombstones of the table lying there."""
         spec = self.loaded.spec
         root = remote_root(spec)
         probe = Node(f"{spec.name}-0", host.name, host.address, 0, "master")
 
-        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, dict[str, Any]], list[Host], dict[str, dict[str, Any]]]:
+        def look(sftp: paramiko.SFTPClient) -> tuple[dict[str, NodeRecord], list[Host], dict[str, NodeRecord]]:
             try:
                 entries = sorted(sftp.listdir(root))
             except OSError:
@@ -218,7 +217,7 @@ class AnsibleProvider:
             for entry in entries:
                 if not is_node_name(spec, entry):
                     continue
-                record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"), entry,
+                record = parse_record(ssh.read_file(sftp, f"{root}/{entry}/{RECORD}"),
                                       f"{RECORD} of {entry} on host {host.name}")
                 if record:
                     found[entry] = record

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.render import NodePaths
-from opsctl.spec.layout import MAX_PORT, PORTS, Node, valid_host
-from opsctl.state.readback import Fields, parse_json
+from opsctl.spec.deployed import NodeRecord
+from opsctl.spec.layout import Node
+from opsctl.state.readback import parse_json, read_record
 
 
 @frozen
@@ -53,13 +55,13 @@ class Provider(Protocol):
     def purge(self, node: Node, keep_record: bool = False) -> None:
         """Delete a stopped node's folder (keep_record: all but its record, which a retired node's tombstone is)."""
 
-    def load_record(self, node: Node) -> dict[str, Any]: ...
+    def load_record(self, node: Node) -> NodeRecord: ...
 
-    def deployed_records(self) -> dict[str, dict[str, Any]]:
+    def deployed_records(self) -> dict[str, NodeRecord]:
         """Every record of the spec's server folders where they are deployed (each host), by node name: what
         placement keeps (opsctl.spec.placement), read from the hosts, not from the state dir alone."""
 
-    def save_record(self, node: Node, record: dict[str, Any]) -> None: ...
+    def save_record(self, node: Node, record: NodeRecord) -> None: ...
 
     def flush(self) -> object:
         """Land files written so far on their hosts now (a staging provider ships them in one go)."""
@@ -67,37 +69,18 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
-MAX_SHARD = 16384  # a cluster has no more shards than slots
 RECORD_HINT = "delete the file; the next `opsctl apply` writes it again"
 
 
-def parse_record(text: str | None, node: str, where: str) -> dict[str, Any]:
-    """A node's record (what opsctl last applied) from its JSON text; {} when there is none yet.
-    Every field opsctl reads is checked (FileProblem naming the file and field); others are kept as they are."""
+def parse_record(text: str | None, where: str) -> NodeRecord:
+    """A node's record (what opsctl last applied) from its JSON text; NodeRecord() when there is none yet. Every
+    field is checked by its type (a FileProblem naming the file and the field); keys it does not know are kept."""
     if text is None:
-        return {}
-    record = Fields(parse_json(text, where, RECORD_HINT), where, RECORD_HINT)
-    record.get("digest", str, None)
-    record.get("pending_restart", bool, None)
-    if record.data.get("deployed") is not None:
-        # ranged too: each value reaches a config file, a plan and a scrape target as it is
-        deployed = record.child("deployed")
-        deployed.get("host", str), deployed.get("role", str)
-        if deployed.get("port", int) not in PORTS:
-            raise deployed.problem(f"is not a port from 1 to {MAX_PORT}", "port")
-        shard = deployed.get("shard", int, None)
-        if shard is not None and not 1 <= shard <= MAX_SHARD:
-            raise deployed.problem(f"is not a shard number from 1 to {MAX_SHARD}", "shard")
-        address = deployed.get("address", str, None)
-        if address is not None and not valid_host(address):
-            raise deployed.problem("is not an IP address or host name", "address")
-    applied = record.get("applied", float, None)
-    if applied is not None and applied < 0:
-        raise record.problem("is not a time (seconds since 1970)", "applied")
-    directives = record.get("directives", list, [])
-    for index, pair in enumerate(directives):
-        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, str) for v in pair):
-            raise record.problem("expected [directive, value] pairs of strings", f"directives[{index}]")
-    if "directives" not in record.data:
-        return record.data
-    return {**record.data, "directives": directives}  # "directives": null reads as none recorded
+        return NodeRecord()
+    return read_record(NodeRecord, parse_json(text, where, RECORD_HINT), where, RECORD_HINT)
+
+
+def record_text(record: NodeRecord, indent: int | None = None) -> str:
+    """The record's file: its JSON with sorted keys (json's C encoder on one line; indent= takes the pure-Python
+    one), as every opsctl wrote it."""
+    return json.dumps(record.to_json(), sort_keys=True, indent=indent) + "\n"

@@ -12,7 +12,6 @@ run as opsctl's own user, as before."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -21,13 +20,12 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from opsctl.base.errors import OpsctlError
-from opsctl.providers.base import parse_record
+from opsctl.providers.base import parse_record, record_text
 from opsctl.providers.binaries import ServerBinary
 from opsctl.render import NodePaths, default_paths
-from opsctl.spec.deployed import is_node_name
+from opsctl.spec.deployed import NodeRecord, is_node_name
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, make_dir, read_bounded, trusted_owners, write_private
@@ -49,20 +47,20 @@ def plain_name(name: str) -> str:
     return name
 
 
-def deployed_records_in(loaded: LoadedSpec, state_dir: Path) -> dict[str, dict[str, Any]]:
+def deployed_records_in(loaded: LoadedSpec, state_dir: Path) -> dict[str, NodeRecord]:
     """The records of the spec's server folders in the state dir (<spec>-<k>/opsctl-node.json): this machine is
     every host, and its nodes live there (Provider.deployed_records; also read without a provider)."""
     spec = loaded.spec
     state_dir = Path(os.path.abspath(state_dir))
     if spec.topology == "standalone" or not state_dir.is_dir():
         return {}
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, NodeRecord] = {}
     for entry in sorted(os.listdir(state_dir)):
         folder = state_dir / entry
         if not is_node_name(spec, entry) or folder.is_symlink() or not folder.is_dir():
             continue
         path = folder / RECORD
-        record = parse_record(read_text(path), entry, str(path))
+        record = parse_record(read_text(path), str(path))
         if record:
             found[entry] = record
     return found
@@ -174,16 +172,15 @@ class LocalFiles:
     def read_file(self, node: Node, name: str) -> str | None:
         return read_text(self._checked_node_dir(node) / plain_name(name))
 
-    def load_record(self, node: Node) -> dict[str, Any]:
+    def load_record(self, node: Node) -> NodeRecord:
         path = self._checked_node_dir(node) / RECORD
-        return parse_record(read_text(path), node.name, str(path))
+        return parse_record(read_text(path), str(path))
 
-    def deployed_records(self) -> dict[str, dict[str, Any]]:
+    def deployed_records(self) -> dict[str, NodeRecord]:
         return deployed_records_in(self.loaded, self.state_dir)
 
-    def save_record(self, node: Node, record: dict[str, Any]) -> None:
-        # one line: json's C encoder (indent= takes the pure-Python one, slower per record)
-        write_private(self._folder(node) / RECORD, json.dumps(record, sort_keys=True) + "\n")
+    def save_record(self, node: Node, record: NodeRecord) -> None:
+        write_private(self._folder(node) / RECORD, record_text(record))
 
     def _drop_binary_copy_when_unused(self) -> None:
         """The state dir's bin/ (_runnable_binary's copy) goes with the last node folder of the spec."""

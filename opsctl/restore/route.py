@@ -7,12 +7,13 @@ restored when its value equals the source's."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.record import ascii_decimal
+from opsctl.base.frozen import frozen
+from opsctl.base.record import DataMismatch, Range, Versioned, ascii_decimal
 from opsctl.observe.replies import SLOTS, Arg, ClusterNodeLine
 
 T = TypeVar("T")
@@ -198,31 +199,48 @@ def journal_json(journal: Journal) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
-def _counts(raw: object, where: str) -> Counts:
-    fields = ("restored", "existing", "skipped", "conflicts")
-    ok = (isinstance(raw, dict) and all(_count(raw.get(f)) for f in fields)
-          and isinstance(raw.get("scanned"), dict)
-          and all(ascii_decimal(k, 0, 99999) is not None and _count(v)
-                  for k, v in raw["scanned"].items())
-          and isinstance(raw.get("conflict_keys"), list))
-    if not ok:
-        raise _bad(where, "a finished source's counts are malformed")
-    assert isinstance(raw, dict)
-    volatile = raw.get("volatile", 0)
-    if not _count(volatile):
-        raise _bad(where, "a finished source's counts are malformed")
-    return Counts({int(k): v for k, v in raw["scanned"].items()}, raw["restored"], raw["existing"], raw["skipped"],
-                  raw["conflicts"], [str(k) for k in raw["conflict_keys"]][:5], volatile)
+Count = Annotated[int, Range(0, 1 << 62, "a key count")]  # a whole number (not a bool) from 0 to 2**62
 
 
-def _count(value: object) -> bool:
-    """A key count as a journal holds it: a whole number (not a bool) from 0 to 2**62."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 62
+@frozen
+class SavedCounts(Versioned):
+    """A finished source's Counts as the journal holds them (journal_json): databases as text keys."""
+
+    scanned: dict[str, Count]
+    restored: Count
+    existing: Count
+    skipped: Count
+    conflicts: Count
+    conflict_keys: tuple[str, ...]
+    volatile: Count = 0
+    libraries: Count = 0
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if any(ascii_decimal(db, 0, 99999) is None for db in self.scanned):
+            yield "scanned", "names a database that is not a number from 0 to 99999"
+
+    def counts(self) -> Counts:
+        return Counts({int(db): n for db, n in self.scanned.items()}, self.restored, self.existing, self.skipped,
+                      self.conflicts, list(self.conflict_keys[:5]), self.volatile, self.libraries)
 
 
-def _bad(where: str, what: str) -> OpsctlError:
-    return OpsctlError(f"{where}: {what}", hint="the journal of an unfinished restore is damaged: remove it and run "
-                       "the restore again with --mode replace (keys it already wrote are then overwritten)")
+@frozen
+class SavedJournal(Versioned):
+    """The resume journal's file (journal_json), read back field by field by its types."""
+
+    source: str
+    mode: str
+    done: dict[str, SavedCounts]
+    finished: bool = False
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.mode not in MODES:
+            yield "mode", f"is not one of {', '.join(MODES)}"
+
+
+def _bad(where: str, what: str, detail: str = "") -> OpsctlError:
+    return OpsctlError(f"{where}: {what}", detail, "the journal of an unfinished restore is damaged: remove it and "
+                       "run the restore again with --mode replace (keys it already wrote are then overwritten)")
 
 
 def parse_journal(text: str, where: str) -> Journal:
@@ -230,9 +248,10 @@ def parse_journal(text: str, where: str) -> Journal:
         data = json.loads(text)
     except (ValueError, RecursionError):
         raise _bad(where, "not valid JSON") from None
-    if not (isinstance(data, dict) and isinstance(data.get("source"), str) and data.get("mode") in MODES
-            and isinstance(data.get("done"), dict) and isinstance(data.get("finished", False), bool)):
-        raise _bad(where, "needs source (text), mode (one of " + ", ".join(MODES) + "), done (object) and "
-                   "finished (true or false)")
-    return Journal(data["source"], data["mode"], {str(k): _counts(v, where) for k, v in data["done"].items()},
-                   data.get("finished", False))
+    try:
+        saved = SavedJournal.from_json(data)
+    except DataMismatch as exc:
+        what = "a finished source's counts are malformed" if str(exc).startswith("done.") else \
+            "needs source (text), mode (one of " + ", ".join(MODES) + "), done (object) and finished (true or false)"
+        raise _bad(where, what, str(exc)) from None
+    return Journal(saved.source, saved.mode, {k: c.counts() for k, c in saved.done.items()}, saved.finished)

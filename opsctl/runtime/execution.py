@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from opsctl.base.events import Emit
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.plan.steps import ConfigSet, Plan, RestartNode, Step
 from opsctl.runtime.opening import Runtime
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node
 
 
@@ -21,7 +22,7 @@ class Before:
     """What a node had before this run touched it, to roll back a live change the server refused."""
 
     files: dict[str, str | None]
-    record: dict[str, Any]
+    record: NodeRecord
     config: list[tuple[str, str]] = field(default_factory=list)  # (directive, value before CONFIG SET)
 
 
@@ -45,7 +46,7 @@ class Execution:
         return any(isinstance(s, ConfigSet) and s.node == node for s in (self.plan.steps if self.plan else ()))
 
     def undo_list(self, node: str) -> list[tuple[str, str]]:
-        return self.before.setdefault(node, Before({}, {})).config
+        return self.before.setdefault(node, Before({}, NodeRecord())).config
 
     def restarts(self, node: str) -> bool:
         return any(isinstance(s, RestartNode) and s.node == node for s in (self.plan.steps if self.plan else ()))

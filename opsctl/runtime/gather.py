@@ -17,6 +17,7 @@ from opsctl.observe.replies import NodeObservation
 from opsctl.plan.facts import NodeFacts
 from opsctl.plan.masters import shard_master
 from opsctl.runtime.opening import Runtime
+from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node, Shard, split_endpoint
 from opsctl.spec.load import Credentials
 
@@ -127,12 +128,12 @@ def _retired_facts(rt: Runtime, facts: dict[str, NodeFacts], with_config: bool) 
     states = dict(zip([n.name for n in extra], fan_out(rt.provider.process_state, extra), strict=True))
     running = [n for n in extra if states[n.name].running]
     seen = observe(rt.connector, running, with_config=with_config) if running else {}
-    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, {}, seen.get(n.name),
+    return {n.name: _facts(n, states[n.name].running, states[n.name].detail, NodeRecord(), seen.get(n.name),
                            rt.loaded.credentials)
             for n in extra}
 
 
-def _facts(node: Node, running: bool, detail: str, record: dict[str, object],
+def _facts(node: Node, running: bool, detail: str, record: NodeRecord,
            seen: NodeObservation | None, credentials: Credentials) -> NodeFacts:
     config = None if seen is None or node.is_sentinel or seen.config is None else without_secrets(seen.config,
                                                                                                     credentials)

@@ -25,7 +25,7 @@ from opsctl.net.connector import Connector, Route
 from opsctl.plan.spread import placement_moves, rebalancing
 from opsctl.providers.base import Provider
 from opsctl.server.versions import parse_version
-from opsctl.spec.deployed import deployed_from_records
+from opsctl.spec.deployed import NodeRecord, deployed_from_records
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.placement import surplus_members, with_placement
@@ -181,7 +181,7 @@ def open_connector(loaded: LoadedSpec, state_dir: Path) -> Iterator[Connector]:
         provider.close()
 
 
-def placed(loaded: LoadedSpec, records: Callable[[], Mapping[str, Mapping[str, object]]],
+def placed(loaded: LoadedSpec, records: Callable[[], Mapping[str, NodeRecord]],
            connector: Connector) -> LoadedSpec:
     """The spec's layout given the records of what is deployed: a deployed node keeps its name, host, port and
     shard; the records are read on the hosts, so a fresh state dir places the same. Every command places so."""
@@ -191,14 +191,14 @@ def placed(loaded: LoadedSpec, records: Callable[[], Mapping[str, Mapping[str, o
 
 
 def recorded_placement(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None = None
-                       ) -> tuple[LoadedSpec, Mapping[str, Mapping[str, object]]]:
+                       ) -> tuple[LoadedSpec, Mapping[str, NodeRecord]]:
     """The spec placed from the records where its nodes are deployed (the state dir's node folders, or each host
     over SSH), and those records; no server is asked, so no secret is needed (a Prometheus host holds none). Who
     serves a shard now only decides which surplus member the next apply retires: such a node is no target."""
     if loaded.spec.provider != "ansible":
         from opsctl.providers.localfiles import deployed_records_in
 
-        records: Mapping[str, Mapping[str, object]] = deployed_records_in(loaded, state_dir)
+        records: Mapping[str, NodeRecord] = deployed_records_in(loaded, state_dir)
     else:
         from opsctl.providers.ansible import AnsibleProvider
 
@@ -243,7 +243,7 @@ def placed_or_first(loaded: LoadedSpec, state_dir: Path, known_hosts: str | None
     return placed, None
 
 
-def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], connector: Connector) -> LoadedSpec:
+def place_from(loaded: LoadedSpec, records: Mapping[str, NodeRecord], connector: Connector) -> LoadedSpec:
     """with_placement, asking the cluster who serves first when the choice of a surplus member depends on it (a
     failover since the records were written makes a recorded replica the master)."""
     first = with_placement(loaded, records)
@@ -258,7 +258,7 @@ def place_from(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], 
     return with_placement(loaded, records, serving) if serving else first
 
 
-def _rebalanced(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]], first: LoadedSpec,
+def _rebalanced(loaded: LoadedSpec, records: Mapping[str, NodeRecord], first: LoadedSpec,
                 connector: Connector) -> LoadedSpec:
     """Placed with the moves that even out the hosts' load (plan.spread), from who serves now: a master moved
     earlier by a failover counts where it is, and a move a stopped run left half done is finished, not redone.

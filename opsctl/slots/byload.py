@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,11 @@ from opsctl.base.events import Emit, Log
 from opsctl.net.connector import Connector
 from opsctl.observe.replies import RespError, server_of
 from opsctl.server.versions import has_capability, version_text
+from opsctl.slots.balance import Move
 from opsctl.slots.loadplan import LoadPlan, plan_by_load, spread
 from opsctl.slots.ranges import expand
 from opsctl.slots.reshard import MoveOptions, execute_or_describe
-from opsctl.slots.session import Peer, Session, SlotsOutcome, keyed, open_session, pipe
+from opsctl.slots.session import DescribedMove, Peer, Session, SlotsOutcome, keyed, open_session, pipe
 
 COUNTERS = {"cpu": ("cpu-usec",), "network": ("network-bytes-in", "network-bytes-out")}  # summed per slot
 UNITS = {"cpu": "µs CPU", "network": "bytes", "memory": "bytes", "keys": "keys"}
@@ -214,15 +215,21 @@ def rebalance_by_load(connector: Connector, state_dir: Path, by: str, window: fl
         moves = plan.moves()
         outcome = execute_or_describe(session, moves, state_dir, emit, options, dry_run) if moves \
             else SlotsOutcome(dry_run=dry_run)
-        for described, move in zip(outcome.moves, moves, strict=True):
-            mine = set(expand(move.slots))
-            described["est_keys"] = sum(m.keys for m in plan.slot_moves if m.slot in mine)
-        outcome.plan = plan_dict(by, measured, plan, named, loads_now)
+        notes = list(outcome.notes)
         if not moves:
-            outcome.notes.append(f"nothing to move: every master is within {threshold_pct:g}% of the mean "
-                                 f"{by}" + (" (hot slots allowing)" if plan.hot else ""))
+            notes.append(f"nothing to move: every master is within {threshold_pct:g}% of the mean "
+                         f"{by}" + (" (hot slots allowing)" if plan.hot else ""))
         for h in plan.hot:
-            outcome.notes.append(f"slot {h.slot} on {h.master} alone costs {h.share:.0%} of all {by}, more than a "
-                                 f"master's fair share: left where it is (only the key design can split it; "
-                                 f"top keys sampled: {', '.join(named[h.slot]) or 'none'})")
-        return outcome
+            notes.append(f"slot {h.slot} on {h.master} alone costs {h.share:.0%} of all {by}, more than a "
+                         f"master's fair share: left where it is (only the key design can split it; "
+                         f"top keys sampled: {', '.join(named[h.slot]) or 'none'})")
+        return replace(outcome, moves=tuple(_by_load(described, move, plan)
+                                            for described, move in zip(outcome.moves, moves, strict=True)),
+                       plan=plan_dict(by, measured, plan, named, loads_now), notes=tuple(notes))
+
+
+def _by_load(described: DescribedMove, move: Move, plan: LoadPlan) -> DescribedMove:
+    """The move with the keys the load plan counted in its slots (the engine's estimate spreads a node's keys
+    evenly over its slots)."""
+    mine = set(expand(move.slots))
+    return replace(described, est_keys=sum(m.keys for m in plan.slot_moves if m.slot in mine))

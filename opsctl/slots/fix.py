@@ -246,16 +246,12 @@ def _clear_stale(session: Session, names: set[str], slots: Sequence[int]) -> Non
 
 def fix(connector: Connector, state_dir: Path, emit: Emit, reassign_unreachable: bool = False) -> SlotsOutcome:
     """After close_open (done by the caller): cover uncovered slots; take over a lost master's only on consent."""
-    outcome = SlotsOutcome()
     with open_session(connector) as session:
-        outcome.notes += close_in_session(session, Journal(state_dir), emit)
-        outcome.notes += _cover(session)
-        outcome.notes += _unreachable(session, reassign_unreachable)
-        if not outcome.notes:
-            outcome.notes.append("nothing to fix: no open slots, every slot is served")
+        notes = [*close_in_session(session, Journal(state_dir), emit), *_cover(session),
+                 *_unreachable(session, reassign_unreachable)]
         session.refresh()
         wait_stable(session)
-    return outcome
+    return SlotsOutcome(notes=tuple(notes) or ("nothing to fix: no open slots, every slot is served",))
 
 
 def merge_split_shards(session: Session, journal: Journal, emit: Emit,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from opsctl.base import stop
 from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure
-from opsctl.base.events import Emit, Log, as_dict
+from opsctl.base.events import Emit, Log
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connector import Connector
 from opsctl.net.observer import observe
@@ -26,9 +25,11 @@ from opsctl.slots.progress import EndpointReplacedEvent, Progress, SlotsStart
 from opsctl.slots.ranges import expand, text
 from opsctl.slots.session import (
     MAX_FAILOVERS,
+    DescribedMove,
     Peer,
     Session,
     SlotsOutcome,
+    SlotsSummary,
     open_session,
     pipe,
     wait_stable,
@@ -81,17 +82,16 @@ def resolve(session: Session, ref: str, notes: list[str] | None = None) -> str:
     return node.name
 
 
-def describe_move(session: Session, move: Move) -> dict[str, Any]:
+def describe_move(session: Session, move: Move) -> DescribedMove:
     info = session.seen[move.source].info
     keys = int(dict(p.split("=", 1) for p in info.get("db0", "keys=0").split(",")).get("keys", 0))
     size = int(info.get("used_memory_dataset", 0))
     est_keys, est_bytes = estimate(keys, size, len(session.owned().get(move.source, ())), move.slot_count)
-    return {"source": move.source, "target": move.target, "slots": text(move.slots),
-            "slot_count": move.slot_count, "est_keys": est_keys, "est_bytes": est_bytes}
+    return DescribedMove(move.source, move.target, text(move.slots), move.slot_count, est_keys, est_bytes)
 
 
 def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
-              options: MoveOptions) -> dict[str, Any]:
+              options: MoveOptions) -> SlotsSummary:
     """Execute moves: disjoint (source, target) pairs at once; every slot journaled; look again after. A stop
     request (opsctl.base.stop) lets the slots open finish, then raises Stopped saying how much moved."""
     with stop.finishing("the slot move"):
@@ -99,13 +99,14 @@ def run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: E
 
 
 def _run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: Emit,
-               options: MoveOptions) -> dict[str, Any]:
+               options: MoveOptions) -> SlotsSummary:
     wait_stable(session)
     atomic = session.atomic() and not options.key_by_key
     described = [describe_move(session, m) for m in moves]
-    progress = Progress(emit, sum(m.slot_count for m in moves), sum(d["est_keys"] for d in described))
-    emit(SlotsStart("atomic" if atomic else "key-by-key", sum(m.slot_count for m in moves), tuple(described)))
-    estimates = {(d["source"], d["target"]): d["est_keys"] for d in described}
+    progress = Progress(emit, sum(m.slot_count for m in moves), sum(d.est_keys for d in described))
+    emit(SlotsStart("atomic" if atomic else "key-by-key", sum(m.slot_count for m in moves),
+                    tuple(d.fields() for d in described)))
+    estimates = {(d.source, d.target): d.est_keys for d in described}
     failed_over: set[str] = set()  # the members of the shards whose failover a move followed
     for group in split_for_parallel(moves):
         signum = stop.requested()
@@ -131,7 +132,9 @@ def _run_moves(session: Session, moves: Sequence[Move], journal: Journal, emit: 
         _hand_over_strays(session, emit, failed_over)
     journal.compact()
     wait_stable(session)
-    return {**as_dict(progress.finish()), "mode": "atomic" if atomic else "key-by-key"}
+    done = progress.finish()
+    return SlotsSummary(done.kind, done.slots_done, done.slots_total, done.keys, done.bytes, done.keys_per_sec,
+                        done.seconds, done.eta, "atomic" if atomic else "key-by-key")
 
 
 def _stopped(session: Session, journal: Journal, progress: Progress, exc: stop.Stopped) -> stop.Stopped:
@@ -251,12 +254,12 @@ def _release_dead_imports(session: Session, name: str, slots: set[int]) -> None:
 
 def execute_or_describe(session: Session, moves: list[Move], state_dir: Path, emit: Emit, options: MoveOptions,
                         dry_run: bool) -> SlotsOutcome:
-    outcome = SlotsOutcome([describe_move(session, m) for m in moves], dry_run=dry_run)
+    described = tuple(describe_move(session, m) for m in moves)
     if not moves:
-        outcome.notes.append("nothing to move: the slots are balanced within the threshold")
-    elif not dry_run:
-        outcome.summary = run_moves(session, moves, Journal(state_dir), emit, options)
-    return outcome
+        return SlotsOutcome(described, dry_run=dry_run, notes=("nothing to move: the slots are balanced within the "
+                                                                "threshold",))
+    summary = None if dry_run else run_moves(session, moves, Journal(state_dir), emit, options)
+    return SlotsOutcome(described, summary, dry_run)
 
 
 def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: str, slots: int, emit: Emit,
@@ -271,8 +274,7 @@ def reshard(connector: Connector, state_dir: Path, source_ref: str, target_ref: 
         except ValueError as exc:
             raise RefusedError(f"cannot move {slots} slots from {source}", str(exc)) from None
         outcome = execute_or_describe(session, [Move(source, target, chosen)], state_dir, emit, options, dry_run)
-        outcome.notes[:0] = notes
-        return outcome
+        return replace(outcome, notes=(*notes, *outcome.notes))
 
 
 def rebalance(connector: Connector, state_dir: Path, weights: Mapping[str, float], threshold_pct: float,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opsctl.base.errors import NodeRefused, OpsctlError, RefusedError
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.record import Versioned
 from opsctl.net.connection import Connection, connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
@@ -201,13 +203,50 @@ CONVERGE_TIMEOUT = 60.0
 MAX_FAILOVERS = 3  # failovers of a move's shards one run follows before it stops and says so
 
 
-@dataclass
-class SlotsOutcome:
-    moves: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+@frozen
+class DescribedMove(Versioned):
+    """One move of a slot operation: slots (ranges as text) from source to target, with the keys and bytes it is
+    estimated to carry."""
+
+    source: str
+    target: str
+    slots: str
+    slot_count: int
+    est_keys: int
+    est_bytes: int
+
+    def fields(self) -> dict[str, str | int]:
+        """The move as the slots-start event lists it."""
+        return {"source": self.source, "target": self.target, "slots": self.slots, "slot_count": self.slot_count,
+                "est_keys": self.est_keys, "est_bytes": self.est_bytes}
+
+
+@frozen
+class SlotsSummary(Versioned):
+    """What the moves did: the slots-done event's counters (its kind first, as the JSON always had it) and the
+    engine that moved the keys."""
+
+    event: str
+    slots_done: int
+    slots_total: int
+    keys: int
+    bytes: int
+    keys_per_sec: float
+    seconds: float
+    eta: float | None
+    mode: str
+
+
+@frozen
+class SlotsOutcome(Frozen):
+    """cluster reshard, rebalance and fix: the moves (made, or in a dry run to be made), their summary (None: none
+    was run), notes, and rebalance --by a load's readable plan (slots.byload.plan_dict)."""
+
+    moves: tuple[DescribedMove, ...] = ()
+    summary: SlotsSummary | None = None
     dry_run: bool = False
-    notes: list[str] = field(default_factory=list)
-    plan: dict[str, Any] = field(default_factory=dict)  # rebalance --by a load: the readable plan (slots.byload)
+    notes: tuple[str, ...] = ()
+    plan: Mapping[str, Any] = field(default_factory=dict)  # (its shape is plan_dict's, not yet a record)
 
 
 def open_session(connector: Connector) -> Session:

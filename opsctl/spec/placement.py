@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from opsctl.base.frozen import Frozen, frozen
-from opsctl.spec.deployed import Deployed, deployed_from_records, name_index, recorded_role, unpurged
+from opsctl.spec.deployed import Deployed, NodeRecord, deployed_from_records, name_index, recorded_role, unpurged
 from opsctl.spec.layout import (
     Layout,
     Node,
@@ -57,7 +57,7 @@ def placed_layout(spec: Spec, deployed: Sequence[Deployed], serving: Collection[
     return _Placer(spec, deployed, serving, moves).layout()
 
 
-def with_placement(loaded: LoadedSpec, records: Mapping[str, Mapping[str, object]],
+def with_placement(loaded: LoadedSpec, records: Mapping[str, NodeRecord],
                    serving: Collection[str] = (), moves: Sequence[Move] = ()) -> LoadedSpec:
     """loaded with its layout placed from the nodes' records (what the provider found deployed); serving, moves:
     see placed_layout."""

@@ -123,8 +123,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
         if resume and not dry_run:
             close_open(connector, state_dir, emit, seen)
         outcome = operation(connector, state_dir, emit, options)
-    keys = outcome.summary.get("keys", 0)
-    note_run(args, keys=keys if isinstance(keys, int) else 0)
+    note_run(args, keys=outcome.summary.keys if outcome.summary else 0)
     print_result(SlotsResult(outcome), args.output)
     return EXIT_OK
 

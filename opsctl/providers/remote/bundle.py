@@ -25,7 +25,9 @@ from pathlib import Path
 
 from opsctl import data_dir
 from opsctl.base.errors import OpsctlError
+from opsctl.base.record import DataMismatch, read_fields
 from opsctl.providers.remote.inventory import binary_path, node_vars, remote_root, service_user, settings_path
+from opsctl.spec.deployed import DeployedAs, NodeRecord
 from opsctl.spec.layout import Node, deployed_record
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.model import Host, Spec
@@ -104,9 +106,9 @@ def parse_hosts_table(text: str | None) -> list[Host]:
         return []
 
 
-def parse_tombstones(text: str | None) -> dict[str, dict[str, object]]:
-    """The retired nodes' placements HOSTS_FILE carries, as tombstone records ({retired, deployed}); {} for none or
-    an unreadable file."""
+def parse_tombstones(text: str | None) -> dict[str, NodeRecord]:
+    """The retired nodes' placements HOSTS_FILE carries, as tombstone records (retired, deployed); {} for none or
+    an unreadable file, and a placement that is not one is left out."""
     try:
         data = json.loads(text or "[]")
     except ValueError:
@@ -114,8 +116,13 @@ def parse_tombstones(text: str | None) -> dict[str, dict[str, object]]:
     retired = data.get("retired") if isinstance(data, dict) else None
     if not isinstance(retired, dict):
         return {}
-    return {str(name): {"retired": True, "deployed": dict(placed)} for name, placed in retired.items()
-            if isinstance(placed, dict)}
+    found = {}
+    for name, placed in retired.items():
+        try:
+            found[str(name)] = NodeRecord(retired=True, deployed=read_fields(DeployedAs, placed))
+        except DataMismatch:
+            continue
+    return found
 
 
 def setting_members(spec: Spec) -> list[Member]:
