@@ -5,13 +5,16 @@ apply: 0 only when all converged; status: 0 only when all are healthy)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.cli.options import SECONDS, ranged
+from opsctl.fleet.summary import R
 
 if TYPE_CHECKING:
+    from opsctl.fleet.summary import FleetResult
     from opsctl.spec.fleet import Fleet
 
 PARALLEL = ranged(int, 1, 64)
@@ -151,3 +154,18 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     result = FleetResult("destroy", tuple(run_each(one, fleet.specs, args.parallel)))
     print_result(result, args.output)
     return EXIT_ERROR if result.failed else EXIT_OK
+
+
+def refuse_with_folder(args: argparse.Namespace, dests: tuple[str, ...], command: str) -> None:
+    """Options of one topology given with -f DIR: refused by name, before anything is read."""
+    from opsctl.cli.options import refuse_given
+
+    refuse_given(args, dests, f"one topology (-f SPEC), not with {command} -f DIR",
+                 f"drop the option, or run `opsctl {command} -f SPEC` for that topology")
+
+
+def worst_exit(result: FleetResult[R], code: Callable[[R], int]) -> int:
+    """The worst exit code a single command gives among the topologies: a failure (1), else findings (4), else 0."""
+    codes = [EXIT_ERROR if o.result is None else code(o.result) for o in result.outcomes]
+    order = (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK)
+    return min(codes, key=order.index, default=EXIT_OK)
