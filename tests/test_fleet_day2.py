@@ -12,9 +12,8 @@ import pytest
 from opsctl.audit.survey import AuditReport
 from opsctl.base.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
 from opsctl.base.events import BackupDone
-from opsctl.cli.commands.audit import Audited
-from opsctl.cli.commands.backup import Backed
 from opsctl.cli.commands.fleetrun import worst_exit
+from opsctl.cli.results import Audited, Backed
 from opsctl.fleet.summary import FleetResult, Outcome
 from opsctl.observe.findings import Finding
 from tests.lifecycle import run
@@ -108,5 +107,5 @@ def test_the_fleet_exit_is_the_worst_a_single_command_gives() -> None:
 
 def test_a_backup_entry_is_the_single_backup_s_result_event() -> None:
     done = BackupDone("/b/a/a-1", 3, 100, 0.5)
-    entry = Outcome("a", Backed("/b/a/a-1", None, [done])).to_dict()  # type: ignore[arg-type]
+    entry = Outcome("a", Backed("/b/a/a-1", None, done)).to_dict()  # type: ignore[arg-type]
     assert entry == {"name": "a", "event": "backup-done", "dir": "/b/a/a-1", "keys": 3, "bytes": 100, "seconds": 0.5}

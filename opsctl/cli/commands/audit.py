@@ -8,10 +8,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from opsctl.base.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.base.words import gauge, human_seconds
 from opsctl.cli.commands.fleetrun import add_fleet_options, fleet_of, refuse_with_folder, worst_exit
 from opsctl.cli.options import (
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
     from opsctl.observe.findings import Finding
     from opsctl.spec.load import LoadedSpec
 
-UNREAD_RULE = "reachable"  # opsctl.observe.findings: a node of the spec that the audit could not read
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
 
@@ -192,6 +190,7 @@ def refuse_unread(findings: Sequence[Finding]) -> None:
     """A node the audit could not read (down, refusing the password, failing mid-scan) is an error, exit 1, not a
     finding's exit 4: the report printed above is incomplete, and a pipeline must not read it as a verdict."""
     from opsctl.base.words import plural
+    from opsctl.observe.findings import UNREAD_RULE
 
     unread = sorted({f.node for f in findings if f.rule == UNREAD_RULE})
     if unread:
@@ -278,44 +277,10 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.set_defaults(handler=_bigkey_delete)
 
 
-@dataclass(frozen=True)
-class Audited:
-    """One topology's audit in a fleet: its findings counted by severity on its line; as JSON the single audit's
-    report. unread: nodes the audit could not read (the single audit's exit 1)."""
-
-    report: AuditReport
-    fail_on: str
-
-    @property
-    def unread(self) -> list[str]:
-        return sorted({f.node for f in self.report.findings if f.rule == UNREAD_RULE})
-
-    @property
-    def code(self) -> int:
-        from opsctl.observe.findings import at_or_above
-
-        if self.unread:
-            return EXIT_ERROR
-        return EXIT_FINDINGS if at_or_above(self.report.findings, self.fail_on) else EXIT_OK
-
-    def text(self) -> str:
-        from collections import Counter
-
-        from opsctl.base.words import plural
-        from opsctl.observe.findings import ordered
-
-        counts = Counter(f.severity for f in ordered(self.report.findings))
-        line = plural(len(self.report.findings), "finding")
-        line += f" ({', '.join(f'{n} {severity}' for severity, n in counts.items())})" if counts else ""
-        return line + (f"; could not read {', '.join(self.unread)}: incomplete" if self.unread else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.report.as_dict()
-
-
 def audit_fleet(args: argparse.Namespace) -> int:
     from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
+    from opsctl.cli.results import Audited
     from opsctl.fleet.summary import FleetResult, run_each
 
     refuse_with_folder(args, ("hot", "metrics_textfile"), "audit")

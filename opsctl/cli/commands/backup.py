@@ -9,7 +9,6 @@ import argparse
 import signal
 import sys
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
@@ -28,11 +27,11 @@ from opsctl.cli.runsignals import note_run, recorded
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from opsctl.backup.manifest import Manifest
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import Store
-    from opsctl.base.events import BackupDone, Event
+    from opsctl.base.events import Event
     from opsctl.cli.output import Printer
+    from opsctl.cli.results import Backed
     from opsctl.spec.load import LoadedSpec
 
 
@@ -227,26 +226,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=recorded("backup", cmd_backup))
 
 
-@dataclass(frozen=True)
-class Backed:
-    """One topology's backup in a fleet: where it went and what it holds; as JSON the single backup's result, its
-    backup-done event."""
-
-    where: str
-    manifest: Manifest
-    done: list[BackupDone] = field(default_factory=list)
-
-    def text(self) -> str:
-        from opsctl.backup.manifest import describe
-
-        return f"{self.where}: {describe(self.manifest)}"
-
-    def to_dict(self) -> dict[str, object]:
-        from opsctl.base.events import as_dict
-
-        return as_dict(self.done[-1]) if self.done else {"dir": self.where}
-
-
 def backup_fleet(args: argparse.Namespace) -> int:
     """backup -f DIR --to LOCATION: each topology into LOCATION/<topology>/ (a folder or an S3 prefix)."""
     from opsctl.backup.offsite import open_store
@@ -279,6 +258,7 @@ def _backup_one(loaded: LoadedSpec, store: Store, args: argparse.Namespace, prin
     from opsctl.backup.save import BackupOptions
     from opsctl.base.events import BackupDone
     from opsctl.base.runevents import Tagged
+    from opsctl.cli.results import Backed
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
     from opsctl.state.statedir import state_dir_for
@@ -297,4 +277,4 @@ def _backup_one(loaded: LoadedSpec, store: Store, args: argparse.Namespace, prin
     with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
             staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
         where = store.where(folder.name)
-    return Backed(where, manifest, done)
+    return Backed(where, manifest, done[-1] if done else None)

@@ -7,17 +7,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.cli.options import SECONDS, ranged
-from opsctl.fleet.summary import R
 
 if TYPE_CHECKING:
-    from opsctl.fleet.summary import FleetResult
+    from opsctl.fleet.summary import FleetResult, Shown
     from opsctl.spec.fleet import Fleet
 
 PARALLEL = ranged(int, 1, 64)
+S = TypeVar("S", bound="Shown")  # a single command's result (not imported at start: `opsctl --help` stays light)
 
 
 def is_folder(args: argparse.Namespace) -> bool:
@@ -164,7 +164,7 @@ def refuse_with_folder(args: argparse.Namespace, dests: tuple[str, ...], command
                  f"drop the option, or run `opsctl {command} -f SPEC` for that topology")
 
 
-def worst_exit(result: FleetResult[R], code: Callable[[R], int]) -> int:
+def worst_exit(result: FleetResult[S], code: Callable[[S], int]) -> int:
     """The worst exit code a single command gives among the topologies: a failure (1), else findings (4), else 0."""
     codes = [EXIT_ERROR if o.result is None else code(o.result) for o in result.outcomes]
     order = (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK)

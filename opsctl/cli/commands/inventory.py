@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
@@ -23,6 +22,7 @@ from opsctl.cli.options import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from opsctl.cli.results import Inventoried
     from opsctl.spec.load import LoadedSpec
 
 
@@ -148,27 +148,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=_inventory)
 
 
-@dataclass(frozen=True)
-class Inventoried:
-    """One topology's inventory in a fleet: what was written on its line; as JSON the inventory in Ansible's JSON
-    form (the single command's -o json) when it was asked for, and what was written."""
-
-    lines: tuple[str, ...]
-    inventory: dict[str, Any] | None
-
-    def text(self) -> str:
-        return "; ".join(line for line in self.lines if not line.startswith("run: ")) or "inventory read"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**(self.inventory or {}), "wrote": list(self.lines)}
-
-
 def inventory_fleet(args: argparse.Namespace) -> int:
     """inventory -f DIR: each provider: ansible topology's inventory (DIR/<name>.yml in --dir); the local ones run
     on this machine and have none: left out, said on stderr."""
     from pathlib import Path
 
     from opsctl.cli.output import print_result
+    from opsctl.cli.results import Inventoried
     from opsctl.fleet.summary import FleetResult, run_each
 
     fleet = fleet_of(args)
