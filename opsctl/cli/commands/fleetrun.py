@@ -13,6 +13,7 @@ from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_FINDINGS, EXIT_OK,
 from opsctl.cli.options import SECONDS, ranged
 
 if TYPE_CHECKING:
+    from opsctl.apply.planning import PlanResult
     from opsctl.fleet.summary import FleetResult, Shown
     from opsctl.spec.fleet import Fleet
 
@@ -67,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from opsctl.apply import PlanResult, plan
+    from opsctl.apply import plan
     from opsctl.cli.output import print_result
     from opsctl.fleet.summary import FleetResult, run_each
     from opsctl.runtime.opening import open_runtime
@@ -76,9 +77,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         raise OpsctlError("plan --out saves one topology's plan: not with -f DIR", hint="leave --out out")
 
+    refuse_origins_as_text(args)
+
     def one(loaded: LoadedSpec) -> PlanResult:
         with open_runtime(loaded) as rt:
-            return plan(rt)
+            return with_origins(plan(rt), args, loaded.file)
 
     result = FleetResult("plan", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
     print_result(result, args.output)
@@ -169,3 +172,22 @@ def worst_exit(result: FleetResult[S], code: Callable[[S], int]) -> int:
     codes = [EXIT_ERROR if o.result is None else code(o.result) for o in result.outcomes]
     order = (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK)
     return min(codes, key=order.index, default=EXIT_OK)
+
+
+def refuse_origins_as_text(args: argparse.Namespace) -> None:
+    """plan --show-origins adds the merged spec to plan's JSON; as text, render shows it."""
+    if args.show_origins and args.output != "json":
+        raise OpsctlError("plan --show-origins adds the merged spec to the JSON plan: it goes with --output json",
+                          hint="add --output json, or print it as text: opsctl render -f "
+                               f"{'SPEC' if is_folder(args) else args.file} --dir - --show-origins")
+
+
+def with_origins(result: PlanResult, args: argparse.Namespace, spec_file: str | None = None) -> PlanResult:
+    """result with the merged spec of spec_file (by default -f's) when --show-origins asks for it."""
+    from dataclasses import replace
+
+    from opsctl.state.specfile import spec_origin_entries
+
+    if not args.show_origins:
+        return result
+    return replace(result, origins=tuple(spec_origin_entries(spec_file or args.file)))
