@@ -1,11 +1,13 @@
 """The planner's questions over every node's CLUSTER NODES view at the cost of the distinct lines, not n² (issue 35,
 the simulated 1000-node plan): views parsed as a look parses them share one object per line, lines_where asks its
 question once per object and passes healthy views over; its answers are the plain comprehension's, for shared and
-for unshared views; the dead-node and lost-master checks find a failed node in parsed views."""
+for unshared views; the dead-node and lost-master checks find a failed node in parsed views; the cluster judgement
+(status) of parsed views is that of the same views built apart."""
 
 from __future__ import annotations
 
 from opsctl.cluster.deadnodes import dead_nodes, lost_masters
+from opsctl.observe.cluster_state import cluster_problems
 from opsctl.observe.replies import ClusterNodeLine, distinct_lines, lines_where, parse_cluster_nodes
 from opsctl.plan.facts import NodeFacts
 from opsctl.spec.layout import Layout, Node, Shard
@@ -70,3 +72,18 @@ def test_a_failed_master_gone_with_its_host_is_found_in_parsed_views() -> None:
              for me, view in zip((m for m in range(N) if m not in failed), seen, strict=True)}
     assert dead_nodes(layout, facts) == {node_id(25): "10.0.0.25:7000"}  # a master serving slots is not forgotten
     assert list(lost_masters(layout, facts)) == [node_id(3)]
+
+
+def test_the_cluster_judgement_of_parsed_views_is_that_of_views_built_apart() -> None:
+    """cluster_problems skips the views that see every role right and reads endpoints once per object: with a failed
+    node and a view that sees a replica under another master, its findings are those of the same views built apart
+    (one object per view and line: every line asked)."""
+    texts = {me: [line(i, me, frozenset({25})) for i in range(N)] for me in range(N) if me != 25}
+    texts[4][30] = texts[4][30].replace(f" {node_id(10)} ", f" {node_id(11)} ")  # 4 sees 30 under the wrong master
+    shared = {f"t-{me}": parse_cluster_nodes("\n".join(lines)) for me, lines in texts.items()}
+    apart = {name: [ClusterNodeLine(**{f: getattr(x, f) for f in ClusterNodeLine.__dataclass_fields__})
+                    for x in view] for name, view in shared.items()}
+    found = [p.render() for p in cluster_problems(shared, {})]
+    assert found == [p.render() for p in cluster_problems(apart, {})]
+    assert any(p.startswith("t-4: sees 10.0.0.30:7000 (t-30) as a replica of 10.0.0.11:7000 (t-11)") for p in found)
+    assert any("as fail" in p for p in found)

@@ -178,19 +178,27 @@ def distinct_lines(views: Iterable[Sequence[ClusterNodeLine] | None]) -> list[Cl
 def lines_where(views: Iterable[Sequence[ClusterNodeLine] | None], keep: Callable[[ClusterNodeLine], bool]
                 ) -> Iterator[ClusterNodeLine]:
     """Every line of views for which keep(line), in views' order: what `for view in views for line in view if
-    keep(line)` gives, at a fraction of its cost. Invariant: keep is a function of the line alone. Why: n views of n
-    lines are n² lines (a million at 1000 nodes); parse_cluster_nodes makes one object per distinct line, so keep is
-    asked once per object, and a view holding no kept object (a healthy view) is passed over in C."""
+    keep(line)` gives, at a fraction of its cost (kept_objects)."""
     listed = [view for view in views if view]
-    if len(listed) > 1 and set(map(id, listed[0])).isdisjoint(map(id, listed[1])):  # not parsed here: not shared
-        yield from (line for view in listed for line in view if keep(line))
-        return
-    kept = {id(line) for line in distinct_lines(listed) if keep(line)}
-    if not kept:
-        return
+    kept = kept_objects(listed, keep)
     for view in listed:
-        if not kept.isdisjoint(map(id, view)):
+        if kept is None:
+            yield from (line for line in view if keep(line))
+        elif not kept.isdisjoint(map(id, view)):
             yield from (line for line in view if id(line) in kept)
+
+
+def kept_objects(views: Iterable[Sequence[ClusterNodeLine] | None], keep: Callable[[ClusterNodeLine], bool]
+                 ) -> set[int] | None:
+    """The id() of each line object of views for which keep(line); None when the views share no object (built
+    apart, not parsed here): then ask every line. Invariant: keep is a function of the line alone. Why: n views of
+    n lines are n² lines (a million at 1000 nodes); parse_cluster_nodes makes one object per distinct line, so keep
+    is asked once per object, and a view holding none of them (`kept.isdisjoint(map(id, view))`, in C) is passed
+    over."""
+    listed = [view for view in views if view]
+    if len(listed) > 1 and set(map(id, listed[0])).isdisjoint(map(id, listed[1])):
+        return None
+    return {id(line) for line in distinct_lines(listed) if keep(line)}
 
 
 def myself(view: Sequence[ClusterNodeLine]) -> ClusterNodeLine | None:
