@@ -1,8 +1,8 @@
 """-f DIR on real servers (valkey, redis): a folder of four small topologies (standalone, replication, Sentinel,
-cluster) applied, planned empty and statused as one, their targets one file_sd; a change rolled out in two waves with a
-gate; a first wave whose server is stalled (SIGSTOP) before its gate halts with exit 1 naming it, the later
-topologies untouched, and the same command starts nothing until --resume; opsctl SIGKILLed mid-rollout, then the
-same command finishes it."""
+cluster) applied, planned empty and statused as one, their targets one file_sd, audited and backed up as one; a
+change rolled out in two waves with a gate; a first wave whose server is stalled (SIGSTOP) before its gate halts with
+exit 1 naming it, the later topologies untouched, and the same command starts nothing until --resume; opsctl
+SIGKILLed mid-rollout, then the same command finishes it."""
 
 from __future__ import annotations
 
@@ -108,6 +108,22 @@ def test_a_folder_applied_planned_empty_statused_as_one(fleet: Path) -> None:
     check = opsctl("cluster", "check", "-f", str(fleet))
     assert check.returncode == 0 and "d-clus" in check.stdout and "cluster check: 1 topology" in check.stdout, \
         check.stdout + check.stderr
+
+
+def test_the_folder_audited_and_backed_up_as_one(fleet: Path) -> None:
+    applied = opsctl("apply", "-f", str(fleet), "--auto-approve")  # a no-op after the test above; alone, the deploy
+    assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    audit = opsctl("audit", "-f", str(fleet), "config", "--fail-on", "critical", "--output", "json")
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
+    reports = json.loads(audit.stdout)["topologies"]
+    assert [(t["name"], t["spec"]) for t in reports] == [(n, n) for n in NAMES]  # each the single audit's report
+    backup = opsctl("backup", "-f", str(fleet), "--to", str(fleet / "backups"), "--only", "d-clus,a-solo")
+    assert backup.returncode == 0, backup.stdout + backup.stderr
+    assert backup.stdout.splitlines()[-1] == "backup: 2 topologies"
+    for name in ("a-solo", "d-clus"):  # each topology under --to's <topology>/
+        (made,) = (fleet / "backups" / name).iterdir()
+        assert made.name.startswith(f"{name}-") and (made / "manifest.json").is_file()
+        assert name in backup.stdout
 
 
 def test_a_change_rolled_out_in_two_waves(fleet: Path) -> None:

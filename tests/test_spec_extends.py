@@ -3,6 +3,7 @@ error, `render --show-origins`, and the spec cache's skipping of specs that exte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from opsctl.base.errors import SpecError
 from opsctl.cli.main import main
 from opsctl.spec.extends import chain_of, merged_document
+from opsctl.spec.secretrefs import HIDDEN
 from opsctl.state.specfile import read_spec
 from tests.support import PASSWORD_ENV
 
@@ -158,3 +160,27 @@ def test_the_spec_s_own_problems_come_first_then_the_base_s(tmp_path: Path) -> N
         read_spec(spec, cached=False)
     assert [Path(p.file).name for p in caught.value.problems] == ["a.yaml", "prod.yaml"]
     assert caught.value.summary.startswith(f"{spec}: 2 problems")
+
+
+def test_plan_json_show_origins_adds_the_merged_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, "a-real-secret-4f1d")
+    spec = write(tmp_path, {"a.yaml": SPEC, "bases/prod.yaml": BASE})
+    code = main(["plan", "-f", str(spec), "--output", "json", "--show-origins", "--state-dir", str(tmp_path / "st")])
+    out = capsys.readouterr().out
+    assert code == 2  # nothing deployed: the plan creates the node
+    plan = json.loads(out)
+    assert plan["steps"]  # the plan as without the flag, the merged spec beside it
+    origins = {entry["field"]: entry for entry in plan["spec_origins"]}
+    assert origins["memory.policy"] == {"field": "memory.policy", "value": "noeviction", "origin": f"{spec}:6"}
+    assert origins["memory.maxmemory"]["origin"] == f"{tmp_path / 'bases/prod.yaml'}:11"
+    assert origins["standalone.port"]["value"] == 17001  # a value as JSON has it, not quoted
+    assert origins["auth.password.env"]["value"] == HIDDEN and PASSWORD_ENV not in out  # never a secret place's value
+    assert "a-real-secret-4f1d" not in out
+
+
+def test_plan_show_origins_goes_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write(tmp_path, {"a.yaml": SPEC, "bases/prod.yaml": BASE})
+    assert main(["plan", "-f", str(spec), "--show-origins"]) == 1
+    err = capsys.readouterr().err
+    assert "goes with --output json" in err and f"opsctl render -f {spec} --dir - --show-origins" in err

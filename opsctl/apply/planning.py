@@ -31,10 +31,11 @@ class PlanOptions(Frozen):
 @frozen
 class PlanResult(Frozen):
     """plan, and the plan apply and restart show before they run it: its steps, or "no changes". saved_to: where
-    it was saved (plan --out)."""
+    it was saved (plan --out); origins: the merged spec asked for with --show-origins (JSON only)."""
 
     plan: Plan
     saved_to: Path | None = None
+    origins: tuple[dict[str, object], ...] | None = None  # --show-origins: the merged spec, each value's file:line
 
     @property
     def changes(self) -> bool:
@@ -44,7 +45,8 @@ class PlanResult(Frozen):
         return plan_text(self.plan)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.plan.to_dict()
+        shown = self.plan.to_dict()
+        return shown if self.origins is None else {**shown, "spec_origins": list(self.origins)}
 
 
 JUST_PLAN = PlanOptions()

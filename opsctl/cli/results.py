@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opsctl.base.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
 from opsctl.base.events import human_bytes
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.slots.session import SlotsOutcome
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from opsctl.audit.bigdelete import DeleteResult
     from opsctl.audit.survey import AuditReport
     from opsctl.backup.manifest import Manifest
+    from opsctl.backup.save import BackupDone
     from opsctl.backup.timeline import Listed
     from opsctl.cluster.check import ClusterReport
     from opsctl.failover.report import FailoverReport
@@ -316,3 +318,75 @@ def outcome_text(outcome: SlotsOutcome) -> str:
         lines.append(f"moved {s.slots_done} slots, {s.keys} keys in {s.seconds:.2f}s "
                      f"({s.keys_per_sec:.0f} keys/s, {s.mode})")
     return "\n".join(lines)
+
+
+@frozen
+class Audited(Frozen):
+    """One topology's audit in a fleet: its findings counted by severity on its line; as JSON the single audit's
+    report. unread: nodes the audit could not read (the single audit's exit 1)."""
+
+    report: AuditReport
+    fail_on: str
+
+    @property
+    def unread(self) -> list[str]:
+        from opsctl.observe.findings import UNREAD_RULE
+
+        return sorted({f.node for f in self.report.findings if f.rule == UNREAD_RULE})
+
+    @property
+    def code(self) -> int:
+        from opsctl.observe.findings import at_or_above
+
+        if self.unread:
+            return EXIT_ERROR
+        return EXIT_FINDINGS if at_or_above(self.report.findings, self.fail_on) else EXIT_OK
+
+    def text(self) -> str:
+        from collections import Counter
+
+        from opsctl.base.events import plural
+        from opsctl.observe.findings import ordered
+
+        counts = Counter(f.severity for f in ordered(self.report.findings))
+        line = plural(len(self.report.findings), "finding")
+        line += f" ({', '.join(f'{n} {severity}' for severity, n in counts.items())})" if counts else ""
+        return line + (f"; could not read {', '.join(self.unread)}: incomplete" if self.unread else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.report.as_dict()
+
+
+@frozen
+class Backed(Frozen):
+    """One topology's backup in a fleet: where it went and what it holds; as JSON the single backup's result, its
+    backup-done event."""
+
+    where: str
+    manifest: Manifest
+    done: BackupDone | None = None
+
+    def text(self) -> str:
+        from opsctl.backup.manifest import describe
+
+        return f"{self.where}: {describe(self.manifest)}"
+
+    def to_dict(self) -> dict[str, object]:
+        from opsctl.base.events import as_dict
+
+        return as_dict(self.done) if self.done is not None else {"dir": self.where}
+
+
+@frozen
+class Inventoried(Frozen):
+    """One topology's inventory in a fleet: what was written on its line; as JSON the inventory in Ansible's JSON
+    form (the single command's -o json) when it was asked for, and what was written."""
+
+    lines: tuple[str, ...]
+    inventory: dict[str, Any] | None
+
+    def text(self) -> str:
+        return "; ".join(line for line in self.lines if not line.startswith("run: ")) or "inventory read"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**(self.inventory or {}), "wrote": list(self.lines)}

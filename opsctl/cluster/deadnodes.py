@@ -19,7 +19,7 @@ from opsctl.failover.promotion import (
 )
 from opsctl.failover.verdicts import Target
 from opsctl.observe.cluster_state import voting_masters
-from opsctl.observe.replies import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine, lines_where
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import Facts, NodeFacts
 from opsctl.plan.steps import ForgetNodes, PromoteReplica
@@ -35,10 +35,9 @@ def dead_nodes(layout: Layout, facts: Facts) -> dict[str, str]:
     PONG), and one not flagged yet when apply looks would be left known everywhere."""
     gone, down = _gone(layout, facts), _down(layout)
     found: dict[str, str] = {}
-    for f in facts.values():
-        for line in f.cluster_nodes or ():
-            if down(line) and not line.slots and gone(line.endpoint, line.id):
-                found[line.id] = line.endpoint
+    for line in lines_where((f.cluster_nodes for f in facts.values()),
+                            lambda line: down(line) and not line.slots and gone(line.endpoint, line.id)):
+        found[line.id] = line.endpoint
     return found
 
 
@@ -143,11 +142,13 @@ def lost_masters(layout: Layout, facts: Facts) -> dict[str, ClusterNodeLine]:
     """id -> line of each master serving slots that is down and gone, as the running nodes list it; not where a master
     that answers claims all those slots in its own view (a promotion gossip is still spreading)."""
     gone, down = _gone(layout, facts), _down(layout)  # the others come back from their nodes.conf
+    failed = list(lines_where((f.cluster_nodes for f in facts.values()), lambda line: down(line) and line.is_master
+                              and bool(line.slots) and gone(line.endpoint, line.id)))
+    if not failed:  # a healthy cluster: no slot to add up
+        return {}
     claimed = {s for f in facts.values() if f.reachable and (me := f.myself) and me.is_master
                for s in ranges.expand(me.slots)}
-    return {line.id: line for f in facts.values() for line in f.cluster_nodes or ()
-            if down(line) and line.is_master and line.slots and gone(line.endpoint, line.id)
-            and not set(ranges.expand(line.slots)) <= claimed}
+    return {line.id: line for line in failed if not set(ranges.expand(line.slots)) <= claimed}
 
 
 def _orphaned(layout: Layout, facts: Facts, dead: str) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opsctl.apply.planning import spec_digest
@@ -16,7 +16,7 @@ from opsctl.apply.rounds import DEFAULTS, ApplyOptions, ApplyResult, apply
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import plural
 from opsctl.base.record import digest
-from opsctl.fleet.rolloutlog import Journal, read_journal, write_journal
+from opsctl.fleet.rolloutlog import LOCK, Journal, read_journal, state_folder, write_journal
 from opsctl.fleet.summary import PARALLEL, FleetResult, Outcome, run_each
 from opsctl.runtime.opening import RuntimeOptions, open_runtime
 from opsctl.spec.fleet import Fleet
@@ -97,9 +97,11 @@ class RolloutResult:
     applied: FleetResult[Applied]
     halted: str | None
     untouched: tuple[str, ...]
+    note: str | None = None
 
     def text(self) -> str:
-        lines = [f"wave {i + 1}: {', '.join(w)}" for i, w in enumerate(self.waves)]
+        lines = [f"note: {self.note}"] if self.note else []
+        lines += [f"wave {i + 1}: {', '.join(w)}" for i, w in enumerate(self.waves)]
         lines += [self.applied.text()] if self.applied.outcomes else []
         if self.halted:
             lines.append(f"HALTED: {self.halted}")
@@ -110,10 +112,23 @@ class RolloutResult:
 
     def to_dict(self) -> dict[str, object]:
         return {**self.applied.to_dict(), "waves": [list(w) for w in self.waves], "halted": self.halted,
-                "untouched": list(self.untouched)}
+                "untouched": list(self.untouched), "note": self.note}
 
 
 def rollout(fleet: Fleet, options: RolloutOptions) -> RolloutResult:
+    """The rollout, one at a time per folder: a second one while it runs is refused naming the holder; the record
+    of a run that was killed is taken over, said in the result."""
+    from opsctl.state.statelock import named_lock
+
+    # 0711: the folder holds each topology's state dir, which a local server's own user must pass through
+    with named_lock(state_folder(Path(fleet.folder)), LOCK, "this folder's rollout", 0o711) as stale:
+        done = _rollout(fleet, options)
+    if stale is None:
+        return done
+    return replace(done, note=f"took over the rollout lock from {stale.text()}: that run is gone")
+
+
+def _rollout(fleet: Fleet, options: RolloutOptions) -> RolloutResult:
     names = tuple(s.spec.name for s in fleet.specs)
     waves = cut_waves(names, options.sizes)
     key = digest([[list(w) for w in waves], [spec_digest(s) for s in fleet.specs]])

@@ -13,6 +13,7 @@ from opsctl.base.errors import OpsctlError
 
 VERSION = 1
 NAME = "fleet-rollout.json"
+LOCK = "fleet-rollout.lock"  # held for a whole rollout (opsctl.state.statelock.named_lock)
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,13 @@ class Journal:
         return replace(self, halted=why, halted_wave=wave)
 
 
+def state_folder(folder: Path) -> Path:
+    """The fleet's own state: its rollout journal and lock, beside the topologies' state folders."""
+    return folder / ".opsctl"
+
+
 def journal_path(folder: Path) -> Path:
-    return folder / ".opsctl" / NAME
+    return state_folder(folder) / NAME
 
 
 def write_journal(folder: Path, journal: Journal) -> None:

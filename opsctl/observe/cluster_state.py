@@ -13,6 +13,8 @@ from opsctl.observe.replies import (
     SLOTS,
     ClusterNodeLine,
     NodeObservation,
+    distinct_lines,
+    kept_objects,
     master_side_problems,
     myself,
 )
@@ -104,9 +106,9 @@ class Names:
     def __init__(self, views: Mapping[str, Sequence[ClusterNodeLine]]) -> None:
         self.by_id: dict[str, str] = {}
         self.endpoints: dict[str, str] = {}
+        for line in distinct_lines(views.values()):  # first seen wins, as line by line; ~2n objects, not n² lines
+            self.endpoints.setdefault(line.id, line.endpoint)
         for name, view in views.items():
-            for line in view:
-                self.endpoints.setdefault(line.id, line.endpoint)
             me = myself(view)
             if me is not None:
                 self.by_id[me.id] = name
@@ -229,8 +231,12 @@ def _membership_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: 
 def _role_problems(views: Mapping[str, Sequence[ClusterNodeLine]], names: Names) -> list[Disagreement]:
     """Each node's own role (from its myself line) against how every other node sees it."""
     own = {me.id: me.master_id for view in views.values() if (me := myself(view)) is not None}
+    wrong = kept_objects(views.values(), lambda line: not line.is_myself and line.id in own
+                         and line.master_id != own[line.id])
     out: list[Disagreement] = []
     for name, view in sorted(views.items()):
+        if wrong is not None and wrong.isdisjoint(map(id, view)):  # a view that sees every role right
+            continue
         for line in view:
             if line.is_myself or line.id not in own or line.master_id == own[line.id]:
                 continue

@@ -16,8 +16,10 @@ its command and its pure parser (opsctl.net.connection.Connection.read sends it)
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -160,6 +162,43 @@ def _timeless(line: str) -> str:
 @functools.lru_cache(maxsize=16384)
 def _parse_once(line: str) -> ClusterNodeLine:
     return parse_cluster_node_line(line)
+
+
+LINE_ID = operator.attrgetter("id")  # a ClusterNodeLine's id, read in C: map(LINE_ID, view) over views of n lines
+
+
+def distinct_lines(views: Iterable[Sequence[ClusterNodeLine] | None]) -> list[ClusterNodeLine]:
+    """Each line object of views once, in the order first seen: for questions about the set of lines (which slots
+    any view shows served), asked of ~2n objects instead of n² lines (see lines_where)."""
+    listed = [view for view in views if view]
+    lines = itertools.chain.from_iterable(listed)
+    return list(dict(zip(map(id, itertools.chain.from_iterable(listed)), lines, strict=True)).values())
+
+
+def lines_where(views: Iterable[Sequence[ClusterNodeLine] | None], keep: Callable[[ClusterNodeLine], bool]
+                ) -> Iterator[ClusterNodeLine]:
+    """Every line of views for which keep(line), in views' order: what `for view in views for line in view if
+    keep(line)` gives, at a fraction of its cost (kept_objects)."""
+    listed = [view for view in views if view]
+    kept = kept_objects(listed, keep)
+    for view in listed:
+        if kept is None:
+            yield from (line for line in view if keep(line))
+        elif not kept.isdisjoint(map(id, view)):
+            yield from (line for line in view if id(line) in kept)
+
+
+def kept_objects(views: Iterable[Sequence[ClusterNodeLine] | None], keep: Callable[[ClusterNodeLine], bool]
+                 ) -> set[int] | None:
+    """The id() of each line object of views for which keep(line); None when the views share no object (built
+    apart, not parsed here): then ask every line. Invariant: keep is a function of the line alone. Why: n views of
+    n lines are n² lines (a million at 1000 nodes); parse_cluster_nodes makes one object per distinct line, so keep
+    is asked once per object, and a view holding none of them (`kept.isdisjoint(map(id, view))`, in C) is passed
+    over."""
+    listed = [view for view in views if view]
+    if len(listed) > 1 and set(map(id, listed[0])).isdisjoint(map(id, listed[1])):
+        return None
+    return {id(line) for line in distinct_lines(listed) if keep(line)}
 
 
 def myself(view: Sequence[ClusterNodeLine]) -> ClusterNodeLine | None:

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from opsctl.cluster.deadnodes import forget_dead, promote_orphans
 from opsctl.cluster.formation import cluster_steps, rejoins
 from opsctl.metrics.exporter import exporter_steps
+from opsctl.observe.replies import LINE_ID
 from opsctl.plan.desired import DesiredNode
 from opsctl.plan.facts import Facts, fingerprint
 from opsctl.plan.masters import current_master
@@ -181,11 +182,11 @@ def _unaware(layout: Layout, facts: Facts) -> list[str]:
     """Running cluster nodes some other running node does not list yet (gossip still spreading a node the cluster
     met: every node learns it within a few pings)."""
     ids = {n.name: me.id for n in layout.servers if facts[n.name].reachable and (me := facts[n.name].myself)}
-    unaware = set()
-    for name in ids:
-        known = {line.id for line in facts[name].cluster_nodes or ()}
-        unaware |= {other for other, node_id in ids.items() if node_id not in known}
-    return sorted(unaware)
+    named = {node_id: name for name, node_id in ids.items()}
+    unknown: set[str] = set()
+    for name in ids:  # set differences, not a loop over every pair: n views of n nodes at 1000 nodes
+        unknown |= named.keys() - set(map(LINE_ID, facts[name].cluster_nodes or ()))
+    return sorted(named[node_id] for node_id in unknown)
 
 
 def _recounting(layout: Layout, facts: Facts) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.observe.cluster_state import even_slot_ranges, uncovered
-from opsctl.observe.replies import ClusterNodeLine
+from opsctl.observe.replies import ClusterNodeLine, distinct_lines
 from opsctl.slots.ranges import Ranges, SlotRange, expand, text, to_ranges
 from opsctl.spec.layout import Layout, Shard
 
@@ -20,7 +20,7 @@ def unserved_slots(views: Iterable[Sequence[ClusterNodeLine]]) -> set[int]:
     Every view counts, not the most common one: a slot any view still shows served is left alone, never given to a
     second master while a node routes it to a first."""
     seen = [view for view in views if view]
-    ranges = sorted({r for view in seen for line in view if line.is_master for r in line.slots})
+    ranges = sorted({r for line in distinct_lines(seen) if line.is_master for r in line.slots})  # a set: any order
     return set(expand(uncovered(tuple((start, end, "") for start, end in ranges)))) if seen else set()
 
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 
 from opsctl.base.errors import SpecProblem, echo
-from opsctl.spec.secretrefs import shown
+from opsctl.spec.secretrefs import HIDDEN, secret_field, shown
 from opsctl.spec.text import MAX_SPEC_CHARS
 from opsctl.spec.yamlpos import Path_, PositionedDocument, field_path, load_positioned
 
@@ -126,6 +126,17 @@ def origins(doc: PositionedDocument) -> Iterator[str]:
     for path, value in _leaves(doc.data, ()):
         file, line = doc.origin_of(path)
         yield f"{field_path(path)}: {shown(value, path)}  # {file}:{line}"
+
+
+def origin_entries(doc: PositionedDocument) -> list[dict[str, object]]:
+    """The merged spec as JSON, one entry per value as origins has it: {"field", "value", "origin": "file:line"};
+    a secret place's value is HIDDEN (as plan's JSON never carries a secret)."""
+    entries: list[dict[str, object]] = []
+    for path, value in _leaves(doc.data, ()):
+        file, line = doc.origin_of(path)
+        entries.append({"field": field_path(path), "value": HIDDEN if secret_field(path) is not None else value,
+                        "origin": f"{file}:{line}"})
+    return entries
 
 
 def _leaves(value: object, path: Path_) -> Iterator[tuple[Path_, object]]:

@@ -14,6 +14,7 @@ Which certificate files a node uses (node override > host > tls section). Pure."
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import field
@@ -84,19 +85,24 @@ class Layout(Frozen):
     orphans: tuple[str, ...] = ()  # deployed nodes whose host the spec no longer lists
     moved: tuple[str, ...] = ()  # retired nodes replaced on another host to even out load (spec.placement.Move)
 
-    @property
+    # Cached (a layout never changes): the planner asks for them per node and per shard, n times over n nodes.
+    @functools.cached_property
     def servers(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if not n.is_sentinel)
 
-    @property
+    @functools.cached_property
     def sentinels(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.is_sentinel)
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in reversed(self.nodes)}  # reversed: the first of a name wins, as before
+
     def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
+        found = self._by_name.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
 
     def find(self, ref: str) -> Node | None:
         """A node by name or address:port (IP addresses compared in canonical form, IPv6 with or without brackets)."""

@@ -7,6 +7,7 @@ import stat
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import OpsctlError
 from opsctl.base.secrets import remember
@@ -15,6 +16,9 @@ from opsctl.spec.secretrefs import SecretResolver, SecretUnusable, check_secrets
 from opsctl.spec.text import MAX_SPEC_CHARS
 from opsctl.state import speccache
 from opsctl.state.safefs import FileProblem, read_bounded
+
+if TYPE_CHECKING:
+    from opsctl.spec.yamlpos import PositionedDocument
 
 SPEC_LIMIT = MAX_SPEC_CHARS
 SECRET_FILE_LIMIT = 64 * 1024
@@ -89,7 +93,22 @@ def _validated(text: str, spec_path: Path, resolve: SecretResolver | None,
 def spec_origins(path: str | Path) -> list[str]:
     """The spec at path merged with its bases (`extends:`), one line per value with the file:line it came from;
     validated first (secrets not checked: this view shows none)."""
-    from opsctl.spec.extends import merged_document, origins
+    from opsctl.spec.extends import origins
+
+    doc = _merged(path)
+    return list(origins(doc)) if doc is not None else []
+
+
+def spec_origin_entries(path: str | Path) -> list[dict[str, object]]:
+    """spec_origins as JSON entries (plan --output json --show-origins): field, value (secrets hidden), origin."""
+    from opsctl.spec.extends import origin_entries
+
+    doc = _merged(path)
+    return origin_entries(doc) if doc is not None else []
+
+
+def _merged(path: str | Path) -> PositionedDocument | None:
+    from opsctl.spec.extends import merged_document
 
     spec_path = Path(STDIN_NAME if str(path) == STDIN else path)
     text = _stdin_text() if str(path) == STDIN else \
@@ -98,7 +117,7 @@ def spec_origins(path: str | Path) -> list[str]:
         raise OpsctlError(f"spec file not found: {spec_path}", hint="pass the topology file with -f")
     load_spec(text, str(spec_path), None)
     doc, _ = merged_document(text, str(spec_path))
-    return list(origins(doc)) if doc is not None else []
+    return doc
 
 
 def _nothing() -> None:

@@ -1,7 +1,8 @@
 """One opsctl run per topology: an exclusive flock on `<state_dir>/.lock`, released when the run ends or dies.
 
 flock belongs to the open file, so a crashed run never leaves a stale lock behind; the pid written into
-the file only serves the error message of the run that was refused.
+the file only serves the error message of the run that was refused. named_lock is the same flock on another file
+(a fleet's rollout), recording its holder's pid, host and since, and saying a record a killed run left.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.poll import wait_for
 from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, rewrite_open, trusted_owners
 
@@ -53,13 +55,13 @@ def _acquire(fd: int, state_dir: Path, timeout: float) -> None:
              on_timeout=lambda _: lock_refused(state_dir, _holder(fd)))
 
 
-def _open_lock(state_dir: Path) -> int:
+def _open_lock(state_dir: Path, name: str = LOCK_NAME) -> int:
     """The lock file, opened inside the state dir's own fd and never through a link (root truncates it)."""
     with open_dir(state_dir, trusted_owners()) as folder:
         try:
-            return os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+            return os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
         except OSError as exc:
-            raise FileProblem(state_dir / LOCK_NAME, f"cannot be opened: {exc.strerror}", LINK_HINT) from None
+            raise FileProblem(state_dir / name, f"cannot be opened: {exc.strerror}", LINK_HINT) from None
 
 
 @contextmanager
@@ -101,3 +103,52 @@ def remove_lock_file(state_dir: Path) -> None:
     waited on it finds it gone once it has it, and locks a new one (state_lock); no two runs ever hold both."""
     with open_dir(state_dir, trusted_owners()) as folder, suppress(FileNotFoundError):
         os.unlink(LOCK_NAME, dir_fd=folder)
+
+
+@frozen
+class Holder(Frozen):
+    """Who holds a named lock (a fleet's rollout): its pid, host and since when (UTC), as its file records."""
+
+    pid: int
+    host: str
+    since: str
+
+    def record(self) -> bytes:
+        return f"{self.pid} {self.host} {self.since}\n".encode()
+
+    def text(self) -> str:
+        return f"pid {self.pid} on {self.host}, since {self.since}"
+
+
+def parse_holder(text: str) -> Holder | None:
+    """The holder a lock file records ("PID HOST SINCE"), None for anything else (an empty file: released)."""
+    words = text.split()
+    pid = parse_pid(words[0]) if len(words) == 3 else None
+    return Holder(pid, words[1], words[2]) if pid is not None else None
+
+
+@contextmanager
+def named_lock(folder: Path, name: str, what: str, mode: int = 0o700) -> Iterator[Holder | None]:
+    """Hold folder/name for the block, the holder (pid, host, since) recorded in it; another run holding it: refused
+    naming that holder. Yields the holder a run that died left recorded (SIGKILLed: its flock went with it, its
+    record stayed), taken over, for the caller to say; None when the lock was free and clean."""
+    import socket
+    from datetime import datetime, timezone
+
+    make_dir(folder, mode, trusted_owners(), enforce=False)
+    fd = _open_lock(folder, name)
+    try:
+        if not _try_lock(fd):
+            holder = parse_holder(os.pread(fd, 256, 0).decode("ascii", "replace"))
+            raise OpsctlError(f"another opsctl run holds {what} ({holder.text() if holder else 'holder unknown'})",
+                              f"lock file: {folder / name}",
+                              "wait until that run finishes (or stop it); the lock goes away with its process")
+        found = parse_holder(os.pread(fd, 256, 0).decode("ascii", "replace"))  # read under the lock: a leftover
+        since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        rewrite_open(fd, folder / name, Holder(os.getpid(), socket.gethostname(), since).record())
+        try:
+            yield found
+        finally:
+            os.ftruncate(fd, 0)  # released cleanly: no record left to take over
+    finally:
+        os.close(fd)

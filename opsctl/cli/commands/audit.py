@@ -7,10 +7,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from opsctl.base.errors import EXIT_FINDINGS, EXIT_OK, OpsctlError
+from opsctl.cli.commands.fleetrun import add_fleet_options, fleet_of, refuse_with_folder, worst_exit
 from opsctl.cli.options import (
     RATE,
     STATE_DIR_TUNNELS_HELP,
@@ -23,10 +24,11 @@ from opsctl.cli.options import (
 from opsctl.cli.ttyline import TtyLine
 
 if TYPE_CHECKING:
+    from opsctl.audit.survey import AuditOptions, AuditReport
     from opsctl.base.events import Event
     from opsctl.observe.findings import Finding
+    from opsctl.spec.load import LoadedSpec
 
-UNREAD_RULE = "reachable"  # opsctl.observe.findings: a node of the spec that the audit could not read
 CHECK_CHOICES = ("config", "bigkeys", "hotkeys", "keys", "ttl", "slowlog", "memory", "tls", "all")
 
 
@@ -98,42 +100,59 @@ def _checks(names: list[str]) -> tuple[str, ...]:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    from opsctl.cli.commands.fleetrun import is_folder
+
+    if is_folder(args):
+        return audit_fleet(args)
     if args.hot:
         return _audit_hot(args)
     if args.metrics_textfile is not None:
         raise OpsctlError("--metrics-textfile writes the hottest slots: it goes with --hot",
                           hint="add --hot, or drop --metrics-textfile")
-    from opsctl.audit.keyspace import Thresholds
-    from opsctl.audit.survey import AuditOptions, run_audit
     from opsctl.base.events import HEARTBEAT
     from opsctl.cli.output import print_result
     from opsctl.cli.results import AuditResult
     from opsctl.observe.findings import at_or_above
-    from opsctl.runtime.opening import open_connector, recorded_placement
-    from opsctl.spec.deployed import running_nodes
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     if args.nice > 0:
         os.nice(args.nice)  # a scan is background work: never take CPU from a server on the same host
-    thresholds = Thresholds(string_bytes=args.string_bytes, elements=args.elements, top=args.top,
-                            max_key_length=args.max_key_length, expiry_cluster_keys=args.expiry_cluster,
-                            no_ttl_share=args.no_ttl_share, no_ttl_min_keys=args.no_ttl_min_keys)
-    options = AuditOptions(_checks(args.checks), thresholds, args.allow_masters, args.max_ops_per_sec, args.count,
-                           args.batch, args.window)
     bar = ProgressBar(heartbeat=None if sys.stderr.isatty() else HEARTBEAT) if args.output == "table" else None
-    state_dir = state_dir_for(loaded, args.state_dir)
-    placed, records = recorded_placement(loaded, state_dir)  # the nodes that run, drained ones too; not new ones
     try:
-        with open_connector(loaded, state_dir) as connector:
-            report = run_audit(connector, options, bar.emit if bar else None, running_nodes(placed.layout, records))
+        report = audit_report(loaded, args.state_dir, audit_options(args), bar.emit if bar else None)
     finally:
         if bar:
             bar.close()
     print_result(AuditResult(report, html=args.output == "html"), args.output)
     refuse_unread(report.findings)
     return EXIT_FINDINGS if at_or_above(report.findings, args.fail_on) else EXIT_OK
+
+
+def audit_options(args: argparse.Namespace) -> AuditOptions:
+    """The checks and thresholds the command line asks for."""
+    from opsctl.audit.keyspace import Thresholds
+    from opsctl.audit.survey import AuditOptions
+
+    thresholds = Thresholds(string_bytes=args.string_bytes, elements=args.elements, top=args.top,
+                            max_key_length=args.max_key_length, expiry_cluster_keys=args.expiry_cluster,
+                            no_ttl_share=args.no_ttl_share, no_ttl_min_keys=args.no_ttl_min_keys)
+    return AuditOptions(_checks(args.checks), thresholds, args.allow_masters, args.max_ops_per_sec, args.count,
+                        args.batch, args.window)
+
+
+def audit_report(loaded: LoadedSpec, state_dir_arg: str | None, options: AuditOptions,
+                 emit: Callable[[Event], None] | None) -> AuditReport:
+    """One topology audited: the nodes that run (drained ones too; not the ones the next apply adds)."""
+    from opsctl.audit.survey import run_audit
+    from opsctl.runtime.opening import open_connector, recorded_placement
+    from opsctl.spec.deployed import running_nodes
+    from opsctl.state.statedir import state_dir_for
+
+    state_dir = state_dir_for(loaded, state_dir_arg)
+    placed, records = recorded_placement(loaded, state_dir)
+    with open_connector(loaded, state_dir) as connector:
+        return run_audit(connector, options, emit, running_nodes(placed.layout, records))
 
 
 def _audit_hot(args: argparse.Namespace) -> int:
@@ -170,6 +189,7 @@ def refuse_unread(findings: Sequence[Finding]) -> None:
     """A node the audit could not read (down, refusing the password, failing mid-scan) is an error, exit 1, not a
     finding's exit 4: the report printed above is incomplete, and a pipeline must not read it as a verdict."""
     from opsctl.base.events import plural
+    from opsctl.observe.findings import UNREAD_RULE
 
     unread = sorted({f.node for f in findings if f.rule == UNREAD_RULE})
     if unread:
@@ -181,6 +201,7 @@ def refuse_unread(findings: Sequence[Finding]) -> None:
 def register_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("audit", help="check running nodes against the hardened baseline and the key standard")
     add_spec_options(p, STATE_DIR_TUNNELS_HELP)
+    add_fleet_options(p)
     p.add_argument("checks", nargs="*", type=_check_name, metavar="CHECK",
                    help=f"one or more of {', '.join(CHECK_CHOICES)} (default: all)")
     add_output(p, ("table", "json", "html"))
@@ -253,3 +274,30 @@ def register_bigkey(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     d.add_argument("--chunk", type=ranged(int, 1, 100_000), default=500, help="elements per delete step (default 500)")
     d.add_argument("--max-ops-per-sec", type=RATE, default=None, help="commands per second")
     d.set_defaults(handler=_bigkey_delete)
+
+
+def audit_fleet(args: argparse.Namespace) -> int:
+    from opsctl.base.events import HEARTBEAT
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import Audited
+    from opsctl.fleet.summary import FleetResult, run_each
+
+    refuse_with_folder(args, ("hot", "metrics_textfile"), "audit")
+    if args.output == "html":
+        raise OpsctlError("audit -f DIR prints a summary as text or json: --output html is one topology's page",
+                          hint="use --output json (each topology's report), or audit -f SPEC --output html")
+    fleet = fleet_of(args)
+    options = audit_options(args)
+    if args.nice > 0:
+        os.nice(args.nice)  # a scan is background work: never take CPU from a server on the same host
+    # node names are unique across the fleet: one bar counts every topology's keys
+    bar = ProgressBar(heartbeat=None if sys.stderr.isatty() else HEARTBEAT) if args.output == "table" else None
+    try:
+        outcomes = run_each(lambda loaded: Audited(audit_report(loaded, None, options, bar.emit if bar else None),
+                                                   args.fail_on), fleet.specs, args.parallel)
+    finally:
+        if bar:
+            bar.close()
+    result = FleetResult("audit", tuple(outcomes))
+    print_result(result, args.output)
+    return worst_exit(result, lambda audited: audited.code)

@@ -11,7 +11,8 @@ import sys
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from opsctl.base.errors import EXIT_OK, OpsctlError, echo
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError, echo
+from opsctl.cli.commands.fleetrun import add_fleet_options, fleet_of, is_folder, refuse_with_folder
 from opsctl.cli.options import (
     STATE_DIR_TUNNELS_HELP,
     add_force_lock,
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import Store
+    from opsctl.base.events import Event
     from opsctl.cli.output import Printer
+    from opsctl.cli.results import Backed
     from opsctl.spec.load import LoadedSpec
 
 
@@ -87,6 +90,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
         raise OpsctlError("usage: opsctl backup -f SPEC --to DIR|URL [--continuous] | "
                           "opsctl backup verify|list|prune --from DIR|URL",
                           hint="opsctl backup --help shows every option")
+    if is_folder(args):  # each topology of the folder under --to's <topology>/
+        return backup_fleet(args)
     from opsctl.backup.offsite import open_store, staged_backup
     from opsctl.backup.save import BackupOptions
     from opsctl.backup.store import parse_location
@@ -195,6 +200,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "older than --keep-days")
     p.add_argument("target", nargs="?", metavar="DIR|URL", help="backup verify: the same as --from DIR|URL")
     add_spec_file(p, required=False)  # not with `backup verify|list|prune`
+    add_fleet_options(p)
     add_force_lock(p)
     p.add_argument("--to", metavar="DIR|s3://BUCKET/PREFIX",
                    help="directory (or S3 bucket prefix: boto3's AWS configuration) that receives "
@@ -222,3 +228,56 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds a node may take to send its copy (default 3600)")
     add_metrics_textfile(p)
     p.set_defaults(handler=recorded("backup", cmd_backup))
+
+
+def backup_fleet(args: argparse.Namespace) -> int:
+    """backup -f DIR --to LOCATION: each topology into LOCATION/<topology>/ (a folder or an S3 prefix)."""
+    from opsctl.backup.offsite import open_store
+    from opsctl.backup.store import parse_location
+    from opsctl.cli.output import Printer, print_result
+    from opsctl.fleet.summary import FleetResult, run_each
+
+    refuse_with_folder(args, ("continuous", "metrics_textfile"), "backup")
+    location = parse_location(args.to)
+    fleet = fleet_of(args)
+    # every topology's location probed before any backup starts: a wrong one changes nothing
+    stores = {s.spec.name: open_store(location.child(s.spec.name), probe="write") for s in fleet.specs}
+    printer = None if args.output == "json" else Printer(False)  # progress on stderr, tagged by topology
+
+    def one(loaded: LoadedSpec) -> Backed:
+        return _backup_one(loaded, stores[loaded.spec.name], args, printer)
+
+    try:
+        result = FleetResult("backup", tuple(run_each(one, fleet.specs, args.parallel)))
+    finally:
+        if printer is not None:
+            printer.close()
+    print_result(result, args.output)
+    return EXIT_ERROR if result.failed else EXIT_OK
+
+
+def _backup_one(loaded: LoadedSpec, store: Store, args: argparse.Namespace, printer: Printer | None) -> Backed:
+    """One topology's backup, as `backup -f SPEC --to` takes it: under its lock, the result event kept."""
+    from opsctl.backup.offsite import staged_backup
+    from opsctl.backup.save import BackupDone, BackupOptions
+    from opsctl.base.events import Tagged
+    from opsctl.cli.results import Backed
+    from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statedir import state_dir_for
+
+    done: list[BackupDone] = []
+    name = loaded.spec.name
+
+    def emit(event: Event) -> None:
+        if isinstance(event, BackupDone):
+            done.append(event)
+        if printer is not None:
+            printer(Tagged(name, event))
+
+    state_dir = state_dir_for(loaded, None)
+    options = BackupOptions(catch_up_timeout=args.catch_up_timeout, save_timeout=args.save_timeout)
+    with open_connector(loaded, state_dir) as connector, topology_lock(connector, force=args.force_lock), \
+            staged_backup(connector, store, state_dir, emit, options) as (folder, manifest):
+        where = store.where(folder.name)
+    return Backed(where, manifest, done[-1] if done else None)

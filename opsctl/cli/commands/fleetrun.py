@@ -5,16 +5,20 @@ apply: 0 only when all converged; status: 0 only when all are healthy)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_CHANGES, EXIT_ERROR, EXIT_FINDINGS, EXIT_OK, OpsctlError
 from opsctl.cli.options import SECONDS, ranged
 
 if TYPE_CHECKING:
+    from opsctl.apply.planning import PlanResult
+    from opsctl.fleet.summary import FleetResult, Shown
     from opsctl.spec.fleet import Fleet
 
 PARALLEL = ranged(int, 1, 64)
+S = TypeVar("S", bound="Shown")  # a single command's result (not imported at start: `opsctl --help` stays light)
 
 
 def is_folder(args: argparse.Namespace) -> bool:
@@ -64,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from opsctl.apply import PlanResult, plan
+    from opsctl.apply import plan
     from opsctl.base.events import tagged
     from opsctl.cli.output import print_result, printing
     from opsctl.fleet.summary import FleetResult, run_each
@@ -74,9 +78,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         raise OpsctlError("plan --out saves one topology's plan: not with -f DIR", hint="leave --out out")
 
+    refuse_origins_as_text(args)
+
     def one(loaded: LoadedSpec) -> PlanResult:
         with open_runtime(loaded) as rt:
-            return plan(rt, emit=tagged(printer, loaded.spec.name))
+            return with_origins(plan(rt, emit=tagged(printer, loaded.spec.name)), args, loaded.file)
 
     with printing(args.output == "json") as printer:
         result = FleetResult("plan", tuple(run_each(one, fleet_of(args).specs, args.parallel)))
@@ -153,3 +159,37 @@ def cmd_destroy(args: argparse.Namespace) -> int:
     result = FleetResult("destroy", tuple(run_each(one, fleet.specs, args.parallel)))
     print_result(result, args.output)
     return EXIT_ERROR if result.failed else EXIT_OK
+
+
+def refuse_with_folder(args: argparse.Namespace, dests: tuple[str, ...], command: str) -> None:
+    """Options of one topology given with -f DIR: refused by name, before anything is read."""
+    from opsctl.cli.options import refuse_given
+
+    refuse_given(args, dests, f"one topology (-f SPEC), not with {command} -f DIR",
+                 f"drop the option, or run `opsctl {command} -f SPEC` for that topology")
+
+
+def worst_exit(result: FleetResult[S], code: Callable[[S], int]) -> int:
+    """The worst exit code a single command gives among the topologies: a failure (1), else findings (4), else 0."""
+    codes = [EXIT_ERROR if o.result is None else code(o.result) for o in result.outcomes]
+    order = (EXIT_ERROR, EXIT_FINDINGS, EXIT_OK)
+    return min(codes, key=order.index, default=EXIT_OK)
+
+
+def refuse_origins_as_text(args: argparse.Namespace) -> None:
+    """plan --show-origins adds the merged spec to plan's JSON; as text, render shows it."""
+    if args.show_origins and args.output != "json":
+        raise OpsctlError("plan --show-origins adds the merged spec to the JSON plan: it goes with --output json",
+                          hint="add --output json, or print it as text: opsctl render -f "
+                               f"{'SPEC' if is_folder(args) else args.file} --dir - --show-origins")
+
+
+def with_origins(result: PlanResult, args: argparse.Namespace, spec_file: str | None = None) -> PlanResult:
+    """result with the merged spec of spec_file (by default -f's) when --show-origins asks for it."""
+    from dataclasses import replace
+
+    from opsctl.state.specfile import spec_origin_entries
+
+    if not args.show_origins:
+        return result
+    return replace(result, origins=tuple(spec_origin_entries(spec_file or args.file)))

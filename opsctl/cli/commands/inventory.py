@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import TYPE_CHECKING, Any
 
-from opsctl.base.errors import EXIT_OK, OpsctlError
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.cli.commands.fleetrun import add_fleet_options, fleet_of
 from opsctl.cli.options import (
     Moved,
     add_dir,
@@ -20,6 +22,7 @@ from opsctl.cli.options import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from opsctl.cli.results import Inventoried
     from opsctl.spec.load import LoadedSpec
 
 
@@ -29,18 +32,26 @@ def write_inventory(args: argparse.Namespace, output: Path, as_json: bool = Fals
     placed from their records (the deployed ones and those the next apply adds: deploy.yml and destroy.yml act on
     the nodes that run). as_json: the inventory is not written but returned in Ansible's JSON form (to print); the
     installers still go to the folder. Returns what was done, as lines, and that JSON."""
+    from opsctl.state.specfile import read_spec
+
+    loaded = read_spec(args.file)
+    refuse_local(loaded)  # before anything is written (or looked for over SSH)
+    return inventory_of(loaded, args, args.file, output, as_json)
+
+
+def inventory_of(loaded: LoadedSpec, args: argparse.Namespace, spec_file: str, output: Path, as_json: bool = False
+                 ) -> tuple[list[str], dict[str, Any] | None]:
+    """write_inventory for one provider: ansible topology, read (a fleet's, or -f SPEC's: spec_file, as the
+    playbook command names it)."""
     from opsctl.providers.remote.bundle import stage
     from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
     from opsctl.render import render_node
     from opsctl.state.safefs import make_dir, trusted_owners, write_private
-    from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import node_files
 
-    spec_file, with_files, known_hosts = args.file, args.with_files, args.known_hosts
-    loaded = read_spec(spec_file)
-    refuse_local(loaded)  # before anything is written (or looked for over SSH)
+    with_files, known_hosts = args.with_files, args.known_hosts
     loaded = placed_unless_offline(loaded, args)
     name = loaded.spec.name
     files_dir = (output / f"{name}.files").resolve()
@@ -90,6 +101,7 @@ def _inventory(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from opsctl.cli.commands.fleetrun import is_folder
     from opsctl.cli.output import Lines
 
     as_json = args.output == "json"
@@ -98,6 +110,8 @@ def _inventory(args: argparse.Namespace) -> int:
 
         refuse_given(args, ("dir",), "a written inventory (text) or --with-files' installers, not with -o json "
                      "alone (it prints the inventory)", "drop --dir, or add --with-files")
+    if is_folder(args):
+        return inventory_fleet(args)
     lines, inventory = write_inventory(args, Path(args.dir or DEFAULT_DIR), as_json)
     said = Lines(args.output)  # as JSON, note events on stderr: stdout holds the inventory
     for line in lines:
@@ -117,6 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "Nothing deployed yet, or hosts out of reach: where a first deploy puts them "
                                    "(said on stderr).")
     add_spec_file(p)
+    add_fleet_options(p)
     add_dir(p, f"the folder to write the inventory (and --with-files' installers) into (default: {DEFAULT_DIR})",
             default=DEFAULT_DIR)
     p.set_defaults(dir=None)  # DEFAULT_DIR when not given: -o json refuses a --dir it would not write into
@@ -133,3 +148,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_offline(p)
     p.set_defaults(handler=_inventory)
 
+
+def inventory_fleet(args: argparse.Namespace) -> int:
+    """inventory -f DIR: each provider: ansible topology's inventory (DIR/<name>.yml in --dir); the local ones run
+    on this machine and have none: left out, said on stderr."""
+    from pathlib import Path
+
+    from opsctl.cli.output import print_result
+    from opsctl.cli.results import Inventoried
+    from opsctl.fleet.summary import FleetResult, run_each
+
+    fleet = fleet_of(args)
+    remote = [s for s in fleet.specs if s.spec.provider == "ansible"]
+    local = [s.spec.name for s in fleet.specs if s.spec.provider != "ansible"]
+    if not remote:
+        raise OpsctlError(f"{fleet.folder}: no provider: ansible topology among {', '.join(local)}: an inventory "
+                          "is for SSH hosts", hint="`opsctl apply -f DIR` deploys provider: local topologies")
+    if local:
+        print(f"note: left out (provider: local, no inventory): {', '.join(local)}", file=sys.stderr)
+    output, as_json = Path(args.dir or DEFAULT_DIR), args.output == "json"
+
+    def one(loaded: LoadedSpec) -> Inventoried:
+        lines, inventory = inventory_of(loaded, args, str(loaded.file), output, as_json)
+        return Inventoried(tuple(lines), inventory)
+
+    result = FleetResult("inventory", tuple(run_each(one, remote, args.parallel)))
+    print_result(result, args.output)
+    return EXIT_ERROR if result.failed else EXIT_OK

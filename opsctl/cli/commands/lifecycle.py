@@ -105,8 +105,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.out:
         check_writable_target(args.out, "--out")
+    fleetrun.refuse_origins_as_text(args)
     with opened(args, keep_spec=True) as rt, printing(args.output == "json") as printer:
-        result = plan(rt, PlanOptions(Path(args.out) if args.out else None), printer)
+        result = fleetrun.with_origins(plan(rt, PlanOptions(Path(args.out) if args.out else None), printer), args)
     print_result(result, args.output)
     return EXIT_CHANGES if result.changes else EXIT_OK
 
@@ -220,6 +221,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="show what apply would change (exit 0 none, 2 changes, 1 error)")
     add_spec_options(p, output=True)
     p.add_argument("--out", help="save the plan as JSON for apply --plan")
+    p.add_argument("--show-origins", action="store_true",
+                   help="with --output json: add the spec merged with its bases (extends:), each value with the "
+                        "file:line it came from (spec_origins; secrets hidden)")
     add_fleet_options(p)
     p.set_defaults(handler=cmd_plan)
 
