@@ -107,9 +107,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         check_writable_target(args.out, "--out")
     with opened(args, keep_spec=True) as rt:
+        _say_standby(rt)
         result = plan(rt, PlanOptions(Path(args.out) if args.out else None))
     print_result(result, args.output)
     return EXIT_CHANGES if result.changes else EXIT_OK
+
+
+def _say_standby(rt: Runtime, applying: bool = False) -> None:
+    """A standby's plan and apply say so first; a switched-over one whose spec still follows is refused."""
+    from opsctl.standby.switched import check_declared
+
+    line = check_declared(rt.loaded, rt.state_dir, applying)
+    if line is not None:
+        from opsctl.standby.primary import primary_of
+
+        primary_of(rt.loaded)  # neither itself nor a standby of this one
+        print(line, file=sys.stderr)
 
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
@@ -139,6 +152,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                            approve=approving(args, lambda p: f"Apply {len(p.steps)} step(s) to '{p.spec_name}'?"))
     # a dry run takes no lock and writes nothing
     with opened(args, locked=not args.dry_run, keep_spec=not args.dry_run) as rt:
+        _say_standby(rt, applying=not args.dry_run)
         with printing(args.output == "json") as printer:
             result = apply(rt, options, rounds_printer(printer))
         if result.review is not None:
