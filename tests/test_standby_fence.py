@@ -1,0 +1,70 @@
+"""A standby's write fence (issue 36, docs/standby.md): `apply` of a spec with `follows:` deploys servers that refuse
+their clients' writes (NOPERM, a script's included) while opsctl's follower user writes; plan and apply say the spec
+is a standby; a spec that follows itself or a standby of itself is refused by name, before anything is deployed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
+from tests.lifecycle import applied, run
+from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
+
+pytestmark = pytest.mark.integration
+
+
+def _primary(tmp_path: Path) -> Path:
+    """A primary's spec (not deployed: the fence is the standby's own)."""
+    folder = tmp_path / "primary"
+    folder.mkdir()
+    return write_spec(folder, make_spec("standalone", "valkey", hosts=1))
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+@pytest.mark.parametrize("mode", ["password", "acl"])
+def test_a_standby_refuses_client_writes_and_its_follower_writes(tmp_path, capsys, flavor, mode) -> None:
+    primary = _primary(tmp_path)
+    auth = {"mode": mode, "password": {"env": PASSWORD_ENV}}
+    if mode == "acl":
+        auth["users"] = [{"name": "app", "password": {"env": PASSWORD_ENV}}]
+    spec = make_spec("standalone", flavor, hosts=1, auth=auth, follows={"spec": str(primary)})
+    folder = tmp_path / "standby"
+    folder.mkdir()
+    with applied(folder, capsys, spec) as (path, loaded):
+        node = loaded.layout.servers[0]
+        client = redis.Redis(host=node.address, port=node.port, password=PASSWORD,
+                             username="app" if mode == "acl" else None)
+        for write in (lambda: client.set("k", "v"), lambda: client.eval("return redis.call('SET', 'k', 'v')", 0),
+                      lambda: client.incr("n")):
+            with pytest.raises(redis.exceptions.ResponseError, match="(?i)no permissions|can.t run this command"):  # NOPERM
+                write()
+        assert client.get("k") is None and client.ping()  # reads and the rest still served
+        follower = redis.Redis(host=node.address, port=node.port, username=FOLLOWER_USER,
+                               password=follower_secret(loaded).reveal())
+        assert follower.set("k", "v") and follower.eval("return redis.call('INCR', 'n')", 0) == 1
+        assert client.get("k") == b"v"
+        code, _, err = run(capsys, "plan", "-f", str(path))
+        assert code == 0 and f"'{loaded.spec.name}' is a standby of {primary}" in err, err
+
+
+def test_a_standby_of_itself_or_of_its_own_standby_is_refused(tmp_path, capsys) -> None:
+    own = make_spec("standalone", "valkey", hosts=1)
+    path = write_spec(tmp_path, {**own, "follows": {"spec": "topology.yaml"}})
+    code, out, err = run(capsys, "plan", "-f", str(path))
+    assert code == 1 and f"'{own['name']}' follows itself" in err, out + err
+    other = make_spec("standalone", "valkey", hosts=1)
+    back = write_spec(tmp_path, {**other, "follows": {"spec": "topology.yaml"}}, "other.yaml")
+    path.write_text(path.read_text().replace("topology.yaml", "other.yaml"))
+    code, out, err = run(capsys, "apply", "-f", str(path), "--auto-approve")
+    assert code == 1 and f"which follows '{own['name']}' back: a cycle" in err, out + err
+    assert not (tmp_path / ".opsctl" / own["name"]).exists() or not any((tmp_path / ".opsctl" / own["name"]).glob(
+        f"{own['name']}-*")), "nothing deployed"
+    assert back.exists()
+    own_endpoint = f"{own['hosts'][0]['address']}:{own['standalone']['port']}"
+    path.write_text(path.read_text().replace("spec: other.yaml", f"endpoints: ['{own_endpoint}']\n  password: "
+                                             f"{{env: {PASSWORD_ENV}}}"))
+    code, out, err = run(capsys, "plan", "-f", str(path))
+    assert code == 1 and "follows itself: follows.endpoints names its own servers" in err, out + err
