@@ -14,6 +14,7 @@ from tests.lifecycle import applied, run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
 pytestmark = pytest.mark.integration
+FENCED = r"(?i)no permissions|can.t run this command"  # NOPERM; a script's: the server's own words
 
 
 def _primary(tmp_path: Path) -> Path:
@@ -39,7 +40,7 @@ def test_a_standby_refuses_client_writes_and_its_follower_writes(tmp_path, capsy
                              username="app" if mode == "acl" else None)
         for write in (lambda: client.set("k", "v"), lambda: client.eval("return redis.call('SET', 'k', 'v')", 0),
                       lambda: client.incr("n")):
-            with pytest.raises(redis.exceptions.ResponseError, match="(?i)no permissions|can.t run this command"):  # NOPERM
+            with pytest.raises(redis.exceptions.ResponseError, match=FENCED):
                 write()
         assert client.get("k") is None and client.ping()  # reads and the rest still served
         follower = redis.Redis(host=node.address, port=node.port, username=FOLLOWER_USER,

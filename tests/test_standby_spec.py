@@ -12,8 +12,8 @@ from opsctl.base.errors import SpecError
 from opsctl.migrate.foreign import parse_endpoints
 from opsctl.spec.validate import validated_spec
 
-BASE: dict[str, Any] = {"name": "orders-dr", "topology": "standalone", "hosts": [{"name": "h1", "address": "127.0.0.2"}],
-                        "auth": {"password": {"env": "ORDERS_PW"}}}
+BASE: dict[str, Any] = {"name": "orders-dr", "topology": "standalone",
+                        "hosts": [{"name": "h1", "address": "127.0.0.2"}], "auth": {"password": {"env": "ORDERS_PW"}}}
 
 
 def _problems(follows: dict[str, Any]) -> list[tuple[int | None, str, str, str]]:

@@ -39,6 +39,11 @@ class NoMemberAnswers(OpsctlError):
     """No member of a source shard answers now: while streaming, a failover in progress is waited out."""
 
 
+class MustStartOver(RefusedError):
+    """The source no longer holds the journaled position (its backlog was overrun, or its history changed): only a
+    copy from scratch goes on. A standby (opsctl.standby.link) empties itself and does it."""
+
+
 @dataclass
 class ShardRun:
     """A source shard's worker and what the progress display reads (offsets, lag)."""
@@ -133,8 +138,8 @@ class ShardRun:
         self.node = node
         return SpoolWriter(stream, spool, fd).start()
 
-    def _start_over(self, gap: StreamGap) -> RefusedError:
-        return RefusedError(f"source {self.key}: must start over: {gap.reason}", f"{gap.summary}\n{gap.detail}",
+    def _start_over(self, gap: StreamGap) -> MustStartOver:
+        return MustStartOver(f"source {self.key}: must start over: {gap.reason}", f"{gap.summary}\n{gap.detail}",
                             f"remove the journal ({self.journal.path}), empty the target and run again; a larger "
                             "repl-backlog-size on the source keeps more history")
 

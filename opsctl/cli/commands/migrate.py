@@ -102,7 +102,7 @@ def _migrate(args: argparse.Namespace) -> int:
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
         stack.enter_context(topology_lock(target_connector, force=args.force_lock))
         json_mode = args.output == "json"
-        emit = _emitter(stack, json_mode)
+        emit = emitter(stack, json_mode)
         try:
             report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
         except stop.Stopped as stopped:
@@ -118,7 +118,7 @@ def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
-def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
+def emitter(stack: ExitStack, json_mode: bool) -> Emit:
     """The migration's events, entered on stack: JSON lines on stdout (the cutover report the last), or text on
     stderr without the report, which goes to stdout at the end."""
     from opsctl.base.events import CutoverDone, Event
@@ -158,7 +158,7 @@ def _foreign(args: argparse.Namespace) -> ForeignSource:
                          args.from_user, args.from_tls_ca, args.from_tls_cert, args.from_tls_key)
 
 
-def _running(state_dir: Path) -> bool:
+def running(state_dir: Path) -> bool:
     """Whether a migrate into this target runs now (it holds the target's state lock)."""
     from opsctl.state.statelock import state_lock
 
@@ -172,14 +172,13 @@ def _running(state_dir: Path) -> bool:
 def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
-    from opsctl.migrate.phases import REQUEST, RESULT, read_journal
-    from opsctl.state.safefs import read_bounded, write_private
+    from opsctl.migrate.phases import read_journal
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
-    if not _running(state_dir):
+    if not running(state_dir):
         journal = read_journal(state_dir)
         if journal is not None and not journal.finished and journal.fence is not None:
             return _interrupted(args, journal.source_ref)
@@ -188,6 +187,16 @@ def _request_cutover(args: argparse.Namespace) -> int:
     if args.lift_fence:
         raise OpsctlError("a migration is running: --lift-fence is for a cutover that was interrupted",
                           hint="stop the migration first (Ctrl-C), or let it cut over")
+    return ask_cutover(state_dir, f"run `opsctl migrate cutover -f {args.file}` again: it finishes an interrupted "
+                                  "cutover (or `--lift-fence` lifts the source's fence)")
+
+
+def ask_cutover(state_dir: Path, again: str) -> int:
+    """Leave the request file for the migration running into state_dir, wait for its report and print it; again:
+    the hint when it stopped before it reported. Also `opsctl switchover`'s (a standby's link is a migration)."""
+    from opsctl.migrate.phases import REQUEST, RESULT
+    from opsctl.state.safefs import read_bounded, write_private
+
     (state_dir / RESULT).unlink(missing_ok=True)
     write_private(state_dir / REQUEST, f"{time.time()}\n")
     deadline, looked = time.monotonic() + CUTOVER_WAIT, time.monotonic()
@@ -198,11 +207,9 @@ def _request_cutover(args: argparse.Namespace) -> int:
             return EXIT_OK if text.startswith("cutover done") else EXIT_ERROR
         if time.monotonic() - looked > 0.5:
             looked = time.monotonic()
-            if not _running(state_dir) and read_bounded(state_dir / RESULT, "the report") is None:
+            if not running(state_dir) and read_bounded(state_dir / RESULT, "the report") is None:
                 (state_dir / REQUEST).unlink(missing_ok=True)
-                raise OpsctlError("the migration stopped before it reported on the cutover",
-                                  hint=f"run `opsctl migrate cutover -f {args.file}` again: it finishes an "
-                                       "interrupted cutover (or `--lift-fence` lifts the source's fence)")
+                raise OpsctlError("the migration stopped before it reported on the cutover", hint=again)
         time.sleep(0.05)
     print("the running migration did not report within 120s; its own output shows why", file=sys.stderr)
     return EXIT_ERROR

@@ -1,0 +1,104 @@
+"""`opsctl follow -f STANDBY` (the standby's link, in the foreground, until a switchover) and `opsctl switchover -f
+STANDBY` (asks the running link to switch over, and prints its report). docs/standby.md."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from contextlib import ExitStack
+
+from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
+from opsctl.cli.options import (
+    add_auto_approve,
+    add_force_lock,
+    add_output,
+    add_spec_file,
+    add_state_dir,
+    ranged,
+)
+from opsctl.cli.runsignals import note_run, recorded
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    from opsctl.base import stop
+    from opsctl.base.events import Note
+    from opsctl.cli.commands.migrate import emitter
+    from opsctl.standby.link import run_follow
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    json_mode = args.output == "json"
+    with ExitStack() as stack:
+        emit = emitter(stack, json_mode)
+        try:
+            report = run_follow(loaded, state_dir, emit, args.sample, args.force_lock)
+        except stop.Stopped as stopped:
+            if not stop.asked_once():
+                raise
+            emit(Note(f"the link stopped on {signal.Signals(stopped.signum).name}: it is journaled, run the same "
+                      "command to go on (the standby keeps refusing client writes)"))
+            return stopped.exit_code
+    if not json_mode:
+        print(report.line())
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def cmd_switchover(args: argparse.Namespace) -> int:
+    from opsctl.cli.commands.migrate import ask_cutover, running
+    from opsctl.cli.options import confirm
+    from opsctl.standby.link import refuse_switched
+    from opsctl.standby.primary import primary_of
+    from opsctl.state.specfile import read_spec
+    from opsctl.state.statedir import state_dir_for
+
+    loaded = read_spec(args.file)
+    note_run(args, loaded.spec.name)
+    state_dir = state_dir_for(loaded, args.state_dir)
+    refuse_switched(loaded, state_dir)
+    primary = primary_of(loaded)
+    name = loaded.spec.name
+    if not running(state_dir):
+        raise OpsctlError(f"no `opsctl follow` runs for '{name}': a planned switchover is its last step",
+                          hint=f"start it (it resumes from its journal): opsctl follow -f {args.file}; then switch "
+                               "over")
+    confirm(args, f"Switch over: fence {primary.shown} against writes and let '{name}' take them?")
+    again = f"run `opsctl follow -f {args.file}` again: it finishes the interrupted switchover (the primary " \
+            "refuses writes meanwhile)"
+    if args.output != "json":
+        return ask_cutover(state_dir, again)
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    report = io.StringIO()
+    with redirect_stdout(report):
+        code = ask_cutover(state_dir, again)
+    print(json.dumps({"event": "switchover", "ok": code == EXIT_OK, "report": report.getvalue().strip()}))
+    return code
+
+
+def register_follow(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("follow", help="run a standby's link: copy, then stream its primary's writes into it, until "
+                                      "a switchover")
+    add_spec_file(p, about="the standby's topology spec (YAML), with follows:")
+    p.add_argument("--sample", type=ranged(int, 1, 1_000_000), default=200,
+                   help="random keys compared between primary and standby at the switchover (default 200)")
+    add_force_lock(p)
+    add_state_dir(p)
+    add_output(p)
+    p.set_defaults(handler=recorded("follow", cmd_follow))
+
+
+def register_switchover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("switchover", help="make a standby the primary: fence the primary, let the standby catch up, "
+                                          "verify, lift the standby's fence")
+    add_spec_file(p, about="the standby's topology spec (YAML), with follows:")
+    add_auto_approve(p, "do not ask")
+    add_state_dir(p)
+    add_output(p)
+    p.set_defaults(handler=recorded("switchover", cmd_switchover))
+
+

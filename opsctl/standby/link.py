@@ -1,0 +1,130 @@
+"""`opsctl follow -f STANDBY`: the migrate engine (opsctl.migrate.migration) with the source from `follows:`,
+writing as the standby's follower user, never cutting over by itself. Its cutover is the switchover's: asked by
+`opsctl switchover` through the migration's request file, it fences the primary, waits for its final offsets and
+verifies, then (after_cutover) lifts the standby's own fence, records the switch and reports the write pause from
+the fence to the standby taking writes. A journaled position the primary no longer holds (backlog overrun, history
+changed): the standby is emptied and copied again from scratch, which its spec allows (docs/standby.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+
+from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.events import CutoverDone, Emit, Note
+from opsctl.base.secrets import remember
+from opsctl.migrate.migration import MigrateOptions, run_migrate
+from opsctl.migrate.phases import JOURNAL
+from opsctl.migrate.shard import MustStartOver
+from opsctl.net.connector import Connector
+from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret, lifts
+from opsctl.restore.target import inspect_target
+from opsctl.spec.load import LoadedSpec
+from opsctl.standby.primary import Primary, primary_connector, primary_of
+from opsctl.standby.switched import Switched, read_switched, record_switched
+
+START_OVERS = 3  # copies from scratch in one run: a primary whose backlog never holds a copy's writes stops there
+
+
+def refuse_switched(loaded: LoadedSpec, state_dir: Path) -> None:
+    switched = read_switched(state_dir)
+    if switched is not None:
+        raise RefusedError(f"'{loaded.spec.name}' was switched over ({switched.mode}) and takes writes now: it "
+                           "follows nothing", hint="remove follows: from its spec and apply it (docs/standby.md)")
+
+
+def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200,
+               force_lock: bool = False) -> CutoverDone:
+    """Follow until a switchover; its report (the cutover's, with the pause until the standby took writes)."""
+    from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statelock import state_lock
+
+    refuse_switched(loaded, state_dir)
+    primary = primary_of(loaded)
+    with ExitStack() as stack:
+        stack.enter_context(state_lock(state_dir))
+        source = primary_connector(primary, stack, force_lock)
+        admin = stack.enter_context(open_connector(loaded, state_dir))
+        stack.enter_context(topology_lock(admin, force=force_lock))
+        secret = follower_secret(loaded)
+        remember(secret)
+        follower = admin.as_user(FOLLOWER_USER, secret)
+        options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
+                                                                                 emit))
+        for attempt in range(START_OVERS + 1):
+            try:
+                return run_migrate(source, follower, state_dir, options, emit, primary.ref())
+            except MustStartOver as exc:
+                if attempt == START_OVERS:
+                    raise
+                emit(Note(f"{exc.summary}: emptying the standby and copying it again from scratch (its spec "
+                          "declares it a standby)"))
+                start_afresh(follower, state_dir)
+    raise AssertionError("unreachable")
+
+
+def start_afresh(follower: Connector, state_dir: Path) -> None:
+    """Every key of the standby's masters gone (as the follower: FLUSHALL is disabled), the journal and the shards'
+    spools and snapshots removed: the next run copies from scratch."""
+    for master in inspect_target(follower).masters:
+        with RawPipe(follower, master, 120.0) as pipe:
+            for keys in _scanned(pipe):
+                pipe.call("UNLINK", *keys)
+    for path in [state_dir / JOURNAL, *state_dir.glob("migrate-shard-*.spool"), *state_dir.glob("migrate-shard-*.rdb")]:
+        path.unlink(missing_ok=True)
+
+
+def _scanned(pipe: RawPipe) -> Iterator[list[bytes]]:
+    cursor = b"0"
+    while True:
+        reply = pipe.call("SCAN", cursor, "COUNT", 1000)
+        if not isinstance(reply, list) or not isinstance(reply[0], bytes) or not isinstance(reply[1], list):
+            raise OpsctlError(f"unexpected SCAN reply from {pipe.label}")
+        cursor, keys = reply[0], [k for k in reply[1] if isinstance(k, bytes)]
+        if keys:
+            yield keys
+        if cursor == b"0":
+            return
+
+
+def lift_fence(admin: Connector) -> list[str]:
+    """The standby's clients write again: each fenced user's rules without the fence, the follower user gone, on
+    every server, saved into its files (ACL SAVE, CONFIG REWRITE) so a restart keeps it. Returns the servers that
+    did not answer (they come back fenced until the spec without follows: is applied)."""
+    loaded = admin.loaded
+    missed = []
+    for node in loaded.layout.servers:
+        try:
+            with admin.admin(node) as conn:
+                for user, words in lifts(loaded):
+                    conn.call("ACL", "SETUSER", user, *words)
+                conn.call("ACL", "DELUSER", FOLLOWER_USER)
+                conn.call(*(("ACL", "SAVE") if loaded.spec.auth.mode == "acl" else ("CONFIG", "REWRITE")))
+        except (OpsctlError, *PIPE_ERRORS) as exc:
+            missed.append(f"{node.name} ({getattr(exc, 'summary', None) or type(exc).__name__})")
+    return missed
+
+
+def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, report: CutoverDone) -> CutoverDone:
+    """after_cutover: the primary is fenced and the standby verified; the standby's fence lifted and the switch
+    recorded; the pause counted until then."""
+    started = time.monotonic()
+    missed = lift_fence(admin)
+    record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
+    if missed:
+        emit(Note(f"the fence could not be lifted on {', '.join(missed)}: lift it there once it answers (apply the "
+                  "spec without follows:)"))
+    return CutoverDone(True, round(report.pause_s + time.monotonic() - started, 3), report.caught_up_s,
+                       report.source_keys, report.target_keys, report.verified, report.final_offsets, report.point_to,
+                       ())
+
+
+def follower_of(loaded: LoadedSpec, admin: Connector) -> Connector:
+    secret = follower_secret(loaded)
+    remember(secret)
+    return admin.as_user(FOLLOWER_USER, secret)

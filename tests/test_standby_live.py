@@ -1,0 +1,89 @@
+"""A standby against real servers (issue 36, docs/standby.md): a 3-master Valkey cluster under a writer followed by
+a standby cluster (`opsctl follow`), the link SIGKILLed and resumed (a partial resync: INCRs applied once), then
+`opsctl switchover`: every acknowledged write on the standby, the old primary refusing writes, the standby taking
+them, the pause measured; an apply of the switched-over standby that still says follows: refused."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from opsctl.base.poll import wait_for
+from tests.lifecycle import applied, deployed, run
+from tests.support import make_spec
+from tests.test_migrate_live import Migrate
+from tests.writer import Writer, cluster_client
+
+pytestmark = pytest.mark.integration
+
+
+class Follow(Migrate):
+    """opsctl follow as a subprocess, its JSON events read as they come (the migrate engine's: migrate-lag,
+    cutover-done)."""
+
+    def __init__(self, standby: Path) -> None:  # Migrate's reader and waits, another command
+        argv = [sys.executable, "-m", "opsctl.cli.main", "follow", "-f", str(standby), "--output", "json"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.events: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+
+def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -> None:
+    with ExitStack() as stack:
+        (tmp_path / "primary").mkdir()
+        (tmp_path / "standby").mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "cluster", "valkey",
+                                                  cluster={"masters": 3, "replicas_per_master": 0}))
+        spec = make_spec("cluster", "valkey", cluster={"masters": 3, "replicas_per_master": 0},
+                         follows={"spec": str(p)})
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, spec))
+        primary = cluster_client(p_loaded)
+        standby = cluster_client(s_loaded)
+        writer = stack.enter_context(Writer(lambda: cluster_client(p_loaded)))
+        writer.wait_for_writes(300)
+        follow = Follow(s)
+        follow.streaming()
+        with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
+            standby.set("client-write", "1")  # the fence, while following
+        follow.proc.send_signal(signal.SIGKILL)
+        follow.wait()
+        for _ in range(100):
+            primary.incr("bumps")
+        follow = Follow(s)
+        follow.streaming()
+        wait_for(lambda: standby.get("bumps") == "100" or None, 30, "the INCRs on the standby")
+        writer.wait_for_more(200)
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        switched = time.monotonic()
+        assert code == 0 and "cutover done" in out, out + err
+        assert follow.wait() == 0, follow.stderr()
+        writer.wait_for_refusal()  # the old primary refuses writes (NOREPLICAS)
+        writer.stop()
+        last_ack = max(writer.ack_times)
+        assert writer.verify(standby) == []  # every acknowledged write on the standby
+        assert standby.get("bumps") == "100"  # INCR applied once across the kill
+        assert standby.set("after", "1") and standby.get("after") == "1"  # the standby takes writes
+        with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+            primary.set("after", "1")
+        pause = float(re.search(r"write pause ([0-9.]+)s", out).group(1))  # type: ignore[union-attr]
+        with capsys.disabled():
+            print(f"switchover pause {pause:.3f}s (opsctl), last acknowledged write {switched - last_ack:.3f}s before "
+                  f"the switchover returned; {len(writer.acked)} writes acknowledged")
+        code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
+        assert code == 3 and "remove follows: from the spec" in err, out + err
+        # the way back begins by removing follows: (docs/standby.md): apply takes it as acknowledged
+        s.write_text(s.read_text().split("follows:")[0])
+        code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
+        assert code == 0, out + err
+        assert standby.set("after-apply", "1")
