@@ -21,7 +21,7 @@ import redis
 from opsctl.base.poll import wait_for
 from tests.lifecycle import applied, deployed, run
 from tests.support import make_spec
-from tests.test_migrate_live import Migrate
+from tests.test_migrate_live import Migrate, source_client
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -87,3 +87,37 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
         code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
         assert code == 0, out + err
         assert standby.set("after-apply", "1")
+
+
+def test_a_link_past_the_backlog_resyncs_the_standby_from_scratch(tmp_path, capsys) -> None:
+    """Redis 7.0 primary, Valkey 9.1 standby: the link killed, the primary's backlog overrun meanwhile and a key
+    deleted there; the same `follow` says so, empties the standby, copies it again and switches over."""
+    with ExitStack() as stack:
+        (tmp_path / "primary").mkdir()
+        (tmp_path / "standby").mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "redis"))
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
+            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        primary = source_client(p_loaded)
+        standby = source_client(s_loaded)
+        primary.set("stale", "1")
+        follow = Follow(s)
+        follow.streaming()
+        wait_for(lambda: standby.get("stale") == "1" or None, 30, "the key on the standby")
+        follow.proc.send_signal(signal.SIGKILL)
+        follow.wait()
+        primary.execute_command(p_loaded.command_name(p_loaded.layout.servers[0], "CONFIG"), "SET",
+                                "repl-backlog-size", "16384")
+        primary.delete("stale")
+        for i in range(100):
+            primary.set(f"fill:{i}", "x" * 10_000)
+        follow = Follow(s)
+        follow.streaming()
+        notes = [e.get("text", "") for e in follow.events if e.get("event") == "note"]
+        assert any("must start over: backlog overrun" in n and "copying it again from scratch" in n
+                   for n in notes), notes
+        assert standby.get("stale") is None and standby.get("fill:99") == "x" * 10_000
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        assert code == 0 and "cutover done" in out, out + err
+        assert follow.wait() == 0, follow.stderr()
+        assert standby.set("after", "1")
