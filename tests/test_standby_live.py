@@ -5,6 +5,8 @@ them, the pause measured; an apply of the switched-over standby that still says 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -121,3 +123,44 @@ def test_a_link_past_the_backlog_resyncs_the_standby_from_scratch(tmp_path, caps
         assert code == 0 and "cutover done" in out, out + err
         assert follow.wait() == 0, follow.stderr()
         assert standby.set("after", "1")
+
+
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_switchover_with_the_primary_lost_reports_what_the_standby_holds(tmp_path, capsys, flavor) -> None:
+    """The primary SIGSTOPped (its site gone) after the writer stopped and the standby applied every write: the
+    recovery point is the stream's offset the standby applied up to, read after the last acknowledged write."""
+    with ExitStack() as stack:
+        (tmp_path / "primary").mkdir()
+        (tmp_path / "standby").mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", flavor))
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
+            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        standby = source_client(s_loaded)
+        follow = Follow(s)
+        follow.streaming()
+        with Writer(lambda: source_client(p_loaded)) as writer:
+            writer.wait_for_writes(500)
+        last_ack = time.time()
+        written = source_client(p_loaded).info("replication")["master_repl_offset"]  # just after the last write
+        wait_for(lambda: writer.verify(standby) == [] or None, 30, "every acknowledged write on the standby")
+        stopped = source_client(p_loaded).info("replication")["master_repl_offset"]  # PINGs since, maybe
+        pid = int((p.parent / ".opsctl" / p_loaded.spec.name / p_loaded.layout.servers[0].name / "server.pid")
+                  .read_text())
+        os.kill(pid, signal.SIGSTOP)
+        stack.callback(os.kill, pid, signal.SIGCONT)  # so the destroy can stop it
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--primary-lost", "--auto-approve")
+        assert code == 1 and "`opsctl follow` still runs" in err, out + err
+        follow.proc.send_signal(signal.SIGKILL)
+        follow.wait()
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--primary-lost", "--auto-approve", "--output",
+                             "json")
+        assert code == 0, out + err
+        report = json.loads(out)
+        point = report["recovery"]["shard-1"]
+        # the standby applied the stream up to the last write at least (and at most the PINGs since)
+        assert written <= point["offset"] <= stopped, (point, written, stopped)
+        assert point["at"] >= last_ack - 1, (point, last_ack)
+        assert writer.verify(standby) == [] and standby.set("after", "1")
+        assert not [k for k in standby.scan_iter("opsctl-migrate:*")], "markers left on the promoted standby"
+        code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
+        assert code == 3 and "remove follows: from the spec" in err and "primary-lost" in err, out + err

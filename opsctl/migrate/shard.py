@@ -284,14 +284,15 @@ class ShardRun:
         settled = applier.flush()
         self.lag_seconds, self.applied = applier.lag, self.applied + applier.applied
         applier.applied = 0
-        return self._journal(settled, replid)
+        return self._journal(settled, replid, max((e.arrived for e in entries), default=0.0))
 
-    def _journal(self, settled: int, replid: str) -> bool:
+    def _journal(self, settled: int, replid: str, read_at: float = 0.0) -> bool:
+        """read_at: when the newest of the settled entries was read (a standby's recovery point's time)."""
         assert self.position is not None
         if settled <= self.position.offset and replid == self.position.replid:
             return False
         self.position = Position(replid, max(settled, self.position.offset))
-        self.journal.save(self.key, ShardState("stream", self.position))
+        self.journal.save(self.key, ShardState("stream", self.position, read_at))
         return True
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 from contextlib import ExitStack
+from pathlib import Path
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.options import (
@@ -60,6 +61,10 @@ def cmd_switchover(args: argparse.Namespace) -> int:
     refuse_switched(loaded, state_dir)
     primary = primary_of(loaded)
     name = loaded.spec.name
+    if args.primary_lost:
+        return _primary_lost(args, state_dir, running(state_dir))
+    if args.force_lock:  # the running link holds the standby's lock: only --primary-lost takes it
+        raise OpsctlError("--force-lock goes with --primary-lost", hint="drop --force-lock")
     if not running(state_dir):
         raise OpsctlError(f"no `opsctl follow` runs for '{name}': a planned switchover is its last step",
                           hint=f"start it (it resumes from its journal): opsctl follow -f {args.file}; then switch "
@@ -80,6 +85,28 @@ def cmd_switchover(args: argparse.Namespace) -> int:
     return code
 
 
+def _primary_lost(args: argparse.Namespace, state_dir: Path, following: bool) -> int:
+    from opsctl.cli.options import confirm
+    from opsctl.standby.takeover import take_over
+    from opsctl.state.specfile import read_spec
+
+    loaded = read_spec(args.file)
+    if following:
+        raise OpsctlError(f"`opsctl follow` still runs for '{loaded.spec.name}'",
+                          hint="stop it first (Ctrl-C, or stop its service): a link to a lost primary only waits")
+    confirm(args, f"Switch over with the primary lost: '{loaded.spec.name}' takes writes with what it holds, and "
+                  "writes the primary took after the link's last read are not on it. Go on?")
+    result = take_over(loaded, state_dir, args.force_lock)
+    if args.output == "json":
+        import json
+
+        print(json.dumps({"event": "switchover", "ok": True, "mode": "primary-lost", "recovery": result.recovery,
+                          "point_to": result.point_to, "missed": result.missed, "report": result.line()}))
+    else:
+        print(result.line())
+    return EXIT_OK
+
+
 def register_follow(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("follow", help="run a standby's link: copy, then stream its primary's writes into it, until "
                                       "a switchover")
@@ -96,7 +123,11 @@ def register_switchover(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p = sub.add_parser("switchover", help="make a standby the primary: fence the primary, let the standby catch up, "
                                           "verify, lift the standby's fence")
     add_spec_file(p, about="the standby's topology spec (YAML), with follows:")
+    p.add_argument("--primary-lost", action="store_true", help=(
+        "the primary's site is gone: no fence, no catching up; the standby takes writes with what it holds, and the "
+        "recovery point (per source shard, the offset and time the link last read) is reported"))
     add_auto_approve(p, "do not ask")
+    add_force_lock(p)
     add_state_dir(p)
     add_output(p)
     p.set_defaults(handler=recorded("switchover", cmd_switchover))
