@@ -69,3 +69,26 @@ def test_a_standby_of_itself_or_of_its_own_standby_is_refused(tmp_path, capsys) 
                                              f"{{env: {PASSWORD_ENV}}}"))
     code, out, err = run(capsys, "plan", "-f", str(path))
     assert code == 1 and "follows itself: follows.endpoints names its own servers" in err, out + err
+
+
+@pytest.mark.parametrize(("flavor", "mode"), [("valkey", "password"), ("redis", "acl")])
+def test_a_running_site_made_a_standby_is_fenced_by_its_apply_first(tmp_path, capsys, flavor, mode) -> None:
+    """The way back: follows: moved into the spec of a site that takes writes; its apply fences the running
+    servers before any step (writing the files alone would leave them taking writes until a restart)."""
+    primary = _primary(tmp_path)
+    auth = {"mode": mode, "password": {"env": PASSWORD_ENV}}
+    if mode == "acl":
+        auth["users"] = [{"name": "app", "password": {"env": PASSWORD_ENV}}]
+    folder = tmp_path / "site"
+    folder.mkdir()
+    with applied(folder, capsys, make_spec("standalone", flavor, hosts=1, auth=auth)) as (path, loaded):
+        node = loaded.layout.servers[0]
+        client = redis.Redis(host=node.address, port=node.port, password=PASSWORD,
+                             username="app" if mode == "acl" else None)
+        assert client.set("k", "before")
+        path.write_text(path.read_text() + f"follows: {{spec: {primary}}}\n")
+        code, out, err = run(capsys, "apply", "-f", str(path), "--auto-approve")
+        assert code == 0 and f"fenced against client writes: {node.name}" in err, out + err
+        with pytest.raises(redis.exceptions.ResponseError, match=FENCED):
+            client.set("k", "after")
+        assert client.get("k") == b"before"

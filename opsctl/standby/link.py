@@ -13,20 +13,24 @@ from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
-from opsctl.base.errors import OpsctlError, RefusedError
+import redis
+
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, Note
 from opsctl.base.secrets import remember
 from opsctl.migrate.migration import MigrateOptions, run_migrate
 from opsctl.migrate.phases import JOURNAL
 from opsctl.migrate.shard import MustStartOver
 from opsctl.net.connector import Connector
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
-from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret, lifts
+from opsctl.net.rawpipe import RawPipe
+from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER, follower_secret, lifts
 from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
 from opsctl.standby.primary import Primary, primary_connector, primary_of
 from opsctl.standby.switched import Switched, read_switched, record_switched
 
+# a server that does not answer (down, not deployed yet); a server that answers with an error is an error
+UNANSWERED = (redis.ConnectionError, redis.TimeoutError, OSError, NodeUnreachable)
 START_OVERS = 3  # copies from scratch in one run: a primary whose backlog never holds a copy's writes stops there
 
 
@@ -105,9 +109,32 @@ def lift_fence(admin: Connector) -> list[str]:
                     conn.call("ACL", "SETUSER", user, *words)
                 conn.call("ACL", "DELUSER", FOLLOWER_USER)
                 conn.call(*(("ACL", "SAVE") if loaded.spec.auth.mode == "acl" else ("CONFIG", "REWRITE")))
-        except (OpsctlError, *PIPE_ERRORS) as exc:
+        except UNANSWERED as exc:
             missed.append(f"{node.name} ({getattr(exc, 'summary', None) or type(exc).__name__})")
     return missed
+
+
+def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
+    """The fence set on every server that runs (a standby's apply, before any step: the way back makes a site that
+    took writes a standby, and its servers must refuse clients before opsctl does anything else there): the
+    clients' users lose @write, the follower user is set. Returns (fenced, not answering); a server that does not
+    answer starts fenced from the files apply writes."""
+    loaded = admin.loaded
+    secret = follower_secret(loaded)
+    remember(secret)
+    denied = [f"-{c.lower()}" for c in loaded.spec.hardening.disabled_commands]
+    follower = ["reset", "on", f">{secret.reveal()}", *FOLLOWER_RULES, *denied]
+    fenced, missed = [], []
+    for node in loaded.layout.servers:
+        try:
+            with admin.admin(node) as conn:
+                for user, _ in lifts(loaded):
+                    conn.call("ACL", "SETUSER", user, FENCE_RULE)
+                conn.call("ACL", "SETUSER", FOLLOWER_USER, *follower)
+            fenced.append(node.name)
+        except UNANSWERED:
+            missed.append(node.name)
+    return fenced, missed
 
 
 def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, report: CutoverDone) -> CutoverDone:

@@ -123,6 +123,14 @@ def _say_standby(rt: Runtime, applying: bool = False) -> None:
 
         primary_of(rt.loaded)  # neither itself nor a standby of this one
         print(line, file=sys.stderr)
+        if applying:  # before any step: a site made a standby (the way back) stops taking client writes first
+            from opsctl.standby.link import fence_live
+
+            fenced, missed = fence_live(rt.connector)
+            if fenced:
+                print(f"fenced against client writes: {', '.join(fenced)}"
+                      + (f" (not answering, they start fenced: {', '.join(missed)})" if missed else ""),
+                      file=sys.stderr)
 
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
