@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from opsctl.base.poll import wait_for
+from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
 from tests.lifecycle import applied, deployed, run
 from tests.support import make_spec
 from tests.test_migrate_live import Migrate, source_client
@@ -164,3 +165,34 @@ def test_a_switchover_with_the_primary_lost_reports_what_the_standby_holds(tmp_p
         assert not [k for k in standby.scan_iter("opsctl-migrate:*")], "markers left on the promoted standby"
         code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
         assert code == 3 and "remove follows: from the spec" in err and "primary-lost" in err, out + err
+
+
+def test_a_switchover_that_fails_verification_leaves_everything_as_it_was(tmp_path, capsys) -> None:
+    """A key on the standby the primary does not have: the switchover's verification fails; the primary takes
+    writes again, the standby stays fenced and the link follows on; without that key the next switchover passes."""
+    with ExitStack() as stack:
+        (tmp_path / "primary").mkdir()
+        (tmp_path / "standby").mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "redis"))
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
+            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        node = s_loaded.layout.servers[0]
+        as_follower = redis.Redis(host=node.address, port=node.port, username=FOLLOWER_USER,
+                                  password=follower_secret(s_loaded).reveal(), decode_responses=True)
+        standby = source_client(s_loaded)
+        writer = stack.enter_context(Writer(lambda: source_client(p_loaded)))
+        follow = Follow(s)
+        follow.streaming()
+        as_follower.set("only-on-the-standby", "1")
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        assert code == 1 and "failed verification" in out, out + err
+        writer.wait_for_more(100)  # the primary takes writes again
+        with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
+            standby.set("client-write", "1")  # the standby still fenced
+        follow.streaming(after=len(follow.events))  # and followed on
+        assert follow.proc.poll() is None
+        as_follower.delete("only-on-the-standby")
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        assert code == 0 and "cutover done" in out, out + err
+        writer.stop()
+        assert follow.wait() == 0 and writer.verify(standby) == []

@@ -60,16 +60,23 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
         follower = admin.as_user(FOLLOWER_USER, secret)
         options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
                                                                                  emit))
-        for attempt in range(START_OVERS + 1):
+        start_overs = 0
+        while True:
             try:
-                return run_migrate(source, follower, state_dir, options, emit, primary.ref())
+                report = run_migrate(source, follower, state_dir, options, emit, primary.ref())
             except MustStartOver as exc:
-                if attempt == START_OVERS:
+                start_overs += 1
+                if start_overs > START_OVERS:
                     raise
                 emit(Note(f"{exc.summary}: emptying the standby and copying it again from scratch (its spec "
                           "declares it a standby)"))
                 start_afresh(follower, state_dir)
-    raise AssertionError("unreachable")
+                continue
+            if report.ok:
+                return report
+            # everything as it was: the primary's fence lifted (the cutover did), the standby fenced: follow on
+            emit(Note("the switchover failed its verification (the report says why): the primary takes writes "
+                      "again and the standby keeps following"))
 
 
 def start_afresh(follower: Connector, state_dir: Path) -> None:
