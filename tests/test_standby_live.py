@@ -80,9 +80,13 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
         with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
             primary.set("after", "1")
         pause = float(re.search(r"write pause ([0-9.]+)s", out).group(1))  # type: ignore[union-attr]
-        with capsys.disabled():
-            print(f"switchover pause {pause:.3f}s (opsctl), last acknowledged write {switched - last_ack:.3f}s before "
-                  f"the switchover returned; {len(writer.acked)} writes acknowledged")
+        split = [e["text"] for e in follow.events if e.get("event") == "note" and "switchover:" in e["text"]]
+        lags = [float(r["lag_seconds"]) for e in follow.events if e.get("event") == "migrate-lag"
+                for r in e["shards"].values() if r.get("phase") == "stream"]
+        with capsys.disabled():  # the figures docs/standby.md quotes
+            print(f"\nswitchover: {out.strip()}; last acknowledged write {switched - last_ack:.3f}s before the "
+                  f"switchover returned; {len(writer.acked)} writes acknowledged; streaming lag max "
+                  f"{max(lags, default=0):.3f}s over {len(lags)} shard reports (pause {pause:.3f}s); {split}")
         code, out, err = run(capsys, "apply", "-f", str(s), "--auto-approve")
         assert code == 3 and "remove follows: from the spec" in err, out + err
         # the way back begins by removing follows: (docs/standby.md): apply takes it as acknowledged

@@ -103,22 +103,31 @@ def _scanned(pipe: RawPipe) -> Iterator[list[bytes]]:
             return
 
 
-def lift_fence(admin: Connector) -> list[str]:
-    """The standby's clients write again: each fenced user's rules without the fence, the follower user gone, on
-    every server, saved into its files (ACL SAVE, CONFIG REWRITE) so a restart keeps it. Returns the servers that
-    did not answer (they come back fenced until the spec without follows: is applied)."""
+def lift_fence(admin: Connector) -> tuple[float, list[str]]:
+    """The standby's clients write again: each fenced user's rules without the fence on every server, then the
+    follower user gone and the users saved into the server's files (ACL SAVE, CONFIG REWRITE) so a restart keeps
+    it. Returns when (time.monotonic()) the last server took writes, before the saving, and the servers that did not
+    answer (they come back fenced until the spec without follows: is applied)."""
     loaded = admin.loaded
-    missed = []
-    for node in loaded.layout.servers:
-        try:
-            with admin.admin(node) as conn:
+    missed: list[str] = []
+    with ExitStack() as stack:
+        lifted = []
+        for node in sorted(loaded.layout.servers, key=lambda n: n.role != "master"):  # where clients write first
+            try:
+                conn = stack.enter_context(admin.admin(node))
                 for user, words in lifts(loaded):
                     conn.call("ACL", "SETUSER", user, *words)
+                lifted.append((node, conn))
+            except UNANSWERED as exc:
+                missed.append(f"{node.name} ({getattr(exc, 'summary', None) or type(exc).__name__})")
+        writable = time.monotonic()
+        for node, conn in lifted:
+            try:
                 conn.call("ACL", "DELUSER", FOLLOWER_USER)
                 conn.call(*(("ACL", "SAVE") if loaded.spec.auth.mode == "acl" else ("CONFIG", "REWRITE")))
-        except UNANSWERED as exc:
-            missed.append(f"{node.name} ({getattr(exc, 'summary', None) or type(exc).__name__})")
-    return missed
+            except UNANSWERED as exc:
+                missed.append(f"{node.name}, not saved ({getattr(exc, 'summary', None) or type(exc).__name__})")
+    return writable, missed
 
 
 def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
@@ -148,12 +157,14 @@ def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, r
     """after_cutover: the primary is fenced and the standby verified; the standby's fence lifted and the switch
     recorded; the pause counted until then."""
     started = time.monotonic()
-    missed = lift_fence(admin)
+    writable, missed = lift_fence(admin)
     record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
+    emit(Note(f"switchover: the primary fenced, the standby caught up after {report.caught_up_s:.3f}s, verified after "
+              f"{report.pause_s:.3f}s, taking writes {writable - started:.3f}s later"))
     if missed:
         emit(Note(f"the fence could not be lifted on {', '.join(missed)}: lift it there once it answers (apply the "
                   "spec without follows:)"))
-    return CutoverDone(True, round(report.pause_s + time.monotonic() - started, 3), report.caught_up_s,
+    return CutoverDone(True, round(report.pause_s + writable - started, 3), report.caught_up_s,
                        report.source_keys, report.target_keys, report.verified, report.final_offsets, report.point_to,
                        ())
 

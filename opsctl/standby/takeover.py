@@ -69,7 +69,7 @@ def take_over(loaded: LoadedSpec, state_dir: Path, force_lock: bool = False) -> 
             applier = Applier(targets, journal.id, shard, 0, 0.0)
             applier.drop_markers()
             applier.close()
-        missed = lift_fence(admin)
+        _, missed = lift_fence(admin)
         recovery = {k: {"offset": float(s.position.offset), "at": s.at} for k, s in journal.shards.items()}
         record_switched(state_dir, Switched(time.time(), primary.shown, "primary-lost", recovery))
         journal.finished = True
