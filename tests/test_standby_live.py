@@ -34,8 +34,8 @@ class Follow(Migrate):
     """opsctl follow as a subprocess, its JSON events read as they come (the migrate engine's: migrate-lag,
     cutover-done)."""
 
-    def __init__(self, standby: Path) -> None:  # Migrate's reader and waits, another command
-        argv = [sys.executable, "-m", "opsctl.cli.main", "follow", "-f", str(standby), "--output", "json"]
+    def __init__(self, standby: Path, *extra: str) -> None:  # Migrate's reader and waits, another command
+        argv = [sys.executable, "-m", "opsctl.cli.main", "follow", "-f", str(standby), "--output", "json", *extra]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -200,3 +200,44 @@ def test_a_switchover_that_fails_verification_leaves_everything_as_it_was(tmp_pa
         assert code == 0 and "cutover done" in out, out + err
         writer.stop()
         assert follow.wait() == 0 and writer.verify(standby) == []
+
+
+def test_fail_back_makes_the_old_primary_a_standby_and_switches_over_again(tmp_path, capsys) -> None:
+    """A followed by B (both Redis 7.0: a Valkey 9.1 snapshot is not one Redis 7.0 reads, so a way back from Valkey
+    to Redis is refused by the copy), switched over; then follows: moves into A's spec: A's apply fences it (the
+    cutover's NOREPLICAS fence replaced), its follow empties what A held (asked: --auto-approve) and copies B's, and
+    a switchover makes A the primary again with every write B took."""
+    with ExitStack() as stack:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        a, a_loaded = stack.enter_context(deployed(tmp_path / "a", capsys, "standalone", "redis"))
+        b, b_loaded = stack.enter_context(applied(tmp_path / "b", capsys, make_spec(
+            "standalone", "redis", hosts=1, follows={"spec": str(a)})))
+        site_a, site_b = source_client(a_loaded), source_client(b_loaded)
+        site_a.set("from-a", "1")
+        follow = Follow(b)
+        follow.streaming()
+        code, out, err = run(capsys, "switchover", "-f", str(b), "--auto-approve")
+        assert code == 0 and follow.wait() == 0, out + err
+        site_b.set("from-b", "2")  # B takes writes; A refuses them
+        with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+            site_a.set("late-on-a", "x")
+        b.write_text(b.read_text().split("follows:")[0])  # B is the primary now
+        code, out, err = run(capsys, "apply", "-f", str(b), "--auto-approve")
+        assert code == 0, out + err
+        a.write_text(a.read_text() + f"follows: {{spec: {b}}}\n")
+        code, out, err = run(capsys, "apply", "-f", str(a), "--auto-approve")  # fences A first, then its steps
+        assert code == 0 and "its NOREPLICAS fence replaced" in err, out + err
+        with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
+            site_a.set("late-on-a", "x")  # the ACL fence, whatever apply did to min-replicas-to-write
+        follow = Follow(a, "--auto-approve")
+        follow.streaming()
+        assert any("emptied" in e.get("text", "") for e in follow.events if e.get("event") == "note")
+        site_b.set("more-from-b", "3")
+        wait_for(lambda: site_a.get("more-from-b") == "3" or None, 30, "B's write on A")
+        code, out, err = run(capsys, "switchover", "-f", str(a), "--auto-approve")
+        assert code == 0 and follow.wait() == 0, out + err
+        assert [site_a.get(k) for k in ("from-a", "from-b", "more-from-b")] == ["1", "2", "3"]
+        assert site_a.set("back-on-a", "4")
+        with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+            site_b.set("late-on-b", "x")

@@ -8,7 +8,7 @@ changed): the standby is emptied and copied again from scratch, which its spec a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -18,11 +18,14 @@ import redis
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, Note
 from opsctl.base.secrets import remember
+from opsctl.failover.fence import unfence
 from opsctl.migrate.migration import MigrateOptions, run_migrate
-from opsctl.migrate.phases import JOURNAL
+from opsctl.migrate.phases import JOURNAL, read_journal
 from opsctl.migrate.shard import MustStartOver
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import RawPipe
+from opsctl.plan.facts import fenced as replicas_fence
+from opsctl.plan.facts import spec_values
 from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER, follower_secret, lifts
 from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
@@ -41,9 +44,11 @@ def refuse_switched(loaded: LoadedSpec, state_dir: Path) -> None:
                            "follows nothing", hint="remove follows: from its spec and apply it (docs/standby.md)")
 
 
-def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200,
-               force_lock: bool = False) -> CutoverDone:
-    """Follow until a switchover; its report (the cutover's, with the pause until the standby took writes)."""
+def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200, force_lock: bool = False,
+               approve: Callable[[str], None] = lambda question: None) -> CutoverDone:
+    """Follow until a switchover; its report (the cutover's, with the pause until the standby took writes).
+    approve(question): raises unless a standby that holds keys before its first copy may be emptied (the way back
+    makes a site that took writes a standby: it is copied again from the new primary, never merged)."""
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
     from opsctl.state.statelock import state_lock
@@ -58,6 +63,7 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
         secret = follower_secret(loaded)
         remember(secret)
         follower = admin.as_user(FOLLOWER_USER, secret)
+        _empty_before_the_first_copy(loaded, follower, state_dir, emit, approve)
         options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
                                                                                  emit))
         start_overs = 0
@@ -79,13 +85,28 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
                       "again and the standby keeps following"))
 
 
+def _empty_before_the_first_copy(loaded: LoadedSpec, follower: Connector, state_dir: Path, emit: Emit,
+                                 approve: Callable[[str], None]) -> None:
+    journal = read_journal(state_dir)
+    if journal is not None and not journal.finished and journal.shards:
+        return  # a copy or a stream under way: resumed, its keys are the primary's
+    held = inspect_target(follower).keys
+    if not held:
+        return
+    approve(f"'{loaded.spec.name}' holds {held} keys: delete them and copy its primary's in (a standby holds only "
+            "its primary's data, it never merges)?")
+    emit(Note(f"'{loaded.spec.name}' held {held} keys before its first copy: emptied (a standby holds only its "
+              "primary's data)"))
+    start_afresh(follower, state_dir)
+
+
 def start_afresh(follower: Connector, state_dir: Path) -> None:
     """Every key of the standby's masters gone (as the follower: FLUSHALL is disabled), the journal and the shards'
     spools and snapshots removed: the next run copies from scratch."""
     for master in inspect_target(follower).masters:
         with RawPipe(follower, master, 120.0) as pipe:
             for keys in _scanned(pipe):
-                pipe.call("UNLINK", *keys)
+                pipe.ask("UNLINK", *keys)
     for path in [state_dir / JOURNAL, *state_dir.glob("migrate-shard-*.spool"), *state_dir.glob("migrate-shard-*.rdb")]:
         path.unlink(missing_ok=True)
 
@@ -133,8 +154,10 @@ def lift_fence(admin: Connector) -> tuple[float, list[str]]:
 def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
     """The fence set on every server that runs (a standby's apply, before any step: the way back makes a site that
     took writes a standby, and its servers must refuse clients before opsctl does anything else there): the
-    clients' users lose @write, the follower user is set. Returns (fenced, not answering); a server that does not
-    answer starts fenced from the files apply writes."""
+    clients' users lose @write, the follower user is set. A cutover's or failover's fence (min-replicas-to-write,
+    NOREPLICAS: the old primary after a switchover) is lifted once this one holds: it would refuse the follower's
+    writes too. Returns (fenced, not answering); a server that does not answer starts fenced from the files apply
+    writes."""
     loaded = admin.loaded
     secret = follower_secret(loaded)
     remember(secret)
@@ -147,7 +170,11 @@ def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
                 for user, _ in lifts(loaded):
                     conn.call("ACL", "SETUSER", user, FENCE_RULE)
                 conn.call("ACL", "SETUSER", FOLLOWER_USER, *follower)
-            fenced.append(node.name)
+                if replicas_fence(conn.config_get("min-replicas-*")):
+                    unfence(conn, spec_values(loaded, node))
+                    fenced.append(f"{node.name} (its NOREPLICAS fence replaced)")
+                else:
+                    fenced.append(node.name)
         except UNANSWERED:
             missed.append(node.name)
     return fenced, missed

@@ -24,6 +24,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from opsctl.base import stop
     from opsctl.base.events import Note
     from opsctl.cli.commands.migrate import emitter
+    from opsctl.cli.options import confirm
     from opsctl.standby.link import run_follow
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
@@ -35,7 +36,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         emit = emitter(stack, json_mode)
         try:
-            report = run_follow(loaded, state_dir, emit, args.sample, args.force_lock)
+            report = run_follow(loaded, state_dir, emit, args.sample, args.force_lock,
+                                approve=lambda question: confirm(args, question))
         except stop.Stopped as stopped:
             if not stop.asked_once():
                 raise
@@ -113,6 +115,7 @@ def register_follow(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_spec_file(p, about="the standby's topology spec (YAML), with follows:")
     p.add_argument("--sample", type=ranged(int, 1, 1_000_000), default=200,
                    help="random keys compared between primary and standby at the switchover (default 200)")
+    add_auto_approve(p, "a standby that holds keys before its first copy is emptied without asking")
     add_force_lock(p)
     add_state_dir(p)
     add_output(p)
