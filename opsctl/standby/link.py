@@ -20,7 +20,7 @@ from opsctl.base.events import CutoverDone, Emit, Note
 from opsctl.base.secrets import remember
 from opsctl.failover.fence import unfence
 from opsctl.migrate.migration import MigrateOptions, run_migrate
-from opsctl.migrate.phases import JOURNAL, read_journal
+from opsctl.migrate.phases import JOURNAL, RESULT, read_journal
 from opsctl.migrate.shard import MustStartOver
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import RawPipe
@@ -83,6 +83,15 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
             # everything as it was: the primary's fence lifted (the cutover did), the standby fenced: follow on
             emit(Note("the switchover failed its verification (the report says why): the primary takes writes "
                       "again and the standby keeps following"))
+            _report_taken(state_dir)
+
+
+def _report_taken(state_dir: Path, timeout: float = 10.0) -> None:
+    """Until the waiting `opsctl switchover` took the failed report (the next run's start clears the file), or
+    timeout: nobody waits for it."""
+    deadline = time.monotonic() + timeout
+    while (state_dir / RESULT).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _empty_before_the_first_copy(loaded: LoadedSpec, follower: Connector, state_dir: Path, emit: Emit,

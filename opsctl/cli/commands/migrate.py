@@ -191,9 +191,10 @@ def _request_cutover(args: argparse.Namespace) -> int:
                                   "cutover (or `--lift-fence` lifts the source's fence)")
 
 
-def ask_cutover(state_dir: Path, again: str) -> int:
+def ask_cutover(state_dir: Path, again: str, take: bool = False) -> int:
     """Leave the request file for the migration running into state_dir, wait for its report and print it; again:
-    the hint when it stopped before it reported. Also `opsctl switchover`'s (a standby's link is a migration)."""
+    the hint when it stopped before it reported. Also `opsctl switchover`'s (a standby's link is a migration), which
+    takes the report (removes the file): a link whose switchover failed follows on once it is taken."""
     from opsctl.migrate.phases import REQUEST, RESULT
     from opsctl.state.safefs import read_bounded, write_private
 
@@ -203,6 +204,8 @@ def ask_cutover(state_dir: Path, again: str) -> int:
     while time.monotonic() < deadline:
         text = read_bounded(state_dir / RESULT, "it is the running migration's report")
         if text is not None:
+            if take:
+                (state_dir / RESULT).unlink(missing_ok=True)
             print(text)
             return EXIT_OK if text.startswith("cutover done") else EXIT_ERROR
         if time.monotonic() - looked > 0.5:

@@ -75,14 +75,14 @@ def cmd_switchover(args: argparse.Namespace) -> int:
     again = f"run `opsctl follow -f {args.file}` again: it finishes the interrupted switchover (the primary " \
             "refuses writes meanwhile)"
     if args.output != "json":
-        return ask_cutover(state_dir, again)
+        return ask_cutover(state_dir, again, take=True)
     import io
     import json
     from contextlib import redirect_stdout
 
     report = io.StringIO()
     with redirect_stdout(report):
-        code = ask_cutover(state_dir, again)
+        code = ask_cutover(state_dir, again, take=True)
     print(json.dumps({"event": "switchover", "ok": code == EXIT_OK, "report": report.getvalue().strip()}))
     return code
 
