@@ -92,3 +92,23 @@ def test_a_running_site_made_a_standby_is_fenced_by_its_apply_first(tmp_path, ca
         with pytest.raises(redis.exceptions.ResponseError, match=FENCED):
             client.set("k", "after")
         assert client.get("k") == b"before"
+
+
+def test_a_sentinel_standby_is_healthy_fenced_and_replicates_the_followers_writes(tmp_path, capsys) -> None:
+    """Replicas and Sentinels log in as the default user too: the fence takes nothing they need (the apply's closing
+    status is healthy), and what the follower writes reaches the replicas."""
+    primary = _primary(tmp_path)
+    folder = tmp_path / "standby"
+    folder.mkdir()
+    with applied(folder, capsys, make_spec("sentinel", "valkey", follows={"spec": str(primary)})) as (_, loaded):
+        master = next(n for n in loaded.layout.servers if n.role == "master")
+        client = redis.Redis(host=master.address, port=master.port, password=PASSWORD)
+        with pytest.raises(redis.exceptions.ResponseError, match=FENCED):
+            client.set("k", "v")
+        follower = redis.Redis(host=master.address, port=master.port, username=FOLLOWER_USER,
+                               password=follower_secret(loaded).reveal())
+        assert follower.set("k", "v") and follower.wait(2, 10_000) == 2
+        for replica in (n for n in loaded.layout.servers if n.role == "replica"):
+            assert redis.Redis(host=replica.address, port=replica.port, password=PASSWORD).get("k") == b"v"
+        code, out, err = run(capsys, "status", "-f", str(folder / "topology.yaml"))
+        assert code == 0 and follower_secret(loaded).reveal() not in out + err, out + err

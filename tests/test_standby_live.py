@@ -23,7 +23,7 @@ import redis
 from opsctl.base.poll import wait_for
 from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
 from tests.lifecycle import applied, deployed, run
-from tests.support import make_spec
+from tests.support import PASSWORD, make_spec
 from tests.test_migrate_live import Migrate, source_client
 from tests.writer import Writer, cluster_client
 
@@ -71,6 +71,8 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
         switched = time.monotonic()
         assert code == 0 and "cutover done" in out, out + err
         assert follow.wait() == 0, follow.stderr()
+        said = follow.stderr() + json.dumps(follow.events) + out + err
+        assert follower_secret(s_loaded).reveal() not in said and PASSWORD not in said  # no secret in any output
         writer.wait_for_refusal()  # the old primary refuses writes (NOREPLICAS)
         writer.stop()
         last_ack = max(writer.ack_times)
