@@ -56,3 +56,12 @@ def test_a_login_in_an_endpoint_is_never_echoed() -> None:
     with pytest.raises(Exception) as caught:  # the same words as migrate --from-endpoints
         parse_endpoints("mover:s3cret-pw@10.0.0.5:6380")
     assert "holds a login" in str(caught.value) and "s3cret" not in str(caught.value)
+
+
+def test_a_migration_into_a_standby_is_refused(tmp_path, capsys) -> None:
+    from tests.lifecycle import run
+    from tests.support import make_spec, write_spec
+
+    path = write_spec(tmp_path, make_spec("standalone", "valkey", hosts=1, follows={"spec": "primary.yaml"}))
+    code, out, err = run(capsys, "migrate", "-f", str(path), "--from", str(path), "--auto-approve")
+    assert code == 1 and "is a standby" in err and "opsctl follow -f" in err, out + err

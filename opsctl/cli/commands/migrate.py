@@ -75,6 +75,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         check_source(_foreign(args))
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
+    if loaded.spec.follows is not None:  # its clients' users are fenced; only the follower writes into it
+        raise OpsctlError(f"'{loaded.spec.name}' is a standby (its spec says follows:): it is filled by `opsctl "
+                          "follow`, not by a migration", hint=f"opsctl follow -f {args.file}, or remove follows: "
+                          "from the spec to migrate into it")
     shown = f"'{read_spec(args.from_spec).spec.name}'" if args.from_spec else args.from_endpoints
     confirm(args, f"Migrate {shown} into '{loaded.spec.name}' (the target must be empty)?")
     return _migrate(args)
