@@ -57,6 +57,11 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
         writer.wait_for_writes(300)
         follow = Follow(s)
         follow.streaming()
+
+        def status() -> str:
+            return run(capsys, "status", "-f", str(s))[1]
+        wait_for(lambda: "following, shard-1 stream lag" in status() or None, 30, "status showing the lag",
+                 last_reason=status)
         with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
             standby.set("client-write", "1")  # the fence, while following
         follow.proc.send_signal(signal.SIGKILL)
@@ -73,6 +78,7 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
         assert follow.wait() == 0, follow.stderr()
         said = follow.stderr() + json.dumps(follow.events) + out + err
         assert follower_secret(s_loaded).reveal() not in said and PASSWORD not in said  # no secret in any output
+        assert "standby switched over from" in status()
         writer.wait_for_refusal()  # the old primary refuses writes (NOREPLICAS)
         writer.stop()
         last_ack = max(writer.ack_times)

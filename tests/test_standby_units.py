@@ -13,7 +13,16 @@ from opsctl.migrate.phases import Journal, ShardState, journal_json, parse_journ
 from opsctl.render import default_paths, render_node
 from opsctl.render.exporteruser import lifts
 from opsctl.spec.load import load_spec
-from opsctl.standby.switched import RECORD, Switched, check_declared, parse_switched, record_switched
+from opsctl.standby.records import (
+    LAG,
+    RECORD,
+    Switched,
+    check_declared,
+    following_line,
+    lag_json,
+    parse_switched,
+    record_switched,
+)
 from opsctl.stream.framing import Position
 
 SECRET = "a-long-enough-password"
@@ -75,3 +84,19 @@ def test_a_switched_standby_that_still_follows_is_refused_and_an_apply_without_f
 def test_a_bad_record_is_refused_by_name(text: str) -> None:
     with pytest.raises(OpsctlError, match="not a standby record"):
         parse_switched(text, "standby.json")
+
+
+def test_status_says_following_with_the_lag_not_following_or_switched(tmp_path: Path) -> None:
+    loaded = _loaded()
+    assert "not following (opsctl follow -f dr.yaml)" in (following_line(loaded, tmp_path, 1000.0) or "")
+    shards = {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.25, "applied": 9},
+              "shard-2": {"phase": "snapshot", "copied": 500}}
+    (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
+    assert following_line(loaded, tmp_path, 1000.0) == ("standby of primary.yaml: following, shard-1 stream lag 120B "
+                                                        "0.25s, shard-2 snapshot 500 keys copied (10.0s ago)")
+    assert "not following, last report 60s ago" in (following_line(loaded, tmp_path, 1050.0) or "")
+    (tmp_path / LAG).write_text("{not json")
+    assert "not following (" in (following_line(loaded, tmp_path, 1000.0) or "")
+    assert following_line(_loaded(follows=None), tmp_path, 1000.0) is None
+    record_switched(tmp_path, Switched(0.0, "'orders'", "primary-lost"))
+    assert "switched over from 'orders' (primary-lost" in (following_line(_loaded(follows=None), tmp_path, 1.0) or "")

@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
-from opsctl.base.events import CutoverDone, Emit, Note
+from opsctl.base.events import CutoverDone, Emit, Event, MigrateLag, Note
 from opsctl.base.secrets import remember
 from opsctl.failover.fence import unfence
 from opsctl.migrate.migration import MigrateOptions, run_migrate
@@ -30,7 +30,8 @@ from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER
 from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
 from opsctl.standby.primary import Primary, primary_connector, primary_of
-from opsctl.standby.switched import Switched, read_switched, record_switched
+from opsctl.standby.records import LAG, LAG_EVERY, Switched, lag_json, read_switched, record_switched
+from opsctl.state.safefs import write_private
 
 # a server that does not answer (down, not deployed yet); a server that answers with an error is an error
 UNANSWERED = (redis.ConnectionError, redis.TimeoutError, OSError, NodeUnreachable)
@@ -64,6 +65,7 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
         remember(secret)
         follower = admin.as_user(FOLLOWER_USER, secret)
         _empty_before_the_first_copy(loaded, follower, state_dir, emit, approve)
+        emit = _lag_recorder(state_dir, primary.shown, emit)
         options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
                                                                                  emit))
         start_overs = 0
@@ -84,6 +86,18 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
             emit(Note("the switchover failed its verification (the report says why): the primary takes writes "
                       "again and the standby keeps following"))
             _report_taken(state_dir)
+
+
+def _lag_recorder(state_dir: Path, primary: str, emit: Emit) -> Emit:
+    """emit, and every LAG_EVERY seconds the last lag report into the state dir (status shows it)."""
+    written = [0.0]
+
+    def record(event: Event) -> None:
+        emit(event)
+        if isinstance(event, MigrateLag) and time.monotonic() - written[0] >= LAG_EVERY:
+            written[0] = time.monotonic()
+            write_private(state_dir / LAG, lag_json(time.time(), primary, event.shards))
+    return record
 
 
 def _report_taken(state_dir: Path, timeout: float = 10.0) -> None:
@@ -195,6 +209,7 @@ def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, r
     started = time.monotonic()
     writable, missed = lift_fence(admin)
     record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
+    (state_dir / LAG).unlink(missing_ok=True)
     emit(Note(f"switchover: the primary fenced, the standby caught up after {report.caught_up_s:.3f}s, verified after "
               f"{report.pause_s:.3f}s, taking writes {writable - started:.3f}s later"))
     if missed:

@@ -17,7 +17,7 @@ from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
 from opsctl.standby.link import follower_of, lift_fence, refuse_switched
 from opsctl.standby.primary import primary_of
-from opsctl.standby.switched import Switched, record_switched
+from opsctl.standby.records import LAG, Switched, record_switched
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ def take_over(loaded: LoadedSpec, state_dir: Path, force_lock: bool = False) -> 
         _, missed = lift_fence(admin)
         recovery = {k: {"offset": float(s.position.offset), "at": s.at} for k, s in journal.shards.items()}
         record_switched(state_dir, Switched(time.time(), primary.shown, "primary-lost", recovery))
+        (state_dir / LAG).unlink(missing_ok=True)
         journal.finished = True
         JournalFile(state_dir, journal).save()
         return TakenOver(loaded.spec.name, recovery, tuple(m.endpoint for m in target.masters), tuple(missed))
