@@ -34,9 +34,10 @@ class Follow(Migrate):
     """opsctl follow as a subprocess, its JSON events read as they come (the migrate engine's: migrate-lag,
     cutover-done)."""
 
-    def __init__(self, standby: Path, *extra: str) -> None:  # Migrate's reader and waits, another command
+    def __init__(self, standby: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         argv = [sys.executable, "-m", "opsctl.cli.main", "follow", "-f", str(standby), "--output", "json", *extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.events: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -249,3 +250,32 @@ def test_fail_back_makes_the_old_primary_a_standby_and_switches_over_again(tmp_p
         assert site_a.set("back-on-a", "4")
         with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
             site_b.set("late-on-b", "x")
+
+
+@pytest.mark.parametrize("point", ["migrate-fenced", "migrate-verified", "standby-recorded"])
+def test_a_switchover_killed_at_each_step_is_finished_by_running_it_again(tmp_path, capsys, point) -> None:
+    """The link SIGKILLed after the primary's fence, after the verification, and after the switch was recorded
+    (before the lift): the same `switchover` again converges: the primary fenced, every acknowledged write on the
+    standby, which takes writes."""
+    with ExitStack() as stack:
+        (tmp_path / "primary").mkdir()
+        (tmp_path / "standby").mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "valkey"))
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
+            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        standby = source_client(s_loaded)
+        with Writer(lambda: source_client(p_loaded)) as writer:
+            writer.wait_for_writes(300)
+            follow = Follow(s, env={"OPSCTL_FAILOVER_KILL_AT": point})
+            follow.streaming()
+            code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+            assert code == 1 and "stopped before it reported" in err, out + err
+            assert follow.wait() == -9
+            with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+                source_client(p_loaded).set("while-killed", "1")  # the primary stays fenced meanwhile
+            code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+            assert code == 0 and ("cutover done" in out or "was switched over" in out), out + err
+        assert writer.verify(standby) == [] and standby.set("after", "1")
+        assert not [k for k in standby.scan_iter("opsctl-migrate:*")], "markers left on the standby"
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        assert code == 0 and "was switched over" in out, out + err  # converged: again changes nothing

@@ -18,6 +18,7 @@ import redis
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import CutoverDone, Emit, Event, MigrateLag, Note
 from opsctl.base.secrets import remember
+from opsctl.failover.actions import checkpoint
 from opsctl.failover.fence import unfence
 from opsctl.migrate.migration import MigrateOptions, run_migrate
 from opsctl.migrate.phases import JOURNAL, RESULT, read_journal
@@ -42,7 +43,21 @@ def refuse_switched(loaded: LoadedSpec, state_dir: Path) -> None:
     switched = read_switched(state_dir)
     if switched is not None:
         raise RefusedError(f"'{loaded.spec.name}' was switched over ({switched.mode}) and takes writes now: it "
-                           "follows nothing", hint="remove follows: from its spec and apply it (docs/standby.md)")
+                           "follows nothing", hint=f"remove follows: from its spec and apply it (`opsctl switchover -f "
+                           f"{loaded.file}` lifts its fence again after an interrupted switchover)")
+
+
+def finish_switch(loaded: LoadedSpec, state_dir: Path) -> list[str]:
+    """A switchover recorded but maybe killed before its lift: the fence lifted again (idempotent) on every server;
+    returns the servers that did not answer."""
+    from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statelock import state_lock
+
+    with state_lock(state_dir), open_connector(loaded, state_dir) as admin, topology_lock(admin):
+        _, missed = lift_fence(admin)
+    (state_dir / LAG).unlink(missing_ok=True)
+    return missed
 
 
 def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200, force_lock: bool = False,
@@ -207,8 +222,10 @@ def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, r
     """after_cutover: the primary is fenced and the standby verified; the standby's fence lifted and the switch
     recorded; the pause counted until then."""
     started = time.monotonic()
-    writable, missed = lift_fence(admin)
+    # recorded first: killed before the lift, `switchover` again lifts it (the record says the switch was decided)
     record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
+    checkpoint("standby-recorded")
+    writable, missed = lift_fence(admin)
     (state_dir / LAG).unlink(missing_ok=True)
     emit(Note(f"switchover: the primary fenced, the standby caught up after {report.caught_up_s:.3f}s, verified after "
               f"{report.pause_s:.3f}s, taking writes {writable - started:.3f}s later"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
 from opsctl.cli.options import (
@@ -18,6 +20,9 @@ from opsctl.cli.options import (
     ranged,
 )
 from opsctl.cli.runsignals import note_run, recorded
+
+if TYPE_CHECKING:
+    from opsctl.spec.load import LoadedSpec
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
@@ -52,27 +57,35 @@ def cmd_follow(args: argparse.Namespace) -> int:
 def cmd_switchover(args: argparse.Namespace) -> int:
     from opsctl.cli.commands.migrate import ask_cutover, running
     from opsctl.cli.options import confirm
+    from opsctl.migrate.phases import read_journal
     from opsctl.standby.link import refuse_switched
     from opsctl.standby.primary import primary_of
+    from opsctl.standby.records import read_switched
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
     state_dir = state_dir_for(loaded, args.state_dir)
+    name = loaded.spec.name
+    if not args.primary_lost and read_switched(state_dir) is not None:
+        return _finish_switch(loaded, state_dir)
     refuse_switched(loaded, state_dir)
     primary = primary_of(loaded)
-    name = loaded.spec.name
     if args.primary_lost:
         return _primary_lost(args, state_dir, running(state_dir))
     if args.force_lock:  # the running link holds the standby's lock: only --primary-lost takes it
         raise OpsctlError("--force-lock goes with --primary-lost", hint="drop --force-lock")
     if not running(state_dir):
+        journal = read_journal(state_dir)
+        if journal is not None and not journal.finished and journal.fence is not None:
+            print("a switchover was interrupted (the primary is fenced): finishing it", file=sys.stderr)
+            return cmd_follow(argparse.Namespace(**{**vars(args), "sample": 200, "auto_approve": True}))
         raise OpsctlError(f"no `opsctl follow` runs for '{name}': a planned switchover is its last step",
                           hint=f"start it (it resumes from its journal): opsctl follow -f {args.file}; then switch "
                                "over")
     confirm(args, f"Switch over: fence {primary.shown} against writes and let '{name}' take them?")
-    again = f"run `opsctl follow -f {args.file}` again: it finishes the interrupted switchover (the primary " \
+    again = f"run `opsctl switchover -f {args.file}` again: it finishes the interrupted switchover (the primary " \
             "refuses writes meanwhile)"
     if args.output != "json":
         return ask_cutover(state_dir, again, take=True)
@@ -85,6 +98,15 @@ def cmd_switchover(args: argparse.Namespace) -> int:
         code = ask_cutover(state_dir, again, take=True)
     print(json.dumps({"event": "switchover", "ok": code == EXIT_OK, "report": report.getvalue().strip()}))
     return code
+
+
+def _finish_switch(loaded: LoadedSpec, state_dir: Path) -> int:
+    from opsctl.standby.link import finish_switch
+
+    missed = finish_switch(loaded, state_dir)
+    print(f"'{loaded.spec.name}' was switched over; its fence is lifted on every server"
+          + (f" but {', '.join(missed)}" if missed else "") + f" (remove follows: from {loaded.file} and apply it)")
+    return EXIT_ERROR if missed else EXIT_OK
 
 
 def _primary_lost(args: argparse.Namespace, state_dir: Path, following: bool) -> int:
