@@ -76,9 +76,7 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
         source = primary_connector(primary, stack, force_lock)
         admin = stack.enter_context(open_connector(loaded, state_dir))
         stack.enter_context(topology_lock(admin, force=force_lock))
-        secret = follower_secret(loaded)
-        remember(secret)
-        follower = admin.as_user(FOLLOWER_USER, secret)
+        follower = follower_of(loaded, admin)
         _empty_before_the_first_copy(loaded, follower, state_dir, emit, approve)
         emit = _lag_recorder(state_dir, primary.shown, emit)
         options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
@@ -238,6 +236,7 @@ def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, r
 
 
 def follower_of(loaded: LoadedSpec, admin: Connector) -> Connector:
+    """admin's connector logged in as the follower user (its password registered for masking)."""
     secret = follower_secret(loaded)
     remember(secret)
     return admin.as_user(FOLLOWER_USER, secret)
