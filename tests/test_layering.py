@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "opsctl"
 # (its version); it imports nothing of opsctl, so every package may read it.
 ORDER = ("base", "server", "spec", "observe", "render", "plan", "state", "net", "tls", "stream", "providers",
          "runtime", "status", "slots", "failover", "cluster", "metrics", "apply", "backup", "restore", "migrate",
-         "destroy", "audit", "fleet", "cli")
+         "standby", "destroy", "audit", "fleet", "cli")
 # The pure core: what these reach decides nothing about the world outside the process but files the caller names.
 CORE = ORDER[: ORDER.index("plan") + 1]
 # Pure modules that live beside their feature's I/O: each ranks as the top of the core (the planner, `plan`) and

@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opsctl.base.errors import OpsctlError, echo
-from opsctl.base.secrets import Secret, mask_login, remember
+from opsctl.base.errors import OpsctlError
+from opsctl.base.secrets import Secret, remember
 from opsctl.net.connection import connection_to
 from opsctl.net.connector import ClientTLS, Connector
 from opsctl.observe.replies import CLUSTER_NODES, ClusterNodeLine, info
-from opsctl.spec.layout import Layout, Node, Role, Shard, split_endpoint, valid_port
+from opsctl.spec.follows import endpoint_problem
+from opsctl.spec.layout import Layout, Node, Role, Shard, split_endpoint
 from opsctl.spec.load import Credentials, LoadedSpec
 from opsctl.spec.model import Auth, Hardening, Host, SecretRef, Spec
 from opsctl.spec.secretrefs import SecretUnusable
@@ -58,16 +59,16 @@ class ForeignSource:
 
 def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
     if "@" in text:  # before it is split: a password may hold a `,`; nothing before the last @ is echoed
-        raise OpsctlError(f"--from-endpoints: {echo(mask_login(text))} holds a login: give HOST:PORT alone",
+        raise OpsctlError(f"--from-endpoints: {endpoint_problem(text)}",
                           hint="the password goes through --from-password-file or --from-password-env, the user "
                                "through --from-user")
     found = []
     for part in (p.strip() for p in text.split(",")):
+        problem = endpoint_problem(part)
+        if problem:
+            raise OpsctlError(f"--from-endpoints: {problem}", hint=HINT)
         parsed = split_endpoint(part)
-        if parsed is None:
-            port = part.rpartition(":")[2]
-            why = "" if not port or valid_port(port) else " (the port must be a number from 1 to 65535)"
-            raise OpsctlError(f"--from-endpoints: {echo(part)} is not HOST:PORT{why}", hint=HINT)
+        assert parsed is not None
         found.append(parsed)
     if not found:
         raise OpsctlError("--from-endpoints names no endpoint", hint=HINT)

@@ -7,7 +7,7 @@ resync (docs/migrate.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +61,9 @@ class MigrateOptions:
     lag_bound: float = 1.0  # seconds: --cutover auto starts once every shard trails by less
     sample: int = 200
     interval: float = 0.5
+    # a passed cutover's next step before its report is published (RESULT, the event): a standby lifts its own
+    # fence there (opsctl.standby.link), so a waiting `switchover` returns once the standby takes writes
+    after_cutover: Callable[[CutoverDone], CutoverDone] | None = None
 
 
 def clock_offset_ms(connector: Connector, node: object) -> float:
@@ -163,6 +166,8 @@ def run_migrate(source: Connector, target_connector: Connector, state_dir: Path,
         futures = [pool.submit(s.run) for s in shards]
         try:
             report = _watch(source, target, shards, futures, state_dir, options, emit, journal)
+            if report.ok and options.after_cutover is not None:
+                report = options.after_cutover(report)
         except OpsctlError as exc:
             if (state_dir / REQUEST).exists():  # the waiting `migrate cutover` learns why, not just that
                 write_private(state_dir / RESULT, f"cutover failed: {exc.summary}\n")

@@ -30,6 +30,7 @@ HINT = "remove it to start the migration over (the target must be emptied first)
 class ShardState:
     phase: str  # snapshot (the copy is under way from position) | stream (position applied)
     position: Position
+    at: float = 0.0  # stream: when the link read the stream up to position (epoch seconds; 0: not known)
 
 
 @dataclass
@@ -68,14 +69,15 @@ class JournalFile:
 
 def journal_json(journal: Journal) -> str:
     return json.dumps({"id": journal.id, "source": journal.source, "finished": journal.finished,
-                       "shards": {k: {"phase": s.phase, **s.position.to_json()} for k, s in journal.shards.items()},
+                       "shards": {k: {"phase": s.phase, **s.position.to_json(), **({"at": s.at} if s.at else {})}
+                                  for k, s in journal.shards.items()},
                        "source_ref": journal.source_ref, "fence": journal.fence}, indent=1)
 
 
 def parse_journal(text: str, where: str) -> Journal:
     try:
         data = json.loads(text)
-        shards = {k: ShardState(_phase(v["phase"]), position_from(v, f"{where}: shards.{k}"))
+        shards = {k: ShardState(_phase(v["phase"]), position_from(v, f"{where}: shards.{k}"), _time(v.get("at", 0)))
                   for k, v in data["shards"].items()}
         ref = {str(k): str(v) for k, v in dict(data.get("source_ref") or {}).items()}
         if not set(ref) <= REF_OPTIONS:  # a re-run takes these as its options: no other option comes from a file
@@ -86,6 +88,13 @@ def parse_journal(text: str, where: str) -> Journal:
         return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")), ref, fenced)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise OpsctlError(f"{where}: not a migration journal ({type(exc).__name__})", hint=HINT) from None
+
+
+def _time(value: object) -> float:
+    """A journaled time: epoch seconds, not before 0 and not NaN (a file read back is checked)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e11:
+        raise ValueError(value)
+    return float(value)
 
 
 def _phase(value: object) -> str:

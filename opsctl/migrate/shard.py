@@ -40,6 +40,11 @@ class NoMemberAnswers(OpsctlError):
     """No member of a source shard answers now: while streaming, a failover in progress is waited out."""
 
 
+class MustStartOver(RefusedError):
+    """The source no longer holds the journaled position (its backlog was overrun, or its history changed): only a
+    copy from scratch goes on. A standby (opsctl.standby.link) empties itself and does it."""
+
+
 @dataclass
 class ShardRun:
     """A source shard's worker and what the progress display reads (offsets, lag)."""
@@ -134,8 +139,8 @@ class ShardRun:
         self.node = node
         return SpoolWriter(stream, spool, fd).start()
 
-    def _start_over(self, gap: StreamGap) -> RefusedError:
-        return RefusedError(f"source {self.key}: must start over: {gap.reason}", f"{gap.summary}\n{gap.detail}",
+    def _start_over(self, gap: StreamGap) -> MustStartOver:
+        return MustStartOver(f"source {self.key}: must start over: {gap.reason}", f"{gap.summary}\n{gap.detail}",
                             f"remove the journal ({self.journal.path}), empty the target and run again; a larger "
                             "repl-backlog-size on the source keeps more history")
 
@@ -280,14 +285,15 @@ class ShardRun:
         settled = applier.flush()
         self.lag_seconds, self.applied = applier.lag, self.applied + applier.applied
         applier.applied = 0
-        return self._journal(settled, replid)
+        return self._journal(settled, replid, max((e.arrived for e in entries), default=0.0))
 
-    def _journal(self, settled: int, replid: str) -> bool:
+    def _journal(self, settled: int, replid: str, read_at: float = 0.0) -> bool:
+        """read_at: when the newest of the settled entries was read (a standby's recovery point's time)."""
         assert self.position is not None
         if settled <= self.position.offset and replid == self.position.replid:
             return False
         self.position = Position(replid, max(settled, self.position.offset))
-        self.journal.save(self.key, ShardState("stream", self.position))
+        self.journal.save(self.key, ShardState("stream", self.position, read_at))
         return True
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import AuthRefused, OpsctlError
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.secrets import Secret
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin, with_fallback
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -103,8 +104,9 @@ class Connector:
     locks a run holds (net.topolock) are its run's."""
 
     def __init__(self, loaded: LoadedSpec, route: Route | None = None, tls: ClientTLS | None = None,
-                 run: Connector | None = None) -> None:
+                 run: Connector | None = None, login: tuple[str, Secret] | None = None) -> None:
         self.loaded = loaded
+        self.login = login  # another ACL user than the admin (a standby's follower), its password
         self.run: Connector = run if run is not None else self
         self.route = route
         self.tls = tls
@@ -114,7 +116,12 @@ class Connector:
     def over(self, loaded: LoadedSpec) -> Connector:
         """A connector for another view of the same spec (a placed layout, a layout with a member back for one
         step): the same route and TLS, a new object; this one is left as it is."""
-        return Connector(loaded, self.route, self.tls, self.run)
+        return Connector(loaded, self.route, self.tls, self.run, self.login)
+
+    def as_user(self, name: str, password: Secret) -> Connector:
+        """A connector to the same nodes (route, TLS, the run's locks) logged in as another ACL user: a standby's
+        follower user, the one that writes while the clients' are fenced."""
+        return Connector(self.loaded, self.route, self.tls, self.run, (name, password))
 
     def dial(self, node: Node) -> tuple[str, int]:
         """The TCP endpoint for node: its own, or its route's."""
@@ -139,18 +146,18 @@ class Connector:
         spec = self.loaded.spec
         host, port = self.dial(node)
         acl = spec.auth.mode == "acl" and not node.is_sentinel
+        user, password = self.login or (spec.auth.admin_user if acl else None, self.loaded.credentials.password)
         kwargs: dict[str, Any] = {
             "host": host, "port": port, "socket_timeout": timeout, "socket_connect_timeout": timeout,
             "decode_responses": decode, "retry": Retry(NoBackoff(), 0),
-            "username": spec.auth.admin_user if auth and acl else None,
-            "password": self.loaded.credentials.password.reveal() if auth else None, **_driver(),
+            "username": user if auth else None, "password": password.reveal() if auth else None, **_driver(),
         }
         context = self.tls_context() if tls else None
         if context is not None:
             kwargs.update(connection_class=_tls_connection(), tls_context=context, server_hostname=node.address)
         pool = redis.ConnectionPool(**kwargs)
         previous = self.loaded.credentials.previous
-        if auth and previous is not None and previous.reveal():
+        if auth and self.login is None and previous is not None and previous.reveal():
             with_fallback(pool, previous.reveal())
         client = redis.Redis(connection_pool=pool)
         client.auto_close_connection_pool = True
@@ -162,6 +169,8 @@ class Connector:
 
     def _passwords(self) -> list[str]:
         """The spec's password, then the previous one while a rotation keeps it (auth.previous_password)."""
+        if self.login is not None:
+            return [self.login[1].reveal()]
         previous = self.loaded.credentials.previous
         return [self.loaded.credentials.password.reveal(), *([previous.reveal()] if previous and previous.reveal()
                                                               else [])]
@@ -176,7 +185,7 @@ class Connector:
                 sock = context.wrap_socket(sock, server_hostname=node.address)
             reply = b"" if auth else b"+"  # anonymous: nothing to refuse
             for password in self._passwords() if auth else []:
-                sock.sendall(_auth_command(self.loaded, node, password))
+                sock.sendall(_auth_command(self.loaded, node, password, self.login and self.login[0]))
                 reply = _read_line(sock)
                 if reply.startswith(b"+"):
                     break
@@ -190,10 +199,12 @@ class Connector:
         return sock
 
 
-def _auth_command(loaded: LoadedSpec, node: Node, password: str) -> bytes:
+def _auth_command(loaded: LoadedSpec, node: Node, password: str, user: str | None = None) -> bytes:
     spec = loaded.spec
     words = ["AUTH"]
-    if spec.auth.mode == "acl" and not node.is_sentinel:
+    if user is not None:
+        words.append(user)
+    elif spec.auth.mode == "acl" and not node.is_sentinel:
         words.append(spec.auth.admin_user)
     words.append(password)
     encoded = [w.encode() for w in words]

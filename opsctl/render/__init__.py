@@ -11,7 +11,15 @@ from opsctl import data_dir
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.secrets import MASK, Secret
 from opsctl.render.directives import NodePaths, Section, sentinel_sections, server_sections
-from opsctl.render.exporteruser import EXPORTER_USER, exporter_acl_words
+from opsctl.render.exporteruser import (
+    EXPORTER_USER,
+    FENCE_RULE,
+    FOLLOWER_USER,
+    default_fence_line,
+    exporter_acl_words,
+    follower_words,
+    following,
+)
 from opsctl.render.tokens import checked, checked_arguments, word
 from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.layout import Node, sentinel_master_name
@@ -81,7 +89,8 @@ def render_sections(loaded: LoadedSpec, node: Node, paths: NodePaths, reveal: bo
             master = (first.address, first.port)
         return sentinel_sections(loaded, node, paths, master, password, daemonize)
     sections = server_sections(loaded, node, paths, password, daemonize)
-    users = [line for line in (rotation_overlap(loaded, reveal), _exporter_user_line(loaded, reveal)) if line]
+    users = [line for line in (_default_user_line(loaded, reveal), _exporter_user_line(loaded, reveal),
+                               _follower_user_line(loaded, reveal)) if line]
     if not users:
         return sections
     return tuple(Section(s.title, (*s.directives, *(("user", line) for line in users)))
@@ -92,6 +101,25 @@ def _exporter_user_line(loaded: LoadedSpec, reveal: bool) -> str | None:
     """Password mode: the exporter's ACL user as a `user` line beside requirepass (ACL mode: in users.acl)."""
     words = exporter_acl_words(loaded, reveal) if loaded.spec.auth.mode == "password" else None
     return " ".join([EXPORTER_USER, *words]) if words else None
+
+
+def _follower_user_line(loaded: LoadedSpec, reveal: bool) -> str | None:
+    """Password mode, a standby while it follows: opsctl's follower user beside the fenced default user."""
+    if loaded.spec.auth.mode != "password" or not following(loaded):
+        return None
+    return " ".join([FOLLOWER_USER, *follower_words(loaded, reveal)])
+
+
+def _default_user_line(loaded: LoadedSpec, reveal: bool) -> str | None:
+    """Password mode: the default user's line when requirepass alone does not say it all: a rotation's overlap,
+    or a standby's fence (docs/standby.md)."""
+    if loaded.spec.auth.mode != "password":
+        return None
+    overlap = rotation_overlap(loaded, reveal)
+    if not following(loaded):
+        return overlap
+    secrets = [loaded.credentials.password] + ([loaded.credentials.previous] if overlap else [])
+    return default_fence_line(" ".join(f"#{_password_hash(s) if reveal else MASK}" for s in secrets if s))
 
 
 def rotation_overlap(loaded: LoadedSpec, reveal: bool) -> str | None:
@@ -138,9 +166,14 @@ def render_acl(loaded: LoadedSpec, reveal: bool) -> str:
                 "hash": " #".join(_password_hash(s) if reveal else MASK for s in accepted)}
         checked_arguments("user", f"{line['name']} {line['rules']}")
         lines.append(line)
-    texts = [f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}" for u in lines]
+    fence = f" {FENCE_RULE}" if following(loaded) else ""  # the applications' users, not opsctl's admin
+    texts = [f"user {_printed(u['name'])} on #{_printed(u['hash'])} {_printed(u['rules'])}"
+             f"{fence if u['name'] != spec.auth.admin_user else ''}" for u in lines]
     if exporter is not None:
         texts.append(" ".join(["user", EXPORTER_USER, *(_printed(w) for w in [*exporter, *denied])]))
+    if following(loaded):
+        texts.append(" ".join(["user", FOLLOWER_USER, *(_printed(w) for w in [*follower_words(loaded, reveal),
+                                                                                 *denied])]))
     return _filled("users.acl.tmpl", body={"users": "\n".join(texts)})
 
 

@@ -1,5 +1,16 @@
-"""The redis_exporter's own ACL user (docs/monitoring.md, "The exporter's user"): its name, its least-privilege
-rules and its password, derived from the admin password so that rotating that one rotates this one. Pure."""
+"""opsctl's own ACL users beside the admin. The redis_exporter's (docs/monitoring.md, "The exporter's user"): its
+name, its least-privilege rules and its password, derived from the admin password so that rotating that one rotates
+this one. Pure.
+
+A standby's write fence (docs/standby.md, "The fence"): while the spec says `follows:`, every client user lacks
+`@write` (the default user in password mode, each `auth.users` user in ACL mode) and opsctl's follower user
+(`opsctl-follower`) is the one that writes: `opsctl follow` logs in as it. A client's write, a script's or a
+function's included (a script's redis.call is checked against its caller's rules), gets NOPERM, never a silent OK.
+The fence is rendered into redis.conf (password mode) or users.acl (ACL mode), so a restart keeps it;
+`opsctl switchover` lifts it at runtime with the words here. Pure.
+
+The follower's password is derived from the admin password (as the exporter's is): never stored, the same on every
+run, new whenever the admin password is. Only opsctl, which holds the admin password, can log in as it."""
 
 from __future__ import annotations
 
@@ -7,6 +18,7 @@ import hashlib
 import hmac
 
 from opsctl.base.secrets import MASK, Secret
+from opsctl.spec.aclrules import rule_tokens
 from opsctl.spec.load import LoadedSpec
 
 EXPORTER_USER = "opsctl-exporter"
@@ -61,3 +73,43 @@ def exporter_acl_words(loaded: LoadedSpec, reveal: bool, sentinel: bool = False)
     hashes = [f"#{hashlib.sha256(s.reveal().encode()).hexdigest() if reveal else MASK}"
               for s in exporter_secrets(loaded)]
     return ["on", *hashes, *(SENTINEL_EXPORTER_RULES if sentinel else EXPORTER_RULES)]
+
+
+FOLLOWER_USER = "opsctl-follower"
+FENCE_RULE = "-@write"  # after every other rule of a fenced user: the last word wins
+FOLLOWER_RULES = ("~*", "&*", "+@all")
+
+
+def following(loaded: LoadedSpec) -> bool:
+    """Whether the servers are rendered fenced: the spec declares a primary (a switched-over standby's apply is
+    refused until `follows:` is removed, so this never re-fences a promoted site)."""
+    return loaded.spec.follows is not None
+
+
+def follower_secret(loaded: LoadedSpec) -> Secret:
+    """HMAC-SHA256(admin password, "<topology>\\0follower")."""
+    mac = hmac.new(loaded.credentials.password.reveal().encode(), f"{loaded.spec.name}\0follower".encode(),
+                   hashlib.sha256)
+    return Secret(mac.hexdigest())
+
+
+def follower_words(loaded: LoadedSpec, reveal: bool) -> list[str]:
+    """The follower user's ACL words after its name: on, its password's hash, every key and command."""
+    secret = follower_secret(loaded).reveal() if reveal else ""
+    shown = hashlib.sha256(secret.encode()).hexdigest() if reveal else MASK
+    return ["on", f"#{shown}", *FOLLOWER_RULES]
+
+
+def default_fence_line(hashes: str) -> str:
+    """Password mode: the default user (every client's, and opsctl's admin) without @write; hashes: `#<sha> ...`."""
+    return f"default on {hashes} ~* &* +@all {FENCE_RULE}"
+
+
+def lifts(loaded: LoadedSpec) -> list[tuple[str, list[str]]]:
+    """Each fenced user with the ACL SETUSER words that give it its rendered rules back without the fence: the
+    default user (password mode) its @write; an ACL user its commands reset (-@all), then its rules and the
+    disabled commands' denials again. Keys, channels and passwords stay as they are."""
+    if loaded.spec.auth.mode == "password":
+        return [("default", ["+@write"])]  # its rules are +@all, then the fence
+    denied = [f"-{c.lower()}" for c in loaded.spec.hardening.disabled_commands]
+    return [(u.name, ["-@all", *rule_tokens(u.rules), *denied]) for u in loaded.spec.auth.users]

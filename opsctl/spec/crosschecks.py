@@ -24,6 +24,7 @@ from opsctl.server.versions import (
     version_text,
 )
 from opsctl.spec.aclrules import check_rules
+from opsctl.spec.follows import check_follows
 from opsctl.spec.layout import (
     MAX_PORT,
     PUBLIC_BINDS,
@@ -124,6 +125,7 @@ def check_spec(spec: Spec, resolve: SecretResolver | None) -> Iterator[Finding]:
     yield from _check_config(spec, spec.config, ("config",))
     yield from _check_overrides(spec)
     yield from _check_users(spec)
+    yield from check_follows(spec, resolve)
     if resolve is not None:
         yield from check_secrets(spec, resolve)
     nodes = layout(spec)

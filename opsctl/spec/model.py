@@ -286,6 +286,45 @@ class Metrics(Record):
         "each exporter listens on its node's address at the node's port + this (opsctl metrics targets lists them)"))
 
 
+# The source's ACL user: a name the source's servers took (any AUTH word without a blank or a control character).
+SourceUser = Annotated[str, Pattern(r"^[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,63}$")]
+
+
+class FollowsTls(Record):
+    """How the standby's link speaks TLS to a primary given by endpoints."""
+
+    ca: FileRef = field(description="the CA bundle the primary's certificates chain to")
+    cert: FileRef | None = field(None, description=(
+        "opsctl's client certificate, for a primary that asks for one (tls-auth-clients)"))
+    key: KeyFile | None = field(None, description="the file of that certificate's private key (PEM)")
+
+    def check(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("give cert and key together, or neither")
+
+
+class Follows(Record):
+    """This topology is a standby of another (docs/standby.md): `opsctl follow` copies and streams the primary's
+    writes into it, and it refuses its clients' writes until `opsctl switchover`."""
+
+    spec: Annotated[str, Length(1)] | None = field(None, description=(
+        "the primary's spec, a topology opsctl runs (relative paths: next to this spec)"))
+    endpoints: Annotated[list[str], Length(1)] | None = field(None, description=(
+        "instead of spec: a primary opsctl does not run, by one or more of its servers' HOST:PORT"))
+    user: SourceUser | None = field(None, description="with endpoints: the primary's ACL user (default: none)")
+    password: SecretRef | None = field(None, description=(
+        "with endpoints: where the primary's password lives, {env: VAR} or {file: PATH}"))
+    tls: FollowsTls | None = field(None, description="with endpoints: the primary speaks TLS")
+
+    def check(self) -> None:
+        if (self.spec is None) == (self.endpoints is None):
+            raise ValueError("give exactly one of spec (a primary opsctl runs) or endpoints (one it does not)")
+        if self.spec is not None and (self.user or self.password or self.tls):
+            raise ValueError("user, password and tls go with endpoints: a primary's spec names its own")
+        if self.endpoints is not None and self.password is None:
+            raise ValueError("endpoints need password: {env: VAR} or {file: PATH} (the primary's password)")
+
+
 class Spec(Record):
     name: Name = field(description=(
         "the topology's name: it names the nodes (<name>-1, ...), the state dir and the inventory groups"))
@@ -314,6 +353,9 @@ class Spec(Record):
         "per-node overrides by node name, e.g. {orders-4: {port: 7204, config: {hz: 20}}}"))
     metrics: Metrics = field(default_factory=Metrics, description=(
         "Prometheus: the redis_exporters beside the nodes (docs/monitoring.md)"))
+    follows: Follows | None = field(None, description=(
+        "this topology is a standby of the one named here: it refuses client writes while `opsctl follow` "
+        "streams the primary's into it, until `opsctl switchover` (docs/standby.md)"))
 
     def cluster_or_default(self) -> ClusterTopology:
         return self.cluster or ClusterTopology()

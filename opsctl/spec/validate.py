@@ -26,6 +26,7 @@ FIELD_HINTS: dict[str, str] = {
     "aof": "everysec (fsync once a second) is the usual choice; off turns the AOF off",
     "ssh_user": "a login name: letters, digits, '_', '.' and '-', at most 32 characters, e.g. ops",
     "bastion": "[user@]address[:port], e.g. ops@jump.example.com:2222, or the name of a host of the spec",
+    "follows": "follows: {spec: PRIMARY_SPEC} or {endpoints: [HOST:PORT], password: {env: VAR}} (docs/standby.md)",
     "env": "the name of an environment variable (letters, digits and _), e.g. REDIS_PASSWORD; the secret goes in it",
 }
 
@@ -173,7 +174,7 @@ def _words(err: ErrorDetails, path: Path_, value: str) -> tuple[str, str]:
     if kind == "string_pattern_mismatch":
         return f"{value} is not valid", FIELD_HINTS.get(leaf, "")
     if kind == "value_error":
-        return str(err["msg"]).removeprefix("Value error, "), ""
+        return str(err["msg"]).removeprefix("Value error, "), FIELD_HINTS.get(leaf, "") if leaf == "follows" else ""
     return str(err["msg"]), ""
 
 

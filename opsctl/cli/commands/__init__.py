@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "backup": ("backup", "register"),
     "restore": ("restore", "register"),
     "migrate": ("migrate", "register"),
+    "follow": ("standby", "register_follow"),
+    "switchover": ("standby", "register_switchover"),
     "tls": ("tls", "register"),
     "metrics": ("metrics", "register"),
     "help": ("help", "register_help"),

@@ -107,9 +107,30 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_writable_target(args.out, "--out")
     fleetrun.refuse_origins_as_text(args)
     with opened(args, keep_spec=True) as rt, printing(args.output == "json") as printer:
+        _say_standby(rt, args.output == "json")
         result = fleetrun.with_origins(plan(rt, PlanOptions(Path(args.out) if args.out else None), printer), args)
     print_result(result, args.output)
     return EXIT_CHANGES if result.changes else EXIT_OK
+
+
+def _say_standby(rt: Runtime, json_mode: bool, applying: bool = False) -> None:
+    """A standby's plan and apply say so first; a switched-over one whose spec still follows is refused."""
+    from opsctl.cli.output import say
+    from opsctl.standby.records import check_declared
+
+    line = check_declared(rt.loaded, rt.state_dir, applying)
+    if line is not None:
+        from opsctl.standby.primary import primary_of
+
+        primary_of(rt.loaded)  # neither itself nor a standby of this one
+        say(line, json_mode)
+        if applying:  # before any step: a site made a standby (the way back) stops taking client writes first
+            from opsctl.standby.link import fence_live
+
+            fenced, missed = fence_live(rt.connector)
+            if fenced:
+                say(f"fenced against client writes: {', '.join(fenced)}"
+                    + (f" (not answering, they start fenced: {', '.join(missed)})" if missed else ""), json_mode)
 
 
 def rollout_options(parser: argparse.ArgumentParser, downtime_help: str) -> None:
@@ -139,6 +160,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
                            approve=approving(args, lambda p: f"Apply {len(p.steps)} step(s) to '{p.spec_name}'?"))
     # a dry run takes no lock and writes nothing
     with opened(args, locked=not args.dry_run, keep_spec=not args.dry_run) as rt:
+        _say_standby(rt, args.output == "json", applying=not args.dry_run)
         with printing(args.output == "json") as printer:
             result = apply(rt, options, rounds_printer(printer))
         if result.review is not None:
@@ -179,6 +201,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             return watch_status(rt, args.output, args.watch)
         result = status(rt)
         print_status(result, args.output)
+        if args.output == "text":
+            import time
+
+            from opsctl.standby.records import following_line
+
+            line = following_line(rt.loaded, rt.state_dir, time.time())  # a standby: its link's lag
+            if line is not None:
+                print(line)
     return EXIT_OK if result.healthy else EXIT_ERROR
 
 

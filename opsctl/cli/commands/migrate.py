@@ -75,6 +75,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         check_source(_foreign(args))
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
+    if loaded.spec.follows is not None:  # its clients' users are fenced; only the follower writes into it
+        raise OpsctlError(f"'{loaded.spec.name}' is a standby (its spec says follows:): it is filled by `opsctl "
+                          "follow`, not by a migration", hint=f"opsctl follow -f {args.file}, or remove follows: "
+                          "from the spec to migrate into it")
     shown = f"'{read_spec(args.from_spec).spec.name}'" if args.from_spec else args.from_endpoints
     confirm(args, f"Migrate {shown} into '{loaded.spec.name}' (the target must be empty)?")
     return _migrate(args)
@@ -103,7 +107,7 @@ def _migrate(args: argparse.Namespace) -> int:
         target_connector = stack.enter_context(open_connector(loaded, state_dir))
         json_mode = args.output == "json"
         stack.enter_context(topology_lock(target_connector, force=args.force_lock, emit=Printer(json_mode)))
-        emit = _emitter(stack, json_mode)
+        emit = emitter(stack, json_mode)
         try:
             report = run_migrate(source_connector, target_connector, state_dir, options, emit, ref)
         except stop.Stopped as stopped:
@@ -119,7 +123,7 @@ def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
-def _emitter(stack: ExitStack, json_mode: bool) -> Emit:
+def emitter(stack: ExitStack, json_mode: bool) -> Emit:
     """The migration's events, entered on stack: JSON lines on stdout (the cutover report the last), or text on
     stderr without the report, which goes to stdout at the end."""
     from opsctl.base.events import Event
@@ -161,7 +165,7 @@ def _foreign(args: argparse.Namespace) -> ForeignSource:
                          args.from_user, args.from_tls_ca, args.from_tls_cert, args.from_tls_key)
 
 
-def _running(state_dir: Path) -> bool:
+def running(state_dir: Path) -> bool:
     """Whether a migrate into this target runs now (it holds the target's state lock)."""
     from opsctl.state.statelock import state_lock
 
@@ -175,15 +179,13 @@ def _running(state_dir: Path) -> bool:
 def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
-    from opsctl.cli.output import say
-    from opsctl.migrate.phases import REQUEST, RESULT, read_journal
-    from opsctl.state.safefs import read_bounded, write_private
+    from opsctl.migrate.phases import read_journal
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
-    if not _running(state_dir):
+    if not running(state_dir):
         journal = read_journal(state_dir)
         if journal is not None and not journal.finished and journal.fence is not None:
             return _interrupted(args, journal.source_ref)
@@ -192,23 +194,36 @@ def _request_cutover(args: argparse.Namespace) -> int:
     if args.lift_fence:
         raise OpsctlError("a migration is running: --lift-fence is for a cutover that was interrupted",
                           hint="stop the migration first (Ctrl-C), or let it cut over")
+    again = f"run `opsctl migrate cutover -f {args.file}` again: it finishes an interrupted cutover (or " \
+            "`--lift-fence` lifts the source's fence)"
+    return ask_cutover(state_dir, again, json_mode=args.output == "json")
+
+
+def ask_cutover(state_dir: Path, again: str, take: bool = False, json_mode: bool = False) -> int:
+    """Leave the request file for the migration running into state_dir, wait for its report and print it; again:
+    the hint when it stopped before it reported. Also `opsctl switchover`'s (a standby's link is a migration), which
+    takes the report (removes the file): a link whose switchover failed follows on once it is taken."""
+    from opsctl.cli.output import say
+    from opsctl.migrate.phases import REQUEST, RESULT
+    from opsctl.state.safefs import read_bounded, write_private
+
     (state_dir / RESULT).unlink(missing_ok=True)
     write_private(state_dir / REQUEST, f"{time.time()}\n")
     deadline, looked = time.monotonic() + CUTOVER_WAIT, time.monotonic()
     while time.monotonic() < deadline:
         text = read_bounded(state_dir / RESULT, "it is the running migration's report")
         if text is not None:
+            if take:
+                (state_dir / RESULT).unlink(missing_ok=True)
             print(text)
             return EXIT_OK if text.startswith("cutover done") else EXIT_ERROR
         if time.monotonic() - looked > 0.5:
             looked = time.monotonic()
-            if not _running(state_dir) and read_bounded(state_dir / RESULT, "the report") is None:
+            if not running(state_dir) and read_bounded(state_dir / RESULT, "the report") is None:
                 (state_dir / REQUEST).unlink(missing_ok=True)
-                raise OpsctlError("the migration stopped before it reported on the cutover",
-                                  hint=f"run `opsctl migrate cutover -f {args.file}` again: it finishes an "
-                                       "interrupted cutover (or `--lift-fence` lifts the source's fence)")
+                raise OpsctlError("the migration stopped before it reported on the cutover", hint=again)
         time.sleep(0.05)
-    say("the running migration did not report within 120s; its own output shows why", args.output == "json")
+    say("the running migration did not report within 120s; its own output shows why", json_mode)
     return EXIT_ERROR
 
 

@@ -1,0 +1,1 @@
+"""A standby topology (docs/standby.md): a migration that never ends until asked, with a way back."""

@@ -1,0 +1,242 @@
+"""`opsctl follow -f STANDBY`: the migrate engine (opsctl.migrate.migration) with the source from `follows:`,
+writing as the standby's follower user, never cutting over by itself. Its cutover is the switchover's: asked by
+`opsctl switchover` through the migration's request file, it fences the primary, waits for its final offsets and
+verifies, then (after_cutover) lifts the standby's own fence, records the switch and reports the write pause from
+the fence to the standby taking writes. A journaled position the primary no longer holds (backlog overrun, history
+changed): the standby is emptied and copied again from scratch, which its spec allows (docs/standby.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
+from opsctl.base.events import Emit, Event, Note
+from opsctl.base.secrets import remember
+from opsctl.failover.actions import checkpoint
+from opsctl.failover.fence import unfence
+from opsctl.migrate.cutover import CutoverDone
+from opsctl.migrate.migration import MigrateLag, MigrateOptions, run_migrate
+from opsctl.migrate.phases import JOURNAL, RESULT, read_journal
+from opsctl.migrate.shard import MustStartOver
+from opsctl.net.connection import connection_to, said
+from opsctl.net.connector import Connector
+from opsctl.net.rawpipe import RawPipe
+from opsctl.plan.facts import fenced as replicas_fence
+from opsctl.plan.facts import spec_values
+from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER, follower_secret, lifts
+from opsctl.restore.target import inspect_target
+from opsctl.spec.load import LoadedSpec
+from opsctl.standby.primary import Primary, primary_connector, primary_of
+from opsctl.standby.records import LAG, LAG_EVERY, Switched, lag_json, read_switched, record_switched
+from opsctl.state.safefs import write_private
+
+# a server that does not answer (down, not deployed yet); a server that answers with an error is an error
+UNANSWERED = (NodeUnreachable, OSError)
+START_OVERS = 3  # copies from scratch in one run: a primary whose backlog never holds a copy's writes stops there
+
+
+def refuse_switched(loaded: LoadedSpec, state_dir: Path) -> None:
+    switched = read_switched(state_dir)
+    if switched is not None:
+        raise RefusedError(f"'{loaded.spec.name}' was switched over ({switched.mode}) and takes writes now: it "
+                           "follows nothing", hint=f"remove follows: from its spec and apply it (`opsctl switchover -f "
+                           f"{loaded.file}` lifts its fence again after an interrupted switchover)")
+
+
+def finish_switch(loaded: LoadedSpec, state_dir: Path) -> list[str]:
+    """A switchover recorded but maybe killed before its lift: the fence lifted again (idempotent) on every server;
+    returns the servers that did not answer."""
+    from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statelock import state_lock
+
+    with state_lock(state_dir), open_connector(loaded, state_dir) as admin, topology_lock(admin):
+        _, missed = lift_fence(admin)
+    (state_dir / LAG).unlink(missing_ok=True)
+    return missed
+
+
+def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200, force_lock: bool = False,
+               approve: Callable[[str], None] = lambda question: None) -> CutoverDone:
+    """Follow until a switchover; its report (the cutover's, with the pause until the standby took writes).
+    approve(question): raises unless a standby that holds keys before its first copy may be emptied (the way back
+    makes a site that took writes a standby: it is copied again from the new primary, never merged)."""
+    from opsctl.net.topolock import topology_lock
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statelock import state_lock
+
+    refuse_switched(loaded, state_dir)
+    primary = primary_of(loaded)
+    with ExitStack() as stack:
+        stack.enter_context(state_lock(state_dir))
+        source = primary_connector(primary, stack, force_lock)
+        admin = stack.enter_context(open_connector(loaded, state_dir))
+        stack.enter_context(topology_lock(admin, force=force_lock))
+        follower = follower_of(loaded, admin)
+        _empty_before_the_first_copy(loaded, follower, state_dir, emit, approve)
+        emit = _lag_recorder(state_dir, primary.shown, emit)
+        options = MigrateOptions("manual", sample=sample, after_cutover=partial(_switched, admin, state_dir, primary,
+                                                                                 emit))
+        start_overs = 0
+        while True:
+            try:
+                report = run_migrate(source, follower, state_dir, options, emit, primary.ref())
+            except MustStartOver as exc:
+                start_overs += 1
+                if start_overs > START_OVERS:
+                    raise
+                emit(Note(f"{exc.summary}: emptying the standby and copying it again from scratch (its spec "
+                          "declares it a standby)"))
+                start_afresh(follower, state_dir)
+                continue
+            if report.ok:
+                return report
+            # everything as it was: the primary's fence lifted (the cutover did), the standby fenced: follow on
+            emit(Note("the switchover failed its verification (the report says why): the primary takes writes "
+                      "again and the standby keeps following"))
+            _report_taken(state_dir)
+
+
+def _lag_recorder(state_dir: Path, primary: str, emit: Emit) -> Emit:
+    """emit, and every LAG_EVERY seconds the last lag report into the state dir (status shows it)."""
+    written = [0.0]
+
+    def record(event: Event) -> None:
+        emit(event)
+        if isinstance(event, MigrateLag) and time.monotonic() - written[0] >= LAG_EVERY:
+            written[0] = time.monotonic()
+            write_private(state_dir / LAG, lag_json(time.time(), primary, event.shards))
+    return record
+
+
+def _report_taken(state_dir: Path, timeout: float = 10.0) -> None:
+    """Until the waiting `opsctl switchover` took the failed report (the next run's start clears the file), or
+    timeout: nobody waits for it."""
+    deadline = time.monotonic() + timeout
+    while (state_dir / RESULT).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _empty_before_the_first_copy(loaded: LoadedSpec, follower: Connector, state_dir: Path, emit: Emit,
+                                 approve: Callable[[str], None]) -> None:
+    journal = read_journal(state_dir)
+    if journal is not None and not journal.finished and journal.shards:
+        return  # a copy or a stream under way: resumed, its keys are the primary's
+    held = inspect_target(follower).keys
+    if not held:
+        return
+    approve(f"'{loaded.spec.name}' holds {held} keys: delete them and copy its primary's in (a standby holds only "
+            "its primary's data, it never merges)?")
+    emit(Note(f"'{loaded.spec.name}' held {held} keys before its first copy: emptied (a standby holds only its "
+              "primary's data)"))
+    start_afresh(follower, state_dir)
+
+
+def start_afresh(follower: Connector, state_dir: Path) -> None:
+    """Every key of the standby's masters gone (as the follower: FLUSHALL is disabled), the journal and the shards'
+    spools and snapshots removed: the next run copies from scratch."""
+    for master in inspect_target(follower).masters:
+        with connection_to(follower, master, 120.0) as handle, handle.dedicated(120.0) as pipe:
+            for keys in _scanned(pipe):
+                pipe.ask("UNLINK", *keys)
+    for path in [state_dir / JOURNAL, *state_dir.glob("migrate-shard-*.spool"), *state_dir.glob("migrate-shard-*.rdb")]:
+        path.unlink(missing_ok=True)
+
+
+def _scanned(pipe: RawPipe) -> Iterator[list[bytes]]:
+    cursor = b"0"
+    while True:
+        reply = pipe.call("SCAN", cursor, "COUNT", 1000)
+        if not isinstance(reply, list) or not isinstance(reply[0], bytes) or not isinstance(reply[1], list):
+            raise OpsctlError(f"unexpected SCAN reply from {pipe.label}")
+        cursor, keys = reply[0], [k for k in reply[1] if isinstance(k, bytes)]
+        if keys:
+            yield keys
+        if cursor == b"0":
+            return
+
+
+def lift_fence(admin: Connector) -> tuple[float, list[str]]:
+    """The standby's clients write again: each fenced user's rules without the fence on every server, then the
+    follower user gone and the users saved into the server's files (ACL SAVE, CONFIG REWRITE) so a restart keeps
+    it. Returns when (time.monotonic()) the last server took writes, before the saving, and the servers that did not
+    answer (they come back fenced until the spec without follows: is applied)."""
+    loaded = admin.loaded
+    missed: list[str] = []
+    with ExitStack() as stack:
+        lifted = []
+        for node in sorted(loaded.layout.servers, key=lambda n: n.role != "master"):  # where clients write first
+            try:
+                conn = stack.enter_context(connection_to(admin, node))
+                for user, words in lifts(loaded):
+                    conn.call("ACL", "SETUSER", user, *words)
+                lifted.append((node, conn))
+            except UNANSWERED as exc:
+                missed.append(f"{node.name} ({said(exc)})")
+        writable = time.monotonic()
+        for node, conn in lifted:
+            try:
+                conn.call("ACL", "DELUSER", FOLLOWER_USER)
+                conn.call(*(("ACL", "SAVE") if loaded.spec.auth.mode == "acl" else ("CONFIG", "REWRITE")))
+            except UNANSWERED as exc:
+                missed.append(f"{node.name}, not saved ({said(exc)})")
+    return writable, missed
+
+
+def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
+    """The fence set on every server that runs (a standby's apply, before any step: the way back makes a site that
+    took writes a standby, and its servers must refuse clients before opsctl does anything else there): the
+    clients' users lose @write, the follower user is set. A cutover's or failover's fence (min-replicas-to-write,
+    NOREPLICAS: the old primary after a switchover) is lifted once this one holds: it would refuse the follower's
+    writes too. Returns (fenced, not answering); a server that does not answer starts fenced from the files apply
+    writes."""
+    loaded = admin.loaded
+    secret = follower_secret(loaded)
+    remember(secret)
+    denied = [f"-{c.lower()}" for c in loaded.spec.hardening.disabled_commands]
+    follower = ["reset", "on", f">{secret.reveal()}", *FOLLOWER_RULES, *denied]
+    fenced, missed = [], []
+    for node in loaded.layout.servers:
+        try:
+            with connection_to(admin, node) as conn:
+                for user, _ in lifts(loaded):
+                    conn.call("ACL", "SETUSER", user, FENCE_RULE)
+                conn.call("ACL", "SETUSER", FOLLOWER_USER, *follower)
+                if replicas_fence(conn.config_get("min-replicas-*")):
+                    unfence(conn, spec_values(loaded, node))
+                    fenced.append(f"{node.name} (its NOREPLICAS fence replaced)")
+                else:
+                    fenced.append(node.name)
+        except UNANSWERED:
+            missed.append(node.name)
+    return fenced, missed
+
+
+def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, report: CutoverDone) -> CutoverDone:
+    """after_cutover: the primary is fenced and the standby verified; the standby's fence lifted and the switch
+    recorded; the pause counted until then."""
+    started = time.monotonic()
+    # recorded first: killed before the lift, `switchover` again lifts it (the record says the switch was decided)
+    record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
+    checkpoint("standby-recorded")
+    writable, missed = lift_fence(admin)
+    (state_dir / LAG).unlink(missing_ok=True)
+    emit(Note(f"switchover: the primary fenced, the standby caught up after {report.caught_up_s:.3f}s, verified after "
+              f"{report.pause_s:.3f}s, taking writes {writable - started:.3f}s later"))
+    if missed:
+        emit(Note(f"the fence could not be lifted on {', '.join(missed)}: lift it there once it answers (apply the "
+                  "spec without follows:)"))
+    return CutoverDone(True, round(report.pause_s + writable - started, 3), report.caught_up_s,
+                       report.source_keys, report.target_keys, report.verified, report.final_offsets, report.point_to,
+                       ())
+
+
+def follower_of(loaded: LoadedSpec, admin: Connector) -> Connector:
+    """admin's connector logged in as the follower user (its password registered for masking)."""
+    secret = follower_secret(loaded)
+    remember(secret)
+    return admin.as_user(FOLLOWER_USER, secret)
