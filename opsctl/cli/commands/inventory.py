@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from typing import TYPE_CHECKING, Any
 
 from opsctl.base.errors import EXIT_ERROR, EXIT_OK, OpsctlError
@@ -154,7 +153,7 @@ def inventory_fleet(args: argparse.Namespace) -> int:
     on this machine and have none: left out, said on stderr."""
     from pathlib import Path
 
-    from opsctl.cli.output import print_result
+    from opsctl.cli.output import print_result, say
     from opsctl.cli.results import Inventoried
     from opsctl.fleet.summary import FleetResult, run_each
 
@@ -165,7 +164,7 @@ def inventory_fleet(args: argparse.Namespace) -> int:
         raise OpsctlError(f"{fleet.folder}: no provider: ansible topology among {', '.join(local)}: an inventory "
                           "is for SSH hosts", hint="`opsctl apply -f DIR` deploys provider: local topologies")
     if local:
-        print(f"note: left out (provider: local, no inventory): {', '.join(local)}", file=sys.stderr)
+        say(f"note: left out (provider: local, no inventory): {', '.join(local)}", args.output == "json")
     output, as_json = Path(args.dir or DEFAULT_DIR), args.output == "json"
 
     def one(loaded: LoadedSpec) -> Inventoried:
