@@ -12,10 +12,15 @@ from pathlib import Path
 import pytest
 
 from opsctl.base.events import Event, Note
+from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.signals import METRIC_HELP, render_follow, textfile_name
 from opsctl.migrate.migration import MigrateLag
+from opsctl.standby.records import Switched, record_switched
+from opsctl.state.specfile import read_spec
+from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import run
+from tests.monitoring import ROOT
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, missing, write_spec
 
 STREAMING = {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.25, "applied_at": 1795798188.5,
@@ -107,3 +112,39 @@ def test_follow_with_a_wrong_textfile_folder_refuses_before_anything(tmp_path: P
         assert code == 1 and str(wrong) in err and "--collector.textfile.directory" in err, out + err
         assert "Traceback" not in err
     assert sorted(p.name for p in standby.parent.iterdir()) == ["topology.yaml"]  # no state dir, no lock
+
+
+def test_a_switched_over_standbys_link_is_refused_and_removes_its_textfile(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A service restarted after a switchover (Restart=always) is refused (exit 3, which the unit does not restart)
+    and takes the link's textfile away: no RedisStandbyNotFollowing for a standby that now takes writes."""
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "s").mkdir()
+    primary = write_spec(tmp_path / "p", make_spec("standalone", hosts=1))
+    standby = write_spec(tmp_path / "s", make_spec("standalone", hosts=1, follows={"spec": str(primary)}))
+    loaded = read_spec(str(standby))
+    record_switched(state_dir_for(loaded, None), Switched(1795798188.5, "orders", "primary-lost"))
+    folder = tmp_path / "textfiles"
+    folder.mkdir()
+    left = folder / textfile_name(loaded.spec.name, "follow")
+    left.write_text(render_follow(loaded.spec.name, STREAMING, following=False))  # the link stopped before
+    code, out, err = run(capsys, "follow", "-f", str(standby), "--metrics-textfile", str(folder))
+    assert code == 3 and "was switched over" in err, out + err
+    assert list(folder.iterdir()) == []
+
+
+def test_the_shipped_unit_runs_follow_with_options_opsctl_takes_and_no_secret() -> None:
+    unit = (ROOT / "playbooks" / "systemd" / "opsctl-follow@.service").read_text()
+    lines = [line for line in unit.splitlines() if not line.startswith("#")]
+    settings = dict(line.split("=", 1) for line in lines if "=" in line)
+    assert settings["Restart"] == "always" and settings["EnvironmentFile"] == "/etc/opsctl/follow-%i.env"
+    assert settings["RestartPreventExitStatus"] == "3" and "143" in settings["SuccessExitStatus"]
+    argv = settings["ExecStart"].replace("${OPSCTL_SPEC}", "/etc/opsctl/dr.yaml").replace("%i", "dr").split()
+    assert argv[0] == "/usr/local/bin/opsctl"
+    args = build_parser().parse_args(argv[1:])  # every option is one `follow` takes
+    assert (args.file, args.auto_approve, args.follow_textfile, args.state_dir) == (
+        "/etc/opsctl/dr.yaml", True, "/var/lib/prometheus/node-exporter", "/var/lib/opsctl/dr")
+    assert args.follow_textfile in settings["ReadWritePaths"].split()  # ProtectSystem=strict: else read-only
+    assert not any(word in settings["ExecStart"].lower() for word in ("pass", "secret", "auth"))

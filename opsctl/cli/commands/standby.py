@@ -30,6 +30,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from opsctl.cli.commands.migrate import emitter
     from opsctl.cli.options import confirm
     from opsctl.standby.link import run_follow
+    from opsctl.standby.records import read_switched
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
@@ -43,7 +44,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         emit = emitter(stack, json_mode)
         textfile = None if folder is None else LinkTextfile(folder, loaded.spec.name, emit, json_mode)
-        switched = False
+        # switched over already (a service restarted after the switchover, or after --primary-lost): the link is
+        # refused, and its textfile goes, so that no alert says a promoted standby does not follow
+        switched = read_switched(state_dir) is not None
         try:
             report = run_follow(loaded, state_dir, textfile or emit, args.sample, args.force_lock,
                                 approve=lambda question: confirm(args, question))
