@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from opsctl.base.events import Emit, Event
+if TYPE_CHECKING:  # every command's parser imports this module: --help must stay light (tests/test_cli_start.py)
+    from opsctl.base.events import Emit, Event
 
 Handler = Callable[[argparse.Namespace], int]
 _TOPOLOGY, _KEYS = "_run_topology", "_run_keys"
