@@ -135,7 +135,7 @@ def _standby_link(textfiles: Path, standby: str) -> Iterator[None]:
 
     def refresh() -> None:
         while not stop.is_set():
-            link(MigrateLag({"shard-0": {"phase": "stream", "lag_bytes": 0, "lag_seconds": 0.0,
+            link(MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 0, "lag_seconds": 0.0,
                                          "applied_at": time.time()}}))
             stop.wait(0.5)
     thread = threading.Thread(target=refresh, name="standby-textfile", daemon=True)
