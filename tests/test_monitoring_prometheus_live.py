@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -125,13 +125,19 @@ def _oom_once(loaded: LoadedSpec) -> None:
 
 
 @contextmanager
-def _standby_link(textfiles: Path, standby: str) -> Iterator[None]:
+def _standby_link(textfiles: Path, standby: str) -> Iterator[Callable[[], None]]:
     """A standby link's textfile kept current as `opsctl follow --metrics-textfile` keeps it (its LinkTextfile, fed
     the lag reports a streaming link makes twice a second): the standby panels have series and
-    RedisStandbyNotFollowing stays silent while it is refreshed. A real standby here would add two topologies to a
-    test about the dashboard; tests/test_standby_live.py runs the link itself."""
+    RedisStandbyNotFollowing stays silent while it is refreshed; yields what stops the link (its file then says
+    following 0, as a stopped `follow` leaves it). A real standby here would add two topologies to a test about the
+    dashboard; tests/test_standby_live.py runs the link itself."""
     link = LinkTextfile(str(textfiles), standby, lambda event: None, json_mode=False)
     stop = threading.Event()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join()
+        link.stopped(switched=False)
 
     def refresh() -> None:
         while not stop.is_set():
@@ -141,7 +147,7 @@ def _standby_link(textfiles: Path, standby: str) -> Iterator[None]:
     thread = threading.Thread(target=refresh, name="standby-textfile", daemon=True)
     thread.start()
     try:
-        yield
+        yield stopped
     finally:
         stop.set()
         thread.join()
@@ -188,7 +194,7 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         assert code == 0, err + out
         _hot_slots_once(cluster, cluster_spec, textfiles, capsys)
         _oom_once(fleet)
-        stack.enter_context(_standby_link(textfiles, "dr"))
+        stop_link = stack.enter_context(_standby_link(textfiles, "dr"))
         node_exporter = stack.enter_context(_node_exporter(textfiles))
         url = stack.enter_context(_prometheus(tmp_path, targets / "*.json", _rules_copy(tmp_path), [node_exporter]))
         _targets_up(url, len(cluster.layout.nodes) + len(fleet.layout.nodes) + 1)
@@ -216,7 +222,11 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
             stall = _wait_for_alert(url, "RedisNodeDown", {"node": sentinel.name}, stalled)
         finally:
             os.kill(pid, signal.SIGCONT)
+        link_stopped = time.monotonic()
+        stop_link()
+        link = _wait_for_alert(url, "RedisStandbyNotFollowing", {"topology": "dr"}, link_stopped)
         with capsys.disabled():
+            print(f"RedisStandbyNotFollowing fired {link:.1f} s after the link's textfile said following 0")
             print(f"RedisNodeDown fired {down:.1f} s after the master's SIGKILL; RedisClusterStateFail {state:.1f} s "
                   f"and RedisClusterSlotsNotCovered {slots:.1f} s after its shard's last node's (for: {FOR}, "
                   f"node_timeout {cluster.spec.cluster_or_default().node_timeout_ms} ms, 1 s scrapes); "
