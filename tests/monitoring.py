@@ -30,9 +30,11 @@ def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def known_metrics() -> frozenset[str]:
-    """What a query may read: the exporter's names from a real scrape, opsctl's textfile names, Prometheus' up."""
+    """What a query may read: the exporter's names from a real scrape, opsctl's textfile names, Prometheus' up, and
+    node_exporter's textfile collector's file times (a dead `opsctl follow` leaves its file unrefreshed)."""
     lines = EXPORTER_NAMES.read_text().splitlines()
-    return frozenset({*(n for n in lines if n and not n.startswith("#")), *METRIC_HELP, "up"})
+    return frozenset({*(n for n in lines if n and not n.startswith("#")), *METRIC_HELP, "up",
+                      "node_textfile_mtime_seconds"})
 
 
 def metric_names(expr: str) -> set[str]:

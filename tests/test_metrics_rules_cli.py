@@ -35,7 +35,7 @@ def test_rules_writes_the_repositorys_files_and_promtool_tests_pass_there(
     code, out, err = run(capsys, "metrics", "rules", "--dir", str(tmp_path))
     assert code == 0, err
     assert _tree(tmp_path) == expected()
-    assert f"wrote 8 files to {tmp_path}" in out and "promtool test rules" in out, out
+    assert f"wrote 9 files to {tmp_path}" in out and "promtool test rules" in out, out
     assert all((tmp_path / name).stat().st_mode & 0o777 == 0o644 for name in expected())
     done = promtool("test", "rules", *sorted((tmp_path / "tests").glob("*.yml")))
     assert done.returncode == 0 and done.stdout.count("SUCCESS") == len(RULE_TESTS), done.stdout + done.stderr

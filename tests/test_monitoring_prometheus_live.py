@@ -1,8 +1,9 @@
 """The rules and the dashboard against a real Prometheus (issue 24, "must show"): a 3+3 cluster and a Sentinel fleet,
 both with metrics.exporter, scraped by Debian's Prometheus through `opsctl metrics targets`, and opsctl's own signals
-(a real `opsctl backup --metrics-textfile`) through Debian's node_exporter. Every query of the dashboard returns a
-series; killing a cluster master makes RedisNodeDown fire for it, killing its shard's last node makes
-RedisClusterStateFail and RedisClusterSlotsNotCovered fire, and a stalled (SIGSTOPped) Sentinel is a node down too.
+(a real `opsctl backup --metrics-textfile`, a standby link's textfile) through Debian's node_exporter. Every query
+of the dashboard returns a series; killing a cluster master makes RedisNodeDown fire for it, killing its shard's
+last node makes RedisClusterStateFail and RedisClusterSlotsNotCovered fire, and a stalled (SIGSTOPped) Sentinel is a
+node down too.
 The rules are monitoring/prometheus/alerts.yml with every `for:` cut to FOR so the test stays short. Fails (not
 skips) under CI=true without the Debian packages."""
 
@@ -12,10 +13,11 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,9 @@ import pytest
 import redis
 import yaml
 
+from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.exporter import EXPORTER_BINARY
+from opsctl.migrate.migration import MigrateLag
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
@@ -120,6 +124,36 @@ def _oom_once(loaded: LoadedSpec) -> None:
         client.close()
 
 
+@contextmanager
+def _standby_link(textfiles: Path, standby: str) -> Iterator[Callable[[], None]]:
+    """A standby link's textfile kept current as `opsctl follow --metrics-textfile` keeps it (its LinkTextfile, fed
+    the lag reports a streaming link makes twice a second): the standby panels have series and
+    RedisStandbyNotFollowing stays silent while it is refreshed; yields what stops the link (its file then says
+    following 0, as a stopped `follow` leaves it). A real standby here would add two topologies to a test about the
+    dashboard; tests/test_standby_live.py runs the link itself."""
+    link = LinkTextfile(str(textfiles), standby, lambda event: None, json_mode=False)
+    stop = threading.Event()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join()
+        link.stopped(switched=False)
+
+    def refresh() -> None:
+        while not stop.is_set():
+            link(MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 0, "lag_seconds": 0.0,
+                                         "applied_at": time.time()}}))
+            stop.wait(0.5)
+    thread = threading.Thread(target=refresh, name="standby-textfile", daemon=True)
+    thread.start()
+    try:
+        yield stopped
+    finally:
+        stop.set()
+        thread.join()
+        link.stopped(switched=True)
+
+
 def _hot_slots_once(loaded: LoadedSpec, spec: Path, textfiles: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Keys on every master, then a real `audit --hot --metrics-textfile`: the heat map's query has a series (Redis
     7.0 counts no cpu per slot, so the slots rank by keys, and an empty cluster ranks none)."""
@@ -160,6 +194,7 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
         assert code == 0, err + out
         _hot_slots_once(cluster, cluster_spec, textfiles, capsys)
         _oom_once(fleet)
+        stop_link = stack.enter_context(_standby_link(textfiles, "dr"))
         node_exporter = stack.enter_context(_node_exporter(textfiles))
         url = stack.enter_context(_prometheus(tmp_path, targets / "*.json", _rules_copy(tmp_path), [node_exporter]))
         _targets_up(url, len(cluster.layout.nodes) + len(fleet.layout.nodes) + 1)
@@ -187,7 +222,11 @@ def test_dashboard_queries_return_series_and_a_killed_master_fires_the_alerts(
             stall = _wait_for_alert(url, "RedisNodeDown", {"node": sentinel.name}, stalled)
         finally:
             os.kill(pid, signal.SIGCONT)
+        link_stopped = time.monotonic()
+        stop_link()
+        link = _wait_for_alert(url, "RedisStandbyNotFollowing", {"topology": "dr"}, link_stopped)
         with capsys.disabled():
+            print(f"RedisStandbyNotFollowing fired {link:.1f} s after the link's textfile said following 0")
             print(f"RedisNodeDown fired {down:.1f} s after the master's SIGKILL; RedisClusterStateFail {state:.1f} s "
                   f"and RedisClusterSlotsNotCovered {slots:.1f} s after its shard's last node's (for: {FOR}, "
                   f"node_timeout {cluster.spec.cluster_or_default().node_timeout_ms} ms, 1 s scrapes); "

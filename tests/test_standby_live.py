@@ -279,3 +279,52 @@ def test_a_switchover_killed_at_each_step_is_finished_by_running_it_again(tmp_pa
         assert not [k for k in standby.scan_iter("opsctl-migrate:*")], "markers left on the standby"
         code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
         assert code == 0 and "was switched over" in out, out + err  # converged: again changes nothing
+
+
+def test_a_redis_sentinel_primary_followed_by_a_valkey_cluster_with_its_textfile(tmp_path, capsys) -> None:
+    """Redis 7.0 Sentinel primary (a master, its replicas and Sentinels) followed by a 3-master Valkey 9.1 cluster
+    standby under a writer, `follow --metrics-textfile DIR`: the file says the link runs and the source shard's lag
+    and last applied write while it streams; then `switchover`: every acknowledged write on the standby, the old
+    primary refuses writes, the standby takes them, and the textfile is gone (no alert for a promoted standby)."""
+    from opsctl.metrics.signals import textfile_name
+
+    with ExitStack() as stack:
+        for folder in ("primary", "standby", "textfiles"):
+            (tmp_path / folder).mkdir()
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "sentinel", "redis"))
+        spec = make_spec("cluster", "valkey", cluster={"masters": 3, "replicas_per_master": 0},
+                         follows={"spec": str(p)})
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, spec))
+        standby = cluster_client(s_loaded)
+        writer = stack.enter_context(Writer(lambda: source_client(p_loaded)))
+        writer.wait_for_writes(300)
+        started = time.time()
+        follow = Follow(s, "--metrics-textfile", str(tmp_path / "textfiles"))
+        follow.streaming()
+        path = tmp_path / "textfiles" / textfile_name(s_loaded.spec.name, "follow")
+        name = re.escape(s_loaded.spec.name)
+
+        def applied_at() -> float | None:  # a write the writer made after the link started, applied and reported
+            text = path.read_text() if path.exists() else ""
+            found = re.search(rf'opsctl_standby_last_applied_timestamp_seconds{{topology="{name}",shard="shard-1"}} '
+                              r"([0-9.]+)", text)
+            return float(found.group(1)) if found and float(found.group(1)) > started else None
+        wait_for(applied_at, 30, "the textfile reporting an applied write",
+                 last_reason=lambda: path.read_text() if path.exists() else "no textfile")
+        text = path.read_text()
+        assert f'opsctl_standby_following{{topology="{s_loaded.spec.name}"}} 1\n' in text, text
+        lag = re.search(rf'opsctl_standby_lag_seconds{{topology="{name}",shard="shard-1"}} ([0-9.]+)', text)
+        assert lag and 0 <= float(lag.group(1)) < 10, text  # under RedisStandbyLagging's bound
+        assert f'opsctl_standby_lag_bytes{{topology="{s_loaded.spec.name}",shard="shard-1"}} ' in text, text
+        assert path.stat().st_mode & 0o777 == 0o644
+        writer.wait_for_more(200)
+        code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
+        assert code == 0 and "cutover done" in out, out + err
+        assert follow.wait() == 0, follow.stderr()
+        assert not path.exists()
+        writer.wait_for_refusal()  # the old primary refuses writes (NOREPLICAS)
+        writer.stop()
+        assert writer.verify(standby) == []  # every acknowledged write on the standby
+        assert standby.set("after", "1") and standby.get("after") == "1"  # the standby takes writes
+        with pytest.raises(redis.exceptions.ResponseError, match="NOREPLICAS"):
+            source_client(p_loaded).set("after", "1")

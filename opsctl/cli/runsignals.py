@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # every command's parser imports this module: --help must stay light (tests/test_cli_start.py)
+    from opsctl.base.events import Emit, Event
 
 Handler = Callable[[argparse.Namespace], int]
 _TOPOLOGY, _KEYS = "_run_topology", "_run_keys"
@@ -72,3 +76,54 @@ def _write(args: argparse.Namespace, folder: str, command: str, duration: float,
         from opsctl.cli.output import say
 
         say(f"warning: --metrics-textfile: {exc}", getattr(args, "output", None) == "json")
+
+
+class LinkTextfile:
+    """follow --metrics-textfile DIR: the standby link's lag (DIR/opsctl_<standby>_follow.prom) refreshed each
+    EVERY seconds while it runs, following 0 once it stopped, removed after a switchover (the standby follows
+    nothing then: no alert may read it). Called as the link's emit; a failed write is a warning (once per cause),
+    never the link's error: a full disk must not stop a standby."""
+
+    EVERY = 1.0  # the link reports its lag twice a second; node_exporter reads the file at each scrape
+
+    def __init__(self, folder: str, standby: str, emit: Emit, json_mode: bool) -> None:
+        check_folder(folder)
+        self.folder, self.standby, self.emit, self.json_mode = folder, standby, emit, json_mode
+        self.shards: Mapping[str, Mapping[str, object]] = {}
+        self.written, self.warned = 0.0, ""
+
+    def __call__(self, event: Event) -> None:
+        from opsctl.migrate.migration import MigrateLag
+
+        self.emit(event)
+        if isinstance(event, MigrateLag):
+            self.shards = event.shards
+            if time.monotonic() - self.written >= self.EVERY:
+                self.written = time.monotonic()
+                self._write(following=True)
+
+    def stopped(self, switched: bool) -> None:
+        """The link ended: switched over (the file goes), else following 0 with its last lag."""
+        if not switched:
+            self._write(following=False)
+            return
+        from pathlib import Path
+
+        from opsctl.metrics.signals import FOLLOW_COMMAND, textfile_name
+
+        (Path(self.folder) / textfile_name(self.standby, FOLLOW_COMMAND)).unlink(missing_ok=True)
+
+    def _write(self, following: bool) -> None:
+        from pathlib import Path
+
+        from opsctl.base.errors import OpsctlError
+        from opsctl.metrics.signals import write_follow_textfile
+
+        try:
+            write_follow_textfile(Path(self.folder), self.standby, self.shards, following)
+        except (OpsctlError, OSError) as exc:
+            if str(exc) != self.warned:
+                self.warned = str(exc)
+                from opsctl.cli.output import say
+
+                say(f"warning: --metrics-textfile: {exc} (the link goes on)", self.json_mode)

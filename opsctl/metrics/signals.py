@@ -7,6 +7,7 @@ More: docs/internals.md."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -26,8 +27,16 @@ METRIC_HELP = {
     "opsctl_last_success_timestamp_seconds": "When the last successful run ended (unix time); 0: none yet.",
     "opsctl_last_run_keys_moved": "Keys the last run moved, backed up or restored.",
     "opsctl_slot_load_share": "A hot slot's share of its cluster's measured load (audit --hot: top N per master).",
+    "opsctl_standby_following": "1 while the standby's link (opsctl follow) runs, 0 once it stopped; the file's age "
+                                "(node_textfile_mtime_seconds) tells a killed one.",
+    "opsctl_standby_lag_bytes": "Bytes of the source shard's replication stream the standby has not applied yet "
+                                "(-1: the source shard did not answer).",
+    "opsctl_standby_lag_seconds": "Seconds since the oldest source write the standby has not applied yet arrived.",
+    "opsctl_standby_last_applied_timestamp_seconds": "When the newest write the standby applied was read from the "
+                                                     "source shard (unix time; 0: none yet, still copying).",
 }
 HOT_COMMAND = "audit hot"  # the textfile of `audit --hot --metrics-textfile`: the hottest slots per master
+FOLLOW_COMMAND = "follow"  # the textfile of `follow --metrics-textfile`: the standby link's lag, while it runs
 
 _SUCCESS_LINE = re.compile(r"^opsctl_last_success_timestamp_seconds(?:\{[^}]*\})?\s+(\S+)\s*$", re.MULTILINE)
 
@@ -87,14 +96,40 @@ def render_hot_slots(topology: str, report: dict[str, object]) -> str:
     return _exposition(samples) if samples else ""
 
 
+def render_follow(standby: str, shards: Mapping[str, Mapping[str, object]], following: bool) -> str:
+    """A standby link's textfile: following, and per source shard (a MigrateLag's rows) the lag once it streams and
+    when its newest applied write was read (a copying shard has no lag yet: no sample, rather than a false 0)."""
+    labels = {"topology": standby}
+    samples: list[tuple[str, dict[str, str], str]] = [("opsctl_standby_following", labels, "1" if following else "0")]
+    streaming = {key: row for key, row in sorted(shards.items()) if row.get("phase") == "stream"}
+    for name, field in (("opsctl_standby_lag_bytes", "lag_bytes"), ("opsctl_standby_lag_seconds", "lag_seconds")):
+        samples += [(name, {**labels, "shard": key}, _number(_float(row[field])))
+                    for key, row in streaming.items() if field in row]
+    samples += [("opsctl_standby_last_applied_timestamp_seconds", {**labels, "shard": key},
+                 _number(_float(row.get("applied_at", 0.0)))) for key, row in sorted(shards.items())]
+    return _exposition(samples)
+
+
+def write_follow_textfile(folder: Path, standby: str, shards: Mapping[str, Mapping[str, object]],
+                          following: bool) -> Path:
+    """Replace the standby link's textfile (atomically, never through a link)."""
+    return _replace(folder, textfile_name(standby, FOLLOW_COMMAND), render_follow(standby, shards, following))
+
+
 def write_hot_textfile(folder: Path, topology: str, report: dict[str, object]) -> Path:
     """Replace the topology's hot-slot textfile (a run that finds no load leaves an empty one: no stale slots)."""
+    return _replace(folder, textfile_name(topology, HOT_COMMAND), render_hot_slots(topology, report))
+
+
+def _replace(folder: Path, name: str, text: str) -> Path:
+    """folder/name replaced by text, readable by node_exporter (0644); a link there, or what is not a textfile,
+    refused."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileProblem(folder, "does not exist or is not a folder", HINT)
-    path = folder / textfile_name(topology, HOT_COMMAND)
+    path = folder / name
     read_bounded(path, f"remove {path}: opsctl writes it anew ({HINT})")  # refuses a link or an oversized file
-    write_private(path, render_hot_slots(topology, report), mode=0o644)
+    write_private(path, text, mode=0o644)
     return path
 
 
@@ -113,6 +148,12 @@ def _escape(value: str) -> str:
 
 def _number(value: float) -> str:
     return f"{value:.3f}"
+
+
+def _float(value: object) -> float:
+    """A lag row's number (int or float; anything else, NaN included, is -1: unknown)."""
+    number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else -1.0
+    return number if number == number else -1.0
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "_", text.lower()).strip("_") or "_"
@@ -138,7 +179,7 @@ def topology_textfiles(folder: Path, topology: str) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileProblem(folder, "does not exist or is not a folder", HINT)
-    paths = [folder / textfile_name(topology, command) for command in (*RECORDED_COMMANDS, HOT_COMMAND)]
+    paths = [folder / textfile_name(topology, command) for command in (*RECORDED_COMMANDS, HOT_COMMAND, FOLLOW_COMMAND)]
     return [p for p in paths if p.is_symlink() or p.is_file()]
 
 

@@ -213,7 +213,8 @@ def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, 
     out: dict[str, dict[str, object]] = {}
     for s in shards:
         row: dict[str, object] = {"phase": "stream" if s.streaming else "snapshot", "copied": s.copied,
-                                  "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3)}
+                                  "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3),
+                                  "applied_at": s.applied_at}
         if s.streaming and s.position is not None:
             try:
                 row["lag_bytes"] = max(0, master_offset(source, shard_master(source, s)) - s.position.offset)

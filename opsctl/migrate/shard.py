@@ -62,6 +62,7 @@ class ShardRun:
     node: Node | None = None
     position: Position | None = None
     lag_seconds: float = 0.0
+    applied_at: float = 0.0  # when the newest applied command was read from the source (epoch seconds; 0: none yet)
     applied: int = 0
     copied: int = 0
     streaming: bool = False
@@ -91,6 +92,7 @@ class ShardRun:
             state = ShardState("stream", state.position)
             self.journal.save(self.key, state)
             self.rdb.unlink(missing_ok=True)
+        self.applied_at = state.at  # resumed: the journal's read time until the next write is applied
         self._follow(state.position, writer)
 
     # -- attach ----------------------------------------------------------------------------------------------------
@@ -293,6 +295,7 @@ class ShardRun:
         if settled <= self.position.offset and replid == self.position.replid:
             return False
         self.position = Position(replid, max(settled, self.position.offset))
+        self.applied_at = max(self.applied_at, read_at)
         self.journal.save(self.key, ShardState("stream", self.position, read_at))
         return True
 

@@ -18,7 +18,7 @@ from opsctl.cli.options import (
     add_state_dir,
     ranged,
 )
-from opsctl.cli.runsignals import note_run, recorded
+from opsctl.cli.runsignals import LinkTextfile, check_folder, note_run, recorded
 
 if TYPE_CHECKING:
     from opsctl.spec.load import LoadedSpec
@@ -30,24 +30,36 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from opsctl.cli.commands.migrate import emitter
     from opsctl.cli.options import confirm
     from opsctl.standby.link import run_follow
+    from opsctl.standby.records import read_switched
     from opsctl.state.specfile import read_spec
     from opsctl.state.statedir import state_dir_for
 
+    folder = getattr(args, "follow_textfile", None)  # switchover finishing an interrupted one has none
+    if folder is not None:
+        check_folder(folder)  # before anything: a wrong folder changes nothing
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
     state_dir = state_dir_for(loaded, args.state_dir)
     json_mode = args.output == "json"
     with ExitStack() as stack:
         emit = emitter(stack, json_mode)
+        textfile = None if folder is None else LinkTextfile(folder, loaded.spec.name, emit, json_mode)
+        # switched over already (a service restarted after the switchover, or after --primary-lost): the link is
+        # refused, and its textfile goes, so that no alert says a promoted standby does not follow
+        switched = read_switched(state_dir) is not None
         try:
-            report = run_follow(loaded, state_dir, emit, args.sample, args.force_lock,
+            report = run_follow(loaded, state_dir, textfile or emit, args.sample, args.force_lock,
                                 approve=lambda question: confirm(args, question))
+            switched = report.ok
         except stop.Stopped as stopped:
             if not stop.asked_once():
                 raise
             emit(Note(f"the link stopped on {signal.Signals(stopped.signum).name}: it is journaled, run the same "
                       "command to go on (the standby keeps refusing client writes)"))
             return stopped.exit_code
+        finally:
+            if textfile is not None:
+                textfile.stopped(switched)
     if not json_mode:
         print(report.line())
     return EXIT_OK if report.ok else EXIT_ERROR
@@ -138,6 +150,10 @@ def register_follow(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--sample", type=ranged(int, 1, 1_000_000), default=200,
                    help="random keys compared between primary and standby at the switchover (default 200)")
     add_auto_approve(p, "a standby that holds keys before its first copy is emptied without asking")
+    # its own dest: recorded() would write its run signal at the end into the same file name
+    p.add_argument("--metrics-textfile", metavar="DIR", dest="follow_textfile",
+                   help="keep DIR/opsctl_<standby>_follow.prom current (each second) for node_exporter's textfile "
+                        "collector: the lag per source shard and whether the link runs (the folder must exist)")
     add_force_lock(p)
     add_state_dir(p)
     add_output(p)
