@@ -2,7 +2,10 @@
 stopped already (no `opsctl follow` may run: the state lock says so); the standby's markers go, its fence is lifted
 on every server and the switch recorded, and the report names the recovery point per source shard: the offset up to
 which the link had read the primary's stream and applied it, and when it read it (the journal's). Every write of
-the primary up to that offset is on the standby; later ones are not. docs/standby.md, "A lost site"."""
+the primary up to that offset is on the standby; later ones are not. The offset is the journal's or, when every
+target master holds a marker, the lowest marker's if higher: a marker lands with its batch (every command of the
+shard up to the lowest one is applied on its target), the journal is written after (a link killed between the two
+leaves it behind). docs/standby.md, "A lost site"."""
 
 from __future__ import annotations
 
@@ -65,12 +68,15 @@ def take_over(loaded: LoadedSpec, state_dir: Path, force_lock: bool = False) -> 
         follower = follower_of(loaded, admin)
         target = inspect_target(follower)
         targets = target.targets()
+        applied: dict[str, int] = {}
         for shard in journal.shards:
             applier = Applier(targets, journal.id, shard, 0, 0.0)
+            applied[shard] = min(applier.skip) if all(applier.skip) else 0
             applier.drop_markers()
             applier.close()
         _, missed = lift_fence(admin)
-        recovery = {k: {"offset": float(s.position.offset), "at": s.at} for k, s in journal.shards.items()}
+        recovery = {k: {"offset": float(max(s.position.offset, applied[k])), "at": s.at}
+                    for k, s in journal.shards.items()}
         record_switched(state_dir, Switched(time.time(), primary.shown, "primary-lost", recovery))
         (state_dir / LAG).unlink(missing_ok=True)
         journal.finished = True
