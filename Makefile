@@ -69,7 +69,7 @@ test-py310:
 	  [ "$${CI:-}" = true ] && exit 1; exit 0; fi; \
 	if [ ! -x $(VENV310)/bin/python ] || [ pyproject.toml -nt $(VENV310)/.installed ]; then \
 	  "$$py" -m venv --clear $(VENV310) && $(VENV310)/bin/pip install -q --upgrade pip && \
-	  $(VENV310)/bin/pip install -q -e '.[ansible]' 'pytest>=8' 'pytest-xdist>=3.5' 'jsonschema>=4' && \
+	  $(VENV310)/bin/pip install -q -e '.[ansible,s3]' 'pytest>=8' 'pytest-xdist>=3.5' 'jsonschema>=4' && \
 	  touch $(VENV310)/.installed || exit 1; fi; \
 	$(VENV310)/bin/python -m pytest -q -n 2 --dist loadfile -m "not integration and not remote" tests \
 	  --deselect tests/test_remote_units.py::test_playbooks_pass_syntax_check_and_lint  # linting: make test's job
