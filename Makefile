@@ -38,12 +38,11 @@ system-deps:
 
 # Runs everything, then fails if any part failed, so one lint slip does not hide the test results.
 # Four workers on two cores: the live tests mostly wait on their servers (load 0.7-3 with two workers, 29 min);
-# each file stays on one worker (loadfile) and the slowest files go first (tests/slow_files.txt; xdist would
-# otherwise queue the files with the most tests first).
+# each file stays on one worker (loadfile).
 TEST_WORKERS ?= 4
 test: dev system-deps
 	@rc=0; \
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 -m "not soak and not second_flavor" tests || rc=1; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=40 -m "not soak and not second_flavor" tests || rc=1; \
 	$(BIN)/ruff check opsctl tests bench || rc=1; \
 	$(BIN)/mypy opsctl || rc=1; \
 	exit $$rc

@@ -26,8 +26,8 @@ def _test_password(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # The live files that take longest, longest first (from a run's --durations; a file missing here runs after them).
-# xdist's loadfile hands files out in collection order (make test: --no-loadscope-reorder), so the long ones start
-# first and none is left alone at the
+# xdist's loadfile keeps this order where it does not reorder by tests per file (--no-loadscope-reorder), so the long
+# ones start first and none is left alone at the
 # end: the suite's wall time is then close to its total divided by the workers.
 SLOW_FILES = {name: rank for rank, name in enumerate((Path(__file__).parent / "slow_files.txt").read_text().split())}
 

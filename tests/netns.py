@@ -71,7 +71,10 @@ class Lab:
         """Run a command on a host through the real ssh client (for checks from tests)."""
         argv = ["ssh", "-i", self.key, "-o", f"UserKnownHostsFile={self.known_hosts}", "-o",
                 "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{user}@{host.address}", command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        # the harness's own ssh gets no secret of the test's environment: a secret-watching test on another worker
+        # scans every process's environ and must find only what opsctl started
+        env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
     def processes(self, host: TestHost) -> list[str]:
         """Names of the processes running in the host's namespace (sshd, and the servers deployed there)."""
