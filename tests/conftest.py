@@ -25,19 +25,6 @@ def _test_password(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
-# The live files that take longest, longest first (from a run's --durations; a file missing here runs after them).
-# xdist's loadfile keeps this order where it does not reorder by tests per file (--no-loadscope-reorder), so the long
-# ones start first and none is left alone at the
-# end: the suite's wall time is then close to its total divided by the workers.
-SLOW_FILES = {name: rank for rank, name in enumerate((Path(__file__).parent / "slow_files.txt").read_text().split())}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Collection order: the slow files first (SLOW_FILES' order), every file's tests kept together and in order."""
-    first_seen = {item.path.name: index for index, item in reversed(list(enumerate(items)))}
-    items.sort(key=lambda item: (SLOW_FILES.get(item.path.name, len(SLOW_FILES)), first_seen[item.path.name]))
-
-
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(PASSWORD_ENV, PASSWORD)
     config.addinivalue_line("markers", "second_flavor: a heavy live test's run on its second flavor, where the "
