@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from opsctl.render import render_node
 from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.state import statelock
 from opsctl.state.specfile import read_spec
 from opsctl.state.statedir import state_dir_for
 from opsctl.state.statelock import parse_pid, state_lock
@@ -381,6 +384,39 @@ def test_state_lock_across_processes(tmp_path: Path) -> None:
         holder.wait()
     with state_lock(tmp_path, timeout=5):  # the holder died: its lock died with it
         pass
+
+
+def _held_as_by_a_dead_run(folder: Path) -> int:
+    """The lock on folder held through another open file (what a child of a SIGKILLed run holds until its exec),
+    its record naming a run that has ended. Returns that fd: closing it releases the lock."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    folder.mkdir(exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, f"{ended.pid}\n".encode())
+    return fd
+
+
+def test_a_lock_a_dead_run_s_child_still_holds_is_waited_for(tmp_path: Path) -> None:
+    """A run SIGKILLed while it spawned a process: its child holds the lock until its exec closes the fd. The next
+    run waits for that (a few seconds at most) instead of refusing with the dead run's pid."""
+    fd = _held_as_by_a_dead_run(tmp_path)
+    releaser = threading.Timer(0.3, os.close, (fd,))
+    releaser.start()
+    with state_lock(tmp_path):
+        pass
+    releaser.join()
+
+
+def test_a_lock_held_past_the_orphan_grace_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(statelock, "ORPHAN_GRACE_SECONDS", 0.2)
+    fd = _held_as_by_a_dead_run(tmp_path)
+    try:
+        with pytest.raises(OpsctlError, match="another opsctl run holds the lock"), state_lock(tmp_path):
+            pass
+    finally:
+        os.close(fd)
 
 
 # --- never through a link, never a pidfile alone (issue 11 items 6, 7, 10) -----------------------------------

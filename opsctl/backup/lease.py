@@ -28,7 +28,7 @@ from opsctl.base.frozen import frozen
 from opsctl.base.record import Range, Versioned, stored_time
 from opsctl.net.fanout import Borrowed
 from opsctl.state.safefs import FileProblem, make_dir, trusted_owners
-from opsctl.state.statelock import state_lock
+from opsctl.state.statelock import pid_running, state_lock
 
 LEASE_FOLDER = "lease"
 RENEW_EVERY = 5.0  # s between renewals
@@ -84,15 +84,7 @@ def _gone(record: LeaseRecord, locked_here: bool) -> bool:
     no other process of this host is archiving there)."""
     if record.host != socket.gethostname():
         return False
-    if locked_here:
-        return True
-    try:
-        os.kill(record.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return locked_here or not pid_running(record.pid)
 
 
 class LeaseLost(RefusedError):

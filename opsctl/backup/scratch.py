@@ -24,6 +24,7 @@ from opsctl.net.connection import Connection
 from opsctl.observe.replies import info
 from opsctl.providers.binaries import ServerBinary, candidates, probe
 from opsctl.state.safefs import FileProblem, open_regular
+from opsctl.state.statelock import pid_running
 
 LOAD_TIMEOUT = 600.0
 PREFIX = "opsctl-scratch-"
@@ -74,21 +75,11 @@ def _die_with_parent(argv: list[str]) -> list[str]:
     return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(root: Path) -> None:
     """Remove scratch folders that a killed opsctl left behind (named after its pid, which is gone)."""
     for folder in root.glob(f"{PREFIX}*-*"):
         pid = folder.name[len(PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and folder.is_dir() and not folder.is_symlink():
+        if pid.isdigit() and not pid_running(int(pid)) and folder.is_dir() and not folder.is_symlink():
             shutil.rmtree(folder, ignore_errors=True)
 
 

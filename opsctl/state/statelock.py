@@ -20,12 +20,26 @@ from opsctl.state.safefs import LINK_HINT, FileProblem, make_dir, open_dir, rewr
 
 LOCK_NAME = ".lock"
 POLL_SECONDS = 0.01
+# A run SIGKILLed while it spawned a process leaves that child holding the lock until its exec closes the fd
+# (O_CLOEXEC): an instant, longer on a loaded machine. A refused run whose recorded holder is dead waits this long.
+ORPHAN_GRACE_SECONDS = 5.0
 
 
 def parse_pid(text: str | None) -> int | None:
     """The pid in a pidfile's or lock file's text, or None when it holds none."""
     word = (text or "").strip()
     return int(word) if word.isdigit() and int(word) > 0 else None
+
+
+def pid_running(pid: int) -> bool:
+    """A process with this pid runs on this host (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def lock_refused(state_dir: Path, holder: int | None) -> OpsctlError:
@@ -50,9 +64,28 @@ def _holder(fd: int) -> int | None:
         return None
 
 
+def _grace(recorded: int | None, timeout: float) -> float:
+    """How long to wait for a lock whose record names `recorded`: at least the orphan grace when that run is dead."""
+    return max(timeout, ORPHAN_GRACE_SECONDS) if recorded is not None and not pid_running(recorded) else timeout
+
+
+class _StillHeld(Exception):
+    """The lock stayed held for the whole wait."""
+
+
+def _locked_within(fd: int, seconds: float) -> bool:
+    """Took the flock on fd within `seconds` (one try when 0)."""
+    try:
+        wait_for(lambda: True if _try_lock(fd) else None, seconds, "a lock", POLL_SECONDS,
+                 on_timeout=lambda _: _StillHeld())
+    except _StillHeld:
+        return False
+    return True
+
+
 def _acquire(fd: int, state_dir: Path, timeout: float) -> None:
-    wait_for(lambda: True if _try_lock(fd) else None, timeout, f"the lock on {state_dir}", POLL_SECONDS,
-             on_timeout=lambda _: lock_refused(state_dir, _holder(fd)))
+    if not _try_lock(fd) and not _locked_within(fd, _grace(_holder(fd), timeout)):
+        raise lock_refused(state_dir, _holder(fd))
 
 
 def _open_lock(state_dir: Path, name: str = LOCK_NAME) -> int:
@@ -127,6 +160,14 @@ def parse_holder(text: str) -> Holder | None:
     return Holder(pid, words[1], words[2]) if pid is not None else None
 
 
+def _holder_here(fd: int) -> int | None:
+    """The pid a named lock's record names, when that run is of this host."""
+    import socket
+
+    holder = parse_holder(os.pread(fd, 256, 0).decode("ascii", "replace"))
+    return holder.pid if holder is not None and holder.host == socket.gethostname() else None
+
+
 @contextmanager
 def named_lock(folder: Path, name: str, what: str, mode: int = 0o700) -> Iterator[Holder | None]:
     """Hold folder/name for the block, the holder (pid, host, since) recorded in it; another run holding it: refused
@@ -138,7 +179,7 @@ def named_lock(folder: Path, name: str, what: str, mode: int = 0o700) -> Iterato
     make_dir(folder, mode, trusted_owners(), enforce=False)
     fd = _open_lock(folder, name)
     try:
-        if not _try_lock(fd):
+        if not _try_lock(fd) and not _locked_within(fd, _grace(_holder_here(fd), 0)):
             holder = parse_holder(os.pread(fd, 256, 0).decode("ascii", "replace"))
             raise OpsctlError(f"another opsctl run holds {what} ({holder.text() if holder else 'holder unknown'})",
                               f"lock file: {folder / name}",
