@@ -280,7 +280,9 @@ def time_opsctl(directory: Path, nodes: int, flavor: str) -> Run:
     return Run(elapsed, cpu, sorted(steps, key=lambda s: s[1]), plan_alone)
 
 
-def time_redis_cli(directory: Path, nodes: int, flavor: str) -> tuple[float, float]:
+def time_redis_cli(directory: Path, nodes: int, flavor: str, limit: float | None = None) -> tuple[float, float]:
+    """Seconds until `redis-cli --cluster check` passes and until every node is ok; (inf, inf) when redis-cli is
+    not done within limit seconds (at 240 nodes on 2 cores it may wait for the join for many minutes)."""
     (directory / "rcli").mkdir()
     loaded = read_spec(spec_file(directory / "rcli", nodes, flavor), env())
     spec = loaded.spec
@@ -294,8 +296,11 @@ def time_redis_cli(directory: Path, nodes: int, flavor: str) -> tuple[float, flo
         for node in servers:
             provider.start(node)
         endpoints = [n.endpoint for n in servers]
-        subprocess.run(["redis-cli", "--cluster", "create", *endpoints, "--cluster-replicas", "1",
-                        "--cluster-yes"], env=env(), check=True, capture_output=True)
+        try:
+            subprocess.run(["redis-cli", "--cluster", "create", *endpoints, "--cluster-replicas", "1",
+                            "--cluster-yes"], env=env(), check=True, capture_output=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return float("inf"), float("inf")
         while not check(servers[0].endpoint):
             time.sleep(0.01)
         checked = time.monotonic() - started

@@ -79,13 +79,30 @@ def reset_stale_identity(handle: Connection, node: Node, live_ids: Collection[st
 HINT = "the node's log says more; `opsctl cluster check -f SPEC` shows the state"
 
 
+class NodeSilent(OpsctlError):
+    """A node did not answer a round trip of the formation (timed out, connection lost). The waits that follow
+    progress count it as not there yet, and their stall names it if it stays silent. Why: at hundreds of nodes on
+    a loaded machine one look may miss its timeout while the cluster still forms."""
+
+
 def _raw(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
     """One round trip over the observer's raw link to node (no redis-py: a new cluster's creation does not load
-    it), error replies as values; a node that does not answer is an OpsctlError naming node and command."""
+    it), error replies as values; a node that does not answer is a NodeSilent naming node and command."""
     try:
         return observer.connections[node.name].texts(commands)
     except NodeUnreachable as exc:
-        raise OpsctlError(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
+        raise NodeSilent(f"{doing} failed on {node.name} ({node.endpoint})", link_error(exc), HINT) from None
+
+
+def _unless_silent(fn: Callable[[Node], T], silent: dict[str, str]) -> Callable[[Node], T | None]:
+    """fn, where a node that does not answer gives None and its reason goes to silent (a look of a wait)."""
+    def guarded(node: Node) -> T | None:
+        try:
+            return fn(node)
+        except NodeSilent as exc:
+            silent[node.name] = f"{node.name} does not answer ({exc.detail})"
+            return None
+    return guarded
 
 
 def _checked(observer: Observer, node: Node, commands: Sequence[Command], doing: str) -> list[TextReply]:
@@ -181,11 +198,12 @@ def _replicate_once_known(observer: Observer, layout: Layout, ids: Mapping[str, 
 
     def check() -> bool | Pending:
         nodes = [layout.node(name) for name in waiting]
-        for node, done in zip(nodes, observer.pool.map(attempt, nodes), strict=True):
+        silent: dict[str, str] = {}
+        for node, done in zip(nodes, observer.pool.map(_unless_silent(attempt, silent), nodes), strict=True):
             if done:
                 del waiting[node.name]
-        return Pending(describe_lines([f"{name} does not know its master yet" for name in sorted(waiting)]),
-                       len(waiting)) if waiting else True
+        return Pending(describe_lines([silent.get(name, f"{name} does not know its master yet")
+                                       for name in sorted(waiting)]), len(waiting)) if waiting else True
 
     wait_for(check, timeout, "every replica to know its master", interval=0.02, stall=stall)
 
@@ -235,12 +253,15 @@ def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeou
                 if now - sent.get((sender, receiver), -REMEET_AFTER) >= REMEET_AFTER:
                     sent[(sender, receiver)] = now
                     due.setdefault(sender, []).append(layout.node(receiver))
-        _parallel(observer.pool, _introducer(observer, due), [layout.node(name) for name in due])
+        # a MEET a silent node missed goes out again at the next repair that still sees the pair stale
+        _parallel(observer.pool, _unless_silent(_introducer(observer, due), {}), [layout.node(name) for name in due])
 
     def views_of(nodes: Sequence[Node]) -> dict[str, list[ClusterNodeLine]]:
+        """The views of the nodes that answer (a silent one is not settled: the next look asks it again)."""
         def one(node: Node) -> list[ClusterNodeLine]:
             return parse_cluster_nodes(str(_checked(observer, node, [("CLUSTER", "NODES")], "CLUSTER NODES")[0]))
-        return _parallel(observer.pool, one, nodes)
+        views = _parallel(observer.pool, _unless_silent(one, {}), nodes)
+        return {name: view for name, view in views.items() if view is not None}
 
     def check() -> bool | Pending:
         not_yet = settled_pending(observer, settled)

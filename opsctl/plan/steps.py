@@ -29,6 +29,12 @@ def _listed(value: object) -> object:
     return [_listed(v) for v in value] if isinstance(value, tuple) else value
 
 
+def _some(names: tuple[str, ...], shown: int = 6) -> str:
+    """The first names and how many more: a title of a 240-node step stays one line (an error quotes it)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 UNSET = "(unset)"  # a setting's side of a change where the file has no such line
 
 Change = tuple[str, str, str]  # (directive, before, after): secrets as verdicts or "***", never their values
@@ -113,7 +119,7 @@ class FormCluster(Step):
     members: tuple[str, ...] = ()
 
     def title(self) -> str:
-        return f"{self.kind} of {len(self.members)} nodes ({', '.join(self.members)})"
+        return f"{self.kind} of {len(self.members)} nodes ({_some(self.members)})"
 
 
 @frozen

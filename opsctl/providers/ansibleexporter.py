@@ -21,6 +21,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from opsctl.base.errors import OpsctlError
@@ -33,6 +34,7 @@ from opsctl.metrics.exporter import (
     exporter_nodes,
     exporter_run,
 )
+from opsctl.net.fanout import fan_out
 from opsctl.plan.desired import desired_node
 from opsctl.providers import ansibleexporter as remote
 from opsctl.providers.ansible import PIDFILE_LIMIT, AnsibleProvider, remote_process
@@ -61,6 +63,10 @@ class AnsibleExporters:
     def run_of(self, node: Node) -> ExporterRun:
         provider = self.provider
         return exporter_run(self.loaded, desired_node(self.loaded, node, provider.paths(node), provider.daemonize))
+
+    def states(self, nodes: Sequence[Node]) -> list[str | None]:
+        """state of each node, the hosts looked at side by side."""
+        return fan_out(self.state, list(nodes))
 
     def state(self, node: Node) -> str | None:
         """The digest the node's running exporter was started with; None when none runs or its host cannot be

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Protocol
 
 from opsctl.base.errors import OpsctlError
@@ -77,6 +78,14 @@ def parse_record(text: str | None, where: str) -> NodeRecord:
     field is checked by its type (a FileProblem naming the file and the field); keys it does not know are kept."""
     if text is None:
         return NodeRecord()
+    return _parsed_record(text, where)
+
+
+@lru_cache(maxsize=512)
+def _parsed_record(text: str, where: str) -> NodeRecord:
+    """parse_record of one text, once a process: a run reads each record where it places the spec and again where
+    it gathers, and a fleet command runs many (a refused text is not kept: its error is raised each time).
+    The record is frozen, so sharing it is safe."""
     return read_record(NodeRecord, parse_json(text, where, RECORD_HINT), where, RECORD_HINT)
 
 

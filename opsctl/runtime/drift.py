@@ -119,6 +119,8 @@ class Exporters(Protocol):
 
     def state(self, node: Node) -> str | None: ...
 
+    def states(self, nodes: Sequence[Node]) -> list[str | None]: ...
+
     def start(self, node: Node, run: ExporterRun) -> None: ...
 
     def remove(self, node: Node) -> None: ...
@@ -148,5 +150,5 @@ def with_exporter_facts(rt: Runtime, facts: dict[str, NodeFacts]) -> dict[str, N
     if exporters is None:
         return facts
     nodes = [n for n in rt.loaded.layout.nodes if n.name in facts]
-    states = fan_out(exporters.state, nodes)
+    states = exporters.states(nodes)
     return {**facts, **{n.name: replace(facts[n.name], exporter=s) for n, s in zip(nodes, states, strict=True)}}
