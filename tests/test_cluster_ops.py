@@ -16,6 +16,7 @@ from opsctl.cluster.ops import (
     first_meets,
     form_cluster,
     loads_from_disk,
+    missing_or_stale,
     replica_meets,
     setup_commands,
     slot_plan,
@@ -81,6 +82,13 @@ def test_stale_senders_name_the_nodes_a_view_shows_wrong(tmp_path):
     assert stale_senders(parse_cluster_nodes("\n".join([
         _line(o, 3, "myself,master"), _line(m, 1, "master"), _line(r, 2, "master")])), expected) == [m, r]
     assert stale_senders(parse_cluster_nodes(_line(o, 3, "myself,master")), expected) == []
+    # what the convergence counts as left: the expected nodes a view does not show as expected
+    assert missing_or_stale(parse_cluster_nodes(_line(o, 3, "myself,master")), expected) == 2
+    assert missing_or_stale(parse_cluster_nodes("\n".join([
+        _line(o, 3, "myself,master"), _line(m, 1, "master"), _line(r, 2, "master")])), expected) == 2
+    assert missing_or_stale(parse_cluster_nodes("\n".join([
+        _line(m, 1, "myself,master", slots="0-16383"), _line(r, 2, "slave", m), _line(o, 3, "master")])),
+        expected) == 0
     layout = read_spec(write_spec(tmp_path, make_spec("cluster"))).layout
     ids = {n.name: n.name.ljust(40, "x") for n in layout.servers}
     lines = expected_lines(layout, ids)

@@ -232,18 +232,29 @@ def stale_senders(view: Sequence[ClusterNodeLine], expected: Expected) -> list[s
 
 
 REMEET_AFTER = 0.5  # s: a pair still seen stale this long after its MEET gets another one
-REPAIR_EVERY = 0.2  # s: how often nodes that are not settled yet have their views read for stale lines
+REPAIR_EVERY = 0.2  # s: how often, at most, nodes that are not settled yet have their views read for stale lines
+REPAIR_SHARE = 0.25  # of the wait's time at most in repairs. Why: a repair reads n views of n lines; at 240 nodes
+# on 2 cores it takes CPU from the very servers whose gossip it waits for
+
+
+def missing_or_stale(view: Sequence[ClusterNodeLine], expected: Expected) -> int:
+    """How many of the expected nodes a view does not show as expected yet: not there, or stale. Pure."""
+    shown = {line.id for line in view if line.id in expected}
+    return len(expected) - len(shown) + len(stale_senders(view, expected))
 
 
 def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeout: float, stall: float) -> None:
     """wait_converged that repairs stale views instead of leaving them to the ping cadence: the views of the nodes not
-    settled (cluster_state ok, replica link up) are read every REPAIR_EVERY, then the full look's; each node seen
-    stale (stale_senders) MEETs the node that sees it so, at most every REMEET_AFTER per pair."""
+    settled (cluster_state ok, replica link up) are read every REPAIR_EVERY (at most REPAIR_SHARE of the time),
+    then the full look's; each node seen stale (stale_senders) MEETs the node that sees it so, at most every
+    REMEET_AFTER per pair. Progress is the lines still missing or stale in the unsettled nodes' views, so a large
+    cluster whose nodes all settle late still shows it converges."""
     expected = expected_lines(layout, ids)
     by_id = {node_id: layout.node(name) for name, node_id in ids.items()}
     settled: set[str] = set()
     sent: dict[tuple[str, str], float] = {}
-    repaired = [time.monotonic()]
+    repaired = [time.monotonic(), 0.0]  # when the last repair began, and how long it took
+    left: list[int | None] = [None]  # the lines missing or stale at the last repair (None before the first)
 
     def repair(views: Mapping[str, Sequence[ClusterNodeLine]]) -> None:
         now = repaired[0] = time.monotonic()
@@ -255,6 +266,7 @@ def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeou
                     due.setdefault(sender, []).append(layout.node(receiver))
         # a MEET a silent node missed goes out again at the next repair that still sees the pair stale
         _parallel(observer.pool, _unless_silent(_introducer(observer, due), {}), [layout.node(name) for name in due])
+        repaired[1] = time.monotonic() - now
 
     def views_of(nodes: Sequence[Node]) -> dict[str, list[ClusterNodeLine]]:
         """The views of the nodes that answer (a silent one is not settled: the next look asks it again)."""
@@ -263,12 +275,25 @@ def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeou
         views = _parallel(observer.pool, _unless_silent(one, {}), nodes)
         return {name: view for name, view in views.items() if view is not None}
 
+    looked = [0.0]  # how long the last look took: the next waits 3 times that (the looks take a quarter at most)
+
     def check() -> bool | Pending:
+        began_look = time.monotonic()
+        try:
+            return look()
+        finally:
+            looked[0] = time.monotonic() - began_look
+
+    def look() -> bool | Pending:
         not_yet = settled_pending(observer, settled)
         if not_yet is not None:
-            if time.monotonic() - repaired[0] >= REPAIR_EVERY:
-                repair(views_of([n for n in observer.nodes if n.name not in settled]))
-            return not_yet
+            began, took = repaired
+            if time.monotonic() - began >= max(REPAIR_EVERY, took / REPAIR_SHARE):
+                unsettled = [n for n in observer.nodes if n.name not in settled]
+                views = views_of(unsettled)
+                left[0] = len(unsettled) + sum(missing_or_stale(v, expected) for v in views.values())
+                repair(views)
+            return Pending(not_yet.reason, left[0])
         seen = observer.observe(info_section="replication")
         problems = observed_problems(seen)
         if not problems:
@@ -276,7 +301,8 @@ def _converge(observer: Observer, layout: Layout, ids: Mapping[str, str], timeou
         repair({name: list(o.cluster_nodes) for name, o in seen.items() if o.cluster_nodes is not None})
         return Pending(describe(problems), 0)  # all settled: the views' last disagreements, given `stall` to go
 
-    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge", interval=0.02, stall=stall)
+    wait_for(check, timeout, f"the cluster of {len(observer.nodes)} nodes to converge",
+             interval=lambda: max(0.02, 3 * looked[0]), stall=stall)
 
 
 def _introducer(observer: Observer, targets: Mapping[str, Sequence[Node]],
