@@ -38,6 +38,7 @@ def test_every_numeric_option_has_a_range() -> None:
     ["failover", "-f", "x.yaml", "--shard", "0"],
     ["failover", "-f", "x.yaml", "--shard", "1", "--timeout", "-1"],
     ["failover", "-f", "x.yaml", "--shard", "1", "--timeout", "nan"],
+    ["failover", "-f", "x.yaml", "--shard", "1", "--timeout", "3601"],  # past what the cool-down check reads back
     ["restart", "-f", "x.yaml", "--nodes", ""],
     ["restart", "-f", "x.yaml", "--nodes", "a,,b"],
     ["restart", "-f", "x.yaml", "--parallel-shards", "0"],
@@ -101,3 +102,10 @@ def test_a_node_lost_mid_command_is_an_error_not_a_bug(lost: str, capsys: pytest
     err = capsys.readouterr().err
     assert "a node stopped answering mid-way" in err and "127.0.0.1:7001" in err and "internal error" not in err
     assert "opsctl status" in err
+
+
+def test_failover_timeout_ends_where_the_cool_down_check_reads_a_report_back() -> None:
+    from opsctl.cli.commands.failover import MAX_PHASE_SECONDS
+    from opsctl.failover.report import MAX_TIMEOUT_S
+
+    assert MAX_PHASE_SECONDS == MAX_TIMEOUT_S

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from opsctl.base.errors import EXIT_OK
 from opsctl.cli.options import (
-    SECONDS,
     add_auto_approve,
     add_dry_run,
     add_force_lock,
@@ -27,6 +26,11 @@ if TYPE_CHECKING:  # annotations only: `opsctl --help` imports no runtime module
     from opsctl.net.connector import Connector
     from opsctl.providers.base import Provider
     from opsctl.spec.load import LoadedSpec
+
+
+# at most what the next run's cool-down check accepts in a report a killed run left (failover.report.MAX_TIMEOUT_S,
+# not imported here: the parser is built without the failover package; tests/test_cli_args.py pins them equal)
+MAX_PHASE_SECONDS = 3600.0
 
 
 def cmd_failover(args: argparse.Namespace) -> int:
@@ -103,7 +107,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="pre-check limit (default 1 MiB)")
     p.add_argument("--max-lag-seconds", type=ranged(int, 0, 86400), default=3,
                    help="pre-check limit on the last ack's age")
-    p.add_argument("--timeout", type=SECONDS, default=10.0, help="seconds each phase may take")
+    p.add_argument("--timeout", type=ranged(float, 0.1, MAX_PHASE_SECONDS), default=10.0,
+                   help=f"seconds each phase may take (0.1 to {MAX_PHASE_SECONDS:g})")
     p.add_argument("--no-failover-command", action="store_true",
                    help="replication: pause + REPLICAOF NO ONE even where the server has FAILOVER")
     add_output(p)
