@@ -117,6 +117,9 @@ def test_the_folder_audited_and_backed_up_as_one(fleet: Path) -> None:
     assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-3000:]
     reports = json.loads(audit.stdout)["topologies"]
     assert [(t["name"], t["spec"]) for t in reports] == [(n, n) for n in NAMES]  # each the single audit's report
+    text = opsctl("audit", "-f", str(fleet), "config", "--fail-on", "critical")  # as text: findings, then the total
+    assert text.returncode == 0 and text.stdout.splitlines()[-1] == f"audit: {len(NAMES)} topologies", text.stdout
+    assert all((f"== {t['name']} ==" in text.stdout) == bool(t["findings"]) for t in reports), text.stdout
     backup = opsctl("backup", "-f", str(fleet), "--to", str(fleet / "backups"), "--only", "d-clus,a-solo")
     assert backup.returncode == 0, backup.stdout + backup.stderr
     assert backup.stdout.splitlines()[-1] == "backup: 2 topologies"

@@ -299,5 +299,11 @@ def audit_fleet(args: argparse.Namespace) -> int:
         if bar:
             bar.close()
     result = FleetResult("audit", tuple(outcomes))
+    if args.output == "table":  # each topology's findings as its own audit shows them, then the summary
+        from opsctl.cli.results import AuditResult
+
+        for outcome in outcomes:
+            if outcome.result is not None and outcome.result.report.findings:
+                print(f"== {outcome.name} ==\n{AuditResult(outcome.result.report, html=False).text()}\n")
     print_result(result, args.output)
     return worst_exit(result, lambda audited: audited.code)
