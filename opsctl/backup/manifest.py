@@ -111,7 +111,7 @@ def manifest_json(manifest: Manifest) -> str:
 
 
 @frozen
-class SavedShard(Frozen):
+class SavedShardFile(Frozen):
     """A shard's entry as manifest_json writes it (databases as text keys), read by its types (base/record); the
     values' rules are _shard's."""
 
@@ -141,7 +141,7 @@ class SavedManifest(Frozen):
     version: str
     rdb_version: int
     created_at: str
-    shards: tuple[SavedShard, ...]
+    shards: tuple[SavedShardFile, ...]
     format: int
 
 
@@ -193,7 +193,7 @@ class _Rules:
         return pairs
 
 
-def _shard(saved: SavedShard, where: str, index: int) -> ShardFile:
+def _shard(saved: SavedShardFile, where: str, index: int) -> ShardFile:
     f = _Rules(where, f"shards[{index}]")
     shard = ShardFile(
         shard=f.count("shard", saved.shard, 1 << 16), node=f.text("node", saved.node),
