@@ -83,6 +83,40 @@ def test_manifest_damage_is_named(edit, message) -> None:
     assert "use another backup" in caught.value.hint
 
 
+# manifest.json as the code before the typed reader (5590220) wrote it: one cluster shard, two databases.
+OLD_MANIFEST = """{
+  "name": "orders", "topology": "cluster", "flavor": "valkey", "version": "9.1", "rdb_version": 80,
+  "created_at": "2026-11-22T23:59:58Z",
+  "shards": [{"shard": 1, "node": "o-1", "role": "master", "slots": [[0, 16383]], "file": "shard-1.rdb",
+              "bytes": 120, "sha256": "%s", "keys": {"0": 10, "3": 1}, "expires": {"0": 2},
+              "keys_at_save": {"0": 11}, "repl_offset": 4242, "saved_at": "2026-11-22T23:59:59Z",
+              "dataset_bytes": 5000}],
+  "format": 1
+}
+""" % ("1" * 64)
+
+
+def test_a_manifest_the_previous_code_wrote_is_read() -> None:
+    read = parse_manifest(OLD_MANIFEST, "m.json")
+    assert read == manifest(shard(1, role="master", slots=((0, 16383),), sha256="1" * 64, keys={0: 10, 3: 1}))
+    assert json.loads(manifest_json(read)) == json.loads(OLD_MANIFEST)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(extra=1), "m.json: the manifest has an unknown field 'extra'"),
+    (lambda d: d["shards"][0].update(extra=1), "m.json: shards[0] has an unknown field 'extra'"),
+    (lambda d: d["shards"].append([]), "m.json: shards[1] is not a JSON object"),
+    (lambda d: d["shards"][0]["keys"].update({"0": "x"}), "m.json: shards[0].keys.0 must be int, not str"),
+    (lambda d: d["shards"][0].update(slots=[[1, 2, 3]]), "m.json: shards[0].slots[0] expected a list of 2 items"),
+])
+def test_manifest_fields_are_read_by_their_types(edit, message) -> None:
+    data = json.loads(OLD_MANIFEST)
+    edit(data)
+    with pytest.raises(OpsctlError) as caught:
+        parse_manifest(json.dumps(data), "m.json")
+    assert caught.value.summary.startswith(message) and caught.value.exit_code == 1
+
+
 def test_manifest_not_json() -> None:
     with pytest.raises(OpsctlError, match="not valid JSON"):
         parse_manifest("{", "m.json")

@@ -4,8 +4,12 @@ cutover's fence across a kill."""
 
 from __future__ import annotations
 
+import json
 import os
 
+import pytest
+
+from opsctl.base.errors import OpsctlError
 from opsctl.migrate.foreign import (
     ForeignSource,
     cluster_layout_of,
@@ -103,3 +107,41 @@ def test_endpoint_options_refused_clearly(tmp_path, capsys) -> None:
         del os.environ["OPSCTL_T_SECRET_VAR"]
     assert code == 1 and "no endpoint of the source answers" in err and SECRET not in out + err, out + err
     assert not (tmp_path / "state" / "migrate-journal.json").exists()
+
+
+# The journal as the code before the typed record (5590220) wrote it: a streaming shard with its time, a shard in
+# its snapshot (no time), the source options and a fence.
+OLD_JOURNAL = ('{\n "id": "ab12",\n "source": "endpoints:10.0.0.1:7000",\n "finished": false,\n "shards": {\n'
+               '  "shard-1": {\n   "phase": "stream",\n   "replid": "' + "f" * 40 + '",\n   "offset": 123,\n'
+               '   "at": 1765000000.5\n  },\n  "shard-2": {\n   "phase": "snapshot",\n   "replid": "' + "e" * 40
+               + '",\n   "offset": 0\n  }\n },\n "source_ref": {\n  "from_spec": "/x/old.yaml"\n },\n "fence": {\n'
+               '  "10.0.0.1:7000": {\n   "min-replicas-to-write": "0"\n  }\n }\n}')
+
+
+def test_a_journal_the_previous_code_wrote_is_read_and_written_the_same() -> None:
+    journal = parse_journal(OLD_JOURNAL, "j")
+    assert journal.shards["shard-1"] == ShardState("stream", Position("f" * 40, 123), 1765000000.5)
+    assert journal.shards["shard-2"] == ShardState("snapshot", Position("e" * 40, 0))
+    assert journal.fence == {"10.0.0.1:7000": {"min-replicas-to-write": "0"}}
+    assert journal_json(journal) == OLD_JOURNAL
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"id": 7}, "id: expected a string, found whole number"),
+    ({"shards": {"s1": {"phase": "stream", "replid": "f" * 40, "offset": True}}}, "shards.s1.offset: expected a whole"),
+    ({"shards": {"s1": {"phase": "stream", "replid": "short", "offset": 1}}}, "shards.s1.replid: is not a replica"),
+    ({"shards": {"s1": {"phase": "stream", "replid": "f" * 40, "offset": 1, "at": -1}}}, "shards.s1.at: is not a"),
+    ({"fence": {"10.0.0.1:7000": {"min-replicas-to-write": 0}}}, "fence.10.0.0.1:7000.min-replicas-to-write: "),
+    ({"source_ref": {"file": "/etc/other.yaml"}}, "source_ref: names an option"),
+    ({"extra": 1}, "unknown field 'extra'"),
+])
+def test_a_damaged_journal_names_the_file_and_the_field(tmp_path, edit, named) -> None:
+    """Read as every command reads it (read_journal): an error of exit code 1 naming the file and the field."""
+    from opsctl.migrate.phases import JOURNAL, read_journal
+
+    data = {**json.loads(OLD_JOURNAL), **edit}
+    (tmp_path / JOURNAL).write_text(json.dumps(data))
+    with pytest.raises(OpsctlError) as caught:
+        read_journal(tmp_path)
+    assert caught.value.summary.startswith(f"{tmp_path / JOURNAL}: not a migration journal ({named}")
+    assert caught.value.exit_code == 1 and "remove it" in caught.value.hint

@@ -112,6 +112,50 @@ def test_a_fill_stays_open_until_an_apply_marks_it_filled_and_keeps_the_journal_
     assert not journal.path.exists() and journal.filling() == []
 
 
+# The journal as the code before the typed lines (dict entries, 5590220) wrote it: every op, each with its t.
+OLD_JOURNAL = (
+    '{"op": "open", "source": "t-1", "source_id": "ida", "target": "t-7", "target_id": "idb", "slots": [[1, 3], '
+    '[7, 7]], "mode": "atomic", "t": 1796657462.144}\n'
+    '{"op": "close", "slots": [[1, 1]], "t": 1796657462.334}\n'
+    '{"op": "fill", "shard": 3, "master": "t-7", "t": 1796657462.404}\n'
+    '{"op": "filled", "shards": [3], "t": 1796657462.603}\n'
+    '{"op": "fill", "shard": 4, "master": "t-9", "t": 1796657462.7}\n')
+
+
+def test_a_journal_the_previous_code_wrote_is_read_and_written_the_same(tmp_path, monkeypatch):
+    path = tmp_path / "slots-journal.jsonl"
+    path.write_text(OLD_JOURNAL)
+    journal = Journal(tmp_path)
+    assert [(p.source, p.target, p.slots, p.mode) for p in journal.pending()] == [("t-1", "t-7", ((2, 3), (7, 7)),
+                                                                                    "atomic")]
+    assert journal.filling() == [4]
+    fresh = Journal(tmp_path / "fresh")
+    times = iter([1796657462.144, 1796657462.334, 1796657462.404, 1796657462.603, 1796657462.7])
+    monkeypatch.setattr("opsctl.slots.journal.time.time", lambda: next(times))
+    fresh.opened("t-1", "ida", "t-7", "idb", [1, 2, 3, 7], mode="atomic")
+    fresh.closed([1])
+    fresh.fill(3, "t-7")
+    fresh.filled()
+    fresh.fill(4, "t-9")
+    assert fresh.path.read_text() == OLD_JOURNAL
+
+
+@pytest.mark.parametrize("line, named", [
+    ({**GOOD_OPEN, "slots": [[1, 2], [3, 16384]]}, "slots[1][1]: is not a slot from 0 to 16383"),
+    ({**GOOD_OPEN, "target_id": ""}, "target_id: is empty"),
+    ({**GOOD_OPEN, "t": "noon"}, "t: expected a number, found string"),
+    ({**GOOD_OPEN, "extra": 1}, "unknown field 'extra'"),
+    ({"op": "close"}, "slots: is missing"),
+    ({"op": "filled", "shards": [4, 0]}, "shards[1]: is not a shard number from 1 to 16384"),
+])
+def test_a_damaged_journal_line_names_its_field(tmp_path, line, named):
+    (tmp_path / "slots-journal.jsonl").write_text(json.dumps(GOOD_OPEN) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(OpsctlError) as caught:
+        Journal(tmp_path).pending()
+    assert f"slots-journal.jsonl:2: the slot journal is damaged: {named}" in caught.value.summary
+    assert caught.value.exit_code == 1
+
+
 def test_only_a_torn_last_line_is_forgiven(tmp_path):
     good = json.dumps(GOOD_OPEN)
     assert len(parse_lines([good, good[:20]], "j")) == 1

@@ -63,7 +63,7 @@ def test_a_failed_append_is_cut_back_off_so_no_torn_line_stays(tmp_path: Path) -
         journal.closed([7])
     assert "disk is full" in caught.value.summary and "needed" in caught.value.summary, caught.value.summary
     assert journal.path.read_bytes() == before
-    assert [e["op"] for e in journal.entries()] == ["open"]
+    assert [e.OP for e in journal.entries()] == ["open"]
     journal.closed([7])
     assert journal.pending() == []
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from opsctl.apply.planfile import parse_plan
 from opsctl.observe.replies import SLOTS, parse_cluster_node_line
 from opsctl.plan.facts import NodeFacts
@@ -9,7 +11,7 @@ from opsctl.plan.steps import CloseSlots, MoveSlots, Plan, RemoveNode
 from opsctl.slots.atomic import job_state, parse_migrations, poll_interval, start_commands
 from opsctl.slots.balance import Move, balance_moves, pick_slots, split_for_parallel, targets
 from opsctl.slots.batching import BIG_KEY_BYTES, batches, closed_first, opened_together, rate_delay, waves
-from opsctl.slots.journal import SlotState, decide, pending
+from opsctl.slots.journal import SlotState, decide, parse_lines, pending
 from opsctl.slots.progress import SlotsProgress
 from opsctl.slots.ranges import count, expand, key_slot, parse, text, to_ranges
 from opsctl.slots.slotplan import slot_steps
@@ -91,7 +93,7 @@ def test_journal_replay_leaves_only_unclosed_slots():
                {"op": "close", "slots": [[0, 4]]},
                {"op": "open", "source": "c", "source_id": "C", "target": "b", "target_id": "B",
                 "slots": [[20, 20]], "mode": "atomic"}]
-    left = pending(entries)
+    left = pending(parse_lines([json.dumps(e) for e in entries], "j"))
     assert [(p.source, p.target, p.slots, p.mode) for p in left] == [
         ("a", "b", ((5, 9),), "keys"), ("c", "b", ((20, 20),), "atomic")]
 

@@ -11,10 +11,10 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
 
 from opsctl.base.errors import OpsctlError
-from opsctl.base.record import ascii_decimal, stored_iso
+from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.record import DataMismatch, ascii_decimal, read_fields, stored_iso
 from opsctl.observe.replies import SLOTS
 from opsctl.spec.model import TOPOLOGIES
 
@@ -27,7 +27,6 @@ _FILE = re.compile(r"^shard-[0-9]{1,5}\.rdb$")
 _VERSION = re.compile(r"^[0-9]{1,3}\.[0-9]{1,3}$")
 MAX_DBS = 1 << 16
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -111,14 +110,46 @@ def manifest_json(manifest: Manifest) -> str:
 # --- reading back --------------------------------------------------------------------------------------------
 
 
-class _Fields:
-    """Typed access to one JSON object; every problem names the file and the field."""
+@frozen
+class SavedShardFile(Frozen):
+    """A shard's entry as manifest_json writes it (databases as text keys), read by its types (base/record); the
+    values' rules are _shard's."""
 
-    def __init__(self, data: object, where: str, path: str) -> None:
+    shard: int
+    node: str
+    role: str
+    slots: tuple[tuple[int, int], ...]
+    file: str
+    bytes: int
+    sha256: str
+    keys: dict[str, int]
+    expires: dict[str, int]
+    keys_at_save: dict[str, int]
+    repl_offset: int
+    saved_at: str
+    dataset_bytes: int
+
+
+@frozen
+class SavedManifest(Frozen):
+    """manifest.json as manifest_json writes it, read by its types (base/record); the values' rules are
+    parse_manifest's."""
+
+    name: str
+    topology: str
+    flavor: str
+    version: str
+    rdb_version: int
+    created_at: str
+    shards: tuple[SavedShardFile, ...]
+    format: int
+
+
+class _Rules:
+    """The rules of a manifest's values, each problem naming the file and the field (`<file>: <field> <what>`)."""
+
+    def __init__(self, where: str, path: str = "") -> None:
         self.where, self.path = where, path
-        if not isinstance(data, dict):
-            raise self.bad(path or "the manifest", "is not a JSON object")
-        self.data: dict[str, Any] = data
 
     def bad(self, field: str, what: str) -> OpsctlError:
         return OpsctlError(f"{self.where}: {field} {what}",
@@ -128,66 +159,74 @@ class _Fields:
     def name(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
-    def get(self, key: str, kind: type[T]) -> T:
-        if key not in self.data:
-            raise self.bad(self.name(key), "is missing")
-        value = self.data[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.bad(self.name(key), f"must be {kind.__name__}, not {type(value).__name__}")
-        return value
-
-    def count(self, key: str, most: int = 1 << 62) -> int:
-        value: int = self.get(key, int)
+    def count(self, key: str, value: int, most: int = 1 << 62) -> int:
         if not 0 <= value <= most:
             raise self.bad(self.name(key), f"is {value}, outside 0..{most}")
         return value
 
-    def text(self, key: str, pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] = ()) -> str:
-        value: str = self.get(key, str)
+    def text(self, key: str, value: str, pattern: re.Pattern[str] | None = None, choices: tuple[str, ...] = ()) -> str:
         if (pattern and not pattern.match(value)) or (choices and value not in choices) or not value:
             allowed = f" (one of {', '.join(choices)})" if choices else ""
             raise self.bad(self.name(key), f"has an unexpected value {value[:80]!r}{allowed}")
         return value
 
-    def time(self, key: str) -> str:
+    def time(self, key: str, value: str) -> str:
         """An ISO time with a zone, after 1970 and not in the future (a day of clock skew allowed)."""
-        value = self.text(key)
-        if stored_iso(value, time.time()) is None:
+        if stored_iso(self.text(key, value), time.time()) is None:
             raise self.bad(self.name(key), f"is not an ISO time from 1970 to now: {value[:40]!r}")
         return value
 
-    def per_db(self, key: str) -> dict[int, int]:
-        raw = self.get(key, dict)
+    def per_db(self, key: str, raw: dict[str, int]) -> dict[int, int]:
         out: dict[int, int] = {}
         for db, count in raw.items():
             if ascii_decimal(db, 0, MAX_DBS - 1) is None:
                 raise self.bad(self.name(key), f"has a key {db!r} that is not a database number")
-            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            if count < 0:
                 raise self.bad(f"{self.name(key)}.{db}", "must be a count (an integer >= 0)")
             out[int(db)] = count
         return out
 
-    def slots(self, key: str) -> tuple[tuple[int, int], ...]:
-        out = []
-        for i, pair in enumerate(self.get(key, list)):
-            ok = (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, int) for p in pair)
-                  and 0 <= pair[0] <= pair[1] < SLOTS)
-            if not ok:
+    def slots(self, key: str, pairs: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        for i, (start, end) in enumerate(pairs):
+            if not 0 <= start <= end < SLOTS:
                 raise self.bad(f"{self.name(key)}[{i}]", f"must be [start, end] with 0 <= start <= end <= {SLOTS - 1}")
-            out.append((pair[0], pair[1]))
-        return tuple(out)
+        return pairs
 
 
-def _shard(data: object, where: str, index: int) -> ShardFile:
-    f = _Fields(data, where, f"shards[{index}]")
+def _shard(saved: SavedShardFile, where: str, index: int) -> ShardFile:
+    f = _Rules(where, f"shards[{index}]")
     shard = ShardFile(
-        shard=f.count("shard", 1 << 16), node=f.text("node"), role=f.text("role", choices=("master", "replica")),
-        slots=f.slots("slots"), file=f.text("file", _FILE), bytes=f.count("bytes"), sha256=f.text("sha256", _SHA256),
-        keys=f.per_db("keys"), expires=f.per_db("expires"), keys_at_save=f.per_db("keys_at_save"),
-        repl_offset=f.count("repl_offset"), saved_at=f.time("saved_at"), dataset_bytes=f.count("dataset_bytes"))
+        shard=f.count("shard", saved.shard, 1 << 16), node=f.text("node", saved.node),
+        role=f.text("role", saved.role, choices=("master", "replica")), slots=f.slots("slots", saved.slots),
+        file=f.text("file", saved.file, _FILE), bytes=f.count("bytes", saved.bytes),
+        sha256=f.text("sha256", saved.sha256, _SHA256), keys=f.per_db("keys", saved.keys),
+        expires=f.per_db("expires", saved.expires), keys_at_save=f.per_db("keys_at_save", saved.keys_at_save),
+        repl_offset=f.count("repl_offset", saved.repl_offset), saved_at=f.time("saved_at", saved.saved_at),
+        dataset_bytes=f.count("dataset_bytes", saved.dataset_bytes))
     if shard.file != shard_file_name(shard.shard):
         raise f.bad(f.name("file"), f"is {shard.file!r}, expected {shard_file_name(shard.shard)!r}")
     return shard
+
+
+# A type's words in base/record's errors -> in the manifest's (`rdb_version must be int, not str`), as before.
+_KINDS = {"a string": "str", "a whole number": "int", "a list": "list", "an object": "dict", "true or false": "bool",
+          "string": "str", "whole number": "int", "list": "list", "object": "dict", "null": "NoneType",
+          "number": "float", "a number": "float"}
+
+
+def _mismatch(f: _Rules, exc: DataMismatch) -> OpsctlError:
+    """base/record's `<field>: <what>` in the manifest's words from before: `<field> <what>`."""
+    field, said, what = str(exc).partition(": ")
+    if not said:  # the whole file
+        field, what = "the manifest", str(exc)
+    kinds = re.fullmatch(r"expected (.+), found (.+)", what)
+    if kinds and kinds[1] == "an object":
+        what = "is not a JSON object"
+    elif kinds and kinds[1] in _KINDS and kinds[2] in _KINDS:
+        what = f"must be {_KINDS[kinds[1]]}, not {_KINDS[kinds[2]]}"
+    elif what.startswith("unknown field"):
+        what = f"has an {what}"
+    return f.bad(field, what)
 
 
 def parse_manifest(text: str, where: str) -> Manifest:
@@ -200,18 +239,26 @@ def parse_manifest(text: str, where: str) -> Manifest:
     except ValueError as exc:
         raise OpsctlError(f"{where}: not valid JSON ({exc})",
                           hint="the backup is damaged: use another backup") from None
-    f = _Fields(data, where, "")
-    if f.get("format", int) != FORMAT:
-        raise f.bad("format", f"is {data['format']}; this opsctl reads format {FORMAT}")
-    shards = tuple(_shard(item, where, i) for i, item in enumerate(f.get("shards", list)))
-    manifest = Manifest(name=f.text("name"), topology=f.text("topology", choices=TOPOLOGIES),
-                        flavor=f.text("flavor", choices=FLAVORS), version=f.text("version", _VERSION),
-                        rdb_version=f.count("rdb_version", 255), created_at=f.time("created_at"), shards=shards)
+    f = _Rules(where)
+    written = data.get("format") if isinstance(data, dict) else None
+    if type(written) is int and written != FORMAT:  # another format's fields are not this one's: said first
+        raise f.bad("format", f"is {written}; this opsctl reads format {FORMAT}")
+    try:
+        saved = read_fields(SavedManifest, data)
+    except DataMismatch as exc:
+        raise _mismatch(f, exc) from None
+    shards = tuple(_shard(item, where, i) for i, item in enumerate(saved.shards))
+    manifest = Manifest(name=f.text("name", saved.name),
+                        topology=f.text("topology", saved.topology, choices=TOPOLOGIES),
+                        flavor=f.text("flavor", saved.flavor, choices=FLAVORS),
+                        version=f.text("version", saved.version, _VERSION),
+                        rdb_version=f.count("rdb_version", saved.rdb_version, 255),
+                        created_at=f.time("created_at", saved.created_at), shards=shards)
     _check_shards(f, manifest.topology, manifest.shards)
     return manifest
 
 
-def _check_shards(f: _Fields, topology: str, shards: tuple[ShardFile, ...]) -> None:
+def _check_shards(f: _Rules, topology: str, shards: tuple[ShardFile, ...]) -> None:
     """A shard once: one file per shard number, node, content and slot; one shard outside a cluster."""
     if not shards:
         raise f.bad("shards", "is empty")
@@ -228,7 +275,7 @@ def _check_shards(f: _Fields, topology: str, shards: tuple[ShardFile, ...]) -> N
             _refuse_twice(f, (i, shard), (j, other))
 
 
-def _refuse_twice(f: _Fields, one: tuple[int, ShardFile], earlier: tuple[int, ShardFile]) -> None:
+def _refuse_twice(f: _Rules, one: tuple[int, ShardFile], earlier: tuple[int, ShardFile]) -> None:
     """A shard whose node, file content or slots an earlier one has already: a copied entry or file."""
     (i, shard), (j, other) = one, earlier
     if shard.node == other.node:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.frozen import frozen
+from opsctl.base.record import DataMismatch, Range, Versioned
 from opsctl.state.safefs import read_bounded, write_private
-from opsctl.stream.framing import Position, position_from
+from opsctl.stream.framing import MAX_OFFSET, REPLID_LENGTH, Position
 
 JOURNAL = "migrate-journal.json"
 REQUEST = "migrate-cutover.request"
@@ -67,40 +71,71 @@ class JournalFile:
             return self.journal.shards.get(shard)
 
 
+Offset = Annotated[int, Range(0, MAX_OFFSET, "a replication offset")]
+
+
+@frozen
+class SavedShard(Versioned):
+    """A source shard's ShardState as the journal file holds it: its phase, its position's fields, at when known."""
+
+    phase: str
+    replid: str
+    offset: Offset
+    at: float = 0.0
+
+    SPARSE = True  # at 0 (not known) is left out, as before
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.phase not in PHASES:
+            yield "phase", f"is not one of {', '.join(PHASES)}"
+        if not (len(self.replid) == REPLID_LENGTH and self.replid.isascii() and self.replid.isalnum()):
+            yield "replid", f"is not a replication id ({REPLID_LENGTH} letters and digits)"
+        if not 0 <= self.at < 1e11:
+            yield "at", "is not a time in epoch seconds from 0 to 1e11"
+
+
+@frozen
+class SavedJournal(Versioned):
+    """The journal's file (journal_json), read back field by field by its types. A journal written before
+    finished, source_ref and fence has none of them: they read as not finished, no options, no fence."""
+
+    id: str
+    source: str
+    finished: bool
+    shards: dict[str, SavedShard]
+    source_ref: dict[str, str] = field(default_factory=dict)
+    fence: dict[str, dict[str, str]] | None = None
+
+    @classmethod
+    def upgraded(cls, data: dict[str, object], written: int) -> dict[str, object]:
+        return {"finished": False, **data}
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if not set(self.source_ref) <= REF_OPTIONS:  # a re-run takes these as its options: no other comes from a file
+            yield "source_ref", f"names an option that is not one of {', '.join(sorted(REF_OPTIONS))}"
+
+    @classmethod
+    def of(cls, journal: Journal) -> SavedJournal:
+        shards = {k: SavedShard(s.phase, s.position.replid, s.position.offset, s.at) for k, s in journal.shards.items()}
+        return cls(journal.id, journal.source, journal.finished, shards, journal.source_ref, journal.fence)
+
+    def journal(self) -> Journal:
+        shards = {k: ShardState(s.phase, Position(s.replid, s.offset), s.at) for k, s in self.shards.items()}
+        return Journal(self.id, self.source, shards, self.finished, dict(self.source_ref), self.fence)
+
+
 def journal_json(journal: Journal) -> str:
-    return json.dumps({"id": journal.id, "source": journal.source, "finished": journal.finished,
-                       "shards": {k: {"phase": s.phase, **s.position.to_json(), **({"at": s.at} if s.at else {})}
-                                  for k, s in journal.shards.items()},
-                       "source_ref": journal.source_ref, "fence": journal.fence}, indent=1)
+    return json.dumps(SavedJournal.of(journal).to_json(), indent=1)
 
 
 def parse_journal(text: str, where: str) -> Journal:
+    """The journal in text (file where), or an OpsctlError naming the file and the field that is wrong."""
     try:
-        data = json.loads(text)
-        shards = {k: ShardState(_phase(v["phase"]), position_from(v, f"{where}: shards.{k}"), _time(v.get("at", 0)))
-                  for k, v in data["shards"].items()}
-        ref = {str(k): str(v) for k, v in dict(data.get("source_ref") or {}).items()}
-        if not set(ref) <= REF_OPTIONS:  # a re-run takes these as its options: no other option comes from a file
-            raise ValueError(sorted(set(ref) - REF_OPTIONS))
-        fence = data.get("fence")
-        fenced = None if fence is None else {str(e): {str(k): str(v) for k, v in dict(values).items()}
-                                             for e, values in dict(fence).items()}
-        return Journal(str(data["id"]), str(data["source"]), shards, bool(data.get("finished")), ref, fenced)
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise OpsctlError(f"{where}: not a migration journal ({type(exc).__name__})", hint=HINT) from None
-
-
-def _time(value: object) -> float:
-    """A journaled time: epoch seconds, not before 0 and not NaN (a file read back is checked)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e11:
-        raise ValueError(value)
-    return float(value)
-
-
-def _phase(value: object) -> str:
-    if value not in PHASES:
-        raise ValueError(value)
-    return str(value)
+        return SavedJournal.from_json(json.loads(text)).journal()
+    except DataMismatch as exc:
+        raise OpsctlError(f"{where}: not a migration journal ({exc})", hint=HINT) from None
+    except (ValueError, RecursionError):
+        raise OpsctlError(f"{where}: not a migration journal (not JSON)", hint=HINT) from None
 
 
 def read_journal(state_dir: Path) -> Journal | None:
