@@ -5,8 +5,9 @@ namespace like tests/partition.py:
 
 The primary (standalone, `repl-backlog-size 16kb`, `repl-timeout 5`: it drops a silent replica after 5 s) takes
 writes from a client beside it (its connections leave from the primary's own address, so the cut spares it) while
-the link, which connects from 127.0.0.1, is cut off from it until the primary dropped the link and the writes
-overran its backlog. Then the cut heals and the link must say it starts over, copy again and be current: every
+the link, which connects from 127.0.0.1, is cut off from it until the primary dropped the link, the writes overran
+its backlog and the link, its lock on the primary lost (a lease of 6 s), said it waits for the primary. Then the
+cut heals and the link must say it starts over, copy again and be current: every
 acknowledged write on the standby. Prints one JSON line (RESULT + LinkCut) and stops every server it started.
 """
 
@@ -28,7 +29,8 @@ from typing import Any
 from tests.partition import RESULT, Partition, run_module_in_namespace
 
 BACKLOG = 16 * 1024
-HOLD = 12.0  # the cut lasts at least this long after the primary dropped the link: the link's behaviour while cut
+HOLD = 6.0  # the cut lasts this long after the link said it waits for the primary: its behaviour while it waits
+LEASE = 6  # the topology locks' lease (OPSCTL_LOCK_LEASE, seconds): the link loses the primary's lock within seconds
 LINK_SOURCE = "127.0.0.1"  # where opsctl's own connections leave from (no bind: the loopback route's source)
 
 
@@ -120,7 +122,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         primary, standby = beside(node), source_client(s_loaded)
         writer = stack.enter_context(Writer(lambda: beside(node)))
         writer.wait_for_writes(200)
-        follow = Follow(s)
+        follow = Follow(s, env={"OPSCTL_LOCK_LEASE": str(LEASE)})
         stack.callback(lambda: follow.proc.poll() is None and follow.proc.kill())
         follow.streaming()
         sources = sorted({c["addr"].rsplit(":", 1)[0] for c in primary.client_list() if "S" in c.get("flags", "")})
@@ -137,7 +139,10 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         dropped = time.monotonic() - cut_at
         wait_for(lambda: replication()["master_repl_offset"] - at_cut > 4 * BACKLOG or None, 30,
                  "the writes to overrun the primary's backlog")
-        wait_for(lambda: time.monotonic() - cut_at >= dropped + HOLD or None, HOLD + 30, "the hold")
+        wait_for(lambda: any("does not answer" in e.get("text", "") for e in follow.events[seen:])
+                 or follow.proc.poll() is not None or None, 60, "the link to say it waits for the primary")
+        waiting = time.monotonic()
+        wait_for(lambda: time.monotonic() - waiting >= HOLD or None, HOLD + 30, "the hold")
         alive = follow.proc.poll() is None
         cpu = cpu_seconds(follow.proc.pid) - cpu_before if alive else -1.0
         under_cut = follow.events[seen:]
