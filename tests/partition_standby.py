@@ -39,7 +39,7 @@ class LinkCut:
     """cut: how long the cut lasted; dropped_after: when the primary dropped the link (from the cut); overrun:
     bytes the primary's stream moved during the cut; alive: the link ran through the cut; cpu_while_cut: its CPU
     seconds during the cut; said_while_cut: its notes during the cut; lag_while_cut: its last lag report under the
-    cut; start_over: its note after the heal; acked, lost: the writer's acknowledged writes, of those missing on
+    cut; start_over: its notes from the cut on; acked, lost: the writer's acknowledged writes, of those missing on
     the standby once it caught up; current_after: seconds from the heal until the standby held every write;
     last_lag: the link's last lag report."""
 
@@ -160,7 +160,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         current_after = time.monotonic() - healed
         lost = len(writer.verify(standby))
         lags = [e for e in follow.events if e.get("event") == "migrate-lag"]
-        notes = [e.get("text", "") for e in follow.events[after:] if e.get("event") == "note"]
+        notes = [e.get("text", "") for e in follow.events[seen:] if e.get("event") == "note"]
         if alive:
             follow.proc.send_signal(signal.SIGTERM)
             follow.wait()

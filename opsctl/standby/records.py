@@ -125,11 +125,11 @@ def following_line(loaded: LoadedSpec, state_dir: Path, now: float) -> str | Non
 
 def _shard_state(row: Mapping[str, object]) -> str:
     """A shard's lag, or why there is none: copying, its link lost, its primary not answering (-1: never a lag)."""
-    lag_bytes = int(str(row.get("lag_bytes", -1)))
+    lag_bytes = int(float(str(row.get("lag_bytes", -1))))
     if row.get("phase") == "stream":
         if lag_bytes < 0:
             return " lag unknown (the primary does not answer)"
         return f" lag {lag_bytes}B {float(str(row.get('lag_seconds', 0))):.2f}s"
     if row.get("phase") == "attaching":
         return " (the link to the primary is lost, attaching again)"
-    return f" {int(str(row.get('copied', 0)))} keys copied"
+    return f" {int(float(str(row.get('copied', 0))))} keys copied"
