@@ -100,3 +100,18 @@ def test_status_says_following_with_the_lag_not_following_or_switched(tmp_path: 
     assert following_line(_loaded(follows=None), tmp_path, 1000.0) is None
     record_switched(tmp_path, Switched(0.0, "'orders'", "primary-lost"))
     assert "switched over from 'orders' (primary-lost" in (following_line(_loaded(follows=None), tmp_path, 1.0) or "")
+
+
+def test_status_and_the_lag_line_never_show_a_cut_link_as_current(tmp_path: Path) -> None:
+    """A split from the primary: its lag is unknown (-1), not "-1B"; a shard whose link was lost is attaching
+    again, not "0 keys copied" (the lag line and status said both as if the standby were current)."""
+    from opsctl.migrate.migration import MigrateLag
+
+    shards = {"shard-1": {"phase": "stream", "lag_bytes": -1, "lag_seconds": 0.0, "applied": 9},
+              "shard-2": {"phase": "attaching", "copied": 0, "applied": 4}}
+    (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
+    assert following_line(_loaded(), tmp_path, 1000.0) == (
+        "standby of primary.yaml: following, shard-1 stream lag unknown (the primary does not answer), shard-2 "
+        "attaching (the link to the primary is lost, attaching again) (10.0s ago)")
+    assert MigrateLag(shards).line() == ("shard-1: lag unknown (the source does not answer) 0.00s, 9 applied  "
+                                         "shard-2: the link to the source is lost, attaching again; 4 applied")

@@ -62,3 +62,27 @@ def test_positions_round_trip_and_bad_ones_are_named() -> None:
     assert position_from(Position(ID, 5).to_json(), "j") == Position(ID, 5)
     with pytest.raises(StreamProtocolError, match="j: not a replication position"):
         position_from({"replid": "short", "offset": 1}, "j")
+
+
+def test_a_silent_link_is_lost_not_waited_on_and_a_ping_keeps_it() -> None:
+    """A split drops packets without a word: a link that hears nothing (not even the master's PINGs) for
+    silent_after is lost (PipeClosed: the caller attaches again), where it waited for TCP's ~15 minutes."""
+    import socket
+    import time
+
+    from opsctl.base.errors import PipeClosed
+    from opsctl.stream.reader import Stream
+
+    ours, theirs = socket.socketpair()
+    with Stream(ours, "node-1") as stream, theirs:
+        stream.silent_after = 1.0
+        theirs.sendall(encode([b"PING"]))
+        assert [e.args for e in stream.read(0.05)] == [(b"PING",)]
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # heard lately: no error yet
+            assert stream.read(0.05) == []
+        theirs.sendall(encode([b"PING"]))
+        assert len(stream.read(0.05)) == 1  # a PING keeps it
+        with pytest.raises(PipeClosed, match="sent nothing on the replication link"):
+            for _ in range(200):
+                stream.read(0.05)

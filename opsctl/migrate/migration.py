@@ -43,14 +43,21 @@ class MigrateLag(Frozen, Event):
     def line(self) -> str:
         parts = []
         for name, s in self.shards.items():
+            lag_bytes = int(str(s.get("lag_bytes", 0)))
             if s.get("phase") == "stream":
-                parts.append(f"{name}: lag {human_bytes(int(str(s.get('lag_bytes', 0))))} "
-                             f"{float(str(s.get('lag_seconds', 0.0))):.2f}s, {s.get('applied', 0)} applied")
+                # -1: the source did not answer (a split): its lag is unknown, not small
+                shown = human_bytes(lag_bytes) if lag_bytes >= 0 else "unknown (the source does not answer)"
+                parts.append(f"{name}: lag {shown} {float(str(s.get('lag_seconds', 0.0))):.2f}s, "
+                             f"{s.get('applied', 0)} applied")
+            elif s.get("phase") == ATTACHING:
+                parts.append(f"{name}: the link to the source is lost, attaching again; {s.get('applied', 0)} "
+                             "applied")
             else:
                 parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
         return "  ".join(parts)
 
 
+ATTACHING = "attaching"  # a shard that streamed and lost its link (a failover, a split): no lag known until it is back
 CLOCK_BOUND_MS = 1000  # a snapshot's expiries are in the source's clock: a wider skew would move them
 AUTO_LAG_BYTES = 1 << 20
 
@@ -212,7 +219,8 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
 def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for s in shards:
-        row: dict[str, object] = {"phase": "stream" if s.streaming else "snapshot", "copied": s.copied,
+        phase = "stream" if s.streaming else ATTACHING if s.attaches else "snapshot"
+        row: dict[str, object] = {"phase": phase, "copied": s.copied,
                                   "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3),
                                   "applied_at": s.applied_at}
         if s.streaming and s.position is not None:

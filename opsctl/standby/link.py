@@ -13,9 +13,11 @@ from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
+from opsctl.base import stop
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Event, Note
 from opsctl.base.secrets import remember
+from opsctl.base.stop import Stopped
 from opsctl.failover.actions import checkpoint
 from opsctl.failover.fence import unfence
 from opsctl.migrate.cutover import CutoverDone
@@ -30,12 +32,13 @@ from opsctl.plan.facts import spec_values
 from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER, follower_secret, lifts
 from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
-from opsctl.standby.primary import Primary, primary_connector, primary_of
+from opsctl.standby.primary import Primary, primary_connector, primary_of, primary_silent
 from opsctl.standby.records import LAG, LAG_EVERY, Switched, lag_json, read_switched, record_switched
 from opsctl.state.safefs import write_private
 
 # a server that does not answer (down, not deployed yet); a server that answers with an error is an error
 UNANSWERED = (NodeUnreachable, OSError)
+PRIMARY_RETRY = 2.0  # seconds between looks at a primary that does not answer
 START_OVERS = 3  # copies from scratch in one run: a primary whose backlog never holds a copy's writes stops there
 
 
@@ -73,7 +76,6 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
     primary = primary_of(loaded)
     with ExitStack() as stack:
         stack.enter_context(state_lock(state_dir))
-        source = primary_connector(primary, stack, force_lock)
         admin = stack.enter_context(open_connector(loaded, state_dir))
         stack.enter_context(topology_lock(admin, force=force_lock))
         follower = follower_of(loaded, admin)
@@ -84,7 +86,11 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
         start_overs = 0
         while True:
             try:
-                report = run_migrate(source, follower, state_dir, options, emit, primary.ref())
+                with ExitStack() as link:  # the primary's lock too: a split from the primary loses it
+                    source = primary_connector(primary, link, force_lock)
+                    report = run_migrate(source, follower, state_dir, options, emit, primary.ref())
+            except Stopped:
+                raise
             except MustStartOver as exc:
                 start_overs += 1
                 if start_overs > START_OVERS:
@@ -93,12 +99,37 @@ def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 20
                           "declares it a standby)"))
                 start_afresh(follower, state_dir)
                 continue
+            except OpsctlError as exc:
+                if not wait_for_primary(primary, exc, emit):
+                    raise
+                continue
             if report.ok:
                 return report
             # everything as it was: the primary's fence lifted (the cutover did), the standby fenced: follow on
             emit(Note("the switchover failed its verification (the report says why): the primary takes writes "
                       "again and the standby keeps following"))
             _report_taken(state_dir)
+
+
+def wait_for_primary(primary: Primary, exc: OpsctlError, emit: Emit) -> bool:
+    """exc stopped the link: when no server of the primary answers (a split, its site down), wait until one does,
+    saying so once a minute, and return True (the link then resumes from its journal); else False (exc is the
+    link's own error). A standby outlives its primary's outages: dying would leave a service that systemd restarts
+    into a refused topology lock (exit 3: not restarted)."""
+    why = primary_silent(primary)
+    if why is None:
+        return False
+    emit(Note(f"the primary {primary.shown} does not answer ({why}); the link stopped ({exc.summary}): waiting for "
+              f"it, looking every {PRIMARY_RETRY:.0f}s (then it resumes from its journal)"))
+    waited, said_at = time.monotonic(), time.monotonic()
+    while (why := primary_silent(primary)) is not None:
+        stop.check("the link waited for its primary", "run the same command again: it resumes from its journal")
+        if time.monotonic() - said_at >= 60:
+            said_at = time.monotonic()
+            emit(Note(f"still waiting for the primary {primary.shown} ({time.monotonic() - waited:.0f}s): {why}"))
+        time.sleep(PRIMARY_RETRY)
+    emit(Note(f"the primary {primary.shown} answers again after {time.monotonic() - waited:.0f}s: resuming the link"))
+    return True
 
 
 def _lag_recorder(state_dir: Path, primary: str, emit: Emit) -> Emit:

@@ -107,3 +107,23 @@ def primary_connector(primary: Primary, stack: ExitStack, force_lock: bool = Fal
     stack.enter_context(topology_lock(connector, force=force_lock))
     return connector
 
+
+
+def primary_silent(primary: Primary) -> str | None:
+    """None when a server of the primary answers now; else why none does (a split, its site down)."""
+    from opsctl.net.discover import discover
+    from opsctl.runtime.opening import open_connector
+    from opsctl.state.statedir import state_dir_for
+
+    try:
+        if primary.foreign is not None:
+            live = discover(foreign_connector(primary.foreign))
+        else:
+            assert primary.loaded is not None
+            with open_connector(primary.loaded, state_dir_for(primary.loaded, None)) as connector:
+                live = discover(connector)
+    except (OpsctlError, OSError) as exc:
+        return exc.summary if isinstance(exc, OpsctlError) else str(exc)
+    if any(node.role != "down" for node in live):
+        return None
+    return "; ".join(f"{node.node.name}: {node.error}" for node in live) or "no server"

@@ -36,6 +36,9 @@ from opsctl.stream.framing import (
 
 READ_SIZE = 1 << 20
 ACK_EVERY = 1.0  # a replica acknowledges every second; a master counts a silent one as lagging (min-replicas-max-lag)
+# a master PINGs its replicas every repl-ping-replica-period (10 s by default): a link silent for three periods is
+# gone (a split drops packets silently: without this the reader waited on a dead link for TCP's ~15 minutes)
+SILENT_AFTER = 30.0
 
 
 class Writable(Protocol):
@@ -78,6 +81,8 @@ class Stream:
         self.position = self.start
         self._acked = 0
         self._ack_sent = 0.0
+        self.silent_after = SILENT_AFTER
+        self._heard = time.monotonic()  # when the node last sent a byte
 
     # -- the handshake -------------------------------------------------------------------------------------------
 
@@ -100,6 +105,7 @@ class Stream:
                              "a replica that fell behind (client-output-buffer-limit replica)",
                              "run the same command again: it continues from the journaled position")
         self._buffer += chunk
+        self._heard = time.monotonic()
 
     def _ask(self, *args: bytes) -> bytes:
         self._link.sendall(encode(list(args)))
@@ -201,6 +207,7 @@ class Stream:
             self._link.settimeout(timeout)
             with suppress(TimeoutError):
                 self._fill()
+            self._check_heard()
         framed, used = frame(self._buffer, 0)
         self._buffer = self._buffer[used:]
         now = time.time()
@@ -214,6 +221,14 @@ class Stream:
         if any(is_getack(e.args) for e in entries) or time.monotonic() - self._ack_sent >= ACK_EVERY:
             self._send_ack()
         return entries
+
+    def _check_heard(self) -> None:
+        silent = time.monotonic() - self._heard
+        if silent > self.silent_after:
+            raise PipeClosed(f"{self.label} sent nothing on the replication link for {silent:.0f}s",
+                             "a master pings its replicas every repl-ping-replica-period (10 s by default): the node "
+                             "or the network to it is gone (a split drops packets without a word)",
+                             "attached again once it answers; run the same command again if it stopped")
 
     def ack(self, offset: int) -> None:
         """REPLCONF ACK offset: the caller made everything up to offset durable."""
