@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.resp import encode
 from opsctl.spec.layout import Node
@@ -91,6 +92,7 @@ def test_full_copy_offsets_resume_failover_and_gap(tmp_path: Path, capsys: pytes
         # a full copy from the replica: the snapshot file, then commands at the master's offsets
         with open_stream(connector, replica, since=None, rdb_to=rdb, timeout=10) as stream:
             assert stream.full and rdb.read_bytes().startswith(b"REDIS")
+            assert stream.silent_after == 30.0  # three of the node's PINGs (repl-ping-replica-period 10)
             start = stream.start
             for i in range(50):
                 m.set(f"k:{i}", i)
@@ -107,6 +109,11 @@ def test_full_copy_offsets_resume_failover_and_gap(tmp_path: Path, capsys: pytes
         m.set("after", "resume")
         m.delete("k:0")
         (tmp_path / "unused.rdb").unlink(missing_ok=True)
+        with connection_to(connector, replica) as handle:  # CONFIG under the spec's rename
+            handle.config_set("repl-ping-replica-period", "60")  # pings every minute: its link may be silent 3
+            with open_stream(connector, replica, since=journaled, rdb_to=tmp_path / "unused.rdb", timeout=10) as stream:
+                assert stream.silent_after == 180.0
+            handle.config_set("repl-ping-replica-period", "10")
         with open_stream(connector, replica, since=journaled, rdb_to=tmp_path / "unused.rdb", timeout=10) as stream:
             assert not stream.full and stream.start == journaled
             entries = read_until(stream, offset_of(m))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError, PipeClosed
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.resp import encode
 from opsctl.observe.replies import parse_info
@@ -39,6 +40,7 @@ ACK_EVERY = 1.0  # a replica acknowledges every second; a master counts a silent
 # a master PINGs its replicas every repl-ping-replica-period (10 s by default): a link silent for three periods is
 # gone (a split drops packets silently: without this the reader waited on a dead link for TCP's ~15 minutes)
 SILENT_AFTER = 30.0
+PING_PERIOD = "repl-ping-replica-period"
 
 
 class Writable(Protocol):
@@ -253,8 +255,10 @@ def open_stream(connector: Connector, node: Node, *, since: Position | None, rdb
                 timeout: float) -> Stream:
     """Attach to node as a replica: continue after since (StreamGap when it cannot), or, without since, take a
     full copy into rdb_to. The stream is ready to read when this returns."""
+    silent_after = silence_limit(connector, node, timeout)
     sock = connector.socket(node, timeout)
     stream = Stream(sock, node.name)
+    stream.silent_after = silent_after
     try:
         sock.settimeout(timeout)
         stream.handshake(since, rdb_to)
@@ -262,6 +266,18 @@ def open_stream(connector: Connector, node: Node, *, since: Position | None, rdb
         stream.close()
         raise
     return stream
+
+
+def silence_limit(connector: Connector, node: Node, timeout: float) -> float:
+    """How long node's link may stay silent before it counts as lost: three of its PINGs (its
+    repl-ping-replica-period, where its CONFIG answers), SILENT_AFTER at least. Why: a primary set to ping every
+    60 s would otherwise lose an idle link every 30 s."""
+    try:
+        with connection_to(connector, node, timeout) as handle:
+            period = handle.config_get(PING_PERIOD).get(PING_PERIOD, "")
+    except OpsctlError:
+        return SILENT_AFTER  # CONFIG refused (a user without it) or renamed away: the default period
+    return max(SILENT_AFTER, 3 * int(period)) if period.isdigit() else SILENT_AFTER
 
 
 def copy_snapshot(connector: Connector, node: Node, out: Writable, *, diskless: bool, timeout: float,
