@@ -46,6 +46,8 @@ class MigrateLag(Frozen, Event):
             if s.get("phase") == "stream":
                 parts.append(f"{name}: lag {human_bytes(int(str(s.get('lag_bytes', 0))))} "
                              f"{float(str(s.get('lag_seconds', 0.0))):.2f}s, {s.get('applied', 0)} applied")
+            elif s.get("phase") == "attach":
+                parts.append(f"{name}: attaching again (link lost), {s.get('applied', 0)} applied")
             else:
                 parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
         return "  ".join(parts)
@@ -212,7 +214,7 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
 def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for s in shards:
-        row: dict[str, object] = {"phase": "stream" if s.streaming else "snapshot", "copied": s.copied,
+        row: dict[str, object] = {"phase": s.phase, "copied": s.copied,
                                   "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3),
                                   "applied_at": s.applied_at}
         if s.streaming and s.position is not None:

@@ -119,7 +119,16 @@ def following_line(loaded: LoadedSpec, state_dir: Path, now: float) -> str | Non
     if lag is None or now - lag[0] > STALE:
         since = "" if lag is None else f", last report {now - lag[0]:.0f}s ago"
         return f"standby of {primary}: not following{since} (opsctl follow -f {loaded.file})"
-    rows = [f"{k} {r.get('phase')}" + (f" lag {int(r.get('lag_bytes', -1))}B {float(r.get('lag_seconds', 0)):.2f}s"
-                                      if r.get("phase") == "stream" else f" {int(r.get('copied', 0))} keys copied")
-            for k, r in sorted(lag[1].items())]
+    rows = [f"{k} {r.get('phase')}{_progress(r)}" for k, r in sorted(lag[1].items())]
     return f"standby of {primary}: following, {', '.join(rows)} ({now - lag[0]:.1f}s ago)"
+
+
+def _progress(row: dict[str, float | str]) -> str:
+    """A shard's progress after its phase: stream: its lag; attach (the link lost: a failover, a restart): nothing
+    to count (no copy again); snapshot: the keys copied."""
+    phase = row.get("phase")
+    if phase == "stream":
+        return f" lag {int(row.get('lag_bytes', -1))}B {float(row.get('lag_seconds', 0)):.2f}s"
+    if phase == "attach":
+        return " (link lost: attaching again from the journaled offset, no copy)"
+    return f" {int(row.get('copied', 0))} keys copied"
