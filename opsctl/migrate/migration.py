@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.migrate.cutover import CutoverDone, CutoverOptions, check_locks, cut_over, master_offset, shard_master
@@ -111,11 +111,22 @@ def prepare(source: Connector, target_connector: Connector, state_dir: Path,
     return target, JournalFile(state_dir, journal), resumed
 
 
+def source_clock_ms(source: Connector) -> float:
+    """The source's clock minus ours, read on the first of its servers that answers: its spec's first master may
+    be down (a failover since, and the run resumed meanwhile), and any member's clock is the shard's."""
+    down = []
+    for node in source.loaded.layout.servers:
+        try:
+            return clock_offset_ms(source, node)
+        except NodeUnreachable as exc:
+            down.append(exc.summary)
+    raise NoMemberAnswers("no server of the source answers", "\n".join(down),
+                          "start them (`opsctl status -f SOURCE_SPEC`), then re-run: it resumes")
+
+
 def shard_runs(source: Connector, target: Target, journal: JournalFile, state_dir: Path) -> list[ShardRun]:
     layout = source.loaded.layout
-    first = layout.find(layout.shards[0].master)
-    assert first is not None
-    source_ms = clock_offset_ms(source, first)
+    source_ms = source_clock_ms(source)
     target_ms = clock_offset_ms(target.connector, target.masters[0])
     if abs(source_ms) > CLOCK_BOUND_MS:
         raise RefusedError(f"the source's clock is {source_ms / 1000:+.1f}s off this host's",
