@@ -7,8 +7,9 @@ standby master refuses a client's write (the fence is every node's, rendered and
 follower's. Then the link is SIGKILLed, INCRs are made, the primary's old shard-1 master dies (its spec's first
 master: the resumed link reads the source's clock on a server that answers), and the same `follow` resumes: the
 markers, replicated to the promoted standby master with their batches, apply each INCR once. `status` says the
-link follows; `opsctl switchover`: every acknowledged write on the standby (values, and as many keys as the
-primary holds), no marker left, the promoted standby master takes a client's write."""
+standby healthy (cluster ok with the promoted replica) and its link streaming every shard; `opsctl switchover`:
+every acknowledged write on the standby (values, and as many keys as the primary holds), no marker left, the
+promoted standby master takes a client's write."""
 
 from __future__ import annotations
 
@@ -111,9 +112,14 @@ def test_a_source_and_a_standby_failover_while_following(tmp_path, capsys, flavo
         assert _phases(follow) <= {"stream", "attach"}
 
         def status() -> str:
-            return run(capsys, "status", "-f", str(s))[1]
-        wait_for(lambda: "following, shard-1 stream lag" in status() or None, 30, "status showing the link",
-                 last_reason=status)
+            code, out, err = run(capsys, "status", "-f", str(s))
+            return f"exit {code}\n{out}{err}"
+
+        def sane() -> bool | None:  # healthy with a promoted replica, the link following every shard
+            said = status()
+            return (said.startswith("exit 0\n") and "cluster ok" in said and all(
+                f"shard-{i} stream lag" in said for i in (1, 2, 3))) or None
+        wait_for(sane, 30, "status showing the standby healthy and following", last_reason=status)
         with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
             promoted.set(key, "client")  # the promoted master refuses a client while following
         code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
