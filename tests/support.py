@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from redis.crc import key_slot
 
 from opsctl.base.errors import OpsctlError
 from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
@@ -144,6 +145,15 @@ def cluster_check(endpoint: str, password: str = PASSWORD, tls: list[str] | None
     env = {**os.environ, "REDISCLI_AUTH": password}
     return subprocess.run([redis_cli(), *(tls or []), "--cluster", "check", endpoint], capture_output=True,
                           text=True, env=env, timeout=60, check=False)
+
+
+def owned_key(client: Any) -> str:
+    """A key whose slot the cluster node behind client (a redis-py client of that one node) serves."""
+    nodes = client.execute_command("CLUSTER", "NODES")
+    mine = next(line for line in (nodes.decode() if isinstance(nodes, bytes) else nodes).splitlines()
+                if "myself" in line)
+    start = int(mine.split()[8].split("-")[0])
+    return next(f"probe:{n}" for n in range(100_000) if key_slot(f"probe:{n}".encode()) == start)
 
 
 def tls_cli_args(state_dir: Path) -> list[str]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import redis
-from redis.crc import key_slot
 
 from opsctl.failover.actions import KILL_AT
 from tests.lifecycle import run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, cluster_check, owned_key
 from tests.test_migrate_live import Migrate, fill, pair, source_client
 from tests.writer import Writer, cluster_client
 
@@ -28,14 +27,6 @@ def _killed_cutover(t, s, s_loaded, capsys, point: str) -> Migrate:
     with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
         source_client(s_loaded).set("while-fenced", 1)
     return migrate
-
-
-def _owned_key(client: redis.Redis) -> str:
-    """A key whose slot the node behind client serves."""
-    mine = next(line for line in client.execute_command("CLUSTER", "NODES").decode().splitlines()
-                if "myself" in line)
-    start = int(mine.split()[8].split("-")[0])
-    return next(f"probe:{n}" for n in range(100_000) if key_slot(f"probe:{n}".encode()) == start)
 
 
 def _checked(t_loaded, writer: Writer) -> None:
@@ -101,7 +92,7 @@ def test_a_killed_cutover_of_a_three_master_source_fences_and_finishes_every_sha
             for node in s_loaded.layout.servers:  # every source master refuses a write to a slot it owns
                 one = redis.Redis(host=node.address, port=node.port, password=PASSWORD)
                 with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
-                    one.set(_owned_key(one), 1)
+                    one.set(owned_key(one), 1)
             code, out, err = run(capsys, "migrate", "cutover", "-f", str(t))
             assert code == 0 and "cutover done" in out, out + err
         _checked(t_loaded, writer)

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,17 @@ import redis
 
 from opsctl.base.poll import wait_for
 from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
+from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import applied, deployed, run
 from tests.support import PASSWORD, make_spec
 from tests.test_migrate_live import Migrate, source_client
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
+
+Shape = tuple[str, str, dict[str, Any]]  # topology, flavor, make_spec's sections
+CLUSTER3 = {"cluster": {"masters": 3, "replicas_per_master": 0}}
+STANDALONE = {"hosts": 1}
 
 
 class Follow(Migrate):
@@ -43,15 +49,27 @@ class Follow(Migrate):
         self.thread.start()
 
 
-def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -> None:
+@contextmanager
+def primary_and_standby(tmp_path: Path, capsys: pytest.CaptureFixture[str], primary: Shape,
+                        standby: Shape) -> Iterator[tuple[Path, LoadedSpec, Path, LoadedSpec]]:
+    """(primary spec, loaded, standby spec, loaded): the primary deployed in tmp_path/primary, a standby of it (its
+    spec's follows: names the primary's) applied in tmp_path/standby, fenced and empty; both destroyed afterwards
+    (the standby first). A shape is (topology, flavor, make_spec's sections)."""
     with ExitStack() as stack:
         (tmp_path / "primary").mkdir()
         (tmp_path / "standby").mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "cluster", "valkey",
-                                                  cluster={"masters": 3, "replicas_per_master": 0}))
-        spec = make_spec("cluster", "valkey", cluster={"masters": 3, "replicas_per_master": 0},
-                         follows={"spec": str(p)})
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, spec))
+        topology, flavor, sections = primary
+        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, topology, flavor, **sections))
+        topology, flavor, sections = standby
+        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
+            topology, flavor, **sections, follows={"spec": str(p)})))
+        yield p, p_loaded, s, s_loaded
+
+
+def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -> None:
+    with ExitStack() as stack:
+        _, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("cluster", "valkey", CLUSTER3), ("cluster", "valkey", CLUSTER3)))
         primary = cluster_client(p_loaded)
         standby = cluster_client(s_loaded)
         writer = stack.enter_context(Writer(lambda: cluster_client(p_loaded)))
@@ -109,11 +127,8 @@ def test_a_link_past_the_backlog_resyncs_the_standby_from_scratch(tmp_path, caps
     """Redis 7.0 primary, Valkey 9.1 standby: the link killed, the primary's backlog overrun meanwhile and a key
     deleted there; the same `follow` says so, empties the standby, copies it again and switches over."""
     with ExitStack() as stack:
-        (tmp_path / "primary").mkdir()
-        (tmp_path / "standby").mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "redis"))
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
-            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        _, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("standalone", "redis", {}), ("standalone", "valkey", STANDALONE)))
         primary = source_client(p_loaded)
         standby = source_client(s_loaded)
         primary.set("stale", "1")
@@ -144,11 +159,8 @@ def test_a_switchover_with_the_primary_lost_reports_what_the_standby_holds(tmp_p
     """The primary SIGSTOPped (its site gone) after the writer stopped and the standby applied every write: the
     recovery point is the stream's offset the standby applied up to, read after the last acknowledged write."""
     with ExitStack() as stack:
-        (tmp_path / "primary").mkdir()
-        (tmp_path / "standby").mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", flavor))
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
-            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        p, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("standalone", flavor, {}), ("standalone", "valkey", STANDALONE)))
         standby = source_client(s_loaded)
         follow = Follow(s)
         follow.streaming()
@@ -184,11 +196,8 @@ def test_a_switchover_that_fails_verification_leaves_everything_as_it_was(tmp_pa
     """A key on the standby the primary does not have: the switchover's verification fails; the primary takes
     writes again, the standby stays fenced and the link follows on; without that key the next switchover passes."""
     with ExitStack() as stack:
-        (tmp_path / "primary").mkdir()
-        (tmp_path / "standby").mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "redis"))
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
-            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        _, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("standalone", "redis", {}), ("standalone", "valkey", STANDALONE)))
         node = s_loaded.layout.servers[0]
         as_follower = redis.Redis(host=node.address, port=node.port, username=FOLLOWER_USER,
                                   password=follower_secret(s_loaded).reveal(), decode_responses=True)
@@ -258,11 +267,8 @@ def test_a_switchover_killed_at_each_step_is_finished_by_running_it_again(tmp_pa
     (before the lift): the same `switchover` again converges: the primary fenced, every acknowledged write on the
     standby, which takes writes."""
     with ExitStack() as stack:
-        (tmp_path / "primary").mkdir()
-        (tmp_path / "standby").mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "standalone", "valkey"))
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, make_spec(
-            "standalone", "valkey", hosts=1, follows={"spec": str(p)})))
+        _, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("standalone", "valkey", {}), ("standalone", "valkey", STANDALONE)))
         standby = source_client(s_loaded)
         with Writer(lambda: source_client(p_loaded)) as writer:
             writer.wait_for_writes(300)
@@ -289,12 +295,9 @@ def test_a_redis_sentinel_primary_followed_by_a_valkey_cluster_with_its_textfile
     from opsctl.metrics.signals import textfile_name
 
     with ExitStack() as stack:
-        for folder in ("primary", "standby", "textfiles"):
-            (tmp_path / folder).mkdir()
-        p, p_loaded = stack.enter_context(deployed(tmp_path / "primary", capsys, "sentinel", "redis"))
-        spec = make_spec("cluster", "valkey", cluster={"masters": 3, "replicas_per_master": 0},
-                         follows={"spec": str(p)})
-        s, s_loaded = stack.enter_context(applied(tmp_path / "standby", capsys, spec))
+        (tmp_path / "textfiles").mkdir()
+        _, p_loaded, s, s_loaded = stack.enter_context(primary_and_standby(
+            tmp_path, capsys, ("sentinel", "redis", {}), ("cluster", "valkey", CLUSTER3)))
         standby = cluster_client(s_loaded)
         writer = stack.enter_context(Writer(lambda: source_client(p_loaded)))
         writer.wait_for_writes(300)

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from opsctl.base.errors import OpsctlError
+from opsctl.migrate.migration import MigrateLag
 from opsctl.migrate.phases import Journal, ShardState, journal_json, parse_journal
+from opsctl.migrate.shard import ShardRun
 from opsctl.render import default_paths, render_node
 from opsctl.render.exporteruser import lifts
 from opsctl.spec.load import load_spec
@@ -108,10 +110,27 @@ def test_status_and_the_lag_line_never_show_a_cut_link_as_current(tmp_path: Path
     from opsctl.migrate.migration import MigrateLag
 
     shards = {"shard-1": {"phase": "stream", "lag_bytes": -1, "lag_seconds": 0.0, "applied": 9},
-              "shard-2": {"phase": "attaching", "copied": 0, "applied": 4}}
+              "shard-2": {"phase": "attach", "copied": 0, "applied": 4}}
     (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
     assert following_line(_loaded(), tmp_path, 1000.0) == (
         "standby of primary.yaml: following, shard-1 stream lag unknown (the primary does not answer), shard-2 "
-        "attaching (the link to the primary is lost, attaching again) (10.0s ago)")
+        "attach (link lost: attaching again from the journaled offset, no copy) (10.0s ago)")
     assert MigrateLag(shards).line() == ("shard-1: lag unknown (the source does not answer) 0.00s, 9 applied  "
-                                         "shard-2: the link to the source is lost, attaching again; 4 applied")
+                                         "shard-2: attaching again (link lost), 4 applied")
+
+
+def test_a_shard_whose_link_was_lost_is_attaching_again_not_copying(tmp_path: Path) -> None:
+    """A failover (or a restart) mid-stream: the shard attaches again from its journaled offset. Its progress, the
+    status line and the lag report say so; before, they said `snapshot, 0 keys copied` (a copy from scratch)."""
+    run = ShardRun("shard-1", [], None, None, None, tmp_path, 0, 0.0)  # type: ignore[arg-type]
+    assert run.phase == "snapshot"  # copying: no stream followed yet
+    run.streaming = run.followed = True
+    assert run.phase == "stream"
+    run.streaming = False  # the link lost
+    assert run.phase == "attach"
+    shards = {"shard-1": {"phase": "attach", "copied": 0, "applied": 9}}
+    assert MigrateLag(shards).line() == "shard-1: attaching again (link lost), 9 applied"
+    (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
+    assert following_line(_loaded(), tmp_path, 1000.0) == (
+        "standby of primary.yaml: following, shard-1 attach (link lost: attaching again from the journaled offset, "
+        "no copy) (10.0s ago)")

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.migrate.cutover import CutoverDone, CutoverOptions, check_locks, cut_over, master_offset, shard_master
@@ -49,15 +49,13 @@ class MigrateLag(Frozen, Event):
                 shown = human_bytes(lag_bytes) if lag_bytes >= 0 else "unknown (the source does not answer)"
                 parts.append(f"{name}: lag {shown} {float(str(s.get('lag_seconds', 0.0))):.2f}s, "
                              f"{s.get('applied', 0)} applied")
-            elif s.get("phase") == ATTACHING:
-                parts.append(f"{name}: the link to the source is lost, attaching again; {s.get('applied', 0)} "
-                             "applied")
+            elif s.get("phase") == "attach":
+                parts.append(f"{name}: attaching again (link lost), {s.get('applied', 0)} applied")
             else:
                 parts.append(f"{name}: {s.get('phase')}, {s.get('copied', 0)} keys copied")
         return "  ".join(parts)
 
 
-ATTACHING = "attaching"  # a shard that streamed and lost its link (a failover, a split): no lag known until it is back
 CLOCK_BOUND_MS = 1000  # a snapshot's expiries are in the source's clock: a wider skew would move them
 AUTO_LAG_BYTES = 1 << 20
 
@@ -116,11 +114,22 @@ def prepare(source: Connector, target_connector: Connector, state_dir: Path,
     return target, JournalFile(state_dir, journal), resumed
 
 
+def source_clock_ms(source: Connector) -> float:
+    """The source's clock minus ours, read on the first of its servers that answers: its spec's first master may
+    be down (a failover since, and the run resumed meanwhile), and any member's clock is the shard's."""
+    down = []
+    for node in source.loaded.layout.servers:
+        try:
+            return clock_offset_ms(source, node)
+        except NodeUnreachable as exc:
+            down.append(exc.summary)
+    raise NoMemberAnswers("no server of the source answers", "\n".join(down),
+                          "start them (`opsctl status -f SOURCE_SPEC`), then re-run: it resumes")
+
+
 def shard_runs(source: Connector, target: Target, journal: JournalFile, state_dir: Path) -> list[ShardRun]:
     layout = source.loaded.layout
-    first = layout.find(layout.shards[0].master)
-    assert first is not None
-    source_ms = clock_offset_ms(source, first)
+    source_ms = source_clock_ms(source)
     target_ms = clock_offset_ms(target.connector, target.masters[0])
     if abs(source_ms) > CLOCK_BOUND_MS:
         raise RefusedError(f"the source's clock is {source_ms / 1000:+.1f}s off this host's",
@@ -219,8 +228,7 @@ def _watch(source: Connector, target: Target, shards: Sequence[ShardRun], future
 def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for s in shards:
-        phase = "stream" if s.streaming else ATTACHING if s.attaches else "snapshot"
-        row: dict[str, object] = {"phase": phase, "copied": s.copied,
+        row: dict[str, object] = {"phase": s.phase, "copied": s.copied,
                                   "applied": s.applied, "lag_seconds": round(s.lag_seconds, 3),
                                   "applied_at": s.applied_at}
         if s.streaming and s.position is not None:

@@ -66,7 +66,15 @@ class ShardRun:
     applied: int = 0
     copied: int = 0
     streaming: bool = False
-    attaches: int = 0
+    followed: bool = False  # its copy is done and its stream was followed (this run, or the run it resumes)
+
+    @property
+    def phase(self) -> str:
+        """What a progress report says it does: snapshot (copying), stream (applying the live stream) or attach
+        (its link lost, a failover or a restart, and being opened again from the journaled position: no copy)."""
+        if self.streaming:
+            return "stream"
+        return "attach" if self.followed else "snapshot"
 
     @property
     def rdb(self) -> Path:
@@ -78,6 +86,7 @@ class ShardRun:
 
     def run(self) -> None:
         state = self.journal.position(self.key)
+        self.followed = state is not None and state.phase == "stream"  # resumed mid-stream: attaching, no copy
         writer: SpoolWriter | None = None
         if state is None or (state.phase == "snapshot" and not self.rdb.exists()):
             state, writer = self._take_snapshot()
@@ -213,8 +222,7 @@ class ShardRun:
                                          timeout=LINK_TIMEOUT)
                     applier.restart(self.position.offset)  # a new link: an open transaction comes again whole
                 with stream:
-                    self.streaming = True
-                    self.attaches += 1
+                    self.streaming = self.followed = True
                     self._apply(stream, applier)
                     last_good = time.monotonic()
             except StreamGap as gap:

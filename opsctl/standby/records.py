@@ -119,17 +119,20 @@ def following_line(loaded: LoadedSpec, state_dir: Path, now: float) -> str | Non
     if lag is None or now - lag[0] > STALE:
         since = "" if lag is None else f", last report {now - lag[0]:.0f}s ago"
         return f"standby of {primary}: not following{since} (opsctl follow -f {loaded.file})"
-    rows = [f"{k} {r.get('phase')}{_shard_state(r)}" for k, r in sorted(lag[1].items())]
+    rows = [f"{k} {r.get('phase')}{_progress(r)}" for k, r in sorted(lag[1].items())]
     return f"standby of {primary}: following, {', '.join(rows)} ({now - lag[0]:.1f}s ago)"
 
 
-def _shard_state(row: Mapping[str, object]) -> str:
-    """A shard's lag, or why there is none: copying, its link lost, its primary not answering (-1: never a lag)."""
-    lag_bytes = int(float(str(row.get("lag_bytes", -1))))
-    if row.get("phase") == "stream":
+def _progress(row: Mapping[str, object]) -> str:
+    """A shard's progress after its phase: stream: its lag (-1: its primary did not answer, a split: unknown, never
+    a lag); attach (the link lost: a failover, a restart, a split): nothing to count (no copy again); snapshot: the
+    keys copied."""
+    phase = row.get("phase")
+    if phase == "stream":
+        lag_bytes = int(float(str(row.get("lag_bytes", -1))))
         if lag_bytes < 0:
             return " lag unknown (the primary does not answer)"
         return f" lag {lag_bytes}B {float(str(row.get('lag_seconds', 0))):.2f}s"
-    if row.get("phase") == "attaching":
-        return " (the link to the primary is lost, attaching again)"
+    if phase == "attach":
+        return " (link lost: attaching again from the journaled offset, no copy)"
     return f" {int(float(str(row.get('copied', 0))))} keys copied"
