@@ -31,10 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from opsctl.net.connector import Connector
 from opsctl.observe.replies import parse_info
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_tmpdir, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, redis_cli, server_tmpdir, write_spec
 from tests.test_audit_fixtures import (
     Fleet,
     LatencyProbe,
@@ -128,7 +127,7 @@ def replicated(work: Path, flavor: str) -> Iterator[Fleet]:
         loaded = read_spec(spec_file)
         roles = []
         for node in loaded.layout.servers:
-            with Connector(loaded).admin(node) as admin:
+            with admin_for(loaded, node) as admin:
                 roles.append(admin.call("ROLE")[0])
         if roles[:2] != ["master", "slave"]:
             raise RuntimeError(f"expected servers[0] master and servers[1] replica, found {roles}")
@@ -210,7 +209,7 @@ def tls_compare(keys: int, rounds: int) -> int:
                     return 1
                 loaded = read_spec(specs[label])
                 connector = make_connector(loaded, folder / ".opsctl" / loaded.spec.name)
-                with connector.admin(loaded.layout.servers[0]) as admin:
+                with admin_for(connector, loaded.layout.servers[0]) as admin:
                     fill_strings(admin, keys, connector=connector)
             rates: dict[str, list[float]] = {label: [] for label in specs}
             print(f"{keys} keys on each node; load average before: {os.getloadavg()[0]:.1f}", flush=True)

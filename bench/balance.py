@@ -36,10 +36,9 @@ import yaml
 from redis.cluster import ClusterNode, RedisCluster
 
 from opsctl.cli.main import main as opsctl_main
-from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_binary, server_tmpdir
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, server_binary, server_tmpdir
 
 OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 HOT_SLOTS = 60
@@ -103,7 +102,7 @@ def rebalance(path: Path, *extra: str) -> tuple[dict[str, Any], float]:
 
 def set_stats(loaded: LoadedSpec, on: bool) -> None:
     for node in loaded.layout.servers:
-        with Connector(loaded).admin(node) as admin:
+        with admin_for(loaded, node) as admin:
             admin.config_set("cluster-slot-stats-enabled", "yes" if on else "no")
 
 

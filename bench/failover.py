@@ -33,7 +33,7 @@ from opsctl.net.connector import Connector
 from opsctl.runtime.opening import make_connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_tmpdir, tls_client_options, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, make_spec, server_tmpdir, tls_client_options, write_spec
 from tests.writer import Writer, cluster_client
 
 NODE_TIMEOUT_MS = 500
@@ -58,7 +58,7 @@ def roles(loaded: LoadedSpec, shard: int) -> tuple[str, str]:
     kinds = {}
     connector = _connector(loaded)
     for name in members:
-        with connector.admin(loaded.layout.node(name), timeout=2.0) as admin:
+        with admin_for(connector, loaded.layout.node(name), timeout=2.0) as admin:
             kinds[name] = admin.client.execute_command("ROLE")[0]
     master = next(n for n, k in kinds.items() if k == "master")
     return master, next(n for n in members if n != master)
@@ -66,7 +66,7 @@ def roles(loaded: LoadedSpec, shard: int) -> tuple[str, str]:
 
 def bare(loaded: LoadedSpec, replica: str) -> None:
     """What an engineer does by hand: CLUSTER FAILOVER on the replica, then poll ROLE until it is master."""
-    with _connector(loaded).admin(loaded.layout.node(replica)) as admin:
+    with admin_for(_connector(loaded), loaded.layout.node(replica)) as admin:
         admin.call("CLUSTER", "FAILOVER")
         while admin.client.execute_command("ROLE")[0] != "master":
             time.sleep(0.002)

@@ -41,7 +41,6 @@ import yaml
 from redis.crc import key_slot
 
 from opsctl.cli.main import main as opsctl_main
-from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.observer import wait_cluster_converged
 from opsctl.observe.replies import parse_info
@@ -52,13 +51,22 @@ from opsctl.slots.progress import Progress
 from opsctl.slots.session import checked, open_session
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, redis_cli, server_binary, server_tmpdir
+from tests.support import (
+    PASSWORD,
+    PASSWORD_ENV,
+    NodeClient,
+    admin_for,
+    make_spec,
+    redis_cli,
+    server_binary,
+    server_tmpdir,
+)
 
 OPSCTL = [sys.executable, "-m", "opsctl.cli.main"]
 NESTED = ("memory|usage", "cluster|getkeysinslot")  # what the survey script calls
 
 
-def load(admin: Admin, keys: int, slots: range) -> int:
+def load(admin: NodeClient, keys: int, slots: range) -> int:
     """Write `keys` 100-byte strings whose slots fall in `slots`, straight to the owning master."""
     written, i = 0, 0
     pipe = admin.client.pipeline(transaction=False)
@@ -102,7 +110,7 @@ def timed_run(argv: list[str], env: dict[str, str]) -> Timed:
     return Timed(elapsed, cpu, done.stdout)
 
 
-def server_time(admin: Admin) -> dict[str, float]:
+def server_time(admin: NodeClient) -> dict[str, float]:
     """Seconds the server spent per command (INFO commandstats usec) and on its main thread's CPU; with the
     server on this machine, also its main thread's time on a CPU and waiting for one (/proc schedstat, in ns:
     what the scheduler saw, whatever the load)."""
@@ -160,7 +168,7 @@ def where_time_goes(label: str, seconds: float, keys: int, source: tuple[dict[st
 
 
 def migrate_alone(loaded: LoadedSpec, names: tuple[str, str], slots: int, state_dir: Path,
-                  admins: dict[str, Admin]) -> tuple[int, float, str]:
+                  admins: dict[str, NodeClient]) -> tuple[int, float, str]:
     """Move the bench slots from whichever of the two masters holds them to the other, timing only MIGRATE.
     Also where the source's time went while timed."""
     with open_session(Connector(loaded)) as session:
@@ -245,7 +253,7 @@ def main() -> int:
 def run(path: Path, flavor: str, keys: int) -> int:
     loaded = read_spec(path)
     a, b = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
-    with Connector(loaded).admin(a) as admin_a, Connector(loaded).admin(b) as admin_b:
+    with admin_for(loaded, a) as admin_a, admin_for(loaded, b) as admin_b:
         ids = {a.name: admin_a.call("CLUSTER", "MYID"), b.name: admin_b.call("CLUSTER", "MYID")}
         slots = 5462
         written = load(admin_a, keys, range(0, slots))
@@ -253,7 +261,7 @@ def run(path: Path, flavor: str, keys: int) -> int:
 
 
 def measure(loaded: LoadedSpec, path: Path, flavor: str, written: int, slots: int, ids: dict[str, str],
-            admins: dict[str, Admin]) -> int:
+            admins: dict[str, NodeClient]) -> int:
     a, b = admins
     env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
     cli = [redis_cli(), "--cluster", "reshard", admins[a].endpoint, "--cluster-slots", str(slots), "--cluster-yes"]
@@ -347,7 +355,7 @@ def tls_compare(keys: int, rounds: int = 2) -> int:
                     return 1
                 loaded = read_spec(specs[label])
                 connector = make_connector(loaded, folder / ".opsctl" / loaded.spec.name)
-                with connector.admin(loaded.layout.node(loaded.layout.shards[0].master)) as admin:
+                with admin_for(connector, loaded.layout.node(loaded.layout.shards[0].master)) as admin:
                     written = load(admin, keys, range(0, 5462))
             rates: dict[str, list[float]] = {label: [] for label in specs}
             print(f"{written} keys of 100 bytes, 5462 slots A <-> B; load average before: {load_average()}", flush=True)

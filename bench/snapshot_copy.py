@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.restore import fill, load, topology
 from opsctl.backup.scratch import scratch_binaries, scratch_server
-from opsctl.net.connector import unix_socket
-from opsctl.net.rawpipe import RawPipe
+from opsctl.net.connection import Connection
 from opsctl.restore.engine import Side, Source, copy_source
 from opsctl.restore.target import inspect_target
 from opsctl.runtime.opening import open_connector
@@ -54,14 +53,10 @@ def copy(rdb: Path, target_spec: Path, flavor: str, profile: str | None) -> tupl
         binaries = scratch_binaries()
         binary = next(b for (f, _), b in binaries.items() if f == flavor)
         with scratch_server(binary, rdb, "the bench snapshot") as scratch:
-            path = scratch.socket
-
-            def opener() -> RawPipe:
-                return RawPipe.on_socket(unix_socket(path, 120.0), "snapshot")
-
+            snapshot = Connection.on_unix(scratch.socket, "snapshot", 120.0)
             unexpiring = frozenset(db for db, (_, expires) in scratch.keyspace().items() if not expires)
-            source = Source("shard-1", "snapshot", opener, [0], 1 << 62, unexpiring=unexpiring)
-            side = Side(opener, targets.open)
+            source = Source("shard-1", "snapshot", snapshot, [0], 1 << 62, unexpiring=unexpiring)
+            side = Side(source.open, targets.open)
             profiler = cProfile.Profile() if profile else None
             started, cpu = time.monotonic(), time.process_time()
             if profiler:

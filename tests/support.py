@@ -11,19 +11,21 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from redis.crc import key_slot
 
 from opsctl.base.errors import OpsctlError
-from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
-from opsctl.net.connector import Connector
+from opsctl.net.connector import DEFAULT_TIMEOUT, Connector
 from opsctl.providers.binaries import find_server
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests import netns
+
+if TYPE_CHECKING:
+    import redis
 
 PASSWORD_ENV = "OPSCTL_TEST_PASSWORD"
 PASSWORD = "test-pw-8c1f4e2a9b7d"
@@ -205,13 +207,86 @@ def bare_server(flavor: str, directory: Path, conf_lines: Sequence[str] = (), pa
         proc.wait(10)
 
 
+class NodeClient:
+    """A test's redis-py client of one node (the connector's route, AUTH and TLS): `call` sends a command under the
+    spec's rename, replies come parsed by redis-py; `.client` is the redis-py client itself. opsctl's own code reads
+    nodes through its handle (opsctl.net.connection); tests check what the servers say in redis-py's words."""
+
+    def __init__(self, loaded: LoadedSpec, node: Node, client: redis.Redis) -> None:
+        self.loaded, self.node, self.client = loaded, node, client
+        self.name, self.address, self.port, self.endpoint = node.name, node.address, node.port, node.endpoint
+
+    def command(self, name: str) -> str:
+        return self.loaded.command_name(self.node, name)
+
+    def call(self, name: str, *args: Any) -> Any:
+        return self.client.execute_command(self.command(name), *args)
+
+    def config_get(self, pattern: str = "*") -> dict[str, str]:
+        reply = self.call("CONFIG", "GET", pattern)
+        if isinstance(reply, dict):
+            return {str(k): str(v) for k, v in reply.items()}
+        return {str(reply[i]): str(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    def config_set(self, directive: str, value: str) -> None:
+        self.call("CONFIG", "SET", directive, value)
+
+    def raw(self, name: str, *args: Any) -> Any:
+        """A command's reply without redis-py's response parsing (INFO and CLUSTER NODES stay text)."""
+        return raw_pipeline(self, [(name, *args)])[0]
+
+    def info(self, section: str = "all") -> str:
+        return str(self.raw("INFO", section))
+
+    def ping(self) -> bool:
+        import redis
+
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def raw_pipeline(node: NodeClient, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """commands (renamed as the spec says) in one round trip on one of node's connections; replies unparsed, in
+    order, error replies as exception objects; a connection that broke mid-way is dropped, not pooled half read."""
+    import redis
+
+    pool = node.client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands([(node.command(c[0]), *c[1:]) for c in commands]))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 def admin_for(connector: Connector | LoadedSpec, node: Node, timeout: float = DEFAULT_TIMEOUT,
-              decode: bool = True) -> Admin:
-    """connector.admin(node); a LoadedSpec gets a direct connector without TLS. opsctl's own code always passes
-    its connector down (tests/test_connector.py refuses other calls in opsctl/)."""
+              decode: bool = True) -> NodeClient:
+    """A NodeClient of node over connector; a LoadedSpec gets a direct connector without TLS. decode=False keeps
+    replies as bytes (key names are binary-safe that way). opsctl's own code always passes its connector down
+    (tests/test_connector.py refuses other calls in opsctl/)."""
     if isinstance(connector, LoadedSpec):
         connector = Connector(connector)
-    return connector.admin(node, timeout, decode)
+    return NodeClient(connector.loaded, node, connector.client(node, timeout, decode))
 
 
 def live_lock_owners(loaded: LoadedSpec) -> set[str]:

@@ -11,10 +11,9 @@ import pytest
 import redis
 
 from opsctl.cli.main import main
-from opsctl.net.connector import Connector
 from opsctl.providers.proc import read_proc
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check, make_spec, write_spec
+from tests.support import PASSWORD, admin_for, cluster_check, make_spec, write_spec
 
 pytestmark = pytest.mark.integration
 FLAVORS = ["valkey", "redis"]
@@ -38,7 +37,7 @@ def test_apply_converges_and_a_second_apply_changes_nothing(tmp_path, capsys, to
             assert check.returncode == 0, check.stdout + check.stderr
             assert "All 16384 slots covered" in check.stdout
         for node in loaded.layout.servers:
-            with Connector(loaded).admin(node) as admin:
+            with admin_for(loaded, node) as admin:
                 assert admin.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
 
 
@@ -70,7 +69,7 @@ def test_a_live_settable_change_is_applied_without_restart(tmp_path, capsys, fla
         assert code == 0, err
         for node in loaded.layout.servers:
             assert _pid(tmp_path, loaded.spec.name, node.name) == pids[node.name]
-            with Connector(loaded).admin(node) as admin:
+            with admin_for(loaded, node) as admin:
                 assert admin.config_get("maxmemory")["maxmemory"] == str(96 * 1024 * 1024)
             conf = (tmp_path / ".opsctl" / loaded.spec.name / node.name / "redis.conf").read_text()
             assert "maxmemory 96mb" in conf
@@ -132,18 +131,18 @@ def test_no_secret_in_plan_status_or_state(tmp_path, capsys) -> None:
 def test_destroy_keeps_data_unless_purged(tmp_path, capsys) -> None:
     with deployed(tmp_path, capsys, "standalone", "valkey") as (spec, loaded):
         node = loaded.layout.servers[0]
-        with Connector(loaded).admin(node) as admin:
+        with admin_for(loaded, node) as admin:
             admin.client.set("orders:1", "kept")
         assert run(capsys, "destroy", "-f", str(spec), "--auto-approve")[0] == 0
         # every server stopped, which the provider sees: nothing runs to be split, so no --force-lock (issue 33)
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0 and "--force-lock" not in err, err + out
-        with Connector(loaded).admin(node) as admin:
+        with admin_for(loaded, node) as admin:
             assert admin.client.get("orders:1") == "kept"
         with pytest.raises(redis.ConnectionError):
             main(["destroy", "-f", str(spec), "--auto-approve"])
             capsys.readouterr()
-            Connector(loaded).admin(node, timeout=0.5).client.ping()
+            admin_for(loaded, node, timeout=0.5).client.ping()
 
 
 def test_a_change_that_needs_a_restart_refuses_masters_without_allow_downtime(tmp_path, capsys) -> None:

@@ -12,11 +12,10 @@ import yaml
 from opsctl.apply.executor import execute
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import Log
-from opsctl.net.connector import Connector
 from opsctl.plan.steps import Failover, MoveSlots, Plan, Replicate, RestartNode
 from opsctl.runtime.opening import make_runtime
 from tests.lifecycle import deployed, plan_json, read_spec, run
-from tests.support import PASSWORD
+from tests.support import PASSWORD, admin_for
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -47,7 +46,7 @@ def test_a_restart_only_change_of_a_replication_master_settles(tmp_path, capsys)
         assert code == 0, err + out
         assert plan_json(capsys, spec)["steps"] == []
         for node in loaded.layout.servers:
-            with Connector(loaded).admin(node) as admin:
+            with admin_for(loaded, node) as admin:
                 assert admin.config_get("io-threads")["io-threads"] == "2"
 
 
@@ -93,7 +92,7 @@ def test_a_replicate_step_points_at_the_master_it_finds_when_it_runs(tmp_path, c
         logs = [e.text for e in events if isinstance(e, Log)]
         assert f"{master} is the shard's master now: nothing to point" in logs
         assert f"{first} is no longer the shard's master: {second} follows {master}, its master now" in logs
-        with Connector(loaded).admin(loaded.layout.node(second)) as admin:
+        with admin_for(loaded, loaded.layout.node(second)) as admin:
             role = admin.call("ROLE")
         assert role[0] == "slave" and int(role[2]) == loaded.layout.node(master).port
 
@@ -142,7 +141,7 @@ def test_a_move_slots_step_moves_from_the_master_it_finds_when_it_runs(tmp_path,
             rt.provider.close()
         logs = [e.text for e in events if isinstance(e, Log)]
         assert f"{first.master} is not its shard's master now: using {first.replicas[0]}" in logs, events
-        with Connector(loaded).admin(loaded.layout.node(second.master)) as admin:
+        with admin_for(loaded, loaded.layout.node(second.master)) as admin:
             mine = next(line for line in str(admin.raw("CLUSTER", "NODES")).splitlines() if "myself" in line)
         assert "0-99" in mine.split(), mine
 
@@ -176,9 +175,9 @@ def test_a_failover_step_whose_master_was_failed_over_since_goes_on_and_the_rest
         logs = [e.text for e in events if isinstance(e, Log)]
         assert f"{old} is no longer shard 1's master: {new} took its writes, nothing to fail over" in logs, events
         assert writer.verify(cluster_client(loaded)) == []
-        with Connector(loaded).admin(loaded.layout.node(old)) as admin:
+        with admin_for(loaded, loaded.layout.node(old)) as admin:
             assert admin.call("ROLE")[0] == "slave"
-        with Connector(loaded).admin(loaded.layout.node(new)) as admin:
+        with admin_for(loaded, loaded.layout.node(new)) as admin:
             assert admin.call("ROLE")[0] == "master"
 
 

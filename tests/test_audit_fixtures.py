@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsctl.net.admin import Admin
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
@@ -23,7 +22,7 @@ from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, make_spec, server_binary, write_spec
+from tests.support import PASSWORD, NodeClient, admin_for, make_spec, server_binary, write_spec
 
 
 def node_paths(base: Path, node: Node) -> NodePaths:
@@ -50,7 +49,7 @@ def start_node(loaded: LoadedSpec, node: Node, base: Path, flavor: str) -> Path:
         target.write_text(text)
         target.chmod(0o600)
     subprocess.run([server_binary(flavor), paths.conf], check=True, timeout=30, capture_output=True)
-    with Connector(loaded).admin(node, timeout=1.0) as admin:
+    with admin_for(loaded, node, timeout=1.0) as admin:
         wait_for(admin.ping, what=f"{node.name} to answer PING")
     return Path(paths.pid)
 
@@ -68,8 +67,8 @@ class Fleet:
     loaded: LoadedSpec
     pidfiles: list[Path]
 
-    def admin(self, index: int = 0) -> Admin:
-        return Connector(self.loaded).admin(self.loaded.layout.servers[index])
+    def admin(self, index: int = 0) -> NodeClient:
+        return admin_for(self.loaded, self.loaded.layout.servers[index])
 
     def stop(self) -> None:
         for pidfile in self.pidfiles:
@@ -90,7 +89,7 @@ def standalone(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
         fleet.stop()
 
 
-def fill_strings(admin: Admin, count: int, prefix: str = "bench:item:", batch: int = 500, depth: int = 20,
+def fill_strings(admin: NodeClient, count: int, prefix: str = "bench:item:", batch: int = 500, depth: int = 20,
                  connector: Connector | None = None) -> None:
     """count small string keys, MSET of `batch` keys, `depth` MSETs per write (through connector: TLS)."""
     with RawPipe(connector or Connector(admin.loaded), admin.node) as pipe:
@@ -235,7 +234,7 @@ def cluster(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
         env = {**os.environ, "REDISCLI_AUTH": PASSWORD}
         subprocess.run([redis_cli(), "--cluster", "create", *endpoints, "--cluster-replicas", "1", "--cluster-yes"],
                        env=env, check=True, capture_output=True, timeout=120)
-        admins = [Connector(loaded).admin(n) for n in loaded.layout.servers]
+        admins = [admin_for(loaded, n) for n in loaded.layout.servers]
         wait_for(lambda: all("cluster_state:ok" in str(a.raw("CLUSTER", "INFO")) for a in admins), 60,
                  "cluster_state:ok on every node")
         for a in admins:
@@ -249,12 +248,12 @@ def wait_replicas_synced(fleet: Fleet) -> None:
     """Every replica holds as many keys as its master (the audit scans replicas)."""
     def synced() -> bool:
         for node in fleet.loaded.layout.servers:
-            with Connector(fleet.loaded).admin(node) as admin:
+            with admin_for(fleet.loaded, node) as admin:
                 role = admin.call("ROLE")
                 if role[0] == "slave":
                     master_node = fleet.loaded.layout.find(f"{role[1]}:{role[2]}")
                     assert master_node is not None
-                    with Connector(fleet.loaded).admin(master_node) as master:
+                    with admin_for(fleet.loaded, master_node) as master:
                         if role[3] != "connected" or admin.client.dbsize() != master.client.dbsize():
                             return False
         return True

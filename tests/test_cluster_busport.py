@@ -22,7 +22,7 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, free_base_port, make_spec, write_spec
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for, cluster_check, free_base_port, make_spec, write_spec
 from tests.test_metrics_targets import fixed_spec
 from tests.test_planner import load_dict
 
@@ -39,7 +39,7 @@ def _bus_ports_seen(loaded: LoadedSpec, offset: int) -> bool | Pending:
     want = {(n.address, n.port): n.port + offset for n in loaded.layout.servers}
     connector = Connector(loaded)
     for node in loaded.layout.servers:
-        with connector.admin(node) as admin:
+        with admin_for(connector, node) as admin:
             seen = {(line.address, line.port): line.bus_port
                     for line in parse_cluster_nodes(str(admin.raw("CLUSTER", "NODES")))}
         if seen != want:

@@ -3,6 +3,8 @@ facts it reads (opsctl.observe.replies), parsed from golden replies. No server: 
 
 from __future__ import annotations
 
+import socket
+from dataclasses import replace
 from typing import Any
 
 import hiredis
@@ -23,6 +25,7 @@ from opsctl.net.connection import Connection, connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import PIPE_ERRORS, link_error
 from opsctl.observe.replies import CLUSTER_INFO, CLUSTER_NODES, ROLE, RespError, RoleInfo, config, info
+from opsctl.spec.layout import Node
 from opsctl.spec.load import load_spec, make_resolver
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec
 
@@ -134,6 +137,51 @@ def test_a_transaction_returns_execs_replies_and_refuses_what_the_node_would_not
     _answering(handle, [b"OK", b"QUEUED", None])
     with pytest.raises(NodeRefused, match="EXEC"):
         handle.transaction([("SET", "k", "v")])
+
+
+def _dialled(handle: Connection, monkeypatch: pytest.MonkeyPatch) -> list[socket.socket]:
+    """handle's pipes dial one end of a new socket pair each; the node's ends, in order (nothing answers on them)."""
+    far: list[socket.socket] = []
+
+    def dial(node: Node, timeout: float = 30.0, auth: bool = True) -> socket.socket:
+        ours, theirs = socket.socketpair()
+        far.append(theirs)
+        return ours
+    monkeypatch.setattr(handle.connector, "socket", dial)
+    return far
+
+
+def test_a_held_pipe_converts_only_its_own_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dedicated() and held(): the pipe's own failure is the handle's NodeUnreachable; another node's failure (a
+    pipe opened before, used while this one is held: the restore's source beside its targets) or a file's error
+    raised in the block keeps its own words and node."""
+    mine = _handle()
+    other = connection_to(Connector(mine.connector.loaded), replace(mine.node, name="elsewhere", port=1))
+    _dialled(mine, monkeypatch), _dialled(other, monkeypatch)
+    with other.dedicated() as theirs:
+        theirs.settimeout(0.01)
+        for held in (mine.dedicated, mine.held):
+            with pytest.raises(NodeUnreachable) as raised, held():
+                theirs.call("PING")  # the other node stalls
+            assert "elsewhere" in raised.value.summary and mine.name not in raised.value.summary
+            with pytest.raises(FileNotFoundError), held():
+                open("/nonexistent/opsctl-test")  # noqa: SIM115 (a file's error, not the node's)
+    with mine.dedicated() as pipe:
+        pipe.settimeout(0.01)
+        with pytest.raises(NodeUnreachable) as raised:
+            pipe.call("PING")
+    assert mine.name in raised.value.summary and raised.value.why == "TimeoutError: timed out"
+    with pytest.raises(NodeUnreachable) as raised, mine.held() as pipe:
+        pipe.settimeout(0.01)
+        pipe.call("PING")
+    assert mine.endpoint in raised.value.summary
+
+    def refused(node: Node, timeout: float = 30.0, auth: bool = True) -> socket.socket:
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(mine.connector, "socket", refused)
+    with pytest.raises(NodeUnreachable) as raised:
+        mine.dedicated()
+    assert mine.name in raised.value.summary and "refused" in raised.value.why
 
 
 def test_close_twice_is_harmless_and_a_closed_handle_is_said_so() -> None:

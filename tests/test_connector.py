@@ -38,7 +38,7 @@ def test_only_the_connector_creates_clients_and_sockets() -> None:
             if isinstance(node, ast.Call) and _called(node) in MAKERS:
                 offenders.append(f"{module}:{node.lineno} {_called(node)}()")
             if isinstance(node, ast.Call) and _called(node) == "for_node":
-                offenders.append(f"{module}:{node.lineno} Admin.for_node() (use the connector passed down)")
+                offenders.append(f"{module}:{node.lineno} for_node() (use the connector passed down)")
             if isinstance(node, ast.Attribute) and node.attr in ("_sock", "_ROUTES"):
                 offenders.append(f"{module}:{node.lineno} .{node.attr}")
     assert not offenders, "connect through opsctl.net.connector.Connector instead:\n" + "\n".join(offenders)

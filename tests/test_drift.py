@@ -8,16 +8,15 @@ import pytest
 import redis
 import yaml
 
-from opsctl.net.connector import Connector
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import PASSWORD, admin_for
 
 pytestmark = pytest.mark.integration
 CONFIG = "OPS_CONFIG_T3ST"
 
 
 def _live(loaded, node, name: str) -> str:
-    with Connector(loaded).admin(node) as admin:
+    with admin_for(loaded, node) as admin:
         return admin.config_get(name)[name]
 
 
@@ -74,7 +73,7 @@ def test_a_value_the_server_refuses_rolls_the_node_back(tmp_path, capsys) -> Non
         assert "rolled back" in err and "Traceback" not in err
         for node in loaded.layout.servers:
             assert _conf(tmp_path, loaded, node.name) == before[node.name]
-            with Connector(loaded).admin(node) as admin:
+            with admin_for(loaded, node) as admin:
                 assert admin.config_get("maxmemory")["maxmemory"] == str(64 * 1024 * 1024)
         spec.write_text(original)
         assert plan_json(capsys, spec)["steps"] == []

@@ -27,7 +27,7 @@ from opsctl.runtime.opening import make_runtime
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, admin_for, cluster_check
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def _roles(loaded: LoadedSpec) -> dict[str, str]:
 def _fenced(loaded: LoadedSpec) -> list[str]:
     out = []
     for node in loaded.layout.servers:
-        with Connector(loaded).admin(node) as admin:
+        with admin_for(loaded, node) as admin:
             if admin.config_get("min-replicas-to-write")["min-replicas-to-write"] == FENCE:
                 out.append(node.name)
     return out
@@ -229,7 +229,7 @@ def test_a_fence_stays_while_a_node_that_may_have_been_promoted_does_not_answer(
                 again = _opsctl("failover", "-f", str(spec), "--yes", "--to", target, "--no-failover-command")
                 assert again.returncode == 3 and f"{target} does not answer" in again.stderr, \
                     again.stdout + again.stderr
-                with Connector(loaded).admin(loaded.layout.node(old)) as admin:
+                with admin_for(loaded, loaded.layout.node(old)) as admin:
                     assert admin.config_get("min-replicas-to-write")["min-replicas-to-write"] == FENCE
             finally:
                 os.kill(pid, signal.SIGCONT)

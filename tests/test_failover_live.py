@@ -20,7 +20,7 @@ from opsctl.net.observer import wait_cluster_converged
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ TRIALS = 20
 def _roles(loaded: LoadedSpec) -> dict[str, str]:
     out = {}
     for node in loaded.layout.servers:
-        with Connector(loaded).admin(node, timeout=2.0) as admin:
+        with admin_for(loaded, node, timeout=2.0) as admin:
             role = admin.client.execute_command("ROLE")
             out[node.name] = role[0] if role[0] == "master" else f"{role[0]}:{role[1]}:{role[2]}"
     return out

@@ -19,10 +19,9 @@ import redis
 
 from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
-from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -136,7 +135,7 @@ def test_a_cluster_master_that_is_gone_is_replaced_by_force(tmp_path, capsys) ->
     with deployed(tmp_path, capsys, "cluster", "valkey") as (spec, loaded):
         shard = loaded.layout.shards[1]
         old, replica = shard.master, shard.replicas[0]
-        with Connector(loaded).admin(loaded.layout.node(replica)) as admin:
+        with admin_for(loaded, loaded.layout.node(replica)) as admin:
             admin.call("CONFIG", "SET", "cluster-replica-no-failover", "yes")
         with Writer(lambda: cluster_client(loaded)) as writer:
             writer.wait_for_writes(500)

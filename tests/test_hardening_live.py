@@ -21,14 +21,12 @@ import pytest
 import redis
 import yaml
 
-from opsctl.net.admin import Admin
-from opsctl.net.connector import Connector
 from opsctl.observe.replies import config_equal, is_config_directive
 from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec, load_spec, make_resolver
 from opsctl.state.safefs import write_private
-from tests.support import PASSWORD_ENV, make_spec, server_binary
+from tests.support import PASSWORD_ENV, NodeClient, admin_for, make_spec, server_binary
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +43,7 @@ MODES = [(flavor, mode) for flavor in ("valkey", "redis") for mode in ("password
 class Live:
     loaded: LoadedSpec
     node: Node
-    admin: Admin
+    admin: NodeClient
     rendered: dict[str, str]
     sections: tuple[tuple[str, str], ...]
 
@@ -86,7 +84,7 @@ def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def stop(admin: Admin, pidfile: Path) -> None:
+def stop(admin: NodeClient, pidfile: Path) -> None:
     """SHUTDOWN NOSAVE (raw: redis-py would retry the dropped connection), then SIGTERM the pidfile's pid."""
     with contextlib.suppress(redis.RedisError, OSError):
         admin.raw("SHUTDOWN", "NOSAVE")
@@ -104,7 +102,7 @@ def start(request: pytest.FixtureRequest, loaded: LoadedSpec, node: Node, direct
     rendered = render_node(loaded, node, paths, reveal=True, daemonize=True)
     for name, text in rendered.files.items():
         write_private(directory / name, text)
-    admin = Connector(loaded).admin(node)
+    admin = admin_for(loaded, node)
     request.addfinalizer(lambda: stop(admin, Path(paths.pid)))
     args = [server_binary(loaded.spec.server.flavor), paths.conf, *(["--sentinel"] if node.is_sentinel else [])]
     done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)

@@ -319,8 +319,8 @@ OTHER_CLIENTS = {"opsctl.backup.s3": "boto3's S3 client (self.client.meta, .head
 
 
 def _redis_reaches(tree: ast.AST) -> list[str]:
-    """`import redis`/`from redis…`, `except redis.X` (alone or in a tuple) and `x.client.y` (a reach through an
-    Admin into redis-py), each as `line: what`."""
+    """`import redis`/`from redis…`, `except redis.X` (alone or in a tuple) and `x.client.y` (a reach through a
+    wrapper into redis-py), each as `line: what`."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "redis" for a in node.names):

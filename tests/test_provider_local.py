@@ -18,7 +18,6 @@ import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.secrets import Secret
-from opsctl.net.connector import Connector
 from opsctl.providers.base import Provider
 from opsctl.providers.binaries import probe
 from opsctl.providers.local import LocalProvider, server_environment, start_hint, stop_process, tail
@@ -31,7 +30,7 @@ from opsctl.state import statelock
 from opsctl.state.specfile import read_spec
 from opsctl.state.statedir import state_dir_for
 from opsctl.state.statelock import parse_pid, state_lock
-from tests.support import PASSWORD, loopback_hosts, make_spec, server_binary, write_spec
+from tests.support import PASSWORD, admin_for, loopback_hosts, make_spec, server_binary, write_spec
 
 FLAVORS = ["valkey", "redis"]
 
@@ -163,7 +162,7 @@ def test_start_ping_stop(tmp_path: Path, started: Started, flavor: str) -> None:
     started.start(provider, node)
     state = provider.process_state(node)
     assert state.running and state.pid
-    with Connector(loaded).admin(node) as admin:
+    with admin_for(loaded, node) as admin:
         assert admin.ping()
         assert admin.config_get("port") == {"port": str(node.port)}
     proc = Path(f"/proc/{state.pid}")
@@ -258,7 +257,7 @@ def test_kill_9_then_start_again(tmp_path: Path, started: Started) -> None:
     assert not state.running and state.detail == f"pidfile names dead pid {pid}"
     started.start(provider, node)
     assert provider.process_state(node).running and provider.process_state(node).pid != pid
-    with Connector(loaded).admin(node) as admin:
+    with admin_for(loaded, node) as admin:
         assert admin.ping()
     provider.stop(node, timeout=0)  # no time for SIGTERM: SIGKILL, then the stale pidfile goes
     assert not provider.process_state(node).running and not Path(provider.paths(node).pid).exists()
@@ -314,7 +313,7 @@ def test_sentinel_starts(tmp_path: Path, started: Started) -> None:
     started.start(provider, sentinel)
     pid = provider.process_state(sentinel).pid
     assert pid and b"sentinel" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    with Connector(loaded).admin(sentinel) as admin:
+    with admin_for(loaded, sentinel) as admin:
         assert admin.ping()
         assert admin.call("SENTINEL", "MASTERS")
     assert mode(provider.paths(sentinel).conf) == 0o600  # still private after the sentinel rewrote it
@@ -559,7 +558,7 @@ def test_run_as_root_the_servers_run_as_an_unprivileged_user(tmp_path: Path, sta
     folder = Path(provider.paths(node).dir)
     assert folder.stat().st_uid == user.pw_uid and Path(provider.paths(node).conf).stat().st_uid == user.pw_uid
     assert mode(folder) == 0o700 and mode(provider.paths(node).conf) == 0o600 and mode(folder.parent) == 0o711
-    with Connector(loaded).admin(node) as admin:
+    with admin_for(loaded, node) as admin:
         assert admin.ping()
         admin.call("OPS_CONFIG_T3ST", "REWRITE")  # the server may rewrite its own config
     provider.save_record(node, NodeRecord("x"))

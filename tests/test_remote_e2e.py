@@ -28,7 +28,6 @@ import pytest
 
 from opsctl.base.errors import OpsctlError
 from opsctl.cli.main import main
-from opsctl.net.connector import Connector
 from opsctl.providers.ansible import RECORD, AnsibleProvider
 from opsctl.providers.remote.runner import PlaybookResult, parse_event, summarize
 from opsctl.spec.layout import sentinel_master_name
@@ -36,7 +35,7 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import PASSWORD, cluster_check, make_spec, netns_lab, server_binary, write_spec
+from tests.support import PASSWORD, admin_for, cluster_check, make_spec, netns_lab, server_binary, write_spec
 from tests.test_slots_reshard import preload
 from tests.writer import cluster_client, dataset_checksum
 
@@ -324,7 +323,7 @@ def assert_sentinels_monitor_the_master(loaded: LoadedSpec) -> None:
     master = loaded.layout.node(loaded.layout.shards[0].master)
     name = sentinel_master_name(loaded.spec)
     for sentinel in loaded.layout.sentinels:
-        with Connector(loaded).admin(sentinel) as admin:
+        with admin_for(loaded, sentinel) as admin:
             assert admin.call("SENTINEL", "GET-MASTER-ADDR-BY-NAME", name) == [master.address, str(master.port)]
             assert admin.call("SENTINEL", "CKQUORUM", name).startswith("OK")
 

@@ -17,7 +17,7 @@ from opsctl.providers.remote import ssh
 from opsctl.providers.remote.inventory import build_inventory, parse_bastion, remote_paths
 from opsctl.providers.remote.runner import PlaybookTask, child_env, failure_error, summarize, task_event
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, make_spec, write_spec
+from tests.support import PASSWORD, admin_for, make_spec, write_spec
 
 
 def remote(tmp_path: Path, topology: str = "cluster", **extra):
@@ -160,11 +160,11 @@ def test_admin_via_ssh_routes_admin_connections_and_needs_the_ansible_provider(t
 
     loaded = remote(tmp_path, "standalone")
     node = loaded.layout.nodes[0]
-    admin = Connector(loaded, lambda n: ("127.0.0.1", 4242)).admin(node)
+    admin = admin_for(Connector(loaded, lambda n: ("127.0.0.1", 4242)), node)
     kwargs = admin.client.connection_pool.connection_kwargs
     assert (kwargs["host"], kwargs["port"]) == ("127.0.0.1", 4242)
     assert admin.endpoint == node.endpoint and admin.name == node.name  # errors still name the node
-    assert Connector(loaded).admin(node).client.connection_pool.connection_kwargs["host"] == node.address
+    assert admin_for(loaded, node).client.connection_pool.connection_kwargs["host"] == node.address
 
     spec = make_spec("standalone")
     spec["hosts"][0]["admin_via_ssh"] = True

@@ -1,5 +1,5 @@
 """Password mode renames the takeover commands by default (issue 11 item 15): names opsctl derives the same way on
-every run, that Admin, redis.conf and sentinel.conf agree on."""
+every run, that opsctl's clients (LoadedSpec.command_name), redis.conf and sentinel.conf agree on."""
 
 from __future__ import annotations
 

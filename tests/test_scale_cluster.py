@@ -15,12 +15,10 @@ import pytest
 import yaml
 
 from opsctl.cli.main import main
-from opsctl.net.admin import Admin
-from opsctl.net.connector import Connector
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check
+from tests.support import PASSWORD, PASSWORD_ENV, NodeClient, admin_for, cluster_check
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -93,7 +91,7 @@ def test_a_scale_with_a_restart_only_change_fails_over_each_master_first_and_los
             capsys.readouterr()
 
 
-def open_slots_of(admin: Admin) -> list[str]:
+def open_slots_of(admin: NodeClient) -> list[str]:
     """The node's own open slots as CLUSTER NODES lists them ('[slot->-id]', '[slot-<-id]')."""
     myself = next(line for line in str(admin.call("CLUSTER", "NODES")).splitlines() if "myself" in line)
     return [field for field in myself.split()[8:] if field.startswith("[")]
@@ -103,7 +101,7 @@ def killed_mid_move(spec: Path, loaded: LoadedSpec) -> None:
     """Apply the spec and SIGKILL opsctl as soon as one of loaded's shard masters shows a slot open (its move's
     first wave, journaled)."""
     with contextlib.ExitStack() as stack:
-        admins = [stack.enter_context(Connector(loaded).admin(loaded.layout.node(s.master)))
+        admins = [stack.enter_context(admin_for(loaded, loaded.layout.node(s.master)))
                   for s in loaded.layout.shards]
         proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "apply", "-f", str(spec), "--auto-approve"],
                                 env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,

@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from opsctl.net.connector import Connector
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.skewload import SkewLoad, slots_of, tags_by_slot
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import PASSWORD, PASSWORD_ENV, admin_for
 from tests.test_slots_reshard import master_slots, preload, referee_ok
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -51,7 +50,7 @@ def first_master(loaded: LoadedSpec) -> str:
 
 
 def process_id(loaded: LoadedSpec, node: Any) -> str:
-    with Connector(loaded).admin(node) as admin:
+    with admin_for(loaded, node) as admin:
         return next(line for line in admin.info("server").splitlines() if line.startswith("process_id:"))
 
 
@@ -66,7 +65,7 @@ def turn_slot_stats_on(capsys: pytest.CaptureFixture[str], spec: Path, loaded: L
     assert code == 0, err + out
     assert plan_json(capsys, spec)["steps"] == []
     for node in loaded.layout.servers:
-        with Connector(loaded).admin(node) as admin:
+        with admin_for(loaded, node) as admin:
             assert admin.config_get("cluster-slot-stats-enabled")["cluster-slot-stats-enabled"] == "yes"
         assert process_id(loaded, node) == pids[node.name]  # set live, no restart
 

@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.net.admin import Admin
-from opsctl.net.connector import Connector
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check
+from tests.support import PASSWORD, PASSWORD_ENV, NodeClient, admin_for, cluster_check
 from tests.writer import Writer, cluster_client, dataset_checksum
 
 pytestmark = pytest.mark.integration
@@ -78,7 +76,7 @@ def _slot_key(client: object, slot: int, prefix: str) -> str:
     return next(f"{prefix}:{i}" for i in range(10**6) if client.keyslot(f"{prefix}:{i}") == slot)  # type: ignore[attr-defined]
 
 
-def _ask_set(admin: Admin, source_id: str, slot: int, key: str, value: str | None) -> None:
+def _ask_set(admin: NodeClient, source_id: str, slot: int, key: str, value: str | None) -> None:
     """Put (or delete) a copy of key on a node that does not own its slot: IMPORTING + ASKING."""
     admin.call("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
     pipe = admin.client.pipeline(transaction=False)
@@ -93,7 +91,7 @@ def test_busykey_equal_replaced_different_refused_then_fix_and_a_big_hash(tmp_pa
     with deployed(tmp_path, capsys, "cluster", "redis", hardening=no_eval) as (spec, loaded):
         client = cluster_client(loaded)
         source, target = (loaded.layout.node(s.master) for s in loaded.layout.shards[:2])
-        with Connector(loaded).admin(source) as src, Connector(loaded).admin(target) as tgt:
+        with admin_for(loaded, source) as src, admin_for(loaded, target) as tgt:
             source_id = src.call("CLUSTER", "MYID")
             top = 5461  # the first shard's highest slot: reshard --slots 1 takes the highest
             same, differ, big = (_slot_key(client, top - i, f"k{i}") for i in range(3))

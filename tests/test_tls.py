@@ -22,6 +22,7 @@ from tests.lifecycle import deployed, plan_json, run
 from tests.support import (
     PASSWORD,
     PASSWORD_ENV,
+    admin_for,
     cluster_check,
     make_spec,
     redis_cli,
@@ -144,7 +145,7 @@ def _assert_tls_only(loaded: LoadedSpec, state: Path) -> None:
                              timeout=30, check=False)
         assert cli.stdout.strip() == "PONG", cli.stdout + cli.stderr
         if not node.is_sentinel:
-            with connector.admin(node) as admin:
+            with admin_for(connector, node) as admin:
                 live = admin.config_get("tls-*") | admin.config_get("port")
             assert (live["port"], live["tls-port"], live["tls-replication"]) == ("0", str(node.port), "yes")
             assert live["tls-cluster"] == ("yes" if loaded.spec.topology == "cluster" else "no")

@@ -159,7 +159,7 @@ def _verify(source: Connector, target: Target, shards: Sequence[ShardRun], maste
             options: CutoverOptions, caught_up: float, finals: dict[str, int], started: float) -> CutoverDone:
     targets = target.targets()
     with ExitStack() as stack:
-        src = [stack.enter_context(RawPipe(source, node, 60.0)) for node in masters.values()]
+        src = [stack.enter_context(connection_to(source, node, 60.0).dedicated(60.0)) for node in masters.values()]
         dst = [stack.enter_context(targets.open(i)) for i in range(len(targets.names))]
         appliers = [Applier(targets, shards[0].journal.journal.id, s.key, 0, 0.0) for s in shards]
         markers = sum(1 for a in appliers for pipe, key in zip(dst, a.markers, strict=True)

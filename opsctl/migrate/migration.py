@@ -24,7 +24,6 @@ from opsctl.migrate.shard import NoMemberAnswers, ShardRun
 from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import Borrowed
-from opsctl.net.rawpipe import RawPipe
 from opsctl.restore.engine import Targets
 from opsctl.restore.functions import check_libraries
 from opsctl.restore.target import Target, inspect_target
@@ -151,7 +150,8 @@ def check_source_libraries(source: Connector, shards: Sequence[ShardRun], target
     openers = {}
     for shard in shards:
         try:
-            openers[f"source {shard.key}"] = partial(RawPipe, source, shard.attach_node(), 10.0)
+            handle = connection_to(source, shard.attach_node(), 10.0)
+            openers[f"source {shard.key}"] = partial(handle.dedicated, 10.0)
         except NoMemberAnswers:
             continue
     check_libraries(openers, [partial(targets.open, index) for index in range(len(targets.names))])

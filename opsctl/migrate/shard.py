@@ -20,12 +20,13 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.phases import JournalFile, ShardState
 from opsctl.migrate.replay import Applier, EdgeRefused, TargetChanged
 from opsctl.migrate.spool import Spool, SpoolWriter
-from opsctl.net.connection import connection_to
-from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.connection import Connection, connection_to
+from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
-from opsctl.net.rawpipe import PIPE_ERRORS, RawPipe
+from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.observe.replies import info, parse_info, server_of
 from opsctl.restore.engine import Side, Source, Targets, copy_source
+from opsctl.restore.target import PIPE_TIMEOUT
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
 from opsctl.stream.framing import Entry, Position, StreamProtocolError
@@ -179,12 +180,10 @@ class ShardRun:
                                   hint="move the keys to db 0 first, or migrate into a standalone topology")
             path = scratch.socket
 
-            def opener() -> RawPipe:
-                return RawPipe.on_socket(unix_socket(path, 120.0), f"snapshot of {self.key}")
-
-            source = Source(self.key, f"snapshot of {self.key}", opener, dbs, 1 << 62,
+            snapshot = Connection.on_unix(path, f"snapshot of {self.key}", PIPE_TIMEOUT)
+            source = Source(self.key, f"snapshot of {self.key}", snapshot, dbs, 1 << 62,
                             unexpiring=frozenset(db for db, (_, expires) in keyspace.items() if not expires))
-            side = Side(opener, targets.open)
+            side = Side(source.open, targets.open)
             try:
                 counts = copy_source(source, targets, "replace", self._copied, side)
             finally:

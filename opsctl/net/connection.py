@@ -1,11 +1,11 @@
 """The node handle: one node's connections, fabric's Connection for a Redis node.
 
-Connection holds the raw pipes (opsctl.net.rawpipe: hiredis, kept between round trips) opened on first use, and the
-redis-py admin client only for what needs it (pubsub, the legacy Admin); commands go out under the spec's renames;
+Connection holds the raw pipes (opsctl.net.rawpipe: hiredis, kept between round trips) opened on first use, and a
+redis-py client only for what needs it (pub/sub); commands go out under the spec's renames;
 every client error is converted here into opsctl.base.errors' NodeUnreachable or NodeRefused. Connections holds a
 Connection per node for a run (observing, a session), made on first use and closed once.
 
-redis-py is imported only by what needs the admin client: plan and status read over the raw pipes alone."""
+redis-py is imported only by what needs its client: plan and status read over the raw pipes alone."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import hiredis
 
 from opsctl.base.errors import AuthRefused, NodeRefused, NodeUnreachable, OpsctlError, error_text
-from opsctl.net.admin import DEFAULT_TIMEOUT, Admin
-from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.connector import DEFAULT_TIMEOUT, Connector, unix_socket
 from opsctl.net.fanout import fan_out
 from opsctl.net.rawpipe import NodePipes, RawPipe
 from opsctl.net.resp import encode_keyed, text
@@ -27,6 +26,7 @@ from opsctl.observe.replies import Arg, Command, Fact, Reply, RespError, TextRep
 from opsctl.spec.layout import Node
 
 if TYPE_CHECKING:
+    import redis
     import redis.client
 
 T = TypeVar("T")
@@ -61,10 +61,10 @@ class Subscription:
 
 
 class Connection:
-    """One node. The raw pipes (hiredis, pooled) open on first use, the admin client (redis-py) only for what needs
-    it; commands are renamed as the spec says; every client error is converted here into NodeUnreachable or
+    """One node. The raw pipes (hiredis, pooled) open on first use, a redis-py client only for what needs it
+    (pub/sub); commands are renamed as the spec says; every client error is converted here into NodeUnreachable or
     NodeRefused; thread-safe as NodePipes is (a pipe per round trip); close() closes both, once.
-    fail_fast: no redis-py retries on the admin client (observers poll anyway)."""
+    fail_fast: no redis-py retries on that client (observers poll anyway)."""
 
     def __init__(self, connector: Connector, node: Node, timeout: float = DEFAULT_TIMEOUT,
                  fail_fast: bool = False) -> None:
@@ -72,7 +72,7 @@ class Connection:
         self.name = node.name
         self.endpoint = node.endpoint
         self._pipes: NodePipes | None = None
-        self._admin: Admin | None = None
+        self._client: redis.Redis | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -115,7 +115,7 @@ class Connection:
             if self._closed:
                 raise OpsctlError(f"the connection to {self.name} is closed")
             if self._pipes is None:
-                self._pipes = NodePipes(self.connector, self.node, self.timeout)
+                self._pipes = NodePipes(self.connector, self.node, self.timeout, self.unreachable)
             return self._pipes
 
     def command(self, name: str) -> str:
@@ -144,8 +144,9 @@ class Connection:
     def held(self) -> Iterator[RawPipe]:
         """One of the kept pipes, the caller's alone until the block ends, so writes and reads may interleave (a
         stream that keeps the next commands queued while it reads the replies before); back in the pool whole,
-        closed if the block failed. Errors on it are converted as the handle's are."""
-        with self.pipe_errors(), self.pipes().held() as pipe:
+        closed if the block failed. The pipe's own errors are converted as the handle's are; another error raised
+        in the block (another node's) passes as it is."""
+        with self.pipes().held() as pipe:
             yield pipe
 
     def texts(self, commands: Sequence[Command]) -> list[TextReply]:
@@ -198,35 +199,33 @@ class Connection:
             raise self.refused("EXEC", "the transaction was aborted")
         return done
 
-    @contextmanager
-    def dedicated(self, timeout: float = 30.0) -> Iterator[RawPipe]:
-        """A raw pipe of the caller's alone, held whole (SELECT state, a lock marker, a long scan); closed after.
-        Errors on it are converted as the handle's are."""
-        with self.pipe_errors():
-            pipe = RawPipe(self.connector, self.node, timeout)
-            with pipe:
-                yield pipe
+    def dedicated(self, timeout: float = 30.0) -> RawPipe:
+        """A raw pipe of the caller's alone, held whole (SELECT state, a lock marker, a long scan, a copy's
+        connections across pages): `with handle.dedicated() as pipe`, or closed by its owner. Only the pipe's own
+        errors are converted as the handle's are (opsctl.net.rawpipe.RawPipe's failed): another node's error
+        raised while it is held keeps its node. The handle itself holds nothing for it."""
+        return RawPipe(self.connector, self.node, timeout, self.unreachable)
 
-    # --- the admin client (redis-py), only for what needs it ------------------------------------------------------
+    # --- redis-py, only for what needs it (pub/sub) ----------------------------------------------------------------
 
-    def admin(self) -> Admin:
-        """The node's Admin (redis-py), made on first use and closed with this handle: for call sites not yet on
-        the handle (issue 34, WP6)."""
+    def _redis(self) -> redis.Redis:
+        """The node's redis-py client (the connector's route, AUTH and TLS), made on first use and closed with this
+        handle."""
         with self._lock:
             if self._closed:
                 raise OpsctlError(f"the connection to {self.name} is closed")
-            if self._admin is None:
-                self._admin = self.connector.admin(self.node, self.timeout)
+            if self._client is None:
+                self._client = self.connector.client(self.node, self.timeout)
                 if self.fail_fast:
-                    _no_retries(self._admin)
-            return self._admin
+                    _no_retries(self._client)
+            return self._client
 
     def subscribe(self, *channels: str, timeout: float = SUBSCRIBED_WAIT) -> Subscription:
-        """Messages published on channels (Sentinel's hellos, +new-epoch), over a connection of the admin client's.
+        """Messages published on channels (Sentinel's hellos, +new-epoch), over a connection of the redis-py client's.
         Returns once the node confirmed every channel: a message published after that reaches the subscription
         (NodeUnreachable when no confirmation came within timeout)."""
         words = f"SUBSCRIBE {' '.join(channels)}"
-        pubsub = self.admin().client.pubsub()
+        pubsub = self._redis().pubsub()
         try:
             with self.client_errors(words):
                 pubsub.subscribe(*channels)
@@ -237,21 +236,21 @@ class Connection:
         return Subscription(self, pubsub)
 
     def close(self) -> None:
-        """Close the pipes and the admin client; a second close does nothing."""
+        """Close the pipes and the redis-py client; a second close does nothing."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            pipes, admin = self._pipes, self._admin
+            pipes, client = self._pipes, self._client
         if pipes is not None:
             pipes.close()
-        if admin is not None:
-            admin.close()
+        if client is not None:
+            client.close()
 
     @classmethod
     def on_unix(cls, path: str, label: str, timeout: float) -> Connection:
         """The handle of a private server on a unix socket (a scratch server's: no AUTH, no TLS, no renames, no
-        admin client); label names it in errors."""
+        redis-py client); label names it in errors."""
         return _OnUnixSocket(path, label, timeout)
 
     def __enter__(self) -> Connection:
@@ -263,17 +262,19 @@ class Connection:
 
 class _OnUnixSocket(Connection):
     """A private server on a unix socket (a scratch server: no AUTH, no TLS, no renames): one pipe, held per round
-    trip under the lock, opened again after it broke; no admin client."""
+    trip under the lock, opened again after it broke; no redis-py client."""
 
     def __init__(self, path: str, label: str, timeout: float) -> None:
         self.path, self.name, self.endpoint, self.timeout, self.fail_fast = path, label, path, timeout, True
         self._lock = threading.Lock()
         self._closed = False
         self._pipe: RawPipe | None = None
-        self._admin = None
+        self._client = None
 
     def _open(self, timeout: float) -> RawPipe:
-        return RawPipe.on_socket(unix_socket(self.path, timeout), self.name)
+        with self.pipe_errors():
+            sock = unix_socket(self.path, timeout)
+        return RawPipe.on_socket(sock, self.name, self.unreachable)
 
     def command(self, name: str) -> str:
         return name
@@ -292,16 +293,14 @@ class _OnUnixSocket(Connection):
             self._pipe = pipe
             return replies
 
-    @contextmanager
-    def dedicated(self, timeout: float = 30.0) -> Iterator[RawPipe]:
-        with self.pipe_errors(), self._open(timeout) as pipe:
-            yield pipe
+    def dedicated(self, timeout: float = 30.0) -> RawPipe:
+        return self._open(timeout)
 
     def pipes(self) -> NodePipes:
         raise OpsctlError(f"{self.name} has no pooled pipes (a unix socket's handle holds one pipe)")
 
-    def admin(self) -> Admin:
-        raise OpsctlError(f"{self.name} has no admin client (a unix socket's handle speaks over raw pipes only)")
+    def _redis(self) -> redis.Redis:
+        raise OpsctlError(f"{self.name} has no redis-py client (a unix socket's handle speaks over raw pipes only)")
 
     def close(self) -> None:
         with self._lock:
@@ -324,13 +323,13 @@ def _confirmed(pubsub: redis.client.PubSub, count: int, timeout: float) -> None:
             count -= 1
 
 
-def _no_retries(admin: Admin) -> None:
+def _no_retries(client: redis.Redis) -> None:
     """One connect attempt per command, no client-side retries: redis-py's retries with backoff would stall every
     look at a down node."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    admin.client.set_retry(Retry(NoBackoff(), 0))
+    client.set_retry(Retry(NoBackoff(), 0))
 
 
 def said(exc: BaseException) -> str:

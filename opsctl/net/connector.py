@@ -1,7 +1,7 @@
 """The one place that connects to nodes: address or SSH route, auth, TLS. Everything else gets a Connector.
 
-A Connector is made once per command (opsctl.runtime.opening) and passed down; it hands out Admin connections, bare
-redis-py clients (probes) and authenticated raw sockets. With TLS each connection verifies the certificate against
+A Connector is made once per command (opsctl.runtime.opening) and passed down; it hands out redis-py clients (a
+handle's pub/sub, probes) and authenticated raw sockets. With TLS each connection verifies the certificate against
 the node's address, through an SSH tunnel too. The node handle over them is opsctl.net.connection.connection_to
 (not a method here: the raw stack that handle holds imports this module)."""
 
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from opsctl.base.errors import AuthRefused, OpsctlError
 from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.secrets import Secret
-from opsctl.net.admin import DEFAULT_TIMEOUT, Admin, with_fallback
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -27,6 +26,8 @@ if TYPE_CHECKING:
     from redis.connection import Connection
 
 Route = Callable[[Node], tuple[str, int]]
+
+DEFAULT_TIMEOUT = 5.0
 
 
 @frozen
@@ -163,10 +164,6 @@ class Connector:
         client.auto_close_connection_pool = True
         return client
 
-    def admin(self, node: Node, timeout: float = DEFAULT_TIMEOUT, decode: bool = True) -> Admin:
-        """decode=False keeps replies as bytes (key names are binary-safe that way)."""
-        return Admin(self.loaded, node, self.client(node, timeout, decode))
-
     def _passwords(self) -> list[str]:
         """The spec's password, then the previous one while a rotation keeps it (auth.previous_password)."""
         if self.login is not None:
@@ -197,6 +194,32 @@ class Connector:
             raise AuthRefused(f"{node.name} refused opsctl's AUTH", reply.decode("utf-8", "replace")[:200],
                               "check auth.password in the spec")
         return sock
+
+
+def with_fallback(pool: redis.ConnectionPool, previous: str) -> None:
+    """During a password rotation (auth.previous_password) a node may still run with the previous password:
+    each new connection tries the spec's password, then the previous one."""
+    import redis
+
+    base = pool.connection_class
+    if getattr(base, "opsctl_fallback", False):
+        return
+
+    class FallbackConnection(base):  # type: ignore[valid-type,misc]
+        opsctl_fallback = True
+
+        def on_connect_check_health(self, check_health: bool = True) -> None:
+            try:
+                super().on_connect_check_health(check_health)
+            except redis.AuthenticationError:
+                current = getattr(self, "password", None)
+                setattr(self, "password", previous)  # noqa: B010 (a dynamic base class: mypy cannot see it)
+                try:
+                    super().on_connect_check_health(check_health)
+                finally:
+                    setattr(self, "password", current)  # noqa: B010
+
+    pool.connection_class = FallbackConnection
 
 
 def _auth_command(loaded: LoadedSpec, node: Node, password: str, user: str | None = None) -> bytes:

@@ -33,6 +33,11 @@ READ_SIZE = 1 << 20
 # AuthRefused and PipeClosed are NodeUnreachable (opsctl.base.errors), which opsctl.net.connection raises for the
 # others: the old name stays while call sites move onto the node handle (issue 34, WP6).
 PIPE_ERRORS = (OSError, NodeUnreachable, hiredis.ProtocolError)
+RAW_ERRORS = (OSError, hiredis.ProtocolError)  # what the socket and the parser raise themselves
+
+# How a pipe's own failure (one of RAW_ERRORS) is said: the node handle's NodeUnreachable naming the node
+# (opsctl.net.connection), or None to raise it as it came (a bare pipe on a scratch server's socket).
+Failed = Callable[[BaseException], BaseException] | None
 
 
 def link_error(exc: BaseException) -> str:
@@ -63,36 +68,64 @@ class RawPipe:
     """One dedicated connection from the connector (route, AUTH and TLS done), then bytes out and parsed
     replies in. Its caller owns it whole: a scan or a copy that holds per-connection state (SELECT) or runs long."""
 
-    def __init__(self, connector: Connector, node: Node, timeout: float = 30.0) -> None:
+    def __init__(self, connector: Connector, node: Node, timeout: float = 30.0, failed: Failed = None) -> None:
         loaded = connector.loaded
-        self._open(connector.socket(node, timeout), node.name, lambda c: loaded.command_name(node, c))
+        try:
+            sock = connector.socket(node, timeout)
+        except RAW_ERRORS as exc:
+            if failed is None:
+                raise
+            raise failed(exc) from exc
+        self._open(sock, node.name, lambda c: loaded.command_name(node, c), failed)
 
     @classmethod
-    def on_socket(cls, sock: socket.socket, label: str) -> RawPipe:
+    def on_socket(cls, sock: socket.socket, label: str, failed: Failed = None) -> RawPipe:
         """A pipe on a connected socket (a scratch server's, from opsctl.net.connector.unix_socket), commands
         unrenamed."""
         pipe = cls.__new__(cls)
-        pipe._open(sock, label, str.upper)
+        pipe._open(sock, label, str.upper, failed)
         return pipe
 
-    def _open(self, sock: socket.socket, label: str, rename: Callable[[str], str]) -> None:
+    def _open(self, sock: socket.socket, label: str, rename: Callable[[str], str], failed: Failed) -> None:
         self.label = label
         self._rename = rename
         self._stream = sock
         self._reader = reader()
+        self._failed = failed
+
+    # Only the pipe's own calls (opening, send, read) convert its errors: an error raised beside it while its owner
+    # holds it (another node's pipe, a file) keeps its own words and node.
 
     def name(self, command: str) -> bytes:
         """A command under the spec's rename, as bytes."""
         return self._rename(command).encode()
 
     def send(self, data: bytes) -> None:
-        self._stream.sendall(data)
+        try:
+            self._stream.sendall(data)
+        except RAW_ERRORS as exc:
+            if self._failed is None:
+                raise
+            raise self._failed(exc) from exc
 
     def settimeout(self, seconds: float) -> None:
         """How long one send or read may wait for the node (a silent peer: a split that drops packets)."""
-        self._stream.settimeout(seconds)
+        try:
+            self._stream.settimeout(seconds)
+        except RAW_ERRORS as exc:
+            if self._failed is None:
+                raise
+            raise self._failed(exc) from exc
 
     def read(self, count: int) -> list[Reply]:
+        try:
+            return self._read(count)
+        except RAW_ERRORS as exc:
+            if self._failed is None:
+                raise
+            raise self._failed(exc) from exc
+
+    def _read(self, count: int) -> list[Reply]:
         out: list[Reply] = []
         gets = self._reader.gets
         while True:
@@ -146,8 +179,8 @@ class NodePipes:
     back only whole (every reply read) and idle; a broken one is closed and the next round trip opens another (a
     node that restarted closed it)."""
 
-    def __init__(self, connector: Connector, node: Node, timeout: float) -> None:
-        self.connector, self.node, self.timeout = connector, node, timeout
+    def __init__(self, connector: Connector, node: Node, timeout: float, failed: Failed = None) -> None:
+        self.connector, self.node, self.timeout, self.failed = connector, node, timeout, failed
         self._idle: list[RawPipe] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -191,14 +224,15 @@ class NodePipes:
     @contextmanager
     def held(self) -> Iterator[RawPipe]:
         """A connection for this thread alone until the block ends, so writes and reads may interleave (a stream
-        that keeps the next commands queued while it reads the replies to the ones before). Raises PIPE_ERRORS."""
+        that keeps the next commands queued while it reads the replies to the ones before). Raises PIPE_ERRORS (the
+        pipe's own, as failed says them)."""
         with self._lock:
             pipe = self._idle.pop() if self._idle else None
         while pipe is not None and not pipe.idle():
             pipe.close()
             with self._lock:
                 pipe = self._idle.pop() if self._idle else None
-        pipe = pipe or RawPipe(self.connector, self.node, self.timeout)
+        pipe = pipe or RawPipe(self.connector, self.node, self.timeout, self.failed)
         try:
             yield pipe
         except BaseException:

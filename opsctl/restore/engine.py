@@ -15,6 +15,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from opsctl.base.errors import OpsctlError
+from opsctl.net.connection import Connection
 from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import encode
 from opsctl.observe.replies import Reply, RespError
@@ -38,25 +39,37 @@ class Entry(NamedTuple):
 
 @dataclass
 class Targets:
-    """The target masters (opened per thread), how keys route to them, and whether SELECT is allowed."""
+    """The target masters' handles (each thread opens its own pipes on them), how keys route to them, and whether
+    SELECT is allowed."""
 
-    names: list[str]
-    open: Callable[[int], RawPipe]
+    handles: list[Connection]
     router: Router
     cluster: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [handle.name for handle in self.handles]
+
+    def open(self, index: int) -> RawPipe:
+        """A pipe of the caller's own to target master index (its SELECT, its RESTOREs in flight)."""
+        return self.handles[index].dedicated(self.handles[index].timeout)
 
 
 @dataclass
 class Source:
     key: str
     label: str
-    open: Callable[[], RawPipe]
+    handle: Connection  # a live node's, or a scratch server's (Connection.on_unix)
     dbs: list[int]
     sample_every: int = 1000
     samples: list[Entry] = field(default_factory=list)
     kept: set[tuple[int, bytes]] = field(default_factory=set)  # samples skip-existing left as the target had them
     confirm: Callable[[], str | None] | None = None  # a referee besides the source itself: a problem, or None
     unexpiring: frozenset[int] = frozenset()  # dbs without a key with a TTL on a source no one writes: none read
+
+    def open(self) -> RawPipe:
+        """A pipe of the caller's own to the source (a copy's thread, a side comparison)."""
+        return self.handle.dedicated(self.handle.timeout)
 
 
 class TargetPipes:

@@ -20,8 +20,7 @@ from opsctl.backup.timeline import (
     segment_prefix,
 )
 from opsctl.base.errors import OpsctlError, RefusedError
-from opsctl.net.connector import unix_socket
-from opsctl.net.rawpipe import RawPipe
+from opsctl.net.connection import Connection
 from opsctl.net.resp import encode
 from opsctl.observe.replies import RespError
 from opsctl.stream.framing import Entry, Position
@@ -150,7 +149,7 @@ def shard_entries(store: Store, base: Base, shard: int, until: float) -> tuple[l
 def replay(socket_path: str, label: str, commands: Sequence[tuple[bytes, ...]]) -> None:
     """The commands run in order on a scratch server, pipelined; a refused one is named (the archive holds what
     the master ran, so this is a scratch server that cannot, e.g. an older version)."""
-    with RawPipe.on_socket(unix_socket(socket_path, 120.0), label) as pipe:
+    with Connection.on_unix(socket_path, label, 120.0).dedicated(120.0) as pipe:
         for at in range(0, len(commands), BATCH):
             batch = commands[at:at + BATCH]
             pipe.send(b"".join(encode(list(c)) for c in batch))

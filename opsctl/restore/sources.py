@@ -20,13 +20,12 @@ from opsctl.backup.savers import parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
-from opsctl.net.connection import connection_to, said
-from opsctl.net.connector import Connector, unix_socket
+from opsctl.net.connection import Connection, connection_to, said
+from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, scan_targets
-from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.replies import ROLE, RoleInfo, info
 from opsctl.restore.engine import Source
-from opsctl.restore.target import Target, one_server
+from opsctl.restore.target import PIPE_TIMEOUT, Target, one_server
 from opsctl.server.versions import reads_rdb, server_text
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -82,15 +81,11 @@ def backup_sources(folder: Path, target: Target, options: RestoreOptions, origin
             dbs = sorted(db for db, (keys, _) in scratch.keyspace().items() if keys)
             dataset += scratch.dataset_bytes()
             key = f"shard-{shard.shard}"
-            sources.append(Source(key, shard.file, _scratch_opener(scratch.socket, shard.file), dbs,
+            sources.append(Source(key, shard.file, Connection.on_unix(scratch.socket, shard.file, PIPE_TIMEOUT), dbs,
                                   _sample_every(shard.total_keys, options.sample)))
             expected[key] = shard
         text = f"backup {origin or folder} ({describe(manifest)})"
         yield Prepared(f"backup:{origin or folder.resolve()}:{manifest.created_at}", text, sources, dataset, expected)
-
-
-def _scratch_opener(socket_path: str, label: str) -> Callable[[], RawPipe]:
-    return lambda: RawPipe.on_socket(unix_socket(socket_path, 120.0), label)
 
 
 def refuse_same_servers(target: LoadedSpec, source: LoadedSpec) -> None:
@@ -123,7 +118,8 @@ def live_sources(source: Connector, target: Target, options: RestoreOptions) -> 
                                "database 0 (nothing was written)", hint="restore into a standalone topology")
         keys = sum(k for k, _ in parse_keyspace(server_info).values())
         dataset += int(server_info.get("used_memory_dataset", "0"))
-        sources.append(Source(ln.node.name, f"{node.name} ({node.endpoint}){note}", _live_opener(source, node),
+        sources.append(Source(ln.node.name, f"{node.name} ({node.endpoint}){note}",
+                              connection_to(source, node, PIPE_TIMEOUT),
                               sorted(parse_keyspace(server_info)), _sample_every(keys, options.sample),
                               confirm=confirm))
     server = one_server(infos, "source")
@@ -148,10 +144,6 @@ def fresh_node(source: Connector, ln: LiveNode) -> tuple[Node, Callable[[], str 
     if start is None:
         return master, None, f", its replica {ln.node.name} lagged behind"
     return ln.node, partial(confirmed, source, ln.node, master, start), ""
-
-
-def _live_opener(connector: Connector, node: Node) -> Callable[[], RawPipe]:
-    return lambda: RawPipe(connector, node, 120.0)
 
 
 CATCH_UP = 10.0  # a linked replica acknowledges once a second: ten beats behind is cut off, not slow

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from opsctl.backup.savers import Server, parse_keyspace
 from opsctl.base.errors import RefusedError
+from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.observer import describe as describe_problems
 from opsctl.net.observer import observe
-from opsctl.net.rawpipe import RawPipe
 from opsctl.observe.cluster_state import observed_problems
 from opsctl.observe.replies import SLOTS, server_of
 from opsctl.restore.engine import Targets
@@ -19,6 +19,8 @@ from opsctl.server.versions import server_text
 from opsctl.slots.ranges import key_slot
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
+
+PIPE_TIMEOUT = 120.0  # a copy's pipe waits this long for a reply (a RESTORE of a big key, a loaded target)
 
 
 @dataclass
@@ -36,9 +38,9 @@ class Target:
         return self.connector.loaded
 
     def targets(self) -> Targets:
-        def open_pipe(index: int) -> RawPipe:
-            return RawPipe(self.connector, self.masters[index], 120.0)
-        return Targets([m.name for m in self.masters], open_pipe, self.router, self.cluster)
+        """The masters' handles; each pipe opened on them is its opener's (nothing to close here)."""
+        return Targets([connection_to(self.connector, m, PIPE_TIMEOUT) for m in self.masters], self.router,
+                       self.cluster)
 
 
 def inspect_target(connector: Connector) -> Target:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 from opsctl.base.errors import NodeUnreachable, OpsctlError
 from opsctl.base.secrets import MASK
 from opsctl.metrics.exporter import ExporterRun
-from opsctl.net.admin import DEFAULT_TIMEOUT
 from opsctl.net.connection import connection_to
+from opsctl.net.connector import DEFAULT_TIMEOUT
 from opsctl.net.fanout import fan_out
 from opsctl.observe.replies import Command, RespError, TextReply
 from opsctl.plan.desired import DIFFERS, password_verdicts, sentinel_file_values, server_file_values
