@@ -98,11 +98,12 @@ def test_the_node_handle_on_a_live_node(tmp_path: Path, capsys: pytest.CaptureFi
                 pipe.call("PING")
             assert handle.ping()
 
-        monkeypatch.setenv(PASSWORD_ENV, "not-the-password")
-        wrong = connection_to(Connector(read_spec(spec)), node)
-        with pytest.raises(AuthRefused):
-            wrong.call("PING")
-        assert not wrong.ping()
+        with monkeypatch.context() as patched:  # undone before the teardown: a wrong password there leaks the server
+            patched.setenv(PASSWORD_ENV, "not-the-password")
+            wrong = connection_to(Connector(read_spec(spec)), node)
+            with pytest.raises(AuthRefused):
+                wrong.call("PING")
+            assert not wrong.ping()
 
         with open_runtime(loaded) as rt:  # a run's handles: one per node, closed with the runtime
             kept = rt.connections[node.name]
