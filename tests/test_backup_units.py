@@ -53,6 +53,8 @@ def test_manifest_round_trip() -> None:
     (lambda d: d.pop("flavor"), "flavor is missing"),
     (lambda d: d.update(flavor="keydb"), "flavor has an unexpected value"),
     (lambda d: d.update(format=2), "format is 2"),
+    (lambda d: d.clear(), "format is missing"),  # not a manifest at all: said before any other field
+    (lambda d: d.update(format="1"), "format must be int, not str"),
     (lambda d: d.update(rdb_version="80"), "rdb_version must be int"),
     (lambda d: d.update(shards=[]), "shards is empty"),
     (lambda d: d["shards"][0].update(file="../../etc/passwd"), "shards[0].file has an unexpected value"),

@@ -11,18 +11,16 @@ from opsctl.net.fanout import WIDTH, Borrowed, fan_out
 
 
 def test_results_in_order_and_threads_kept_for_the_next_fan_out() -> None:
-    used: list[set[int]] = []
-    for _ in range(20):
-        seen: set[int] = set()
+    threads: set[threading.Thread] = set()  # the objects, kept: an ident may be reused by a new thread
 
-        def square(i: int, seen: set[int] = seen) -> int:
-            seen.add(threading.get_ident())
-            return i * i
+    def square(i: int) -> int:
+        threads.add(threading.current_thread())
+        return i * i
+    for _ in range(20):
         assert fan_out(square, list(range(40))) == [i * i for i in range(40)]
-        used.append(seen)
-    # kept and reused: every fan_out after the first runs on threads an earlier one ran on (by identity, not by
-    # counting live threads: on a loaded machine a thread idle a moment after its result lets the pool add one)
-    assert all(later & set().union(*used[:k + 1]) for k, later in enumerate(used[1:]))
+    # kept and reused: 20 fan_outs of WIDTH at once, each on threads of its own, would take 20 * WIDTH threads. On a
+    # loaded machine a thread idle a moment after its result lets the pool add one, so the bound is loose
+    assert len(threads) <= 8 * WIDTH
 
 
 def test_at_most_width_at_once_and_no_item_started_after_an_error() -> None:

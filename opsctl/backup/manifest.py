@@ -243,6 +243,8 @@ def parse_manifest(text: str, where: str) -> Manifest:
     written = data.get("format") if isinstance(data, dict) else None
     if type(written) is int and written != FORMAT:  # another format's fields are not this one's: said first
         raise f.bad("format", f"is {written}; this opsctl reads format {FORMAT}")
+    if isinstance(data, dict) and type(written) is not int:  # no format: not a manifest at all, said before any field
+        raise f.bad("format", "is missing" if "format" not in data else f"must be int, not {type(written).__name__}")
     try:
         saved = read_fields(SavedManifest, data)
     except DataMismatch as exc:
