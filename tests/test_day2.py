@@ -87,7 +87,8 @@ class Archiver:
         """Every shard has a segment stored that the archiver closed after `after` (wall clock)."""
         if self.proc.poll() is not None:
             raise AssertionError(f"the archiver exited {self.proc.returncode}: "
-                                 f"{self.log.with_suffix('.err').read_text()[-3000:]}")
+                                 f"{self.log.with_suffix('.err').read_text()[-3000:]}"
+                                 f"{self.log.read_text()[-2000:]}")  # under --output json its error is on stdout
         done = {e["shard"] for e in self.events() if e["event"] == "segment-archived" and e["durable"] >= after}
         return True if len(done) >= shards else Pending(f"segments of shards {sorted(done)} since {after:.1f}; its "
                                                         f"notes: {self.notes()[-4:]}")
