@@ -100,30 +100,28 @@ class RawPipe:
         """A command under the spec's rename, as bytes."""
         return self._rename(command).encode()
 
-    def send(self, data: bytes) -> None:
+    @contextmanager
+    def _own_errors(self) -> Iterator[None]:
+        """This pipe's own failures as its handle's error (failed), when it was given one; else as they are."""
         try:
-            self._stream.sendall(data)
+            yield
         except RAW_ERRORS as exc:
             if self._failed is None:
                 raise
             raise self._failed(exc) from exc
+
+    def send(self, data: bytes) -> None:
+        with self._own_errors():
+            self._stream.sendall(data)
 
     def settimeout(self, seconds: float) -> None:
         """How long one send or read may wait for the node (a silent peer: a split that drops packets)."""
-        try:
+        with self._own_errors():
             self._stream.settimeout(seconds)
-        except RAW_ERRORS as exc:
-            if self._failed is None:
-                raise
-            raise self._failed(exc) from exc
 
     def read(self, count: int) -> list[Reply]:
-        try:
+        with self._own_errors():
             return self._read(count)
-        except RAW_ERRORS as exc:
-            if self._failed is None:
-                raise
-            raise self._failed(exc) from exc
 
     def _read(self, count: int) -> list[Reply]:
         out: list[Reply] = []
