@@ -47,11 +47,20 @@ def run_in_namespace(scenario: str) -> dict[str, Any]:
 
 @contextmanager
 def topology(tmp: Path, name: str, topology_: str, **sections: Any) -> Iterator[tuple[Path, Any]]:
+    from tests.support import make_spec
+
+    with applied(tmp, name, make_spec(topology_, "valkey", **sections)) as made:
+        yield made
+
+
+@contextmanager
+def applied(tmp: Path, name: str, spec: dict[str, Any]) -> Iterator[tuple[Path, Any]]:
+    """spec applied in tmp/name, each host's connections leaving from its own address (on its side of any cut);
+    destroyed after."""
     from opsctl.cli.main import main
     from opsctl.state.specfile import read_spec
-    from tests.support import make_spec, write_spec
+    from tests.support import write_spec
 
-    spec = make_spec(topology_, "valkey", **sections)
     spec["hosts"] = [{**h, "source_address": h["address"]} for h in spec["hosts"]]
     (tmp / name).mkdir()
     path = write_spec(tmp / name, spec)

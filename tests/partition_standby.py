@@ -67,19 +67,10 @@ def run_in_namespace(flavor: str) -> dict[str, Any]:
 
 @contextmanager
 def topology(tmp: Path, name: str, spec: dict[str, Any]) -> Iterator[tuple[Path, Any]]:
-    from opsctl.cli.main import main
-    from opsctl.state.specfile import read_spec
-    from tests.support import write_spec
+    from tests.partition_restore import applied
 
-    spec["hosts"] = [{**h, "source_address": h["address"]} for h in spec["hosts"]]
-    (tmp / name).mkdir()
-    path = write_spec(tmp / name, spec)
-    if main(["apply", "-f", str(path), "--auto-approve"]) != 0:
-        raise RuntimeError(f"apply of {name} failed")
-    try:
-        yield path, read_spec(path)
-    finally:
-        main(["destroy", "-f", str(path), "--auto-approve", "--purge"])
+    with applied(tmp, name, spec) as made:
+        yield made
 
 
 def beside(node: Any) -> Any:
