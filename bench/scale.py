@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from create import swept, time_floor_cluster, time_redis_cli  # noqa: E402
+from create import NODE_TIMEOUT_MS, swept, time_floor_cluster, time_redis_cli  # noqa: E402
 
 from opsctl.apply import ApplyOptions, apply  # noqa: E402
 from opsctl.destroy import DestroyOptions, destroy  # noqa: E402
@@ -97,8 +97,8 @@ def no_changes(done: subprocess.CompletedProcess[str]) -> bool:
 
 def cluster_spec(directory: Path, nodes: int) -> Path:
     directory.mkdir()
-    return write_spec(directory, make_spec("cluster", "valkey", cluster={"masters": nodes // 2,
-                                                                          "replicas_per_master": 1}))
+    shape = {"masters": nodes // 2, "replicas_per_master": 1, "node_timeout_ms": NODE_TIMEOUT_MS}
+    return write_spec(directory, make_spec("cluster", "valkey", cluster=shape))
 
 
 def bench_cluster(nodes: int, peer_limit: float) -> None:
