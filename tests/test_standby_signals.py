@@ -16,8 +16,8 @@ from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.signals import METRIC_HELP, render_follow, textfile_name
 from opsctl.migrate.migration import MigrateLag
-from opsctl.standby.records import Switched, record_switched
 from opsctl.state.specfile import read_spec
+from opsctl.state.standbyfiles import Switched, record_switched
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import run
 from tests.monitoring import ROOT

@@ -15,15 +15,16 @@ from opsctl.migrate.shard import ShardRun
 from opsctl.render import default_paths, render_node
 from opsctl.render.exporteruser import lifts
 from opsctl.spec.load import load_spec
-from opsctl.standby.records import (
+from opsctl.state.standbyfiles import (
     LAG,
     RECORD,
+    StandbyStatus,
     Switched,
     check_declared,
-    following_line,
     lag_json,
     parse_switched,
     record_switched,
+    standby_status,
 )
 from opsctl.stream.framing import Position
 
@@ -36,6 +37,12 @@ ACL = {"mode": "acl", "password": {"env": "P"}, "users": [{"name": "app", "passw
 
 def _loaded(**over: object):  # type: ignore[no-untyped-def]
     return load_spec(yaml.safe_dump({**BASE, **over}), "dr.yaml", lambda ref: SECRET)
+
+
+def _line(loaded, state_dir: Path, now: float) -> str | None:  # type: ignore[no-untyped-def]
+    """status's line about the standby (its text output), None when it says nothing."""
+    said = standby_status(loaded, state_dir, now)
+    return None if said is None else said.line()
 
 
 def _users(loaded) -> list[str]:  # type: ignore[no-untyped-def]
@@ -90,18 +97,55 @@ def test_a_bad_record_is_refused_by_name(text: str) -> None:
 
 def test_status_says_following_with_the_lag_not_following_or_switched(tmp_path: Path) -> None:
     loaded = _loaded()
-    assert "not following (opsctl follow -f dr.yaml)" in (following_line(loaded, tmp_path, 1000.0) or "")
+    assert "not following (opsctl follow -f dr.yaml)" in (_line(loaded, tmp_path, 1000.0) or "")
     shards = {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.25, "applied": 9},
               "shard-2": {"phase": "snapshot", "copied": 500}}
     (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
-    assert following_line(loaded, tmp_path, 1000.0) == ("standby of primary.yaml: following, shard-1 stream lag 120B "
-                                                        "0.25s, shard-2 snapshot 500 keys copied (10.0s ago)")
-    assert "not following, last report 60s ago" in (following_line(loaded, tmp_path, 1050.0) or "")
+    assert _line(loaded, tmp_path, 1000.0) == ("standby of primary.yaml: following, shard-1 stream lag 120B "
+                                               "0.25s, shard-2 snapshot 500 keys copied (10.0s ago)")
+    assert "not following, last report 60s ago" in (_line(loaded, tmp_path, 1050.0) or "")
     (tmp_path / LAG).write_text("{not json")
-    assert "not following (" in (following_line(loaded, tmp_path, 1000.0) or "")
-    assert following_line(_loaded(follows=None), tmp_path, 1000.0) is None
+    assert "not following (" in (_line(loaded, tmp_path, 1000.0) or "")
+    assert _line(_loaded(follows=None), tmp_path, 1000.0) is None
     record_switched(tmp_path, Switched(0.0, "'orders'", "primary-lost"))
-    assert "switched over from 'orders' (primary-lost" in (following_line(_loaded(follows=None), tmp_path, 1.0) or "")
+    assert "switched over from 'orders' (primary-lost" in (_line(_loaded(follows=None), tmp_path, 1.0) or "")
+
+
+def test_the_standby_record_status_carries_from_a_lag_file(tmp_path: Path) -> None:
+    """status's result carries the standby's state as a record (its JSON under "standby"), not only as the text
+    line: following (per shard phase, lag, copied, applied; an unknown lag null, never -1), not following (the
+    last report's age, or none), switched over (from whom, mode, when); None for a spec that is no standby."""
+    from opsctl.status.looks import StatusResult
+
+    loaded = _loaded()
+    shards = {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.25, "applied": 9},
+              "shard-2": {"phase": "stream", "lag_bytes": -1, "lag_seconds": 0.0, "applied": 4},
+              "shard-3": {"phase": "snapshot", "copied": 500}}
+    (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
+    said = standby_status(loaded, tmp_path, 1000.0)
+    assert said is not None and said.to_dict() == {
+        "state": "following", "primary": "primary.yaml", "mode": None, "switched_at": None, "report_age": 10.0,
+        "shards": {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.25, "copied": 0, "applied": 9},
+                   "shard-2": {"phase": "stream", "lag_bytes": None, "lag_seconds": None, "copied": 0, "applied": 4},
+                   "shard-3": {"phase": "snapshot", "lag_bytes": None, "lag_seconds": None, "copied": 500,
+                               "applied": 0}},
+        "hint": None}
+    result = StatusResult("dr", "standalone", True, "standalone healthy", (), None, said)
+    assert result.to_dict()["standby"] == said.to_dict()
+    assert result.text().splitlines()[-1] == said.line()  # the text output: the same line as before
+    assert StatusResult("dr", "standalone", True, "ok", (), None).to_dict()["standby"] is None
+    stale = standby_status(loaded, tmp_path, 1060.0)
+    assert stale is not None and (stale.state, stale.report_age, stale.shards, stale.hint) == (
+        "not-following", 70.0, (), "opsctl follow -f dr.yaml")
+    for bad in ('{"at": 990, "shards": {"shard-1": {"phase": "sideways"}}}',
+                '{"at": 990, "shards": {"shard-1": {"phase": "stream", "lag_bytes": "120"}}}',
+                '{"at": 990, "shards": []}'):
+        (tmp_path / LAG).write_text(bad)  # a file read back is checked: a wrong one is no report
+        wrong = standby_status(loaded, tmp_path, 1000.0)
+        assert wrong is not None and (wrong.state, wrong.report_age) == ("not-following", None), bad
+    record_switched(tmp_path, Switched(86400.0, "'orders'", "planned"))
+    assert standby_status(_loaded(follows=None), tmp_path, 1.0) == StandbyStatus("switched-over", "'orders'",
+                                                                                  "planned", 86400.0)
 
 
 def test_status_and_the_lag_line_never_show_a_cut_link_as_current(tmp_path: Path) -> None:
@@ -112,7 +156,7 @@ def test_status_and_the_lag_line_never_show_a_cut_link_as_current(tmp_path: Path
     shards = {"shard-1": {"phase": "stream", "lag_bytes": -1, "lag_seconds": 0.0, "applied": 9},
               "shard-2": {"phase": "attach", "copied": 0, "applied": 4}}
     (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
-    assert following_line(_loaded(), tmp_path, 1000.0) == (
+    assert _line(_loaded(), tmp_path, 1000.0) == (
         "standby of primary.yaml: following, shard-1 stream lag unknown (the primary does not answer), shard-2 "
         "attach (link lost: attaching again from the journaled offset, no copy) (10.0s ago)")
     assert MigrateLag(shards).line() == ("shard-1: lag unknown (the source does not answer) 0.00s, 9 applied  "
@@ -131,6 +175,6 @@ def test_a_shard_whose_link_was_lost_is_attaching_again_not_copying(tmp_path: Pa
     shards = {"shard-1": {"phase": "attach", "copied": 0, "applied": 9}}
     assert MigrateLag(shards).line() == "shard-1: attaching again (link lost), 9 applied"
     (tmp_path / LAG).write_text(lag_json(990.0, "'orders'", shards))
-    assert following_line(_loaded(), tmp_path, 1000.0) == (
+    assert _line(_loaded(), tmp_path, 1000.0) == (
         "standby of primary.yaml: following, shard-1 attach (link lost: attaching again from the journaled offset, "
         "no copy) (10.0s ago)")

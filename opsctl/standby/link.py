@@ -33,8 +33,8 @@ from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER
 from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
 from opsctl.standby.primary import Primary, primary_connector, primary_of, primary_silent
-from opsctl.standby.records import LAG, LAG_EVERY, Switched, lag_json, read_switched, record_switched
 from opsctl.state.safefs import write_private
+from opsctl.state.standbyfiles import LAG, LAG_EVERY, Switched, lag_json, read_switched, record_switched
 
 # a server that does not answer (down, not deployed yet); a server that answers with an error is an error
 UNANSWERED = (NodeUnreachable, OSError)

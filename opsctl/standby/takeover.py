@@ -20,7 +20,7 @@ from opsctl.restore.target import inspect_target
 from opsctl.spec.load import LoadedSpec
 from opsctl.standby.link import follower_of, lift_fence, refuse_switched
 from opsctl.standby.primary import primary_of
-from opsctl.standby.records import LAG, Switched, record_switched
+from opsctl.state.standbyfiles import LAG, Switched, record_switched
 
 
 @dataclass(frozen=True)

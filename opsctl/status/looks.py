@@ -20,6 +20,7 @@ from opsctl.plan.health import node_problem, replication_problem, sentinel_probl
 from opsctl.runtime.gather import FleetView
 from opsctl.runtime.opening import Runtime
 from opsctl.spec.layout import Node, same_endpoint, sentinel_master_name
+from opsctl.state.standbyfiles import StandbyStatus, standby_status
 
 if TYPE_CHECKING:
     from opsctl.observe.replies import RoleInfo
@@ -102,13 +103,16 @@ ONE_LOOK = StatusOptions()
 
 
 def status(rt: Runtime, options: StatusOptions = ONE_LOOK) -> StatusResult:
-    """The status of rt's topology: a look, again while it is unhealthy, up to options.settle seconds."""
+    """The status of rt's topology: a look, again while it is unhealthy, up to options.settle seconds; a standby's
+    link as its state dir says (a spec with follows:, or one switched over)."""
+    from dataclasses import replace
+
     deadline = time.monotonic() + options.settle
     result = look(rt)
     while not result.healthy and result.hint != AUTH_HINT and time.monotonic() < deadline:
         time.sleep(LOOK_EVERY)
         result = look(rt)
-    return result
+    return replace(result, standby=standby_status(rt.loaded, rt.state_dir, time.time()))
 
 
 def watch(rt: Runtime, interval: float) -> Iterator[StatusResult]:
@@ -222,7 +226,8 @@ def _master_role(layout: Layout, facts: Mapping[str, NodeFacts], master: tuple[s
 @frozen
 class StatusResult(Frozen):
     """status, and the status apply and restart show when done. healthy: every node answers as the spec says;
-    health: the line that says so or why not; hint: how to get healthy (None when healthy)."""
+    health: the line that says so or why not; hint: how to get healthy (None when healthy); standby: its link
+    (None: not a standby, never switched over)."""
 
     spec: str
     topology: str
@@ -230,13 +235,16 @@ class StatusResult(Frozen):
     health: str
     nodes: tuple[NodeStatus, ...]
     hint: str | None
+    standby: StandbyStatus | None = None
 
     def text(self) -> str:
-        return f"{status_table(list(self.nodes))}\n{self.health}"
+        standby = "" if self.standby is None else f"\n{self.standby.line()}"
+        return f"{status_table(list(self.nodes))}\n{self.health}{standby}"
 
     def to_dict(self) -> dict[str, object]:
         return {"spec": self.spec, "topology": self.topology, "healthy": self.healthy, "health": self.health,
-                "nodes": [row.as_dict() for row in self.nodes]}
+                "nodes": [row.as_dict() for row in self.nodes],
+                "standby": None if self.standby is None else self.standby.to_dict()}
 
 
 def status_table(rows: list[NodeStatus], with_ops: bool = False) -> str:

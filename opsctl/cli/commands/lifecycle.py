@@ -116,7 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _say_standby(rt: Runtime, json_mode: bool, applying: bool = False) -> None:
     """A standby's plan and apply say so first; a switched-over one whose spec still follows is refused."""
     from opsctl.cli.output import say
-    from opsctl.standby.records import check_declared
+    from opsctl.state.standbyfiles import check_declared
 
     line = check_declared(rt.loaded, rt.state_dir, applying)
     if line is not None:
@@ -201,14 +201,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             return watch_status(rt, args.output, args.watch)
         result = status(rt)
         print_status(result, args.output)
-        if args.output == "text":
-            import time
-
-            from opsctl.standby.records import following_line
-
-            line = following_line(rt.loaded, rt.state_dir, time.time())  # a standby: its link's lag
-            if line is not None:
-                print(line)
     return EXIT_OK if result.healthy else EXIT_ERROR
 
 

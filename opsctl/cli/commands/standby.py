@@ -30,8 +30,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from opsctl.cli.commands.migrate import emitter
     from opsctl.cli.options import confirm
     from opsctl.standby.link import run_follow
-    from opsctl.standby.records import read_switched
     from opsctl.state.specfile import read_spec
+    from opsctl.state.standbyfiles import read_switched
     from opsctl.state.statedir import state_dir_for
 
     folder = getattr(args, "follow_textfile", None)  # switchover finishing an interrupted one has none
@@ -72,8 +72,8 @@ def cmd_switchover(args: argparse.Namespace) -> int:
     from opsctl.migrate.phases import read_journal
     from opsctl.standby.link import refuse_switched
     from opsctl.standby.primary import primary_of
-    from opsctl.standby.records import read_switched
     from opsctl.state.specfile import read_spec
+    from opsctl.state.standbyfiles import read_switched
     from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
