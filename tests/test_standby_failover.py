@@ -7,12 +7,14 @@ standby master refuses a client's write (the fence is every node's, rendered and
 follower's. Then the link is SIGKILLed, INCRs are made, the primary's old shard-1 master dies (its spec's first
 master: the resumed link reads the source's clock on a server that answers), and the same `follow` resumes: the
 markers, replicated to the promoted standby master with their batches, apply each INCR once. `status` says the
-standby healthy (cluster ok with the promoted replica) and its link streaming every shard; `opsctl switchover`:
+standby healthy (cluster ok with the promoted replica) and its link streaming every shard, as text and as JSON;
+`opsctl switchover` lifts the standby's fence on its live masters first (the promoted one, not the spec's):
 every acknowledged write on the standby (values, and as many keys as the primary holds), no marker left, the
-promoted standby master takes a client's write."""
+promoted standby master takes a client's write; a fleet's status says the standby switched over."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -120,6 +122,11 @@ def test_a_source_and_a_standby_failover_while_following(tmp_path, capsys, flavo
             return (said.startswith("exit 0\n") and "cluster ok" in said and all(
                 f"shard-{i} stream lag" in said for i in (1, 2, 3))) or None
         wait_for(sane, 30, "status showing the standby healthy and following", last_reason=status)
+        code, out, err = run(capsys, "status", "-f", str(s), "--output", "json")  # the same as a record
+        link = json.loads(out)["standby"]
+        assert link["state"] == "following" and link["primary"] == str(p) and sorted(link["shards"]) == [
+            "shard-1", "shard-2", "shard-3"], out + err
+        assert all(r["phase"] == "stream" and r["lag_bytes"] != -1 for r in link["shards"].values()), out
         with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
             promoted.set(key, "client")  # the promoted master refuses a client while following
         code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
@@ -128,6 +135,11 @@ def test_a_source_and_a_standby_failover_while_following(tmp_path, capsys, flavo
         writer.wait_for_refusal()  # the primary fenced
         writer.stop()
         notes = [e["text"] for each in (killed, follow) for e in each.events if e.get("event") == "note"]
+        lifted = next(n for n in notes if n.startswith("switchover:")).split("its masters first: ")[1].rstrip(")")
+        assert s_loaded.layout.find(f"{address}:{port}").name in lifted.split(", "), notes  # by the live role:
+        assert s_loaded.layout.shards[1].master not in lifted.split(", "), notes  # the promoted one, not the spec's
+        _, fleet, err = run(capsys, "status", "-f", str(s.parent), "--output", "json")  # a fleet: per topology
+        assert [t["standby"]["state"] for t in json.loads(fleet)["topologies"]] == ["switched-over"], fleet + err
         assert not [n for n in notes if "start over" in n or "from scratch" in n], notes
         now = _full_syncs(p_loaded)
         assert {n: c for n, c in syncs.items() if n in now} == now, "a source server served another full sync"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from opsctl.migrate.shard import MustStartOver
 from opsctl.net.connection import connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.rawpipe import RawPipe
+from opsctl.observe.replies import ROLE
 from opsctl.plan.facts import fenced as replicas_fence
 from opsctl.plan.facts import spec_values
 from opsctl.render.exporteruser import FENCE_RULE, FOLLOWER_RULES, FOLLOWER_USER, follower_secret, lifts
@@ -58,9 +60,9 @@ def finish_switch(loaded: LoadedSpec, state_dir: Path) -> list[str]:
     from opsctl.state.statelock import state_lock
 
     with state_lock(state_dir), open_connector(loaded, state_dir) as admin, topology_lock(admin):
-        _, missed = lift_fence(admin)
+        missed = lift_fence(admin).missed
     (state_dir / LAG).unlink(missing_ok=True)
-    return missed
+    return list(missed)
 
 
 def run_follow(loaded: LoadedSpec, state_dir: Path, emit: Emit, sample: int = 200, force_lock: bool = False,
@@ -191,18 +193,35 @@ def _scanned(pipe: RawPipe) -> Iterator[list[bytes]]:
             return
 
 
-def lift_fence(admin: Connector) -> tuple[float, list[str]]:
-    """The standby's clients write again: each fenced user's rules without the fence on every server, then the
+@dataclass(frozen=True)
+class Lifted:
+    """lift_fence's outcome. writable: when (time.monotonic()) the last server took writes, before the saving;
+    masters: the servers lifted first, masters by their own ROLE; missed: the servers that did not answer (they
+    come back fenced until the spec without follows: is applied)."""
+
+    writable: float
+    masters: tuple[str, ...]
+    missed: tuple[str, ...]
+
+
+def lift_fence(admin: Connector) -> Lifted:
+    """The standby's clients write again: each fenced user's rules without the fence on every server, the masters
+    first (where clients write; by their live role: a standby failover promoted a replica of the spec), then the
     follower user gone and the users saved into the server's files (ACL SAVE, CONFIG REWRITE) so a restart keeps
-    it. Returns when (time.monotonic()) the last server took writes, before the saving, and the servers that did not
-    answer (they come back fenced until the spec without follows: is applied)."""
+    it."""
     loaded = admin.loaded
     missed: list[str] = []
     with ExitStack() as stack:
-        lifted = []
-        for node in sorted(loaded.layout.servers, key=lambda n: n.role != "master"):  # where clients write first
+        opened = []
+        for node in loaded.layout.servers:
             try:
                 conn = stack.enter_context(connection_to(admin, node))
+                opened.append((conn.read(ROLE).kind == "master", node, conn))  # one round trip, inside the pause
+            except UNANSWERED as exc:
+                missed.append(f"{node.name} ({said(exc)})")
+        lifted = []
+        for _, node, conn in sorted(opened, key=lambda each: not each[0]):  # stable: the spec's order within each
+            try:
                 for user, words in lifts(loaded):
                     conn.call("ACL", "SETUSER", user, *words)
                 lifted.append((node, conn))
@@ -215,7 +234,8 @@ def lift_fence(admin: Connector) -> tuple[float, list[str]]:
                 conn.call(*(("ACL", "SAVE") if loaded.spec.auth.mode == "acl" else ("CONFIG", "REWRITE")))
             except UNANSWERED as exc:
                 missed.append(f"{node.name}, not saved ({said(exc)})")
-    return writable, missed
+    masters = tuple(node.name for master, node, _ in opened if master)
+    return Lifted(writable, masters, tuple(missed))
 
 
 def fence_live(admin: Connector) -> tuple[list[str], list[str]]:
@@ -254,14 +274,15 @@ def _switched(admin: Connector, state_dir: Path, primary: Primary, emit: Emit, r
     # recorded first: killed before the lift, `switchover` again lifts it (the record says the switch was decided)
     record_switched(state_dir, Switched(time.time(), primary.shown, "planned"))
     checkpoint("standby-recorded")
-    writable, missed = lift_fence(admin)
+    lifted = lift_fence(admin)
     (state_dir / LAG).unlink(missing_ok=True)
     emit(Note(f"switchover: the primary fenced, the standby caught up after {report.caught_up_s:.3f}s, verified after "
-              f"{report.pause_s:.3f}s, taking writes {writable - started:.3f}s later"))
-    if missed:
-        emit(Note(f"the fence could not be lifted on {', '.join(missed)}: lift it there once it answers (apply the "
-                  "spec without follows:)"))
-    return CutoverDone(True, round(report.pause_s + writable - started, 3), report.caught_up_s,
+              f"{report.pause_s:.3f}s, taking writes {lifted.writable - started:.3f}s later (its masters first: "
+              f"{', '.join(lifted.masters) or 'none answered'})"))
+    if lifted.missed:
+        emit(Note(f"the fence could not be lifted on {', '.join(lifted.missed)}: lift it there once it answers (apply "
+                  "the spec without follows:)"))
+    return CutoverDone(True, round(report.pause_s + lifted.writable - started, 3), report.caught_up_s,
                        report.source_keys, report.target_keys, report.verified, report.final_offsets, report.point_to,
                        ())
 

@@ -74,7 +74,7 @@ def take_over(loaded: LoadedSpec, state_dir: Path, force_lock: bool = False) -> 
             applied[shard] = min(applier.skip) if all(applier.skip) else 0
             applier.drop_markers()
             applier.close()
-        _, missed = lift_fence(admin)
+        missed = lift_fence(admin).missed
         recovery = {k: {"offset": float(max(s.position.offset, applied[k])), "at": s.at}
                     for k, s in journal.shards.items()}
         record_switched(state_dir, Switched(time.time(), primary.shown, "primary-lost", recovery))
