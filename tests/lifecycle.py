@@ -13,7 +13,7 @@ import pytest
 from opsctl.cli.main import main
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import make_spec, server_binary, write_spec
+from tests.support import kill_started, make_spec, server_binary, write_spec
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -54,7 +54,9 @@ def applied(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 
 def _destroy(spec_path: Path, original: str) -> None:
-    """Destroy with the spec as the test left it, or, when the test broke it, as it was deployed."""
+    """Destroy with the spec as the test left it, or, when the test broke it, as it was deployed; first every
+    long-running opsctl process the test left running (a failed test's `follow`: a CI run hung here half an hour)."""
+    kill_started()
     if main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge"]) != 0:
         spec_path.write_text(original)  # or the test left most servers down: the topology lock needs --force-lock
         main(["destroy", "-f", str(spec_path), "--auto-approve", "--purge", "--force-lock"])

@@ -26,7 +26,7 @@ def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
     path = shutil.which("promtool")
     if path is None:
         missing("promtool (apt-get install prometheus)")
-    return subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run([str(path), *map(str, args)], capture_output=True, text=True, timeout=600, check=False)
 
 
 def known_metrics() -> frozenset[str]:

@@ -133,8 +133,8 @@ def holder_cut_off(path: Path, minority: list[str], majority: list[str]) -> dict
         side_of(MINORITY_GID, majority)
         cut_at = time.monotonic()
         taker = python(MAJORITY_GID, TAKE, path)
-        taken, _ = taker.communicate(timeout=90)
-        lost, _ = holder.communicate(timeout=90)
+        taken, _ = taker.communicate(timeout=300)
+        lost, _ = holder.communicate(timeout=300)
     finally:
         partition.close()
         holder.kill()
@@ -183,13 +183,13 @@ def split_runs(tmp: Path, flavor: str) -> LockRun:
             started = time.monotonic()
             runs = [opsctl(MAJORITY_GID, *reshard, "--state-dir", str(tmp / "majority")),
                     opsctl(MINORITY_GID, *reshard, "--state-dir", str(tmp / "minority"))]
-            minority_out, _ = runs[1].communicate(timeout=120)
+            minority_out, _ = runs[1].communicate(timeout=400)
             minority_seconds = time.monotonic() - started
-            majority_out, _ = runs[0].communicate(timeout=180)
+            majority_out, _ = runs[0].communicate(timeout=600)
         finally:
             partition.close()
         again = opsctl(MINORITY_GID, *reshard, "--state-dir", str(tmp / "minority"))
-        again_out, _ = again.communicate(timeout=180)
+        again_out, _ = again.communicate(timeout=600)
         moved = _slots(loaded, target) - before
         cut_off = holder_cut_off(path, sorted({n.address for n in minority}), sorted({n.address for n in majority}))
         return LockRun(flavor, runs[0].returncode, tail(majority_out), runs[1].returncode, tail(minority_out),

@@ -138,7 +138,7 @@ def split_reshard(tmp: Path, flavor: str, seed: int, opsctl_cut: float = 0.0) ->
                 reshard_ended = None if proc.returncode is None else round(time.monotonic() - cut_wall, 3)
                 time.sleep(max(0.0, cut - (time.monotonic() - cut_wall)))
                 partition.heal()
-                out, _ = proc.communicate(timeout=180)
+                out, _ = proc.communicate(timeout=600)
                 fix_rc, fix_out = opsctl("cluster", "fix", "-f", str(path))
                 applies = converge(path)
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
@@ -185,7 +185,7 @@ def converge(path: Path) -> int | None:
         if rc == 0:
             return applies
         if applies < 3:
-            opsctl("apply", "-f", str(path), "--auto-approve", timeout=180)
+            opsctl("apply", "-f", str(path), "--auto-approve", timeout=600)
     return None
 
 

@@ -90,13 +90,13 @@ def masters_keys(loaded: Any, prefix: str) -> int:
 
 
 def opsctl(*argv: str) -> int:
-    return subprocess.run([sys.executable, "-m", "opsctl.cli.main", *argv], capture_output=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "opsctl.cli.main", *argv], capture_output=True, timeout=600,
                           cwd=ROOT, check=False).returncode
 
 
 def restore(spec: Path, *args: str) -> tuple[int, str]:
     done = subprocess.run([sys.executable, "-m", "opsctl.cli.main", "restore", "-f", str(spec), *args],
-                          capture_output=True, text=True, timeout=180, cwd=ROOT, check=False)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     return done.returncode, "\n".join((done.stdout + done.stderr).splitlines()[-12:])
 
 
@@ -156,7 +156,7 @@ def target_cut(tmp: Path) -> RestoreRun:
                                     text=True, cwd=ROOT)
             wait_for(lambda: client(cut_master).dbsize() > 1000 or proc.poll() is not None or None, 60, "first keys")
             partition.cut([cut_master.address], others)
-            out, _ = proc.communicate(timeout=180)
+            out, _ = proc.communicate(timeout=600)
             promoted = [t_loaded.layout.node(n) for n in shard.replicas]
             wait_for(lambda: any(client(n).execute_command("ROLE")[0] in (b"master", "master") for n in promoted)
                      or None, 60, "a replica of the cut master to be promoted")

@@ -94,8 +94,8 @@ def split_rolling(tmp: Path, flavor: str, seed: int) -> RollingRun:
                 partition.cut([victim], others)
                 time.sleep(CUT)
                 partition.heal()
-                out, _ = proc.communicate(timeout=180)
-                again_rc, again_out = opsctl("restart", "-f", str(path), "--auto-approve", timeout=180)
+                out, _ = proc.communicate(timeout=600)
+                again_rc, again_out = opsctl("restart", "-f", str(path), "--auto-approve", timeout=600)
                 applies = converge(path)
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
         finally:

@@ -109,12 +109,12 @@ def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
                 partition.cut([victim], others)
                 time.sleep(CUT)
                 partition.heal()
-                out, _ = proc.communicate(timeout=180)
+                out, _ = proc.communicate(timeout=600)
                 healed = time.monotonic()
                 with contextlib.suppress(ConvergenceError):  # the old master's full resync after the heal
                     wait_for(lambda: opsctl("status", "-f", str(path))[0] == 0 or None, 60, "status ok", 1.0)
                 settled = round(time.monotonic() - healed, 3)
-                again_rc, again_out = opsctl("apply", "-f", str(path), "--auto-approve", timeout=180)
+                again_rc, again_out = opsctl("apply", "-f", str(path), "--auto-approve", timeout=600)
                 applies = converge(path)
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
         finally:

@@ -344,3 +344,22 @@ def write_barrier(client: Any, replicas: int) -> bool:
         except redis.ResponseError:
             continue
     return bool(client.execute_command("WAIT", replicas, 10_000) == replicas)
+
+
+_STARTED: list[subprocess.Popen[str]] = []  # long-running opsctl processes tests started (migrate, follow)
+
+
+def started(proc: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    """proc, remembered so that kill_started() ends it if the test leaves it running."""
+    _STARTED.append(proc)
+    return proc
+
+
+def kill_started() -> None:
+    """Every process started() that still runs, killed (SIGKILL: a teardown, not a stop under test), before a
+    failed test's topologies are destroyed under it."""
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -26,7 +26,7 @@ from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import PASSWORD, cluster_check, started
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -60,8 +60,8 @@ class Migrate:
         """source None: the source is in extra (--from-endpoints ...); env: added to opsctl's environment."""
         argv = [sys.executable, "-m", "opsctl.cli.main", "migrate", "-f", str(target),
                 *(["--from", str(source)] if source else []), "--auto-approve", "--output", "json", *extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             env={**os.environ, **(env or {})}))
         self.events: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

@@ -35,5 +35,9 @@ def test_restore_from_live_copies_what_a_stale_replicas_master_acknowledged() ->
 def test_restore_is_not_called_verified_before_a_replica_holds_its_writes() -> None:
     result = _run("target-cut")
     under_cut = result.out.split("--- re-run:")[0]
-    assert result.rc == 1 and "not durable" in under_cut and "verified" not in under_cut, result
+    # Which refusal comes depends on the machine's speed: the copy done within the node timeout (8 s), the
+    # durability check finds no replica of the cut master holding its writes; still copying then, the cut master
+    # (a minority) refuses the next RESTORE with CLUSTERDOWN (seen beside two CPU hogs). Never "verified".
+    refused = "not durable" in under_cut or "CLUSTERDOWN" in under_cut
+    assert result.rc == 1 and refused and "verified" not in under_cut, result
     assert result.rerun_rc == 0 and result.after_rerun == result.expected, result

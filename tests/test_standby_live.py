@@ -25,7 +25,7 @@ from opsctl.base.poll import wait_for
 from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import applied, deployed, run
-from tests.support import PASSWORD, make_spec
+from tests.support import PASSWORD, make_spec, started
 from tests.test_migrate_live import Migrate, source_client
 from tests.writer import Writer, cluster_client
 
@@ -42,8 +42,8 @@ class Follow(Migrate):
 
     def __init__(self, standby: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         argv = [sys.executable, "-m", "opsctl.cli.main", "follow", "-f", str(standby), "--output", "json", *extra]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             env={**os.environ, **(env or {})}))
         self.events: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -311,7 +311,8 @@ def test_a_redis_sentinel_primary_followed_by_a_valkey_cluster_with_its_textfile
             text = path.read_text() if path.exists() else ""
             found = re.search(rf'opsctl_standby_last_applied_timestamp_seconds{{topology="{name}",shard="shard-1"}} '
                               r"([0-9.]+)", text)
-            return float(found.group(1)) if found and float(found.group(1)) > started else None
+            streaming = "opsctl_standby_lag_seconds{" in text  # a lag is written only while the shard streams
+            return float(found.group(1)) if found and float(found.group(1)) > started and streaming else None
         wait_for(applied_at, 30, "the textfile reporting an applied write",
                  last_reason=lambda: path.read_text() if path.exists() else "no textfile")
         text = path.read_text()
