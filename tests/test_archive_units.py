@@ -239,3 +239,29 @@ def test_the_fleet_records_a_change_once_from_the_last_look_that_agreed(tmp_path
     fleet.follow(late, store)
     assert fleet.changed(store)
     assert parse_changed((tmp_path / late.name / CHANGED).read_text(), CHANGED).until < late.taken
+
+
+@pytest.mark.parametrize("refusal", ["stopped", "store"])
+def test_a_stop_inside_a_segments_store_write_is_a_stop_not_a_store_failure(refusal) -> None:
+    """A SIGTERM that lands while flush() stores a segment (outside a finishing region it raises where the main
+    thread is) propagates as Stopped, ending the archive normally; only a failing store is StoreDown. Nothing
+    is acknowledged either way: the master's backlog keeps the segment."""
+    import signal
+    from types import SimpleNamespace
+
+    from opsctl.backup.archive import ShardStream, StoreDown, flush
+    from opsctl.base import stop
+
+    raised = stop.Stopped(signal.SIGTERM) if refusal == "stopped" else OpsctlError("the bucket said no")
+
+    class Refusing:  # a store stand-in: its write is where the signal lands (no Redis behaviour)
+        def put_bytes(self, name: str, data: bytes) -> None:
+            raise raised
+
+    acks: list[int] = []
+    link = ShardStream(1, "s-20261207T000000Z", Position(REPLID, 100), pending=[Entry((b"SET", b"k", b"v"), 130, 1.0)])
+    link.stream = SimpleNamespace(position=Position(REPLID, 130), ack=acks.append)
+    with pytest.raises(stop.Stopped if refusal == "stopped" else StoreDown) as caught:
+        flush(Refusing(), link, lambda event: None)
+    assert type(caught.value) is (stop.Stopped if refusal == "stopped" else StoreDown)
+    assert acks == [] and link.position.offset == 100 and len(link.pending) == 1

@@ -116,6 +116,37 @@ def test_a_marker_gone_at_once_loses_the_lock_at_once(tmp_path: Path, capsys: py
 
 @pytest.mark.integration
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
+def test_a_marker_killed_while_the_lock_is_taken_is_marked_again(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 flavor: str) -> None:
+    """Three servers, one out of reach: between marking the two others and granting them, one's marker is killed as
+    Sentinel kills a replica's clients when it reconfigures it after a failover (CLIENT KILL TYPE normal). The node
+    is marked again at once and the lock held (2 of 3). Before: the grant round dropped it, leaving 1 of 3, and the
+    run lost its lock before its first change (the healing apply after a Sentinel failover, loaded CI)."""
+    with deployed(tmp_path, capsys, "replication", flavor) as (_spec, loaded):
+        servers = loaded.layout.servers
+        lock = TopologyLock(Connector(loaded), servers, lease=6.0)
+        _cut_off(lock, {servers[0].name})
+        grant = lock._grant_round
+
+        def killed_first(stale: object) -> None:
+            with admin_for(loaded, servers[2]) as admin:
+                admin.call("CLIENT", "KILL", "TYPE", "normal")
+            grant(stale)  # type: ignore[arg-type]
+
+        lock._grant_round = killed_first  # type: ignore[method-assign,assignment]
+        lock.acquire()
+        try:
+            lock.check()
+            assert sorted(lock.held) == sorted(n.name for n in servers[1:]) and lock.epoch >= 1
+            with admin_for(loaded, servers[2]) as admin:
+                mine = [m for m in parse_markers(str(admin.call("CLIENT", "LIST")), servers[2].name) if m.live]
+            assert [(m.client_id, m.epoch) for m in mine] == [(lock.held[servers[2].name].client_id, lock.epoch)]
+        finally:
+            lock.release()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", ["valkey", "redis"])
 def test_markers_gone_or_cut_off_and_a_lock_taken_beside_new_servers(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flavor: str) -> None:
     """Three servers. (1) One marker killed and another node cut off, with the killed one out of reach too: fewer

@@ -196,6 +196,8 @@ def flush(store: Store, link: ShardStream, emit: Emit) -> None:
                                 time.time(), link.resumed)
     try:
         store.put_bytes(link.prefix() + name.text, data)
+    except stop.Stopped:
+        raise  # a stop request is no store failure: the caller ends normally (the segment stays in the backlog)
     except (OpsctlError, OSError) as exc:
         raise StoreDown(f"shard {link.shard}'s segment {name.text} could not be stored: "
                         f"{getattr(exc, 'summary', exc)}", hint=RESUME_HINT) from None
@@ -241,8 +243,8 @@ def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir
                 fleet.hurry()  # the master it waits for may be on a node placed since the last look
             fleet.look()
             changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
-            future = future or next_base(changed)
-            if future is not None and future.done():
+            future = future or (None if stop.requested() else next_base(changed))  # no new base once stopping
+            if future is not None and future.done() and stop.requested() is None:  # a stop: this chain ends here
                 if (new := _finished(future, emit)) is not None:
                     return new  # the old links stay open: hand_over ends them once the new ones read
                 future = None
@@ -266,8 +268,7 @@ def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir
                 except StoreDown as down:
                     stop.check(f"{down.summary}: what was read and not stored is still in the masters' backlogs",
                                RESUME_HINT)
-                stop.check("every segment read is archived: " + ", ".join(
-                    f"shard {link.shard} up to offset {link.position.offset}" for link in links), RESUME_HINT)
+                stop.check(f"every segment read is archived: {_archived(links)}", RESUME_HINT)
 
 
 def ride_out(store: Store, links: list[ShardStream], emit: Emit, lease: Lease, down: StoreDown) -> None:
@@ -288,6 +289,8 @@ def ride_out(store: Store, links: list[ShardStream], emit: Emit, lease: Lease, d
         stop.check("nothing read is lost: the masters' backlogs hold what was not stored", RESUME_HINT)
         try:
             lease.renew()
+        except stop.Stopped:
+            raise
         except (OpsctlError, OSError) as exc:
             return Pending(f"{getattr(exc, 'summary', exc)}")
         lease.check()
@@ -440,9 +443,10 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
                     return pool.submit(based)
 
                 try:
-                    links = hand_over(connector, store, links, new, state_dir, emit, options)
-                    base, fresh = pump(connector, store, links, state_dir, emit, options, next_base, lease,
-                                       fleet), True
+                    with stop.finishing("the continuous archive"):  # a stop in the hand-over ends as pump's does
+                        links = hand_over(connector, store, links, new, state_dir, emit, options)
+                        base, fresh = pump(connector, store, links, state_dir, emit, options, next_base, lease,
+                                           fleet), True
                 except StreamGap as gap:
                     emit(Note(f"gap: {gap.summary} ({gap.reason}); the archive of base {base.name} ends there, "
                               "taking a new base"))
@@ -451,8 +455,20 @@ def _archive(connector: Connector, store: Store, state_dir: Path, emit: Emit, op
                         flush(store, link, emit)  # what was read is archived before the streams go
                     close_all(links + new)
                     links = []
+        except stop.Stopped as stopped:
+            raise _said(stopped, links) from None
         finally:
             close_all(links + new)
+
+
+def _archived(links: list[ShardStream]) -> str:
+    return ", ".join(f"shard {link.shard} up to offset {link.position.offset}" for link in links)
+
+
+def _said(stopped: stop.Stopped, links: list[ShardStream]) -> stop.Stopped:
+    """A stop at once (outside the finishing region: a base taken, a gap answered) says what was stored."""
+    said = f"archived: {_archived(links)}; what was read and not stored is still in the masters' backlogs"
+    return stopped if stopped.detail or not links else stop.Stopped(stopped.signum, said, stopped.hint)
 
 
 def hand_over(connector: Connector, store: Store, old: list[ShardStream], new: list[ShardStream], state_dir: Path,

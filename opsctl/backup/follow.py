@@ -20,6 +20,7 @@ from opsctl.backup.timeline import CHANGED, Base, Changed, changed_json, iso
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes, plural
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.stop import Stopped
 from opsctl.net.connector import Connector
 from opsctl.net.fanout import shared_pool
 from opsctl.observe.replies import ClusterNodeLine
@@ -212,6 +213,8 @@ class Fleet:
             data = store.get_bytes(f"{base.name}/{MANIFEST}")
             try:
                 manifest = parse_manifest((data or b"").decode("utf-8", "replace"), store.where(base.name))
+            except Stopped:
+                raise  # a stop request, not a damaged manifest
             except OpsctlError:
                 return  # a damaged manifest: its slots unknown (a restore of that base refuses it by name)
             self.base_slots = {shard.shard: tuple(sorted(shard.slots)) for shard in manifest.shards}
@@ -240,6 +243,8 @@ class Fleet:
             change = Changed(self.agreed, time.time(), tuple(sorted(self.base.positions)), tuple(sorted(self.shards)))
             try:
                 store.put_bytes(f"{self.base.name}/{CHANGED}", changed_json(change).encode())
+            except Stopped:
+                raise
             except (OpsctlError, OSError):
                 return True  # tried again at the next look; the failing store is said by the segments' writes
             self.marked = self.base.name

@@ -26,6 +26,7 @@ from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.events import Emit, Note
 from opsctl.base.frozen import frozen
 from opsctl.base.record import Range, Versioned, stored_time
+from opsctl.base.stop import Stopped
 from opsctl.net.fanout import Borrowed
 from opsctl.state.safefs import FileProblem, make_dir, trusted_owners
 from opsctl.state.statelock import pid_running, state_lock
@@ -170,6 +171,8 @@ class Lease:
             held = self._read()
             if held is not None and held.owner == self.mine.owner:
                 self.store.delete([self.name])
+        except Stopped:
+            raise  # a second signal: at once
         except OpsctlError:
             pass  # a lease left behind goes stale
 

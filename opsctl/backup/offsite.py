@@ -18,6 +18,7 @@ from opsctl.backup.save import BackupDone, BackupOptions, run_backup
 from opsctl.backup.store import FolderStore, Location, Store, parse_location
 from opsctl.base.errors import OpsctlError
 from opsctl.base.events import Emit, Event
+from opsctl.base.stop import Stopped
 from opsctl.net.connector import Connector
 
 STAGING = "backup-staging"
@@ -125,6 +126,8 @@ def download_backup(store: Store, name: str, into: Path) -> Path:
     (folder / MANIFEST).write_bytes(data)
     try:
         check_files(folder, manifest)
+    except Stopped:
+        raise  # a stop request keeps its own words
     except OpsctlError as exc:  # name the objects, not the private copies
         raise OpsctlError(exc.summary.replace(str(folder), store.where(name)),
                           exc.detail.replace(str(folder), store.where(name)), exc.hint) from None

@@ -17,6 +17,7 @@ from typing import ClassVar
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
 from opsctl.base.events import Emit, Event, Note, Redrawn, human_bytes
 from opsctl.base.frozen import Frozen, frozen
+from opsctl.base.stop import Stopped
 from opsctl.migrate.cutover import CutoverDone, CutoverOptions, check_locks, cut_over, master_offset, shard_master
 from opsctl.migrate.phases import REQUEST, RESULT, JournalFile, load_journal, new_journal
 from opsctl.migrate.replay import TargetChanged
@@ -234,6 +235,8 @@ def _lags(source: Connector, shards: Sequence[ShardRun]) -> dict[str, dict[str, 
         if s.streaming and s.position is not None:
             try:
                 row["lag_bytes"] = max(0, master_offset(source, shard_master(source, s)) - s.position.offset)
+            except Stopped:
+                raise  # a stop request, not a node that did not answer
             except OpsctlError:  # NodeError too: the node did not answer
                 row["lag_bytes"] = -1
         out[s.key] = row

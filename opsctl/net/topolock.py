@@ -190,6 +190,10 @@ class TopologyLock:
         self._taken_from = next((m for m in stale if m.epoch >= 1), None)
         self._removed = []
         self._grant_round(stale)
+        if self._removed:  # a marker gone between its set and its grant (Sentinel's CLIENT KILL TYPE normal when it
+            # reconfigures a replica after a failover): marked again at once, as a renewal does; a run that took the
+            # node since is seen there, and one that ended since ran before this run's first change
+            self._mark_unheld(_now() + CONNECT_TIMEOUT, CONNECT_TIMEOUT, set(self._removed))
         self._lose_if_removed()
         self.check()  # a marker removed while it was granted: lost before the first change
 

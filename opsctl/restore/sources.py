@@ -20,6 +20,7 @@ from opsctl.backup.savers import parse_keyspace, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_servers
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.base.poll import Pending, wait_for
+from opsctl.base.stop import Stopped
 from opsctl.net.connection import Connection, connection_to, said
 from opsctl.net.connector import Connector
 from opsctl.net.discover import LiveNode, discover, scan_targets
@@ -173,6 +174,8 @@ def caught_up(connector: Connector, replica: Node, master: Node) -> int | None:
 
     try:
         return wait_for(offset, CATCH_UP, f"{replica.name} to catch up", POLL)
+    except Stopped:
+        raise  # a stop request, not a replica that fell behind
     except (OpsctlError, ValueError):
         return None
 
@@ -182,6 +185,8 @@ def confirmed(connector: Connector, replica: Node, master: Node, start: int) -> 
     it held is not enough: it was the copy's source)."""
     try:
         at = acked(role(connector, master), replica)
+    except Stopped:
+        raise
     except (OpsctlError, ValueError) as exc:
         return f"{replica.name}: its master {master.name} could not confirm what it held: {said(exc)}"
     if at is None or at < start:
@@ -203,6 +208,8 @@ def durable(connector: Connector, masters: Sequence[Node], wanted: Sequence[bool
 def _held(connector: Connector, master: Node, want: bool) -> str | None:
     try:
         now = role(connector, master)
+    except Stopped:
+        raise
     except (OpsctlError, ValueError) as exc:
         return f"{master.name}: not durable: cannot read its replication offset ({said(exc)})"
     if not want and not now.replicas:
@@ -215,6 +222,8 @@ def _held(connector: Connector, master: Node, want: bool) -> str | None:
 
     try:
         wait_for(best, DURABLE, f"a replica of {master.name} to acknowledge", POLL)
+    except Stopped:
+        raise
     except (OpsctlError, ValueError) as exc:
         reason = exc.detail if isinstance(exc, OpsctlError) and exc.detail else str(exc)
         return (f"{master.name}: not durable: no replica acknowledged its offset {now.offset} within "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from opsctl.base.errors import EXIT_REFUSED, OpsctlError, PipeClosed
+from opsctl.base.stop import Stopped
 from opsctl.net.connection import connection_to
 from opsctl.net.connector import Connector
 from opsctl.net.resp import encode
@@ -275,6 +276,8 @@ def silence_limit(connector: Connector, node: Node, timeout: float) -> float:
     try:
         with connection_to(connector, node, timeout) as handle:
             period = handle.config_get(PING_PERIOD).get(PING_PERIOD, "")
+    except Stopped:
+        raise  # a stop request, not a refused CONFIG
     except OpsctlError:
         return SILENT_AFTER  # CONFIG refused (a user without it) or renamed away: the default period
     return max(SILENT_AFTER, 3 * int(period)) if period.isdigit() else SILENT_AFTER
