@@ -76,7 +76,11 @@ def moto_server() -> Iterator[S3Server]:
         yield server
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=60)  # a bound: beside two CPU hogs 10 s was short
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

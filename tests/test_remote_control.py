@@ -149,5 +149,6 @@ def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> N
         (host.folder / "dump.rdb").rmdir()
         began = time.monotonic()
         assert outcome(stopping.result()) == ("stopped", pid)
-    assert time.monotonic() - began < 5 and host.servers() == []
+    # asked again every second, not the 30 s SIGKILL: well under 30 s even on a loaded machine (5.5 s seen there)
+    assert time.monotonic() - began < 20 and host.servers() == []
     assert "can't exit" in (host.folder / "server.log").read_text()

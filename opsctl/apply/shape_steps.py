@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from opsctl.base.errors import OpsctlError, RefusedError, is_auth_failure
+from opsctl.base.errors import NodeRefused, OpsctlError, RefusedError, is_auth_failure
 from opsctl.base.events import Log
 from opsctl.base.poll import Pending, wait_for
 from opsctl.net.connection import Connection
@@ -101,6 +101,19 @@ def forget_nodes(run: Execution, step: ForgetNodes) -> None:
         wait_for(forgotten, run.wait_timeout, f"every node to forget {len(dead)} dead node(s)", interval=0.2)
 
 
+def _ask_failover(run: Execution, handle: Connection, step: PromoteReplica) -> None:
+    """CLUSTER FAILOVER on the replica. One the cluster elected between the look and the ask (an earlier promotion
+    gave it its majority back) refuses: "You should send CLUSTER FAILOVER to a replica". A master now, it is done."""
+    try:
+        handle.call("CLUSTER", "FAILOVER", step.mode.upper())
+    except NodeRefused:
+        view = handle.read(CLUSTER_NODES)
+        now = myself(view)
+        if now is None or not now.is_master:
+            raise
+        run.emit(Log(step.title(), f"{step.node} was elected by the cluster meanwhile, not promoted"))
+
+
 def promote_replica(run: Execution, step: PromoteReplica) -> None:
     """CLUSTER FAILOVER TAKEOVER on the replica the plan chose, unless it is a master already (a run killed after it
     asked: never asked twice), then until it answers as a master and a majority of the slot-owning masters' views give
@@ -127,7 +140,7 @@ def promote_replica(run: Execution, step: PromoteReplica) -> None:
                      "not promoted"))
     elif not me.is_master:
         _refuse_live_master(run, handle, step)
-        handle.call("CLUSTER", "FAILOVER", step.mode.upper())
+        _ask_failover(run, handle, step)
         checkpoint("promote-replica-asked")
     node_id = me.id if elected is None else elected.id
     with open_session(run.rt.connector) as session:
