@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,6 +59,27 @@ def _notes(archiver: Archiver) -> list[str]:
     return [e["text"] for e in archiver.events() if e["event"] == "note"]
 
 
+@contextmanager
+def _renewed(store: Store, spec: str, record: LeaseRecord) -> Iterator[None]:
+    """record's lease renewed every second meanwhile, as its live archiver on another host would: written once, a
+    loaded machine (two CPU hogs) started the next archiver after STALE_AFTER and it took the lease over."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while True:
+            store.put_bytes(lease_name(spec), lease_json(replace(record, renewed=time.time())))
+            if done.wait(1.0):
+                return
+
+    keeper = threading.Thread(target=renew, daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        keeper.join(30)
+
+
 def _second_archiver_and_takeovers(tmp_path: Path, spec: Path, loaded, url: str) -> None:
     name = loaded.spec.name
     store = open_store(parse_location(url))
@@ -74,9 +99,9 @@ def _second_archiver_and_takeovers(tmp_path: Path, spec: Path, loaded, url: str)
     assert any("taking over the archive lease" in n and "its process is gone" in n for n in _notes(third))
     assert third.kill() == -signal.SIGKILL
 
-    now = time.time()  # another host's lease, renewed just now: refused; the same, stale: taken over, said
-    store.put_bytes(lease_name(name), lease_json(LeaseRecord("elsewhere1", "other-host", 4242, now - 60, now)))
-    err = _refused(Archiver(spec, url, tmp_path / "a4.jsonl"))
+    now = time.time()  # another host's lease, kept renewed: refused; the same, stale: taken over, said
+    with _renewed(store, name, LeaseRecord("elsewhere1", "other-host", 4242, now - 60, now)):
+        err = _refused(Archiver(spec, url, tmp_path / "a4.jsonl"))
     assert "other-host" in err and "pid 4242" in err, err
     stale = now - STALE_AFTER - 5
     store.put_bytes(lease_name(name), lease_json(LeaseRecord("elsewhere2", "other-host", 4242, now - 60, stale)))
