@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from opsctl.apply.shape_steps import promote_replica
+from opsctl.apply.shape_steps import _ask_failover, promote_replica
 from opsctl.base.errors import RefusedError
 from opsctl.base.events import ignore
 from opsctl.observe.replies import myself, parse_cluster_nodes
@@ -42,3 +42,9 @@ def test_a_promotion_beside_a_master_heard_again_is_refused_when_it_runs(tmp_pat
         assert gone_probe(rt, master.endpoint).reachable  # the probe answers with the spec's credentials
         silent = f"{master.address}:{master.bus_port}"  # the bus port: no client protocol there
         assert not gone_probe(rt, silent).reachable
+        # The ask's end of a race: a replica the cluster elected between the step's look and its ask refuses
+        # CLUSTER FAILOVER ("You should send CLUSTER FAILOVER to a replica"): a master now, it is done (test_day2
+        # beside two CPU hogs); a replica's other refusals still raise.
+        elected = PromoteReplica(master.name, "elected meanwhile", shard.index, "0" * 40, "127.0.0.1:1", step.slots)
+        _ask_failover(Execution(rt, ignore), rt.connections[master.name], elected)
+        assert node_client(loaded, master.name).execute_command("ROLE")[0] in ("master", b"master")
