@@ -229,46 +229,45 @@ def pump(connector: Connector, store: Store, links: list[ShardStream], state_dir
     open segment closed first: Stopped), a shard's history is gone (StreamGap, segments closed first) or a base
     next_base() started in the background is there (returned, the old segments closed: the chains overlap); one
     at once (next_base(True)) when the fleet's shards changed. The lease lost to another archiver stops it before
-    another segment is written (LeaseLost)."""
+    another segment is written (LeaseLost). Runs inside the caller's stop.finishing() region (a signal is polled)."""
     wait = min(0.05, options.segment_seconds / 10)
     future: Future[Base] | None = None
     beat = time.monotonic()
-    with stop.finishing("the continuous archive"):
-        while True:
-            if time.monotonic() - beat >= PROGRESS_EVERY:  # also with no write coming: alive, and how far
-                beat = time.monotonic()
-                emit(progress(links))
-            lease.check()
-            if any(link.stream is None for link in links):
-                fleet.hurry()  # the master it waits for may be on a node placed since the last look
-            fleet.look()
-            changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
-            future = future or (None if stop.requested() else next_base(changed))  # no new base once stopping
-            if future is not None and future.done() and stop.requested() is None:  # a stop: this chain ends here
-                if (new := _finished(future, emit)) is not None:
-                    return new  # the old links stay open: hand_over ends them once the new ones read
-                future = None
+    while True:
+        if time.monotonic() - beat >= PROGRESS_EVERY:  # also with no write coming: alive, and how far
+            beat = time.monotonic()
+            emit(progress(links))
+        lease.check()
+        if any(link.stream is None for link in links):
+            fleet.hurry()  # the master it waits for may be on a node placed since the last look
+        fleet.look()
+        changed = fleet.changed(store)  # recorded in the base at once, also while a periodic base runs
+        future = future or (None if stop.requested() else next_base(changed))  # no new base once stopping
+        if future is not None and future.done() and stop.requested() is None:  # a stop: this chain ends here
+            if (new := _finished(future, emit)) is not None:
+                return new  # the old links stay open: hand_over ends them once the new ones read
+            future = None
+        try:
+            for link in links:
+                _read(connector, store, link, state_dir, emit, options, wait, flush_when_due=False)
+            flush_due(store, links, options, emit)
+            if all(link.stream is None for link in links):
+                time.sleep(wait)  # every shard waits for its master: no read paces the loop
+        except StreamGap:
+            for link in links:
+                flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
+            raise
+        except StoreDown as down:
+            ride_out(store, links, emit, lease, down)
+            continue
+        if stop.requested() is not None:
             try:
                 for link in links:
-                    _read(connector, store, link, state_dir, emit, options, wait, flush_when_due=False)
-                flush_due(store, links, options, emit)
-                if all(link.stream is None for link in links):
-                    time.sleep(wait)  # every shard waits for its master: no read paces the loop
-            except StreamGap:
-                for link in links:
-                    flush(store, link, emit)  # the other shards' commands read so far: archived, then a new base
-                raise
+                    flush(store, link, emit)
             except StoreDown as down:
-                ride_out(store, links, emit, lease, down)
-                continue
-            if stop.requested() is not None:
-                try:
-                    for link in links:
-                        flush(store, link, emit)
-                except StoreDown as down:
-                    stop.check(f"{down.summary}: what was read and not stored is still in the masters' backlogs",
-                               RESUME_HINT)
-                stop.check(f"every segment read is archived: {_archived(links)}", RESUME_HINT)
+                stop.check(f"{down.summary}: what was read and not stored is still in the masters' backlogs",
+                           RESUME_HINT)
+            stop.check(f"every segment read is archived: {_archived(links)}", RESUME_HINT)
 
 
 def ride_out(store: Store, links: list[ShardStream], emit: Emit, lease: Lease, down: StoreDown) -> None:
