@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,8 +20,9 @@ from redis.crc import key_slot
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connector import DEFAULT_TIMEOUT, Connector
 from opsctl.providers.binaries import find_server
-from opsctl.spec.layout import Node
+from opsctl.spec.layout import EXPORTER_PORT_OFFSET, Node
 from opsctl.spec.load import LoadedSpec
+from opsctl.spec.model import PLAINTEXT_PORT_OFFSET
 from tests import netns
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ EPHEMERAL_FIRST = 32768
 DEFAULT_PORTS = frozenset({6379, 26379})  # refused by the spec unless hardening.allow_default_port
 
 
-def free_base_port(addresses: list[str], count: int, bus: bool = True, taken: range = range(0),
+def free_base_port(addresses: list[str], count: int, bus: bool = True, taken: Collection[int] = (),
                    bus_offset: int = 10000) -> int:
     """A base port p such that p..p+count-1 (and + bus_offset for the cluster bus) are free on every address, none a
     default port nor in taken (ports the same spec gives other nodes, not bound yet), all below Linux's default
@@ -101,6 +102,14 @@ def free_base_port(addresses: list[str], count: int, bus: bool = True, taken: ra
                 all(_free(a, p) for a in addresses for p in ports):
             return base
     raise RuntimeError("no free port range found")
+
+
+def _beside(ports: range) -> set[int]:
+    """The ports another node on the same addresses must not take: ports themselves, and those one offset away (a
+    CI run drew a sentinel whose exporter port was a server's). The exporter and plaintext offsets are the same."""
+    offset = EXPORTER_PORT_OFFSET
+    assert offset == PLAINTEXT_PORT_OFFSET
+    return {port + shift for port in ports for shift in (-offset, 0, offset)}
 
 
 def make_spec(topology: str, flavor: str = "valkey", hosts: int = 3, **sections: Any) -> dict[str, Any]:
@@ -124,7 +133,8 @@ def make_spec(topology: str, flavor: str = "valkey", hosts: int = 3, **sections:
         base = free_base_port(addresses, hosts, bus=False)
         spec["replication"] = {"base_port": base}
         if topology == "sentinel":  # the sentinels share the servers' addresses (a CI run once drew the same port)
-            spec["sentinel"] = {"port": free_base_port(addresses, 1, bus=False, taken=range(base, base + hosts)),
+            servers = _beside(range(base, base + hosts))
+            spec["sentinel"] = {"port": free_base_port(addresses, 1, bus=False, taken=servers),
                                 "down_after_ms": 1000,
                                 "failover_timeout_ms": 5000}
     for key, value in sections.items():
