@@ -28,8 +28,8 @@ from opsctl.net.connection import Connection
 from opsctl.restore.engine import Side, Source, copy_source
 from opsctl.restore.target import inspect_target
 from opsctl.runtime.opening import open_connector
+from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
-from opsctl.state.statedir import state_dir_for
 from tests.support import PASSWORD, PASSWORD_ENV, bare_server, server_binary, server_tmpdir
 
 

@@ -17,7 +17,7 @@ from opsctl.backup.offsite import open_store
 from opsctl.backup.store import parse_location
 from opsctl.backup.timeline import read_bases
 from opsctl.base.poll import wait_for
-from opsctl.state.statedir import state_dir_for
+from opsctl.state.localdirs import state_dir_for
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, tls_client_options
 from tests.test_archive_live import Archiver

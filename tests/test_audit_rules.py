@@ -120,7 +120,7 @@ def test_audit_imports_no_client_library() -> None:
 
     code = ("import sys, opsctl.cli.main, opsctl.cli.commands.audit, opsctl.audit.survey, "
             "opsctl.audit.formats, opsctl.state.specfile, "
-            "opsctl.state.statedir, opsctl.net.connector; print(' '.join(sorted(sys.modules)))")
+            "opsctl.state.localdirs, opsctl.net.connector; print(' '.join(sorted(sys.modules)))")
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True).stdout.split())
     unwanted = sorted(m for m in modules if m.split(".")[0] in ("redis", "pydantic", "cryptography", "asyncio")

@@ -202,7 +202,7 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
 def test_a_failover_refuses_while_another_run_holds_the_topology(tmp_path, capsys) -> None:
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     with deployed(tmp_path, capsys, "replication", "valkey") as (spec, loaded):
         before = _roles(loaded)

@@ -229,21 +229,13 @@ def _loc(source: str) -> int:
 
 
 FRAGMENT = 30  # lines of code: below this a module is a fragment of an idea that lives elsewhere
-# Fragments left on purpose, each with the reason a merge waits (issue 34 names where each goes).
-FRAGMENTS_LEFT = {
-    "opsctl.providers.extra": "checked where paramiko may be missing, so not in remote/ssh (paramiko at its top)",
-    "opsctl.state.nodefiles": "imports the renderer; in statedir it would load it on the audit's cheap path",
-    "opsctl.state.statedir": "see state.nodefiles: the two wait for the renderer's import to go lazy",
-}
 
 
 def test_no_fragments() -> None:
     """One idea per file: no module under FRAGMENT lines of code but a package face (`__init__.py`)."""
     small = sorted(f"{m} ({n} lines of code)" for m, p in MODULES.items()
-                   if p.name != "__init__.py" and m not in FRAGMENTS_LEFT and (n := _loc(p.read_text())) < FRAGMENT)
+                   if p.name != "__init__.py" and (n := _loc(p.read_text())) < FRAGMENT)
     assert not small, "fragments (merge each into the module of its idea, docs/architecture.md):\n" + "\n".join(small)
-    gone = sorted(m for m in FRAGMENTS_LEFT if m not in MODULES or _loc(MODULES[m].read_text()) >= FRAGMENT)
-    assert not gone, f"no longer fragments, drop them from FRAGMENTS_LEFT: {gone}"
 
 
 # File names two packages still share, each with the reason (issue 34 names the next step).

@@ -123,7 +123,7 @@ def test_a_tls_source_given_by_endpoints_with_its_ca_and_a_client_certificate(tm
     """--from-tls-ca/--from-tls-cert/--from-tls-key: a Redis 7.0 that speaks TLS only and asks clients for a
     certificate (here one opsctl deployed, its files named by path as for any store) is found, migrated and cut
     over; without the TLS options it is refused as not answering, and nothing is written."""
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
     from tests.support import PASSWORD, tls_client_options
     from tests.test_migrate_live import pair
 

@@ -24,7 +24,7 @@ import redis
 
 from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
-from opsctl.state.statedir import state_dir_for
+from opsctl.state.localdirs import state_dir_for
 from tests.lifecycle import deployed, run
 from tests.support import PASSWORD, cluster_check, started
 from tests.writer import Writer, cluster_client

@@ -27,8 +27,8 @@ from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state import statelock
+from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
-from opsctl.state.statedir import state_dir_for
 from opsctl.state.statelock import parse_pid, state_lock
 from tests.support import PASSWORD, admin_for, loopback_hosts, make_spec, server_binary, write_spec
 

@@ -209,7 +209,7 @@ def test_slot_commands_load_no_client_library_nor_the_planner() -> None:
     import sys
 
     code = ("import sys, opsctl.cli.main, opsctl.cli.commands.cluster, opsctl.state.specfile, "
-                "opsctl.state.statedir, opsctl.net.connector, "
+                "opsctl.state.localdirs, opsctl.net.connector, "
             "opsctl.state.statelock, opsctl.net.topolock, opsctl.base.events, opsctl.cli.results, "
                 "opsctl.slots.fix, opsctl.slots.reshard, "
             "opsctl.cluster.check; print(' '.join(sorted(sys.modules)))")

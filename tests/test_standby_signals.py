@@ -16,9 +16,9 @@ from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.signals import METRIC_HELP, render_follow, textfile_name
 from opsctl.migrate.migration import MigrateLag
+from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
 from opsctl.state.standbyfiles import Switched, record_switched
-from opsctl.state.statedir import state_dir_for
 from tests.lifecycle import run
 from tests.monitoring import ROOT
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, missing, write_spec

@@ -67,7 +67,7 @@ def refuse_server_without_tls(loaded: LoadedSpec) -> None:
 def _render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from opsctl.state.nodefiles import write_rendered
+    from opsctl.state.localdirs import write_rendered
     from opsctl.state.safefs import FileProblem
     from opsctl.state.specfile import read_spec
 

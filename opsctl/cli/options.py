@@ -57,7 +57,7 @@ def placed_unless_offline(loaded: LoadedSpec, args: argparse.Namespace) -> Loade
         return loaded
     from opsctl.cli.output import say
     from opsctl.runtime.opening import placed_or_first
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     placed, note = placed_or_first(loaded, state_dir_for(loaded, args.state_dir), getattr(args, "known_hosts", None))
     if note:

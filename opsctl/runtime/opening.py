@@ -29,7 +29,7 @@ from opsctl.spec.deployed import NodeRecord, deployed_from_records
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.spec.placement import surplus_members, with_placement
-from opsctl.state.statedir import state_dir_for
+from opsctl.state.localdirs import state_dir_for
 from opsctl.tls.material import client_tls
 
 

@@ -98,7 +98,7 @@ def primary_connector(primary: Primary, stack: ExitStack, force_lock: bool = Fal
     it is followed); a store given by endpoints has none."""
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     if primary.foreign is not None:
         return foreign_connector(primary.foreign)
@@ -113,7 +113,7 @@ def primary_silent(primary: Primary) -> str | None:
     """None when a server of the primary answers now; else why none does (a split, its site down)."""
     from opsctl.net.discover import discover
     from opsctl.runtime.opening import open_connector
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     try:
         if primary.foreign is not None:

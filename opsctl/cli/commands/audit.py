@@ -147,7 +147,7 @@ def audit_report(loaded: LoadedSpec, state_dir_arg: str | None, options: AuditOp
     from opsctl.audit.survey import run_audit
     from opsctl.runtime.opening import open_connector, recorded_placement
     from opsctl.spec.deployed import running_nodes
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     state_dir = state_dir_for(loaded, state_dir_arg)
     placed, records = recorded_placement(loaded, state_dir)
@@ -166,8 +166,8 @@ def _audit_hot(args: argparse.Namespace) -> int:
     from opsctl.cli.runsignals import check_folder
     from opsctl.metrics.signals import write_hot_textfile
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     if loaded.spec.topology != "cluster":
@@ -250,8 +250,8 @@ def _bigkey_delete(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import BigKeyDeleteResult
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     confirm(args, f"Delete the key {echo(args.key)} of '{loaded.spec.name}'? Its value is gone for good.")

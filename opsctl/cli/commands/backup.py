@@ -99,8 +99,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     from opsctl.cli.results import BackupResult
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)
@@ -264,7 +264,7 @@ def _backup_one(loaded: LoadedSpec, store: Store, args: argparse.Namespace, prin
     from opsctl.cli.results import Backed
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     done: list[BackupDone] = []
     name = loaded.spec.name

@@ -89,7 +89,7 @@ def check_one(loaded: LoadedSpec, state_dir_arg: str | None, timeout: float) -> 
     from opsctl.net.observer import observe
     from opsctl.runtime.opening import open_connector, recorded_placement
     from opsctl.spec.deployed import pending_nodes, running_nodes
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     state_dir = state_dir_for(loaded, state_dir_arg)
     placed, records = recorded_placement(loaded, state_dir)
@@ -108,7 +108,7 @@ def _slot_op(args: argparse.Namespace, operation: SlotOperation, resume: bool = 
     from opsctl.runtime.opening import open_connector
     from opsctl.slots.fix import close_open
     from opsctl.slots.reshard import MoveOptions, one_cluster
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = _cluster_spec(args.file)

@@ -38,9 +38,9 @@ def cmd_failover(args: argparse.Namespace) -> int:
     from opsctl.cli.results import FailoverResult
     from opsctl.failover.runbook import Options, run_failover
     from opsctl.net.topolock import topology_lock
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.safefs import check_writable_target
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     if args.report:

@@ -46,8 +46,8 @@ def inventory_of(loaded: LoadedSpec, args: argparse.Namespace, spec_file: str, o
     from opsctl.providers.remote.inventory import build_inventory, inventory_script_form, inventory_text, remote_paths
     from opsctl.providers.remote.ssh import known_hosts_path
     from opsctl.render import render_node
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.safefs import make_dir, trusted_owners, write_private
-    from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import node_files
 
     with_files, known_hosts = args.with_files, args.known_hosts

@@ -58,7 +58,7 @@ def _groups(loaded: LoadedSpec, state_dir_arg: str | None) -> list[TargetGroup]:
     from opsctl.cli.output import say
     from opsctl.metrics.targets import target_groups
     from opsctl.runtime.opening import nothing_deployed, recorded_placement
-    from opsctl.state.statedir import state_dir_for
+    from opsctl.state.localdirs import state_dir_for
 
     state_dir = state_dir_for(loaded, state_dir_arg)
     placed, records = recorded_placement(loaded, state_dir)

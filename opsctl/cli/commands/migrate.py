@@ -94,8 +94,8 @@ def _migrate(args: argparse.Namespace) -> int:
     from opsctl.migrate.migration import MigrateOptions, run_migrate
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)
@@ -144,8 +144,8 @@ def _source(args: argparse.Namespace, state_dir: Path, stack: ExitStack) -> tupl
     from opsctl.cli.output import Printer
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     if args.from_endpoints:
         from opsctl.migrate.foreign import foreign_connector
@@ -180,8 +180,8 @@ def _request_cutover(args: argparse.Namespace) -> int:
     """Leave the request file for the running migration, then wait for its report file. With no migration running
     but a cutover interrupted (the journal keeps the fence it set): finish it, or with --lift-fence lift it."""
     from opsctl.migrate.phases import read_journal
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     state_dir = state_dir_for(loaded, args.state_dir)
@@ -249,8 +249,8 @@ def _lift(args: argparse.Namespace) -> int:
 
     from opsctl.migrate.cutover import lift_fence
     from opsctl.migrate.phases import JournalFile, read_journal
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)

@@ -38,8 +38,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from opsctl.restore.sources import RestoreOptions
     from opsctl.restore.target import inspect_target
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     until = _until(args)
@@ -85,8 +85,8 @@ def _sources(args: argparse.Namespace, stack: ExitStack, loaded: LoadedSpec, tar
     from opsctl.net.topolock import topology_lock
     from opsctl.restore.sources import backup_sources, live_sources, refuse_same_servers
     from opsctl.runtime.opening import open_connector
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
 
     if until is not None:
         return stack.enter_context(to_time(args.from_dir, until, target, state_dir, options))

@@ -30,9 +30,9 @@ def cmd_follow(args: argparse.Namespace) -> int:
     from opsctl.cli.commands.migrate import emitter
     from opsctl.cli.options import confirm
     from opsctl.standby.link import run_follow
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
     from opsctl.state.standbyfiles import read_switched
-    from opsctl.state.statedir import state_dir_for
 
     folder = getattr(args, "follow_textfile", None)  # switchover finishing an interrupted one has none
     if folder is not None:
@@ -72,9 +72,9 @@ def cmd_switchover(args: argparse.Namespace) -> int:
     from opsctl.migrate.phases import read_journal
     from opsctl.standby.link import refuse_switched
     from opsctl.standby.primary import primary_of
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
     from opsctl.state.standbyfiles import read_switched
-    from opsctl.state.statedir import state_dir_for
 
     loaded = read_spec(args.file)
     note_run(args, loaded.spec.name)

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 def _ca(args: argparse.Namespace) -> int:
     from opsctl.cli.output import print_result
     from opsctl.cli.results import TlsCaResult
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.tls.material import ca_text
 
     loaded = read_spec(args.file)
@@ -54,8 +54,8 @@ def _rotate(args: argparse.Namespace) -> int:
     from opsctl.cli.results import LinesResult
     from opsctl.net.topolock import topology_lock
     from opsctl.runtime.opening import make_runtime
+    from opsctl.state.localdirs import state_dir_for
     from opsctl.state.specfile import read_spec
-    from opsctl.state.statedir import state_dir_for
     from opsctl.state.statelock import state_lock
 
     loaded = read_spec(args.file)

@@ -22,7 +22,7 @@ from typing import TypeAlias
 try:
     import paramiko
 except ImportError as exc:  # provider: ansible without its extra: say which to install, not a traceback
-    from opsctl.providers.extra import ansible_extra_error, missing_ansible_libraries
+    from opsctl.providers.binaries import ansible_extra_error, missing_ansible_libraries
 
     raise ansible_extra_error(missing_ansible_libraries()) from exc
 
