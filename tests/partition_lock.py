@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.partition import CHAIN, RESULT, ROOT, Partition, run_module_in_namespace
+from tests.support import CONDITION_BOUND
 
 NODE_TIMEOUT_MS = 2000
 MAJORITY_GID, MINORITY_GID = 47001, 47002  # the groups the two runs run as (uid stays root)
@@ -164,7 +165,7 @@ def split_runs(tmp: Path, flavor: str) -> LockRun:
         raise RuntimeError("apply failed")
     try:
         loaded = read_spec(path)
-        wait_for(lambda: cluster_check(loaded.layout.servers[0].endpoint).returncode == 0 or None, 60,
+        wait_for(lambda: cluster_check(loaded.layout.servers[0].endpoint).returncode == 0 or None, CONDITION_BOUND,
                  "the new cluster to settle")
         cut_host = loaded.layout.node(loaded.layout.shards[2].master).host
         minority = [n for n in loaded.layout.servers if n.host == cut_host]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, Partition, run_module_in_namespace
+from tests.support import CONDITION_BOUND
 
 NODE_TIMEOUT_MS = 2000
 CUT = 6.0  # three node timeouts: the source's replica is promoted while the source is cut off
@@ -107,7 +108,7 @@ def split_reshard(tmp: Path, flavor: str, seed: int, opsctl_cut: float = 0.0) ->
     try:
         loaded = read_spec(path)
         first = loaded.layout.servers[0].endpoint
-        wait_for(lambda: cluster_check(first).returncode == 0 or None, 60, "the new cluster to settle")
+        wait_for(lambda: cluster_check(first).returncode == 0 or None, CONDITION_BOUND, "the new cluster to settle")
         preload(loaded, 20_000 if flavor == "redis" else 400_000)
         client = cluster_client(loaded)
         before = dataset_checksum(client, "pre:*")
@@ -145,7 +146,8 @@ def split_reshard(tmp: Path, flavor: str, seed: int, opsctl_cut: float = 0.0) ->
         finally:
             partition.close()
         with contextlib.suppress(ConvergenceError):  # a node an apply restarted: the cluster is down a moment
-            wait_for(lambda: cluster_check(target.endpoint).returncode == 0 or None, 60, "the cluster to be ok")
+            wait_for(lambda: cluster_check(target.endpoint).returncode == 0 or None, CONDITION_BOUND,
+                     "the cluster to be ok")
         check = cluster_check(target.endpoint)
         try:
             lost = writer.lost(cluster_client(loaded))  # a fresh client: the old source is a replica now

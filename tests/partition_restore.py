@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.partition import RESULT, ROOT, Partition, run_module_in_namespace
+from tests.support import CONDITION_BOUND
 
 LATE = 1000
 TARGET_KEYS = 150_000
@@ -154,19 +155,21 @@ def target_cut(tmp: Path) -> RestoreRun:
             proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "restore", "-f", str(target),
                                      "--from", str(folder)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=ROOT)
-            wait_for(lambda: client(cut_master).dbsize() > 1000 or proc.poll() is not None or None, 60, "first keys")
+            wait_for(lambda: client(cut_master).dbsize() > 1000 or proc.poll() is not None or None, CONDITION_BOUND,
+                     "first keys")
             partition.cut([cut_master.address], others)
             out, _ = proc.communicate(timeout=600)
             promoted = [t_loaded.layout.node(n) for n in shard.replicas]
             wait_for(lambda: any(client(n).execute_command("ROLE")[0] in (b"master", "master") for n in promoted)
-                     or None, 60, "a replica of the cut master to be promoted")
+                     or None, CONDITION_BOUND, "a replica of the cut master to be promoted")
         finally:
             partition.close()
-        wait_for(lambda: client(cut_master).execute_command("ROLE")[0] in (b"slave", "slave") or None, 60,
+        wait_for(lambda: client(cut_master).execute_command("ROLE")[0] in (b"slave", "slave") or None, CONDITION_BOUND,
                  "the old master to rejoin as a replica")
-        wait_for(lambda: cluster_check(f"{cut_master.address}:{cut_master.port}").returncode == 0 or None, 60,
-                 "cluster check")
-        wait_for(lambda: opsctl("cluster", "check", "-f", str(target)) == 0 or None, 60, "opsctl cluster check")
+        wait_for(lambda: cluster_check(f"{cut_master.address}:{cut_master.port}").returncode == 0 or None,
+                 CONDITION_BOUND, "cluster check")
+        wait_for(lambda: opsctl("cluster", "check", "-f", str(target)) == 0 or None, CONDITION_BOUND,
+                 "opsctl cluster check")
         after_cut = masters_keys(t_loaded, "k:")
         rerun_rc, rerun_out = restore(target, "--from", str(folder))
         kept = [line for line in out.splitlines() if "differs" not in line][-12:]

@@ -23,6 +23,7 @@ from typing import Any
 
 from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, Partition, run_module_in_namespace
 from tests.partition_reshard import NODE_TIMEOUT_MS, converge, opsctl
+from tests.support import CONDITION_BOUND
 
 CUT = 6.0
 
@@ -75,7 +76,7 @@ def split_rolling(tmp: Path, flavor: str, seed: int) -> RollingRun:
     try:
         loaded = read_spec(path)
         first = loaded.layout.servers[0].endpoint
-        wait_for(lambda: cluster_check(first).returncode == 0 or None, 60, "the new cluster to settle")
+        wait_for(lambda: cluster_check(first).returncode == 0 or None, CONDITION_BOUND, "the new cluster to settle")
         victim = loaded.layout.node(loaded.layout.shards[1].master).address
         others = sorted({n.address for n in loaded.layout.servers} - {victim})
         partition = Partition()
@@ -100,7 +101,7 @@ def split_rolling(tmp: Path, flavor: str, seed: int) -> RollingRun:
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
         finally:
             partition.close()
-        wait_for(lambda: cluster_check(first).returncode == 0 or None, 60, "the cluster to be ok")
+        wait_for(lambda: cluster_check(first).returncode == 0 or None, CONDITION_BOUND, "the cluster to be ok")
         check = cluster_check(first)
         lost = writer.lost(cluster_client(loaded))
         when = dict(zip(writer.acked, writer.ack_times, strict=True))

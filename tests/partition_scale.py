@@ -26,6 +26,7 @@ from typing import Any
 
 from tests.partition import ACK_BOUND_SLACK, RESULT, ROOT, Partition, run_module_in_namespace
 from tests.partition_reshard import NODE_TIMEOUT_MS, converge, opsctl
+from tests.support import CONDITION_BOUND
 
 CUT = 6.0
 
@@ -86,7 +87,7 @@ def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
     try:
         loaded = read_spec(path)
         first = loaded.layout.servers[0].endpoint
-        wait_for(lambda: cluster_check(first).returncode == 0 or None, 60, "the new cluster to settle")
+        wait_for(lambda: cluster_check(first).returncode == 0 or None, CONDITION_BOUND, "the new cluster to settle")
         preload(loaded, 20_000)
         before = dataset_checksum(cluster_client(loaded), "pre:*")
         data = yaml.safe_load(path.read_text())
@@ -119,7 +120,7 @@ def split_scale(tmp: Path, flavor: str, seed: int) -> ScaleRun:
                 writer.wait_for_writes(len(writer.acked) + 100, timeout=60)
         finally:
             partition.close()
-        wait_for(lambda: cluster_check(first).returncode == 0 or None, 60, "the cluster to be ok")
+        wait_for(lambda: cluster_check(first).returncode == 0 or None, CONDITION_BOUND, "the cluster to be ok")
         check = cluster_check(first)
         shares = sorted(int(line.split("slots")[0].rsplit("|", 1)[-1].strip() or 0)
                         for line in check.stdout.splitlines() if "slots |" in line)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.partition import RESULT, Partition, run_module_in_namespace
+from tests.support import CONDITION_BOUND
 
 BACKLOG = 16 * 1024
 HOLD = 6.0  # the cut lasts this long after the link said it waits for the primary: its behaviour while it waits
@@ -126,12 +127,13 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         seen, cpu_before = len(follow.events), cpu_seconds(follow.proc.pid)
         partition.cut([node.address], [LINK_SOURCE, s_loaded.layout.servers[0].address])
         cut_at = time.monotonic()
-        wait_for(lambda: replication()["connected_slaves"] == 0 or None, 30, "the primary to drop the cut link")
+        wait_for(lambda: replication()["connected_slaves"] == 0 or None, CONDITION_BOUND,
+                 "the primary to drop the cut link")
         dropped = time.monotonic() - cut_at
-        wait_for(lambda: replication()["master_repl_offset"] - at_cut > 4 * BACKLOG or None, 30,
+        wait_for(lambda: replication()["master_repl_offset"] - at_cut > 4 * BACKLOG or None, CONDITION_BOUND,
                  "the writes to overrun the primary's backlog")
         wait_for(lambda: any("does not answer" in e.get("text", "") for e in follow.events[seen:])
-                 or follow.proc.poll() is not None or None, 60, "the link to say it waits for the primary")
+                 or follow.proc.poll() is not None or None, CONDITION_BOUND, "the link to say it waits for the primary")
         waiting = time.monotonic()
         wait_for(lambda: time.monotonic() - waiting >= HOLD or None, HOLD + 30, "the hold")
         alive = follow.proc.poll() is None
@@ -147,7 +149,8 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         writer.wait_for_more(200)
         writer.stop()
         if alive:
-            wait_for(lambda: writer.verify(standby) == [] or None, 60, "every acknowledged write on the standby")
+            wait_for(lambda: writer.verify(standby) == [] or None, CONDITION_BOUND,
+                     "every acknowledged write on the standby")
         current_after = time.monotonic() - healed
         lost = len(writer.verify(standby))
         lags = [e for e in follow.events if e.get("event") == "migrate-lag"]

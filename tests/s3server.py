@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.support import free_base_port, missing
+from tests.support import CONDITION_BOUND, free_base_port, missing
 
 BUCKET = "opsctl-tests"
 SECRET = "s3-test-secret-5d1e9a"  # must appear in no output, object name or metadata
@@ -39,7 +39,7 @@ class S3Server:
         return boto3.session.Session().client("s3")
 
 
-def _wait_port(host: str, port: int, process: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def _wait_port(host: str, port: int, process: subprocess.Popen[bytes], timeout: float = CONDITION_BOUND) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -48,7 +48,7 @@ def _wait_port(host: str, port: int, process: subprocess.Popen[bytes], timeout: 
             if sock.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.05)
-    raise RuntimeError("moto_server did not listen within 30 s")
+    raise RuntimeError(f"moto_server did not listen within {timeout:.0f} s")
 
 
 @contextmanager

@@ -28,7 +28,16 @@ from opsctl.slots.ranges import expand
 from opsctl.spec.layout import Node
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for, cluster_check, make_spec, server_binary, write_spec
+from tests.support import (
+    CONDITION_BOUND,
+    PASSWORD,
+    PASSWORD_ENV,
+    admin_for,
+    cluster_check,
+    make_spec,
+    server_binary,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +111,7 @@ def _killed_at(spec: Path, point: str, clients: list[tuple[Node, redis.Redis]], 
                                 env={**os.environ, PASSWORD_ENV: PASSWORD}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + CONDITION_BOUND
             while not POINTS[point]([(n, _info(c)) for n, c in clients]) and proc.poll() is None:
                 assert time.monotonic() < deadline, f"apply never reached {point}"
                 time.sleep(0.005)

@@ -29,7 +29,7 @@ from opsctl.spec.layout import Layout
 from opsctl.spec.placement import with_placement
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, run
-from tests.support import PASSWORD, make_spec
+from tests.support import CONDITION_BOUND, PASSWORD, make_spec
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ class Archiver:
             assert self.proc.poll() is None, self.err.read_text()[-3000:]
             done = {e["shard"] for e in self.events() if e["event"] == "segment-archived" and e["durable"] >= after}
             return len(done) >= shards or Pending(f"shards {sorted(done)}; notes {self.notes()[-4:]}")
-        wait_for(covered, 60, what, 0.1)
+        wait_for(covered, CONDITION_BOUND, what, 0.1)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -83,10 +83,11 @@ def fail_over(spec: Path, index: int) -> tuple[str, int]:
     for address, port in shard_nodes(spec, index):
         node = redis.Redis(host=address, port=port, password=PASSWORD, socket_timeout=5)
         if node.info("replication")["role"] == "slave":
-            wait_for(lambda n=node: n.info("replication")["master_link_status"] == "up" or None, 30,
+            wait_for(lambda n=node: n.info("replication")["master_link_status"] == "up" or None, CONDITION_BOUND,
                      "the replica linked", 0.05)
             node.execute_command("CLUSTER", "FAILOVER")
-            wait_for(lambda n=node: n.info("replication")["role"] == "master" or None, 30, "the promotion", 0.05)
+            wait_for(lambda n=node: n.info("replication")["role"] == "master" or None, CONDITION_BOUND,
+                     "the promotion", 0.05)
             return address, port
     raise AssertionError(f"shard {index} has no replica")
 
@@ -179,8 +180,8 @@ def test_a_running_archive_takes_a_new_base_when_slots_move(tmp_path: Path, caps
                                      "--slots", "100", "--auto-approve")
                 assert code == 0, err + out
                 moved = time.time()
-                wait_for(lambda: len([n for n in archiver.notes() if n.startswith("base ")]) >= 2 or None, 60,
-                         "a new base", 0.1, last_reason=lambda: str(archiver.notes()[-3:]))
+                wait_for(lambda: len([n for n in archiver.notes() if n.startswith("base ")]) >= 2 or None,
+                         CONDITION_BOUND, "a new base", 0.1, last_reason=lambda: str(archiver.notes()[-3:]))
                 archiver.wait(3, time.time(), "the new base's segments")
         finally:
             code = archiver.stop()

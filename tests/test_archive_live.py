@@ -25,7 +25,7 @@ from opsctl.backup.store import parse_location
 from opsctl.backup.timeline import iso, read_bases
 from tests.lifecycle import run
 from tests.s3server import SECRET, S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
-from tests.support import PASSWORD, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check
 from tests.test_restore_live import clients, cluster, restore, topologies
 from tests.writer import Writer, cluster_client
 
@@ -173,9 +173,9 @@ def fail_over_shard_1(loaded):
     replica = loaded.layout.node(loaded.layout.shards[0].replicas[0])
     with admin_for(loaded, replica) as admin:
         admin.call("CLUSTER", "FAILOVER")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + CONDITION_BOUND
         while admin.call("ROLE")[0] not in (b"master", "master"):
-            assert time.monotonic() < deadline, "the failover did not happen in 30 s"
+            assert time.monotonic() < deadline, "the failover did not happen in time"
             time.sleep(0.05)
     return replica
 

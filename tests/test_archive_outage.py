@@ -24,7 +24,7 @@ from opsctl.backup.timeline import read_bases
 from opsctl.base.errors import OpsctlError
 from opsctl.base.poll import Pending, wait_for
 from tests.s3server import S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
-from tests.support import admin_for, free_base_port
+from tests.support import CONDITION_BOUND, admin_for, free_base_port
 from tests.test_archive_live import Archiver
 from tests.test_restore_live import clients, topologies
 
@@ -171,7 +171,7 @@ def test_an_outage_of_the_store_is_ridden_out_and_a_long_one_starts_a_new_base(t
             return [i for i in acked if i > first and i not in set(stored)]
 
         with suppress(OpsctlError):
-            wait_for(lambda: missing_writes() == [] or Pending("the last segment is not stored yet"), 10.0,
+            wait_for(lambda: missing_writes() == [] or Pending("the last segment is not stored yet"), CONDITION_BOUND,
                      "every acknowledged write in a stored segment", 0.2)
         missing = missing_writes()
         assert missing == [], missing[:20]
@@ -181,7 +181,7 @@ def test_an_outage_of_the_store_is_ridden_out_and_a_long_one_starts_a_new_base(t
             admin.config_set("repl-backlog-size", "16384")
         failed = sum("the store failed" in n for n in _notes(archiver))
         proxy.down()
-        wait_for(lambda: sum("the store failed" in n for n in _notes(archiver)) > failed or None, 60,
+        wait_for(lambda: sum("the store failed" in n for n in _notes(archiver)) > failed or None, CONDITION_BOUND,
                  "the archiver to see the store fail (its streams closed)", 0.2)
         for i in range(300):
             client.set(f"bulk:{i}", "x" * 10_000)  # 3 MB: far past the backlog

@@ -16,7 +16,7 @@ import redis
 
 from opsctl.base.poll import wait_for
 from tests.lifecycle import deployed
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Pat
         with out.open("wb") as stdout, err.open("wb") as stderr:  # files: no terminal, as under systemd or CI
             archiver = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
         try:
-            idle = wait_for(lambda: beats(err) or None, 60, "a heartbeat with no write coming", 0.1,
+            idle = wait_for(lambda: beats(err) or None, CONDITION_BOUND, "a heartbeat with no write coming", 0.1,
                             last_reason=err.read_text)
             # alive; what it stored so far (nothing, or the master's PINGs when the first beat came late on a loaded
             # machine: a ping every repl-ping-replica-period is part of the stream)
@@ -54,8 +54,8 @@ def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Pat
             for i in range(20):
                 client.set(f"k{i}", i)
             offset = int(client.info("replication")["master_repl_offset"])
-            wait_for(lambda: [b for b in beats(err) if b[0] > stored and b[1] >= offset] or None, 60,  # (and PINGs)
-                     "a heartbeat counting the segment of the writes", 0.1, last_reason=err.read_text)
+            wait_for(lambda: [b for b in beats(err) if b[0] > stored and b[1] >= offset] or None,  # (and PINGs)
+                     CONDITION_BOUND, "a heartbeat counting the segment of the writes", 0.1, last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)
             code = archiver.wait(60)
@@ -85,14 +85,16 @@ def test_a_stop_while_a_shard_has_no_master_is_a_normal_stop(tmp_path: Path, cap
         with out.open("wb") as stdout, err.open("wb") as stderr:
             archiver = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
         try:
-            wait_for(lambda: beats(err) or None, 60, "the archive's first heartbeat", 0.1, last_reason=err.read_text)
+            wait_for(lambda: beats(err) or None, CONDITION_BOUND,
+                     "the archive's first heartbeat", 0.1, last_reason=err.read_text)
             master = loaded.layout.node(loaded.layout.shards[0].master)
             folder = spec.parent / ".opsctl" / loaded.spec.name / master.name
             os.kill(int((folder / "server.pid").read_text()), signal.SIGKILL)
-            wait_for(lambda: "shard 1: the stream broke" in err.read_text() or None, 60, "the archiver to lose its "
-                     "master", 0.1, last_reason=err.read_text)
-            wait_for(lambda: beat_after(err, "shard 1: waiting for its master ("), 60,  # said once; the loop goes on
-                     "a heartbeat while the shard waits for its master", 0.1, last_reason=err.read_text)
+            wait_for(lambda: "shard 1: the stream broke" in err.read_text() or None, CONDITION_BOUND,
+                     "the archiver to lose its master", 0.1, last_reason=err.read_text)
+            wait_for(lambda: beat_after(err, "shard 1: waiting for its master ("),  # said once; the loop goes on
+                     CONDITION_BOUND, "a heartbeat while the shard waits for its master", 0.1,
+                     last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)
             try:
@@ -123,13 +125,13 @@ def test_a_base_waits_while_another_run_holds_the_topology(tmp_path: Path, capsy
                 archiver = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
             try:
                 wait_for(lambda: "a base waits: another opsctl run holds this topology" in err.read_text() or None,
-                         60, "the archiver to say its base waits", 0.1, last_reason=err.read_text)
+                         CONDITION_BOUND, "the archiver to say its base waits", 0.1, last_reason=err.read_text)
                 assert archiver.poll() is None, err.read_text()  # waiting, not exited
             except BaseException:
                 archiver.kill()
                 raise
         try:
-            wait_for(lambda: beats(err) or None, 60, "a heartbeat once the base is taken", 0.1,
+            wait_for(lambda: beats(err) or None, CONDITION_BOUND, "a heartbeat once the base is taken", 0.1,
                      last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)

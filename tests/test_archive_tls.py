@@ -19,7 +19,7 @@ from opsctl.backup.timeline import read_bases
 from opsctl.base.poll import wait_for
 from opsctl.state.localdirs import state_dir_for
 from tests.lifecycle import run
-from tests.support import PASSWORD, PASSWORD_ENV, tls_client_options
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, tls_client_options
 from tests.test_archive_live import Archiver
 from tests.test_archive_outage import stored_writes, writing
 from tests.test_restore_live import topologies
@@ -48,7 +48,7 @@ def test_backup_and_archive_over_tls_as_an_acl_user(tmp_path, capsys) -> None:
         with writing(client) as acked:
             archiver.wait_segments(3, shards=1)
             began, written = time.time(), len(acked)
-            wait_for(lambda: len(acked) >= written + 20 or None, 30, "writes under the archiver")
+            wait_for(lambda: len(acked) >= written + 20 or None, CONDITION_BOUND, "writes under the archiver")
             archiver.wait_segments(3, shards=1, after=began)  # streamed and stored while the writes go on
         archiver.wait_segments(1, shards=1, after=time.time() + 0.5)
         assert archiver.kill(signal.SIGTERM) == 0

@@ -22,7 +22,7 @@ from opsctl.render import NodePaths, render_node
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
-from tests.support import PASSWORD, NodeClient, admin_for, make_spec, server_binary, write_spec
+from tests.support import CONDITION_BOUND, PASSWORD, NodeClient, admin_for, make_spec, server_binary, write_spec
 
 
 def node_paths(base: Path, node: Node) -> NodePaths:
@@ -58,7 +58,7 @@ def stop_pid(pidfile: Path) -> None:
     with contextlib.suppress(Exception):
         pid = int(pidfile.read_text().strip())
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, what=f"pid {pid} to exit")
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=CONDITION_BOUND, what=f"pid {pid} to exit")
 
 
 @dataclass
@@ -242,7 +242,7 @@ def cluster(base: Path, flavor: str, **sections: Any) -> Iterator[Fleet]:
         subprocess.run([redis_cli(), "--cluster", "create", *endpoints, "--cluster-replicas", "1", "--cluster-yes"],
                        env=env, check=True, capture_output=True, timeout=120)
         admins = [admin_for(loaded, n) for n in loaded.layout.servers]
-        wait_for(lambda: all("cluster_state:ok" in str(a.raw("CLUSTER", "INFO")) for a in admins), 60,
+        wait_for(lambda: all("cluster_state:ok" in str(a.raw("CLUSTER", "INFO")) for a in admins), CONDITION_BOUND,
                  "cluster_state:ok on every node")
         for a in admins:
             a.close()
@@ -264,4 +264,4 @@ def wait_replicas_synced(fleet: Fleet) -> None:
                         if role[3] != "connected" or admin.client.dbsize() != master.client.dbsize():
                             return False
         return True
-    wait_for(synced, 60, "replicas in sync")
+    wait_for(synced, CONDITION_BOUND, "replicas in sync")

@@ -22,7 +22,16 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import applied, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for, cluster_check, free_base_port, make_spec, write_spec
+from tests.support import (
+    CONDITION_BOUND,
+    PASSWORD,
+    PASSWORD_ENV,
+    admin_for,
+    cluster_check,
+    free_base_port,
+    make_spec,
+    write_spec,
+)
 from tests.test_metrics_targets import fixed_spec
 from tests.test_planner import load_dict
 
@@ -70,7 +79,8 @@ def test_a_cluster_on_another_bus_offset_forms_moves_to_a_third_and_grows(tmp_pa
                 assert code == 0, err + out
                 loaded = read_spec(spec_path)
             offset = spec["cluster"]["bus_port_offset"]
-            wait_for(lambda lo=loaded, o=offset: _bus_ports_seen(lo, o), 30, f"every node to see bus ports +{offset}")
+            wait_for(lambda lo=loaded, o=offset: _bus_ports_seen(lo, o), CONDITION_BOUND,
+                     f"every node to see bus ports +{offset}")
             check = cluster_check(loaded.layout.servers[0].endpoint)
             assert check.returncode == 0 and "All 16384 slots covered" in check.stdout, check.stdout + check.stderr
             assert plan_json(capsys, spec_path)["steps"] == []  # the live cluster-port is the rendered one

@@ -39,7 +39,16 @@ from opsctl.spec.layout import Layout, Node
 from opsctl.spec.placement import with_placement
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import run
-from tests.support import PASSWORD, PASSWORD_ENV, cluster_check, make_spec, server_binary, write_barrier, write_spec
+from tests.support import (
+    CONDITION_BOUND,
+    PASSWORD,
+    PASSWORD_ENV,
+    cluster_check,
+    make_spec,
+    server_binary,
+    write_barrier,
+    write_spec,
+)
 from tests.test_drain_host import record_files
 from tests.test_fleet_shape import records
 from tests.test_metrics_exporter_live import _needs, _redis_up
@@ -309,7 +318,7 @@ def test_day2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: p
         survivors = [n for n in placed(spec).servers if n.host != host]
         began = barrier([endpoint for _, endpoint in by_host[host]], life.password)
         dead, killed_at = kill_host(spec, host)
-        wait_for(flagged(survivors, life.password, address), 30, f"the survivors to flag {host}'s nodes",
+        wait_for(flagged(survivors, life.password, address), CONDITION_BOUND, f"the survivors to flag {host}'s nodes",
                  interval=0.05)
         data = {**data, "hosts": [{**h, "address": f"{prefix}.5"} if h["name"] == host else h for h in data["hosts"]]}
         life.write(data)

@@ -21,7 +21,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check
 from tests.test_drain_host import live_members_apart, record_files
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client, dataset_checksum
@@ -79,7 +79,7 @@ def served_again(spec: Path, dead_address: str) -> None:
         state = client.cluster("INFO")["cluster_state"]
         return True if state == "ok" else Pending(f"cluster_state {state}")
 
-    wait_for(served, 30, "the cluster to fail over the dead masters", interval=0.05)
+    wait_for(served, CONDITION_BOUND, "the cluster to fail over the dead masters", interval=0.05)
 
 
 @pytest.mark.parametrize("flavor", ["valkey", "redis"])
@@ -134,7 +134,7 @@ def test_a_dead_sentinel_master_host_given_a_new_address_is_healed(tmp_path, cap
         with Writer(lambda: sentinel_client(spec)) as writer:
             writer.wait_for_writes(2000)
             dead, killed_at = kill_host(spec, "h1")
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + CONDITION_BOUND
             while not any(r["role"] != "sentinel" and r["host"] != "h1" and
                           redis.Redis(host=r["address"], port=r["port"], password=PASSWORD).execute_command("ROLE")[0]
                           == b"master" for r in live(spec).values()):
@@ -170,7 +170,8 @@ def test_a_shard_that_lost_every_member_is_refused_with_the_way_on(tmp_path, cap
         dead = kill_host(spec, "h1")[0] + kill_host(spec, "h2")[0]
         survivors = [n.name for n in loaded.layout.servers if n.name not in dead]
         addresses = [h["address"] for h in data["hosts"] if h["name"] in ("h1", "h2")]
-        wait_for(lambda: flagged(loaded, survivors, *addresses), 30, "the survivors to flag the dead hosts' nodes",
+        wait_for(lambda: flagged(loaded, survivors, *addresses), CONDITION_BOUND,
+                 "the survivors to flag the dead hosts' nodes",
                  interval=0.05)
         moved = {h["name"]: h["address"].rsplit(".", 1)[0] + (".4" if h["name"] == "h1" else ".5") for h in
                  data["hosts"] if h["name"] in ("h1", "h2")}

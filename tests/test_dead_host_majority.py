@@ -21,7 +21,7 @@ from opsctl.base.poll import Pending, wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import write_barrier
+from tests.support import CONDITION_BOUND, write_barrier
 from tests.test_dead_host import flagged, kill_host, known_endpoints, node_client
 from tests.test_drain_host import record_files
 from tests.test_shape_killed import cluster_kept, cluster_writer, converged, killed_apply
@@ -45,7 +45,7 @@ def rerun_after_a_takeover(capsys: pytest.CaptureFixture[str], spec: Path, loade
     election limit (review 1, finding 1): 3 of 4 masters answer now, a majority, yet the cluster never elects the
     other shard's replica (it asks no more: its data is too old), and a re-run used to say to wait for it, forever.
     It now plans a CLUSTER FAILOVER FORCE of it (a vote the majority passes) and converges."""
-    wait_for(lambda: cut_off_past(loaded, orphans, ELECTION_LIMIT_S), 60,
+    wait_for(lambda: cut_off_past(loaded, orphans, ELECTION_LIMIT_S), CONDITION_BOUND,
              "the orphaned replicas' link to be down past their election limit", interval=0.1)
     assert killed_apply(spec, ("at", "promote-replica-asked")) == -signal.SIGKILL
     steps = plan_json(capsys, spec)["steps"]
@@ -83,7 +83,8 @@ def test_a_dead_host_holding_half_the_masters_is_healed(tmp_path, capsys, flavor
         with cluster_writer(spec, loaded) as (writer, before):
             barrier = replicated_barrier(loaded, masters)
             dead, killed_at = kill_host(spec, "h1")
-            wait_for(lambda: flagged(loaded, survivors, old), 30, "the survivors to flag h1's nodes", interval=0.05)
+            wait_for(lambda: flagged(loaded, survivors, old), CONDITION_BOUND,
+                     "the survivors to flag h1's nodes", interval=0.05)
             spec.write_text(yaml.safe_dump({**data, "hosts": [{**h, "address": old.rsplit(".", 1)[0] + ".4"}
                                                               if h["name"] == "h1" else h for h in data["hosts"]]}))
             plan = plan_json(capsys, spec)

@@ -15,7 +15,7 @@ import redis
 from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, admin_for, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,7 @@ def _apply_with_writer_on(tmp_path, capsys, spec: Path, loaded: LoadedSpec, old:
     with Writer(lambda: _client(loaded, old)) as writer:
         writer.wait_for_writes(300)
         killed_at = _kill(tmp_path, loaded, old)
-        wait_for(lambda: _role(loaded, new) == "master" or None, 30, f"{new} to be promoted")
+        wait_for(lambda: _role(loaded, new) == "master" or None, CONDITION_BOUND, f"{new} to be promoted")
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, out + err
         assert _role(loaded, old) == "slave", "the old master came back as a master"
@@ -64,7 +64,7 @@ def _apply_with_writer_on(tmp_path, capsys, spec: Path, loaded: LoadedSpec, old:
 
 
 def _settled(capsys, spec: Path) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CONDITION_BOUND
     while run(capsys, "status", "-f", str(spec))[0] != 0:
         assert time.monotonic() < deadline, "status stays degraded"
         time.sleep(0.2)
@@ -82,7 +82,7 @@ def test_sentinel_apply_starts_the_crashed_master_as_a_replica(tmp_path, capsys)
         with Writer(lambda: _client(loaded, old)) as writer:
             writer.wait_for_writes(300)
             killed_at = _kill(tmp_path, loaded, old)
-            new = wait_for(promoted, 30, "Sentinel to promote a replica")
+            new = wait_for(promoted, CONDITION_BOUND, "Sentinel to promote a replica")
             code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
             assert code == 0, out + err
             assert "starts as a replica of" in out
@@ -137,7 +137,8 @@ def test_cluster_apply_restarts_a_crashed_master_that_rejoins_as_a_replica(tmp_p
         old, new = shard.master, shard.replicas[0]
         writer, killed_at = _apply_with_writer_on(tmp_path, capsys, spec, loaded, old, new)
         assert _lost_after_restart(writer, cluster_client(loaded), killed_at) == []
-        wait_for(lambda: cluster_check(loaded.layout.servers[0].endpoint).returncode == 0 or None, 30, "check")
+        wait_for(lambda: cluster_check(loaded.layout.servers[0].endpoint).returncode == 0 or None, CONDITION_BOUND,
+                 "check")
         _settled(capsys, spec)
 
 

@@ -27,7 +27,7 @@ from opsctl.runtime.opening import make_runtime
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, admin_for, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, admin_for, cluster_check
 from tests.writer import Writer
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,7 @@ def test_after_a_failover_killed_past_the_promotion_the_plan_and_a_steps_look_fo
         assert killed.returncode == -9, killed.stdout + killed.stderr
         promoted_at = int(_client(loaded, target).info("replication")["second_repl_offset"]) - 1
         wait_for(lambda: int(_client(loaded, old).info("replication")["master_repl_offset"]) > promoted_at + 14
-                 or None, 10, "old to stream two heartbeats past the promotion")
+                 or None, CONDITION_BOUND, "old to stream two heartbeats past the promotion")
         assert ("finish-failover", old) in [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]
         rt, events = make_runtime(read_spec(spec)), []
         try:  # a replicate step of a plan made before the failover
@@ -165,8 +165,8 @@ def test_a_failover_step_finds_it_done_and_repoints_the_replica_left_behind(tmp_
         node = loaded.layout.node(target)
         renamed = command_renames(loaded.spec, None).get("FAILOVER", "FAILOVER")
         _client(loaded, old).execute_command(renamed, "TO", node.address, str(node.port), "TIMEOUT", "20000")
-        wait_for(lambda: (_roles(loaded)[old] == "slave" and _roles(loaded)[target] == "master") or None, 20,
-                 "the server's FAILOVER to end")
+        wait_for(lambda: (_roles(loaded)[old] == "slave" and _roles(loaded)[target] == "master") or None,
+                 CONDITION_BOUND, "the server's FAILOVER to end")
         assert int(_client(loaded, other).execute_command("ROLE")[2]) == loaded.layout.node(old).port
         assert ("replicate", other) in [(s["kind"], s["node"]) for s in plan_json(capsys, spec)["steps"]]
         rt, events = make_runtime(read_spec(spec)), []
@@ -190,7 +190,8 @@ def test_a_killed_cluster_failover_counts_for_the_cool_down(tmp_path, capsys) ->
         assert killed.returncode == -9, killed.stdout + killed.stderr
         reports = list((tmp_path / ".opsctl" / loaded.spec.name / "failover").glob("*-in-progress.json"))
         assert len(reports) == 1
-        wait_for(lambda: _roles(loaded)[replica] == "master" or None, 10, "the server to finish the failover")
+        wait_for(lambda: _roles(loaded)[replica] == "master" or None, CONDITION_BOUND,
+                 "the server to finish the failover")
         wait_cluster_converged(Connector(loaded), loaded.layout.servers)  # every node has heard of it
         code, out, err = run(capsys, "failover", "-f", str(spec), "--yes", "--to", old)  # fail back
         assert code == 0, out + err

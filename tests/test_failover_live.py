@@ -20,7 +20,7 @@ from opsctl.net.observer import wait_cluster_converged
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, admin_for, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ def _trial(capsys: pytest.CaptureFixture[str], spec: Path, shard: int, report: P
     """One failover after polling --dry-run (which changes nothing) until the cool-down allows it (and a lag
     that a loaded machine shows for a moment has passed); then the plan must be empty (roles inside a shard are
     not drift)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CONDITION_BOUND
     while (result := _failover(capsys, spec, "--shard", str(shard), "--dry-run"))[0] != 0:
         waiting = ("[FAIL] cool-down" in result[1] or "[FAIL] replication-lag" in result[1])
         assert result[0] == 3 and waiting and time.monotonic() < deadline, result

@@ -21,7 +21,7 @@ from opsctl.base.poll import wait_for
 from opsctl.failover.actions import KILL_AT
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, admin_for, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, admin_for, cluster_check
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def _gone(pid: int) -> bool:
 def _links_down(loaded: LoadedSpec, *names: str) -> None:
     """Until each replica has seen its master's link go down (what the failover's checks read)."""
     wait_for(lambda: all(_client(loaded, n).info("replication")["master_link_status"] == "down" for n in names)
-             or None, 30, f"{', '.join(names)} to see the master's link down")
+             or None, CONDITION_BOUND, f"{', '.join(names)} to see the master's link down")
 
 
 def _role(loaded: LoadedSpec, name: str) -> str:
@@ -177,8 +177,8 @@ def test_a_stalled_master_is_stopped_before_its_replica_is_promoted(tmp_path, ca
             assert code == 3 and "heard from it" in out + err and "cannot override" in out + err, out + err
             assert not _gone(pid) and all(_role(loaded, n) != "master" for n in shard.replicas)
             replica = _client(loaded, shard.replicas[0])
-            wait_for(lambda: int(replica.info("replication")["master_last_io_seconds_ago"]) > 8 or None, 30,
-                     "the replica to have heard nothing for the ping period and its grace")
+            wait_for(lambda: int(replica.info("replication")["master_last_io_seconds_ago"]) > 8 or None,
+                     CONDITION_BOUND, "the replica to have heard nothing for the ping period and its grace")
             code, out, err = run(capsys, "failover", "-f", str(spec), "--shard", "1", "--mode", "force", "--yes")
         finally:
             with contextlib.suppress(ProcessLookupError):

@@ -19,7 +19,7 @@ from opsctl.base.poll import wait_for
 from opsctl.spec.layout import sentinel_master_name
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 from tests.test_drain_host import record_files
 from tests.writer import Writer
 
@@ -54,7 +54,7 @@ def _takes_writes(client: redis.Redis) -> bool | None:
 
 
 def preload(client: redis.Redis, count: int) -> None:
-    wait_for(lambda: _takes_writes(client), 30, "the master to take writes")
+    wait_for(lambda: _takes_writes(client), CONDITION_BOUND, "the master to take writes")
     pipe = client.pipeline(transaction=False)
     for i in range(count):
         pipe.set(f"pre:{i}", str(i))

@@ -23,7 +23,7 @@ from opsctl.render.exporteruser import EXPORTER_USER, exporter_secret
 from opsctl.spec.layout import Node, sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 from tests.test_metrics_exporter_live import _needs, _proc_texts, _redis_up, _scrape
 from tests.test_rotation import NEW, _rotate
 
@@ -33,7 +33,8 @@ pytestmark = pytest.mark.integration
 def _all_up(loaded: LoadedSpec, offset: int) -> None:
     """Every node's exporter answers redis_up 1 (an exporter that just restarted may need a scrape or two)."""
     for node in loaded.layout.nodes:
-        wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", 10.0, f"redis_up 1 from {node.name}'s exporter")
+        wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", CONDITION_BOUND,
+                 f"redis_up 1 from {node.name}'s exporter")
 
 
 def _logs_in(node: Node, password: str) -> bool:

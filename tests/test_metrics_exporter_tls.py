@@ -15,7 +15,7 @@ from opsctl.base.poll import wait_for
 from opsctl.metrics.exporter import EXPORTER_BINARY
 from opsctl.render.exporteruser import EXPORTER_USER
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 from tests.test_metrics_exporter_live import _needs, _proc_texts, _redis_up, _scrape
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,8 @@ def test_the_exporter_scrapes_a_tls_node_with_the_topology_ca(tmp_path: Path,
                   metrics={"exporter": True}) as (spec, loaded):
         offset = loaded.spec.metrics.port_offset
         for node in loaded.layout.nodes:
-            wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", 10.0, f"redis_up 1 from {node.name}")
+            wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", CONDITION_BOUND,
+                     f"redis_up 1 from {node.name}")
             args = _exporter_args(tmp_path, node.name)
             assert args[args.index("-redis.addr") + 1] == f"rediss://{node.address}:{node.port}", args
             assert args[args.index("-redis.user") + 1] == EXPORTER_USER
@@ -56,6 +57,6 @@ def test_the_exporter_scrapes_a_tls_node_with_the_topology_ca(tmp_path: Path,
             code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), *step, "--auto-approve")
             assert code == 0, err + out
             for node in loaded.layout.nodes:
-                wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", 15.0,
+                wait_for(lambda n=node: _redis_up(_scrape(n, offset)) == "1", CONDITION_BOUND,
                          f"redis_up 1 from {node.name} after tls rotate {' '.join(step)}")
         assert plan_json(capsys, spec)["steps"] == []

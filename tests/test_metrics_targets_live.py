@@ -21,7 +21,7 @@ from opsctl.net.connector import port_accepts
 from opsctl.slots.journal import JOURNAL
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import cluster_check
+from tests.support import CONDITION_BOUND, cluster_check
 from tests.test_fleet_shape import records
 from tests.test_metrics_exporter_live import _needs, _redis_up
 
@@ -97,7 +97,7 @@ def test_targets_follow_the_fleet_and_a_purge_leaves_nothing(tmp_path: Path, cap
         down = next(iter(_live(spec)))
         os.kill(int((state / down / "server.pid").read_text()), signal.SIGKILL)
         server = (str(records(spec)[down]["address"]), int(str(records(spec)[down]["port"])))
-        wait_for(lambda: None if port_accepts(*server) else True, 10, f"{down} to be down")
+        wait_for(lambda: None if port_accepts(*server) else True, CONDITION_BOUND, f"{down} to be down")
         code, out, err = run(capsys, "destroy", "-f", str(spec), "--auto-approve")
         assert code == 0 and f"stopped the redis_exporter of {down}" in err + out, err + out
         assert [n for n, r in records(spec).items() if port_accepts(*_exporter(r))] == []

@@ -26,7 +26,7 @@ from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.localdirs import state_dir_for
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, cluster_check, started
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check, started
 from tests.writer import Writer, cluster_client
 
 pytestmark = pytest.mark.integration
@@ -163,7 +163,7 @@ def test_a_migrate_killed_twice_mid_stream_resumes_without_a_second_full_copy(tm
                 busy = threading.Thread(target=bump, args=(400,))
                 started = bumps
                 busy.start()
-                wait_for(lambda started=started: bumps >= started + 50 or None, 30, "the bumps under way")
+                wait_for(lambda started=started: bumps >= started + 50 or None, CONDITION_BOUND, "the bumps under way")
                 migrate.proc.send_signal(signal.SIGKILL)  # mid-stream, commands in flight
                 migrate.wait()
                 busy.join()
@@ -336,9 +336,10 @@ def test_a_sentinel_source_whose_master_dies_mid_stream_is_followed(tmp_path, ca
         offset = int(client(old).info("replication")["master_repl_offset"])
         replicas = [n for n in servers if n != old]
         wait_for(lambda: all(int(client(n).info("replication")["master_repl_offset"]) >= offset for n in replicas)
-                 or None, 10, "the replicas to catch up")
+                 or None, CONDITION_BOUND, "the replicas to catch up")
         os.kill(int(client(old).info("server")["process_id"]), signal.SIGKILL)
-        new = wait_for(lambda: (n if (n := master_now()) not in (None, old) else None), 30, "Sentinel's failover")
+        new = wait_for(lambda: (n if (n := master_now()) not in (None, old) else None), CONDITION_BOUND,
+                       "Sentinel's failover")
         with Writer(lambda: client(new), prefix="after") as after:
             after.wait_for_writes(300)
             mark = len(migrate.events)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.base.poll import wait_for
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 from tests.test_migrate_live import pair
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,8 @@ def test_migrate_beats_off_a_terminal_and_a_sigterm_is_a_pause(tmp_path: Path, c
         with err.open("wb") as stderr:  # a file: no terminal, as in CI
             migrate = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            wait_for(lambda: STREAMING.search(err.read_text()), 60, "a heartbeat of the streaming migration", 0.1,
+            wait_for(lambda: STREAMING.search(err.read_text()), CONDITION_BOUND,
+                     "a heartbeat of the streaming migration", 0.1,
                      last_reason=err.read_text)
         finally:
             migrate.send_signal(signal.SIGTERM)

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.lifecycle import run
-from tests.support import PASSWORD, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check
 from tests.test_migrate_live import SOURCE, Migrate, fill, pair, source_client
 from tests.writer import Writer, cluster_client
 
@@ -29,7 +29,7 @@ def _fail_over(loaded, shard: int) -> tuple[redis.Redis, redis.Redis]:
     old, new = (redis.Redis(host=n.address, port=n.port, password=PASSWORD, decode_responses=True)
                 for n in (old_node, new_node))
     new.execute_command("CLUSTER", "FAILOVER")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CONDITION_BOUND
     while time.monotonic() < deadline:
         if new.execute_command("ROLE")[0] == "master" and old.execute_command("ROLE")[0] == "slave":
             return new, old

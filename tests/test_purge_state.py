@@ -14,7 +14,7 @@ import pytest
 
 from opsctl.state.statelock import LOCK_NAME, state_lock
 from tests.lifecycle import deployed, run
-from tests.support import make_spec, write_spec
+from tests.support import CONDITION_BOUND, make_spec, write_spec
 
 LEFTOVERS = ("slots-journal.jsonl", "restore-journal.json", "migrate-journal.json",
              "failover/1.0-shard1-succeeded.json")
@@ -84,7 +84,7 @@ def test_a_run_that_waited_on_a_removed_lock_file_locks_the_new_one(tmp_path: Pa
     thread = threading.Thread(target=waiter)
     with state_lock(tmp_path):
         thread.start()
-        wait_for(lambda: _lock_opens(tmp_path) >= 2 or None, 10, "the waiter to open the lock file")
+        wait_for(lambda: _lock_opens(tmp_path) >= 2 or None, CONDITION_BOUND, "the waiter to open the lock file")
         remove_lock_file(tmp_path)
     try:
         assert holding.wait(10)

@@ -25,7 +25,7 @@ import pytest
 
 from opsctl import data_dir
 from opsctl.base.poll import wait_for
-from tests.support import free_base_port, loopback_hosts, server_binary
+from tests.support import CONDITION_BOUND, free_base_port, loopback_hosts, server_binary
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(os.geteuid() != 0, reason="the control script runs as root (setpriv, ss -p)")]
@@ -144,7 +144,7 @@ def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> N
     with ThreadPoolExecutor(max_workers=1) as pool:
         stopping = pool.submit(host.control, "stop")
         log = host.folder / "server.log"
-        wait_for(lambda: "can't exit" in log.read_text() or None, 30, "the server to drop a SIGTERM", 0.05)
+        wait_for(lambda: "can't exit" in log.read_text() or None, CONDITION_BOUND, "the server to drop a SIGTERM", 0.05)
         assert not stopping.done() and host.servers() == [pid]
         (host.folder / "dump.rdb").rmdir()
         began = time.monotonic()

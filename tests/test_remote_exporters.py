@@ -32,7 +32,7 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import netns_lab, write_spec
+from tests.support import CONDITION_BOUND, netns_lab, write_spec
 from tests.test_remote_e2e import (
     CANARY,
     CANARY_ENV,
@@ -209,7 +209,7 @@ def test_exporters_speak_tls_with_the_topology_ca(lab: netns.Lab, tmp_path: Path
             code, out, err = run(capsys, "tls", "rotate", "-f", str(spec), *step, "--auto-approve")
             assert code == 0, err + out
             for node in loaded.layout.nodes:
-                wait_for(lambda n=node: redis_up(scrape(n, offset)) == "1", 20.0,
+                wait_for(lambda n=node: redis_up(scrape(n, offset)) == "1", CONDITION_BOUND,
                          f"redis_up 1 from {node.name} after tls rotate {' '.join(step)}")
         assert plan_json(capsys, spec)["steps"] == []
         artifacts = state_dir(loaded) / "ansible" / "artifacts"

@@ -24,7 +24,7 @@ import yaml
 from opsctl.base.poll import wait_for
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import netns_lab, write_spec
+from tests.support import CONDITION_BOUND, netns_lab, write_spec
 from tests.test_fleet_shape_sentinel import node_client, preload, sentinel_client
 from tests.test_remote_e2e import cleanup, remote_spec
 from tests.test_remote_fleet_shape import deployed_records, fresh_runner_steps, live
@@ -97,7 +97,7 @@ def test_a_replica_host_removed_is_drained(lab: netns.Lab, tmp_path: Path, capsy
         assert folder.stdout.split() == ["opsctl-node.json"], folder
         everything = KEYS + len(writer.acked)
         for client in servers(left):
-            wait_for(partial(holds, client, everything), 20, "every server to hold every key")
+            wait_for(partial(holds, client, everything), CONDITION_BOUND, "every server to hold every key")
         roles = [client.execute_command("ROLE")[0] for client in servers(left)]
         assert roles.count("master") == 1 and before[f"{data['name']}-1"]["role"] == "master", roles
         for where in (w for w in left.values() if w["role"] == "sentinel"):

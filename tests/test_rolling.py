@@ -16,7 +16,7 @@ from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check
 from tests.writer import Writer, cluster_client, dataset_checksum
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def test_a_check_failing_mid_way_stops_the_rollout_with_every_shard_healthy(tmp_
 
 
 def _stop_after_first_failover(reports: Path, pid: int) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + CONDITION_BOUND
     while time.monotonic() < deadline:
         if reports.is_dir() and any(reports.glob("*-succeeded.json")):
             os.kill(pid, signal.SIGSTOP)

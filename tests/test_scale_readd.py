@@ -17,7 +17,7 @@ from opsctl.cli.main import main
 from opsctl.failover.actions import KILL_AT
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, cluster_check, free_base_port, loopback_hosts, server_binary
+from tests.support import CONDITION_BOUND, PASSWORD, cluster_check, free_base_port, loopback_hosts, server_binary
 from tests.test_slots_reshard import preload
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -121,10 +121,10 @@ def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) ->
     procs = [cluster_server("valkey", tmp_path / str(i), address, port + i) for i in range(2)]
     client = redis.Redis(host=address, port=port, decode_responses=True)
     try:
-        wait_for(lambda: True if _answers(client) else None, 10.0, "the test server")
+        wait_for(lambda: True if _answers(client) else None, CONDITION_BOUND, "the test server")
         client.execute_command("CLUSTER", "MEET", address, port + 1)
-        wait_for(lambda: True if len(client.execute_command("CLUSTER", "NODES").splitlines()) == 2 else None, 10.0,
-                 "the meet")
+        wait_for(lambda: True if len(client.execute_command("CLUSTER", "NODES").splitlines()) == 2 else None,
+                 CONDITION_BOUND, "the meet")
         slot = client.execute_command("CLUSTER", "KEYSLOT", "kept")
         client.execute_command("CLUSTER", "ADDSLOTS", slot)
         serving(client)
@@ -154,7 +154,7 @@ def test_a_stale_identity_is_reset_only_when_the_node_holds_nothing(tmp_path) ->
 
 
 def serving(client: redis.Redis) -> None:
-    wait_for(lambda: True if "cluster_state:ok" in client.execute_command("CLUSTER", "INFO") else None, 10.0,
+    wait_for(lambda: True if "cluster_state:ok" in client.execute_command("CLUSTER", "INFO") else None, CONDITION_BOUND,
              "cluster_state ok")
 
 

@@ -31,7 +31,7 @@ from opsctl.spec.layout import sentinel_master_name
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, make_spec, write_spec
+from tests.support import CONDITION_BOUND, PASSWORD, make_spec, write_spec
 from tests.writer import Writer
 
 
@@ -175,7 +175,7 @@ def _promoted_by_sentinel(loaded: LoadedSpec, session: Session) -> tuple[EpochWa
         except redis.RedisError:  # Sentinel's REPLICAOF NO ONE closes client connections
             return None
 
-    new: str = wait_for(lambda: next((r for r in shard.replicas if role(r) == "master"), None), 10,
+    new: str = wait_for(lambda: next((r for r in shard.replicas if role(r) == "master"), None), CONDITION_BOUND,
                         "Sentinel to promote a replica", 0.002)
     node = loaded.layout.node(new)
     for other in (shard.master, *(r for r in shard.replicas if r != new)):
@@ -220,7 +220,8 @@ def test_every_sentinel_that_answers_names_the_promoted_replica_before_sentinel_
         views = {s: _view(m) for s, m in masters.items()}
         assert views == {s: (old if s == sentinels[0] and _leader_confirmed(m) else endpoint, epoch, 2)
                          for s, m in masters.items()}, masters
-        wait_for(lambda: len(set(_views(loaded, sentinels).values())) == 1 or None, 15, "the sentinels to agree")
+        wait_for(lambda: len(set(_views(loaded, sentinels).values())) == 1 or None, CONDITION_BOUND,
+                 "the sentinels to agree")
         assert set(_views(loaded, sentinels).values()) == {(endpoint, epoch, 2)}
         _wait_healthy(capsys, spec)
         assert plan_json(capsys, spec)["steps"] == []
@@ -241,8 +242,8 @@ def test_a_leader_that_confirmed_the_promotion_itself_names_it_and_moves_its_ent
             watch, new = _promoted_by_sentinel(loaded, session)
             other = next(r for r in loaded.layout.shards[0].replicas if r != new)
             with _stopped(tmp_path, loaded, other):
-                wait_for(lambda: _leader_confirmed(_masters(loaded, sentinels[:1])[sentinels[0]]) or None, 5,
-                         "the leader's INFO (once a second) to confirm the promotion", 0.01)
+                wait_for(lambda: _leader_confirmed(_masters(loaded, sentinels[:1])[sentinels[0]]) or None,
+                         CONDITION_BOUND, "the leader's INFO (once a second) to confirm the promotion", 0.01)
                 told = _announce(loaded, session, watch, new)
                 named, masters = _named(loaded, sentinels), _masters(loaded, sentinels)
             watch.close()
@@ -255,7 +256,7 @@ def test_a_leader_that_confirmed_the_promotion_itself_names_it_and_moves_its_ent
         assert _leader_confirmed(masters[sentinels[0]]), masters
         assert {s: _view(m) for s, m in masters.items()} == \
             {s: (old if s == sentinels[0] else endpoint, epoch, 2) for s in sentinels}, masters
-        wait_for(lambda: set(_views(loaded, sentinels).values()) == {(endpoint, epoch, 2)} or None, 15,
+        wait_for(lambda: set(_views(loaded, sentinels).values()) == {(endpoint, epoch, 2)} or None, CONDITION_BOUND,
                  "the leader to end its failover")
         _wait_healthy(capsys, spec)
         assert plan_json(capsys, spec)["steps"] == []
@@ -295,7 +296,7 @@ def test_a_promoted_replica_that_dies_right_after_the_announcement_is_failed_ove
 
         # Sentinel's own pace: ~3.3 s here; a split vote waits 2 x failover_timeout (10 s) before the next
         # election, and a loaded CI machine once needed more than the two tries 30 s allow
-        wait_for(failed_over, 60, "the sentinels to fail the dead master over",
+        wait_for(failed_over, CONDITION_BOUND, "the sentinels to fail the dead master over",
                  on_timeout=lambda last: AssertionError(f"{last}\n{_sentinel_diagnosis(tmp_path, loaded, sentinels)}"))
         code, out, err = run(capsys, "apply", "-f", str(spec), "--auto-approve")
         assert code == 0, out + err + _sentinel_diagnosis(tmp_path, loaded, sentinels)
@@ -342,7 +343,7 @@ def test_a_failover_killed_before_it_told_the_sentinels_converges_at_sentinels_o
             assert len(masters) == 1 and masters != [old], masters
             agreed = {(loaded.layout.node(masters[0]).endpoint, 1, 2)}
             sentinels = [n.name for n in loaded.layout.sentinels]
-            wait_for(lambda: set(_views(loaded, sentinels).values()) == agreed or None, 15,
+            wait_for(lambda: set(_views(loaded, sentinels).values()) == agreed or None, CONDITION_BOUND,
                      "the sentinels to confirm the promotion themselves")
             assert "sentinel ok" in _wait_healthy(capsys, spec)
         assert writer.verify(_client(loaded, masters[0])) == []
@@ -381,7 +382,7 @@ def test_a_sentinel_stuck_on_a_stale_view_is_monitored_afresh_with_the_specs_ren
             return int(entry["num-other-sentinels"]) >= len(sentinels) - 1 or None
         # (its sdown of a "master" that answers as a replica comes after down-after + 2 INFO periods, ~21 s: waiting
         # for it cost 16 s a run and the plan below does not depend on it)
-        wait_for(heard, 60, "the stray sentinel to hear the others' hellos", 0.1)
+        wait_for(heard, CONDITION_BOUND, "the stray sentinel to hear the others' hellos", 0.1)
         assert _named(loaded, sentinels) == {s: replica.endpoint if s == sentinels[0] else master.endpoint
                                              for s in sentinels}
         steps = plan_json(capsys, spec)["steps"]
@@ -398,6 +399,6 @@ def test_a_sentinel_stuck_on_a_stale_view_is_monitored_afresh_with_the_specs_ren
             named = set(_named(loaded, sentinels).values())
             return True if len(named) == 1 and master.endpoint not in named else None
 
-        wait_for(failed_over, 30, "the re-monitored sentinel's failover")
+        wait_for(failed_over, CONDITION_BOUND, "the re-monitored sentinel's failover")
         _wait_healthy(capsys, spec, 30)
         assert plan_json(capsys, spec)["steps"] == []

@@ -20,7 +20,7 @@ from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
 from tests.skewload import SkewLoad, slots_of, tags_by_slot
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, admin_for
 from tests.test_slots_reshard import master_slots, preload, referee_ok
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -167,7 +167,7 @@ def test_redis_by_keys_and_memory_sampled_cpu_refused_and_a_kill_resumed(tmp_pat
             proc = subprocess.Popen([sys.executable, "-m", "opsctl.cli.main", "cluster", "rebalance", "-f", str(spec),
                                      "--by", "keys", "--max-keys-per-sec", "1000", "--auto-approve"],
                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + CONDITION_BOUND
             while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.005)
             assert journal.exists(), "the rebalance did not start moving"

@@ -17,6 +17,7 @@ from opsctl.slots.keys import KeyMover, Options
 from opsctl.slots.progress import Progress
 from opsctl.slots.session import open_session
 from tests.lifecycle import deployed
+from tests.support import CONDITION_BOUND
 from tests.test_slots_reshard import referee_ok
 from tests.writer import cluster_client
 
@@ -37,7 +38,7 @@ class HeldFirstClose(Journal):
 
     def closed(self, slots: Sequence[int]) -> None:
         if not self.closes:
-            wait_for(self._all_moved, 30, "every wave's keys to move")
+            wait_for(self._all_moved, CONDITION_BOUND, "every wave's keys to move")
         self.closes.append(sorted(slots))
         super().closed(slots)
 

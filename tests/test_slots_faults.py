@@ -17,7 +17,7 @@ import pytest
 from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV
 from tests.test_slots_reshard import preload, referee_ok
 from tests.test_slots_signals import open_slots
 from tests.writer import Writer, cluster_client, dataset_checksum
@@ -55,7 +55,8 @@ def wait_moving(spec: Path, loaded: LoadedSpec) -> None:
     while not journal.exists() and time.monotonic() < deadline:
         time.sleep(0.005)
     assert journal.exists(), "the reshard did not start moving"
-    wait_for(lambda: open_slots(loaded) or None, 60, "a slot open on the servers (the move under way)", 0.01)
+    wait_for(lambda: open_slots(loaded) or None, CONDITION_BOUND,
+             "a slot open on the servers (the move under way)", 0.01)
 
 
 def one_master_and_replica_per_shard(loaded: LoadedSpec) -> None:

@@ -13,7 +13,7 @@ import pytest
 from opsctl.base.poll import wait_for
 from opsctl.slots.journal import Journal
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import admin_for
+from tests.support import CONDITION_BOUND, admin_for
 from tests.test_slots_reshard import preload, referee_ok
 from tests.writer import cluster_client, dataset_checksum
 
@@ -48,13 +48,13 @@ def test_fix_finishes_slots_whose_source_failed_over_while_the_target_imported_t
             _call(loaded, target, "CLUSTER", "SETSLOT", s, "IMPORTING", source_id)
             _call(loaded, source, "CLUSTER", "SETSLOT", s, "MIGRATING", target_id)
         _call(loaded, replica, "CLUSTER", "FAILOVER")
-        wait_for(lambda: _state(loaded, target) == "fail" or None, 30,
+        wait_for(lambda: _state(loaded, target) == "fail" or None, CONDITION_BOUND,
                  "the target to lose the open slots' owner from its view")
         for s in slots:  # the run followed the failover: MIGRATING on the new source (the state the soak left)
             _call(loaded, replica, "CLUSTER", "SETSLOT", s, "MIGRATING", target_id)
         code, out, err = run(capsys, "cluster", "fix", "-f", str(spec))
         assert code == 0 and "finish" in out, out + err
-        wait_for(lambda: _state(loaded, target) == "ok" or None, 30, "the target's cluster_state to be ok")
+        wait_for(lambda: _state(loaded, target) == "ok" or None, CONDITION_BOUND, "the target's cluster_state to be ok")
         referee_ok(loaded)
         assert dataset_checksum(cluster_client(loaded), "pre:*") == before
         owned = [int(_call(loaded, target, "CLUSTER", "COUNTKEYSINSLOT", s)) for s in slots]

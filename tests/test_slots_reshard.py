@@ -17,7 +17,7 @@ import pytest
 from opsctl.slots.journal import JOURNAL
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, NodeClient, admin_for, cluster_check
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, NodeClient, admin_for, cluster_check
 from tests.writer import Writer, cluster_client, dataset_checksum
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,7 @@ def test_sigkill_mid_reshard_then_apply_recovers(tmp_path, capsys) -> None:
                     [sys.executable, "-m", "opsctl.cli.main", "cluster", "reshard", "-f", str(spec), "--from", source,
                      "--to", target, "--slots", "2000", "--max-keys-per-sec", "1000", "--auto-approve"],
                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + CONDITION_BOUND
                 while not journal.exists() and time.monotonic() < deadline:
                     time.sleep(0.005)
                 time.sleep(random.uniform(0.0, 1.0))  # a random point of the move, after it began

@@ -18,7 +18,7 @@ import pytest
 from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, plan_json, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, admin_for
 from tests.test_slots_reshard import preload, referee_ok
 from tests.writer import Writer, cluster_client, dataset_checksum
 
@@ -45,7 +45,7 @@ def wait_started(proc: subprocess.Popen[str], spec: Path, loaded: LoadedSpec) ->
     def moving() -> dict[str, str] | None:
         assert proc.poll() is None, "the reshard ended before a slot was seen open"
         return open_slots(loaded) or None
-    wait_for(moving, 60, "a slot open on the servers (the move under way)", 0.01)
+    wait_for(moving, CONDITION_BOUND, "a slot open on the servers (the move under way)", 0.01)
 
 
 def open_slots(loaded: LoadedSpec) -> dict[str, str]:

@@ -28,7 +28,7 @@ from opsctl.base.poll import wait_for
 from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import run
-from tests.support import PASSWORD, owned_key
+from tests.support import CONDITION_BOUND, PASSWORD, owned_key
 from tests.test_archive_follow import fail_over
 from tests.test_standby_live import Follow, primary_and_standby
 from tests.writer import Writer, cluster_client
@@ -59,7 +59,8 @@ def _streamed_on(follow: Follow, writer: Writer, standby: Any, what: str) -> Non
     writer.wait_for_more(200)
     key = list(writer.acked)[-1]
     follow.streaming(after=mark)
-    wait_for(lambda: standby.get(key) == writer.acked[key] or None, 30, f"a write made after {what} on the standby")
+    wait_for(lambda: standby.get(key) == writer.acked[key] or None, CONDITION_BOUND,
+             f"a write made after {what} on the standby")
 
 
 def _phases(follow: Follow) -> set[str]:
@@ -105,10 +106,11 @@ def test_a_source_and_a_standby_failover_while_following(tmp_path, capsys, flavo
         dead = _client(first_master.address, first_master.port)  # a replica since (a)
         assert _full_syncs(p_loaded) == syncs, "a source server served another full sync"
         os.kill(int(dead.info("server")["process_id"]), signal.SIGKILL)
-        wait_for(lambda: _refuses(dead), 10, "the old master gone")
+        wait_for(lambda: _refuses(dead), CONDITION_BOUND, "the old master gone")
         follow = Follow(s)
         follow.streaming()
-        wait_for(lambda: standby.get("bumps") == str(INCRS + 2) or None, 30, "the INCRs on the standby, once",
+        wait_for(lambda: standby.get("bumps") == str(INCRS + 2) or None, CONDITION_BOUND,
+                 "the INCRs on the standby, once",
                  last_reason=lambda: f"bumps = {standby.get('bumps')}")
         _streamed_on(follow, writer, standby, "the resume")
         assert _phases(follow) <= {"stream", "attach"}
@@ -121,7 +123,7 @@ def test_a_source_and_a_standby_failover_while_following(tmp_path, capsys, flavo
             said = status()
             return (said.startswith("exit 0\n") and "cluster ok" in said and all(
                 f"shard-{i} stream lag" in said for i in (1, 2, 3))) or None
-        wait_for(sane, 30, "status showing the standby healthy and following", last_reason=status)
+        wait_for(sane, CONDITION_BOUND, "status showing the standby healthy and following", last_reason=status)
         code, out, err = run(capsys, "status", "-f", str(s), "--output", "json")  # the same as a record
         link = json.loads(out)["standby"]
         assert link["state"] == "following" and link["primary"] == str(p) and sorted(link["shards"]) == [

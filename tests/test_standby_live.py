@@ -25,7 +25,7 @@ from opsctl.base.poll import wait_for
 from opsctl.render.exporteruser import FOLLOWER_USER, follower_secret
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import applied, deployed, run
-from tests.support import PASSWORD, make_spec, started
+from tests.support import CONDITION_BOUND, PASSWORD, make_spec, started
 from tests.test_migrate_live import Migrate, source_client
 from tests.writer import Writer, cluster_client
 
@@ -79,7 +79,7 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
 
         def status() -> str:
             return run(capsys, "status", "-f", str(s))[1]
-        wait_for(lambda: "following, shard-1 stream lag" in status() or None, 30, "status showing the lag",
+        wait_for(lambda: "following, shard-1 stream lag" in status() or None, CONDITION_BOUND, "status showing the lag",
                  last_reason=status)
         with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permissions"):
             standby.set("client-write", "1")  # the fence, while following
@@ -89,7 +89,7 @@ def test_a_cluster_followed_killed_resumed_and_switched_over(tmp_path, capsys) -
             primary.incr("bumps")
         follow = Follow(s)
         follow.streaming()
-        wait_for(lambda: standby.get("bumps") == "100" or None, 30, "the INCRs on the standby")
+        wait_for(lambda: standby.get("bumps") == "100" or None, CONDITION_BOUND, "the INCRs on the standby")
         writer.wait_for_more(200)
         code, out, err = run(capsys, "switchover", "-f", str(s), "--auto-approve")
         switched = time.monotonic()
@@ -134,7 +134,7 @@ def test_a_link_past_the_backlog_resyncs_the_standby_from_scratch(tmp_path, caps
         primary.set("stale", "1")
         follow = Follow(s)
         follow.streaming()
-        wait_for(lambda: standby.get("stale") == "1" or None, 30, "the key on the standby")
+        wait_for(lambda: standby.get("stale") == "1" or None, CONDITION_BOUND, "the key on the standby")
         follow.proc.send_signal(signal.SIGKILL)
         follow.wait()
         primary.execute_command(p_loaded.command_name(p_loaded.layout.servers[0], "CONFIG"), "SET",
@@ -168,7 +168,8 @@ def test_a_switchover_with_the_primary_lost_reports_what_the_standby_holds(tmp_p
             writer.wait_for_writes(500)
         last_ack = time.time()
         written = source_client(p_loaded).info("replication")["master_repl_offset"]  # just after the last write
-        wait_for(lambda: writer.verify(standby) == [] or None, 30, "every acknowledged write on the standby")
+        wait_for(lambda: writer.verify(standby) == [] or None, CONDITION_BOUND,
+                 "every acknowledged write on the standby")
         stopped = source_client(p_loaded).info("replication")["master_repl_offset"]  # PINGs since, maybe
         pid = int((p.parent / ".opsctl" / p_loaded.spec.name / p_loaded.layout.servers[0].name / "server.pid")
                   .read_text())
@@ -252,7 +253,7 @@ def test_fail_back_makes_the_old_primary_a_standby_and_switches_over_again(tmp_p
         follow.streaming()
         assert any("emptied" in e.get("text", "") for e in follow.events if e.get("event") == "note")
         site_b.set("more-from-b", "3")
-        wait_for(lambda: site_a.get("more-from-b") == "3" or None, 30, "B's write on A")
+        wait_for(lambda: site_a.get("more-from-b") == "3" or None, CONDITION_BOUND, "B's write on A")
         code, out, err = run(capsys, "switchover", "-f", str(a), "--auto-approve")
         assert code == 0 and follow.wait() == 0, out + err
         assert [site_a.get(k) for k in ("from-a", "from-b", "more-from-b")] == ["1", "2", "3"]
@@ -313,7 +314,7 @@ def test_a_redis_sentinel_primary_followed_by_a_valkey_cluster_with_its_textfile
                               r"([0-9.]+)", text)
             streaming = "opsctl_standby_lag_seconds{" in text  # a lag is written only while the shard streams
             return float(found.group(1)) if found and float(found.group(1)) > started and streaming else None
-        wait_for(applied_at, 30, "the textfile reporting an applied write",
+        wait_for(applied_at, CONDITION_BOUND, "the textfile reporting an applied write",
                  last_reason=lambda: path.read_text() if path.exists() else "no textfile")
         text = path.read_text()
         assert f'opsctl_standby_following{{topology="{s_loaded.spec.name}"}} 1\n' in text, text

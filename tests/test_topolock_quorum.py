@@ -26,7 +26,7 @@ from opsctl.runtime.opening import make_runtime
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from tests.lifecycle import deployed, run
-from tests.support import PASSWORD, PASSWORD_ENV, admin_for, free_base_port
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, admin_for, free_base_port
 
 RACE = """
 import sys
@@ -166,7 +166,8 @@ def test_a_majority_acts_a_minority_is_refused_and_force_lock_warns(
                 os.kill(pid, signal.SIGCONT)
         assert code == 3 and "1 of 3 servers granted it (a majority is 2)" in err and "--force-lock" in err, err
         assert "Traceback" not in err and "stopped" not in out, err + out
-        assert wait_for(lambda: run(capsys, "status", "-f", str(spec))[0] == 0 or None, 30, "healthy again")
+        assert wait_for(lambda: run(capsys, "status", "-f", str(spec))[0] == 0 or None, CONDITION_BOUND,
+                        "healthy again")
 
 
 @pytest.mark.integration
@@ -193,7 +194,7 @@ def test_a_holder_that_loses_its_majority_stops_before_its_next_change(
                     return exc.summary
                 return None
 
-            summary = wait_for(lost, 10, "the lock to count itself lost", interval=0.05)
+            summary = wait_for(lost, CONDITION_BOUND, "the lock to count itself lost", interval=0.05)
             assert "fewer than 2 of its 3 servers confirmed it" in summary, summary
             assert "the majority may be on the other side of a network split" in summary
         finally:

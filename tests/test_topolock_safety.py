@@ -27,7 +27,7 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests.lifecycle import deployed
-from tests.support import admin_for, free_base_port, make_spec, write_spec
+from tests.support import CONDITION_BOUND, admin_for, free_base_port, make_spec, write_spec
 
 
 def _lost(lock: TopologyLock) -> str | None:
@@ -188,7 +188,8 @@ def test_a_long_script_on_one_node_keeps_the_lock_the_others_confirm(
             script = threading.Thread(target=_spin, args=(loaded, busy), daemon=True)
             script.start()
             try:
-                wait_for(lambda: _busy(loaded, busy), 10, "the script running past the threshold", interval=0.05)
+                wait_for(lambda: _busy(loaded, busy), CONDITION_BOUND,
+                         "the script running past the threshold", interval=0.05)
                 since, dropped = lock._renewed_at, set()
 
                 def a_lease_confirmed() -> bool | None:
@@ -202,7 +203,7 @@ def test_a_long_script_on_one_node_keeps_the_lock_the_others_confirm(
             finally:
                 _kill_script(loaded, busy)
                 script.join(10)
-            wait_for(lambda: busy.name in lock.held or None, 10, "the node marked again", interval=0.05)
+            wait_for(lambda: busy.name in lock.held or None, CONDITION_BOUND, "the node marked again", interval=0.05)
             lock.check()
             with admin_for(loaded, busy) as admin:
                 mine = [m for m in parse_markers(str(admin.call("CLIENT", "LIST")), busy.name) if m.live]
@@ -231,7 +232,7 @@ def _kill_script(loaded: LoadedSpec, node: Node) -> None:
             except Exception as exc:  # NOTBUSY: no script runs (any more)
                 return "NOTBUSY" in str(exc) or None
             return True
-    wait_for(killed, 10, "the script killed", interval=0.1)
+    wait_for(killed, CONDITION_BOUND, "the script killed", interval=0.1)
 
 
 def _answers(loaded: LoadedSpec, node: Node) -> bool | None:
@@ -266,7 +267,7 @@ def test_a_runs_own_stops_leave_the_count_and_a_started_server_is_marked_at_once
                 for node in servers[1:]:
                     rt.provider.start(node)
                 for node in servers[1:]:
-                    wait_for(lambda n=node: _answers(loaded, n), 30, f"{node.name} answering")
+                    wait_for(lambda n=node: _answers(loaded, n), CONDITION_BOUND, f"{node.name} answering")
                 mark_started(first, [n.name for n in servers[1:]])
                 assert len(lock.held) == 3 and lock.needed == 2
 
@@ -283,7 +284,7 @@ def test_a_runs_own_stops_leave_the_count_and_a_started_server_is_marked_at_once
                         lock._renewer.join()
                     assert not a.held and not b.held and a.needed == b.needed == 0
                     rt.provider.start(servers[0])
-                    wait_for(lambda: _answers(loaded, servers[0]), 30, "the server answering")
+                    wait_for(lambda: _answers(loaded, servers[0]), CONDITION_BOUND, "the server answering")
                     mark_started(first, [servers[0].name])
                     assert list(a.held) == [servers[0].name]
                     mark_started(second, [servers[0].name])
@@ -312,7 +313,7 @@ def test_a_run_that_takes_over_stale_markers_waits_a_lease_before_its_first_chan
                     seen = parse_markers(str(admin.call("CLIENT", "LIST")), node.name)
                 return any(m.owner == hung.owner and not m.live for m in seen) or None
 
-            wait_for(stale, 15, "the hung run's marker stale", interval=0.1)
+            wait_for(stale, CONDITION_BOUND, "the hung run's marker stale", interval=0.1)
             taker, said = TopologyLock(Connector(loaded), loaded.layout.servers, lease=3.0), []
             began = time.monotonic()
             taker.acquire(warn=said.append)
