@@ -69,7 +69,7 @@ class Archiver:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+        return self.proc.wait(CONDITION_BOUND)
 
 
 def shard_nodes(spec: Path, index: int) -> list[tuple[str, int]]:

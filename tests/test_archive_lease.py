@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from opsctl.backup.lease import STALE_AFTER, LeaseRecord, lease_json, lease_name
 from opsctl.backup.offsite import open_store
 from opsctl.backup.store import Store, parse_location
 from tests.s3server import S3Server, s3_prefix_fixture, s3_server_fixture  # noqa: F401 (fixtures)
+from tests.support import CONDITION_BOUND
 from tests.test_archive_live import Archiver
 from tests.test_restore_live import clients, topologies
 
@@ -38,7 +40,11 @@ def _lease(store: Store, spec: str) -> LeaseRecord:
 
 
 def _refused(archiver: Archiver) -> str:
-    code = archiver.proc.wait(120)
+    try:
+        code = archiver.proc.wait(CONDITION_BOUND)
+    except subprocess.TimeoutExpired:
+        archiver.proc.kill()
+        raise AssertionError(archiver.log.with_suffix(".err").read_text()[-2000:]) from None
     err = archiver.log.with_suffix(".err").read_text()
     assert code == 3, (code, err)
     return err
@@ -47,7 +53,7 @@ def _refused(archiver: Archiver) -> str:
 def _archiving(archiver: Archiver, client) -> None:
     """Until the archiver stored its first segment (writes go on meanwhile: one made before its base is in the
     base, not in a segment)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + CONDITION_BOUND
     while not any(e["event"] == "segment-archived" for e in archiver.events()):
         assert archiver.proc.poll() is None, archiver.log.with_suffix(".err").read_text()
         assert time.monotonic() < deadline, archiver.log.read_text()[-2000:]

@@ -59,7 +59,7 @@ class Archiver:
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
         self.proc.send_signal(sig)
-        return self.proc.wait(60)
+        return self.proc.wait(CONDITION_BOUND)
 
 
 def say(capsys, text: str) -> None:

@@ -58,7 +58,7 @@ def test_continuous_backup_beats_off_a_terminal_and_stops_normally(tmp_path: Pat
                      CONDITION_BOUND, "a heartbeat counting the segment of the writes", 0.1, last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)
-            code = archiver.wait(60)
+            code = archiver.wait(CONDITION_BOUND)
         text = err.read_text()
         assert code == 0, text
         closing = re.fullmatch(r"the continuous archive stopped on SIGTERM: every segment read is archived: "
@@ -98,7 +98,7 @@ def test_a_stop_while_a_shard_has_no_master_is_a_normal_stop(tmp_path: Path, cap
         finally:
             archiver.send_signal(signal.SIGTERM)
             try:
-                code = archiver.wait(20)
+                code = archiver.wait(CONDITION_BOUND)
             except subprocess.TimeoutExpired:
                 archiver.kill()
                 archiver.wait(10)
@@ -135,5 +135,5 @@ def test_a_base_waits_while_another_run_holds_the_topology(tmp_path: Path, capsy
                      last_reason=err.read_text)
         finally:
             archiver.send_signal(signal.SIGTERM)
-            code = archiver.wait(60)
+            code = archiver.wait(CONDITION_BOUND)
         assert code == 0, err.read_text()

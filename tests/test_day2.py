@@ -114,7 +114,7 @@ class Archiver:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(60)
+        return self.proc.wait(CONDITION_BOUND)
 
     def notes(self) -> list[str]:
         return [e["text"] for e in self.events() if e["event"] == "note"]

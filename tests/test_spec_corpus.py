@@ -150,7 +150,7 @@ def test_unbounded_secret_files_are_refused_at_once(source: str, what: str, tmp_
     (tmp_path / "spec.yaml").write_text(MINIMAL.replace("secret.txt", source))
     started = time.monotonic()
     code, _, err = run_cli(["validate", "-f", "spec.yaml"], capsys)
-    assert time.monotonic() - started < 5, "a hang guard, not a benchmark"
+    assert time.monotonic() - started < 60, "a hang guard, not a benchmark"
     assert code == 1 and f"spec.yaml:6: auth.password: secret file {source} {what}" in err, err
 
 
@@ -162,7 +162,7 @@ def test_unbounded_spec_files_are_refused_at_once(source: str, what: str, tmp_pa
     (tmp_path / "big.yaml").write_text(MINIMAL + "#" * (2 * 1024 * 1024) + "\n")
     started = time.monotonic()
     code, out, err = run_cli(["validate", "-f", source], capsys)
-    assert time.monotonic() - started < 5, "a hang guard, not a benchmark"
+    assert time.monotonic() - started < 60, "a hang guard, not a benchmark"
     assert (code, out) == (1, "") and what in err and "Traceback" not in err
 
 
@@ -171,7 +171,7 @@ def test_alias_bombs_end_at_once(spec: str, in_dir, capsys: pytest.CaptureFixtur
     in_dir(SPECS / "bad")
     started = time.monotonic()
     code, _, _ = run_cli(["validate", "-f", spec], capsys)
-    assert code == 1 and time.monotonic() - started < 5, "a hang guard, not a benchmark"
+    assert code == 1 and time.monotonic() - started < 60, "a hang guard, not a benchmark"
 
 
 def test_no_secrets_checks_everything_else(tmp_path: Path, in_dir, capsys: pytest.CaptureFixture[str]) -> None:
