@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from opsctl.backup.manifest import rdb_header
-from opsctl.backup.rdb import Split, Unsplittable, lzf_decompress, split_keys
+from opsctl.backup.rdb import KeyRecord, Unsplittable, lzf_decompress, split_keys
 from opsctl.base.poll import Pending, wait_for
 from tests.support import bare_server
 
@@ -72,15 +72,15 @@ def _fill(raw: redis.Redis, flavor: str) -> None:
         raw.hset("h:field-ttl", "c", "3")
 
 
-def _splits(folder: Path) -> list[Split]:
+def _splits(folder: Path) -> list[KeyRecord]:
     data = (folder / "dump.rdb").read_bytes()
     header = rdb_header(data[:9])
     assert header is not None
     return [split for page in split_keys(data, header[1], page=97) for split in page]
 
 
-def _check(raw: redis.Redis, splits: list[Split]) -> None:
-    by_db: dict[int, list[Split]] = {}
+def _check(raw: redis.Redis, splits: list[KeyRecord]) -> None:
+    by_db: dict[int, list[KeyRecord]] = {}
     for split in splits:
         by_db.setdefault(split.db, []).append(split)
     for db, entries in by_db.items():
@@ -89,7 +89,7 @@ def _check(raw: redis.Redis, splits: list[Split]) -> None:
         for split in entries:
             assert raw.dump(split.key) == split.payload, split.key
             expires = raw.execute_command("PEXPIRETIME", split.key)
-            assert split.expires_ms == (expires if expires > 0 else 0), split.key
+            assert split.expires == (expires if expires > 0 else 0), split.key
     raw.execute_command("SELECT", 0)
 
 

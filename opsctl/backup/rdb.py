@@ -6,11 +6,12 @@ Pure."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from mmap import mmap
 from typing import NamedTuple
 
 import crcmod  # crcmod-plus: its C extension, about 0.2 us a key
 
-Buffer = bytes | memoryview  # a file read whole, or mapped (mmap's memoryview)
+Buffer = bytes | mmap  # a file read whole, or mapped
 
 AUX, FUNCTION2, SELECTDB, RESIZEDB, EOF = 0xFA, 0xF5, 0xFE, 0xFB, 0xFF
 MAGIC_SIZE = 9
@@ -139,13 +140,14 @@ class Unsplittable(Exception):
     ends inside a record: the copy loads the file into a scratch server instead."""
 
 
-class Split(NamedTuple):
-    """One key of the file: its db, its name, its RESTORE payload and its absolute expiry in unix ms (0: none)."""
+class KeyRecord(NamedTuple):
+    """One key as a copy moves it: read from a source (DUMP) or cut from its RDB file (a tuple: a copy makes one per
+    key, a frozen dataclass costs three times as much to build)."""
 
     db: int
     key: bytes
-    payload: bytes
-    expires_ms: int
+    payload: bytes  # RESTORE's: DUMP's bytes
+    expires: float  # unix ms in our clock, 0 = none
 
 
 def _length(data: Buffer, at: int) -> tuple[int, int]:
@@ -296,12 +298,15 @@ def _past_stream(data: Buffer, kind: int, at: int) -> int:
     return at
 
 
-def split_keys(data: Buffer, version: int, page: int = 1000) -> Iterator[list[Split]]:
-    """Every key of the RDB file data (its version: from its header), a page at a time, in file order.
-    Raises Unsplittable at the first record it does not know, or when data ends inside a record."""
+def split_keys(data: Buffer, version: int, *, page: int = 1000, shift_ms: float = 0, now_ms: float = 0,
+               libraries: list[bytes] | None = None) -> Iterator[list[KeyRecord]]:
+    """Every key of the RDB file data (its version: from its header), a page of one db at a time, in file order;
+    expiries in our clock (the file's minus shift_ms, the source's clock ahead of ours), a key expired by now_ms left
+    out. Each function library's code goes to libraries (the file holds them before any key). Raises Unsplittable
+    at the first record it does not know, or when data ends inside a record."""
     footer = version.to_bytes(2, "little")
-    at, db, expires, end = MAGIC_SIZE, 0, 0, len(data)
-    batch: list[Split] = []
+    at, db, expires, end = MAGIC_SIZE, 0, 0.0, len(data)
+    batch: list[KeyRecord] = []
     try:
         while at < end:
             op = data[at]
@@ -310,27 +315,33 @@ def split_keys(data: Buffer, version: int, page: int = 1000) -> Iterator[list[Sp
                 stop = _past_value(data, op, after)
                 if stop > end:
                     raise Unsplittable("the file ends inside a key's value")
-                body = b"%c%s%s" % (op, data[after:stop], footer)
-                batch.append(Split(db, key, body + crc64(body).to_bytes(8, "little"), expires))
-                if len(batch) >= page:
-                    yield batch
-                    batch = []
-                at, expires = stop, 0
+                if not expires or expires > now_ms:
+                    body = b"%c%s%s" % (op, data[after:stop], footer)
+                    batch.append(KeyRecord(db, key, body + crc64(body).to_bytes(8, "little"), expires))
+                    if len(batch) >= page:
+                        yield batch
+                        batch = []
+                at, expires = stop, 0.0
             elif op == EXPIRETIME_MS:
-                expires = int.from_bytes(data[at + 1:at + 9], "little")
+                expires = int.from_bytes(data[at + 1:at + 9], "little") - shift_ms
                 at += 9
             elif op == EXPIRETIME:
-                expires = 1000 * int.from_bytes(data[at + 1:at + 5], "little")
+                expires = 1000 * int.from_bytes(data[at + 1:at + 5], "little") - shift_ms
                 at += 5
             elif op == SELECTDB:
+                if batch:  # a page holds one db's keys
+                    yield batch
+                    batch = []
                 db, at = _length(data, at + 1)
             elif op == RESIZEDB:
                 _, at = _length(data, at + 1)
                 _, at = _length(data, at)
             elif op == AUX:
                 at = _past_string(data, _past_string(data, at + 1))
-            elif op == FUNCTION2:  # a library's code: functions travel on their own (FUNCTION DUMP/RESTORE)
-                at = _past_string(data, at + 1)
+            elif op == FUNCTION2:
+                code, at = _string(data, at + 1)
+                if libraries is not None:
+                    libraries.append(code)
             elif op == IDLE:
                 _, at = _length(data, at + 1)
             elif op == FREQ:
