@@ -131,6 +131,7 @@ STRING, LIST, SET, ZSET, HASH, ZSET_2 = 0, 1, 2, 3, 4, 5
 QUICKLIST, STREAM_1, QUICKLIST_2, STREAM_2, STREAM_3, HASH_2 = 14, 15, 18, 19, 21, 22
 ONE_STRING = frozenset({9, 10, 11, 12, 13, 16, 17, 20})  # zipmap, ziplists, intset, listpacks: one blob each
 STREAM_ID = 16  # bytes of a raw stream id (ms and seq, 64 bits each)
+TYPE_BYTES = [bytes((kind,)) for kind in range(256)]
 # DUMP's checksum: CRC-64 with the Jones polynomial, reflected, no final xor (the servers' crc64.c)
 crc64: Callable[[bytes], int] = crcmod.mkCrcFun(0x1AD93D23594C935A9, initCrc=0, rev=True, xorOut=0)
 
@@ -310,13 +311,18 @@ def split_keys(data: Buffer, version: int, *, page: int = 1000, shift_ms: float 
     try:
         while at < end:
             op = data[at]
-            if op < 0xF4:  # a key: its type, name, value
-                key, after = _string(data, at + 1)
-                stop = _past_value(data, op, after)
+            if op < 0xF4:  # a key: its type, name, value (a short name and a string value inline: most keys)
+                first = data[at + 1]
+                if first < 0x40:
+                    after = at + 2 + first
+                    key = data[at + 2:after]
+                else:
+                    key, after = _string(data, at + 1)
+                stop = _past_string(data, after) if op == STRING else _past_value(data, op, after)
                 if stop > end:
                     raise Unsplittable("the file ends inside a key's value")
                 if not expires or expires > now_ms:
-                    body = b"%c%s%s" % (op, data[after:stop], footer)
+                    body = TYPE_BYTES[op] + data[after:stop] + footer
                     batch.append(KeyRecord(db, key, body + crc64(body).to_bytes(8, "little"), expires))
                     if len(batch) >= page:
                         yield batch
