@@ -174,7 +174,8 @@ class ShardRun:
         if target_server is not None and reads_rdb(target_server[0], target_server[1], header[1]):
             try:
                 counts = self._copy_split(targets, header[1])
-            except Unsplittable:
+            except Unsplittable:  # the keys written so far are written again, with the same values
+                self.copied = 0
                 counts = self._copy_scratch(targets, header[1], target_server)
         else:
             counts = self._copy_scratch(targets, header[1], target_server)
