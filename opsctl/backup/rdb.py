@@ -132,6 +132,7 @@ QUICKLIST, STREAM_1, QUICKLIST_2, STREAM_2, STREAM_3, HASH_2 = 14, 15, 18, 19, 2
 ONE_STRING = frozenset({9, 10, 11, 12, 13, 16, 17, 20})  # zipmap, ziplists, intset, listpacks: one blob each
 STREAM_ID = 16  # bytes of a raw stream id (ms and seq, 64 bits each)
 TYPE_BYTES = [bytes((kind,)) for kind in range(256)]
+LZF = 0xC3  # a string's special encoding 3: compressed length, length, then the compressed bytes
 # DUMP's checksum: CRC-64 with the Jones polynomial, reflected, no final xor (the servers' crc64.c)
 crc64: Callable[[bytes], int] = crcmod.mkCrcFun(0x1AD93D23594C935A9, initCrc=0, rev=True, xorOut=0)
 
@@ -318,7 +319,14 @@ def split_keys(data: Buffer, version: int, *, page: int = 1000, shift_ms: float 
                     key = data[at + 2:after]
                 else:
                     key, after = _string(data, at + 1)
-                stop = _past_string(data, after) if op == STRING else _past_value(data, op, after)
+                if op != STRING:
+                    stop = _past_value(data, op, after)
+                elif (first := data[after]) < 0x40:
+                    stop = after + 1 + first
+                elif first == LZF and data[after + 1] < 0x40 and data[after + 2] < 0x40:  # short, compressed
+                    stop = after + 3 + data[after + 1]
+                else:
+                    stop = _past_string(data, after)
                 if stop > end:
                     raise Unsplittable("the file ends inside a key's value")
                 if not expires or expires > now_ms:
