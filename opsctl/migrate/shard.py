@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opsctl.backup.manifest import rdb_header
-from opsctl.backup.savers import pick_scratch, rdb_written_by
+from opsctl.backup.rdb import KeyRecord, Unsplittable
+from opsctl.backup.savers import Server, pick_scratch, rdb_written_by
 from opsctl.backup.scratch import scratch_binaries, scratch_server
 from opsctl.base.errors import OpsctlError, RefusedError
 from opsctl.migrate.phases import JournalFile, ShardState
@@ -25,7 +26,8 @@ from opsctl.net.connector import Connector
 from opsctl.net.discover import live_node
 from opsctl.net.rawpipe import PIPE_ERRORS
 from opsctl.observe.replies import info, parse_info, server_of
-from opsctl.restore.engine import Side, Source, Targets, copy_source
+from opsctl.restore.engine import Side, Source, Targets, copy_snapshot_file, copy_source
+from opsctl.restore.route import Counts
 from opsctl.restore.target import PIPE_TIMEOUT
 from opsctl.server.versions import reads_rdb
 from opsctl.spec.layout import Node
@@ -159,18 +161,50 @@ class ShardRun:
     # -- the copy ----------------------------------------------------------------------------------------------------
 
     def _copy_snapshot(self) -> None:
-        """The snapshot loaded into a scratch server of the source's own server (or one the target can read), then
-        every key written into the target by slot (the restore engine; replace: the target held none of these)."""
+        """Every key of the snapshot written into the target by slot (the restore engine; replace: the target held
+        none of these): cut from the file where the target reads the source's payloads and the file holds nothing
+        the splitter does not know; else loaded into a scratch server of the source's own server (or one the target
+        can read) and read from it."""
         targets = self.targets()
         with open(self.rdb, "rb") as handle:
             header = rdb_header(handle.read(9))
         if header is None:
             raise OpsctlError(f"{self.rdb}: the snapshot is not an RDB", hint="remove it and re-run")
+        target_server = _target_server(targets)
+        if target_server is not None and reads_rdb(target_server[0], target_server[1], header[1]):
+            try:
+                counts = self._copy_split(targets, header[1])
+            except Unsplittable:  # the keys written so far are written again, with the same values
+                self.copied = 0
+                counts = self._copy_scratch(targets, header[1], target_server)
+        else:
+            counts = self._copy_scratch(targets, header[1], target_server)
+        if counts.conflicts:
+            raise OpsctlError(f"source {self.key}: {counts.conflicts} keys could not be written to the target")
+
+    def _copy_split(self, targets: Targets, version: int) -> Counts:
+        """The snapshot's payloads cut from the file (no server loads it); a cluster target refuses any db but 0."""
+        def one_db(read: Iterable[list[KeyRecord]]) -> Iterator[list[KeyRecord]]:
+            for page in read:
+                if targets.cluster and page[0].db:
+                    raise EdgeRefused(f"source {self.key} holds keys in database {page[0].db}; a cluster has only "
+                                      "database 0 (the keys of database 0 were copied)",
+                                      hint="move the keys to db 0 first, or migrate into a standalone topology")
+                yield page
+
+        source = Source(self.key, f"snapshot of {self.key}", None, [], 1 << 62)
+        side = Side(source.open, targets.open)  # replace: no key is found busy, so none is read back
+        try:
+            return copy_snapshot_file(self.rdb, version, self.source_ms, source, targets, "replace", self._copied,
+                                      side, one_db)
+        finally:
+            side.close()
+
+    def _copy_scratch(self, targets: Targets, version: int, target_server: Server | None) -> Counts:
         binaries = scratch_binaries()
         server = self._source_server()
-        target_server = _target_server(targets)
         if server not in binaries or not _readable(server, target_server):
-            server = pick_scratch(list(binaries), header[1], target_server, f"the snapshot of source {self.key}")
+            server = pick_scratch(list(binaries), version, target_server, f"the snapshot of source {self.key}")
         with scratch_server(binaries[server], self.rdb, f"the snapshot of source {self.key}") as scratch:
             keyspace = scratch.keyspace()
             dbs = sorted(db for db, (keys, _) in keyspace.items() if keys)
@@ -178,18 +212,14 @@ class ShardRun:
                 raise EdgeRefused(f"source {self.key} holds keys in databases {sorted(set(dbs) - {0})}; a cluster "
                                   "has only database 0 (nothing was written)",
                                   hint="move the keys to db 0 first, or migrate into a standalone topology")
-            path = scratch.socket
-
-            snapshot = Connection.on_unix(path, f"snapshot of {self.key}", PIPE_TIMEOUT)
+            snapshot = Connection.on_unix(scratch.socket, f"snapshot of {self.key}", PIPE_TIMEOUT)
             source = Source(self.key, f"snapshot of {self.key}", snapshot, dbs, 1 << 62,
                             unexpiring=frozenset(db for db, (_, expires) in keyspace.items() if not expires))
             side = Side(source.open, targets.open)
             try:
-                counts = copy_source(source, targets, "replace", self._copied, side)
+                return copy_source(source, targets, "replace", self._copied, side)
             finally:
                 side.close()
-        if counts.conflicts:
-            raise OpsctlError(f"source {self.key}: {counts.conflicts} keys could not be written to the target")
 
     def _copied(self, keys: int) -> None:
         self.copied += keys

@@ -8,33 +8,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
+from mmap import ACCESS_READ, mmap
 from operator import attrgetter
-from typing import NamedTuple
+from pathlib import Path
 
+from opsctl.backup.rdb import KeyRecord, split_keys
 from opsctl.base.errors import OpsctlError
 from opsctl.net.connection import Connection
 from opsctl.net.rawpipe import RawPipe, refused
 from opsctl.net.resp import encode
 from opsctl.observe.replies import Reply, RespError
-from opsctl.restore.functions import carry_functions
+from opsctl.restore.functions import by_name, carry_functions, carry_libraries
 from opsctl.restore.route import Counts, Router, expiry_of, restore_batch, same_payload, shown_key
 
 PAGE = 1000
 AHEAD = 2  # pages of RESTOREs in flight on each target before the oldest page's replies are read
 TTL_SLACK_MS = 2000
-
-
-class Entry(NamedTuple):
-    """One key as read from a source (a tuple: a copy makes one per key, a frozen dataclass costs three times as
-    much to build)."""
-
-    db: int
-    key: bytes
-    payload: bytes
-    expires: float  # unix ms in our clock, 0 = none
 
 
 @dataclass
@@ -59,16 +52,19 @@ class Targets:
 class Source:
     key: str
     label: str
-    handle: Connection  # a live node's, or a scratch server's (Connection.on_unix)
+    handle: Connection | None  # a live node's, or a scratch server's (Connection.on_unix); None: a file's keys
     dbs: list[int]
     sample_every: int = 1000
-    samples: list[Entry] = field(default_factory=list)
+    samples: list[KeyRecord] = field(default_factory=list)
     kept: set[tuple[int, bytes]] = field(default_factory=set)  # samples skip-existing left as the target had them
     confirm: Callable[[], str | None] | None = None  # a referee besides the source itself: a problem, or None
     unexpiring: frozenset[int] = frozenset()  # dbs without a key with a TTL on a source no one writes: none read
 
     def open(self) -> RawPipe:
         """A pipe of the caller's own to the source (a copy's thread, a side comparison)."""
+        if self.handle is None:
+            raise OpsctlError(f"{self.label}: no server holds it to read it back",
+                              "its keys were cut from its file (opsctl.backup.rdb)")
         return self.handle.dedicated(self.handle.timeout)
 
 
@@ -117,7 +113,7 @@ def scan_reply(reply: Reply, label: str) -> tuple[bytes, list[bytes]]:
     return reply[0], [k for k in reply[1] if isinstance(k, bytes)]
 
 
-def pages(src: RawPipe, db: int, label: str, expiries: bool = True) -> Iterator[list[Entry]]:
+def pages(src: RawPipe, db: int, label: str, expiries: bool = True) -> Iterator[list[KeyRecord]]:
     """The source's keys in db, a page at a time, with payload and remaining TTL (gone or expired: left out).
     The next page's DUMPs go out before this page is handed over: the source reads them while the caller writes.
     expiries False: none is read (a db its server says holds no key with a TTL, and no one writes)."""
@@ -163,12 +159,12 @@ def _asker(src: RawPipe, scan: bytes, dump: bytes, pttl: bytes | None) -> Callab
 
 
 def _page(db: int, keys: list[bytes], replies: list[Reply], label: str,
-          expiry: Callable[[Reply], float | None] | None) -> list[Entry]:
+          expiry: Callable[[Reply], float | None] | None) -> list[KeyRecord]:
     """expiry None: the replies are DUMPs only, every key without a TTL. replies may go on past the keys' (the next
     page's SCAN)."""
     count = len(keys)
     if expiry is None:
-        page = [Entry(db, key, payload, 0.0) for key, payload in zip(keys, replies[:count], strict=True)
+        page = [KeyRecord(db, key, payload, 0.0) for key, payload in zip(keys, replies[:count], strict=True)
                 if isinstance(payload, bytes)]
         if len(page) < count:
             _refused_dump(replies[:count], label)
@@ -177,7 +173,7 @@ def _page(db: int, keys: list[bytes], replies: list[Reply], label: str,
     for key, payload, ttl in zip(keys, replies[0:2 * count:2], replies[1:2 * count:2], strict=True):
         expires = expiry(ttl)
         if isinstance(payload, bytes) and expires is not None:
-            page.append(Entry(db, key, payload, expires))
+            page.append(KeyRecord(db, key, payload, expires))
         elif isinstance(payload, RespError):
             raise OpsctlError(f"DUMP failed on {label}", payload.message)
     return page
@@ -190,17 +186,17 @@ def _refused_dump(replies: list[Reply], label: str) -> None:
         raise OpsctlError(f"DUMP failed on {label}", error.message)
 
 
-def _expires_at(entry: Entry, offset_ms: float) -> int:
+def _expires_at(entry: KeyRecord, offset_ms: float) -> int:
     """The entry's expiry in the target's clock, in unix ms (0: none)."""
     return max(1, int(entry.expires + offset_ms)) if entry.expires else 0
 
 
 @dataclass
 class _Sent:
-    per_target: list[list[Entry]]
+    per_target: list[list[KeyRecord]]
 
 
-def _send(tp: TargetPipes, page: Sequence[Entry], replace: bool) -> _Sent:
+def _send(tp: TargetPipes, page: Sequence[KeyRecord], replace: bool) -> _Sent:
     """RESTORE each entry on its target, with its expiry in the target's clock."""
     routed = tp.targets.router.split(page, attrgetter("key"), len(tp.pipes))
     for pipe, offset, entries in zip(tp.pipes, tp.offsets, routed, strict=True):
@@ -237,7 +233,7 @@ def restore_hint(message: str) -> str:
     return "re-run the same command to resume; `opsctl status -f SPEC` shows the target"
 
 
-def _settle_busy(busy: list[Entry], mode: str, counts: Counts, side: Side, target: int, source: Source) -> None:
+def _settle_busy(busy: list[KeyRecord], mode: str, counts: Counts, side: Side, target: int, source: Source) -> None:
     """Keys already on the target: equal to the source (a resumed run wrote them) counts as restored. Read on
     side connections: the main ones have the next page's RESTOREs in flight. A sampled key skip-existing keeps
     is left out of the value checks (source.kept)."""
@@ -262,38 +258,67 @@ def _settle(tp: TargetPipes, sent: _Sent, mode: str, counts: Counts, compare: Si
 def copy_source(source: Source, targets: Targets, mode: str, progress: Callable[[int], None],
                 compare: Side) -> Counts:
     """Every key of source onto the targets; the counts say what happened to each."""
-    counts = Counts()
     src = source.open()
-    tp = TargetPipes(targets)
-    seen = 0
     try:
-        counts.libraries = carry_functions(src, tp.pipes)
-        for db in source.dbs:
-            tp.select(db)
-            pending: deque[_Sent] = deque()
-            for page in pages(src, db, source.label, db not in source.unexpiring):
-                counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
-                if db not in source.unexpiring:
-                    counts.volatile += sum(1 for entry in page if entry.expires > 0)
-                # every sample_every-th key read, counting across pages
-                source.samples += page[(-seen - 1) % source.sample_every::source.sample_every]
-                seen += len(page)
-                pending.append(_send(tp, page, mode == "replace"))
-                if len(pending) > AHEAD:
-                    _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
-            while pending:
-                _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
+        read = (page for db in source.dbs for page in pages(src, db, source.label, db not in source.unexpiring))
+        return copy_pages(read, partial(carry_functions, src), source, targets, mode, progress, compare)
     finally:
         src.close()
+
+
+def copy_snapshot_file(rdb: Path, version: int, shift_ms: float, source: Source, targets: Targets, mode: str,
+                       progress: Callable[[int], None], compare: Side,
+                       screen: Callable[[Iterable[list[KeyRecord]]], Iterable[list[KeyRecord]]] = iter) -> Counts:
+    """Every key of an RDB file onto the targets, its payloads cut from the file (opsctl.backup.rdb.split_keys): no
+    server loads it. Unsplittable (a module's value, a newer type) before or after some keys were written: the
+    caller copies it another way (RESTORE ... REPLACE writes the same keys again). screen: sees each page first
+    (refuses what the caller cannot take)."""
+    codes: list[bytes] = []
+    with open(rdb, "rb") as handle, mmap(handle.fileno(), 0, access=ACCESS_READ) as data:
+        read = split_keys(data, version, page=PAGE, shift_ms=shift_ms, now_ms=time.time() * 1000, libraries=codes)
+        first = next(read, None)  # the file holds every library before its first key
+        pages_read = screen(chain([first] if first else [], read))
+        return copy_pages(pages_read, partial(carry_libraries, by_name(codes), source.label), source, targets,
+                          mode, progress, compare)
+
+
+def copy_pages(read: Iterable[list[KeyRecord]], functions: Callable[[list[RawPipe]], int], source: Source,
+               targets: Targets, mode: str, progress: Callable[[int], None], compare: Side) -> Counts:
+    """The keys read (pages of one db each) onto the targets, after the function libraries (functions: carries
+    them onto the target pipes, returns how many the source holds)."""
+    counts = Counts()
+    tp = TargetPipes(targets)
+    seen = 0
+    pending: deque[_Sent] = deque()
+    try:
+        counts.libraries = functions(tp.pipes)
+        for page in read:
+            db = page[0].db
+            if db != tp.db:
+                while pending:  # a SELECT's reply must not land among RESTOREs' in flight
+                    _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
+                tp.select(db)
+            counts.scanned[db] = counts.scanned.get(db, 0) + len(page)
+            if db not in source.unexpiring:
+                counts.volatile += sum(1 for entry in page if entry.expires > 0)
+            # every sample_every-th key read, counting across pages
+            source.samples += page[(-seen - 1) % source.sample_every::source.sample_every]
+            seen += len(page)
+            pending.append(_send(tp, page, mode == "replace"))
+            if len(pending) > AHEAD:
+                _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
+        while pending:
+            _settle(tp, pending.popleft(), mode, counts, compare, source, progress)
+    finally:
         tp.close()
     return counts
 
 
-def first_entries(source: Source, count: int) -> list[Entry]:
+def first_entries(source: Source, count: int) -> list[KeyRecord]:
     """Up to count of the source's keys, from its first SCAN pages (hash order: a spread of its keys): samples
     for a source an earlier run copied, whose copy's samples went with it."""
     src = source.open()
-    taken: list[Entry] = []
+    taken: list[KeyRecord] = []
     try:
         for db in source.dbs:
             for page in pages(src, db, source.label):
@@ -329,7 +354,7 @@ def value_of(pipe: RawPipe, db: int, key: bytes) -> object:
     return (kind, reply)
 
 
-def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side, kept: bool = False) -> list[str]:
+def compare_page(tp: TargetPipes, page: Sequence[KeyRecord], compare: Side, kept: bool = False) -> list[str]:
     """Each entry's key on its target: there (unless its TTL ran out), the same value, about the same TTL.
     kept: any of them may be a key skip-existing left as the target had it, so only presence is checked."""
     routed = tp.targets.router.split(page, attrgetter("key"), len(tp.pipes))
@@ -349,7 +374,7 @@ def compare_page(tp: TargetPipes, page: Sequence[Entry], compare: Side, kept: bo
     return problems
 
 
-def _entry_problem(entry: Entry, payload: Reply, pttl: Reply, now: float, equal: Callable[[], bool]) -> str | None:
+def _entry_problem(entry: KeyRecord, payload: Reply, pttl: Reply, now: float, equal: Callable[[], bool]) -> str | None:
     left = entry.expires - now if entry.expires else None
     if payload is None:
         return None if left is not None and left < TTL_SLACK_MS else "missing on the target"
@@ -377,14 +402,14 @@ class Side:
             self.pipes[index] = self.open_target(index)
         return self.pipes[index]
 
-    def dumps(self, index: int, entries: Sequence[Entry]) -> list[Reply]:
+    def dumps(self, index: int, entries: Sequence[KeyRecord]) -> list[Reply]:
         """DUMP of each entry's key on target index; the entries come from one page, so from one db."""
         pipe = self.target(index)
         _ok(pipe.call("SELECT", entries[0].db), pipe.label, "SELECT")
         pipe.send(b"".join(encode([pipe.name("DUMP"), e.key]) for e in entries))
         return pipe.read(len(entries))
 
-    def equal(self, entry: Entry, index: int) -> bool:
+    def equal(self, entry: KeyRecord, index: int) -> bool:
         if self.src is None:
             self.src = self.open_source()
         return value_of(self.src, entry.db, entry.key) == value_of(self.target(index), entry.db, entry.key)

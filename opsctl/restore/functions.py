@@ -32,7 +32,23 @@ def _library(entry: Reply) -> tuple[bytes, bytes]:
 
 def carry_functions(source: RawPipe, targets: Sequence[RawPipe]) -> int:
     """Every library of source loaded on each target that lacks it; returns how many the source holds."""
-    wanted = {name: code for name, code in libraries(source).items() if name}
+    return carry_libraries(libraries(source), source.label, targets)
+
+
+def by_name(codes: Sequence[bytes]) -> dict[bytes, bytes]:
+    """Library name -> code, for libraries read as code alone (an RDB file's): the name is the first line's
+    `name=` argument (`#!lua name=mylib`), as FUNCTION LOAD reads it."""
+    named = {}
+    for code in codes:
+        first = code.split(b"\n", 1)[0]
+        name = next((arg[5:] for arg in first.split()[1:] if arg.startswith(b"name=")), b"")
+        named[name] = code
+    return named
+
+
+def carry_libraries(wanted: Mapping[bytes, bytes], label: str, targets: Sequence[RawPipe]) -> int:
+    """Each library (name -> code) of the source label loaded on each target that lacks it; returns how many."""
+    wanted = {name: code for name, code in wanted.items() if name}
     for pipe in targets if wanted else ():
         held = libraries(pipe)
         for name, code in wanted.items():
@@ -42,11 +58,11 @@ def carry_functions(source: RawPipe, targets: Sequence[RawPipe]) -> int:
                     held = libraries(pipe)
                     if held.get(name) != code:
                         raise RefusedError(f"{pipe.label} refused the function library {_shown(name)} of "
-                                           f"{source.label}", reply.message[:200],
+                                           f"{label}", reply.message[:200],
                                            "a server of Redis 7 or later takes functions: fix the target, then "
                                            "re-run (it resumes)")
             elif held[name] != code:
-                raise RefusedError(f"the function library {_shown(name)} differs between {source.label} and "
+                raise RefusedError(f"the function library {_shown(name)} differs between {label} and "
                                    f"{pipe.label}", "loading it would replace the target's code",
                                    f"make them the same (FUNCTION LOAD REPLACE on {pipe.label}, or FUNCTION "
                                    "DELETE there), then re-run: it resumes")
