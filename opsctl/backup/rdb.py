@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from mmap import mmap
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import crcmod  # crcmod-plus: its C extension, about 0.2 us a key
 
 Buffer = bytes | mmap  # a file read whole, or mapped
+T = TypeVar("T")
 
 AUX, FUNCTION2, SELECTDB, RESIZEDB, EOF = 0xFA, 0xF5, 0xFE, 0xFB, 0xFF
 MAGIC_SIZE = 9
@@ -22,58 +23,33 @@ class _Short(Exception):
 
 
 class _Head:
+    """A cursor over a file's first bytes, each step one of split_keys' readers below; a step past the bytes at
+    hand (or an encoding they do not know) is _Short."""
+
     def __init__(self, data: bytes) -> None:
         self.data, self.pos = data, MAGIC_SIZE
 
+    def _step(self, read: Callable[[bytes, int], tuple[T, int]]) -> T:
+        try:
+            value, after = read(self.data, self.pos)
+        except (IndexError, Unsplittable):
+            raise _Short from None
+        if after > len(self.data):
+            raise _Short
+        self.pos = after
+        return value
+
     def byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise _Short
-        self.pos += 1
-        return self.data[self.pos - 1]
+        return self._step(lambda data, at: (data[at], at + 1))
 
-    def take(self, count: int) -> bytes:
-        if self.pos + count > len(self.data):
-            raise _Short
-        self.pos += count
-        return self.data[self.pos - count:self.pos]
-
-    def length(self) -> tuple[int, bool]:
-        """(length, special): a special length is a string's integer or LZF encoding."""
-        first = self.byte()
-        kind = first >> 6
-        if kind == 0:
-            return first & 0x3F, False
-        if kind == 1:
-            return ((first & 0x3F) << 8) | self.byte(), False
-        if kind == 3:
-            return first & 0x3F, True
-        if first == 0x80:
-            return int.from_bytes(self.take(4), "big"), False
-        if first == 0x81:
-            return int.from_bytes(self.take(8), "big"), False
-        raise _Short
+    def length(self) -> int:
+        return self._step(_length)
 
     def string(self) -> bytes:
-        """A string as the server wrote it: raw, or an integer encoding given as its digits (LZF: _Short)."""
-        size, special = self.length()
-        if not special:
-            return self.take(size)
-        if size in (0, 1, 2):
-            return str(int.from_bytes(self.take(1 << size), "little", signed=True)).encode()
-        raise _Short
+        return self._step(_string)
 
     def skip_string(self) -> None:
-        size, special = self.length()
-        if not special:
-            self.take(size)
-        elif size in (0, 1, 2):
-            self.take(1 << size)  # an 8, 16 or 32 bit integer
-        elif size == 3:
-            compressed, _ = self.length()
-            self.length()
-            self.take(compressed)
-        else:
-            raise _Short
+        self._step(lambda data, at: (None, _past_string(data, at)))
 
 
 def db0_counts(head: bytes) -> tuple[int, int] | None:
@@ -91,12 +67,10 @@ def db0_counts(head: bytes) -> tuple[int, int] | None:
             elif op == EOF:
                 return 0, 0
             elif op == SELECTDB:
-                if reader.length() != (0, False):
+                if reader.length() != 0:
                     return None
             elif op == RESIZEDB:
-                keys, _ = reader.length()
-                expires, _ = reader.length()
-                return keys, expires
+                return reader.length(), reader.length()
             else:
                 return None
     except _Short:
@@ -126,7 +100,7 @@ def repl_position(head: bytes) -> tuple[str, int] | None:
 # splitter walks each value only far enough to find where it ends, and refuses (Unsplittable) what it does not know,
 # so the caller can take the scratch server's way instead: a module's value, a type or opcode newer than this code.
 
-EXPIRETIME_MS, EXPIRETIME, IDLE, FREQ, MODULE_AUX, FUNCTION_PRE_GA = 0xFC, 0xFD, 0xF8, 0xF9, 0xF7, 0xF6
+EXPIRETIME_MS, EXPIRETIME, IDLE, FREQ = 0xFC, 0xFD, 0xF8, 0xF9
 STRING, LIST, SET, ZSET, HASH, ZSET_2 = 0, 1, 2, 3, 4, 5
 QUICKLIST, STREAM_1, QUICKLIST_2, STREAM_2, STREAM_3, HASH_2 = 14, 15, 18, 19, 21, 22
 ONE_STRING = frozenset({9, 10, 11, 12, 13, 16, 17, 20})  # zipmap, ziplists, intset, listpacks: one blob each
@@ -195,9 +169,8 @@ def _string(data: Buffer, at: int) -> tuple[bytes, int]:
         end = at + 1 + first
         return bytes(data[at + 1:end]), end
     if first >> 6 != 3:
-        end = _past_string(data, at)
         size, start = _length(data, at)
-        return bytes(data[start:end]), end
+        return bytes(data[start:start + size]), start + size
     special = first & 0x3F
     if special < 3:
         width = 1 << special

@@ -187,9 +187,7 @@ class ShardRun:
         def one_db(read: Iterable[list[KeyRecord]]) -> Iterator[list[KeyRecord]]:
             for page in read:
                 if targets.cluster and page[0].db:
-                    raise EdgeRefused(f"source {self.key} holds keys in database {page[0].db}; a cluster has only "
-                                      "database 0 (the keys of database 0 were copied)",
-                                      hint="move the keys to db 0 first, or migrate into a standalone topology")
+                    raise self._not_db0([page[0].db], "the keys of database 0 were copied")
                 yield page
 
         source = Source(self.key, f"snapshot of {self.key}", None, [], 1 << 62)
@@ -209,9 +207,7 @@ class ShardRun:
             keyspace = scratch.keyspace()
             dbs = sorted(db for db, (keys, _) in keyspace.items() if keys)
             if targets.cluster and set(dbs) - {0}:
-                raise EdgeRefused(f"source {self.key} holds keys in databases {sorted(set(dbs) - {0})}; a cluster "
-                                  "has only database 0 (nothing was written)",
-                                  hint="move the keys to db 0 first, or migrate into a standalone topology")
+                raise self._not_db0(sorted(set(dbs) - {0}), "nothing was written")
             snapshot = Connection.on_unix(scratch.socket, f"snapshot of {self.key}", PIPE_TIMEOUT)
             source = Source(self.key, f"snapshot of {self.key}", snapshot, dbs, 1 << 62,
                             unexpiring=frozenset(db for db, (_, expires) in keyspace.items() if not expires))
@@ -220,6 +216,11 @@ class ShardRun:
                 return copy_source(source, targets, "replace", self._copied, side)
             finally:
                 side.close()
+
+    def _not_db0(self, dbs: list[int], written: str) -> EdgeRefused:
+        """A cluster target refuses a source's keys outside db 0; written: what the copy did before it saw them."""
+        return EdgeRefused(f"source {self.key} holds keys in databases {dbs}; a cluster has only database 0 "
+                           f"({written})", hint="move the keys to db 0 first, or migrate into a standalone topology")
 
     def _copied(self, keys: int) -> None:
         self.copied += keys
