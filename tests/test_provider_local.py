@@ -13,16 +13,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from opsctl.base.errors import OpsctlError, RefusedError
+from opsctl.base.poll import wait_for
 from opsctl.base.secrets import Secret
 from opsctl.providers.base import Provider
 from opsctl.providers.binaries import probe
 from opsctl.providers.local import LocalProvider, server_environment, start_hint, stop_process, tail
 from opsctl.providers.proc import ProcFacts, is_node_process, parse_cmdline, read_proc
-from opsctl.render import render_node
+from opsctl.render import NodePaths, render_node
 from opsctl.spec.deployed import NodeRecord
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
@@ -30,7 +32,7 @@ from opsctl.state import statelock
 from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
 from opsctl.state.statelock import parse_pid, state_lock
-from tests.support import PASSWORD, admin_for, loopback_hosts, make_spec, server_binary, write_spec
+from tests.support import CONDITION_BOUND, PASSWORD, admin_for, loopback_hosts, make_spec, server_binary, write_spec
 
 FLAVORS = ["valkey", "redis"]
 
@@ -205,6 +207,37 @@ def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, fla
     assert "port in use by another process" in err.hint
     assert PASSWORD not in err.render()
     assert not second.process_state(node).running and first.process_state(node).running
+
+
+class ResumedLate(LocalProvider):
+    """A launcher that runs again only once its daemon has logged its failure: what a loaded machine does at times."""
+
+    def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+        process = super()._spawn(node, paths, stderr)
+        log = Path(paths.log)
+        wait_for(lambda: (log.exists() and "Address already in use" in log.read_text(errors="replace")) or None,
+                 CONDITION_BOUND,
+                 "the second server's failure in its log")
+        return process
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_busy_port_logged_before_the_launcher_resumes_fails_fast(tmp_path: Path, started: Started,
+                                                                    flavor: str) -> None:
+    """The log's offset is taken before the spawn: taken after, the failure's lines were behind it, so the start
+    saw "nothing new" and waited out its timeout (CI beside two CPU hogs, 10.05 s)."""
+    loaded, first = setup(tmp_path, flavor)
+    second = ResumedLate(loaded, tmp_path / "other", first.binary, start_timeout=10.0)
+    node = loaded.layout.nodes[0]
+    deploy(loaded, first, node)
+    deploy(loaded, second, node)
+    started.start(first, node)
+    begin = time.monotonic()
+    with pytest.raises(OpsctlError) as caught:
+        second.start(node)
+    assert time.monotonic() - begin < second.start_timeout
+    assert "Address already in use" in caught.value.detail
 
 
 @pytest.mark.integration

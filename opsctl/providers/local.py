@@ -223,7 +223,9 @@ class LocalProvider(LocalFiles):
                               hint="write the node's files first (`opsctl apply` does)")
         self._drop_pidfile(node)
         stderr = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 (closed by the stack)
-        return Launch(self._spawn(node, paths, stderr), stderr, file_size(Path(paths.log)))
+        # the log's size before the spawn: a daemon can log its failure and exit before this process runs again
+        log_offset = file_size(Path(paths.log))
+        return Launch(self._spawn(node, paths, stderr), stderr, log_offset)
 
     def _spawn(self, node: Node, paths: NodePaths, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
         """New session, no terminal, no inherited fds, a scrubbed environment, umask 077 for its files; as root,
