@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from redis.crc import key_slot
 
 from opsctl.backup.manifest import (
     Manifest,
@@ -172,7 +171,7 @@ def test_cluster_router_routes_by_slot() -> None:
     view = parse_cluster_nodes(
         "a 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-8000\n"
         "b 127.0.0.1:7002@17002 master - 0 0 2 connected 8001-16383\n")
-    router = cluster_router(view, ["127.0.0.1:7002", "127.0.0.1:7001"], key_slot)
+    router = cluster_router(view, ["127.0.0.1:7002", "127.0.0.1:7001"])
     assert router.target(b"123456789") == 0  # slot 12739 (0x31C3): b at 127.0.0.1:7002, listed first
     assert router.target(b"a") == 0 and router.target(b"b") == 1  # slots 15495 and 3300
     assert router.target(b"{user}:1") == router.target(b"{user}:2")
