@@ -226,13 +226,13 @@ def test_journal_round_trip_and_damage() -> None:
 def test_db0_counts_from_a_real_file(flavor) -> None:
     from opsctl.backup.rdb import db0_counts
     from opsctl.backup.scratch import scratch_binaries, scratch_server
-    from opsctl.net.connector import unix_client
+    from tests.support import unix_client
 
     binary = next((b for s, b in scratch_binaries().items() if s[0] == flavor), None)
     if binary is None:
         pytest.skip(f"no {flavor} server")
     with scratch_server(binary, None, "empty") as scratch:
-        client = unix_client(scratch.socket, 60.0)  # a test's own client: the scratch's handle speaks raw RESP
+        client = unix_client(scratch.socket)  # a test's own client: the scratch's handle speaks raw RESP
         client.execute_command("SAVE")
         assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) == (0, 0)
         client.function_load("#!lua name=lib\nredis.register_function('f', function() return 1 end)")
