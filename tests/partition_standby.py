@@ -152,7 +152,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         cut = healed - cut_at
         after = len(follow.events)
         if alive:
-            follow.streaming(timeout=60, after=after)
+            follow.streaming(after=after)
         writer.wait_for_more(200)
         writer.stop()
         if alive:

@@ -47,7 +47,7 @@ class Archiver:
     def events(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
 
-    def wait_segments(self, count: int, timeout: float = 60.0, after: float = 0.0, shards: int = 3) -> None:
+    def wait_segments(self, count: int, timeout: float = CONDITION_BOUND, after: float = 0.0, shards: int = 3) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.with_suffix(".err").read_text()

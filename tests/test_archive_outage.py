@@ -127,7 +127,7 @@ def _notes(archiver: Archiver) -> list[str]:
     return [e["text"] for e in archiver.events() if e["event"] == "note"]
 
 
-def _wait_note(archiver: Archiver, words: str, timeout: float = 90.0) -> None:
+def _wait_note(archiver: Archiver, words: str, timeout: float = CONDITION_BOUND) -> None:
     deadline = time.monotonic() + timeout
     while not any(words in n for n in _notes(archiver)):
         assert archiver.proc.poll() is None, archiver.log.with_suffix(".err").read_text()

@@ -31,7 +31,7 @@ def node_paths(base: Path, node: Node) -> NodePaths:
     return NodePaths(str(d), str(d / "redis.conf"), str(d / "users.acl"), str(d / "server.log"), str(d / "server.pid"))
 
 
-def wait_for(check: Any, timeout: float = 20.0, what: str = "condition") -> None:
+def wait_for(check: Any, timeout: float = CONDITION_BOUND, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):

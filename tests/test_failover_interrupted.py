@@ -58,7 +58,7 @@ def _fenced(loaded: LoadedSpec) -> list[str]:
     return out
 
 
-def _wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = 20.0) -> str:
+def _wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = CONDITION_BOUND) -> str:
     deadline = time.monotonic() + timeout
     while True:
         code, out, _ = run(capsys, "status", "-f", str(spec))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import PASSWORD, PASSWORD_ENV, make_spec, server_binary, server_tmpdir, write_spec
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV, make_spec, server_binary, server_tmpdir, write_spec
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def journal(folder: Path) -> dict[str, object]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def wait_journal(folder: Path, field: str, name: str, before: object, timeout: float = 120.0) -> None:
+def wait_journal(folder: Path, field: str, name: str, before: object, timeout: float = CONDITION_BOUND) -> None:
     """Until the journal of a new rollout (not the one keyed before) has name in field."""
     deadline = time.monotonic() + timeout
     while (now := journal(folder)).get("key") == before or name not in now.get(field, []):  # type: ignore[operator]

@@ -72,7 +72,7 @@ class Migrate:
             with suppress(ValueError):
                 self.events.append(json.loads(line))
 
-    def streaming(self, timeout: float = 60.0, after: int = 0) -> dict[str, Any]:
+    def streaming(self, timeout: float = CONDITION_BOUND, after: int = 0) -> dict[str, Any]:
         """The first lag report (among the events from `after` on: len(events) at a moment) with every shard
         streaming."""
         deadline = time.monotonic() + timeout
@@ -84,7 +84,7 @@ class Migrate:
             time.sleep(0.05)
         raise AssertionError(f"not streaming after {timeout}s: {self.events[-3:]}")
 
-    def wait(self, timeout: float = 60.0) -> int:
+    def wait(self, timeout: float = CONDITION_BOUND) -> int:
         code = self.proc.wait(timeout)
         self.thread.join(5)
         return code

@@ -20,7 +20,7 @@ from opsctl.net.rawpipe import PipeClosed
 from opsctl.spec.load import LoadedSpec
 from opsctl.stream.framing import Entry, Position
 from tests.lifecycle import deployed, run
-from tests.support import bare_server
+from tests.support import CONDITION_BOUND, bare_server
 from tests.test_migrate_foreign import SECRET, password_file
 from tests.test_migrate_live import TARGET, Migrate, fill
 from tests.writer import Writer, cluster_client
@@ -172,7 +172,7 @@ def test_a_migrate_killed_during_the_copy_attaches_again_after_its_spool(tmp_pat
         assert writer.verify(cluster_client(t_loaded)) == []
 
 
-def _wait_copying(migrate: Migrate, timeout: float = 60.0) -> None:
+def _wait_copying(migrate: Migrate, timeout: float = CONDITION_BOUND) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lags = [e for e in migrate.events if e.get("event") == "migrate-lag"]

@@ -35,7 +35,16 @@ from opsctl.spec.load import LoadedSpec
 from opsctl.state.specfile import read_spec
 from tests import netns
 from tests.lifecycle import plan_json, run
-from tests.support import PASSWORD, admin_for, cluster_check, make_spec, netns_lab, server_binary, write_spec
+from tests.support import (
+    CONDITION_BOUND,
+    PASSWORD,
+    admin_for,
+    cluster_check,
+    make_spec,
+    netns_lab,
+    server_binary,
+    write_spec,
+)
 from tests.test_slots_reshard import preload
 from tests.writer import cluster_client, dataset_checksum
 
@@ -387,7 +396,7 @@ def restart_by_hand(lab: netns.Lab, loaded: LoadedSpec) -> None:
         provider.close()
 
 
-def wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = 30.0) -> None:
+def wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = CONDITION_BOUND) -> None:
     deadline = time.monotonic() + timeout
     while True:
         code, out, _ = run(capsys, "status", "-f", str(spec), "--output", "json")

@@ -318,7 +318,7 @@ def _sentinel_diagnosis(tmp_path: Path, loaded: LoadedSpec, sentinels: list[str]
     return "\n".join(lines)
 
 
-def _wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = 20.0) -> str:
+def _wait_healthy(capsys: pytest.CaptureFixture[str], spec: Path, timeout: float = CONDITION_BOUND) -> str:
     deadline = time.monotonic() + timeout
     while True:
         code, out, _ = run(capsys, "status", "-f", str(spec))
@@ -400,5 +400,5 @@ def test_a_sentinel_stuck_on_a_stale_view_is_monitored_afresh_with_the_specs_ren
             return True if len(named) == 1 and master.endpoint not in named else None
 
         wait_for(failed_over, CONDITION_BOUND, "the re-monitored sentinel's failover")
-        _wait_healthy(capsys, spec, 30)
+        _wait_healthy(capsys, spec)
         assert plan_json(capsys, spec)["steps"] == []

@@ -18,6 +18,7 @@ import pytest
 
 from opsctl.failover.actions import KILL_AT
 from tests.lifecycle import deployed, plan_json, run
+from tests.support import CONDITION_BOUND
 from tests.test_failover_interrupted import _client, _fenced, _master, _roles
 from tests.test_restore_faults import keys_of, load, target_keys
 from tests.test_restore_live import backup_dir, clients, cluster, restore, topologies
@@ -36,7 +37,7 @@ def _opsctl(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[s
                             text=True)
 
 
-def _until(proc: subprocess.Popen[str], ready: object, timeout: float = 60.0) -> None:
+def _until(proc: subprocess.Popen[str], ready: object, timeout: float = CONDITION_BOUND) -> None:
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline and not ready():  # type: ignore[operator]
         time.sleep(0.005)
@@ -130,7 +131,7 @@ def test_a_failover_stopped_after_the_promotion_finishes_first(tmp_path, capsys)
             assert code == 143, out + err
             assert _master(loaded) == target and _fenced(loaded) == [] and _roles(loaded)[old] == "slave", err
             assert "the failover finished first" in err and target in err, err
-            writer.wait_for_writes(200, timeout=5.0)
+            writer.wait_for_writes(200)
         assert writer.verify(_client(loaded, target)) == []
         reports = list((spec.parent / ".opsctl" / loaded.spec.name / "failover").glob("*-succeeded.json"))
         assert len(reports) == 1, reports  # it counts for the cool-down

@@ -17,7 +17,7 @@ from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 from opsctl.stream import Entry, Position, Stream, StreamGap, open_stream
 from tests.lifecycle import deployed
-from tests.support import PASSWORD, PASSWORD_ENV
+from tests.support import CONDITION_BOUND, PASSWORD, PASSWORD_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def offset_of(c: redis.Redis) -> int:
     return int(c.info("replication")["master_repl_offset"])
 
 
-def read_until(stream: Stream, offset: int, timeout: float = 10.0) -> list[Entry]:
+def read_until(stream: Stream, offset: int, timeout: float = CONDITION_BOUND) -> list[Entry]:
     """Entries until the stream's position reaches offset."""
     entries: list[Entry] = []
     deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from opsctl.base.poll import wait_for
 from opsctl.spec.load import LoadedSpec
-from tests.support import PASSWORD
+from tests.support import CONDITION_BOUND, PASSWORD
 
 
 def cluster_client(loaded: LoadedSpec, **tls: Any) -> RedisCluster:
@@ -58,23 +58,23 @@ class Writer:
         if self._thread:
             self._thread.join(timeout=30)
 
-    def wait_for_writes(self, count: int, timeout: float = 30.0) -> None:
+    def wait_for_writes(self, count: int, timeout: float = CONDITION_BOUND) -> None:
         deadline = time.monotonic() + timeout
         while len(self.acked) < count and time.monotonic() < deadline:
             time.sleep(0.005)
 
-    def wait_for_more(self, count: int, timeout: float = 30.0) -> None:
+    def wait_for_more(self, count: int, timeout: float = CONDITION_BOUND) -> None:
         """Until `count` writes more than now are acknowledged: a test's premise, so a timeout fails it."""
         target = len(self.acked) + count
         wait_for(lambda: len(self.acked) >= target or None, timeout, f"{count} more acknowledged writes",
                  last_reason=lambda: f"{len(self.acked)} of {target} acknowledged, last errors {self.errors[-2:]}")
 
-    def wait_for_tries(self, count: int, timeout: float = 30.0) -> None:
+    def wait_for_tries(self, count: int, timeout: float = CONDITION_BOUND) -> None:
         """Until `count` writes more than now were tried, acknowledged or refused (the node was written to)."""
         target = len(self.acked) + len(self.errors) + count
         wait_for(lambda: len(self.acked) + len(self.errors) >= target or None, timeout, f"{count} more writes tried")
 
-    def wait_for_refusal(self, timeout: float = 30.0) -> None:
+    def wait_for_refusal(self, timeout: float = CONDITION_BOUND) -> None:
         """Until a write after now is refused (a fence, a cutover, a demoted master)."""
         target = len(self.errors) + 1
         wait_for(lambda: len(self.errors) >= target or None, timeout, "a write refused",
