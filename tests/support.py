@@ -221,6 +221,16 @@ def bare_server(flavor: str, directory: Path, conf_lines: Sequence[str] = (), pa
         proc.wait(10)
 
 
+def unix_client(path: str, timeout: float = 60.0) -> Any:
+    """A test's own redis-py client of a scratch server on its unix socket (no auth, no TLS; opsctl's handle of it
+    speaks raw RESP)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(unix_socket_path=path, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
+
+
 class NodeClient:
     """A test's redis-py client of one node (the connector's route, AUTH and TLS): `call` sends a command under the
     spec's rename, replies come parsed by redis-py; `.client` is the redis-py client itself. opsctl's own code reads

@@ -73,7 +73,7 @@ def test_cluster_backup_under_writer_holds_every_acked_key(tmp_path, capsys, fla
 def keys_in_backup(folder: Path, flavor: str) -> set[bytes]:
     from opsctl.backup.integrity import read_manifest
     from opsctl.backup.scratch import scratch_binaries, scratch_server
-    from opsctl.net.connector import unix_client
+    from tests.support import unix_client
 
     manifest = read_manifest(folder)
     binaries = scratch_binaries()
@@ -81,7 +81,7 @@ def keys_in_backup(folder: Path, flavor: str) -> set[bytes]:
     keys: set[bytes] = set()
     for shard in manifest.shards:
         with scratch_server(binary, folder / shard.file, shard.file) as scratch:
-            keys.update(unix_client(scratch.socket, 60.0).scan_iter(count=1000))
+            keys.update(unix_client(scratch.socket).scan_iter(count=1000))
     return keys
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from redis.crc import key_slot
 
 from opsctl.backup.manifest import (
     Manifest,
@@ -172,7 +171,7 @@ def test_cluster_router_routes_by_slot() -> None:
     view = parse_cluster_nodes(
         "a 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-8000\n"
         "b 127.0.0.1:7002@17002 master - 0 0 2 connected 8001-16383\n")
-    router = cluster_router(view, ["127.0.0.1:7002", "127.0.0.1:7001"], key_slot)
+    router = cluster_router(view, ["127.0.0.1:7002", "127.0.0.1:7001"])
     assert router.target(b"123456789") == 0  # slot 12739 (0x31C3): b at 127.0.0.1:7002, listed first
     assert router.target(b"a") == 0 and router.target(b"b") == 1  # slots 15495 and 3300
     assert router.target(b"{user}:1") == router.target(b"{user}:2")
@@ -227,13 +226,13 @@ def test_journal_round_trip_and_damage() -> None:
 def test_db0_counts_from_a_real_file(flavor) -> None:
     from opsctl.backup.rdb import db0_counts
     from opsctl.backup.scratch import scratch_binaries, scratch_server
-    from opsctl.net.connector import unix_client
+    from tests.support import unix_client
 
     binary = next((b for s, b in scratch_binaries().items() if s[0] == flavor), None)
     if binary is None:
         pytest.skip(f"no {flavor} server")
     with scratch_server(binary, None, "empty") as scratch:
-        client = unix_client(scratch.socket, 60.0)  # a test's own client: the scratch's handle speaks raw RESP
+        client = unix_client(scratch.socket)  # a test's own client: the scratch's handle speaks raw RESP
         client.execute_command("SAVE")
         assert db0_counts((scratch.folder / "dump.rdb").read_bytes()) == (0, 0)
         client.function_load("#!lua name=lib\nredis.register_function('f', function() return 1 end)")

@@ -5,6 +5,7 @@ worst exit code of the fleet, backup's JSON entry (the single backup's backup-do
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from opsctl.backup.save import BackupDone
 from opsctl.base.errors import EXIT_ERROR, EXIT_FINDINGS, EXIT_OK
 from opsctl.cli.commands.fleetrun import worst_exit
 from opsctl.cli.results import Audited, Backed
-from opsctl.fleet.summary import FleetResult, Outcome
+from opsctl.fleet.summary import FleetResult, Outcome, result_line
 from opsctl.observe.findings import Finding
+from opsctl.state.standbyfiles import StandbyStatus
+from opsctl.status.looks import StatusResult
 from tests.lifecycle import run
 from tests.support import PASSWORD, PASSWORD_ENV, make_spec, write_spec
 
@@ -109,3 +112,11 @@ def test_a_backup_entry_is_the_single_backup_s_result_event() -> None:
     done = BackupDone("/b/a/a-1", 3, 100, 0.5)
     entry = Outcome("a", Backed("/b/a/a-1", None, done)).to_dict()  # type: ignore[arg-type]
     assert entry == {"name": "a", "event": "backup-done", "dir": "/b/a/a-1", "keys": 3, "bytes": 100, "seconds": 0.5}
+
+
+def test_a_standbys_status_line_names_its_link() -> None:
+    link = StandbyStatus("switched-over", "shop-east", mode="planned", switched_at=0.0)
+    healthy = StatusResult("shop", "standalone", True, "standalone healthy", (), None)
+    assert result_line(healthy) == "standalone healthy"
+    assert result_line(replace(healthy, standby=link)) == f"standalone healthy; {link.line()}"
+    assert "switched over from shop-east (planned" in result_line(replace(healthy, standby=link))

@@ -34,7 +34,10 @@ def _fill(raw: redis.Redis, flavor: str) -> None:
     raw.set("s:wide", "4294967296")
     raw.set("s:embstr", "short")
     raw.set("s:raw", rng.randbytes(300))
-    raw.set("s:lzf", "x" * 1000)
+    raw.set("s:lzf", "x" * 1000)  # compressed to < 64 bytes, 1000 long: the splitter's inline cases, each length
+    raw.set("s:lzf-short", "x" * 40)
+    raw.set("s:lzf-long", "".join(f"{i:05d}" for i in range(20_000)))
+    raw.set("s:raw-32bit", rng.randbytes(20_000))
     raw.set(b"s:bin\x00\xff", b"\x00\x01\xfe")
     raw.set("123456", "an integer key")
     raw.set("k" * 200, "an LZF key")

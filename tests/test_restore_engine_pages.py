@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.backup.rdb import KeyRecord
 from opsctl.net.rawpipe import RawPipe
 from opsctl.net.resp import encode
 from opsctl.restore.engine import PAGE, pages
@@ -26,9 +27,15 @@ def test_restore_bytes_are_the_encoded_command(args) -> None:
 
 @pytest.mark.parametrize("replace", [False, True])
 def test_a_restore_batch_is_the_encoded_commands_joined(replace: bool) -> None:
-    keys = [(b"k", 0, b"p"), (b"k" * 300, 17, b"p\x00" * 1000), (b"", 0, b""), (b"x", -3, b"pp"), (b"\r\n", 0, b"z")]
-    assert restore_batch(b"RESTORE", keys, replace) == \
-        b"".join(encode(restore_command(b"RESTORE", k, t, p, replace)) for k, t, p in keys)
+    records = [KeyRecord(0, b"k", b"p", 0), KeyRecord(1, b"k" * 300, b"p\x00" * 1000, 17.7),
+               KeyRecord(0, b"", b"", 0), KeyRecord(0, b"x", b"pp", -3), KeyRecord(0, b"\r\n", b"z", 0)]
+    offset = 1000.5  # the target's clock ahead of ours
+    at = {b"k" * 300: 1018, b"x": 997}  # int(expiry + offset)
+    assert restore_batch(b"RESTORE", records, offset, replace) == \
+        b"".join(encode(restore_command(b"RESTORE", r.key, at.get(r.key, 0), r.payload, replace)) for r in records)
+    gone = KeyRecord(0, b"g", b"p", -5000.0)  # past in the target's clock too: 1 ms left, not 0 (no expiry)
+    assert restore_batch(b"RESTORE", [gone], offset, replace) == \
+        encode(restore_command(b"RESTORE", b"g", 1, b"p", replace))
 
 
 @pytest.mark.integration

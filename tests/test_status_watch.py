@@ -15,6 +15,7 @@ import pytest
 
 from opsctl.cli.main import main
 from opsctl.cli.watch import HOME_AND_CLEAR, frame
+from opsctl.state.standbyfiles import StandbyStatus
 from opsctl.status.looks import NodeStatus, StatusResult
 from tests.lifecycle import deployed
 from tests.support import PASSWORD, PASSWORD_ENV
@@ -34,6 +35,14 @@ def test_a_frame_says_when_how_often_and_shows_ops_per_second() -> None:
     assert lines[2].split()[-1] == "OPS/S"
     assert lines[3].split()[-1] == "1234" and lines[4].split()[-1] == "-"
     assert lines[-2:] == ["standalone degraded: 1 node(s) down: b", "  hint: start it"]
+
+
+def test_a_standbys_frame_ends_with_its_link() -> None:
+    link = StandbyStatus("not-following", "shop-east", report_age=12.0, hint="run `opsctl follow -f shop.yaml`")
+    status = StatusResult("shop", "standalone", True, "standalone healthy", (_row("a", 5),), None, link)
+    lines = frame(status, 2.0, datetime(2026, 11, 27, 14, 1, 0, tzinfo=timezone.utc)).splitlines()
+    assert lines[-2:] == ["standalone healthy", link.line()]
+    assert "standby of shop-east: not following, last report 12s ago" in lines[-1]
 
 
 @pytest.mark.parametrize(("value", "why"), [("0.1", "out of range (0.5..3600)"), ("0", "out of range"),

@@ -294,10 +294,12 @@ def split_keys(data: Buffer, version: int, *, page: int = 1000, shift_ms: float 
                     key, after = _string(data, at + 1)
                 if op != STRING:
                     stop = _past_value(data, op, after)
-                elif (first := data[after]) < 0x40:
+                elif (first := data[after]) < 0x40:  # up to 63 bytes
                     stop = after + 1 + first
-                elif first == LZF and data[after + 1] < 0x40 and data[after + 2] < 0x40:  # short, compressed
-                    stop = after + 3 + data[after + 1]
+                elif first < 0x80:  # up to 16 KiB
+                    stop = after + 2 + (((first & 0x3F) << 8) | data[after + 1])
+                elif first == LZF and data[after + 1] < 0x40 and data[after + 2] < 0x80:  # compressed to < 64 bytes
+                    stop = after + (3 if data[after + 2] < 0x40 else 4) + data[after + 1]
                 else:
                     stop = _past_string(data, after)
                 if stop > end:

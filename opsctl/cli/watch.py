@@ -19,12 +19,14 @@ HOME_AND_CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen: the next fram
 
 
 def frame(status: StatusResult, interval: float, now: datetime) -> str:
-    """One refresh as text: when and how often, the table with OPS/S, the health line (and its hint). Pure."""
+    """One refresh as text: when and how often, the table with OPS/S, the health line (and its hint), a standby's
+    link. Pure."""
     from opsctl.status.looks import status_table
 
     head = f"opsctl status '{status.spec}' every {interval:g}s, {now:%Y-%m-%d %H:%M:%S}Z (Ctrl-C to stop)"
     lines = [head, "", status_table(list(status.nodes), with_ops=True), status.health]
     lines += [f"  hint: {status.hint}"] if status.hint else []
+    lines += [status.standby.line()] if status.standby else []
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ says not only "failed" but "lag 2.1 MB, limit 1 MB". No I/O here; opsctl.failove
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from opsctl.base.errors import AUTH_HINT, OpsctlError, RefusedError, auth_failed, is_auth_failure, not_answering
@@ -18,6 +18,7 @@ from opsctl.observe.replies import listed_replicas
 from opsctl.plan.facts import Facts
 from opsctl.plan.health import MAX_LAG_BYTES
 from opsctl.plan.masters import cluster_endpoints, sentinel_agreed_master, shard_master
+from opsctl.slots.ranges import key_slot
 from opsctl.slots.slotplan import retired
 from opsctl.spec.layout import Layout, Shard, endpoint
 from opsctl.spec.load import LoadedSpec
@@ -455,9 +456,8 @@ def failed(checks: Sequence[Check]) -> list[Check]:
     return [c for c in checks if not c.passed]
 
 
-def probe_key(slots: Sequence[tuple[int, int]], key_slot: Callable[[bytes], int]) -> str:
-    """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write.
-    key_slot: the cluster's key hash (opsctl.net.connection.key_slot; passed in: the core does no I/O)."""
+def probe_key(slots: Sequence[tuple[int, int]]) -> str:
+    """A key that hashes into one of these slot ranges (any key when empty): the post-check's probe write."""
     if not slots:
         return "opsctl:failover:probe"
     for n in range(1_000_000):

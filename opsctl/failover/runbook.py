@@ -40,7 +40,6 @@ from opsctl.net.topolock import check_held
 from opsctl.plan.desired import rendered_values
 from opsctl.plan.facts import NodeFacts
 from opsctl.providers.base import Provider
-from opsctl.slots.ranges import key_slot
 from opsctl.spec.load import LoadedSpec
 from opsctl.state.safefs import check_state_path, write_private
 
@@ -328,7 +327,7 @@ def _wait_postchecks(session: Session, old: str, new: str, timeout: float,
 
 def _probe_write(session: Session, name: str, facts: dict[str, NodeFacts]) -> str:
     me = facts[name].myself
-    key = probe_key(me.slots if me else (), key_slot)
+    key = probe_key(me.slots if me else ())
     node = session.connections[name]
     try:
         node.call("SET", key, str(time.time()), "PX", 10_000)

@@ -84,8 +84,8 @@ def outcome_line(outcome: Outcome[R]) -> str:
 
 
 def result_line(result: Shown) -> str:
-    """One line for a single command's result: a plan's steps, an apply's steps and health, a status's health,
-    a destroy's nodes; else the first line of its text."""
+    """One line for a single command's result: a plan's steps, an apply's steps and health, a status's health (and
+    a standby's link), a destroy's nodes; else the first line of its text."""
     from opsctl.apply.planning import PlanResult
     from opsctl.destroy.teardown import DestroyResult
     from opsctl.status.looks import StatusResult
@@ -93,7 +93,7 @@ def result_line(result: Shown) -> str:
     if isinstance(result, PlanResult):
         return plan_line(result)
     if isinstance(result, StatusResult):
-        return result.health
+        return result.health + (f"; {result.standby.line()}" if result.standby else "")
     if isinstance(result, DestroyResult):
         verb = "would stop" if result.dry_run else "stopped"
         return f"{verb} {plural(len(result.nodes), 'node')}" + (" (purged)" if result.purge else "")

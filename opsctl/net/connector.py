@@ -253,17 +253,8 @@ def port_accepts(address: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
-def unix_client(path: str, timeout: float) -> redis.Redis:
-    """A client of a private server on a unix socket (backup/restore scratch servers: no auth, no TLS)."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return redis.Redis(unix_socket_path=path, socket_timeout=timeout, retry=Retry(NoBackoff(), 0))
-
-
 def unix_socket(path: str, timeout: float) -> socket.socket:
-    """A raw connection to the same."""
+    """A raw connection to a private server on a unix socket (backup/restore scratch servers: no auth, no TLS)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)

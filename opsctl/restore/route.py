@@ -7,14 +7,17 @@ restored when its value equals the source's."""
 from __future__ import annotations
 
 import json
+from binascii import crc_hqx
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, TypeVar
 
+from opsctl.backup.rdb import KeyRecord
 from opsctl.base.errors import OpsctlError
 from opsctl.base.frozen import frozen
 from opsctl.base.record import DataMismatch, Range, Versioned, ascii_decimal
 from opsctl.observe.replies import SLOTS, Arg, ClusterNodeLine
+from opsctl.slots.ranges import key_slot
 
 T = TypeVar("T")
 
@@ -22,45 +25,40 @@ MODES = ("fail-if-exists", "replace", "skip-existing")
 TRAILER = 10  # a DUMP payload ends with the RDB version (2 bytes) and a CRC64 (8 bytes)
 ROOM_MARGIN = 1.2
 JOURNAL = "restore-journal.json"
-
-
-KeySlot = Callable[[bytes], int]
+SLOT_MASK = SLOTS - 1  # SLOTS is a power of two: a mask is the modulo
 
 
 class Router:
-    """Which target (index) owns a key: one table of 16384 slots, or everything to target 0. key_slot is the
-    cluster's key hash (opsctl.net.connection.key_slot; passed in: the core does no I/O)."""
+    """Which target (index) owns a key: one table of 16384 slots, or everything to target 0 (no table)."""
 
-    def __init__(self, table: Sequence[int] | None = None, key_slot: KeySlot | None = None) -> None:
+    def __init__(self, table: Sequence[int] | None = None) -> None:
         self.table = list(table) if table is not None else None
-        self.key_slot = key_slot
 
     def target(self, key: bytes) -> int:
-        if self.table is None or self.key_slot is None:
-            return 0
-        return self.table[self.key_slot(key)]
+        return 0 if self.table is None else self.table[key_slot(key)]
 
     def split(self, items: Sequence[T], key: Callable[[T], bytes], targets: int) -> list[list[T]]:
-        """items grouped by the target that owns each one's key, in order (a copy routes a million keys: the
-        table is read here directly, not through target() per key)."""
+        """items grouped by the target that owns each one's key, in order. A copy routes a million keys: the table
+        is read here directly, and a key without a `{` is hashed whole without a call (key_slot's answer for it)."""
         routed: list[list[T]] = [[] for _ in range(targets)]
-        if self.table is None or self.key_slot is None:
+        table = self.table
+        if table is None:
             routed[0].extend(items)
             return routed
-        table, key_slot = self.table, self.key_slot
         for item in items:
-            routed[table[key_slot(key(item))]].append(item)
+            name = key(item)
+            routed[table[key_slot(name) if b"{" in name else crc_hqx(name, 0) & SLOT_MASK]].append(item)
         return routed
 
 
-def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str], key_slot: KeySlot) -> Router:
+def cluster_router(masters: Sequence[ClusterNodeLine], endpoints: Sequence[str]) -> Router:
     """A router over endpoints (target index = position) from the masters' slot ranges."""
     table = [-1] * SLOTS
     for line in masters:
         index = endpoints.index(f"{line.address}:{line.port}")
         for start, end in line.slots:
             table[start:end + 1] = [index] * (end - start + 1)
-    return Router(table, key_slot)
+    return Router(table)
 
 
 def restore_command(restore: bytes, key: bytes, expires_at: int, payload: bytes, replace: bool) -> list[Arg]:
@@ -84,16 +82,17 @@ def restore_bytes(restore: bytes, key: bytes, expires_at: int, payload: bytes, r
         tail)
 
 
-def restore_batch(restore: bytes, keys: Sequence[tuple[bytes, int, bytes]], replace: bool) -> bytes:
-    """restore_bytes for many (key, expires_at, payload), joined: the same bytes, with what does not depend on the
-    key formatted once (a copy packs a million of them)."""
+def restore_batch(restore: bytes, records: Sequence[KeyRecord], offset_ms: float, replace: bool) -> bytes:
+    """restore_bytes of each record, joined: the same bytes, each expiry moved into the target's clock (offset_ms:
+    its clock minus ours; a key about to expire keeps 1 ms, not 0, which is none). What does not depend on the key
+    is formatted once, and records are unpacked, not read by name: a copy packs a million of them."""
     tail = b"$7\r\nREPLACE\r\n" if replace else b""
     plain = b"*%d\r\n$%d\r\n%s\r\n$" % (4 + replace, len(restore), restore)
     never = b"\r\n$1\r\n0\r\n$"
     return b"".join(
         b"%s%d\r\n%s%s%d\r\n%s\r\n%s" % (plain, len(key), key, never, len(payload), payload, tail)
-        if not expires_at else restore_bytes(restore, key, expires_at, payload, replace)
-        for key, expires_at, payload in keys)
+        if not expires else restore_bytes(restore, key, max(1, int(expires + offset_ms)), payload, replace)
+        for _db, key, payload, expires in records)
 
 
 def expiry_of(reply: object, absolute: bool, offset_ms: float, now_ms: float) -> float | None:

@@ -16,7 +16,6 @@ from opsctl.observe.replies import SLOTS, server_of
 from opsctl.restore.engine import Targets
 from opsctl.restore.route import Router, cluster_router
 from opsctl.server.versions import server_text
-from opsctl.slots.ranges import key_slot
 from opsctl.spec.layout import Node
 from opsctl.spec.load import LoadedSpec
 
@@ -57,7 +56,7 @@ def inspect_target(connector: Connector) -> Target:
         lines = [line for line in view if line.is_master and line.slots]
         endpoints = [f"{line.address}:{line.port}" for line in lines]
         masters = [_known(loaded, e) for e in endpoints]
-        router = cluster_router(lines, endpoints, key_slot)
+        router = cluster_router(lines, endpoints)
         shares = [sum(e - s + 1 for s, e in line.slots) / SLOTS for line in lines]
     else:
         masters = [o.node for o in seen.values() if o.reachable and o.role and o.role.kind == "master"]

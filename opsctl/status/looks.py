@@ -105,21 +105,26 @@ ONE_LOOK = StatusOptions()
 def status(rt: Runtime, options: StatusOptions = ONE_LOOK) -> StatusResult:
     """The status of rt's topology: a look, again while it is unhealthy, up to options.settle seconds; a standby's
     link as its state dir says (a spec with follows:, or one switched over)."""
-    from dataclasses import replace
-
     deadline = time.monotonic() + options.settle
     result = look(rt)
     while not result.healthy and result.hint != AUTH_HINT and time.monotonic() < deadline:
         time.sleep(LOOK_EVERY)
         result = look(rt)
-    return replace(result, standby=standby_status(rt.loaded, rt.state_dir, time.time()))
+    return _with_standby(rt, result)
 
 
 def watch(rt: Runtime, interval: float) -> Iterator[StatusResult]:
-    """A look, then another every interval seconds, for as long as the caller reads (status --watch)."""
+    """A look, then another every interval seconds, for as long as the caller reads (status --watch); each with
+    the standby's link as status gives it."""
     while True:
-        yield look(rt)
+        yield _with_standby(rt, look(rt))
         time.sleep(interval)
+
+
+def _with_standby(rt: Runtime, result: StatusResult) -> StatusResult:
+    from dataclasses import replace
+
+    return replace(result, standby=standby_status(rt.loaded, rt.state_dir, time.time()))
 
 
 def look(rt: Runtime) -> StatusResult:
