@@ -103,6 +103,7 @@ def cpu_seconds(pid: int) -> float:
 
 def link_cut(tmp: Path, flavor: str) -> LinkCut:
     from opsctl.base.poll import wait_for
+    from opsctl.metrics.signals import FOLLOW_COMMAND, textfile_name
     from tests.support import make_spec
     from tests.test_migrate_live import source_client
     from tests.test_standby_live import Follow
@@ -119,7 +120,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         writer.wait_for_writes(200)
         textfiles = tmp / "textfiles"
         textfiles.mkdir()
-        prom = textfiles / f"opsctl_{s_loaded.spec.name}_follow.prom"
+        prom = textfiles / textfile_name(s_loaded.spec.name, FOLLOW_COMMAND)
         follow = Follow(s, "--metrics-textfile", str(textfiles), env={"OPSCTL_LOCK_LEASE": str(LEASE)})
         stack.callback(lambda: follow.proc.poll() is None and follow.proc.kill())
         follow.streaming()

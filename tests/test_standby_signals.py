@@ -16,6 +16,7 @@ from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.signals import METRIC_HELP, render_follow, textfile_name
 from opsctl.migrate.migration import MigrateLag
+from opsctl.standby.link import PrimaryAwaited
 from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
 from opsctl.state.standbyfiles import Switched, record_switched
@@ -159,3 +160,22 @@ def test_a_lost_link_says_link_up_0_and_no_lag() -> None:
                          following=True)
     assert 'opsctl_standby_link_up{topology="dr",shard="shard-1"} 0\n' in text
     assert "opsctl_standby_lag_seconds{" not in text and "opsctl_standby_lag_bytes{" not in text
+
+
+def test_a_link_waiting_for_its_primary_says_every_shard_is_down_and_keeps_its_file_fresh(tmp_path: Path) -> None:
+    """In a cut the link stops and waits (standby/link.wait_for_primary): no lag report comes, so each look's
+    PrimaryAwaited turns every shard's link_up to 0 and rewrites the file (its age must not say "killed")."""
+    link = _link(tmp_path, [])
+    path = tmp_path / textfile_name("dr", "follow")
+    link(MigrateLag(STREAMING))
+    assert 'link_up{topology="dr",shard="shard-1"} 1' in path.read_text()
+    link.written -= LinkTextfile.EVERY
+    link(PrimaryAwaited("primary p (3 nodes)", "no node answers", 2.0))
+    text = path.read_text()
+    assert 'link_up{topology="dr",shard="shard-1"} 0' in text and 'link_up{topology="dr",shard="shard-0"} 0' in text
+    assert "opsctl_standby_lag_bytes{" not in text and 'opsctl_standby_following{topology="dr"} 1' in text
+    assert 'last_applied_timestamp_seconds{topology="dr",shard="shard-1"} 1795798188.500' in text
+    before = path.stat().st_mtime_ns
+    link.written -= LinkTextfile.EVERY
+    link(PrimaryAwaited("primary p (3 nodes)", "no node answers", 4.0))
+    assert path.stat().st_mtime_ns >= before and 'shard="shard-1"} 0' in path.read_text()
