@@ -42,7 +42,8 @@ class LinkCut:
     seconds during the cut; said_while_cut: its notes during the cut; lag_while_cut: its last lag report under the
     cut; start_over: its notes from the cut on; acked, lost: the writer's acknowledged writes, of those missing on
     the standby once it caught up; current_after: seconds from the heal until the standby held every write;
-    last_lag: the link's last lag report."""
+    last_lag: the link's last lag report; link_up_while_cut, link_up_after: the link_up samples of its textfile
+    under the cut (once the link said it waits) and once it streams again."""
 
     flavor: str
     cut: float
@@ -58,6 +59,8 @@ class LinkCut:
     current_after: float
     last_lag: dict[str, Any]
     link_sources: list[str]
+    link_up_while_cut: list[str]
+    link_up_after: list[str]
 
 
 def run_in_namespace(flavor: str) -> dict[str, Any]:
@@ -100,6 +103,7 @@ def cpu_seconds(pid: int) -> float:
 
 def link_cut(tmp: Path, flavor: str) -> LinkCut:
     from opsctl.base.poll import wait_for
+    from opsctl.metrics.signals import FOLLOW_COMMAND, textfile_name
     from tests.support import make_spec
     from tests.test_migrate_live import source_client
     from tests.test_standby_live import Follow
@@ -114,7 +118,10 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         primary, standby = beside(node), source_client(s_loaded)
         writer = stack.enter_context(Writer(lambda: beside(node)))
         writer.wait_for_writes(200)
-        follow = Follow(s, env={"OPSCTL_LOCK_LEASE": str(LEASE)})
+        textfiles = tmp / "textfiles"
+        textfiles.mkdir()
+        prom = textfiles / textfile_name(s_loaded.spec.name, FOLLOW_COMMAND)
+        follow = Follow(s, "--metrics-textfile", str(textfiles), env={"OPSCTL_LOCK_LEASE": str(LEASE)})
         stack.callback(lambda: follow.proc.poll() is None and follow.proc.kill())
         follow.streaming()
         sources = sorted({c["addr"].rsplit(":", 1)[0] for c in primary.client_list() if "S" in c.get("flags", "")})
@@ -135,6 +142,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         wait_for(lambda: any("does not answer" in e.get("text", "") for e in follow.events[seen:])
                  or follow.proc.poll() is not None or None, CONDITION_BOUND, "the link to say it waits for the primary")
         waiting = time.monotonic()
+        up_while_cut = link_up_once(prom, " 0", wait_for)  # refreshed each second: the cut's 0 once it is written
         wait_for(lambda: time.monotonic() - waiting >= HOLD or None, HOLD + 30, "the hold")
         alive = follow.proc.poll() is None
         cpu = cpu_seconds(follow.proc.pid) - cpu_before if alive else -1.0
@@ -152,6 +160,7 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
             wait_for(lambda: writer.verify(standby) == [] or None, CONDITION_BOUND,
                      "every acknowledged write on the standby")
         current_after = time.monotonic() - healed
+        up_after = link_up_once(prom, " 1", wait_for) if alive else []
         lost = len(writer.verify(standby))
         lags = [e for e in follow.events if e.get("event") == "migrate-lag"]
         notes = [e.get("text", "") for e in follow.events[seen:] if e.get("event") == "note"]
@@ -162,7 +171,26 @@ def link_cut(tmp: Path, flavor: str) -> LinkCut:
         return LinkCut(flavor, round(cut, 3), round(dropped, 3), overrun, alive, round(cpu, 3),
                        [e.get("text", json.dumps(e)) for e in under_cut if e.get("event") != "migrate-lag"],
                        lag_under[-1] if lag_under else {}, notes, len(writer.acked), lost, round(current_after, 3),
-                       lags[-1] if lags else {}, sources)
+                       lags[-1] if lags else {}, sources, up_while_cut, up_after)
+
+
+def link_up_once(prom: Path, value: str, wait_for: Any) -> list[str]:
+    """The textfile's link_up lines once they all end in value (or, after CONDITION_BOUND, as they are)."""
+    def lines() -> list[str]:
+        text = prom.read_text() if prom.exists() else ""
+        return [line for line in text.splitlines() if line.startswith("opsctl_standby_link_up{")]
+
+    from opsctl.base.errors import OpsctlError
+
+    def said() -> list[str] | None:
+        now = lines()
+        return now if now and all(line.endswith(value) for line in now) else None
+
+    try:
+        found: list[str] = wait_for(said, CONDITION_BOUND, f"the textfile's link_up to say{value}")
+    except OpsctlError:  # the test names what it found instead
+        return lines()
+    return found
 
 
 def main(argv: list[str]) -> int:

@@ -29,6 +29,9 @@ def test_a_link_cut_past_the_backlog_waits_then_resyncs_and_is_current_again(fla
     assert any("does not answer" in n and "waiting for it" in n for n in result.said_while_cut), result
     assert any("answers again" in n for n in result.start_over), result
     assert result.cpu_while_cut < 0.3 * result.cut, result  # and did not spin
+    # what RedisStandbyLinkDown reads: the lost link says 0 while it waits (no lag can grow), 1 once it streams
+    assert [line.split(",")[1] for line in result.link_up_while_cut] == ['shard="shard-1"} 0'], result
+    assert [line.split(",")[1] for line in result.link_up_after] == ['shard="shard-1"} 1'], result
     assert any("must start over: backlog overrun" in n and "copying it again from scratch" in n
                for n in result.start_over), result
     assert result.lost == 0 and result.acked > 0, result

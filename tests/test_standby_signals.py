@@ -16,6 +16,7 @@ from opsctl.cli.main import build_parser
 from opsctl.cli.runsignals import LinkTextfile
 from opsctl.metrics.signals import METRIC_HELP, render_follow, textfile_name
 from opsctl.migrate.migration import MigrateLag
+from opsctl.standby.link import PrimaryAwaited
 from opsctl.state.localdirs import state_dir_for
 from opsctl.state.specfile import read_spec
 from opsctl.state.standbyfiles import Switched, record_switched
@@ -27,7 +28,7 @@ STREAMING = {"shard-1": {"phase": "stream", "lag_bytes": 120, "lag_seconds": 0.2
                          "applied": 10, "copied": 3},
              "shard-0": {"phase": "snapshot", "lag_seconds": 0.0, "applied_at": 0.0, "copied": 7}}
 NAMES = ("opsctl_standby_following", "opsctl_standby_lag_bytes", "opsctl_standby_lag_seconds",
-         "opsctl_standby_last_applied_timestamp_seconds")
+         "opsctl_standby_link_up", "opsctl_standby_last_applied_timestamp_seconds")
 
 
 def test_the_textfile_says_each_streaming_shards_lag_and_a_copying_one_has_none() -> None:
@@ -35,6 +36,8 @@ def test_the_textfile_says_each_streaming_shards_lag_and_a_copying_one_has_none(
     for name in NAMES:
         assert f"# HELP {name} {METRIC_HELP[name]}" in text and f"# TYPE {name} gauge" in text
     assert 'opsctl_standby_following{topology="dr"} 1\n' in text
+    assert 'opsctl_standby_link_up{topology="dr",shard="shard-1"} 1\n' in text
+    assert 'link_up{topology="dr",shard="shard-0"}' not in text  # copying: its link is the copy's
     assert 'opsctl_standby_lag_bytes{topology="dr",shard="shard-1"} 120.000\n' in text
     assert 'opsctl_standby_lag_seconds{topology="dr",shard="shard-1"} 0.250\n' in text
     assert 'opsctl_standby_last_applied_timestamp_seconds{topology="dr",shard="shard-1"} 1795798188.500\n' in text
@@ -148,3 +151,31 @@ def test_the_shipped_unit_runs_follow_with_options_opsctl_takes_and_no_secret() 
         "/etc/opsctl/dr.yaml", True, "/var/lib/prometheus/node-exporter", "/var/lib/opsctl/dr")
     assert args.follow_textfile in settings["ReadWritePaths"].split()  # ProtectSystem=strict: else read-only
     assert not any(word in settings["ExecStart"].lower() for word in ("pass", "secret", "auth"))
+
+
+def test_a_lost_link_says_link_up_0_and_no_lag() -> None:
+    """A shard attaching again (a cut, a failover) has no lag to report: link_up 0 is what RedisStandbyLinkDown
+    reads."""
+    text = render_follow("dr", {"shard-1": {"phase": "attach", "lag_seconds": 0.1, "applied_at": 1795798188.5}},
+                         following=True)
+    assert 'opsctl_standby_link_up{topology="dr",shard="shard-1"} 0\n' in text
+    assert "opsctl_standby_lag_seconds{" not in text and "opsctl_standby_lag_bytes{" not in text
+
+
+def test_a_link_waiting_for_its_primary_says_every_shard_is_down_and_keeps_its_file_fresh(tmp_path: Path) -> None:
+    """In a cut the link stops and waits (standby/link.wait_for_primary): no lag report comes, so each look's
+    PrimaryAwaited turns every shard's link_up to 0 and rewrites the file (its age must not say "killed")."""
+    link = _link(tmp_path, [])
+    path = tmp_path / textfile_name("dr", "follow")
+    link(MigrateLag(STREAMING))
+    assert 'link_up{topology="dr",shard="shard-1"} 1' in path.read_text()
+    link.written -= LinkTextfile.EVERY
+    link(PrimaryAwaited("primary p (3 nodes)", "no node answers", 2.0))
+    text = path.read_text()
+    assert 'link_up{topology="dr",shard="shard-1"} 0' in text and 'link_up{topology="dr",shard="shard-0"} 0' in text
+    assert "opsctl_standby_lag_bytes{" not in text and 'opsctl_standby_following{topology="dr"} 1' in text
+    assert 'last_applied_timestamp_seconds{topology="dr",shard="shard-1"} 1795798188.500' in text
+    before = path.stat().st_mtime_ns
+    link.written -= LinkTextfile.EVERY
+    link(PrimaryAwaited("primary p (3 nodes)", "no node answers", 4.0))
+    assert path.stat().st_mtime_ns >= before and 'shard="shard-1"} 0' in path.read_text()

@@ -94,13 +94,19 @@ class LinkTextfile:
 
     def __call__(self, event: Event) -> None:
         from opsctl.migrate.migration import MigrateLag
+        from opsctl.standby.link import PrimaryAwaited
 
         self.emit(event)
         if isinstance(event, MigrateLag):
             self.shards = event.shards
-            if time.monotonic() - self.written >= self.EVERY:
-                self.written = time.monotonic()
-                self._write(following=True)
+        elif isinstance(event, PrimaryAwaited):  # the link stopped: no shard streams, and no lag report comes
+            self.shards = {key: {**{k: v for k, v in row.items() if k not in ("lag_bytes", "lag_seconds")},
+                                 "phase": "attach"} for key, row in self.shards.items()}
+        else:
+            return
+        if time.monotonic() - self.written >= self.EVERY:
+            self.written = time.monotonic()
+            self._write(following=True)
 
     def stopped(self, switched: bool) -> None:
         """The link ended: switched over (the file goes), else following 0 with its last lag."""

@@ -32,6 +32,8 @@ METRIC_HELP = {
     "opsctl_standby_lag_bytes": "Bytes of the source shard's replication stream the standby has not applied yet "
                                 "(-1: the source shard did not answer).",
     "opsctl_standby_lag_seconds": "Seconds since the oldest source write the standby has not applied yet arrived.",
+    "opsctl_standby_link_up": "1 while the source shard's link streams, 0 while it is lost and attached again "
+                              "(a cut, a failover); a copying shard has no sample.",
     "opsctl_standby_last_applied_timestamp_seconds": "When the newest write the standby applied was read from the "
                                                      "source shard (unix time; 0: none yet, still copying).",
 }
@@ -97,11 +99,15 @@ def render_hot_slots(topology: str, report: dict[str, object]) -> str:
 
 
 def render_follow(standby: str, shards: Mapping[str, Mapping[str, object]], following: bool) -> str:
-    """A standby link's textfile: following, and per source shard (a MigrateLag's rows) the lag once it streams and
-    when its newest applied write was read (a copying shard has no lag yet: no sample, rather than a false 0)."""
+    """A standby link's textfile: following, and per source shard (a MigrateLag's rows) whether its link is up once
+    its copy is done, the lag while it streams and when its newest applied write was read (a copying shard has no
+    lag yet: no sample, rather than a false 0)."""
     labels = {"topology": standby}
     samples: list[tuple[str, dict[str, str], str]] = [("opsctl_standby_following", labels, "1" if following else "0")]
     streaming = {key: row for key, row in sorted(shards.items()) if row.get("phase") == "stream"}
+    # a lost link has no lag to report (no write arrives through it): its own 0 is what an alert can see
+    samples += [("opsctl_standby_link_up", {**labels, "shard": key}, "1" if row["phase"] == "stream" else "0")
+                for key, row in sorted(shards.items()) if row.get("phase") in ("stream", "attach")]
     for name, field in (("opsctl_standby_lag_bytes", "lag_bytes"), ("opsctl_standby_lag_seconds", "lag_seconds")):
         samples += [(name, {**labels, "shard": key}, _number(_float(row[field])))
                     for key, row in streaming.items() if field in row]

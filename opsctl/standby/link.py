@@ -13,10 +13,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from opsctl.base import stop
 from opsctl.base.errors import NodeUnreachable, OpsctlError, RefusedError
-from opsctl.base.events import Emit, Event, Note
+from opsctl.base.events import Emit, Event, Note, Redrawn
+from opsctl.base.frozen import Frozen, frozen
 from opsctl.base.secrets import remember
 from opsctl.base.stop import Stopped
 from opsctl.failover.actions import checkpoint
@@ -42,6 +44,21 @@ from opsctl.state.standbyfiles import LAG, LAG_EVERY, Switched, lag_json, read_s
 UNANSWERED = (NodeUnreachable, OSError)
 PRIMARY_RETRY = 2.0  # seconds between looks at a primary that does not answer
 START_OVERS = 3  # copies from scratch in one run: a primary whose backlog never holds a copy's writes stops there
+
+
+@frozen
+class PrimaryAwaited(Frozen, Event):
+    """The link stopped and waits for its primary, which does not answer (a cut between the sites, its site down):
+    said at each look, so that what reads the link's events (its textfile) knows no shard streams now."""
+
+    kind: ClassVar[str] = "primary-awaited"
+    redrawn: ClassVar[Redrawn] = "bar"
+    primary: str
+    why: str
+    waited: float
+
+    def line(self) -> str:
+        return f"waiting for the primary {self.primary} ({self.waited:.0f}s): {self.why}"
 
 
 def refuse_switched(loaded: LoadedSpec, state_dir: Path) -> None:
@@ -125,6 +142,7 @@ def wait_for_primary(primary: Primary, exc: OpsctlError, emit: Emit) -> bool:
               f"it, looking every {PRIMARY_RETRY:.0f}s (then it resumes from its journal)"))
     waited, said_at = time.monotonic(), time.monotonic()
     while (why := primary_silent(primary)) is not None:
+        emit(PrimaryAwaited(primary.shown, why, time.monotonic() - waited))
         stop.check("the link waited for its primary", "run the same command again: it resumes from its journal")
         if time.monotonic() - said_at >= 60:
             said_at = time.monotonic()
