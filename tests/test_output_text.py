@@ -51,6 +51,7 @@ from opsctl.slots.progress import (
     done_fraction,
 )
 from opsctl.spec.layout import Node
+from opsctl.standby.link import PrimaryAwaited
 from opsctl.state.specfile import read_spec
 from opsctl.status.looks import node_status, status_table
 from tests.support import make_spec, write_spec
@@ -193,12 +194,14 @@ EVERY_KIND: list[Event] = [
     Note("pre-checks for shard 1"), ScanProgress("n1", 10, 100),
     MigrateLag({"shard-1": {"phase": "stream", "lag_bytes": 10, "lag_seconds": 0.1, "applied": 5},
                 "shard-2": {"phase": "snapshot", "copied": 7}}),
+    PrimaryAwaited("primary p (1 node)", "no node answers", 4.0),
     CutoverDone(True, 0.2, 0.05, 10, 10, 5, {"shard-1": 100}, ("127.0.0.2:7000",), ()),
     RoundDone(3, 1.5), Replanning(("n1",)), Tagged("shop", Note("pre-checks for shard 1")),
     NodesSettling(30.0, {"n2": "runs but does not answer (timeout)"}),
     PlaybookTask("deploy.yml", "h1", "copy files", "changed")]
-REDRAWN_KINDS = 8  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
-# segment-archived, archive-progress: on terminals only (elsewhere a heartbeat line every few seconds: none here)
+REDRAWN_KINDS = 9  # slots-progress, shard-copying, shard-saved, restore-progress, playbook-task, migrate-lag,
+# segment-archived, archive-progress, primary-awaited: on terminals only (elsewhere a heartbeat line every few
+# seconds: none here)
 
 
 def every_event_class() -> set[type[Event]]:
