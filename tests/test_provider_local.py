@@ -188,15 +188,23 @@ def test_start_ping_stop(tmp_path: Path, started: Started, flavor: str) -> None:
     provider.purge(node)
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, flavor: str) -> None:
+def one_port_twice(tmp_path: Path, started: Started, flavor: str, kind: type[LocalProvider]
+                   ) -> tuple[Node, LocalProvider, LocalProvider]:
+    """The same spec's node deployed by two providers (two state dirs: the same address and port), the first one
+    started: (the node, the first, the second, of kind)."""
     loaded, first = setup(tmp_path, flavor)
-    _, second = setup(tmp_path, flavor, state="other")  # the same spec again: the same address and port
+    second = kind(loaded, tmp_path / "other", first.binary, start_timeout=first.start_timeout)
     node = loaded.layout.nodes[0]
     deploy(loaded, first, node)
     deploy(loaded, second, node)
     started.start(first, node)
+    return node, first, second
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_busy_port_names_node_and_log_tail(tmp_path: Path, started: Started, flavor: str) -> None:
+    node, first, second = one_port_twice(tmp_path, started, flavor, LocalProvider)
     begin = time.monotonic()
     with pytest.raises(OpsctlError) as caught:
         started.start(second, node)
@@ -227,12 +235,7 @@ def test_a_busy_port_logged_before_the_launcher_resumes_fails_fast(tmp_path: Pat
                                                                     flavor: str) -> None:
     """The log's offset is taken before the spawn: taken after, the failure's lines were behind it, so the start
     saw "nothing new" and waited out its timeout (CI beside two CPU hogs, 10.05 s)."""
-    loaded, first = setup(tmp_path, flavor)
-    second = ResumedLate(loaded, tmp_path / "other", first.binary, start_timeout=10.0)
-    node = loaded.layout.nodes[0]
-    deploy(loaded, first, node)
-    deploy(loaded, second, node)
-    started.start(first, node)
+    node, _, second = one_port_twice(tmp_path, started, flavor, ResumedLate)
     begin = time.monotonic()
     with pytest.raises(OpsctlError) as caught:
         second.start(node)
